@@ -1,0 +1,36 @@
+# Two entry points, each doing its own set-up in .venv/ (created or reused, installing only what is missing):
+#   make demo   the embedded default experiment, ending in results/tables.md
+#   make test   the test suite (what CI runs)
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CORES ?= 2
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test venv lint clean-results
+
+# The stamp records the requirements it installed; editing requirements.txt reinstalls what changed.
+$(VENV)/.installed: requirements.txt requirements-nodeps.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	cp requirements.txt $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/snakemake --cores $(CORES) results/tables.md
+
+test: venv
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/snakefmt --check Snakefile rules/
+	$(VENV)/bin/snakemake --lint
+
+clean-results:
+	rm -rf results/ .snakemake/

@@ -1,0 +1,60 @@
+# Shared by every rule file: config validation, the Python package on the path, input functions.
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from retrieval_pretraining import config as experiment_config  # noqa: E402
+
+experiment_config.validate(config)
+
+# Every `python -m retrieval_pretraining.<stage>` runs the code of this checkout, whatever is installed.
+PACKAGE_DIR = Path(workflow.basedir) / "workflow"
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={PACKAGE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}; ")
+
+
+wildcard_constraints:
+    part="[A-Za-z0-9_.-]+",
+    checkpoint="[A-Za-z0-9_.-]+",
+    shard="[0-9]{4}",
+    spans="[A-Za-z0-9_.-]+",
+    model="[A-Za-z0-9_.-]+",
+
+
+def module_source(*modules):
+    """The source files of package modules, declared as inputs so that code edits rerun the rule."""
+    return [workflow.source_path(f"../workflow/retrieval_pretraining/{m}") for m in modules]
+
+
+def stage_config(*keys):
+    """The JSON-serialised config slice a rule passes to its module (only what that stage reads)."""
+    node = config
+    for key in keys:
+        node = node[key]
+    return experiment_config.stage_argument(node)
+
+
+def named(section, name):
+    """The entry called `name` in a config list of named entries (checkpoints, spans, models)."""
+    entries = section if isinstance(section, list) else config[section]
+    for entry in entries:
+        if entry["name"] == name:
+            return entry
+    raise ValueError(f"no entry named {name!r} in {section!r}")
+
+
+def shard_ids():
+    return [f"{i:04d}" for i in range(config["corpus"]["shards"])]
+
+
+def all_targets():
+    """What `rule all` builds: extends as stages are added; the last existing stage for now."""
+    return (
+        get_all_articles()
+        + expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids())
+        + expand(
+            "results/corpus/spans/{spans}/shard-{shard}.parquet",
+            spans=[s["name"] for s in config["spans"]],
+            shard=shard_ids(),
+        )
+    )

@@ -1,0 +1,113 @@
+"""Writing auditable artifacts: atomic files, Parquet with explicit schemas, JSON manifests.
+
+Every stage writes its outputs through these helpers so that (1) a crash never leaves a half file
+that looks whole to Snakemake, and (2) every artifact carries a manifest saying what produced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# Libraries whose versions matter for reproducing an artifact; missing ones are skipped.
+_TRACKED_LIBRARIES = (
+    "torch", "transformers", "tokenizers", "pyarrow", "polars", "numpy", "faiss-cpu",
+    "pyserini", "ir_measures", "mwparserfromhell", "spacy", "snakemake",
+)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_parquet(path: str | os.PathLike, table: pa.Table, schema: pa.Schema) -> None:
+    """Write `table` cast to `schema` (the stage's declared contract), atomically, zstd-compressed."""
+    if table.schema != schema:
+        table = table.select(schema.names).cast(schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _TRACKED_LIBRARIES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    return versions
+
+
+def manifest_path(artifact: str | os.PathLike) -> Path:
+    """The manifest that sits beside an artifact: `x.parquet` -> `x.manifest.json`, `dir/` -> `dir/manifest.json`."""
+    artifact = Path(artifact)
+    if artifact.is_dir():
+        return artifact / "manifest.json"
+    return artifact.with_name(artifact.name.split(".")[0] + ".manifest.json")
+
+
+def write_manifest(
+    path: str | os.PathLike,
+    *,
+    stage: str,
+    params: dict[str, Any],
+    inputs: dict[str, str | os.PathLike] | None = None,
+    stats: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Record what produced an artifact: stage, parameters, input checksums, statistics, versions."""
+    input_entries = {}
+    for name, input_path in (inputs or {}).items():
+        input_path = Path(input_path)
+        entry: dict[str, Any] = {"path": str(input_path)}
+        if input_path.is_file():
+            entry["sha256"] = sha256_file(input_path)
+            entry["bytes"] = input_path.stat().st_size
+        input_entries[name] = entry
+    manifest = {
+        "stage": stage,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "params": params,
+        "inputs": input_entries,
+        "stats": stats or {},
+        "versions": library_versions(),
+    }
+    write_json(path, manifest)
+    return manifest

@@ -1,0 +1,116 @@
+"""Stage a base checkpoint (encoder weights + tokenizer) as a plain Hugging Face folder.
+
+Every later stage reads `results/checkpoints/<name>/` and nothing else, so where the weights came
+from (a folder inside an installed package for the offline demo, the Hugging Face Hub at paper
+scale, or a local folder) is decided once, here. Hub downloads happen in this stage only, which the
+workflow runs as a local rule before any GPU job: compute nodes may be offline.
+
+Weights are re-saved as safetensors (never pickles), and `num_layers` can truncate the encoder to
+its first N layers so that the CPU demo trains in minutes with the same code as paper scale.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import artifacts
+from .config import stage_parser
+
+log = logging.getLogger(__name__)
+
+# Files that make up a tokenizer folder; copied verbatim when present.
+_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+)
+
+
+def package_folder(location: str) -> Path:
+    """`pkg/sub/dir` -> the folder `sub/dir` inside the installed package `pkg` (imports nothing)."""
+    package, _, inner = location.partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"checkpoint package '{package}' is not installed; install it (see requirements-nodeps.txt)"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0]) / inner
+    if not folder.is_dir():
+        raise FileNotFoundError(f"package '{package}' has no folder '{inner}' ({folder})")
+    return folder
+
+
+def source_folder(entry: dict[str, Any], download_dir: Path) -> Path:
+    """The folder holding the checkpoint's files, fetching it from the Hub for source=hub."""
+    source, location = entry["source"], entry["location"]
+    if source == "package":
+        return package_folder(location)
+    if source == "local":
+        folder = Path(location)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
+        return folder
+    # Lazy import: only the download path needs huggingface_hub's network client.
+    from huggingface_hub import snapshot_download
+
+    return Path(
+        snapshot_download(
+            location,
+            revision=entry.get("revision"),
+            cache_dir=download_dir,
+            allow_patterns=["*.json", "*.txt", "*.safetensors"],
+        )
+    )
+
+
+def stage(entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
+        tmp = Path(tmp)
+        folder = source_folder(entry, tmp / "download")
+        model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+        original_layers = model.config.num_hidden_layers
+        num_layers = entry.get("num_layers")
+        if num_layers is not None and num_layers < original_layers:
+            # Keep the first N layers: a shallower copy of the same model, not a new architecture.
+            model.encoder.layer = model.encoder.layer[:num_layers]
+            model.config.num_hidden_layers = num_layers
+        staged = tmp / "staged"
+        model.save_pretrained(staged, safe_serialization=True)
+        tokenizer.save_pretrained(staged)
+        stats = {
+            "architecture": model.config.model_type,
+            "hidden_size": model.config.hidden_size,
+            "num_layers": model.config.num_hidden_layers,
+            "original_num_layers": original_layers,
+            "vocab_size": tokenizer.vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
+        artifacts.write_manifest(
+            staged / "manifest.json", stage="stage_checkpoint", params=entry, stats=stats
+        )
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staged.rename(out_dir)
+    log.info("staged checkpoint %s -> %s (%s)", entry["name"], out_dir, stats)
+    return stats
+
+
+def main() -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the checkpoint folder to write")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stage(args.config, args.out)
+
+
+if __name__ == "__main__":
+    main()
