@@ -10,7 +10,8 @@ experiment_config.validate(config)
 
 # Every `python -m retrieval_pretraining.<stage>` runs the code of this checkout, whatever is installed.
 PACKAGE_DIR = Path(workflow.basedir) / "workflow"
-shell.prefix(f"set -euo pipefail; export PYTHONPATH={PACKAGE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}; ")
+# (Braces are doubled because Snakemake formats the prefix like any shell command.)
+shell.prefix("set -euo pipefail; export PYTHONPATH=" + str(PACKAGE_DIR) + "${{PYTHONPATH:+:$PYTHONPATH}}; ")
 
 
 wildcard_constraints:

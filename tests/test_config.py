@@ -1,0 +1,74 @@
+"""The experiment config: the shipped configs validate, bad values fail naming the key, paths stay inside."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from retrieval_pretraining import config as experiment_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+def test_shipped_demo_config_is_valid(demo):
+    experiment_config.validate(demo)
+
+
+def test_every_section_has_a_schema_fragment(demo):
+    schema = experiment_config.load_schema()
+    assert set(demo) == set(schema["properties"]), "config sections and schema fragments disagree"
+
+
+def test_unknown_key_is_rejected_with_the_known_keys(demo):
+    bad = copy.deepcopy(demo)
+    bad["corpus"]["max_lenght"] = 128
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    message = str(error.value)
+    assert "corpus" in message and "max_lenght" in message and "max_len" in message
+
+
+def test_enum_violation_names_the_key_and_allowed_values(demo):
+    bad = copy.deepcopy(demo)
+    bad["wikipedia"]["source"] = "torrent"
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    assert "wikipedia.source" in str(error.value)
+    assert "local" in str(error.value) and "dumps" in str(error.value)
+
+
+def test_range_violation_names_the_bound(demo):
+    bad = copy.deepcopy(demo)
+    bad["corpus"]["shards"] = 0
+    with pytest.raises(experiment_config.ConfigError, match=r"corpus\.shards.*minimum is 1"):
+        experiment_config.validate(bad)
+
+
+def test_missing_section_is_reported(demo):
+    bad = copy.deepcopy(demo)
+    del bad["extract"]
+    with pytest.raises(experiment_config.ConfigError, match="extract"):
+        experiment_config.validate(bad)
+
+
+def test_paths_inside_the_project_resolve(tmp_path):
+    resolved = experiment_config.resolve_path("data/README.md")
+    assert resolved == ROOT / "data" / "README.md"
+
+
+def test_paths_escaping_the_project_are_refused(tmp_path):
+    with pytest.raises(experiment_config.ConfigError, match="outside the project"):
+        experiment_config.resolve_path("../../etc/passwd")
+    with pytest.raises(experiment_config.ConfigError, match="data_root"):
+        experiment_config.resolve_path(tmp_path / "dump.xml.bz2")
+
+
+def test_paths_inside_a_configured_data_root_resolve(tmp_path):
+    target = tmp_path / "dump.xml.bz2"
+    assert experiment_config.resolve_path(target, data_root=tmp_path) == target.resolve()
