@@ -37,6 +37,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp creates 0600 files; artifacts are meant to be read by collaborators too.
+        if tmp_path.exists():
+            tmp_path.chmod(0o644)
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -1,0 +1,497 @@
+"""Stage 1, acquiring the dump: the real downloader against a local HTTP server with Range support
+and injected faults, dumpstatus.json parsing on a real capture, and the Snakemake download jobs."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import http.server
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from retrieval_pretraining import download
+
+from workflow_harness import ROOT, copy_project, planned_rules, snakemake
+
+DATA = ROOT / "data" / "wikipedia"
+ENWIKI_SAMPLE = (
+    DATA / "enwiki-sample" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+)
+MULTISTREAM = DATA / "multistream-sample" / "pages-articles-p2566p2583.multistream.xml.bz2"
+MULTISTREAM_INDEX = (
+    DATA / "multistream-sample" / "pages-articles-p2566p2583.multistream-index.xml.bz2"
+)
+CAPTURE = DATA / "dump-metadata" / "enwiki_20230301_dumpstatus.json"
+
+
+def multistream_local_config(project: Path) -> dict:
+    """The test config of a local multistream experiment: the demo's enwiki sample plus the real
+    multistream sample (as an absolute file:// URL into `project`) with its index."""
+    return {
+        "wikipedia": {
+            "source": "local",
+            "parts": [
+                {"name": "enwiki-sample", "url": str(ENWIKI_SAMPLE.relative_to(ROOT))},
+                {
+                    "name": "elwikivoyage-multistream",
+                    "url": (project / MULTISTREAM.relative_to(ROOT)).as_uri(),
+                    "sha1": "1cf40a366af6b4af2c924b9d58a3e9da0efdd28d",
+                    "index_url": str(MULTISTREAM_INDEX.relative_to(ROOT)),
+                    "index_sha1": "fe6d28904df9acbd29df615dc2ecd61d6c23761f",
+                },
+            ],
+        }
+    }
+
+
+def sha1(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# A small dump mirror on 127.0.0.1 with Range support and scripted faults
+
+
+class Mirror:
+    """Files served by path; `faults[path]` is a list consumed one entry per GET:
+    ("drop", n) sends the headers of the full answer, then n bytes, then closes the connection;
+    ("corrupt", i) flips byte i of the body; None serves the request normally."""
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+        self.faults: dict[str, list] = {}
+        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        self.bytes_sent = 0
+
+
+def _handler(mirror: Mirror):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # keep pytest output clean
+            pass
+
+        def do_GET(self):
+            range_header = self.headers.get("Range")
+            mirror.requests.append((self.path, range_header))
+            if self.path.endswith("/") and self.path not in mirror.files:
+                # A directory listing like dumps.wikimedia.org's (the `latest` lookup reads it).
+                prefix = self.path
+                names = sorted(
+                    {p[len(prefix) :].split("/")[0] for p in mirror.files if p.startswith(prefix)}
+                )
+                body = "".join(f'<a href="{n}/">{n}/</a>\n' for n in names).encode()
+                return self._send(200, body, {})
+            if self.path not in mirror.files:
+                return self._send(404, b"not found", {})
+            data = mirror.files[self.path]
+            faults = mirror.faults.get(self.path)
+            fault = faults.pop(0) if faults else None
+            start, status, headers = 0, 200, {}
+            if range_header:
+                start = int(re.fullmatch(r"bytes=(\d+)-", range_header).group(1))
+                if start >= len(data):
+                    return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            body = data[start:]
+            if fault and fault[0] == "corrupt":
+                i = fault[1] - start
+                body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1 :]
+            if fault and fault[0] == "drop":
+                self.send_response(status)
+                for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body[: fault[1]])
+                self.wfile.flush()
+                mirror.bytes_sent += fault[1]
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            self._send(status, body, headers)
+
+        def _send(self, status, body, headers):
+            self.send_response(status)
+            for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+            mirror.bytes_sent += len(body)
+
+    return Handler
+
+
+@pytest.fixture
+def mirror():
+    state = Mirror()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def _fetch(url, dest, **kwargs):
+    kwargs.setdefault("backoff", 0.0)  # no sleeping in tests
+    kwargs.setdefault("chunk_size", 4096)
+    return download.fetch(url, dest, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------
+# fetch over HTTP
+
+
+def test_clean_download_is_verified_and_manifested(mirror, tmp_path):
+    data = ENWIKI_SAMPLE.read_bytes()
+    mirror.files["/dump.bz2"] = data
+    dest = tmp_path / "out" / "dump.xml.bz2"
+    info = _fetch(mirror.url + "/dump.bz2", dest, sha1=sha1(data))
+    assert dest.read_bytes() == data
+    assert info["verified"] == {"check": "sha1", "expected": sha1(data), "actual": sha1(data)}
+    assert info["sha256"] == hashlib.sha256(data).hexdigest()
+    assert info["attempts"] == 1 and mirror.requests == [("/dump.bz2", None)]
+    assert not dest.with_name(dest.name + ".part").exists()
+
+
+def test_cut_download_resumes_with_range(mirror, tmp_path):
+    data = ENWIKI_SAMPLE.read_bytes()
+    cut = 700_000
+    mirror.files["/dump.bz2"] = data
+    mirror.faults["/dump.bz2"] = [("drop", cut)]
+    dest = tmp_path / "dump.xml.bz2"
+    info = _fetch(mirror.url + "/dump.bz2", dest, md5=hashlib.md5(data).hexdigest(), size=len(data))
+    assert dest.read_bytes() == data
+    assert len(mirror.requests) == 2 and mirror.requests[0][1] is None
+    resumed_from = int(mirror.requests[1][1].removeprefix("bytes=").removesuffix("-"))
+    # The second request asked only for what was missing (the client may drop a partial last block).
+    assert cut - 4096 <= resumed_from <= cut
+    assert mirror.bytes_sent == cut + len(data) - resumed_from
+    assert info["attempts"] == 2 and info["verified"]["check"] == "md5"
+
+
+def test_part_file_left_by_an_interrupted_run_is_resumed(mirror, tmp_path):
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    dest = tmp_path / "ms.xml.bz2"
+    dest.with_name(dest.name + ".part").write_bytes(data[:5000])
+    info = _fetch(mirror.url + "/ms.bz2", dest, sha256=hashlib.sha256(data).hexdigest())
+    assert dest.read_bytes() == data
+    assert mirror.requests == [("/ms.bz2", "bytes=5000-")]
+    assert info["resumed_bytes"] == 5000
+
+
+def test_corrupt_byte_is_retried_then_fails_naming_file_and_checksums(mirror, tmp_path):
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("corrupt", 1234)] * 3
+    dest = tmp_path / "ms.xml.bz2"
+    corrupt = data[:1234] + bytes([data[1234] ^ 0xFF]) + data[1235:]
+    with pytest.raises(download.ChecksumError) as error:
+        _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data), retries=2)
+    message = str(error.value)
+    assert str(dest) in message and sha1(data) in message and sha1(corrupt) in message
+    assert len(mirror.requests) == 3  # the first try and two retries, each from byte 0
+    assert all(range_header is None for _, range_header in mirror.requests)
+    assert list(tmp_path.iterdir()) == []  # neither the file nor a partial one
+
+
+def test_corrupt_byte_once_then_a_clean_retry_succeeds(mirror, tmp_path):
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("corrupt", 10)]
+    dest = tmp_path / "ms.xml.bz2"
+    info = _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data))
+    assert dest.read_bytes() == data and info["attempts"] == 2
+
+
+def test_size_is_checked_when_there_is_no_checksum(mirror, tmp_path):
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    with pytest.raises(
+        download.ChecksumError, match=f"size {len(data) + 1} bytes.*size {len(data)} bytes"
+    ):
+        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", size=len(data) + 1, retries=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_not_found_fails_without_retrying(mirror, tmp_path):
+    with pytest.raises(download.DownloadError, match="404"):
+        _fetch(mirror.url + "/missing.bz2", tmp_path / "x.bz2", retries=3)
+    assert len(mirror.requests) == 1
+
+
+def test_unreachable_server_gives_up_after_the_retries(tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    delays = []
+    with pytest.raises(download.DownloadError, match="giving up after 3 attempts"):
+        download.fetch(
+            f"http://127.0.0.1:{port}/x.bz2", tmp_path / "x.bz2", retries=2, sleep=delays.append
+        )
+    assert delays == [2.0, 4.0]  # exponential back-off
+    assert not (tmp_path / "x.bz2").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# fetch from local files
+
+
+@pytest.mark.parametrize("form", ["path", "file-url"])
+@pytest.mark.parametrize("link", ["copy", "symlink"])
+def test_local_path_and_file_url(tmp_path, form, link):
+    url = str(MULTISTREAM) if form == "path" else MULTISTREAM.as_uri()
+    dest = tmp_path / "ms.xml.bz2"
+    info = download.fetch(url, dest, sha1="1cf40a366af6b4af2c924b9d58a3e9da0efdd28d", link=link)
+    assert dest.read_bytes() == MULTISTREAM.read_bytes()
+    assert dest.is_symlink() == (link == "symlink")
+    assert info["mode"] == link
+
+
+def test_local_checksum_mismatch_writes_nothing(tmp_path):
+    with pytest.raises(download.ChecksumError, match="expected sha1 0{40}, got sha1 1cf40a36"):
+        download.fetch(str(MULTISTREAM), tmp_path / "ms.bz2", sha1="0" * 40)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_fetch_writes_file_and_manifest(tmp_path):
+    dest = tmp_path / "ms.xml.bz2"
+    download.main(
+        [
+            "fetch",
+            "--url",
+            MULTISTREAM.as_uri(),
+            "--out",
+            str(dest),
+            "--sha1",
+            "1cf40a366af6b4af2c924b9d58a3e9da0efdd28d",
+        ]
+    )
+    manifest = json.loads((tmp_path / "ms.xml.bz2.manifest.json").read_text())
+    assert manifest["stats"]["verified"]["check"] == "sha1"
+    assert manifest["stats"]["sha256"] == hashlib.sha256(MULTISTREAM.read_bytes()).hexdigest()
+    # A failure exits 1 with the message on stderr and leaves no file (as Snakemake sees it).
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "workflow"))
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "retrieval_pretraining.download",
+            "fetch",
+            "--url",
+            str(MULTISTREAM),
+            "--out",
+            str(tmp_path / "bad.bz2"),
+            "--md5",
+            "0" * 32,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1 and "expected md5 " + "0" * 32 in bad.stderr
+    assert not (tmp_path / "bad.bz2").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# dumpstatus.json
+
+
+@pytest.fixture(scope="module")
+def capture():
+    return json.loads(CAPTURE.read_text())
+
+
+def test_real_capture_lists_64_parts_each_paired_with_its_index(capture):
+    parts = download.parse_dump_parts(capture, "https://dumps.wikimedia.org")
+    files = capture["jobs"]["articlesmultistreamdump"]["files"]
+    assert len(files) == 128 and len(parts) == 64
+    assert len({p.name for p in parts}) == 64
+    assert parts[0].name == "multistream1-p1p41242"
+    assert parts[0].data.url == (
+        "https://dumps.wikimedia.org/enwiki/20230301/"
+        "enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2"
+    )
+    assert parts[0].index.url.endswith(
+        "/enwiki-20230301-pages-articles-multistream-index1.txt-p1p41242.bz2"
+    )
+    assert parts[0].data.size == 268162707 and parts[0].index.size == 226729
+    for part in parts:
+        # Independent pairing check: data and index names carry the same number and page range.
+        data_name, index_name = part.data.url.rsplit("/", 1)[1], part.index.url.rsplit("/", 1)[1]
+        assert (
+            data_name.replace("multistream", "multistream-index").replace(".xml-", ".txt-")
+            == index_name
+        )
+        assert part.data.sha1 is None and part.data.size > 0  # captured mid-run: sizes only
+    # Page ranges tile the page ids without gaps, in part order.
+    ranges = [tuple(map(int, re.search(r"-p(\d+)p(\d+)$", p.name).groups())) for p in parts]
+    assert all(b[0] == a[1] + 1 for a, b in zip(ranges, ranges[1:]))
+
+
+def test_mirror_with_a_path_prefix_is_joined(capture):
+    parts = download.parse_dump_parts(capture, "https://mirror.example/wikimedia/dumps/")
+    assert parts[0].data.url.startswith("https://mirror.example/wikimedia/dumps/enwiki/20230301/")
+
+
+def test_job_not_done_is_a_clear_error(capture):
+    status = copy.deepcopy(capture)
+    status["jobs"]["articlesmultistreamdump"]["status"] = "in-progress"
+    with pytest.raises(
+        download.DumpStatusError, match="'articlesmultistreamdump' is 'in-progress'.*dump_date"
+    ):
+        download.parse_dump_parts(status, "https://dumps.wikimedia.org")
+
+
+def test_unpaired_or_unknown_files_are_errors(capture):
+    status = copy.deepcopy(capture)
+    files = status["jobs"]["articlesmultistreamdump"]["files"]
+    del files["enwiki-20230301-pages-articles-multistream-index2.txt-p41243p151573.bz2"]
+    with pytest.raises(download.DumpStatusError, match="multistream2.xml-p41243p151573.bz2"):
+        download.parse_dump_parts(status, "https://dumps.wikimedia.org")
+    files["enwiki-20230301-pages-articles-multistream.xml.bz2.md5"] = {"size": 1}
+    with pytest.raises(download.DumpStatusError, match="neither a multistream part nor its index"):
+        download.parse_dump_parts(status, "https://dumps.wikimedia.org")
+
+
+def _publish_run(mirror: Mirror, date: str, status: str = "done") -> list[bytes]:
+    """Serve a two-part multistream run of `testwiki` made of the real samples; return the bodies."""
+    bodies = [
+        MULTISTREAM.read_bytes(),
+        MULTISTREAM_INDEX.read_bytes(),
+        ENWIKI_SAMPLE.read_bytes(),
+        MULTISTREAM_INDEX.read_bytes(),
+    ]
+    names = [
+        f"testwiki-{date}-pages-articles-multistream1.xml-p1p2583.bz2",
+        f"testwiki-{date}-pages-articles-multistream-index1.txt-p1p2583.bz2",
+        f"testwiki-{date}-pages-articles-multistream2.xml-p2584p30302.bz2",
+        f"testwiki-{date}-pages-articles-multistream-index2.txt-p2584p30302.bz2",
+    ]
+    files = {}
+    for name, body in zip(names, bodies):
+        path = f"/testwiki/{date}/{name}"
+        mirror.files[path] = body
+        files[name] = {
+            "size": len(body),
+            "url": path,
+            "sha1": sha1(body),
+            "md5": hashlib.md5(body).hexdigest(),
+        }
+    job = {
+        "status": status,
+        "updated": f"{date[:4]}-01-02 03:04:05",
+        "files": files if status == "done" else {},
+    }
+    document = {"jobs": {"articlesmultistreamdump": job}, "version": "0.8"}
+    mirror.files[f"/testwiki/{date}/dumpstatus.json"] = json.dumps(document).encode()
+    return bodies
+
+
+def test_runs_are_read_from_a_real_mirror_listing():
+    listing = (DATA / "dump-metadata" / "enwiki_index.html").read_text()
+    runs = download.listed_runs(listing)
+    assert runs[0] == "20230301" and runs[-1] == "20221201" and len(runs) == 7  # not `latest/`
+
+
+def test_latest_picks_the_newest_finished_run(mirror):
+    _publish_run(mirror, "20260101")
+    _publish_run(mirror, "20260120", status="in-progress")
+    date, _, parts = download.fetch_dumpstatus(
+        mirror.url, "testwiki", "latest", sleep=lambda s: None
+    )
+    assert date == "20260101"
+    assert [p.name for p in parts] == ["multistream1-p1p2583", "multistream2-p2584p30302"]
+    with pytest.raises(download.DumpStatusError, match="in-progress"):
+        download.fetch_dumpstatus(mirror.url, "testwiki", "20260120")
+
+
+def test_file_mirror_works_like_a_web_mirror(tmp_path):
+    # A pre-downloaded dump folder laid out like dumps.wikimedia.org, used as a file:// mirror.
+    run = tmp_path / "testwiki" / "20260101"
+    run.mkdir(parents=True)
+    name = "testwiki-20260101-pages-articles-multistream.xml.bz2"
+    (run / name).write_bytes(MULTISTREAM.read_bytes())
+    (run / "testwiki-20260101-pages-articles-multistream-index.txt.bz2").write_bytes(b"index")
+    files = {p.name: {"size": p.stat().st_size} for p in run.iterdir()}  # no url: built from names
+    job = {"status": "done", "files": files}
+    (run / "dumpstatus.json").write_text(json.dumps({"jobs": {"articlesmultistreamdump": job}}))
+    date, _, parts = download.fetch_dumpstatus(tmp_path.as_uri(), "testwiki", "latest")
+    assert date == "20260101" and [p.name for p in parts] == ["multistream"]  # a small wiki
+    dest = tmp_path / "out.bz2"
+    download.fetch(parts[0].data.url, dest, size=parts[0].data.size)
+    assert dest.read_bytes() == MULTISTREAM.read_bytes()
+
+
+# ------------------------------------------------------------------------------------------------
+# Snakemake: one download job per part
+
+
+def test_snakemake_dumps_source_plans_one_download_per_part_and_index(mirror, tmp_path):
+    bodies = _publish_run(mirror, "20260101")
+    project = copy_project(
+        tmp_path / "project",
+        {
+            "wikipedia": {
+                "source": "dumps",
+                "wiki": "testwiki",
+                "dump_date": "20260101",
+                "mirror": mirror.url,
+            }
+        },
+    )
+    snakemake(project, "results/wikipedia/dumpstatus.json")  # the checkpoint, for real
+    assert planned_rules(project, "download_dump") == {
+        "download_dump_part": 2,
+        "download_dump_index": 2,
+        "download_dump": 1,
+    }
+    # And the downloads themselves, verified against the status file's sha1s and sizes.
+    snakemake(project, "download_dump")
+    dump = project / "results" / "wikipedia" / "dump"
+    assert (dump / "multistream2-p2584p30302.xml.bz2").read_bytes() == bodies[2]
+    assert (dump / "multistream1-p1p2583.index.txt.bz2").read_bytes() == bodies[1]
+    manifest = json.loads((dump / "multistream2-p2584p30302.xml.bz2.manifest.json").read_text())
+    assert manifest["stats"]["verified"]["expected"] == sha1(bodies[2])
+    # Raising the retry count is operational: it must not re-download anything.
+    config_file = project / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["wikipedia"]["retries"] += 3
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert planned_rules(project, "download_dump") == {}
+
+
+def test_snakemake_local_parts_with_a_multistream_index(tmp_path):
+    project = tmp_path / "project"
+    copy_project(project, multistream_local_config(project))
+    # Two parts (the demo's enwiki sample and the multistream sample), one index: the enwiki
+    # sample is a plain bz2 dump without one.
+    assert planned_rules(project, "download_dump") == {
+        "download_dump_part": 2,
+        "download_dump_index": 1,
+        "download_dump": 1,
+    }
+
+
+def test_local_part_outside_the_project_is_refused(tmp_path):
+    outside = tmp_path / "elsewhere.xml.bz2"
+    outside.write_bytes(b"x")
+    project = copy_project(
+        tmp_path / "project", {"wikipedia": {"parts": [{"name": "outside", "url": str(outside)}]}}
+    )
+    result = snakemake(project, "--dry-run", "download_dump", check=False)
+    assert result.returncode != 0 and "data_root" in result.stdout + result.stderr
