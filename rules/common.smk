@@ -24,7 +24,16 @@ wildcard_constraints:
 
 def module_source(*modules):
     """The source files of package modules, declared as inputs so that code edits rerun the rule."""
-    return [workflow.source_path(f"../workflow/retrieval_pretraining/{m}") for m in modules]
+    # Plain paths, not workflow.source_path(): Snakemake records a source-cache path for those
+    # whose temp folder changes every invocation, so reverting an edit would still rerun the rule.
+    return [str(PACKAGE_DIR / "retrieval_pretraining" / m) for m in modules]
+
+
+def conda_env(toolchain):
+    """envs/<toolchain>.yaml for a rule's `conda:` (used with --software-deployment-method conda):
+    "torch" (every Python stage, CUDA torch), "faiss" (faiss-gpu: index, mining, dense search),
+    "pyserini" (BM25, OpenJDK 21). Without that flag the rule runs in Snakemake's own environment."""
+    return str(Path(workflow.basedir) / "envs" / f"{toolchain}.yaml")
 
 
 def stage_config(*keys):
@@ -57,5 +66,10 @@ def all_targets():
             "results/corpus/spans/{spans}/shard-{shard}.parquet",
             spans=[s["name"] for s in config["spans"]],
             shard=shard_ids(),
+        )
+        + expand(
+            "results/corpus/spans/{spans}/{audit}",
+            spans=[s["name"] for s in config["spans"]],
+            audit=["lengths.png", "sample.md"],
         )
     )

@@ -1,10 +1,220 @@
 # Wikipedia stages: acquire the dump (download rules, run locally), extract articles to Parquet.
 
 
+# --- Stage 1: acquire the dump ------------------------------------------------------------------
+# source=local: the files listed in wikipedia.parts (paths, file:// or http(s) URLs).
+# source=dumps: the checkpoint saves the run's dumpstatus.json; one download job per multistream
+# part and one per index then follow. The part list is only known after the checkpoint ran, so
+# get_dump_parts()/get_dump_index()/get_all_articles() may only be called from input functions
+# (`input: lambda wc: get_all_articles()`), never at parse time.
+#
+# The download rules declare neither the code nor the retry count as inputs/params on purpose:
+# what they produce is fixed by the URL and the checksum, and an edit to download.py or to
+# `retries` must not re-fetch 20 GB; the retry count travels as a resource (no rerun trigger).
+# dumps.wikimedia.org allows few connections per IP: cap them with
+# `--resources dump_connections=2` (each download job holds one).
+import dataclasses
+import functools
+import shlex
+
+from retrieval_pretraining import download as dump_download
+
+DUMP_DIR = "results/wikipedia/dump"
+DUMPSTATUS = "results/wikipedia/dumpstatus.json"
+
+
+@functools.lru_cache(maxsize=4)
+def _parts_from_status(path, mtime, mirror):
+    return {p.name: p for p in dump_download.dump_parts_from_file(path, mirror)}
+
+
+def dump_part_entries():
+    """{part name: {url, sha1, md5, sha256, size, index_url, index_sha1, ...}} for either source."""
+    wikipedia = config["wikipedia"]
+    if wikipedia["source"] == "local":
+        return {part["name"]: part for part in wikipedia["parts"]}
+    status = checkpoints.fetch_dumpstatus.get().output.status
+    parts = _parts_from_status(
+        status, Path(status).stat().st_mtime, wikipedia["mirror"]
+    )
+    entries = {}
+    for name, part in parts.items():
+        data, index = dataclasses.asdict(part.data), dataclasses.asdict(part.index)
+        entries[name] = {
+            "name": name,
+            **data,
+            **{f"index_{key}": v for key, v in index.items()},
+        }
+    return entries
+
+
+def dump_part_entry(part):
+    entries = dump_part_entries()
+    if part not in entries:
+        raise ValueError(
+            f"dump part '{part}' is not in this experiment (parts: {', '.join(entries)}); "
+            "check wikipedia.parts or the target you asked for"
+        )
+    return entries[part]
+
+
 def get_dump_parts():
-    """Names of the dump parts of this experiment (source=local: the configured files)."""
-    return [part["name"] for part in config["wikipedia"]["parts"]]
+    """Names of the dump parts of this experiment (source=local: the configured files; source=dumps:
+    the parts listed by the checkpoint's dumpstatus.json). Call from input functions only.
+    """
+    return list(dump_part_entries())
 
 
+def get_dump_index(part):
+    """The index file of a multistream part, or [] for a part without one (plain bz2 dumps)."""
+    if dump_part_entry(part).get("index_url"):
+        return f"{DUMP_DIR}/{part}.index.txt.bz2"
+    return []
+
+
+def get_all_dump_files():
+    """Every dump part and index file of the experiment (the target of `snakemake download_dump`)."""
+    files = []
+    for part in get_dump_parts():
+        files.append(f"{DUMP_DIR}/{part}.xml.bz2")
+        if index := get_dump_index(part):
+            files.append(index)
+    return files
+
+
+def _local_file(url):
+    """The local file a part's URL names, as an input (checked to lie inside the project or
+    data_root), or [] for an http(s) URL."""
+    path = dump_download.local_path(url)
+    if path is None:
+        return []
+    # Raises, naming the fix, when the file lies outside the project and data_root.
+    experiment_config.resolve_path(path, config["data_root"])
+    return str(path)
+
+
+def _fetch_flags(entry, prefix=""):
+    """The content-defining `download fetch` options of one file of a part (rerun when they change)."""
+    flags = ["--url", entry[f"{prefix}url"]]
+    # Only the strongest checksum given: fetch verifies that one (sha256 > sha1 > md5).
+    for key in ("sha256", "sha1", "md5"):
+        if entry.get(f"{prefix}{key}"):
+            flags += [f"--{key}", entry[f"{prefix}{key}"]]
+            break
+    if entry.get(f"{prefix}size") is not None:
+        flags += ["--size", str(entry[f"{prefix}size"])]
+    flags += ["--link", config["wikipedia"]["local_files"]]
+    return " ".join(shlex.quote(flag) for flag in flags)
+
+
+def _index_entry(part):
+    entry = dump_part_entry(part)
+    if not entry.get("index_url"):
+        raise ValueError(
+            f"dump part '{part}' has no index file; add index_url to its entry in wikipedia.parts "
+            "(multistream dumps only)"
+        )
+    return entry
+
+
+checkpoint fetch_dumpstatus:
+    input:
+        code=module_source("download.py", "artifacts.py"),
+    output:
+        status=DUMPSTATUS,
+        manifest="results/wikipedia/dumpstatus.manifest.json",
+    log:
+        "results/logs/fetch_dumpstatus.log",
+    localrule: True
+    resources:
+        download_retries=config["wikipedia"]["retries"],
+    params:
+        run=lambda wc: experiment_config.stage_argument(
+            {key: config["wikipedia"][key] for key in ("wiki", "dump_date", "mirror")}
+        ),
+    shell:
+        "python -m retrieval_pretraining.download dumpstatus --config '{params.run}' "
+        "--retries {resources.download_retries} --out {output.status} &> {log}"
+
+
+rule download_dump_part:
+    input:
+        source=lambda wc: _local_file(dump_part_entry(wc.part)["url"]),
+    output:
+        dump=f"{DUMP_DIR}/{{part}}.xml.bz2",
+        manifest=f"{DUMP_DIR}/{{part}}.xml.bz2.manifest.json",
+    log:
+        "results/logs/download_dump_part/{part}.log",
+    localrule: True
+    resources:
+        dump_connections=1,
+        download_retries=config["wikipedia"]["retries"],
+    params:
+        fetch=lambda wc: _fetch_flags(dump_part_entry(wc.part)),
+    shell:
+        "python -m retrieval_pretraining.download fetch {params.fetch} "
+        "--retries {resources.download_retries} --out {output.dump} --manifest {output.manifest} &> {log}"
+
+
+rule download_dump_index:
+    input:
+        source=lambda wc: _local_file(_index_entry(wc.part)["index_url"]),
+    output:
+        index=f"{DUMP_DIR}/{{part}}.index.txt.bz2",
+        manifest=f"{DUMP_DIR}/{{part}}.index.txt.bz2.manifest.json",
+    log:
+        "results/logs/download_dump_index/{part}.log",
+    localrule: True
+    resources:
+        dump_connections=1,
+        download_retries=config["wikipedia"]["retries"],
+    params:
+        fetch=lambda wc: _fetch_flags(_index_entry(wc.part), "index_"),
+    shell:
+        "python -m retrieval_pretraining.download fetch {params.fetch} "
+        "--retries {resources.download_retries} --out {output.index} --manifest {output.manifest} &> {log}"
+
+
+rule download_dump:
+    """Fetch every part and index (e.g. on a login node before submitting the GPU work)."""
+    input:
+        lambda wc: get_all_dump_files(),
+    localrule: True
+
+
+# --- Stage 2: extract articles ------------------------------------------------------------------
 def get_all_articles():
+    """The articles file of every dump part (call from input functions only, like get_dump_parts)."""
     return expand("results/wikipedia/articles/{part}.parquet", part=get_dump_parts())
+
+
+def extract_params():
+    """The extract config slice without `processes`: the output does not depend on it, so changing
+    the process count must not rerun extraction (it arrives through {threads} instead).
+    """
+    return experiment_config.stage_argument(
+        {key: value for key, value in config["extract"].items() if key != "processes"}
+    )
+
+
+rule extract_articles:
+    input:
+        dump=f"{DUMP_DIR}/{{part}}.xml.bz2",
+        # Multistream parts: the offset index lets workers decompress streams in parallel.
+        index=lambda wc: get_dump_index(wc.part),
+        code=module_source("extract.py", "wikitext.py", "artifacts.py"),
+    output:
+        articles="results/wikipedia/articles/{part}.parquet",
+        manifest="results/wikipedia/articles/{part}.manifest.json",
+    log:
+        "results/logs/extract_articles/{part}.log",
+    threads: config["extract"]["processes"]
+    resources:
+        # Measured: ~200 MB for the main process, well under 512 MB per worker (benchmarks/RESULTS.md).
+        mem_mb=lambda wc, threads: 1024 + 512 * threads,
+    params:
+        extract=extract_params(),
+        index=lambda wc, input: f"--index {input.index}" if input.index else "",
+    shell:
+        "python -m retrieval_pretraining.extract --config '{params.extract}' --processes {threads} "
+        "--dump {input.dump} {params.index} --out {output.articles} &> {log}"

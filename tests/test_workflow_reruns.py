@@ -1,0 +1,90 @@
+"""Incremental reruns of the data stages, asserted through Snakemake's own dry-run plan.
+
+Users rerun the workflow after changing one stage; these tests pin down that exactly that stage
+and what depends on it reruns, and nothing upstream (issues 2 and 3, "done when").
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflow_harness import copy_project, planned_rules, snakemake
+
+SPANS_TARGET = "results/corpus/spans/costa/shard-0000.parquet"
+ARTICLES_TARGET = "results/wikipedia/articles/enwiki-sample.parquet"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A project copy whose data stages (dump -> articles -> chunks -> spans) have run once."""
+    project = copy_project(tmp_path_factory.mktemp("reruns") / "project")
+    snakemake(project, SPANS_TARGET, "results/corpus/spans/costa/shard-0001.parquet")
+    return project
+
+
+def _edit_config(project: Path, edit) -> str:
+    path = project / "config.yaml"
+    original = path.read_text()
+    config = yaml.safe_load(original)
+    edit(config)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return original
+
+
+def test_a_finished_run_has_nothing_to_do(finished):
+    assert planned_rules(finished, SPANS_TARGET) == {}
+
+
+def test_editing_the_extraction_code_reruns_extraction_and_what_depends_on_it(finished):
+    module = finished / "workflow" / "retrieval_pretraining" / "extract.py"
+    original = module.read_text()
+    module.write_text(original + "\n# an edit\n")
+    try:
+        plan = planned_rules(finished, ARTICLES_TARGET)
+        assert plan == {"extract_articles": 1}, plan
+        downstream = planned_rules(finished, SPANS_TARGET)
+        assert "download_dump_part" not in downstream and "stage_checkpoint" not in downstream
+        assert {"extract_articles", "chunk_articles", "sample_spans"} <= set(downstream)
+    finally:
+        module.write_text(original)
+    assert planned_rules(finished, SPANS_TARGET) == {}
+
+
+def test_changing_an_extraction_parameter_reruns_extraction_only_upstream(finished):
+    original = _edit_config(finished, lambda c: c["extract"].update(min_chars=50))
+    try:
+        plan = planned_rules(finished, ARTICLES_TARGET)
+        assert plan == {"extract_articles": 1}, plan
+    finally:
+        (finished / "config.yaml").write_text(original)
+
+
+def test_changing_a_span_parameter_reruns_only_the_span_index(finished):
+    def edit(config):
+        config["spans"][0]["beta_alpha"] = 3.0
+
+    original = _edit_config(finished, edit)
+    try:
+        plan = planned_rules(finished, SPANS_TARGET)
+        assert plan == {"sample_spans": 1}, plan
+    finally:
+        (finished / "config.yaml").write_text(original)
+
+
+def test_changing_max_len_reruns_chunking_and_everything_after(finished):
+    original = _edit_config(finished, lambda c: c["corpus"].update(max_len=96))
+    try:
+        plan = planned_rules(finished, SPANS_TARGET)
+        assert set(plan) == {"chunk_articles", "sample_spans"}, plan
+    finally:
+        (finished / "config.yaml").write_text(original)
+
+
+def test_changing_the_process_count_reruns_nothing(finished):
+    """Process counts change speed, not results, so they are not rerun triggers."""
+    original = _edit_config(finished, lambda c: c["corpus"].update(processes=1))
+    try:
+        assert planned_rules(finished, SPANS_TARGET) == {}
+    finally:
+        (finished / "config.yaml").write_text(original)

@@ -1,0 +1,313 @@
+"""Wikitext -> clean plain text, with our own linear-time regex cleaner (no template expansion).
+
+Why our own: mwparserfromhell builds a full parse tree (about 4.4 CPU-s for the 106 articles of the
+enwiki sample before any cleaning, slower than WikiExtractor's whole run), and WikiExtractor's
+extractor is tied to its own template machinery and drops list items and leaves debris such as
+"Alberta ()". Measured choice: see benchmarks/RESULTS.md ("Stage 2: extraction").
+
+What is removed: HTML comments, <ref> and other non-prose tags (math, gallery, timeline, ...),
+templates (innermost first, so nested ones go too; a few inline templates whose argument IS prose,
+like {{lang-fr|...}} or {{nowrap|...}}, keep their text), tables ({| ... |} and <table>), file and
+image links (with their captions), category links, interlanguage links, magic words (__TOC__),
+bold/italic quotes and remaining HTML tags (their content kept). Links become their label,
+external links their anchor text. Kept: headings (each its own paragraph, only when their section
+has text), paragraphs (separated by "\\n\\n"), list items (one per line inside their paragraph).
+Sections whose heading is in `drop_sections` (See also, References, ...) are dropped whole.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+
+# Tags whose content is not prose: removed with their content.
+_DROP_CONTENT_TAGS = tuple(
+    """ref references math chem ce gallery timeline score imagemap hiero graph mapframe maplink
+    syntaxhighlight source templatedata inputbox categorytree includeonly table caption indicator
+    section""".split()
+)
+# Tags that only format: removed, content kept. Anything else looking like a tag is left as text,
+# so that "a < b > c" in prose survives.
+_FORMAT_TAGS = tuple(
+    """b i u s small big sup sub span div font center blockquote poem nowiki br hr p abbr cite code
+    del ins em strong tt var q kbd samp dfn strike mark ruby rt rp bdi bdo wbr onlyinclude noinclude
+    li ul ol dl dt dd pre h1 h2 h3 h4 h5 h6 time data translate tvar languages""".split()
+)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (which may contain spaces) as a tuple."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+# Inline templates whose output is the text of some positional arguments (1-based), joined by a
+# space: {{nowrap|x}} -> x, {{lang|fr|x}} -> x, {{convert|5|km}} -> 5 km. Names are normalised
+# (lowercase, "_" -> " "). Every other template is removed whole.
+_INLINE_TEMPLATES = {
+    **dict.fromkeys(
+        _names(
+            """nowrap, nobr, nobreak, small, smaller, big, smallcaps, sc, sic, not a typo,
+            visible anchor, vanchor, nihongo, abbr, em, strong, mvar, var, as written, w, keypress,
+            quote, gaps, ill, interlanguage link, hms, uss, sclass, frac"""
+        ),
+        (1,),
+    ),
+    **dict.fromkeys(("lang", "transl"), (2,)),
+    **dict.fromkeys(("convert", "cvt", "ship"), (1, 2)),
+}
+# Prefixes of inline templates that keep their first argument, e.g. {{lang-fr|Bonjour}}.
+_INLINE_PREFIXES = ("lang-",)
+# {{convert|10|to|20|km}}: the second argument joins a range.
+_RANGE_WORDS = {"to", "-", "–", "and", "or", "by", "x", "×", "and(-)", "to(-)", "+/-", "±"}
+# Inline templates that stand for a character.
+_CHAR_TEMPLATES = {
+    "snd": " – ", "spaced ndash": " – ", "ndash": "–", "mdash": "—", "'": "'", "''": '"',
+    "okina": "ʻ", "!": "|", "=": "=",
+}  # fmt: skip
+
+DEFAULT_DISAMBIGUATION_TEMPLATES = _names(
+    """disambiguation, disambig, disamb, dab, disambiguation cleanup, hndis, hndisambig, geodis,
+    geodisambig, numberdis, letter-number combination disambiguation, mathdab, math dab, schooldis,
+    species latin name disambiguation, genus disambiguation, place name disambiguation,
+    road disambiguation, station disambiguation, airport disambiguation, call sign disambiguation,
+    chinese title disambiguation"""
+)
+DEFAULT_DROP_SECTIONS = _names(
+    """see also, references, external links, further reading, notes, footnotes, bibliography,
+    sources, citations, notes and references, references and notes"""
+)
+
+
+@dataclass(frozen=True)
+class CleanerOptions:
+    """Site-specific names the cleaner needs (from <siteinfo> when the dump has one)."""
+
+    file_prefixes: frozenset[str] = frozenset({"file", "image", "media"})
+    category_prefixes: frozenset[str] = frozenset({"category"})
+    drop_sections: frozenset[str] = field(default_factory=lambda: frozenset(DEFAULT_DROP_SECTIONS))
+
+
+# --- regular expressions (compiled once; possessive quantifiers keep them linear) -----------------
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+_DROP_TAGS = "|".join(_DROP_CONTENT_TAGS)
+_SELF_CLOSING = re.compile(rf"<(?:{_DROP_TAGS})\b[^>]*?/>", re.I)
+# Content may not hold another opening of the same tag, so an unclosed <ref> eats nothing beyond it.
+_PAIRED = re.compile(rf"<({_DROP_TAGS})\b[^>]*+>[^<]*+(?:<(?!\1\b|/\1\b)[^<]*+)*+</\1\s*>", re.I)
+_UNCLOSED_DROP = re.compile(rf"</?(?:{_DROP_TAGS})\b[^>]*+>", re.I)  # also stray closing tags
+_TEMPLATE = re.compile(r"\{\{((?:[^{}]++|\{(?!\{)|\}(?!\}))*+)\}\}")
+_LINK_PIPES = re.compile(r"\[\[[^\[\]]*+\]\]")
+_LINK = re.compile(r"\[\[((?:[^\[\]]++|\[(?!\[)|\](?!\]))*+)\]\]")
+_EXTERNAL = re.compile(r"\[(?:https?:|ftp:|mailto:|//)[^\s\]]*+(?:[ \t]+([^\]\n]*))?\]", re.I)
+_FORMAT_TAG = re.compile(rf"</?(?:{'|'.join(_FORMAT_TAGS)})\b[^>]*?/?>", re.I)
+_BR = re.compile(r"<br\s*/?>", re.I)
+_MAGIC = re.compile(r"__[A-Z]{3,}__")
+_QUOTES = re.compile(r"'{2,5}")
+_HEADING = re.compile(r"^(={1,6})\s*(.+?)\s*(={1,6})\s*$")  # unbalanced "== X ===" too
+_LIST = re.compile(r"^[*#:;]+\s*")
+_SPACES = re.compile(r"[ \t\u00a0\u2009\u200b]+")
+_SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)\]])")
+_SPACE_AFTER_OPEN = re.compile(r"([(\[]) +")
+_EMPTY_PARENS = re.compile(r"\s*\((?:[\s,;:.–—-]|or|and)*\)")
+_LEADING_PUNCT_PARENS = re.compile(r"\(\s*[,;:]\s*")
+_DANGLING_PUNCT = re.compile(r"\s*[,;:]\s*\)")  # "(Dutch: {{audio|...}})" -> "(Dutch)"
+_REPEATED_PUNCT = re.compile(r"([,;])(?:\s*[,;])+")
+_INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
+_LEFTOVER = re.compile(r"^[\s|!{}\[\]=*#:;-]*$")
+_REDIRECT = re.compile(r"^\s*#\s*redirect", re.I)
+
+
+def _template_name(body: str) -> str:
+    name = body.split("|", 1)[0]
+    return _SPACES.sub(" ", name.replace("_", " ")).strip().lower()
+
+
+def _positional(body: str) -> list[str]:
+    """The positional arguments of a template body (named ones skipped), in order."""
+    # Pipes inside links ([[target|label]]) do not separate arguments: hide them while splitting.
+    body = _LINK_PIPES.sub(lambda m: m.group(0).replace("|", "\x00"), body)
+    args = body.split("|")[1:]
+    return [a.replace("\x00", "|").strip() for a in args if "=" not in a.split("[[", 1)[0]]
+
+
+def _replace_template(match: re.Match) -> str:
+    body = match.group(1)
+    name = _template_name(body)
+    if name in _CHAR_TEMPLATES:
+        return _CHAR_TEMPLATES[name]
+    if name.startswith(_INLINE_PREFIXES):
+        keep: tuple[int, ...] = (1,)
+    else:
+        keep = _INLINE_TEMPLATES.get(name, ())
+    if not keep:
+        return ""
+    positional = _positional(body)
+    if name in ("convert", "cvt") and len(positional) >= 4 and positional[1] in _RANGE_WORDS:
+        keep = (1, 2, 3, 4)  # {{convert|10|to|20|km}} -> "10 to 20 km"
+    return " ".join(positional[i - 1] for i in keep if i <= len(positional))
+
+
+def remove_templates(text: str) -> str:
+    """Remove templates innermost first, so a template inside another template's argument goes too."""
+    while True:
+        text, count = _TEMPLATE.subn(_replace_template, text)
+        if not count:
+            return text
+
+
+def remove_tables(lines: list[str]) -> list[str]:
+    """Drop wiki tables ({| ... |}, nested ones included) line by line."""
+    kept, depth = [], 0
+    for line in lines:
+        stripped = line.lstrip(" :")
+        if stripped.startswith("{|"):
+            depth += 1
+            continue
+        if depth:
+            if stripped.startswith("|}"):
+                depth -= 1
+            continue
+        kept.append(line)
+    return kept
+
+
+def _make_link_replacer(options: CleanerOptions):
+    def replace(match: re.Match) -> str:
+        body = match.group(1)
+        target, sep, label = body.partition("|")
+        target = target.strip()
+        visible = target.startswith(":")  # [[:Category:X]] is a visible link, not a category tag
+        target = target.lstrip(":").strip()
+        prefix, colon, rest = target.partition(":")
+        prefix = prefix.strip().lower().replace("_", " ")
+        if colon and not visible:
+            if prefix in options.file_prefixes or prefix in options.category_prefixes:
+                return ""
+            if _INTERLANGUAGE.match(prefix):
+                return ""
+        if sep:
+            label = label.strip()
+            if label:
+                # Extra pipes only occur in file links (removed above); MediaWiki shows the rest.
+                return label
+            # Pipe trick: [[Paris, Texas|]] -> "Paris", [[Foo (bar)|]] -> "Foo".
+            shown = rest if colon else target
+            return re.sub(r"\s*\(.*\)\s*$", "", shown.split(",")[0]).strip()
+        return target
+
+    return replace
+
+
+def _clean_line(line: str) -> str:
+    line = _SPACES.sub(" ", line)
+    line = _LEADING_PUNCT_PARENS.sub("(", line)
+    line = _DANGLING_PUNCT.sub(")", line)
+    line = _EMPTY_PARENS.sub("", line)
+    line = _SPACE_BEFORE_PUNCT.sub(r"\1", line)
+    line = _SPACE_AFTER_OPEN.sub(r"\1", line)
+    line = _REPEATED_PUNCT.sub(r"\1", line)
+    return line.strip()
+
+
+def _paragraphs(lines: list[str], options: CleanerOptions) -> list[tuple[int, str]]:
+    """Group cleaned lines into (heading level or 0, text) blocks; drop unwanted sections."""
+    blocks: list[tuple[int, str]] = []
+    current: list[str] = []
+    current_is_list = False
+    skip_level = 0  # inside a dropped section of this level (0: not skipping)
+
+    def flush() -> None:
+        nonlocal current
+        if current:
+            sep = "\n" if current_is_list else " "
+            blocks.append((0, sep.join(current)))
+        current = []
+
+    for raw in lines:
+        heading = _HEADING.match(raw.strip())
+        if heading:
+            level = min(len(heading.group(1)), len(heading.group(3)))
+            title = _clean_line(heading.group(2).strip("= "))
+            if skip_level and level > skip_level:
+                continue
+            skip_level = 0
+            flush()
+            if title.lower().rstrip(".:") in options.drop_sections:
+                skip_level = level
+                continue
+            if title:
+                blocks.append((level, title))
+            continue
+        if skip_level:
+            continue
+        if not raw.strip():
+            flush()
+            continue
+        is_item = bool(_LIST.match(raw))
+        text = _LIST.sub("", raw) if is_item else raw
+        if raw.startswith("----"):
+            text = raw.lstrip("-")
+        text = _clean_line(text)
+        if not text or _LEFTOVER.match(text):
+            continue
+        if is_item != current_is_list:
+            flush()
+            current_is_list = is_item
+        current.append(text)
+    flush()
+    return blocks
+
+
+def _drop_empty_headings(blocks: list[tuple[int, str]]) -> list[str]:
+    """Keep a heading only when some text follows it before the next heading of its level or higher."""
+    kept: list[str] = []
+    # text_below[l]: text follows this point before the next heading of level <= l (walking back).
+    text_below = [False] * 7
+    for level, text in reversed(blocks):
+        if level == 0:
+            text_below = [True] * 7
+            kept.append(text)
+            continue
+        if text_below[level]:
+            kept.append(text)
+        for lower in range(level, 7):
+            text_below[lower] = False
+    kept.reverse()
+    return kept
+
+
+def clean(wikitext: str, options: CleanerOptions = CleanerOptions()) -> str:
+    """Clean plain text of one article: paragraphs separated by a blank line, headings their own."""
+    text = _COMMENT.sub("", wikitext)
+    text = _SELF_CLOSING.sub("", text)
+    text = _PAIRED.sub("", text)
+    text = _UNCLOSED_DROP.sub("", text)  # an unclosed <ref ...> whose content we cannot delimit
+    text = remove_templates(text)
+    text = text.replace("{{", "").replace("}}", "")  # unbalanced leftovers
+    lines = remove_tables(text.split("\n"))
+    text = "\n".join(lines)
+    replace_link = _make_link_replacer(options)
+    while True:
+        text, count = _LINK.subn(replace_link, text)
+        if not count:
+            break
+    text = _EXTERNAL.sub(lambda m: m.group(1) or "", text)
+    text = _BR.sub(" ", text)
+    text = _FORMAT_TAG.sub("", text)
+    text = _MAGIC.sub("", text)
+    text = _QUOTES.sub("", text)
+    text = html.unescape(text)
+    blocks = _paragraphs(text.split("\n"), options)
+    return "\n\n".join(_drop_empty_headings(blocks))
+
+
+def is_redirect(wikitext: str) -> bool:
+    return bool(_REDIRECT.match(wikitext))
+
+
+def disambiguation_pattern(template_names) -> re.Pattern:
+    """A template call {{name}} or {{name|...}} for any of the names (first letter, spaces, case free)."""
+    alternatives = "|".join(
+        r"[ _]+".join(re.escape(word) for word in name.split()) for name in template_names
+    )
+    return re.compile(rf"\{{\{{\s*(?:template\s*:\s*)?(?:{alternatives})\s*(?:\||\}}\}})", re.I)
