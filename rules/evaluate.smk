@@ -1,0 +1,48 @@
+# Scoring: any TREC run of any system -> metrics JSON, with the measures configured for its split.
+# Systems: `bm25` (rules/retrieval.smk publishes its runs here), `{model}-stage1`, `{model}-stage2`.
+
+
+def evaluate_entry(dataset, split):
+    for entry in config["evaluate"]["splits"]:
+        if entry["dataset"] == dataset and entry["split"] == split:
+            return entry
+    raise ValueError(
+        f"no evaluate.splits entry for dataset '{dataset}' split '{split}'; add one (with its "
+        "measures) to config.yaml"
+    )
+
+
+def get_metrics_targets(systems):
+    """The metrics JSON of every evaluated split for each of `systems` (e.g. ["bm25"])."""
+    return [
+        f"results/metrics/{e['dataset']}/{system}/{e['split']}.json"
+        for e in config["evaluate"]["splits"]
+        for system in systems
+    ]
+
+
+rule score_run:
+    input:
+        run="results/runs/{dataset}/{system}/{split}.trec",
+        qrels="results/datasets/{dataset}/qrels-{split}.parquet",
+        code=module_source("evaluate.py", "artifacts.py"),
+    output:
+        metrics="results/metrics/{dataset}/{system}/{split}.json",
+    log:
+        "results/logs/score_run/{dataset}/{system}/{split}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+        system="[A-Za-z0-9_.-]+",
+        split="[A-Za-z0-9_.-]+",
+    localrule: True
+    params:
+        evaluate=lambda wc: experiment_config.stage_argument(
+            {
+                k: v
+                for k, v in evaluate_entry(wc.dataset, wc.split).items()
+                if k in ("measures", "relevance_level")
+            }
+        ),
+    shell:
+        "python -m retrieval_pretraining.evaluate --config '{params.evaluate}' --run {input.run} "
+        "--qrels {input.qrels} --out {output.metrics} &> {log}"

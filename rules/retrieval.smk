@@ -1,0 +1,288 @@
+# Retrieval datasets and BM25: downloads (local rules), canonical datasets, Lucene index, BM25 runs,
+# BM25 negatives. Every evaluate.splits entry gets a BM25 run, published for scoring under
+# results/runs/{dataset}/bm25/{split}.trec like every other system.
+import shlex
+
+DATASETS_DIR = "results/datasets"
+DATASET_DOWNLOADS = "results/downloads/datasets"
+
+
+def dataset_entry(name):
+    return named("datasets", name)
+
+
+def _dataset_download(dataset, file):
+    for download in dataset_entry(dataset).get("downloads", []):
+        if download["file"] == file:
+            return download
+    raise ValueError(
+        f"dataset '{dataset}' lists no download with file '{file}'; add it to its `downloads`"
+    )
+
+
+def _ref_path(entry, ref):
+    """The file a dataset config reference names (a project file or a download)."""
+    if "path" in ref:
+        return str(experiment_config.resolve_path(ref["path"], config["data_root"]))
+    _dataset_download(entry["name"], ref["download"])  # fails early, naming the fix
+    return f"{DATASET_DOWNLOADS}/{entry['name']}/{ref['download']}"
+
+
+def get_dataset_corpus_sources(wildcards):
+    """The files the corpus is read from (BEIR corpus.jsonl; the MS MARCO collection and titles)."""
+    entry = dataset_entry(wildcards.dataset)
+    if entry["format"] == "beir":
+        folder = experiment_config.resolve_path(entry["path"], config["data_root"])
+        return [str(folder / "corpus.jsonl")]
+    refs = [entry["corpus"]] + ([entry["titles"]] if entry.get("titles") else [])
+    return sorted({_ref_path(entry, ref) for ref in refs})
+
+
+def get_dataset_split_sources(wildcards):
+    """The queries and qrels files of one split."""
+    entry = dataset_entry(wildcards.dataset)
+    splits = {split["name"]: split for split in entry["splits"]}
+    if wildcards.split not in splits:
+        raise ValueError(
+            f"dataset '{wildcards.dataset}' has no split '{wildcards.split}' "
+            f"(splits: {', '.join(splits)}); fix the target or datasets[].splits"
+        )
+    if entry["format"] == "beir":
+        folder = experiment_config.resolve_path(entry["path"], config["data_root"])
+        return [
+            str(folder / "queries.jsonl"),
+            str(folder / "qrels" / f"{wildcards.split}.tsv"),
+        ]
+    split = splits[wildcards.split]
+    return sorted(
+        {_ref_path(entry, split["queries"]), _ref_path(entry, split["qrels"])}
+    )
+
+
+def dataset_arguments(dataset):
+    """`--config '<entry>' [--data-root D]` for retrieval_pretraining.datasets."""
+    root = (
+        f" --data-root {shlex.quote(config['data_root'])}"
+        if config["data_root"]
+        else ""
+    )
+    entry = experiment_config.stage_argument(dataset_entry(dataset))
+    return f"--config '{entry}' --downloads {DATASET_DOWNLOADS}/{dataset}{root}"
+
+
+def bm25_settings(dataset):
+    """The bm25 slice for one dataset: shared settings with its `overrides` entry applied."""
+    settings = {
+        k: v for k, v in config["bm25"].items() if k not in ("negatives", "overrides")
+    }
+    for override in config["bm25"].get("overrides", []):
+        if override["dataset"] == dataset:
+            settings |= {k: v for k, v in override.items() if k != "dataset"}
+    return settings
+
+
+def bm25_negatives_entry(dataset):
+    for entry in config["bm25"]["negatives"]:
+        if entry["dataset"] == dataset:
+            return entry
+    raise ValueError(
+        f"no bm25.negatives entry for dataset '{dataset}'; add one to config.yaml"
+    )
+
+
+def exclude_query_id_flag(dataset):
+    return "--exclude-query-id" if dataset_entry(dataset)["exclude_query_id"] else ""
+
+
+def get_bm25_targets():
+    """BM25 runs of every evaluated split and the BM25 negatives of every configured dataset."""
+    runs = [
+        f"results/runs/{e['dataset']}/bm25/{e['split']}.trec"
+        for e in config["evaluate"]["splits"]
+    ]
+    negatives = [
+        f"results/bm25/{e['dataset']}/negatives.parquet"
+        for e in config["bm25"]["negatives"]
+    ]
+    return runs + negatives
+
+
+# Fetch one file of a dataset (MS MARCO collections, queries, qrels, triples, RocketQA titles).
+rule download_dataset_file:
+    output:
+        file=f"{DATASET_DOWNLOADS}/{{dataset}}/{{file}}",
+    log:
+        f"results/logs/download_dataset_file/{{dataset}}/{{file}}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+        file="[A-Za-z0-9_.-]+",
+    localrule: True
+    params:
+        fetch=lambda wc: " ".join(
+            shlex.quote(flag)
+            for key, value in _dataset_download(wc.dataset, wc.file).items()
+            if key in ("url", "md5", "size") and value is not None
+            for flag in (f"--{key}", str(value))
+        ),
+    shell:
+        "python -m retrieval_pretraining.download fetch {params.fetch} --out {output.file} &> {log}"
+
+
+# The corpus in canonical form, and dataset.json (title mode, query-id rule, corpus quirks).
+rule prepare_dataset:
+    input:
+        sources=get_dataset_corpus_sources,
+        code=module_source("datasets.py", "artifacts.py"),
+    output:
+        corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
+        info=f"{DATASETS_DIR}/{{dataset}}/dataset.json",
+    log:
+        "results/logs/prepare_dataset/{dataset}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+    params:
+        args=lambda wc: dataset_arguments(wc.dataset),
+        out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
+    shell:
+        "python -m retrieval_pretraining.datasets corpus {params.args} --out {params.out} &> {log}"
+
+
+# One split's judged queries and qrels; quirk counts (checked against the corpus) in manifests.
+rule prepare_dataset_split:
+    input:
+        sources=get_dataset_split_sources,
+        corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
+        code=module_source("datasets.py", "artifacts.py"),
+    output:
+        queries=f"{DATASETS_DIR}/{{dataset}}/queries-{{split}}.parquet",
+        qrels=f"{DATASETS_DIR}/{{dataset}}/qrels-{{split}}.parquet",
+    log:
+        "results/logs/prepare_dataset_split/{dataset}/{split}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+        split="[A-Za-z0-9_.-]+",
+    params:
+        args=lambda wc: dataset_arguments(wc.dataset),
+        out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
+    shell:
+        "python -m retrieval_pretraining.datasets split --split {wildcards.split} {params.args} "
+        "--out {params.out} &> {log}"
+
+
+rule build_bm25_index:
+    input:
+        corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
+        code=module_source(
+            "bm25.py", "datasets.py", "pyserini_setup.py", "artifacts.py"
+        ),
+    output:
+        index=directory("results/bm25/{dataset}/index"),
+    log:
+        "results/logs/build_bm25_index/{dataset}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+    threads: config["bm25"]["index_threads"]
+    params:
+        bm25=lambda wc: experiment_config.stage_argument(
+            {
+                k: v
+                for k, v in bm25_settings(wc.dataset).items()
+                if k in ("title", "index_threads", "java_heap")
+            }
+        ),
+    shell:
+        "python -m retrieval_pretraining.bm25 index --config '{params.bm25}' --corpus {input.corpus} "
+        "--out {output.index} &> {log}"
+
+
+rule bm25_search:
+    input:
+        index="results/bm25/{dataset}/index",
+        queries=f"{DATASETS_DIR}/{{dataset}}/queries-{{split}}.parquet",
+        code=module_source(
+            "bm25.py", "datasets.py", "pyserini_setup.py", "artifacts.py"
+        ),
+    output:
+        run="results/bm25/{dataset}/runs/{split}.trec",
+    log:
+        "results/logs/bm25_search/{dataset}/{split}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+        split="[A-Za-z0-9_.-]+",
+    threads: config["bm25"]["threads"]
+    params:
+        bm25=lambda wc: experiment_config.stage_argument(bm25_settings(wc.dataset)),
+        exclude=lambda wc: exclude_query_id_flag(wc.dataset),
+    shell:
+        "python -m retrieval_pretraining.bm25 search --config '{params.bm25}' --index {input.index} "
+        "--queries {input.queries} {params.exclude} --out {output.run} &> {log}"
+
+
+# The bm25 slice plus this dataset's negatives policy and the global seed.
+# The training split's queries and qrels, and the index (source=bm25) or triples file.
+# The BM25 run under results/runs/, where score_run finds every system's runs.
+rule publish_bm25_run:
+    input:
+        run="results/bm25/{dataset}/runs/{split}.trec",
+    output:
+        run="results/runs/{dataset}/bm25/{split}.trec",
+    log:
+        "results/logs/publish_bm25_run/{dataset}/{split}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+        split="[A-Za-z0-9_.-]+",
+    localrule: True
+    shell:
+        "cp {input.run} {output.run} &> {log}"
+
+
+def get_bm25_negatives_inputs(wildcards):
+    entry = bm25_negatives_entry(wildcards.dataset)
+    folder = f"{DATASETS_DIR}/{wildcards.dataset}"
+    inputs = {
+        "queries": f"{folder}/queries-{entry['split']}.parquet",
+        "qrels": f"{folder}/qrels-{entry['split']}.parquet",
+    }
+    if entry["source"] == "bm25":
+        inputs["index"] = f"results/bm25/{wildcards.dataset}/index"
+    else:
+        _dataset_download(wildcards.dataset, entry["triples"]["download"])
+        inputs["triples"] = (
+            f"{DATASET_DOWNLOADS}/{wildcards.dataset}/{entry['triples']['download']}"
+        )
+    return inputs
+
+
+def bm25_negatives_config(dataset):
+    entry = bm25_negatives_entry(dataset)
+    policy = {k: v for k, v in entry.items() if k not in ("dataset", "triples")}
+    return experiment_config.stage_argument(
+        bm25_settings(dataset) | {"negatives": policy | {"seed": config["seed"]}}
+    )
+
+
+rule bm25_negatives:
+    input:
+        unpack(get_bm25_negatives_inputs),
+        code=module_source(
+            "bm25.py", "datasets.py", "pyserini_setup.py", "artifacts.py"
+        ),
+    output:
+        negatives="results/bm25/{dataset}/negatives.parquet",
+    log:
+        "results/logs/bm25_negatives/{dataset}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+    threads: config["bm25"]["threads"]
+    params:
+        bm25=lambda wc: bm25_negatives_config(wc.dataset),
+        exclude=lambda wc: exclude_query_id_flag(wc.dataset),
+        source=lambda wc, input: (
+            f"--index {input.index}"
+            if "index" in input.keys()
+            else f"--triples {input.triples}"
+        ),
+    shell:
+        "python -m retrieval_pretraining.bm25 negatives --config '{params.bm25}' {params.source} "
+        "--queries {input.queries} --qrels {input.qrels} {params.exclude} "
+        "--out {output.negatives} &> {log}"

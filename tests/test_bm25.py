@@ -1,0 +1,258 @@
+"""BM25 with Pyserini: the Java fixes, Anserini's published SciFact numbers, run files, negatives."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from retrieval_pretraining import artifacts, bm25, datasets, evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+ANSERINI_QRELS = ROOT / "data" / "msmarco-topics-qrels" / "qrels.beir-v1.0.0-scifact.test.txt"
+SCIFACT = {
+    "name": "scifact",
+    "format": "beir",
+    "path": "data/beir/scifact",
+    "splits": [{"name": "train"}, {"name": "test"}],
+    "title": "space",
+    "exclude_query_id": True,
+}
+# Anserini's BEIR regression (flat index: title + " " + text, k1 0.9, b 0.4, -removeQuery).
+SETTINGS = {"k1": 0.9, "b": 0.4, "title": "space", "threads": 2, "index_threads": 2, "depth": 1000}
+
+
+def test_pyserini_setup_fixes_java_jvm_options_and_openai_key():
+    """In a fresh interpreter without JAVA_HOME or OPENAI_API_KEY, pyserini imports and the JVM runs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "OPENAI_API_KEY")}
+    env["PYTHONPATH"] = str(ROOT / "workflow")
+    probe = (
+        "import json, os, subprocess\n"
+        "from retrieval_pretraining import pyserini_setup\n"
+        "from pyserini.search.lucene import LuceneSearcher\n"
+        "import jnius_config\n"
+        "from jnius import autoclass\n"
+        "version = autoclass('java.lang.System').getProperty('java.specification.version')\n"
+        "java = subprocess.run(['java', '-version'], capture_output=True, text=True).stderr\n"
+        "print(json.dumps({'options': jnius_config.get_options(), 'version': version, 'java': java,\n"
+        "  'home': os.environ['JAVA_HOME'], 'path0': os.environ['PATH'].split(os.pathsep)[0],\n"
+        "  'openai': bool(os.environ.get('OPENAI_API_KEY'))}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    state = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "--add-modules=jdk.incubator.vector" not in state["options"]
+    assert int(state["version"]) >= 21
+    assert state["path0"] == str(Path(state["home"]) / "bin")
+    assert 'version "2' in state["java"]  # the bare `java` on PATH is the >= 21 one
+    assert state["openai"]
+
+
+def test_pyserini_command_line_runs_through_the_wrapper():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "workflow"))
+    env.pop("OPENAI_API_KEY", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "retrieval_pretraining.pyserini_setup",
+            "pyserini.index.lucene",
+            "-options",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "-storePositions" in result.stdout + result.stderr  # Anserini's IndexCollection answered
+
+
+@pytest.fixture(scope="module")
+def scifact(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("scifact")
+    datasets.prepare(SCIFACT, folder / "data")
+    stats = bm25.build_index(folder / "data" / "corpus.parquet", folder / "index", SETTINGS)
+    assert stats["indexed"] == 5183
+    return folder
+
+
+def read_run(path):
+    rows = [line.split() for line in Path(path).read_text().splitlines()]
+    return pl.DataFrame(
+        rows, schema=["qid", "q0", "docid", "rank", "score", "tag"], orient="row"
+    ).with_columns(pl.col("rank").cast(pl.Int64), pl.col("score").cast(pl.Float64))
+
+
+def test_scifact_bm25_reproduces_anserini_regression(scifact):
+    run = scifact / "runs" / "test.trec"
+    bm25.search_run(
+        scifact / "index",
+        scifact / "data" / "queries-test.parquet",
+        run,
+        SETTINGS,
+        exclude_query_id=True,
+    )
+    # Scored against Anserini's own copy of the qrels (independent of our dataset conversion).
+    result = evaluate.evaluate(run, ANSERINI_QRELS, None, {"measures": ["nDCG@10", "R@100"]})
+    assert abs(result["aggregate"]["nDCG@10"] - 0.6789) < 0.0005
+    assert abs(result["aggregate"]["R@100"] - 0.9253) < 0.0005
+    assert result["queries_missing_from_run"] == 0
+
+    frame = read_run(run)
+    assert frame["q0"].unique().to_list() == ["Q0"] and frame["tag"].unique().to_list() == ["bm25"]
+    per_query = frame.group_by("qid").agg(
+        pl.len().alias("n"),
+        pl.col("rank"),
+        pl.col("score"),
+        pl.col("docid").n_unique().alias("unique"),
+    )
+    assert per_query.height == 300
+    for _, n, ranks, scores, unique in per_query.iter_rows():
+        assert n <= 1000 and unique == n
+        assert ranks == list(range(1, n + 1))
+        assert all(a >= b for a, b in zip(scores, scores[1:]))
+    manifest = artifacts.read_json(artifacts.manifest_path(run))
+    assert manifest["params"]["label"] == "BM25 (k1=0.9, b=0.4)"
+
+
+def test_bm25_negatives_remove_each_querys_positives_and_are_reproducible(scifact):
+    queries = pl.read_parquet(scifact / "data" / "queries-train.parquet").head(60)
+    queries.write_parquet(scifact / "queries-60.parquet")
+    qrels = scifact / "data" / "qrels-train.parquet"
+    config = SETTINGS | {"negatives": {"source": "bm25", "depth": 200, "count": 30, "seed": 7}}
+    out = scifact / "negatives.parquet"
+    stats = bm25.mine_negatives(
+        scifact / "queries-60.parquet",
+        qrels,
+        out,
+        config,
+        index=scifact / "index",
+        exclude_query_id=True,
+    )
+    frame = pl.read_parquet(out)
+    assert frame.height == 60 and stats["candidate_positives_removed"] > 0
+
+    # Positives straight from BEIR's qrels file (not from our conversion).
+    raw = pl.read_csv(
+        ROOT / "data/beir/scifact/qrels/train.tsv",
+        separator="\t",
+        schema_overrides={"query-id": pl.String, "corpus-id": pl.String},
+    )
+    own = {
+        q: set(docs)
+        for q, docs in raw.filter(pl.col("score") > 0)
+        .group_by("query-id")
+        .agg("corpus-id")
+        .iter_rows()
+    }
+    for qid, positives, negatives, ranks in frame.iter_rows():
+        assert set(positives) == own[qid]
+        assert not set(negatives) & own[qid]
+        assert len(negatives) == len(set(negatives)) == len(ranks) <= 30
+        assert ranks == sorted(ranks) and all(1 <= r <= 200 for r in ranks)
+
+    again = scifact / "negatives-again.parquet"
+    bm25.mine_negatives(
+        scifact / "queries-60.parquet",
+        qrels,
+        again,
+        config,
+        index=scifact / "index",
+        exclude_query_id=True,
+    )
+    assert pl.read_parquet(again).equals(frame)
+    # A query's sample depends on (seed, query id) only, not on which other queries are mined.
+    queries.tail(20).write_parquet(scifact / "queries-20.parquet")
+    subset = scifact / "negatives-20.parquet"
+    bm25.mine_negatives(
+        scifact / "queries-20.parquet",
+        qrels,
+        subset,
+        config,
+        index=scifact / "index",
+        exclude_query_id=True,
+    )
+    assert pl.read_parquet(subset).equals(frame.tail(20))
+    manifest = artifacts.read_json(artifacts.manifest_path(out))
+    assert manifest["params"]["seed"] == 7 and manifest["params"]["depth"] == 200
+    assert manifest["params"]["source"] == "bm25"
+
+
+def test_sampling_policy():
+    candidates = [(f"d{i}", i) for i in range(1, 51)]
+    positives = {"d3", "d7", "d99"}
+    negatives, ranks = bm25.sample_negatives("q1", candidates, positives, count=30, seed=1)
+    assert len(negatives) == 30 and not set(negatives) & positives
+    assert ranks == sorted(ranks) and negatives == [f"d{r}" for r in ranks]
+    assert bm25.sample_negatives("q1", candidates, positives, 30, 1) == (negatives, ranks)
+    assert bm25.sample_negatives("q2", candidates, positives, 30, 1)[0] != negatives
+    assert bm25.sample_negatives("q1", candidates, positives, 30, 2)[0] != negatives
+    # Fewer candidates than asked: all of them, positives still removed.
+    assert bm25.sample_negatives("q1", candidates[:5], positives, 30, 1)[0] == [
+        "d1",
+        "d2",
+        "d4",
+        "d5",
+    ]
+    # Uniform over the pool: every non-positive candidate is picked about count/pool of the time.
+    picks = {}
+    for i in range(400):
+        for doc in bm25.sample_negatives(f"q{i}", candidates, positives, 30, 0)[0]:
+            picks[doc] = picks.get(doc, 0) + 1
+    # 48 candidates are not positives; each is picked 400 * 30 / 48 = 250 times on average (sd ~10).
+    assert len(picks) == 48 and min(picks.values()) > 200 and max(picks.values()) < 300
+
+
+def test_query_id_exclusion_and_empty_documents(tmp_path):
+    corpus = pa.table(
+        {
+            "doc_id": ["q1", "d2", "d3", "d4"],
+            "title": ["", "", "", ""],
+            "text": ["alpha beta", "alpha gamma", "delta", " "],
+        }
+    )
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    stats = bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
+    assert stats == stats | {"documents": 4, "empty_documents": 1, "indexed": 3}
+    pl.DataFrame({"query_id": ["q1"], "text": ["alpha beta"]}).write_parquet(tmp_path / "q.parquet")
+    config = SETTINGS | {"depth": 1}
+    bm25.search_run(
+        tmp_path / "index", tmp_path / "q.parquet", tmp_path / "keep.trec", config, False
+    )
+    bm25.search_run(
+        tmp_path / "index", tmp_path / "q.parquet", tmp_path / "drop.trec", config, True
+    )
+    assert read_run(tmp_path / "keep.trec")["docid"].to_list() == ["q1"]
+    # Excluded, and still `depth` hits: the next document moves up.
+    assert read_run(tmp_path / "drop.trec")["docid"].to_list() == ["d2"]
+
+
+def test_triples_source(tmp_path):
+    triples = tmp_path / "qidpidtriples.train.full.2.tsv.gz"
+    with gzip.open(triples, "wt") as handle:
+        handle.write("1\t10\t20\n1\t10\t21\n1\t11\t20\n1\t10\t11\n2\t30\t31\n3\t40\t41\n")
+    pl.DataFrame({"query_id": ["1", "2"], "text": ["a", "b"]}).write_parquet(tmp_path / "q.parquet")
+    qrels = pa.table(
+        {"query_id": ["1", "1", "2"], "doc_id": ["10", "11", "30"], "relevance": [1, 1, 1]}
+    )
+    artifacts.write_parquet(tmp_path / "qrels.parquet", qrels, datasets.QRELS_SCHEMA)
+    config = {"negatives": {"source": "triples", "count": 30, "seed": 0}}
+    bm25.mine_negatives(
+        tmp_path / "q.parquet",
+        tmp_path / "qrels.parquet",
+        tmp_path / "n.parquet",
+        config,
+        triples=triples,
+    )
+    rows = {q: (p, n, r) for q, p, n, r in pl.read_parquet(tmp_path / "n.parquet").iter_rows()}
+    # 11 is listed as a negative of query 1 but is one of its positives: removed.
+    assert rows["1"] == (["10", "11"], ["20", "21"], [-1, -1])
+    assert rows["2"] == (["30"], ["31"], [-1])

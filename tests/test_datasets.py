@@ -1,0 +1,220 @@
+"""Canonical datasets: BEIR and MS MARCO layouts, quirk counts, title joining, schema of the output."""
+
+import copy
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import datasets
+
+ROOT = Path(__file__).resolve().parents[1]
+SCIFACT = {
+    "name": "scifact",
+    "format": "beir",
+    "path": "data/beir/scifact",
+    "splits": [{"name": "train"}, {"name": "test"}],
+    "title": "space",
+    "exclude_query_id": True,
+}
+
+
+def test_join_title_modes():
+    assert datasets.join_title("Cats", "They purr.", "none") == "They purr."
+    assert datasets.join_title("Cats", "They purr.", "space") == "Cats They purr."
+    assert datasets.join_title("Cats", "They purr.", "sep") == "Cats [SEP] They purr."
+    assert datasets.join_title("", "They purr.", "sep") == "They purr."  # no dangling separator
+    assert datasets.join_title(None, None, "space") == ""
+    with pytest.raises(ValueError, match="none, sep, space"):
+        datasets.join_title("a", "b", "colon")
+
+
+@pytest.mark.parametrize("mode", datasets.TITLE_MODES)
+def test_polars_join_agrees_with_join_title(mode):
+    frame = pl.DataFrame({"title": ["Cats", "", None], "text": ["They purr.", "Untitled.", "x"]})
+    joined = frame.select(datasets.joined_text_expr(mode))["text"].to_list()
+    assert joined == [datasets.join_title(t, x, mode) for t, x in frame.iter_rows()]
+
+
+def test_scifact_matches_beir_published_sizes(tmp_path):
+    info = datasets.prepare(SCIFACT, tmp_path)
+    # BEIR's table: SciFact 5,183 documents; 809 train and 300 test queries (919 / 339 judgements).
+    assert info["corpus"]["documents"] == 5183
+    assert {s: v["queries"] for s, v in info["split_stats"].items()} == {"train": 809, "test": 300}
+    assert {s: v["qrels"] for s, v in info["split_stats"].items()} == {"train": 919, "test": 339}
+    assert pq.read_schema(tmp_path / "corpus.parquet").names == ["doc_id", "title", "text"]
+    assert str(pq.read_schema(tmp_path / "qrels-test.parquet").field("relevance").type) == "int32"
+    manifest = json.loads((tmp_path / "qrels-test.manifest.json").read_text())
+    assert manifest["stats"]["qrels_missing_document"] == 0
+    assert json.loads((tmp_path / "dataset.json").read_text())["exclude_query_id"] is True
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def quirky_beir(tmp_path):
+    folder = tmp_path / "quirky"
+    (folder / "qrels").mkdir(parents=True)
+    write_jsonl(
+        folder / "corpus.jsonl",
+        [
+            {"_id": "d1", "title": "One", "text": "first document"},
+            {"_id": "d2", "title": "", "text": "no title here"},
+            {"_id": "d3", "title": "Three", "text": "  "},  # empty text
+            {"_id": "q2", "title": "", "text": ""},  # same id as a query, empty both
+            {"_id": 5, "title": "Five", "text": "an integer id"},  # ids are read as strings
+        ],
+    )
+    write_jsonl(
+        folder / "queries.jsonl",
+        [
+            {"_id": "q1", "text": "first"},
+            {"_id": "q2", "text": "second"},
+            {"_id": "q3", "text": ""},
+            {"_id": "q4", "text": "never judged"},
+        ],
+    )
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        "q1\td1\t1\nq1\tgone\t1\n"  # a document missing from the corpus
+        "q2\td2\t2\nq2\t5\t0\n"
+        "q3\td3\t1\n"
+        "q9\td1\t1\n"  # a query missing from queries.jsonl
+    )
+    return folder
+
+
+def test_beir_quirks_are_counted_not_dropped(quirky_beir, tmp_path):
+    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    out = tmp_path / "out"
+    info = datasets.prepare(entry, out, data_root=str(tmp_path))
+    assert info["corpus"] == {
+        "documents": 5,
+        "empty_text": 2,
+        "empty_title": 2,
+        "empty_title_and_text": 1,
+    }
+    stats = info["split_stats"]["test"]
+    assert stats["queries"] == 3 and stats["queries_without_qrels"] == 1
+    assert stats["qrels"] == 5 and stats["qrels_unknown_query"] == 1
+    assert stats["qrels_missing_document"] == 1
+    assert stats["qrels_missing_document_examples"] == [["q1", "gone", 1]]
+    assert stats["query_ids_equal_doc_ids"] == 1
+    assert stats["empty_queries"] == 1
+    assert stats["relevance_levels"] == {"0": 1, "1": 3, "2": 1}
+    # The judgement naming a missing document is kept (it is an unretrievable relevant).
+    qrels = pl.read_parquet(out / "qrels-test.parquet")
+    assert ("q1", "gone", 1) in qrels.rows()
+    assert sorted(pl.read_parquet(out / "queries-test.parquet")["query_id"]) == ["q1", "q2", "q3"]
+    assert "5" in pl.read_parquet(out / "corpus.parquet")["doc_id"].to_list()
+
+
+def test_beir_errors_name_the_file_and_line(quirky_beir, tmp_path):
+    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    with open(quirky_beir / "corpus.jsonl", "a") as handle:
+        handle.write('{"_id": "d1", "text": "duplicate id"}\n')
+    with pytest.raises(datasets.DatasetError, match="duplicated doc_ids.*d1"):
+        datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path))
+    with open(quirky_beir / "corpus.jsonl", "a") as handle:
+        handle.write("{not json\n")
+    with pytest.raises(datasets.DatasetError, match=r"corpus.jsonl, line 7: not valid JSON"):
+        datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path))
+    with pytest.raises(datasets.DatasetError, match="no split 'dev'"):
+        datasets.prepare_split(entry, "dev", tmp_path / "out", data_root=str(tmp_path))
+
+
+def test_repeated_judgements_are_refused(quirky_beir, tmp_path):
+    with open(quirky_beir / "qrels" / "test.tsv", "a") as handle:
+        handle.write("q1\td1\t0\n")
+    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    with pytest.raises(datasets.DatasetError, match="1 repeated"):
+        datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path))
+
+
+def _add(archive, name, text):
+    data = text.encode()
+    member = tarfile.TarInfo(name)
+    member.size = len(data)
+    archive.addfile(member, io.BytesIO(data))
+
+
+def test_msmarco_layout_from_archives_gzip_and_titles(tmp_path):
+    downloads = tmp_path / "downloads"
+    downloads.mkdir(parents=True)
+    with tarfile.open(downloads / "collectionandqueries.tar.gz", "w:gz") as archive:
+        _add(archive, "collection.tsv", "0\tpassage zero\n1\tpassage one\n2\tpassage two\n")
+        _add(archive, "qrels.dev.small.tsv", "10\t0\t1\t1\n11\t0\t7\t1\n")
+        _add(archive, "queries.dev.small.tsv", "10\twhat is one\n11\twhat is seven\n12\tunjudged\n")
+    with tarfile.open(downloads / "marco.tar.gz", "w:gz") as archive:
+        _add(archive, "marco/para.title.txt", "0\tZero\n1\t-\n")
+    with gzip.open(downloads / "dl19-queries.tsv.gz", "wt") as handle:
+        handle.write("10\twhat is one\n")
+    (downloads / "dl19-qrels.txt").write_text("10 Q0 1 3\n10 Q0 0 1\n")
+    ref = lambda file, member=None: {
+        "download": file,
+        **({"member": member} if member else {}),
+    }  # noqa: E731
+    entry = {
+        "name": "mini-marco",
+        "format": "msmarco",
+        "title": "sep",
+        "exclude_query_id": False,
+        "corpus": ref("collectionandqueries.tar.gz", "collection.tsv"),
+        "titles": ref("marco.tar.gz", "marco/para.title.txt"),
+        "splits": [
+            {
+                "name": "dev",
+                "queries": ref("collectionandqueries.tar.gz", "queries.dev.small.tsv"),
+                "qrels": ref("collectionandqueries.tar.gz", "qrels.dev.small.tsv"),
+            },
+            {"name": "dl19", "queries": ref("dl19-queries.tsv.gz"), "qrels": ref("dl19-qrels.txt")},
+        ],
+    }
+    info = datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path), downloads=downloads)
+    corpus = pl.read_parquet(tmp_path / "out" / "corpus.parquet")
+    assert corpus.rows() == [
+        ("0", "Zero", "passage zero"),
+        ("1", "", "passage one"),
+        ("2", "", "passage two"),
+    ]
+    assert info["split_stats"]["dev"]["queries"] == 2
+    assert info["split_stats"]["dev"]["qrels_missing_document"] == 1  # passage 7
+    assert info["split_stats"]["dl19"]["relevance_levels"] == {"1": 1, "3": 1}
+    with pytest.raises(datasets.DatasetError, match="no member 'nope.tsv'"):
+        datasets.prepare_corpus(
+            dict(entry, corpus=ref("collectionandqueries.tar.gz", "nope.tsv")),
+            tmp_path / "out2",
+            data_root=str(tmp_path),
+            downloads=downloads,
+        )
+
+
+def test_ragged_tsv_lines_fail(tmp_path):
+    path = tmp_path / "collection.tsv"
+    path.write_text("0\tfine\n1\tone\ttoo many\n")
+    with pytest.raises(
+        datasets.DatasetError, match=r"collection.tsv, line 2: 3 tab-separated fields"
+    ):
+        datasets.read_corpus_tsv(path)
+
+
+def test_config_sections_validate_and_reject_unknown_title_modes():
+    demo = yaml.safe_load((ROOT / "config.yaml").read_text())
+    experiment_config.validate(demo)
+    bad = copy.deepcopy(demo)
+    bad["datasets"][0]["title"] = "colon"
+    with pytest.raises(experiment_config.ConfigError, match="datasets.0.title"):
+        experiment_config.validate(bad)
+    bad = copy.deepcopy(demo)
+    bad["bm25"]["negatives"][0]["source"] = "random"
+    with pytest.raises(experiment_config.ConfigError, match="bm25.negatives.0.source"):
+        experiment_config.validate(bad)

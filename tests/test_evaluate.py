@@ -1,0 +1,139 @@
+"""Scoring: metric values against hand-computed examples, trec_eval -c semantics, loud failures."""
+
+import json
+import math
+
+import pytest
+
+from retrieval_pretraining import evaluate
+
+QRELS = """\
+q1 0 d1 1
+q1 0 d3 1
+q2 0 d2 2
+q2 0 d5 1
+q3 0 d9 1
+q4 0 d7 1
+"""
+# q1: relevant at ranks 2 and 4; q2: grade 1 at rank 1, grade 2 at rank 2; q3 absent from the run;
+# q4: its only relevant document at rank 11 (outside every @10 cutoff).
+RUN = """\
+q1 Q0 d2 1 9.0 t
+q1 Q0 d1 2 8.0 t
+q1 Q0 d4 3 7.0 t
+q1 Q0 d3 4 6.0 t
+q2 Q0 d5 1 5.0 t
+q2 Q0 d2 2 4.0 t
+""" + "".join(f"q4 Q0 x{i} {i} {20 - i}.0 t\n" for i in range(1, 11)) + "q4 Q0 d7 11 1.0 t\n"
+
+
+def log2(x):
+    return math.log(x, 2)
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "qrels.txt").write_text(QRELS)
+    (tmp_path / "run.trec").write_text(RUN)
+    return tmp_path / "run.trec", tmp_path / "qrels.txt"
+
+
+def test_values_match_hand_computation(files):
+    run, qrels = files
+    result = evaluate.evaluate(run, qrels, None, {"measures": ["RR@10", "R@2", "nDCG@10", "R@100"]})
+    per = result["per_query"]
+    # Reciprocal rank with its cutoff: q4's relevant at rank 11 gives 0, not 1/11.
+    assert per["RR@10"] == {"q1": 0.5, "q2": 1.0, "q3": 0.0, "q4": 0.0}
+    assert per["R@2"] == {"q1": 0.5, "q2": 1.0, "q3": 0.0, "q4": 0.0}
+    assert per["R@100"]["q4"] == 1.0
+    # trec_eval nDCG: linear gains, log2(rank + 1) discounts.
+    ndcg_q1 = (1 / log2(3) + 1 / log2(5)) / (1 + 1 / log2(3))
+    ndcg_q2 = (1 + 2 / log2(3)) / (2 + 1 / log2(3))
+    assert per["nDCG@10"]["q1"] == pytest.approx(ndcg_q1, abs=1e-9)
+    assert per["nDCG@10"]["q2"] == pytest.approx(ndcg_q2, abs=1e-9)
+    # Every qrels query counts in the mean, answered or not (trec_eval -c).
+    assert result["aggregate"]["RR@10"] == pytest.approx(1.5 / 4)
+    assert result["aggregate"]["nDCG@10"] == pytest.approx((ndcg_q1 + ndcg_q2) / 4)
+    assert result["queries"] == 4 and result["queries_missing_from_run"] == 1
+
+
+def test_relevance_level_applies_to_binary_measures_only(files):
+    run, qrels = files
+    result = evaluate.evaluate(
+        run, qrels, None, {"measures": ["RR@10", "R@1", "nDCG@10"], "relevance_level": 2}
+    )
+    assert result["measures"] == ["RR(rel=2)@10", "R(rel=2)@1", "nDCG@10"]
+    # q2's only grade-2 document is at rank 2; q1 and q4 have no grade-2 document at all.
+    assert result["per_query"]["RR(rel=2)@10"]["q2"] == 0.5
+    assert result["per_query"]["R(rel=2)@1"]["q2"] == 0.0
+    # nDCG keeps the graded gains whatever the level.
+    assert result["per_query"]["nDCG@10"]["q2"] == pytest.approx(
+        (1 + 2 / log2(3)) / (2 + 1 / log2(3))
+    )
+
+
+def test_cli_writes_the_scores_contract(files, tmp_path):
+    run, qrels = files
+    out = tmp_path / "metrics" / "test.json"
+    evaluate.main(
+        [
+            "--run",
+            str(run),
+            "--qrels",
+            str(qrels),
+            "--out",
+            str(out),
+            "--config",
+            json.dumps({"measures": ["nDCG@10", "R@100"]}),
+        ]
+    )
+    scores = json.loads(out.read_text())
+    assert {"aggregate", "per_query", "run", "qrels", "measures"} <= set(scores)
+    assert set(scores["aggregate"]) == {"nDCG@10", "R@100"} == set(scores["per_query"])
+    assert scores["run"] == str(run)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("q1 Q0 d1 1 3.0", "5 fields"),
+        ("q1 Q0 d1 one 3.0 t", "rank 'one'"),
+        ("q1 Q0 d1 1 high t", "score 'high'"),
+        ("q1 Q0 d1 1 nan t", "not finite"),
+    ],
+)
+def test_malformed_run_lines_fail_naming_the_line(tmp_path, files, line, message):
+    _, qrels = files
+    run = tmp_path / "bad.trec"
+    run.write_text("q1 Q0 d9 1 4.0 t\n" + line + "\n")
+    with pytest.raises(evaluate.EvaluationError, match=rf"bad\.trec, line 2: .*{message}"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+
+
+def test_duplicate_documents_empty_runs_and_disjoint_runs_fail(tmp_path, files):
+    _, qrels = files
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d1 1 2.0 t\nq1 Q0 d1 2 1.0 t\n")
+    with pytest.raises(evaluate.EvaluationError, match="line 2: document d1 is ranked twice"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+    run.write_text("\n")
+    with pytest.raises(evaluate.EvaluationError, match="is empty"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+    run.write_text("other Q0 d1 1 2.0 t\n")
+    with pytest.raises(evaluate.EvaluationError, match="none of its 1 queries appear in the qrels"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+    with pytest.raises(evaluate.EvaluationError, match="does not exist"):
+        evaluate.evaluate(tmp_path / "missing.trec", qrels, None, {"measures": ["nDCG@10"]})
+
+
+def test_malformed_qrels_and_unknown_measures_fail(tmp_path, files):
+    run, _ = files
+    qrels = tmp_path / "bad-qrels.txt"
+    qrels.write_text("q1 0 d1 1\nq1 0 d2\n")
+    with pytest.raises(evaluate.EvaluationError, match="bad-qrels.txt, line 2: 3 fields"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+    qrels.write_text("q1 0 d1 yes\n")
+    with pytest.raises(evaluate.EvaluationError, match="relevance 'yes'"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+    with pytest.raises(evaluate.EvaluationError, match="nDGC@10"):
+        evaluate.parse_measures(["nDGC@10"])

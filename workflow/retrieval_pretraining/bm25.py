@@ -1,0 +1,475 @@
+"""BM25 with Pyserini/Anserini: Lucene index, batch search to TREC runs, BM25 negatives.
+
+    python -m retrieval_pretraining.bm25 index --corpus corpus.parquet --out index/ --config JSON
+    python -m retrieval_pretraining.bm25 search --index index/ --queries queries-test.parquet \
+        --out runs/test.trec --config JSON [--exclude-query-id]
+    python -m retrieval_pretraining.bm25 negatives --index index/ --queries queries-train.parquet \
+        --qrels qrels-train.parquet --out negatives.parquet --config JSON [--exclude-query-id]
+
+Index: Anserini's IndexCollection over a JsonCollection (`{"id", "contents"}`), with positions,
+document vectors and raw documents stored (so the index serves `LuceneIndexReader` and RM3 too).
+`contents` is `datasets.join_title(title, text, bm25.title)`; Anserini's BEIR regressions use
+title + " " + text, the setting that reproduces their SciFact nDCG@10 of 0.6789.
+
+Search: Anserini's `SimpleSearcher.batch_search` (the Java object behind pyserini's
+`LuceneSearcher.batch_search`: Lucene searches in `threads` Java threads), k1/b from config.
+`--exclude-query-id` drops a hit whose doc id equals the query id (Anserini's `-removeQuery`,
+used for BEIR, where some datasets reuse ids); we search one hit deeper so the run still has
+`depth` hits per query.
+
+Negatives: per query, the top-`depth` hits minus ALL of that query's own positives
+(relevance >= 1 in the split's qrels), then `count` sampled uniformly without replacement by a
+generator seeded from (seed, query id), so the sample is independent of thread count, batch order
+or which other queries exist. Alternative source `triples`: the negatives listed for the query in
+MS MARCO's official `qidpidtriples` file (what the COSTA authors used), same removal and sampling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from tqdm import tqdm
+
+from . import artifacts, datasets
+from .config import stage_parser
+
+log = logging.getLogger(__name__)
+
+NEGATIVES_SCHEMA = pa.schema(
+    [
+        ("query_id", pa.string()),
+        ("positive_ids", pa.list_(pa.string())),
+        ("negative_ids", pa.list_(pa.string())),
+        ("negative_ranks", pa.list_(pa.int32())),
+    ]
+)
+DEFAULTS = {
+    "k1": 0.9,
+    "b": 0.4,
+    "title": "space",
+    "threads": 2,
+    "index_threads": 2,
+    "depth": 1000,
+    "batch_size": 10000,
+}
+NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42}
+RUN_TAG = "bm25"
+
+
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    return DEFAULTS | {k: v for k, v in config.items() if v is not None}
+
+
+def derive_rng(seed: int, item: str) -> np.random.Generator:
+    """A generator that depends only on (seed, item): never on time, order or worker."""
+    digest = hashlib.sha256(f"{seed}\x1f{item}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def anserini_jar() -> Path:
+    """The Anserini fat jar bundled inside the installed Pyserini."""
+    import importlib.resources
+
+    jars = sorted(
+        Path(str(importlib.resources.files("pyserini.resources.jars"))).glob(
+            "anserini-*-fatjar.jar"
+        )
+    )
+    if not jars:
+        raise FileNotFoundError(
+            "no anserini-*-fatjar.jar in pyserini/resources/jars; reinstall pyserini"
+        )
+    return jars[-1]
+
+
+def java_command(main_class: str, *args: str, heap: str | None = None) -> list[str]:
+    """`java -cp <anserini jar> <class> args` with the Java >= 21 chosen by pyserini_setup."""
+    from . import pyserini_setup
+
+    java = pyserini_setup.java_home() / "bin" / "java"
+    heap_args = [f"-Xmx{heap}"] if heap else []
+    return [str(java), *heap_args, "-cp", str(anserini_jar()), main_class, *args]
+
+
+# --- index ------------------------------------------------------------------------------------
+
+
+def write_json_collection(corpus: Path, folder: Path, title: str, files: int) -> dict[str, int]:
+    """Anserini JsonCollection input: `files` JSON-lines files (one per indexing thread)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    frame = pl.scan_parquet(corpus).select("doc_id", datasets.joined_text_expr(title)).collect()
+    empty = frame.filter(pl.col("text").str.strip_chars() == "").height
+    bounds = np.linspace(0, frame.height, files + 1).astype(int)
+    for i in range(files):
+        part = frame.slice(bounds[i], bounds[i + 1] - bounds[i])
+        with open(folder / f"docs-{i:03d}.jsonl", "w", encoding="utf-8") as handle:
+            for doc_id, text in part.iter_rows():
+                handle.write(
+                    json.dumps({"id": doc_id, "contents": text}, ensure_ascii=False) + "\n"
+                )
+    return {"documents": frame.height, "empty_documents": empty}
+
+
+def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Index `corpus` (canonical corpus.parquet) into the Lucene folder `out`, atomically."""
+    cfg = _settings(config)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        tmp = Path(tmp)
+        counts = write_json_collection(
+            corpus, tmp / "collection", cfg["title"], cfg["index_threads"]
+        )
+        command = java_command(
+            "io.anserini.index.IndexCollection",
+            "-collection",
+            "JsonCollection",
+            "-generator",
+            "DefaultLuceneDocumentGenerator",
+            "-input",
+            str(tmp / "collection"),
+            "-index",
+            str(tmp / "index"),
+            "-threads",
+            str(cfg["index_threads"]),
+            "-storePositions",
+            "-storeDocvectors",
+            "-storeRaw",
+            heap=cfg.get("java_heap"),
+        )
+        log.info("indexing %d documents: %s", counts["documents"], " ".join(command))
+        start = time.perf_counter()
+        subprocess.run(command, check=True)
+        seconds = time.perf_counter() - start
+        indexed = index_size(tmp / "index")
+        # Anserini skips documents whose contents are empty; anything else missing is a failure.
+        if indexed != counts["documents"] - counts["empty_documents"]:
+            raise RuntimeError(
+                f"Lucene index holds {indexed} documents, expected {counts['documents']} minus "
+                f"{counts['empty_documents']} empty ones; see the IndexCollection log above"
+            )
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp / "index", out)
+    stats = counts | {"indexed": indexed, "index_seconds": round(seconds, 1)}
+    artifacts.write_manifest(
+        out / "manifest.json",
+        stage="bm25.index",
+        params={k: cfg[k] for k in ("title", "index_threads")}
+        | {"collection": "JsonCollection", "stored": ["positions", "docvectors", "raw"]},
+        inputs={"corpus": corpus},
+        stats=stats,
+    )
+    return stats
+
+
+def _autoclass(name: str):
+    """A Java class of the Anserini jar. pyserini.pyclass only starts the JVM on the jar: it avoids
+    `pyserini.search.lucene`, whose import pulls in torch, transformers and faiss (~10 s of CPU)."""
+    from . import pyserini_setup  # noqa: F401  (Java fixes before pyserini starts the JVM)
+    from pyserini.pyclass import autoclass
+
+    return autoclass(name)
+
+
+def index_size(index: Path) -> int:
+    """Documents in a Lucene index (read with Lucene itself)."""
+    directory = _autoclass("org.apache.lucene.store.FSDirectory").open(
+        _autoclass("java.nio.file.Paths").get(str(index))
+    )
+    reader = _autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
+    try:
+        return int(reader.numDocs())
+    finally:
+        reader.close()
+
+
+# --- search -----------------------------------------------------------------------------------
+
+
+def searcher(index: Path, k1: float, b: float):
+    """Anserini's SimpleSearcher (what pyserini's LuceneSearcher wraps) with BM25(k1, b)."""
+    search = _autoclass("io.anserini.search.SimpleSearcher")(str(index))
+    search.set_bm25(float(k1), float(b))
+    return search
+
+
+def batch_search(
+    search,
+    queries: pl.DataFrame,
+    depth: int,
+    threads: int,
+    exclude_query_id: bool,
+    batch_size: int = 10000,
+) -> Iterable[tuple[str, list[tuple[str, float]]]]:
+    """Yield (query id, [(doc id, score), ...]) in the order of `queries`, `depth` hits each."""
+    k = depth + 1 if exclude_query_id else depth
+    ids, texts = queries["query_id"].to_list(), queries["text"].to_list()
+    with tqdm(total=len(ids), desc="bm25 search", unit="q", mininterval=5) as bar:
+        for start in range(0, len(ids), batch_size):
+            qids, qtexts = ids[start : start + batch_size], texts[start : start + batch_size]
+            results = _batch(search, qtexts, qids, k, threads)
+            for qid in qids:
+                hits = results.get(qid, [])
+                if exclude_query_id:
+                    hits = [h for h in hits if h[0] != qid]
+                yield qid, hits[:depth]
+            bar.update(len(qids))
+
+
+def _batch(
+    search, texts: list[str], qids: list[str], k: int, threads: int
+) -> dict[str, list[tuple[str, float]]]:
+    """SimpleSearcher.batch_search (Lucene searches in `threads` Java threads), as Python lists."""
+    jlist = _autoclass("java.util.ArrayList")
+    jtexts, jqids = jlist(), jlist()
+    for text, qid in zip(texts, qids):
+        jtexts.add(text)
+        jqids.add(qid)
+    results = search.batch_search(jtexts, jqids, int(k), int(threads))
+    return {
+        entry.getKey(): [(hit.docid, hit.score) for hit in entry.getValue()]
+        for entry in results.entrySet().toArray()
+    }
+
+
+def write_run(
+    path: Path, ranked: Iterable[tuple[str, list[tuple[str, float]]]], tag: str = RUN_TAG
+) -> dict[str, int]:
+    """TREC run lines `qid Q0 docid rank score tag` (scores as Anserini prints them, %.6f)."""
+    queries = lines = empty = 0
+    with artifacts.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        for qid, hits in ranked:
+            queries += 1
+            empty += not hits
+            for rank, (docid, score) in enumerate(hits, 1):
+                handle.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
+            lines += len(hits)
+    return {"queries": queries, "lines": lines, "queries_without_hits": empty}
+
+
+def search_run(
+    index: Path, queries_path: Path, out: Path, config: dict[str, Any], exclude_query_id: bool
+) -> dict[str, Any]:
+    cfg = _settings(config)
+    queries = pl.read_parquet(queries_path)
+    search = searcher(index, cfg["k1"], cfg["b"])
+    start = time.perf_counter()
+    ranked = batch_search(
+        search, queries, cfg["depth"], cfg["threads"], exclude_query_id, cfg["batch_size"]
+    )
+    stats = write_run(out, ranked)
+    stats["search_seconds"] = round(time.perf_counter() - start, 2)
+    artifacts.write_manifest(
+        artifacts.manifest_path(out),
+        stage="bm25.search",
+        params={k: cfg[k] for k in ("k1", "b", "depth", "threads", "title")}
+        | {"exclude_query_id": exclude_query_id, "label": f"BM25 (k1={cfg['k1']}, b={cfg['b']})"},
+        inputs={"queries": queries_path, "index_manifest": Path(index) / "manifest.json"},
+        stats=stats,
+    )
+    log.info("wrote %s: %s", out, stats)
+    return stats
+
+
+# --- negatives --------------------------------------------------------------------------------
+
+
+def sample_negatives(
+    query_id: str,
+    candidates: list[tuple[str, int]],
+    positives: set[str],
+    count: int,
+    seed: int,
+) -> tuple[list[str], list[int]]:
+    """`count` of the candidates (doc id, rank) that are not positives, uniform, from (seed, qid).
+
+    The kept negatives are returned in rank order (sampling picks which, not how they are shown).
+    """
+    pool = [(doc, rank) for doc, rank in candidates if doc not in positives]
+    if len(pool) > count:
+        picked = np.sort(derive_rng(seed, query_id).choice(len(pool), size=count, replace=False))
+        pool = [pool[i] for i in picked]
+    return [d for d, _ in pool], [r for _, r in pool]
+
+
+def triples_candidates(
+    path: Path, member: str | None, wanted: set[str]
+) -> dict[str, list[tuple[str, int]]]:
+    """{qid: [(negative pid, -1), ...]} from MS MARCO `qidpidtriples` (qid, positive pid, negative pid).
+
+    The file is unranked, so ranks are -1; each negative is listed once, in order of appearance.
+    """
+    import pyarrow.csv as pacsv
+
+    if member is not None:
+        raise ValueError(
+            "read qidpidtriples from the .tsv.gz download itself, not from an archive member"
+        )
+    reader = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(
+            column_names=["query_id", "pos", "neg"], block_size=64 << 20
+        ),
+        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types={c: pa.string() for c in ("query_id", "pos", "neg")}
+        ),
+    )
+    frames = []
+    wanted_series = pl.Series("query_id", sorted(wanted), dtype=pl.String)
+    for batch in tqdm(reader, desc="qidpidtriples", unit="block"):
+        frame = pl.from_arrow(pa.Table.from_batches([batch])).select("query_id", "neg")
+        frames.append(
+            frame.filter(pl.col("query_id").is_in(wanted_series.implode())).unique(
+                maintain_order=True
+            )
+        )
+    if not frames:
+        raise ValueError(f"{path}: no triples read; the file is empty")
+    grouped = (
+        pl.concat(frames)
+        .unique(maintain_order=True)
+        .group_by("query_id", maintain_order=True)
+        .agg(pl.col("neg"))
+    )
+    return {q: [(n, -1) for n in negs] for q, negs in grouped.iter_rows()}
+
+
+def mine_negatives(
+    queries_path: Path,
+    qrels_path: Path,
+    out: Path,
+    config: dict[str, Any],
+    index: Path | None = None,
+    triples: Path | None = None,
+    exclude_query_id: bool = False,
+) -> dict[str, Any]:
+    """Write the negatives Parquet (query_id, positive_ids, negative_ids, negative_ranks) + manifest."""
+    cfg = _settings(config)
+    neg = NEGATIVE_DEFAULTS | {
+        k: v for k, v in config.get("negatives", {}).items() if v is not None
+    }
+    queries = pl.read_parquet(queries_path)
+    positives = datasets.read_qrels(qrels_path, min_relevance=1)
+    without_positive = queries.filter(~pl.col("query_id").is_in(list(positives))).height
+    queries = queries.filter(pl.col("query_id").is_in(list(positives)))
+    if neg["source"] == "bm25":
+        if index is None:
+            raise ValueError("negatives source 'bm25' needs --index")
+        search = searcher(index, cfg["k1"], cfg["b"])
+        ranked = batch_search(
+            search, queries, neg["depth"], cfg["threads"], exclude_query_id, cfg["batch_size"]
+        )
+        candidates = ((q, [(d, r) for r, (d, _) in enumerate(hits, 1)]) for q, hits in ranked)
+    elif neg["source"] == "triples":
+        if triples is None:
+            raise ValueError("negatives source 'triples' needs --triples (MS MARCO qidpidtriples)")
+        table = triples_candidates(Path(triples), None, set(queries["query_id"].to_list()))
+        candidates = ((q, table.get(q, [])) for q in queries["query_id"].to_list())
+    else:
+        raise ValueError(f"negatives source {neg['source']!r} unknown; use bm25 or triples")
+
+    rows = {name: [] for name in NEGATIVES_SCHEMA.names}
+    short = positives_removed = 0
+    for qid, cands in candidates:
+        pos = positives[qid]
+        positives_removed += sum(d in pos for d, _ in cands)
+        negs, ranks = sample_negatives(qid, cands, pos, neg["count"], neg["seed"])
+        short += len(negs) < neg["count"]
+        rows["query_id"].append(qid)
+        rows["positive_ids"].append(sorted(pos))
+        rows["negative_ids"].append(negs)
+        rows["negative_ranks"].append(ranks)
+    artifacts.write_parquet(out, pa.table(rows), NEGATIVES_SCHEMA)
+    stats = {
+        "queries": len(rows["query_id"]),
+        "queries_without_positive_skipped": without_positive,
+        "queries_with_fewer_negatives": short,
+        "candidate_positives_removed": positives_removed,
+        "negatives": sum(map(len, rows["negative_ids"])),
+    }
+    policy = {
+        "source": neg["source"],
+        "depth": neg["depth"] if neg["source"] == "bm25" else None,
+        "count": neg["count"],
+        "seed": neg["seed"],
+        "removed": "every positive (relevance >= 1) of the query itself",
+        "sampling": "uniform without replacement, numpy default_rng(sha256(seed, query_id)); "
+        "kept in rank order",
+        "exclude_query_id": exclude_query_id,
+    }
+    if neg["source"] == "bm25":
+        policy |= {"k1": cfg["k1"], "b": cfg["b"], "title": cfg["title"]}
+    inputs = {"queries": queries_path, "qrels": qrels_path}
+    if index is not None and neg["source"] == "bm25":
+        inputs["index_manifest"] = Path(index) / "manifest.json"
+    artifacts.write_manifest(
+        artifacts.manifest_path(out),
+        stage="bm25.negatives",
+        params=policy,
+        inputs=inputs,
+        stats=stats,
+    )
+    log.info("wrote %s: %s", out, stats)
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = stage_parser("BM25 with Pyserini: index, search, negatives.")
+    parser.add_argument("command", choices=["index", "search", "negatives"])
+    parser.add_argument("--corpus", type=Path, help="corpus.parquet (index)")
+    parser.add_argument("--index", type=Path, help="Lucene index folder (search, negatives)")
+    parser.add_argument("--queries", type=Path, help="queries-{split}.parquet")
+    parser.add_argument("--qrels", type=Path, help="qrels-{split}.parquet (negatives)")
+    parser.add_argument(
+        "--triples", type=Path, help="MS MARCO qidpidtriples .tsv.gz (source=triples)"
+    )
+    parser.add_argument(
+        "--exclude-query-id",
+        action="store_true",
+        help="drop a hit whose doc id equals the query id (Anserini's -removeQuery)",
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    needed = {
+        "index": ["corpus"],
+        "search": ["index", "queries"],
+        "negatives": ["queries", "qrels"],
+    }
+    missing = [f"--{n}" for n in needed[args.command] if getattr(args, n) is None]
+    if missing:
+        parser.error(f"{args.command} needs {' '.join(missing)}")
+    if args.command == "index":
+        build_index(args.corpus, args.out, args.config)
+    elif args.command == "search":
+        search_run(args.index, args.queries, args.out, args.config, args.exclude_query_id)
+    else:
+        mine_negatives(
+            args.queries,
+            args.qrels,
+            args.out,
+            args.config,
+            index=args.index,
+            triples=args.triples,
+            exclude_query_id=args.exclude_query_id,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Score a TREC run against qrels with ir_measures (trec_eval semantics), failing loudly.
+
+    python -m retrieval_pretraining.evaluate --run runs/test.trec --qrels qrels-test.parquet \
+        --out metrics/test.json --config '{"measures": ["nDCG@10", "R@100"], "relevance_level": 1}'
+
+Output (the scores contract): {"aggregate": {measure: value}, "per_query": {measure: {qid: value}},
+"run": path, "qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n}.
+
+Semantics, chosen to match the official evaluations:
+- Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c). The mean
+  is over all qrels queries, and per-query scores are kept for significance tests.
+- `relevance_level` is the minimum grade counted relevant by binary measures (R, RR, AP, P,
+  Success): TREC DL counts grade >= 2 for recall/MRR/MAP, while nDCG always uses the graded gains.
+  A measure written with its own `rel=` keeps it.
+- RR@10 is computed by ir_measures' own implementation (the MS MARCO definition with its cutoff);
+  the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR.
+- A malformed run or qrels line, a duplicated (query, document) pair in a run, an empty run, or a run
+  sharing no query with the qrels raises with the file and line: never a 0.0 for a parse error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import ir_measures
+import polars as pl
+from ir_measures import Qrel, ScoredDoc
+
+from . import artifacts
+from .config import stage_parser
+
+log = logging.getLogger(__name__)
+
+# Measures whose relevance threshold is a parameter (`rel`) in ir_measures.
+_BINARY = {"R", "RR", "AP", "P", "Success", "Rprec", "NumRelRet"}
+
+
+class EvaluationError(ValueError):
+    """The run or qrels cannot be scored as given (the message says where and how to fix it)."""
+
+
+def read_run(path: str | Path) -> list[ScoredDoc]:
+    """Parse a TREC run strictly: 6 fields per line, integer rank, finite float score, no duplicates."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"run file {path} does not exist")
+    docs: list[ScoredDoc] = []
+    seen: set[tuple[str, str]] = set()
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 6:
+                raise EvaluationError(
+                    f"{path}, line {number}: {len(fields)} fields, a TREC run line has 6 "
+                    "(`query_id Q0 doc_id rank score tag`)"
+                )
+            qid, _, did, rank, score, _ = fields
+            try:
+                int(rank)
+                value = float(score)
+            except ValueError:
+                raise EvaluationError(
+                    f"{path}, line {number}: rank {rank!r} must be an integer and score {score!r} a number"
+                ) from None
+            if not math.isfinite(value):
+                raise EvaluationError(f"{path}, line {number}: score {score!r} is not finite")
+            if (qid, did) in seen:
+                raise EvaluationError(
+                    f"{path}, line {number}: document {did} is ranked twice for query {qid}; "
+                    "a run lists each document once per query"
+                )
+            seen.add((qid, did))
+            docs.append(ScoredDoc(qid, did, value))
+    if not docs:
+        raise EvaluationError(f"run file {path} is empty; the retrieval step wrote no results")
+    return docs
+
+
+def read_qrels(path: str | Path) -> list[Qrel]:
+    """Qrels from the canonical Parquet (query_id, doc_id, relevance) or a TREC qrels text file."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"qrels file {path} does not exist")
+    if path.suffix == ".parquet":
+        frame = pl.read_parquet(path)
+        missing = {"query_id", "doc_id", "relevance"} - set(frame.columns)
+        if missing:
+            raise EvaluationError(
+                f"{path}: missing columns {sorted(missing)}; expected the canonical qrels"
+            )
+        qrels = [
+            Qrel(str(q), str(d), int(r))
+            for q, d, r in frame.select("query_id", "doc_id", "relevance").iter_rows()
+        ]
+    else:
+        qrels = []
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                fields = line.split()
+                if not fields:
+                    continue
+                if len(fields) != 4:
+                    raise EvaluationError(
+                        f"{path}, line {number}: {len(fields)} fields, TREC qrels lines have 4 "
+                        "(`query_id iteration doc_id relevance`)"
+                    )
+                try:
+                    qrels.append(Qrel(fields[0], fields[2], int(fields[3])))
+                except ValueError:
+                    raise EvaluationError(
+                        f"{path}, line {number}: relevance {fields[3]!r} is not an integer"
+                    ) from None
+    if not qrels:
+        raise EvaluationError(f"qrels file {path} is empty")
+    return qrels
+
+
+def parse_measures(names: Iterable[str], relevance_level: int = 1) -> list:
+    """ir_measures objects; binary measures get rel=relevance_level unless they name their own."""
+    measures = []
+    for name in names:
+        try:
+            measure = ir_measures.parse_measure(name)
+        except Exception as error:  # ir_measures raises a bare ValueError/NameError for typos
+            raise EvaluationError(
+                f"measure {name!r} is not an ir_measures measure ({error})"
+            ) from None
+        if relevance_level != 1 and measure.NAME in _BINARY and "rel" not in measure.params:
+            measure = measure(rel=relevance_level)
+        measures.append(measure)
+    return measures
+
+
+def score(
+    run: list[ScoredDoc], qrels: list[Qrel], measures: list, run_name: str = "run"
+) -> dict[str, Any]:
+    """Aggregate and per-query values; qrels queries absent from the run score 0 (trec_eval -c)."""
+    qrels_queries = sorted({q.query_id for q in qrels})
+    run_queries = {d.query_id for d in run}
+    overlap = run_queries.intersection(qrels_queries)
+    if not overlap:
+        raise EvaluationError(
+            f"{run_name}: none of its {len(run_queries)} queries appear in the qrels "
+            f"({len(qrels_queries)} queries, e.g. {qrels_queries[:3]}); wrong split or id format?"
+        )
+    per_query: dict[str, dict[str, float]] = {str(m): {} for m in measures}
+    for result in ir_measures.iter_calc(measures, qrels, run):
+        per_query[str(result.measure)][result.query_id] = float(result.value)
+    for values in per_query.values():
+        for qid in qrels_queries:
+            values.setdefault(qid, 0.0)
+        for qid in [q for q in values if q not in set(qrels_queries)]:
+            del values[qid]  # queries without judgements are not scored (trec_eval)
+    aggregate = {m: sum(v.values()) / len(qrels_queries) for m, v in per_query.items()}
+    return {
+        "aggregate": aggregate,
+        "per_query": {m: dict(sorted(v.items())) for m, v in per_query.items()},
+        "measures": [str(m) for m in measures],
+        "queries": len(qrels_queries),
+        "queries_missing_from_run": len(set(qrels_queries) - run_queries),
+        "run_queries_without_qrels": len(run_queries - set(qrels_queries)),
+    }
+
+
+def evaluate(
+    run_path: Path, qrels_path: Path, out: Path | None, config: dict[str, Any]
+) -> dict[str, Any]:
+    measures = parse_measures(
+        config.get("measures", ["nDCG@10"]), int(config.get("relevance_level", 1))
+    )
+    result = score(read_run(run_path), read_qrels(qrels_path), measures, str(run_path))
+    result |= {
+        "run": str(run_path),
+        "qrels": str(qrels_path),
+        "relevance_level": int(config.get("relevance_level", 1)),
+    }
+    if out is not None:
+        artifacts.write_json(out, result)
+    log.info("%s: %s", run_path, {m: round(v, 4) for m, v in result["aggregate"].items()})
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = stage_parser("Score a TREC run against qrels (ir_measures, trec_eval semantics).")
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument(
+        "--qrels", type=Path, required=True, help="qrels-{split}.parquet or TREC qrels"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="metrics JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    evaluate(args.run, args.qrels, args.out, args.config)
+
+
+if __name__ == "__main__":
+    main()
