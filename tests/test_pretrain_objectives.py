@@ -1,0 +1,201 @@
+"""Each pre-training loss against a plain-loop statement of its formula (values and gradients)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+
+from retrieval_pretraining.pretrain import data as pdata
+from retrieval_pretraining.pretrain import objectives as obj
+
+torch.set_num_threads(1)
+
+
+def _grads(fn, *tensors):
+    leaves = [t.detach().clone().double().requires_grad_(True) for t in tensors]
+    value = fn(*leaves)
+    value.backward()
+    return value.detach(), [leaf.grad for leaf in leaves]
+
+
+def test_span_means_equal_slice_means():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 12, 5, generator=g, dtype=torch.float64)
+    start = torch.tensor([[1, 4, 2], [3, 1, 1], [5, 9, 2]])
+    end = torch.tensor([[2, 10, 3], [11, 11, 4], [6, 11, 7]])
+    got = obj.span_means(hidden, start, end)
+    for b in range(3):
+        for s in range(3):
+            expected = hidden[b, start[b, s]:end[b, s]].mean(dim=0)
+            torch.testing.assert_close(got[b, s], expected)
+
+
+def naive_costa(text, spans, mask, tau):
+    """COSTA Eq. 8 written out: for text i, -1/|S(i)| sum_p log(e^{z_i.z_p/tau} / sum_{j != i} e^{z_i.z_j/tau}),
+    j over every text and every real span of the batch; averaged over texts."""
+    n, s, _ = spans.shape
+    reps = [text[i] for i in range(n)]
+    owners = [("text", i) for i in range(n)]
+    for i in range(n):
+        for p in range(s):
+            if mask[i, p]:
+                reps.append(spans[i, p])
+                owners.append(("span", i))
+    total = 0.0
+    for i in range(n):
+        denominator = sum(torch.exp(text[i] @ r / tau) for r, o in zip(reps, owners) if o != ("text", i))
+        positives = [r for r, o in zip(reps, owners) if o == ("span", i)]
+        total = total - sum(torch.log(torch.exp(text[i] @ r / tau) / denominator) for r in positives) / len(positives)
+    return total / n
+
+
+@pytest.mark.parametrize("tau", [0.1, 1.0])
+def test_costa_loss_matches_eq8_loop(tau):
+    g = torch.Generator().manual_seed(1)
+    text = torch.randn(3, 4, generator=g) * 0.5
+    spans = torch.randn(3, 4, 4, generator=g) * 0.5
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    got, got_grads = _grads(lambda t, s: obj.costa_loss(t, s, mask, temperature=tau), text, spans)
+    want, want_grads = _grads(lambda t, s: naive_costa(t, s, mask, tau), text, spans)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # Padded span slots receive no gradient: they are not representations.
+    assert got_grads[1][0, 3].abs().sum() == 0 and got_grads[1][1, 1:].abs().sum() == 0
+
+
+def test_pairwise_js_matches_scipy():
+    rng = np.random.default_rng(0)
+    q = rng.random((5, 7))
+    q /= q.sum(axis=1, keepdims=True)
+    got = obj.pairwise_js(torch.tensor(q)).numpy()
+    # The memory-bounded path (row blocks recomputed in backward) gives the same values.
+    blocked = obj.pairwise_js(torch.tensor(q, requires_grad=True), block=2, checkpoint_above=0)
+    np.testing.assert_allclose(blocked.detach().numpy(), got, atol=1e-14)
+    for a in range(5):
+        for b in range(5):
+            # scipy returns the JS *distance* (square root of the divergence), natural log by default.
+            assert got[a, b] == pytest.approx(jensenshannon(q[a], q[b]) ** 2, abs=1e-12)
+
+
+def test_views_info_nce_matches_loop():
+    g = torch.Generator().manual_seed(2)
+    sim = torch.randn(6, 6, generator=g)
+    sim = (sim + sim.T) / 2
+    tau, m = 0.5, 3
+    want = 0.0
+    for a in range(6):
+        pos = (a + m) % 6
+        denom = sum(math.exp(sim[a, b] / tau) for b in range(6) if b != a)
+        want -= math.log(math.exp(sim[a, pos] / tau) / denom)
+    assert obj.views_info_nce(sim, tau).item() == pytest.approx(want / 6, rel=1e-5)
+
+
+def test_cpdae_contrastive_gradients_match_loop():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 9, generator=g)
+
+    def loop(lg):
+        p = torch.sigmoid(lg)
+        q = p / p.sum(dim=1, keepdim=True)
+        n = q.shape[0]
+        sims = [[None] * n for _ in range(n)]
+        for a in range(n):
+            for b in range(n):
+                mix = (q[a] + q[b]) / 2
+                js = 0.5 * (q[a] * torch.log(q[a] / mix)).sum() + 0.5 * (q[b] * torch.log(q[b] / mix)).sum()
+                sims[a][b] = -js
+        total = 0.0
+        for a in range(n):
+            pos = (a + n // 2) % n
+            denom = sum(torch.exp(sims[a][b]) for b in range(n) if b != a)
+            total = total - torch.log(torch.exp(sims[a][pos]) / denom)
+        return total / n
+
+    got, (got_grad,) = _grads(lambda x: obj.cpdae_contrastive(x, 1.0), logits)
+    want, (want_grad,) = _grads(loop, logits)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_reconstruction_is_multilabel_bce():
+    logits = torch.tensor([[0.5, -1.0, 2.0], [0.0, 1.0, -3.0]])
+    target = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    rows = [sum(-(y * math.log(sig(x)) + (1 - y) * math.log(1 - sig(x))) for x, y in zip(lr, tr))
+            for lr, tr in zip(logits.tolist(), target.tolist())]
+    assert obj.reconstruction_loss(logits, target, "sum").item() == pytest.approx(sum(rows) / 2, rel=1e-6)
+    assert obj.reconstruction_loss(logits, target, "mean").item() == pytest.approx(sum(rows) / 6, rel=1e-6)
+
+
+def test_bow_loss_is_uniform_cross_entropy_over_the_bag():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 10, generator=g)
+    bags = [[1, 4, 7], [0, 9]]
+    want = 0.0
+    for row, bag in zip(logits, bags):
+        z = sum(math.exp(v) for v in row.tolist())
+        want += sum(-math.log(math.exp(row[t].item()) / z) for t in bag) / len(bag)
+    ids = torch.tensor([[1, 4, 7], [0, 9, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    assert obj.bow_loss(logits, ids, mask).item() == pytest.approx(want / 2, rel=1e-6)
+
+
+def test_bow_targets_are_the_input_ids_without_special_and_unused(tmp_path):
+    from pretrain_fixtures import tokenizer
+
+    tok = tokenizer()
+    vocab = pdata.Vocab.from_tokenizer(tok)
+    ids = tok("the cat sat on the the mat")["input_ids"]
+    ids = ids[:-1] + [tok.convert_tokens_to_ids("[unused5]"), tok.mask_token_id, tok.unk_token_id] + ids[-1:]
+    want = {i for i in ids if tok.convert_ids_to_tokens(i) not in
+            {"[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]"} and not tok.convert_ids_to_tokens(i).startswith("[unused")}
+    assert set(pdata.bag_of_ids(np.array(ids), vocab).tolist()) == want
+    assert len(want) == 5  # the, cat, sat, on, mat
+    target = obj.multi_hot(torch.tensor([sorted(want)]), torch.ones(1, 5, dtype=torch.bool), vocab.size)
+    assert target.sum() == 5 and all(target[0, i] == 1 for i in want)
+
+
+def test_cosine_weight_endpoints_and_midpoint():
+    assert obj.cosine_weight(0.0, 1.0, 0.1) == pytest.approx(1.0)
+    assert obj.cosine_weight(0.5, 1.0, 0.1) == pytest.approx(0.55)
+    assert obj.cosine_weight(1.0, 1.0, 0.1) == pytest.approx(0.1)
+
+
+VOCAB = pdata.Vocab(size=1000, mask_id=103, pad_id=0, excluded=np.array([0, 100, 101, 102, 103]))
+
+
+def test_token_masking_rate_and_80_10_10():
+    ids = np.arange(200, 330)  # [CLS] + 128 tokens + [SEP] stand-ins
+    ids[0], ids[-1] = 101, 102
+    counts = {"mask": 0, "random": 0, "kept": 0}
+    for seed in range(300):
+        masked, labels = pdata.mask_tokens(ids, np.arange(1, 129), np.random.default_rng(seed), VOCAB, 0.15, False)
+        chosen = np.flatnonzero(labels != -100)
+        assert len(chosen) == round(0.15 * 128)
+        assert labels[0] == -100 and labels[-1] == -100
+        assert (labels[chosen] == ids[chosen]).all()
+        untouched = np.setdiff1d(np.arange(len(ids)), chosen)
+        assert (masked[untouched] == ids[untouched]).all()
+        counts["mask"] += (masked[chosen] == 103).sum()
+        counts["kept"] += (masked[chosen] == ids[chosen]).sum()
+        counts["random"] += ((masked[chosen] != 103) & (masked[chosen] != ids[chosen])).sum()
+    total = sum(counts.values())
+    assert counts["mask"] / total == pytest.approx(0.8, abs=0.02)
+    assert counts["random"] / total == pytest.approx(0.1, abs=0.02)
+    assert counts["kept"] / total == pytest.approx(0.1, abs=0.02)
+
+
+def test_whole_word_masking_masks_whole_words():
+    ids = np.arange(500, 542)
+    ids[0], ids[-1] = 101, 102
+    word_starts = np.array([1, 2, 5, 6, 9, 13, 14, 20, 22, 25, 30, 31, 35, 38])
+    ends = list(word_starts[1:]) + [len(ids) - 1]
+    for seed in range(50):
+        _, labels = pdata.mask_tokens(ids, word_starts, np.random.default_rng(seed), VOCAB, 0.3, True)
+        selected = labels != -100
+        assert 0 < selected.sum() <= round(0.3 * 40)
+        for s, e in zip(word_starts, ends):
+            assert selected[s:e].all() or not selected[s:e].any(), f"word [{s},{e}) partly masked"

@@ -1,0 +1,149 @@
+"""The shared trainer core (training.py): batch arithmetic, schedule, pickle-free resumable state,
+metrics on resume, NaN detection, cross-process gathering with correct gradients, the launcher."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval_pretraining import training
+from retrieval_pretraining.pretrain import launch
+from retrieval_pretraining.pretrain import objectives as obj
+
+torch.set_num_threads(1)
+
+
+def test_accumulation_keeps_the_global_batch():
+    assert training.accumulation_steps(256, 32, 8) == 1
+    assert training.accumulation_steps(256, 8, 8) == 4
+    assert training.accumulation_steps(16, 8, 1) == 2
+    with pytest.raises(ValueError, match="not a multiple.*micro_batch_size 8 x world size 3"):
+        training.accumulation_steps(16, 8, 3)
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero():
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    scheduler = training.linear_schedule(optimizer, warmup_steps=4, total_steps=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6])
+
+
+def test_no_weight_decay_on_biases_and_layernorm():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    groups = training.build_optimizer(model, lr=1e-3, weight_decay=0.1).param_groups
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {id(model[0].weight)}
+
+
+def _train_steps(model, optimizer, scheduler, steps):
+    out = []
+    for _ in range(steps):
+        x = torch.randn(4, 3)
+        loss = torch.nn.functional.dropout(model(x), 0.3).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        out.append((loss.item(), random.random(), float(np.random.rand())))
+    return out
+
+
+def _fresh(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    optimizer = training.build_optimizer(model, lr=1e-2, weight_decay=0.01)
+    return model, optimizer, training.linear_schedule(optimizer, warmup_steps=2, total_steps=20)
+
+
+def test_saved_state_resumes_exactly_without_pickle(tmp_path):
+    training.seed_everything(3)
+    model, optimizer, scheduler = _fresh()
+    _train_steps(model, optimizer, scheduler, 5)
+    training.save_state(tmp_path, step=5, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={"step": 5}, extra={"tokens_seen": 123})
+    expected = _train_steps(model, optimizer, scheduler, 5)  # the uninterrupted continuation
+
+    model2, optimizer2, scheduler2 = _fresh(seed=99)  # different weights, RNGs moved on
+    resumed = training.load_state(tmp_path, model=model2, optimizer=optimizer2, scheduler=scheduler2)
+    assert resumed == {"step": 5, "data_position": {"step": 5}, "extra": {"tokens_seen": 123}}
+    assert _train_steps(model2, optimizer2, scheduler2, 5) == expected
+    assert torch.equal(model.weight, model2.weight)
+    files = {p.name for p in (tmp_path / "step-00000005").iterdir()}
+    assert files == {"model.safetensors", "state.safetensors", "state.json"}  # no pickle anywhere
+
+
+def test_load_state_without_checkpoint_returns_none(tmp_path):
+    assert training.load_state(tmp_path, **dict(zip(("model", "optimizer", "scheduler"), _fresh()))) is None
+
+
+def test_metrics_writer_drops_records_after_the_resumed_step(tmp_path):
+    path = tmp_path / "m.jsonl"
+    writer = training.MetricsWriter(path)
+    for step in range(1, 6):
+        writer.write({"step": step, "loss": 1.0 / step})
+    training.MetricsWriter(path, resume_step=3).write({"step": 4, "loss": 0.0})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_check_finite_names_step_and_items():
+    with pytest.raises(training.NonFiniteLossError, match=r"'loss_gwc' is nan at step 7 .*\[11, 12\]"):
+        training.check_finite({"loss_mlm": torch.tensor(1.0), "loss_gwc": torch.tensor(float("nan"))},
+                              step=7, item_ids=torch.tensor([11, 12]))
+
+
+def test_oom_message_names_the_config_key():
+    with pytest.raises(RuntimeError, match="lower 'micro_batch_size'.*global batch stays"):
+        with training.oom_guard(32):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+
+def _gather_worker(rank, world, init_file, inputs, out_dir):
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    n = inputs["text"].shape[0] // world
+    text = inputs["text"][rank * n:(rank + 1) * n].clone().requires_grad_(True)
+    spans = inputs["spans"][rank * n:(rank + 1) * n].clone().requires_grad_(True)
+    mask = inputs["mask"][rank * n:(rank + 1) * n]
+    loss = obj.costa_loss(text, spans, mask, temperature=0.1, gather=True)
+    loss.backward()
+    save_file({"loss": loss.detach().reshape(1), "text": text.grad, "spans": spans.grad},
+              f"{out_dir}/rank{rank}.safetensors")
+    dist.destroy_process_group()
+
+
+def test_gathered_costa_gradients_equal_the_full_batch(tmp_path):
+    """2 processes, each with half the batch and gathering on, reproduce the full-batch loss and
+    (after DDP's averaging) its gradient: the gather passes other ranks' gradients back."""
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(0)
+    inputs = {"text": torch.randn(4, 6, generator=g, dtype=torch.float64),
+              "spans": torch.randn(4, 3, 6, generator=g, dtype=torch.float64),
+              "mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)}
+    torch.multiprocessing.spawn(_gather_worker, args=(2, tmp_path / "init", inputs, tmp_path), nprocs=2)
+    ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    text = inputs["text"].clone().requires_grad_(True)
+    spans = inputs["spans"].clone().requires_grad_(True)
+    full = obj.costa_loss(text, spans, inputs["mask"], temperature=0.1)
+    full.backward()
+    assert (ranks[0]["loss"] + ranks[1]["loss"]).item() / 2 == pytest.approx(full.item(), rel=1e-12)
+    # DDP averages over the 2 ranks, hence the / 2.
+    torch.testing.assert_close(torch.cat([r["text"] for r in ranks]) / 2, text.grad)
+    torch.testing.assert_close(torch.cat([r["spans"] for r in ranks]) / 2, spans.grad)
+
+
+def test_launcher_uses_torchrun_only_for_several_visible_gpus():
+    assert launch.command(8, ["--x"], visible=0)[1:] == ["-m", "retrieval_pretraining.pretrain", "--x"]
+    assert launch.command(1, ["--x"], visible=4)[1:3] == ["-m", "retrieval_pretraining.pretrain"]
+    cmd = launch.command(8, ["--x"], visible=4)
+    assert "torch.distributed.run" in cmd and "--nproc_per_node=4" in cmd and cmd[-1] == "--x"

@@ -1,0 +1,49 @@
+"""Pre-train one encoder (or export the base checkpoint for objective `none`).
+
+    python -m retrieval_pretraining.pretrain --config '<resolved model settings JSON>' \
+        --checkpoint results/checkpoints/X --chunks shard-0000.parquet ... [--spans ...] \
+        --encoder results/pretrain/M/encoder --metrics .../metrics.jsonl --plot .../loss.png \
+        --state results/state/pretrain/M
+Multi-GPU / multi-node: launch the same command under `torchrun`.
+Exit status 75 = stopped by SIGTERM/SIGUSR1 after saving state; rerun to resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ..config import stage_parser
+
+
+def main() -> int:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="base checkpoint HF folder")
+    parser.add_argument("--chunks", type=Path, nargs="*", default=[], help="chunk shards, in shard order")
+    parser.add_argument("--spans", type=Path, nargs="*", default=None, help="span shards (costa)")
+    parser.add_argument("--encoder", type=Path, required=True, help="output encoder folder")
+    parser.add_argument("--metrics", type=Path, required=True, help="output metrics .jsonl")
+    parser.add_argument("--plot", type=Path, required=True, help="output loss curve .png")
+    parser.add_argument("--state", type=Path, help="resume state folder (outside declared outputs)")
+    args = parser.parse_args()
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    settings = args.config
+    from .train import export_base, train  # after logging: importing torch takes a while
+
+    if settings["objective"] == "none":
+        export_base(settings, args.checkpoint, args.encoder, args.metrics, args.plot)
+        return 0
+    if not args.chunks:
+        parser.error("--chunks is required for a training objective")
+    if args.state is None:
+        parser.error("--state is required for a training objective")
+    return train(settings, chunks=args.chunks, spans=args.spans or None, checkpoint=args.checkpoint,
+                 encoder_out=args.encoder, metrics_out=args.metrics, plot_out=args.plot,
+                 state_dir=args.state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

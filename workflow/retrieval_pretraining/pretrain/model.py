@@ -1,0 +1,160 @@
+"""The encoder being pre-trained plus the objective's heads (all heads are dropped at export).
+
+`Pretrainer.forward(batch, progress)` returns a dict of loss terms with the total under "loss".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoModel
+from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
+
+from . import objectives as obj
+
+log = logging.getLogger(__name__)
+
+HEAD_PREFIXES = ("cls.predictions.", "mlm_head.")  # where a checkpoint may keep its MLM head
+
+
+class MLMHead(nn.Module):
+    """BERT's MLM head (dense + GELU + LayerNorm, then the word embeddings transposed + a bias)."""
+
+    def __init__(self, config: Any, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # A plain list so the tied embedding is not registered twice as a parameter of this module.
+        self._tied = [word_embeddings]
+        nn.init.normal_(self.transform.dense.weight, std=config.initializer_range)
+        nn.init.zeros_(self.transform.dense.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(hidden), self._tied[0].weight, self.bias)
+
+
+def load_mlm_head(head: MLMHead, checkpoint: Path) -> bool:
+    """Copy a trained MLM head from the checkpoint's safetensors files if it has one."""
+    for file in sorted(Path(checkpoint).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for prefix in HEAD_PREFIXES:
+                keys = [k for k in handle.keys() if k.startswith(prefix)]
+                if not any("transform.dense.weight" in k for k in keys):
+                    continue
+                state = {}
+                for key in keys:
+                    short = key[len(prefix):].removeprefix("predictions.")
+                    short = "bias" if short == "decoder.bias" else short
+                    if short.startswith("transform.") or short == "bias":
+                        state[short] = handle.get_tensor(key)
+                head.load_state_dict(state, strict=True)
+                return True
+    return False
+
+
+def projector(kind: str, dim: int) -> nn.Module:
+    """COSTA's text projector: Tanh(Linear) (paper), Linear, or none (ablation)."""
+    if kind == "nonlinear":
+        return nn.Sequential(nn.Linear(dim, dim), nn.Tanh())
+    if kind == "linear":
+        return nn.Linear(dim, dim)
+    return nn.Identity()
+
+
+def cpdae_decoder(dim: int, vocab_size: int, eps: float) -> nn.Module:
+    """CPDAE's MLP decoder: two FFN blocks (Linear, GELU, LayerNorm), then |V| logits."""
+    return nn.Sequential(
+        nn.Linear(dim, dim), nn.GELU(), nn.LayerNorm(dim, eps=eps),
+        nn.Linear(dim, dim), nn.GELU(), nn.LayerNorm(dim, eps=eps),
+        nn.Linear(dim, vocab_size),
+    )
+
+
+class Pretrainer(nn.Module):
+    def __init__(self, checkpoint: Path, settings: dict[str, Any], attn_implementation: str = "sdpa",
+                 bag_prior: float | None = None):
+        super().__init__()
+        self.objective = settings["objective"]
+        self.settings = settings
+        self.encoder = AutoModel.from_pretrained(
+            checkpoint, local_files_only=True, trust_remote_code=False,
+            attn_implementation=attn_implementation,
+        )
+        if getattr(self.encoder, "pooler", None) is not None:
+            # Unused by every objective (and by fine-tuning); frozen so DDP sees no unused grads,
+            # exported unchanged.
+            self.encoder.pooler.requires_grad_(False)
+        config = self.encoder.config
+        self.vocab_size = config.vocab_size
+        self.mlm_head = MLMHead(config, self.encoder.get_input_embeddings())
+        if not load_mlm_head(self.mlm_head, checkpoint):
+            log.warning(
+                "checkpoint %s has no MLM head: using a freshly initialised head tied to the word "
+                "embeddings (its early MLM loss measures the head learning, not the encoder)", checkpoint,
+            )
+        dim = config.hidden_size
+        if self.objective == "costa":
+            self.projector = projector(settings["costa"]["projector"], dim)
+        if self.objective in ("cpdae", "cpdae_r"):
+            self.decoder = cpdae_decoder(dim, self.vocab_size, config.layer_norm_eps)
+            if bag_prior:
+                # Start the sigmoid outputs at the data's word-set density instead of 0.5: otherwise
+                # the first thousands of steps only learn "most words are absent" via the bias.
+                nn.init.constant_(self.decoder[-1].bias, math.log(bag_prior / (1 - bag_prior)))
+
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def mlm(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        selected = labels != -100  # the head runs on predicted positions only (cheap vocab matmul)
+        return obj.mlm_loss(self.mlm_head(hidden[selected]), labels[selected])
+
+    def forward(self, batch: dict[str, torch.Tensor], progress: float = 0.0) -> dict[str, torch.Tensor]:
+        hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
+        losses = {"loss_mlm": self.mlm(hidden, batch["labels"])}
+        cls = hidden[:, 0]
+        if self.objective == "costa":
+            opts = self.settings["costa"]
+            source = hidden
+            if opts["span_pass"] == "unmasked":
+                source = self.hidden(batch["original_ids"], batch["attention_mask"])
+            spans = obj.span_means(source, batch["span_start"], batch["span_end"])
+            losses["loss_gwc"] = obj.costa_loss(
+                self.projector(cls), spans, batch["span_mask"], temperature=opts["temperature"],
+                gather=opts["gather_negatives"],
+            )
+            losses["loss"] = losses["loss_mlm"] + opts["lambda"] * losses["loss_gwc"]
+        elif self.objective in ("cpdae", "cpdae_r"):
+            opts = self.settings["cpdae"]
+            logits = self.decoder(cls)  # [2m, V]: both views
+            bag = obj.multi_hot(batch["bag_ids"], batch["bag_mask"], self.vocab_size)
+            losses["loss_rec"] = obj.reconstruction_loss(logits, bag.repeat(2, 1), opts["reconstruction"])
+            if self.objective == "cpdae":
+                temperature = opts["temperature"] if opts["temperature"] is not None else 1.0
+                losses["loss_cl"] = obj.cpdae_contrastive(logits, temperature)
+            else:
+                temperature = opts["temperature"] if opts["temperature"] is not None else 0.1
+                losses["loss_cl"] = obj.dense_contrastive(cls, temperature)
+            losses["loss"] = losses["loss_rec"] + losses["loss_mlm"] + opts["lambda"] * losses["loss_cl"]
+        elif self.objective == "bow":
+            opts = self.settings["bow"]
+            if opts["form"] == "paper":
+                logits = cls @ self.encoder.get_input_embeddings().weight.T  # h_CLS . E^T
+            else:
+                logits = self.mlm_head(cls)  # the authors' code: the whole MLM head on [CLS]
+            losses["loss_bow"] = obj.bow_loss(logits, batch["bag_ids"], batch["bag_mask"])
+            weight = opts["weight"]
+            if opts["weight_schedule"] == "cosine":
+                weight = obj.cosine_weight(progress, opts["weight"], opts["weight_end"])
+            losses["bow_weight"] = torch.tensor(weight)
+            losses["loss"] = losses["loss_mlm"] + weight * losses["loss_bow"]
+        else:
+            losses["loss"] = losses["loss_mlm"]
+        return losses

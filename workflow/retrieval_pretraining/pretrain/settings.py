@@ -1,0 +1,51 @@
+"""Resolve one pre-training model's settings: section defaults deep-merged with the model's overrides.
+
+Torch-free on purpose: the Snakefile imports it to build each rule's params, so that changing the
+COSTA options reruns the COSTA model only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+# Option blocks a model entry may override; each objective reads `mlm` plus its own block.
+OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow")
+OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae",
+                   "cpdae_r": "cpdae", "bow": "bow"}
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, Any]:
+    """The complete, self-contained settings of model `name` (what the training job reads)."""
+    entries = {m["name"]: m for m in section["models"]}
+    if name not in entries:
+        raise ValueError(f"no pre-training model named {name!r}; known: {sorted(entries)}")
+    entry = entries[name]
+    objective = entry["objective"]
+    resolved: dict[str, Any] = {
+        "name": name,
+        "objective": objective,
+        "checkpoint": entry.get("checkpoint", section["checkpoint"]),
+        "seed": seed,
+    }
+    if objective == "none":
+        return resolved
+    if objective == "costa" and not entry.get("spans"):
+        raise ValueError(f"pretrain model {name!r}: objective costa needs 'spans' (a spans entry name)")
+    resolved["spans"] = entry.get("spans") if objective == "costa" else None
+    resolved["trainer"] = _merge(section["trainer"], entry.get("trainer", {}))
+    resolved["mlm"] = _merge(section["mlm"], entry.get("mlm", {}))
+    block = OBJECTIVE_BLOCK[objective]
+    if block:
+        resolved[block] = _merge(section[block], entry.get(block, {}))
+    return resolved

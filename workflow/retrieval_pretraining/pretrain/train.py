@@ -1,0 +1,234 @@
+"""The pre-training loop and the export of the encoder (one readable loop, knobs in the settings).
+
+One optimiser step = one global batch = accumulation x world_size micro-batches. Loss terms are
+means per micro-batch; the step's gradient is their mean, so 1 process with accumulation 2 and 2
+processes with accumulation 1 compute the same update (same micro-batches, see data.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from transformers import AutoTokenizer
+
+from .. import artifacts, training
+from ..checkpoints import _TOKENIZER_FILES
+from . import data as pdata
+from .model import Pretrainer
+
+log = logging.getLogger(__name__)
+
+
+def _fingerprint(settings: dict[str, Any], checksums: dict[str, Any]) -> str:
+    """What a resumable state must match: same settings, same data (else it is discarded)."""
+    payload = json.dumps({"settings": settings, "data": checksums}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _copy_tokenizer(checkpoint: Path, dest: Path) -> None:
+    for name in _TOKENIZER_FILES:
+        if (checkpoint / name).exists():
+            shutil.copy2(checkpoint / name, dest / name)
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, info: dict[str, Any]) -> None:
+    """Write the encoder (no heads) + tokenizer + training.json as an HF folder, atomically."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        encoder.save_pretrained(tmp, safe_serialization=True)
+        _copy_tokenizer(checkpoint, tmp)
+        artifacts.write_json(tmp / "training.json", info)
+        artifacts.write_manifest(
+            tmp / "manifest.json", stage="pretrain", params=info["settings"],
+            inputs={"checkpoint_manifest": checkpoint / "manifest.json"},
+            stats={k: info[k] for k in ("steps", "tokens_seen") if k in info},
+        )
+        _publish(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metrics: Path, plot: Path) -> None:
+    """The `none` objective: the base checkpoint itself, exported to the encoder path."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        for file in Path(checkpoint).iterdir():
+            if file.is_file() and file.name != "manifest.json":
+                shutil.copy2(file, tmp / file.name)
+        info = {"settings": settings, "objective": "none", "steps": 0, "tokens_seen": 0,
+                "checkpoint": str(checkpoint), "versions": artifacts.library_versions()}
+        artifacts.write_json(tmp / "training.json", info)
+        artifacts.write_manifest(tmp / "manifest.json", stage="pretrain", params=settings,
+                                 inputs={"checkpoint_manifest": Path(checkpoint) / "manifest.json"})
+        _publish(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    training.MetricsWriter(metrics)  # an empty metrics file: nothing was trained
+    training.plot_losses(metrics, plot, title=f"{settings['name']}: base checkpoint, no training")
+
+
+def train(
+    settings: dict[str, Any], *, chunks: Sequence[Path], spans: Sequence[Path] | None,
+    checkpoint: Path, encoder_out: Path, metrics_out: Path, plot_out: Path, state_dir: Path,
+) -> int:
+    """Train (or resume) one model; returns 0 when exported, RESUME_EXIT_CODE when stopped by a signal."""
+    env = training.init_distributed()
+    tr, objective = settings["trainer"], settings["objective"]
+    checkpoint, state_dir = Path(checkpoint), Path(state_dir)
+    training.seed_everything(settings["seed"])  # head initialisation is the same on every rank
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    vocab = pdata.Vocab.from_tokenizer(tokenizer)
+
+    # Data: validated and converted once by the main rank, then memory-mapped by every process.
+    checksums = pdata.data_checksums(list(chunks) + list(spans or []))
+    fingerprint = _fingerprint(settings, checksums)
+    if env.is_main:
+        pdata.prepare_store(chunks, spans, state_dir / "data")
+    if env.distributed:
+        dist.barrier()
+    store_paths = pdata.prepare_store(chunks, spans, state_dir / "data")
+    accumulation = training.accumulation_steps(tr["global_batch_size"], tr["micro_batch_size"], env.world_size)
+    dataset = pdata.MicroBatches(
+        store_paths, vocab=vocab, seed=settings["seed"], global_batch_size=tr["global_batch_size"],
+        micro_batch_size=tr["micro_batch_size"], rank=env.rank, world_size=env.world_size,
+        mask_rate=settings["mlm"]["mask_rate"], whole_word=settings["mlm"]["whole_word"],
+        views=2 if objective in ("cpdae", "cpdae_r") else 1,
+        need_spans=objective == "costa", need_bags=objective in ("cpdae", "cpdae_r", "bow"),
+        need_original=objective == "costa" and settings["costa"]["span_pass"] == "unmasked",
+    )
+    total_steps = tr["max_steps"] or tr["epochs"] * dataset.steps_per_epoch
+    dataset.total_steps = total_steps
+    warmup = int(round(tr["warmup_ratio"] * total_steps))
+
+    bag_prior = dataset.mean_bag_size() / vocab.size if objective in ("cpdae", "cpdae_r") else None
+    model = Pretrainer(checkpoint, settings, tr["attn_implementation"], bag_prior).to(env.device)
+    optimizer = training.build_optimizer(
+        model, lr=tr["lr"], weight_decay=tr["weight_decay"], betas=(tr["adam_beta1"], tr["adam_beta2"]),
+        eps=tr["adam_eps"], device=env.device,
+    )
+    scheduler = training.linear_schedule(optimizer, warmup_steps=warmup, total_steps=total_steps)
+    ckpt_dir = state_dir / "checkpoints"
+    marker = state_dir / "fingerprint.json"
+    if marker.exists() and artifacts.read_json(marker).get("fingerprint") != fingerprint:
+        if env.is_main:
+            log.warning("settings or data changed since the saved state: starting from scratch")
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if env.distributed:
+        dist.barrier()
+    resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
+    start = resumed["step"] if resumed else 0
+    tokens_seen = resumed["extra"].get("tokens_seen", 0) if resumed else 0
+    if env.is_main:
+        artifacts.write_json(marker, {"fingerprint": fingerprint})
+    log.info("objective %s: %d steps (%d per epoch over %d chunks), global batch %d = %d x %d "
+             "processes x %d accumulation, warm-up %d, starting at step %d",
+             objective, total_steps, dataset.steps_per_epoch, len(dataset.store),
+             tr["global_batch_size"], tr["micro_batch_size"], env.world_size, accumulation, warmup, start)
+
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if env.distributed else model
+    forward = torch.compile(ddp) if tr["compile"] else ddp
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(dataset, range(start * accumulation, total_steps * accumulation)),
+        batch_size=None, num_workers=tr["num_workers"],
+        # Worker seeds come from this generator, not the global RNG, so resuming does not shift it.
+        generator=torch.Generator().manual_seed(settings["seed"]),
+        pin_memory=env.device.type == "cuda",
+    )
+    metrics = training.MetricsWriter(metrics_out, resume_step=start, enabled=env.is_main)
+    stop = training.StopFlag()
+    bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc=settings["name"])
+    batches = iter(loader)
+
+    def save(step: int) -> None:
+        training.save_state(
+            ckpt_dir, step=step, model=model, optimizer=optimizer, scheduler=scheduler,
+            data_position={"step": step, "epoch": step // dataset.steps_per_epoch,
+                           "micro_batch": step * accumulation},
+            extra={"tokens_seen": tokens_seen},
+        )
+
+    started = time.perf_counter()
+    for step in range(start, total_steps):
+        sums: dict[str, float] = defaultdict(float)
+        tokens = 0
+        for micro in range(accumulation):
+            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(batches).items()}
+            sync = ddp.no_sync() if env.distributed and micro < accumulation - 1 else contextlib.nullcontext()
+            with sync, training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
+                out = forward(batch, progress=step / total_steps)
+                training.check_finite(out, step=step, item_ids=batch["chunk_ids"])
+                (out["loss"] / accumulation).backward()
+            for key, value in out.items():
+                sums[key] += float(value.detach()) / accumulation
+            tokens += int(batch["n_tokens"])
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        keys = sorted(sums)
+        reduced = torch.tensor([sums[k] for k in keys] + [float(tokens)], device=env.device)
+        if env.distributed:
+            dist.all_reduce(reduced)
+            reduced[:-1] /= env.world_size
+        tokens_seen += int(reduced[-1])
+        record = dict(zip(keys, reduced[:-1].tolist()))
+        rate = bar.update(int(reduced[-1]), loss=record["loss"])
+        if env.is_main and ((step + 1) % tr["log_every"] == 0 or step + 1 == total_steps):
+            metrics.write(record | {
+                "step": step + 1, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": rate,
+                "tokens_seen": tokens_seen, "memory_mb": training.memory_mb(env.device),
+            })
+        done = step + 1
+        if env.is_main and tr["checkpoint_every"] and done % tr["checkpoint_every"] == 0 and done < total_steps:
+            save(done)
+        if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
+            bar.close()
+            log.warning("stopped at step %d on %s; rerun the same command to resume", done, stop.signal_name)
+            training.teardown_distributed()
+            return training.RESUME_EXIT_CODE
+    bar.close()
+
+    if env.is_main:
+        info = {
+            "settings": settings, "objective": objective, "steps": total_steps,
+            "tokens_seen": tokens_seen, "world_size": env.world_size, "accumulation": accumulation,
+            "steps_per_epoch": dataset.steps_per_epoch, "chunks": len(dataset.store),
+            "resumed_from_step": start, "train_seconds_this_run": round(time.perf_counter() - started, 1),
+            "checkpoint": str(checkpoint), "data": checksums, "versions": artifacts.library_versions(),
+        }
+        export_encoder(model.encoder, checkpoint, encoder_out, info)
+        # The heads are not part of the encoder; kept beside it for the analyses (vocabulary
+        # projection of [CLS], CPDAE's decoder words). Tied embeddings are not repeated.
+        heads = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+                 if not k.startswith("encoder.")}
+        with artifacts.atomic_path(Path(encoder_out).parent / "heads.safetensors") as tmp:
+            save_file(heads, str(tmp), metadata={"objective": objective})
+        training.plot_losses(metrics_out, plot_out, title=f"{settings['name']} ({objective})")
+        # A finished run leaves no state behind: a later rerun (new code) must start afresh, and
+        # the data copy (as large as the corpus) is not kept once per model.
+        shutil.rmtree(state_dir, ignore_errors=True)
+    training.teardown_distributed()
+    return 0
