@@ -12,7 +12,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a fresh clone has, minus generated state; copying these makes a self-contained project.
-_COPIED = ("Snakefile", "config.yaml", "rules", "workflow", "data", "profiles", "slurm")
+_COPIED = ("Snakefile", "config.yaml", "rules", "workflow", "envs", "data", "profiles", "slurm")
 
 
 def copy_project(dest: Path, config_overrides: dict | None = None) -> Path:

@@ -66,6 +66,31 @@ def source_folder(entry: dict[str, Any], download_dir: Path) -> Path:
     )
 
 
+MLM_HEAD_FILE = "mlm_head.safetensors"
+_MLM_HEAD_PREFIX = "cls.predictions."
+
+
+def save_mlm_head(source: Path, out_file: Path) -> int:
+    """Keep the source's pre-trained MLM head (`cls.predictions.*`) beside the encoder.
+
+    AutoModel drops it, but MLM-based objectives must continue from the trained head, not a fresh
+    one (bert-base-uncased has it; the demo MiniLM has none, and the trainer then initialises one).
+    Returns the number of tensors saved (0: no head, no file written).
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for weights in sorted(Path(source).glob("*.safetensors")):
+        with safe_open(weights, framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith(_MLM_HEAD_PREFIX):
+                    tensors[key] = handle.get_tensor(key).contiguous()
+    if tensors:
+        save_file(tensors, out_file)
+    return len(tensors)
+
+
 def stage(entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
     from transformers import AutoModel, AutoTokenizer
@@ -86,6 +111,7 @@ def stage(entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         staged = tmp / "staged"
         model.save_pretrained(staged, safe_serialization=True)
         tokenizer.save_pretrained(staged)
+        head_tensors = save_mlm_head(folder, staged / MLM_HEAD_FILE)
         stats = {
             "architecture": model.config.model_type,
             "hidden_size": model.config.hidden_size,
@@ -93,6 +119,7 @@ def stage(entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             "original_num_layers": original_layers,
             "vocab_size": tokenizer.vocab_size,
             "parameters": sum(p.numel() for p in model.parameters()),
+            "mlm_head_tensors": head_tensors,
         }
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_checkpoint", params=entry, stats=stats

