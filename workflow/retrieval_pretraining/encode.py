@@ -1,0 +1,179 @@
+"""Encode texts with a bi-encoder: corpus shards to `.npy` + ids, and queries in memory.
+
+One function (`embed`) turns texts into vectors for every consumer: fine-tuning uses the same
+`pool` so training and retrieval can never disagree on pooling or normalisation. The corpus is
+encoded in contiguous row ranges (`shard_rows`), one Snakemake job per shard, so a large corpus
+spreads over GPUs and a crash loses one shard, not the whole encoding.
+
+Output of one shard: `shard-XXXX.npy` (float16 or float32, rows in corpus order) and
+`shard-XXXX.ids.parquet` (doc_id string, same order) + `shard-XXXX.manifest.json`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from . import artifacts
+from .config import stage_parser
+from .datasets import join_title
+
+log = logging.getLogger(__name__)
+
+IDS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False)])
+
+# Retrieval knobs shared by fine-tuning, encoding, mining and search (one place, one meaning).
+DEFAULTS: dict[str, Any] = {
+    "pooling": "cls",        # cls | mean
+    "similarity": "dot",     # dot | cosine (cosine = L2-normalised vectors + inner product)
+    "q_len": 32,
+    "p_len": 128,
+    "title": "space",        # none | space | sep: the dataset's title mode (datasets.join_title)
+    "encode_batch_size": 256,
+    "dtype": "float16",      # stored corpus vectors; search always runs in float32
+}
+
+
+def settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The retrieval knobs of a config slice, with defaults filled in."""
+    return {key: config.get(key, value) for key, value in DEFAULTS.items()}
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_encoder(folder: str | Path, dev: torch.device | None = None):
+    """A Hugging Face encoder + fast tokenizer from a local folder (never downloads, no remote code)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"encoder folder {folder} has no config.json; build its rule first")
+    model = AutoModel.from_pretrained(
+        folder, local_files_only=True, trust_remote_code=False, add_pooling_layer=False
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+    return model.to(dev or device()), tokenizer
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, similarity: str) -> torch.Tensor:
+    """Sequence vectors from last-layer states: [CLS] or mean over real tokens; cosine normalises."""
+    if pooling == "cls":
+        vectors = hidden[:, 0]
+    elif pooling == "mean":
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        vectors = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+    else:
+        raise ValueError(f"pooling '{pooling}' is unknown; use 'cls' or 'mean'")
+    if similarity == "cosine":
+        vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(vectors.dtype)
+    elif similarity != "dot":
+        raise ValueError(f"similarity '{similarity}' is unknown; use 'dot' or 'cosine'")
+    return vectors
+
+
+def tokenize(tokenizer, texts: Sequence[str], max_len: int, titles: Sequence[str] | None = None,
+             title: str = "space") -> dict[str, torch.Tensor]:
+    """Tokenise queries (titles=None) or documents joined with their titles as `datasets` defines
+    it (none / sep = title [SEP] text / space = title + " " + text), truncated to max_len."""
+    if titles is not None:
+        texts = [join_title(t, x, title, tokenizer.sep_token) for t, x in zip(titles, texts)]
+    return tokenizer(list(texts), truncation=True, max_length=max_len, padding=True,
+                     return_tensors="pt")
+
+
+def encode_batch(model, batch: dict[str, torch.Tensor], pooling: str, similarity: str) -> torch.Tensor:
+    dev = next(model.parameters()).device
+    batch = {k: v.to(dev) for k, v in batch.items()}
+    hidden = model(**batch).last_hidden_state
+    return pool(hidden, batch["attention_mask"], pooling, similarity)
+
+
+@torch.inference_mode()
+def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str, similarity: str,
+          titles: Sequence[str] | None = None, title: str = "space", batch_size: int = 256,
+          desc: str = "encode") -> np.ndarray:
+    """float32 vectors for `texts`, in order. Texts are length-sorted so padding is minimal."""
+    model.eval()
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
+    use_bf16 = next(model.parameters()).is_cuda
+    for start in tqdm(range(0, len(texts), batch_size), desc=desc, mininterval=10,
+                      disable=len(texts) <= batch_size):
+        rows = order[start:start + batch_size]
+        batch = tokenize(tokenizer, [texts[i] for i in rows], max_len,
+                         None if titles is None else [titles[i] for i in rows], title)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+            vectors = encode_batch(model, batch, pooling, similarity)
+        out[rows] = vectors.float().cpu().numpy()
+    return out
+
+
+def shard_rows(num_rows: int, shard: int, shards: int) -> tuple[int, int]:
+    """Contiguous row range [lo, hi) of `shard` out of `shards` (sizes differ by at most one)."""
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} is outside 0..{shards - 1}; check the shard wildcard")
+    return num_rows * shard // shards, num_rows * (shard + 1) // shards
+
+
+def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, out_npy: Path,
+                        out_ids: Path, config: dict[str, Any]) -> dict[str, Any]:
+    knobs = settings(config)
+    num_rows = pl.scan_parquet(corpus).select(pl.len()).collect().item()
+    lo, hi = shard_rows(num_rows, shard, shards)
+    frame = pl.scan_parquet(corpus).slice(lo, hi - lo).select("doc_id", "title", "text").collect()
+    model, tokenizer = load_encoder(encoder)
+    vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(),
+                    titles=frame["title"].fill_null("").to_list(), max_len=knobs["p_len"],
+                    pooling=knobs["pooling"], similarity=knobs["similarity"], title=knobs["title"],
+                    batch_size=knobs["encode_batch_size"], desc=f"encode shard {shard}")
+    with artifacts.atomic_path(out_npy) as tmp:
+        with open(tmp, "wb") as handle:  # np.save on a path would append ".npy" to the temp name
+            np.save(handle, vectors.astype(knobs["dtype"]), allow_pickle=False)
+    artifacts.write_parquet(out_ids, pa.table({"doc_id": frame["doc_id"].to_arrow()}), IDS_SCHEMA)
+    stats = {"rows": hi - lo, "row_range": [lo, hi], "dim": int(vectors.shape[1]),
+             "dtype": knobs["dtype"]}
+    artifacts.write_manifest(artifacts.manifest_path(out_npy), stage="encode_corpus", params=knobs,
+                             inputs={"corpus": corpus, "encoder": encoder}, stats=stats)
+    return stats
+
+
+def load_shards(npy_files: Sequence[Path], id_files: Sequence[Path]) -> tuple[np.ndarray, list[str]]:
+    """Concatenate encoded shards (float32) and their doc ids, checking that each pair matches."""
+    vectors, ids = [], []
+    for npy, id_file in zip(npy_files, id_files, strict=True):
+        block = np.load(npy, allow_pickle=False)
+        block_ids = pl.read_parquet(id_file)["doc_id"].to_list()
+        if len(block) != len(block_ids):
+            raise ValueError(f"{npy} has {len(block)} rows but {id_file} has {len(block_ids)} ids; "
+                             "re-run the encode_corpus job of that shard")
+        vectors.append(block.astype(np.float32))
+        ids.extend(block_ids)
+    return np.concatenate(vectors), ids
+
+
+def main() -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, required=True, help="canonical corpus.parquet")
+    parser.add_argument("--encoder", type=Path, required=True, help="Hugging Face encoder folder")
+    parser.add_argument("--shard", type=int, required=True)
+    parser.add_argument("--shards", type=int, required=True)
+    parser.add_argument("--out-npy", type=Path, required=True)
+    parser.add_argument("--out-ids", type=Path, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stats = encode_corpus_shard(args.corpus, args.encoder, args.shard, args.shards, args.out_npy,
+                                args.out_ids, args.config)
+    log.info("encoded %s", stats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Build, save and search a FAISS index over encoded corpus shards.
+
+The saved folder is what Pyserini's `FaissSearcher` loads (`index` = a FAISS index file, `docid` =
+one doc id per line, in index order), so our models can be searched with tools users know.
+Exact inner product (`flat`) is the default: it is what the papers' miners used and, on a corpus
+the size of MS MARCO, it is one GEMM per query batch. IVF / HNSW / IVF-PQ trade exactness for
+memory and speed on large corpora. faiss-gpu is used when it is installed and a GPU is visible.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import faiss
+import numpy as np
+from tqdm import tqdm
+
+from . import artifacts
+from .config import stage_parser
+from .encode import load_shards
+
+log = logging.getLogger(__name__)
+
+# Index knobs (the `mining.index` config block); defaults = exact search.
+INDEX_DEFAULTS: dict[str, Any] = {
+    "type": "flat",      # flat | ivf | hnsw | ivfpq
+    "nlist": 4096,       # IVF cells (ivf, ivfpq)
+    "nprobe": 64,        # cells visited per query (ivf, ivfpq)
+    "hnsw_m": 32,        # graph degree (hnsw)
+    "ef_search": 256,    # HNSW search breadth
+    "pq_m": 64,          # PQ sub-quantisers (ivfpq); must divide the dimension
+    "use_gpu": "auto",   # auto | never
+}
+
+
+def index_settings(config: dict[str, Any] | None) -> dict[str, Any]:
+    config = config or {}
+    unknown = set(config) - set(INDEX_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown index options {sorted(unknown)}; known: {sorted(INDEX_DEFAULTS)}")
+    return {**INDEX_DEFAULTS, **config}
+
+
+def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.Index:
+    """An inner-product index over `vectors` (float32, row i = doc i)."""
+    knobs = index_settings(config)
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    dim = vectors.shape[1]
+    kind = knobs["type"]
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, knobs["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = knobs["ef_search"]
+    elif kind in ("ivf", "ivfpq"):
+        # Fewer cells than 39 points per cell makes k-means warn and the index useless.
+        nlist = max(1, min(knobs["nlist"], len(vectors) // 39))
+        quantizer = faiss.IndexFlatIP(dim)
+        if kind == "ivf":
+            index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        else:
+            if dim % knobs["pq_m"]:
+                raise ValueError(f"pq_m={knobs['pq_m']} does not divide the dimension {dim}; "
+                                 "choose a divisor of it in mining.index.pq_m")
+            index = faiss.IndexIVFPQ(quantizer, dim, nlist, knobs["pq_m"], 8,
+                                     faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+        index.nprobe = knobs["nprobe"]
+    else:
+        raise ValueError(f"index type '{kind}' is unknown; use flat, ivf, hnsw or ivfpq")
+    index.add(vectors)
+    return index
+
+
+def to_search_device(index: faiss.Index, use_gpu: str = "auto") -> faiss.Index:
+    """Move the index to all visible GPUs when faiss-gpu is installed; otherwise keep it on CPU."""
+    if use_gpu != "never" and hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
+        log.info("searching on %d GPU(s)", faiss.get_num_gpus())
+        return faiss.index_cpu_to_all_gpus(index)
+    return index
+
+
+def save(folder: Path, index: faiss.Index, doc_ids: Sequence[str]) -> None:
+    """Pyserini's FaissSearcher layout: `folder/index` and `folder/docid` (one id per line)."""
+    if index.ntotal != len(doc_ids):
+        raise ValueError(f"index holds {index.ntotal} vectors but {len(doc_ids)} doc ids were given")
+    if any("\n" in d for d in doc_ids):
+        raise ValueError("a doc id contains a newline; the docid file holds one id per line")
+    folder.mkdir(parents=True, exist_ok=True)
+    with artifacts.atomic_path(folder / "index") as tmp:
+        faiss.write_index(index, str(tmp))
+    with artifacts.atomic_path(folder / "docid") as tmp:
+        tmp.write_text("".join(f"{d}\n" for d in doc_ids))
+
+
+def load(folder: Path) -> tuple[faiss.Index, list[str]]:
+    index = faiss.read_index(str(folder / "index"))
+    doc_ids = (folder / "docid").read_text().splitlines()
+    if index.ntotal != len(doc_ids):
+        raise ValueError(f"{folder}: index holds {index.ntotal} vectors but docid has "
+                         f"{len(doc_ids)} lines; rebuild the folder with build_dense_index")
+    return index, doc_ids
+
+
+def search(index: faiss.Index, queries: np.ndarray, depth: int,
+           batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Top-`depth` (scores, rows) per query, best first; rows are -1 where the index is smaller."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    depth = min(depth, index.ntotal)
+    scores = np.empty((len(queries), depth), dtype=np.float32)
+    rows = np.empty((len(queries), depth), dtype=np.int64)
+    for start in tqdm(range(0, len(queries), batch_size), desc="search", mininterval=10,
+                      disable=len(queries) <= batch_size):
+        s, r = index.search(queries[start:start + batch_size], depth)
+        scores[start:start + batch_size], rows[start:start + batch_size] = s, r
+    return scores, rows
+
+
+def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, Any]) -> dict:
+    """Build the index over encoded shards and save it in Pyserini's layout, with a manifest."""
+    vectors, doc_ids = load_shards(npy, ids)
+    if len(set(doc_ids)) != len(doc_ids):
+        raise ValueError(f"duplicate doc ids across {ids}; the corpus must have unique doc_id")
+    index = build(vectors, config)
+    save(out, index, doc_ids)
+    stats = {"documents": len(doc_ids), "dim": int(vectors.shape[1]), "faiss": faiss.__version__}
+    artifacts.write_manifest(out / "manifest.json", stage="build_dense_index",
+                             params=index_settings(config),
+                             inputs={f"shard{i}": p for i, p in enumerate(npy)}, stats=stats)
+    return stats
+
+
+def main() -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--npy", type=Path, nargs="+", required=True, help="encoded shards, in order")
+    parser.add_argument("--ids", type=Path, nargs="+", required=True, help="their doc id files")
+    parser.add_argument("--out", type=Path, required=True, help="folder for `index` + `docid`")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stats = index_shards(args.npy, args.ids, args.out, args.config)
+    log.info("indexed %s -> %s", stats, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Hard-negative mining: search the training queries with a fine-tuned encoder, keep non-positives.
+
+Recipes differ on every knob (REFERENCE.md), so each is a named option recorded in the manifest:
+  depth            how deep to search (COSTA: 200; Tevatron: 100)
+  rank_window      [lo, hi) on 1-based search ranks (BoW authors skip the top 2: [3, null))
+  sample           random (COSTA: 30 at random from the top 200) | top (the best n)
+  num_negatives    n per query; null keeps every candidate (Tevatron)
+Each query's OWN positives are removed (a peer miner removes the first query's positives from every
+query, leaking gold passages in as negatives; `test_mine.py` guards against that), and so is a
+document whose id equals the query id. Sampling is seeded from (seed, query id) only, so the mined
+set does not depend on batch, shard or thread counts.
+
+Output: Parquet `query_id, positive_ids, negative_ids, negative_ranks, negative_scores` (the BM25
+negatives schema plus scores; negatives in rank order) + manifest with the policy and seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from . import artifacts, faiss_index
+from .config import stage_parser
+from .dense_search import encode_queries, rank
+
+log = logging.getLogger(__name__)
+
+SCHEMA = pa.schema([
+    pa.field("query_id", pa.string(), nullable=False),
+    pa.field("positive_ids", pa.list_(pa.string())),
+    pa.field("negative_ids", pa.list_(pa.string())),
+    pa.field("negative_ranks", pa.list_(pa.int32())),
+    pa.field("negative_scores", pa.list_(pa.float32())),
+])
+
+POLICY_DEFAULTS: dict[str, Any] = {
+    "depth": 200,
+    "rank_window": None,   # [lo, hi) 1-based ranks; hi null = up to depth
+    "sample": "random",    # random | top
+    "num_negatives": 30,   # null = keep all candidates
+}
+
+
+def rng_for(seed: int, *keys: Any) -> np.random.Generator:
+    """A generator determined by (seed, keys) alone: keys are hashed, so string ids work too."""
+    words = [int(seed)]
+    for key in keys:
+        digest = hashlib.blake2b(str(key).encode(), digest_size=8).digest()
+        words.append(int.from_bytes(digest, "little"))
+    return np.random.default_rng(words)
+
+
+def policy(config: dict[str, Any]) -> dict[str, Any]:
+    knobs = {key: config.get(key, value) for key, value in POLICY_DEFAULTS.items()}
+    if knobs["sample"] not in ("random", "top"):
+        raise ValueError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
+    window = knobs["rank_window"]
+    if window is not None and (len(window) != 2 or window[0] < 1
+                               or (window[1] is not None and window[1] <= window[0])):
+        raise ValueError(f"mining.rank_window {window} must be [lo, hi) with 1 <= lo < hi (hi may be null)")
+    return knobs
+
+
+def select_negatives(query_id: str, doc_ids: list[str], scores: np.ndarray, ranks: np.ndarray,
+                     positives: set[str], knobs: dict[str, Any], seed: int
+                     ) -> tuple[list[str], list[int], list[float]]:
+    """Apply the policy to ONE query's ranked list (ranks 1-based, counted before any removal)."""
+    lo, hi = (knobs["rank_window"] or [1, None])
+    hi = hi if hi is not None else np.inf
+    candidates = [i for i, (d, r) in enumerate(zip(doc_ids, ranks))
+                  if lo <= r < hi and d not in positives and d != query_id]
+    n = knobs["num_negatives"]
+    if n is not None and len(candidates) > n:
+        if knobs["sample"] == "top":
+            candidates = candidates[:n]
+        else:
+            picked = rng_for(seed, "mine", query_id).choice(len(candidates), size=n, replace=False)
+            candidates = [candidates[i] for i in np.sort(picked)]  # keep rank order
+    return ([doc_ids[i] for i in candidates], [int(ranks[i]) for i in candidates],
+            [float(scores[i]) for i in candidates])
+
+
+def positives_by_query(qrels: Path) -> dict[str, list[str]]:
+    """Relevant (relevance > 0) doc ids per query, sorted for a stable order."""
+    frame = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0)
+             .group_by("query_id").agg(pl.col("doc_id").unique().sort()).collect())
+    return dict(zip(frame["query_id"].to_list(), frame["doc_id"].to_list()))
+
+
+def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, config: dict[str, Any],
+         seed: int) -> tuple[pa.Table, dict[str, Any]]:
+    knobs = policy(config)
+    positives = positives_by_query(qrels)
+    query_ids, vectors = encode_queries(encoder, queries, config)
+    # Only queries with a positive can be trained on; the others are counted, not mined.
+    keep = [i for i, q in enumerate(query_ids) if q in positives]
+    index, doc_ids = faiss_index.load(index_dir)
+    index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"))
+    # Ranks are counted without the query's own id (as in the runs); removal happens in select.
+    ranked = rank(index, doc_ids, [query_ids[i] for i in keep], vectors[keep], knobs["depth"],
+                  exclude_self=False)
+    rows: dict[str, list] = {name: [] for name in SCHEMA.names}
+    removed_positives = 0
+    for qid, ids, scores, ranks in ranked:
+        pos = set(positives[qid])
+        removed_positives += sum(d in pos for d in ids)
+        neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks, pos, knobs, seed)
+        for name, value in zip(SCHEMA.names, (qid, positives[qid], neg, neg_ranks, neg_scores)):
+            rows[name].append(value)
+    table = pa.table(rows, schema=SCHEMA)
+    counts = [len(n) for n in rows["negative_ids"]]
+    stats = {"queries": len(query_ids), "queries_mined": len(keep),
+             "queries_without_positives": len(query_ids) - len(keep),
+             "positives_removed": removed_positives,
+             "negatives_per_query_mean": float(np.mean(counts)) if counts else 0.0,
+             "queries_with_no_negative": int(sum(c == 0 for c in counts))}
+    return table, {**knobs, "seed": seed, "stats": stats}
+
+
+def mine_to_file(index_dir: Path, encoder: Path, queries: Path, qrels: Path, out: Path,
+                 config: dict[str, Any], seed: int) -> dict[str, Any]:
+    table, info = mine(index_dir, encoder, queries, qrels, config, seed)
+    artifacts.write_parquet(out, table, SCHEMA)
+    stats = info.pop("stats")
+    artifacts.write_manifest(
+        artifacts.manifest_path(out), stage="mine_hard_negatives",
+        params={"policy": info, "retrieval": config},
+        inputs={"queries": queries, "qrels": qrels, "index": index_dir / "index",
+                "encoder": encoder}, stats=stats)
+    return stats
+
+
+def main() -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--index", type=Path, required=True, help="folder with `index` + `docid`")
+    parser.add_argument("--encoder", type=Path, required=True, help="the model that mines")
+    parser.add_argument("--queries", type=Path, required=True)
+    parser.add_argument("--qrels", type=Path, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stats = mine_to_file(args.index, args.encoder, args.queries, args.qrels, args.out, args.config,
+                         args.seed)
+    log.info("mined %s -> %s", stats, args.out)
+
+
+if __name__ == "__main__":
+    main()
