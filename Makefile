@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt
 venv: $(VENV)/.installed
 
 demo: venv
-	$(VENV)/bin/snakemake --cores $(CORES) results/tables.md
+	$(VENV)/bin/snakemake --cores $(CORES) --rerun-incomplete all
 
 test: venv
 	$(PY) -m pytest -q

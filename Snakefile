@@ -8,11 +8,20 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/wikipedia.smk"
 include: "rules/corpus.smk"
+include: "rules/pretrain.smk"
+include: "rules/retrieval.smk"
+include: "rules/finetune.smk"
+include: "rules/evaluate.smk"
+include: "rules/report.smk"
 
 
 rule all:
     input:
-        all_targets(),
+        # A function: the dump's part list is known only after the fetch_dumpstatus checkpoint.
+        lambda wildcards: all_targets(),

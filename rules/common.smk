@@ -11,7 +11,11 @@ experiment_config.validate(config)
 # Every `python -m retrieval_pretraining.<stage>` runs the code of this checkout, whatever is installed.
 PACKAGE_DIR = Path(workflow.basedir) / "workflow"
 # (Braces are doubled because Snakemake formats the prefix like any shell command.)
-shell.prefix("set -euo pipefail; export PYTHONPATH=" + str(PACKAGE_DIR) + "${{PYTHONPATH:+:$PYTHONPATH}}; ")
+shell.prefix(
+    "set -euo pipefail; export PYTHONPATH="
+    + str(PACKAGE_DIR)
+    + "${{PYTHONPATH:+:$PYTHONPATH}}; "
+)
 
 
 wildcard_constraints:
@@ -32,7 +36,8 @@ def module_source(*modules):
 def conda_env(toolchain):
     """envs/<toolchain>.yaml for a rule's `conda:` (used with --software-deployment-method conda):
     "torch" (every Python stage, CUDA torch), "faiss" (faiss-gpu: index, mining, dense search),
-    "pyserini" (BM25, OpenJDK 21). Without that flag the rule runs in Snakemake's own environment."""
+    "pyserini" (BM25, OpenJDK 21). Without that flag the rule runs in Snakemake's own environment.
+    """
     return str(Path(workflow.basedir) / "envs" / f"{toolchain}.yaml")
 
 
@@ -58,18 +63,11 @@ def shard_ids():
 
 
 def all_targets():
-    """What `rule all` builds: extends as stages are added; the last existing stage for now."""
-    return (
-        get_all_articles()
-        + expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids())
-        + expand(
-            "results/corpus/spans/{spans}/shard-{shard}.parquet",
-            spans=[s["name"] for s in config["spans"]],
-            shard=shard_ids(),
-        )
-        + expand(
-            "results/corpus/spans/{spans}/{audit}",
-            spans=[s["name"] for s in config["spans"]],
-            audit=["lengths.png", "sample.md"],
-        )
+    """What `rule all` builds: the tables and analyses (which pull in every stage), plus the
+    span-index audits. Call from an input function: the dump's parts may come from a checkpoint.
+    """
+    return report_targets() + expand(
+        "results/corpus/spans/{spans}/{audit}",
+        spans=[s["name"] for s in config["spans"]],
+        audit=["lengths.png", "sample.md"],
     )

@@ -2,15 +2,17 @@
 
 
 rule stage_checkpoint:
-    output:
-        directory("results/checkpoints/{checkpoint}"),
     input:
         code=module_source("checkpoints.py", "artifacts.py"),
-    params:
-        entry=lambda wc: experiment_config.stage_argument(named("checkpoints", wc.checkpoint)),
+    output:
+        directory("results/checkpoints/{checkpoint}"),
     log:
         "results/logs/stage_checkpoint/{checkpoint}.log",
     localrule: True
+    params:
+        entry=lambda wc: experiment_config.stage_argument(
+            named("checkpoints", wc.checkpoint)
+        ),
     shell:
         "python -m retrieval_pretraining.checkpoints --config '{params.entry}' --out {output} &> {log}"
 

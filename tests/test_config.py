@@ -72,3 +72,42 @@ def test_paths_escaping_the_project_are_refused(tmp_path):
 def test_paths_inside_a_configured_data_root_resolve(tmp_path):
     target = tmp_path / "dump.xml.bz2"
     assert experiment_config.resolve_path(target, data_root=tmp_path) == target.resolve()
+
+
+def _scalar_keys(node, prefix=""):
+    """Dotted paths of every mapping key (lists are replaced whole by --configfile, so not descended)."""
+    if not isinstance(node, dict):
+        return set()
+    keys = set()
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        keys.add(path)
+        keys |= _scalar_keys(value, path + ".")
+    return keys
+
+
+def test_paper_config_is_valid_and_sets_every_key_the_demo_sets(demo):
+    """`--configfile paper.yaml` deep-merges over config.yaml: any demo key the paper file omits
+    would silently leak demo settings (tiny batches, 2 layers) into a paper-scale run."""
+    paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
+    experiment_config.validate(paper)
+    missing = _scalar_keys(demo) - _scalar_keys(paper)
+    assert not missing, f"paper.yaml must set these demo keys explicitly: {sorted(missing)}"
+    assert paper["experiment"] == "paper"
+
+
+def test_the_ablation_overlay_on_the_paper_config_is_valid():
+    paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
+    overlay = yaml.safe_load((ROOT / "workflow" / "experiments" / "ablations.yaml").read_text())
+
+    def merge(base, override):  # Snakemake's --configfile semantics: dicts merge, lists replace
+        for key, value in override.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+
+    merge(paper, overlay)
+    experiment_config.validate(paper)
+    names = [m["name"] for m in paper["pretrain"]["models"]]
+    assert len(names) == len(set(names)) and len(names) > 5
