@@ -1,0 +1,281 @@
+"""The cluster conda environments (envs/*.yaml) agree with the pip route (requirements*.txt).
+
+Independent statements checked: every pip package of an environment is pinned exactly, to the same
+version as requirements.txt; faiss-gpu and faiss-cpu never share an environment (they provide the
+same module) and faiss-gpu carries faiss-cpu's version; the post-deploy scripts install the
+requirements-nodeps.txt pins; and every third-party module imported (transitively) by the stages an
+environment serves is provided by a package pinned in it (distribution names come from the
+installed .venv, not from a list written here).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVS = ROOT / "envs"
+PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
+
+# Which stage modules each environment runs (entry points; their package imports are followed).
+ENV_MODULES = {
+    "torch": [
+        "download", "extract", "checkpoints", "chunk", "spans", "datasets", "encode",
+        "finetune", "pretrain", "evaluate", "tables", "report",
+    ],
+    "faiss": ["encode", "faiss_index", "mine", "dense_search"],
+    "pyserini": ["bm25", "pyserini_setup"],
+}  # fmt: skip
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[=<>!~\[; ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _pins(lines: list[str]) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        assert "==" in line, f"'{line}' is not pinned with == (fix: add the exact version)"
+        pins[_name(line)] = line.split("==", 1)[1].strip()
+    return pins
+
+
+def requirements() -> dict[str, str]:
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    return _pins(lines + (ROOT / "requirements-nodeps.txt").read_text().splitlines())
+
+
+def environments() -> dict[str, dict]:
+    envs = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(ENVS.glob("*.yaml"))}
+    assert envs, "envs/ holds no environment files"
+    return envs
+
+
+def pip_section(env: dict) -> list[str]:
+    sections = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    return sections[0] if sections else []
+
+
+def conda_section(env: dict) -> list[str]:
+    return [d for d in env["dependencies"] if isinstance(d, str)]
+
+
+@pytest.mark.parametrize("env_name", sorted(ENV_MODULES))
+def test_expected_environment_exists(env_name):
+    assert (ENVS / f"{env_name}.yaml").is_file(), f"envs/{env_name}.yaml is missing"
+
+
+def test_pip_pins_match_requirements():
+    reqs = requirements()
+    for env_name, env in environments().items():
+        for name, version in _pins(pip_section(env)).items():
+            # faiss-gpu replaces faiss-cpu on clusters: same release.
+            expected = reqs.get("faiss-cpu") if name == "faiss-gpu" else reqs.get(name)
+            assert expected is not None, (
+                f"envs/{env_name}.yaml pins {name}=={version}, which requirements.txt does not "
+                "list; add it there (the pip route must be able to run the same code)"
+            )
+            assert version == expected, (
+                f"envs/{env_name}.yaml pins {name}=={version} but requirements.txt has "
+                f"{expected}; make them equal"
+            )
+
+
+def test_conda_packages_pinned_and_python_matches_project():
+    for env_name, env in environments().items():
+        conda = {re.split(r"[=<>]", d, maxsplit=1)[0]: d for d in conda_section(env)}
+        assert conda.get("python") == "python=3.11", (
+            f"envs/{env_name}.yaml: python must be pinned to 3.11 (the verified interpreter, "
+            "and the newest one Pyserini 1.6.0 supports)"
+        )
+        for name, spec in conda.items():
+            assert name == "pip" or "=" in spec, f"envs/{env_name}.yaml: conda '{spec}' unpinned"
+        assert "nodefaults" in env.get("channels", []), (
+            f"envs/{env_name}.yaml: add the `nodefaults` channel so the result does not depend on "
+            "the user's conda defaults"
+        )
+
+
+def test_faiss_variants_never_share_an_environment():
+    for env_name, env in environments().items():
+        names = set(_pins(pip_section(env)))
+        assert len(names & {"faiss-cpu", "faiss-gpu", "faiss-gpu-cu12"}) <= 1, (
+            f"envs/{env_name}.yaml installs several faiss packages; they provide the same module"
+        )
+    assert "faiss-gpu" in _pins(pip_section(environments()["faiss"]))
+
+
+def test_pyserini_environment_has_java_21():
+    conda = conda_section(environments()["pyserini"])
+    assert "openjdk=21" in conda, "Anserini 1.7.1 needs Java >= 21: pin openjdk=21"
+
+
+def test_post_deploy_scripts_install_the_nodeps_pins():
+    nodeps = _pins((ROOT / "requirements-nodeps.txt").read_text().splitlines())
+    installed = {}
+    for script in ENVS.glob("*.post-deploy.sh"):
+        assert (ENVS / f"{script.name.removesuffix('.post-deploy.sh')}.yaml").exists()
+        for match in re.finditer(r"pip install --no-deps ([^\n]+)", script.read_text()):
+            installed.update(_pins(match.group(1).split()))
+    assert installed, "no post-deploy script installs the --no-deps packages"
+    for name, version in installed.items():
+        assert nodeps.get(name) == version, (
+            f"a post-deploy script installs {name}=={version}; requirements-nodeps.txt has "
+            f"{nodeps.get(name)}"
+        )
+    assert "pyserini" in installed
+
+
+def _module_file(name: str) -> Path | None:
+    path = PACKAGE.joinpath(*name.split("."))
+    if path.is_dir():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").exists() else None
+
+
+def third_party_imports(entry: str) -> set[str]:
+    """Top-level third-party modules imported by `entry` and every package module it imports."""
+    seen, todo, found = set(), [entry], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        path = _module_file(name)
+        if path is None:
+            continue
+        if path.name == "__init__.py":  # a subpackage: all of its modules run
+            todo += [f"{name}.{p.stem}" for p in path.parent.glob("*.py") if p.stem != "__init__"]
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: inside the package
+                    base = package.split(".") if package else []
+                    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                    prefix = ".".join(base + ([node.module] if node.module else []))
+                    todo += [prefix] if prefix else []  # "" would be the whole package
+                    todo += [f"{prefix}.{a.name}".strip(".") for a in node.names]
+                    continue
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top == "retrieval_pretraining":
+                    todo.append(module.partition(".")[2])
+                elif top not in sys.stdlib_module_names and top != "__future__":
+                    found.add(top)
+    return found
+
+
+@pytest.mark.parametrize("env_name", sorted(ENV_MODULES))
+def test_environment_provides_every_import_of_its_stages(env_name):
+    env = environments()[env_name]
+    pinned = set(_pins(pip_section(env)))
+    pinned |= {re.split(r"[=<>]", d, maxsplit=1)[0] for d in conda_section(env)}
+    for script in ENVS.glob(f"{env_name}.post-deploy.sh"):
+        for match in re.finditer(r"pip install --no-deps ([^\n]+)", script.read_text()):
+            pinned |= set(_pins(match.group(1).split()))
+    distributions = importlib.metadata.packages_distributions()
+    missing = {}
+    for module in ENV_MODULES[env_name]:
+        if _module_file(module) is None:
+            continue  # stage not written yet
+        for top in third_party_imports(module):
+            dists = {_name(d) for d in distributions.get(top, [])}
+            if not dists:
+                continue  # not installed in the pip route either: an optional import
+            if dists & {"faiss-cpu", "faiss-gpu"}:
+                dists |= {"faiss-cpu", "faiss-gpu"}
+            if not dists & pinned:
+                missing.setdefault(top, set()).add(module)
+    assert not missing, (
+        f"envs/{env_name}.yaml lacks the packages for these imports (module: imported by): "
+        f"{ {k: sorted(v) for k, v in missing.items()} }; add their pins from requirements.txt"
+    )
+
+
+# ---- the cluster profiles (slurm/, profiles/default/): checks that need no cluster ----------------
+GPU_RULES = {
+    "pretrain_model", "finetune_stage1", "finetune_stage2", "encode_corpus_shard",
+    "mine_hard_negatives", "dense_search",
+}  # fmt: skip
+
+
+def _profile(path: str) -> dict:
+    return yaml.safe_load((ROOT / path).read_text())
+
+
+def _workflow_rules() -> set[str]:
+    names = set()
+    for smk in (ROOT / "rules").glob("*.smk"):
+        names |= set(re.findall(r"^(?:rule|checkpoint) (\w+):", smk.read_text(), re.MULTILINE))
+    return names
+
+
+def test_workflow_profile_names_only_existing_rules():
+    profile = _profile("profiles/default/config.yaml")
+    named = set(profile["set-resources"]) | set(profile["set-threads"])
+    unknown = named - _workflow_rules()
+    assert not unknown, f"profiles/default/config.yaml names rules the workflow lacks: {unknown}"
+
+
+def test_gpu_rules_ask_for_gpus_one_launcher_per_node_and_a_warning_signal():
+    resources = _profile("profiles/default/config.yaml")["set-resources"]
+    for rule, needs in resources.items():
+        if rule in GPU_RULES:
+            assert needs.get("gpu", 0) >= 1 or "gpu" in needs.get("gres", ""), rule
+            assert needs.get("tasks_per_gpu") == 0, f"{rule}: one torchrun per node needs 0"
+            assert needs.get("cpus_per_gpu", 0) >= 1, rule
+        else:
+            assert "gpu" not in needs and "gpu" not in str(needs.get("gres", "")), rule
+        assert needs.get("mem_mb", 0) > 0 and needs.get("runtime", 0) > 0, rule
+    for trainer in ("pretrain_model", "finetune_stage1", "finetune_stage2"):
+        assert "--signal=TERM@" in resources[trainer].get("slurm_extra", ""), trainer
+
+
+def test_slurm_extra_and_partitions_are_accepted_by_the_plugin():
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.partitions import read_partition_file
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    for rule, needs in _profile("profiles/default/config.yaml")["set-resources"].items():
+        if "slurm_extra" in needs:  # raises on options the plugin manages itself (--gres, --mem...)
+            extra = needs["slurm_extra"].strip("'\"")
+            validate_slurm_extra(SimpleNamespace(resources=SimpleNamespace(slurm_extra=extra)))
+    partitions = {p.name: p for p in read_partition_file(ROOT / "slurm" / "config.yaml")}
+    assert any(p.limits.max_gpu > 0 for p in partitions.values()), "no GPU partition listed"
+    assert any(p.limits.max_gpu == 0 for p in partitions.values()), "no CPU partition listed"
+    gpus = max(r.get("gpu", 0) for r in _profile("profiles/default/config.yaml")["set-resources"].values())
+    assert max(p.limits.max_gpu for p in partitions.values()) >= gpus
+
+
+def test_slurm_profile_site_block_is_the_only_site_specific_part():
+    text = (ROOT / "slurm" / "config.yaml").read_text()
+    site, _, generic = text.partition("end of the SITE block")
+    assert "SITE-SPECIFIC" in site and generic, "the site block markers are missing"
+    for key in ("slurm_account", "slurm-qos", "partitions:", "available_gpu_models"):
+        assert key in site and key not in generic, f"{key} belongs in the site block"
+    profile = _profile("slurm/config.yaml")
+    assert profile["executor"] == "slurm"
+    assert profile["slurm-partition-config"] == "config.yaml"  # the file is its own partition list
+    assert "default-resources" not in _profile("profiles/default/config.yaml"), (
+        "a workflow profile's default-resources would replace the cluster profile's"
+    )
+    # Every profile entry is commented (a comment line above it or at the end of its line).
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[a-z][\w-]*:", line):
+            assert "#" in line or lines[i - 1].lstrip().startswith("#"), f"uncommented: {line}"
