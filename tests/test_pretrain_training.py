@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from retrieval_pretraining import training
-from retrieval_pretraining.pretrain import launch
+from retrieval_pretraining import launch
 from retrieval_pretraining.pretrain import objectives as obj
 
 torch.set_num_threads(1)
@@ -143,7 +143,26 @@ def test_gathered_costa_gradients_equal_the_full_batch(tmp_path):
 
 
 def test_launcher_uses_torchrun_only_for_several_visible_gpus():
-    assert launch.command(8, ["--x"], visible=0)[1:] == ["-m", "retrieval_pretraining.pretrain", "--x"]
-    assert launch.command(1, ["--x"], visible=4)[1:3] == ["-m", "retrieval_pretraining.pretrain"]
-    cmd = launch.command(8, ["--x"], visible=4)
+    m = "retrieval_pretraining.pretrain"
+    assert launch.command(m, 8, ["--x"], visible=0)[1:] == ["-m", "retrieval_pretraining.pretrain", "--x"]
+    assert launch.command(m, 1, ["--x"], visible=4)[1:3] == ["-m", "retrieval_pretraining.pretrain"]
+    cmd = launch.command(m, 8, ["--x"], visible=4)
     assert "torch.distributed.run" in cmd and "--nproc_per_node=4" in cmd and cmd[-1] == "--x"
+
+
+def test_metrics_history_survives_the_deletion_of_the_declared_output(tmp_path):
+    """Snakemake deletes a rerun job's outputs; the state-folder history restores earlier steps."""
+    import json as _json
+
+    from retrieval_pretraining.training import MetricsWriter
+
+    out, history = tmp_path / "out" / "metrics.jsonl", tmp_path / "state" / "metrics.jsonl"
+    writer = MetricsWriter(out, history=history)
+    for step in range(1, 6):
+        writer.write({"step": step, "loss": 1.0 / step})
+    out.unlink()  # what Snakemake does before rerunning a preempted job
+    resumed = MetricsWriter(out, resume_step=3, history=history)
+    resumed.write({"step": 4, "loss": 0.2})
+    steps = [_json.loads(line)["step"] for line in out.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    assert history.read_text() == out.read_text()

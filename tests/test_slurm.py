@@ -324,12 +324,6 @@ def test_outputs_equal_a_local_run(runs):
     assert not failures, "outputs differ from the local run:\n" + "\n".join(failures)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pretrain_model declares metrics.jsonl as an output, so Snakemake deletes it before the "
-    "requeued job reruns and the resumed run keeps only the steps after the resume (fix in "
-    "retrieval_pretraining.pretrain: keep the metrics history in the state folder)",
-)
 def test_requeued_trainer_keeps_the_whole_metrics_history(runs):
     ours = _rows(runs["on_slurm"] / METRICS)
     reference = _rows(runs["local"] / METRICS)

@@ -199,7 +199,8 @@ def train(init: Path, queries: Path, qrels: Path, corpus: Path, negative_files: 
     step = resumed["step"] if resumed else 0
     ddp = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda"
                                   else None) if env.distributed else model
-    metrics = training.MetricsWriter(metrics_path, resume_step=step, enabled=env.is_main)
+    metrics = training.MetricsWriter(metrics_path, resume_step=step, enabled=env.is_main,
+                                     history=state_dir / "metrics.jsonl")
     progress = training.Progress(total_steps, initial=step, enabled=env.is_main, desc="finetune")
     stop = training.StopFlag()
     if env.is_main:

@@ -338,30 +338,41 @@ class StopFlag:
 class MetricsWriter:
     """Append one JSON object per logged step to a .jsonl file (main rank only).
 
-    On resume, lines beyond the resumed step are dropped first, so the file never holds two
-    records for one step.
+    `history` (a file in the resume-state folder) mirrors every record: Snakemake deletes a job's
+    declared outputs before it reruns, so after a preemption the output file is gone and the
+    history restores the steps before the resume. On resume, lines beyond the resumed step are
+    dropped first, so the file never holds two records for one step.
     """
 
-    def __init__(self, path: str | os.PathLike, *, resume_step: int = 0, enabled: bool = True):
+    def __init__(self, path: str | os.PathLike, *, resume_step: int = 0, enabled: bool = True,
+                 history: str | os.PathLike | None = None):
         self.path = Path(path)
+        self.history = Path(history) if history else None
         self.enabled = enabled
         if not enabled:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         kept: list[str] = []
-        if resume_step and self.path.exists():
-            kept = [
-                line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-        with artifacts.atomic_path(self.path) as tmp:
-            tmp.write_text("".join(line + "\n" for line in kept))
+        if resume_step:
+            source = next((p for p in (self.path, self.history) if p and p.exists()), None)
+            if source is not None:
+                kept = [
+                    line for line in source.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step
+                ]
+        for target in (self.path, self.history):
+            if target is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with artifacts.atomic_path(target) as tmp:
+                    tmp.write_text("".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        line = json.dumps(record, sort_keys=True) + "\n"
+        for target in (self.path, self.history):
+            if target is not None:
+                with target.open("a") as handle:
+                    handle.write(line)
 
 
 class Progress:

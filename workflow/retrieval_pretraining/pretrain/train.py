@@ -156,7 +156,8 @@ def train(
         generator=torch.Generator().manual_seed(settings["seed"]),
         pin_memory=env.device.type == "cuda",
     )
-    metrics = training.MetricsWriter(metrics_out, resume_step=start, enabled=env.is_main)
+    metrics = training.MetricsWriter(metrics_out, resume_step=start, enabled=env.is_main,
+                                     history=ckpt_dir / "metrics.jsonl")
     stop = training.StopFlag()
     bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc=settings["name"])
     batches = iter(loader)
