@@ -14,6 +14,7 @@ _FINETUNE_CODE = (
     "training.py",
     "datasets.py",
     "artifacts.py",
+    "launch.py",
 )
 
 
@@ -151,8 +152,11 @@ def get_dense_run_targets():
     return targets
 
 
+# Started by retrieval_pretraining.launch: min(gpu, visible GPUs) processes (torchrun for > 1), or
+# srun + one torchrun per node in a multi-node Slurm job; it execs, so SIGTERM/SIGUSR1 reach the trainer.
 _FINETUNE_SHELL = (
-    "python -m retrieval_pretraining.finetune --config '{params.finetune}' --init {input.init} "
+    "python -m retrieval_pretraining.launch --module retrieval_pretraining.finetune "
+    "--gpus {resources.gpu} -- --config '{params.finetune}' --init {input.init} "
     "--queries {input.queries} --qrels {input.qrels} --corpus {input.corpus} "
     "--negatives {input.negatives} --seed {params.seed} --out {output.encoder} "
     "--state {params.state} --metrics {output.metrics} &> {log}"
@@ -176,6 +180,12 @@ rule finetune_stage1:
         stage=r"(n[0-9]+s[0-9]+-)?stage1",
     conda:
         conda_env("torch")
+    # Intrinsic needs of the demo; paper-scale values are set per rule in profiles/default/.
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=8000,
+        runtime=60,
     params:
         finetune=finetune_argument,
         seed=config["seed"],
@@ -201,6 +211,12 @@ rule finetune_stage2:
         stage=r"(n[0-9]+s[0-9]+-)?stage([2-9]|[1-9][0-9]+)",
     conda:
         conda_env("torch")
+    # Intrinsic needs of the demo; paper-scale values are set per rule in profiles/default/.
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=8000,
+        runtime=60,
     params:
         finetune=finetune_argument,
         seed=config["seed"],

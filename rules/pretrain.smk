@@ -2,7 +2,8 @@
 # Trained objectives run `pretrain_model` (resumable: state in results/state/pretrain/{model}/, outside
 # the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, rerun or --retries resumes);
 # objective `none` is the cheap local rule `export_base_encoder`.
-# SIGTERM reaches the trainer through the launcher's exec (and torchrun forwards it to its workers).
+# Started by retrieval_pretraining.launch (1 process, torchrun, or srun + torchrun per node): it
+# execs, so SIGTERM/SIGUSR1 reach the trainer (torchrun and srun forward them to the workers).
 import re
 
 # torch-free: resolving settings at parse time must not import torch
@@ -49,7 +50,6 @@ def get_pretrain_inputs(wildcards):
 PRETRAIN_CODE = module_source(
     "pretrain/__init__.py",
     "pretrain/__main__.py",
-    "pretrain/launch.py",
     "pretrain/settings.py",
     "pretrain/data.py",
     "pretrain/objectives.py",
@@ -59,6 +59,7 @@ PRETRAIN_CODE = module_source(
     "artifacts.py",
     "config.py",
     "checkpoints.py",
+    "launch.py",
 )
 
 
@@ -97,7 +98,8 @@ rule pretrain_model:
         state="results/state/pretrain/{model}",
     shell:
         "TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 "
-        "python -m retrieval_pretraining.pretrain.launch --gpus {resources.gpu} -- "
+        "python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain "
+        "--gpus {resources.gpu} -- "
         "--config '{params.settings}' "
         "--checkpoint {input.checkpoint} --chunks {input.chunks} {params.spans} "
         "--encoder {output.encoder} --metrics {output.metrics} --plot {output.plot} "

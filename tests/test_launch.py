@@ -1,0 +1,293 @@
+"""The GPU-stage launcher (retrieval_pretraining.launch): process count from the visible GPUs, the
+torchrun / srun commands (checked with torchrun's own argument parser), and that signals reach the
+program it starts. No GPU or Slurm: CUDA_VISIBLE_DEVICES, SLURM_*, scontrol and srun are faked."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from retrieval_pretraining import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = "retrieval_pretraining.pretrain"
+
+
+def _torchrun_args(cmd):
+    """What torchrun would understand from our command (its own parser, not ours)."""
+    from torch.distributed.run import get_args_parser
+
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"], cmd
+    return get_args_parser().parse_args(cmd[3:])
+
+
+def _env(tmp_path, **extra):
+    """A clean environment: no SLURM_*/CUDA_* leaking from the machine running the tests."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT / "workflow")])
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def _fake_tool(folder, name, body):
+    path = folder / name
+    path.write_text("#!/bin/bash\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("0,1,2,3", 4),
+        ("3", 1),
+        (" 0 , 1 ", 2),
+        ("", 0),
+        ("-1", 0),
+        ("NoDevFiles", 0),  # what Slurm sets on a node without GPUs
+        ("0,1,-1,3", 2),  # CUDA stops enumerating at the first invalid entry
+        ("GPU-8e2c7f1a-0b2d-4c3e-9f11-2a6b5d4c3e21,GPU-1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718", 2),
+        ("MIG-GPU-8e2c7f1a-0b2d-4c3e-9f11-2a6b5d4c3e21/1/0", 1),
+    ],
+)
+def test_cuda_visible_devices_parsing(value, expected):
+    assert launch.parse_visible_devices(value) == expected
+    assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": value}) == expected
+
+
+def test_without_cuda_visible_devices_nvidia_smi_counts_the_gpus(tmp_path, monkeypatch):
+    _fake_tool(tmp_path, "nvidia-smi", """\
+        echo "GPU 0: NVIDIA H100 (UUID: GPU-a)"
+        echo "GPU 1: NVIDIA H100 (UUID: GPU-b)"
+        echo "GPU 2: NVIDIA H100 (UUID: GPU-c)"
+    """)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert launch.visible_gpus({}) == 3
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: a CPU machine
+    assert launch.visible_gpus({}) == 0
+
+
+@pytest.mark.parametrize("visible", [0, 1])
+def test_zero_or_one_gpu_runs_the_module_in_plain_python(visible):
+    cmd = launch.command(MODULE, 8, ["--config", "{}", "--x"], visible=visible)
+    assert cmd == [sys.executable, "-m", MODULE, "--config", "{}", "--x"]
+
+
+def test_eight_gpus_run_torchrun_standalone_forwarding_sigusr1():
+    cmd = launch.command(MODULE, 8, ["--config", "{}", "--x"], visible=8)
+    ns = _torchrun_args(cmd)
+    assert ns.standalone and ns.module and ns.training_script == MODULE
+    assert ns.training_script_args == ["--config", "{}", "--x"]
+    assert ns.nproc_per_node == "8"
+    assert "SIGUSR1" in ns.signals_to_handle.split(",") and "SIGTERM" in ns.signals_to_handle
+    assert ns.shutdown_timeout >= 60  # workers get time to save their state
+    # The job's request caps the count: 2 of 8 visible GPUs -> 2 workers.
+    assert _torchrun_args(launch.command(MODULE, 2, [], visible=8)).nproc_per_node == "2"
+
+
+def test_cli_counts_cuda_visible_devices(tmp_path):
+    def dry_run(devices, gpus):
+        out = subprocess.run(
+            [sys.executable, "-m", "retrieval_pretraining.launch", "--module", MODULE,
+             "--gpus", str(gpus), "--dry-run", "--", "--config", "{}"],
+            env=_env(tmp_path, CUDA_VISIBLE_DEVICES=devices, PATH=str(tmp_path)),
+            capture_output=True, text=True, check=True,
+        )
+        return json.loads(out.stdout)
+
+    assert dry_run("", 8) == [sys.executable, "-m", MODULE, "--config", "{}"]
+    assert dry_run("5", 8) == [sys.executable, "-m", MODULE, "--config", "{}"]
+    assert _torchrun_args(dry_run("0,1,2,3,4,5,6,7", 8)).nproc_per_node == "8"
+    assert _torchrun_args(dry_run("0,1,2", 8)).nproc_per_node == "3"
+
+
+SLURM = {"SLURM_NNODES": "4", "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gpu[03-06]"}
+
+
+def _fake_scontrol(folder):
+    # Real scontrol expands the bracket list; ours knows just this one.
+    return _fake_tool(folder, "scontrol", """\
+        if [ "$1 $2 $3" = "show hostnames gpu[03-06]" ]; then
+            printf 'gpu03\\ngpu04\\ngpu05\\ngpu06\\n'
+        else
+            echo "scontrol: unexpected arguments: $*" >&2; exit 1
+        fi
+    """)
+
+
+def test_multi_node_job_relaunches_itself_with_srun_once_per_node():
+    cmd = launch.command(MODULE, 8, ["--config", "{}"], visible=8, env=SLURM)
+    assert cmd[0] == "srun"
+    opts = cmd[1:cmd.index(sys.executable)]
+    assert {"--nodes=4", "--ntasks=4", "--ntasks-per-node=1"} <= set(opts)
+    inner = cmd[len(opts) + 1:]
+    assert inner[:4] == [sys.executable, "-m", "retrieval_pretraining.launch", "--on-node"]
+    assert inner[inner.index("--module") + 1] == MODULE and inner[inner.index("--gpus") + 1] == "8"
+    assert inner[inner.index("--") + 1:] == ["--config", "{}"]
+    # One node (srun -n1 step, or SLURM_NNODES=1) is not multi-node.
+    assert launch.command(MODULE, 8, [], visible=8, env={**SLURM, "SLURM_NNODES": "1"})[0] != "srun"
+
+
+def test_each_node_runs_one_torchrun_meeting_at_the_first_host(tmp_path, monkeypatch):
+    _fake_scontrol(tmp_path)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    env = {**SLURM, "SLURM_NODEID": "2"}
+    ns = _torchrun_args(launch.command(MODULE, 0, ["--x"], visible=8, env=env, on_node=True))
+    assert (ns.nnodes, ns.node_rank, ns.nproc_per_node) == ("4", 2, "8")  # gpu 0 = all visible
+    assert ns.rdzv_backend == "c10d" and ns.rdzv_id == "1234"
+    host, port = ns.rdzv_endpoint.split(":")
+    assert host == "gpu03" and 1024 < int(port) < 65536
+    assert "SIGUSR1" in ns.signals_to_handle
+    assert ns.training_script == MODULE and ns.training_script_args == ["--x"]
+    # Every node derives the same port from the job id.
+    other = launch.command(MODULE, 0, [], visible=8, env={**env, "SLURM_NODEID": "0"}, on_node=True)
+    assert _torchrun_args(other).rdzv_endpoint == ns.rdzv_endpoint
+    # --gpus N still caps the workers per node.
+    capped = launch.command(MODULE, 4, [], visible=8, env=env, on_node=True)
+    assert _torchrun_args(capped).nproc_per_node == "4"
+
+
+def test_srun_chain_end_to_end_with_fake_srun_and_scontrol(tmp_path):
+    """The launcher execs srun (same PID); srun's task (node 1) runs the launcher again, which
+    builds that node's torchrun. The fake srun drops its options and runs the task in --dry-run."""
+    record = tmp_path / "srun.json"
+    _fake_scontrol(tmp_path)
+    _fake_tool(tmp_path, "srun", f"""\
+        python3 -c 'import json, os, sys; json.dump({{"pid": os.getppid(), "argv": sys.argv[1:]}},
+            open("{record}", "w"))' "$@"
+        while [[ "$1" == --* ]]; do shift; done
+        prog="$1"; shift 3  # python -m retrieval_pretraining.launch
+        SLURM_NODEID=1 exec "$prog" -m retrieval_pretraining.launch --dry-run "$@"
+    """)
+    env = _env(tmp_path, **SLURM, CUDA_VISIBLE_DEVICES="0,1",
+               PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrieval_pretraining.launch", "--module", MODULE, "--gpus", "2",
+         "--", "--config", "{}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    srun = json.loads(record.read_text())
+    assert srun["pid"] == proc.pid, "the launcher must exec srun, not run it as a child"
+    assert "--ntasks-per-node=1" in srun["argv"]
+    ns = _torchrun_args(json.loads(out))
+    assert (ns.nnodes, ns.node_rank, ns.nproc_per_node) == ("4", 1, "2")
+    assert ns.rdzv_endpoint.startswith("gpu03:") and ns.training_script_args == ["--config", "{}"]
+
+
+def test_on_node_outside_slurm_or_without_scontrol_names_the_fix(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="SLURM_NODEID"):
+        launch.command(MODULE, 1, [], visible=1, env={"SLURM_NNODES": "2"}, on_node=True)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit, match="scontrol"):
+        launch.command(MODULE, 1, [], visible=1, env={**SLURM, "SLURM_NODEID": "0"}, on_node=True)
+
+
+# A stand-in trainer: records SIGUSR1 the way the real one reacts to it (flag, then clean exit).
+RECORDER = """\
+import os, signal, sys, time
+from pathlib import Path
+
+out = Path(sys.argv[1])
+rank = os.environ.get("RANK", "0")
+got = []
+signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+(out / f"ready-{rank}").write_text(str(os.getpid()))
+deadline = time.monotonic() + 60
+while not got and time.monotonic() < deadline:
+    time.sleep(0.05)
+if got:
+    (out / f"got-{rank}").write_text(signal.Signals(got[0]).name)
+sys.exit(75 if got else 1)
+"""
+
+
+def _launch_recorder(tmp_path, gpus, devices):
+    (tmp_path / "sigrecorder.py").write_text(RECORDER)
+    env = _env(tmp_path, CUDA_VISIBLE_DEVICES=devices)
+    return subprocess.Popen(
+        [sys.executable, "-m", "retrieval_pretraining.launch", "--module", "sigrecorder",
+         "--gpus", str(gpus), "--", str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(paths, proc, timeout=90):
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"workers never became ready: {proc.communicate()[0]}")
+        time.sleep(0.05)
+
+
+def test_sigusr1_sent_to_the_launcher_reaches_the_single_process_trainer(tmp_path):
+    proc = _launch_recorder(tmp_path, gpus=1, devices="0")
+    _wait_for([tmp_path / "ready-0"], proc)
+    assert int((tmp_path / "ready-0").read_text()) == proc.pid  # exec: same process
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=30) == 75
+    assert (tmp_path / "got-0").read_text() == "SIGUSR1"
+
+
+def test_sigusr1_sent_to_the_launcher_reaches_every_torchrun_worker(tmp_path):
+    # "2 visible GPUs": torchrun starts 2 workers (which never touch CUDA) in their own sessions,
+    # so only torchrun's forwarding (--signals-to-handle) can get the signal to them.
+    proc = _launch_recorder(tmp_path, gpus=2, devices="0,1")
+    try:
+        _wait_for([tmp_path / "ready-0", tmp_path / "ready-1"], proc)
+        proc.send_signal(signal.SIGUSR1)
+        proc.communicate(timeout=60)
+        assert (tmp_path / "got-0").read_text() == "SIGUSR1"
+        assert (tmp_path / "got-1").read_text() == "SIGUSR1"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+RANKS = """\
+import json, os, sys
+from pathlib import Path
+
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK")
+Path(sys.argv[1], f"rank-{os.environ['RANK']}.json").write_text(
+    json.dumps({k: int(os.environ[k]) for k in keys}))
+"""
+
+
+def test_two_on_node_launchers_meet_at_the_rendezvous(tmp_path):
+    """Two 'nodes' on this machine (node ids 0 and 1, scontrol naming localhost first) run the
+    per-node torchrun commands for real: they must agree on one world of 2 ranks."""
+    import socket
+
+    (tmp_path / "rankrecorder.py").write_text(RANKS)
+    _fake_tool(tmp_path, "scontrol", "printf 'localhost\\nlocalhost\\n'\n")
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node in (0, 1):
+        env = _env(tmp_path, SLURM_NNODES="2", SLURM_NODEID=str(node), SLURM_JOB_ID="77",
+                   SLURM_JOB_NODELIST="fake[1-2]", CUDA_VISIBLE_DEVICES="0",
+                   PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "retrieval_pretraining.launch", "--on-node", "--module",
+             "rankrecorder", "--gpus", "1", "--port", str(port), "--", str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert {r["WORLD_SIZE"] for r in ranks} == {2}
+    assert sorted(r["GROUP_RANK"] for r in ranks) == [0, 1]  # one node each
+    assert {r["LOCAL_RANK"] for r in ranks} == {0}

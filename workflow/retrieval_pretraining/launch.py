@@ -1,0 +1,162 @@
+"""Start a GPU stage with one process per usable GPU, on one node or on every node of a Slurm job.
+
+    python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain --gpus N -- ARGS
+
+N is what the job asked for (the rule's `gpu` resource). The launcher then *replaces itself*
+(exec, same PID) by one of:
+
+- 0 or 1 usable GPU: `python -m <module> <args>` (1 CPU process on a laptop, where a profile's
+  `gpu: 8` is ignored by the local scheduler);
+- n = min(N, visible GPUs) > 1: `torchrun --standalone --nproc_per_node=n -m <module> <args>`;
+- inside a Slurm job with SLURM_NNODES > 1 (resources `nodes: K` + `mpi: "srun"`): `srun` starting
+  one task per node, each running this launcher with `--on-node`, which execs one torchrun per node
+  (`--nnodes K --node_rank $SLURM_NODEID`, c10d rendezvous at the job's first host). Per node it
+  starts min(N, visible GPUs) workers, or all visible GPUs when N is 0 (`gres: "gpu:8"` per node).
+
+The global batch is in the stage's config, so the process count changes only the gradient
+accumulation. Signals: because of exec, whatever signal reaches the launcher reaches the program
+it became: the trainer itself (SIGTERM/SIGUSR1: save state, exit 75); torchrun, told to forward
+SIGUSR1 too (`--signals-to-handle`) and to give workers `--shutdown-timeout` seconds to save before
+SIGKILL; or srun, which forwards signals to its tasks. Slurm's `--signal=TERM@600` (no `B:`)
+signals every process of the job's steps. With `B:` only the batch shell gets the signal and
+nothing below it does, so do not use `B:`. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+
+# torchrun forwards these to its workers; its default list lacks SIGUSR1, on which torchrun would
+# otherwise just die (default action) and leave the workers unsaved.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID.
+_DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
+
+
+def parse_visible_devices(value: str) -> int:
+    """GPUs a CUDA_VISIBLE_DEVICES value exposes. CUDA enumerates the list up to its first invalid
+    entry, so "0,1,-1,2" is 2 GPUs and "" / "-1" / Slurm's "NoDevFiles" are none."""
+    count = 0
+    for entry in value.split(","):
+        if not _DEVICE.match(entry.strip()):
+            break
+        count += 1
+    return count
+
+
+def visible_gpus(env: Mapping[str, str] = os.environ) -> int:
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return parse_visible_devices(env["CUDA_VISIBLE_DEVICES"])
+    if shutil.which("nvidia-smi"):
+        result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        if result.returncode == 0:
+            return sum(1 for line in result.stdout.splitlines() if line.startswith("GPU "))
+    return 0
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list ("gpu[03-04]" -> "gpu03"), expanded by scontrol."""
+    try:
+        result = subprocess.run(["scontrol", "show", "hostnames", nodelist],
+                                capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise SystemExit(f"launch: cannot expand SLURM_JOB_NODELIST={nodelist!r} with "
+                         f"`scontrol show hostnames` ({error}); run inside a Slurm job with "
+                         "scontrol on PATH") from error
+    hosts = result.stdout.split()
+    if not hosts:
+        raise SystemExit(f"launch: `scontrol show hostnames {nodelist}` printed no host")
+    return hosts[0]
+
+
+def slurm_nodes(env: Mapping[str, str]) -> int:
+    return int(env.get("SLURM_NNODES", "1") or 1)
+
+
+def rendezvous_port(env: Mapping[str, str], port: int) -> int:
+    # Derived from the job id (same on every node) so two jobs sharing a first node do not collide.
+    if port:
+        return port
+    job = env.get("SLURM_JOB_ID", "")
+    return 20000 + int(job) % 20000 if job.isdigit() else 29500
+
+
+def _torchrun(nproc: int, shutdown_timeout: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            f"--signals-to-handle={FORWARDED_SIGNALS}", f"--shutdown-timeout={shutdown_timeout}"]
+
+
+def command(module: str, gpus: int, args: list[str], *, visible: int,
+            env: Mapping[str, str] | None = None, on_node: bool = False, port: int = 0,
+            shutdown_timeout: int = 300, hostname=first_host) -> list[str]:
+    """The command the launcher execs (see the module docstring)."""
+    env = {} if env is None else env
+    target = ["-m", module, *args]
+    nodes = slurm_nodes(env)
+    if nodes > 1 and not on_node:
+        inner = [sys.executable, "-m", "retrieval_pretraining.launch", "--on-node",
+                 "--module", module, "--gpus", str(gpus), "--port", str(rendezvous_port(env, port)),
+                 "--shutdown-timeout", str(shutdown_timeout), "--", *args]
+        # One task per node; all the node's CPUs and GPUs go to that task (no -c: srun then
+        # gives the step every CPU of the allocation). A failed node ends the whole step.
+        return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=1", "--export=ALL", *inner]
+    if on_node:
+        for key in ("SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_JOB_ID"):
+            if key not in env:
+                raise SystemExit(f"launch: --on-node needs {key} (set by srun inside a Slurm job)")
+        nproc = max(1, min(gpus, visible) if gpus > 0 else visible)
+        endpoint = f"{hostname(env['SLURM_JOB_NODELIST'])}:{rendezvous_port(env, port)}"
+        return [*_torchrun(nproc, shutdown_timeout), f"--nnodes={nodes}",
+                f"--node_rank={env['SLURM_NODEID']}", "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}", f"--rdzv_id={env['SLURM_JOB_ID']}", *target]
+    nproc = min(gpus, visible)
+    if nproc > 1:
+        return [*_torchrun(nproc, shutdown_timeout), "--standalone", *target]
+    return [sys.executable, *target]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", required=True,
+                        help="module to run, e.g. retrieval_pretraining.pretrain")
+    parser.add_argument("--gpus", type=int, default=0,
+                        help="GPUs the job asked for (per node in a multi-node job, where 0 = "
+                        "all visible)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="multi-node rendezvous port (default: 20000 + SLURM_JOB_ID %% 20000)")
+    parser.add_argument("--shutdown-timeout", type=int, default=300,
+                        help="seconds torchrun gives workers to save after a signal before SIGKILL")
+    # Set by the srun step of a multi-node job: this is one node's launcher, build its torchrun.
+    parser.add_argument("--on-node", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the command as JSON, run nothing")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the module's arguments")
+    ns = parser.parse_args()
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    if ns.gpus < 0:
+        parser.error(f"--gpus {ns.gpus}: must be >= 0 (the rule's `gpu` resource)")
+    cmd = command(ns.module, ns.gpus, args, visible=visible_gpus(), env=os.environ,
+                  on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout)
+    if ns.dry_run:
+        print(json.dumps(cmd))
+        return
+    shown = " ".join(cmd[:14]) + (" ..." if len(cmd) > 14 else "")
+    print("launch:", shown, file=sys.stderr, flush=True)
+    # exec, not a child: the scheduler's signals land on the trainer / torchrun / srun themselves.
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as error:
+        raise SystemExit(f"launch: cannot start {cmd[0]!r} ({error}); "
+                         "a multi-node job needs srun on PATH") from error
+
+
+if __name__ == "__main__":
+    main()
