@@ -1,0 +1,145 @@
+"""A tiny experiment for the end-to-end test: a BEIR SciFact subset plus config overrides.
+
+The whole demo DAG (dump -> articles -> chunks -> spans -> 5 pre-trained encoders -> BM25 ->
+2 fine-tuning stages each -> runs -> metrics -> tables) runs in a few minutes on 2 cores because
+the retrieval side shrinks to a few hundred documents and pre-training to a handful of steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+DATASET = "scifact-tiny"
+SUBSET_DIR = Path("data/beir") / DATASET  # relative to the project copy
+SOURCE_DIR = Path(__file__).resolve().parents[1] / "data" / "beir" / "scifact"
+
+
+def _rank(key: str, seed: int = 0) -> str:
+    # A stable pseudo-random order: independent of file order, Python's hash seed and time.
+    return hashlib.sha1(f"{seed}:{key}".encode()).hexdigest()
+
+
+def _read_qrels(path: Path) -> dict[str, list[tuple[str, str]]]:
+    qrels: dict[str, list[tuple[str, str]]] = {}
+    with path.open(newline="") as handle:
+        reader = csv.reader(handle, delimiter="\t")
+        next(reader)  # header
+        for query_id, doc_id, score in reader:
+            qrels.setdefault(query_id, []).append((doc_id, score))
+    return qrels
+
+
+def write_scifact_subset(
+    project: Path, train: int = 40, test: int = 30, others: int = 300, source: Path = SOURCE_DIR
+) -> dict[str, list[str]]:
+    """Write a BEIR-format SciFact subset into `project`/data/beir/scifact-tiny/.
+
+    `train` and `test` queries (those with qrels, chosen by a seeded hash of their ids), every one
+    of their positive documents, and `others` further documents (same order). Returns the chosen
+    query ids per split and the corpus ids.
+    """
+    out = project / SUBSET_DIR
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    chosen: dict[str, list[str]] = {}
+    positives: set[str] = set()
+    for split, count in (("train", train), ("test", test)):
+        qrels = _read_qrels(source / "qrels" / f"{split}.tsv")
+        ids = sorted(qrels, key=lambda q: _rank(q))[:count]
+        chosen[split] = ids
+        with (out / "qrels" / f"{split}.tsv").open("w", newline="") as handle:
+            writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+            writer.writerow(["query-id", "corpus-id", "score"])
+            for query_id in sorted(ids, key=int):
+                for doc_id, score in qrels[query_id]:
+                    writer.writerow([query_id, doc_id, score])
+                    positives.add(doc_id)
+
+    lines = (source / "corpus.jsonl").read_text().splitlines()
+    doc_ids = [json.loads(line)["_id"] for line in lines]
+    missing = positives - set(doc_ids)
+    assert not missing, f"qrels name documents missing from {source}/corpus.jsonl: {sorted(missing)[:5]}"
+    extra = sorted((d for d in doc_ids if d not in positives), key=_rank)[:others]
+    keep = positives | set(extra)
+    corpus = [(d, line) for d, line in zip(doc_ids, lines) if d in keep]
+    (out / "corpus.jsonl").write_text("".join(line + "\n" for _, line in corpus))
+    chosen["corpus"] = [d for d, _ in corpus]
+
+    wanted = set(chosen["train"]) | set(chosen["test"])
+    queries = [
+        line
+        for line in (source / "queries.jsonl").read_text().splitlines()
+        if json.loads(line)["_id"] in wanted
+    ]
+    assert len(queries) == len(wanted), "a chosen query is missing from queries.jsonl"
+    (out / "queries.jsonl").write_text("".join(line + "\n" for line in queries))
+    return chosen
+
+
+def tiny_overrides() -> dict:
+    """Config overrides (merged into the demo config.yaml by workflow_harness.copy_project).
+
+    Lists replace the demo's whole; every reference to the demo's `scifact` entry is redirected to
+    the subset so that no job reads the full dataset. The models (pretrain.models) are the demo's.
+    """
+    split = lambda s: {"dataset": DATASET, "split": s}  # noqa: E731
+    return {
+        "corpus": {"shards": 1},
+        "pretrain": {
+            "trainer": {
+                "global_batch_size": 4,
+                "micro_batch_size": 4,
+                "max_steps": 4,
+                "checkpoint_every": None,
+                "num_workers": 0,
+            }
+        },
+        "datasets": [
+            {
+                "name": DATASET,
+                "format": "beir",
+                "path": str(SUBSET_DIR),
+                "splits": [{"name": "train"}, {"name": "test"}],
+                "title": "space",
+                "exclude_query_id": True,
+            }
+        ],
+        "bm25": {"negatives": [split("train") | {"source": "bm25", "depth": 50, "count": 8}]},
+        "finetune": {
+            "datasets": [split("train")],
+            "q_len": 16,
+            "p_len": 32,
+            "group_size": 2,
+            "batch_size": 8,
+            "train_queries": None,
+            "epochs": 1,
+            "epochs_mined": 1,
+            "encode_batch_size": 128,
+            "shards": 1,
+        },
+        "mining": {"depth": 50, "num_negatives": 8},
+        "evaluate": {
+            "splits": [split("test") | {"measures": ["nDCG@10", "R@100"], "relevance_level": 1}]
+        },
+        "report": {
+            "tables": [
+                {
+                    "name": "main",
+                    "title": "SciFact subset test (end-to-end test)",
+                    "columns": [
+                        split("test") | {"measure": "nDCG@10", "label": "nDCG@10"},
+                        split("test") | {"measure": "R@100", "label": "R@100"},
+                    ],
+                    "rows": None,
+                }
+            ],
+            "analysis": {
+                "loss_curves": False,
+                "tsne": None,
+                "coverage": None,
+                "cpdae_top_words": None,
+            },
+        },
+    }
