@@ -29,14 +29,10 @@ import polars as pl  # noqa: E402
 
 from retrieval_pretraining import artifacts, bm25, datasets  # noqa: E402
 
-SCIFACT = {
-    "name": "scifact",
-    "format": "beir",
-    "path": "data/beir/scifact",
-    "splits": [{"name": "train"}, {"name": "test"}],
-    "title": "space",
-    "exclude_query_id": True,
-}
+sys.path.insert(0, str(ROOT / "tests"))
+from shipped_data import SCIFACT_DATASET  # noqa: E402
+
+SCIFACT = SCIFACT_DATASET
 
 
 def timed(command: list[str], env: dict[str, str]) -> float:

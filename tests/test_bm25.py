@@ -13,16 +13,10 @@ import pytest
 
 from retrieval_pretraining import artifacts, bm25, datasets, evaluate
 
-ROOT = Path(__file__).resolve().parents[1]
+from shipped_data import ROOT, SCIFACT_DATASET
+
 ANSERINI_QRELS = ROOT / "data" / "msmarco-topics-qrels" / "qrels.beir-v1.0.0-scifact.test.txt"
-SCIFACT = {
-    "name": "scifact",
-    "format": "beir",
-    "path": "data/beir/scifact",
-    "splits": [{"name": "train"}, {"name": "test"}],
-    "title": "space",
-    "exclude_query_id": True,
-}
+SCIFACT = SCIFACT_DATASET
 # Anserini's BEIR regression (flat index: title + " " + text, k1 0.9, b 0.4, -removeQuery).
 SETTINGS = {"k1": 0.9, "b": 0.4, "title": "space", "threads": 2, "index_threads": 2, "depth": 1000}
 

