@@ -1,4 +1,5 @@
 # Shared by every rule file: config validation, the Python package on the path, input functions.
+import shlex
 import sys
 from pathlib import Path
 
@@ -30,7 +31,15 @@ def module_source(*modules):
     """The source files of package modules, declared as inputs so that code edits rerun the rule."""
     # Plain paths, not workflow.source_path(): Snakemake records a source-cache path for those
     # whose temp folder changes every invocation, so reverting an edit would still rerun the rule.
-    return [str(PACKAGE_DIR / "retrieval_pretraining" / m) for m in modules]
+    # config.py is run by every stage (argument parsing, path resolution), so it is always declared.
+    names = dict.fromkeys((*modules, "config.py"))
+    return [str(PACKAGE_DIR / "retrieval_pretraining" / m) for m in names]
+
+
+def data_root_option():
+    """`--data-root D` for stages that resolve config paths, or "" when no data root is set."""
+    root = config["data_root"]
+    return f"--data-root {shlex.quote(root)}" if root else ""
 
 
 def conda_env(toolchain):

@@ -13,8 +13,10 @@ rule stage_checkpoint:
         entry=lambda wc: experiment_config.stage_argument(
             named("checkpoints", wc.checkpoint)
         ),
+        data_root=data_root_option(),
     shell:
-        "python -m retrieval_pretraining.checkpoints --config '{params.entry}' --out {output} &> {log}"
+        "python -m retrieval_pretraining.checkpoints --config '{params.entry}' --out {output} "
+        "{params.data_root} &> {log}"
 
 
 # --- Stage 3: tokenise and chunk (owner: corpus) -------------------------------------------------

@@ -1,7 +1,7 @@
 # Retrieval datasets and BM25: downloads (local rules), canonical datasets, Lucene index, BM25 runs,
 # BM25 negatives. Every evaluate.splits entry gets a BM25 run, published for scoring under
 # results/runs/{dataset}/bm25/{split}.trec like every other system.
-import shlex
+
 
 DATASETS_DIR = "results/datasets"
 DATASET_DOWNLOADS = "results/downloads/datasets"
@@ -61,13 +61,8 @@ def get_dataset_split_sources(wildcards):
 
 def dataset_arguments(dataset):
     """`--config '<entry>' [--data-root D]` for retrieval_pretraining.datasets."""
-    root = (
-        f" --data-root {shlex.quote(config['data_root'])}"
-        if config["data_root"]
-        else ""
-    )
     entry = experiment_config.stage_argument(dataset_entry(dataset))
-    return f"--config '{entry}' --downloads {DATASET_DOWNLOADS}/{dataset}{root}"
+    return f"--config '{entry}' --downloads {DATASET_DOWNLOADS}/{dataset} {data_root_option()}"
 
 
 def bm25_settings(dataset):

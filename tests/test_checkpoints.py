@@ -59,7 +59,8 @@ def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
     BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
 
     out = tmp_path / "staged"
-    checkpoints.stage({"name": "tiny", "source": "local", "location": str(source)}, out)
+    entry = {"name": "tiny", "source": "local", "location": str(source)}
+    checkpoints.stage(entry, out, data_root=str(tmp_path))
     head = load_file(out / checkpoints.MLM_HEAD_FILE)
     expected = mlm.cls.predictions.transform.dense.weight.detach()
     torch.testing.assert_close(head["cls.predictions.transform.dense.weight"], expected)
@@ -68,3 +69,34 @@ def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
 def test_a_missing_package_names_the_fix():
     with pytest.raises(FileNotFoundError, match="not installed"):
         checkpoints.package_folder("no_such_package_xyz/model")
+
+
+def _tiny_bert(folder, safe_serialization):
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    model = BertForMaskedLM(config)
+    if safe_serialization:
+        model.save_pretrained(folder)
+    else:  # the legacy pickle layout (transformers 5 no longer writes it)
+        config.save_pretrained(folder)
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+
+
+def test_a_local_checkpoint_outside_the_project_and_data_root_is_refused(tmp_path):
+    from retrieval_pretraining.config import ConfigError
+
+    _tiny_bert(tmp_path / "source", safe_serialization=True)
+    entry = {"name": "tiny", "source": "local", "location": str(tmp_path / "source")}
+    with pytest.raises(ConfigError, match="outside the project"):
+        checkpoints.stage(entry, tmp_path / "staged")
+    assert not (tmp_path / "staged").exists()
+
+
+def test_a_pickled_checkpoint_is_never_loaded(tmp_path):
+    """pytorch_model.bin is a pickle: loading it would run code from data, so it is refused."""
+    _tiny_bert(tmp_path / "source", safe_serialization=False)
+    assert (tmp_path / "source" / "pytorch_model.bin").exists()
+    entry = {"name": "tiny", "source": "local", "location": str(tmp_path / "source")}
+    with pytest.raises(OSError, match="safetensors"):
+        checkpoints.stage(entry, tmp_path / "staged", data_root=str(tmp_path))
+    assert not (tmp_path / "staged").exists()

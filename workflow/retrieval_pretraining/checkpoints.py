@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import artifacts
-from .config import stage_parser
+from .config import resolve_path, stage_parser
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,16 @@ def package_folder(location: str) -> Path:
     return folder
 
 
-def source_folder(entry: dict[str, Any], download_dir: Path) -> Path:
+def source_folder(
+    entry: dict[str, Any], download_dir: Path, data_root: str | None = None
+) -> Path:
     """The folder holding the checkpoint's files, fetching it from the Hub for source=hub."""
     source, location = entry["source"], entry["location"]
     if source == "package":
         return package_folder(location)
     if source == "local":
-        folder = Path(location)
+        # Config paths stay inside the project or the configured data root, like every other path.
+        folder = resolve_path(location, data_root)
         if not folder.is_dir():
             raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
         return folder
@@ -91,7 +94,7 @@ def save_mlm_head(source: Path, out_file: Path) -> int:
     return len(tensors)
 
 
-def stage(entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
     from transformers import AutoModel, AutoTokenizer
 
@@ -99,8 +102,11 @@ def stage(entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
         tmp = Path(tmp)
-        folder = source_folder(entry, tmp / "download")
-        model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        folder = source_folder(entry, tmp / "download", data_root)
+        # use_safetensors: a folder holding only pytorch_model.bin (a pickle) is refused, not loaded.
+        model = AutoModel.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False, use_safetensors=True
+        )
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
         original_layers = model.config.num_hidden_layers
         num_layers = entry.get("num_layers")
@@ -134,9 +140,12 @@ def stage(entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 def main() -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the checkpoint folder to write")
+    parser.add_argument(
+        "--data-root", default=None, help="the config's data_root (local checkpoints may lie there)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stage(args.config, args.out)
+    stage(args.config, args.out, args.data_root)
 
 
 if __name__ == "__main__":
