@@ -57,6 +57,36 @@ def test_missing_section_is_reported(demo):
         experiment_config.validate(bad)
 
 
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda c: c["spans"][0]["granularities"]["phrase"].update(min_len=20, max_len=8),
+            r"spans\.0\.granularities\.phrase.*min_len 20 > max_len 8",
+        ),
+        (lambda c: c["wikipedia"].update(source="local", parts=[]), r"wikipedia\.parts"),
+        (lambda c: c["corpus"].update(checkpoint="bert-large"), r"corpus\.checkpoint.*'bert-large'"),
+        (
+            lambda c: c["pretrain"]["models"][2].update(spans="costa-typo"),
+            r"pretrain\.models\.2\.spans.*'costa-typo'.*known: costa",
+        ),
+        (
+            lambda c: c["evaluate"]["splits"][0].update(dataset="nfcorpus"),
+            r"evaluate\.splits\.0\.dataset.*'nfcorpus'",
+        ),
+        (
+            lambda c: c["pretrain"]["models"].append({"name": "mlm", "objective": "mlm"}),
+            r"pretrain\.models.*'mlm' is used twice",
+        ),
+    ],
+)
+def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
+    bad = copy.deepcopy(demo)
+    edit(bad)
+    with pytest.raises(experiment_config.ConfigError, match=expected):
+        experiment_config.validate(bad)
+
+
 def test_paths_inside_the_project_resolve(tmp_path):
     resolved = experiment_config.resolve_path("data/README.md")
     assert resolved == ROOT / "data" / "README.md"

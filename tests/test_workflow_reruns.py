@@ -81,9 +81,10 @@ def test_changing_max_len_reruns_chunking_and_everything_after(finished):
         (finished / "config.yaml").write_text(original)
 
 
-def test_changing_the_process_count_reruns_nothing(finished):
+@pytest.mark.parametrize("section", ["extract", "corpus"])
+def test_changing_the_process_count_reruns_nothing(finished, section):
     """Process counts change speed, not results, so they are not rerun triggers."""
-    original = _edit_config(finished, lambda c: c["corpus"].update(processes=1))
+    original = _edit_config(finished, lambda c: c[section].update(processes=1))
     try:
         assert planned_rules(finished, SPANS_TARGET) == {}
     finally:

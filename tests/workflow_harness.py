@@ -62,7 +62,9 @@ def planned_rules(project: Path, *targets: str) -> dict[str, int]:
     output = result.stdout + result.stderr
     counts: dict[str, int] = {}
     if "Job stats:" not in output:
-        return counts  # "Nothing to be done"
+        # An empty plan must be Snakemake saying so, not output this parser failed to read.
+        assert "Nothing to be done" in output, f"unreadable dry-run output:\n{output}"
+        return counts
     table = output.split("Job stats:", 1)[1]
     for line in table.splitlines()[3:]:  # skip the header and its rule of dashes
         fields = line.split()

@@ -53,9 +53,65 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     """Raise ConfigError listing every violation; return the config unchanged when valid."""
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
+    messages = [_describe(e) for e in errors]
+    if not messages:  # cross-checks assume the shapes the schema guarantees
+        messages = cross_check(config)
+    if messages:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
     return config
+
+
+def _names(entries: list[dict[str, Any]] | None) -> list[str]:
+    return [entry["name"] for entry in entries or []]
+
+
+def cross_check(config: dict[str, Any]) -> list[str]:
+    """What one schema fragment cannot say: bounds that must be ordered, names that must exist.
+
+    Checked at parse time so a typo fails before any job runs, not hours later in the stage.
+    """
+    messages = []
+    for section in ("checkpoints", "spans", "datasets"):
+        names = _names(config.get(section))
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            messages.append(f"config key '{section}': the name '{name}' is used twice")
+    models = _names(config["pretrain"]["models"])
+    for name in sorted({n for n in models if models.count(n) > 1}):
+        messages.append(f"config key 'pretrain.models': the name '{name}' is used twice")
+
+    wikipedia = config["wikipedia"]
+    if wikipedia["source"] == "local" and not wikipedia["parts"]:
+        messages.append(
+            "config key 'wikipedia.parts': source=local needs at least one dump file; "
+            "list one, or set source: dumps"
+        )
+
+    for i, entry in enumerate(config["spans"]):
+        for name, granularity in (entry.get("granularities") or {}).items():
+            low, high = granularity.get("min_len"), granularity.get("max_len")
+            if low is not None and high is not None and low > high:
+                messages.append(
+                    f"config key 'spans.{i}.granularities.{name}': min_len {low} > max_len {high}"
+                )
+
+    def must_name(key: str, value: str | None, section: str) -> None:
+        known = _names(config.get(section))
+        if value is not None and value not in known:
+            messages.append(
+                f"config key '{key}': '{value}' is not a {section} entry; known: {', '.join(known)}"
+            )
+
+    must_name("corpus.checkpoint", config["corpus"]["checkpoint"], "checkpoints")
+    must_name("pretrain.checkpoint", config["pretrain"]["checkpoint"], "checkpoints")
+    for i, model in enumerate(config["pretrain"]["models"]):
+        must_name(f"pretrain.models.{i}.spans", model.get("spans"), "spans")
+    for i, entry in enumerate(config["finetune"]["datasets"]):
+        must_name(f"finetune.datasets.{i}.dataset", entry["dataset"], "datasets")
+    for i, entry in enumerate(config["evaluate"]["splits"]):
+        must_name(f"evaluate.splits.{i}.dataset", entry["dataset"], "datasets")
+    for i, entry in enumerate(config["bm25"].get("negatives") or []):
+        must_name(f"bm25.negatives.{i}.dataset", entry["dataset"], "datasets")
+    return messages
 
 
 def load(path: str | Path = PROJECT_ROOT / "config.yaml") -> dict[str, Any]:
