@@ -19,6 +19,7 @@ from xml.sax.saxutils import escape
 
 import pyarrow.parquet as pq
 import pytest
+from retrieval_pretraining import artifacts
 from retrieval_pretraining import extract as ex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +143,8 @@ def test_enwiki_sample_counts_and_contract(tmp_path):
     manifest = json.loads((tmp_path / "out.manifest.json").read_text())
     assert manifest["inputs"]["dump"]["sha256"] == hashlib.sha256(ENWIKI.read_bytes()).hexdigest()
     assert manifest["stats"]["pages_seen"] == 206 and "pyarrow" in manifest["versions"]
+    # Which code wrote it: a digest of the package source, identical to what this checkout has.
+    assert manifest["code"]["package_sha256"] == artifacts.code_version()["package_sha256"]
     assert "processes" not in manifest["params"]  # the output does not depend on it
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -79,6 +81,37 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def git_version(root: Path = PACKAGE_DIR.parents[1]) -> str:
+    """`git describe` of the checkout, or a note that there is none (e.g. a copied project)."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            cwd=root, capture_output=True, text=True, timeout=10,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown (not a git checkout)"
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict[str, str]:
+    """Which code wrote an artifact: the git version and a digest of the package's source files.
+
+    The digest identifies the code even outside git (a copied project, a cluster node's copy).
+    """
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_DIR.rglob("*")):
+        if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    return {"git": git_version(), "package_sha256": digest.hexdigest()}
+
+
 def manifest_path(artifact: str | os.PathLike) -> Path:
     """The manifest that sits beside an artifact: `x.parquet` -> `x.manifest.json`, `dir/` -> `dir/manifest.json`."""
     artifact = Path(artifact)
@@ -111,6 +144,7 @@ def write_manifest(
         "inputs": input_entries,
         "stats": stats or {},
         "versions": library_versions(),
+        "code": code_version(),
     }
     write_json(path, manifest)
     return manifest

@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import platform
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import numpy as np
 from scipy import stats
 
 from . import artifacts, paper_numbers
-from .config import PROJECT_ROOT, stage_parser
+from .config import stage_parser
 
 log = logging.getLogger(__name__)
 
@@ -469,20 +468,8 @@ def plot_low_resource(summary, spec, labels, figure: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- provenance
-def code_version(root: Path = PROJECT_ROOT) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--tags"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown (not a git checkout)"
+def code_version() -> str:
+    return artifacts.git_version()
 
 
 def hardware(results: Path, models: list[dict[str, Any]]) -> list[str]:
