@@ -20,7 +20,12 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt
 	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	cp requirements.txt $@
 
-venv: $(VENV)/.installed
+# `python -m pyserini...` and `import pyserini` apply the Java fixes by themselves in this venv.
+$(VENV)/.pyserini-hook: $(VENV)/.installed workflow/retrieval_pretraining/pyserini_setup.py
+	PYTHONPATH=workflow $(PY) -m retrieval_pretraining.pyserini_setup --install-hook
+	touch $@
+
+venv: $(VENV)/.installed $(VENV)/.pyserini-hook
 
 demo: venv
 	$(VENV)/bin/snakemake --cores $(CORES) --rerun-incomplete all

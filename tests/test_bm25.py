@@ -49,6 +49,31 @@ def test_pyserini_setup_fixes_java_jvm_options_and_openai_key():
     assert state["openai"]
 
 
+def test_bare_pyserini_works_with_the_import_hook(tmp_path):
+    """`python -m pyserini...` with no wrapper, no JAVA_HOME and no OPENAI_API_KEY (make venv's hook)."""
+    from retrieval_pretraining import pyserini_setup
+
+    site = tmp_path / "site"
+    site.mkdir()
+    pyserini_setup.install_hook(site)
+    # Undo the hook the venv may already have, then let site.addsitedir process ours the way
+    # start-up processes site-packages: the fixes must come from the hook under test.
+    boot = (
+        "import site, runpy, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, '__name__', '') != '_PyseriniFixes']\n"
+        "sys.modules.pop('retrieval_pretraining_pyserini', None)\n"
+        f"sys.path.insert(0, {str(site)!r}); site.addsitedir({str(site)!r})\n"
+        "sys.argv = ['x', '-options']\n"
+    )
+    boot += "runpy.run_module('pyserini.index.lucene', run_name='__main__', alter_sys=True)"
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "JAVA_HOME", "PYTHONPATH")}
+    result = subprocess.run(
+        [sys.executable, "-c", boot], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "-storePositions" in result.stdout + result.stderr
+
+
 def test_pyserini_command_line_runs_through_the_wrapper():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "workflow"))
     env.pop("OPENAI_API_KEY", None)

@@ -12,6 +12,8 @@ fixes, all applied when this module is imported, before any `pyserini` import st
 3. `pyserini.search.lucene` builds an OpenAI client at import time and raises without
    `OPENAI_API_KEY`; a dummy value is set if none is (nothing is ever sent: we never call it).
 
+In the project's .venv (`make venv` installs an import hook, `install_hook()`), nothing is needed:
+`python -m pyserini...` and `import pyserini` apply the fixes first by themselves. Elsewhere:
 Python API:   `from retrieval_pretraining import pyserini_setup  # noqa: F401` then import pyserini.
 Command line: `python -m retrieval_pretraining.pyserini_setup pyserini.index.lucene --collection ...`
               runs any `python -m pyserini...` entry point with the fixes applied.
@@ -103,12 +105,56 @@ def apply() -> None:
 apply()
 
 
+HOOK_NAME = "retrieval_pretraining_pyserini"
+
+# Written into site-packages as <HOOK_NAME>.py. Python runs the `import` line of a .pth file at every
+# start-up, so this stays tiny: it registers a finder that does nothing until `pyserini` is first
+# imported, then applies the fixes (importing this module from the checkout) and steps aside.
+_HOOK_SOURCE = '''"""Applies retrieval_pretraining.pyserini_setup before the first `import pyserini`."""
+import sys
+
+WORKFLOW_DIR = {workflow_dir!r}
+
+
+class _PyseriniFixes:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "pyserini" and cls in sys.meta_path:
+            sys.meta_path.remove(cls)
+            if WORKFLOW_DIR not in sys.path:
+                sys.path.append(WORKFLOW_DIR)
+            import retrieval_pretraining.pyserini_setup  # noqa: F401  (applies the fixes)
+        return None  # the regular finders import pyserini itself
+
+
+sys.meta_path.insert(0, _PyseriniFixes)
+'''
+
+
+def install_hook(site_packages: Path) -> Path:
+    """Make every `import pyserini` in this environment apply the fixes first (a .pth + module)."""
+    site_packages = Path(site_packages)
+    workflow_dir = str(Path(__file__).resolve().parents[1])
+    (site_packages / f"{HOOK_NAME}.py").write_text(_HOOK_SOURCE.format(workflow_dir=workflow_dir))
+    pth = site_packages / f"{HOOK_NAME}.pth"
+    pth.write_text(f"import {HOOK_NAME}\n")
+    return pth
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m retrieval_pretraining.pyserini_setup <module> [args]`: run `python -m <module>`."""
+    """`python -m retrieval_pretraining.pyserini_setup <module> [args]`: run `python -m <module>`.
+
+    `--install-hook` instead installs the import hook into this interpreter's site-packages.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if argv else 2)
+    if argv[0] == "--install-hook":
+        import sysconfig
+
+        print(install_hook(Path(sysconfig.get_paths()["purelib"])))
+        return
     module, *args = argv
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
