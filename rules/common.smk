@@ -46,6 +46,8 @@ def conda_env(toolchain):
     """envs/<toolchain>.yaml for a rule's `conda:` (used with --software-deployment-method conda):
     "torch" (every Python stage, CUDA torch), "faiss" (faiss-gpu: index, mining, dense search),
     "pyserini" (BM25, OpenJDK 21). Without that flag the rule runs in Snakemake's own environment.
+    Every rule that runs `python -m retrieval_pretraining...` names one, local rules included
+    (tests/test_environments.py checks it against the modules each environment provides for).
     """
     return str(Path(workflow.basedir) / "envs" / f"{toolchain}.yaml")
 

@@ -9,6 +9,8 @@ rule stage_checkpoint:
     log:
         "results/logs/stage_checkpoint/{checkpoint}.log",
     localrule: True
+    conda:
+        conda_env("torch")
     params:
         entry=lambda wc: experiment_config.stage_argument(
             named("checkpoints", wc.checkpoint)
@@ -47,6 +49,8 @@ rule chunk_articles:
         "results/logs/chunk_articles/chunks.log",
     benchmark:
         "results/benchmarks/chunk_articles/chunks.tsv"
+    conda:
+        conda_env("torch")
     threads: config["corpus"]["processes"]
     params:
         corpus=corpus_params(),
@@ -73,6 +77,8 @@ rule sample_spans:
         manifest="results/corpus/spans/{spans}/shard-{shard}.manifest.json",
     log:
         "results/logs/sample_spans/{spans}/shard-{shard}.log",
+    conda:
+        conda_env("torch")
     params:
         spans=lambda wc: span_params(wc.spans),
     shell:
@@ -95,6 +101,8 @@ rule audit_spans:
         sample="results/corpus/spans/{spans}/sample.md",
     log:
         "results/logs/audit_spans/{spans}.log",
+    conda:
+        conda_env("torch")
     params:
         spans=lambda wc: span_params(wc.spans),
     shell:

@@ -35,6 +35,8 @@ rule score_run:
         system="[A-Za-z0-9_.-]+",
         split="[A-Za-z0-9_.-]+",
     localrule: True
+    conda:
+        conda_env("torch")
     params:
         evaluate=lambda wc: experiment_config.stage_argument(
             {

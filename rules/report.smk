@@ -203,6 +203,8 @@ rule make_tables:
     log:
         "results/logs/make_tables.log",
     localrule: True
+    conda:
+        conda_env("torch")
     params:
         tables=lambda wildcards: report_params(),  # a function: its JSON holds braces
     shell:
@@ -224,6 +226,8 @@ rule low_resource_figure:
     log:
         "results/logs/low_resource_figure.log",
     localrule: True
+    conda:
+        conda_env("torch")
     params:
         tables=lambda wildcards: report_params(),  # a function: its JSON holds braces
     shell:
@@ -248,6 +252,8 @@ rule loss_curves:
     log:
         "results/logs/analysis/loss_curves.log",
     localrule: True
+    conda:
+        conda_env("torch")
     params:
         models=lambda wc, input: " ".join(
             f"--model {m['name']}={path}"
@@ -292,6 +298,8 @@ rule tsne_candidates:
     wildcard_constraints:
         dataset="[A-Za-z0-9_.-]+",
         split="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("torch")
     params:
         tsne=lambda wc: tsne_config(),
         models=lambda wc, input: " ".join(
@@ -331,6 +339,8 @@ rule token_coverage:
         json="results/analysis/coverage.json",
     log:
         "results/logs/analysis/coverage.log",
+    conda:
+        conda_env("torch")
     params:
         coverage=lambda wc: analysis_config("coverage"),
         models=lambda wc, input: " ".join(
@@ -362,6 +372,8 @@ rule cpdae_top_words:
     log:
         "results/logs/analysis/cpdae_top_words.log",
     localrule: True
+    conda:
+        conda_env("torch")
     params:
         words=lambda wc: analysis_config("cpdae_top_words"),
         model=lambda wc, input: f"--model cpdae={input.encoder}",
@@ -384,5 +396,7 @@ rule stage_statistics:
     log:
         "results/logs/stage_statistics.log",
     localrule: True
+    conda:
+        conda_env("torch")
     shell:
         "python -m retrieval_pretraining.audit --stage-stats {output.html} {input.artifacts} &> {log}"

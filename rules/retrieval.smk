@@ -112,6 +112,8 @@ rule download_dataset_file:
         dataset="[A-Za-z0-9_.-]+",
         file="[A-Za-z0-9_.-]+",
     localrule: True
+    conda:
+        conda_env("torch")
     params:
         fetch=lambda wc: " ".join(
             shlex.quote(flag)
@@ -135,6 +137,8 @@ rule prepare_dataset:
         "results/logs/prepare_dataset/{dataset}.log",
     wildcard_constraints:
         dataset="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("torch")
     params:
         args=lambda wc: dataset_arguments(wc.dataset),
         out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
@@ -156,6 +160,8 @@ rule prepare_dataset_split:
     wildcard_constraints:
         dataset="[A-Za-z0-9_.-]+",
         split="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("torch")
     params:
         args=lambda wc: dataset_arguments(wc.dataset),
         out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
@@ -176,6 +182,8 @@ rule build_bm25_index:
         "results/logs/build_bm25_index/{dataset}.log",
     wildcard_constraints:
         dataset="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("pyserini")
     threads: config["bm25"]["index_threads"]
     params:
         bm25=lambda wc: experiment_config.stage_argument(
@@ -204,6 +212,8 @@ rule bm25_search:
     wildcard_constraints:
         dataset="[A-Za-z0-9_.-]+",
         split="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("pyserini")
     threads: config["bm25"]["threads"]
     params:
         bm25=lambda wc: experiment_config.stage_argument(bm25_settings(wc.dataset)),
@@ -227,6 +237,8 @@ rule publish_bm25_run:
         dataset="[A-Za-z0-9_.-]+",
         split="[A-Za-z0-9_.-]+",
     localrule: True
+    conda:
+        conda_env("pyserini")
     shell:
         "cp {input.run} {output.run} &> {log}"
 
@@ -268,6 +280,8 @@ rule bm25_negatives:
         "results/logs/bm25_negatives/{dataset}.log",
     wildcard_constraints:
         dataset="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("pyserini")
     threads: config["bm25"]["threads"]
     params:
         bm25=lambda wc: bm25_negatives_config(wc.dataset),

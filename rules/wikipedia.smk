@@ -126,6 +126,8 @@ checkpoint fetch_dumpstatus:
     log:
         "results/logs/fetch_dumpstatus.log",
     localrule: True
+    conda:
+        conda_env("torch")
     resources:
         download_retries=config["wikipedia"]["retries"],
     params:
@@ -146,6 +148,8 @@ rule download_dump_part:
     log:
         "results/logs/download_dump_part/{part}.log",
     localrule: True
+    conda:
+        conda_env("torch")
     resources:
         dump_connections=1,
         download_retries=config["wikipedia"]["retries"],
@@ -165,6 +169,8 @@ rule download_dump_index:
     log:
         "results/logs/download_dump_index/{part}.log",
     localrule: True
+    conda:
+        conda_env("torch")
     resources:
         dump_connections=1,
         download_retries=config["wikipedia"]["retries"],
@@ -208,6 +214,8 @@ rule extract_articles:
         manifest="results/wikipedia/articles/{part}.manifest.json",
     log:
         "results/logs/extract_articles/{part}.log",
+    conda:
+        conda_env("torch")
     threads: config["extract"]["processes"]
     resources:
         # Measured: ~200 MB for the main process, well under 512 MB per worker (benchmarks/RESULTS.md).

@@ -27,7 +27,7 @@ PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
 ENV_MODULES = {
     "torch": [
         "download", "extract", "checkpoints", "chunk", "spans", "datasets", "encode",
-        "finetune", "pretrain", "evaluate", "tables", "report",
+        "finetune", "pretrain", "evaluate", "tables", "report", "analysis", "audit", "launch",
     ],
     "faiss": ["encode", "faiss_index", "mine", "dense_search"],
     "pyserini": ["bm25", "pyserini_setup"],
@@ -266,7 +266,7 @@ def test_slurm_profile_site_block_is_the_only_site_specific_part():
     text = (ROOT / "slurm" / "config.yaml").read_text()
     site, _, generic = text.partition("end of the SITE block")
     assert "SITE-SPECIFIC" in site and generic, "the site block markers are missing"
-    for key in ("slurm_account", "slurm-qos", "partitions:", "available_gpu_models"):
+    for key in ("slurm_account", "slurm-qos", "partitions:", "slurm-status-command"):
         assert key in site and key not in generic, f"{key} belongs in the site block"
     profile = _profile("slurm/config.yaml")
     assert profile["executor"] == "slurm"
@@ -274,8 +274,220 @@ def test_slurm_profile_site_block_is_the_only_site_specific_part():
     assert "default-resources" not in _profile("profiles/default/config.yaml"), (
         "a workflow profile's default-resources would replace the cluster profile's"
     )
-    # Every profile entry is commented (a comment line above it or at the end of its line).
-    lines = text.splitlines()
+
+
+def _uncommented_entries(path: str) -> list[str]:
+    """YAML keys at any depth with neither a comment at the end of their line nor a comment line
+    directly above (commented-out example lines are comments, not entries)."""
+    lines = (ROOT / path).read_text().splitlines()
+    missing = []
     for i, line in enumerate(lines):
-        if re.match(r"^[a-z][\w-]*:", line):
-            assert "#" in line or lines[i - 1].lstrip().startswith("#"), f"uncommented: {line}"
+        if re.match(r"^\s*[\w.-]+:", line) and "#" not in line:
+            if i == 0 or not lines[i - 1].lstrip().startswith("#"):
+                missing.append(f"{path}:{i + 1}: {line.strip()}")
+    return missing
+
+
+@pytest.mark.parametrize("path", ["slurm/config.yaml", "profiles/default/config.yaml"])
+def test_every_profile_entry_is_commented(path):
+    missing = _uncommented_entries(path)
+    assert not missing, "entries without a comment (add one at the end of the line):\n" + (
+        "\n".join(missing)
+    )
+
+
+def _site_block() -> tuple[str, str]:
+    text = (ROOT / "slurm" / "config.yaml").read_text()
+    site, _, generic = text.partition("end of the SITE block")
+    return site, generic
+
+
+def test_status_command_is_a_commented_site_choice_that_parses():
+    site, generic = _site_block()
+    assert "slurm-status-command" not in _profile("slurm/config.yaml"), (
+        "squeue is only right without an accounting database: leave the line commented"
+    )
+    assert "slurm-status-command" not in generic
+    line = next(
+        (ln for ln in site.splitlines() if re.match(r"^#\s*slurm-status-command:", ln)), None
+    )
+    assert line, "the SITE block lacks the commented `# slurm-status-command: squeue` line"
+    # Uncommented, it is a valid profile entry naming squeue.
+    text = (ROOT / "slurm" / "config.yaml").read_text().replace(line, line.lstrip("# "), 1)
+    assert yaml.safe_load(text)["slurm-status-command"] == "squeue"
+    assert "when an accounting database exists" not in generic + site
+
+
+def test_plugin_polls_sacct_whenever_the_command_exists(monkeypatch):
+    """What the SITE block's comment states: the default is sacct as soon as `which sacct` finds
+    it, with or without slurmdbd (a plugin upgrade that changes this must update the comment)."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    monkeypatch.setattr(plugin.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(plugin, "is_query_tool_available", lambda tool: True)
+    assert plugin._get_status_command_default() == "sacct"
+    monkeypatch.setattr(plugin, "is_query_tool_available", lambda tool: tool == "squeue")
+    assert plugin._get_status_command_default() == "squeue"
+
+
+def _plugin_partition(rule: str, needs: dict, threads: int) -> str | None:
+    import logging
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.partitions import get_best_partition, read_partition_file
+
+    partitions = read_partition_file(ROOT / "slurm" / "config.yaml")
+    resources = {k: v for k, v in needs.items() if k != "slurm_extra"}
+    job = SimpleNamespace(name=rule, threads=threads, resources=resources)
+    return get_best_partition(partitions, job, logging.getLogger("partition-test"))
+
+
+def test_gpu_rules_go_to_gpu_partitions_and_cpu_rules_do_not():
+    """The plugin's own partition choice, fed with the workflow profile's needs: the GPU partitions
+    listed in the SITE block are what selects GPUs."""
+    profile = _profile("profiles/default/config.yaml")
+    limits = _profile("slurm/config.yaml")["partitions"]
+    for rule, needs in profile["set-resources"].items():
+        chosen = _plugin_partition(rule, needs, profile["set-threads"].get(rule, 1))
+        assert chosen in limits, f"{rule}: no partition of the SITE block fits {needs}"
+        if rule in GPU_RULES:
+            assert limits[chosen]["max_gpu"] >= needs["gpu"] > 0, (rule, chosen)
+        else:
+            assert limits[chosen]["max_gpu"] == 0, f"CPU rule {rule} sent to GPU partition {chosen}"
+
+
+def test_gpu_model_filter_only_with_gpu_rules_naming_a_model():
+    """available_gpu_models filters only jobs with a `gpu_model` resource: a partition listing
+    models while the GPU rules name none is a setting without effect (and the reverse sends jobs
+    asking for a model no partition has to the plugin's fallback)."""
+    partitions = _profile("slurm/config.yaml")["partitions"]
+    listed = {m for p in partitions.values() for m in (p.get("available_gpu_models") or [])}
+    resources = _profile("profiles/default/config.yaml")["set-resources"]
+    models = {rule: resources[rule].get("gpu_model") for rule in GPU_RULES}
+    if listed:
+        unnamed = sorted(rule for rule, model in models.items() if not model)
+        assert not unnamed, (
+            f"slurm/config.yaml lists available_gpu_models {sorted(listed)}, but GPU rules "
+            f"{unnamed} set no gpu_model in profiles/default/config.yaml: the filter does nothing"
+        )
+    for rule, model in models.items():
+        if model and listed:
+            assert model in listed, f"{rule}: gpu_model {model} is in no partition's list"
+
+
+def _rules_as_parsed() -> dict[str, dict]:
+    """Every rule as Snakemake itself parses the workflow (paper config): its conda env file,
+    whether it is local, its shell command. Run in a subprocess: parsing sets global state."""
+    import json
+    import subprocess
+
+    script = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+root = Path(sys.argv[1])
+with SnakemakeApi(OutputSettings()) as api:
+    workflow = api.workflow(
+        resource_settings=ResourceSettings(),
+        config_settings=ConfigSettings(configfiles=[root / "workflow/experiments/paper.yaml"]),
+        snakefile=root / "Snakefile", workdir=root,
+    )._workflow
+    rules = {
+        r.name: {"conda": r.conda_env, "local": r.name in workflow._localrules,
+                 "shell": r.shellcmd or ""}
+        for r in workflow.rules
+    }
+print("RULES=" + json.dumps(rules))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=300
+    )
+    line = next((ln for ln in result.stdout.splitlines() if ln.startswith("RULES=")), None)
+    assert line, f"parsing the workflow failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return json.loads(line.removeprefix("RULES="))
+
+
+def test_every_rule_running_project_code_names_a_conda_env_that_serves_it():
+    """--software-deployment-method conda: each rule that runs `python -m retrieval_pretraining.X`
+    (local rules too: on a login node without the pip route they need it as much) names an
+    envs/*.yaml whose ENV_MODULES include X; BM25 runs in the Pyserini environment; every env
+    is used."""
+    rules = _rules_as_parsed()
+    project = {
+        name: rule for name, rule in rules.items() if "retrieval_pretraining." in rule["shell"]
+    }
+    assert len(project) >= 20 and any(not r["local"] for r in project.values()), sorted(rules)
+    used, problems = set(), []
+    for name, rule in sorted(project.items()):
+        if not rule["conda"]:
+            kind = "local rule" if rule["local"] else "cluster rule"
+            problems.append(f"{name} ({kind}): no `conda:` (add conda: conda_env(...))")
+            continue
+        env = Path(rule["conda"]).name.removesuffix(".yaml")
+        used.add(env)
+        assert (ENVS / f"{env}.yaml").is_file(), f"{name}: {rule['conda']} does not exist"
+        modules = re.findall(r"(?:-m|--module) retrieval_pretraining\.(\w+)", rule["shell"])
+        for module in modules:
+            if module not in ENV_MODULES.get(env, []):
+                problems.append(f"{name}: runs {module}, which envs/{env}.yaml is not checked for")
+        if "bm25" in modules and env != "pyserini":
+            problems.append(f"{name}: BM25 must run in envs/pyserini.yaml, not {env}")
+    assert not problems, "\n".join(problems)
+    assert used == set(environments()), f"environments no rule uses: {set(environments()) - used}"
+
+
+def test_slurm_profile_dry_run_plans_the_paper_experiment(tmp_path):
+    """`snakemake --profile slurm results/tables.md` as typed, with -n: it parses the profile and
+    the paper config, plans the paper-scale jobs with the workflow profile's resources, and submits
+    nothing (a recording `sbatch` first on PATH must never be called). Jobs after the dump's
+    fetch_dumpstatus checkpoint (download parts, extraction) are only known once it has run."""
+    import os
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import workflow_harness
+
+    project = workflow_harness.copy_project(tmp_path / "project")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    called = tmp_path / "sbatch-called"
+    for tool in ("sbatch", "srun", "salloc"):
+        (fake_bin / tool).write_text(f"#!/bin/sh\necho \"$0 $*\" >> {called}\nexit 1\n")
+        (fake_bin / tool).chmod(0o755)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env["PATH"] = os.pathsep.join([str(fake_bin), str(Path(sys.executable).parent), env["PATH"]])
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "slurm", "-n", "results/tables.md"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert not called.exists(), f"a dry run called Slurm: {called.read_text()}"
+    assert not (project / "results").exists()
+    assert not (project / ".snakemake" / "slurm_logs").exists()
+    assert "Using profiles slurm and workflow specific profile profiles/default" in output
+    assert "workflow/experiments/paper.yaml" in output  # the profile's configfile
+    plan = {}
+    for line in output.split("Job stats:", 1)[1].splitlines()[3:]:
+        fields = line.split()
+        if len(fields) != 2 or not fields[1].isdigit():
+            break
+        plan[fields[0]] = int(fields[1])
+    paper = yaml.safe_load((ROOT / "workflow/experiments/paper.yaml").read_text())
+    models = paper["pretrain"]["models"]
+    trained = [m for m in models if m["objective"] != "none"]
+    assert plan["fetch_dumpstatus"] == 1 and plan["stage_checkpoint"] == 1, plan
+    assert plan["pretrain_model"] == len(trained) and plan["export_base_encoder"] == 1, plan
+    costa_spans = {m["spans"] for m in models if m.get("spans")}
+    assert plan["sample_spans"] == len(costa_spans) * paper["corpus"]["shards"], plan
+    assert plan["prepare_dataset"] == len(paper["datasets"]), plan
+    for rule in ("build_bm25_index", "finetune_stage1", "finetune_stage2", "encode_corpus_shard",
+                 "mine_hard_negatives", "dense_search", "score_run", "make_tables"):  # fmt: skip
+        assert plan.get(rule, 0) >= 1, f"{rule} not planned: {plan}"
+    assert "results/checkpoints/bert-base-uncased" in output
+    for dataset in ("msmarco-passage", "msmarco-doc"):
+        assert f"results/metrics/{dataset}/bm25/dev.json" in output, dataset
+    # The workflow profile's paper-scale needs reach the jobs (8 GPUs for pre-training).
+    pretrain = output.split("rule pretrain_model:", 1)[1].split("\n\n", 1)[0]
+    assert re.search(r"resources: .*\bgpu=8\b", pretrain), pretrain
