@@ -207,6 +207,8 @@ rule bm25_search:
         ),
     output:
         run="results/bm25/{dataset}/runs/{split}.trec",
+        # params.k1, params.b and params.label: what this run used (per-dataset overrides included).
+        manifest="results/bm25/{dataset}/runs/{split}.manifest.json",
     log:
         "results/logs/bm25_search/{dataset}/{split}.log",
     wildcard_constraints:
@@ -225,12 +227,15 @@ rule bm25_search:
 
 # The bm25 slice plus this dataset's negatives policy and the global seed.
 # The training split's queries and qrels, and the index (source=bm25) or triples file.
-# The BM25 run under results/runs/, where score_run finds every system's runs.
+# The BM25 run under results/runs/, where score_run finds every system's runs, with its manifest
+# beside it (as dense runs have theirs): its params.label names the k1/b this run used.
 rule publish_bm25_run:
     input:
         run="results/bm25/{dataset}/runs/{split}.trec",
+        manifest="results/bm25/{dataset}/runs/{split}.manifest.json",
     output:
         run="results/runs/{dataset}/bm25/{split}.trec",
+        manifest="results/runs/{dataset}/bm25/{split}.manifest.json",
     log:
         "results/logs/publish_bm25_run/{dataset}/{split}.log",
     wildcard_constraints:
@@ -240,7 +245,7 @@ rule publish_bm25_run:
     conda:
         conda_env("pyserini")
     shell:
-        "cp {input.run} {output.run} &> {log}"
+        "(cp {input.run} {output.run} && cp {input.manifest} {output.manifest}) &> {log}"
 
 
 def get_bm25_negatives_inputs(wildcards):

@@ -254,6 +254,45 @@ def test_query_id_exclusion_and_empty_documents(tmp_path):
     assert read_run(tmp_path / "drop.trec")["docid"].to_list() == ["d2"]
 
 
+def test_json_collection_is_written_from_a_batched_scan(tmp_path, monkeypatch):
+    """Contiguous slices of the corpus, one file per indexing thread, whatever the read batch size."""
+    corpus = pa.table(
+        {
+            "doc_id": [f"d{i}" for i in range(7)],
+            "title": ["T0", "", "T2", "", "", "T5", ""],
+            "text": ["zero", "one", "two", " ", "four", "five", "six"],
+        }
+    )
+    path = tmp_path / "corpus.parquet"
+    artifacts.write_parquet(path, corpus, datasets.CORPUS_SCHEMA)
+    monkeypatch.setattr(bm25, "COLLECTION_BATCH_ROWS", 2)  # batches straddle the file bounds
+    counts = bm25.write_json_collection(path, tmp_path / "collection", "space", files=3)
+    assert counts == {"documents": 7, "empty_documents": 1}
+    files = sorted((tmp_path / "collection").glob("docs-*.jsonl"))
+    records = [[json.loads(line) for line in f.read_text().splitlines()] for f in files]
+    assert [[r["id"] for r in part] for part in records] == [
+        ["d0", "d1"],
+        ["d2", "d3"],
+        ["d4", "d5", "d6"],
+    ]  # the bounds of np.linspace(0, 7, 4), as before batching
+    assert records[0][0]["contents"] == "T0 zero" and records[2][1]["contents"] == "T5 five"
+
+
+def test_run_label_names_the_runs_own_k1_and_b():
+    assert bm25.run_label(0.9, 0.4) == "BM25 (k1=0.9, b=0.4)"
+    assert bm25.run_label(0.82, 0.68) == "BM25 (k1=0.82, b=0.68)"
+    assert bm25.run_label(1.0, 0.5) == "BM25 (k1=1, b=0.5)"  # as tables.bm25_label prints it
+
+
+def test_published_bm25_run_carries_its_manifest(tmp_path):
+    """score_run reads results/runs/; the run's own k1/b/label travel with it (dry run only)."""
+    from workflow_harness import copy_project, planned_rules
+
+    project = copy_project(tmp_path / "project")
+    plan = planned_rules(project, "results/runs/scifact/bm25/test.manifest.json")
+    assert plan.get("bm25_search") == 1 and plan.get("publish_bm25_run") == 1
+
+
 def test_triples_source(tmp_path):
     triples = tmp_path / "qidpidtriples.train.full.2.tsv.gz"
     with gzip.open(triples, "wt") as handle:

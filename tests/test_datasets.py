@@ -192,6 +192,75 @@ def test_msmarco_layout_from_archives_gzip_and_titles(tmp_path):
         )
 
 
+@pytest.mark.parametrize("compressed", [True, False])
+def test_msmarco_document_layout_is_streamed_in_batches(tmp_path, monkeypatch, compressed):
+    """`docid url title body` (msmarco-docs.tsv[.gz]) with gzipped TREC doc qrels, written batch by
+    batch: the rows, their order and the quirk counts must not depend on where batches end."""
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    lines = "".join(
+        f"D{i}\thttp://example.org/{i}\t{'' if i % 3 == 0 else f'Title {i}'}\t"
+        f"{'' if i == 4 else f'body of document {i}'}\n"
+        for i in range(1, 8)
+    )
+    name = "msmarco-docs.tsv.gz" if compressed else "msmarco-docs.tsv"
+    if compressed:
+        with gzip.open(downloads / name, "wt") as handle:
+            handle.write(lines)
+    else:
+        (downloads / name).write_text(lines)
+    with gzip.open(downloads / "msmarco-docdev-queries.tsv.gz", "wt") as handle:
+        handle.write("174249\tdoes xpress bet charge to deposit money\n320792\tunjudged\n")
+    with gzip.open(downloads / "msmarco-docdev-qrels.tsv.gz", "wt") as handle:
+        handle.write("174249 0 D3 1\n174249 0 D99 1\n")
+    entry = {
+        "name": "mini-marco-doc",
+        "format": "msmarco",
+        "title": "sep",
+        "exclude_query_id": False,
+        "corpus": {"download": name},
+        "titles": None,
+        "splits": [
+            {
+                "name": "dev",
+                "queries": {"download": "msmarco-docdev-queries.tsv.gz"},
+                "qrels": {"download": "msmarco-docdev-qrels.tsv.gz"},
+            }
+        ],
+    }
+    monkeypatch.setattr(datasets, "CORPUS_BATCH_ROWS", 3)  # 7 documents: batches of 3, 3, 1
+    out = tmp_path / "out"
+    info = datasets.prepare(entry, out, data_root=str(tmp_path), downloads=downloads)
+    corpus = pl.read_parquet(out / "corpus.parquet")
+    assert corpus["doc_id"].to_list() == [f"D{i}" for i in range(1, 8)]
+    assert corpus.row(0) == ("D1", "Title 1", "body of document 1")  # the url is not kept
+    assert corpus.row(2) == ("D3", "", "body of document 3")
+    assert pq.ParquetFile(out / "corpus.parquet").num_row_groups == 3
+    assert info["corpus"] == {
+        "documents": 7,
+        "empty_text": 1,
+        "empty_title": 2,
+        "empty_title_and_text": 0,
+    }
+    dev = info["split_stats"]["dev"]
+    assert dev["queries"] == 1 and dev["qrels"] == 2 and dev["qrels_missing_document"] == 1
+    assert pl.read_parquet(out / "qrels-dev.parquet").rows() == [
+        ("174249", "D3", 1),
+        ("174249", "D99", 1),
+    ]
+    # A repeated id in a later batch is found too (ids are checked over the whole file).
+    with gzip.open(downloads / "dupe.tsv.gz", "wt") as handle:
+        handle.write(lines + "D2\thttp://example.org/again\tAgain\tsecond copy\n")
+    with pytest.raises(datasets.DatasetError, match="duplicated doc_ids.*D2"):
+        datasets.prepare_corpus(
+            dict(entry, corpus={"download": "dupe.tsv.gz"}),
+            tmp_path / "dupe",
+            data_root=str(tmp_path),
+            downloads=downloads,
+        )
+    assert not (tmp_path / "dupe" / "corpus.parquet").exists()
+
+
 def test_ragged_tsv_lines_fail(tmp_path):
     path = tmp_path / "collection.tsv"
     path.write_text("0\tfine\n1\tone\ttoo many\n")

@@ -130,12 +130,78 @@ def test_group_sampling_is_a_function_of_seed_epoch_and_query():
 def test_low_resource_samples_are_seeded_subsets(tmp_path):
     data = tiny_dataset(tmp_path, n_queries=40)
     cfg = finetune.options({"train_queries": 10, "train_sample": 0})
-    ids0, _, positives, _ = finetune.training_queries(data["queries"], data["qrels"], [], cfg, 1)
+    ids0, _, positives, _, _ = finetune.training_queries(data["queries"], data["qrels"], [], cfg, 1)
     again, *_ = finetune.training_queries(data["queries"], data["qrels"], [], cfg, 1)
     ids1, *_ = finetune.training_queries(data["queries"], data["qrels"], [],
                                          {**cfg, "train_sample": 1}, 1)
     assert len(ids0) == 10 and ids0 == again and ids0 != ids1
     assert set(ids0) <= set(positives) and len(positives) == 40
+
+
+def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(tmp_path):
+    """datasets.py keeps qrels naming documents missing from the corpus; training drops them (and a
+    query left without a positive), and drops or pads queries without negatives, counting each."""
+    data = tiny_dataset(tmp_path, n_queries=12)
+    qrels = pl.read_parquet(data["qrels"])
+    first, second = sorted(qrels["query_id"].unique().to_list())[:2]
+    # `first` gains a positive missing from the corpus; `second` has only missing ones.
+    extra = pl.DataFrame({"query_id": [first, second], "doc_id": ["gone-1", "gone-2"],
+                          "relevance": [1, 1]}, schema=qrels.schema)
+    pl.concat([qrels.filter(pl.col("query_id") != second), extra]).write_parquet(data["qrels"])
+    bm25 = pl.read_parquet(data["bm25"])
+    no_negs = sorted(set(bm25["query_id"].to_list()) - {first, second})[:3]
+    bm25.filter(~pl.col("query_id").is_in(no_negs)).write_parquet(data["bm25"])
+
+    def load(policy):
+        cfg = finetune.options({"queries_without_negatives": policy})
+        return finetune.training_queries(data["queries"], data["qrels"], [data["bm25"]], cfg, 1,
+                                         corpus=data["corpus"])
+
+    ids, _, positives, negatives, counts = load("pad")
+    assert counts == {"positives_absent_from_corpus": 2, "queries_without_positive_in_corpus": 1,
+                      "queries_without_negatives_dropped": 0}
+    assert second not in ids and "gone-1" not in positives[first] and positives[first]
+    assert len(ids) == 11 and set(no_negs) <= set(ids)
+    ids, _, _, _, counts = load("drop")
+    assert counts["queries_without_negatives_dropped"] == 3 and len(ids) == 8
+    assert not set(no_negs) & set(ids) and all(negatives.get(q) for q in ids)
+    with pytest.raises(ValueError, match="pad.*drop"):
+        finetune.options({"queries_without_negatives": "skip"})
+
+
+def test_padding_draws_from_a_seeded_pool_not_the_whole_corpus(tmp_path):
+    data = tiny_dataset(tmp_path)
+    every = pl.read_parquet(data["corpus"])["doc_id"].to_list()
+    assert finetune.padding_pool(data["corpus"], seed=1) == every  # small corpus: all, in order
+    pool = finetune.padding_pool(data["corpus"], seed=1, size=50)
+    assert len(pool) == len(set(pool)) == 50 and set(pool) <= set(every)
+    assert pool == [d for d in every if d in set(pool)]  # file order
+    assert pool == finetune.padding_pool(data["corpus"], seed=1, size=50)
+    assert pool != finetune.padding_pool(data["corpus"], seed=2, size=50)
+
+
+def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
+    """A qrel naming a document missing from the corpus no longer aborts fine-tuning."""
+    data = tiny_dataset(tmp_path / "data", n_queries=16)
+    qrels = pl.read_parquet(data["qrels"])
+    qid = qrels["query_id"][0]
+    pl.concat([qrels, pl.DataFrame({"query_id": [qid], "doc_id": ["gone"], "relevance": [1]},
+                                   schema=qrels.schema)]).write_parquet(data["qrels"])
+    # One query without negatives: padded from the corpus (pad), as Tevatron does.
+    pl.read_parquet(data["bm25"]).filter(pl.col("query_id") != qid).write_parquet(data["bm25"])
+    base = tiny_encoder(tmp_path / "base")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+           "log_every_steps": 1, "queries_without_negatives": "pad"}
+    out = tmp_path / "encoder"
+    finetune.train(base, data["queries"], data["qrels"], data["corpus"], [data["bm25"]], out=out,
+                   state_dir=tmp_path / "state", metrics_path=tmp_path / "metrics.jsonl",
+                   config=cfg, seed=1)
+    stats = json.loads((out / "manifest.json").read_text())["stats"]
+    assert stats["positives_absent_from_corpus"] == 1 and stats["train_queries"] == 16
+    assert stats["queries_without_negatives_padded"] == 1
+    assert stats["queries_without_negatives_dropped"] == 0
+    start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["event"] == "start" and start["positives_absent_from_corpus"] == 1
 
 
 # ---------------------------------------------------------------- tiny end to end ---------------

@@ -3,6 +3,8 @@ first query's positives from every query, so gold passages leaked in as negative
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -25,9 +27,44 @@ def test_each_query_loses_its_own_positives_and_only_those():
     assert out["q2"] == ["a", "c", "d", "f"]
 
 
-def test_a_document_with_the_query_id_is_never_a_negative():
-    negs, ranks, _ = mine.select_negatives("c", *ranked(["a", "b", "c", "d"]), {"a"}, POLICY, 0)
-    assert negs == ["b", "d"] and ranks == [2, 4]  # ranks are counted before removal
+@pytest.mark.parametrize("exclude,expected", [
+    (True, (["b", "d"], [2, 4])),        # BEIR: the query's own id is not a negative
+    (False, (["b", "c", "d"], [2, 3, 4])),  # MS MARCO: passage "c" is unrelated to query "c"
+])
+def test_a_document_with_the_query_id_follows_the_dataset_rule(exclude, expected):
+    knobs = {**POLICY, "exclude_query_id": exclude}
+    negs, ranks, _ = mine.select_negatives("c", *ranked(["a", "b", "c", "d"]), {"a"}, knobs, 0)
+    assert (negs, ranks) == expected  # ranks are those given, not renumbered
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_mining_honours_the_datasets_query_id_rule(tmp_path, monkeypatch, exclude_self):
+    """The whole `mine` path on a hand-made flat index: the document numbered like the query is the
+    best hit; it is dropped (ranks counted without it) only when the dataset excludes query ids."""
+    import faiss
+    import polars as pl
+
+    docs = ["7", "d1", "d2", "d3", "d4"]
+    vectors = np.array([[4, 0], [3, 0], [2, 0], [1, 0], [0.5, 0]], dtype=np.float32)
+    index = faiss.IndexFlatIP(2)
+    index.add(vectors)
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine, "encode_queries",
+                        lambda encoder, queries, config: (["7"], np.array([[1, 0]], np.float32)))
+    pl.DataFrame({"query_id": ["7"], "doc_id": ["d2"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    config = {**POLICY, "depth": 4, "exclude_self": exclude_self, "use_gpu": "never"}
+    out = tmp_path / "hard-negatives.parquet"
+    mine.mine_to_file(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                      tmp_path / "qrels.parquet", out, config, seed=0)
+    row = pl.read_parquet(out).row(0, named=True)
+    manifest = json.loads(out.with_name("hard-negatives.manifest.json").read_text())
+    assert manifest["params"]["policy"]["exclude_query_id"] is exclude_self
+    if exclude_self:
+        assert row["negative_ids"] == ["d1", "d3", "d4"] and row["negative_ranks"] == [1, 3, 4]
+    else:
+        assert row["negative_ids"] == ["7", "d1", "d3"] and row["negative_ranks"] == [1, 2, 4]
 
 
 def test_rank_window_keeps_ranks_lo_to_hi_exclusive():

@@ -26,6 +26,7 @@ MS MARCO's official `qidpidtriples` file (what the COSTA authors used), same rem
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -40,6 +41,7 @@ from typing import Any, Iterable
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import artifacts, datasets
@@ -66,6 +68,7 @@ DEFAULTS = {
 }
 NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42}
 RUN_TAG = "bm25"
+COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCollection
 
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -107,19 +110,31 @@ def java_command(main_class: str, *args: str, heap: str | None = None) -> list[s
 
 
 def write_json_collection(corpus: Path, folder: Path, title: str, files: int) -> dict[str, int]:
-    """Anserini JsonCollection input: `files` JSON-lines files (one per indexing thread)."""
+    """Anserini JsonCollection input: `files` JSON-lines files (one per indexing thread), each a
+    contiguous slice of the corpus, written from a batched scan (the corpus is never in memory)."""
     folder.mkdir(parents=True, exist_ok=True)
-    frame = pl.scan_parquet(corpus).select("doc_id", datasets.joined_text_expr(title)).collect()
-    empty = frame.filter(pl.col("text").str.strip_chars() == "").height
-    bounds = np.linspace(0, frame.height, files + 1).astype(int)
-    for i in range(files):
-        part = frame.slice(bounds[i], bounds[i + 1] - bounds[i])
-        with open(folder / f"docs-{i:03d}.jsonl", "w", encoding="utf-8") as handle:
-            for doc_id, text in part.iter_rows():
-                handle.write(
+    source = pq.ParquetFile(corpus)
+    total = source.metadata.num_rows
+    bounds = np.linspace(0, total, files + 1).astype(int)
+    written = empty = part = 0
+    with contextlib.ExitStack() as stack:
+        handles = [
+            stack.enter_context(open(folder / f"docs-{i:03d}.jsonl", "w", encoding="utf-8"))
+            for i in range(files)
+        ]
+        for batch in source.iter_batches(
+            batch_size=COLLECTION_BATCH_ROWS, columns=["doc_id", "title", "text"]
+        ):
+            frame = pl.from_arrow(batch).select("doc_id", datasets.joined_text_expr(title))
+            empty += frame.filter(pl.col("text").str.strip_chars() == "").height
+            for doc_id, text in frame.iter_rows():
+                while written >= bounds[part + 1]:
+                    part += 1
+                handles[part].write(
                     json.dumps({"id": doc_id, "contents": text}, ensure_ascii=False) + "\n"
                 )
-    return {"documents": frame.height, "empty_documents": empty}
+                written += 1
+    return {"documents": total, "empty_documents": empty}
 
 
 def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -260,9 +275,15 @@ def write_run(
     return {"queries": queries, "lines": lines, "queries_without_hits": empty}
 
 
+def run_label(k1: float, b: float) -> str:
+    """The table row label of a run: the k1/b THIS run used (per-dataset overrides included)."""
+    return f"BM25 (k1={k1:g}, b={b:g})"
+
+
 def search_run(
     index: Path, queries_path: Path, out: Path, config: dict[str, Any], exclude_query_id: bool
 ) -> dict[str, Any]:
+    """Write a TREC run and its manifest (params: k1, b, label, depth, title, exclude_query_id)."""
     cfg = _settings(config)
     queries = pl.read_parquet(queries_path)
     search = searcher(index, cfg["k1"], cfg["b"])
@@ -276,7 +297,7 @@ def search_run(
         artifacts.manifest_path(out),
         stage="bm25.search",
         params={k: cfg[k] for k in ("k1", "b", "depth", "threads", "title")}
-        | {"exclude_query_id": exclude_query_id, "label": f"BM25 (k1={cfg['k1']}, b={cfg['b']})"},
+        | {"exclude_query_id": exclude_query_id, "label": run_label(cfg["k1"], cfg["b"])},
         inputs={"queries": queries_path, "index_manifest": Path(index) / "manifest.json"},
         stats=stats,
     )

@@ -18,6 +18,11 @@ Quirks are counted (corpus: dataset.json; split: the queries/qrels manifests), n
 - empty document texts / titles and empty queries (kept, counted).
 A split's queries are those that appear in its qrels (BEIR's convention; MS MARCO's 808k train
 queries include ~300k without any judgement, useless for training and evaluation).
+
+MS MARCO collections (22 GB of documents) are streamed: read in batches of lines, written batch by
+batch into corpus.parquet (one row group per batch), counted on the way; unique ids are checked on
+the doc_id column read back, so memory holds one batch, the ids (and the passage titles), never
+the corpus.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any, Iterator
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import artifacts
 from .config import resolve_path, stage_parser
@@ -48,6 +54,9 @@ QRELS_SCHEMA = pa.schema(
 
 TITLE_MODES = ("none", "sep", "space")
 DOWNLOAD_DIR = "results/downloads/datasets"
+# A corpus batch ends at this many documents or characters (MS MARCO documents average ~7k).
+CORPUS_BATCH_ROWS = 100_000
+CORPUS_BATCH_CHARS = 128 << 20
 
 
 class DatasetError(ValueError):
@@ -214,18 +223,46 @@ def read_queries_tsv(path: Path, member: str | None = None) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"query_id": pl.String, "text": pl.String}, orient="row")
 
 
-def read_corpus_tsv(path: Path, member: str | None = None) -> pl.DataFrame:
-    """MS MARCO passage (`pid text`) or document (`docid url title body`) collections."""
-    ids, titles, texts = [], [], []
+def read_corpus_tsv_batches(
+    path: Path, member: str | None = None, rows: int | None = None, chars: int | None = None
+) -> Iterator[pl.DataFrame]:
+    """MS MARCO passage (`pid text`) or document (`docid url title body`) collections, plain, .gz
+    or a tar member, as (doc_id, title, text) frames of at most `rows` documents or `chars`
+    characters (CORPUS_BATCH_ROWS / CORPUS_BATCH_CHARS by default)."""
+    rows = rows or CORPUS_BATCH_ROWS
+    chars = chars or CORPUS_BATCH_CHARS
+    ids: list[str] = []
+    titles: list[str] = []
+    texts: list[str] = []
+    size = 0
+
+    def flush() -> pl.DataFrame:
+        frame = pl.DataFrame(
+            {"doc_id": ids, "title": titles, "text": texts},
+            schema={"doc_id": pl.String, "title": pl.String, "text": pl.String},
+        )
+        for column in (ids, titles, texts):
+            column.clear()
+        return frame
+
     for fields in read_tsv_records(path, member, (2, 4)):
         ids.append(fields[0])
-        if len(fields) == 2:
-            titles.append("")
-            texts.append(fields[1])
-        else:
-            titles.append(fields[2])
-            texts.append(fields[3])
-    return pl.DataFrame({"doc_id": ids, "title": titles, "text": texts})
+        titles.append("" if len(fields) == 2 else fields[2])
+        texts.append(fields[-1])
+        size += len(fields[-1]) + len(titles[-1])
+        if len(ids) >= rows or size >= chars:
+            yield flush()
+            size = 0
+    if ids:
+        yield flush()
+
+
+def read_corpus_tsv(path: Path, member: str | None = None) -> pl.DataFrame:
+    """A whole MS MARCO collection in memory (small files; prepare_corpus streams instead)."""
+    frames = list(read_corpus_tsv_batches(path, member))
+    if not frames:
+        return pl.DataFrame(schema={"doc_id": pl.String, "title": pl.String, "text": pl.String})
+    return pl.concat(frames)
 
 
 # --- loading a dataset: the corpus, then each split -----------------------------------------
@@ -254,28 +291,33 @@ def _split_entry(entry: dict[str, Any], split: str) -> dict[str, Any]:
     )
 
 
-def load_corpus(
+def corpus_batches(
     entry: dict[str, Any], data_root: str | None, downloads: Path | None = None
-) -> tuple[pl.DataFrame, dict[str, Path]]:
-    """The corpus (doc_id, title, text) and the files it was read from."""
+) -> tuple[Iterator[pl.DataFrame], dict[str, Path]]:
+    """The corpus as (doc_id, title, text) batches in file order, and the files it is read from.
+
+    BEIR corpora are read whole (they are small) and sliced; MS MARCO collections are streamed.
+    """
     if entry["format"] == "beir":
         folder = resolve_path(entry["path"], data_root)
         cols = read_jsonl(folder / "corpus.jsonl", ("_id", "text"), optional=("title",))
         corpus = pl.DataFrame({"doc_id": cols["_id"], "title": cols["title"], "text": cols["text"]})
-        return corpus, {"corpus": folder / "corpus.jsonl"}
+        return corpus.iter_slices(CORPUS_BATCH_ROWS), {"corpus": folder / "corpus.jsonl"}
     path, member = resolve_ref(entry["corpus"], entry, data_root, downloads)
-    corpus, inputs = read_corpus_tsv(path, member), {"corpus": path}
-    if entry.get("titles"):
-        # RocketQA's para.title.txt (`pid <tab> title`): the passage titles the COSTA authors used.
-        tpath, tmember = resolve_ref(entry["titles"], entry, data_root, downloads)
-        titles = _read_titles(tpath, tmember)
-        corpus = (
-            corpus.join(titles, on="doc_id", how="left", maintain_order="left")
-            .with_columns(pl.coalesce(pl.col("new_title"), pl.col("title")).alias("title"))
-            .drop("new_title")
-        )
-        inputs["titles"] = tpath
-    return corpus, inputs
+    inputs = {"corpus": path}
+    if not entry.get("titles"):
+        return read_corpus_tsv_batches(path, member), inputs
+    # RocketQA's para.title.txt (`pid <tab> title`): the passage titles the COSTA authors used.
+    tpath, tmember = resolve_ref(entry["titles"], entry, data_root, downloads)
+    titles = _read_titles(tpath, tmember)
+    inputs["titles"] = tpath
+    batches = (
+        batch.join(titles, on="doc_id", how="left", maintain_order="left")
+        .with_columns(pl.coalesce(pl.col("new_title"), pl.col("title")).alias("title"))
+        .drop("new_title")
+        for batch in read_corpus_tsv_batches(path, member)
+    )
+    return batches, inputs
 
 
 def load_split(
@@ -333,16 +375,33 @@ def _blank(column: str) -> pl.Expr:
     return pl.col(column).str.strip_chars() == ""
 
 
-def check_corpus(corpus: pl.DataFrame, name: str) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Unique ids, nulls as empty strings; count the empty texts and titles."""
-    corpus = corpus.with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
-    _check_unique(corpus, "doc_id", f"{name} corpus")
-    return corpus, {
-        "documents": corpus.height,
-        "empty_text": corpus.filter(_blank("text")).height,
-        "empty_title": corpus.filter(_blank("title")).height,
-        "empty_title_and_text": corpus.filter(_blank("text") & _blank("title")).height,
+def check_corpus_batch(batch: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Nulls as empty strings; count the documents, empty texts and titles of one batch."""
+    batch = batch.with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
+    return batch, {
+        "documents": batch.height,
+        "empty_text": batch.filter(_blank("text")).height,
+        "empty_title": batch.filter(_blank("title")).height,
+        "empty_title_and_text": batch.filter(_blank("text") & _blank("title")).height,
     }
+
+
+def write_corpus(batches: Iterator[pl.DataFrame], path: Path, name: str) -> dict[str, int]:
+    """Stream `batches` into corpus.parquet (atomically, one row group per batch); the counts.
+
+    Ids must be unique over the whole corpus: checked on the doc_id column read back before the
+    file is renamed into place.
+    """
+    stats = dict.fromkeys(("documents", "empty_text", "empty_title", "empty_title_and_text"), 0)
+    with artifacts.atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, CORPUS_SCHEMA, compression="zstd") as writer:
+            for batch in batches:
+                batch, counts = check_corpus_batch(batch)
+                stats = {k: stats[k] + counts[k] for k in stats}
+                table = batch.select(CORPUS_SCHEMA.names).to_arrow().cast(CORPUS_SCHEMA)
+                writer.write_table(table)
+        _check_unique(pl.read_parquet(tmp, columns=["doc_id"]), "doc_id", f"{name} corpus")
+    return stats
 
 
 def check_split(
@@ -398,10 +457,9 @@ def prepare_corpus(
     downloads: Path | None = None,
 ) -> dict[str, Any]:
     """Write corpus.parquet (+ manifest) and dataset.json (title mode, query-id rule, corpus quirks)."""
-    corpus, inputs = load_corpus(entry, data_root, downloads)
-    corpus, stats = check_corpus(corpus, entry["name"])
+    batches, inputs = corpus_batches(entry, data_root, downloads)
     path = Path(out_dir) / "corpus.parquet"
-    artifacts.write_parquet(path, corpus.to_arrow(), CORPUS_SCHEMA)
+    stats = write_corpus(batches, path, entry["name"])
     artifacts.write_manifest(
         artifacts.manifest_path(path),
         stage="datasets.corpus",

@@ -15,6 +15,15 @@ Batches are a pure function of (seed, epoch, query id): the query order of an ep
 (seed, epoch), a query's positive and negatives from (seed, epoch, query id). So a resumed run,
 or one on a different number of GPUs, sees the same groups. Trainer mechanics (DDP, accumulation,
 AdamW + warm-up, bf16, resumable state, metrics) come from `training.py`.
+
+Training queries are the split's queries with a positive (relevance > 0) in the corpus: a qrel naming
+a document absent from the corpus is kept by datasets.py (it is an unretrievable relevant for
+scoring) but cannot be trained on, so it is dropped here, and a query left without positives is
+skipped; both are counted (log, metrics `start` event, encoder manifest). A query without negatives
+(MS MARCO's triples do not cover every judged query) is dropped or padded with random corpus
+documents (`queries_without_negatives`: drop | pad, Tevatron's padding), counted too. Padding draws
+from a seeded pool of at most PAD_POOL documents (the whole corpus when smaller), so no process
+holds the whole corpus in memory.
 """
 
 from __future__ import annotations
@@ -54,13 +63,22 @@ DEFAULTS: dict[str, Any] = {
     "precision": "auto",      # auto (bf16 on CUDA) | fp32
     "train_queries": None,    # low-resource mode / demo: N sampled training queries (null = all)
     "train_sample": 0,        # which of the K seeded samples of N queries (low-resource splits)
+    "queries_without_negatives": "pad",  # pad (random corpus documents, Tevatron) | drop
     "save_every_steps": 500,
     "log_every_steps": 10,
 }
 
 
+WITHOUT_NEGATIVES = ("pad", "drop")
+PAD_POOL = 100_000  # corpus documents padding draws from (a seeded sample; all of a smaller corpus)
+
+
 def options(config: dict[str, Any]) -> dict[str, Any]:
-    return {**settings(config), **{k: config.get(k, v) for k, v in DEFAULTS.items()}}
+    cfg = {**settings(config), **{k: config.get(k, v) for k, v in DEFAULTS.items()}}
+    if cfg["queries_without_negatives"] not in WITHOUT_NEGATIVES:
+        raise ValueError(f"finetune.queries_without_negatives {cfg['queries_without_negatives']!r} "
+                         "is unknown; use 'pad' or 'drop'")
+    return cfg
 
 
 # ---------------------------------------------------------------- loss ---------------------------
@@ -96,11 +114,15 @@ def contrast_plan(cfg: dict[str, Any], world_size: int) -> dict[str, int]:
 
 # ---------------------------------------------------------------- data ---------------------------
 def training_queries(queries: Path, qrels: Path, negative_files: list[Path], cfg: dict[str, Any],
-                     seed: int) -> tuple[list[str], dict[str, str], dict[str, list[str]],
-                                         dict[str, list[str]]]:
-    """(query ids in a stable order, query texts, positives, negatives) of the training set.
+                     seed: int, corpus: Path | None = None
+                     ) -> tuple[list[str], dict[str, str], dict[str, list[str]],
+                                dict[str, list[str]], dict[str, int]]:
+    """(query ids in a stable order, query texts, positives, negatives, counts) of the training set.
 
     Negatives of several files (e.g. mined + BM25) are unioned in file order, duplicates dropped.
+    With `corpus`, positives absent from it are dropped and queries left without one skipped; with
+    queries_without_negatives=drop, queries without negatives are skipped. Both happen before the
+    low-resource sample is drawn, so a sample of N queries holds N trainable queries.
     """
     texts = dict(pl.read_parquet(queries, columns=["query_id", "text"]).iter_rows())
     pos_frame = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0).group_by("query_id")
@@ -117,13 +139,42 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path], cfg
     if missing:
         raise ValueError(f"{qrels} names {len(missing)} queries absent from {queries} "
                          f"(e.g. {missing[:3]}); rebuild the dataset")
+    counts = {"positives_absent_from_corpus": 0, "queries_without_positive_in_corpus": 0,
+              "queries_without_negatives_dropped": 0}
+    if corpus is not None:
+        wanted = pl.LazyFrame({"doc_id": sorted({d for docs in positives.values() for d in docs})},
+                              schema={"doc_id": pl.String})
+        present = set(pl.scan_parquet(corpus).select("doc_id").join(wanted, on="doc_id", how="semi")
+                      .collect()["doc_id"].to_list())
+        for qid in sorted(positives):
+            kept = [d for d in positives[qid] if d in present]
+            counts["positives_absent_from_corpus"] += len(positives[qid]) - len(kept)
+            if kept:
+                positives[qid] = kept
+            else:
+                del positives[qid]
+                counts["queries_without_positive_in_corpus"] += 1
     ids = sorted(positives)
+    if cfg["queries_without_negatives"] == "drop":
+        kept_ids = [q for q in ids if negatives.get(q)]
+        counts["queries_without_negatives_dropped"] = len(ids) - len(kept_ids)
+        ids = kept_ids
     if cfg["train_queries"] is not None and cfg["train_queries"] < len(ids):
         # Low-resource sample k of N queries: seeded by (seed, N, k), independent of anything else.
         pick = rng_for(seed, "train-queries", cfg["train_queries"], cfg["train_sample"]).choice(
             len(ids), size=cfg["train_queries"], replace=False)
         ids = [ids[i] for i in np.sort(pick)]
-    return ids, texts, positives, negatives
+    return ids, texts, positives, negatives, counts
+
+
+def padding_pool(corpus: Path, seed: int, size: int = PAD_POOL) -> list[str]:
+    """Doc ids that groups without negatives are padded from: the whole corpus (in file order) when
+    it has at most `size` documents, else `size` of them drawn from (seed) alone, in file order."""
+    doc_ids = pl.read_parquet(corpus, columns=["doc_id"])["doc_id"]
+    if len(doc_ids) <= size:
+        return doc_ids.to_list()
+    rows = np.sort(rng_for(seed, "padding-pool").choice(len(doc_ids), size=size, replace=False))
+    return doc_ids.gather(rows).to_list()
 
 
 def sample_group(qid: str, positives: list[str], negatives: list[str], fallback: list[str],
@@ -161,27 +212,28 @@ def train(init: Path, queries: Path, qrels: Path, corpus: Path, negative_files: 
     env = training.init_distributed()
     training.seed_everything(seed)  # dropout; data order never depends on it
     plan = contrast_plan(cfg, env.world_size)
-    ids, qtexts, positives, negatives = training_queries(queries, qrels, negative_files, cfg, seed)
+    ids, qtexts, positives, negatives, counts = training_queries(
+        queries, qrels, negative_files, cfg, seed, corpus=corpus)
     steps_per_epoch = len(ids) // cfg["batch_size"]
     if steps_per_epoch == 0:
         raise ValueError(f"{len(ids)} training queries are fewer than one batch of "
                          f"{cfg['batch_size']}; lower finetune.batch_size")
     total_steps = steps_per_epoch * cfg["epochs"]
-    needed = {d for q in ids for d in positives[q]} | {d for q in ids for d in negatives.get(q, [])}
+    # Left after a drop policy: none; after pad: their groups come from the padding pool.
+    no_negatives = sum(1 for q in ids if not negatives.get(q))
+    counts["queries_without_negatives_padded"] = no_negatives
+    fallback = padding_pool(corpus, seed) if no_negatives else []
+    needed = {d for q in ids for d in positives[q]}
+    needed |= {d for q in ids for d in negatives.get(q, [])} | set(fallback)
     # Only the texts training can use are held in memory (8.8M MS MARCO passages need not be).
+    wanted = pl.LazyFrame({"doc_id": sorted(needed)}, schema={"doc_id": pl.String})
     docs = {d: (t or "", x or "") for d, t, x in pl.scan_parquet(corpus)
-            .select("doc_id", "title", "text").filter(pl.col("doc_id").is_in(list(needed)))
+            .select("doc_id", "title", "text").join(wanted, on="doc_id", how="semi")
             .collect().iter_rows()}
     absent = needed - set(docs)
-    if absent:
-        raise ValueError(f"{len(absent)} positive/negative doc ids are not in {corpus} "
-                         f"(e.g. {sorted(absent)[:3]}); the negatives were built for another corpus")
-    no_negatives = sum(1 for q in ids if not negatives.get(q))
-    fallback: list[str] = []
-    if no_negatives:  # groups of queries without negatives are padded with random corpus docs
-        fallback = pl.scan_parquet(corpus).select("doc_id").collect()["doc_id"].to_list()
-        docs |= {d: (t or "", x or "") for d, t, x in pl.read_parquet(
-            corpus, columns=["doc_id", "title", "text"]).iter_rows()}
+    if absent:  # positives were checked against the corpus above, so these are negatives
+        raise ValueError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "
+                         f"{sorted(absent)[:3]}); the negatives were built for another corpus")
 
     model = AutoModel.from_pretrained(init, local_files_only=True, trust_remote_code=False,
                                       add_pooling_layer=False).to(env.device)
@@ -204,11 +256,15 @@ def train(init: Path, queries: Path, qrels: Path, corpus: Path, negative_files: 
     progress = training.Progress(total_steps, initial=step, enabled=env.is_main, desc="finetune")
     stop = training.StopFlag()
     if env.is_main:
-        log.info("%d training queries (%d without negatives: padded from the corpus), %d steps; "
-                 "plan %s on %d process(es)", len(ids), no_negatives, total_steps, plan,
-                 env.world_size)
+        log.info("%d training queries, %d steps; plan %s on %d process(es); %d positives absent "
+                 "from the corpus dropped, %d queries left without a positive skipped; queries "
+                 "without negatives (%s): %d dropped, %d padded from the corpus", len(ids),
+                 total_steps, plan, env.world_size, counts["positives_absent_from_corpus"],
+                 counts["queries_without_positive_in_corpus"], cfg["queries_without_negatives"],
+                 counts["queries_without_negatives_dropped"],
+                 counts["queries_without_negatives_padded"])
         metrics.write({"step": step, "event": "start", **plan, "train_queries": len(ids),
-                       "queries_without_negatives": no_negatives, "world_size": env.world_size})
+                       **counts, "world_size": env.world_size})
 
     def save() -> None:
         training.save_state(state_dir, step=step, model=model, optimizer=optimizer,
@@ -267,7 +323,7 @@ def train(init: Path, queries: Path, qrels: Path, corpus: Path, negative_files: 
         export(model, tokenizer, out, cfg, seed, plan, step,
                inputs={"init": init / "config.json", "queries": queries, "qrels": qrels,
                        **{f"negatives{i}": p for i, p in enumerate(negative_files)}},
-               stats={"train_queries": len(ids), "queries_without_negatives": no_negatives})
+               stats={"train_queries": len(ids), **counts})
         training.plot_losses(metrics_path, metrics_path.with_name("loss.png"), "fine-tuning loss")
         # The encoder is complete: a rerun must start afresh, not resume a finished run.
         shutil.rmtree(state_dir, ignore_errors=True)

@@ -6,9 +6,12 @@ Recipes differ on every knob (REFERENCE.md), so each is a named option recorded 
   sample           random (COSTA: 30 at random from the top 200) | top (the best n)
   num_negatives    n per query; null keeps every candidate (Tevatron)
 Each query's OWN positives are removed (a peer miner removes the first query's positives from every
-query, leaking gold passages in as negatives; `test_mine.py` guards against that), and so is a
-document whose id equals the query id. Sampling is seeded from (seed, query id) only, so the mined
-set does not depend on batch, shard or thread counts.
+query, leaking gold passages in as negatives; `test_mine.py` guards against that). A document whose
+id equals the query id is removed only where the dataset says so (`exclude_query_id`, passed in as
+`exclude_self` like the dense runs: BEIR reuses ids; MS MARCO numbers queries and passages
+independently, so passage 123 is a real passage for query 123), the rule BM25 negatives follow too;
+ranks are then counted without it, as in the runs. Sampling is seeded from (seed, query id) only, so
+the mined set does not depend on batch, shard or thread counts.
 
 Output: Parquet `query_id, positive_ids, negative_ids, negative_ranks, negative_scores` (the BM25
 negatives schema plus scores; negatives in rank order) + manifest with the policy and seed.
@@ -45,6 +48,8 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "sample": "random",    # random | top
     "num_negatives": 30,   # null = keep all candidates
 }
+# The dataset's query-id rule arrives as `exclude_self` (finetune_knobs), as it does for dense runs.
+EXCLUDE_QUERY_ID_DEFAULT = True
 
 
 def rng_for(seed: int, *keys: Any) -> np.random.Generator:
@@ -58,6 +63,7 @@ def rng_for(seed: int, *keys: Any) -> np.random.Generator:
 
 def policy(config: dict[str, Any]) -> dict[str, Any]:
     knobs = {key: config.get(key, value) for key, value in POLICY_DEFAULTS.items()}
+    knobs["exclude_query_id"] = bool(config.get("exclude_self", EXCLUDE_QUERY_ID_DEFAULT))
     if knobs["sample"] not in ("random", "top"):
         raise ValueError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
     window = knobs["rank_window"]
@@ -70,11 +76,16 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
 def select_negatives(query_id: str, doc_ids: list[str], scores: np.ndarray, ranks: np.ndarray,
                      positives: set[str], knobs: dict[str, Any], seed: int
                      ) -> tuple[list[str], list[int], list[float]]:
-    """Apply the policy to ONE query's ranked list (ranks 1-based, counted before any removal)."""
+    """Apply the policy to ONE query's ranked list (ranks 1-based, counted before this removal).
+
+    A document whose id equals the query id is dropped only with `exclude_query_id` (`mine` already
+    searches without it then; this guards direct callers).
+    """
     lo, hi = (knobs["rank_window"] or [1, None])
     hi = hi if hi is not None else np.inf
+    own_id = query_id if knobs.get("exclude_query_id", EXCLUDE_QUERY_ID_DEFAULT) else None
     candidates = [i for i, (d, r) in enumerate(zip(doc_ids, ranks))
-                  if lo <= r < hi and d not in positives and d != query_id]
+                  if lo <= r < hi and d not in positives and d != own_id]
     n = knobs["num_negatives"]
     if n is not None and len(candidates) > n:
         if knobs["sample"] == "top":
@@ -102,9 +113,10 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
     keep = [i for i, q in enumerate(query_ids) if q in positives]
     index, doc_ids = faiss_index.load(index_dir)
     index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"))
-    # Ranks are counted without the query's own id (as in the runs); removal happens in select.
+    # With the dataset's exclude_query_id, the query's own id is dropped by the search and ranks are
+    # counted without it (as in the runs); without it (MS MARCO) a same-numbered passage stays.
     ranked = rank(index, doc_ids, [query_ids[i] for i in keep], vectors[keep], knobs["depth"],
-                  exclude_self=False)
+                  exclude_self=knobs["exclude_query_id"])
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     removed_positives = 0
     for qid, ids, scores, ranks in ranked:

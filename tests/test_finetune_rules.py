@@ -1,0 +1,174 @@
+"""Stage wiring of rules/finetune.smk, read from Snakemake's own dry-run plan (no training runs).
+
+Which encoder each stage starts from and which negatives it trains on are the recipe knobs the
+papers disagree on (REFERENCE.md); these tests pin them down in the planned shell commands:
+COSTA (continue from the previous stage, mined negatives only), coCondenser / BoW (restart from the
+pre-trained encoder), Tevatron (mined + BM25), documents (start from another dataset's model, two
+mining rounds, each mined with the previous round's model), and the low-resource wildcards.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflow_harness import ROOT, copy_project, snakemake
+
+FT = "results/finetune/bert"
+BM25 = "results/bm25/{dataset}/negatives.parquet"
+
+
+def planned_jobs(project: Path, *targets: str) -> list[dict]:
+    """Every job of a dry run: {"rule", "wildcards" (dict), "args" (the shell command, split)}."""
+    result = snakemake(project, "--dry-run", "--printshellcmds", *targets)
+    jobs: list[dict] = []
+    for line in (result.stdout + result.stderr).splitlines():
+        if match := re.match(r"^(?:local)?rule (\w+):$", line):
+            jobs.append({"rule": match.group(1), "wildcards": {}, "args": []})
+        elif jobs and (match := re.match(r"^\s+wildcards: (.*)$", line)):
+            jobs[-1]["wildcards"] = dict(pair.split("=", 1) for pair in match.group(1).split(", "))
+        elif jobs and line.startswith("Shell command: "):
+            jobs[-1]["args"] = shlex.split(line[len("Shell command: "):])
+    return jobs
+
+
+def job(jobs: list[dict], rule: str, **wildcards: str) -> dict:
+    found = [j for j in jobs if j["rule"] == rule
+             and all(j["wildcards"].get(k) == v for k, v in wildcards.items())]
+    assert len(found) == 1, f"{len(found)} planned {rule} jobs with {wildcards}"
+    return found[0]
+
+
+def values(args: list[str], flag: str) -> list[str]:
+    """The value(s) after `flag` up to the next option (--negatives takes several)."""
+    start = args.index(flag) + 1
+    end = next((i for i in range(start, len(args)) if args[i].startswith("--")), len(args))
+    return args[start:end]
+
+
+def stage_config(args: list[str]) -> dict:
+    return json.loads(values(args, "--config")[0])
+
+
+def demo_config() -> dict:
+    return yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def costa_plan(tmp_path_factory) -> list[dict]:
+    """The demo recipe (COSTA's): stage 2 continues from stage 1 on the negatives stage 1 mined."""
+    project = copy_project(tmp_path_factory.mktemp("costa") / "project",
+                           {"finetune": {"models": ["bert"]}})
+    return planned_jobs(project, "results/runs/scifact/bert-stage2/test.trec")
+
+
+def test_stage2_continues_from_stage1_on_its_mined_negatives(costa_plan):
+    stage2 = job(costa_plan, "finetune_stage2", stage="stage2")["args"]
+    assert values(stage2, "--init") == [f"{FT}/scifact/stage1/encoder"]
+    assert values(stage2, "--negatives") == [f"{FT}/scifact/stage1/hard-negatives.parquet"]
+    stage1 = job(costa_plan, "finetune_stage1", stage="stage1")["args"]
+    assert values(stage1, "--init") == ["results/pretrain/bert/encoder"]
+    assert values(stage1, "--negatives") == [BM25.format(dataset="scifact")]
+    mine = job(costa_plan, "mine_hard_negatives", stage="stage1")["args"]
+    assert values(mine, "--encoder") == [f"{FT}/scifact/stage1/encoder"]
+    assert values(mine, "--index") == ["results/index/bert/scifact/stage1/faiss"]
+    # SciFact (BEIR) excludes the query's own id when mining, as its runs do.
+    assert stage_config(mine)["exclude_self"] is True
+    assert stage_config(stage2)["epochs"] == demo_config()["finetune"]["epochs_mined"]
+
+
+@pytest.fixture(scope="module")
+def variant_plan(tmp_path_factory) -> list[dict]:
+    """Restart + union for scifact (with a low-resource sample), and a paper-style document setup:
+    `scifact-docs` starts from scifact's stage 2 and mines twice (rounds 2)."""
+    config = demo_config()
+    docs = copy.deepcopy(config["datasets"][0]) | {"name": "scifact-docs"}
+    negatives = config["bm25"]["negatives"][0]
+    overrides = {
+        "datasets": [config["datasets"][0], docs],
+        "bm25": {"negatives": [negatives, negatives | {"dataset": "scifact-docs"}]},
+        "finetune": {
+            "models": ["bert"],
+            "stage2_init": "pretrained",
+            "stage2_negatives": "union",
+            "datasets": [
+                {"dataset": "scifact", "split": "train"},
+                {"dataset": "scifact-docs", "split": "train",
+                 "overrides": {"rounds": 2, "stage1_init": "scifact/stage2",
+                               "stage2_init": "previous", "stage2_negatives": "mined"}},
+            ],
+        },
+    }
+    project = copy_project(tmp_path_factory.mktemp("variants") / "project", overrides)
+    return planned_jobs(project, "results/runs/scifact/bert-n16s1-stage2/test.trec",
+                        "results/runs/scifact-docs/bert-stage3/test.trec")
+
+
+def test_restart_and_union_read_the_pretrained_encoder_and_both_negative_sets(variant_plan):
+    stage2 = job(variant_plan, "finetune_stage2", dataset="scifact", stage="stage2")["args"]
+    assert values(stage2, "--init") == ["results/pretrain/bert/encoder"]
+    assert values(stage2, "--negatives") == [f"{FT}/scifact/stage1/hard-negatives.parquet",
+                                             BM25.format(dataset="scifact")]
+
+
+def test_low_resource_stages_sample_queries_and_chain_within_their_sample(variant_plan):
+    stage1 = job(variant_plan, "finetune_stage1", dataset="scifact", stage="n16s1-stage1")["args"]
+    assert stage_config(stage1) | {"train_queries": 16, "train_sample": 1} == stage_config(stage1)
+    mine = job(variant_plan, "mine_hard_negatives", dataset="scifact", stage="n16s1-stage1")["args"]
+    assert values(mine, "--encoder") == [f"{FT}/scifact/n16s1-stage1/encoder"]
+    assert values(mine, "--index") == ["results/index/bert/scifact/n16s1-stage1/faiss"]
+    stage2 = job(variant_plan, "finetune_stage2", dataset="scifact", stage="n16s1-stage2")["args"]
+    assert values(stage2, "--init") == ["results/pretrain/bert/encoder"]  # restart
+    assert values(stage2, "--negatives") == [f"{FT}/scifact/n16s1-stage1/hard-negatives.parquet",
+                                             BM25.format(dataset="scifact")]
+    assert stage_config(stage2)["train_queries"] == 16 and stage_config(stage2)["train_sample"] == 1
+
+
+def test_document_rounds_each_mine_with_the_previous_rounds_model(variant_plan):
+    stage1 = job(variant_plan, "finetune_stage1", dataset="scifact-docs", stage="stage1")["args"]
+    assert values(stage1, "--init") == [f"{FT}/scifact/stage2/encoder"]  # the "passage" model
+    assert values(stage1, "--negatives") == [BM25.format(dataset="scifact-docs")]
+    for k in (2, 3):
+        previous = f"{FT}/scifact-docs/stage{k - 1}"
+        stage = job(variant_plan, "finetune_stage2", dataset="scifact-docs", stage=f"stage{k}")
+        assert values(stage["args"], "--init") == [f"{previous}/encoder"]
+        assert values(stage["args"], "--negatives") == [f"{previous}/hard-negatives.parquet"]
+        mine = job(variant_plan, "mine_hard_negatives", dataset="scifact-docs",
+                   stage=f"stage{k - 1}")["args"]
+        assert values(mine, "--encoder") == [f"{previous}/encoder"]
+        assert values(mine, "--index") == [f"results/index/bert/scifact-docs/stage{k - 1}/faiss"]
+    # Two rounds: stage 3 is the last; nothing mines with it.
+    assert not [j for j in variant_plan if j["rule"] == "mine_hard_negatives"
+                and j["wildcards"].get("stage") == "stage3"]
+
+
+def test_the_ablation_overlay_fine_tunes_ablated_models_on_bm25_negatives_only(tmp_path):
+    """COSTA's ablations ran with BM25 negatives only: an ablated model must never be mined with,
+    fine-tuned again or taken to documents, and a tau/projector variant reuses the span index."""
+    project = copy_project(tmp_path / "project")
+    experiments = ROOT / "workflow" / "experiments"
+    jobs = planned_jobs(
+        project, "--configfile", str(experiments / "paper.yaml"), str(experiments / "ablations.yaml"),
+        "--", "results/tables.md",
+    )
+    assert jobs, "the dry run planned nothing"
+    overlay = yaml.safe_load((experiments / "ablations.yaml").read_text())
+    main = {"bert", "mlm", "costa", "cpdae", "bow"}
+    ablated = {m["name"] for m in overlay["pretrain"]["models"]} - main
+    finetuned = {(j["wildcards"]["model"], j["wildcards"]["dataset"], j["wildcards"]["stage"])
+                 for j in jobs if j["rule"].startswith("finetune_stage")}
+    for model in ablated:
+        assert {(d, s) for m, d, s in finetuned if m == model} == {("msmarco-passage", "stage1")}, model
+    assert {(d, s) for m, d, s in finetuned if m == "costa"} >= {
+        ("msmarco-passage", "stage2"), ("msmarco-doc", "stage3")
+    }
+    # One span index per span config, whatever the number of models using it.
+    span_configs = {j["wildcards"]["spans"] for j in jobs if j["rule"] == "sample_spans"}
+    used = {m["spans"] for m in overlay["pretrain"]["models"] if m.get("spans")}
+    assert span_configs == used
