@@ -38,6 +38,25 @@ def finetune_entry(dataset):
     )
 
 
+def zero_shot_source(dataset):
+    """The dataset whose fine-tuned encoders `dataset` is evaluated with zero-shot (None: in-domain)."""
+    for entry in config["evaluate"].get("zero_shot") or []:
+        if entry["dataset"] == dataset:
+            return entry["trained_on"]
+    return None
+
+
+def trained_on(dataset):
+    """The dataset a run on `dataset` takes its fine-tuned encoder (and fine-tuning knobs) from."""
+    return zero_shot_source(dataset) or dataset
+
+
+def stage_encoder(wildcards):
+    """The fine-tuned encoder that encodes and searches `dataset`: its own, or the zero-shot source's."""
+    source = trained_on(wildcards.dataset)
+    return f"results/finetune/{wildcards.model}/{source}/{wildcards.stage}/encoder"
+
+
 def parse_stage(stage):
     """`n500s0-stage2` -> ("n500s0-", 500, 0, 2); `stage1` -> ("", None, None, 1)."""
     match = _re.fullmatch(r"(?:n([0-9]+)s([0-9]+)-)?stage([0-9]+)", stage)
@@ -51,11 +70,12 @@ def parse_stage(stage):
 def finetune_knobs(dataset, stage="stage1"):
     """The finetune slice for one dataset and stage: shared knobs, the dataset's overrides, its title
     mode and query-id rule, the low-resource sample named by the stage, the stage's epochs.
+    A zero-shot target takes the overrides (q_len, p_len, pooling...) its encoder was trained with.
     """
     knobs = {
         k: v for k, v in config["finetune"].items() if k not in ("models", "datasets")
     }
-    knobs |= finetune_entry(dataset).get("overrides", {})
+    knobs |= finetune_entry(trained_on(dataset)).get("overrides", {})
     data = named("datasets", dataset)
     knobs |= {"title": data["title"], "exclude_self": data["exclude_query_id"]}
     _, n, k, number = parse_stage(stage)
@@ -149,6 +169,19 @@ def get_dense_run_targets():
                     f"results/runs/{dataset}/{model}-stage{number}/{s}.trec"
                     for s in splits
                 ]
+    for entry in config["evaluate"].get("zero_shot") or []:
+        rounds = finetune_knobs(entry["trained_on"])["rounds"]
+        splits = [
+            e["split"]
+            for e in config["evaluate"]["splits"]
+            if e["dataset"] == entry["dataset"]
+        ]
+        targets += [
+            f"results/runs/{entry['dataset']}/{model}-stage{number}/{s}.trec"
+            for model in finetune_models()
+            for number in range(1, rounds + 2)
+            for s in splits
+        ]
     return targets
 
 
@@ -171,7 +204,13 @@ rule finetune_stage1:
     output:
         encoder=directory("results/finetune/{model}/{dataset}/{stage}/encoder"),
         metrics="results/finetune/{model}/{dataset}/{stage}/metrics.jsonl",
-        loss="results/finetune/{model}/{dataset}/{stage}/loss.png",
+        loss=report(
+            "results/finetune/{model}/{dataset}/{stage}/loss.png",
+            caption="../workflow/report/finetune_loss.rst",
+            category="3. Fine-tuning",
+            subcategory="{dataset}",
+            labels={"model": "{model}", "stage": "{stage}"},
+        ),
     log:
         "results/logs/finetune/{model}/{dataset}/{stage}.log",
     benchmark:
@@ -202,7 +241,13 @@ rule finetune_stage2:
     output:
         encoder=directory("results/finetune/{model}/{dataset}/{stage}/encoder"),
         metrics="results/finetune/{model}/{dataset}/{stage}/metrics.jsonl",
-        loss="results/finetune/{model}/{dataset}/{stage}/loss.png",
+        loss=report(
+            "results/finetune/{model}/{dataset}/{stage}/loss.png",
+            caption="../workflow/report/finetune_loss.rst",
+            category="3. Fine-tuning",
+            subcategory="{dataset}",
+            labels={"model": "{model}", "stage": "{stage}"},
+        ),
     log:
         "results/logs/finetune/{model}/{dataset}/{stage}.log",
     benchmark:
@@ -228,7 +273,7 @@ rule finetune_stage2:
 # One contiguous slice of the corpus -> vectors (.npy) + doc ids.
 rule encode_corpus_shard:
     input:
-        encoder="results/finetune/{model}/{dataset}/{stage}/encoder",
+        encoder=stage_encoder,
         corpus="results/datasets/{dataset}/corpus.parquet",
         code=module_source("encode.py", "datasets.py", "artifacts.py"),
     output:
@@ -301,11 +346,12 @@ rule mine_hard_negatives:
         "--seed {params.seed} --out {output.negatives} &> {log}"
 
 
-# A split's queries against a stage's index, depth search_depth, as a TREC run.
+# A split's queries against a stage's index, depth search_depth, as a TREC run. A zero-shot target
+# (evaluate.zero_shot) is encoded and searched with the encoder fine-tuned on its source dataset.
 rule dense_search:
     input:
         index="results/index/{model}/{dataset}/{stage}/faiss",
-        encoder="results/finetune/{model}/{dataset}/{stage}/encoder",
+        encoder=stage_encoder,
         queries="results/datasets/{dataset}/queries-{split}.parquet",
         code=module_source(
             "dense_search.py",

@@ -111,6 +111,27 @@ def cross_check(config: dict[str, Any]) -> list[str]:
         must_name(f"evaluate.splits.{i}.dataset", entry["dataset"], "datasets")
     for i, entry in enumerate(config["bm25"].get("negatives") or []):
         must_name(f"bm25.negatives.{i}.dataset", entry["dataset"], "datasets")
+
+    finetuned = [entry["dataset"] for entry in config["finetune"]["datasets"]]
+    evaluated = {entry["dataset"] for entry in config["evaluate"]["splits"]}
+    for i, entry in enumerate(config["evaluate"].get("zero_shot") or []):
+        key, target = f"evaluate.zero_shot.{i}", entry["dataset"]
+        must_name(f"{key}.dataset", target, "datasets")
+        if entry["trained_on"] not in finetuned:
+            messages.append(
+                f"config key '{key}.trained_on': '{entry['trained_on']}' is not fine-tuned on; "
+                f"finetune.datasets has: {', '.join(finetuned)}"
+            )
+        if target in finetuned:
+            messages.append(
+                f"config key '{key}.dataset': '{target}' is fine-tuned on, so its runs are "
+                "in-domain; a zero-shot target must not be in finetune.datasets"
+            )
+        if target not in evaluated:
+            messages.append(
+                f"config key '{key}.dataset': add an evaluate.splits entry for '{target}' "
+                "(which split, which measures)"
+            )
     return messages
 
 
