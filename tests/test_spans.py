@@ -185,6 +185,16 @@ def test_index_is_identical_for_any_shard_count_or_batch_size(scifact_chunks, ch
         table = pa.concat_tables([pq.read_table(p) for p in outs])
         rows[shards] = sorted(table.to_pylist(), key=lambda r: r["chunk_id"])
     assert rows[1] == rows[3]
+    # Row order does not matter either: the same chunks reversed give the same spans per chunk.
+    table = pq.read_table(scifact_chunks[1][0])
+    reversed_path = tmp_path / "reversed-chunks.parquet"
+    pq.write_table(table.take(np.arange(table.num_rows)[::-1].copy()), reversed_path)
+    artifacts.manifest_path(reversed_path).write_text(
+        artifacts.manifest_path(scifact_chunks[1][0]).read_text()
+    )
+    spans.sample_shard(reversed_path, checkpoint, tmp_path / "reversed.parquet", cfg)
+    backwards = pq.read_table(tmp_path / "reversed.parquet").to_pylist()
+    assert sorted(backwards, key=lambda r: r["chunk_id"]) == rows[1]
     again = tmp_path / "again.parquet"
     spans.sample_shard(scifact_chunks[1][0], checkpoint, again, cfg)
     assert again.read_bytes() == (tmp_path / "1-0.parquet").read_bytes()
@@ -244,6 +254,18 @@ def test_validation_fails_loudly_on_a_bad_span(tokenizer, words):
     bad = bad.set_column(3, "granularity", pa.array([[1]], pa.list_(pa.int8())))
     with pytest.raises(ValueError, match="not inside the text tokens"):
         spans.validate_spans(bad, batch, cfg, words, "test")
+    # A phrase span inside the text but shorter than the granularity's minimum (and not a clip).
+    bad = bad.set_column(2, "span_end", pa.array([[5]], pa.list_(pa.int32())))
+    with pytest.raises(ValueError, match=r"length outside \[4, 16\]"):
+        spans.validate_spans(bad, batch, cfg, words, "test")
+    # A word span covering two words (tokens 5 and 6 of the synthetic chunk are separate words).
+    word_starts = batch.column("word_starts").to_pylist()[0]
+    assert 5 in word_starts and 6 in word_starts and 7 in word_starts
+    bad = bad.set_column(1, "span_start", pa.array([[5]], pa.list_(pa.int32())))
+    bad = bad.set_column(2, "span_end", pa.array([[7]], pa.list_(pa.int32())))
+    bad = bad.set_column(3, "granularity", pa.array([[0]], pa.list_(pa.int8())))
+    with pytest.raises(ValueError, match="not one whole word"):
+        spans.validate_spans(bad, batch, span_config(only("word")), words, "test")
 
 
 def test_audit_artifacts(scifact_chunks, checkpoint, tmp_path):
