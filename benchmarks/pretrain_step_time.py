@@ -136,7 +136,7 @@ def main() -> None:
             section["models"] = [{"name": objective, "objective": objective, "spans": "x"}]
             settings = resolve_model(section, objective, seed=0)
             torch.manual_seed(0)
-            model = Pretrainer(checkpoint, settings).to(device)
+            model = Pretrainer(checkpoint, settings).to(device).train()  # dropout on, as in training
             optimizer = training.build_optimizer(model, lr=1e-5, weight_decay=0.01, device=device)
             forward = torch.compile(model) if args.compile else model
             views = 2 if objective.startswith("cpdae") else 1

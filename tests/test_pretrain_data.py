@@ -38,6 +38,23 @@ def test_valid_shards_pass_and_spans_are_kept(corpus, tmp_path):
     assert store.get("span_start", 0).tolist() == first["span_start"]
 
 
+def test_store_reads_every_row_of_every_file_without_copying(corpus, tmp_path):
+    chunks, spans = corpus
+    paths = pdata.prepare_store(chunks, spans, tmp_path)
+    allocated = pa.total_allocated_bytes()
+    store = pdata.ChunkStore(paths)
+    # Views on the memory-mapped files: no Arrow buffer was allocated (concatenating would copy all).
+    assert pa.total_allocated_bytes() == allocated
+    rows = [r | s for c, sp in zip(chunks, spans)
+            for r, s in zip(pq.read_table(c).to_pylist(), pq.read_table(sp).to_pylist())]
+    assert len(store) == len(rows) and len(chunks) == 2
+    assert store.chunk_ids(np.arange(len(rows))[::-1]).tolist() == [r["chunk_id"] for r in rows[::-1]]
+    for i, row in enumerate(rows):  # global row i = file order, then row order
+        for name in ("input_ids", "word_starts", "span_start", "span_end", "granularity"):
+            assert store.get(name, i).tolist() == row[name], (i, name)
+    assert store.max_spans == max(len(r["span_start"]) for r in rows)
+
+
 def test_span_outside_its_chunk_is_rejected_naming_row(corpus, tmp_path):
     chunks, spans = corpus
 

@@ -199,3 +199,139 @@ def test_whole_word_masking_masks_whole_words():
         assert 0 < selected.sum() <= round(0.3 * 40)
         for s, e in zip(word_starts, ends):
             assert selected[s:e].all() or not selected[s:e].any(), f"word [{s},{e}) partly masked"
+
+
+def test_random_replacements_are_never_excluded_ids():
+    # 40 of the 50 ids are excluded: drawing from the whole vocabulary would hit them ~80% of the time.
+    vocab = pdata.Vocab(size=50, mask_id=3, pad_id=0, excluded=np.arange(40))
+    ids = np.array([1, *np.random.default_rng(0).integers(40, 50, size=60), 2])
+    replaced = 0
+    for seed in range(100):
+        masked, labels = pdata.mask_tokens(ids, np.arange(1, 61), np.random.default_rng(seed), vocab, 0.15, False)
+        chosen = masked[labels != -100]
+        assert np.isin(chosen[chosen != vocab.mask_id], np.arange(40, 50)).all()
+        replaced += int((chosen != vocab.mask_id).sum())
+    assert replaced > 0
+
+
+def test_multi_hot_sets_only_the_real_ids_whatever_the_pad_id():
+    # Padded with id 5, which is also a real member of row 0 and absent from row 1.
+    ids = torch.tensor([[5, 7, 5, 5], [1, 2, 5, 5]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    target = obj.multi_hot(ids, mask, 9)
+    assert target[0].nonzero().flatten().tolist() == [5, 7]
+    assert target[1].nonzero().flatten().tolist() == [1, 2]
+
+
+# ---------------------------------------------------------------- gradients vs naive references ---
+def _assert_same(got, want):
+    (got_value, got_grads), (want_value, want_grads) = got, want
+    torch.testing.assert_close(got_value, want_value)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)
+
+
+def _naive_info_nce(sim, n, tau):
+    """-log(e^{sim(a, a+m)/tau} / sum_{b != a} e^{sim(a, b)/tau}) averaged over the n = 2m views a."""
+    total = 0.0
+    for a in range(n):
+        denominator = sum(torch.exp(sim(a, b) / tau) for b in range(n) if b != a)
+        total = total - torch.log(torch.exp(sim(a, (a + n // 2) % n) / tau) / denominator)
+    return total / n
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_reconstruction_gradients_match_loop(reduction):
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 7, generator=g) * 2
+    target = (torch.rand(3, 7, generator=g) < 0.4).double()
+
+    def loop(x):
+        total = 0.0
+        for b in range(x.shape[0]):
+            for v in range(x.shape[1]):
+                p = 1 / (1 + torch.exp(-x[b, v]))
+                total = total - (target[b, v] * torch.log(p) + (1 - target[b, v]) * torch.log(1 - p)) / (
+                    x.shape[1] if reduction == "mean" else 1)
+        return total / x.shape[0]
+
+    _assert_same(_grads(lambda x: obj.reconstruction_loss(x, target, reduction), logits), _grads(loop, logits))
+
+
+def test_views_info_nce_gradients_match_loop():
+    g = torch.Generator().manual_seed(6)
+    sim = torch.randn(6, 6, generator=g)
+    want = _grads(lambda s: _naive_info_nce(lambda a, b: s[a, b], 6, 0.5), sim)
+    _assert_same(_grads(lambda s: obj.views_info_nce(s, 0.5), sim), want)
+
+
+def test_dense_contrastive_matches_cosine_loop():
+    g = torch.Generator().manual_seed(7)
+    cls = torch.randn(6, 5, generator=g)  # 2 views x 3 texts
+
+    def loop(x):
+        cosine = lambda a, b: (x[a] @ x[b]) / (x[a].norm() * x[b].norm())  # noqa: E731
+        return _naive_info_nce(cosine, 6, 0.1)
+
+    _assert_same(_grads(lambda x: obj.dense_contrastive(x, 0.1), cls), _grads(loop, cls))
+
+
+def _naive_bow(logits_of, bags, n_vocab):
+    """mean over texts of mean over the bag of -log softmax(logits)[id], logits_of(b, v) a scalar."""
+    total = 0.0
+    for b, bag in enumerate(bags):
+        logits = [logits_of(b, v) for v in range(n_vocab)]
+        log_z = torch.log(sum(torch.exp(x) for x in logits))
+        total = total + sum(log_z - logits[t] for t in bag) / len(bag)
+    return total / len(bags)
+
+
+BAGS = [[1, 4, 7], [0, 9]]
+BAG_IDS = torch.tensor([[1, 4, 7], [0, 9, 0]])
+BAG_MASK = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+
+
+def test_bow_paper_form_gradients_match_loop():
+    """Paper form: logits = h_CLS . E^T; gradients reach both [CLS] and the word embeddings."""
+    g = torch.Generator().manual_seed(8)
+    cls, emb = torch.randn(2, 4, generator=g), torch.randn(10, 4, generator=g)
+    got = _grads(lambda c, e: obj.bow_loss(c @ e.T, BAG_IDS, BAG_MASK), cls, emb)
+    want = _grads(lambda c, e: _naive_bow(lambda b, v: sum(c[b, d] * e[v, d] for d in range(4)), BAGS, 10),
+                  cls, emb)
+    _assert_same(got, want)
+
+
+def test_bow_code_form_gradients_match_loop():
+    """Code form: the whole MLM head (dense, GELU, LayerNorm, tied decoder + bias) on [CLS]."""
+    from transformers import BertConfig
+
+    from retrieval_pretraining.pretrain.model import MLMHead
+
+    config = BertConfig(vocab_size=10, hidden_size=4, layer_norm_eps=1e-12)
+    g = torch.Generator().manual_seed(9)
+    embedding = torch.nn.Embedding(10, 4).double()
+    head = MLMHead(config, embedding).double()
+    with torch.no_grad():
+        embedding.weight.normal_(generator=g)
+        head.bias.normal_(generator=g)
+        head.transform.LayerNorm.weight.normal_(generator=g)
+    cls = torch.randn(2, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    loss = obj.bow_loss(head(cls), BAG_IDS, BAG_MASK)
+    loss.backward()
+    got = (loss.detach(), [cls.grad, embedding.weight.grad])  # the tied decoder gets its gradient
+    w, bw = head.transform.dense.weight.detach(), head.transform.dense.bias.detach()
+    gamma, beta = head.transform.LayerNorm.weight.detach(), head.transform.LayerNorm.bias.detach()
+    bias = head.bias.detach()
+
+    def loop(c, e):
+        def hidden(b):
+            x = [sum(w[i, d] * c[b, d] for d in range(4)) + bw[i] for i in range(4)]
+            x = [v * 0.5 * (1 + torch.erf(v / math.sqrt(2))) for v in x]  # exact GELU
+            mean = sum(x) / 4
+            var = sum((v - mean) ** 2 for v in x) / 4
+            return [(v - mean) / torch.sqrt(var + 1e-12) * gamma[i] + beta[i] for i, v in enumerate(x)]
+
+        rows = [hidden(b) for b in range(2)]
+        return _naive_bow(lambda b, v: sum(rows[b][d] * e[v, d] for d in range(4)) + bias[v], BAGS, 10)
+
+    _assert_same(got, _grads(loop, cls, embedding.weight))

@@ -1,10 +1,17 @@
 """The pre-training driver end to end on a tiny model: losses go down, the export loads and encodes,
-a NaN stops the run naming the step and items, a real SIGUSR1 + restart equals an uninterrupted run,
-2 gloo processes equal 1 process at the same global batch."""
+a NaN loss or gradient stops the run naming the step and items, training runs with dropout on,
+Pretrainer.forward combines the terms as each objective says, a real SIGUSR1 + restart (and an
+in-process stop + resume with dropout) equals an uninterrupted run, SIGTERM to the whole process
+group (DataLoader worker included) saves and exits 75, 2 gloo processes equal 1 process at the same
+global batch, optional TensorBoard logging."""
 
 import json
+import math
+import os
 import signal
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -14,7 +21,9 @@ from transformers import AutoModel, AutoTokenizer
 
 import pretrain_fixtures as fx
 from retrieval_pretraining import training
-from retrieval_pretraining.pretrain.train import export_base, train
+from retrieval_pretraining.pretrain import objectives as obj
+from retrieval_pretraining.pretrain.model import Pretrainer
+from retrieval_pretraining.pretrain.train import _fingerprint, export_base, train
 
 torch.set_num_threads(1)
 
@@ -25,6 +34,22 @@ def setup(tmp_path_factory):
     checkpoint = fx.tiny_checkpoint(root / "checkpoint")
     chunks, spans = fx.build_corpus(root / "corpus", docs=40)
     return checkpoint, chunks, spans
+
+
+@pytest.fixture(scope="module")
+def dropout_setup(setup, tmp_path_factory):
+    """The same corpus with a checkpoint that has BERT's dropout (0.1)."""
+    checkpoint = fx.tiny_checkpoint(tmp_path_factory.mktemp("dropout") / "checkpoint", dropout=0.1)
+    return checkpoint, setup[1], setup[2]
+
+
+@pytest.fixture
+def restore_stop_handlers():
+    """train() installs its SIGTERM/SIGUSR1 handlers in this (pytest's) process: put them back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def _run(settings, setup, out: Path):
@@ -82,6 +107,7 @@ def test_export_loads_with_automodel_and_encodes(setup, tmp_path):
     assert "torch" in info["versions"]
     heads = load_file(tmp_path / "heads.safetensors")
     assert {k.split(".")[0] for k in heads} == {"mlm_head", "projector"}
+    assert not (tmp_path / "tensorboard").exists()  # TensorBoard logging is off by default
 
 
 def test_none_objective_exports_the_base_checkpoint(setup, tmp_path):
@@ -107,6 +133,200 @@ def test_nan_loss_stops_naming_step_and_items(setup, tmp_path):
         train(fx.model_settings("mlm", max_steps=2), chunks=chunks, spans=None, checkpoint=broken,
               encoder_out=tmp_path / "enc", metrics_out=tmp_path / "m.jsonl",
               plot_out=tmp_path / "p.png", state_dir=tmp_path / "state")
+
+
+def _wrap_forward(monkeypatch, before=None, after=None):
+    """Patch Pretrainer.forward to call `before(model, batch)` / `after(model, batch, out)` around it."""
+    forward = Pretrainer.forward
+
+    def wrapped(self, batch, progress=0.0):
+        if before:
+            before(self, batch)
+        out = forward(self, batch, progress)
+        return after(self, batch, out) if after else out
+
+    monkeypatch.setattr(Pretrainer, "forward", wrapped)
+
+
+def test_nonfinite_gradient_stops_naming_step_and_items(setup, tmp_path, monkeypatch):
+    def infinite_slope(model, batch, out):
+        if int(batch["step"]) == 1:
+            # sqrt at 0: the value is 0 (every loss stays finite), the slope is inf (the gradient is not).
+            bias = model.mlm_head.bias[0]
+            out["loss"] = out["loss"] + (bias - bias.detach()).sqrt()
+        return out
+
+    _wrap_forward(monkeypatch, after=infinite_slope)
+    # Both micro-batches of the step (2 x 4 chunks) are named.
+    with pytest.raises(training.NonFiniteGradientError,
+                       match=r"gradient norm is (inf|nan) at step 1 for batch items \[\d+(, \d+){7}\]"):
+        _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path)
+
+
+def test_training_steps_run_with_dropout_on(dropout_setup, tmp_path, monkeypatch):
+    modes = []
+    _wrap_forward(monkeypatch, before=lambda model, batch: modes.append(
+        all(m.training for m in model.modules())))
+    code, _ = _run(fx.model_settings("mlm", max_steps=2), dropout_setup, tmp_path)
+    assert code == 0 and modes == [True] * 4  # 2 steps x 2 micro-batches
+
+
+def test_a_new_pretrainer_is_in_training_mode(dropout_setup):
+    model = Pretrainer(dropout_setup[0], fx.model_settings("mlm"))
+    ids = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 102]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        assert model.training and model.encoder.training
+        assert not torch.equal(model.hidden(ids, mask), model.hidden(ids, mask))  # dropout draws
+        model.eval()
+        assert torch.equal(model.hidden(ids, mask), model.hidden(ids, mask))
+
+
+def _hand_batch(views: int) -> dict:
+    """Two texts (the second padded), masked by hand; `views` stacks differently masked copies."""
+    original = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 102],
+                             [101, 2019, 3231, 2003, 2986, 102, 0, 0]])
+    attention = (original != 0).long()
+    masked_at = [[(2, 5), (3,)], [(1, 6), (2, 4)]]  # per view, per text: masked positions
+    inputs, labels = [], []
+    for view in range(views):
+        for text in range(2):
+            ids, label = original[text].clone(), torch.full_like(original[text], -100)
+            where = list(masked_at[view][text])
+            label[where], ids[where] = original[text, where], 103
+            inputs.append(ids)
+            labels.append(label)
+    return {
+        "input_ids": torch.stack(inputs), "attention_mask": attention.repeat(views, 1),
+        "labels": torch.stack(labels), "original_ids": original,
+        "span_start": torch.tensor([[1, 2, 4], [1, 3, 1]]), "span_end": torch.tensor([[2, 5, 7], [3, 5, 2]]),
+        "span_mask": torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool),
+        # Bags without [CLS]/[SEP]/[PAD], padded with 0.
+        "bag_ids": torch.tensor([[1996, 2006, 2938, 4937, 13523], [2003, 2019, 2986, 3231, 0]]),
+        "bag_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.bool),
+    }
+
+
+@pytest.mark.parametrize("variant", ["mlm", "costa", "costa-unmasked", "cpdae", "cpdae_r", "bow", "bow-paper"])
+def test_pretrainer_forward_combines_the_terms(setup, variant):
+    """Each total = the objective's formula over terms computed here from the encoder's outputs."""
+    objective = variant.split("-")[0]
+    settings = fx.model_settings(objective)
+    if variant == "costa-unmasked":
+        settings["costa"]["span_pass"] = "unmasked"
+    if variant == "bow-paper":
+        settings["bow"]["form"] = "paper"
+    model = Pretrainer(setup[0], settings).eval()
+    batch = _hand_batch(2 if objective.startswith("cpdae") else 1)
+    with torch.no_grad():
+        out = model(batch, progress=0.25)
+        hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        # MLM: the head on every position, padding and unmasked positions ignored.
+        mlm = torch.nn.functional.cross_entropy(model.mlm_head(hidden).flatten(0, 1), batch["labels"].flatten())
+        cls = hidden[:, 0]
+        if objective == "costa":
+            opts = settings["costa"]
+            source = hidden if variant == "costa" else model.encoder(
+                input_ids=batch["original_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+            spans = torch.stack([torch.stack([source[b, s:e].mean(0) for s, e in zip(
+                batch["span_start"][b].tolist(), batch["span_end"][b].tolist())]) for b in range(2)])
+            gwc = obj.costa_loss(model.projector(cls), spans, batch["span_mask"], temperature=opts["temperature"])
+            expected = {"loss_mlm": mlm, "loss_gwc": gwc, "loss": mlm + opts["lambda"] * gwc}
+        elif objective.startswith("cpdae"):
+            opts = settings["cpdae"]
+            assert opts["temperature"] is None  # the shipped default: per-variant temperature
+            logits = model.decoder(cls)
+            target = torch.zeros(2, model.vocab_size)
+            for b in range(2):
+                target[b, batch["bag_ids"][b][batch["bag_mask"][b]]] = 1
+            rec = obj.reconstruction_loss(logits, torch.cat([target, target]), opts["reconstruction"])
+            cl = obj.cpdae_contrastive(logits, 1.0) if objective == "cpdae" else obj.dense_contrastive(cls, 0.1)
+            expected = {"loss_mlm": mlm, "loss_rec": rec, "loss_cl": cl, "loss": rec + mlm + opts["lambda"] * cl}
+        elif objective == "bow":
+            opts = settings["bow"]
+            logits = model.mlm_head(cls) if variant == "bow" else cls @ model.encoder.embeddings.word_embeddings.weight.T
+            bow = obj.bow_loss(logits, batch["bag_ids"], batch["bag_mask"])
+            weight = opts["weight_end"] + (opts["weight"] - opts["weight_end"]) * 0.5 * (1 + math.cos(math.pi * 0.25))
+            expected = {"loss_mlm": mlm, "loss_bow": bow, "bow_weight": torch.tensor(weight), "loss": mlm + weight * bow}
+        else:
+            expected = {"loss_mlm": mlm, "loss": mlm}
+    assert out.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(out[key].float(), value.float(), msg=key)
+
+
+def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tmp_path, monkeypatch,
+                                                               restore_stop_handlers):
+    settings = fx.model_settings("mlm", max_steps=5)
+    assert _run(settings, dropout_setup, tmp_path / "whole")[0] == 0
+    calls = []
+
+    def signal_at_step_1(model, batch):
+        calls.append(1)
+        if len(calls) == 3:  # first micro-batch of step 1: the run stops once step 1 is done
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    _wrap_forward(monkeypatch, before=signal_at_step_1)
+    code, records = _run(settings, dropout_setup, tmp_path / "part")
+    assert code == training.RESUME_EXIT_CODE and [r["step"] for r in records] == [1, 2]
+    monkeypatch.undo()
+    code, records = _run(settings, dropout_setup, tmp_path / "part")
+    assert code == 0 and [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    # Dropout masks are keyed by (seed, step, micro-batch), so resuming draws the same ones.
+    _assert_same_weights(_weights(tmp_path / "part"), _weights(tmp_path / "whole"), atol=0.0)
+
+
+def test_sigterm_to_the_process_group_with_a_worker_saves_and_exits_75(setup, tmp_path):
+    checkpoint, chunks, _ = setup
+    settings = fx.model_settings("mlm", max_steps=10_000, num_workers=1)
+    proc = fx.run_module(settings, checkpoint, chunks, None, tmp_path, wait=False, new_session=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    # As Slurm does: every process of the step, the DataLoader worker included, gets the signal.
+    os.killpg(proc.pid, signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == training.RESUME_EXIT_CODE, output[-3000:]
+    assert (tmp_path / "state" / "checkpoints" / "latest.json").exists()
+    assert "DataLoader worker" not in output
+
+
+def test_tensorboard_without_the_package_fails_at_start(setup, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` raises ImportError
+    with pytest.raises(RuntimeError, match=r"`pip install tensorboard`"):
+        _run(fx.model_settings("mlm", max_steps=2, tensorboard=True), setup, tmp_path)
+    assert not (tmp_path / "state").exists()  # before any work
+
+
+def test_tensorboard_gets_the_metric_records(setup, tmp_path, monkeypatch):
+    calls = []
+
+    class FakeWriter:  # stands in for torch.utils.tensorboard.SummaryWriter (package optional)
+        def __init__(self, log_dir, purge_step=None):
+            calls.append(("open", log_dir, purge_step))
+
+        def add_scalar(self, tag, value, step):
+            calls.append((tag, value, step))
+
+        def close(self):
+            calls.append(("close",))
+
+    board = types.ModuleType("torch.utils.tensorboard")
+    board.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "tensorboard", types.ModuleType("tensorboard"))
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", board)
+    code, records = _run(fx.model_settings("mlm", max_steps=3, tensorboard=True), setup, tmp_path)
+    assert code == 0
+    assert calls[0] == ("open", str(tmp_path / "tensorboard"), None) and calls[-1] == ("close",)
+    expected = [(k, v, r["step"]) for r in records for k, v in r.items() if k != "step"]
+    assert sorted(calls[1:-1]) == sorted(expected)
+    # Logging only: switching it on or off keeps a resumable state.
+    off = fx.model_settings("mlm", max_steps=3)
+    assert _fingerprint(off, {}) == _fingerprint(fx.model_settings("mlm", max_steps=3, tensorboard=True), {})
 
 
 def _weights(folder):
@@ -150,9 +370,10 @@ def test_resume_after_sigusr1_equals_uninterrupted_run(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_equal_one_process(setup, tmp_path):
-    checkpoint, chunks, spans = setup
+def test_two_gloo_processes_equal_one_process(dropout_setup, tmp_path):
+    checkpoint, chunks, spans = dropout_setup
     # Global batch 8 of micro-batches of 4: 1 process accumulates 2, 2 processes accumulate 1.
+    # With dropout on: its masks are seeded per (step, micro-batch), not per process.
     settings = fx.model_settings("costa", max_steps=4, micro_batch_size=4)
     two = fx.run_module(settings, checkpoint, chunks, spans, tmp_path / "two", nproc=2, wait=False)
     one = fx.run_module(settings, checkpoint, chunks, spans, tmp_path / "one")

@@ -3,6 +3,7 @@ metrics on resume, NaN detection, cross-process gathering with correct gradients
 
 import json
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -96,6 +97,32 @@ def test_check_finite_names_step_and_items():
     with pytest.raises(training.NonFiniteLossError, match=r"'loss_gwc' is nan at step 7 .*\[11, 12\]"):
         training.check_finite({"loss_mlm": torch.tensor(1.0), "loss_gwc": torch.tensor(float("nan"))},
                               step=7, item_ids=torch.tensor([11, 12]))
+
+
+def test_check_finite_grad_norm_names_step_and_items():
+    training.check_finite_grad_norm(torch.tensor(3.0), step=0, item_ids=[1])
+    with pytest.raises(training.NonFiniteLossError, match=r"gradient norm is inf at step 3 .*\[4, 5\]"):
+        training.check_finite_grad_norm(torch.tensor(float("inf")), step=3, item_ids=torch.tensor([4, 5]))
+
+
+def test_seed_torch_depends_on_the_key_not_on_earlier_draws():
+    training.seed_torch(1, 2, 3)
+    first = torch.rand(4)
+    torch.rand(7)
+    training.seed_torch(1, 2, 3)
+    assert torch.equal(torch.rand(4), first)
+    training.seed_torch(1, 2, 4)
+    assert not torch.equal(torch.rand(4), first)
+
+
+def test_worker_init_ignores_the_stop_signals():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        training.ignore_stop_signals(0)
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in saved)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def test_oom_message_names_the_config_key():

@@ -10,6 +10,8 @@ Stable API (fine-tuning depends on it):
     accumulation_steps, build_optimizer, linear_schedule, autocast
     save_state, load_state, StopFlag, RESUME_EXIT_CODE
     MetricsWriter, Progress, check_finite, NonFiniteLossError, oom_guard, plot_losses, seed_everything
+    (added, used by pre-training) seed_torch, ignore_stop_signals, check_finite_grad_norm,
+    NonFiniteGradientError, require_tensorboard, TensorBoardLog
 
 Checkpoints are written WITHOUT pickle: tensors go to safetensors files, everything else to JSON,
 inside a folder that is renamed into place (atomic); `latest.json` names the newest complete one.
@@ -174,6 +176,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_torch(seed: int, *key: int) -> None:
+    """Seed torch's generators (CPU and every GPU) from (seed, *key), e.g. (seed, step, micro-batch).
+
+    Called before each micro-batch, it makes dropout a function of which micro-batch is computed,
+    not of how many were computed before in this process: a resumed run and a run with another
+    number of processes draw the same dropout masks (on the same kind of device).
+    """
+    words = np.random.SeedSequence([seed, *key]).generate_state(2, np.uint32)
+    torch.manual_seed(((int(words[0]) << 32) | int(words[1])) & (2**63 - 1))
+
+
 # ---------------------------------------------------------------- checkpoint state --------------
 def _flatten(prefix: str, obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     """Replace every tensor inside a nested dict/list by a reference; collect the tensors."""
@@ -334,6 +347,18 @@ class StopFlag:
                     RESUME_EXIT_CODE)
 
 
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """DataLoader `worker_init_fn`: workers ignore SIGTERM and SIGUSR1; the main process saves.
+
+    Slurm signals every process of a job step. PyTorch's workers exit on a SIGTERM sent by anyone
+    but their parent (and on SIGUSR1 by default), after which the main process raises "DataLoader
+    worker killed" instead of saving its state. Workers still end when the main process shuts the
+    loader down, and their watchdog ends them if it dies.
+    """
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 # ---------------------------------------------------------------- observability -----------------
 class MetricsWriter:
     """Append one JSON object per logged step to a .jsonl file (main rank only).
@@ -413,6 +438,22 @@ def check_finite(losses: dict[str, torch.Tensor], *, step: int, item_ids: Any) -
             )
 
 
+class NonFiniteGradientError(NonFiniteLossError):
+    """The losses were finite but the gradient norm is NaN/inf (raised before the optimiser step)."""
+
+
+def check_finite_grad_norm(norm: torch.Tensor | float, *, step: int, item_ids: Any) -> None:
+    """Raise NonFiniteGradientError naming the step and items if `norm` (clip_grad_norm_'s result)
+    is NaN/inf: clipping would scale every gradient by NaN and the step would destroy the weights."""
+    value = float(norm)
+    if not math.isfinite(value):
+        ids = item_ids.tolist() if hasattr(item_ids, "tolist") else list(item_ids)
+        raise NonFiniteGradientError(
+            f"gradient norm is {value} at step {step} for batch items {ids} (the losses were "
+            "finite); lower the learning rate, check those inputs, or use precision fp32"
+        )
+
+
 @contextlib.contextmanager
 def oom_guard(micro_batch_size: int, hint: str = "micro_batch_size") -> Iterator[None]:
     """Turn an out-of-memory error into a message naming the config change that fixes it."""
@@ -454,6 +495,41 @@ def plot_losses(metrics_path: str | os.PathLike, png_path: str | os.PathLike,
     with artifacts.atomic_path(png_path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
+
+
+def require_tensorboard() -> None:
+    """Fail at start (not after hours of training) when TensorBoard logging is on but not installed."""
+    try:
+        import tensorboard  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError as error:
+        raise RuntimeError(
+            "trainer.tensorboard is on but the `tensorboard` package is not installed: "
+            "`pip install tensorboard` in this environment, or set trainer.tensorboard: false"
+        ) from error
+
+
+class TensorBoardLog:
+    """The MetricsWriter records as TensorBoard scalars (one tag per numeric key, x = "step").
+
+    `purge_step` (the first step after a resume) hides events a stopped run wrote past its saved
+    state, so a resumed curve has one value per step, as metrics.jsonl does.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, purge_step: int | None = None):
+        require_tensorboard()
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def memory_mb(device: torch.device) -> float:

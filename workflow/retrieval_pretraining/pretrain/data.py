@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,8 +38,8 @@ class DataError(ValueError):
 
 
 # ---------------------------------------------------------------- validation + store ------------
-def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, values) of a list<int> column, zero-copy where possible."""
+def _flat(column: pa.ChunkedArray | pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) of a list<int> column; zero-copy for a plain (not chunked) array."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     return array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False)
 
@@ -121,26 +122,45 @@ def prepare_store(
 
 
 class ChunkStore:
-    """Random access to rows of the memory-mapped IPC files, as numpy views."""
+    """Random access to rows of the memory-mapped IPC files, as numpy views; nothing is copied.
+
+    Each record batch of each file stays where it is mapped (a part); a global row (file order,
+    then row order, as if the files were concatenated) is found through the parts' cumulative row
+    counts. Concatenating them instead would copy the whole corpus into every worker's memory.
+    """
 
     def __init__(self, paths: Sequence[Path]):
-        tables = [pa.ipc.open_file(pa.memory_map(str(p))).read_all() for p in paths]
-        self.has_spans = bool(tables) and all("span_start" in t.column_names for t in tables)
-        table = pa.concat_tables(tables).combine_chunks() if tables else None
-        if table is None or table.num_rows == 0:
+        readers = [pa.ipc.open_file(pa.memory_map(str(p))) for p in paths]
+        parts = [r.get_batch(i) for r in readers for i in range(r.num_record_batches)]
+        parts = [part for part in parts if part.num_rows]
+        if not parts:
             raise DataError(f"no chunks in {list(map(str, paths))}")
-        self.chunk_ids = table["chunk_id"].to_numpy()
-        self._cols = {
-            name: _flat(table[name]) for name in table.column_names if name != "chunk_id"
-        }
-        self.max_spans = int(np.diff(self._cols["span_start"][0]).max()) if self.has_spans else 0
+        self.has_spans = all("span_start" in r.schema.names for r in readers)
+        names = CHUNK_COLUMNS[1:] + (SPAN_COLUMNS if self.has_spans else ())
+        # starts[k] = global row of part k's first row; starts[-1] = number of rows.
+        self._starts = np.cumsum([0] + [part.num_rows for part in parts])
+        self._chunk_ids = [part.column("chunk_id").to_numpy() for part in parts]
+        self._cols = {name: [_flat(part.column(name)) for part in parts] for name in names}
+        self.max_spans = max(
+            int(np.diff(offsets).max()) for offsets, _ in self._cols["span_start"]
+        ) if self.has_spans else 0
 
     def __len__(self) -> int:
-        return len(self.chunk_ids)
+        return int(self._starts[-1])
+
+    def _locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part, row within the part) of each global row."""
+        part = np.searchsorted(self._starts, rows, side="right") - 1
+        return part, rows - self._starts[part]
+
+    def chunk_ids(self, rows: np.ndarray) -> np.ndarray:
+        part, local = self._locate(np.asarray(rows, dtype=np.int64))
+        return np.array([self._chunk_ids[p][r] for p, r in zip(part, local)], dtype=np.int64)
 
     def get(self, name: str, row: int) -> np.ndarray:
-        offsets, values = self._cols[name]
-        return values[offsets[row]:offsets[row + 1]]
+        part, local = self._locate(np.int64(row))
+        offsets, values = self._cols[name][int(part)]
+        return values[offsets[local]:offsets[local + 1]]
 
 
 # ---------------------------------------------------------------- order + masking ---------------
@@ -166,12 +186,18 @@ class Vocab:
         return cls(size=len(vocab), mask_id=tokenizer.mask_token_id, pad_id=tokenizer.pad_token_id,
                    excluded=np.array(sorted(excluded), dtype=np.int64))
 
+    @functools.cached_property
+    def replacements(self) -> np.ndarray:
+        """The ids a masked position may be replaced by at random: every id but the excluded ones."""
+        return np.setdiff1d(np.arange(self.size, dtype=np.int64), self.excluded)
+
 
 def mask_tokens(
     ids: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, vocab: Vocab,
     rate: float, whole_word: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT masking of one chunk: select ~rate of its inner tokens; 80% [MASK], 10% random, 10% kept.
+    """BERT masking of one chunk: select ~rate of its inner tokens; 80% [MASK], 10% a random id
+    (never an excluded one: `Vocab.replacements`), 10% kept.
 
     Returns (masked ids, labels with -100 where nothing is predicted). With `whole_word`, whole
     words (from `word_starts`; a word ends where the next begins or at the final [SEP]) are
@@ -201,7 +227,8 @@ def mask_tokens(
     action = rng.random(len(positions))
     masked[positions[action < 0.8]] = vocab.mask_id
     random_pos = positions[(action >= 0.8) & (action < 0.9)]
-    masked[random_pos] = rng.integers(0, vocab.size, size=len(random_pos))
+    # A random [CLS]/[SEP]/[PAD]/[unusedN] would be a corruption BERT never sees at fine-tuning.
+    masked[random_pos] = vocab.replacements[rng.integers(0, len(vocab.replacements), size=len(random_pos))]
     return masked, labels
 
 
@@ -282,7 +309,7 @@ class MicroBatches(torch.utils.data.Dataset):
         store = self.store
         originals = [store.get("input_ids", r) for r in rows]
         words = [store.get("word_starts", r) for r in rows]
-        chunk_ids = store.chunk_ids[rows]
+        chunk_ids = store.chunk_ids(rows)
         masked, labels = [], []
         for view in range(self.views):  # views stacked: [view 0 of all items, view 1 of all, ...]
             for ids, ws, cid in zip(originals, words, chunk_ids):

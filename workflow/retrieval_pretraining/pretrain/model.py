@@ -108,6 +108,9 @@ class Pretrainer(nn.Module):
                 # Start the sigmoid outputs at the data's word-set density instead of 0.5: otherwise
                 # the first thousands of steps only learn "most words are absent" via the bias.
                 nn.init.constant_(self.decoder[-1].bias, math.log(bag_prior / (1 - bag_prior)))
+        # from_pretrained returns the encoder in eval mode (dropout off); a new Pretrainer starts in
+        # training mode like any new module. Call .eval() for deterministic passes.
+        self.train()
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

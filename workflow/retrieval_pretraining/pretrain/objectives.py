@@ -78,9 +78,14 @@ def costa_loss(
 
 # ---------------------------------------------------------------- CPDAE --------------------------
 def multi_hot(bag_ids: torch.Tensor, bag_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[B, K] padded id sets -> [B, V] 0/1 targets."""
+    """[B, K] padded id sets -> [B, V] 0/1 targets.
+
+    Only the real entries are written: scattering the padding too would write 0s to the pad id's
+    column, erasing that id when it is also a real member (scatter order is unspecified).
+    """
     target = torch.zeros(bag_ids.shape[0], vocab_size, device=bag_ids.device)
-    return target.scatter_(1, bag_ids, bag_mask.float())
+    rows = torch.arange(bag_ids.shape[0], device=bag_ids.device).unsqueeze(1).expand_as(bag_ids)
+    return target.index_put_((rows[bag_mask], bag_ids[bag_mask]), target.new_ones(()))
 
 
 def reconstruction_loss(logits: torch.Tensor, target: torch.Tensor, reduction: str = "sum") -> torch.Tensor:

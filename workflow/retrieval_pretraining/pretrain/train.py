@@ -2,7 +2,8 @@
 
 One optimiser step = one global batch = accumulation x world_size micro-batches. Loss terms are
 means per micro-batch; the step's gradient is their mean, so 1 process with accumulation 2 and 2
-processes with accumulation 1 compute the same update (same micro-batches, see data.py).
+processes with accumulation 1 compute the same update (same micro-batches, see data.py; dropout
+seeded per micro-batch, so the same masks too, up to floating-point summation order).
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ from .model import Pretrainer
 log = logging.getLogger(__name__)
 
 
+# Trainer keys that only change what is logged: toggling them keeps a resumable state.
+LOGGING_ONLY = ("tensorboard",)
+
+
 def _fingerprint(settings: dict[str, Any], checksums: dict[str, Any]) -> str:
     """What a resumable state must match: same settings, same data (else it is discarded)."""
-    payload = json.dumps({"settings": settings, "data": checksums}, sort_keys=True)
+    trainer = {k: v for k, v in settings.get("trainer", {}).items() if k not in LOGGING_ONLY}
+    payload = json.dumps({"settings": settings | {"trainer": trainer}, "data": checksums}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -89,13 +95,23 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
     training.plot_losses(metrics, plot, title=f"{settings['name']}: base checkpoint, no training")
 
 
+def _tensorboard(log_dir: Path, start: int) -> training.TensorBoardLog:
+    """TensorBoard log beside metrics.jsonl (not a declared output). A fresh run replaces an old
+    log; a resumed one hides what the stopped run logged after its saved step."""
+    if start == 0:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return training.TensorBoardLog(log_dir, purge_step=start + 1 if start else None)
+
+
 def train(
     settings: dict[str, Any], *, chunks: Sequence[Path], spans: Sequence[Path] | None,
     checkpoint: Path, encoder_out: Path, metrics_out: Path, plot_out: Path, state_dir: Path,
 ) -> int:
     """Train (or resume) one model; returns 0 when exported, RESUME_EXIT_CODE when stopped by a signal."""
-    env = training.init_distributed()
     tr, objective = settings["trainer"], settings["objective"]
+    if tr.get("tensorboard"):
+        training.require_tensorboard()  # on every rank, before any work: a clear error, no hang
+    env = training.init_distributed()
     checkpoint, state_dir = Path(checkpoint), Path(state_dir)
     training.seed_everything(settings["seed"])  # head initialisation is the same on every rank
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
@@ -155,9 +171,13 @@ def train(
         # Worker seeds come from this generator, not the global RNG, so resuming does not shift it.
         generator=torch.Generator().manual_seed(settings["seed"]),
         pin_memory=env.device.type == "cuda",
+        # Slurm's SIGTERM/SIGUSR1 reach the workers too: only the main process may act on them.
+        worker_init_fn=training.ignore_stop_signals,
     )
     metrics = training.MetricsWriter(metrics_out, resume_step=start, enabled=env.is_main,
                                      history=ckpt_dir / "metrics.jsonl")
+    board = _tensorboard(Path(metrics_out).parent / "tensorboard", start) \
+        if tr.get("tensorboard") and env.is_main else None
     stop = training.StopFlag()
     bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc=settings["name"])
     batches = iter(loader)
@@ -171,11 +191,18 @@ def train(
         )
 
     started = time.perf_counter()
+    model.train()  # dropout on (from_pretrained loads in eval mode)
     for step in range(start, total_steps):
         sums: dict[str, float] = defaultdict(float)
         tokens = 0
+        item_ids: list[int] = []
         for micro in range(accumulation):
-            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(batches).items()}
+            host_batch = next(batches)
+            item_ids += host_batch["chunk_ids"].tolist()  # named if the step's gradient is not finite
+            batch = {k: v.to(env.device, non_blocking=True) for k, v in host_batch.items()}
+            # Dropout masks keyed by (seed, step, global micro-batch index): identical on resume and
+            # for any number of processes, without per-rank RNG state in the checkpoint.
+            training.seed_torch(settings["seed"], step, micro * env.world_size + env.rank)
             sync = ddp.no_sync() if env.distributed and micro < accumulation - 1 else contextlib.nullcontext()
             with sync, training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
                 out = forward(batch, progress=step / total_steps)
@@ -185,6 +212,7 @@ def train(
                 sums[key] += float(value.detach()) / accumulation
             tokens += int(batch["n_tokens"])
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
+        training.check_finite_grad_norm(grad_norm, step=step, item_ids=item_ids)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -198,19 +226,27 @@ def train(
         record = dict(zip(keys, reduced[:-1].tolist()))
         rate = bar.update(int(reduced[-1]), loss=record["loss"])
         if env.is_main and ((step + 1) % tr["log_every"] == 0 or step + 1 == total_steps):
-            metrics.write(record | {
+            record |= {
                 "step": step + 1, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": rate,
                 "tokens_seen": tokens_seen, "memory_mb": training.memory_mb(env.device),
-            })
+            }
+            metrics.write(record)
+            if board is not None:
+                board.write(record)
         done = step + 1
         if env.is_main and tr["checkpoint_every"] and done % tr["checkpoint_every"] == 0 and done < total_steps:
             save(done)
         if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
             bar.close()
+            if board is not None:
+                board.close()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done, stop.signal_name)
             training.teardown_distributed()
             return training.RESUME_EXIT_CODE
     bar.close()
+    if board is not None:
+        board.close()
+    model.eval()
 
     if env.is_main:
         info = {
