@@ -145,6 +145,8 @@ def _gather_worker(rank, world, init_file, inputs, out_dir):
     loss.backward()
     save_file({"loss": loss.detach().reshape(1), "text": text.grad, "spans": spans.grad},
               f"{out_dir}/rank{rank}.safetensors")
+    # Neither rank tears gloo down while the other still talks to it (an occasional SIGABRT).
+    dist.barrier()
     dist.destroy_process_group()
 
 
