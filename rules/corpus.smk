@@ -97,7 +97,13 @@ rule audit_spans:
         checkpoint=corpus_checkpoint(),
         code=module_source("spans.py", "chunk.py", "artifacts.py"),
     output:
-        plot="results/corpus/spans/{spans}/lengths.png",
+        plot=report(
+            "results/corpus/spans/{spans}/lengths.png",
+            caption="../workflow/report/span_lengths.rst",
+            category="2. Pre-training",
+            subcategory="Span lengths",
+            labels={"span index": "{spans}"},
+        ),
         sample="results/corpus/spans/{spans}/sample.md",
     log:
         "results/logs/audit_spans/{spans}.log",

@@ -70,7 +70,13 @@ rule pretrain_model:
     output:
         encoder=directory("results/pretrain/{model}/encoder"),
         metrics="results/pretrain/{model}/metrics.jsonl",
-        plot="results/pretrain/{model}/loss.png",
+        plot=report(
+            "results/pretrain/{model}/loss.png",
+            caption="../workflow/report/pretrain_loss.rst",
+            category="2. Pre-training",
+            subcategory="Loss per model",
+            labels={"model": "{model}"},
+        ),
         # Projector / decoder / MLM head (dropped from the encoder), for the analyses.
         heads="results/pretrain/{model}/heads.safetensors",
     log:
@@ -113,7 +119,13 @@ rule export_base_encoder:
     output:
         encoder=directory("results/pretrain/{model}/encoder"),
         metrics="results/pretrain/{model}/metrics.jsonl",
-        plot="results/pretrain/{model}/loss.png",
+        plot=report(
+            "results/pretrain/{model}/loss.png",
+            caption="../workflow/report/pretrain_loss.rst",
+            category="2. Pre-training",
+            subcategory="Loss per model",
+            labels={"model": "{model}"},
+        ),
     log:
         "results/logs/export_base_encoder/{model}.log",
     wildcard_constraints:

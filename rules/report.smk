@@ -2,6 +2,7 @@
 # Everything here is driven by the `report` config section; `report_targets()` lists what to build.
 import hashlib as _hashlib
 import json as _json
+import re as _report_re
 
 
 def report_models():
@@ -146,6 +147,44 @@ def get_stage_artifacts():
             f"results/bm25/{n['dataset']}/negatives.parquet"
             for n in config["bm25"]["negatives"]
         ]
+        + finetune_stage_artifacts()
+    )
+
+
+def finetune_stage_artifacts():
+    """Every fine-tuning stage's encoder and mined hard negatives, the dense index behind every
+    dense run, the runs (BM25's own copy, which has the manifest) and the metrics the tables read
+    (a metrics JSON holds its own statistics)."""
+    encoders, negatives = [], []
+    for entry in config["finetune"]["datasets"]:
+        rounds = finetune_knobs(entry["dataset"])["rounds"]
+        for model in finetune_models():
+            base = f"results/finetune/{model}/{entry['dataset']}"
+            encoders += [f"{base}/stage{k}/encoder" for k in range(1, rounds + 2)]
+            negatives += [
+                f"{base}/stage{k}/hard-negatives.parquet" for k in range(1, rounds + 1)
+            ]
+    models = "|".join(
+        _report_re.escape(m) for m in sorted(finetune_models(), key=len, reverse=True)
+    )
+    dense_runs = get_dense_run_targets()
+    indexes = []
+    for run in dense_runs:
+        match = _report_re.fullmatch(
+            rf"results/runs/([^/]+)/({models})-([^/]+)/[^/]+\.trec", run
+        )
+        indexes.append(f"results/index/{match[2]}/{match[1]}/{match[3]}/faiss")
+    bm25_runs = [
+        f"results/bm25/{e['dataset']}/runs/{e['split']}.trec"
+        for e in config["evaluate"]["splits"]
+    ]
+    return (
+        encoders
+        + negatives
+        + sorted(set(indexes))
+        + bm25_runs
+        + dense_runs
+        + get_report_metrics()
     )
 
 
@@ -290,7 +329,7 @@ rule tsne_candidates:
         figure=report(
             "results/analysis/tsne/{dataset}/{split}.png",
             caption="../workflow/report/tsne.rst",
-            category="3. Analyses",
+            category="4. Analyses",
         ),
         json="results/analysis/tsne/{dataset}/{split}.json",
     log:
@@ -334,7 +373,7 @@ rule token_coverage:
         figure=report(
             "results/analysis/coverage.png",
             caption="../workflow/report/coverage.rst",
-            category="3. Analyses",
+            category="4. Analyses",
         ),
         json="results/analysis/coverage.json",
     log:
@@ -367,7 +406,7 @@ rule cpdae_top_words:
         html=report(
             "results/analysis/cpdae-top-words.html",
             caption="../workflow/report/cpdae_words.rst",
-            category="3. Analyses",
+            category="4. Analyses",
         ),
     log:
         "results/logs/analysis/cpdae_top_words.log",
@@ -391,7 +430,7 @@ rule stage_statistics:
         html=report(
             "results/report/stage-statistics.html",
             caption="../workflow/report/stage_statistics.rst",
-            category="4. Provenance",
+            category="5. Provenance",
         ),
     log:
         "results/logs/stage_statistics.log",

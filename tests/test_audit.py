@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from retrieval_pretraining import artifacts, audit
+from retrieval_pretraining import analysis, artifacts, audit
 from retrieval_pretraining.checkpoints import package_folder
+from retrieval_pretraining.tables import markdown_to_html
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["The snow is white and very cold.", "The albedo of snow is high and reflects sunlight."]
@@ -188,7 +189,96 @@ def results(tmp_path_factory):
     (res / "pretrain/costa/metrics.jsonl").write_text(
         "\n".join(json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 5)) + "\n"
     )
+    write_figures_pages_and_heads(res, ckpt, save_file)
     return res
+
+
+def tiny_png(path: Path) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (6, 4), "white").save(path)
+
+
+TABLES_MD = """# Results: experiment `toy`
+
+| system | nDCG@10 |
+|---|---:|
+| BM25 | 0.750 |
+
+## Provenance
+
+- experiment: `toy`
+- config hash (sha256 of the resolved config): `0123456789abcdef`
+- code version: `abc1234`
+- date: 2026-01-01T00:00:00+00:00
+- tables built on: host, Linux, 2 CPUs
+"""
+
+
+def write_figures_pages_and_heads(res: Path, ckpt: Path, save_file) -> None:
+    """The kinds that are not tables: figures, pages, heads, dataset.json, downloads."""
+    # A pre-trained encoder with its heads, loss curve and the analyses of its metrics.
+    encoder = res / "pretrain/costa/encoder"
+    encoder.mkdir()
+    shutil.copy(ckpt / "config.json", encoder)
+    shutil.copy(ckpt / "tokenizer.json", encoder)
+    save_file({"embeddings.word_embeddings.weight": np.zeros((10, 4), np.float32)},
+              str(encoder / "model.safetensors"))
+    (encoder / "training.json").write_text(json.dumps({"objective": "costa", "steps": 4}))
+    heads = {
+        "mlm_head.bias": np.zeros(10, np.float32),
+        "mlm_head.transform.dense.weight": np.zeros((4, 4), np.float32),
+        "projector.0.weight": np.zeros((4, 4), np.float32),
+    }
+    save_file(heads, str(res / "pretrain/costa/heads.safetensors"), metadata={"objective": "costa"})
+    save_file(
+        {"cls.predictions.bias": np.zeros(10, np.float32)}, str(ckpt / "mlm_head.safetensors")
+    )
+    tiny_png(res / "pretrain/costa/loss.png")
+    analysis.loss_curves(
+        {"costa": res / "pretrain/costa/metrics.jsonl"},
+        res / "analysis/loss-curves.png",
+        res / "analysis/loss-curves.json",
+    )
+    words = "# CPDAE decoder: top 2 words\n\n**Top words:** snow · ice\n"
+    (res / "analysis/cpdae-top-words.md").write_text(words)
+    (res / "analysis/cpdae-top-words.html").write_text(markdown_to_html(words, "CPDAE words"))
+    tiny_png(res / "corpus/spans/costa/lengths.png")
+    sample = "# Span sample: spans=costa\n\n> ⟦the⟧ snow\n"
+    (res / "corpus/spans/costa/sample.md").write_text(sample)
+    # The tables and their copies for the report.
+    (res / "tables.md").write_text(TABLES_MD)
+    (res / "report").mkdir()
+    (res / "report/tables.html").write_text(markdown_to_html(TABLES_MD, "Results"))
+    cell = {"column": "nDCG@10", "value": 0.75, "marks": "", "bold": False, "tests": {}}
+    artifacts.write_json(
+        res / "report/tables.json",
+        {
+            "tables": {"main": [{"group": "Sparse", "rows": [
+                {"label": "BM25", "system": "bm25", "cells": [cell]},
+            ]}]},
+            "low_resource": None,
+            "missing": [],
+        },
+    )
+    artifacts.write_json(
+        res / "datasets/toy/dataset.json",
+        {"name": "toy", "format": "beir", "title": "space", "exclude_query_id": True,
+         "splits": ["train"], "corpus": {"documents": 3, "empty_text": 0, "empty_title": 0}},
+    )
+    download = res / "downloads/datasets/toy/queries.tsv"
+    download.parent.mkdir(parents=True)
+    download.write_text("q1\twhat reflects sunlight\n")
+    artifacts.write_manifest(
+        audit.download_manifest_path(download),
+        stage="download",
+        params={"url": "https://example.org/queries.tsv"},
+        stats={"bytes": download.stat().st_size, "sha256": artifacts.sha256_file(download)},
+    )
+    (res / "logs/score_run/toy/bm25").mkdir(parents=True)
+    (res / "logs/score_run/toy/bm25/test.log").write_text("INFO scored\n")
+    (res / "bm25/toy/index/.snakemake_timestamp").write_text("")
 
 
 def run_audit(path, capsys):
@@ -253,6 +343,28 @@ def test_negatives_show_their_query_and_catch_leaked_positives(results, capsys):
         ("checkpoints/minilm", "[model folder"),
         ("pretrain/costa/metrics.jsonl", "[training metrics"),
         ("corpus/chunks/shard-0000.manifest.json", "[manifest]"),
+        ("datasets/toy/dataset.json", "[dataset info (dataset.json)]"),
+        ("report/tables.json", "[results tables (JSON)]"),
+        ("report/tables.html", "[report page (HTML)]"),
+        ("tables.md", "[Markdown page]"),
+        ("pretrain/costa/heads.safetensors", "[pre-training heads (safetensors)]"),
+        ("pretrain/costa/loss.png", "[figure (PNG)]"),
+        ("pretrain/costa/encoder/model.safetensors", "[model weights (safetensors)]"),
+        ("pretrain/costa/encoder/training.json", "[training.json (model folder file)]"),
+        ("checkpoints/minilm/mlm_head.safetensors", "[checkpoint MLM head (safetensors)]"),
+        ("checkpoints/minilm/tokenizer.json", "[tokenizer (Hugging Face tokenizers)]"),
+        ("checkpoints/minilm/config.json", "[config.json (model folder file)]"),
+        ("analysis/loss-curves.png", "[figure (PNG)]"),
+        ("analysis/loss-curves.json", "[analysis numbers (JSON)]"),
+        ("analysis/loss-curves.manifest.json", "[manifest]"),
+        ("analysis/cpdae-top-words.md", "[Markdown page]"),
+        ("analysis/cpdae-top-words.html", "[report page (HTML)]"),
+        ("corpus/spans/costa/lengths.png", "[figure (PNG)]"),
+        ("corpus/spans/costa/sample.md", "[Markdown page]"),
+        ("downloads/datasets/toy/queries.tsv", "[downloaded file]"),
+        ("downloads/datasets/toy/queries.tsv.manifest.json", "[manifest]"),
+        ("bm25/toy/index/segments_1", "[file of a Lucene index folder]"),
+        ("index/bert/toy/stage1/docid", "[file of a FAISS folder"),
     ],
 )
 def test_every_artifact_kind_is_recognised_and_passes(results, capsys, rel, kind):
@@ -299,8 +411,12 @@ def test_real_dump_and_multistream_index(capsys):
         ("notes.txt", b"hello", "no artifact of this workflow"),
         ("broken.parquet", b"PAR1 not really", "not a readable Parquet file"),
         ("run.trec", b"q1 Q0 d1 1 9.5\n", "expected 6 fields"),
-        ("other.json", b'{"a": 1}', "neither metrics, a manifest"),
+        ("other.json", b'{"a": 1}', "none this workflow writes"),
         ("x.bz2", b"not bz2", "not bzip2"),
+        ("figure.png", b"GIF89a not a png", "not a PNG image"),
+        ("page.html", b"just text", "no <html> element"),
+        ("notes.md", b"# my notes", "a Markdown page, but not one this workflow writes"),
+        ("weights.safetensors", b"\xff" * 16, "not a safetensors file"),
     ],
 )
 def test_non_artifacts_fail_clearly(tmp_path, capsys, name, content, message):
@@ -337,3 +453,93 @@ def test_stage_statistics_page_lists_each_manifest(results, tmp_path):
         and "sample_spans" in page
         and "(no manifest)" in page
     )
+
+
+def test_figures_say_what_made_them_and_their_size(results, capsys):
+    status, out, _ = run_audit(results / "analysis/loss-curves.png", capsys)
+    assert status == 0, out
+    assert "written by rule loss_curves" in out and " pixels, " in out
+    assert "stage: analysis.loss_curves" in out  # the manifest analysis.py writes beside it
+    assert "PASS  the numbers behind it exist (loss-curves.json)" in out
+    status, out, _ = run_audit(results / "pretrain/costa/loss.png", capsys)
+    assert "6 x 4 pixels" in out and "written by rule pretrain_model" in out
+    assert "PASS  the numbers behind it exist (metrics.jsonl)" in out
+
+
+def test_a_damaged_figure_fails_and_a_stray_one_is_refused(results, tmp_path, capsys):
+    png = (results / "analysis/loss-curves.png").read_bytes()
+    damaged = results / "analysis/tsne/toy/test.png"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(png[: len(png) // 2])
+    status, out, _ = run_audit(damaged, capsys)
+    assert status == 1 and "FAIL  PNG intact" in out and "FAIL  the numbers behind it" in out
+    stray = tmp_path / "holiday.png"
+    tiny_png(stray)
+    status, _, err = run_audit(stray, capsys)
+    assert status == 2 and "a PNG image, but not one this workflow writes" in err
+
+
+def test_safetensors_list_tensors_and_check_them_against_the_encoder(results, capsys):
+    status, out, _ = run_audit(results / "pretrain/costa/heads.safetensors", capsys)
+    assert status == 0, out
+    assert "projector.0.weight: [4, 4] F32" in out and '"objective": "costa"' in out
+    assert "groups: mlm_head (2 tensors), projector (1 tensors)" in out
+    assert "PASS  every dimension is the encoder's hidden or vocabulary size" in out
+    assert "PASS  objective equals the encoder's training.json" in out
+    from safetensors.numpy import save_file
+
+    bad = results / "pretrain/bad/heads.safetensors"
+    (bad.parent / "encoder").mkdir(parents=True)
+    shutil.copy(results / "pretrain/costa/encoder/config.json", bad.parent / "encoder")
+    save_file({"projector.0.weight": np.zeros((7, 4), np.float32)}, str(bad))
+    status, out, _ = run_audit(bad, capsys)
+    assert status == 1 and "FAIL  every dimension is the encoder's hidden" in out
+
+
+def test_tables_provenance_is_checked(results, capsys):
+    status, out, _ = run_audit(results / "tables.md", capsys)
+    assert status == 0, out
+    for field in ("config hash", "code version", "date", "hardware"):
+        assert f"PASS  provenance names the {field}" in out
+    (results / "tables.md").write_text(TABLES_MD.replace("- code version: `abc1234`\n", ""))
+    try:
+        status, out, _ = run_audit(results / "tables.md", capsys)
+    finally:
+        (results / "tables.md").write_text(TABLES_MD)
+    assert status == 1 and "FAIL  provenance names the code version" in out
+
+
+def test_dataset_info_and_tables_json_are_checked(results, capsys):
+    status, out, _ = run_audit(results / "datasets/toy/dataset.json", capsys)
+    assert status == 0 and "title mode 'space'" in out, out
+    assert "PASS  document count equals corpus.parquet's rows" in out
+    status, out, _ = run_audit(results / "report/tables.json", capsys)
+    assert status == 0 and "BM25 [bm25]: nDCG@10 0.7500" in out, out
+
+
+def test_a_download_is_compared_with_its_manifest(results, capsys):
+    path = results / "downloads/datasets/toy/queries.tsv"
+    status, out, _ = run_audit(path, capsys)
+    assert status == 0 and "what reflects sunlight" in out, out
+    assert "PASS  sha256 equals the recorded download's" in out
+    original = path.read_text()
+    path.write_text(original.upper())
+    try:
+        status, out, _ = run_audit(path, capsys)
+    finally:
+        path.write_text(original)
+    assert status == 1 and "FAIL  sha256 equals the recorded download's" in out
+
+
+def test_logs_and_snakemake_markers_are_not_artifacts(results, capsys):
+    status, _, err = run_audit(results / "logs/score_run/toy/bm25/test.log", capsys)
+    assert status == 2 and "a Snakemake job log of rule score_run, not an artifact" in err
+    status, _, err = run_audit(results / "bm25/toy/index/.snakemake_timestamp", capsys)
+    assert status == 2 and "timestamp marker of the folder output" in err
+
+
+def test_stage_statistics_read_a_metrics_file_itself(results, tmp_path):
+    out = tmp_path / "stats.html"
+    assert audit.main(["--stage-stats", str(out), str(results / "metrics/toy/bm25/test.json")]) == 0
+    page = out.read_text()
+    assert "score_run" in page and "nDCG@10=0.75" in page and "(no manifest)" not in page

@@ -1,18 +1,25 @@
-"""The whole demo DAG, raw Wikipedia dump to results/tables.md, on a tiny config (issue 6, "Tests").
+"""The whole demo DAG, raw Wikipedia dump to `rule all`, on a tiny config (issue 6, "Tests").
 
-One Snakemake run on a project copy (tests/tiny_experiment.py: a 374-document SciFact subset,
-4 pre-training steps per model, 1 short fine-tuning epoch); then the results are checked against
-what the contracts say they must be, a second run must have nothing to do, and a COSTA-only config
-change must plan COSTA's jobs and nothing upstream or beside them.
+One Snakemake run of `all` on a project copy (tests/tiny_experiment.py: a 374-document SciFact
+subset, 4 pre-training steps per model, 1 short fine-tuning epoch, every analysis at a tiny size);
+then the results are checked against what the contracts say they must be (tables and their
+provenance, the analyses, the Snakemake report with every figure and caption, `audit` on every
+artifact), a second run must have nothing to do, and a COSTA-only config change must plan COSTA's
+jobs and nothing upstream or beside them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import fnmatch
 import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
+import zipfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,7 +32,8 @@ from workflow_harness import copy_project, planned_rules, snakemake
 
 pytestmark = pytest.mark.slow
 
-TARGET = "results/tables.md"
+TARGET = "all"  # tables, analyses, span audit, per-stage statistics: every rule of the demo
+TABLES = "results/tables.md"
 SPLIT = "test"
 
 
@@ -33,7 +41,7 @@ SPLIT = "test"
 def project(tmp_path_factory) -> Path:
     if reuse := os.environ.get("E2E_PROJECT"):
         # Developing these checks: point at a project copy this fixture already ran (it is edited
-        # and restored by the COSTA test, and gains results/report.html).
+        # and restored by the COSTA test, and gains report.zip).
         return Path(reuse)
     project = copy_project(tmp_path_factory.mktemp("e2e") / "project", tiny_overrides())
     write_scifact_subset(project)
@@ -89,7 +97,7 @@ def test_all_five_models_are_configured(config):
 
 
 def test_tables_have_bm25_and_every_model_in_both_stages(project, config):
-    tables = (project / TARGET).read_text()
+    tables = (project / TABLES).read_text()
     main = tables.split("## Provenance")[0]  # the provenance table lists systems too
     group, values = None, defaultdict(list)
     for row in _table_rows(main):
@@ -195,6 +203,10 @@ def test_changing_costa_temperature_reruns_costa_only(project, config):
     assert plan.get("pretrain_model") == 1, plan
     assert plan.get("finetune_stage1") == 1 and plan.get("finetune_stage2") == 1, plan
     assert plan.get("make_tables") == 1, plan
+    # The analyses that read COSTA's outputs rerun; those that do not (CPDAE's words, spans) do not.
+    for analysis in ("loss_curves", "tsne_candidates", "token_coverage", "stage_statistics"):
+        assert plan.get(analysis) == 1, (analysis, plan)
+    assert "cpdae_top_words" not in plan and "audit_spans" not in plan, plan
     for rule, wildcards in jobs:
         if rule.startswith(("pretrain", "finetune", "mine", "encode", "build_dense", "dense")):
             assert re.search(rf"\bmodel={costa[0]}\b", wildcards), (rule, wildcards)
@@ -204,9 +216,176 @@ def test_changing_costa_temperature_reruns_costa_only(project, config):
     assert planned_rules(project, TARGET) == {}
 
 
-def test_the_report_contains_the_tables(project):
-    snakemake(project, TARGET, "--report", "results/report.html")
-    report = (project / "results/report.html").read_text(errors="replace")
-    # The tables are a report item: their file name and their rendered caption (workflow/report/tables.rst).
-    assert "tables.html" in report
-    assert "Rows are grouped by fine-tuning stage" in report
+def test_tables_provenance_names_every_field_and_existing_files(project, config):
+    text = (project / TABLES).read_text()
+    assert "## Provenance" in text, text
+    provenance = text.split("## Provenance", 1)[1]
+    assert re.search(r"^- config hash \(sha256 of the resolved config\): `[0-9a-f]{16}`$",
+                     provenance, re.M), provenance
+    assert re.search(r"^- code version: `[^`]+`$", provenance, re.M), provenance
+    date = dt.datetime.fromisoformat(re.search(r"^- date: (\S+)$", provenance, re.M).group(1))
+    written = dt.datetime.fromtimestamp((project / TABLES).stat().st_mtime, dt.timezone.utc)
+    assert abs((written - date).total_seconds()) < 600, (date, written)
+    assert re.search(r"^- tables built on: .+, \d+ CPUs$", provenance, re.M), provenance
+
+    rows = [r for r in _table_rows(provenance) if r[0] != "system"]
+    assert sorted(r[0] for r in rows) == sorted(_systems(config)), rows
+    objectives = {m["name"]: m["objective"] for m in config["pretrain"]["models"]}
+    for system, split, run, metrics, model, logs in rows:
+        assert split == f"{DATASET}/{SPLIT}"
+        assert run == f"`results/runs/{DATASET}/{system}/{SPLIT}.trec`", run
+        assert metrics == f"`results/metrics/{DATASET}/{system}/{SPLIT}.json`", metrics
+        if system == "bm25":
+            assert model == f"`results/bm25/{DATASET}/index`", model
+            expected_logs = [
+                f"build_bm25_index/{DATASET}.log", f"bm25_search/{DATASET}/{SPLIT}.log"
+            ]
+        else:
+            name, stage = system.rsplit("-", 1)
+            assert model == f"`results/finetune/{name}/{DATASET}/{stage}/encoder`", model
+            pretrain = "export_base_encoder" if objectives[name] == "none" else "pretrain_model"
+            expected_logs = [f"{pretrain}/{name}.log", f"finetune/{name}/{DATASET}/{stage}.log"]
+        assert re.findall(r"`([^`]+)`", logs) == [f"results/logs/{p}" for p in expected_logs]
+        for cell in (run, metrics, model, logs):
+            for path in re.findall(r"`([^`]+)`", cell):
+                assert (project / path).exists(), (system, path)
+
+
+def test_the_analyses_ran_as_rules(project, config, test_queries):
+    from PIL import Image
+
+    results = project / "results"
+    for figure in ("analysis/loss-curves.png", "analysis/coverage.png",
+                   f"analysis/tsne/{DATASET}/{SPLIT}.png", "corpus/spans/costa/lengths.png"):
+        with Image.open(results / figure) as image:
+            assert image.width >= 300 and image.height >= 200, (figure, image.size)
+
+    trained = [m["name"] for m in config["pretrain"]["models"] if m["objective"] != "none"]
+    steps = config["pretrain"]["trainer"]["max_steps"]
+    curves = json.loads((results / "analysis/loss-curves.json").read_text())
+    assert sorted(curves) == sorted(trained), curves
+    for name, terms in curves.items():
+        assert terms["loss"]["steps"] == steps and math.isfinite(terms["loss"]["last"]), name
+
+    coverage = json.loads((results / "analysis/coverage.json").read_text())
+    wanted = config["report"]["analysis"]["coverage"]
+    assert sorted(coverage["models"]) == sorted(wanted["models"]) and coverage["samples"] > 0
+    for name, info in coverage["models"].items():
+        assert info["projection"] == "mlm_head", (name, info)  # the saved heads were found
+        assert sorted(map(int, info["coverage"])) == sorted(wanted["ks"]), info
+        assert all(0.0 <= v <= 1.0 for v in info["coverage"].values()), info
+
+    tsne = json.loads((results / f"analysis/tsne/{DATASET}/{SPLIT}.json").read_text())
+    assert tsne["query_id"] in test_queries and tsne["relevant"], tsne
+    depth = config["report"]["analysis"]["tsne"]["depth"]
+    assert sorted(tsne["models"]) == ["bert", "costa"], tsne
+    assert all(m["candidates"] == depth for m in tsne["models"].values()), tsne
+
+    words = (results / "analysis/cpdae-top-words.md").read_text()
+    top = config["report"]["analysis"]["cpdae_top_words"]["top"]
+    lines = [l for l in words.splitlines() if l.startswith("**Top words:**")]
+    assert len(lines) == 1 and len(lines[0].split(" · ")) == top, words  # the decoder was found
+    assert "Top words" in (results / "analysis/cpdae-top-words.html").read_text()
+
+    sample = (results / "corpus/spans/costa/sample.md").read_text()
+    assert sample.startswith("# Span sample") and "| granularity |" in sample, sample[:500]
+    for stem in ("loss-curves", "coverage", "cpdae-top-words", f"tsne/{DATASET}/{SPLIT}"):
+        manifest = json.loads((results / f"analysis/{stem}.manifest.json").read_text())
+        assert manifest["stage"].startswith("analysis.") and manifest["inputs"], stem
+
+    stats = (results / "report/stage-statistics.html").read_text()
+    assert "(no manifest)" not in stats
+    for kind in ("results/wikipedia/articles/", "results/corpus/spans/", "results/pretrain/",
+                 f"results/bm25/{DATASET}/negatives.parquet", "/stage2/encoder",
+                 "hard-negatives.parquet", "/faiss", "results/runs/", "results/metrics/"):
+        assert kind in stats, kind
+
+
+def _artifact_files(project: Path) -> list[str]:
+    """Every file under results/ but Snakemake's job records: logs/ and benchmarks/ (text about a
+    job, read by no rule, no manifest) and the `.snakemake_timestamp` marker in each folder output.
+    Files inside a folder artifact (model, Lucene, FAISS) are audited as part of their folder."""
+    skipped = ("results/logs/", "results/benchmarks/")
+    return sorted(
+        str(p.relative_to(project))
+        for p in (project / "results").rglob("*")
+        if p.is_file()
+        and p.name != ".snakemake_timestamp"
+        and not str(p.relative_to(project)).startswith(skipped)
+    )
+
+
+def _audit(project: Path, *paths: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(project / "workflow"))
+    return subprocess.run(
+        [sys.executable, "-m", "retrieval_pretraining.audit", "--rows", "1", *paths],
+        cwd=project, env=env, capture_output=True, text=True,
+    )
+
+
+def test_audit_explains_every_artifact(project):
+    paths = _artifact_files(project)
+    kinds = {Path(p).suffix or Path(p).name for p in paths}
+    assert {".png", ".md", ".html", ".safetensors", ".parquet", ".json", ".trec"} <= kinds, kinds
+    result = _audit(project, *paths)
+    failed = [l for l in result.stdout.splitlines() if l.lstrip().startswith("FAIL")]
+    assert result.returncode == 0 and not result.stderr and not failed, (
+        result.returncode, result.stderr[-3000:], failed[:20]
+    )
+    headers = [l for l in result.stdout.splitlines() if l.startswith("== ")]
+    assert len(headers) == len(paths), (len(headers), len(paths))
+
+
+def test_audit_refuses_what_is_not_an_artifact(project, tmp_path):
+    noise = tmp_path / "random.bin"
+    noise.write_bytes(os.urandom(4096))
+    result = _audit(project, str(noise))
+    assert result.returncode == 2, result
+    assert f"{noise}: no artifact of this workflow has this kind of name" in result.stderr
+    # Random bytes under an artifact's name are refused by what they contain.
+    fake = tmp_path / "results/analysis/coverage.png"
+    fake.parent.mkdir(parents=True)
+    fake.write_bytes(os.urandom(4096))
+    result = _audit(project, str(fake))
+    assert result.returncode == 2 and "not a PNG image" in result.stderr, result
+    # A job log: the message names the rule and the outputs to audit instead.
+    result = _audit(project, "results/logs/make_tables.log")
+    assert result.returncode == 2, result
+    assert "a Snakemake job log of rule make_tables, not an artifact" in result.stderr
+    assert "results/report/tables.json" in result.stderr, result.stderr
+
+
+# Every report item -> its caption (workflow/report/); the figures are every PNG the run wrote.
+CAPTIONS = {
+    "results/report/tables.html": "tables.rst",
+    "results/report/stage-statistics.html": "stage_statistics.rst",
+    "results/analysis/cpdae-top-words.html": "cpdae_words.rst",
+    "results/analysis/loss-curves.png": "loss_curves.rst",
+    "results/analysis/coverage.png": "coverage.rst",
+    "results/analysis/tsne/*.png": "tsne.rst",
+    "results/analysis/low-resource.png": "low_resource.rst",
+    "results/corpus/spans/*/lengths.png": "span_lengths.rst",
+    "results/pretrain/*/loss.png": "pretrain_loss.rst",
+    "results/finetune/*/loss.png": "finetune_loss.rst",
+}
+
+
+def test_the_report_holds_every_figure_with_its_caption(project):
+    # Written beside results/, not in it: the report is not an artifact of the workflow.
+    snakemake(project, TARGET, "--report", "report.zip")
+    archive = zipfile.ZipFile(project / "report.zip")
+    page = archive.read("report/report.html").decode()
+    items = json.loads(re.search(r"^\s*var results = (\{.*\});\s*$", page, re.M).group(1))
+    figures = [str(p.relative_to(project)) for p in (project / "results").rglob("*.png")]
+    pages = [k for k in CAPTIONS if k.endswith(".html")]
+    assert len(figures) >= 2 + 2 * 5 + 5, figures  # analyses, span lengths, each training's loss
+    assert set(figures + pages) <= set(items), sorted(set(figures + pages) - set(items))
+    for path in sorted(figures + pages):
+        entry = items[path]
+        caption = next(CAPTIONS[k] for k in CAPTIONS if fnmatch.fnmatchcase(path, k))
+        opening = " ".join((project / "workflow/report" / caption).read_text().split()[:3])
+        assert opening in entry["caption"], (path, opening, entry["caption"][:300])
+        stored = archive.getinfo(f"report/{entry['data_uri']}")
+        assert stored.file_size == (project / path).stat().st_size, path
+    # The tables' caption is rendered with the config (Jinja in workflow/report/tables.rst).
+    assert "Rows are grouped by fine-tuning stage" in items["results/report/tables.html"]["caption"]

@@ -1,8 +1,9 @@
 """A tiny experiment for the end-to-end test: a BEIR SciFact subset plus config overrides.
 
 The whole demo DAG (dump -> articles -> chunks -> spans -> 5 pre-trained encoders -> BM25 ->
-2 fine-tuning stages each -> runs -> metrics -> tables) runs in a few minutes on 2 cores because
-the retrieval side shrinks to a few hundred documents and pre-training to a handful of steps.
+2 fine-tuning stages each -> runs -> metrics -> tables, analyses, span audit, per-stage statistics)
+runs in a few minutes on 2 cores because the retrieval side shrinks to a few hundred documents and
+pre-training to a handful of steps.
 """
 
 from __future__ import annotations
@@ -135,11 +136,29 @@ def tiny_overrides() -> dict:
                     "rows": None,
                 }
             ],
+            # Every analysis rule runs, at a size that adds well under a minute of CPU: t-SNE of
+            # 20 candidates, coverage of 8 chunks, the decoder words of one text.
             "analysis": {
-                "loss_curves": False,
-                "tsne": None,
-                "coverage": None,
-                "cpdae_top_words": None,
+                "loss_curves": True,
+                "tsne": {
+                    "dataset": DATASET,
+                    "split": "test",
+                    "query": None,
+                    "models": ["bert", "costa"],
+                    "stage": "stage2",
+                    "depth": 20,
+                    "max_len": 64,
+                },
+                "coverage": {
+                    "models": ["mlm", "costa", "cpdae", "bow"],
+                    "ks": [1, 5, 10],
+                    "samples": 8,
+                },
+                "cpdae_top_words": {
+                    "model": "cpdae",
+                    "texts": ["Anarchism is a political philosophy skeptical of authority."],
+                    "top": 10,
+                },
             },
         },
     }

@@ -11,6 +11,10 @@ The projection to the vocabulary needs a head. Exported encoders carry none, so 
 beside them (`results/pretrain/{model}/heads.safetensors`, keys as in the pre-training module:
 `mlm_head.*`, `decoder.*`) are used when present; otherwise coverage falls back to the BoW
 paper's own formula h_CLS . E^T with the tied word embeddings, and says so in its output.
+
+Each analysis writes one manifest beside its outputs (`coverage.png` + `coverage.json` ->
+`coverage.manifest.json`): parameters, inputs with checksums (an encoder by its weights file) and
+the headline numbers, so that `python -m retrieval_pretraining.audit` says what a figure came from.
 """
 
 from __future__ import annotations
@@ -41,6 +45,25 @@ def _pyplot():
 def save_figure(fig, path: Path) -> None:
     with artifacts.atomic_path(path) as tmp:
         fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=120)
+
+
+def write_manifest(
+    out: Path,
+    stage: str,
+    params: dict[str, Any],
+    inputs: dict[str, Path],
+    stats: dict[str, Any] | None = None,
+) -> None:
+    """One manifest for an analysis's outputs (`x.png` + `x.json` -> `x.manifest.json`), so that
+    `python -m retrieval_pretraining.audit` can say what a figure was made from."""
+    artifacts.write_manifest(
+        artifacts.manifest_path(out), stage=stage, params=params, inputs=inputs, stats=stats
+    )
+
+
+def encoder_weights(encoder_dir: Path) -> Path:
+    """The file that identifies an encoder folder in a manifest (its checksum is recorded)."""
+    return Path(encoder_dir) / "model.safetensors"
 
 
 # ----------------------------------------------------------------------------- loss curves
@@ -112,6 +135,13 @@ def loss_curves(
     plt.close(fig)
     if out_json is not None:
         artifacts.write_json(out_json, summary)
+    write_manifest(
+        out_png,
+        "analysis.loss_curves",
+        {"runs": list(runs)},
+        {name: Path(path) for name, path in runs.items()},
+        {"terms": terms, "runs_with_steps": sorted(summary)},
+    )
     return summary
 
 
@@ -226,6 +256,19 @@ def coverage(
     save_figure(fig, out_png)
     plt.close(fig)
     artifacts.write_json(out_json, result)
+    write_manifest(
+        out_png,
+        "analysis.coverage",
+        {"ks": [int(k) for k in ks], "samples": samples},
+        {"chunks": Path(chunks)}
+        | {name: encoder_weights(path) for name, path in models.items()}
+        | {
+            f"{name}_heads": Path(path).parent / "heads.safetensors"
+            for name, path in models.items()
+            if (Path(path).parent / "heads.safetensors").is_file()
+        },
+        {name: info["coverage"] for name, info in result["models"].items()},
+    )
     return result
 
 
@@ -281,6 +324,13 @@ def cpdae_top_words(
 
         with artifacts.atomic_path(out_html) as tmp:
             tmp.write_text(markdown_to_html(text_out, "CPDAE decoder top words"))
+    write_manifest(
+        out_md,
+        "analysis.cpdae_top_words",
+        {"texts": list(texts), "top": top},
+        {"encoder": encoder_weights(encoder_dir), "heads": heads_path},
+        {"decoder_found": bool(decoder_state), "texts": len(texts)},
+    )
     return text_out
 
 
@@ -420,6 +470,17 @@ def tsne(
     save_figure(fig, out_png)
     plt.close(fig)
     artifacts.write_json(out_json, summary)
+    inputs = {"qrels": dataset_dir / f"qrels-{split}.parquet"}
+    for name, (encoder_dir, run) in models.items():
+        inputs |= {name: encoder_weights(encoder_dir), f"{name}_run": Path(run)}
+    write_manifest(
+        out_png,
+        "analysis.tsne",
+        cfg | {"split": split, "seed": seed},
+        inputs,
+        {"query_id": qid}
+        | {name: info["relevant_retrieved"] for name, info in summary["models"].items()},
+    )
     return summary
 
 

@@ -6,7 +6,10 @@ its schema and size, a few rows rendered as text (token ids decoded with the che
 named by the manifests, spans shown inside their chunk, negatives shown with their query), and the
 contract checks it passed. Exit status: 0 all checks passed, 1 a check failed, 2 not an artifact.
 
-Each artifact kind has one small renderer; `detect` picks it from the path and its contents.
+Each artifact kind has one small renderer; `detect` picks it from the path and its contents. A file
+inside a folder artifact (a model, Lucene or FAISS folder) is audited as part of that folder. Not
+artifacts (exit 2, saying what they are instead): Snakemake's job logs (results/logs/), benchmarks
+(results/benchmarks/) and `.snakemake_timestamp` markers, and any file this workflow does not write.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ import argparse
 import base64
 import datetime as _dt
 import bz2
+import fnmatch
+import html as _html
 import json
 import math
+import re
+import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,11 +77,100 @@ def results_root(path: Path) -> Path | None:
     return None
 
 
+def results_relative(path: Path) -> str | None:
+    """The path below its `results/` folder ('pretrain/costa/loss.png'), or None outside one."""
+    root = results_root(path)
+    if root is None:
+        return None
+    return path.resolve().relative_to(root.resolve()).as_posix()
+
+
+def download_manifest_path(path: Path) -> Path:
+    """download.py's manifest keeps the whole name: `x.xml.bz2` -> `x.xml.bz2.manifest.json`."""
+    return path.with_name(path.name + ".manifest.json")
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    candidate = artifacts.manifest_path(path)
-    if candidate.is_file() and candidate.resolve() != path.resolve():
-        return json.loads(candidate.read_text())
+    for candidate in (artifacts.manifest_path(path), download_manifest_path(path)):
+        if candidate.is_file() and candidate.resolve() != path.resolve():
+            return json.loads(candidate.read_text())
     return None
+
+
+# What each file below results/ is and which rule writes it (ARCHITECTURE.md's stage table), for the
+# kinds whose contents do not say so. First match wins (fnmatch: `*` also matches `/`).
+KNOWN_FILES: list[tuple[str, str, str]] = [
+    ("corpus/spans/*/lengths.png", "span lengths against the scaled Beta density", "audit_spans"),
+    ("corpus/spans/*/sample.md", "sample spans shown inside their chunks", "audit_spans"),
+    ("pretrain/*/encoder/*", "a file of a pre-trained encoder folder",
+     "pretrain_model / export_base_encoder"),
+    ("pretrain/*/loss.png", "pre-training loss curve (from metrics.jsonl beside it)",
+     "pretrain_model / export_base_encoder"),
+    ("pretrain/*/heads.safetensors",
+     "pre-training heads left out of the exported encoder (MLM head, COSTA projector, "
+     "CPDAE decoder)",
+     "pretrain_model"),
+    ("finetune/*/encoder/*", "a file of a fine-tuned encoder folder",
+     "finetune_stage1 / finetune_stage2"),
+    ("finetune/*/loss.png", "fine-tuning loss curve (from metrics.jsonl beside it)",
+     "finetune_stage1 / finetune_stage2"),
+    ("checkpoints/*/mlm_head.safetensors",
+     "the source checkpoint's trained MLM head (cls.predictions.*), which AutoModel drops",
+     "stage_checkpoint"),
+    ("checkpoints/*/*", "a file of a staged base checkpoint folder", "stage_checkpoint"),
+    ("bm25/*/index/*", "a file of a BM25 (Lucene) index folder", "build_bm25_index"),
+    ("index/*/faiss/*", "a file of a dense (FAISS) index folder", "build_dense_index"),
+    ("datasets/*/dataset.json", "dataset info: title mode, query-id rule, splits, corpus quirks",
+     "prepare_dataset"),
+    ("downloads/*", "a downloaded source file, verified against its manifest",
+     "download_dataset_file"),
+    ("wikipedia/dump/*", "a Wikipedia dump file, verified against its manifest",
+     "download_dump_part / download_dump_index"),
+    ("tables.md", "the results tables with significance marks and provenance", "make_tables"),
+    ("report/tables.html", "the results tables as HTML (Snakemake report)", "make_tables"),
+    ("report/tables.json", "the results tables as JSON (values, marks, tests)", "make_tables"),
+    ("report/stage-statistics.html", "per-stage statistics from the artifacts' manifests",
+     "stage_statistics"),
+    ("analysis/low-resource.*", "low-resource fine-tuning figure and its numbers",
+     "low_resource_figure"),
+    ("analysis/loss-curves.*", "every pre-training run's loss terms on shared axes",
+     "loss_curves"),
+    ("analysis/tsne/*", "t-SNE of one query's top candidates per fine-tuned model",
+     "tsne_candidates"),
+    ("analysis/coverage.*", "input-token coverage of [CLS] projected to the vocabulary",
+     "token_coverage"),
+    ("analysis/cpdae-top-words.*", "the CPDAE decoder's top words for sample texts",
+     "cpdae_top_words"),
+    ("state/*",
+     "resume state of a training job (outside the declared outputs; deleted when the job ends)",
+     "pretrain_model / finetune_stage1 / finetune_stage2"),
+    ("report.html", "the Snakemake report", "`snakemake --report`"),
+]
+
+
+def known_file(path: Path) -> tuple[str, str] | None:
+    """(what it is, which rule writes it) for a path below results/ that KNOWN_FILES names."""
+    rel = results_relative(path)
+    if rel is None:
+        return None
+    for pattern, what, rule in KNOWN_FILES:
+        if fnmatch.fnmatchcase(rel, pattern):
+            return what, rule
+    return None
+
+
+def describe_origin(a: Audit, label: str, required: bool = True) -> None:
+    """Say what the file is and which rule writes it; refuse a file this workflow does not write
+    (unless not `required`: its contents already identify it)."""
+    known = known_file(a.path)
+    if known is not None:
+        who = known[1] if known[1].startswith("`") else f"rule {known[1]}"
+        a.say(f"-- {known[0]}; written by {who}")
+    elif required and snakemake_record(a.path) is None and read_manifest(a.path) is None:
+        raise NotAnArtifact(
+            f"{a.path}: {label}, but not one this workflow writes (not a known file below "
+            "results/, no Snakemake record, no manifest)"
+        )
 
 
 def show_manifest(a: Audit, manifest: dict[str, Any] | None) -> None:
@@ -101,32 +197,58 @@ def show_manifest(a: Audit, manifest: dict[str, Any] | None) -> None:
         a.say("  versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
 
 
-def show_snakemake_record(a: Audit, path: Path) -> None:
-    """Which rule, inputs and command produced it, from Snakemake's per-output metadata record."""
+def snakemake_metadata(path: Path) -> tuple[Path, Path] | None:
+    """(working directory, its .snakemake/metadata folder) of the project `path` lies in."""
     for workdir in path.resolve().parents:
         meta = workdir / ".snakemake" / "metadata"
         if meta.is_dir():
-            rel = str(path.resolve().relative_to(workdir))
-            record = meta / base64.urlsafe_b64encode(rel.encode()).decode()
-            a.say("-- produced by")
-            if not record.is_file():
-                a.say(f"  no Snakemake record for {rel} (built outside Snakemake, or long path)")
-                return
-            info = json.loads(record.read_text())
-            end = info.get("endtime")
-            when = (
-                _dt.datetime.fromtimestamp(end, _dt.timezone.utc).isoformat(timespec="seconds")
-                if isinstance(end, (int, float))
-                else end
-            )
-            a.say(f"  rule {info.get('rule')}  (finished {when})")
-            for item in info.get("input") or []:
-                a.say(f"  input {item}")
-            if info.get("log"):
-                a.say(f"  log {', '.join(info['log'])}")
-            if info.get("shellcmd"):
-                a.say(f"  command: {short(' '.join(info['shellcmd'].split()), 300)}")
-            return
+            return workdir, meta
+    return None
+
+
+def snakemake_record(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """(output, record) of the Snakemake job that wrote `path`, or the folder output holding it."""
+    found = snakemake_metadata(path)
+    if found is None:
+        return None
+    workdir, meta = found
+    target = path.resolve()
+    while target != workdir:
+        rel = str(target.relative_to(workdir))
+        record = meta / base64.urlsafe_b64encode(rel.encode()).decode()
+        if record.is_file():
+            return rel, json.loads(record.read_text())
+        target = target.parent
+    return None
+
+
+def show_snakemake_record(a: Audit, path: Path) -> None:
+    """Which rule, inputs and command produced it, from Snakemake's per-output metadata record."""
+    found = snakemake_metadata(path)
+    if found is None:
+        return
+    rel = str(path.resolve().relative_to(found[0]))
+    a.say("-- produced by")
+    record = snakemake_record(path)
+    if record is None:
+        a.say(f"  no Snakemake record for {rel} (built outside Snakemake, or long path)")
+        return
+    output, info = record
+    if output != rel:
+        a.say(f"  (part of the folder output {output})")
+    end = info.get("endtime")
+    when = (
+        _dt.datetime.fromtimestamp(end, _dt.timezone.utc).isoformat(timespec="seconds")
+        if isinstance(end, (int, float))
+        else end
+    )
+    a.say(f"  rule {info.get('rule')}  (finished {when})")
+    for item in info.get("input") or []:
+        a.say(f"  input {item}")
+    if info.get("log"):
+        a.say(f"  log {', '.join(info['log'])}")
+    if info.get("shellcmd"):
+        a.say(f"  command: {short(' '.join(info['shellcmd'].split()), 300)}")
 
 
 def short(text: str, limit: int = 160) -> str:
@@ -532,14 +654,137 @@ def audit_json(a: Audit, n: int) -> None:
         a.kind = "Wikipedia dumpstatus.json"
         for job, info in list(data["jobs"].items())[: n * 4]:
             a.say(f"  {job}: {info.get('status')} ({len(info.get('files') or {})} files)")
-    elif a.path.name == "training.json" or a.path.name == "config.json":
-        a.kind = a.path.name
-        a.say(short(json.dumps(data, sort_keys=True, indent=1), 3000))
+    elif isinstance(data, dict) and {"tables", "missing"} <= set(data):
+        render_tables_json(a, data, n)
+    elif a.path.name == "dataset.json" and isinstance(data, dict) and "splits" in data:
+        render_dataset_info(a, data, n)
+    elif a.path.name == "tokenizer.json":
+        audit_tokenizer(a, n)
+    elif a.path.name in MODEL_FOLDER_JSON:
+        a.kind = f"{a.path.name} (model folder file)"
+        describe_origin(a, "a model folder file")
+        a.check("inside a model folder (config.json + safetensors)", is_model_folder(a.path.parent))
+        a.say("  " + short(json.dumps(data, sort_keys=True), 3000))
+    elif (results_relative(a.path) or "").startswith("analysis/"):
+        render_analysis_json(a, data, n)
+    elif (results_relative(a.path) or "").startswith("state/"):
+        a.kind = "resume state record (JSON)"
+        describe_origin(a, "a resume state record")
+        a.say(short(json.dumps(data, sort_keys=True), 1000))
     else:
         raise NotAnArtifact(
-            f"{a.path}: JSON, but neither metrics, a manifest, training.json nor a "
-            "dumpstatus file"
+            f"{a.path}: JSON, but none this workflow writes (metrics, a manifest, dataset.json, "
+            "tables.json, an analysis's numbers, a model folder file or a dumpstatus file)"
         )
+
+
+# Hugging Face folder files (and training.json) shown as they are.
+MODEL_FOLDER_JSON = {
+    "config.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+    "training.json",
+}
+
+
+def is_model_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def render_dataset_info(a: Audit, data: dict[str, Any], n: int) -> None:
+    a.kind = "dataset info (dataset.json)"
+    describe_origin(a, "a dataset.json")
+    corpus = a.path.parent / "corpus.parquet"
+    a.say(
+        f"-- dataset {data.get('name')} ({data.get('format')}): title mode {data.get('title')!r}, "
+        f"exclude_query_id {data.get('exclude_query_id')}, splits {data.get('splits')}"
+    )
+    a.say(f"  corpus quirks: {json.dumps(data.get('corpus'), sort_keys=True)}")
+    for split in data.get("splits") or []:
+        files = [f"{kind}-{split}.parquet" for kind in ("queries", "qrels")]
+        present = [f for f in files if (a.path.parent / f).is_file()]
+        a.say(f"  split {split}: {', '.join(present) or 'not prepared (no rule asked for it)'}")
+    a.say("-- written with corpus.parquet; its manifest:")
+    show_manifest(a, read_manifest(corpus))
+    show_snakemake_record(a, a.path)
+    a.check("title mode is none, sep or space", data.get("title") in ("none", "sep", "space"))
+    if a.check("corpus.parquet beside it", corpus.is_file(), str(corpus)):
+        rows = pq.ParquetFile(corpus).metadata.num_rows
+        documents = (data.get("corpus") or {}).get("documents")
+        a.check(
+            "document count equals corpus.parquet's rows",
+            rows == documents,
+            f"{documents} vs {rows} rows",
+        )
+
+
+def render_tables_json(a: Audit, data: dict[str, Any], n: int) -> None:
+    a.kind = "results tables (JSON)"
+    describe_origin(a, "a tables JSON")
+    show_snakemake_record(a, a.path)
+    empty = []
+    for name, groups in data["tables"].items():
+        rows = [r for g in groups for r in g["rows"]]
+        a.say(f"-- table {name}: {len(groups)} groups, {len(rows)} rows")
+        for g in groups:
+            a.say(f"  {g['group']}")
+            for r in g["rows"][: n * 3]:
+                values = ", ".join(
+                    f"{c['column']} "
+                    + ("–" if c["value"] is None else f"{c['value']:.4f}{c.get('marks') or ''}")
+                    for c in r["cells"]
+                )
+                a.say(f"    {r['label']} [{r['system'] or 'reference'}]: {values}")
+        empty += [
+            f"{name}: {r['label']}"
+            for r in rows
+            if r["system"] is not None and any(c["value"] is None for c in r["cells"])
+        ]
+    if data.get("low_resource"):
+        a.say(f"-- low-resource: {short(json.dumps(data['low_resource'], sort_keys=True), 300)}")
+    a.check(
+        "no metrics file missing",
+        not data["missing"],
+        ", ".join(data["missing"][:5]) if data["missing"] else "",
+    )
+    a.check("every system row has a value in every column", not empty, ", ".join(empty[:5]))
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _numbers(v)]
+    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def render_analysis_json(a: Audit, data: Any, n: int) -> None:
+    a.kind = "analysis numbers (JSON)"
+    describe_origin(a, "an analysis JSON")
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+    a.say("-- " + short(json.dumps(data, sort_keys=True), 1500))
+    figure = a.path.with_suffix(".png")
+    a.check("the figure these numbers describe exists", figure.is_file(), str(figure))
+    a.check("not empty", bool(data))
+    numbers = _numbers(data)
+    a.check("every number finite", all(math.isfinite(v) for v in numbers))
+
+
+def audit_tokenizer(a: Audit, n: int) -> None:
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(a.path))
+    except Exception as error:  # the tokenizers library raises its own exception type
+        raise NotAnArtifact(f"{a.path}: not a Hugging Face tokenizer.json ({error})") from error
+    a.kind = "tokenizer (Hugging Face tokenizers)"
+    describe_origin(a, "a tokenizer.json")
+    tok.no_padding()
+    tok.no_truncation()
+    sample = "Dense retrieval pre-training from Wikipedia."
+    a.say(f"-- {tok.get_vocab_size()} entries; {sample!r} -> {tok.encode(sample).tokens}")
+    a.check("inside a model folder (config.json + safetensors)", is_model_folder(a.path.parent))
+    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]") if tok.token_to_id(t) is None]
+    a.check("has BERT's special tokens", not missing, f"missing {missing}" if missing else "")
 
 
 def audit_jsonl(a: Audit, n: int) -> None:
@@ -560,11 +805,69 @@ def audit_jsonl(a: Audit, n: int) -> None:
         a.say("  " + short(json.dumps(r, sort_keys=True), 240))
 
 
-def safetensors_header(path: Path) -> dict[str, Any]:
-    """Tensor names, dtypes and shapes from the safetensors header (no weights loaded)."""
-    with open(path, "rb") as handle:
-        size = int.from_bytes(handle.read(8), "little")
-        return json.loads(handle.read(size))
+def safetensors_tensors(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """({name: {shape, dtype}}, metadata) read with safetensors' safe_open (no weights loaded)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            tensors = {}
+            for key in handle.keys():
+                view = handle.get_slice(key)
+                tensors[key] = {"shape": list(view.get_shape()), "dtype": view.get_dtype()}
+            return tensors, handle.metadata() or {}
+    except Exception as error:  # SafetensorError (a plain Exception subclass) for a bad header
+        raise NotAnArtifact(f"{path}: not a safetensors file ({error})") from error
+
+
+def audit_safetensors(a: Audit, n: int) -> None:
+    tensors, metadata = safetensors_tensors(a.path)
+    rel = results_relative(a.path) or ""
+    config_path = a.path.parent / "config.json"
+    if a.path.name == "heads.safetensors":
+        a.kind = "pre-training heads (safetensors)"
+        config_path = a.path.parent / "encoder" / "config.json"
+    elif a.path.name == "mlm_head.safetensors":
+        a.kind = "checkpoint MLM head (safetensors)"
+    elif rel.startswith("state/"):
+        a.kind = "resume state tensors (safetensors)"
+    else:
+        a.kind = "model weights (safetensors)"
+    describe_origin(a, "a safetensors file")
+    if a.kind.startswith("model weights"):
+        a.say(f"  (one file of the model folder {a.path.parent}: audit the folder for the rest)")
+    params = sum(int(np.prod(t["shape"])) for t in tensors.values())
+    dtypes = sorted({t["dtype"] for t in tensors.values()})
+    a.say(f"-- {len(tensors)} tensors, {params:,} parameters, dtypes {dtypes}")
+    if metadata:
+        a.say(f"  metadata: {short(json.dumps(metadata, sort_keys=True), 300)}")
+    groups: dict[str, int] = {}
+    for name in tensors:
+        groups[name.split(".")[0]] = groups.get(name.split(".")[0], 0) + 1
+    a.say("  groups: " + ", ".join(f"{g} ({k} tensors)" for g, k in sorted(groups.items())))
+    for name, t in list(tensors.items())[: n * 6]:
+        a.say(f"  {name}: {t['shape']} {t['dtype']}")
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+    a.check("holds at least one tensor", bool(tensors))
+    if a.kind.startswith(("pre-training heads", "checkpoint MLM head")) and config_path.is_file():
+        cfg = json.loads(config_path.read_text())
+        sizes = {cfg.get("hidden_size"), cfg.get("vocab_size")}
+        odd = [k for k, t in tensors.items() if not set(t["shape"]) <= sizes]
+        a.check(
+            f"every dimension is the encoder's hidden or vocabulary size ({config_path})",
+            not odd,
+            f"e.g. {odd[:3]}" if odd else "",
+        )
+    if a.path.name == "heads.safetensors" and "objective" in metadata:
+        training = a.path.parent / "encoder" / "training.json"
+        if training.is_file():
+            objective = json.loads(training.read_text()).get("objective")
+            a.check(
+                "objective equals the encoder's training.json",
+                objective == metadata["objective"],
+                f"{metadata['objective']} vs {objective}",
+            )
 
 
 def audit_model(a: Audit, n: int) -> None:
@@ -578,7 +881,7 @@ def audit_model(a: Audit, n: int) -> None:
     show_snakemake_record(a, a.path)
     weights = sorted(a.path.glob("*.safetensors"))
     for w in weights:
-        header = {k: v for k, v in safetensors_header(w).items() if k != "__metadata__"}
+        header, _ = safetensors_tensors(w)
         params = sum(int(np.prod(v["shape"])) for v in header.values())
         dtypes = sorted({v["dtype"] for v in header.values()})
         a.say(f"  {w.name}: {len(header)} tensors, {params:,} parameters, {dtypes}")
@@ -692,12 +995,14 @@ def audit_lucene(a: Audit, n: int) -> None:
 
 
 def audit_dump(a: Audit, n: int) -> None:
-    head = a.path.read_bytes()[:3]
+    with open(a.path, "rb") as handle:
+        head = handle.read(3)
     if head != b"BZh":
         raise NotAnArtifact(f"{a.path}: not bzip2 (starts with {head!r})")
     with bz2.open(a.path, "rt", encoding="utf-8", errors="replace") as handle:
         text = handle.read(2_000_000)
-    show_manifest(a, read_manifest(a.path))
+    if check_download(a) is None:
+        show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
     if "index" in a.path.name:
         a.kind = "multistream index (offset:pageid:title)"
@@ -715,9 +1020,218 @@ def audit_dump(a: Audit, n: int) -> None:
     a.say(f"-- first 2 MB: {text.count('<page>')} pages; titles {titles[:n * 3]}")
 
 
+# A recorded download is re-hashed up to this size; a larger one (a 20 GB dump part) only has its
+# size compared, and the audit says so.
+HASH_LIMIT_BYTES = 1 << 30
+
+
+def check_download(a: Audit) -> dict[str, Any] | None:
+    """Show download.py's manifest (`NAME.manifest.json`) and compare the file with it."""
+    path = download_manifest_path(a.path)
+    if not path.is_file():
+        return None
+    manifest = json.loads(path.read_text())
+    show_manifest(a, manifest)
+    stats = manifest.get("stats") or {}
+    size = a.path.stat().st_size
+    verified = stats.get("verified") or {}
+    if verified:
+        a.say(f"  verified when fetched: {verified.get('check')} {verified.get('expected')}")
+    if "bytes" in stats:
+        a.check("size equals the recorded download's", size == stats["bytes"],
+                f"{size} vs {stats['bytes']} bytes")
+    if "sha256" in stats and size <= HASH_LIMIT_BYTES:
+        a.check("sha256 equals the recorded download's",
+                artifacts.sha256_file(a.path) == stats["sha256"])
+    elif "sha256" in stats:
+        a.say(f"  sha256 not recomputed ({size / 1e9:.1f} GB): `sha256sum` it against "
+              f"{stats['sha256']}")
+    return manifest
+
+
+def _sniff(path: Path) -> str:
+    """A downloaded file's format, from its first bytes."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    for magic, kind in ((b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"BZh", "bzip2")):
+        if head.startswith(magic):
+            return kind
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(head) - 4:  # not just a character cut at the 4 KiB boundary
+            return "binary"
+    return "text" if b"\x00" not in head else "binary"
+
+
+def audit_download(a: Audit, n: int) -> None:
+    if a.path.name.endswith(".part"):
+        raise NotAnArtifact(
+            f"{a.path}: a partial download (the next fetch of "
+            f"{a.path.name.removesuffix('.part')} resumes it), not an artifact"
+        )
+    a.kind = "downloaded file"
+    describe_origin(a, "a downloaded file")
+    kind = _sniff(a.path)
+    a.say(f"-- {a.path.stat().st_size:,} bytes, {kind}")
+    if kind == "text":
+        with open(a.path, encoding="utf-8", errors="replace") as handle:
+            for _, line in zip(range(n), handle):
+                a.say(f"  {short(line.rstrip(), 200)}")
+    elif kind == "zip":
+        import zipfile
+
+        with zipfile.ZipFile(a.path) as archive:
+            names = archive.namelist()
+        a.say(f"  {len(names)} members: {names[: n * 3]}")
+    manifest = check_download(a)
+    a.check("download manifest beside it (NAME.manifest.json)", manifest is not None)
+    show_snakemake_record(a, a.path)
+
+
+def audit_png(a: Audit, n: int) -> None:
+    with open(a.path, "rb") as handle:
+        head = handle.read(24)
+    if not head.startswith(b"\x89PNG\r\n\x1a\n") or head[12:16] != b"IHDR":
+        raise NotAnArtifact(f"{a.path}: not a PNG image (starts with {head[:8]!r})")
+    width, height = struct.unpack(">II", head[16:24])
+    a.kind = "figure (PNG)"
+    describe_origin(a, "a PNG image")
+    a.say(f"-- {width} x {height} pixels, {a.path.stat().st_size:,} bytes")
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+    from PIL import Image
+
+    try:
+        with Image.open(a.path) as image:
+            image.verify()  # chunk checksums: a truncated or damaged file fails here
+        intact = True, ""
+    except Exception as error:  # PIL raises several types for a damaged image
+        intact = False, str(error)
+    a.check("PNG intact (chunk checksums verify)", *intact)
+    a.check("image has pixels", width > 0 and height > 0, f"{width} x {height}")
+    source = {
+        "loss.png": a.path.with_name("metrics.jsonl"),
+        "lengths.png": a.path.parent,
+    }.get(a.path.name, a.path.with_suffix(".json"))
+    if source.exists() or (results_relative(a.path) or "").startswith("analysis/"):
+        a.check(f"the numbers behind it exist ({source.name})", source.exists(), str(source))
+
+
+def _page_text(a: Audit, label: str) -> str:
+    try:
+        return a.path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise NotAnArtifact(f"{a.path}: not a UTF-8 {label} ({error})") from error
+
+
+def audit_html(a: Audit, n: int) -> None:
+    text = _page_text(a, "HTML page")
+    if "<html" not in text[:4000].lower():
+        raise NotAnArtifact(f"{a.path}: no <html> element: not an HTML page")
+    a.kind = "report page (HTML)"
+    describe_origin(a, "an HTML page")
+    title = re.search(r"<title>(.*?)</title>", text, re.S | re.I)
+    rows = len(re.findall(r"<tr[ >]", text, re.I))
+    a.say(
+        f"-- title {_html.unescape(title.group(1).strip()) if title else None!r}, "
+        f"{a.path.stat().st_size:,} bytes, {len(re.findall(r'<table', text, re.I))} tables, "
+        f"{rows} table rows"
+    )
+    source = {"tables.html": a.path.parent.parent / "tables.md"}.get(
+        a.path.name, a.path.with_suffix(".md")
+    )
+    if source.is_file():
+        a.say(f"  the same as Markdown: {source}")
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+    body = re.sub(r"(?s)<(script|style|head)\b.*?</\1>", " ", text)
+    words = _html.unescape(" ".join(re.sub(r"<[^>]+>", " ", body).split()))
+    a.say(f"  text: {short(words, 400)}")
+    a.check("complete HTML document (ends with </html>)", text.rstrip().lower().endswith("</html>"))
+    a.check("has visible text", bool(words))
+
+
+# What the provenance block of results/tables.md (tables.provenance) must name, and its line.
+PROVENANCE_FIELDS = {
+    "config hash": "- config hash",
+    "code version": "- code version",
+    "date": "- date",
+    "hardware": "- tables built on",
+}
+
+
+def audit_markdown(a: Audit, n: int) -> None:
+    text = _page_text(a, "Markdown page")
+    a.kind = "Markdown page"
+    describe_origin(a, "a Markdown page")
+    lines = text.splitlines()
+    headings = [l.lstrip("#").strip() for l in lines if l.startswith("#")]
+    rows = [l for l in lines if l.startswith("|") and not re.fullmatch(r"\|[\s:|-]+\|", l)]
+    a.say(f"-- {len(lines)} lines, {a.path.stat().st_size:,} bytes, {len(rows)} table rows")
+    a.say(f"  headings: {short(' / '.join(headings), 300)}")
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+    for line in [l for l in lines if l.strip()][: n * 3]:
+        a.say(f"  {short(line, 200)}")
+    a.check("not empty", bool(text.strip()))
+    if a.path.name == "tables.md":
+        provenance = text.split("## Provenance", 1)[1] if "## Provenance" in text else ""
+        a.check("has a Provenance section", bool(provenance))
+        for label, line in PROVENANCE_FIELDS.items():
+            a.check(f"provenance names the {label}", line in provenance)
+
+
+def audit_folder_member(a: Audit, n: int) -> None:
+    """A file inside a Lucene or FAISS folder: what it is, then the folder's own audit."""
+    folder = a.path.parent
+    inner = Audit(folder)
+    (audit_lucene if any(folder.glob("segments_*")) else audit_faiss_folder)(inner, n)
+    a.kind = f"file of a {inner.kind}"
+    describe_origin(a, "a file of an index folder", required=False)
+    a.say(f"-- {a.path.name}: {a.path.stat().st_size:,} bytes; the folder {folder}:")
+    a.lines += inner.lines
+    a.checks += inner.checks
+
+
+def not_a_job_record(path: Path, section: str) -> NotAnArtifact:
+    """Logs and benchmarks describe a Snakemake job; name the job's outputs to audit instead."""
+    what = "log" if section == "logs" else "benchmark"
+    rule, outputs = None, []
+    found = snakemake_metadata(path)
+    if found is not None and section == "logs":
+        rel = str(path.resolve().relative_to(found[0]))
+        for record in found[1].iterdir():
+            try:
+                info = json.loads(record.read_text())
+                output = base64.urlsafe_b64decode(record.name).decode()
+            except (OSError, ValueError):
+                continue  # a sub-folder (long paths) or a record being written
+            if rel in (info.get("log") or []):
+                rule = info.get("rule")
+                outputs.append(output)
+    if rule is None:
+        parts = (results_relative(path) or "").split("/")
+        rule = parts[1] if len(parts) > 2 else None
+    job = f" of rule {rule}" if rule else ""
+    advice = f"; audit its outputs: {', '.join(sorted(outputs))}" if outputs else ""
+    return NotAnArtifact(
+        f"{path}: a Snakemake job {what}{job}, not an artifact (no manifest, no rule reads it)"
+        f"{advice}"
+    )
+
+
 def detect(path: Path) -> Callable[[Audit, int], None]:
     if not path.exists():
         raise NotAnArtifact(f"{path} does not exist")
+    if path.name == ".snakemake_timestamp":
+        raise NotAnArtifact(
+            f"{path}: Snakemake's timestamp marker of the folder output {path.parent}, not an "
+            "artifact; audit the folder"
+        )
+    section = (results_relative(path) or "").split("/")[0]
+    if section in ("logs", "benchmarks") and path.is_file():
+        raise not_a_job_record(path, section)
     if path.is_dir():
         names = {p.name for p in path.iterdir()}
         if "config.json" in names and any(p.endswith(".safetensors") for p in names):
@@ -731,6 +1245,10 @@ def detect(path: Path) -> Callable[[Audit, int], None]:
             "Lucene index (segments_*) nor a FAISS folder (index + docid)"
         )
     name = path.name
+    if (section == "downloads" and not name.endswith(".manifest.json")) or (
+        download_manifest_path(path).is_file() and not name.endswith(".bz2")
+    ):
+        return audit_download
     for suffix, auditor in (
         (".parquet", audit_parquet),
         (".trec", audit_run),
@@ -739,14 +1257,23 @@ def detect(path: Path) -> Callable[[Audit, int], None]:
         (".npy", audit_npy),
         (".faiss", audit_faiss),
         (".bz2", audit_dump),
+        (".safetensors", audit_safetensors),
+        (".png", audit_png),
+        (".html", audit_html),
+        (".md", audit_markdown),
     ):
         if name.endswith(suffix):
             return auditor
     if name == "index" and (path.parent / "docid").exists():
         return audit_faiss
+    if any(path.parent.glob("segments_*")) or (
+        name == "docid" and (path.parent / "index").is_file()
+    ):
+        return audit_folder_member
     raise NotAnArtifact(
-        f"{path}: no artifact of this workflow has this kind of name (Parquet, .trec, "
-        ".json, .jsonl, .npy, .faiss, .bz2, or a model / index folder)"
+        f"{path}: no artifact of this workflow has this kind of name (Parquet, .trec, .json, "
+        ".jsonl, .npy, .faiss, .bz2, .safetensors, .png, .html, .md, a download, a file of an "
+        "index folder, or a model / index folder)"
     )
 
 
@@ -772,6 +1299,25 @@ def _scalars(stats: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+def metrics_as_manifest(path: Path) -> dict[str, Any] | None:
+    """A metrics JSON carries its own statistics (no manifest beside it): the scores and counts."""
+    if not (path.is_file() and path.suffix == ".json"):
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not (isinstance(data, dict) and {"aggregate", "per_query"} <= set(data)):
+        return None
+    created = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc)
+    return {
+        "stage": "score_run",
+        "created": created.isoformat(timespec="seconds"),
+        "stats": data["aggregate"]
+        | {k: data[k] for k in ("queries", "queries_missing_from_run") if k in data},
+    }
+
+
 def stage_statistics(paths: list[Path]) -> str:
     """Markdown: one row per artifact, grouped by the stage its manifest names, with its statistics."""
     rows = []
@@ -780,7 +1326,7 @@ def stage_statistics(paths: list[Path]) -> str:
             read_manifest(path)
             if not (path.is_file() and path.name.endswith("manifest.json"))
             else json.loads(path.read_text())
-        )
+        ) or metrics_as_manifest(path)
         if manifest is None:
             rows.append(("(no manifest)", str(path), "–", "–"))
             continue

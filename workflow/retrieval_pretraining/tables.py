@@ -532,7 +532,7 @@ def provenance(
                                 f"`{m.run}`" if m and m.run else "–",
                                 f"`{metrics_path(results, c['dataset'], row.system, c['split'])}`",
                                 model_location(results, row, c["dataset"], group),
-                                log_location(results, row, c["dataset"], group),
+                                log_location(results, row, c["dataset"], group, c["split"]),
                             ]
                         )
                         + " |"
@@ -548,13 +548,24 @@ def model_location(results: Path, row: Row, dataset: str, group: Group) -> str:
     return f"`{results / 'finetune' / row.model / dataset / group.suffix / 'encoder'}`"
 
 
-def log_location(results: Path, row: Row, dataset: str, group: Group) -> str:
-    if row.model is None:
+def log_location(
+    results: Path, row: Row, dataset: str, group: Group, split: str | None = None
+) -> str:
+    """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index and search, or the
+    model's pre-training and this fine-tuning stage."""
+    logs = results / "logs"
+    if row.model is None and row.system != "bm25":
         return "–"
-    return (
-        f"`{results / 'pretrain' / row.model / 'metrics.jsonl'}`, "
-        f"`{results / 'finetune' / row.model / dataset / group.suffix}`"
-    )
+    if row.model is None:
+        paths = [logs / "build_bm25_index" / f"{dataset}.log"]
+        paths += [logs / "bm25_search" / dataset / f"{split}.log"] if split else []
+    else:
+        pretrain_rule = "export_base_encoder" if row.objective == "none" else "pretrain_model"
+        paths = [
+            logs / pretrain_rule / f"{row.model}.log",
+            logs / "finetune" / row.model / dataset / f"{group.suffix}.log",
+        ]
+    return ", ".join(f"`{p}`" for p in paths)
 
 
 # ----------------------------------------------------------------------------- HTML for the report
