@@ -69,6 +69,19 @@ def named(section, name):
     raise ValueError(f"no entry named {name!r} in {section!r}")
 
 
+def bm25_settings(dataset):
+    """The bm25 slice for one dataset: shared settings with its `overrides` entry applied
+    (used by the BM25 rules and by the report, which labels each BM25 cell with its k1/b).
+    """
+    settings = {
+        k: v for k, v in config["bm25"].items() if k not in ("negatives", "overrides")
+    }
+    for override in config["bm25"].get("overrides", []):
+        if override["dataset"] == dataset:
+            settings |= {k: v for k, v in override.items() if k != "dataset"}
+    return settings
+
+
 def shard_ids():
     return [f"{i:04d}" for i in range(config["corpus"]["shards"])]
 

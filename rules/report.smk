@@ -123,6 +123,17 @@ def report_params():
             "bm25": {
                 k: config["bm25"][k] for k in ("k1", "b") if k in config.get("bm25", {})
             },
+            # Per dataset, with bm25.overrides applied: what each BM25 run really used.
+            "bm25_by_dataset": {
+                e["dataset"]: {
+                    k: bm25_settings(e["dataset"]).get(k) for k in ("k1", "b")
+                }
+                for e in config["evaluate"]["splits"]
+            },
+            "trained_on": {
+                e["dataset"]: e["trained_on"]
+                for e in config["evaluate"].get("zero_shot") or []
+            },
         }
     )
 

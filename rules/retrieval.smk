@@ -65,17 +65,6 @@ def dataset_arguments(dataset):
     return f"--config '{entry}' --downloads {DATASET_DOWNLOADS}/{dataset} {data_root_option()}"
 
 
-def bm25_settings(dataset):
-    """The bm25 slice for one dataset: shared settings with its `overrides` entry applied."""
-    settings = {
-        k: v for k, v in config["bm25"].items() if k not in ("negatives", "overrides")
-    }
-    for override in config["bm25"].get("overrides", []):
-        if override["dataset"] == dataset:
-            settings |= {k: v for k, v in override.items() if k != "dataset"}
-    return settings
-
-
 def bm25_negatives_entry(dataset):
     for entry in config["bm25"]["negatives"]:
         if entry["dataset"] == dataset:

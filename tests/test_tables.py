@@ -314,3 +314,28 @@ def test_published_lookup_by_fine_tuning_setting():
         paper_value("mlm", "msmarco-passage-dev", "RR@10", "hard-negatives", final_group=True)
         is None
     )
+
+
+def test_bm25_label_and_published_value_follow_each_datasets_own_k1_b():
+    """bm25.overrides can give one dataset other k1/b: the label must say so, per dataset."""
+    p = params() | {"bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68},
+                                        "scifact": {"k1": 0.9, "b": 0.4}}}
+    one = [{"dataset": "scifact"}]
+    assert tables.bm25_row_label(p, one) == "BM25 (k1=0.9, b=0.4)"
+    both = [{"dataset": "msmarco-passage"}, {"dataset": "scifact"}]
+    label = tables.bm25_row_label(p, both)
+    assert label == "BM25 (msmarco-passage: k1=0.82, b=0.68; scifact: k1=0.9, b=0.4)", label
+    assert tables.bm25_settings(p, "msmarco-passage") == {"k1": 0.82, "b": 0.68}
+    assert tables.bm25_settings(p, "unlisted") == {"k1": 0.9, "b": 0.4}  # the shared values
+
+
+def test_zero_shot_provenance_names_the_encoder_it_used(tmp_path):
+    row = tables.Row("COSTA", "costa-stage2", "costa", "costa")
+    group = tables.Group("hard negatives", [row], suffix="stage2")
+    p = {"trained_on": {"scifact": "msmarco-passage"}}
+    location = tables.model_location(tmp_path, row, "scifact", group, p)
+    assert location == f"`{tmp_path / 'finetune/costa/msmarco-passage/stage2/encoder'}`"
+    logs = tables.log_location(tmp_path, row, "scifact", group, "test", p)
+    assert "finetune/costa/msmarco-passage/stage2.log" in logs
+    # In-domain rows keep their own dataset.
+    assert "finetune/costa/scifact/stage2" in tables.model_location(tmp_path, row, "scifact", group)

@@ -185,6 +185,27 @@ def bm25_label(bm25: dict[str, Any] | None) -> str:
     return "BM25 (k1/b not recorded)"
 
 
+def bm25_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """The k1/b BM25 ran with on `dataset` (bm25.overrides applied), else the shared values."""
+    return (params.get("bm25_by_dataset") or {}).get(dataset) or params.get("bm25") or {}
+
+
+def bm25_row_label(params: dict[str, Any], columns: list[dict[str, Any]]) -> str:
+    """One label when every column's BM25 used the same k1/b; otherwise each dataset's."""
+    per_dataset = {c["dataset"]: bm25_settings(params, c["dataset"]) for c in columns}
+    distinct = {(s.get("k1"), s.get("b")) for s in per_dataset.values()}
+    if len(distinct) <= 1:
+        return bm25_label(next(iter(per_dataset.values()), params.get("bm25")))
+    parts = [f"{d}: {bm25_label(s)[len('BM25 ('):-1]}" for d, s in per_dataset.items()]
+    return f"BM25 ({'; '.join(parts)})"
+
+
+def encoder_dataset(params: dict[str, Any], dataset: str) -> str:
+    """The dataset whose fine-tuned encoder produced runs on `dataset` (itself, or its zero-shot
+    source from evaluate.zero_shot)."""
+    return (params.get("trained_on") or {}).get(dataset, dataset)
+
+
 def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCache) -> list[Group]:
     report = params["report"]
     models = params["models"]
@@ -200,13 +221,13 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
             )
     columns = spec["columns"]
     compare = report.get("compare_published", False)
-    bm25 = params.get("bm25") or {}
     groups: list[Group] = []
 
     if spec.get("bm25", True):
-        row = Row(bm25_label(bm25), "bm25", objective="bm25")
+        row = Row(bm25_row_label(params, columns), "bm25", objective="bm25")
         for c in columns:
             m = cache.get(c["dataset"], "bm25", c["split"])
+            bm25 = bm25_settings(params, c["dataset"])
             pub = (
                 paper_numbers.bm25_value(
                     bm25.get("k1"), bm25.get("b"), c.get("benchmark", ""), c["measure"]
@@ -531,8 +552,8 @@ def provenance(
                                 f"{c['dataset']}/{c['split']}",
                                 f"`{m.run}`" if m and m.run else "–",
                                 f"`{metrics_path(results, c['dataset'], row.system, c['split'])}`",
-                                model_location(results, row, c["dataset"], group),
-                                log_location(results, row, c["dataset"], group, c["split"]),
+                                model_location(results, row, c["dataset"], group, params),
+                                log_location(results, row, c["dataset"], group, c["split"], params),
                             ]
                         )
                         + " |"
@@ -542,17 +563,25 @@ def provenance(
     return "\n".join(lines) + "\n"
 
 
-def model_location(results: Path, row: Row, dataset: str, group: Group) -> str:
+def model_location(
+    results: Path, row: Row, dataset: str, group: Group, params: dict[str, Any] | None = None
+) -> str:
     if row.model is None:
         return f"`{results / 'bm25' / dataset / 'index'}`"
-    return f"`{results / 'finetune' / row.model / dataset / group.suffix / 'encoder'}`"
+    trained_on = encoder_dataset(params or {}, dataset)
+    return f"`{results / 'finetune' / row.model / trained_on / group.suffix / 'encoder'}`"
 
 
 def log_location(
-    results: Path, row: Row, dataset: str, group: Group, split: str | None = None
+    results: Path,
+    row: Row,
+    dataset: str,
+    group: Group,
+    split: str | None = None,
+    params: dict[str, Any] | None = None,
 ) -> str:
     """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index and search, or the
-    model's pre-training and this fine-tuning stage."""
+    model's pre-training and this fine-tuning stage (on the zero-shot source, for a target)."""
     logs = results / "logs"
     if row.model is None and row.system != "bm25":
         return "–"
@@ -563,7 +592,8 @@ def log_location(
         pretrain_rule = "export_base_encoder" if row.objective == "none" else "pretrain_model"
         paths = [
             logs / pretrain_rule / f"{row.model}.log",
-            logs / "finetune" / row.model / dataset / f"{group.suffix}.log",
+            logs / "finetune" / row.model / encoder_dataset(params or {}, dataset)
+            / f"{group.suffix}.log",
         ]
     return ", ".join(f"`{p}`" for p in paths)
 
