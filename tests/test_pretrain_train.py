@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 import types
@@ -293,6 +294,47 @@ def test_sigterm_to_the_process_group_with_a_worker_saves_and_exits_75(setup, tm
     assert proc.returncode == training.RESUME_EXIT_CODE, output[-3000:]
     assert (tmp_path / "state" / "checkpoints" / "latest.json").exists()
     assert "DataLoader worker" not in output
+
+
+@pytest.mark.parametrize("max_steps", [3, 4])  # 4 steps = every item drawn from the loader
+def test_a_finished_run_with_a_worker_exits(setup, tmp_path, max_steps):
+    """Workers ignore SIGTERM, so multiprocessing's exit hook (SIGTERM, then join) once waited on
+    them forever after a finished run: the job never ended."""
+    checkpoint, chunks, _ = setup
+    settings = fx.model_settings("mlm", max_steps=max_steps, num_workers=1)
+    proc = fx.run_module(settings, checkpoint, chunks, None, tmp_path, wait=False, new_session=True)
+    try:
+        output = proc.communicate(timeout=180)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the trainer finished but did not exit (waiting on its DataLoader worker)")
+    assert proc.returncode == 0, output[-3000:]
+    assert (tmp_path / "encoder" / "config.json").is_file()
+
+
+def test_a_worker_is_killed_when_the_trainer_dies_on_an_error(tmp_path):
+    """Any exit that did not close the loader (an exception) must not wait on the workers."""
+    code = (
+        "import signal, sys, time, torch\n"
+        f"sys.path.insert(0, {str(fx.ROOT / 'workflow')!r})\n"
+        "from retrieval_pretraining import training\n"
+        "class Slow(torch.utils.data.Dataset):\n"
+        "    def __len__(self): return 1000\n"
+        "    def __getitem__(self, i): time.sleep(0.01); return i\n"
+        "training.reap_workers_at_exit()\n"
+        "loader = torch.utils.data.DataLoader(Slow(), num_workers=1,\n"
+        "    worker_init_fn=training.ignore_stop_signals)\n"
+        "batches = iter(loader); next(batches)\n"
+        "raise RuntimeError('boom')  # the iterator is still referenced by the traceback's frame\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the process raised but did not exit (waiting on its DataLoader worker)")
+    assert proc.returncode == 1 and "boom" in output, output[-2000:]
 
 
 def test_tensorboard_without_the_package_fails_at_start(setup, tmp_path, monkeypatch):

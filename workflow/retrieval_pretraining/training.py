@@ -347,6 +347,38 @@ class StopFlag:
                     RESUME_EXIT_CODE)
 
 
+def reap_workers_at_exit() -> None:
+    """Kill DataLoader workers still alive at exit, before multiprocessing waits for them.
+
+    Workers ignore SIGTERM (ignore_stop_signals), and multiprocessing's own exit hook stops daemonic
+    children with SIGTERM and then joins them: on any exit that did not shut the loader down first
+    (an exception, a forgotten iterator) that join would wait forever, holding a GPU job until its
+    time limit. atexit runs the last registered hook first, so this one runs before multiprocessing's.
+    """
+    import atexit
+    import multiprocessing
+    import multiprocessing.util  # noqa: F401  (registers its exit hook now, i.e. before ours)
+
+    if getattr(reap_workers_at_exit, "_installed", False):
+        return
+
+    def reap() -> None:
+        for child in multiprocessing.active_children():
+            if child.daemon:
+                child.kill()
+                child.join(5)
+
+    atexit.register(reap)
+    reap_workers_at_exit._installed = True  # type: ignore[attr-defined]
+
+
+def close_loader(iterator: Any) -> None:
+    """Shut a DataLoader iterator's workers down now (they exit on the sentinel it sends)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
 def ignore_stop_signals(worker_id: int = 0) -> None:
     """DataLoader `worker_init_fn`: workers ignore SIGTERM and SIGUSR1; the main process saves.
 

@@ -180,6 +180,7 @@ def train(
         if tr.get("tensorboard") and env.is_main else None
     stop = training.StopFlag()
     bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc=settings["name"])
+    training.reap_workers_at_exit()  # workers ignore SIGTERM: never let the exit wait on them
     batches = iter(loader)
 
     def save(step: int) -> None:
@@ -237,12 +238,14 @@ def train(
         if env.is_main and tr["checkpoint_every"] and done % tr["checkpoint_every"] == 0 and done < total_steps:
             save(done)
         if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
+            training.close_loader(batches)
             bar.close()
             if board is not None:
                 board.close()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done, stop.signal_name)
             training.teardown_distributed()
             return training.RESUME_EXIT_CODE
+    training.close_loader(batches)
     bar.close()
     if board is not None:
         board.close()
