@@ -182,8 +182,9 @@ class _Chunker:
             pieces = [p for p in PARAGRAPH_SPLIT.split(text or "") if p.strip()]
             paragraphs.extend(pieces)
             para_article.extend([a] * len(pieces))
+        # encode_batch_fast: no character offsets (chunking needs ids only), ~25% faster.
         id_lists = [
-            e.ids for e in self.tokenizer.encode_batch(paragraphs, add_special_tokens=False)
+            e.ids for e in self.tokenizer.encode_batch_fast(paragraphs, add_special_tokens=False)
         ]
         para_len = np.fromiter((len(x) for x in id_lists), np.int64, len(id_lists))
         flat = np.fromiter(itertools.chain.from_iterable(id_lists), np.int32, int(para_len.sum()))
@@ -386,8 +387,21 @@ def _init_worker(checkpoint_dir: str, cfg: ChunkConfig) -> None:
     _WORKER = _Chunker(checkpoint_dir, cfg)
 
 
-def _work(task: tuple[np.ndarray, list[str]]) -> tuple[pa.RecordBatch, Counter]:
-    return _WORKER.chunk_batch(*task)
+def _split_by_shard(
+    batch: pa.RecordBatch, shards: int
+) -> list[tuple[int, pa.RecordBatch]]:
+    """(shard, rows of that shard) for each shard the batch touches."""
+    shard = batch.column("page_id").to_numpy() % shards
+    return [(int(i), batch.filter(pa.array(shard == i))) for i in np.unique(shard)]
+
+
+def _work(
+    task: tuple[np.ndarray, list[str]],
+) -> tuple[list[tuple[int, pa.RecordBatch]], Counter]:
+    # Split in the worker: the main process only appends to the spill files, so it takes
+    # little of the cores the tokenising workers need.
+    batch, stats = _WORKER.chunk_batch(*task)
+    return _split_by_shard(batch, _WORKER.cfg.shards), stats
 
 
 def _article_batches(
@@ -417,7 +431,8 @@ def _binned(histogram: np.ndarray, bins: int = 32) -> dict[str, Any]:
 def _finish_shard(job) -> dict[str, Any]:
     """Phase 2 for one shard: sort its spill by chunk_id, validate every row, write it."""
     i, spill, out, cfg, (cls_id, sep_id) = job
-    table = pq.read_table(spill)
+    with pa.memory_map(str(spill)) as source:
+        table = pa.ipc.open_file(source).read_all()
     table = table.take(pc.sort_indices(table["chunk_id"]))
     validate_chunks(table, cfg, cls_id, sep_id, str(out))
     lengths = pc.list_value_length(table["input_ids"]).to_numpy(zero_copy_only=False)
@@ -451,8 +466,10 @@ def chunk_corpus(
     out_paths[0].parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_paths[0].parent, prefix=".chunk-spill.") as spill_dir:
         # Phase 1: chunk batches (in parallel) and append each chunk to its shard's spill file.
-        spills = [Path(spill_dir) / f"{i:04d}.parquet" for i in range(cfg.shards)]
-        writers = [pq.ParquetWriter(p, SCHEMA, compression="lz4") for p in spills]
+        # Arrow IPC, uncompressed: the spill is read once, by this run, and writing it costs the
+        # main process almost nothing (Parquet encoding here took ~10% of the 2 cores).
+        spills = [Path(spill_dir) / f"{i:04d}.arrow" for i in range(cfg.shards)]
+        writers = [pa.ipc.new_file(str(p), SCHEMA) for p in spills]
         tasks = _article_batches(article_paths, batch_size)
         started = time.perf_counter()
         pool = None
@@ -466,16 +483,15 @@ def chunk_corpus(
             if pool is not None:
                 results = pool.imap(_work, tasks)
             else:
-                chunker = _Chunker(str(checkpoint_dir), cfg)
-                results = (chunker.chunk_batch(*task) for task in tasks)
+                _init_worker(str(checkpoint_dir), cfg)
+                results = map(_work, tasks)
             try:
                 with tqdm(total=total_articles, unit="article", mininterval=10) as progress:
-                    for batch, batch_stats in results:
+                    for parts, batch_stats in results:
                         stats.update(batch_stats)
                         progress.update(batch_stats["articles"])
-                        shard = batch.column("page_id").to_numpy() % cfg.shards
-                        for i in np.unique(shard):
-                            writers[i].write_batch(batch.filter(pa.array(shard == i)))
+                        for i, part in parts:
+                            writers[i].write_batch(part)
             finally:
                 for writer in writers:
                     writer.close()
