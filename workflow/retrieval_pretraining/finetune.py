@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -315,7 +314,8 @@ def train(init: Path, queries: Path, qrels: Path, corpus: Path, negative_files: 
                            "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate,
                            "negatives_per_query": plan["negatives_per_query"]})
         if training.run_or_resume_exit(stop, env, save):
-            sys.exit(training.RESUME_EXIT_CODE)
+            training.teardown_distributed()
+            training.exit_process(training.RESUME_EXIT_CODE)
         if env.is_main and step % cfg["save_every_steps"] == 0 and step < total_steps:
             save()
     progress.close()
@@ -369,6 +369,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     train(args.init, args.queries, args.qrels, args.corpus, args.negatives, args.out, args.state,
           args.metrics, args.config, args.seed)
+    training.exit_process(0)
 
 
 if __name__ == "__main__":
