@@ -154,35 +154,32 @@ def encoded_shards(wildcards):
     }
 
 
-def get_dense_run_targets():
-    """TREC runs of every fine-tuned model, stage (1 + rounds) and evaluated split."""
-    targets = []
-    for entry in config["finetune"]["datasets"]:
-        dataset = entry["dataset"]
-        rounds = finetune_knobs(dataset)["rounds"]
+def dense_run_cells():
+    """(dataset, model, stage, split) of every dense run: each fine-tuned model, stage (1 + rounds)
+    and evaluated split, in-domain and on every zero-shot target (with its source's rounds).
+    """
+    sources = [(e["dataset"], e["dataset"]) for e in config["finetune"]["datasets"]]
+    sources += [
+        (e["dataset"], e["trained_on"])
+        for e in config["evaluate"].get("zero_shot") or []
+    ]
+    for dataset, trained in sources:
+        rounds = finetune_knobs(trained)["rounds"]
         splits = [
             e["split"] for e in config["evaluate"]["splits"] if e["dataset"] == dataset
         ]
         for model in finetune_models():
             for number in range(1, rounds + 2):
-                targets += [
-                    f"results/runs/{dataset}/{model}-stage{number}/{s}.trec"
-                    for s in splits
-                ]
-    for entry in config["evaluate"].get("zero_shot") or []:
-        rounds = finetune_knobs(entry["trained_on"])["rounds"]
-        splits = [
-            e["split"]
-            for e in config["evaluate"]["splits"]
-            if e["dataset"] == entry["dataset"]
-        ]
-        targets += [
-            f"results/runs/{entry['dataset']}/{model}-stage{number}/{s}.trec"
-            for model in finetune_models()
-            for number in range(1, rounds + 2)
-            for s in splits
-        ]
-    return targets
+                for split in splits:
+                    yield dataset, model, f"stage{number}", split
+
+
+def get_dense_run_targets():
+    """TREC runs of every fine-tuned model, stage and evaluated split (dense_run_cells)."""
+    return [
+        f"results/runs/{dataset}/{model}-{stage}/{split}.trec"
+        for dataset, model, stage, split in dense_run_cells()
+    ]
 
 
 # Started by retrieval_pretraining.launch: min(gpu, visible GPUs) processes (torchrun for > 1), or

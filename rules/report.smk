@@ -2,7 +2,6 @@
 # Everything here is driven by the `report` config section; `report_targets()` lists what to build.
 import hashlib as _hashlib
 import json as _json
-import re as _report_re
 
 
 def report_models():
@@ -175,16 +174,12 @@ def finetune_stage_artifacts():
             negatives += [
                 f"{base}/stage{k}/hard-negatives.parquet" for k in range(1, rounds + 1)
             ]
-    models = "|".join(
-        _report_re.escape(m) for m in sorted(finetune_models(), key=len, reverse=True)
+    indexes = sorted(
+        {
+            f"results/index/{model}/{dataset}/{stage}/faiss"
+            for dataset, model, stage, _ in dense_run_cells()
+        }
     )
-    dense_runs = get_dense_run_targets()
-    indexes = []
-    for run in dense_runs:
-        match = _report_re.fullmatch(
-            rf"results/runs/([^/]+)/({models})-([^/]+)/[^/]+\.trec", run
-        )
-        indexes.append(f"results/index/{match[2]}/{match[1]}/{match[3]}/faiss")
     bm25_runs = [
         f"results/bm25/{e['dataset']}/runs/{e['split']}.trec"
         for e in config["evaluate"]["splits"]
@@ -192,9 +187,9 @@ def finetune_stage_artifacts():
     return (
         encoders
         + negatives
-        + sorted(set(indexes))
+        + indexes
         + bm25_runs
-        + dense_runs
+        + get_dense_run_targets()
         + get_report_metrics()
     )
 

@@ -267,7 +267,7 @@ def test_ragged_tsv_lines_fail(tmp_path):
     with pytest.raises(
         datasets.DatasetError, match=r"collection.tsv, line 2: 3 tab-separated fields"
     ):
-        datasets.read_corpus_tsv(path)
+        list(datasets.read_corpus_tsv_batches(path))
 
 
 def test_config_sections_validate_and_reject_unknown_title_modes():

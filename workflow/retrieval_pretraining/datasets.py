@@ -257,14 +257,6 @@ def read_corpus_tsv_batches(
         yield flush()
 
 
-def read_corpus_tsv(path: Path, member: str | None = None) -> pl.DataFrame:
-    """A whole MS MARCO collection in memory (small files; prepare_corpus streams instead)."""
-    frames = list(read_corpus_tsv_batches(path, member))
-    if not frames:
-        return pl.DataFrame(schema={"doc_id": pl.String, "title": pl.String, "text": pl.String})
-    return pl.concat(frames)
-
-
 # --- loading a dataset: the corpus, then each split -----------------------------------------
 
 

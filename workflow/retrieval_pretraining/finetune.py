@@ -141,10 +141,8 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path], cfg
     counts = {"positives_absent_from_corpus": 0, "queries_without_positive_in_corpus": 0,
               "queries_without_negatives_dropped": 0}
     if corpus is not None:
-        wanted = pl.LazyFrame({"doc_id": sorted({d for docs in positives.values() for d in docs})},
-                              schema={"doc_id": pl.String})
-        present = set(pl.scan_parquet(corpus).select("doc_id").join(wanted, on="doc_id", how="semi")
-                      .collect()["doc_id"].to_list())
+        wanted = {d for docs in positives.values() for d in docs}
+        present = set(corpus_rows(corpus, wanted, ["doc_id"])["doc_id"].to_list())
         for qid in sorted(positives):
             kept = [d for d in positives[qid] if d in present]
             counts["positives_absent_from_corpus"] += len(positives[qid]) - len(kept)
@@ -164,6 +162,12 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path], cfg
             len(ids), size=cfg["train_queries"], replace=False)
         ids = [ids[i] for i in np.sort(pick)]
     return ids, texts, positives, negatives, counts
+
+
+def corpus_rows(corpus: Path, doc_ids: set[str], columns: list[str]) -> pl.DataFrame:
+    """`columns` of the corpus rows whose doc_id is in `doc_ids` (a scan: the corpus is not loaded)."""
+    wanted = pl.LazyFrame({"doc_id": sorted(doc_ids)}, schema={"doc_id": pl.String})
+    return pl.scan_parquet(corpus).select(columns).join(wanted, on="doc_id", how="semi").collect()
 
 
 def padding_pool(corpus: Path, seed: int, size: int = PAD_POOL) -> list[str]:
@@ -225,10 +229,8 @@ def train(init: Path, queries: Path, qrels: Path, corpus: Path, negative_files: 
     needed = {d for q in ids for d in positives[q]}
     needed |= {d for q in ids for d in negatives.get(q, [])} | set(fallback)
     # Only the texts training can use are held in memory (8.8M MS MARCO passages need not be).
-    wanted = pl.LazyFrame({"doc_id": sorted(needed)}, schema={"doc_id": pl.String})
-    docs = {d: (t or "", x or "") for d, t, x in pl.scan_parquet(corpus)
-            .select("doc_id", "title", "text").join(wanted, on="doc_id", how="semi")
-            .collect().iter_rows()}
+    docs = {d: (t or "", x or "")
+            for d, t, x in corpus_rows(corpus, needed, ["doc_id", "title", "text"]).iter_rows()}
     absent = needed - set(docs)
     if absent:  # positives were checked against the corpus above, so these are negatives
         raise ValueError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "

@@ -179,9 +179,19 @@ def model_labels(models: list[dict[str, Any]]) -> dict[str, str]:
     return labels
 
 
+# Same format as bm25.run_label, the label each BM25 run records (not imported: bm25.py belongs to
+# the Pyserini toolchain, which the tables' environment does not carry).
+def k1_b(k1: float, b: float) -> str:
+    return f"k1={k1:g}, b={b:g}"
+
+
+def _recorded(bm25: dict[str, Any] | None) -> bool:
+    return bool(bm25) and bm25.get("k1") is not None and bm25.get("b") is not None
+
+
 def bm25_label(bm25: dict[str, Any] | None) -> str:
-    if bm25 and bm25.get("k1") is not None and bm25.get("b") is not None:
-        return f"BM25 (k1={bm25['k1']:g}, b={bm25['b']:g})"
+    if _recorded(bm25):
+        return f"BM25 ({k1_b(bm25['k1'], bm25['b'])})"
     return "BM25 (k1/b not recorded)"
 
 
@@ -196,7 +206,10 @@ def bm25_row_label(params: dict[str, Any], columns: list[dict[str, Any]]) -> str
     distinct = {(s.get("k1"), s.get("b")) for s in per_dataset.values()}
     if len(distinct) <= 1:
         return bm25_label(next(iter(per_dataset.values()), params.get("bm25")))
-    parts = [f"{d}: {bm25_label(s)[len('BM25 ('):-1]}" for d, s in per_dataset.items()]
+    parts = [
+        f"{d}: {k1_b(s['k1'], s['b']) if _recorded(s) else 'k1/b not recorded'}"
+        for d, s in per_dataset.items()
+    ]
     return f"BM25 ({'; '.join(parts)})"
 
 
@@ -489,10 +502,6 @@ def plot_low_resource(summary, spec, labels, figure: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- provenance
-def code_version() -> str:
-    return artifacts.git_version()
-
-
 def hardware(results: Path, models: list[dict[str, Any]]) -> list[str]:
     lines = [
         f"tables built on: {platform.node() or 'unknown host'}, {platform.platform()}, "
@@ -523,7 +532,7 @@ def provenance(
         "",
         f"- experiment: `{params.get('experiment', 'unknown')}`",
         f"- config hash (sha256 of the resolved config): `{params.get('config_hash', 'unknown')}`",
-        f"- code version: `{code_version()}`",
+        f"- code version: `{artifacts.git_version()}`",
         f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
     ]
     lines += [f"- {h}" for h in hardware(results, params["models"])]

@@ -108,11 +108,7 @@ def exit_process(code: int) -> None:
     """End a trainer process with `code` (sys.exit, or os._exit after a gloo run; see above)."""
     if not _EXIT_WITHOUT_FINALIZATION:
         sys.exit(code)
-    import multiprocessing
-
-    for child in multiprocessing.active_children():  # what reap_workers_at_exit would do
-        child.kill()
-        child.join(5)
+    _kill_workers()  # os._exit skips the exit hook reap_workers_at_exit registered
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -385,20 +381,22 @@ def reap_workers_at_exit() -> None:
     time limit. atexit runs the last registered hook first, so this one runs before multiprocessing's.
     """
     import atexit
-    import multiprocessing
     import multiprocessing.util  # noqa: F401  (registers its exit hook now, i.e. before ours)
 
     if getattr(reap_workers_at_exit, "_installed", False):
         return
-
-    def reap() -> None:
-        for child in multiprocessing.active_children():
-            if child.daemon:
-                child.kill()
-                child.join(5)
-
-    atexit.register(reap)
+    atexit.register(_kill_workers)
     reap_workers_at_exit._installed = True  # type: ignore[attr-defined]
+
+
+def _kill_workers() -> None:
+    """SIGKILL this process's daemonic children (DataLoader workers) and wait for them."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(5)
 
 
 def close_loader(iterator: Any) -> None:

@@ -183,6 +183,12 @@ def train(
     training.reap_workers_at_exit()  # workers ignore SIGTERM: never let the exit wait on them
     batches = iter(loader)
 
+    def close_outputs() -> None:
+        training.close_loader(batches)
+        bar.close()
+        if board is not None:
+            board.close()
+
     def save(step: int) -> None:
         training.save_state(
             ckpt_dir, step=step, model=model, optimizer=optimizer, scheduler=scheduler,
@@ -238,17 +244,11 @@ def train(
         if env.is_main and tr["checkpoint_every"] and done % tr["checkpoint_every"] == 0 and done < total_steps:
             save(done)
         if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
-            training.close_loader(batches)
-            bar.close()
-            if board is not None:
-                board.close()
+            close_outputs()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done, stop.signal_name)
             training.teardown_distributed()
             return training.RESUME_EXIT_CODE
-    training.close_loader(batches)
-    bar.close()
-    if board is not None:
-        board.close()
+    close_outputs()
     model.eval()
 
     if env.is_main:
