@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from retrieval_pretraining import artifacts, checkpoints, chunk  # noqa: E402
 
-from shipped_data import ONE_LAYER_MINILM, ROOT, SCIFACT_CORPUS  # noqa: E402
+from shipped_data import ONE_LAYER_MINILM, SCIFACT_CORPUS  # noqa: E402
 SCIFACT = SCIFACT_CORPUS
 DEMO_CHECKPOINT = ONE_LAYER_MINILM
 
@@ -242,3 +242,43 @@ def test_bad_config_and_inputs_fail_with_the_fix(articles, checkpoint, tmp_path)
     duplicate = write_articles(tmp_path / "dup.parquet", [(1, "cell cell"), (1, "cell")])
     with pytest.raises(ValueError, match="duplicate page_id"):
         run([duplicate], checkpoint, tmp_path / "out2", shards=1)
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda r: r.update(chunk_index=r["chunk_index"] + 1), "chunk_id != "),
+        (lambda r: r.update(input_ids=r["input_ids"][1:]), "does not start with \\[CLS\\]"),
+        (lambda r: r.update(input_ids=r["input_ids"][:-1]), "does not end with \\[SEP\\]"),
+        (lambda r: r["input_ids"].__setitem__(2, r["input_ids"][-1]), "\\[CLS\\]/\\[SEP\\] inside"),
+        (lambda r: r.update(input_ids=r["input_ids"] * 40), "length outside"),
+        (lambda r: r.update(word_starts=[]), "no word start"),
+        (lambda r: r.update(word_starts=r["word_starts"][1:]), "start with a word"),
+        (lambda r: r.update(word_starts=r["word_starts"][:-1]), "not exactly its word-starting"),
+        (lambda r: r["word_starts"].__setitem__(1, r["word_starts"][1] + 1), "not exactly"),
+    ],
+)
+def test_validation_names_the_corrupted_row(default_run, checkpoint, corrupt, message):
+    """Each rule of the chunks contract, broken in one row of a real batch, stops the stage."""
+    outs, _ = default_run
+    rows = pq.read_table(outs[0]).slice(0, 6).to_pylist()
+    cfg = chunk.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 64})
+    worker = chunk._Chunker(str(checkpoint), cfg)
+
+    def validate(rows):
+        batch = pa.RecordBatch.from_pylist(rows, schema=chunk.SCHEMA)
+        special = (worker.cls_id, worker.sep_id)
+        chunk.validate_chunks(batch, 64, worker.continues_word, special, "here")
+
+    validate(rows)  # the real rows pass
+    target = next(i for i, r in enumerate(rows) if i > 0 and len(r["word_starts"]) > 2)
+    corrupt(rows[target])
+    with pytest.raises(ValueError, match=f"here: chunk \\d+ \\(row {target}\\) .*{message}"):
+        validate(rows)
+
+
+def test_a_page_in_two_parts_is_named(checkpoint, tmp_path):
+    a = write_articles(tmp_path / "a.parquet", [(7, "One sentence here.")])
+    b = write_articles(tmp_path / "b.parquet", [(7, "Another one.")])
+    with pytest.raises(ValueError, match="duplicate page_id 7"):
+        run([a, b], checkpoint, tmp_path / "out", shards=2, processes=2)

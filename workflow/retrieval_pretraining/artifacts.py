@@ -58,7 +58,7 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def write_parquet(path: str | os.PathLike, table: pa.Table, schema: pa.Schema) -> None:
-    """Write `table` cast to `schema` (the stage's declared contract), atomically, zstd-compressed."""
+    """Write `table` cast to `schema` (the stage's declared contract), atomically, with zstd."""
     if table.schema != schema:
         table = table.select(schema.names).cast(schema)
     with atomic_path(path) as tmp:
@@ -73,7 +73,19 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)
+def _recorded_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """sha256_file, once per file version: a sharded stage records the same inputs in every
+    shard's manifest (64 shards x every article part, ~20 GB, at paper scale)."""
+    return sha256_file(path)
+
+
 def library_versions() -> dict[str, str]:
+    return dict(_library_versions())
+
+
+@functools.lru_cache(maxsize=1)  # reading the packages' metadata costs ~30 ms per manifest
+def _library_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in _TRACKED_LIBRARIES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -113,7 +125,7 @@ def code_version() -> dict[str, str]:
 
 
 def manifest_path(artifact: str | os.PathLike) -> Path:
-    """The manifest that sits beside an artifact: `x.parquet` -> `x.manifest.json`, `dir/` -> `dir/manifest.json`."""
+    """The manifest beside an artifact: `x.parquet` -> `x.manifest.json`, `d/` -> `d/manifest.json`."""
     artifact = Path(artifact)
     if artifact.is_dir():
         return artifact / "manifest.json"
@@ -128,14 +140,17 @@ def write_manifest(
     inputs: dict[str, str | os.PathLike] | None = None,
     stats: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Record what produced an artifact: stage, parameters, input checksums, statistics, versions."""
+    """Record what produced an artifact: stage, params, input checksums, statistics, versions."""
     input_entries = {}
     for name, input_path in (inputs or {}).items():
         input_path = Path(input_path)
         entry: dict[str, Any] = {"path": str(input_path)}
         if input_path.is_file():
-            entry["sha256"] = sha256_file(input_path)
-            entry["bytes"] = input_path.stat().st_size
+            stat = input_path.stat()
+            entry["sha256"] = _recorded_sha256(
+                str(input_path.resolve()), stat.st_size, stat.st_mtime_ns
+            )
+            entry["bytes"] = stat.st_size
         input_entries[name] = entry
     manifest = {
         "stage": stage,
