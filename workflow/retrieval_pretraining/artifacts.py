@@ -125,7 +125,7 @@ def code_version() -> dict[str, str]:
 
 
 def manifest_path(artifact: str | os.PathLike) -> Path:
-    """The manifest beside an artifact: `x.parquet` -> `x.manifest.json`, `d/` -> `d/manifest.json`."""
+    """Beside an artifact: `x.parquet` -> `x.manifest.json`, `d/` -> `d/manifest.json`."""
     artifact = Path(artifact)
     if artifact.is_dir():
         return artifact / "manifest.json"
