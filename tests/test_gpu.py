@@ -1,0 +1,75 @@
+"""The CUDA paths of pre-training (fused AdamW, bf16 autocast, the trainer on a GPU) against the
+CPU fp32 path that the rest of the suite checks.
+
+CI has no GPU, so these skip there. `benchmarks/gpu_checks.sh` runs them, and the step-time
+benchmark, on a lent GPU in one command.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import pretrain_fixtures as fx
+from retrieval_pretraining import training
+from retrieval_pretraining.pretrain.model import Pretrainer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+OBJECTIVES = ["mlm", "costa", "cpdae", "cpdae_r", "bow"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    checkpoint = fx.tiny_checkpoint(root / "checkpoint")
+    chunks, spans = fx.build_corpus(root / "corpus", docs=40)
+    return checkpoint, chunks, spans
+
+
+def test_fused_adamw_on_cuda_makes_the_cpu_update(setup):
+    """The same gradients, three steps: CUDA's fused AdamW and the CPU's AdamW agree."""
+    torch.manual_seed(0)
+    cpu_model = Pretrainer(setup[0], fx.model_settings("mlm"))
+    gpu_model = copy.deepcopy(cpu_model).to("cuda")
+    kwargs = {"lr": 1e-3, "weight_decay": 0.01}
+    cpu_opt = training.build_optimizer(cpu_model, device=torch.device("cpu"), **kwargs)
+    gpu_opt = training.build_optimizer(gpu_model, device=torch.device("cuda"), **kwargs)
+    assert gpu_opt.defaults["fused"] and not cpu_opt.defaults["fused"]
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for a, b in zip(cpu_model.parameters(), gpu_model.parameters()):
+            a.grad = torch.randn(a.shape, generator=generator)
+            b.grad = a.grad.to("cuda")
+        cpu_opt.step()
+        gpu_opt.step()
+    for (name, a), b in zip(cpu_model.named_parameters(), gpu_model.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), atol=1e-6, rtol=1e-5, msg=name)
+
+
+def _losses(setup, out: Path, objective: str, *, cpu: bool, precision: str = "auto"):
+    checkpoint, chunks, spans = setup
+    settings = fx.model_settings(objective, max_steps=8, precision=precision)
+    env = {"CUDA_VISIBLE_DEVICES": ""} if cpu else {}
+    result = fx.run_module(settings, checkpoint, chunks, spans if objective == "costa" else None,
+                           out, extra_env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records], records[-1]
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_trainer_on_cuda_tracks_the_cpu_run(objective, setup, tmp_path):
+    """Same data, masks and initial weights: fp32 on CUDA follows the CPU run closely, bf16
+    autocast within bf16's precision, step by step."""
+    cpu, _ = _losses(setup, tmp_path / "cpu", objective, cpu=True)
+    fp32, _ = _losses(setup, tmp_path / "fp32", objective, cpu=False, precision="fp32")
+    bf16, last = _losses(setup, tmp_path / "bf16", objective, cpu=False)
+    assert len(cpu) == len(fp32) == len(bf16) == 8
+    # TF32 matmuls (if enabled) and different kernels: small differences, growing a little.
+    torch.testing.assert_close(torch.tensor(fp32), torch.tensor(cpu), rtol=1e-3, atol=1e-3)
+    # bf16 keeps 8 bits of mantissa: about 0.4% per operation, a few percent after 8 updates.
+    torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
+    assert last["memory_mb"] > 0  # GPU memory is reported
+
