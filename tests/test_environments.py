@@ -478,6 +478,7 @@ def test_slurm_profile_dry_run_plans_the_paper_experiment(tmp_path):
     models = paper["pretrain"]["models"]
     trained = [m for m in models if m["objective"] != "none"]
     assert plan["fetch_dumpstatus"] == 1 and plan["stage_checkpoint"] == 1, plan
+    assert plan["stage_tokenizer"] == 1, plan
     assert plan["pretrain_model"] == len(trained) and plan["export_base_encoder"] == 1, plan
     costa_spans = {m["spans"] for m in models if m.get("spans")}
     assert plan["sample_spans"] == len(costa_spans) * paper["corpus"]["shards"], plan

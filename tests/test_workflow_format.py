@@ -22,7 +22,8 @@ def test_every_stage_rule_is_defined():
     assert result.returncode == 0, result.stderr
     rules = {line.split()[0] for line in result.stdout.splitlines() if line.strip()}
     expected = {
-        "download_dump_part", "extract_articles", "stage_checkpoint", "chunk_articles", "sample_spans",
+        "download_dump_part", "extract_articles", "stage_checkpoint", "stage_tokenizer",
+        "chunk_articles", "sample_spans",
         "pretrain_model", "export_base_encoder", "prepare_dataset", "build_bm25_index", "bm25_search",
         "bm25_negatives", "finetune_stage1", "encode_corpus_shard", "build_dense_index",
         "mine_hard_negatives", "finetune_stage2", "dense_search", "score_run", "make_tables",

@@ -81,6 +81,29 @@ def test_changing_max_len_reruns_chunking_and_everything_after(finished):
         (finished / "config.yaml").write_text(original)
 
 
+def test_truncating_the_encoder_reruns_no_corpus_stage(finished):
+    """The corpus stages read the tokenizer alone: num_layers restages the checkpoint only."""
+    # The data stages ran without the encoder's weights being staged at all.
+    assert planned_rules(finished, "results/checkpoints/minilm-l2") == {"stage_checkpoint": 1}
+    original = _edit_config(finished, lambda c: c["checkpoints"][0].update(num_layers=1))
+    try:
+        assert planned_rules(finished, SPANS_TARGET) == {}
+    finally:
+        (finished / "config.yaml").write_text(original)
+
+
+def test_changing_the_tokenizer_source_reruns_the_corpus_stages(finished):
+    def edit(config):
+        config["checkpoints"][0]["revision"] = "main"  # a different tokenizer version
+
+    original = _edit_config(finished, edit)
+    try:
+        plan = planned_rules(finished, SPANS_TARGET)
+        assert set(plan) == {"stage_tokenizer", "chunk_articles", "sample_spans"}, plan
+    finally:
+        (finished / "config.yaml").write_text(original)
+
+
 @pytest.mark.parametrize("section", ["extract", "corpus"])
 def test_changing_the_process_count_reruns_nothing(finished, section):
     """Process counts change speed, not results, so they are not rerun triggers."""

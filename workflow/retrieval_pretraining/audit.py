@@ -118,6 +118,8 @@ KNOWN_FILES: list[tuple[str, str, str]] = [
      "the source checkpoint's trained MLM head (cls.predictions.*), which AutoModel drops",
      "stage_checkpoint"),
     ("checkpoints/*/*", "a file of a staged base checkpoint folder", "stage_checkpoint"),
+    ("tokenizers/*/*", "a file of a staged tokenizer folder (what the corpus stages read)",
+     "stage_tokenizer"),
     ("bm25/*/index/*", "a file of a BM25 (Lucene) index folder", "build_bm25_index"),
     ("index/*/faiss/*", "a file of a dense (FAISS) index folder", "build_dense_index"),
     ("datasets/*/dataset.json", "dataset info: title mode, query-id rule, splits, corpus quirks",

@@ -1,6 +1,9 @@
-"""Stage a base checkpoint (encoder weights + tokenizer) as a plain Hugging Face folder.
+"""Stage a base checkpoint (weights + tokenizer) or its tokenizer alone as a Hugging Face folder.
 
-Every later stage reads `results/checkpoints/<name>/` and nothing else, so where the weights came
+The tokenizer alone (`--tokenizer-only`, rule stage_tokenizer) is what the corpus stages read.
+
+Every later stage reads `results/checkpoints/<name>/` (or `results/tokenizers/<name>/`) and nothing
+else, so where the weights came
 from (a folder inside an installed package for the offline demo, the Hugging Face Hub at paper
 scale, or a local folder) is decided once, here. Hub downloads happen in this stage only, which the
 workflow runs as a local rule before any GPU job: compute nodes may be offline.
@@ -43,10 +46,18 @@ def package_folder(location: str) -> Path:
     return folder
 
 
+# The entry keys that decide the tokenizer. The corpus stages depend on the tokenizer alone
+# (`stage_tokenizer`), so that truncating the encoder (`num_layers`) does not re-chunk the corpus.
+TOKENIZER_KEYS = ("name", "source", "location", "revision")
+
+
 def source_folder(
-    entry: dict[str, Any], download_dir: Path, data_root: str | None = None
+    entry: dict[str, Any],
+    download_dir: Path,
+    data_root: str | None = None,
+    patterns: tuple[str, ...] = ("*.json", "*.txt", "*.safetensors"),
 ) -> Path:
-    """The folder holding the checkpoint's files, fetching it from the Hub for source=hub."""
+    """The folder holding the checkpoint's files, fetching `patterns` from the Hub for source=hub."""
     source, location = entry["source"], entry["location"]
     if source == "package":
         return package_folder(location)
@@ -64,7 +75,7 @@ def source_folder(
             location,
             revision=entry.get("revision"),
             cache_dir=download_dir,
-            allow_patterns=["*.json", "*.txt", "*.safetensors"],
+            allow_patterns=list(patterns),
         )
     )
 
@@ -137,15 +148,44 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
     return stats
 
 
+def stage_tokenizer(
+    entry: dict[str, Any], out_dir: Path, data_root: str | None = None
+) -> dict[str, Any]:
+    """Write only the tokenizer of the checkpoint named by `entry` to `out_dir` (atomically)."""
+    from transformers import AutoTokenizer
+
+    entry = {key: entry[key] for key in TOKENIZER_KEYS if key in entry}
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
+        tmp = Path(tmp)
+        folder = source_folder(entry, tmp / "download", data_root, patterns=("*.json", "*.txt"))
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+        staged = tmp / "staged"
+        tokenizer.save_pretrained(staged)
+        stats = {"tokenizer_class": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size}
+        artifacts.write_manifest(
+            staged / "manifest.json", stage="stage_tokenizer", params=entry, stats=stats
+        )
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staged.rename(out_dir)
+    log.info("staged the tokenizer of %s -> %s (%s)", entry["name"], out_dir, stats)
+    return stats
+
+
 def main() -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the checkpoint folder to write")
     parser.add_argument(
         "--data-root", default=None, help="the config's data_root (local checkpoints may lie there)"
     )
+    parser.add_argument(
+        "--tokenizer-only", action="store_true", help="stage the tokenizer alone (corpus stages)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stage(args.config, args.out, args.data_root)
+    (stage_tokenizer if args.tokenizer_only else stage)(args.config, args.out, args.data_root)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike):
     path = Path(checkpoint_dir) / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} missing: stage the checkpoint first (rule stage_checkpoint)"
+            f"{path} missing: stage the tokenizer first (rule stage_tokenizer)"
         )
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.no_truncation()
