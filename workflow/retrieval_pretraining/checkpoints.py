@@ -57,7 +57,7 @@ def source_folder(
     data_root: str | None = None,
     patterns: tuple[str, ...] = ("*.json", "*.txt", "*.safetensors"),
 ) -> Path:
-    """The folder holding the checkpoint's files, fetching `patterns` from the Hub for source=hub."""
+    """The folder holding the checkpoint's files, fetching `patterns` from the Hub (source=hub)."""
     source, location = entry["source"], entry["location"]
     if source == "package":
         return package_folder(location)
