@@ -665,7 +665,7 @@ def audit_json(a: Audit, n: int) -> None:
     elif a.path.name in MODEL_FOLDER_JSON:
         a.kind = f"{a.path.name} (model folder file)"
         describe_origin(a, "a model folder file")
-        a.check("inside a model folder (config.json + safetensors)", is_model_folder(a.path.parent))
+        check_folder(a)
         a.say("  " + short(json.dumps(data, sort_keys=True), 3000))
     elif (results_relative(a.path) or "").startswith("analysis/"):
         render_analysis_json(a, data, n)
@@ -689,6 +689,19 @@ MODEL_FOLDER_JSON = {
 
 def is_model_folder(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def check_folder(a: Audit) -> None:
+    """A model folder file lies in a model folder; one of a staged tokenizer (results/tokenizers/,
+    what the corpus stages read) lies beside tokenizer.json and no weights."""
+    folder = a.path.parent
+    if (results_relative(a.path) or "").startswith("tokenizers/"):
+        a.check(
+            "inside a tokenizer folder (tokenizer.json, no weights)",
+            (folder / "tokenizer.json").is_file() and not any(folder.glob("*.safetensors")),
+        )
+    else:
+        a.check("inside a model folder (config.json + safetensors)", is_model_folder(folder))
 
 
 def render_dataset_info(a: Audit, data: dict[str, Any], n: int) -> None:
@@ -784,7 +797,7 @@ def audit_tokenizer(a: Audit, n: int) -> None:
     tok.no_truncation()
     sample = "Dense retrieval pre-training from Wikipedia."
     a.say(f"-- {tok.get_vocab_size()} entries; {sample!r} -> {tok.encode(sample).tokens}")
-    a.check("inside a model folder (config.json + safetensors)", is_model_folder(a.path.parent))
+    check_folder(a)
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]") if tok.token_to_id(t) is None]
     a.check("has BERT's special tokens", not missing, f"missing {missing}" if missing else "")
 
