@@ -2,6 +2,10 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from retrieval_pretraining import artifacts, checkpoints, chunk  # noqa: E402
 
-from shipped_data import ONE_LAYER_MINILM, SCIFACT_CORPUS  # noqa: E402
+from shipped_data import ONE_LAYER_MINILM, ROOT, SCIFACT_CORPUS  # noqa: E402
 SCIFACT = SCIFACT_CORPUS
 DEMO_CHECKPOINT = ONE_LAYER_MINILM
 
@@ -282,3 +286,50 @@ def test_a_page_in_two_parts_is_named(checkpoint, tmp_path):
     b = write_articles(tmp_path / "b.parquet", [(7, "Another one.")])
     with pytest.raises(ValueError, match="duplicate page_id 7"):
         run([a, b], checkpoint, tmp_path / "out", shards=2, processes=2)
+
+
+def test_a_worker_killed_midway_fails_the_stage_instead_of_hanging(checkpoint, tmp_path):
+    """As the kernel's OOM killer would: SIGKILL one worker. The stage must exit with the fix, not
+    wait forever for the batch that worker held (multiprocessing.Pool did)."""
+    docs = [json.loads(line) for line in SCIFACT.open()]
+    rows = [(c * 10**6 + int(d["_id"]), d["title"] + "\n\n" + d["text"]) for c in range(6)
+            for d in docs]
+    articles = write_articles(tmp_path / "articles.parquet", rows)
+    config = json.dumps({"checkpoint": "minilm-l2", "max_len": 128, "shards": 2})
+    outs = [tmp_path / f"shard-{i}.parquet" for i in range(2)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrieval_pretraining.chunk", "--config", config, "--articles",
+         str(articles), "--checkpoint", str(checkpoint), "--out", *map(str, outs),
+         "--processes", "2", "--batch-size", "64"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "workflow")),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        worker = None
+        deadline = time.monotonic() + 60
+        while worker is None and time.monotonic() < deadline and proc.poll() is None:
+            worker = next(iter(_spawned_workers(proc.pid)), None)
+            time.sleep(0.2)
+        assert worker is not None, "no worker process appeared"
+        time.sleep(2)  # let it take batches
+        os.kill(worker, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "worker process died" in output and "Lower --processes" in output, output[-2000:]
+    assert not any(p.exists() for p in outs)
+
+
+def _spawned_workers(pid: int) -> list[int]:
+    """The multiprocessing workers among `pid`'s children (not its resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    workers = []
+    for child in map(int, children):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in cmdline:
+            workers.append(child)
+    return workers

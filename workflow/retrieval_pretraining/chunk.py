@@ -34,12 +34,12 @@ import hashlib
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import re
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import artifacts
+from . import artifacts, parallel
 from .config import ConfigError, stage_parser
 
 log = logging.getLogger(__name__)
@@ -491,9 +491,8 @@ def _read_spill(spill_dir: Path, shard: int) -> pa.Table:
     return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
 
 
-def _finish_shard(job) -> dict[str, Any]:
+def _finish_shard(i: int, spill_dir: Path, out: Path, cfg: ChunkConfig) -> dict[str, Any]:
     """Phase 2 for one shard: sort its spilled rows by chunk_id, check the order, write them."""
-    i, spill_dir, out, cfg = job
     table = _read_spill(spill_dir, i)
     table = table.take(pc.sort_indices(table["chunk_id"]))
     _check_order(table["chunk_id"].to_numpy(), str(out))
@@ -528,44 +527,37 @@ def chunk_corpus(
     out_paths[0].parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_paths[0].parent, prefix=".chunk-spill.") as spill_dir:
         spill_dir = Path(spill_dir)
-        tasks = _article_batches(article_paths, batch_size)
         started = time.perf_counter()
-        pool = None
+        worker_args = (str(checkpoint_dir), cfg, str(spill_dir))
         if processes > 1:
             # spawn: no tokenizer state is inherited; each worker loads its own, single-threaded.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            pool = multiprocessing.get_context("spawn").Pool(
-                processes,
-                initializer=_init_worker,
-                initargs=(str(checkpoint_dir), cfg, str(spill_dir)),
-            )
+        else:
+            _init_worker(*worker_args)
         try:
-            # Phase 1: chunk batches (in parallel); each process spills its own rows per shard.
-            if pool is not None:
-                results = pool.imap_unordered(_work, tasks)
-            else:
-                _init_worker(str(checkpoint_dir), cfg, str(spill_dir))
-                results = map(_work, tasks)
-            try:
-                with tqdm(total=total_articles, unit="article", mininterval=10) as progress:
-                    for batch_stats in results:
-                        stats.update(batch_stats)
-                        progress.update(batch_stats["articles"])
-            finally:
-                if pool is None:
-                    _SPILL.close()
-            log.info("phase 1 (tokenise and cut) took %.1f s", time.perf_counter() - started)
-            # Phase 2: per shard (in parallel), sort by chunk_id, check for duplicates, write.
-            jobs = [(i, spill_dir, out, cfg) for i, out in enumerate(out_paths)]
-            shard_stats = pool.map(_finish_shard, jobs) if pool else list(map(_finish_shard, jobs))
-        except BaseException:
-            if pool is not None:
-                pool.terminate()  # do not wait for the queued batches of a failed run
-            raise
-        finally:
-            if pool is not None:
-                pool.close()
-                pool.join()
+            with parallel.process_pool(processes, "spawn", _init_worker, worker_args) as pool:
+                # Phase 1: chunk batches (in parallel); each process spills its own rows per shard.
+                tasks = ((batch,) for batch in _article_batches(article_paths, batch_size))
+                results = parallel.bounded_map(_work, tasks, pool, in_flight=2 * processes)
+                try:
+                    with tqdm(total=total_articles, unit="article", mininterval=10) as progress:
+                        for batch_stats in results:
+                            stats.update(batch_stats)
+                            progress.update(batch_stats["articles"])
+                finally:
+                    if pool is None:
+                        _SPILL.close()
+                log.info("phase 1 (tokenise and cut) took %.1f s", time.perf_counter() - started)
+                # Phase 2: per shard (in parallel), sort by chunk_id, check for duplicates, write.
+                jobs = [(i, spill_dir, out, cfg) for i, out in enumerate(out_paths)]
+                shard_stats = list(
+                    parallel.bounded_map(_finish_shard, jobs, pool, in_flight=len(jobs))
+                )
+        except BrokenProcessPool as error:
+            raise RuntimeError(
+                "a chunking worker process died (killed for lack of memory?); nothing was "
+                "written. Lower --processes (corpus.processes) or --batch-size and rerun"
+            ) from error
         histogram = np.sum([s["length_histogram"] for s in shard_stats], axis=0, dtype=np.int64)
     corpus = dict(stats)
     corpus["chunks"] = int(histogram.sum())

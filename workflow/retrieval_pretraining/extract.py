@@ -25,14 +25,12 @@ Disambiguation rule: a main-namespace page whose wikitext calls one of `disambig
 from __future__ import annotations
 
 import bz2
-import concurrent.futures as cf
 import functools
 import logging
-import multiprocessing
 import re
 import time
 import xml.etree.ElementTree as ET
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -41,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import artifacts, wikitext
+from . import artifacts, parallel, wikitext
 from .config import stage_parser
 
 log = logging.getLogger(__name__)
@@ -461,23 +459,11 @@ def write_multistream(
 
 # --- orchestration ----------------------------------------------------------------------------------------
 def bounded_map(function, tasks: Iterable[tuple], processes: int) -> Iterator[Any]:
-    """`function(*task)` for every task, results in task order, at most 2 x processes tasks in flight."""
-    if processes <= 1:
-        for task in tasks:
-            yield function(*task)
-        return
+    """`function(*task)` for every task, results in task order, at most 2 x processes in flight."""
     # fork: workers start in milliseconds with the module already imported, and their CPU time is
     # accounted to this process (benchmarks). Nothing here holds locks or threads when forking.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with cf.ProcessPoolExecutor(processes, mp_context=context) as pool:
-        pending: deque[cf.Future] = deque()
-        for task in tasks:
-            pending.append(pool.submit(function, *task))
-            if len(pending) >= 2 * processes:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+    with parallel.process_pool(processes, "fork") as pool:
+        yield from parallel.bounded_map(function, tasks, pool, in_flight=2 * processes)
 
 
 def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
