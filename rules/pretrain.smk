@@ -60,6 +60,8 @@ PRETRAIN_CODE = module_source(
     "config.py",
     "checkpoints.py",
     "launch.py",
+    "chunk.py",
+    "parallel.py",
 )
 
 

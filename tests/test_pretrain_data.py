@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pretrain_fixtures import SPAN_SCHEMA, build_corpus, tokenizer
-from retrieval_pretraining import artifacts
+from retrieval_pretraining import artifacts, chunk
 from retrieval_pretraining.pretrain import data as pdata
 
 
@@ -95,6 +95,26 @@ def test_span_manifest_checksum_mismatch_is_rejected(corpus, tmp_path):
     artifacts.write_json(artifacts.manifest_path(span_copy), manifest)
     with pytest.raises(pdata.DataError, match="different shard-0000.parquet"):
         pdata.prepare_store(chunks[:1], [span_copy], tmp_path / "cache")
+
+
+def test_chunks_of_another_vocabulary_are_rejected(corpus, tmp_path):
+    """The chunk manifest's vocabulary fingerprint must be the model tokenizer's."""
+    chunks, _ = corpus
+    tok = tokenizer()
+    chunk_copy = tmp_path / "chunks" / "shard-0000.parquet"
+    chunk_copy.parent.mkdir()
+    chunk_copy.write_bytes(chunks[0].read_bytes())
+    tokens = sorted(tok.get_vocab(), key=tok.get_vocab().get)
+    for fingerprint, ok in ((chunk.vocab_sha256(tokens), True),
+                            (chunk.vocab_sha256(tokens[:-1] + ["[cased]"]), False)):
+        artifacts.write_manifest(
+            artifacts.manifest_path(chunk_copy), stage="chunk_articles", params={},
+            stats={"tokenizer": {"name": "other (BertTokenizer)", "vocab_sha256": fingerprint}})
+        if ok:
+            pdata.check_tokenizer([chunk_copy], tok, tmp_path / "model")
+        else:
+            with pytest.raises(pdata.DataError, match="tokenised with other.*same tokenizer"):
+                pdata.check_tokenizer([chunk_copy], tok, tmp_path / "model")
 
 
 def _dataset(corpus, cache, vocab, rank, world, micro, **kw):

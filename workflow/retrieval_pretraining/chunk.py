@@ -119,6 +119,19 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike):
     return tokenizer
 
 
+def tokens_by_id(vocab: dict[str, int]) -> list[str]:
+    """The vocabulary (token -> id, added tokens included) as a list indexed by id."""
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, idx in vocab.items():
+        tokens[idx] = token
+    return tokens
+
+
+def vocab_sha256(tokens: list[str]) -> str:
+    """The vocabulary's fingerprint, recorded in the chunk manifests and checked by pre-training."""
+    return hashlib.sha256("\n".join(tokens).encode()).hexdigest()
+
+
 def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
     """Special token ids, the vocabulary in id order, its hash, and a name for manifests."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -132,10 +145,7 @@ def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
     config_path = checkpoint_dir / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     tokenizer = load_tokenizer(checkpoint_dir)
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    tokens = [""] * (max(vocab.values()) + 1)
-    for token, idx in vocab.items():
-        tokens[idx] = token
+    tokens = tokens_by_id(tokenizer.get_vocab(with_added_tokens=True))
     source = {}
     if (checkpoint_dir / "manifest.json").is_file():
         source = artifacts.read_json(checkpoint_dir / "manifest.json").get("params", {})
@@ -155,7 +165,7 @@ def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
         "name": f"{checkpoint_dir.name} ({tok_config.get('tokenizer_class', 'WordPiece')})",
         "source": source.get("location"),
         "vocab_size": len(tokens),
-        "vocab_sha256": hashlib.sha256("\n".join(tokens).encode()).hexdigest(),
+        "vocab_sha256": vocab_sha256(tokens),
         "continuation_prefix": spec["model"].get("continuing_subword_prefix") or "##",
         "special_ids": special,
         "tokens": tokens,

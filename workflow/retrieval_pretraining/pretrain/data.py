@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 from .. import artifacts
+from ..chunk import tokens_by_id, vocab_sha256
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,27 @@ def check_spans(chunks: pa.Table, spans: pa.Table, chunk_path: Path, span_path: 
             f"[{starts[i]}, {ends[i]}) lies outside the chunk's tokens [1, {lengths[row] - 1}) "
             f"({len(bad)} bad spans in the file); rebuild the span index from these chunks"
         )
+
+
+def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoint: Path) -> None:
+    """Raise DataError if the chunks were tokenised with another vocabulary than the model's.
+
+    The chunk manifests record the fingerprint of the corpus tokenizer (`corpus.checkpoint`); the
+    model is `pretrain.checkpoint`. Different vocabularies would train on meaningless ids.
+    """
+    ours = vocab_sha256(tokens_by_id(tokenizer.get_vocab()))
+    for path in map(Path, chunk_paths):
+        manifest = artifacts.manifest_path(path)
+        if not manifest.exists():
+            continue
+        recorded = artifacts.read_json(manifest).get("stats", {}).get("tokenizer", {})
+        if recorded.get("vocab_sha256") not in (None, ours):
+            raise DataError(
+                f"{path} was tokenised with {recorded.get('name')} (vocabulary "
+                f"{recorded['vocab_sha256'][:12]}...), but the model {checkpoint} has vocabulary "
+                f"{ours[:12]}...: set corpus.checkpoint and pretrain.checkpoint to checkpoints "
+                "with the same tokenizer"
+            )
 
 
 def prepare_store(

@@ -116,6 +116,7 @@ def train(
     training.seed_everything(settings["seed"])  # head initialisation is the same on every rank
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     vocab = pdata.Vocab.from_tokenizer(tokenizer)
+    pdata.check_tokenizer(chunks, tokenizer, checkpoint)
 
     # Data: validated and converted once by the main rank, then memory-mapped by every process.
     checksums = pdata.data_checksums(list(chunks) + list(spans or []))
