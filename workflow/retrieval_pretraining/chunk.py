@@ -565,8 +565,9 @@ def chunk_corpus(
                 )
         except BrokenProcessPool as error:
             raise RuntimeError(
-                "a chunking worker process died (killed for lack of memory?); nothing was "
-                "written. Lower --processes (corpus.processes) or --batch-size and rerun"
+                "a chunking worker process died or failed to start (a worker's error, if it had "
+                "one, is printed above; else killed for lack of memory?); nothing was written. "
+                "Lower --processes (corpus.processes) or --batch-size and rerun"
             ) from error
         histogram = np.sum([s["length_histogram"] for s in shard_stats], axis=0, dtype=np.int64)
     corpus = dict(stats)
