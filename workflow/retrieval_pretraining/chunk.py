@@ -610,7 +610,10 @@ def main() -> None:
         "--articles", type=Path, nargs="+", required=True, help="article Parquet parts"
     )
     parser.add_argument(
-        "--checkpoint", type=Path, required=True, help="tokenizer folder (rule stage_tokenizer) or a checkpoint folder"
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="tokenizer folder (rule stage_tokenizer) or a checkpoint folder",
     )
     parser.add_argument(
         "--out", type=Path, nargs="+", required=True, help="one path per shard, in order"

@@ -537,7 +537,10 @@ def main() -> None:
     parser.add_argument("command", choices=["sample", "audit"])
     parser.add_argument("--chunks", type=Path, nargs="+", required=True, help="chunks shard(s)")
     parser.add_argument(
-        "--checkpoint", type=Path, required=True, help="tokenizer folder (rule stage_tokenizer) or a checkpoint folder"
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="tokenizer folder (rule stage_tokenizer) or a checkpoint folder",
     )
     parser.add_argument("--out", type=Path, help="sample: the span index shard to write")
     parser.add_argument("--spans", type=Path, nargs="+", help="audit: the span index shards")
