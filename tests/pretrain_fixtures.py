@@ -126,7 +126,10 @@ def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, np
     """Run `python -m retrieval_pretraining.pretrain` (under torchrun when nproc > 1); with
     `new_session` in its own process group (signal it and its workers with os.killpg, as Slurm does)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(ROOT / "workflow"), **(extra_env or {}))
+               # Kept after the package: a GPU machine's carried wheels live on PYTHONPATH.
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "workflow"),
+                                                        os.environ.get("PYTHONPATH")])),
+               **(extra_env or {}))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
     cmd = [*launcher, "-m", "retrieval_pretraining.pretrain", "--config", json.dumps(settings),
