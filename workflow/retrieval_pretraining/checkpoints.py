@@ -14,12 +14,13 @@ its first N layers so that the CPU demo trains in minutes with the same code as 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from . import artifacts
 from .config import resolve_path, stage_parser
@@ -105,15 +106,26 @@ def save_mlm_head(source: Path, out_file: Path) -> int:
     return len(tensors)
 
 
+@contextlib.contextmanager
+def _staging(out_dir: Path) -> Iterator[tuple[Path, Path]]:
+    """(download folder, staged folder), both in a temp folder beside `out_dir`; on success the
+    staged folder replaces `out_dir`, so a failed run never leaves a half folder there."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
+        staged = Path(tmp) / "staged"
+        yield Path(tmp) / "download", staged
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staged.rename(out_dir)
+
+
 def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
     from transformers import AutoModel, AutoTokenizer
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
-        tmp = Path(tmp)
-        folder = source_folder(entry, tmp / "download", data_root)
+    with _staging(out_dir) as (download, staged):
+        folder = source_folder(entry, download, data_root)
         # use_safetensors: a folder holding only pytorch_model.bin (a pickle) is refused, not loaded.
         model = AutoModel.from_pretrained(
             folder, local_files_only=True, trust_remote_code=False, use_safetensors=True
@@ -125,7 +137,6 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
             # Keep the first N layers: a shallower copy of the same model, not a new architecture.
             model.encoder.layer = model.encoder.layer[:num_layers]
             model.config.num_hidden_layers = num_layers
-        staged = tmp / "staged"
         model.save_pretrained(staged, safe_serialization=True)
         tokenizer.save_pretrained(staged)
         head_tensors = save_mlm_head(folder, staged / MLM_HEAD_FILE)
@@ -141,9 +152,6 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_checkpoint", params=entry, stats=stats
         )
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staged.rename(out_dir)
     log.info("staged checkpoint %s -> %s (%s)", entry["name"], out_dir, stats)
     return stats
 
@@ -155,21 +163,14 @@ def stage_tokenizer(
     from transformers import AutoTokenizer
 
     entry = {key: entry[key] for key in TOKENIZER_KEYS if key in entry}
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
-        tmp = Path(tmp)
-        folder = source_folder(entry, tmp / "download", data_root, patterns=("*.json", "*.txt"))
+    with _staging(out_dir) as (download, staged):
+        folder = source_folder(entry, download, data_root, patterns=("*.json", "*.txt"))
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
-        staged = tmp / "staged"
         tokenizer.save_pretrained(staged)
         stats = {"tokenizer_class": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size}
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_tokenizer", params=entry, stats=stats
         )
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staged.rename(out_dir)
     log.info("staged the tokenizer of %s -> %s (%s)", entry["name"], out_dir, stats)
     return stats
 
