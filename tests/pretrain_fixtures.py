@@ -107,6 +107,13 @@ def build_corpus(folder: Path, *, docs: int = 40, max_len: int = 48, shards: int
     return chunk_paths, span_paths
 
 
+def tiny_setup(root: Path) -> tuple[Path, list[Path], list[Path]]:
+    """(checkpoint, chunk shards, span shards) under `root`: the trainer tests' standard inputs."""
+    checkpoint = tiny_checkpoint(root / "checkpoint")
+    chunks, spans = build_corpus(root / "corpus", docs=40)
+    return checkpoint, chunks, spans
+
+
 def model_settings(objective: str, **trainer) -> dict:
     """Resolved settings of one model from the shipped config's defaults, with trainer overrides."""
     import yaml

@@ -22,10 +22,7 @@ OBJECTIVES = ["mlm", "costa", "cpdae", "cpdae_r", "bow"]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu")
-    checkpoint = fx.tiny_checkpoint(root / "checkpoint")
-    chunks, spans = fx.build_corpus(root / "corpus", docs=40)
-    return checkpoint, chunks, spans
+    return fx.tiny_setup(tmp_path_factory.mktemp("gpu"))
 
 
 def test_fused_adamw_on_cuda_makes_the_cpu_update(setup):

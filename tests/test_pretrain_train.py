@@ -31,10 +31,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pretrain")
-    checkpoint = fx.tiny_checkpoint(root / "checkpoint")
-    chunks, spans = fx.build_corpus(root / "corpus", docs=40)
-    return checkpoint, chunks, spans
+    return fx.tiny_setup(tmp_path_factory.mktemp("pretrain"))
 
 
 @pytest.fixture(scope="module")
