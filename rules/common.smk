@@ -5,6 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
+from retrieval_pretraining import code_deps  # noqa: E402
 from retrieval_pretraining import config as experiment_config  # noqa: E402
 
 experiment_config.validate(config)
@@ -27,13 +28,14 @@ wildcard_constraints:
     model="[A-Za-z0-9_.-]+",
 
 
-def module_source(*modules):
-    """The source files of package modules, declared as inputs so that code edits rerun the rule."""
+def module_source(*entries):
+    """Every package file the entry modules run (their imports followed: code_deps.py), declared
+    as inputs so that editing any of them reruns the rule and editing anything else does not.
+    """
     # Plain paths, not workflow.source_path(): Snakemake records a source-cache path for those
     # whose temp folder changes every invocation, so reverting an edit would still rerun the rule.
     # config.py is run by every stage (argument parsing, path resolution), so it is always declared.
-    names = dict.fromkeys((*modules, "config.py"))
-    return [str(PACKAGE_DIR / "retrieval_pretraining" / m) for m in names]
+    return code_deps.source_files(*entries, "config")
 
 
 def data_root_option():

@@ -3,7 +3,7 @@
 
 rule stage_checkpoint:
     input:
-        code=module_source("checkpoints.py", "artifacts.py"),
+        code=module_source("checkpoints"),
     output:
         directory("results/checkpoints/{checkpoint}"),
     log:
@@ -35,7 +35,7 @@ def tokenizer_entry(name):
 
 rule stage_tokenizer:
     input:
-        code=module_source("checkpoints.py", "artifacts.py"),
+        code=module_source("checkpoints"),
     output:
         directory("results/tokenizers/{checkpoint}"),
     log:
@@ -69,7 +69,7 @@ rule chunk_articles:
     input:
         articles=lambda wc: get_all_articles(),
         tokenizer=corpus_tokenizer(),
-        code=module_source("chunk.py", "parallel.py", "artifacts.py"),
+        code=module_source("chunk"),
     output:
         chunks=expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()),
         manifests=expand(
@@ -101,7 +101,7 @@ rule sample_spans:
     input:
         chunks="results/corpus/chunks/shard-{shard}.parquet",
         tokenizer=corpus_tokenizer(),
-        code=module_source("spans.py", "chunk.py", "parallel.py", "artifacts.py"),
+        code=module_source("spans"),
     output:
         spans="results/corpus/spans/{spans}/shard-{shard}.parquet",
         manifest="results/corpus/spans/{spans}/shard-{shard}.manifest.json",
@@ -125,7 +125,7 @@ rule audit_spans:
             shard=shard_ids(),
         ),
         tokenizer=corpus_tokenizer(),
-        code=module_source("spans.py", "chunk.py", "parallel.py", "artifacts.py"),
+        code=module_source("spans"),
     output:
         plot=report(
             "results/corpus/spans/{spans}/lengths.png",

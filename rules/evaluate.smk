@@ -25,7 +25,7 @@ rule score_run:
     input:
         run="results/runs/{dataset}/{system}/{split}.trec",
         qrels="results/datasets/{dataset}/qrels-{split}.parquet",
-        code=module_source("evaluate.py", "artifacts.py"),
+        code=module_source("evaluate"),
     output:
         metrics="results/metrics/{dataset}/{system}/{split}.json",
     log:

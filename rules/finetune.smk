@@ -7,15 +7,7 @@
 import re as _re
 
 _STAGE_RE = r"(n[0-9]+s[0-9]+-)?stage[0-9]+"
-_FINETUNE_CODE = (
-    "finetune.py",
-    "encode.py",
-    "mine.py",
-    "training.py",
-    "datasets.py",
-    "artifacts.py",
-    "launch.py",
-)
+_FINETUNE_CODE = ("launch", "finetune")
 
 
 def finetune_models():
@@ -272,7 +264,7 @@ rule encode_corpus_shard:
     input:
         encoder=stage_encoder,
         corpus="results/datasets/{dataset}/corpus.parquet",
-        code=module_source("encode.py", "datasets.py", "artifacts.py"),
+        code=module_source("encode"),
     output:
         npy="results/index/{model}/{dataset}/{stage}/shard-{shard}.npy",
         ids="results/index/{model}/{dataset}/{stage}/shard-{shard}.ids.parquet",
@@ -296,7 +288,7 @@ rule encode_corpus_shard:
 rule build_dense_index:
     input:
         unpack(encoded_shards),
-        code=module_source("faiss_index.py", "encode.py", "artifacts.py"),
+        code=module_source("faiss_index"),
     output:
         index=directory("results/index/{model}/{dataset}/{stage}/faiss"),
     log:
@@ -318,14 +310,7 @@ rule mine_hard_negatives:
         unpack(train_split_files),
         index="results/index/{model}/{dataset}/{stage}/faiss",
         encoder="results/finetune/{model}/{dataset}/{stage}/encoder",
-        code=module_source(
-            "mine.py",
-            "dense_search.py",
-            "faiss_index.py",
-            "encode.py",
-            "datasets.py",
-            "artifacts.py",
-        ),
+        code=module_source("mine"),
     output:
         negatives="results/finetune/{model}/{dataset}/{stage}/hard-negatives.parquet",
     log:
@@ -350,13 +335,7 @@ rule dense_search:
         index="results/index/{model}/{dataset}/{stage}/faiss",
         encoder=stage_encoder,
         queries="results/datasets/{dataset}/queries-{split}.parquet",
-        code=module_source(
-            "dense_search.py",
-            "faiss_index.py",
-            "encode.py",
-            "datasets.py",
-            "artifacts.py",
-        ),
+        code=module_source("dense_search"),
     output:
         run="results/runs/{dataset}/{model}-{stage}/{split}.trec",
     log:

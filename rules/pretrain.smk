@@ -47,22 +47,7 @@ def get_pretrain_inputs(wildcards):
     return inputs
 
 
-PRETRAIN_CODE = module_source(
-    "pretrain/__init__.py",
-    "pretrain/__main__.py",
-    "pretrain/settings.py",
-    "pretrain/data.py",
-    "pretrain/objectives.py",
-    "pretrain/model.py",
-    "pretrain/train.py",
-    "training.py",
-    "artifacts.py",
-    "config.py",
-    "checkpoints.py",
-    "launch.py",
-    "chunk.py",
-    "parallel.py",
-)
+PRETRAIN_CODE = module_source("launch", "pretrain")
 
 
 rule pretrain_model:

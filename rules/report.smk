@@ -236,7 +236,7 @@ def tsne_config():
 rule make_tables:
     input:
         metrics=get_report_metrics(),
-        code=module_source("tables.py", "paper_numbers.py", "artifacts.py"),
+        code=module_source("tables"),
     output:
         tables="results/tables.md",
         html=report(
@@ -260,7 +260,7 @@ rule make_tables:
 rule low_resource_figure:
     input:
         metrics=get_report_metrics(),
-        code=module_source("tables.py", "paper_numbers.py", "artifacts.py"),
+        code=module_source("tables"),
     output:
         figure=report(
             "results/analysis/low-resource.png",
@@ -286,7 +286,7 @@ rule loss_curves:
             "results/pretrain/{model}/metrics.jsonl",
             model=[m["name"] for m in report_models()],
         ),
-        code=module_source("analysis.py", "artifacts.py"),
+        code=module_source("analysis"),
     output:
         figure=report(
             "results/analysis/loss-curves.png",
@@ -330,7 +330,7 @@ def tsne_inputs(wildcards):
 rule tsne_candidates:
     input:
         unpack(tsne_inputs),
-        code=module_source("analysis.py", "encode.py", "datasets.py", "artifacts.py"),
+        code=module_source("analysis"),
     output:
         figure=report(
             "results/analysis/tsne/{dataset}/{split}.png",
@@ -374,7 +374,7 @@ rule token_coverage:
             else []
         ),
         chunks="results/corpus/chunks/shard-0000.parquet",
-        code=module_source("analysis.py", "artifacts.py", "pretrain/model.py"),
+        code=module_source("analysis"),
     output:
         figure=report(
             "results/analysis/coverage.png",
@@ -406,7 +406,7 @@ rule cpdae_top_words:
             if config["report"]["analysis"]["cpdae_top_words"]
             else []
         ),
-        code=module_source("analysis.py", "artifacts.py", "pretrain/model.py"),
+        code=module_source("analysis"),
     output:
         words="results/analysis/cpdae-top-words.md",
         html=report(
@@ -431,7 +431,7 @@ rule stage_statistics:
     input:
         # A function: the dump's part list is known only after the fetch_dumpstatus checkpoint.
         artifacts=lambda wildcards: get_stage_artifacts(),
-        code=module_source("audit.py", "tables.py", "artifacts.py"),
+        code=module_source("audit", "tables"),
     output:
         html=report(
             "results/report/stage-statistics.html",

@@ -118,7 +118,7 @@ rule download_dataset_file:
 rule prepare_dataset:
     input:
         sources=get_dataset_corpus_sources,
-        code=module_source("datasets.py", "artifacts.py"),
+        code=module_source("datasets"),
     output:
         corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
         info=f"{DATASETS_DIR}/{{dataset}}/dataset.json",
@@ -140,7 +140,7 @@ rule prepare_dataset_split:
     input:
         sources=get_dataset_split_sources,
         corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
-        code=module_source("datasets.py", "artifacts.py"),
+        code=module_source("datasets"),
     output:
         queries=f"{DATASETS_DIR}/{{dataset}}/queries-{{split}}.parquet",
         qrels=f"{DATASETS_DIR}/{{dataset}}/qrels-{{split}}.parquet",
@@ -162,9 +162,7 @@ rule prepare_dataset_split:
 rule build_bm25_index:
     input:
         corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
-        code=module_source(
-            "bm25.py", "datasets.py", "pyserini_setup.py", "artifacts.py"
-        ),
+        code=module_source("bm25"),
     output:
         index=directory("results/bm25/{dataset}/index"),
     log:
@@ -191,9 +189,7 @@ rule bm25_search:
     input:
         index="results/bm25/{dataset}/index",
         queries=f"{DATASETS_DIR}/{{dataset}}/queries-{{split}}.parquet",
-        code=module_source(
-            "bm25.py", "datasets.py", "pyserini_setup.py", "artifacts.py"
-        ),
+        code=module_source("bm25"),
     output:
         run="results/bm25/{dataset}/runs/{split}.trec",
         # params.k1, params.b and params.label: what this run used (per-dataset overrides included).
@@ -265,9 +261,7 @@ def bm25_negatives_config(dataset):
 rule bm25_negatives:
     input:
         unpack(get_bm25_negatives_inputs),
-        code=module_source(
-            "bm25.py", "datasets.py", "pyserini_setup.py", "artifacts.py"
-        ),
+        code=module_source("bm25"),
     output:
         negatives="results/bm25/{dataset}/negatives.parquet",
     log:

@@ -119,7 +119,7 @@ def _index_entry(part):
 
 checkpoint fetch_dumpstatus:
     input:
-        code=module_source("download.py", "artifacts.py"),
+        code=module_source("download"),
     output:
         status=DUMPSTATUS,
         manifest="results/wikipedia/dumpstatus.manifest.json",
@@ -208,7 +208,7 @@ rule extract_articles:
         dump=f"{DUMP_DIR}/{{part}}.xml.bz2",
         # Multistream parts: the offset index lets workers decompress streams in parallel.
         index=lambda wc: get_dump_index(wc.part),
-        code=module_source("extract.py", "wikitext.py", "parallel.py", "artifacts.py"),
+        code=module_source("extract"),
     output:
         articles="results/wikipedia/articles/{part}.parquet",
         manifest="results/wikipedia/articles/{part}.manifest.json",

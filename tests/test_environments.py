@@ -10,7 +10,6 @@ installed .venv, not from a list written here).
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import re
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from retrieval_pretraining import code_deps
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = ROOT / "envs"
@@ -135,50 +136,6 @@ def test_post_deploy_scripts_install_the_nodeps_pins():
     assert "pyserini" in installed
 
 
-def _module_file(name: str) -> Path | None:
-    path = PACKAGE.joinpath(*name.split("."))
-    if path.is_dir():
-        return path / "__init__.py"
-    return path.with_suffix(".py") if path.with_suffix(".py").exists() else None
-
-
-def third_party_imports(entry: str) -> set[str]:
-    """Top-level third-party modules imported by `entry` and every package module it imports."""
-    seen, todo, found = set(), [entry], set()
-    while todo:
-        name = todo.pop()
-        if name in seen or not name:
-            continue
-        seen.add(name)
-        path = _module_file(name)
-        if path is None:
-            continue
-        if path.name == "__init__.py":  # a subpackage: all of its modules run
-            todo += [f"{name}.{p.stem}" for p in path.parent.glob("*.py") if p.stem != "__init__"]
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:  # relative: inside the package
-                    base = package.split(".") if package else []
-                    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-                    prefix = ".".join(base + ([node.module] if node.module else []))
-                    todo += [prefix] if prefix else []  # "" would be the whole package
-                    todo += [f"{prefix}.{a.name}".strip(".") for a in node.names]
-                    continue
-                modules = [node.module]
-            else:
-                continue
-            for module in modules:
-                top = module.split(".")[0]
-                if top == "retrieval_pretraining":
-                    todo.append(module.partition(".")[2])
-                elif top not in sys.stdlib_module_names and top != "__future__":
-                    found.add(top)
-    return found
-
-
 @pytest.mark.parametrize("env_name", sorted(ENV_MODULES))
 def test_environment_provides_every_import_of_its_stages(env_name):
     env = environments()[env_name]
@@ -190,9 +147,7 @@ def test_environment_provides_every_import_of_its_stages(env_name):
     distributions = importlib.metadata.packages_distributions()
     missing = {}
     for module in ENV_MODULES[env_name]:
-        if _module_file(module) is None:
-            continue  # stage not written yet
-        for top in third_party_imports(module):
+        for top in code_deps.third_party_imports(module):
             dists = {_name(d) for d in distributions.get(top, [])}
             if not dists:
                 continue  # not installed in the pip route either: an optional import

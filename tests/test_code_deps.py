@@ -1,0 +1,63 @@
+"""code_deps: the package files a stage runs (declared as its rule's `code` input).
+
+Checked against the interpreter itself: every package module that importing a stage loads must be
+in the stage's closure (otherwise an edit to it would not rerun the stage).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retrieval_pretraining import code_deps
+
+PACKAGE = code_deps.PACKAGE_DIR
+STAGES = ["chunk", "spans", "extract", "download", "datasets", "bm25", "encode", "mine",
+          "dense_search", "faiss_index", "evaluate", "tables", "audit", "checkpoints", "launch"]
+
+
+def _loaded_by_import(module: str) -> set[Path]:
+    script = (
+        "import importlib, json, sys\n"
+        f"importlib.import_module('retrieval_pretraining.{module}')\n"
+        "print(json.dumps([m.__file__ for n, m in list(sys.modules.items())\n"
+        "                  if n.startswith('retrieval_pretraining.') and getattr(m, '__file__', None)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=PACKAGE.parent, check=True)
+    return {Path(f).resolve() for f in json.loads(out.stdout.splitlines()[-1])}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_closure_holds_every_module_the_interpreter_loads(stage):
+    declared = {Path(f) for f in code_deps.source_files(stage)}
+    loaded = _loaded_by_import(stage) - {PACKAGE / "__init__.py"}
+    assert loaded <= declared, f"{stage} loads {sorted(loaded - declared)} undeclared"
+
+
+def test_a_subpackage_entry_stands_for_all_its_modules():
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("pretrain")}
+    modules = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "pretrain").glob("*.py")}
+    assert modules <= files
+    assert "training.py" in files or "training/__init__.py" in files  # followed from its imports
+
+
+def test_imports_inside_functions_are_followed():
+    # analysis.py imports pretrain.model lazily (torch heads only when a figure needs them).
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("analysis")}
+    assert "pretrain/model.py" in files
+
+
+def test_an_unrelated_module_is_not_declared():
+    files = {Path(f).name for f in code_deps.source_files("chunk")}
+    assert "finetune.py" not in files and "tables.py" not in files
+
+
+def test_third_party_imports_are_top_level_names():
+    names = code_deps.third_party_imports("chunk")
+    assert {"numpy", "pyarrow"} <= names
+    assert not {n for n in names if "." in n} and "retrieval_pretraining" not in names

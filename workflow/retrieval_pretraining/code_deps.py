@@ -1,0 +1,98 @@
+"""Which source files a stage runs: its module and every package module it imports, transitively.
+
+Read from the source with `ast` (nothing is imported, so the Snakefile can call it at parse time
+without torch). Two consumers: `rules/common.smk` declares these files as a rule's inputs, so that
+editing any module a stage runs reruns that stage (and nothing that does not run it), and
+`tests/test_environments.py` checks that each conda environment provides the third-party imports
+of the stages it serves. A subpackage entry (`pretrain`, `finetune`) stands for all its modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import sys
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE = PACKAGE_DIR.name
+
+
+def module_file(name: str) -> Path | None:
+    """The file of package module `name` ('chunk', 'pretrain.data', 'pretrain'), or None."""
+    path = PACKAGE_DIR.joinpath(*name.split(".")) if name else PACKAGE_DIR
+    if path.is_dir():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def _imports(path: Path, name: str) -> tuple[list[str], set[str]]:
+    """(package modules, third-party top-level modules) imported anywhere in one file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    inside, outside = [], set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:  # relative: inside the package
+            base = package.split(".") if package else []
+            base = base[: len(base) - (node.level - 1)]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+            if prefix:  # "" would be the package itself, whose __init__ imports nothing
+                inside.append(prefix)
+            # `from . import x` names modules; `from .x import f` names attributes (no file).
+            inside += [f"{prefix}.{alias.name}".strip(".") for alias in node.names]
+            continue
+        elif isinstance(node, ast.ImportFrom):
+            modules = [node.module or ""]
+        else:
+            continue
+        for module in modules:
+            top, _, rest = module.partition(".")
+            if top == PACKAGE:
+                inside.append(rest)
+            elif top and top not in sys.stdlib_module_names and top != "__future__":
+                outside.add(top)
+    return inside, outside
+
+
+@functools.lru_cache(maxsize=None)
+def closure(entry: str) -> tuple[tuple[Path, ...], frozenset[str]]:
+    """(package files, third-party top-level modules) that running `entry` may execute."""
+    seen: set[str] = set()
+    todo = [entry]
+    first = module_file(entry)
+    if first is not None and first.name == "__init__.py":  # a subpackage entry: all its modules
+        todo += [f"{entry}.{p.stem}" for p in first.parent.glob("*.py") if p.stem != "__init__"]
+    files: set[Path] = set()
+    third_party: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        path = module_file(name)
+        if path is None:  # an attribute imported with `from .x import f`, not a module
+            continue
+        files.add(path)
+        if "." in name:  # importing pretrain.model runs pretrain/__init__.py first
+            todo.append(name.rpartition(".")[0])
+        inside, outside = _imports(path, name)
+        todo += inside
+        third_party |= outside
+    return tuple(sorted(files)), frozenset(third_party)
+
+
+def source_files(*entries: str) -> list[str]:
+    """Every package file the entries run, as sorted path strings (a rule's `code` input)."""
+    files = {path for entry in entries for path in closure(entry)[0]}
+    return sorted(map(str, files))
+
+
+def third_party_imports(entry: str) -> set[str]:
+    """Top-level third-party modules `entry` and the package modules it runs import."""
+    return set(closure(entry)[1])
+
+
+if __name__ == "__main__":  # python -m retrieval_pretraining.code_deps chunk
+    for file in source_files(*sys.argv[1:]):
+        print(Path(file).relative_to(PACKAGE_DIR))
