@@ -335,3 +335,104 @@ def test_bow_code_form_gradients_match_loop():
         return _naive_bow(lambda b, v: sum(rows[b][d] * e[v, d] for d in range(4)) + bias[v], BAGS, 10)
 
     _assert_same(got, _grads(loop, cls, embedding.weight))
+
+
+# ---------------------------------------------------------------- fp32 logits, gathered pools ----
+def test_similarity_logits_stay_fp32_under_bf16_autocast():
+    """Under CPU bf16 autocast the COSTA and CPDAE_R losses equal their fp32 values: the similarity
+    products run in fp32 (a bf16 product moves logits at tau = 0.1 by tenths)."""
+    g = torch.Generator().manual_seed(11)
+    text, spans = torch.randn(4, 32, generator=g), torch.randn(4, 5, 32, generator=g)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    cls = torch.randn(8, 32, generator=g)
+    want = (obj.costa_loss(text, spans, mask, temperature=0.1), obj.dense_contrastive(cls, 0.1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = (obj.costa_loss(text, spans, mask, temperature=0.1), obj.dense_contrastive(cls, 0.1))
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32
+        assert a.item() == pytest.approx(b.item(), rel=1e-5)
+    assert obj.fp32_scores(text.bfloat16(), text.bfloat16()).dtype == torch.float32
+
+
+def test_views_info_nce_over_a_larger_pool_matches_loop():
+    """Anchors = one process's views inside a gathered pool of 2M: the positive of pool row c is
+    row (c + M) mod 2M, and the candidates are the 2M - 1 other rows."""
+    g = torch.Generator().manual_seed(12)
+    pool = torch.randn(8, 8, generator=g)  # 2M = 8 views: M = 4 texts
+    rows = torch.tensor([2, 3, 6, 7])      # this process holds texts 2, 3 (both views)
+    tau, want = 0.5, 0.0
+    for a, c in enumerate(rows.tolist()):
+        denominator = sum(math.exp(pool[c, b] / tau) for b in range(8) if b != c)
+        want -= math.log(math.exp(pool[c, (c + 4) % 8] / tau) / denominator)
+    got = obj.views_info_nce(pool[rows], tau, rows)
+    assert got.item() == pytest.approx(want / 4, rel=1e-6)
+
+
+def test_pairwise_js_between_two_sets_matches_scipy():
+    rng = np.random.default_rng(13)
+    q, k = rng.random((3, 6)), rng.random((5, 6))
+    q /= q.sum(axis=1, keepdims=True)
+    k /= k.sum(axis=1, keepdims=True)
+    got = obj.pairwise_js(torch.tensor(q), torch.tensor(k)).numpy()
+    for a in range(3):
+        for b in range(5):
+            assert got[a, b] == pytest.approx(jensenshannon(q[a], k[b]) ** 2, abs=1e-12)
+
+
+def test_contrast_pool_sizes_are_reported():
+    stats = {}
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    obj.costa_loss(torch.randn(2, 4), torch.randn(2, 3, 4), mask, temperature=0.1, stats=stats)
+    assert stats["contrast_pool"] == 2 + 3 - 1  # the other text and the 3 real spans
+    obj.cpdae_contrastive(torch.randn(6, 9), 1.0, stats=stats)
+    assert stats["contrast_pool"] == 5
+    obj.dense_contrastive(torch.randn(10, 4), 0.1, stats=stats)
+    assert stats["contrast_pool"] == 9
+
+
+def _views_gather_worker(rank, world, init_file, inputs, out_dir):
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    m = inputs["logits"].shape[0] // 2 // world  # texts per rank
+    outputs = {}
+    for name, fn in (("cpdae", lambda x: obj.cpdae_contrastive(x, 1.0, gather=True)),
+                     ("cpdae_r", lambda x: obj.dense_contrastive(x, 0.1, gather=True))):
+        full = inputs["logits"] if name == "cpdae" else inputs["cls"]
+        half = full.shape[0] // 2
+        # This rank's texts, both views, stacked [view 0; view 1] as the trainer lays them out.
+        local = torch.cat([full[rank * m:(rank + 1) * m], full[half + rank * m:half + (rank + 1) * m]])
+        local = local.clone().requires_grad_(True)
+        loss = fn(local)
+        loss.backward()
+        outputs[f"{name}.loss"] = loss.detach().reshape(1)
+        outputs[f"{name}.grad"] = local.grad
+    save_file(outputs, f"{out_dir}/rank{rank}.safetensors")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_gathered_cpdae_views_equal_the_full_batch(tmp_path):
+    """2 processes with 2 texts each and gathering on reproduce the 4-text batch's loss and (after
+    DDP's averaging) its gradient, for CPDAE (-JS) and CPDAE_R (cosine)."""
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(14)
+    inputs = {"logits": torch.randn(8, 9, generator=g, dtype=torch.float64),
+              "cls": torch.randn(8, 5, generator=g, dtype=torch.float64)}
+    torch.multiprocessing.spawn(_views_gather_worker, args=(2, tmp_path / "init", inputs, tmp_path),
+                                nprocs=2)
+    ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    for name, fn in (("cpdae", lambda x: obj.cpdae_contrastive(x, 1.0)),
+                     ("cpdae_r", lambda x: obj.dense_contrastive(x, 0.1))):
+        full = (inputs["logits"] if name == "cpdae" else inputs["cls"]).clone().requires_grad_(True)
+        loss = fn(full)
+        loss.backward()
+        mean = sum(r[f"{name}.loss"].item() for r in ranks) / 2
+        assert mean == pytest.approx(loss.item(), rel=1e-12)
+        # Rank r holds rows [2r, 2r + 2) of view 0 and [4 + 2r, 4 + 2r + 2) of view 1.
+        grads = [r[f"{name}.grad"] / 2 for r in ranks]  # DDP averages over the 2 ranks
+        torch.testing.assert_close(torch.cat([grads[0][:2], grads[1][:2]]), full.grad[:4])
+        torch.testing.assert_close(torch.cat([grads[0][2:], grads[1][2:]]), full.grad[4:])

@@ -229,7 +229,9 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
             spans = torch.stack([torch.stack([source[b, s:e].mean(0) for s, e in zip(
                 batch["span_start"][b].tolist(), batch["span_end"][b].tolist())]) for b in range(2)])
             gwc = obj.costa_loss(model.projector(cls), spans, batch["span_mask"], temperature=opts["temperature"])
-            expected = {"loss_mlm": mlm, "loss_gwc": gwc, "loss": mlm + opts["lambda"] * gwc}
+            expected = {"loss_mlm": mlm, "loss_gwc": gwc, "loss": mlm + opts["lambda"] * gwc,
+                        # the other text and every real span of the batch
+                        "contrast_pool": torch.tensor(2 - 1 + batch["span_mask"].sum().item())}
         elif objective.startswith("cpdae"):
             opts = settings["cpdae"]
             assert opts["temperature"] is None  # the shipped default: per-variant temperature
@@ -239,7 +241,8 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
                 target[b, batch["bag_ids"][b][batch["bag_mask"][b]]] = 1
             rec = obj.reconstruction_loss(logits, torch.cat([target, target]), opts["reconstruction"])
             cl = obj.cpdae_contrastive(logits, 1.0) if objective == "cpdae" else obj.dense_contrastive(cls, 0.1)
-            expected = {"loss_mlm": mlm, "loss_rec": rec, "loss_cl": cl, "loss": rec + mlm + opts["lambda"] * cl}
+            expected = {"loss_mlm": mlm, "loss_rec": rec, "loss_cl": cl, "loss": rec + mlm + opts["lambda"] * cl,
+                        "contrast_pool": torch.tensor(2 * 2 - 1)}  # 2 texts x 2 views, minus itself
         elif objective == "bow":
             opts = settings["bow"]
             logits = model.mlm_head(cls) if variant == "bow" else cls @ model.encoder.embeddings.word_embeddings.weight.T

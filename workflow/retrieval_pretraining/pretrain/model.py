@@ -122,6 +122,7 @@ class Pretrainer(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], progress: float = 0.0) -> dict[str, torch.Tensor]:
         hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"])}
+        stats: dict[str, float] = {}
         cls = hidden[:, 0]
         if self.objective == "costa":
             opts = self.settings["costa"]
@@ -131,7 +132,7 @@ class Pretrainer(nn.Module):
             spans = obj.span_means(source, batch["span_start"], batch["span_end"])
             losses["loss_gwc"] = obj.costa_loss(
                 self.projector(cls), spans, batch["span_mask"], temperature=opts["temperature"],
-                gather=opts["gather_negatives"],
+                gather=opts["gather_negatives"], stats=stats,
             )
             losses["loss"] = losses["loss_mlm"] + opts["lambda"] * losses["loss_gwc"]
         elif self.objective in ("cpdae", "cpdae_r"):
@@ -139,12 +140,13 @@ class Pretrainer(nn.Module):
             logits = self.decoder(cls)  # [2m, V]: both views
             bag = obj.multi_hot(batch["bag_ids"], batch["bag_mask"], self.vocab_size)
             losses["loss_rec"] = obj.reconstruction_loss(logits, bag.repeat(2, 1), opts["reconstruction"])
+            gather = opts["gather_negatives"]
             if self.objective == "cpdae":
                 temperature = opts["temperature"] if opts["temperature"] is not None else 1.0
-                losses["loss_cl"] = obj.cpdae_contrastive(logits, temperature)
+                losses["loss_cl"] = obj.cpdae_contrastive(logits, temperature, gather, stats)
             else:
                 temperature = opts["temperature"] if opts["temperature"] is not None else 0.1
-                losses["loss_cl"] = obj.dense_contrastive(cls, temperature)
+                losses["loss_cl"] = obj.dense_contrastive(cls, temperature, gather, stats)
             losses["loss"] = losses["loss_rec"] + losses["loss_mlm"] + opts["lambda"] * losses["loss_cl"]
         elif self.objective == "bow":
             opts = self.settings["bow"]
@@ -160,4 +162,7 @@ class Pretrainer(nn.Module):
             losses["loss"] = losses["loss_mlm"] + weight * losses["loss_bow"]
         else:
             losses["loss"] = losses["loss_mlm"]
+        # Logged beside the losses (averaged over micro-batches and processes like them): the
+        # candidates each contrastive anchor is scored against, as fine-tuning logs its negatives.
+        losses |= {key: torch.tensor(value) for key, value in stats.items()}
         return losses

@@ -2,6 +2,11 @@
 
 Reductions (our choices where the papers are silent): every contrastive loss is a mean over its
 anchors; the MLM loss is the mean over the micro-batch's predicted tokens.
+
+Similarity logits are computed in fp32 even under bf16 autocast (`fp32_scores`): a bf16 dot
+product keeps ~3 significant digits, which at tau = 0.1 moves a logit by several tenths.
+Contrastive candidates may be gathered from every process (`gather`): the candidates are then the
+global batch's, and the gradient of another process's loss flows back through the gather.
 """
 
 from __future__ import annotations
@@ -17,6 +22,17 @@ from ..training import all_gather_with_grad
 def _upcast(x: torch.Tensor) -> torch.Tensor:
     """Losses run in fp32 (under bf16 autocast too); float64 inputs (tests) stay float64."""
     return x if x.dtype == torch.float64 else x.float()
+
+
+def fp32_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b.T in fp32 (float64 inputs stay float64), also inside a bf16 autocast region."""
+    with torch.autocast(device_type=a.device.type, enabled=False):
+        return _upcast(a) @ _upcast(b).T
+
+
+def _gathering(gather: bool) -> bool:
+    return (gather and torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1)
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -41,25 +57,28 @@ def span_means(hidden: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> 
 
 def costa_loss(
     text: torch.Tensor, spans: torch.Tensor, span_mask: torch.Tensor, *, temperature: float,
-    gather: bool = False,
+    gather: bool = False, stats: dict[str, float] | None = None,
 ) -> torch.Tensor:
     """Group-wise contrastive loss (COSTA Eq. 8), averaged over the texts that have spans.
 
     text [n, D] (projected [CLS]), spans [n, S, D], span_mask [n, S]. For text i, each of its spans
     is a positive; the softmax runs over every text and every (real) span of the batch except z_i
     itself. With `gather`, the candidates are all ranks' texts and spans (gradients flow back).
+    `stats`, when given, receives `contrast_pool`: the candidates of each text's softmax.
     """
     n, s, d = spans.shape
     offset = 0
     all_text, all_spans, all_mask = text, spans, span_mask
-    if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
+    if _gathering(gather):
         all_text = all_gather_with_grad(text)
         all_spans = all_gather_with_grad(spans)
         all_mask = all_gather_with_grad(span_mask.float()).bool()
         offset = torch.distributed.get_rank() * n
     total = all_text.shape[0]
-    candidates = _upcast(torch.cat([all_text, all_spans.reshape(-1, d)], dim=0))
-    logits = _upcast(text) @ candidates.T / temperature  # [n, total + total * S]
+    if stats is not None:
+        stats["contrast_pool"] = float(total + int(all_mask.sum()) - 1)
+    candidates = torch.cat([all_text, all_spans.reshape(-1, d)], dim=0)
+    logits = fp32_scores(text, candidates) / temperature  # [n, total + total * S]
     invalid = torch.cat([
         torch.zeros(n, total, dtype=torch.bool, device=text.device),
         (~all_mask).reshape(1, -1).expand(n, -1),
@@ -104,51 +123,84 @@ def _plogp(p: torch.Tensor) -> torch.Tensor:
     return (p * p.clamp_min(1e-30).log()).sum(dim=-1)
 
 
-def pairwise_js(q: torch.Tensor, block: int = 16, checkpoint_above: int = 2**25) -> torch.Tensor:
-    """Jensen-Shannon divergence (natural log) between every pair of rows of q [N, V] (rows sum to 1).
+def pairwise_js(q: torch.Tensor, k: torch.Tensor | None = None, block: int = 16,
+                checkpoint_above: int = 2**25) -> torch.Tensor:
+    """Jensen-Shannon divergence (natural log) between every row of q [A, V] and every row of
+    k [B, V] (default k = q; rows sum to 1) -> [A, B].
 
     JS(P, Q) = (sum P log P + sum Q log Q) / 2 - sum M log M with M = (P + Q) / 2. Only the last
-    term is pairwise ([N, N, V] values); above `checkpoint_above` of them it is computed in row
+    term is pairwise ([A, B, V] values); above `checkpoint_above` of them it is computed in row
     blocks that are recomputed in backward, to bound memory (a batch of 64 texts = 128 views x
     128 x 30,522 would otherwise keep ~2 GB per intermediate).
     """
-    self_terms = _plogp(q)
+    k = q if k is None else k
+    q_terms, k_terms = _plogp(q), _plogp(k)
 
     def mix_block(rows: torch.Tensor) -> torch.Tensor:
-        return _plogp((rows.unsqueeze(1) + q.unsqueeze(0)) / 2)
+        return _plogp((rows.unsqueeze(1) + k.unsqueeze(0)) / 2)
 
-    if q.shape[0] ** 2 * q.shape[1] <= checkpoint_above or not torch.is_grad_enabled():
+    if q.shape[0] * k.shape[0] * q.shape[1] <= checkpoint_above or not torch.is_grad_enabled():
         mix = mix_block(q)
     else:
         mix = torch.cat([
             torch.utils.checkpoint.checkpoint(mix_block, q[i:i + block], use_reentrant=False)
             for i in range(0, q.shape[0], block)
         ], dim=0)
-    return (self_terms.unsqueeze(1) + self_terms.unsqueeze(0)) / 2 - mix
+    return (q_terms.unsqueeze(1) + k_terms.unsqueeze(0)) / 2 - mix
 
 
-def views_info_nce(similarity: torch.Tensor, temperature: float) -> torch.Tensor:
-    """InfoNCE over 2m views stacked [view 0 of m texts; view 1 of m texts]: the positive of view a
-    is the other view of the same text; the candidates are all 2m - 1 other views."""
-    two_m = similarity.shape[0]
-    m = two_m // 2
-    logits = _upcast(similarity / temperature)
-    logits = logits.masked_fill(torch.eye(two_m, dtype=torch.bool, device=logits.device), float("-inf"))
-    positive = (torch.arange(two_m, device=logits.device) + m) % two_m
-    return F.cross_entropy(logits, positive)
+def gather_views(x: torch.Tensor, gather: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pool, rows): the views of every process stacked [view 0 of all texts; view 1 of all texts],
+    and the rows of this process's 2m views (stacked the same way locally) in the pool.
+
+    Without gathering the pool is `x` itself. Every process must hold the same number of texts.
+    """
+    rows = torch.arange(x.shape[0], device=x.device)
+    if not _gathering(gather):
+        return x, rows
+    m = x.shape[0] // 2
+    first, second = all_gather_with_grad(x[:m]), all_gather_with_grad(x[m:])
+    start = torch.distributed.get_rank() * m
+    local = torch.arange(start, start + m, device=x.device)
+    return torch.cat([first, second]), torch.cat([local, local + first.shape[0]])
 
 
-def cpdae_contrastive(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """CPDAE: sigmoid outputs normalised into word distributions, similarity = -JS divergence."""
+def views_info_nce(similarity: torch.Tensor, temperature: float,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+    """InfoNCE of anchor views against a pool of 2M views stacked [view 0 of M texts; view 1 of M
+    texts]: similarity [A, 2M], anchor a being pool row rows[a] (default: the anchors are the pool).
+    The positive of pool row c is row (c + M) mod 2M, the other view of the same text; the
+    candidates are all 2M - 1 other views. Mean over the anchors."""
+    two_m = similarity.shape[1]
+    rows = torch.arange(similarity.shape[0], device=similarity.device) if rows is None else rows
+    logits = _upcast(similarity) / temperature
+    self_mask = torch.zeros_like(logits, dtype=torch.bool)
+    self_mask[torch.arange(len(rows), device=logits.device), rows] = True
+    logits = logits.masked_fill(self_mask, float("-inf"))
+    return F.cross_entropy(logits, (rows + two_m // 2) % two_m)
+
+
+def cpdae_contrastive(logits: torch.Tensor, temperature: float, gather: bool = False,
+                      stats: dict[str, float] | None = None) -> torch.Tensor:
+    """CPDAE Eq. 5: sigmoid outputs normalised into word distributions, similarity = -JS divergence,
+    InfoNCE over the 2m views of the batch (of every process with `gather`). `stats` receives
+    `contrast_pool`, the candidates of each view (2m - 1)."""
     p = torch.sigmoid(_upcast(logits))
     q = p / p.sum(dim=1, keepdim=True)
-    return views_info_nce(-pairwise_js(q), temperature)
+    pool, rows = gather_views(q, gather)
+    if stats is not None:
+        stats["contrast_pool"] = float(pool.shape[0] - 1)
+    return views_info_nce(-pairwise_js(q, pool), temperature, rows)
 
 
-def dense_contrastive(cls: torch.Tensor, temperature: float) -> torch.Tensor:
-    """CPDAE_R: the same InfoNCE on the dense [CLS] vectors (cosine similarity)."""
+def dense_contrastive(cls: torch.Tensor, temperature: float, gather: bool = False,
+                      stats: dict[str, float] | None = None) -> torch.Tensor:
+    """CPDAE_R: the same InfoNCE on the dense [CLS] vectors (cosine similarity, fp32)."""
     z = F.normalize(_upcast(cls), dim=-1)
-    return views_info_nce(z @ z.T, temperature)
+    pool, rows = gather_views(z, gather)
+    if stats is not None:
+        stats["contrast_pool"] = float(pool.shape[0] - 1)
+    return views_info_nce(fp32_scores(z, pool), temperature, rows)
 
 
 # ---------------------------------------------------------------- Bag-of-Word --------------------
