@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from retrieval_pretraining import analysis, artifacts, audit
 from retrieval_pretraining.checkpoints import package_folder
-from retrieval_pretraining.tables import markdown_to_html
+from retrieval_pretraining.markdown_html import markdown_to_html
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["The snow is white and very cold.", "The albedo of snow is high and reflects sunlight."]
