@@ -96,7 +96,6 @@ def read_blocks(path: Path, start: int = 0, length: int | None = None) -> Iterat
             yield block
 
 
-
 # --- cutting XML into pages -----------------------------------------------------------------------
 def split_pages(
     blocks: Iterable[bytes], name: str, *, header: bool = True, footer: bool = True

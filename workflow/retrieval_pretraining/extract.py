@@ -93,10 +93,9 @@ class Options:
     namespace_prefixes: frozenset[str] = frozenset()  # names of namespaces other than 0 (lowercase)
 
 
-
 def site_options(header: bytes, name: str, base: Options) -> Options:
-    """Namespace names from <siteinfo> (file/category prefixes in the wiki's language), if
-    present."""
+    """`base` plus the namespace names from <siteinfo>, if present (the file and category link
+    prefixes in the wiki's language)."""
     if b"<mediawiki" not in header:
         raise ExtractError(
             f"{name}: no <mediawiki> root element before the first page; "
