@@ -19,6 +19,7 @@ include: "rules/retrieval.smk"
 include: "rules/finetune.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
+include: "rules/analysis.smk"
 
 
 rule all:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
-from retrieval_pretraining import extract as ex  # noqa: E402
+from retrieval_pretraining import dump_reader  # noqa: E402
 
 SAMPLE = (
     ROOT
@@ -137,7 +137,7 @@ def build_inputs(folder: Path, scale: int) -> dict[str, Path]:
 
     paths = {"1x": SAMPLE}
     paths["multistream"], paths["index"] = folder / "multi.xml.bz2", folder / "multi.index.txt.bz2"
-    ex.write_multistream(
+    dump_reader.write_multistream(
         header, repeated(), paths["multistream"], paths["index"], pages_per_stream=100
     )
     paths["single"] = folder / "single.xml.bz2"
@@ -146,7 +146,7 @@ def build_inputs(folder: Path, scale: int) -> dict[str, Path]:
         for raw in repeated():
             handle.write(raw)
         handle.write(b"</mediawiki>\n")
-    ex.write_multistream(
+    dump_reader.write_multistream(
         header, pages, folder / "multi1.xml.bz2", folder / "multi1.index.txt.bz2", 100
     )
     paths["multistream1x"], paths["index1x"] = (

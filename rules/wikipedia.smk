@@ -9,15 +9,16 @@
 # (`input: lambda wc: get_all_articles()`), never at parse time.
 #
 # The download rules declare neither the code nor the retry count as inputs/params on purpose:
-# what they produce is fixed by the URL and the checksum, and an edit to download.py or to
-# `retries` must not re-fetch 20 GB; the retry count travels as a resource (no rerun trigger).
+# what they produce is fixed by the URL and the checksum, and an edit to download.py / fetch.py or
+# to `retries` must not re-fetch 20 GB; the retry count travels as a resource (no rerun trigger).
 # dumps.wikimedia.org allows few connections per IP: cap them with
 # `--resources dump_connections=2` (each download job holds one).
 import dataclasses
 import functools
 import shlex
 
-from retrieval_pretraining import download as dump_download
+from retrieval_pretraining import dumpstatus as dump_status
+from retrieval_pretraining import fetch as dump_fetch
 
 DUMP_DIR = "results/wikipedia/dump"
 DUMPSTATUS = "results/wikipedia/dumpstatus.json"
@@ -25,7 +26,7 @@ DUMPSTATUS = "results/wikipedia/dumpstatus.json"
 
 @functools.lru_cache(maxsize=4)
 def _parts_from_status(path, mtime, mirror):
-    return {p.name: p for p in dump_download.dump_parts_from_file(path, mirror)}
+    return {p.name: p for p in dump_status.dump_parts_from_file(path, mirror)}
 
 
 def dump_part_entries():
@@ -85,7 +86,7 @@ def get_all_dump_files():
 def _local_file(url):
     """The local file a part's URL names, as an input (checked to lie inside the project or
     data_root), or [] for an http(s) URL."""
-    path = dump_download.local_path(url)
+    path = dump_fetch.local_path(url)
     if path is None:
         return []
     # Raises, naming the fix, when the file lies outside the project and data_root.

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from retrieval_pretraining import analysis
+from retrieval_pretraining.analysis import coverage, cpdae_words, loss_curves, tsne
 from retrieval_pretraining.checkpoints import package_folder
 
 torch.set_num_threads(1)
@@ -53,7 +53,7 @@ def test_coverage_at_k_hand_example():
     ranked = np.array([[5, 6, 7, 8], [9, 1, 2, 3]])
     bags = [{5, 7}, {3}]
     # text 0: top1 {5} -> 1, top2 {5,6} -> 1/2, top4 -> 2/4; text 1: top1 0, top2 0, top4 {3} -> 1/4
-    got = analysis.coverage_at_k(ranked, bags, [1, 2, 4])
+    got = coverage.coverage_at_k(ranked, bags, [1, 2, 4])
     assert got == {1: 0.5, 2: 0.25, 4: pytest.approx((0.5 + 0.25) / 2)}
 
 
@@ -85,7 +85,7 @@ def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
     save_file({f"mlm_head.{k}": v.contiguous() for k, v in head.state_dict().items()}, str(heads))
     (heads.parent / "encoder").symlink_to(encoder_dir, target_is_directory=True)
     k = len(shared)
-    result = analysis.coverage(
+    result = coverage.coverage(
         {"with-head": heads.parent / "encoder", "plain": encoder_dir},
         tmp_path / "shard-0000.parquet",
         [k, 1000],
@@ -117,12 +117,12 @@ def test_cpdae_top_words_come_from_the_decoder(encoder_dir, tokenizer, tmp_path)
         {f"decoder.{k}": v.contiguous() for k, v in decoder.state_dict().items()},
         str(folder / "heads.safetensors"),
     )
-    text = analysis.cpdae_top_words(folder / "encoder", [TEXTS[1]], 3, tmp_path / "words.md")
+    text = cpdae_words.cpdae_top_words(folder / "encoder", [TEXTS[1]], 3, tmp_path / "words.md")
     top = text.split("**Top words:** ")[1].splitlines()[0]
     assert {w.split(" (")[0] for w in top.split(" · ")} == {"glacier", "penguin", "aurora"}
     assert "glacier (1.00, in text)" in top
     # No heads exported: a clear note instead of made-up words.
-    text = analysis.cpdae_top_words(encoder_dir, ["x"], 3, tmp_path / "none.md")
+    text = cpdae_words.cpdae_top_words(encoder_dir, ["x"], 3, tmp_path / "none.md")
     assert "No decoder weights" in text
 
 
@@ -135,7 +135,7 @@ def test_loss_curves_summarise_every_run(tmp_path):
             )
         )
     (tmp_path / "none.jsonl").write_text("")
-    summary = analysis.loss_curves(
+    summary = loss_curves.loss_curves(
         {n: tmp_path / f"{n}.jsonl" for n in ("mlm", "costa", "none")},
         tmp_path / "loss.png",
         tmp_path / "loss.json",
@@ -145,16 +145,16 @@ def test_loss_curves_summarise_every_run(tmp_path):
     assert (tmp_path / "loss.png").stat().st_size > 1000
     (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
-        analysis.loss_curves({"bad": tmp_path / "bad.jsonl"}, tmp_path / "x.png")
+        loss_curves.loss_curves({"bad": tmp_path / "bad.jsonl"}, tmp_path / "x.png")
 
 
 def test_pick_query_prefers_two_relevant_in_every_run():
     qrels = {"q1": {"d1"}, "q2": {"d1", "d2"}, "q3": {"d3", "d4"}}
     runs = {"a": {"q1": [], "q2": [], "q3": []}, "b": {"q1": [], "q3": []}}
-    assert analysis.pick_query(qrels, runs, None) == "q3"
-    assert analysis.pick_query(qrels, runs, "q1") == "q1"
+    assert tsne.pick_query(qrels, runs, None) == "q3"
+    assert tsne.pick_query(qrels, runs, "q1") == "q1"
     with pytest.raises(ValueError, match="not in every run"):
-        analysis.pick_query(qrels, runs, "q2")
+        tsne.pick_query(qrels, runs, "q2")
 
 
 def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
@@ -190,7 +190,7 @@ def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
             "".join(f"q1 Q0 {d} {r + 1} {100 - r} {name}\n" for r, d in enumerate(order))
         )
         models[name] = (encoder_dir, run)
-    summary = analysis.tsne(
+    summary = tsne.tsne(
         models,
         ds,
         "test",

@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from retrieval_pretraining import analysis, artifacts, audit
+from retrieval_pretraining import artifacts, audit
+from retrieval_pretraining.analysis import loss_curves
 from retrieval_pretraining.checkpoints import package_folder
-from retrieval_pretraining.tables import markdown_to_html
+from retrieval_pretraining.markdown_html import markdown_to_html
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["The snow is white and very cold.", "The albedo of snow is high and reflects sunlight."]
@@ -236,7 +237,7 @@ def write_figures_pages_and_heads(res: Path, ckpt: Path, save_file) -> None:
         {"cls.predictions.bias": np.zeros(10, np.float32)}, str(ckpt / "mlm_head.safetensors")
     )
     tiny_png(res / "pretrain/costa/loss.png")
-    analysis.loss_curves(
+    loss_curves.loss_curves(
         {"costa": res / "pretrain/costa/metrics.jsonl"},
         res / "analysis/loss-curves.png",
         res / "analysis/loss-curves.json",
@@ -459,7 +460,7 @@ def test_figures_say_what_made_them_and_their_size(results, capsys):
     status, out, _ = run_audit(results / "analysis/loss-curves.png", capsys)
     assert status == 0, out
     assert "written by rule loss_curves" in out and " pixels, " in out
-    assert "stage: analysis.loss_curves" in out  # the manifest analysis.py writes beside it
+    assert "stage: analysis.loss_curves" in out  # the manifest analysis/ writes beside it
     assert "PASS  the numbers behind it exist (loss-curves.json)" in out
     status, out, _ = run_audit(results / "pretrain/costa/loss.png", capsys)
     assert "6 x 4 pixels" in out and "written by rule pretrain_model" in out

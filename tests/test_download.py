@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retrieval_pretraining import download
+from retrieval_pretraining import download, dumpstatus, fetch
 
 from workflow_harness import ROOT, copy_project, planned_rules, snakemake
 
@@ -148,7 +148,7 @@ def mirror():
 def _fetch(url, dest, **kwargs):
     kwargs.setdefault("backoff", 0.0)  # no sleeping in tests
     kwargs.setdefault("chunk_size", 4096)
-    return download.fetch(url, dest, **kwargs)
+    return fetch.fetch(url, dest, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def test_corrupt_byte_is_retried_then_fails_naming_file_and_checksums(mirror, tm
     mirror.faults["/ms.bz2"] = [("corrupt", 1234)] * 3
     dest = tmp_path / "ms.xml.bz2"
     corrupt = data[:1234] + bytes([data[1234] ^ 0xFF]) + data[1235:]
-    with pytest.raises(download.ChecksumError) as error:
+    with pytest.raises(fetch.ChecksumError) as error:
         _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data), retries=2)
     message = str(error.value)
     assert str(dest) in message and sha1(data) in message and sha1(corrupt) in message
@@ -222,14 +222,14 @@ def test_size_is_checked_when_there_is_no_checksum(mirror, tmp_path):
     data = MULTISTREAM.read_bytes()
     mirror.files["/ms.bz2"] = data
     with pytest.raises(
-        download.ChecksumError, match=f"size {len(data) + 1} bytes.*size {len(data)} bytes"
+        fetch.ChecksumError, match=f"size {len(data) + 1} bytes.*size {len(data)} bytes"
     ):
         _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", size=len(data) + 1, retries=0)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_not_found_fails_without_retrying(mirror, tmp_path):
-    with pytest.raises(download.DownloadError, match="404"):
+    with pytest.raises(fetch.DownloadError, match="404"):
         _fetch(mirror.url + "/missing.bz2", tmp_path / "x.bz2", retries=3)
     assert len(mirror.requests) == 1
 
@@ -239,8 +239,8 @@ def test_unreachable_server_gives_up_after_the_retries(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     delays = []
-    with pytest.raises(download.DownloadError, match="giving up after 3 attempts"):
-        download.fetch(
+    with pytest.raises(fetch.DownloadError, match="giving up after 3 attempts"):
+        fetch.fetch(
             f"http://127.0.0.1:{port}/x.bz2", tmp_path / "x.bz2", retries=2, sleep=delays.append
         )
     assert delays == [2.0, 4.0]  # exponential back-off
@@ -256,15 +256,15 @@ def test_unreachable_server_gives_up_after_the_retries(tmp_path):
 def test_local_path_and_file_url(tmp_path, form, link):
     url = str(MULTISTREAM) if form == "path" else MULTISTREAM.as_uri()
     dest = tmp_path / "ms.xml.bz2"
-    info = download.fetch(url, dest, sha1="1cf40a366af6b4af2c924b9d58a3e9da0efdd28d", link=link)
+    info = fetch.fetch(url, dest, sha1="1cf40a366af6b4af2c924b9d58a3e9da0efdd28d", link=link)
     assert dest.read_bytes() == MULTISTREAM.read_bytes()
     assert dest.is_symlink() == (link == "symlink")
     assert info["mode"] == link
 
 
 def test_local_checksum_mismatch_writes_nothing(tmp_path):
-    with pytest.raises(download.ChecksumError, match="expected sha1 0{40}, got sha1 1cf40a36"):
-        download.fetch(str(MULTISTREAM), tmp_path / "ms.bz2", sha1="0" * 40)
+    with pytest.raises(fetch.ChecksumError, match="expected sha1 0{40}, got sha1 1cf40a36"):
+        fetch.fetch(str(MULTISTREAM), tmp_path / "ms.bz2", sha1="0" * 40)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -317,7 +317,7 @@ def capture():
 
 
 def test_real_capture_lists_64_parts_each_paired_with_its_index(capture):
-    parts = download.parse_dump_parts(capture, "https://dumps.wikimedia.org")
+    parts = dumpstatus.parse_dump_parts(capture, "https://dumps.wikimedia.org")
     files = capture["jobs"]["articlesmultistreamdump"]["files"]
     assert len(files) == 128 and len(parts) == 64
     assert len({p.name for p in parts}) == 64
@@ -344,7 +344,7 @@ def test_real_capture_lists_64_parts_each_paired_with_its_index(capture):
 
 
 def test_mirror_with_a_path_prefix_is_joined(capture):
-    parts = download.parse_dump_parts(capture, "https://mirror.example/wikimedia/dumps/")
+    parts = dumpstatus.parse_dump_parts(capture, "https://mirror.example/wikimedia/dumps/")
     assert parts[0].data.url.startswith("https://mirror.example/wikimedia/dumps/enwiki/20230301/")
 
 
@@ -352,20 +352,20 @@ def test_job_not_done_is_a_clear_error(capture):
     status = copy.deepcopy(capture)
     status["jobs"]["articlesmultistreamdump"]["status"] = "in-progress"
     with pytest.raises(
-        download.DumpStatusError, match="'articlesmultistreamdump' is 'in-progress'.*dump_date"
+        dumpstatus.DumpStatusError, match="'articlesmultistreamdump' is 'in-progress'.*dump_date"
     ):
-        download.parse_dump_parts(status, "https://dumps.wikimedia.org")
+        dumpstatus.parse_dump_parts(status, "https://dumps.wikimedia.org")
 
 
 def test_unpaired_or_unknown_files_are_errors(capture):
     status = copy.deepcopy(capture)
     files = status["jobs"]["articlesmultistreamdump"]["files"]
     del files["enwiki-20230301-pages-articles-multistream-index2.txt-p41243p151573.bz2"]
-    with pytest.raises(download.DumpStatusError, match="multistream2.xml-p41243p151573.bz2"):
-        download.parse_dump_parts(status, "https://dumps.wikimedia.org")
+    with pytest.raises(dumpstatus.DumpStatusError, match="multistream2.xml-p41243p151573.bz2"):
+        dumpstatus.parse_dump_parts(status, "https://dumps.wikimedia.org")
     files["enwiki-20230301-pages-articles-multistream.xml.bz2.md5"] = {"size": 1}
-    with pytest.raises(download.DumpStatusError, match="neither a multistream part nor its index"):
-        download.parse_dump_parts(status, "https://dumps.wikimedia.org")
+    with pytest.raises(dumpstatus.DumpStatusError, match="neither a multistream part nor its index"):
+        dumpstatus.parse_dump_parts(status, "https://dumps.wikimedia.org")
 
 
 def _publish_run(mirror: Mirror, date: str, status: str = "done") -> list[bytes]:
@@ -404,20 +404,20 @@ def _publish_run(mirror: Mirror, date: str, status: str = "done") -> list[bytes]
 
 def test_runs_are_read_from_a_real_mirror_listing():
     listing = (DATA / "dump-metadata" / "enwiki_index.html").read_text()
-    runs = download.listed_runs(listing)
+    runs = dumpstatus.listed_runs(listing)
     assert runs[0] == "20230301" and runs[-1] == "20221201" and len(runs) == 7  # not `latest/`
 
 
 def test_latest_picks_the_newest_finished_run(mirror):
     _publish_run(mirror, "20260101")
     _publish_run(mirror, "20260120", status="in-progress")
-    date, _, parts = download.fetch_dumpstatus(
+    date, _, parts = dumpstatus.fetch_dumpstatus(
         mirror.url, "testwiki", "latest", sleep=lambda s: None
     )
     assert date == "20260101"
     assert [p.name for p in parts] == ["multistream1-p1p2583", "multistream2-p2584p30302"]
-    with pytest.raises(download.DumpStatusError, match="in-progress"):
-        download.fetch_dumpstatus(mirror.url, "testwiki", "20260120")
+    with pytest.raises(dumpstatus.DumpStatusError, match="in-progress"):
+        dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "20260120")
 
 
 def test_file_mirror_works_like_a_web_mirror(tmp_path):
@@ -430,10 +430,10 @@ def test_file_mirror_works_like_a_web_mirror(tmp_path):
     files = {p.name: {"size": p.stat().st_size} for p in run.iterdir()}  # no url: built from names
     job = {"status": "done", "files": files}
     (run / "dumpstatus.json").write_text(json.dumps({"jobs": {"articlesmultistreamdump": job}}))
-    date, _, parts = download.fetch_dumpstatus(tmp_path.as_uri(), "testwiki", "latest")
+    date, _, parts = dumpstatus.fetch_dumpstatus(tmp_path.as_uri(), "testwiki", "latest")
     assert date == "20260101" and [p.name for p in parts] == ["multistream"]  # a small wiki
     dest = tmp_path / "out.bz2"
-    download.fetch(parts[0].data.url, dest, size=parts[0].data.size)
+    fetch.fetch(parts[0].data.url, dest, size=parts[0].data.size)
     assert dest.read_bytes() == MULTISTREAM.read_bytes()
 
 

@@ -20,6 +20,7 @@ from xml.sax.saxutils import escape
 import pyarrow.parquet as pq
 import pytest
 from retrieval_pretraining import artifacts
+from retrieval_pretraining import dump_reader
 from retrieval_pretraining import extract as ex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,10 @@ def test_generated_multistream_matches_sequential(tmp_path):
     ]
     pages[5] = page_xml(6, "R", "#REDIRECT [[P1]]", redirect="P1")
     dump, index = tmp_path / "m.xml.bz2", tmp_path / "m.index.txt.bz2"
-    assert ex.write_multistream(header_xml("0.11"), pages, dump, index, pages_per_stream=3) == 14
+    streams = dump_reader.write_multistream(
+        header_xml("0.11"), pages, dump, index, pages_per_stream=3
+    )
+    assert streams == 14
     seq, s1, _ = run(tmp_path, dump, {"processes": 1}, name="seq")
     par, s2, _ = run(tmp_path, dump, {"processes": 2}, index=index, name="par")
     assert seq.equals(par) and s1["redirect"] == s2["redirect"] == 1 and par.num_rows == 39
@@ -189,9 +193,9 @@ def test_generated_multistream_matches_sequential(tmp_path):
 
 def test_index_of_another_dump_is_refused(tmp_path):
     dump, index = tmp_path / "m.xml.bz2", tmp_path / "m.index.txt.bz2"
-    ex.write_multistream(header_xml(), simple_pages(9), dump, index, pages_per_stream=3)
+    dump_reader.write_multistream(header_xml(), simple_pages(9), dump, index, pages_per_stream=3)
     other_dump, other_index = tmp_path / "o.xml.bz2", tmp_path / "o.index.txt.bz2"
-    ex.write_multistream(
+    dump_reader.write_multistream(
         header_xml(), simple_pages(9)[:8], other_dump, other_index, pages_per_stream=2
     )
     with pytest.raises(ex.ExtractError, match="index"):
@@ -225,7 +229,7 @@ def test_corrupt_bz2_stream_is_an_error_naming_the_stream(tmp_path):
 
 def test_corrupt_stream_in_indexed_multistream(tmp_path):
     dump, index = tmp_path / "m.xml.bz2", tmp_path / "m.index.txt.bz2"
-    ex.write_multistream(header_xml(), simple_pages(9), dump, index, pages_per_stream=3)
+    dump_reader.write_multistream(header_xml(), simple_pages(9), dump, index, pages_per_stream=3)
     offsets = sorted(
         {
             int(line.split(":")[0])

@@ -11,7 +11,12 @@ import yaml
 from scipy import stats
 
 from retrieval_pretraining import config as experiment_config
-from retrieval_pretraining import tables
+from retrieval_pretraining.tables.build import bm25_row_label, bm25_settings
+from retrieval_pretraining.tables.layout import Group, Row
+from retrieval_pretraining.tables.make import make_tables
+from retrieval_pretraining.tables.metrics import MetricsError
+from retrieval_pretraining.tables.provenance import log_location, model_location
+from retrieval_pretraining.tables.significance import WORSE, paired_t_test
 from retrieval_pretraining.paper_numbers import paper_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +81,7 @@ def test_paired_t_test_matches_scipy_on_random_data():
     rng = np.random.default_rng(1)
     for n in (2, 5, 30, 300):
         a, b = rng.random(n), rng.random(n)
-        t, p = tables.paired_t_test(a, b)
+        t, p = paired_t_test(a, b)
         ref = stats.ttest_rel(a, b)
         assert t == pytest.approx(ref.statistic, rel=1e-9)
         assert p == pytest.approx(ref.pvalue, rel=1e-9)
@@ -85,18 +90,18 @@ def test_paired_t_test_matches_scipy_on_random_data():
 def test_paired_t_test_hand_computed_case():
     # d = [0.1, 0.2, 0.2, 0.3]: mean 0.2, sd = sqrt(0.02/3), t = 0.2 / (sd/2) = 4.89898;
     # two-tailed p for t=4.899 at df=3 lies between 0.01 (t=5.841) and 0.02 (t=4.541) in t tables.
-    t, p = tables.paired_t_test([0.5, 0.6, 0.7, 0.8], [0.4, 0.4, 0.5, 0.5])
+    t, p = paired_t_test([0.5, 0.6, 0.7, 0.8], [0.4, 0.4, 0.5, 0.5])
     assert t == pytest.approx(0.2 / (math.sqrt(0.02 / 3) / 2), rel=1e-9)
     assert 0.01 < p < 0.02
     # Identical systems: no evidence, never a mark.
-    t, p = tables.paired_t_test([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])
+    t, p = paired_t_test([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])
     assert math.isnan(p)
 
 
 def test_marks_bold_and_legend_follow_the_tests(synthetic, tmp_path):
     results, scores = synthetic
     out = tmp_path / "tables.md"
-    summary = tables.make_tables(params(), results, out)
+    summary = make_tables(params(), results, out)
     text = out.read_text()
     groups = {g["group"]: g for g in summary["tables"]["main"]}
     for group_label, stage in (
@@ -112,7 +117,7 @@ def test_marks_bold_and_legend_follow_the_tests(synthetic, tmp_path):
                     continue
                 ref = stats.ttest_rel(scores[system], scores[base])
                 if ref.pvalue <= 0.05:
-                    expected += mark + ("" if ref.statistic > 0 else tables.WORSE)
+                    expected += mark + ("" if ref.statistic > 0 else WORSE)
                 assert cell["tests"][base]["p"] == pytest.approx(ref.pvalue, rel=1e-9)
             assert cell["marks"] == expected, system
         # Known outcomes: costa is significantly better than both baselines, bow not than BERT.
@@ -146,9 +151,9 @@ def test_significantly_worse_is_marked_as_worse(tmp_path):
     p["report"]["tables"] = [
         {"name": "t", "columns": [{"dataset": "d", "split": "test", "measure": "nDCG@10"}]}
     ]
-    summary = tables.make_tables(p, results, tmp_path / "t.md")
+    summary = make_tables(p, results, tmp_path / "t.md")
     bert = summary["tables"]["t"][1]["rows"][0]["cells"][0]
-    assert bert["marks"] == "†" + tables.WORSE
+    assert bert["marks"] == "†" + WORSE
 
 
 def test_published_values_beside_ours_at_paper_scale(tmp_path):
@@ -175,7 +180,7 @@ def test_published_values_beside_ours_at_paper_scale(tmp_path):
             ],
         }
     ]
-    tables.make_tables(p, results, tmp_path / "t.md")
+    make_tables(p, results, tmp_path / "t.md")
     text = (tmp_path / "t.md").read_text()
     ours = np.mean(base + 0.1)
     # COSTA, BM25 negatives: 0.342 in the paper (REFERENCE.md); BERT hard negatives: 0.335.
@@ -188,9 +193,9 @@ def test_published_values_beside_ours_at_paper_scale(tmp_path):
 def test_missing_metrics_fail_with_the_fix_unless_allowed(synthetic, tmp_path):
     results, _ = synthetic
     (results / "metrics" / "scifact" / "bow-stage2" / "test.json").unlink()
-    with pytest.raises(tables.MetricsError, match="bow-stage2.*score_run"):
-        tables.make_tables(params(), results, tmp_path / "t.md")
-    tables.make_tables(params(), results, tmp_path / "t.md", allow_missing=True)
+    with pytest.raises(MetricsError, match="bow-stage2.*score_run"):
+        make_tables(params(), results, tmp_path / "t.md")
+    make_tables(params(), results, tmp_path / "t.md", allow_missing=True)
     assert "Missing" in (tmp_path / "t.md").read_text()
 
 
@@ -234,7 +239,7 @@ def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_
     experiment_config.validate(
         {**yaml.safe_load((ROOT / "config.yaml").read_text()), "report": p["report"]}
     )
-    summary = tables.make_tables(
+    summary = make_tables(
         p,
         results,
         tmp_path / "t.md",
@@ -321,21 +326,21 @@ def test_bm25_label_and_published_value_follow_each_datasets_own_k1_b():
     p = params() | {"bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68},
                                         "scifact": {"k1": 0.9, "b": 0.4}}}
     one = [{"dataset": "scifact"}]
-    assert tables.bm25_row_label(p, one) == "BM25 (k1=0.9, b=0.4)"
+    assert bm25_row_label(p, one) == "BM25 (k1=0.9, b=0.4)"
     both = [{"dataset": "msmarco-passage"}, {"dataset": "scifact"}]
-    label = tables.bm25_row_label(p, both)
+    label = bm25_row_label(p, both)
     assert label == "BM25 (msmarco-passage: k1=0.82, b=0.68; scifact: k1=0.9, b=0.4)", label
-    assert tables.bm25_settings(p, "msmarco-passage") == {"k1": 0.82, "b": 0.68}
-    assert tables.bm25_settings(p, "unlisted") == {"k1": 0.9, "b": 0.4}  # the shared values
+    assert bm25_settings(p, "msmarco-passage") == {"k1": 0.82, "b": 0.68}
+    assert bm25_settings(p, "unlisted") == {"k1": 0.9, "b": 0.4}  # the shared values
 
 
 def test_zero_shot_provenance_names_the_encoder_it_used(tmp_path):
-    row = tables.Row("COSTA", "costa-stage2", "costa", "costa")
-    group = tables.Group("hard negatives", [row], suffix="stage2")
+    row = Row("COSTA", "costa-stage2", "costa", "costa")
+    group = Group("hard negatives", [row], suffix="stage2")
     p = {"trained_on": {"scifact": "msmarco-passage"}}
-    location = tables.model_location(tmp_path, row, "scifact", group, p)
+    location = model_location(tmp_path, row, "scifact", group, p)
     assert location == f"`{tmp_path / 'finetune/costa/msmarco-passage/stage2/encoder'}`"
-    logs = tables.log_location(tmp_path, row, "scifact", group, "test", p)
+    logs = log_location(tmp_path, row, "scifact", group, "test", p)
     assert "finetune/costa/msmarco-passage/stage2.log" in logs
     # In-domain rows keep their own dataset.
-    assert "finetune/costa/scifact/stage2" in tables.model_location(tmp_path, row, "scifact", group)
+    assert "finetune/costa/scifact/stage2" in model_location(tmp_path, row, "scifact", group)

@@ -1379,7 +1379,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.stage_stats is not None:
-        from .tables import markdown_to_html
+        from .markdown_html import markdown_to_html
 
         with artifacts.atomic_path(args.stage_stats) as tmp:
             tmp.write_text(markdown_to_html(stage_statistics(args.paths), "Per-stage statistics"))

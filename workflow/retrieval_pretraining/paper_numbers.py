@@ -62,7 +62,7 @@ PAPER: tuple[Published, ...] = (
     Published(_COSTA, "costa", "dl19-doc", "nDCG@10", 0.582, "round1"),
     Published(_COSTA, "costa", "dl19-doc", "nDCG@10", 0.626, "round2"),
     # CPDAE: the paper's headline numbers; which fine-tuning setting they belong to is not recorded
-    # in our notes, so they carry group None and are shown beside the final group (see tables.py).
+    # in our notes, so they carry group None and are shown beside the final group (tables/build.py).
     Published(_CPDAE, "cpdae", "msmarco-passage-dev", "RR@10", 0.355, None, "setting not stated"),
     Published(_CPDAE, "cpdae", "msmarco-passage-dev", "R@1000", 0.968, None, "setting not stated"),
     Published(_CPDAE, "cpdae", "dl19-passage", "nDCG@10", 0.696, None, "setting not stated"),

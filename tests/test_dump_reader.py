@@ -1,0 +1,57 @@
+"""dump_reader on its own: bytes in, pages and streams out, whatever the block boundaries."""
+
+import bz2
+
+import pytest
+
+from retrieval_pretraining import dump_reader
+
+HEADER = b"<mediawiki><siteinfo><sitename>t</sitename></siteinfo>\n"
+
+
+def page(i: int) -> bytes:
+    revision = "<revision><text>x</text></revision>"
+    return f"<page><title>P{i}</title><id>{i}</id>{revision}</page>\n".encode()
+
+
+def one_byte_blocks(data: bytes):
+    return (data[i : i + 1] for i in range(len(data)))
+
+
+def test_pages_are_cut_at_their_tags_with_their_offsets_even_from_one_byte_blocks():
+    data = HEADER + b"".join(page(i) for i in range(1, 4)) + b"</mediawiki>\n"
+    cut = list(dump_reader.split_pages(one_byte_blocks(data), "d.xml"))
+    assert cut[0] == (-1, HEADER)
+    starts = [i for i in range(len(data)) if data.startswith(b"<page>", i)]
+    assert [offset for offset, _ in cut[1:]] == starts
+    assert [raw for _, raw in cut[1:]] == [page(i).rstrip(b"\n") for i in range(1, 4)]
+
+
+def test_a_missing_footer_is_an_error_naming_the_offset():
+    data = HEADER + page(1)
+    with pytest.raises(dump_reader.ExtractError, match=rf"ends at decompressed byte {len(data)}"):
+        list(dump_reader.split_pages([data], "d.xml"))
+
+
+def test_concatenated_streams_decompress_to_their_concatenation():
+    parts = [HEADER, page(1) * 50, b"</mediawiki>\n"]
+    compressed = b"".join(bz2.compress(p) for p in parts)
+    out = b"".join(dump_reader.decompress_bz2(one_byte_blocks(compressed), "d.bz2"))
+    assert out == b"".join(parts)
+
+
+def test_the_index_written_is_the_index_read_and_tasks_cover_it_in_order(tmp_path):
+    dump, index = tmp_path / "d.xml.bz2", tmp_path / "d.index.txt.bz2"
+    streams = dump_reader.write_multistream(
+        HEADER, [page(i) for i in range(1, 11)], dump, index, pages_per_stream=4
+    )
+    read = dump_reader.read_index(index, dump.stat().st_size)
+    assert streams == len(read) == 3
+    assert [(s.pages, s.id_sum) for s in read] == [(4, 1 + 2 + 3 + 4), (4, 5 + 6 + 7 + 8), (2, 19)]
+    assert read[0].offset == len(bz2.compress(HEADER))  # stream 0 is the header alone
+    # Each stream ends where the next begins; the last at the end of the file (the </mediawiki>
+    # stream is read with it).
+    assert all(a.offset + a.length == b.offset for a, b in zip(read, read[1:]))
+    assert read[-1].offset + read[-1].length == dump.stat().st_size
+    tasks = dump_reader.plan_tasks(read, processes=2, dump_size=dump.stat().st_size)
+    assert [s for task in tasks for s in task] == read

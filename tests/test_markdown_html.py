@@ -1,0 +1,44 @@
+"""markdown_to_html: the Markdown subset the package writes, as the HTML the report shows."""
+
+from retrieval_pretraining.markdown_html import markdown_to_html
+
+PAGE = """# Results
+
+### Table 2
+
+| system | nDCG@10 |
+|---|---:|
+| BM25 (k1=0.9, b=0.4) | 0.665 |
+| *hard negatives* | |
+| COSTA | **0.701**† |
+
+- config hash: `abc`
+- 1 < 2 & 3 > 2
+Legend: a plain paragraph.
+"""
+
+
+def test_headings_tables_lists_and_paragraphs():
+    body = markdown_to_html(PAGE, "Results: demo").split("<body>\n", 1)[1]
+    assert body.splitlines() == [
+        "<h1>Results</h1>",
+        "<h3>Table 2</h3>",
+        "<table>",
+        "<tr><th>system</th><th>nDCG@10</th></tr>",  # the |---| row is dropped
+        "<tr><td>BM25 (k1=0.9, b=0.4)</td><td>0.665</td></tr>",
+        "<tr><td><i>hard negatives</i></td><td></td></tr>",
+        "<tr><td>COSTA</td><td><b>0.701</b>†</td></tr>",
+        "</table>",
+        "<ul>",
+        "<li>config hash: <code>abc</code></li>",
+        "<li>1 &lt; 2 &amp; 3 &gt; 2</li>",
+        "</ul>",
+        "<p>Legend: a plain paragraph.</p>",
+        "</body></html>",
+    ]
+
+
+def test_a_standalone_page_with_an_escaped_title():
+    page = markdown_to_html("text", "a <b> & c")
+    assert page.startswith("<!DOCTYPE html><html><head><meta charset='utf-8'>")
+    assert "<title>a &lt;b&gt; &amp; c</title>" in page and page.endswith("</html>\n")

@@ -1,0 +1,140 @@
+"""Input-token coverage of [CLS] projected to the vocabulary, top-k for several k, per model
+(Bag-of-Word paper, Algorithm 1 / Figure 4).
+
+The projection needs a head. Exported encoders carry none, so the MLM head saved beside them
+(`heads.safetensors`, key prefix `mlm_head.`) is used when present; otherwise coverage falls back to
+the BoW paper's own formula h_CLS . E^T with the tied word embeddings, and says so in its output.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import artifacts
+from .common import (
+    encoder_weights,
+    excluded_ids,
+    load_heads,
+    pyplot,
+    save_figure,
+    write_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+
+def coverage_at_k(
+    ranked_ids: np.ndarray, inputs: Sequence[set[int]], ks: Sequence[int]
+) -> dict[int, float]:
+    """BoW Alg. 1: mean over texts of |top-k projected tokens ∩ the text's tokens| / k.
+
+    `ranked_ids[i]` lists vocabulary ids by decreasing projected score for text i.
+    """
+    out = {}
+    for k in ks:
+        hits = [len(set(row[:k].tolist()) & bag) / k for row, bag in zip(ranked_ids, inputs)]
+        out[int(k)] = float(np.mean(hits)) if hits else math.nan
+    return out
+
+
+def vocabulary_projector(encoder, heads: dict[str, Any]):
+    """(callable h_CLS -> vocabulary logits, name of the projection used)."""
+    import torch.nn.functional as F
+
+    mlm = {k.removeprefix("mlm_head."): v for k, v in heads.items() if k.startswith("mlm_head.")}
+    embeddings = encoder.get_input_embeddings()
+    if mlm:
+        from ..pretrain.model import MLMHead
+
+        head = MLMHead(encoder.config, embeddings)
+        head.load_state_dict(mlm, strict=True)
+        head.eval()
+        return head, "mlm_head"
+    return (lambda h: F.linear(h, embeddings.weight)), "embeddings"
+
+
+def project_cls(encoder, projector, input_ids: list[list[int]], pad_id: int, batch: int = 32):
+    import torch
+
+    logits = []
+    with torch.inference_mode():
+        for start in range(0, len(input_ids), batch):
+            rows = input_ids[start : start + batch]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, r in enumerate(rows):
+                ids[i, : len(r)] = torch.tensor(r)
+                mask[i, : len(r)] = 1
+            cls = encoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
+            logits.append(projector(cls).float())
+    return torch.cat(logits)
+
+
+def coverage(
+    models: dict[str, Path],
+    chunks: Path,
+    ks: Sequence[int],
+    samples: int,
+    out_png: Path,
+    out_json: Path,
+) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    input_ids = pq.read_table(chunks, columns=["input_ids"])["input_ids"].to_pylist()[:samples]
+    if not input_ids:
+        raise ValueError(f"{chunks} has no chunks to sample; build the corpus stage first")
+    result: dict[str, Any] = {"chunks": str(chunks), "samples": len(input_ids), "models": {}}
+    for name, encoder_dir in models.items():
+        tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
+        encoder = AutoModel.from_pretrained(
+            encoder_dir, local_files_only=True, trust_remote_code=False, add_pooling_layer=False
+        ).eval()
+        projector, kind = vocabulary_projector(
+            encoder, load_heads(Path(encoder_dir).parent / "heads.safetensors")
+        )
+        logits = project_cls(encoder, projector, input_ids, tokenizer.pad_token_id or 0)
+        skip = excluded_ids(tokenizer)
+        logits[:, skip] = -math.inf
+        ranked = torch.topk(logits, max(ks), dim=1).indices.numpy()
+        bags = [set(r) - set(skip) for r in input_ids]
+        result["models"][name] = {"projection": kind, "coverage": coverage_at_k(ranked, bags, ks)}
+        log.info("%s (%s): %s", name, kind, result["models"][name]["coverage"])
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for name, info in result["models"].items():
+        ax.plot(
+            list(ks),
+            [info["coverage"][k] for k in ks],
+            marker="o",
+            label=f"{name} ({'MLM head' if info['projection'] == 'mlm_head' else 'E^T'})",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("k (top-k tokens of [CLS] projected to the vocabulary)")
+    ax.set_ylabel("input-token coverage")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    save_figure(fig, out_png)
+    plt.close(fig)
+    artifacts.write_json(out_json, result)
+    write_manifest(
+        out_png,
+        "analysis.coverage",
+        {"ks": [int(k) for k in ks], "samples": samples},
+        {"chunks": Path(chunks)}
+        | {name: encoder_weights(path) for name, path in models.items()}
+        | {
+            f"{name}_heads": Path(path).parent / "heads.safetensors"
+            for name, path in models.items()
+            if (Path(path).parent / "heads.safetensors").is_file()
+        },
+        {name: info["coverage"] for name, info in result["models"].items()},
+    )
+    return result

@@ -1,0 +1,162 @@
+"""One query's top-k candidates under several fine-tuned models, relevant documents marked (COSTA
+Figure 3; sklearn t-SNE on the models' own embeddings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import artifacts
+from .common import encoder_weights, pyplot, save_figure, write_manifest
+
+
+def pick_query(
+    qrels: dict[str, set[str]], runs: dict[str, dict[str, list[str]]], wanted: str | None
+) -> str:
+    """The configured query, else the first query id (sorted) with >= 2 relevant docs in every
+    run."""
+    if wanted is not None:
+        if wanted not in qrels or any(wanted not in r for r in runs.values()):
+            raise ValueError(
+                f"query {wanted!r} is not judged or not in every run; pick another in "
+                "report.analysis.tsne.query"
+            )
+        return wanted
+    for qid in sorted(qrels):
+        if len(qrels[qid]) >= 2 and all(qid in r for r in runs.values()):
+            return qid
+    for qid in sorted(qrels):
+        if all(qid in r for r in runs.values()):
+            return qid
+    raise ValueError("no judged query appears in every run")
+
+
+def read_run(path: Path, depth: int) -> dict[str, list[str]]:
+    ranked: dict[str, list[tuple[int, str]]] = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        parts = line.split()
+        if len(parts) != 6:
+            raise ValueError(f"{path}:{number}: expected 'qid Q0 docid rank score tag'")
+        ranked.setdefault(parts[0], []).append((int(parts[3]), parts[2]))
+    return {q: [d for _, d in sorted(v)[:depth]] for q, v in ranked.items()}
+
+
+def tsne_points(vectors: np.ndarray, seed: int) -> np.ndarray:
+    """2-d t-SNE; perplexity capped for small sets (sklearn requires perplexity < n)."""
+    from sklearn.manifold import TSNE
+
+    perplexity = float(min(30.0, max(2.0, (len(vectors) - 1) / 3)))
+    return TSNE(
+        n_components=2, perplexity=perplexity, init="pca", random_state=seed, metric="cosine"
+    ).fit_transform(vectors.astype(np.float32))
+
+
+def tsne(
+    models: dict[str, tuple[Path, Path]],
+    dataset_dir: Path,
+    split: str,
+    cfg: dict[str, Any],
+    seed: int,
+    out_png: Path,
+    out_json: Path,
+) -> dict[str, Any]:
+    """models: name -> (fine-tuned encoder folder, run file)."""
+    import polars as pl
+    import torch
+
+    from .. import datasets, encode
+
+    torch.manual_seed(seed)
+    info = datasets.read_info(dataset_dir)
+    qrels = datasets.read_qrels(dataset_dir / f"qrels-{split}.parquet")
+    runs = {name: read_run(run, cfg["depth"]) for name, (_, run) in models.items()}
+    qid = pick_query(qrels, runs, cfg.get("query"))
+    query = (
+        pl.scan_parquet(dataset_dir / f"queries-{split}.parquet")
+        .filter(pl.col("query_id") == qid)
+        .collect()["text"][0]
+    )
+    wanted = sorted({d for r in runs.values() for d in r[qid]})
+    corpus = (
+        pl.scan_parquet(dataset_dir / "corpus.parquet")
+        .filter(pl.col("doc_id").is_in(wanted))
+        .collect()
+    )
+    docs = dict(zip(corpus["doc_id"], zip(corpus["title"], corpus["text"])))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 4), squeeze=False)
+    summary: dict[str, Any] = {
+        "query_id": qid,
+        "query": query,
+        "relevant": sorted(qrels[qid]),
+        "models": {},
+    }
+    for ax, (name, (encoder_dir, _)) in zip(axes[0], models.items()):
+        ids = runs[name][qid]
+        model, tokenizer = encode.load_encoder(encoder_dir, torch.device("cpu"))
+        opts = {
+            "max_len": cfg.get("max_len", 128),
+            "pooling": cfg.get("pooling", "cls"),
+            "similarity": cfg.get("similarity", "dot"),
+        }
+        q_vec = encode.embed(model, tokenizer, [query], **opts)
+        d_vec = encode.embed(
+            model,
+            tokenizer,
+            [docs[d][1] for d in ids],
+            titles=[docs[d][0] for d in ids],
+            title=info.get("title", "space"),
+            **opts,
+        )
+        points = tsne_points(np.vstack([q_vec, d_vec]), seed)
+        relevant = np.array([d in qrels[qid] for d in ids])
+        others = points[1:][~relevant]
+        ax.scatter(
+            others[:, 0], others[:, 1], s=12, c="lightgray", label=f"top-{len(ids)} candidates"
+        )
+        ax.scatter(
+            points[1:][relevant, 0],
+            points[1:][relevant, 1],
+            s=60,
+            marker="*",
+            c="tab:red",
+            label="relevant",
+        )
+        ax.scatter(points[0, 0], points[0, 1], s=80, marker="^", c="tab:blue", label="query")
+        for rank in np.flatnonzero(relevant):  # the relevant documents' ranks in this model's run
+            ax.annotate(
+                str(rank + 1),
+                points[1 + rank],
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize="x-small",
+                color="tab:red",
+            )
+        ax.set_title(name)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        summary["models"][name] = {
+            "candidates": len(ids),
+            "relevant_retrieved": int(relevant.sum()),
+            "relevant_ranks": [i + 1 for i, r in enumerate(relevant) if r],
+        }
+    axes[0][0].legend(fontsize="small", loc="best")
+    fig.suptitle(f"query {qid}: {query[:80]}", fontsize="small")
+    fig.tight_layout()
+    save_figure(fig, out_png)
+    plt.close(fig)
+    artifacts.write_json(out_json, summary)
+    inputs = {"qrels": dataset_dir / f"qrels-{split}.parquet"}
+    for name, (encoder_dir, run) in models.items():
+        inputs |= {name: encoder_weights(encoder_dir), f"{name}_run": Path(run)}
+    write_manifest(
+        out_png,
+        "analysis.tsne",
+        cfg | {"split": split, "seed": seed},
+        inputs,
+        {"query_id": qid}
+        | {name: info["relevant_retrieved"] for name, info in summary["models"].items()},
+    )
+    return summary

@@ -1,0 +1,171 @@
+"""Wikimedia's `dumpstatus.json`: which multistream parts (and their indexes) a dump run has.
+
+Wikimedia publishes `{mirror}/{wiki}/{date}/dumpstatus.json` for every dump run; its
+`articlesmultistreamdump` job lists the split multistream parts
+(`enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2`) and their offset indexes
+(`...-pages-articles-multistream-index1.txt-p1p41242.bz2`), with sha1/md5 once the run has computed
+them and always a size. `parse_dump_parts` pairs each part with its index under a wildcard-safe name
+(`multistream1-p1p41242`). `dump_date: latest` resolves to the newest listed run whose job is
+done (`fetch_dumpstatus`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from .fetch import DownloadError, read_url
+
+log = logging.getLogger(__name__)
+
+MULTISTREAM_JOB = "articlesmultistreamdump"
+# How many dump runs `dump_date: latest` looks back through for one whose job is done.
+LATEST_LOOKBACK = 5
+
+
+class DumpStatusError(ValueError):
+    """A dumpstatus.json is unusable: the job is missing or not done, or lists unexpected files."""
+
+
+_PART_FILE = re.compile(
+    r"^(?P<wiki>[a-z_]+)-(?P<date>\d{8}|latest)-pages-articles-multistream(?P<n>\d*)\.xml"
+    r"(?:-p(?P<first>\d+)p(?P<last>\d+))?\.bz2$"
+)
+_INDEX_FILE = re.compile(
+    r"^(?P<wiki>[a-z_]+)-(?P<date>\d{8}|latest)-pages-articles-multistream-index(?P<n>\d*)\.txt"
+    r"(?:-p(?P<first>\d+)p(?P<last>\d+))?\.bz2$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteFile:
+    url: str
+    size: int | None = None
+    sha1: str | None = None
+    md5: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DumpPart:
+    """One multistream part and its index, under a name safe for a Snakemake wildcard."""
+
+    name: str
+    data: RemoteFile
+    index: RemoteFile
+
+
+def _part_name(match: re.Match) -> str:
+    """`multistream1-p1p41242`; a small wiki's single unsplit file is just `multistream`."""
+    name = f"multistream{match['n']}"
+    return f"{name}-p{match['first']}p{match['last']}" if match["first"] else name
+
+
+def parse_dump_parts(
+    status: dict[str, Any], mirror: str, job: str = MULTISTREAM_JOB
+) -> list[DumpPart]:
+    """The parts of `job` in a parsed dumpstatus.json, each paired with its index, in part order."""
+    jobs = status.get("jobs")
+    if not isinstance(jobs, dict) or job not in jobs:
+        known = ", ".join(sorted(jobs)) if isinstance(jobs, dict) else "none"
+        raise DumpStatusError(f"dumpstatus.json has no job '{job}' (jobs: {known})")
+    entry = jobs[job]
+    if entry.get("status") != "done":
+        raise DumpStatusError(
+            f"job '{job}' is '{entry.get('status')}' (last updated "
+            f"{entry.get('updated') or 'never'}), not 'done': its files are incomplete. Wait for "
+            "the dump run to finish, or set wikipedia.dump_date to an earlier finished run (or "
+            "'latest', which picks the newest finished one)."
+        )
+    data: dict[tuple, tuple[re.Match, dict]] = {}
+    index: dict[tuple, tuple[re.Match, dict]] = {}
+    for file_name, meta in sorted((entry.get("files") or {}).items()):
+        for pattern, found in ((_PART_FILE, data), (_INDEX_FILE, index)):
+            match = pattern.match(file_name)
+            if match:
+                found[(match["n"], match["first"], match["last"])] = (match, meta)
+                break
+        else:
+            raise DumpStatusError(
+                f"job '{job}' lists '{file_name}', neither a multistream part nor its index: the "
+                "dump layout changed; update the patterns in retrieval_pretraining/dumpstatus.py"
+            )
+    if not data:
+        raise DumpStatusError(f"job '{job}' is done but lists no multistream part files")
+    unpaired = sorted(set(data) ^ set(index))
+    if unpaired:
+        names = [(data.get(key) or index.get(key))[0].string for key in unpaired]
+        raise DumpStatusError(
+            f"job '{job}': files without their data/index partner: {', '.join(names)}"
+        )
+
+    def remote(match: re.Match, meta: dict) -> RemoteFile:
+        path = meta.get("url") or f"/{match['wiki']}/{match['date']}/{match.string}"
+        return RemoteFile(
+            url=mirror.rstrip("/") + "/" + path.lstrip("/"),
+            size=meta.get("size"),
+            sha1=meta.get("sha1"),
+            md5=meta.get("md5"),
+        )
+
+    def order(key: tuple) -> tuple[int, int]:
+        return int(key[0] or 0), int(key[1] or 0)
+
+    return [
+        DumpPart(name=_part_name(data[key][0]), data=remote(*data[key]), index=remote(*index[key]))
+        for key in sorted(data, key=order)
+    ]
+
+
+def status_url(mirror: str, wiki: str, date: str) -> str:
+    return f"{mirror.rstrip('/')}/{wiki}/{date}/dumpstatus.json"
+
+
+def listed_runs(listing: str) -> list[str]:
+    """The dump runs (YYYYMMDD folders) of a mirror's `{wiki}/` directory listing, newest first."""
+    return sorted(set(re.findall(r'href="(\d{8})/?"', listing)), reverse=True)
+
+
+def fetch_dumpstatus(
+    mirror: str, wiki: str, dump_date: str, *, retries: int = 3, sleep=time.sleep
+) -> tuple[str, dict[str, Any], list[DumpPart]]:
+    """(resolved date, status document, parts). `latest` = the newest run whose job is done."""
+    if dump_date != "latest":
+        status = json.loads(
+            read_url(status_url(mirror, wiki, dump_date), retries=retries, sleep=sleep)
+        )
+        return dump_date, status, parse_dump_parts(status, mirror)
+    listing = read_url(f"{mirror.rstrip('/')}/{wiki}/", retries=retries, sleep=sleep).decode(
+        "utf-8", "replace"
+    )
+    dates = listed_runs(listing)
+    if not dates:
+        raise DumpStatusError(
+            f"no dump runs (YYYYMMDD/ folders) listed at {mirror}/{wiki}/; check mirror and wiki"
+        )
+    reasons = []
+    for date in dates[:LATEST_LOOKBACK]:
+        try:
+            status = json.loads(
+                read_url(status_url(mirror, wiki, date), retries=retries, sleep=sleep)
+            )
+            parts = parse_dump_parts(status, mirror)
+        except (DumpStatusError, DownloadError) as error:
+            reasons.append(f"{date}: {error}")
+            continue
+        log.info("dump_date latest -> %s (%d parts)", date, len(parts))
+        return date, status, parts
+    raise DumpStatusError(
+        f"none of the {min(len(dates), LATEST_LOOKBACK)} newest runs of {wiki} at {mirror} has "
+        f"a finished '{MULTISTREAM_JOB}' job:\n  " + "\n  ".join(reasons)
+    )
+
+
+def dump_parts_from_file(path: str | os.PathLike, mirror: str) -> list[DumpPart]:
+    """The parts listed in a saved dumpstatus.json (what the Snakemake checkpoint wrote)."""
+    return parse_dump_parts(json.loads(Path(path).read_text()), mirror)

@@ -1,0 +1,397 @@
+"""Fetch one file to `P`, verified and resumable, from a local path, a file:// or http(s) URL.
+
+- http(s): the body streams into `P.part`; after a dropped connection the next attempt resumes it
+  with an HTTP Range request. Failures are retried with exponential back-off; an attempt that made
+  progress resets the count, so a flaky mirror cannot exhaust the retries on a 20 GB part.
+- The strongest checksum given is verified (sha256 > sha1 > md5, else the size). A mismatch deletes
+  the partial file and counts as a failed attempt; the final error names the file, the URL, the
+  expected and the actual checksum. `P` only ever appears complete and verified (rename at the end).
+- Local paths and file:// URLs are copied (default: results/ is then self-contained and a later
+  change to the source cannot alter an artifact silently) or symlinked (`--link symlink`, for a
+  multi-GB pre-downloaded dump on the same machine). Either way the checksum is verified first.
+
+`fetch` returns what the manifest records (URL, bytes, verified checksum, sha256, attempts); the
+command line that writes it is `python -m retrieval_pretraining.download fetch` (download.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+# Strongest first: the first one given is the one verified.
+CHECKSUMS = ("sha256", "sha1", "md5")
+_BLOCK = 1 << 20
+
+
+class DownloadError(RuntimeError):
+    """A file could not be fetched (network, HTTP status, missing source) after all retries."""
+
+
+class ChecksumError(DownloadError):
+    """The fetched bytes do not match the expected checksum or size."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Verification
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What a fetched file must match. Only the strongest available check is enforced."""
+
+    sha256: str | None = None
+    sha1: str | None = None
+    md5: str | None = None
+    size: int | None = None
+
+    @property
+    def algorithm(self) -> str | None:
+        return next((name for name in CHECKSUMS if getattr(self, name)), None)
+
+
+class _Digests:
+    """sha256 (recorded in every manifest) plus the algorithm being verified, fed in one pass."""
+
+    def __init__(self, algorithm: str | None):
+        self.names = ["sha256"] + ([algorithm] if algorithm and algorithm != "sha256" else [])
+        self.reset()
+
+    def reset(self) -> None:
+        self._hashes = {name: hashlib.new(name) for name in self.names}
+        self.bytes = 0
+
+    def update(self, block: bytes) -> None:
+        for digest in self._hashes.values():
+            digest.update(block)
+        self.bytes += len(block)
+
+    def hexdigest(self, name: str) -> str:
+        return self._hashes[name].hexdigest()
+
+    @classmethod
+    def of_file(cls, path: Path, algorithm: str | None) -> "_Digests":
+        digests = cls(algorithm)
+        with open(path, "rb") as handle:
+            while block := handle.read(_BLOCK):
+                digests.update(block)
+        return digests
+
+
+def _mismatch(digests: _Digests, expected: Expected) -> tuple[str, str] | None:
+    """(expected, actual) descriptions when the file fails its strongest check, else None."""
+    if expected.size is not None and digests.bytes != expected.size:
+        return f"size {expected.size} bytes", f"size {digests.bytes} bytes"
+    name = expected.algorithm
+    if name and digests.hexdigest(name) != getattr(expected, name).lower():
+        return f"{name} {getattr(expected, name)}", f"{name} {digests.hexdigest(name)}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Fetching
+
+
+def local_path(url: str) -> Path | None:
+    """The local file a URL names (a plain path or a file:// URL), or None for an http(s) URL."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme in ("http", "https"):
+        return None
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise DownloadError(
+                f"{url}: a file:// URL must be absolute (file:///abs/path); for a path relative to "
+                "the project write the plain path instead"
+            )
+        return Path(urllib.request.url2pathname(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:  # (a one-letter scheme is a Windows drive)
+        raise DownloadError(
+            f"unsupported URL scheme {parsed.scheme!r} in {url}; use http(s)://, file:// or a path"
+        )
+    return Path(url)
+
+
+def _progress(total: int | None, initial: int, name: str):
+    from tqdm.auto import tqdm
+
+    # In a Snakemake log (not a terminal) refresh rarely so the log stays readable.
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=name,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        mininterval=0.5 if sys.stderr.isatty() else 30,
+        file=sys.stderr,
+    )
+
+
+def _fetch_local(source: Path, dest: Path, expected: Expected, link: str) -> dict[str, Any]:
+    if not source.is_file():
+        raise DownloadError(
+            f"local source {source} does not exist (or is not a file); fix the path or URL"
+        )
+    part = dest.with_name(dest.name + ".part")
+    # A local mismatch is deterministic: retrying would read the same bytes, so fail at once.
+    if link == "symlink":
+        digests = _Digests.of_file(source, expected.algorithm)
+    else:
+        digests = _Digests(expected.algorithm)
+        with (
+            open(source, "rb") as reader,
+            open(part, "wb") as writer,
+            _progress(source.stat().st_size, 0, dest.name) as bar,
+        ):
+            while block := reader.read(_BLOCK):
+                digests.update(block)
+                writer.write(block)
+                bar.update(len(block))
+    bad = _mismatch(digests, expected)
+    if bad:
+        part.unlink(missing_ok=True)
+        raise ChecksumError(
+            f"{source} (for {dest}): expected {bad[0]}, got {bad[1]}; the local copy is corrupt or "
+            "the configured checksum is wrong. Nothing was written."
+        )
+    if link == "symlink":
+        part.unlink(missing_ok=True)
+        part.symlink_to(source.resolve())
+    os.replace(part, dest)
+    return {"attempts": 1, "resumed_bytes": 0, "digests": digests}
+
+
+class HTTPStatusError(DownloadError):
+    """The server answered with an error status; 408/425/429/5xx are worth retrying, others not."""
+
+    def __init__(self, url: str, status: int, reason: str):
+        super().__init__(f"GET {url}: HTTP {status} {reason}")
+        self.retryable = status in (408, 425, 429) or status >= 500
+
+
+def _http_attempt(
+    session,
+    url: str,
+    part: Path,
+    digests: _Digests,
+    timeout: float,
+    chunk_size: int,
+    expected_size: int | None,
+) -> None:
+    """One GET that resumes `part` from its current length; raises on a transport or HTTP problem.
+
+    `digests` covers the bytes already in `part` and is updated with what arrives.
+    """
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
+        if response.status_code == 416 and offset:
+            return  # `part` already holds the whole file (or more): verification decides.
+        if response.status_code not in (200, 206):
+            raise HTTPStatusError(url, response.status_code, response.reason)
+        if response.status_code == 206:
+            match = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+            if not match or int(match.group(1)) != offset:
+                raise DownloadError(
+                    f"GET {url}: asked for bytes {offset}- but got Content-Range "
+                    f"{response.headers.get('Content-Range')!r}"
+                )
+        elif offset:
+            # The server ignored the Range header: start over rather than append a second copy.
+            log.warning("%s: server ignored the Range request; restarting from byte 0", url)
+            offset = 0
+            digests.reset()
+        length = response.headers.get("Content-Length")
+        total = offset + int(length) if length is not None else expected_size
+        with (
+            open(part, "ab" if offset else "wb") as writer,
+            _progress(total, offset, part.name.removesuffix(".part")) as bar,
+        ):
+            for block in response.iter_content(chunk_size=chunk_size):
+                writer.write(block)
+                digests.update(block)
+                bar.update(len(block))
+        if total is not None and digests.bytes < total:
+            raise DownloadError(
+                f"GET {url}: connection closed after {digests.bytes} of {total} bytes"
+            )
+
+
+def _fetch_http(
+    url: str,
+    dest: Path,
+    expected: Expected,
+    *,
+    retries: int,
+    backoff: float,
+    timeout: float,
+    chunk_size: int,
+    sleep: Callable[[float], None],
+) -> dict[str, Any]:
+    import requests
+
+    part = dest.with_name(dest.name + ".part")
+    # Resume what an interrupted earlier run left; its bytes are re-hashed, never trusted.
+    digests = (
+        _Digests.of_file(part, expected.algorithm)
+        if part.exists()
+        else _Digests(expected.algorithm)
+    )
+    resumed_bytes = digests.bytes
+    failures, attempts = 0, 0
+    with requests.Session() as session:
+        # identity: the bytes on disk must be the bytes the checksum was computed on.
+        session.headers.update(
+            {
+                "User-Agent": "retrieval-pretraining-download/0.1 (python-requests)",
+                "Accept-Encoding": "identity",
+            }
+        )
+        while True:
+            attempts += 1
+            before = digests.bytes
+            try:
+                _http_attempt(session, url, part, digests, timeout, chunk_size, expected.size)
+            except (requests.RequestException, DownloadError) as error:
+                if not getattr(error, "retryable", True):
+                    raise DownloadError(f"{dest}: {error}; check the URL") from error
+                # Progress resets the count: only fruitless attempts in a row exhaust the retries.
+                failures = 0 if digests.bytes > before else failures + 1
+                reason = f"{type(error).__name__}: {error}"
+                if failures > retries:
+                    raise DownloadError(
+                        f"{dest} (from {url}): giving up after {attempts} attempts ({failures} "
+                        f"in a row without progress); last error: {reason}. Rerun to resume "
+                        f"from the {digests.bytes} bytes kept in {part}."
+                    ) from error
+            else:
+                bad = _mismatch(digests, expected)
+                if bad is None:
+                    break
+                # A corrupt file cannot be repaired by resuming: drop it and start over.
+                part.unlink(missing_ok=True)
+                digests.reset()
+                failures += 1
+                reason = f"expected {bad[0]}, got {bad[1]}"
+                if failures > retries:
+                    raise ChecksumError(
+                        f"{dest} (from {url}): checksum mismatch on {attempts} attempts: "
+                        f"{reason}; the partial file was deleted. If the mirror serves a bad "
+                        "copy, try another mirror; if the expected checksum is wrong, fix it in "
+                        "the config."
+                    )
+            delay = min(backoff * 2 ** max(failures - 1, 0), 300.0)
+            log.warning(
+                "%s: attempt %d failed (%s); retrying in %.1f s", url, attempts, reason, delay
+            )
+            sleep(delay)
+    os.replace(part, dest)
+    return {"attempts": attempts, "resumed_bytes": resumed_bytes, "digests": digests}
+
+
+def fetch(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    sha1: str | None = None,
+    md5: str | None = None,
+    sha256: str | None = None,
+    size: int | None = None,
+    retries: int = 5,
+    backoff: float = 2.0,
+    timeout: float = 60.0,
+    link: str = "copy",
+    chunk_size: int = 1 << 16,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Fetch `url` to `dest`, verified; return what the manifest records (see the module doc)."""
+    if link not in ("copy", "symlink"):
+        raise ValueError(f"link must be 'copy' or 'symlink', not {link!r}")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    expected = Expected(sha256=sha256, sha1=sha1, md5=md5, size=size)
+    if expected.algorithm is None and size is None:
+        log.warning("%s: no checksum and no size given: the download cannot be verified", url)
+    started = time.monotonic()
+    source = local_path(url)
+    if source is not None:
+        result = _fetch_local(source, dest, expected, link)
+    else:
+        result = _fetch_http(
+            url,
+            dest,
+            expected,
+            retries=retries,
+            backoff=backoff,
+            timeout=timeout,
+            chunk_size=chunk_size,
+            sleep=sleep,
+        )
+    digests: _Digests = result.pop("digests")
+    algorithm = expected.algorithm
+    info = {
+        "url": url,
+        "path": str(dest),
+        "bytes": digests.bytes,
+        "sha256": digests.hexdigest("sha256"),
+        "verified": {
+            "check": algorithm or ("size" if size is not None else "none"),
+            "expected": getattr(expected, algorithm) if algorithm else size,
+            "actual": digests.hexdigest(algorithm) if algorithm else digests.bytes,
+        },
+        "mode": ("symlink" if link == "symlink" else "copy") if source is not None else "http",
+        "seconds": round(time.monotonic() - started, 3),
+        **result,
+    }
+    log.info(
+        "fetched %s -> %s (%d bytes, %s verified)",
+        url,
+        dest,
+        digests.bytes,
+        info["verified"]["check"],
+    )
+    return info
+
+
+# ------------------------------------------------------------------------------------------------
+# Small documents
+
+
+def read_url(url: str, *, retries: int = 3, timeout: float = 60.0, sleep=time.sleep) -> bytes:
+    """A small document (a status file, a listing) from http(s), file:// or a path, with retries."""
+    source = local_path(url)
+    if source is not None:
+        if source.is_dir():  # a file:// mirror: list it like a web server would
+            return "".join(
+                f'<a href="{p.name}/">{p.name}/</a>\n' for p in sorted(source.iterdir())
+            ).encode()
+        if not source.is_file():
+            raise DownloadError(f"{url} does not exist")
+        return source.read_bytes()
+    import requests
+
+    for attempt in range(retries + 1):
+        try:
+            response = requests.get(url, timeout=timeout)
+            if response.status_code == 404:
+                raise DownloadError(f"GET {url}: HTTP 404 Not Found")
+            response.raise_for_status()
+            return response.content
+        except requests.RequestException as error:
+            if attempt == retries:
+                raise DownloadError(
+                    f"GET {url} failed after {attempt + 1} attempts: {error}"
+                ) from error
+            sleep(min(2.0 * 2**attempt, 60.0))
+    raise AssertionError("unreachable")

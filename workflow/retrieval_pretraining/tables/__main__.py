@@ -1,0 +1,46 @@
+"""Results tables (results/tables.md) from the per-query metrics of every configured system.
+
+    python -m retrieval_pretraining.tables --config '<report slice JSON>' --results results \
+        --out results/tables.md [--json J] [--html H] [--figure F] [--allow-missing]
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..config import stage_parser
+from .make import make_tables
+
+log = logging.getLogger(__name__)
+
+
+def main() -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.prog = "python -m retrieval_pretraining.tables"  # not "__main__.py"
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--out", type=Path, default=Path("results/tables.md"))
+    parser.add_argument(
+        "--json", type=Path, default=None, help="machine-readable copy of the tables"
+    )
+    parser.add_argument(
+        "--html", type=Path, default=None, help="the tables as HTML (Snakemake report)"
+    )
+    parser.add_argument(
+        "--figure", type=Path, default=None, help="the low-resource PNG (if configured)"
+    )
+    parser.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="render a missing metrics file as – instead of failing (partial tables)",
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    make_tables(
+        args.config, args.results, args.out, args.json, args.figure, args.allow_missing, args.html
+    )
+    log.info("wrote %s", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""tables.md (+ its JSON and HTML copies, + the low-resource figure) from the report config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import artifacts
+from ..markdown_html import markdown_to_html
+from .build import build_table
+from .layout import column_label
+from .low_resource import low_resource
+from .metrics import MetricsCache
+from .provenance import provenance
+from .render import render_table
+
+
+def make_tables(
+    params: dict[str, Any],
+    results: Path,
+    out: Path,
+    json_out: Path | None = None,
+    figure: Path | None = None,
+    allow_missing: bool = False,
+    html_out: Path | None = None,
+) -> dict[str, Any]:
+    """Write tables.md (+ JSON, + HTML for the report, + the low-resource figure when given)."""
+    cache = MetricsCache(results, allow_missing)
+    report = params["report"]
+    built = [(spec, build_table(spec, params, cache)) for spec in report["tables"]]
+    parts = [f"# Results: experiment `{params.get('experiment', 'unknown')}`", ""]
+    for spec, groups in built:
+        parts.append(render_table(spec, groups, params))
+    lowres_summary = None
+    if report.get("low_resource"):
+        text, lowres_summary = low_resource(report["low_resource"], params, cache, figure)
+        parts.append(text)
+    parts.append(provenance(params, results, built, cache))
+    with artifacts.atomic_path(out) as tmp:
+        tmp.write_text("\n".join(parts))
+    if html_out is not None:
+        with artifacts.atomic_path(html_out) as tmp:
+            tmp.write_text(
+                markdown_to_html("\n".join(parts), f"Results: {params.get('experiment')}")
+            )
+    summary = {
+        "tables": {
+            spec["name"]: [
+                {
+                    "group": g.label,
+                    "rows": [
+                        {
+                            "label": r.label,
+                            "system": r.system,
+                            "cells": [
+                                {
+                                    "column": column_label(c),
+                                    "value": cell.value,
+                                    "marks": cell.marks,
+                                    "bold": cell.bold,
+                                    "tests": cell.tests,
+                                    "published": cell.published.value if cell.published else None,
+                                }
+                                for c, cell in zip(spec["columns"], r.cells)
+                            ],
+                        }
+                        for r in g.rows
+                    ],
+                }
+                for g in groups
+            ]
+            for spec, groups in built
+        },
+        "low_resource": lowres_summary,
+        "missing": [str(p) for p in cache.missing],
+    }
+    if json_out is not None:
+        artifacts.write_json(json_out, summary)
+    return summary

@@ -1,0 +1,95 @@
+"""The per-query metrics the tables read: one JSON file per (dataset, system, split).
+
+Written by `evaluate.py` (rule score_run) under the scores contract: `aggregate` (measure -> mean),
+`per_query` (measure -> query id -> score), `run`, `qrels`, `measures`. A missing or malformed file
+fails with the command that builds it, unless partial tables were asked for (`MetricsCache`'s
+allow_missing: the cell then shows –).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class MetricsError(ValueError):
+    """A metrics file is missing, malformed, or lacks the measure a table asks for."""
+
+
+def metrics_path(results: Path, dataset: str, system: str, split: str) -> Path:
+    return results / "metrics" / dataset / system / f"{split}.json"
+
+
+@dataclass
+class Metrics:
+    path: Path
+    aggregate: dict[str, float]
+    per_query: dict[str, dict[str, float]]
+    run: str | None
+
+
+def load_metrics(path: Path) -> Metrics:
+    if not path.is_file():
+        raise MetricsError(
+            f"metrics file {path} does not exist; build it with "
+            f"`snakemake {path}` (rule score_run)"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise MetricsError(f"{path}: not JSON ({error}); delete it and rerun score_run") from error
+    for key in ("aggregate", "per_query"):
+        if not isinstance(data.get(key), dict):
+            raise MetricsError(
+                f"{path}: key '{key}' missing or not an object (scores contract: "
+                "aggregate, per_query, run, qrels, measures)"
+            )
+    return Metrics(path, data["aggregate"], data["per_query"], data.get("run"))
+
+
+class MetricsCache:
+    def __init__(self, results: Path, allow_missing: bool = False):
+        self.results, self.allow_missing, self._cache = results, allow_missing, {}
+        self.missing: list[Path] = []
+
+    def get(self, dataset: str, system: str, split: str) -> Metrics | None:
+        path = metrics_path(self.results, dataset, system, split)
+        if path not in self._cache:
+            try:
+                self._cache[path] = load_metrics(path)
+            except MetricsError:
+                if not (self.allow_missing and not path.exists()):
+                    raise
+                self.missing.append(path)
+                self._cache[path] = None
+        return self._cache[path]
+
+
+def measure_value(m: Metrics, measure: str) -> float:
+    if measure not in m.aggregate:
+        raise MetricsError(
+            f"{m.path}: no aggregate value for {measure!r} (it has "
+            f"{', '.join(sorted(m.aggregate))}); add it to the evaluate config"
+        )
+    return float(m.aggregate[measure])
+
+
+def paired_scores(a: Metrics, b: Metrics, measure: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-query scores of both systems on the queries both were scored on (and how many differ)."""
+    for m in (a, b):
+        if measure not in m.per_query:
+            raise MetricsError(
+                f"{m.path}: no per-query scores for {measure!r}; the significance "
+                "test needs them (scores contract: per_query)"
+            )
+    qa, qb = a.per_query[measure], b.per_query[measure]
+    common = sorted(set(qa) & set(qb))
+    unmatched = len(set(qa) ^ set(qb))
+    return (
+        np.array([qa[q] for q in common], dtype=np.float64),
+        np.array([qb[q] for q in common], dtype=np.float64),
+        unmatched,
+    )

@@ -1,0 +1,132 @@
+"""The provenance block of tables.md: what produced every number (config hash, code version,
+hardware, and for each row its run, metrics, model and training logs)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from .. import artifacts
+from .layout import Group, Row
+from .metrics import MetricsCache, metrics_path
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of a resolved config, as rules/report.smk computes it for `params["config_hash"]`."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def encoder_dataset(params: dict[str, Any], dataset: str) -> str:
+    """The dataset whose fine-tuned encoder produced runs on `dataset` (itself, or its zero-shot
+    source from evaluate.zero_shot)."""
+    return (params.get("trained_on") or {}).get(dataset, dataset)
+
+
+def hardware(results: Path, models: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        f"tables built on: {platform.node() or 'unknown host'}, {platform.platform()}, "
+        f"{os.cpu_count()} CPUs"
+    ]
+    for m in models:
+        training = results / "pretrain" / m["name"] / "encoder" / "training.json"
+        if training.is_file():
+            info = json.loads(training.read_text())
+            hw = {
+                k: v
+                for k, v in info.items()
+                if k in ("hardware", "device", "devices", "world_size")
+            }
+            if hw:
+                lines.append(f"pre-training `{m['name']}`: {json.dumps(hw, sort_keys=True)}")
+    return lines
+
+
+def provenance(
+    params: dict[str, Any],
+    results: Path,
+    tables: list[tuple[dict, list[Group]]],
+    cache: MetricsCache,
+) -> str:
+    lines = [
+        "## Provenance",
+        "",
+        f"- experiment: `{params.get('experiment', 'unknown')}`",
+        f"- config hash (sha256 of the resolved config): `{params.get('config_hash', 'unknown')}`",
+        f"- code version: `{artifacts.git_version()}`",
+        f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
+    ]
+    lines += [f"- {h}" for h in hardware(results, params["models"])]
+    lines += [
+        "",
+        "| system | dataset/split | run file | metrics | model | training log |",
+        "|---|---|---|---|---|---|",
+    ]
+    seen = set()
+    for spec, groups in tables:
+        for group in groups:
+            for row in group.rows:
+                if row.system is None:
+                    continue
+                for c in spec["columns"]:
+                    key = (row.system, c["dataset"], c["split"])
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    m = cache.get(c["dataset"], row.system, c["split"])
+                    lines.append(
+                        "| "
+                        + " | ".join(
+                            [
+                                row.system,
+                                f"{c['dataset']}/{c['split']}",
+                                f"`{m.run}`" if m and m.run else "–",
+                                f"`{metrics_path(results, c['dataset'], row.system, c['split'])}`",
+                                model_location(results, row, c["dataset"], group, params),
+                                log_location(results, row, c["dataset"], group, c["split"], params),
+                            ]
+                        )
+                        + " |"
+                    )
+    if cache.missing:
+        lines += ["", "Missing (shown as –): " + ", ".join(f"`{p}`" for p in cache.missing)]
+    return "\n".join(lines) + "\n"
+
+
+def model_location(
+    results: Path, row: Row, dataset: str, group: Group, params: dict[str, Any] | None = None
+) -> str:
+    if row.model is None:
+        return f"`{results / 'bm25' / dataset / 'index'}`"
+    trained_on = encoder_dataset(params or {}, dataset)
+    return f"`{results / 'finetune' / row.model / trained_on / group.suffix / 'encoder'}`"
+
+
+def log_location(
+    results: Path,
+    row: Row,
+    dataset: str,
+    group: Group,
+    split: str | None = None,
+    params: dict[str, Any] | None = None,
+) -> str:
+    """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index and search, or the
+    model's pre-training and this fine-tuning stage (on the zero-shot source, for a target)."""
+    logs = results / "logs"
+    if row.model is None and row.system != "bm25":
+        return "–"
+    if row.model is None:
+        paths = [logs / "build_bm25_index" / f"{dataset}.log"]
+        paths += [logs / "bm25_search" / dataset / f"{split}.log"] if split else []
+    else:
+        pretrain_rule = "export_base_encoder" if row.objective == "none" else "pretrain_model"
+        paths = [
+            logs / pretrain_rule / f"{row.model}.log",
+            logs / "finetune" / row.model / encoder_dataset(params or {}, dataset)
+            / f"{group.suffix}.log",
+        ]
+    return ", ".join(f"`{p}`" for p in paths)

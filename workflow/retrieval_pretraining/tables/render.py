@@ -1,0 +1,74 @@
+"""A built table as Markdown: the cells with their marks and published values, and the legend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .layout import Cell, Group, column_label
+from .significance import WORSE, baselines_for
+
+
+def fmt(value: float | None, decimals: int) -> str:
+    return "–" if value is None else f"{value:.{decimals}f}"
+
+
+def render_cell(cell: Cell, decimals: int) -> str:
+    text = fmt(cell.value, decimals)
+    if cell.bold:
+        text = f"**{text}**"
+    text += cell.marks
+    if cell.published is not None:
+        delta = (
+            "" if cell.value is None else f", Δ {cell.value - cell.published.value:+.{decimals}f}"
+        )
+        text += f" ({cell.published.value:.{decimals}f}{delta})"
+    return text
+
+
+def render_table(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
+    decimals = params["report"].get("decimals", 3)
+    cols = spec["columns"]
+    lines = [
+        f"### {spec.get('title') or spec['name']}",
+        "",
+        "| system | " + " | ".join(column_label(c) for c in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for group in groups:
+        lines.append(f"| *{group.label}* |" + " |" * len(cols))
+        for row in group.rows:
+            lines.append(
+                f"| {row.label} | " + " | ".join(render_cell(c, decimals) for c in row.cells) + " |"
+            )
+    lines += ["", legend(spec, groups, params), ""]
+    return "\n".join(lines)
+
+
+def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
+    sig = params["report"]["significance"]
+    parts = []
+    for b in baselines_for(spec, params):
+        who = b.get("label") or b.get("system") or f"{b['model']} (same fine-tuning stage)"
+        parts.append(f"{b['mark']} significantly different from {who}")
+    text = (
+        f"{'; '.join(parts)} (two-tailed paired t-test over per-query scores, "
+        f"p ≤ {sig['alpha']:g}); a mark followed by {WORSE} means significantly worse, a bare "
+        "mark significantly better. Bold: best value of the column within its group."
+    )
+    if any(c.published for g in groups for r in g.rows for c in r.cells):
+        sources = sorted(
+            {
+                c.published.source + (f" [{c.published.note}]" if c.published.note else "")
+                for g in groups
+                for r in g.rows
+                for c in r.cells
+                if c.published
+            }
+        )
+        text += (
+            " In parentheses: the published value and our delta (ours − published); "
+            "sources: " + "; ".join(sources) + "."
+        )
+    if any(r.reference for g in groups for r in g.rows):
+        text += " Reference rows are published numbers on the same data, not produced by this run."
+    return "Legend: " + text
