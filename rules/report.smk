@@ -70,11 +70,12 @@ def report_systems(table):
     for baseline in (
         table.get("baselines") or config["report"]["significance"]["baselines"]
     ):
-        systems += (
-            [baseline["system"]]
-            if "system" in baseline
-            else [f"{baseline['model']}-{s['suffix']}" for s in stages]
-        )
+        if "system" in baseline:
+            systems.append(baseline["system"])
+        elif "model" in baseline:
+            systems += [f"{baseline['model']}-{s['suffix']}" for s in stages]
+        else:  # each row's own model at that stage (e.g. stage0, before fine-tuning)
+            systems += [f"{m}-{baseline['stage']}" for m in models]
     return [
         (c["dataset"], system, c["split"])
         for c in table["columns"]

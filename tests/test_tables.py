@@ -344,3 +344,36 @@ def test_zero_shot_provenance_names_the_encoder_it_used(tmp_path):
     assert "finetune/costa/msmarco-passage/stage2.log" in logs
     # In-domain rows keep their own dataset.
     assert "finetune/costa/scifact/stage2" in model_location(tmp_path, row, "scifact", group)
+
+
+def test_fine_tuned_rows_are_tested_against_their_own_zero_shot_row(tmp_path):
+    """A `stage` baseline compares each row with the same model at that stage (stage0: before
+    fine-tuning), so the marks say what fine-tuning added; stage0's own group gets no such mark."""
+    results = tmp_path / "results"
+    rng = np.random.default_rng(5)
+    base = rng.uniform(0.1, 0.4, len(QIDS))
+    scores = {"bm25": base + 0.3, "bert-stage0": base, "costa-stage0": base + 0.01,
+              "bert-stage1": base + 0.1 + rng.normal(0, 0.03, len(QIDS)),
+              "costa-stage1": base + 0.01 + rng.normal(0, 0.05, len(QIDS))}
+    for system, s in scores.items():
+        write_metrics(results, "d", system, "test", {"nDCG@10": s})
+    p = params(stages=[{"suffix": "stage0", "label": "Zero-shot"},
+                       {"suffix": "stage1", "label": "Fine-tuned"}])
+    p["models"] = [{"name": "bert", "objective": "none"}, {"name": "costa", "objective": "costa"}]
+    p["report"]["significance"]["baselines"] = [
+        {"stage": "stage0", "mark": "§", "label": "the same encoder before fine-tuning"}]
+    p["report"]["tables"] = [
+        {"name": "t", "columns": [{"dataset": "d", "split": "test", "measure": "nDCG@10"}]}
+    ]
+    out = tmp_path / "t.md"
+    summary = make_tables(p, results, out)
+    zero, tuned = ({r["system"]: r["cells"][0] for r in g["rows"]}
+                   for g in summary["tables"]["t"][1:3])
+    assert all(cell["tests"] == {} and cell["marks"] == "" for cell in zero.values())
+    for model in ("bert", "costa"):
+        ref = stats.ttest_rel(scores[f"{model}-stage1"], scores[f"{model}-stage0"])
+        cell = tuned[f"{model}-stage1"]
+        assert cell["tests"][f"{model}-stage0"]["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+        assert cell["marks"] == ("§" if ref.pvalue <= 0.05 else "")
+    assert tuned["bert-stage1"]["marks"] == "§" and tuned["costa-stage1"]["marks"] == ""
+    assert "§ significantly different from the same encoder before fine-tuning" in out.read_text()

@@ -48,7 +48,10 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
     sig = params["report"]["significance"]
     parts = []
     for b in baselines_for(spec, params):
-        who = b.get("label") or b.get("system") or f"{b['model']} (same fine-tuning stage)"
+        who = b.get("label") or b.get("system") or (
+            f"{b['model']} (same fine-tuning stage)" if "model" in b
+            else f"the same model at {b['stage']}"
+        )
         parts.append(f"{b['mark']} significantly different from {who}")
     text = (
         f"{'; '.join(parts)} (two-tailed paired t-test over per-query scores, "

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .layout import Group
+from .layout import Group, Row
 from .metrics import MetricsCache, paired_scores
 
 log = logging.getLogger(__name__)
@@ -44,14 +44,27 @@ def baselines_for(spec: dict[str, Any], params: dict[str, Any]) -> list[dict[str
     return params["report"]["significance"]["baselines"]
 
 
+def baseline_system(baseline: dict[str, Any], row: Row, suffix: str | None) -> str | None:
+    """The system `row` (in the group of stage `suffix`) is compared with, or None for no test:
+    a fixed system (bm25), a model at the same stage (BERT), or the row's own model at another
+    stage (its zero-shot start, stage0: what fine-tuning added)."""
+    if "system" in baseline:
+        return baseline["system"]
+    if "model" in baseline:
+        return f"{baseline['model']}-{suffix}"
+    if suffix == baseline["stage"] or row.model is None:
+        return None
+    return f"{row.model}-{baseline['stage']}"
+
+
 def mark_significance(
     group: Group, spec: dict[str, Any], params: dict[str, Any], cache: MetricsCache
 ) -> None:
     alpha = params["report"]["significance"]["alpha"]
     for baseline in baselines_for(spec, params):
-        base_system = baseline.get("system") or f"{baseline['model']}-{group.suffix}"
         for row in group.rows:
-            if row.system == base_system:
+            base_system = baseline_system(baseline, row, group.suffix)
+            if base_system is None or row.system == base_system:
                 continue
             for c, cell in zip(spec["columns"], row.cells):
                 ours = cache.get(c["dataset"], row.system, c["split"])
