@@ -50,11 +50,13 @@ def tokenizer(encoder_dir):
 
 
 def test_coverage_at_k_hand_example():
+    """Alg. 1 of the BoW paper: |top-k ∩ T| / |T|, the share of the input's tokens covered."""
     ranked = np.array([[5, 6, 7, 8], [9, 1, 2, 3]])
     bags = [{5, 7}, {3}]
-    # text 0: top1 {5} -> 1, top2 {5,6} -> 1/2, top4 -> 2/4; text 1: top1 0, top2 0, top4 {3} -> 1/4
+    # text 0 (|T| = 2): top1 {5} -> 1/2, top2 {5,6} -> 1/2, top4 {5,7} -> 2/2;
+    # text 1 (|T| = 1): top1 0, top2 0, top4 {3} -> 1/1
     got = coverage.coverage_at_k(ranked, bags, [1, 2, 4])
-    assert got == {1: 0.5, 2: 0.25, 4: pytest.approx((0.5 + 0.25) / 2)}
+    assert got == {1: 0.25, 2: 0.25, 4: 1.0}
 
 
 def write_chunks(path: Path, tokenizer) -> list[list[int]]:
@@ -94,11 +96,14 @@ def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
         tmp_path / "coverage.json",
     )
     assert result["models"]["with-head"]["projection"] == "mlm_head"
-    assert result["models"]["with-head"]["coverage"][k] == 1.0
-    # Without heads: the BoW paper's h_CLS . E^T; a value in [0, 1], by definition <= |bag| / k.
+    # The top k are exactly the shared words: each text's coverage is |shared| / |T|.
+    bags = [set(i) - set(coverage.excluded_ids(tokenizer)) for i in ids]
+    expected = np.mean([len(shared) / len(bag) for bag in bags])
+    assert result["models"]["with-head"]["coverage"][k] == pytest.approx(expected)
+    # Without heads: the BoW paper's h_CLS . E^T; a share of T in [0, 1], growing with k.
     plain = result["models"]["plain"]
     assert plain["projection"] == "embeddings"
-    assert 0.0 <= plain["coverage"][1000] <= max(len(set(i)) for i in ids) / 1000
+    assert 0.0 <= plain["coverage"][k] <= plain["coverage"][1000] <= 1.0
     assert (tmp_path / "coverage.png").stat().st_size > 1000
     assert json.loads((tmp_path / "coverage.json").read_text())["samples"] == 2
 

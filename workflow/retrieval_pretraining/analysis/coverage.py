@@ -31,13 +31,16 @@ log = logging.getLogger(__name__)
 def coverage_at_k(
     ranked_ids: np.ndarray, inputs: Sequence[set[int]], ks: Sequence[int]
 ) -> dict[int, float]:
-    """BoW Alg. 1: mean over texts of |top-k projected tokens ∩ the text's tokens| / k.
+    """BoW Alg. 1: mean over texts of |top-k projected tokens ∩ T| / |T|, T the text's tokens.
 
-    `ranked_ids[i]` lists vocabulary ids by decreasing projected score for text i.
+    The share of the input's tokens that the top k cover (a recall: it grows with k and reaches 1
+    once every input token ranks in the top k). `ranked_ids[i]` lists vocabulary ids by
+    decreasing projected score for text i; a text with an empty T is skipped.
     """
     out = {}
     for k in ks:
-        hits = [len(set(row[:k].tolist()) & bag) / k for row, bag in zip(ranked_ids, inputs)]
+        hits = [len(set(row[:k].tolist()) & bag) / len(bag)
+                for row, bag in zip(ranked_ids, inputs) if bag]
         out[int(k)] = float(np.mean(hits)) if hits else math.nan
     return out
 
