@@ -12,6 +12,19 @@ def report_models():
     ]
 
 
+def loss_settings(model):
+    """What the provenance needs to state a model's loss reductions: its objective, micro-batch
+    and own option block (lambda, temperature, weights)."""
+    settings = pretrain_settings(model)
+    block = {"costa": "costa", "cpdae": "cpdae", "cpdae_r": "cpdae", "bow": "bow"}
+    keep = {"objective": settings["objective"]}
+    if "trainer" in settings:
+        keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]
+    if settings["objective"] in block:
+        keep["options"] = settings[block[settings["objective"]]]
+    return keep
+
+
 def check_report_models():
     """Fail at parse time, naming the key, when the report names a model that is not pre-trained."""
     known = {m["name"] for m in config["pretrain"]["models"]}
@@ -121,6 +134,8 @@ def report_params():
             ).hexdigest()[:16],
             "report": report_section,
             "models": report_models(),
+            # How each model's loss terms are reduced (stated in the provenance block).
+            "losses": {m["name"]: loss_settings(m["name"]) for m in report_models()},
             "bm25": {
                 k: config["bm25"][k] for k in ("k1", "b") if k in config.get("bm25", {})
             },

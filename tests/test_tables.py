@@ -279,7 +279,7 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
     (project / "Snakefile.report").write_text(
         'configfile: "config.yaml"\n'
         + "".join(
-            f'include: "rules/{name}.smk"\n' for name in ("common", "wikipedia", "corpus", "report")
+            f'include: "rules/{name}.smk"\n' for name in ("common", "wikipedia", "corpus", "pretrain", "report")
         )
         + 'report: "workflow/report/workflow.rst"\n'
     )
@@ -377,3 +377,24 @@ def test_fine_tuned_rows_are_tested_against_their_own_zero_shot_row(tmp_path):
         assert cell["marks"] == ("§" if ref.pvalue <= 0.05 else "")
     assert tuned["bert-stage1"]["marks"] == "§" and tuned["costa-stage1"]["marks"] == ""
     assert "§ significantly different from the same encoder before fine-tuning" in out.read_text()
+
+
+def test_provenance_states_each_loss_reduction_and_the_effective_lambda(synthetic, tmp_path):
+    results, _ = synthetic
+    p = params()
+    p["losses"] = {
+        "bert": {"objective": "none"},
+        "costa": {"objective": "costa", "micro_batch_size": 32,
+                  "options": {"lambda": 0.1, "temperature": 0.1}},
+        "cpdae": {"objective": "cpdae", "micro_batch_size": 8,
+                  "options": {"lambda": 0.1, "reconstruction": "sum"}},
+        "bow": {"objective": "bow", "micro_batch_size": 8,
+                "options": {"weight": 1.0, "weight_schedule": "constant", "weight_end": 0.1}},
+    }
+    make_tables(p, results, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text().split("## Provenance", 1)[1]
+    assert "`bert`" not in text.split("| system |")[0]  # no loss: nothing trained
+    assert "averaged over the 32 texts" in text and "lambda = 0.003125 would on the sum" in text
+    assert "averaged over the 16 views" in text and "lambda = 0.00625 would on the sum" in text
+    assert "BCE summed over the vocabulary" in text and "weight 1, constant" in text
+    assert "mean cross-entropy over the micro-batch's masked tokens" in text

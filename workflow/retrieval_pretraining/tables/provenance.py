@@ -61,6 +61,7 @@ def provenance(
         f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
     ]
     lines += [f"- {h}" for h in hardware(results, params["models"])]
+    lines += loss_reductions(params.get("losses") or {})
     lines += [
         "",
         "| system | dataset/split | run file | metrics | model | training log |",
@@ -95,6 +96,49 @@ def provenance(
     if cache.missing:
         lines += ["", "Missing (shown as –): " + ", ".join(f"`{p}`" for p in cache.missing)]
     return "\n".join(lines) + "\n"
+
+
+REDUCED = {"sum": "summed", "mean": "averaged"}
+
+
+def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
+    """How each trained model's loss terms are reduced, and what that does to the papers' lambda
+    (the papers write their contrastive terms as sums; we average, so results do not depend on
+    the batch size)."""
+    lines = []
+    for name, info in losses.items():
+        objective, opts = info["objective"], info.get("options") or {}
+        n = info.get("micro_batch_size")
+        if objective == "none":
+            continue
+        text = "MLM: mean cross-entropy over the micro-batch's masked tokens"
+        if objective == "costa":
+            lam = opts["lambda"]
+            text += (
+                f"; L_GWC: Eq. 8 averaged over the {n} texts of a micro-batch (the paper sums "
+                f"over them), so lambda = {lam:g} on the mean weighs it as lambda = "
+                f"{lam / n:.4g} would on the sum"
+            )
+        elif objective in ("cpdae", "cpdae_r"):
+            lam = opts["lambda"]
+            text += (
+                f"; L_REC: BCE {REDUCED[opts['reconstruction']]} over the vocabulary, averaged "
+                f"over the "
+                f"{2 * n} views; L_CL: InfoNCE averaged over the {2 * n} views (Eq. 5 sums over "
+                f"them), so lambda = {lam:g} on the mean weighs it as lambda = {lam / (2 * n):.4g} "
+                "would on the sum"
+            )
+        elif objective == "bow":
+            schedule = (
+                f"{opts['weight']:g} decaying to {opts['weight_end']:g} on a cosine"
+                if opts.get("weight_schedule") == "cosine" else f"{opts['weight']:g}, constant"
+            )
+            text += (
+                "; L_BoW: mean over each text's unique input tokens of -log p(token | [CLS]), "
+                f"averaged over the texts; weight {schedule}"
+            )
+        lines.append(f"- loss reduction, `{name}` ({objective}): {text}")
+    return lines
 
 
 def model_location(
