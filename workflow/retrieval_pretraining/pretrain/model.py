@@ -119,6 +119,12 @@ class Pretrainer(nn.Module):
         selected = labels != -100  # the head runs on predicted positions only (cheap vocab matmul)
         return obj.mlm_loss(self.mlm_head(hidden[selected]), labels[selected])
 
+    def bow_logits(self, cls: torch.Tensor) -> torch.Tensor:
+        """[CLS] projected to the vocabulary as the BoW objective does it."""
+        if self.settings["bow"]["form"] == "paper":
+            return cls @ self.encoder.get_input_embeddings().weight.T  # h_CLS . E^T
+        return self.mlm_head(cls)  # the authors' code: the whole MLM head on [CLS]
+
     def forward(self, batch: dict[str, torch.Tensor], progress: float = 0.0) -> dict[str, torch.Tensor]:
         hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"])}
@@ -150,11 +156,8 @@ class Pretrainer(nn.Module):
             losses["loss"] = losses["loss_rec"] + losses["loss_mlm"] + opts["lambda"] * losses["loss_cl"]
         elif self.objective == "bow":
             opts = self.settings["bow"]
-            if opts["form"] == "paper":
-                logits = cls @ self.encoder.get_input_embeddings().weight.T  # h_CLS . E^T
-            else:
-                logits = self.mlm_head(cls)  # the authors' code: the whole MLM head on [CLS]
-            losses["loss_bow"] = obj.bow_loss(logits, batch["bag_ids"], batch["bag_mask"])
+            losses["loss_bow"] = obj.bow_loss(self.bow_logits(cls), batch["bag_ids"],
+                                              batch["bag_mask"])
             weight = opts["weight"]
             if opts["weight_schedule"] == "cosine":
                 weight = obj.cosine_weight(progress, opts["weight"], opts["weight_end"])
