@@ -17,6 +17,7 @@ include: "rules/corpus.smk"
 include: "rules/pretrain.smk"
 include: "rules/retrieval.smk"
 include: "rules/finetune.smk"
+include: "rules/dense.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
 
