@@ -1,12 +1,12 @@
-# Fine-tuning and dense retrieval: stage 1 on BM25 negatives -> encode the corpus in shards -> FAISS
-# index -> mine hard negatives -> stage 2 (-> more rounds for documents) -> TREC runs of every stage.
+# Fine-tuning: stage 1 on BM25 negatives -> (rules/dense.smk: encode the corpus in shards -> FAISS
+# index -> mine hard negatives) -> stage 2 on the mined negatives (-> more rounds for documents).
 #
 # {stage} is `stage<k>`, or `n<N>s<K>-stage<k>` for the low-resource mode (N sampled training
-# queries, sample K); systems are named `{model}-{stage}` (results/runs/{dataset}/{model}-{stage}/).
+# queries, sample K). Every fine-tuning and dense-retrieval job is handed the slice `finetune_knobs`
+# builds (retrieval_pretraining/retrieval_settings.py says which stage reads what of it).
 # Resume state of a training job lives in results/state/finetune/, outside the declared outputs.
 import re as _re
 
-_STAGE_RE = r"(n[0-9]+s[0-9]+-)?stage[0-9]+"
 _FINETUNE_CODE = ("launch", "finetune")
 
 
@@ -43,12 +43,6 @@ def trained_on(dataset):
     return zero_shot_source(dataset) or dataset
 
 
-def stage_encoder(wildcards):
-    """The fine-tuned encoder that encodes and searches `dataset`: its own, or the zero-shot source's."""
-    source = trained_on(wildcards.dataset)
-    return f"results/finetune/{wildcards.model}/{source}/{wildcards.stage}/encoder"
-
-
 def parse_stage(stage):
     """`n500s0-stage2` -> ("n500s0-", 500, 0, 2); `stage1` -> ("", None, None, 1)."""
     match = _re.fullmatch(r"(?:n([0-9]+)s([0-9]+)-)?stage([0-9]+)", stage)
@@ -82,20 +76,6 @@ def finetune_argument(wildcards):
     return experiment_config.stage_argument(
         finetune_knobs(wildcards.dataset, wildcards.stage)
     )
-
-
-def mining_argument(wildcards):
-    mining = config["mining"]
-    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
-    knobs |= {k: v for k, v in mining.items() if k != "index"}
-    knobs["use_gpu"] = mining["index"].get("use_gpu", "auto")
-    return experiment_config.stage_argument(knobs)
-
-
-def search_argument(wildcards):
-    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
-    knobs["use_gpu"] = config["mining"]["index"].get("use_gpu", "auto")
-    return experiment_config.stage_argument(knobs)
 
 
 def train_split_files(wildcards):
@@ -135,43 +115,6 @@ def get_finetune_inputs(wildcards):
         ),
         "negatives": mined + ([bm25] if knobs["stage2_negatives"] == "union" else []),
     }
-
-
-def encoded_shards(wildcards):
-    shards = finetune_knobs(wildcards.dataset, wildcards.stage)["shards"]
-    folder = f"results/index/{wildcards.model}/{wildcards.dataset}/{wildcards.stage}"
-    return {
-        "npy": [f"{folder}/shard-{s:04d}.npy" for s in range(shards)],
-        "ids": [f"{folder}/shard-{s:04d}.ids.parquet" for s in range(shards)],
-    }
-
-
-def dense_run_cells():
-    """(dataset, model, stage, split) of every dense run: each fine-tuned model, stage (1 + rounds)
-    and evaluated split, in-domain and on every zero-shot target (with its source's rounds).
-    """
-    sources = [(e["dataset"], e["dataset"]) for e in config["finetune"]["datasets"]]
-    sources += [
-        (e["dataset"], e["trained_on"])
-        for e in config["evaluate"].get("zero_shot") or []
-    ]
-    for dataset, trained in sources:
-        rounds = finetune_knobs(trained)["rounds"]
-        splits = [
-            e["split"] for e in config["evaluate"]["splits"] if e["dataset"] == dataset
-        ]
-        for model in finetune_models():
-            for number in range(1, rounds + 2):
-                for split in splits:
-                    yield dataset, model, f"stage{number}", split
-
-
-def get_dense_run_targets():
-    """TREC runs of every fine-tuned model, stage and evaluated split (dense_run_cells)."""
-    return [
-        f"results/runs/{dataset}/{model}-{stage}/{split}.trec"
-        for dataset, model, stage, split in dense_run_cells()
-    ]
 
 
 # Started by retrieval_pretraining.launch: min(gpu, visible GPUs) processes (torchrun for > 1), or
@@ -257,99 +200,3 @@ rule finetune_stage2:
         state="results/state/finetune/{model}/{dataset}/{stage}",
     shell:
         _FINETUNE_SHELL
-
-
-# One contiguous slice of the corpus -> vectors (.npy) + doc ids.
-rule encode_corpus_shard:
-    input:
-        encoder=stage_encoder,
-        corpus="results/datasets/{dataset}/corpus.parquet",
-        code=module_source("encode"),
-    output:
-        npy="results/index/{model}/{dataset}/{stage}/shard-{shard}.npy",
-        ids="results/index/{model}/{dataset}/{stage}/shard-{shard}.ids.parquet",
-    log:
-        "results/logs/encode_corpus_shard/{model}/{dataset}/{stage}/{shard}.log",
-    wildcard_constraints:
-        stage=_STAGE_RE,
-    conda:
-        conda_env("torch")
-    threads: 2
-    params:
-        encode=search_argument,
-        shards=lambda wc: finetune_knobs(wc.dataset, wc.stage)["shards"],
-    shell:
-        "python -m retrieval_pretraining.encode --config '{params.encode}' --corpus {input.corpus} "
-        "--encoder {input.encoder} --shard {wildcards.shard} --shards {params.shards} "
-        "--out-npy {output.npy} --out-ids {output.ids} &> {log}"
-
-
-# The FAISS index of a stage's corpus vectors, saved as Pyserini's FaissSearcher reads it.
-rule build_dense_index:
-    input:
-        unpack(encoded_shards),
-        code=module_source("faiss_index"),
-    output:
-        index=directory("results/index/{model}/{dataset}/{stage}/faiss"),
-    log:
-        "results/logs/build_dense_index/{model}/{dataset}/{stage}.log",
-    wildcard_constraints:
-        stage=_STAGE_RE,
-    conda:
-        conda_env("faiss")
-    params:
-        index=lambda wc: experiment_config.stage_argument(config["mining"]["index"]),
-    shell:
-        "python -m retrieval_pretraining.faiss_index --config '{params.index}' --npy {input.npy} "
-        "--ids {input.ids} --out {output.index} &> {log}"
-
-
-# Search the training queries with a stage's encoder; keep non-positives by the mining policy.
-rule mine_hard_negatives:
-    input:
-        unpack(train_split_files),
-        index="results/index/{model}/{dataset}/{stage}/faiss",
-        encoder="results/finetune/{model}/{dataset}/{stage}/encoder",
-        code=module_source("mine"),
-    output:
-        negatives="results/finetune/{model}/{dataset}/{stage}/hard-negatives.parquet",
-    log:
-        "results/logs/mine_hard_negatives/{model}/{dataset}/{stage}.log",
-    wildcard_constraints:
-        stage=_STAGE_RE,
-    conda:
-        conda_env("faiss")
-    params:
-        mining=mining_argument,
-        seed=config["seed"],
-    shell:
-        "python -m retrieval_pretraining.mine --config '{params.mining}' --index {input.index} "
-        "--encoder {input.encoder} --queries {input.queries} --qrels {input.qrels} "
-        "--seed {params.seed} --out {output.negatives} &> {log}"
-
-
-# A split's queries against a stage's index, depth search_depth, as a TREC run. A zero-shot target
-# (evaluate.zero_shot) is encoded and searched with the encoder fine-tuned on its source dataset.
-rule dense_search:
-    input:
-        index="results/index/{model}/{dataset}/{stage}/faiss",
-        encoder=stage_encoder,
-        queries="results/datasets/{dataset}/queries-{split}.parquet",
-        code=module_source("dense_search"),
-    output:
-        run="results/runs/{dataset}/{model}-{stage}/{split}.trec",
-    log:
-        "results/logs/dense_search/{dataset}/{model}-{stage}/{split}.log",
-    wildcard_constraints:
-        # Only configured model names: `costa-n500s0-stage1` must not parse as model `costa-n500s0`.
-        model="|".join(_re.escape(m["name"]) for m in config["pretrain"]["models"]),
-        stage=_STAGE_RE,
-        split="[A-Za-z0-9_.-]+",
-    conda:
-        conda_env("faiss")
-    params:
-        search=search_argument,
-    shell:
-        "python -m retrieval_pretraining.dense_search --config '{params.search}' --index {input.index} "
-        "--encoder {input.encoder} --queries {input.queries} --tag {wildcards.model}-{wildcards.stage} "
-        "--out {output.run} &> {log}"

@@ -39,11 +39,13 @@ def test_closure_holds_every_module_the_interpreter_loads(stage):
     assert loaded <= declared, f"{stage} loads {sorted(loaded - declared)} undeclared"
 
 
-def test_a_subpackage_entry_stands_for_all_its_modules():
-    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("pretrain")}
-    modules = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "pretrain").glob("*.py")}
+@pytest.mark.parametrize("trainer", ["pretrain", "finetune"])
+def test_a_subpackage_entry_stands_for_all_its_modules(trainer):
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(trainer)}
+    modules = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / trainer).glob("*.py")}
     assert modules <= files
-    assert "training.py" in files or "training/__init__.py" in files  # followed from its imports
+    shared = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "training").glob("*.py")}
+    assert shared <= files  # followed from its imports (training/__init__.py imports them all)
 
 
 def test_imports_inside_functions_are_followed():
@@ -53,8 +55,9 @@ def test_imports_inside_functions_are_followed():
 
 
 def test_an_unrelated_module_is_not_declared():
-    files = {Path(f).name for f in code_deps.source_files("chunk")}
-    assert "finetune.py" not in files and "make.py" not in files  # tables/make.py
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("chunk")}
+    assert not {f for f in files if f.startswith(("finetune/", "training/"))}
+    assert not {f for f in files if f.startswith("tables/")}
 
 
 def test_third_party_imports_are_top_level_names():

@@ -4,6 +4,7 @@ a tiny stage 1 -> encode -> index -> mine -> stage 2 -> dense run on CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,8 +19,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-from retrieval_pretraining import finetune
+from retrieval_pretraining import training
 from retrieval_pretraining.checkpoints import package_folder
+from retrieval_pretraining.config import ConfigError
+from retrieval_pretraining.finetune import data as fdata
+from retrieval_pretraining.finetune.model import contrastive_loss
+from retrieval_pretraining.finetune.settings import FinetuneSettings
+from retrieval_pretraining.finetune.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SCIFACT = ROOT / "data" / "beir" / "scifact"
@@ -43,30 +49,106 @@ def test_loss_matches_naive_loop(group_size, temperature, offset):
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(3, 5, generator=gen, dtype=torch.float64)
     p = torch.randn((3 + offset + 1) * group_size, 5, generator=gen, dtype=torch.float64)
-    got = finetune.contrastive_loss(q, p, group_size, temperature, offset).item()
+    got = contrastive_loss(q, p, group_size, temperature, offset).item()
     assert got == pytest.approx(naive_loss(q, p, group_size, temperature, offset), rel=1e-6)
 
 
 def test_contrast_plan_reproduces_the_reference_negatives():
     base = {"batch_size": 64, "group_size": 8, "sub_batches": 8, "gather": False}
+
+    def plan(world_size, **changes):
+        return fdata.contrast_plan(FinetuneSettings.from_config({**base, **changes}), world_size)
+
     # The COSTA authors: 8 GPUs x 8 queries, no gathering -> each query sees 8*8-1 = 63 negatives.
-    ref = finetune.contrast_plan(base, world_size=8)
-    assert (ref["micro_batch"], ref["accumulation"], ref["negatives_per_query"]) == (8, 1, 63)
+    ref = plan(8)
+    assert (ref.micro_batch, ref.accumulation, ref.negatives_per_query) == (8, 1, 63)
     # The same on one GPU: 8 micro-batches of 8, accumulated; still 63 negatives.
-    one = finetune.contrast_plan(base, world_size=1)
-    assert (one["micro_batch"], one["accumulation"], one["negatives_per_query"]) == (8, 8, 63)
+    one = plan(1)
+    assert (one.micro_batch, one.accumulation, one.negatives_per_query) == (8, 8, 63)
     # A single-GPU batch of 64 contrasted whole: 64*8-1 = 511 negatives (not the same setting).
-    whole = finetune.contrast_plan({**base, "sub_batches": 1}, world_size=1)
-    assert whole["negatives_per_query"] == 511
-    gathered = finetune.contrast_plan({**base, "sub_batches": 1, "gather": True}, world_size=8)
-    assert (gathered["micro_batch"], gathered["negatives_per_query"]) == (8, 511)
+    assert plan(1, sub_batches=1).negatives_per_query == 511
+    gathered = plan(8, sub_batches=1, gather=True)
+    assert (gathered.micro_batch, gathered.negatives_per_query) == (8, 511)
     with pytest.raises(ValueError, match="divisible"):
-        finetune.contrast_plan({**base, "sub_batches": 3}, world_size=1)
+        plan(1, sub_batches=3)
+
+
+@pytest.mark.parametrize("gather,world_size", [(False, 1), (False, 2), (True, 2), (True, 4)])
+def test_every_micro_batch_of_a_step_is_computed_by_exactly_one_rank(gather, world_size):
+    """Ranks split a batch into the plan's micro-batches; gathering splits each contrast set over
+    the ranks (rank r holds the r-th share of every set), otherwise a set stays on one rank."""
+    settings = FinetuneSettings.from_config({"batch_size": 16, "sub_batches": 2, "gather": gather})
+    plan = fdata.contrast_plan(settings, world_size)
+    batch = [f"q{i}" for i in range(16)]
+    shares = [fdata.micro_batches_of_rank(batch, plan, gather, r, world_size)
+              for r in range(world_size)]
+    assert all(len(mine) == plan.accumulation for mine in shares)
+    assert all(len(chunk) == plan.micro_batch for mine in shares for chunk in mine)
+    assert sorted(q for mine in shares for chunk in mine for q in chunk) == sorted(batch)
+    contrast_sets = [batch[:8], batch[8:]]
+    for k, contrast_set in enumerate(contrast_sets):
+        if gather:  # the set's shares, in rank order, are the set
+            assert [q for mine in shares for q in mine[k]] == contrast_set
+        else:  # one rank holds the whole set as one micro-batch
+            assert sum(contrast_set in mine for mine in shares) == 1
+
+
+def test_step_batches_are_a_function_of_seed_and_step():
+    ids = [f"q{i}" for i in range(20)]
+    epochs = [fdata.step_queries(ids, seed=3, step=step, batch_size=8) for step in range(4)]
+    assert [e for e, _ in epochs] == [0, 0, 1, 1]  # 20 queries: 2 full batches per epoch
+    assert len(set(epochs[0][1]) | set(epochs[1][1])) == 16
+    assert epochs[2] == fdata.step_queries(ids, seed=3, step=2, batch_size=8)
+    order = fdata.epoch_order(20, 3, 1)
+    assert epochs[2][1] == [ids[i] for i in order[:8]]
+
+
+def test_settings_refuse_unknown_keys_naming_them_and_the_known_ones():
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) 'lrr'; known keys: .*\blr\b"):
+        FinetuneSettings.from_config({"lrr": 1e-5, "q_len": 16})
+    # Mining's and search's keys are not the trainer's (its rule never passes them).
+    with pytest.raises(ConfigError, match="'depth', 'use_gpu'"):
+        FinetuneSettings.from_config({"depth": 200, "use_gpu": "auto"})
+
+
+@pytest.mark.parametrize("key,value", [
+    ("pooling", "max"), ("q_len", 0), ("p_len", "128"), ("title", "above"), ("dtype", "int8"),
+    ("temperature", 0), ("group_size", 0), ("gather", "yes"), ("lr", -1.0), ("warmup_ratio", 1.5),
+    ("max_grad_norm", 0), ("precision", "fp8"), ("train_queries", 0), ("train_sample", -1),
+    ("log_every_steps", 1.5),
+])
+def test_settings_refuse_bad_values_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        FinetuneSettings.from_config({key: value})
+
+
+def test_every_knob_of_the_section_is_read_by_a_stage_or_by_the_rules():
+    """The slice's keys come from the finetune schema; each is a settings field of fine-tuning or
+    retrieval, or named in RULE_KEYS (read by the rules' input functions, mining or search)."""
+    from retrieval_pretraining.finetune.settings import RULE_KEYS
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings, slice_keys
+
+    def names(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+
+    read = (names(FinetuneSettings) - {"retrieval"}) | names(RetrievalSettings) | set(RULE_KEYS)
+    assert read == set(slice_keys())
+
+
+def test_settings_record_the_flat_knobs_the_manifest_always_held():
+    record = FinetuneSettings.from_config({"q_len": 16, "lr": 1e-4, "title": "sep"}).record()
+    assert record["q_len"] == 16 and record["lr"] == 1e-4 and record["title"] == "sep"
+    assert {"pooling", "similarity", "p_len", "encode_batch_size", "dtype", "temperature",
+            "group_size", "batch_size", "sub_batches", "gather", "warmup_ratio", "weight_decay",
+            "max_grad_norm", "epochs", "precision", "train_queries", "train_sample",
+            "queries_without_negatives", "save_every_steps", "log_every_steps"} < set(record)
+    assert len(record) == 23
 
 
 _GATHER_WORKER = r"""
 import os, sys, torch, torch.distributed as dist
-from retrieval_pretraining import finetune, training
+from retrieval_pretraining import training
+from retrieval_pretraining.finetune.model import contrastive_loss
 rank, world = int(sys.argv[1]), 2
 os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
 torch.set_num_threads(1)
@@ -78,13 +160,13 @@ xp = torch.randn(4 * 3, 6, generator=gen, dtype=torch.float64)     # groups of 3
 w = w.clone().requires_grad_(True)
 q = xq[2 * rank:2 * rank + 2] @ w
 p = training.all_gather_with_grad((xp[6 * rank:6 * rank + 6] @ w).contiguous())
-loss = finetune.contrastive_loss(q, p, 3, 0.5, query_offset=2 * rank)
+loss = contrastive_loss(q, p, 3, 0.5, query_offset=2 * rank)
 loss.backward()
 grad = w.grad.clone(); dist.all_reduce(grad); grad /= world        # what DDP does
 if rank == 0:
     torch.save(grad, sys.argv[2]) if False else open(sys.argv[2], "w").write(repr(grad.tolist()))
 training.teardown_distributed()
-training.exit_process(0)  # as finetune.main ends: no interpreter clean-up abort after gloo
+training.exit_process(0)  # as the finetune CLI ends: no interpreter clean-up abort after gloo
 """
 
 
@@ -105,7 +187,7 @@ def test_gathered_loss_gradient_equals_one_process_over_the_whole_batch(tmp_path
     w = torch.randn(6, 4, generator=gen, dtype=torch.float64).requires_grad_(True)
     xq = torch.randn(4, 6, generator=gen, dtype=torch.float64)
     xp = torch.randn(12, 6, generator=gen, dtype=torch.float64)
-    finetune.contrastive_loss(xq @ w, xp @ w, 3, 0.5).backward()
+    contrastive_loss(xq @ w, xp @ w, 3, 0.5).backward()
     gathered = torch.tensor(eval(out.read_text()), dtype=torch.float64)
     torch.testing.assert_close(gathered, w.grad)
 
@@ -113,28 +195,28 @@ def test_gathered_loss_gradient_equals_one_process_over_the_whole_batch(tmp_path
 # ---------------------------------------------------------------- sampling ----------------------
 def test_group_sampling_is_a_function_of_seed_epoch_and_query():
     negatives = [f"n{i}" for i in range(20)]
-    group = finetune.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=0)
+    group = fdata.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=0)
     assert len(group) == 8 and group[0] in ("p1", "p2")
     assert set(group[1:]) <= set(negatives) and len(set(group[1:])) == 7  # no repeats when enough
-    assert group == finetune.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=0)
-    others = [finetune.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=e)
+    assert group == fdata.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=0)
+    others = [fdata.sample_group("q1", ["p1", "p2"], negatives, [], 8, seed=7, epoch=e)
               for e in range(1, 4)]
     assert any(o != group for o in others), "groups must be resampled every epoch"
-    short = finetune.sample_group("q1", ["p1"], ["n1", "n2"], [], 5, seed=7, epoch=0)
+    short = fdata.sample_group("q1", ["p1"], ["n1", "n2"], [], 5, seed=7, epoch=0)
     assert short[0] == "p1" and set(short[1:]) <= {"n1", "n2"} and len(short) == 5
-    padded = finetune.sample_group("q1", ["p1"], [], ["p1", "d1", "d2", "d3"], 4, seed=7, epoch=0)
+    padded = fdata.sample_group("q1", ["p1"], [], ["p1", "d1", "d2", "d3"], 4, seed=7, epoch=0)
     assert padded[0] == "p1" and "p1" not in padded[1:] and len(padded) == 4
-    order = finetune.epoch_order(10, seed=7, epoch=2)
-    assert sorted(order) == list(range(10)) and (order == finetune.epoch_order(10, 7, 2)).all()
+    order = fdata.epoch_order(10, seed=7, epoch=2)
+    assert sorted(order) == list(range(10)) and (order == fdata.epoch_order(10, 7, 2)).all()
 
 
 def test_low_resource_samples_are_seeded_subsets(tmp_path):
     data = tiny_dataset(tmp_path, n_queries=40)
-    cfg = finetune.options({"train_queries": 10, "train_sample": 0})
-    ids0, _, positives, _, _ = finetune.training_queries(data["queries"], data["qrels"], [], cfg, 1)
-    again, *_ = finetune.training_queries(data["queries"], data["qrels"], [], cfg, 1)
-    ids1, *_ = finetune.training_queries(data["queries"], data["qrels"], [],
-                                         {**cfg, "train_sample": 1}, 1)
+    cfg = FinetuneSettings.from_config({"train_queries": 10, "train_sample": 0})
+    ids0, _, positives, _, _ = fdata.training_queries(data["queries"], data["qrels"], [], cfg, 1)
+    again, *_ = fdata.training_queries(data["queries"], data["qrels"], [], cfg, 1)
+    ids1, *_ = fdata.training_queries(data["queries"], data["qrels"], [],
+                                      dataclasses.replace(cfg, train_sample=1), 1)
     assert len(ids0) == 10 and ids0 == again and ids0 != ids1
     assert set(ids0) <= set(positives) and len(positives) == 40
 
@@ -154,9 +236,9 @@ def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(
     bm25.filter(~pl.col("query_id").is_in(no_negs)).write_parquet(data["bm25"])
 
     def load(policy):
-        cfg = finetune.options({"queries_without_negatives": policy})
-        return finetune.training_queries(data["queries"], data["qrels"], [data["bm25"]], cfg, 1,
-                                         corpus=data["corpus"])
+        cfg = FinetuneSettings.from_config({"queries_without_negatives": policy})
+        return fdata.training_queries(data["queries"], data["qrels"], [data["bm25"]], cfg, 1,
+                                      corpus=data["corpus"])
 
     ids, _, positives, negatives, counts = load("pad")
     assert counts == {"positives_absent_from_corpus": 2, "queries_without_positive_in_corpus": 1,
@@ -166,19 +248,19 @@ def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(
     ids, _, _, _, counts = load("drop")
     assert counts["queries_without_negatives_dropped"] == 3 and len(ids) == 8
     assert not set(no_negs) & set(ids) and all(negatives.get(q) for q in ids)
-    with pytest.raises(ValueError, match="pad.*drop"):
-        finetune.options({"queries_without_negatives": "skip"})
+    with pytest.raises(ValueError, match="queries_without_negatives 'skip' is unknown; use 'pad' or 'drop'"):
+        FinetuneSettings.from_config({"queries_without_negatives": "skip"})
 
 
 def test_padding_draws_from_a_seeded_pool_not_the_whole_corpus(tmp_path):
     data = tiny_dataset(tmp_path)
     every = pl.read_parquet(data["corpus"])["doc_id"].to_list()
-    assert finetune.padding_pool(data["corpus"], seed=1) == every  # small corpus: all, in order
-    pool = finetune.padding_pool(data["corpus"], seed=1, size=50)
+    assert fdata.padding_pool(data["corpus"], seed=1) == every  # small corpus: all, in order
+    pool = fdata.padding_pool(data["corpus"], seed=1, size=50)
     assert len(pool) == len(set(pool)) == 50 and set(pool) <= set(every)
     assert pool == [d for d in every if d in set(pool)]  # file order
-    assert pool == finetune.padding_pool(data["corpus"], seed=1, size=50)
-    assert pool != finetune.padding_pool(data["corpus"], seed=2, size=50)
+    assert pool == fdata.padding_pool(data["corpus"], seed=1, size=50)
+    assert pool != fdata.padding_pool(data["corpus"], seed=2, size=50)
 
 
 def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
@@ -194,9 +276,8 @@ def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
     cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
            "log_every_steps": 1, "queries_without_negatives": "pad"}
     out = tmp_path / "encoder"
-    finetune.train(base, data["queries"], data["qrels"], data["corpus"], [data["bm25"]], out=out,
-                   state_dir=tmp_path / "state", metrics_path=tmp_path / "metrics.jsonl",
-                   config=cfg, seed=1)
+    fine_tune(cfg, base, data, [data["bm25"]], seed=1, out=out, state_dir=tmp_path / "state",
+              metrics_path=tmp_path / "metrics.jsonl")
     stats = json.loads((out / "manifest.json").read_text())["stats"]
     assert stats["positives_absent_from_corpus"] == 1 and stats["train_queries"] == 16
     assert stats["queries_without_negatives_padded"] == 1
@@ -252,6 +333,14 @@ def tiny_encoder(folder: Path) -> Path:
     model.save_pretrained(folder, safe_serialization=True)
     AutoTokenizer.from_pretrained(source, local_files_only=True).save_pretrained(folder)
     return folder
+
+
+def fine_tune(config: dict, init: Path, data: dict[str, Path], negatives: list[Path], *, seed: int,
+              out: Path, state_dir: Path, metrics_path: Path) -> int:
+    """One stage in-process, as the CLI runs it (settings from the slice, then the loop)."""
+    return train(FinetuneSettings.from_config(config), init=init, queries=data["queries"],
+                 qrels=data["qrels"], corpus=data["corpus"], negatives=negatives, seed=seed,
+                 out=out, state_dir=state_dir, metrics_path=metrics_path)
 
 
 def run_module(module: str, *args: str, config: dict) -> None:
@@ -316,8 +405,7 @@ def test_tiny_two_stage_pipeline(tmp_path):
         assert row["negative_scores"] == sorted(row["negative_scores"], reverse=True)
 
     s2 = paths(2)
-    finetune.train(s1["out"], data["queries"], data["qrels"], data["corpus"], [mined, data["bm25"]],
-                   config=cfg, seed=3, **s2)
+    assert fine_tune(cfg, s1["out"], data, [mined, data["bm25"]], seed=3, **s2) == 0
     idx2 = index(2, s2["out"])
     run = tmp_path / "run.trec"
     dense_search.dense_run(idx2, s2["out"], data["queries"], run, "tiny-stage2",
@@ -336,20 +424,18 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
     ends (same groups, same dropout stream, same optimiser state), with one metrics line per step."""
     from safetensors.torch import load_file
 
-    from retrieval_pretraining import training
-
     data = tiny_dataset(tmp_path / "data")
     base = tiny_encoder(tmp_path / "base")
     cfg = {"q_len": 16, "p_len": 32, "group_size": 2, "batch_size": 8, "epochs": 1, "lr": 1e-4,
            "log_every_steps": 1}
 
-    def run(name: str) -> Path:
-        finetune.train(base, data["queries"], data["qrels"], data["corpus"], [data["bm25"]],
-                       out=tmp_path / name / "encoder", state_dir=tmp_path / name / "state",
-                       metrics_path=tmp_path / name / "metrics.jsonl", config=cfg, seed=5)
-        return tmp_path / name
+    def run(name: str) -> int:
+        return fine_tune(cfg, base, data, [data["bm25"]], seed=5, out=tmp_path / name / "encoder",
+                         state_dir=tmp_path / name / "state",
+                         metrics_path=tmp_path / name / "metrics.jsonl")
 
-    straight = run("straight")
+    assert run("straight") == 0
+    straight = tmp_path / "straight"
 
     class StopAfterTwoSteps(training.StopFlag):
         checks = 0
@@ -365,12 +451,11 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
 
     with monkeypatch.context() as patch:
         patch.setattr(training, "StopFlag", StopAfterTwoSteps)
-        with pytest.raises(SystemExit) as stopped:
-            run("resumed")
-    assert stopped.value.code == training.RESUME_EXIT_CODE
+        assert run("resumed") == training.RESUME_EXIT_CODE
     assert not (tmp_path / "resumed" / "encoder").exists()
     assert (tmp_path / "resumed" / "state" / "latest.json").exists()
-    resumed = run("resumed")
+    assert run("resumed") == 0
+    resumed = tmp_path / "resumed"
     assert not (resumed / "state").exists(), "a finished run leaves no state to resume"
     steps = [json.loads(l)["step"] for l in (resumed / "metrics.jsonl").read_text().splitlines()
              if "loss" in json.loads(l)]

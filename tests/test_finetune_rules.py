@@ -1,4 +1,5 @@
-"""Stage wiring of rules/finetune.smk, read from Snakemake's own dry-run plan (no training runs).
+"""Stage wiring of rules/finetune.smk and rules/dense.smk, read from Snakemake's own dry-run plan
+(no training runs).
 
 Which encoder each stage starts from and which negatives it trains on are the recipe knobs the
 papers disagree on (REFERENCE.md); these tests pin them down in the planned shell commands:
@@ -148,17 +149,27 @@ def test_document_rounds_each_mine_with_the_previous_rounds_model(variant_plan):
                 and j["wildcards"].get("stage") == "stage3"]
 
 
-def test_the_ablation_overlay_fine_tunes_ablated_models_on_bm25_negatives_only(tmp_path):
-    """COSTA's ablations ran with BM25 negatives only: an ablated model must never be mined with,
-    fine-tuned again or taken to documents, and a tau/projector variant reuses the span index."""
-    project = copy_project(tmp_path / "project")
-    experiments = ROOT / "workflow" / "experiments"
+EXPERIMENTS = ROOT / "workflow" / "experiments"
+
+
+@pytest.fixture(scope="module")
+def paper_plan(tmp_path_factory) -> list[dict]:
+    """The paper configuration with COSTA's ablations (the overlay adds models; fine-tuning, mining
+    and search are paper.yaml's): every job up to the tables."""
+    project = copy_project(tmp_path_factory.mktemp("paper") / "project")
     jobs = planned_jobs(
-        project, "--configfile", str(experiments / "paper.yaml"), str(experiments / "ablations.yaml"),
-        "--", "results/tables.md",
+        project, "--configfile", str(EXPERIMENTS / "paper.yaml"),
+        str(EXPERIMENTS / "ablations.yaml"), "--", "results/tables.md",
     )
     assert jobs, "the dry run planned nothing"
-    overlay = yaml.safe_load((experiments / "ablations.yaml").read_text())
+    return jobs
+
+
+def test_the_ablation_overlay_fine_tunes_ablated_models_on_bm25_negatives_only(paper_plan):
+    """COSTA's ablations ran with BM25 negatives only: an ablated model must never be mined with,
+    fine-tuned again or taken to documents, and a tau/projector variant reuses the span index."""
+    jobs = paper_plan
+    overlay = yaml.safe_load((EXPERIMENTS / "ablations.yaml").read_text())
     main = {"bert", "mlm", "costa", "cpdae", "bow"}
     ablated = {m["name"] for m in overlay["pretrain"]["models"]} - main
     finetuned = {(j["wildcards"]["model"], j["wildcards"]["dataset"], j["wildcards"]["stage"])
@@ -172,3 +183,38 @@ def test_the_ablation_overlay_fine_tunes_ablated_models_on_bm25_negatives_only(t
     span_configs = {j["wildcards"]["spans"] for j in jobs if j["rule"] == "sample_spans"}
     used = {m["spans"] for m in overlay["pretrain"]["models"] if m.get("spans")}
     assert span_configs == used
+
+
+def _stage_settings():
+    """rule -> the function its stage builds its settings with from the rule's --config slice."""
+    from retrieval_pretraining import encode, mine
+    from retrieval_pretraining.dense_search import SearchSettings
+    from retrieval_pretraining.finetune.settings import FinetuneSettings
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    def mining(config):
+        return mine.policy(config), RetrievalSettings.from_config(config, added=mine.MINING_KEYS)
+
+    return {"finetune_stage1": FinetuneSettings.from_config,
+            "finetune_stage2": FinetuneSettings.from_config,
+            "encode_corpus_shard": encode.settings, "mine_hard_negatives": mining,
+            "dense_search": SearchSettings.from_config}
+
+
+@pytest.mark.parametrize("plan", ["costa_plan", "variant_plan", "paper_plan"])
+def test_every_planned_slice_is_accepted_and_a_stray_key_is_refused(plan, request):
+    """The settings of fine-tuning, encoding, mining and search accept exactly what their rules
+    pass (the demo's, a variant's and the paper's slices), and refuse a key beyond it, naming it."""
+    from retrieval_pretraining.config import ConfigError
+
+    builders = _stage_settings()
+    seen = set()
+    for planned in request.getfixturevalue(plan):
+        if planned["rule"] in builders:
+            config = stage_config(planned["args"])
+            builders[planned["rule"]](config)
+            if planned["rule"] not in seen:
+                with pytest.raises(ConfigError, match=r"unknown config key\(s\) 'p_lenn'; known"):
+                    builders[planned["rule"]]({**config, "p_lenn": 64})
+            seen.add(planned["rule"])
+    assert seen == set(builders), f"{plan} planned no {sorted(set(builders) - seen)} job"

@@ -1,4 +1,4 @@
-"""The shared trainer core (training.py): batch arithmetic, schedule, pickle-free resumable state,
+"""The shared trainer core (training/): batch arithmetic, schedule, pickle-free resumable state,
 metrics on resume, NaN detection, cross-process gathering with correct gradients, the launcher."""
 
 import json
@@ -195,3 +195,24 @@ def test_metrics_history_survives_the_deletion_of_the_declared_output(tmp_path):
     steps = [_json.loads(line)["step"] for line in out.read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
     assert history.read_text() == out.read_text()
+
+
+def test_a_resume_state_is_kept_for_its_own_job_only(tmp_path, caplog):
+    """claim_state (both trainers): the same job resumes; other settings or inputs, or a state
+    that records no job, start afresh, and the log names what differs."""
+    env = training.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    state = tmp_path / "state"
+    job = {"settings": {"lr": 1e-4, "betas": (0.9, 0.99)}, "inputs": {"init": {"sha256": "a"}}}
+    training.claim_state(state, job, env)
+    (state / "latest.json").write_text("{}")  # what save_state leaves
+    training.claim_state(state, job, env)
+    assert (state / "latest.json").exists(), "the same job must resume"
+    changed = {**job, "settings": {"lr": 2e-4, "betas": (0.9, 0.99)}}
+    with caplog.at_level("WARNING"):
+        training.claim_state(state, changed, env)
+    assert not (state / "latest.json").exists() and "settings.lr" in caplog.text
+    assert json.loads((state / "job.json").read_text())["settings"]["lr"] == 2e-4
+    (state / "job.json").unlink()
+    (state / "latest.json").write_text("{}")
+    training.claim_state(state, changed, env)
+    assert not (state / "latest.json").exists(), "a state that records no job must not resume"

@@ -8,6 +8,7 @@ and BM25 rows of a table are scored the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,20 +18,42 @@ import polars as pl
 
 from . import artifacts, faiss_index
 from .config import stage_parser
-from .encode import embed, load_encoder, settings
+from .encode import embed, load_encoder
+from .retrieval_settings import SEARCH_KEYS, RetrievalSettings, check_bool, check_choice, check_int
 
 log = logging.getLogger(__name__)
 
 
-def encode_queries(encoder: Path | tuple, queries: Path, config: dict[str, Any]
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+    """The slice the dense_search rule passes (search_argument): the retrieval knobs, the run's
+    depth, the dataset's query-id rule and whether FAISS may use GPUs."""
+
+    retrieval: RetrievalSettings
+    search_depth: int = 1000
+    exclude_self: bool = True  # a hit equal to the query id is dropped (BEIR), not for MS MARCO
+    use_gpu: str = "auto"      # auto | never
+
+    def __post_init__(self) -> None:
+        check_int("finetune.search_depth", self.search_depth, 1)
+        check_bool("exclude_self (the dataset's exclude_query_id)", self.exclude_self)
+        check_choice("mining.index.use_gpu", self.use_gpu, ("auto", "never"))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "SearchSettings":
+        retrieval = RetrievalSettings.from_config(config, added=SEARCH_KEYS, stage="dense_search")
+        own = {k: config[k] for k in ("search_depth", "exclude_self", "use_gpu") if k in config}
+        return cls(retrieval=retrieval, **own)
+
+
+def encode_queries(encoder: Path | tuple, queries: Path, knobs: RetrievalSettings
                    ) -> tuple[list[str], np.ndarray]:
     """(query ids, float32 vectors) of a canonical queries Parquet; `encoder` = folder or (model, tok)."""
-    knobs = settings(config)
     frame = pl.read_parquet(queries, columns=["query_id", "text"])
     model, tokenizer = load_encoder(encoder) if isinstance(encoder, Path) else encoder
-    vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(), max_len=knobs["q_len"],
-                    pooling=knobs["pooling"], similarity=knobs["similarity"],
-                    batch_size=knobs["encode_batch_size"], desc="encode queries")
+    vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(), max_len=knobs.q_len,
+                    pooling=knobs.pooling, similarity=knobs.similarity,
+                    batch_size=knobs.encode_batch_size, desc="encode queries")
     return frame["query_id"].to_list(), vectors
 
 
@@ -70,16 +93,17 @@ def write_trec(path: Path, rankings: Iterable[tuple[str, list[str], np.ndarray, 
 def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str,
               config: dict[str, Any]) -> dict[str, int]:
     """Encode `queries`, search the saved index, write the TREC run and its manifest."""
-    depth = config.get("search_depth", 1000)
-    exclude_self = config.get("exclude_self", True)
+    knobs = SearchSettings.from_config(config)
     index, doc_ids = faiss_index.load(index_dir)
-    index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"))
-    query_ids, vectors = encode_queries(encoder, queries, config)
-    lines = write_trec(out, rank(index, doc_ids, query_ids, vectors, depth, exclude_self), tag)
+    index = faiss_index.to_search_device(index, knobs.use_gpu)
+    query_ids, vectors = encode_queries(encoder, queries, knobs.retrieval)
+    lines = write_trec(out, rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
+                                 knobs.exclude_self), tag)
     stats = {"queries": len(query_ids), "lines": lines}
     artifacts.write_manifest(
         out.with_name(out.name.split(".")[0] + ".manifest.json"), stage="dense_run",
-        params={**settings(config), "search_depth": depth, "exclude_self": exclude_self},
+        params={**knobs.retrieval.record(), "search_depth": knobs.search_depth,
+                "exclude_self": knobs.exclude_self},
         inputs={"queries": queries, "index": index_dir / "index", "encoder": encoder}, stats=stats)
     return stats
 

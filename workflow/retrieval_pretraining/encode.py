@@ -1,8 +1,9 @@
 """Encode texts with a bi-encoder: corpus shards to `.npy` + ids, and queries in memory.
 
 One function (`embed`) turns texts into vectors for every consumer: fine-tuning uses the same
-`pool` so training and retrieval can never disagree on pooling or normalisation. The corpus is
-encoded in contiguous row ranges (`shard_rows`), one Snakemake job per shard, so a large corpus
+`pool` so training and retrieval can never disagree on pooling or normalisation; the knobs are
+`RetrievalSettings` (retrieval_settings.py), which every dense-retrieval stage reads. The corpus
+is encoded in contiguous row ranges (`shard_rows`), one Snakemake job per shard, so a large corpus
 spreads over GPUs and a crash loses one shard, not the whole encoding.
 
 Output of one shard: `shard-XXXX.npy` (float16 or float32, rows in corpus order) and
@@ -24,26 +25,16 @@ from tqdm import tqdm
 from . import artifacts
 from .config import stage_parser
 from .datasets import join_title
+from .retrieval_settings import SEARCH_KEYS, RetrievalSettings
 
 log = logging.getLogger(__name__)
 
 IDS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False)])
 
-# Retrieval knobs shared by fine-tuning, encoding, mining and search (one place, one meaning).
-DEFAULTS: dict[str, Any] = {
-    "pooling": "cls",        # cls | mean
-    "similarity": "dot",     # dot | cosine (cosine = L2-normalised vectors + inner product)
-    "q_len": 32,
-    "p_len": 128,
-    "title": "space",        # none | space | sep: the dataset's title mode (datasets.join_title)
-    "encode_batch_size": 256,
-    "dtype": "float16",      # stored corpus vectors; search always runs in float32
-}
 
-
-def settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The retrieval knobs of a config slice, with defaults filled in."""
-    return {key: config.get(key, value) for key, value in DEFAULTS.items()}
+def settings(config: dict[str, Any]) -> RetrievalSettings:
+    """The retrieval knobs of the slice the encode_corpus_shard rule passes (search_argument)."""
+    return RetrievalSettings.from_config(config, added=SEARCH_KEYS, stage="encode")
 
 
 def device() -> torch.device:
@@ -132,17 +123,18 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
     frame = pl.scan_parquet(corpus).slice(lo, hi - lo).select("doc_id", "title", "text").collect()
     model, tokenizer = load_encoder(encoder)
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(),
-                    titles=frame["title"].fill_null("").to_list(), max_len=knobs["p_len"],
-                    pooling=knobs["pooling"], similarity=knobs["similarity"], title=knobs["title"],
-                    batch_size=knobs["encode_batch_size"], desc=f"encode shard {shard}")
+                    titles=frame["title"].fill_null("").to_list(), max_len=knobs.p_len,
+                    pooling=knobs.pooling, similarity=knobs.similarity, title=knobs.title,
+                    batch_size=knobs.encode_batch_size, desc=f"encode shard {shard}")
     with artifacts.atomic_path(out_npy) as tmp:
         with open(tmp, "wb") as handle:  # np.save on a path would append ".npy" to the temp name
-            np.save(handle, vectors.astype(knobs["dtype"]), allow_pickle=False)
+            np.save(handle, vectors.astype(knobs.dtype), allow_pickle=False)
     artifacts.write_parquet(out_ids, pa.table({"doc_id": frame["doc_id"].to_arrow()}), IDS_SCHEMA)
     stats = {"rows": hi - lo, "row_range": [lo, hi], "dim": int(vectors.shape[1]),
-             "dtype": knobs["dtype"]}
-    artifacts.write_manifest(artifacts.manifest_path(out_npy), stage="encode_corpus", params=knobs,
-                             inputs={"corpus": corpus, "encoder": encoder}, stats=stats)
+             "dtype": knobs.dtype}
+    artifacts.write_manifest(artifacts.manifest_path(out_npy), stage="encode_corpus",
+                             params=knobs.record(), inputs={"corpus": corpus, "encoder": encoder},
+                             stats=stats)
     return stats
 
 

@@ -31,6 +31,8 @@ import pyarrow as pa
 from . import artifacts, faiss_index
 from .config import stage_parser
 from .dense_search import encode_queries, rank
+from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, check_choice, check_int,
+                                 refuse_unknown, slice_keys)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ POLICY_DEFAULTS: dict[str, Any] = {
 }
 # The dataset's query-id rule arrives as `exclude_self` (finetune_knobs), as it does for dense runs.
 EXCLUDE_QUERY_ID_DEFAULT = True
+# The slice the mine_hard_negatives rule passes (mining_argument): a fine-tuning slice plus these.
+MINING_KEYS = (*POLICY_DEFAULTS, *SEARCH_KEYS)
 
 
 def rng_for(seed: int, *keys: Any) -> np.random.Generator:
@@ -62,10 +66,15 @@ def rng_for(seed: int, *keys: Any) -> np.random.Generator:
 
 
 def policy(config: dict[str, Any]) -> dict[str, Any]:
+    """The mining policy of the slice mine_hard_negatives passes (unknown keys refused)."""
+    refuse_unknown(config, slice_keys(*MINING_KEYS), "mine")
     knobs = {key: config.get(key, value) for key, value in POLICY_DEFAULTS.items()}
     knobs["exclude_query_id"] = bool(config.get("exclude_self", EXCLUDE_QUERY_ID_DEFAULT))
     if knobs["sample"] not in ("random", "top"):
         raise ValueError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
+    check_int("mining.depth", knobs["depth"], 1)
+    check_int("mining.num_negatives", knobs["num_negatives"], 1, nullable=True)
+    check_choice("mining.index.use_gpu", config.get("use_gpu", "auto"), ("auto", "never"))
     window = knobs["rank_window"]
     if window is not None and (len(window) != 2 or window[0] < 1
                                or (window[1] is not None and window[1] <= window[0])):
@@ -107,8 +116,9 @@ def positives_by_query(qrels: Path) -> dict[str, list[str]]:
 def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, config: dict[str, Any],
          seed: int) -> tuple[pa.Table, dict[str, Any]]:
     knobs = policy(config)
+    retrieval = RetrievalSettings.from_config(config, added=MINING_KEYS, stage="mine")
     positives = positives_by_query(qrels)
-    query_ids, vectors = encode_queries(encoder, queries, config)
+    query_ids, vectors = encode_queries(encoder, queries, retrieval)
     # Only queries with a positive can be trained on; the others are counted, not mined.
     keep = [i for i, q in enumerate(query_ids) if q in positives]
     index, doc_ids = faiss_index.load(index_dir)

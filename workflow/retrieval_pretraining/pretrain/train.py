@@ -9,8 +9,6 @@ seeded per micro-batch, so the same masks too, up to floating-point summation or
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import shutil
 import tempfile
@@ -36,11 +34,10 @@ log = logging.getLogger(__name__)
 LOGGING_ONLY = ("tensorboard",)
 
 
-def _fingerprint(settings: dict[str, Any], checksums: dict[str, Any]) -> str:
-    """What a resumable state must match: same settings, same data (else it is discarded)."""
+def resume_job(settings: dict[str, Any], checksums: dict[str, Any]) -> dict[str, Any]:
+    """What a resumable state must match (training.claim_state): same settings, same data."""
     trainer = {k: v for k, v in settings.get("trainer", {}).items() if k not in LOGGING_ONLY}
-    payload = json.dumps({"settings": settings | {"trainer": trainer}, "data": checksums}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return {"settings": settings | {"trainer": trainer}, "data": checksums}
 
 
 def _copy_tokenizer(checkpoint: Path, dest: Path) -> None:
@@ -120,11 +117,9 @@ def train(
 
     # Data: validated and converted once by the main rank, then memory-mapped by every process.
     checksums = pdata.data_checksums(list(chunks) + list(spans or []))
-    fingerprint = _fingerprint(settings, checksums)
     if env.is_main:
         pdata.prepare_store(chunks, spans, state_dir / "data")
-    if env.distributed:
-        dist.barrier()
+    training.barrier(env)
     store_paths = pdata.prepare_store(chunks, spans, state_dir / "data")
     accumulation = training.accumulation_steps(tr["global_batch_size"], tr["micro_batch_size"], env.world_size)
     dataset = pdata.MicroBatches(
@@ -147,18 +142,10 @@ def train(
     )
     scheduler = training.linear_schedule(optimizer, warmup_steps=warmup, total_steps=total_steps)
     ckpt_dir = state_dir / "checkpoints"
-    marker = state_dir / "fingerprint.json"
-    if marker.exists() and artifacts.read_json(marker).get("fingerprint") != fingerprint:
-        if env.is_main:
-            log.warning("settings or data changed since the saved state: starting from scratch")
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-    if env.distributed:
-        dist.barrier()
+    training.claim_state(ckpt_dir, resume_job(settings, checksums), env)
     resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     tokens_seen = resumed["extra"].get("tokens_seen", 0) if resumed else 0
-    if env.is_main:
-        artifacts.write_json(marker, {"fingerprint": fingerprint})
     log.info("objective %s: %d steps (%d per epoch over %d chunks), global batch %d = %d x %d "
              "processes x %d accumulation, warm-up %d, starting at step %d",
              objective, total_steps, dataset.steps_per_epoch, len(dataset.store),

@@ -1,0 +1,164 @@
+# Dense retrieval with fine-tuned encoders: encode the corpus in shards -> FAISS index -> mine hard
+# negatives for the next fine-tuning stage (rules/finetune.smk), and TREC runs of every stage.
+#
+# Systems are named `{model}-{stage}` (results/runs/{dataset}/{model}-{stage}/); {stage} as in
+# rules/finetune.smk. A zero-shot target (evaluate.zero_shot) is encoded and searched with the
+# encoder fine-tuned on its source dataset (`stage_encoder`).
+import re as _re
+
+_STAGE_RE = r"(n[0-9]+s[0-9]+-)?stage[0-9]+"
+
+
+def stage_encoder(wildcards):
+    """The fine-tuned encoder that encodes and searches `dataset`: its own, or the zero-shot source's."""
+    source = trained_on(wildcards.dataset)
+    return f"results/finetune/{wildcards.model}/{source}/{wildcards.stage}/encoder"
+
+
+def mining_argument(wildcards):
+    """mine.py's slice: the fine-tuning slice, the mining policy keys and use_gpu."""
+    mining = config["mining"]
+    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
+    knobs |= {k: v for k, v in mining.items() if k != "index"}
+    knobs["use_gpu"] = mining["index"].get("use_gpu", "auto")
+    return experiment_config.stage_argument(knobs)
+
+
+def search_argument(wildcards):
+    """encode.py's and dense_search.py's slice: the fine-tuning slice and use_gpu."""
+    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
+    knobs["use_gpu"] = config["mining"]["index"].get("use_gpu", "auto")
+    return experiment_config.stage_argument(knobs)
+
+
+def encoded_shards(wildcards):
+    shards = finetune_knobs(wildcards.dataset, wildcards.stage)["shards"]
+    folder = f"results/index/{wildcards.model}/{wildcards.dataset}/{wildcards.stage}"
+    return {
+        "npy": [f"{folder}/shard-{s:04d}.npy" for s in range(shards)],
+        "ids": [f"{folder}/shard-{s:04d}.ids.parquet" for s in range(shards)],
+    }
+
+
+def dense_run_cells():
+    """(dataset, model, stage, split) of every dense run: each fine-tuned model, stage (1 + rounds)
+    and evaluated split, in-domain and on every zero-shot target (with its source's rounds).
+    """
+    sources = [(e["dataset"], e["dataset"]) for e in config["finetune"]["datasets"]]
+    sources += [
+        (e["dataset"], e["trained_on"])
+        for e in config["evaluate"].get("zero_shot") or []
+    ]
+    for dataset, trained in sources:
+        rounds = finetune_knobs(trained)["rounds"]
+        splits = [
+            e["split"] for e in config["evaluate"]["splits"] if e["dataset"] == dataset
+        ]
+        for model in finetune_models():
+            for number in range(1, rounds + 2):
+                for split in splits:
+                    yield dataset, model, f"stage{number}", split
+
+
+def get_dense_run_targets():
+    """TREC runs of every fine-tuned model, stage and evaluated split (dense_run_cells)."""
+    return [
+        f"results/runs/{dataset}/{model}-{stage}/{split}.trec"
+        for dataset, model, stage, split in dense_run_cells()
+    ]
+
+
+# One contiguous slice of the corpus -> vectors (.npy) + doc ids.
+rule encode_corpus_shard:
+    input:
+        encoder=stage_encoder,
+        corpus="results/datasets/{dataset}/corpus.parquet",
+        code=module_source("encode"),
+    output:
+        npy="results/index/{model}/{dataset}/{stage}/shard-{shard}.npy",
+        ids="results/index/{model}/{dataset}/{stage}/shard-{shard}.ids.parquet",
+    log:
+        "results/logs/encode_corpus_shard/{model}/{dataset}/{stage}/{shard}.log",
+    wildcard_constraints:
+        stage=_STAGE_RE,
+    conda:
+        conda_env("torch")
+    threads: 2
+    params:
+        encode=search_argument,
+        shards=lambda wc: finetune_knobs(wc.dataset, wc.stage)["shards"],
+    shell:
+        "python -m retrieval_pretraining.encode --config '{params.encode}' --corpus {input.corpus} "
+        "--encoder {input.encoder} --shard {wildcards.shard} --shards {params.shards} "
+        "--out-npy {output.npy} --out-ids {output.ids} &> {log}"
+
+
+# The FAISS index of a stage's corpus vectors, saved as Pyserini's FaissSearcher reads it.
+rule build_dense_index:
+    input:
+        unpack(encoded_shards),
+        code=module_source("faiss_index"),
+    output:
+        index=directory("results/index/{model}/{dataset}/{stage}/faiss"),
+    log:
+        "results/logs/build_dense_index/{model}/{dataset}/{stage}.log",
+    wildcard_constraints:
+        stage=_STAGE_RE,
+    conda:
+        conda_env("faiss")
+    params:
+        index=lambda wc: experiment_config.stage_argument(config["mining"]["index"]),
+    shell:
+        "python -m retrieval_pretraining.faiss_index --config '{params.index}' --npy {input.npy} "
+        "--ids {input.ids} --out {output.index} &> {log}"
+
+
+# Search the training queries with a stage's encoder; keep non-positives by the mining policy.
+rule mine_hard_negatives:
+    input:
+        unpack(train_split_files),
+        index="results/index/{model}/{dataset}/{stage}/faiss",
+        encoder="results/finetune/{model}/{dataset}/{stage}/encoder",
+        code=module_source("mine"),
+    output:
+        negatives="results/finetune/{model}/{dataset}/{stage}/hard-negatives.parquet",
+    log:
+        "results/logs/mine_hard_negatives/{model}/{dataset}/{stage}.log",
+    wildcard_constraints:
+        stage=_STAGE_RE,
+    conda:
+        conda_env("faiss")
+    params:
+        mining=mining_argument,
+        seed=config["seed"],
+    shell:
+        "python -m retrieval_pretraining.mine --config '{params.mining}' --index {input.index} "
+        "--encoder {input.encoder} --queries {input.queries} --qrels {input.qrels} "
+        "--seed {params.seed} --out {output.negatives} &> {log}"
+
+
+# A split's queries against a stage's index, depth search_depth, as a TREC run. A zero-shot target
+# (evaluate.zero_shot) is encoded and searched with the encoder fine-tuned on its source dataset.
+rule dense_search:
+    input:
+        index="results/index/{model}/{dataset}/{stage}/faiss",
+        encoder=stage_encoder,
+        queries="results/datasets/{dataset}/queries-{split}.parquet",
+        code=module_source("dense_search"),
+    output:
+        run="results/runs/{dataset}/{model}-{stage}/{split}.trec",
+    log:
+        "results/logs/dense_search/{dataset}/{model}-{stage}/{split}.log",
+    wildcard_constraints:
+        # Only configured model names: `costa-n500s0-stage1` must not parse as model `costa-n500s0`.
+        model="|".join(_re.escape(m["name"]) for m in config["pretrain"]["models"]),
+        stage=_STAGE_RE,
+        split="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("faiss")
+    params:
+        search=search_argument,
+    shell:
+        "python -m retrieval_pretraining.dense_search --config '{params.search}' --index {input.index} "
+        "--encoder {input.encoder} --queries {input.queries} --tag {wildcards.model}-{wildcards.stage} "
+        "--out {output.run} &> {log}"

@@ -1,0 +1,58 @@
+"""The bi-encoder being fine-tuned (one shared encoder for queries and passages) and its loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import training
+from ..encode import encode_batch, load_encoder
+from ..retrieval_settings import RetrievalSettings
+
+
+class BiEncoder(torch.nn.Module):
+    """Queries and passages through the same encoder, pooled as retrieval pools them (encode.py), so
+    training and retrieval can never disagree on pooling or normalisation."""
+
+    def __init__(self, encoder: torch.nn.Module, pooling: str, similarity: str):
+        super().__init__()
+        self.encoder = encoder
+        self.pooling, self.similarity = pooling, similarity
+
+    def forward(self, queries: dict[str, torch.Tensor], passages: dict[str, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return (encode_batch(self.encoder, queries, self.pooling, self.similarity),
+                encode_batch(self.encoder, passages, self.pooling, self.similarity))
+
+
+def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.device):
+    """(BiEncoder, tokenizer) from a Hugging Face encoder folder (local files, no remote code)."""
+    encoder, tokenizer = load_encoder(folder, device)
+    return BiEncoder(encoder, retrieval.pooling, retrieval.similarity), tokenizer
+
+
+def contrastive_loss(q: torch.Tensor, p: torch.Tensor, group_size: int, temperature: float = 1.0,
+                     query_offset: int = 0) -> torch.Tensor:
+    """Mean cross-entropy of queries `q` (b x d) over passages `p` (m x d).
+
+    Query i's positive is passage (query_offset + i) * group_size: passages are laid out group by
+    group, positive first. query_offset is this process's first query within a gathered contrast
+    set.
+    """
+    scores = q @ p.T / temperature
+    targets = (torch.arange(len(q), device=q.device) + query_offset) * group_size
+    return F.cross_entropy(scores.float(), targets)
+
+
+def contrast_set_loss(q: torch.Tensor, p: torch.Tensor, *, group_size: int, temperature: float,
+                      gather: bool, rank: int) -> torch.Tensor:
+    """The loss of this process's queries over their contrast set: this micro-batch's passages, or
+    with `gather` every rank's share of the set (all-gathered with gradients; this rank's queries
+    are the rank-th share). Without a process group, gathering changes nothing."""
+    offset = 0
+    if gather:
+        p = training.all_gather_with_grad(p.contiguous())
+        offset = rank * len(q)
+    return contrastive_loss(q, p, group_size, temperature, offset)

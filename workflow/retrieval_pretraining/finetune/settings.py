@@ -1,0 +1,72 @@
+"""The fine-tuning settings: the slice rules/finetune.smk passes (`finetune_knobs`), typed, checked.
+
+Torch-free. The slice holds every knob of the `finetune` section (with the dataset's overrides) and
+the dataset's title mode and query-id rule; the trainer reads the fields below and accepts the
+keys only the rules (or mining and search) read (`RULE_KEYS`). Anything else is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from ..retrieval_settings import (RetrievalSettings, check_bool, check_choice, check_int,
+                                  check_number, refuse_unknown, slice_keys)
+
+WITHOUT_NEGATIVES = ("pad", "drop")
+# Slice keys the trainer does not read: which encoder and negatives a stage starts from and how
+# many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
+RULE_KEYS = ("rounds", "epochs_mined", "stage1_init", "stage2_init", "stage2_negatives", "shards",
+             "search_depth", "exclude_self")
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneSettings:
+    retrieval: RetrievalSettings = dataclasses.field(default_factory=RetrievalSettings)
+    temperature: float = 1.0
+    group_size: int = 8             # passages per query: 1 positive + group_size-1 negatives
+    batch_size: int = 64            # queries per optimiser step, over all GPUs
+    sub_batches: int = 1            # fixed contrast sets per batch (data.contrast_plan)
+    gather: bool = False            # all-gather passages across GPUs within a contrast set
+    lr: float = 5e-6
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None  # Tevatron / the COSTA scripts do not clip
+    epochs: int = 3
+    precision: str = "auto"         # auto (bf16 on CUDA) | fp32
+    train_queries: int | None = None  # low-resource mode / demo: N sampled training queries
+    train_sample: int = 0           # which of the K seeded samples of N queries
+    queries_without_negatives: str = "pad"  # pad (random corpus documents, Tevatron) | drop
+    save_every_steps: int = 500
+    log_every_steps: int = 10
+
+    def __post_init__(self) -> None:
+        check_number("finetune.temperature", self.temperature, low=0, low_open=True)
+        for key in ("group_size", "batch_size", "sub_batches", "epochs", "save_every_steps",
+                    "log_every_steps"):
+            check_int(f"finetune.{key}", getattr(self, key), 1)
+        check_bool("finetune.gather", self.gather)
+        check_number("finetune.lr", self.lr, low=0, low_open=True)
+        check_number("finetune.warmup_ratio", self.warmup_ratio, low=0, high=1)
+        check_number("finetune.weight_decay", self.weight_decay, low=0)
+        check_number("finetune.max_grad_norm", self.max_grad_norm, low=0, low_open=True,
+                     nullable=True)
+        check_choice("finetune.precision", self.precision, ("auto", "fp32"))
+        check_int("finetune.train_queries", self.train_queries, 1, nullable=True)
+        check_int("finetune.train_sample", self.train_sample, 0)
+        check_choice("finetune.queries_without_negatives", self.queries_without_negatives,
+                     WITHOUT_NEGATIVES)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "FinetuneSettings":
+        """From the slice the finetune rules pass (defaults for missing keys; unknown refused)."""
+        refuse_unknown(config, slice_keys(), "finetune")
+        own = {f.name: config[f.name] for f in dataclasses.fields(cls)
+               if f.name != "retrieval" and f.name in config}
+        return cls(retrieval=RetrievalSettings.from_config(config, stage="finetune"), **own)
+
+    def record(self) -> dict[str, Any]:
+        """One flat dict, as the encoder's manifest and training.json record the settings."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "retrieval"}
+        return {**self.retrieval.record(), **own}

@@ -1,0 +1,155 @@
+"""The fine-tuning loop and the export of the encoder (one readable loop, knobs in the settings).
+
+One optimiser step = one batch of `batch_size` queries = `accumulation` micro-batches on each of
+`world_size` processes (data.contrast_plan). The step's loss is the mean over this process's
+micro-batches; DDP averages the gradients over processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from .. import artifacts, training
+from ..encode import tokenize
+from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
+                   step_queries)
+from .model import contrast_set_loss, load_bi_encoder
+from .settings import FinetuneSettings
+
+log = logging.getLogger(__name__)
+
+
+def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path, corpus: Path,
+          negatives: Sequence[Path], seed: int, out: Path, state_dir: Path,
+          metrics_path: Path) -> int:
+    """Fine-tune (or resume) one encoder; returns 0 when exported, RESUME_EXIT_CODE when stopped."""
+    s, r = settings, settings.retrieval
+    init, state_dir, metrics_path = Path(init), Path(state_dir), Path(metrics_path)
+    env = training.init_distributed()
+    training.seed_everything(seed)  # dropout; data order never depends on it
+    plan = contrast_plan(s, env.world_size)
+    data = load_training_set(queries, qrels, corpus, list(negatives), s, seed)
+    steps_per_epoch = len(data.query_ids) // s.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(data.query_ids)} training queries are fewer than one batch of "
+                         f"{s.batch_size}; lower finetune.batch_size")
+    total_steps = steps_per_epoch * s.epochs
+
+    model, tokenizer = load_bi_encoder(init, r, env.device)
+    optimizer = training.build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay,
+                                         device=env.device)
+    scheduler = training.linear_schedule(optimizer, total_steps=total_steps,
+                                         warmup_steps=math.ceil(s.warmup_ratio * total_steps))
+    inputs = {"init": init / "config.json", "queries": queries, "qrels": qrels,
+              **{f"negatives{i}": p for i, p in enumerate(negatives)}}
+    job = {"settings": s.record(), "seed": seed,
+           "inputs": _identities({**inputs, "init": init, "corpus": corpus})}
+    training.claim_state(state_dir, job, env)
+    resumed = training.load_state(state_dir, model=model, optimizer=optimizer, scheduler=scheduler)
+    start = resumed["step"] if resumed else 0
+    ddp = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda"
+                                  else None) if env.distributed else model
+    metrics = training.MetricsWriter(metrics_path, resume_step=start, enabled=env.is_main,
+                                     history=state_dir / "metrics.jsonl")
+    stop = training.StopFlag()
+    bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc="finetune")
+    counts = data.counts
+    if env.is_main:
+        log.info("%d training queries, %d steps; plan %s on %d process(es); %d positives absent "
+                 "from the corpus dropped, %d queries left without a positive skipped; queries "
+                 "without negatives (%s): %d dropped, %d padded from the corpus",
+                 len(data.query_ids), total_steps, plan.record(), env.world_size,
+                 counts["positives_absent_from_corpus"],
+                 counts["queries_without_positive_in_corpus"], s.queries_without_negatives,
+                 counts["queries_without_negatives_dropped"],
+                 counts["queries_without_negatives_padded"])
+        metrics.write({"step": start, "event": "start", **plan.record(),
+                       "train_queries": len(data.query_ids), **counts,
+                       "world_size": env.world_size})
+
+    def save(step: int) -> None:
+        training.save_state(state_dir, step=step, model=model, optimizer=optimizer,
+                            scheduler=scheduler, data_position={"step": step})
+
+    model.train()  # dropout on (from_pretrained loads in eval mode)
+    for step in range(start, total_steps):
+        epoch, batch_ids = step_queries(data.query_ids, seed, step, s.batch_size)
+        micro_batches = micro_batches_of_rank(batch_ids, plan, s.gather, env.rank, env.world_size)
+        loss_sum, tokens = 0.0, 0
+        for k, chunk in enumerate(micro_batches):
+            query_texts, titles, passage_texts = data.micro_batch(chunk, s.group_size, seed, epoch)
+            qb = tokenize(tokenizer, query_texts, r.q_len)
+            pb = tokenize(tokenizer, passage_texts, r.p_len, titles, r.title)
+            tokens += int(qb["attention_mask"].sum() + pb["attention_mask"].sum())
+            last = k == len(micro_batches) - 1  # DDP averages gradients over ranks after it
+            sync = ddp.no_sync() if env.distributed and not last else contextlib.nullcontext()
+            with sync, training.autocast(env.device, s.precision):
+                q, p = ddp(qb, pb)
+                loss = contrast_set_loss(q, p, group_size=s.group_size, temperature=s.temperature,
+                                         gather=s.gather, rank=env.rank)
+                training.check_finite({"loss": loss}, step=step, item_ids=chunk)
+                (loss / len(micro_batches)).backward()
+            loss_sum += loss.item() / len(micro_batches)
+        if s.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        done = step + 1
+        rate = bar.update(tokens * env.world_size, loss=loss_sum)
+        if env.is_main and (done % s.log_every_steps == 0 or done == total_steps or done == 1):
+            metrics.write({"step": done, "epoch": epoch, "loss": loss_sum,
+                           "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate,
+                           "negatives_per_query": plan.negatives_per_query})
+        if env.is_main and done % s.save_every_steps == 0 and done < total_steps:
+            save(done)
+        if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
+            bar.close()
+            log.warning("stopped at step %d on %s; rerun the same command to resume", done,
+                        stop.signal_name)
+            training.teardown_distributed()
+            return training.RESUME_EXIT_CODE
+    bar.close()
+
+    if env.is_main:
+        export(model.encoder, tokenizer, out, s, seed, plan, total_steps, inputs,
+               stats={"train_queries": len(data.query_ids), **counts})
+        training.plot_losses(metrics_path, metrics_path.with_name("loss.png"), "fine-tuning loss")
+        # The encoder is complete: a rerun must start afresh, not resume a finished run.
+        shutil.rmtree(state_dir, ignore_errors=True)
+    training.teardown_distributed()
+    return 0
+
+
+def _identities(inputs: dict[str, Path]) -> dict[str, Any]:
+    """Each input's path and the sha256 of its manifest, which changes whenever the artifact is
+    rebuilt (a resume state must not outlive its inputs). Inputs without a manifest: path only."""
+    out = {}
+    for name, path in inputs.items():
+        manifest = artifacts.manifest_path(path)
+        out[name] = {"path": str(path), "manifest_sha256":
+                     artifacts.sha256_file(manifest) if manifest.is_file() else None}
+    return out
+
+
+def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
+           plan: ContrastPlan, steps: int, inputs: dict[str, Path], stats: dict[str, Any]) -> None:
+    """The fine-tuned encoder as a Hugging Face folder (safetensors) + training.json + manifest."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    encoder.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    config = settings.record()
+    provenance = {"config": config, "seed": seed, "plan": plan.record(), "steps": steps,
+                  "inputs": {k: str(v) for k, v in inputs.items()}}
+    artifacts.write_json(out / "training.json", provenance)
+    artifacts.write_manifest(out / "manifest.json", stage="finetune", params=config,
+                             inputs=inputs, stats={**stats, **plan.record(), "steps": steps})

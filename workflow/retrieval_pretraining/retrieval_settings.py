@@ -1,0 +1,126 @@
+"""The retrieval knobs (their one home) and the config slice the dense-retrieval rules hand out.
+
+`RetrievalSettings` decide what a vector is: how queries and passages are cut (q_len, p_len),
+how a passage is joined with its title, how last-layer states are pooled and compared, and how
+corpus vectors are stored and batched. Fine-tuning, corpus encoding, mining and dense search all
+build them from the same slice, so training and retrieval can never disagree on them.
+
+The slice: rules/finetune.smk builds one per dataset and stage (`finetune_knobs`): the `finetune`
+section's knobs (schemas/finetune.schema.yaml) with the dataset's overrides, plus the dataset's
+title mode (`title`) and query-id rule (`exclude_self`). Fine-tuning gets it as it is; corpus
+encoding and dense search get `use_gpu` besides, mining its policy keys and `use_gpu`. Each stage
+reads its own knobs and accepts the rest of the slice (so one slice can be handed around); a key
+outside it is refused, naming it and the known keys, since a misspelt knob would otherwise fall
+back to its default without a word. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from .config import SCHEMA_DIR, ConfigError
+from .datasets import TITLE_MODES
+
+# What `finetune_knobs` adds from the dataset entry: its title mode and its exclude_query_id rule.
+DATASET_KEYS = ("title", "exclude_self")
+# What `search_argument` adds for corpus encoding and dense search (mine.py names mining's keys).
+SEARCH_KEYS = ("use_gpu",)
+
+
+@functools.lru_cache(maxsize=1)
+def finetune_section_knobs() -> frozenset[str]:
+    """The knobs of the `finetune` section (and of a dataset's `overrides`), from its schema."""
+    schema = yaml.safe_load((SCHEMA_DIR / "finetune.schema.yaml").read_text())
+    return frozenset(schema["$defs"]["knobs"])
+
+
+def slice_keys(*added: str) -> frozenset[str]:
+    """Every key of a fine-tuning slice, plus the keys a rule `added` for its stage."""
+    return finetune_section_knobs() | frozenset(DATASET_KEYS) | frozenset(added)
+
+
+def refuse_unknown(config: Mapping[str, Any], known: Iterable[str], stage: str) -> None:
+    """Raise ConfigError naming every key of `config` outside `known`, and the known keys."""
+    known = sorted(known)
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{stage}: unknown config key(s) {', '.join(map(repr, unknown))}; known keys: "
+            f"{', '.join(known)}"
+        )
+
+
+# ---------------------------------------------------------------- value checks ------------------
+def _alternatives(choices: Iterable[str]) -> str:
+    quoted = [repr(c) for c in choices]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def check_choice(key: str, value: Any, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ConfigError(f"{key} {value!r} is unknown; use {_alternatives(choices)}")
+
+
+def check_int(key: str, value: Any, minimum: int, *, nullable: bool = False) -> None:
+    if nullable and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key} {value!r} must be an integer >= {minimum}"
+                          + (" or null" if nullable else ""))
+
+
+def check_number(key: str, value: Any, *, low: float, high: float | None = None,
+                 low_open: bool = False, nullable: bool = False) -> None:
+    """A number in [low, high] (or (low, high] with low_open); null allowed when nullable."""
+    if nullable and value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (not number or value < low or (low_open and value == low)
+            or (high is not None and value > high)):
+        bounds = f"{'>' if low_open else '>='} {low}"
+        bounds += f" and <= {high}" if high is not None else ""
+        raise ConfigError(f"{key} {value!r} must be a number {bounds}"
+                          + (" or null" if nullable else ""))
+
+
+def check_bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} {value!r} must be true or false")
+
+
+# ---------------------------------------------------------------- the retrieval knobs -----------
+@dataclasses.dataclass(frozen=True)
+class RetrievalSettings:
+    pooling: str = "cls"            # cls | mean
+    similarity: str = "dot"         # dot | cosine (cosine = L2-normalised vectors + inner product)
+    q_len: int = 32                 # query tokens
+    p_len: int = 128                # passage tokens, title included
+    title: str = "space"            # none | space | sep: the dataset's title mode (join_title)
+    encode_batch_size: int = 256    # texts per forward pass when encoding
+    dtype: str = "float16"          # stored corpus vectors; search always runs in float32
+
+    def __post_init__(self) -> None:
+        check_choice("finetune.pooling", self.pooling, ("cls", "mean"))
+        check_choice("finetune.similarity", self.similarity, ("dot", "cosine"))
+        check_int("finetune.q_len", self.q_len, 4)
+        check_int("finetune.p_len", self.p_len, 8)
+        check_choice("title (the dataset's title mode)", self.title, TITLE_MODES)
+        check_int("finetune.encode_batch_size", self.encode_batch_size, 1)
+        check_choice("finetune.dtype", self.dtype, ("float16", "float32"))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, added: Iterable[str] = (),
+                    stage: str = "retrieval") -> "RetrievalSettings":
+        """The retrieval knobs of a slice (defaults for missing keys); `added`: what the stage's
+        rule adds to the slice (refused otherwise)."""
+        refuse_unknown(config, slice_keys(*added), stage)
+        return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls) if f.name in config})
+
+    def record(self) -> dict[str, Any]:
+        """As manifests record them (one flat dict)."""
+        return dataclasses.asdict(self)

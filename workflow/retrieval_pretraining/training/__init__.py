@@ -1,0 +1,85 @@
+"""Trainer core shared by pre-training and fine-tuning: the parts every training loop needs.
+
+Both trainers (pretrain/train.py, finetune/train.py) are one loop of this shape, as nanoGPT's is:
+
+    env = init_distributed(); seed_everything(seed)         # ranks, device; model init seeded
+    ... data and model (the trainer's own) ...
+    optimizer = build_optimizer(...); scheduler = linear_schedule(...)
+    claim_state(state, job, env)          # a state left by other settings or inputs is deleted
+    resumed = load_state(state, ...)      # the same job resumes where it saved
+    metrics = MetricsWriter(..., history=state / "metrics.jsonl"); stop = StopFlag()
+    for each step: micro-batches under autocast(), check_finite(), backward; clip;
+        optimizer.step(); scheduler.step(); metrics.write(...); save_state(...) every N steps;
+        if run_or_resume_exit(stop, env, save): teardown_distributed(); return RESUME_EXIT_CODE
+    export the encoder, plot_losses(), delete the state; teardown_distributed(); return 0
+and the `python -m` entry ends with exit_process(main()).
+
+Modules (the trainers import only this package, `training.X`):
+    distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
+                 broadcast_flag
+    optim        accumulation_steps, build_optimizer, linear_schedule, autocast, seed_everything,
+                 seed_torch
+    state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
+    guards       check_finite, check_finite_grad_norm, NonFiniteLossError, NonFiniteGradientError,
+                 oom_guard
+    observe      MetricsWriter, Progress, plot_losses, require_tensorboard, TensorBoardLog,
+                 memory_mb
+    lifecycle    StopFlag, RESUME_EXIT_CODE, run_or_resume_exit, ignore_stop_signals,
+                 reap_workers_at_exit, close_loader, exit_process
+"""
+
+from .distributed import (
+    DistEnv,
+    all_gather_with_grad,
+    barrier,
+    broadcast_flag,
+    init_distributed,
+    teardown_distributed,
+)
+from .guards import (
+    NonFiniteGradientError,
+    NonFiniteLossError,
+    check_finite,
+    check_finite_grad_norm,
+    oom_guard,
+)
+from .lifecycle import (
+    RESUME_EXIT_CODE,
+    StopFlag,
+    close_loader,
+    exit_process,
+    ignore_stop_signals,
+    reap_workers_at_exit,
+    run_or_resume_exit,
+)
+from .observe import (
+    MetricsWriter,
+    Progress,
+    TensorBoardLog,
+    memory_mb,
+    plot_losses,
+    require_tensorboard,
+)
+from .optim import (
+    accumulation_steps,
+    autocast,
+    build_optimizer,
+    linear_schedule,
+    seed_everything,
+    seed_torch,
+)
+from .state import claim_state, load_state, save_state
+
+__all__ = [
+    "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
+    "broadcast_flag",
+    "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "seed_everything",
+    "seed_torch",
+    "save_state", "load_state", "claim_state",
+    "check_finite", "check_finite_grad_norm", "NonFiniteLossError", "NonFiniteGradientError",
+    "oom_guard",
+    "MetricsWriter", "Progress", "plot_losses", "require_tensorboard", "TensorBoardLog",
+    "memory_mb",
+    "StopFlag", "RESUME_EXIT_CODE", "run_or_resume_exit", "ignore_stop_signals",
+    "reap_workers_at_exit", "close_loader", "exit_process",
+]  # fmt: skip

@@ -1,0 +1,55 @@
+"""Checks that stop a step before it does harm, each with a message naming the fix."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import torch
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss became NaN/inf; the message names the step and the items of the batch."""
+
+
+class NonFiniteGradientError(NonFiniteLossError):
+    """The losses were finite but the gradient norm is NaN/inf (raised before the optimiser
+    step)."""
+
+
+def _ids(item_ids: Any) -> list:
+    return item_ids.tolist() if hasattr(item_ids, "tolist") else list(item_ids)
+
+
+def check_finite(losses: dict[str, torch.Tensor], *, step: int, item_ids: Any) -> None:
+    for name, value in losses.items():
+        if not torch.isfinite(value.detach()).all():
+            raise NonFiniteLossError(
+                f"loss term '{name}' is {value.item()} at step {step} for batch items "
+                f"{_ids(item_ids)}; lower the learning rate, check those inputs, or use "
+                "precision fp32"
+            )
+
+
+def check_finite_grad_norm(norm: torch.Tensor | float, *, step: int, item_ids: Any) -> None:
+    """Raise NonFiniteGradientError naming the step and items if `norm` (clip_grad_norm_'s result)
+    is NaN/inf: clipping would scale every gradient by NaN and the step would ruin the weights."""
+    value = float(norm)
+    if not math.isfinite(value):
+        raise NonFiniteGradientError(
+            f"gradient norm is {value} at step {step} for batch items {_ids(item_ids)} (the losses "
+            "were finite); lower the learning rate, check those inputs, or use precision fp32"
+        )
+
+
+@contextlib.contextmanager
+def oom_guard(micro_batch_size: int, hint: str = "micro_batch_size") -> Iterator[None]:
+    """Turn an out-of-memory error into a message naming the config change that fixes it."""
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        raise RuntimeError(
+            f"out of memory with {hint}={micro_batch_size}: lower '{hint}' (the global batch stays "
+            "the same: gradient accumulation grows to compensate), or shorten max_len"
+        ) from error

@@ -1,0 +1,81 @@
+"""One optimiser step: batch arithmetic, AdamW, the learning-rate schedule, precision, seeding."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import numpy as np
+import torch
+
+
+def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
+    """Micro-batches each process accumulates so that one optimiser step sees `global_batch_size`.
+
+    global = micro * world * accumulation must hold exactly; otherwise the fix is named.
+    """
+    per_step = micro_batch_size * world_size
+    if global_batch_size % per_step:
+        raise ValueError(
+            f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
+            f"{micro_batch_size} x world size {world_size}; choose a global batch divisible by "
+            f"{per_step} or change micro_batch_size"
+        )
+    return global_batch_size // per_step
+
+
+def build_optimizer(
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    device: torch.device | None = None,
+) -> torch.optim.AdamW:
+    """AdamW with no weight decay on biases and LayerNorm weights (1-d tensors); fused on CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    fused = device is not None and device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+def linear_schedule(
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up from 0 to the peak lr over `warmup_steps`, then linear decay to 0 at
+    `total_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def autocast(device: torch.device, precision: str = "auto") -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA ("auto" or "bf16"), plain fp32 otherwise (CPU bf16: slow and noisy)."""
+    if device.type == "cuda" and precision in ("auto", "bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def seed_torch(seed: int, *key: int) -> None:
+    """Seed torch's generators (CPU, every GPU) from (seed, *key), e.g. (seed, step, micro-batch).
+
+    Called before each micro-batch, it makes dropout a function of which micro-batch is computed,
+    not of how many were computed before in this process: a resumed run and a run with another
+    number of processes draw the same dropout masks (on the same kind of device).
+    """
+    words = np.random.SeedSequence([seed, *key]).generate_state(2, np.uint32)
+    torch.manual_seed(((int(words[0]) << 32) | int(words[1])) & (2**63 - 1))

@@ -1,0 +1,203 @@
+"""Resumable training state, written without pickle, and which job a state belongs to.
+
+Checkpoints: tensors go to safetensors files, everything else (optimizer and scheduler structure,
+RNG states, the data position) to JSON, inside a folder `step-XXXXXXXX/` that is renamed into place
+(atomic); `latest.json` names the newest complete one. `claim_state` keeps a state only for the job
+that wrote it, so a rerun of the same command resumes and a run with other settings or inputs
+starts afresh.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from .. import artifacts
+from .distributed import DistEnv, barrier
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- which job --------------------
+def claim_state(state_dir: str | os.PathLike, job: dict[str, Any], env: DistEnv) -> None:
+    """Resume only a run of the same job: a state left by other settings or inputs is deleted.
+
+    `job` is what a resumable state must match (the trainer's settings, seed and inputs); it is
+    kept in `state_dir/job.json`. A folder whose job.json differs, or that has none (so nobody can
+    tell what wrote it), is removed before anything is loaded from it. The main rank decides;
+    every rank returns once it has. Call before load_state and before anything writes there.
+    """
+    state_dir = Path(state_dir)
+    marker = state_dir / "job.json"
+    if env.is_main:
+        wanted = json.loads(json.dumps(job, sort_keys=True, default=str))  # as read back from disk
+        if state_dir.exists():
+            found = artifacts.read_json(marker) if marker.exists() else None
+            if found != wanted:
+                why = ("it records no job" if found is None
+                       else "it differs in " + ", ".join(_differences(found, wanted)))
+                log.warning("the resume state in %s was left by another job (%s): starting afresh",
+                            state_dir, why)
+                shutil.rmtree(state_dir)
+        artifacts.write_json(marker, wanted)
+    barrier(env)
+
+
+def _differences(found: Any, wanted: Any, path: str = "") -> list[str]:
+    """Dotted keys whose values differ (at most 5), so the log says what changed."""
+    if not (isinstance(found, dict) and isinstance(wanted, dict)):
+        return [path or "(the whole job)"]
+    out: list[str] = []
+    for key in sorted(set(found) | set(wanted)):
+        if found.get(key) != wanted.get(key):
+            out += _differences(found.get(key), wanted.get(key), f"{path}.{key}" if path else key)
+    return out[:5]
+
+
+# ---------------------------------------------------------------- pickle-free flattening -------
+def _flatten(prefix: str, obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Replace every tensor inside a nested dict/list by a reference; collect the tensors."""
+    if isinstance(obj, torch.Tensor):
+        key = f"{prefix}"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        key = f"{prefix}"
+        tensors[key] = torch.from_numpy(obj.copy())
+        return {"__tensor__": key, "__numpy__": True}
+    if isinstance(obj, dict):
+        # JSON keys are strings: remember integer keys (optimizer state is keyed by param index).
+        return {"__dict__": [[k, isinstance(k, int), _flatten(f"{prefix}.{k}", v, tensors)]
+                             for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        return {
+            "__seq__": [_flatten(f"{prefix}.{i}", v, tensors) for i, v in enumerate(obj)],
+            "tuple": isinstance(obj, tuple),
+        }
+    if callable(obj):
+        return None  # LambdaLR keeps its lambdas in state_dict as None-able entries: rebuilt
+    return obj
+
+
+def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            tensor = tensors[obj["__tensor__"]]
+            return tensor.numpy() if obj.get("__numpy__") else tensor
+        if "__dict__" in obj:
+            return {(int(k) if is_int else k): _unflatten(v, tensors)
+                    for k, is_int, v in obj["__dict__"]}
+        if "__seq__" in obj:
+            items = [_unflatten(v, tensors) for v in obj["__seq__"]]
+            return tuple(items) if obj["tuple"] else items
+    return obj
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(state["cuda"]))
+
+
+# ---------------------------------------------------------------- save / load ------------------
+def save_state(
+    state_dir: str | os.PathLike,
+    *,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    data_position: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep: int = 1,
+) -> Path:
+    """Write a resumable checkpoint `state_dir/step-XXXXXXXX/` atomically; keep the newest `keep`.
+
+    Call on the main rank only (after the step: all ranks hold the same weights). RNG states are
+    those of the calling process; every rank's data randomness is derived from (seed, item id),
+    so other ranks need none saved.
+    """
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:08d}"
+    tmp = state_dir / f".{name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model_sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    # Tied weights share storage; safetensors refuses shared tensors, so store clones.
+    save_file({k: v.clone() for k, v in model_sd.items()}, tmp / "model.safetensors")
+    tensors: dict[str, torch.Tensor] = {}
+    meta = {
+        "step": step,
+        "data_position": data_position,
+        "extra": extra or {},
+        "optimizer": _flatten("optimizer", optimizer.state_dict(), tensors),
+        "scheduler": _flatten("scheduler", scheduler.state_dict(), tensors),
+        "rng": _flatten("rng", rng_state(), tensors),
+        "saved": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    save_file(tensors, tmp / "state.safetensors")
+    (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+    final = state_dir / name
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    artifacts.write_json(state_dir / "latest.json", {"checkpoint": name, "step": step})
+    for old in sorted(state_dir.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("saved resumable state at step %d -> %s", step, final)
+    return final
+
+
+def load_state(
+    state_dir: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+) -> dict[str, Any] | None:
+    """Restore the newest checkpoint in `state_dir` into model/optimizer/scheduler and the RNGs.
+
+    Returns {"step", "data_position", "extra"} or None when there is nothing to resume.
+    """
+    latest = Path(state_dir) / "latest.json"
+    if not latest.exists():
+        return None
+    folder = Path(state_dir) / artifacts.read_json(latest)["checkpoint"]
+    model.load_state_dict(load_file(folder / "model.safetensors"))
+    tensors = load_file(folder / "state.safetensors")
+    meta = json.loads((folder / "state.json").read_text())
+    optimizer.load_state_dict(_unflatten(meta["optimizer"], tensors))
+    sched = _unflatten(meta["scheduler"], tensors)
+    # The schedule function is rebuilt from config; LambdaLR stores None for plain functions.
+    sched["lr_lambdas"] = [None] * len(sched.get("lr_lambdas") or [None])
+    scheduler.load_state_dict(sched)
+    set_rng_state(_unflatten(meta["rng"], tensors))
+    log.info("resumed from %s (step %d)", folder, meta["step"])
+    return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
