@@ -10,9 +10,17 @@ _STAGE_RE = r"(n[0-9]+s[0-9]+-)?stage[0-9]+"
 
 
 def stage_encoder(wildcards):
-    """The fine-tuned encoder that encodes and searches `dataset`: its own, or the zero-shot source's."""
-    source = trained_on(wildcards.dataset)
-    return f"results/finetune/{wildcards.model}/{source}/{wildcards.stage}/encoder"
+    """The encoder that encodes and searches `dataset` at a stage: its own (or, for a zero-shot
+    target, its source dataset's) encoder of that stage (finetune.smk `encoder_path`).
+    """
+    return encoder_path(wildcards.model, trained_on(wildcards.dataset), wildcards.stage)
+
+
+def reported_stages():
+    """Stage suffixes the report's tables show (report.stages, or a table's own groups)."""
+    section = config["report"]
+    groups = [t.get("groups") or section["stages"] for t in section["tables"]]
+    return {g["suffix"] for table in groups for g in table}
 
 
 def mining_argument(wildcards):
@@ -41,8 +49,9 @@ def encoded_shards(wildcards):
 
 
 def dense_run_cells():
-    """(dataset, model, stage, split) of every dense run: each fine-tuned model, stage (1 + rounds)
-    and evaluated split, in-domain and on every zero-shot target (with its source's rounds).
+    """(dataset, model, stage, split) of every dense run: each fine-tuned model, stage (1 + rounds,
+    and stage 0 when reported) and evaluated split, in-domain and on every zero-shot target (with
+    its source's rounds).
     """
     sources = [(e["dataset"], e["dataset"]) for e in config["finetune"]["datasets"]]
     sources += [
@@ -54,8 +63,10 @@ def dense_run_cells():
         splits = [
             e["split"] for e in config["evaluate"]["splits"] if e["dataset"] == dataset
         ]
+        # Stage 0 (the pre-trained encoder, not fine-tuned) only where a table shows it.
+        first = 0 if "stage0" in reported_stages() else 1
         for model in finetune_models():
-            for number in range(1, rounds + 2):
+            for number in range(first, rounds + 2):
                 for split in splits:
                     yield dataset, model, f"stage{number}", split
 
@@ -118,7 +129,7 @@ rule mine_hard_negatives:
     input:
         unpack(train_split_files),
         index="results/index/{model}/{dataset}/{stage}/faiss",
-        encoder="results/finetune/{model}/{dataset}/{stage}/encoder",
+        encoder=lambda wc: encoder_path(wc.model, wc.dataset, wc.stage),
         code=module_source("mine"),
     output:
         negatives="results/finetune/{model}/{dataset}/{stage}/hard-negatives.parquet",

@@ -87,31 +87,56 @@ def train_split_files(wildcards):
     }
 
 
+def stage1_init_encoder(model, dataset, stage="stage1"):
+    """The encoder stage 1 starts from: the pre-trained one, or another dataset's fine-tuned stage
+    (stage1_init: msmarco-passage/stage2, the passage model the COSTA documents start from).
+    """
+    source = finetune_knobs(dataset, stage)["stage1_init"]
+    if source == "pretrained":
+        return f"results/pretrain/{model}/encoder"
+    return encoder_path(model, *source.split("/"))
+
+
+def encoder_path(model, dataset, stage):
+    """The encoder of system `{model}-{stage}` on its fine-tuning dataset: stage 0 is the
+    pre-trained encoder itself (no fine-tuning: the zero-shot rows); stage 1 with `stage1: init`
+    is its init encoder, untrained; every other stage is a fine-tuned encoder."""
+    _, _, _, number = parse_stage(stage)
+    if number == 0:
+        return f"results/pretrain/{model}/encoder"
+    if number == 1 and finetune_knobs(dataset, stage)["stage1"] == "init":
+        return stage1_init_encoder(model, dataset, stage)
+    return f"results/finetune/{model}/{dataset}/{stage}/encoder"
+
+
+def trained_stages(dataset):
+    """The stage numbers that fine-tune on `dataset` (rounds + 1, less stage 1 when it is init)."""
+    knobs = finetune_knobs(dataset)
+    first = 1 if knobs["stage1"] == "bm25" else 2
+    return range(first, knobs["rounds"] + 2)
+
+
 def get_finetune_inputs(wildcards):
-    """Init encoder and negatives of a stage: stage 1 = pre-trained encoder + BM25 negatives;
-    stage k > 1 = stage k-1 (or the pre-trained encoder) + negatives mined with stage k-1.
+    """Init encoder and negatives of a stage: stage 1 = its init encoder + BM25 negatives;
+    stage k > 1 = stage k-1's encoder (or the pre-trained one) + negatives mined with stage k-1.
     """
     prefix, _, _, number = parse_stage(wildcards.stage)
-    base = f"results/finetune/{wildcards.model}/{wildcards.dataset}"
-    pretrained = f"results/pretrain/{wildcards.model}/encoder"
-    bm25 = f"results/bm25/{wildcards.dataset}/negatives.parquet"
-    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
+    model, dataset = wildcards.model, wildcards.dataset
+    bm25 = f"results/bm25/{dataset}/negatives.parquet"
+    knobs = finetune_knobs(dataset, wildcards.stage)
     inputs = train_split_files(wildcards) | {
-        "corpus": f"results/datasets/{wildcards.dataset}/corpus.parquet"
+        "corpus": f"results/datasets/{dataset}/corpus.parquet"
     }
     if number == 1:
-        source = knobs["stage1_init"]
-        init = (
-            pretrained
-            if source == "pretrained"
-            else f"results/finetune/{wildcards.model}/{source}/encoder"
-        )
+        init = stage1_init_encoder(model, dataset, wildcards.stage)
         return inputs | {"init": init, "negatives": [bm25]}
-    previous = f"{base}/{prefix}stage{number - 1}"
-    mined = [f"{previous}/hard-negatives.parquet"]
+    previous = f"{prefix}stage{number - 1}"
+    mined = [f"results/finetune/{model}/{dataset}/{previous}/hard-negatives.parquet"]
     return inputs | {
         "init": (
-            f"{previous}/encoder" if knobs["stage2_init"] == "previous" else pretrained
+            encoder_path(model, dataset, previous)
+            if knobs["stage2_init"] == "previous"
+            else f"results/pretrain/{model}/encoder"
         ),
         "negatives": mined + ([bm25] if knobs["stage2_negatives"] == "union" else []),
     }
@@ -128,7 +153,7 @@ _FINETUNE_SHELL = (
 )
 
 
-# Fine-tune a pre-trained encoder on BM25 negatives.
+# Fine-tune a pre-trained encoder on BM25 negatives (never asked for when stage1 is init).
 rule finetune_stage1:
     input:
         unpack(get_finetune_inputs),

@@ -25,6 +25,18 @@ def loss_settings(model):
     return keep
 
 
+def reported_encoders():
+    """{"<dataset>/<model>-<stage>": encoder folder} for every dense system a table may show."""
+    datasets = [e["dataset"] for e in config["finetune"]["datasets"]]
+    datasets += [e["dataset"] for e in config["evaluate"].get("zero_shot") or []]
+    return {
+        f"{dataset}/{model}-{stage}": encoder_path(model, trained_on(dataset), stage)
+        for dataset in datasets
+        for model in finetune_models()
+        for stage in sorted(reported_stages())
+    }
+
+
 def check_report_models():
     """Fail at parse time, naming the key, when the report names a model that is not pre-trained."""
     known = {m["name"] for m in config["pretrain"]["models"]}
@@ -136,6 +148,8 @@ def report_params():
             "models": report_models(),
             # How each model's loss terms are reduced (stated in the provenance block).
             "losses": {m["name"]: loss_settings(m["name"]) for m in report_models()},
+            # The encoder behind each reported dense system, per dataset (provenance).
+            "encoders": reported_encoders(),
             "bm25": {
                 k: config["bm25"][k] for k in ("k1", "b") if k in config.get("bm25", {})
             },
@@ -187,7 +201,9 @@ def finetune_stage_artifacts():
         rounds = finetune_knobs(entry["dataset"])["rounds"]
         for model in finetune_models():
             base = f"results/finetune/{model}/{entry['dataset']}"
-            encoders += [f"{base}/stage{k}/encoder" for k in range(1, rounds + 2)]
+            encoders += [
+                f"{base}/stage{k}/encoder" for k in trained_stages(entry["dataset"])
+            ]
             negatives += [
                 f"{base}/stage{k}/hard-negatives.parquet" for k in range(1, rounds + 1)
             ]

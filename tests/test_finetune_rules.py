@@ -149,6 +149,52 @@ def test_document_rounds_each_mine_with_the_previous_rounds_model(variant_plan):
                 and j["wildcards"].get("stage") == "stage3"]
 
 
+@pytest.fixture(scope="module")
+def paper_order_plan(tmp_path_factory) -> list[dict]:
+    """The COSTA paper's document order (stage1: init: no BM25 stage; mine with the passage model,
+    train round 1, mine again, train round 2) and a stage-0 run (the pre-trained encoder itself)."""
+    config = demo_config()
+    docs = copy.deepcopy(config["datasets"][0]) | {"name": "scifact-docs"}
+    overrides = {
+        "datasets": [config["datasets"][0], docs],
+        "finetune": {
+            "models": ["bert"],
+            "datasets": [
+                {"dataset": "scifact", "split": "train"},
+                {"dataset": "scifact-docs", "split": "train",
+                 "overrides": {"rounds": 2, "stage1": "init", "stage1_init": "scifact/stage2"}},
+            ],
+        },
+    }
+    project = copy_project(tmp_path_factory.mktemp("paper-order") / "project", overrides)
+    return planned_jobs(project, "results/runs/scifact-docs/bert-stage3/test.trec",
+                        "results/runs/scifact/bert-stage0/test.trec")
+
+
+def test_documents_in_the_papers_order_mine_first_with_the_passage_model(paper_order_plan):
+    plan = paper_order_plan
+    passage = f"{FT}/scifact/stage2/encoder"
+    assert not [j for j in plan if j["rule"] == "finetune_stage1"
+                and j["wildcards"].get("dataset") == "scifact-docs"]
+    for rule in ("encode_corpus_shard", "mine_hard_negatives"):
+        first = job(plan, rule, dataset="scifact-docs", stage="stage1")["args"]
+        assert values(first, "--encoder") == [passage]
+    round1 = job(plan, "finetune_stage2", dataset="scifact-docs", stage="stage2")["args"]
+    assert values(round1, "--init") == [passage]
+    assert values(round1, "--negatives") == [f"{FT}/scifact-docs/stage1/hard-negatives.parquet"]
+    round2 = job(plan, "finetune_stage2", dataset="scifact-docs", stage="stage3")["args"]
+    assert values(round2, "--init") == [f"{FT}/scifact-docs/stage2/encoder"]
+    assert values(round2, "--negatives") == [f"{FT}/scifact-docs/stage2/hard-negatives.parquet"]
+
+
+def test_stage0_searches_with_the_pretrained_encoder_untrained(paper_order_plan):
+    for rule in ("encode_corpus_shard", "dense_search"):
+        args = job(paper_order_plan, rule, dataset="scifact", stage="stage0")["args"]
+        assert values(args, "--encoder") == ["results/pretrain/bert/encoder"]
+    assert not [j for j in paper_order_plan if j["rule"].startswith("finetune")
+                and j["wildcards"].get("stage") == "stage0"]
+
+
 EXPERIMENTS = ROOT / "workflow" / "experiments"
 
 

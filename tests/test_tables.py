@@ -279,7 +279,7 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
     (project / "Snakefile.report").write_text(
         'configfile: "config.yaml"\n'
         + "".join(
-            f'include: "rules/{name}.smk"\n' for name in ("common", "wikipedia", "corpus", "pretrain", "report")
+            f'include: "rules/{name}.smk"\n' for name in ("common", "wikipedia", "corpus", "pretrain", "finetune", "dense", "report")
         )
         + 'report: "workflow/report/workflow.rst"\n'
     )
@@ -365,8 +365,17 @@ def test_fine_tuned_rows_are_tested_against_their_own_zero_shot_row(tmp_path):
     p["report"]["tables"] = [
         {"name": "t", "columns": [{"dataset": "d", "split": "test", "measure": "nDCG@10"}]}
     ]
+    p["encoders"] = {f"d/{m}-stage0": f"results/pretrain/{m}/encoder" for m in ("bert", "costa")}
+    p["encoders"] |= {f"d/{m}-stage1": f"results/finetune/{m}/d/stage1/encoder"
+                      for m in ("bert", "costa")}
     out = tmp_path / "t.md"
     summary = make_tables(p, results, out)
+    provenance = {line.split(" | ")[0].strip("| "): line for line in out.read_text().splitlines()
+                  if line.startswith("| bert-stage")}
+    # Stage 0 is the pre-trained encoder: no fine-tuning log behind it.
+    assert f"`{results / 'pretrain/bert/encoder'}`" in provenance["bert-stage0"]
+    assert "logs/finetune" not in provenance["bert-stage0"]
+    assert f"`{results / 'logs/finetune/bert/d/stage1.log'}`" in provenance["bert-stage1"]
     zero, tuned = ({r["system"]: r["cells"][0] for r in g["rows"]}
                    for g in summary["tables"]["t"][1:3])
     assert all(cell["tests"] == {} and cell["marks"] == "" for cell in zero.values())

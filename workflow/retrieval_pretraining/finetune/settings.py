@@ -16,8 +16,8 @@ from ..retrieval_settings import (RetrievalSettings, check_bool, check_choice, c
 WITHOUT_NEGATIVES = ("pad", "drop")
 # Slice keys the trainer does not read: which encoder and negatives a stage starts from and how
 # many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
-RULE_KEYS = ("rounds", "epochs_mined", "stage1_init", "stage2_init", "stage2_negatives", "shards",
-             "search_depth", "exclude_self")
+RULE_KEYS = ("rounds", "epochs_mined", "stage1", "stage1_init", "stage2_init", "stage2_negatives",
+             "shards", "search_depth", "exclude_self")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,6 +146,11 @@ def model_location(
 ) -> str:
     if row.model is None:
         return f"`{results / 'bm25' / dataset / 'index'}`"
+    # The rules say which encoder a system used (stage 0: the pre-trained one; stage 1 with
+    # `stage1: init`: its init encoder); older params lack the map.
+    known = (params or {}).get("encoders") or {}
+    if f"{dataset}/{row.system}" in known:
+        return f"`{results.parent / known[f'{dataset}/{row.system}']}`"
     trained_on = encoder_dataset(params or {}, dataset)
     return f"`{results / 'finetune' / row.model / trained_on / group.suffix / 'encoder'}`"
 
@@ -168,9 +173,12 @@ def log_location(
         paths += [logs / "bm25_search" / dataset / f"{split}.log"] if split else []
     else:
         pretrain_rule = "export_base_encoder" if row.objective == "none" else "pretrain_model"
-        paths = [
-            logs / pretrain_rule / f"{row.model}.log",
-            logs / "finetune" / row.model / encoder_dataset(params or {}, dataset)
-            / f"{group.suffix}.log",
-        ]
+        paths = [logs / pretrain_rule / f"{row.model}.log"]
+        encoder = ((params or {}).get("encoders") or {}).get(f"{dataset}/{row.system}", "")
+        if encoder.startswith("results/finetune/"):  # a fine-tuned encoder: its own log
+            paths.append(logs / "finetune" / Path(encoder).relative_to("results/finetune")
+                         .parent.with_suffix(".log"))
+        elif not encoder:
+            paths.append(logs / "finetune" / row.model / encoder_dataset(params or {}, dataset)
+                         / f"{group.suffix}.log")
     return ", ".join(f"`{p}`" for p in paths)
