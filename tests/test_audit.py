@@ -10,7 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from retrieval_pretraining import analysis, artifacts, audit
+from retrieval_pretraining import analysis, artifacts, audit, contracts
+from retrieval_pretraining.contracts import (
+    articles, base, chunks, datasets, embeddings, negatives, spans,
+)
 from retrieval_pretraining.checkpoints import package_folder
 from retrieval_pretraining.tables import markdown_to_html
 
@@ -39,7 +42,7 @@ def results(tmp_path_factory):
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     tok.no_padding()
 
-    articles = pa.table(
+    article_rows = pa.table(
         {
             "page_id": [12, 39],
             "title": ["Anarchism", "Albedo"],
@@ -49,12 +52,12 @@ def results(tmp_path_factory):
     )
     artifacts.write_parquet(
         res / "wikipedia/articles/p1.parquet",
-        articles,
-        pa.schema(audit.CONTRACTS["articles"].items()),
+        article_rows,
+        articles.SCHEMA,
     )
 
     ids = [tok.encode(t).ids for t in TEXTS]  # [CLS] ... [SEP]
-    chunks = pa.table(
+    chunk_rows = pa.table(
         {
             "chunk_id": [(12 << 16), (39 << 16)],
             "page_id": [12, 39],
@@ -64,23 +67,23 @@ def results(tmp_path_factory):
         }
     )
     chunk_path = res / "corpus/chunks/shard-0000.parquet"
-    artifacts.write_parquet(chunk_path, chunks, pa.schema(audit.CONTRACTS["chunks"].items()))
+    artifacts.write_parquet(chunk_path, chunk_rows, chunks.SCHEMA)
     artifacts.write_manifest(
         artifacts.manifest_path(chunk_path),
         stage="chunk_articles",
         params={"checkpoint": "minilm", "max_len": 128},
         stats={"rows": 2},
     )
-    spans = pa.table(
+    span_rows = pa.table(
         {
-            "chunk_id": chunks["chunk_id"],
+            "chunk_id": chunk_rows["chunk_id"],
             "span_start": [[1, 2], [3]],
             "span_end": [[2, 5], [6]],
             "granularity": [[0, 1], [1]],
         }
     )
     span_path = res / "corpus/spans/costa/shard-0000.parquet"
-    artifacts.write_parquet(span_path, spans, pa.schema(audit.CONTRACTS["spans"].items()))
+    artifacts.write_parquet(span_path, span_rows, spans.SCHEMA)
     artifacts.write_manifest(
         artifacts.manifest_path(span_path),
         stage="sample_spans",
@@ -98,19 +101,19 @@ def results(tmp_path_factory):
                 "text": ["white", "cold", "dry"],
             }
         ),
-        pa.schema(audit.CONTRACTS["corpus"].items()),
+        datasets.CORPUS_SCHEMA,
     )
     artifacts.write_parquet(
         ds / "queries-train.parquet",
         pa.table({"query_id": ["q1"], "text": ["what reflects sunlight"]}),
-        pa.schema(audit.CONTRACTS["queries"].items()),
+        datasets.QUERIES_SCHEMA,
     )
     artifacts.write_parquet(
         ds / "qrels-train.parquet",
         pa.table({"query_id": ["q1"], "doc_id": ["d1"], "relevance": [1]}),
-        pa.schema(audit.CONTRACTS["qrels"].items()),
+        datasets.QRELS_SCHEMA,
     )
-    neg_schema = pa.schema(audit.CONTRACTS["negatives"].items())
+    neg_schema = negatives.SCHEMA
     artifacts.write_parquet(
         res / "bm25/toy/negatives.parquet",
         pa.table(
@@ -135,7 +138,7 @@ def results(tmp_path_factory):
     artifacts.write_parquet(
         res / "finetune/bert/toy/stage1/hard-negatives.parquet",
         hard,
-        pa.schema(list(neg_schema) + [pa.field("negative_scores", pa.list_(pa.float32()))]),
+        negatives.MINED_SCHEMA,
     )
     # The known public-code bug: a query's own positive mined as a negative.
     artifacts.write_parquet(
@@ -271,7 +274,7 @@ def write_figures_pages_and_heads(res: Path, ckpt: Path, save_file) -> None:
     download.parent.mkdir(parents=True)
     download.write_text("q1\twhat reflects sunlight\n")
     artifacts.write_manifest(
-        audit.download_manifest_path(download),
+        base.download_manifest_path(download),
         stage="download",
         params={"url": "https://example.org/queries.tsv"},
         stats={"bytes": download.stat().st_size, "sha256": artifacts.sha256_file(download)},

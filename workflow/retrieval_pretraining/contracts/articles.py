@@ -1,0 +1,43 @@
+"""The articles contract (results/wikipedia/articles/{part}.parquet, written by extract.py).
+
+One row per kept page, in dump order: page_id, title, the clean text (paragraphs separated by a
+blank line, each heading its own paragraph) and the revision id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .base import RANK_PARQUET, Audit, parquet_kind, short
+
+SCHEMA = pa.schema(
+    [
+        pa.field("page_id", pa.int64(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("text", pa.large_string(), nullable=False),
+        pa.field("revision_id", pa.int64(), nullable=False),
+    ]
+)
+
+
+def render_articles(a: Audit, t: pa.Table, manifest, n: int) -> None:
+    ids = t["page_id"].to_numpy()
+    a.check("page_id unique", len(np.unique(ids)) == len(ids))
+    empty = int(pc.sum(pc.equal(pc.utf8_length(t["text"]), 0)).as_py() or 0)
+    a.check("no empty text", empty == 0, f"{empty} empty")
+    a.say("-- rows")
+    for row in t.slice(0, n).to_pylist():
+        paragraphs = row["text"].count("\n\n") + 1
+        a.say(
+            f"  [{row['page_id']}] {row['title']} ({len(row['text'])} chars, {paragraphs} paragraphs)"
+        )
+        a.say(f"      {short(row['text'], 240)}")
+
+
+KINDS = [
+    parquet_kind(
+        "articles", RANK_PARQUET + 0, SCHEMA, lambda c: set(SCHEMA.names) <= c, render_articles
+    ),
+]
