@@ -10,10 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from retrieval_pretraining import analysis, artifacts, audit, contracts
-from retrieval_pretraining.contracts import (
-    articles, base, chunks, datasets, embeddings, negatives, spans,
-)
+from retrieval_pretraining import analysis, artifacts, audit
+from retrieval_pretraining.contracts import articles, base, chunks, datasets, negatives, spans
 from retrieval_pretraining.checkpoints import package_folder
 from retrieval_pretraining.tables import markdown_to_html
 

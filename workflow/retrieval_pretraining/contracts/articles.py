@@ -30,9 +30,8 @@ def render_articles(a: Audit, t: pa.Table, manifest, n: int) -> None:
     a.say("-- rows")
     for row in t.slice(0, n).to_pylist():
         paragraphs = row["text"].count("\n\n") + 1
-        a.say(
-            f"  [{row['page_id']}] {row['title']} ({len(row['text'])} chars, {paragraphs} paragraphs)"
-        )
+        size = f"{len(row['text'])} chars, {paragraphs} paragraphs"
+        a.say(f"  [{row['page_id']}] {row['title']} ({size})")
         a.say(f"      {short(row['text'], 240)}")
 
 

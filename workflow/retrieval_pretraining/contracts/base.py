@@ -105,6 +105,7 @@ class Kind:
     form: str  # "folder", "Parquet", "JSON" or "file": which refusal lists it
     matches: Callable[[Probe], bool]
     audit: Callable[[Audit, int], None]
+    schema: pa.Schema | None = None  # a Parquet kind's contract
 
 
 def json_kind(name: str, rank: int, test: Callable[[Probe], bool], audit) -> Kind:
@@ -147,9 +148,10 @@ def parquet_kind(
             )
         render(a, table, manifest, n)
 
-    return Kind(
-        name, rank, "Parquet", lambda p: p.name.endswith(".parquet") and recognise(p.columns), audit
-    )
+    def matches(p: Probe) -> bool:
+        return p.name.endswith(".parquet") and recognise(p.columns)
+
+    return Kind(name, rank, "Parquet", matches, audit, schema)
 
 
 # ----------------------------------------------------------------------------- places
@@ -305,7 +307,8 @@ def schema_summary(a: Audit, table_or_file: pq.ParquetFile) -> None:
 def check_schema(a: Audit, schema: pa.Schema, expected: pa.Schema) -> None:
     for f in expected:
         got = schema.field(f.name).type if f.name in schema.names else None
-        a.check(f"column {f.name} is {f.type}", got == f.type, f"found {got}" if got != f.type else "")
+        detail = f"found {got}" if got != f.type else ""
+        a.check(f"column {f.name} is {f.type}", got == f.type, detail)
 
 
 def render_table_rows(key: str | None):

@@ -60,8 +60,9 @@ def audit_model(a: Audit, n: int) -> None:
     a.kind = "model folder (Hugging Face)"
     cfg = json.loads((a.path / "config.json").read_text())
     a.say(
-        f"-- {cfg.get('model_type')} {cfg.get('architectures')}: {cfg.get('num_hidden_layers')} layers, "
-        f"hidden {cfg.get('hidden_size')}, vocab {cfg.get('vocab_size')}"
+        f"-- {cfg.get('model_type')} {cfg.get('architectures')}: "
+        f"{cfg.get('num_hidden_layers')} layers, hidden {cfg.get('hidden_size')}, "
+        f"vocab {cfg.get('vocab_size')}"
     )
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
@@ -90,9 +91,8 @@ def audit_model(a: Audit, n: int) -> None:
 
         tok = Tokenizer.from_file(str(a.path / "tokenizer.json"))
         tok.no_padding()
-        a.say(
-            f"-- tokenizer: {tok.get_vocab_size()} entries; {SAMPLE!r} -> {tok.encode(SAMPLE).tokens}"
-        )
+        tokens = tok.encode(SAMPLE).tokens
+        a.say(f"-- tokenizer: {tok.get_vocab_size()} entries; {SAMPLE!r} -> {tokens}")
 
 
 def audit_model_file(a: Audit, n: int) -> None:

@@ -31,9 +31,8 @@ def audit_run(a: Audit, n: int) -> None:
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
     depths = [len(v) for v in per_query.values()]
-    a.say(
-        f"-- {len(per_query)} queries, depth min/max {min(depths, default=0)}/{max(depths, default=0)}"
-    )
+    depth = f"{min(depths, default=0)}/{max(depths, default=0)}"
+    a.say(f"-- {len(per_query)} queries, depth min/max {depth}")
     a.check(
         "ranks 1..k in order per query",
         all([r for r, _, _ in v] == list(range(1, len(v) + 1)) for v in per_query.values()),
