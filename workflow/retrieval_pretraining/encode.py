@@ -23,11 +23,10 @@ from tqdm import tqdm
 
 from . import artifacts
 from .config import stage_parser
+from .contracts.embeddings import IDS_SCHEMA
 from .datasets import join_title
 
 log = logging.getLogger(__name__)
-
-IDS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False)])
 
 # Retrieval knobs shared by fine-tuning, encoding, mining and search (one place, one meaning).
 DEFAULTS: dict[str, Any] = {
