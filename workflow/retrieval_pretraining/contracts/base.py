@@ -102,7 +102,7 @@ class Kind:
 
     name: str  # how a refusal lists it: "chunks", ".trec", "a Lucene index (segments_*)"
     rank: int  # the order kinds are tried in (bands above)
-    form: str  # "folder", "Parquet", "JSON" or "file": which refusal lists it
+    form: str  # "folder" (tried on folders only), or "Parquet", "JSON", "file" (on files)
     matches: Callable[[Probe], bool]
     audit: Callable[[Audit, int], None]
     schema: pa.Schema | None = None  # a Parquet kind's contract
