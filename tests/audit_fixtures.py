@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from retrieval_pretraining import analysis, artifacts
 from retrieval_pretraining.checkpoints import package_folder
-from retrieval_pretraining.contracts import articles, base, chunks, datasets, negatives, spans
+from retrieval_pretraining.contracts import articles, chunks, datasets, downloads, negatives, spans
 from retrieval_pretraining.tables import markdown_to_html
 
 TEXTS = ["The snow is white and very cold.", "The albedo of snow is high and reflects sunlight."]
@@ -268,7 +268,7 @@ def write_figures_pages_and_heads(res: Path, ckpt: Path, save_file) -> None:
     download.parent.mkdir(parents=True)
     download.write_text("q1\twhat reflects sunlight\n")
     artifacts.write_manifest(
-        base.download_manifest_path(download),
+        downloads.download_manifest_path(download),
         stage="download",
         params={"url": "https://example.org/queries.tsv"},
         stats={"bytes": download.stat().st_size, "sha256": artifacts.sha256_file(download)},

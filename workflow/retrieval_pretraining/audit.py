@@ -6,12 +6,13 @@ its schema and size, a few rows rendered as text (token ids decoded with the che
 named by the manifests, spans shown inside their chunk, negatives shown with their query), and the
 contract checks it passed. Exit status: 0 all checks passed, 1 a check failed, 2 not an artifact.
 
-This module only dispatches: each artifact type's contract (schema, writer's validator, how it is
-recognised, summarised and checked) is one module of `contracts/`, and `detect` tries their kinds
-in rank order. A file inside a folder artifact (a model, Lucene or FAISS folder) is audited as part
-of that folder. Not artifacts (exit 2, saying what they are instead): Snakemake's job logs
-(results/logs/), benchmarks (results/benchmarks/) and `.snakemake_timestamp` markers, and any file
-this workflow does not write.
+This module only dispatches: each artifact type's contract is one folder of `contracts/` (its
+`__init__` holds the schema and the writer's validator, its `audit` module how it is recognised,
+summarised and checked), and `detect` tries their kinds in rank order. A file inside a folder
+artifact (a model, Lucene or FAISS folder) is audited as part of that folder. Not artifacts (exit 2,
+saying what they are instead): Snakemake's job logs (results/logs/), benchmarks
+(results/benchmarks/) and `.snakemake_timestamp` markers, and any file this workflow does not
+write.
 
 `--stage-stats` writes instead one page of every given artifact's manifest statistics (rule
 stage_statistics).
@@ -26,11 +27,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import artifacts, contracts
+from . import artifacts
+from .contracts import registry
 from .contracts.base import (
     Audit, Kind, NotAnArtifact, Probe, read_manifest, results_relative, snakemake_metadata,
 )
-from .contracts.metrics import metrics_as_manifest
+from .contracts.metrics.audit import metrics_as_manifest
 
 
 def not_a_job_record(path: Path, section: str) -> NotAnArtifact:
@@ -102,7 +104,7 @@ def detect(path: Path) -> Kind:
     probe = Probe(path)
     if probe.section in ("logs", "benchmarks") and path.is_file():
         raise not_a_job_record(path, probe.section)
-    kinds = contracts.kinds()
+    kinds = registry.kinds()
     for kind in kinds:
         if (kind.form == "folder") == probe.is_dir and kind.matches(probe):
             return kind

@@ -1,7 +1,7 @@
 """Stage 3: tokenise the articles and cut them into word-aligned chunks of at most max_len tokens.
 
 How a text is cut is chunker.py's (its docstring lists the rules); what a chunk row must be is the
-chunks contract (contracts/chunks.py). This module runs the cutting over the whole corpus:
+chunks contract (contracts/chunks/). This module runs the cutting over the whole corpus:
 - Every row is validated in the stage (in the worker that built it) by the contract's validator:
   [CLS] text [SEP] within max_len, no special token inside the text, word_starts exactly the text's
   word-starting tokens, chunk_id formed from page_id and chunk_index; after sorting, no chunk_id

@@ -4,7 +4,7 @@ BEIR folders (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) and MS MARCO files
 of passages or documents, queries TSV, TREC qrels; plain, .gz or a member of a tar archive, from a
 path or a download). Ids are read as strings. A malformed line raises DatasetError naming the file,
 the line and the fix. MS MARCO collections (22 GB of documents) are streamed in batches of lines.
-What the rows must then be is the datasets contract (contracts/datasets.py).
+What the rows must then be is the datasets contract (contracts/datasets/).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Retrieval datasets in one canonical Parquet form, from BEIR folders or MS MARCO files.
 
 Every later stage (BM25, fine-tuning, mining, retrieval, scoring) reads only the files of the
-datasets contract (contracts/datasets.py): results/datasets/{dataset}/corpus.parquet,
+datasets contract (contracts/datasets/): results/datasets/{dataset}/corpus.parquet,
 queries-{split}.parquet, qrels-{split}.parquet and dataset.json; its checks run here before anything
 is published. The source files are read by dataset_files.py.
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from scipy.stats import beta as beta_law
 
 from . import artifacts
-from .contracts.base import flat
+from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES
 from .wordpiece import load_tokenizer
 

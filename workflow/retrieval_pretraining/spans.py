@@ -22,7 +22,7 @@ Rules (each one is a documented decision; see ARCHITECTURE.md):
   and a whole batch of chunks is sampled with NumPy array operations.
 
 Every batch is checked against these rules by the span index contract's validator
-(contracts/spans.py) before the shard is written. `spans audit` draws lengths.png and sample.md
+(contracts/spans/) before the shard is written. `spans audit` draws lengths.png and sample.md
 (span_audit.py).
 """
 
@@ -42,8 +42,8 @@ from tqdm import tqdm
 
 from . import artifacts, span_audit
 from .config import ConfigError, stage_parser
-from .contracts.base import flat
 from .contracts.chunks import word_extents
+from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES, SCHEMA, validate_spans
 from .wordpiece import load_tokenizer, tokenizer_info
 

@@ -1,5 +1,6 @@
-"""What the artifact contracts share: the audit record, kinds and probes, manifests, Snakemake's
-records, and the common shape of a Parquet artifact's audit.
+"""What the artifact types' audits share: the audit record, kinds and probes, manifests, Snakemake's
+records, and the common shape of a Parquet artifact's audit. Audit code alone imports it (audit.py,
+contracts/*/audit.py): a writer never runs it, so editing it reruns no stage.
 
 A `Kind` says how `audit` recognises one kind of artifact (`matches`, given a `Probe` of the path)
 and audits it (`audit(record, rows)`: say what it is, show its manifest and the rule that wrote it,
@@ -19,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import artifacts
+from .downloads import download_manifest_path
 
 # Kind.rank bands (first match wins; ranks are unique across the contracts).
 RANK_FOLDER = 100  # folders, by their entries
@@ -174,7 +175,7 @@ def results_relative(path: Path) -> str | None:
 def known_file(path: Path) -> tuple[str, str] | None:
     """(what it is, which rule writes it) for a path below results/ that a contract's FILES names.
     First match wins; the patterns are fnmatch's (`*` also matches `/`)."""
-    from . import known_files  # the registry: the package's __init__
+    from .registry import known_files  # the registry imports every type's audit, which import this
 
     rel = results_relative(path)
     if rel is None:
@@ -200,11 +201,6 @@ def describe_origin(a: Audit, label: str, required: bool = True) -> None:
 
 
 # ----------------------------------------------------------------------------- manifests
-def download_manifest_path(path: Path) -> Path:
-    """download.py's manifest keeps the whole name: `x.xml.bz2` -> `x.xml.bz2.manifest.json`."""
-    return path.with_name(path.name + ".manifest.json")
-
-
 def read_manifest(path: Path) -> dict[str, Any] | None:
     for candidate in (artifacts.manifest_path(path), download_manifest_path(path)):
         if candidate.is_file() and candidate.resolve() != path.resolve():
@@ -323,9 +319,3 @@ def render_table_rows(key: str | None):
 
     return render
 
-
-def flat(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A list column as (values, offsets starting at 0)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    off = arr.offsets.to_numpy().astype(np.int64)
-    return arr.flatten().to_numpy(), off - off[0]

@@ -1,11 +1,5 @@
-"""The scores contract (results/metrics/{dataset}/{system}/{split}.json, written by evaluate.py).
-
-{"aggregate": {measure: value}, "per_query": {measure: {query_id: value}}, "run": path,
-"qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n, ...}, with
-ir_measures' measure names; every qrels query is scored (0 when the run misses it), so each
-aggregate is the mean of its per-query values. The file carries its own statistics: it has no
-manifest beside it.
-"""
+"""How `audit` shows and checks a metrics file (each aggregate the mean of its per-query scores),
+and how the stage statistics page reads one (`metrics_as_manifest`: it has no manifest)."""
 
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import RANK_JSON, Audit, json_kind, read_manifest, show_manifest, show_snakemake_record
+from ..base import RANK_JSON, Audit, json_kind, read_manifest, show_manifest, show_snakemake_record
 
 KEYS = {"aggregate", "per_query"}  # what makes a JSON file a metrics file
 

@@ -1,9 +1,6 @@
-"""The download contract: fetched files (dump parts, the multistream index, dataset files;
-download.py) and the dump status they were chosen from (results/wikipedia/dumpstatus.json).
-
-A download keeps its name and gets `NAME.manifest.json` beside it (the whole name: `x.xml.bz2` ->
-`x.xml.bz2.manifest.json`) recording the URL, the size and the sha256 it had when verified.
-"""
+"""How `audit` checks a download against its manifest (its size, and its sha256 up to
+HASH_LIMIT_BYTES) and shows its first lines or members; how it shows dump parts, the multistream
+index and dumpstatus.json."""
 
 from __future__ import annotations
 
@@ -11,12 +8,12 @@ import bz2
 import json
 from typing import Any
 
-from .. import artifacts
-from .base import (
-    RANK_DOWNLOAD, RANK_JSON, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin,
-    download_manifest_path, json_kind, read_manifest, short, show_manifest,
-    show_snakemake_record,
+from ... import artifacts
+from ..base import (
+    RANK_DOWNLOAD, RANK_JSON, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin, json_kind,
+    read_manifest, short, show_manifest, show_snakemake_record,
 )
+from . import download_manifest_path
 
 FILES = [
     ("downloads/*", "a downloaded source file, verified against its manifest",

@@ -1,10 +1,6 @@
-"""The tensor file contract: safetensors files (a model folder's weights, the pre-training heads
-left out of the encoder, a staged checkpoint's MLM head, a trainer's resume state).
-
-Tensors are stored as safetensors, never as a pickle. Heads are sized by their encoder: every
-dimension is its hidden or vocabulary size; heads.safetensors records the objective that trained
-them, which equals the encoder's training.json's.
-"""
+"""How `audit` shows and checks a safetensors file: its tensors (read without loading weights),
+heads sized by their encoder, the heads' objective equal to the encoder's. `safetensors_tensors`
+also serves the model folders' audit."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import (
+from ..base import (
     RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin, read_manifest, results_relative, short,
     show_manifest, show_snakemake_record,
 )

@@ -1,10 +1,5 @@
-"""The model contract: Hugging Face folders (staged checkpoints, pre-trained and fine-tuned
-encoders; checkpoints.py, pretrain/, finetune.py), their files, and staged tokenizers.
-
-A model folder holds config.json, safetensors weights (never a pickle), tokenizer.json with BERT's
-special tokens, and (trained encoders) training.json; a tokenizer folder (results/tokenizers/) holds
-the tokenizer files and no weights. The loose safetensors files are tensors.py's.
-"""
+"""How `audit` shows and checks model folders (config, weights as safetensors, no pickles, the
+tokenizer splitting a sample), the JSON files inside them, and staged tokenizers."""
 
 from __future__ import annotations
 
@@ -13,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import (
+from ..base import (
     RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, json_kind, read_manifest,
     results_relative, short, show_manifest, show_snakemake_record,
 )
-from .tensors import safetensors_tensors
+from ..tensors.audit import safetensors_tensors
 
 FILES = [
     ("pretrain/*/encoder/*", "a file of a pre-trained encoder folder",

@@ -1,11 +1,9 @@
-"""The index contract: BM25 Lucene folders (results/bm25/{dataset}/index/, bm25.py) and dense
-FAISS folders in Pyserini's FaissSearcher layout (`index` + `docid`, one id line per vector;
-faiss_index.py). A file inside either folder is audited as part of its folder.
-"""
+"""How `audit` shows and checks index folders: a Lucene folder's segments, a FAISS index's size
+and metric with one docid line per vector; a file inside either is audited as its folder."""
 
 from __future__ import annotations
 
-from .base import (
+from ..base import (
     RANK_FOLDER, RANK_MEMBER, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin,
     read_manifest, show_manifest, show_snakemake_record,
 )

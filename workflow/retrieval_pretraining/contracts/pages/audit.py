@@ -1,7 +1,5 @@
-"""The page contract: the results tables (results/tables.md with its provenance section,
-results/report/tables.{html,json}; tables.py), the other HTML and Markdown pages (the stage
-statistics, the analyses' pages, the span sample) and the Snakemake report.
-"""
+"""How `audit` shows and checks the pages: HTML complete with visible text, Markdown with its
+headings and rows (tables.md: its provenance section names what it must), tables.json's cells."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from .base import (
+from ..base import (
     RANK_JSON, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin, json_kind, read_manifest,
     short, show_manifest, show_snakemake_record,
 )

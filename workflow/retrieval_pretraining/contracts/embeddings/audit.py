@@ -1,22 +1,16 @@
-"""The encoded corpus contract (results/index/{model}/{dataset}/{stage}/, written by encode.py).
-
-shard-XXXX.npy holds one float vector per document of the shard's row range, in corpus order (a
-plain .npy array, never a pickle); shard-XXXX.ids.parquet holds their doc ids in the same order
-(row i = vector i); the manifest beside the .npy records the range, dimension and dtype.
-"""
+"""How `audit` shows and checks encoded corpus shards: the vectors (finite, their norms) and one id
+per vector."""
 
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .base import (
+from ..base import (
     RANK_NAME, RANK_PARQUET, Audit, Kind, NotAnArtifact, parquet_kind, read_manifest,
     render_table_rows, show_manifest, show_snakemake_record,
 )
-
-IDS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False)])
+from . import IDS_SCHEMA
 
 
 def audit_npy(a: Audit, n: int) -> None:

@@ -1,8 +1,4 @@
-"""The articles contract (results/wikipedia/articles/{part}.parquet, written by extract.py).
-
-One row per kept page, in dump order: page_id, title, the clean text (paragraphs separated by a
-blank line, each heading its own paragraph) and the revision id.
-"""
+"""How `audit` shows and checks an articles part: page ids unique, no empty text, a few pages."""
 
 from __future__ import annotations
 
@@ -10,16 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import RANK_PARQUET, Audit, parquet_kind, short
-
-SCHEMA = pa.schema(
-    [
-        pa.field("page_id", pa.int64(), nullable=False),
-        pa.field("title", pa.string(), nullable=False),
-        pa.field("text", pa.large_string(), nullable=False),
-        pa.field("revision_id", pa.int64(), nullable=False),
-    ]
-)
+from ..base import RANK_PARQUET, Audit, parquet_kind, short
+from . import SCHEMA
 
 
 def render_articles(a: Audit, t: pa.Table, manifest, n: int) -> None:

@@ -1,7 +1,5 @@
-"""The figure contract: PNG figures (span lengths, loss curves, the analyses) and the numbers
-behind each (analysis.py writes `x.png` with `x.json` and a manifest beside them; a loss curve is
-drawn from metrics.jsonl beside it, span lengths from the span shards beside them).
-"""
+"""How `audit` checks a figure (an intact PNG with the numbers behind it beside it) and an
+analysis's numbers (the figure they describe exists, every number finite)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import math
 import struct
 from typing import Any
 
-from .base import (
+from ..base import (
     RANK_JSON, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin, json_kind, read_manifest,
     results_relative, short, show_manifest, show_snakemake_record,
 )

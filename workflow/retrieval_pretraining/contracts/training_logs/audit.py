@@ -1,14 +1,12 @@
-"""The training log contract: a trainer's metrics.jsonl (one JSON record per logged step, steps
-increasing, every number finite; training.py), the loss curve drawn from it, and the resume state
-a trainer keeps in results/state/ while it runs (safetensors tensors are tensors.py's).
-"""
+"""How `audit` shows and checks a trainer's metrics.jsonl (steps increasing, numbers finite) and
+the resume state records of results/state/."""
 
 from __future__ import annotations
 
 import json
 import math
 
-from .base import (
+from ..base import (
     RANK_JSON, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin, json_kind, short,
 )
 

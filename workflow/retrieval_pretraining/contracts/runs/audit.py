@@ -1,17 +1,13 @@
-"""The run contract (results/runs/{dataset}/{system}/{split}.trec: bm25.py, dense_search.py).
-
-TREC format, one hit per line: `query_id Q0 doc_id rank score tag`; per query, ranks 1..k in order,
-scores non-increasing, no document twice. evaluate.py parses runs strictly and fails on anything
-else (its `read_run`).
-"""
+"""How `audit` checks a TREC run (six fields a line; per query ranks 1..k, scores non-increasing,
+no document twice) and shows its first query with its top documents as text."""
 
 from __future__ import annotations
 
-from .base import (
+from ..base import (
     RANK_NAME, Audit, Kind, NotAnArtifact, read_manifest, short, show_manifest,
     show_snakemake_record,
 )
-from .datasets import dataset_folder, lookup_text
+from ..datasets.audit import dataset_folder, lookup_text
 
 
 def audit_run(a: Audit, n: int) -> None:
