@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT / "workflow"))
 RAW = """
 import sys, time, pyarrow.parquet as pq
 sys.path.insert(0, {workflow!r})
-from retrieval_pretraining import chunk
-tok = chunk.load_tokenizer({checkpoint!r})
+from retrieval_pretraining import chunker, wordpiece
+tok = wordpiece.load_tokenizer({checkpoint!r})
 texts = pq.read_table({articles!r})["text"].to_pylist()
-paragraphs = [p for t in texts for p in chunk.PARAGRAPH_SPLIT.split(t) if p.strip()]
+paragraphs = [p for t in texts for p in chunker.PARAGRAPH_SPLIT.split(t) if p.strip()]
 best = 0.0
 for _ in range(2):
     t0 = time.perf_counter()
@@ -63,7 +63,7 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from retrieval_pretraining import chunk
+    from retrieval_pretraining import chunk, chunker
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True)
@@ -94,7 +94,7 @@ def main() -> None:
             results[f"raw_{threads}_threads_tokens_per_s"] = round(rate)
         results["text_tokens"] = tokens
         for max_len in args.max_len:
-            cfg = chunk.ChunkConfig.from_dict(
+            cfg = chunker.ChunkConfig.from_dict(
                 {"checkpoint": "x", "max_len": max_len, "min_tail_len": 16, "shards": 4}
             )
             outs = [Path(tmp) / f"m{max_len}" / f"shard-{i:04d}.parquet" for i in range(4)]

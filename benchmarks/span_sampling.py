@@ -29,7 +29,8 @@ def main() -> None:
     import pyarrow.parquet as pq
     import yaml
 
-    from retrieval_pretraining import chunk, spans
+    from retrieval_pretraining import chunk, chunker, spans
+    from retrieval_pretraining.contracts.spans import validate_spans
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True)
@@ -51,7 +52,7 @@ def main() -> None:
             ),
             tmp / "articles.parquet",
         )
-        ccfg = chunk.ChunkConfig.from_dict(
+        ccfg = chunker.ChunkConfig.from_dict(
             {"checkpoint": "x", "max_len": args.max_len, "min_tail_len": 16, "shards": 1}
         )
         chunk.chunk_corpus(
@@ -83,7 +84,7 @@ def main() -> None:
                 for batch in batches:
                     out = spans.sample_batch(batch, cfg, words, {})
                     if validate:
-                        spans.validate_spans(out, batch, cfg, words, "bench")
+                        validate_spans(out, batch, cfg, words, "bench")
                 best = min(best, time.perf_counter() - t0)
                 best_cpu = min(best_cpu, time.process_time() - c0)
             timings[f"{label}_chunks_per_s"] = round(table.num_rows / best)

@@ -14,7 +14,10 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from retrieval_pretraining import artifacts, checkpoints, chunk  # noqa: E402
+from retrieval_pretraining import artifacts, audit, checkpoints, chunk, chunker  # noqa: E402
+from retrieval_pretraining import wordpiece  # noqa: E402
+from retrieval_pretraining.config import ConfigError  # noqa: E402
+from retrieval_pretraining.contracts import chunks as contract  # noqa: E402
 
 from shipped_data import ONE_LAYER_MINILM, ROOT, SCIFACT_CORPUS  # noqa: E402
 SCIFACT = SCIFACT_CORPUS
@@ -30,7 +33,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer(checkpoint):
-    return chunk.load_tokenizer(checkpoint)
+    return wordpiece.load_tokenizer(checkpoint)
 
 
 def write_articles(path, rows):
@@ -76,7 +79,7 @@ def run(articles, checkpoint, out_dir, processes=1, **overrides):
         "shards": 3,
         **overrides,
     }
-    cfg = chunk.ChunkConfig.from_dict(section)
+    cfg = chunker.ChunkConfig.from_dict(section)
     outs = [Path(out_dir) / f"shard-{i:04d}.parquet" for i in range(cfg.shards)]
     stats = chunk.chunk_corpus(articles, checkpoint, outs, cfg, processes=processes, batch_size=16)
     return outs, stats
@@ -130,6 +133,15 @@ def test_round_trip_decodes_to_the_article_text(default_run, articles, tokenizer
         checked += 1
     assert checked >= 0.9 * len(pieces)
     assert 20_000_001 not in pieces  # the empty article has no chunk
+
+
+def test_shards_follow_the_chunks_contract(default_run):
+    """The writer's output is its contract's: the contract's schema, every audit check passing."""
+    outs, _ = default_run
+    for path in outs:
+        assert pq.read_schema(path) == contract.SCHEMA
+        result = audit.audit(path)
+        assert result.kind == "chunks" and result.passed, result.render()
 
 
 def test_sharding_ids_order_and_manifest(default_run):
@@ -237,8 +249,8 @@ def test_literal_special_tokens_and_overlong_words(checkpoint, tokenizer, tmp_pa
 
 
 def test_bad_config_and_inputs_fail_with_the_fix(articles, checkpoint, tmp_path):
-    with pytest.raises(chunk.ConfigError, match="min_tail_len"):
-        chunk.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 16, "min_tail_len": 20})
+    with pytest.raises(ConfigError, match="min_tail_len"):
+        chunker.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 16, "min_tail_len": 20})
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"page_id": pa.array([1], pa.int64())}), bad)
     with pytest.raises(ValueError, match="bad.parquet.*text"):
@@ -266,13 +278,13 @@ def test_validation_names_the_corrupted_row(default_run, checkpoint, corrupt, me
     """Each rule of the chunks contract, broken in one row of a real batch, stops the stage."""
     outs, _ = default_run
     rows = pq.read_table(outs[0]).slice(0, 6).to_pylist()
-    cfg = chunk.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 64})
-    worker = chunk._Chunker(str(checkpoint), cfg)
+    cfg = chunker.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 64})
+    worker = chunker.Chunker(str(checkpoint), cfg)
 
     def validate(rows):
-        batch = pa.RecordBatch.from_pylist(rows, schema=chunk.SCHEMA)
+        batch = pa.RecordBatch.from_pylist(rows, schema=contract.SCHEMA)
         special = (worker.cls_id, worker.sep_id)
-        chunk.validate_chunks(batch, 64, worker.continues_word, special, "here")
+        contract.validate_chunks(batch, 64, worker.continues_word, special, "here")
 
     validate(rows)  # the real rows pass
     target = next(i for i, r in enumerate(rows) if i > 0 and len(r["word_starts"]) > 2)

@@ -48,6 +48,14 @@ def test_a_subpackage_entry_stands_for_all_its_modules(trainer):
     assert shared <= files  # followed from its imports (training/__init__.py imports them all)
 
 
+def test_a_subpackage_entry_stands_for_its_own_subpackages_too():
+    # contracts/ holds one folder per artifact type; audit loads their audit modules at run time.
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("contracts")}
+    modules = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "contracts").rglob("*.py")}
+    assert modules <= files
+    assert "contracts/chunks/audit.py" in files and "contracts/chunks/__init__.py" in files
+
+
 def test_imports_inside_functions_are_followed():
     # analysis/ imports pretrain.model lazily (torch heads only when a figure needs them).
     files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("analysis")}

@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from retrieval_pretraining import config as experiment_config
-from retrieval_pretraining import datasets
+from retrieval_pretraining import audit, dataset_files, datasets
+from retrieval_pretraining.contracts import datasets as contract
+from retrieval_pretraining.contracts.datasets import DatasetError
 
 from shipped_data import ROOT, SCIFACT_DATASET
 
@@ -30,7 +32,7 @@ def test_join_title_modes():
         datasets.join_title("a", "b", "colon")
 
 
-@pytest.mark.parametrize("mode", datasets.TITLE_MODES)
+@pytest.mark.parametrize("mode", contract.TITLE_MODES)
 def test_polars_join_agrees_with_join_title(mode):
     frame = pl.DataFrame({"title": ["Cats", "", None], "text": ["They purr.", "Untitled.", "x"]})
     joined = frame.select(datasets.joined_text_expr(mode))["text"].to_list()
@@ -87,6 +89,24 @@ def quirky_beir(tmp_path):
     return folder
 
 
+def test_outputs_follow_the_datasets_contract(quirky_beir, tmp_path):
+    """The writer's output is its contract's, quirks and all: the contract's schemas, and every
+    audit check passes (dataset.json included)."""
+    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    out = tmp_path / "results" / "datasets" / "quirky"
+    datasets.prepare(entry, out, data_root=str(tmp_path))
+    for name, schema, kind in (
+        ("corpus.parquet", contract.CORPUS_SCHEMA, "corpus"),
+        ("queries-test.parquet", contract.QUERIES_SCHEMA, "queries"),
+        ("qrels-test.parquet", contract.QRELS_SCHEMA, "qrels"),
+    ):
+        assert pq.read_schema(out / name) == schema, name
+        result = audit.audit(out / name)
+        assert result.kind == kind and result.passed, result.render()
+    result = audit.audit(out / "dataset.json")
+    assert result.kind == "dataset info (dataset.json)" and result.passed, result.render()
+
+
 def test_beir_quirks_are_counted_not_dropped(quirky_beir, tmp_path):
     entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
     out = tmp_path / "out"
@@ -116,13 +136,13 @@ def test_beir_errors_name_the_file_and_line(quirky_beir, tmp_path):
     entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
     with open(quirky_beir / "corpus.jsonl", "a") as handle:
         handle.write('{"_id": "d1", "text": "duplicate id"}\n')
-    with pytest.raises(datasets.DatasetError, match="duplicated doc_ids.*d1"):
+    with pytest.raises(DatasetError, match="duplicated doc_ids.*d1"):
         datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path))
     with open(quirky_beir / "corpus.jsonl", "a") as handle:
         handle.write("{not json\n")
-    with pytest.raises(datasets.DatasetError, match=r"corpus.jsonl, line 7: not valid JSON"):
+    with pytest.raises(DatasetError, match=r"corpus.jsonl, line 7: not valid JSON"):
         datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path))
-    with pytest.raises(datasets.DatasetError, match="no split 'dev'"):
+    with pytest.raises(DatasetError, match="no split 'dev'"):
         datasets.prepare_split(entry, "dev", tmp_path / "out", data_root=str(tmp_path))
 
 
@@ -130,7 +150,7 @@ def test_repeated_judgements_are_refused(quirky_beir, tmp_path):
     with open(quirky_beir / "qrels" / "test.tsv", "a") as handle:
         handle.write("q1\td1\t0\n")
     entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
-    with pytest.raises(datasets.DatasetError, match="1 repeated"):
+    with pytest.raises(DatasetError, match="1 repeated"):
         datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path))
 
 
@@ -183,7 +203,7 @@ def test_msmarco_layout_from_archives_gzip_and_titles(tmp_path):
     assert info["split_stats"]["dev"]["queries"] == 2
     assert info["split_stats"]["dev"]["qrels_missing_document"] == 1  # passage 7
     assert info["split_stats"]["dl19"]["relevance_levels"] == {"1": 1, "3": 1}
-    with pytest.raises(datasets.DatasetError, match="no member 'nope.tsv'"):
+    with pytest.raises(DatasetError, match="no member 'nope.tsv'"):
         datasets.prepare_corpus(
             dict(entry, corpus=ref("collectionandqueries.tar.gz", "nope.tsv")),
             tmp_path / "out2",
@@ -228,7 +248,7 @@ def test_msmarco_document_layout_is_streamed_in_batches(tmp_path, monkeypatch, c
             }
         ],
     }
-    monkeypatch.setattr(datasets, "CORPUS_BATCH_ROWS", 3)  # 7 documents: batches of 3, 3, 1
+    monkeypatch.setattr(dataset_files, "CORPUS_BATCH_ROWS", 3)  # 7 documents: batches of 3, 3, 1
     out = tmp_path / "out"
     info = datasets.prepare(entry, out, data_root=str(tmp_path), downloads=downloads)
     corpus = pl.read_parquet(out / "corpus.parquet")
@@ -251,7 +271,7 @@ def test_msmarco_document_layout_is_streamed_in_batches(tmp_path, monkeypatch, c
     # A repeated id in a later batch is found too (ids are checked over the whole file).
     with gzip.open(downloads / "dupe.tsv.gz", "wt") as handle:
         handle.write(lines + "D2\thttp://example.org/again\tAgain\tsecond copy\n")
-    with pytest.raises(datasets.DatasetError, match="duplicated doc_ids.*D2"):
+    with pytest.raises(DatasetError, match="duplicated doc_ids.*D2"):
         datasets.prepare_corpus(
             dict(entry, corpus={"download": "dupe.tsv.gz"}),
             tmp_path / "dupe",
@@ -259,15 +279,6 @@ def test_msmarco_document_layout_is_streamed_in_batches(tmp_path, monkeypatch, c
             downloads=downloads,
         )
     assert not (tmp_path / "dupe" / "corpus.parquet").exists()
-
-
-def test_ragged_tsv_lines_fail(tmp_path):
-    path = tmp_path / "collection.tsv"
-    path.write_text("0\tfine\n1\tone\ttoo many\n")
-    with pytest.raises(
-        datasets.DatasetError, match=r"collection.tsv, line 2: 3 tab-separated fields"
-    ):
-        list(datasets.read_corpus_tsv_batches(path))
 
 
 def test_config_sections_validate_and_reject_unknown_title_modes():

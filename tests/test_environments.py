@@ -29,6 +29,7 @@ ENV_MODULES = {
     "torch": [
         "download", "extract", "checkpoints", "chunk", "spans", "datasets", "encode",
         "finetune", "pretrain", "evaluate", "tables", "report", "analysis", "audit", "launch",
+        "contracts",  # audit loads every type's audit module at run time (contracts/registry.py)
     ],
     "faiss": ["encode", "faiss_index", "mine", "dense_search"],
     "pyserini": ["bm25", "pyserini_setup"],

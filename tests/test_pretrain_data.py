@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pretrain_fixtures import SPAN_SCHEMA, build_corpus, tokenizer
-from retrieval_pretraining import artifacts, chunk
+from retrieval_pretraining import artifacts, wordpiece
 from retrieval_pretraining.pretrain import data as pdata
 
 
@@ -105,8 +105,8 @@ def test_chunks_of_another_vocabulary_are_rejected(corpus, tmp_path):
     chunk_copy.parent.mkdir()
     chunk_copy.write_bytes(chunks[0].read_bytes())
     tokens = sorted(tok.get_vocab(), key=tok.get_vocab().get)
-    for fingerprint, ok in ((chunk.vocab_sha256(tokens), True),
-                            (chunk.vocab_sha256(tokens[:-1] + ["[cased]"]), False)):
+    for fingerprint, ok in ((wordpiece.vocab_sha256(tokens), True),
+                            (wordpiece.vocab_sha256(tokens[:-1] + ["[cased]"]), False)):
         artifacts.write_manifest(
             artifacts.manifest_path(chunk_copy), stage="chunk_articles", params={},
             stats={"tokenizer": {"name": "other (BertTokenizer)", "vocab_sha256": fingerprint}})

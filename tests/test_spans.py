@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,9 @@ from scipy import stats as st
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from retrieval_pretraining import artifacts, checkpoints, chunk, spans  # noqa: E402
+from retrieval_pretraining import artifacts, audit, checkpoints, chunk, chunker  # noqa: E402
+from retrieval_pretraining import span_audit, spans, wordpiece  # noqa: E402
+from retrieval_pretraining.contracts import spans as contract  # noqa: E402
 
 from shipped_data import ONE_LAYER_MINILM, ROOT, SCIFACT_CORPUS  # noqa: E402
 SCIFACT = SCIFACT_CORPUS
@@ -41,7 +44,7 @@ def span_config(granularities=COSTA, **overrides):
 
 def only(name, min_len=None, max_len=None):
     """A granularities block with one granularity switched on."""
-    block = {g: {"enabled": False, "min_len": 1, "max_len": 1} for g in spans.GRANULARITIES}
+    block = {g: {"enabled": False, "min_len": 1, "max_len": 1} for g in contract.GRANULARITIES}
     block["word"] = {"enabled": name == "word"}
     if name != "word":
         block[name] = {"enabled": True, "min_len": min_len, "max_len": max_len}
@@ -62,7 +65,7 @@ def words(checkpoint):
 
 @pytest.fixture(scope="module")
 def tokenizer(checkpoint):
-    return chunk.load_tokenizer(checkpoint)
+    return wordpiece.load_tokenizer(checkpoint)
 
 
 def synthetic_chunks(tokenizer, text_lengths, first_id=1000):
@@ -144,12 +147,27 @@ def scifact_chunks(checkpoint, tmp_path_factory):
     pq.write_table(table, folder / "articles.parquet")
     outs = {}
     for shards in (1, 3):
-        cfg = chunk.ChunkConfig.from_dict(
+        cfg = chunker.ChunkConfig.from_dict(
             {"checkpoint": "x", "max_len": 128, "min_tail_len": 16, "shards": shards}
         )
         outs[shards] = [folder / f"s{shards}" / f"shard-{i:04d}.parquet" for i in range(shards)]
         chunk.chunk_corpus([folder / "articles.parquet"], checkpoint, outs[shards], cfg)
     return outs
+
+
+def test_the_index_follows_the_span_contract(scifact_chunks, checkpoint, tmp_path):
+    """The writer's output is its contract's: the contract's schema, and every audit check passes
+    (in the results/ layout, where audit finds the chunks shard beside the spans)."""
+    corpus = tmp_path / "results" / "corpus"
+    chunks = corpus / "chunks" / "shard-0000.parquet"
+    chunks.parent.mkdir(parents=True)
+    shutil.copy(scifact_chunks[1][0], chunks)
+    shutil.copy(artifacts.manifest_path(scifact_chunks[1][0]), artifacts.manifest_path(chunks))
+    out = corpus / "spans" / "t" / "shard-0000.parquet"
+    spans.sample_shard(chunks, checkpoint, out, span_config())
+    assert pq.read_schema(out) == contract.SCHEMA
+    result = audit.audit(out)
+    assert result.kind == "spans" and result.passed, result.render()
 
 
 def test_word_spans_are_whole_non_stop_words(scifact_chunks, checkpoint, tokenizer, tmp_path):
@@ -211,7 +229,7 @@ def test_short_chunk_rules(rule, tokenizer, words):
     cfg = span_config(only("paragraph", 64, 128), short_chunk=rule, spans_per_granularity=20)
     stats = {}
     out = spans.sample_batch(synthetic_chunks(tokenizer, n), cfg, words, stats)
-    spans.validate_spans(out, synthetic_chunks(tokenizer, n), cfg, words, "test")
+    contract.validate_spans(out, synthetic_chunks(tokenizer, n), cfg, words, "test")
     per_chunk = {row: [] for row in range(len(n))}
     for row, s, e in spans_of(out, 3):
         per_chunk[row].append(e - s)
@@ -248,16 +266,16 @@ def test_validation_fails_loudly_on_a_bad_span(tokenizer, words):
         }
     )
     with pytest.raises(ValueError, match="chunk 1000 span 0 .*stop word"):
-        spans.validate_spans(bad, batch, cfg, words, "test")
+        contract.validate_spans(bad, batch, cfg, words, "test")
     cfg = span_config(only("phrase", 4, 16))
     bad = bad.set_column(2, "span_end", pa.array([[30]], pa.list_(pa.int32())))
     bad = bad.set_column(3, "granularity", pa.array([[1]], pa.list_(pa.int8())))
     with pytest.raises(ValueError, match="not inside the text tokens"):
-        spans.validate_spans(bad, batch, cfg, words, "test")
+        contract.validate_spans(bad, batch, cfg, words, "test")
     # A phrase span inside the text but shorter than the granularity's minimum (and not a clip).
     bad = bad.set_column(2, "span_end", pa.array([[5]], pa.list_(pa.int32())))
     with pytest.raises(ValueError, match=r"length outside \[4, 16\]"):
-        spans.validate_spans(bad, batch, cfg, words, "test")
+        contract.validate_spans(bad, batch, cfg, words, "test")
     # A word span covering two words (tokens 5 and 6 of the synthetic chunk are separate words).
     word_starts = batch.column("word_starts").to_pylist()[0]
     assert 5 in word_starts and 6 in word_starts and 7 in word_starts
@@ -265,7 +283,7 @@ def test_validation_fails_loudly_on_a_bad_span(tokenizer, words):
     bad = bad.set_column(2, "span_end", pa.array([[7]], pa.list_(pa.int32())))
     bad = bad.set_column(3, "granularity", pa.array([[0]], pa.list_(pa.int8())))
     with pytest.raises(ValueError, match="not one whole word"):
-        spans.validate_spans(bad, batch, span_config(only("word")), words, "test")
+        contract.validate_spans(bad, batch, span_config(only("word")), words, "test")
 
 
 def test_audit_artifacts(scifact_chunks, checkpoint, tmp_path):
@@ -274,7 +292,7 @@ def test_audit_artifacts(scifact_chunks, checkpoint, tmp_path):
     for i, path in enumerate(scifact_chunks[3]):
         outs.append(tmp_path / f"shard-{i:04d}.parquet")
         spans.sample_shard(path, checkpoint, outs[-1], cfg)
-    spans.audit(
+    span_audit.audit_spans(
         scifact_chunks[3], outs, checkpoint, cfg, tmp_path / "lengths.png", tmp_path / "sample.md"
     )
     assert (tmp_path / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

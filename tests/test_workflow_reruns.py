@@ -51,6 +51,23 @@ def test_editing_the_extraction_code_reruns_extraction_and_what_depends_on_it(fi
     assert planned_rules(finished, SPANS_TARGET) == {}
 
 
+def test_editing_how_audit_shows_chunks_reruns_nothing_but_their_schema_reruns_chunking(finished):
+    """A writer imports its contract's `__init__` (schema, validator), never audit code."""
+    contracts = finished / "workflow" / "retrieval_pretraining" / "contracts"
+    for module, expected in [
+        (contracts / "chunks" / "audit.py", set()),
+        (contracts / "base.py", set()),
+        (contracts / "chunks" / "__init__.py", {"chunk_articles", "sample_spans"}),
+    ]:
+        original = module.read_text()
+        module.write_text(original + "\n# an edit\n")
+        try:
+            plan = planned_rules(finished, SPANS_TARGET)
+            assert set(plan) == expected, (module.relative_to(contracts), plan)
+        finally:
+            module.write_text(original)
+
+
 def test_changing_an_extraction_parameter_reruns_extraction_only_upstream(finished):
     original = _edit_config(finished, lambda c: c["extract"].update(min_chars=50))
     try:

@@ -46,17 +46,10 @@ from tqdm import tqdm
 
 from . import artifacts, datasets
 from .config import stage_parser
+from .contracts.negatives import SCHEMA as NEGATIVES_SCHEMA
 
 log = logging.getLogger(__name__)
 
-NEGATIVES_SCHEMA = pa.schema(
-    [
-        ("query_id", pa.string()),
-        ("positive_ids", pa.list_(pa.string())),
-        ("negative_ids", pa.list_(pa.string())),
-        ("negative_ranks", pa.list_(pa.int32())),
-    ]
-)
 DEFAULTS = {
     "k1": 0.9,
     "b": 0.4,

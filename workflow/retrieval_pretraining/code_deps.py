@@ -4,7 +4,8 @@ Read from the source with `ast` (nothing is imported, so the Snakefile can call 
 without torch). Two consumers: `rules/common.smk` declares these files as a rule's inputs, so that
 editing any module a stage runs reruns that stage (and nothing that does not run it), and
 `tests/test_environments.py` checks that each conda environment provides the third-party imports
-of the stages it serves. A subpackage entry (`pretrain`, `finetune`) stands for all its modules.
+of the stages it serves. A subpackage entry (`pretrain`, `finetune`, `contracts`) stands for all its
+modules, those of its own subpackages included.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def closure(entry: str) -> tuple[tuple[Path, ...], frozenset[str]]:
     todo = [entry]
     first = module_file(entry)
     if first is not None and first.name == "__init__.py":  # a subpackage entry: all its modules
-        todo += [f"{entry}.{p.stem}" for p in first.parent.glob("*.py") if p.stem != "__init__"]
+        for path in first.parent.rglob("*.py"):  # and those of its own subpackages (contracts/)
+            parts = path.relative_to(first.parent).with_suffix("").parts
+            todo.append(".".join((entry, *parts)).removesuffix(".__init__"))
     files: set[Path] = set()
     third_party: set[str] = set()
     while todo:

@@ -24,12 +24,11 @@ from tqdm import tqdm
 
 from . import artifacts
 from .config import stage_parser
+from .contracts.embeddings import IDS_SCHEMA
 from .datasets import join_title
 from .retrieval_settings import SEARCH_KEYS, RetrievalSettings
 
 log = logging.getLogger(__name__)
-
-IDS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False)])
 
 
 def settings(config: dict[str, Any]) -> RetrievalSettings:

@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from . import artifacts, parallel, wikitext
 from .config import stage_parser
+from .contracts.articles import SCHEMA
 from .dump_reader import (
     ExtractError,
     Stream,
@@ -58,14 +59,6 @@ from .dump_reader import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA = pa.schema(
-    [
-        pa.field("page_id", pa.int64(), nullable=False),
-        pa.field("title", pa.string(), nullable=False),
-        pa.field("text", pa.large_string(), nullable=False),
-        pa.field("revision_id", pa.int64(), nullable=False),
-    ]
-)
 # Why a page was not kept; every page seen lands in exactly one of these or in "kept".
 DROP_REASONS = (
     "redirect",

@@ -30,19 +30,12 @@ import pyarrow as pa
 
 from . import artifacts, faiss_index
 from .config import stage_parser
+from .contracts.negatives import MINED_SCHEMA as SCHEMA
 from .dense_search import encode_queries, rank
 from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, check_choice, check_int,
                                  refuse_unknown, slice_keys)
 
 log = logging.getLogger(__name__)
-
-SCHEMA = pa.schema([
-    pa.field("query_id", pa.string(), nullable=False),
-    pa.field("positive_ids", pa.list_(pa.string())),
-    pa.field("negative_ids", pa.list_(pa.string())),
-    pa.field("negative_ranks", pa.list_(pa.int32())),
-    pa.field("negative_scores", pa.list_(pa.float32())),
-])
 
 POLICY_DEFAULTS: dict[str, Any] = {
     "depth": 200,

@@ -20,6 +20,10 @@ Rules (each one is a documented decision; see ARCHITECTURE.md):
 - Randomness: a counter-based generator (SplitMix64) keyed by (seed, chunk_id): the u-th uniform of
   a chunk depends on nothing else, so the index is byte-identical for any shard or process count,
   and a whole batch of chunks is sampled with NumPy array operations.
+
+Every batch is checked against these rules by the span index contract's validator
+(contracts/spans/) before the shard is written. `spans audit` draws lengths.png and sample.md
+(span_audit.py).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,21 +40,14 @@ import pyarrow.parquet as pq
 from scipy.stats import beta as beta_law
 from tqdm import tqdm
 
-from . import artifacts
-from .chunk import load_tokenizer, tokenizer_info
+from . import artifacts, span_audit
 from .config import ConfigError, stage_parser
+from .contracts.chunks import word_extents
+from .contracts.columns import flat
+from .contracts.spans import GRANULARITIES, SCHEMA, validate_spans
+from .wordpiece import load_tokenizer, tokenizer_info
 
 log = logging.getLogger(__name__)
-
-GRANULARITIES = ("word", "phrase", "sentence", "paragraph")
-SCHEMA = pa.schema(
-    [
-        pa.field("chunk_id", pa.int64(), nullable=False),
-        pa.field("span_start", pa.list_(pa.int32()), nullable=False),
-        pa.field("span_end", pa.list_(pa.int32()), nullable=False),
-        pa.field("granularity", pa.list_(pa.int8()), nullable=False),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -207,32 +204,13 @@ class WordTable:
 # --- sampling -------------------------------------------------------------------------------------
 
 
-def _flat(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A list column as (values, offsets starting at 0)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    off = arr.offsets.to_numpy().astype(np.int64)
-    return arr.flatten().to_numpy(), off - off[0]
-
-
-def _words(ids_off, word_pos, word_off):
-    """Absolute start, length in pieces and owning row of every word of a batch of chunks."""
-    counts = np.diff(word_off)
-    row = np.repeat(np.arange(len(counts)), counts)
-    start = word_pos.astype(np.int64) + ids_off[:-1][row]
-    end = np.empty_like(start)
-    end[:-1] = start[1:]
-    last = word_off[1:][counts > 0] - 1
-    end[last] = ids_off[1:][counts > 0] - 1  # the last word ends at [SEP]
-    return start, end - start, row
-
-
 def sample_batch(
     batch: pa.RecordBatch | pa.Table, cfg: SpanConfig, words: WordTable, stats: dict
 ) -> pa.RecordBatch:
     """Sample the spans of a batch of chunks (NumPy over the whole batch)."""
     chunk_ids = batch.column("chunk_id").to_numpy()
-    ids, ids_off = _flat(batch.column("input_ids"))
-    word_pos, word_off = _flat(batch.column("word_starts"))
+    ids, ids_off = flat(batch.column("input_ids"))
+    word_pos, word_off = flat(batch.column("word_starts"))
     n_chunks, T = len(chunk_ids), cfg.spans_per_granularity
     n = np.diff(ids_off) - 2
     u = uniforms(chunk_keys(cfg.seed, chunk_ids), np.arange(len(GRANULARITIES) * T * 2))
@@ -245,7 +223,7 @@ def sample_batch(
             continue
         s = stats.setdefault(name, {"spans": 0, "clipped": 0, "skipped": 0, "resampled": 0})
         if name == "word":
-            w_start, w_len, w_row = _words(ids_off, word_pos, word_off)
+            w_start, w_len, w_row = word_extents(ids_off, word_pos, word_off)
             elig = np.flatnonzero(words.eligible(ids, w_start, w_len))
             count = np.bincount(w_row[elig], minlength=n_chunks)
             has = count > 0
@@ -300,61 +278,6 @@ def sample_batch(
     )
 
 
-def validate_spans(
-    spans: pa.RecordBatch, chunks: pa.RecordBatch, cfg: SpanConfig, words: WordTable, where: str
-) -> None:
-    """Check every span of a batch against the rules above; raise naming the first bad span."""
-    chunk_ids = chunks.column("chunk_id").to_numpy()
-    if not np.array_equal(spans.column("chunk_id").to_numpy(), chunk_ids):
-        raise ValueError(f"{where}: the chunk_id column differs from the chunks shard's")
-    ids, ids_off = _flat(chunks.column("input_ids"))
-    word_pos, word_off = _flat(chunks.column("word_starts"))
-    start, off = _flat(spans.column("span_start"))
-    end, _ = _flat(spans.column("span_end"))
-    gran, _ = _flat(spans.column("granularity"))
-    row = np.repeat(np.arange(len(chunk_ids)), np.diff(off))
-    start, end, n = start.astype(np.int64), end.astype(np.int64), (np.diff(ids_off) - 2)[row]
-    length = end - start
-
-    def fail(bad: np.ndarray, what: str) -> None:
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"{where}: chunk {chunk_ids[row[i]]} span {i - off[row[i]]} "
-                f"({GRANULARITIES[gran[i]]}, [{start[i]}, {end[i]})) {what}; "
-                "this is a bug in spans.py"
-            )
-
-    fail((start < 1) | (end > n + 1) | (length < 1), "is not inside the text tokens")
-    for g, name in enumerate(GRANULARITIES):
-        sel = gran == g
-        if not cfg.enabled(name):
-            fail(sel, "belongs to a disabled granularity")
-            continue
-        fail(
-            sel
-            & (np.bincount(row[sel], minlength=len(chunk_ids))[row] > cfg.spans_per_granularity),
-            "exceeds spans_per_granularity",
-        )
-        if name == "word":
-            w_start, w_len, _ = _words(ids_off, word_pos, word_off)
-            bad = np.zeros_like(sel)
-            if sel.any():  # look up the word each word span starts at (word starts are sorted)
-                abs_start = start[sel] + ids_off[:-1][row[sel]]
-                idx = np.clip(np.searchsorted(w_start, abs_start), 0, len(w_start) - 1)
-                bad[sel] = (w_start[idx] != abs_start) | (w_len[idx] != length[sel])
-                fail(bad, "is not one whole word")
-                bad[sel] = ~words.eligible(ids, w_start[idx], w_len[idx])
-                fail(bad, "is a stop word or punctuation")
-        else:
-            lmin, lmax = cfg.bounds(name)
-            clipped = (cfg.short_chunk == "clip") & (length == n) & (n < lmax)
-            fail(
-                sel & ~(((length >= lmin) & (length <= lmax)) | clipped),
-                f"has a length outside [{lmin}, {lmax}]",
-            )
-
-
 # --- the stage ------------------------------------------------------------------------------------
 
 
@@ -388,8 +311,8 @@ def sample_shard(
         spans = sample_batch(chunks, cfg, words, stats)
         validate_spans(spans, chunks, cfg, words, str(out))
         batches.append(spans)
-        g, _ = _flat(spans.column("granularity"))
-        ln = _flat(spans.column("span_end"))[0] - _flat(spans.column("span_start"))[0]
+        g, _ = flat(spans.column("granularity"))
+        ln = flat(spans.column("span_end"))[0] - flat(spans.column("span_start"))[0]
         for i, name in enumerate(GRANULARITIES):
             lengths[name].append(ln[g == i])
     table = pa.Table.from_batches(batches, schema=SCHEMA)
@@ -427,111 +350,6 @@ def sample_shard(
     return stats
 
 
-# --- audit artifacts ------------------------------------------------------------------------------
-
-
-def audit(
-    chunk_paths: Sequence[str | os.PathLike],
-    span_paths: Sequence[str | os.PathLike],
-    checkpoint_dir: str | os.PathLike,
-    cfg: SpanConfig,
-    plot: str | os.PathLike,
-    sample: str | os.PathLike,
-    max_chunks: int = 200_000,
-    sample_chunks: int = 3,
-) -> None:
-    """lengths.png: span lengths against the scaled Beta density; sample.md: spans as text."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lengths = {g: [] for g in GRANULARITIES}
-    seen = 0
-    for path in span_paths:  # the first max_chunks chunks, shard by shard: deterministic
-        table = pq.read_table(path, columns=["span_start", "span_end", "granularity"]).slice(
-            0, max_chunks - seen
-        )
-        seen += table.num_rows
-        g, _ = _flat(table["granularity"])
-        ln = _flat(table["span_end"])[0] - _flat(table["span_start"])[0]
-        for i, name in enumerate(GRANULARITIES):
-            lengths[name].append(ln[g == i])
-    enabled = [g for g in GRANULARITIES if cfg.enabled(g)]
-    fig, axes = plt.subplots(1, len(enabled), figsize=(4 * len(enabled), 3.2), squeeze=False)
-    for ax, name in zip(axes[0], enabled):
-        ln = np.concatenate(lengths[name]) if lengths[name] else np.zeros(0)
-        if name == "word":
-            ax.hist(
-                ln, bins=np.arange(0.5, max(ln.max(initial=1), 1) + 1.5), density=True, color="C0"
-            )
-            ax.set_title(f"word: pieces per word span (n={len(ln)})")
-        else:
-            lmin, lmax = cfg.bounds(name)
-            ax.hist(
-                ln,
-                bins=np.arange(min(lmin, ln.min(initial=lmin)) - 0.5, lmax + 1.5),
-                density=True,
-                color="C0",
-                label="sampled",
-            )
-            x = np.linspace(lmin, lmax, 400)
-            ax.plot(
-                x,
-                beta_law.pdf((x - lmin) / max(lmax - lmin, 1), cfg.beta_alpha, cfg.beta_beta)
-                / max(lmax - lmin, 1),
-                color="C3",
-                label=f"Beta({cfg.beta_alpha:g},{cfg.beta_beta:g}) scaled",
-            )
-            ax.set_title(f"{name} [{lmin}, {lmax}] (n={len(ln)})")
-            ax.legend(fontsize=7)
-        ax.set_xlabel("span length (tokens)")
-    fig.suptitle(f"span lengths, spans={cfg.name}, short_chunk={cfg.short_chunk}", fontsize=9)
-    fig.tight_layout()
-    with artifacts.atomic_path(plot) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-
-    tokenizer = load_tokenizer(checkpoint_dir)
-    chunks = pq.read_table(chunk_paths[0]).slice(0, sample_chunks).to_pylist()
-    spans = pq.read_table(span_paths[0]).slice(0, sample_chunks).to_pylist()
-    lines = [
-        f"# Span sample: spans={cfg.name}",
-        "",
-        f"The first {len(chunks)} chunks of {chunk_paths[0]}, decoded, with their spans "
-        "(positions index input_ids; [CLS] is position 0).",
-        "",
-    ]
-    for chunk, row in zip(chunks, spans):
-        ids = chunk["input_ids"]
-        lines += [
-            f"## chunk {chunk['chunk_id']} (page {chunk['page_id']}, chunk {chunk['chunk_index']}, "
-            f"{len(ids)} tokens)",
-            "",
-            "> " + tokenizer.decode(ids, skip_special_tokens=False),
-            "",
-            "| granularity | [start, end) | length | text |",
-            "|---|---|---|---|",
-        ]
-        for s, e, g in zip(row["span_start"], row["span_end"], row["granularity"]):
-            text = tokenizer.decode(ids[s:e]).replace("|", "\\|")
-            lines.append(f"| {GRANULARITIES[g]} | [{s}, {e}) | {e - s} | {text} |")
-        lines.append("")
-    with artifacts.atomic_path(sample) as tmp:
-        tmp.write_text("\n".join(lines))
-    params = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
-    inputs = {f"spans:{Path(p).name}": p for p in span_paths}
-    counts = {g: int(sum(len(x) for x in lengths[g])) for g in enabled}
-    for artifact in (plot, sample):
-        artifacts.write_manifest(
-            artifacts.manifest_path(artifact),
-            stage="audit_spans",
-            params=params,
-            inputs=inputs,
-            stats={"chunks_read": seen, "spans_plotted": counts},
-        )
-
-
 def main() -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("command", choices=["sample", "audit"])
@@ -556,7 +374,9 @@ def main() -> None:
     else:
         if not (args.spans and args.plot and args.sample):
             parser.error("audit needs --spans, --plot and --sample")
-        audit(args.chunks, args.spans, args.checkpoint, cfg, args.plot, args.sample)
+        span_audit.audit_spans(
+            args.chunks, args.spans, args.checkpoint, cfg, args.plot, args.sample
+        )
 
 
 if __name__ == "__main__":

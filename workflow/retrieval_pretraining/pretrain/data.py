@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 from .. import artifacts
-from ..chunk import tokens_by_id, vocab_sha256
+from ..wordpiece import tokens_by_id, vocab_sha256
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,19 @@
+"""Artifact contracts: one folder per artifact type, the one place its contract is written.
+
+    contracts/<type>/__init__.py   the contract in words, and what its writer imports: the Arrow
+                                   schema (where it is Parquet), the validator the writer calls
+                                   before publishing (raising an error that names the file, the row
+                                   and the fix), constants, error types
+    contracts/<type>/audit.py      how `audit` recognises, summarises and checks such a file
+                                   (`KINDS`, and `FILES` for files whose contents do not say what
+                                   they are); its column checks derive from the schema above
+
+Adding an artifact type is adding a folder (registry.py finds it); adding a column is a change to
+its schema in `<type>/__init__.py` alone.
+
+Why two modules per type: a rule declares as its code input every package file its stage imports
+(code_deps.py). A writer imports its type's `__init__` (and columns.py, which holds what the
+validators share), never an audit module, base.py (the audits' shared display helpers) or
+registry.py; so changing how `audit` prints an artifact reruns no stage. `__init__` modules import
+no audit code (tests/test_contracts.py checks both).
+"""

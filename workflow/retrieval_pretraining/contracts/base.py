@@ -1,0 +1,321 @@
+"""What the artifact types' audits share: the audit record, kinds and probes, manifests, Snakemake's
+records, and the common shape of a Parquet artifact's audit. Audit code alone imports it (audit.py,
+contracts/*/audit.py): a writer never runs it, so editing it reruns no stage.
+
+A `Kind` says how `audit` recognises one kind of artifact (`matches`, given a `Probe` of the path)
+and audits it (`audit(record, rows)`: say what it is, show its manifest and the rule that wrote it,
+render a few rows as text, record each contract check). Kinds are tried in `rank` order; the bands
+below keep the orders that matter (a folder is only a folder kind; a download is a download whatever
+its name; a kind recognised by less goes after the kinds it would shadow).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import fnmatch
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .. import artifacts
+from .downloads import download_manifest_path
+
+# Kind.rank bands (first match wins; ranks are unique across the contracts).
+RANK_FOLDER = 100  # folders, by their entries
+RANK_DOWNLOAD = 200  # a download, whatever its name (before every name- or content-based kind)
+RANK_PARQUET = 300  # Parquet files, by their columns
+RANK_JSON = 400  # JSON files: by contents, then by name, then by place below results/
+RANK_NAME = 500  # other files, by name
+RANK_MEMBER = 900  # files of an index folder, which have no name of their own
+
+
+class NotAnArtifact(ValueError):
+    """The path is not something this workflow writes (or is damaged beyond recognition)."""
+
+
+@dataclass
+class Audit:
+    path: Path
+    kind: str = "unknown"
+    lines: list[str] = field(default_factory=list)
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    def say(self, text: str = "") -> None:
+        self.lines.append(text)
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append((name, bool(ok), detail))
+        return bool(ok)
+
+    @property
+    def passed(self) -> bool:
+        return all(ok for _, ok, _ in self.checks)
+
+    def render(self) -> str:
+        out = [f"== {self.path}  [{self.kind}]", *self.lines, "", "-- checks"]
+        out += [
+            f"  {'PASS' if ok else 'FAIL'}  {name}" + (f": {detail}" if detail else "")
+            for name, ok, detail in self.checks
+        ] or ["  (none)"]
+        return "\n".join(out)
+
+
+class Probe:
+    """What recognition may look at, each read at most once: the path, its place below results/,
+    a folder's entries, a Parquet file's columns, a JSON file's contents."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.name = path.name
+        self.is_dir = path.is_dir()
+        self.rel = results_relative(path) or ""  # '' outside a results/ folder
+        self.section = self.rel.split("/")[0]
+
+    @functools.cached_property
+    def entries(self) -> set[str]:
+        return {p.name for p in self.path.iterdir()}
+
+    @functools.cached_property
+    def columns(self) -> set[str]:
+        try:
+            return set(pq.ParquetFile(self.path).schema_arrow.names)
+        except Exception as error:  # pyarrow raises several types for a damaged file
+            raise NotAnArtifact(f"{self.path} is not a readable Parquet file: {error}") from error
+
+    @functools.cached_property
+    def data(self) -> Any:
+        try:
+            return json.loads(self.path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise NotAnArtifact(f"{self.path}: not JSON ({error})") from error
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of artifact: how `audit` recognises it and how it audits it."""
+
+    name: str  # how a refusal lists it: "chunks", ".trec", "a Lucene index (segments_*)"
+    rank: int  # the order kinds are tried in (bands above)
+    form: str  # "folder" (tried on folders only), or "Parquet", "JSON", "file" (on files)
+    matches: Callable[[Probe], bool]
+    audit: Callable[[Audit, int], None]
+    schema: pa.Schema | None = None  # a Parquet kind's contract
+
+
+def json_kind(name: str, rank: int, test: Callable[[Probe], bool], audit) -> Kind:
+    """A JSON artifact: a `.json` file for which `test` holds (`probe.data` is its contents)."""
+
+    def matches(p: Probe) -> bool:
+        if not p.name.endswith(".json"):
+            return False
+        p.data  # a file that does not parse is refused as "not JSON", whatever its name
+        return test(p)
+
+    return Kind(name, rank, "JSON", matches, audit)
+
+
+def parquet_kind(
+    name: str, rank: int, schema: pa.Schema, recognise: Callable[[set[str]], bool], render,
+    shown_as: str | None = None,
+) -> Kind:
+    """A Parquet artifact, recognised by its column names: the manifest, the rule, the schema
+    (checked against `schema`), the row count against the manifest's, then `render(audit, table,
+    manifest, rows)` for the rows and the kind's own checks."""
+
+    def audit(a: Audit, n: int) -> None:
+        try:
+            pf = pq.ParquetFile(a.path)
+        except Exception as error:  # pyarrow raises several types for a damaged file
+            raise NotAnArtifact(f"{a.path} is not a readable Parquet file: {error}") from error
+        a.kind = shown_as or name
+        manifest = read_manifest(a.path)
+        show_manifest(a, manifest)
+        show_snakemake_record(a, a.path)
+        schema_summary(a, pf)
+        check_schema(a, pf.schema_arrow, schema)
+        table = pf.read()
+        if manifest and "rows" in (manifest.get("stats") or {}):
+            a.check(
+                "row count equals the manifest's",
+                manifest["stats"]["rows"] == table.num_rows,
+                f"{table.num_rows} vs {manifest['stats']['rows']}",
+            )
+        render(a, table, manifest, n)
+
+    def matches(p: Probe) -> bool:
+        return p.name.endswith(".parquet") and recognise(p.columns)
+
+    return Kind(name, rank, "Parquet", matches, audit, schema)
+
+
+# ----------------------------------------------------------------------------- places
+def results_root(path: Path) -> Path | None:
+    """The `results/` folder an artifact lives in (its siblings are found relative to it)."""
+    for parent in [path, *path.resolve().parents]:
+        if parent.name == "results":
+            return parent
+    return None
+
+
+def results_relative(path: Path) -> str | None:
+    """The path below its `results/` folder ('pretrain/costa/loss.png'), or None outside one."""
+    root = results_root(path)
+    if root is None:
+        return None
+    return path.resolve().relative_to(root.resolve()).as_posix()
+
+
+def known_file(path: Path) -> tuple[str, str] | None:
+    """(what it is, which rule writes it) for a path below results/ that a contract's FILES names.
+    First match wins; the patterns are fnmatch's (`*` also matches `/`)."""
+    from .registry import known_files  # the registry imports every type's audit, which import this
+
+    rel = results_relative(path)
+    if rel is None:
+        return None
+    for pattern, what, rule in known_files():
+        if fnmatch.fnmatchcase(rel, pattern):
+            return what, rule
+    return None
+
+
+def describe_origin(a: Audit, label: str, required: bool = True) -> None:
+    """Say what the file is and which rule writes it; refuse a file this workflow does not write
+    (unless not `required`: its contents already identify it)."""
+    known = known_file(a.path)
+    if known is not None:
+        who = known[1] if known[1].startswith("`") else f"rule {known[1]}"
+        a.say(f"-- {known[0]}; written by {who}")
+    elif required and snakemake_record(a.path) is None and read_manifest(a.path) is None:
+        raise NotAnArtifact(
+            f"{a.path}: {label}, but not one this workflow writes (not a known file below "
+            "results/, no Snakemake record, no manifest)"
+        )
+
+
+# ----------------------------------------------------------------------------- manifests
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    for candidate in (artifacts.manifest_path(path), download_manifest_path(path)):
+        if candidate.is_file() and candidate.resolve() != path.resolve():
+            return json.loads(candidate.read_text())
+    return None
+
+
+def show_manifest(a: Audit, manifest: dict[str, Any] | None) -> None:
+    a.say("-- manifest")
+    if manifest is None:
+        a.say("  (no manifest beside it)")
+        return
+    a.say(f"  stage: {manifest.get('stage')}   created: {manifest.get('created')}")
+    a.say(f"  params: {short(json.dumps(manifest.get('params', {}), sort_keys=True), 400)}")
+    if manifest.get("stats"):
+        a.say(f"  stats: {short(json.dumps(manifest['stats'], sort_keys=True), 400)}")
+    for name, entry in (manifest.get("inputs") or {}).items():
+        status = ""
+        source = Path(entry.get("path", ""))
+        if "sha256" in entry and source.is_file():
+            same = artifacts.sha256_file(source) == entry["sha256"]
+            status = "unchanged" if same else "CHANGED since"
+            a.check(f"input '{name}' still has the recorded checksum", same, str(source))
+        elif "sha256" in entry:
+            status = "not found now"
+        a.say(f"  input {name}: {source} {status}")
+    versions = manifest.get("versions") or {}
+    if versions:
+        a.say("  versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+
+
+# ----------------------------------------------------------------------------- Snakemake records
+def snakemake_metadata(path: Path) -> tuple[Path, Path] | None:
+    """(working directory, its .snakemake/metadata folder) of the project `path` lies in."""
+    for workdir in path.resolve().parents:
+        meta = workdir / ".snakemake" / "metadata"
+        if meta.is_dir():
+            return workdir, meta
+    return None
+
+
+def snakemake_record(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """(output, record) of the Snakemake job that wrote `path`, or the folder output holding it."""
+    found = snakemake_metadata(path)
+    if found is None:
+        return None
+    workdir, meta = found
+    target = path.resolve()
+    while target != workdir:
+        rel = str(target.relative_to(workdir))
+        record = meta / base64.urlsafe_b64encode(rel.encode()).decode()
+        if record.is_file():
+            return rel, json.loads(record.read_text())
+        target = target.parent
+    return None
+
+
+def show_snakemake_record(a: Audit, path: Path) -> None:
+    """Which rule, inputs and command produced it, from Snakemake's per-output metadata record."""
+    found = snakemake_metadata(path)
+    if found is None:
+        return
+    rel = str(path.resolve().relative_to(found[0]))
+    a.say("-- produced by")
+    record = snakemake_record(path)
+    if record is None:
+        a.say(f"  no Snakemake record for {rel} (built outside Snakemake, or long path)")
+        return
+    output, info = record
+    if output != rel:
+        a.say(f"  (part of the folder output {output})")
+    end = info.get("endtime")
+    when = (
+        _dt.datetime.fromtimestamp(end, _dt.timezone.utc).isoformat(timespec="seconds")
+        if isinstance(end, (int, float))
+        else end
+    )
+    a.say(f"  rule {info.get('rule')}  (finished {when})")
+    for item in info.get("input") or []:
+        a.say(f"  input {item}")
+    if info.get("log"):
+        a.say(f"  log {', '.join(info['log'])}")
+    if info.get("shellcmd"):
+        a.say(f"  command: {short(' '.join(info['shellcmd'].split()), 300)}")
+
+
+# ----------------------------------------------------------------------------- text and tables
+def short(text: str, limit: int = 160) -> str:
+    text = text.replace("\n", " ⏎ ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def schema_summary(a: Audit, table_or_file: pq.ParquetFile) -> None:
+    meta = table_or_file.metadata
+    a.say(f"-- schema ({meta.num_rows} rows, {meta.num_row_groups} row groups)")
+    for f in table_or_file.schema_arrow:
+        a.say(f"  {f.name}: {f.type}")
+
+
+def check_schema(a: Audit, schema: pa.Schema, expected: pa.Schema) -> None:
+    for f in expected:
+        got = schema.field(f.name).type if f.name in schema.names else None
+        detail = f"found {got}" if got != f.type else ""
+        a.check(f"column {f.name} is {f.type}", got == f.type, detail)
+
+
+def render_table_rows(key: str | None):
+    """A renderer for tables of ids and texts: `key` unique (when given), then a few rows."""
+
+    def render(a: Audit, t: pa.Table, manifest, n: int) -> None:
+        if key is not None:
+            a.check(f"{key} unique", len(pc.unique(t[key])) == len(t))
+        a.say("-- rows")
+        for row in t.slice(0, n).to_pylist():
+            a.say("  " + " | ".join(f"{k}={short(str(v), 120)}" for k, v in row.items()))
+
+    return render
+

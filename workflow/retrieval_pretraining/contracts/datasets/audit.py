@@ -1,0 +1,113 @@
+"""How `audit` shows and checks a retrieval dataset's files (corpus, queries, qrels, dataset.json).
+`dataset_folder` and `lookup_text` also serve the audits of negatives and runs, which show their
+queries and documents as text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..base import (
+    RANK_JSON, RANK_PARQUET, Audit, describe_origin, json_kind, parquet_kind, read_manifest,
+    render_table_rows, results_root, show_manifest, show_snakemake_record,
+)
+from . import CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES
+
+FILES = [
+    ("datasets/*/dataset.json", "dataset info: title mode, query-id rule, splits, corpus quirks",
+     "prepare_dataset"),
+]
+
+
+def dataset_folder(path: Path) -> Path | None:
+    """results/{bm25,finetune/...,runs}/.../{dataset}/... -> results/datasets/{dataset}."""
+    root = results_root(path)
+    if root is None:
+        return None
+    for part in path.resolve().relative_to(root.resolve()).parts:
+        if (root / "datasets" / part).is_dir():
+            return root / "datasets" / part
+    return None
+
+
+def lookup_text(folder: Path | None, pattern: str, key: str, ids: list[str]) -> dict[str, str]:
+    """id -> text (documents: 'title: text') for a few ids, from the dataset's Parquet files."""
+    if folder is None:
+        return {}
+    found = {}
+    for f in sorted(folder.glob(pattern)):
+        t = pq.read_table(f)
+        t = t.filter(pc.is_in(t[key], value_set=pa.array(ids, pa.string())))
+        texts = t["text"].to_pylist()
+        if "title" in t.schema.names:
+            texts = [
+                f"{title}: {text}" if title else text
+                for title, text in zip(t["title"].to_pylist(), texts)
+            ]
+        found.update(zip(t[key].to_pylist(), texts))
+    return found
+
+
+def render_qrels(a: Audit, t: pa.Table, manifest, n: int) -> None:
+    a.say(
+        f"-- {len(pc.unique(t['query_id']))} queries, relevance levels "
+        f"{sorted(pc.unique(t['relevance']).to_pylist())}"
+    )
+    render_table_rows(None)(a, t, manifest, n)
+
+
+def audit_dataset_info(a: Audit, n: int) -> None:
+    data = json.loads(a.path.read_text())
+    a.kind = "dataset info (dataset.json)"
+    describe_origin(a, "a dataset.json")
+    corpus = a.path.parent / "corpus.parquet"
+    a.say(
+        f"-- dataset {data.get('name')} ({data.get('format')}): title mode {data.get('title')!r}, "
+        f"exclude_query_id {data.get('exclude_query_id')}, splits {data.get('splits')}"
+    )
+    a.say(f"  corpus quirks: {json.dumps(data.get('corpus'), sort_keys=True)}")
+    for split in data.get("splits") or []:
+        files = [f"{kind}-{split}.parquet" for kind in ("queries", "qrels")]
+        present = [f for f in files if (a.path.parent / f).is_file()]
+        a.say(f"  split {split}: {', '.join(present) or 'not prepared (no rule asked for it)'}")
+    a.say("-- written with corpus.parquet; its manifest:")
+    show_manifest(a, read_manifest(corpus))
+    show_snakemake_record(a, a.path)
+    modes = f"{', '.join(TITLE_MODES[:-1])} or {TITLE_MODES[-1]}"
+    a.check(f"title mode is {modes}", data.get("title") in TITLE_MODES)
+    if a.check("corpus.parquet beside it", corpus.is_file(), str(corpus)):
+        rows = pq.ParquetFile(corpus).metadata.num_rows
+        documents = (data.get("corpus") or {}).get("documents")
+        a.check(
+            "document count equals corpus.parquet's rows",
+            rows == documents,
+            f"{documents} vs {rows} rows",
+        )
+
+
+def _has(schema: pa.Schema):
+    return lambda columns: set(schema.names) <= columns
+
+
+KINDS = [
+    parquet_kind(
+        "corpus", RANK_PARQUET + 5, CORPUS_SCHEMA, _has(CORPUS_SCHEMA), render_table_rows("doc_id")
+    ),
+    parquet_kind(
+        "qrels", RANK_PARQUET + 6, QRELS_SCHEMA, _has(QRELS_SCHEMA), render_qrels
+    ),
+    parquet_kind(
+        "queries", RANK_PARQUET + 7, QUERIES_SCHEMA, _has(QUERIES_SCHEMA),
+        render_table_rows("query_id"),
+    ),
+    json_kind(
+        "dataset.json", RANK_JSON + 4,
+        lambda p: p.name == "dataset.json" and isinstance(p.data, dict) and "splits" in p.data,
+        audit_dataset_info,
+    ),
+]

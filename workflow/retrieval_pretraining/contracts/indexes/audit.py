@@ -1,0 +1,96 @@
+"""How `audit` shows and checks index folders: a Lucene folder's segments, a FAISS index's size
+and metric with one docid line per vector; a file inside either is audited as its folder."""
+
+from __future__ import annotations
+
+from ..base import (
+    RANK_FOLDER, RANK_MEMBER, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin,
+    read_manifest, show_manifest, show_snakemake_record,
+)
+
+FILES = [
+    ("bm25/*/index/*", "a file of a BM25 (Lucene) index folder", "build_bm25_index"),
+    ("index/*/faiss/*", "a file of a dense (FAISS) index folder", "build_dense_index"),
+]
+
+
+def audit_faiss(a: Audit, n: int) -> None:
+    import faiss
+
+    a.kind = "FAISS index"
+    try:
+        index = faiss.read_index(str(a.path))
+    except RuntimeError as error:
+        raise NotAnArtifact(
+            f"{a.path}: not a FAISS index ({str(error).splitlines()[-1]})"
+        ) from error
+    metric = {faiss.METRIC_INNER_PRODUCT: "inner product", faiss.METRIC_L2: "L2"}.get(
+        index.metric_type
+    )
+    a.say(
+        f"-- {type(index).__name__}: {index.ntotal} vectors, dim {index.d}, metric {metric}, "
+        f"trained {index.is_trained}"
+    )
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+    docid = a.path.parent / "docid"
+    if docid.is_file():
+        count = len(docid.read_text().splitlines())
+        a.check(
+            "one docid line per vector (Pyserini FaissSearcher layout)",
+            count == index.ntotal,
+            f"{count} vs {index.ntotal}",
+        )
+
+
+def audit_faiss_folder(a: Audit, n: int) -> None:
+    inner = Audit(a.path / "index")
+    audit_faiss(inner, n)
+    a.kind, a.lines, a.checks = (
+        "FAISS folder (Pyserini layout: index + docid)",
+        inner.lines,
+        inner.checks,
+    )
+    a.say("-- first docids: " + ", ".join((a.path / "docid").read_text().splitlines()[:n]))
+
+
+def audit_lucene(a: Audit, n: int) -> None:
+    a.kind = "Lucene index folder"
+    files = [p for p in a.path.iterdir() if p.is_file()]
+    a.say(
+        f"-- {len(files)} files, {sum(p.stat().st_size for p in files) / 1e6:.1f} MB; "
+        f"segments: {sorted(p.name for p in files if p.name.startswith('segments'))}"
+    )
+    a.check("has a segments file", any(p.name.startswith("segments_") for p in files))
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+
+
+def audit_folder_member(a: Audit, n: int) -> None:
+    """A file inside a Lucene or FAISS folder: what it is, then the folder's own audit."""
+    folder = a.path.parent
+    inner = Audit(folder)
+    (audit_lucene if any(folder.glob("segments_*")) else audit_faiss_folder)(inner, n)
+    a.kind = f"file of a {inner.kind}"
+    describe_origin(a, "a file of an index folder", required=False)
+    a.say(f"-- {a.path.name}: {a.path.stat().st_size:,} bytes; the folder {folder}:")
+    a.lines += inner.lines
+    a.checks += inner.checks
+
+
+def is_folder_member(p) -> bool:
+    parent = p.path.parent
+    return any(parent.glob("segments_*")) or (p.name == "docid" and (parent / "index").is_file())
+
+
+KINDS = [
+    Kind("a Lucene index (segments_*)", RANK_FOLDER + 1, "folder",
+         lambda p: any(e.startswith("segments_") for e in p.entries), audit_lucene),
+    Kind("a FAISS folder (index + docid)", RANK_FOLDER + 2, "folder",
+         lambda p: {"index", "docid"} <= p.entries, audit_faiss_folder),
+    Kind(".faiss", RANK_NAME + 3, "file",
+         lambda p: p.name.endswith(".faiss") or (
+             p.name == "index" and (p.path.parent / "docid").exists()),
+         audit_faiss),
+    Kind("a file of an index folder", RANK_MEMBER, "file", is_folder_member, audit_folder_member),
+]

@@ -1,0 +1,56 @@
+"""How `audit` checks a TREC run (six fields a line; per query ranks 1..k, scores non-increasing,
+no document twice) and shows its first query with its top documents as text."""
+
+from __future__ import annotations
+
+from ..base import (
+    RANK_NAME, Audit, Kind, NotAnArtifact, read_manifest, short, show_manifest,
+    show_snakemake_record,
+)
+from ..datasets.audit import dataset_folder, lookup_text
+
+
+def audit_run(a: Audit, n: int) -> None:
+    a.kind = "TREC run"
+    per_query: dict[str, list[tuple[int, float, str]]] = {}
+    for number, line in enumerate(a.path.read_text().splitlines(), 1):
+        parts = line.split()
+        if len(parts) != 6:
+            raise NotAnArtifact(
+                f"{a.path}:{number}: expected 6 fields 'qid Q0 docid rank score tag', "
+                f"got {len(parts)}: {line!r}"
+            )
+        try:
+            per_query.setdefault(parts[0], []).append((int(parts[3]), float(parts[4]), parts[2]))
+        except ValueError as error:
+            raise NotAnArtifact(f"{a.path}:{number}: rank/score not numeric: {line!r}") from error
+    show_manifest(a, read_manifest(a.path))
+    show_snakemake_record(a, a.path)
+    depths = [len(v) for v in per_query.values()]
+    depth = f"{min(depths, default=0)}/{max(depths, default=0)}"
+    a.say(f"-- {len(per_query)} queries, depth min/max {depth}")
+    a.check(
+        "ranks 1..k in order per query",
+        all([r for r, _, _ in v] == list(range(1, len(v) + 1)) for v in per_query.values()),
+    )
+    a.check(
+        "scores non-increasing by rank",
+        all(all(x[1] >= y[1] for x, y in zip(v, v[1:])) for v in per_query.values()),
+    )
+    a.check(
+        "no document twice for a query",
+        all(len({d for *_, d in v}) == len(v) for v in per_query.values()),
+    )
+    folder = dataset_folder(a.path)
+    first = list(per_query.items())[:1]
+    for qid, hits in first:
+        queries = lookup_text(folder, "queries-*.parquet", "query_id", [qid])
+        docs = lookup_text(folder, "corpus.parquet", "doc_id", [d for *_, d in hits[:n]])
+        a.say(f"-- query {qid}: {short(queries.get(qid, '?'), 160)}")
+        for rank, score, d in hits[:n]:
+            a.say(f"   {rank:4d} {score:10.4f} {d}  {short(docs.get(d, ''), 100)}")
+
+
+KINDS = [
+    Kind(".trec", RANK_NAME + 0, "file", lambda p: p.name.endswith(".trec"), audit_run),
+]

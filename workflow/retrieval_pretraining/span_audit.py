@@ -1,0 +1,124 @@
+"""The span index's own audit (rule audit_spans): lengths.png, the sampled span lengths per
+granularity against the scaled Beta density they are drawn from, and sample.md, the first chunks
+decoded with their spans. `python -m retrieval_pretraining.spans audit` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+from scipy.stats import beta as beta_law
+
+from . import artifacts
+from .contracts.columns import flat
+from .contracts.spans import GRANULARITIES
+from .wordpiece import load_tokenizer
+
+if TYPE_CHECKING:
+    from .spans import SpanConfig
+
+
+def audit_spans(
+    chunk_paths: Sequence[str | os.PathLike],
+    span_paths: Sequence[str | os.PathLike],
+    checkpoint_dir: str | os.PathLike,
+    cfg: SpanConfig,
+    plot: str | os.PathLike,
+    sample: str | os.PathLike,
+    max_chunks: int = 200_000,
+    sample_chunks: int = 3,
+) -> None:
+    """lengths.png: span lengths against the scaled Beta density; sample.md: spans as text."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = {g: [] for g in GRANULARITIES}
+    seen = 0
+    for path in span_paths:  # the first max_chunks chunks, shard by shard: deterministic
+        table = pq.read_table(path, columns=["span_start", "span_end", "granularity"]).slice(
+            0, max_chunks - seen
+        )
+        seen += table.num_rows
+        g, _ = flat(table["granularity"])
+        ln = flat(table["span_end"])[0] - flat(table["span_start"])[0]
+        for i, name in enumerate(GRANULARITIES):
+            lengths[name].append(ln[g == i])
+    enabled = [g for g in GRANULARITIES if cfg.enabled(g)]
+    fig, axes = plt.subplots(1, len(enabled), figsize=(4 * len(enabled), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], enabled):
+        ln = np.concatenate(lengths[name]) if lengths[name] else np.zeros(0)
+        if name == "word":
+            ax.hist(
+                ln, bins=np.arange(0.5, max(ln.max(initial=1), 1) + 1.5), density=True, color="C0"
+            )
+            ax.set_title(f"word: pieces per word span (n={len(ln)})")
+        else:
+            lmin, lmax = cfg.bounds(name)
+            ax.hist(
+                ln,
+                bins=np.arange(min(lmin, ln.min(initial=lmin)) - 0.5, lmax + 1.5),
+                density=True,
+                color="C0",
+                label="sampled",
+            )
+            x = np.linspace(lmin, lmax, 400)
+            ax.plot(
+                x,
+                beta_law.pdf((x - lmin) / max(lmax - lmin, 1), cfg.beta_alpha, cfg.beta_beta)
+                / max(lmax - lmin, 1),
+                color="C3",
+                label=f"Beta({cfg.beta_alpha:g},{cfg.beta_beta:g}) scaled",
+            )
+            ax.set_title(f"{name} [{lmin}, {lmax}] (n={len(ln)})")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("span length (tokens)")
+    fig.suptitle(f"span lengths, spans={cfg.name}, short_chunk={cfg.short_chunk}", fontsize=9)
+    fig.tight_layout()
+    with artifacts.atomic_path(plot) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+    tokenizer = load_tokenizer(checkpoint_dir)
+    chunks = pq.read_table(chunk_paths[0]).slice(0, sample_chunks).to_pylist()
+    spans = pq.read_table(span_paths[0]).slice(0, sample_chunks).to_pylist()
+    lines = [
+        f"# Span sample: spans={cfg.name}",
+        "",
+        f"The first {len(chunks)} chunks of {chunk_paths[0]}, decoded, with their spans "
+        "(positions index input_ids; [CLS] is position 0).",
+        "",
+    ]
+    for chunk, row in zip(chunks, spans):
+        ids = chunk["input_ids"]
+        lines += [
+            f"## chunk {chunk['chunk_id']} (page {chunk['page_id']}, chunk {chunk['chunk_index']}, "
+            f"{len(ids)} tokens)",
+            "",
+            "> " + tokenizer.decode(ids, skip_special_tokens=False),
+            "",
+            "| granularity | [start, end) | length | text |",
+            "|---|---|---|---|",
+        ]
+        for s, e, g in zip(row["span_start"], row["span_end"], row["granularity"]):
+            text = tokenizer.decode(ids[s:e]).replace("|", "\\|")
+            lines.append(f"| {GRANULARITIES[g]} | [{s}, {e}) | {e - s} | {text} |")
+        lines.append("")
+    with artifacts.atomic_path(sample) as tmp:
+        tmp.write_text("\n".join(lines))
+    params = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+    inputs = {f"spans:{Path(p).name}": p for p in span_paths}
+    counts = {g: int(sum(len(x) for x in lengths[g])) for g in enabled}
+    for artifact in (plot, sample):
+        artifacts.write_manifest(
+            artifacts.manifest_path(artifact),
+            stage="audit_spans",
+            params=params,
+            inputs=inputs,
+            stats={"chunks_read": seen, "spans_plotted": counts},
+        )

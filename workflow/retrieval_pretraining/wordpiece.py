@@ -1,0 +1,86 @@
+"""The WordPiece tokenizer the corpus stages read, and its fingerprint.
+
+Loaded from a staged tokenizer (or checkpoint) folder without the truncation and padding a saved
+tokenizer may carry; "[SEP]" written in an article stays text. The vocabulary in id order (added
+tokens included) is what word boundaries are read from, and its sha256 (recorded in the chunk
+manifests) is what the span stage and pre-training compare their tokenizer against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from . import artifacts
+from .config import ConfigError
+
+def load_tokenizer(checkpoint_dir: str | os.PathLike):
+    """The checkpoint's fast tokenizer, without the truncation/padding a saved one may carry."""
+    from tokenizers import Tokenizer
+
+    path = Path(checkpoint_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} missing: stage the tokenizer first (rule stage_tokenizer)"
+        )
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    tokenizer.encode_special_tokens = True  # "[SEP]" written in an article is text, not a separator
+    return tokenizer
+
+
+def tokens_by_id(vocab: dict[str, int]) -> list[str]:
+    """The vocabulary (token -> id, added tokens included) as a list indexed by id."""
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, idx in vocab.items():
+        tokens[idx] = token
+    return tokens
+
+
+def vocab_sha256(tokens: list[str]) -> str:
+    """The vocabulary's fingerprint, recorded in the chunk manifests and checked by pre-training."""
+    return hashlib.sha256("\n".join(tokens).encode()).hexdigest()
+
+
+def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
+    """Special token ids, the vocabulary in id order, its hash, and a name for manifests."""
+    checkpoint_dir = Path(checkpoint_dir)
+    spec = json.loads((checkpoint_dir / "tokenizer.json").read_text())
+    if spec["model"]["type"] != "WordPiece":
+        raise ConfigError(
+            f"{checkpoint_dir}/tokenizer.json is a {spec['model']['type']} tokenizer; chunking "
+            "needs a "
+            "WordPiece (BERT) tokenizer to find word boundaries"
+        )
+    config_path = checkpoint_dir / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    tokenizer = load_tokenizer(checkpoint_dir)
+    tokens = tokens_by_id(tokenizer.get_vocab(with_added_tokens=True))
+    source = {}
+    if (checkpoint_dir / "manifest.json").is_file():
+        source = artifacts.read_json(checkpoint_dir / "manifest.json").get("params", {})
+    special = {
+        name: tokenizer.token_to_id(tok_config.get(f"{name}_token") or default)
+        for name, default in (
+            ("cls", "[CLS]"),
+            ("sep", "[SEP]"),
+            ("pad", "[PAD]"),
+            ("unk", "[UNK]"),
+            ("mask", "[MASK]"),
+        )
+    }
+    if special["cls"] is None or special["sep"] is None:
+        raise ConfigError(f"{checkpoint_dir}: the tokenizer has no [CLS]/[SEP] token")
+    return {
+        "name": f"{checkpoint_dir.name} ({tok_config.get('tokenizer_class', 'WordPiece')})",
+        "source": source.get("location"),
+        "vocab_size": len(tokens),
+        "vocab_sha256": vocab_sha256(tokens),
+        "continuation_prefix": spec["model"].get("continuing_subword_prefix") or "##",
+        "special_ids": special,
+        "tokens": tokens,
+    }
