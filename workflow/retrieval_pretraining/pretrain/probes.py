@@ -5,6 +5,8 @@ never trains on (`trainer.probe_chunks`, drawn from (seed, chunk_id)), with the 
 heads, so a run can be compared with its step 0:
 
   probe_mlm_accuracy      every objective: share of masked tokens the MLM head predicts exactly.
+  loss_mlm_heldout        every objective: the masked-LM cross-entropy on those chunks (the BoW
+                          paper's held-out MLM loss; plotted with the losses, not in [0, 1]).
   probe_span_retrieval    COSTA: share of spans whose own text is the best-scoring of the batch's
                           texts (span -> text retrieval among the batch's candidates).
   probe_bag_precision     CPDAE: share of the decoder's top-|T| words that are in the text's word
@@ -57,8 +59,12 @@ def probe(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     try:
         hidden = model.hidden(batch["input_ids"], batch["attention_mask"])
         selected = batch["labels"] != -100
-        predicted = model.mlm_head(hidden[selected]).argmax(dim=-1)
-        out = {"probe_mlm_accuracy": _share(predicted == batch["labels"][selected])}
+        mlm_logits = model.mlm_head(hidden[selected]).float()
+        out = {
+            "probe_mlm_accuracy": _share(mlm_logits.argmax(dim=-1) == batch["labels"][selected]),
+            # The BoW paper's Tables 1-2 report it: the masked-LM loss on held-out text.
+            "loss_mlm_heldout": float(F.cross_entropy(mlm_logits, batch["labels"][selected])),
+        }
         cls = hidden[:, 0]
         objective = model.objective
         if objective == "costa":
@@ -90,3 +96,15 @@ def probe(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return out
     finally:
         model.train(was_training)
+
+
+def probe_batches(model: Any, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """The probes averaged over several batches, each weighted by its number of chunks."""
+    totals: dict[str, float] = {}
+    weight = 0
+    for batch in batches:
+        n = len(batch["chunk_ids"]) if "chunk_ids" in batch else len(batch["input_ids"])
+        for key, value in probe(model, batch).items():
+            totals[key] = totals.get(key, 0.0) + value * n
+        weight += n
+    return {key: value / weight for key, value in totals.items()}

@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 from .. import artifacts, training
 from ..checkpoints import _TOKENIZER_FILES
 from . import data as pdata
+from . import probes
 from .model import Pretrainer
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,14 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
     training.plot_losses(metrics, plot, title=f"{settings['name']}: base checkpoint, no training")
 
 
+def head_warmup_steps(setting: int | str, fresh_head: bool, lr_warmup: int) -> int:
+    """Steps that train the heads alone before the schedule: `auto` = as many as the lr warm-up
+    when the MLM head is freshly initialised (at least 1), none when the checkpoint brought it."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, lr_warmup) if fresh_head else 0
+
+
 def _tensorboard(log_dir: Path, start: int) -> training.TensorBoardLog:
     """TensorBoard log beside metrics.jsonl (not a declared output). A fresh run replaces an old
     log; a resumed one hides what the stopped run logged after its saved step."""
@@ -129,27 +138,33 @@ def train(
         views=2 if objective in ("cpdae", "cpdae_r") else 1,
         need_spans=objective == "costa", need_bags=objective in ("cpdae", "cpdae_r", "bow"),
         need_original=objective == "costa" and settings["costa"]["span_pass"] == "unmasked",
+        holdout=tr["probe_chunks"],
     )
-    total_steps = tr["max_steps"] or tr["epochs"] * dataset.steps_per_epoch
-    dataset.total_steps = total_steps
-    warmup = int(round(tr["warmup_ratio"] * total_steps))
+    schedule_steps = tr["max_steps"] or tr["epochs"] * dataset.steps_per_epoch
+    warmup = int(round(tr["warmup_ratio"] * schedule_steps))
 
     bag_prior = dataset.mean_bag_size() / vocab.size if objective in ("cpdae", "cpdae_r") else None
     model = Pretrainer(checkpoint, settings, tr["attn_implementation"], bag_prior).to(env.device)
+    head_warmup = head_warmup_steps(tr["head_warmup_steps"], model.fresh_head, warmup)
+    total_steps = head_warmup + schedule_steps
+    dataset.total_steps = total_steps
     optimizer = training.build_optimizer(
         model, lr=tr["lr"], weight_decay=tr["weight_decay"], betas=(tr["adam_beta1"], tr["adam_beta2"]),
         eps=tr["adam_eps"], device=env.device,
     )
-    scheduler = training.linear_schedule(optimizer, warmup_steps=warmup, total_steps=total_steps)
+    scheduler = training.linear_schedule(optimizer, warmup_steps=warmup, total_steps=total_steps,
+                                         hold_steps=head_warmup)
     ckpt_dir = state_dir / "checkpoints"
     training.claim_state(ckpt_dir, resume_job(settings, checksums), env)
     resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     tokens_seen = resumed["extra"].get("tokens_seen", 0) if resumed else 0
-    log.info("objective %s: %d steps (%d per epoch over %d chunks), global batch %d = %d x %d "
-             "processes x %d accumulation, warm-up %d, starting at step %d",
+    log.info("objective %s: %d steps (%d per epoch over %d chunks, %d held out for the probes), "
+             "global batch %d = %d x %d processes x %d accumulation, head warm-up %d (encoder "
+             "frozen), lr warm-up %d, starting at step %d",
              objective, total_steps, dataset.steps_per_epoch, len(dataset.store),
-             tr["global_batch_size"], tr["micro_batch_size"], env.world_size, accumulation, warmup, start)
+             len(dataset.holdout_rows), tr["global_batch_size"], tr["micro_batch_size"],
+             env.world_size, accumulation, head_warmup, warmup, start)
 
     ddp = torch.nn.parallel.DistributedDataParallel(model) if env.distributed else model
     forward = torch.compile(ddp) if tr["compile"] else ddp
@@ -166,6 +181,16 @@ def train(
                                      history=ckpt_dir / "metrics.jsonl")
     board = _tensorboard(Path(metrics_out).parent / "tensorboard", start) \
         if tr.get("tensorboard") and env.is_main else None
+    held_out = dataset.probe_batches() if env.is_main else []
+
+    def probe_scores() -> dict[str, float]:
+        """The objective's probes on the held-out chunks (main rank; nothing when none)."""
+        with training.autocast(env.device, tr["precision"]):
+            return probes.probe_batches(model, [
+                {k: v.to(env.device) for k, v in b.items()} for b in held_out])
+
+    if held_out and start == 0:
+        metrics.write({"step": 0, **probe_scores()})
     stop = training.StopFlag()
     bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc=settings["name"])
     training.reap_workers_at_exit()  # workers ignore SIGTERM: never let the exit wait on them
@@ -206,6 +231,9 @@ def train(
             for key, value in out.items():
                 sums[key] += float(value.detach()) / accumulation
             tokens += int(batch["n_tokens"])
+        if step < head_warmup:  # only the heads learn: the encoder's gradients are dropped
+            for parameter in model.encoder.parameters():
+                parameter.grad = None
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
         training.check_finite_grad_norm(grad_norm, step=step, item_ids=item_ids)
         lr = scheduler.get_last_lr()[0]
@@ -220,11 +248,16 @@ def train(
         tokens_seen += int(reduced[-1])
         record = dict(zip(keys, reduced[:-1].tolist()))
         rate = bar.update(int(reduced[-1]), loss=record["loss"])
-        if env.is_main and ((step + 1) % tr["log_every"] == 0 or step + 1 == total_steps):
+        last = step + 1 == total_steps
+        probe_now = bool(held_out) and ((step + 1) % tr["probe_every"] == 0 or last)
+        if env.is_main and ((step + 1) % tr["log_every"] == 0 or last or probe_now):
             record |= {
                 "step": step + 1, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": rate,
                 "tokens_seen": tokens_seen, "memory_mb": training.memory_mb(env.device),
+                "encoder_frozen": step < head_warmup,
             }
+            if probe_now:
+                record |= probe_scores()
             metrics.write(record)
             if board is not None:
                 board.write(record)
@@ -244,6 +277,8 @@ def train(
             "settings": settings, "objective": objective, "steps": total_steps,
             "tokens_seen": tokens_seen, "world_size": env.world_size, "accumulation": accumulation,
             "steps_per_epoch": dataset.steps_per_epoch, "chunks": len(dataset.store),
+            "head_warmup_steps": head_warmup, "fresh_mlm_head": model.fresh_head,
+            "probe_chunks": len(dataset.holdout_rows),
             "resumed_from_step": start, "train_seconds_this_run": round(time.perf_counter() - started, 1),
             "checkpoint": str(checkpoint), "data": checksums, "versions": artifacts.library_versions(),
         }

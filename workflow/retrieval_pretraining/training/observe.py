@@ -81,7 +81,9 @@ class Progress:
 
 def plot_losses(metrics_path: str | os.PathLike, png_path: str | os.PathLike,
                 title: str = "training loss") -> None:
-    """Plot every `loss*` key of a metrics .jsonl against step; no records give a labelled blank."""
+    """Plot every `loss*` key of a metrics .jsonl against step, and beside it every `probe_*` key
+    (held-out scores in [0, 1], pretrain/probes.py) when there are any; no records give a
+    labelled blank."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,7 +92,10 @@ def plot_losses(metrics_path: str | os.PathLike, png_path: str | os.PathLike,
     path = Path(metrics_path)
     lines = path.read_text().splitlines() if path.exists() else []
     records = [json.loads(line) for line in lines if line.strip()]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    probe_keys = sorted({k for r in records for k in r if k.startswith("probe_")})
+    fig, axes = plt.subplots(1, 2 if probe_keys else 1, figsize=(12 if probe_keys else 7, 4),
+                             squeeze=False)
+    ax = axes[0][0]
     keys = sorted({k for r in records for k in r if k.startswith("loss")})
     for key in keys:
         points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None]
@@ -105,6 +110,16 @@ def plot_losses(metrics_path: str | os.PathLike, png_path: str | os.PathLike,
         ax.legend(fontsize=8)
         if all(r[k] > 0 for r in records for k in keys if k in r and r[k] is not None):
             ax.set_yscale("log")
+    if probe_keys:
+        probe_ax = axes[0][1]
+        for key in probe_keys:
+            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            probe_ax.plot(*zip(*points), marker="o", markersize=3, label=key.removeprefix("probe_"))
+        probe_ax.set_ylim(0, 1)
+        probe_ax.set_xlabel("optimiser step")
+        probe_ax.set_ylabel("held-out score")
+        probe_ax.set_title("probes on held-out chunks")
+        probe_ax.legend(fontsize=8)
     fig.tight_layout()
     with artifacts.atomic_path(png_path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
@@ -139,8 +154,8 @@ class TensorBoardLog:
     def write(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, step)
+            if key != "step" and isinstance(value, (int, float)):  # a flag (bool) as 0 / 1
+                self.writer.add_scalar(key, int(value) if isinstance(value, bool) else value, step)
 
     def close(self) -> None:
         self.writer.close()

@@ -44,15 +44,19 @@ def build_optimizer(
 
 
 def linear_schedule(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, hold_steps: int = 0
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up from 0 to the peak lr over `warmup_steps`, then linear decay to 0 at
-    `total_steps`."""
+    `total_steps`. The first `hold_steps` (a head warm-up before it) run at the peak lr, and the
+    schedule proper covers the steps after them."""
 
     def factor(step: int) -> float:
+        if step < hold_steps:
+            return 1.0
+        step, total = step - hold_steps, total_steps - hold_steps
         if step < warmup_steps:
             return (step + 1) / max(1, warmup_steps)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        return max(0.0, (total - step) / max(1, total - warmup_steps))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
