@@ -23,6 +23,18 @@ def reported_stages():
     return {g["suffix"] for table in groups for g in table}
 
 
+def reported_encoders():
+    """{"<dataset>/<model>-<stage>": encoder folder} for every dense system a table may show."""
+    datasets = [e["dataset"] for e in config["finetune"]["datasets"]]
+    datasets += [e["dataset"] for e in config["evaluate"].get("zero_shot") or []]
+    return {
+        f"{dataset}/{model}-{stage}": encoder_path(model, trained_on(dataset), stage)
+        for dataset in datasets
+        for model in finetune_models()
+        for stage in sorted(reported_stages())
+    }
+
+
 def mining_argument(wildcards):
     """mine.py's slice: the fine-tuning slice, the mining policy keys and use_gpu."""
     mining = config["mining"]

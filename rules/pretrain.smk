@@ -17,6 +17,19 @@ def pretrain_settings(model):
     )
 
 
+def loss_settings(model):
+    """What the provenance needs to state a model's loss reductions: its objective, micro-batch
+    and own option block (lambda, temperature, weights)."""
+    settings = pretrain_settings(model)
+    block = {"costa": "costa", "cpdae": "cpdae", "cpdae_r": "cpdae", "bow": "bow"}
+    keep = {"objective": settings["objective"]}
+    if "trainer" in settings:
+        keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]
+    if settings["objective"] in block:
+        keep["options"] = settings[block[settings["objective"]]]
+    return keep
+
+
 def pretrain_models(trained):
     return [
         m["name"]

@@ -12,31 +12,6 @@ def report_models():
     ]
 
 
-def loss_settings(model):
-    """What the provenance needs to state a model's loss reductions: its objective, micro-batch
-    and own option block (lambda, temperature, weights)."""
-    settings = pretrain_settings(model)
-    block = {"costa": "costa", "cpdae": "cpdae", "cpdae_r": "cpdae", "bow": "bow"}
-    keep = {"objective": settings["objective"]}
-    if "trainer" in settings:
-        keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]
-    if settings["objective"] in block:
-        keep["options"] = settings[block[settings["objective"]]]
-    return keep
-
-
-def reported_encoders():
-    """{"<dataset>/<model>-<stage>": encoder folder} for every dense system a table may show."""
-    datasets = [e["dataset"] for e in config["finetune"]["datasets"]]
-    datasets += [e["dataset"] for e in config["evaluate"].get("zero_shot") or []]
-    return {
-        f"{dataset}/{model}-{stage}": encoder_path(model, trained_on(dataset), stage)
-        for dataset in datasets
-        for model in finetune_models()
-        for stage in sorted(reported_stages())
-    }
-
-
 def check_report_models():
     """Fail at parse time, naming the key, when the report names a model that is not pre-trained."""
     known = {m["name"] for m in config["pretrain"]["models"]}
