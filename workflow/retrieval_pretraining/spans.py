@@ -251,10 +251,13 @@ def sample_batch(
                 ln, ok = drawn, fits
                 s["skipped"] += int((~fits).sum())
             else:
+                # Exactly the law conditioned on fitting, by inverse CDF: u * P(length <= n) is
+                # uniform on [0, P(length <= n)). (Redrawing from the uniform that failed, which
+                # lies above P(length <= n), piled the lengths up next to n.) A chunk that holds
+                # lmax gets its unconditioned draw, unchanged.
                 room = n >= lmin
                 top = cdf[np.clip(n - lmin, 0, len(cdf) - 1)]  # P(length <= n)
-                redrawn = lmin + np.searchsorted(cdf, ul * top[:, None], side="right")
-                ln = np.where(fits, drawn, redrawn)
+                ln = lmin + np.searchsorted(cdf, ul * top[:, None], side="right")
                 ok = fits | room[:, None]
                 s["resampled"] += int((~fits & room[:, None]).sum())
                 s["skipped"] += int((~ok).sum())
