@@ -292,3 +292,42 @@ def test_config_sections_validate_and_reject_unknown_title_modes():
     bad["bm25"]["negatives"][0]["source"] = "random"
     with pytest.raises(experiment_config.ConfigError, match="bm25.negatives.0.source"):
         experiment_config.validate(bad)
+
+
+def test_a_subset_keeps_every_judged_document_and_a_hashed_sample_of_the_rest(tmp_path):
+    """`subset: {documents, seed}`: all documents either split judges, then others by a hash of
+    (seed, doc_id), whatever the corpus file's order."""
+    entry = dict(SCIFACT, subset={"documents": 1500, "seed": 3})
+    info = datasets.prepare(entry, tmp_path / "a")
+    corpus = pl.read_parquet(tmp_path / "a" / "corpus.parquet")
+    judged = set()
+    for split in ("train", "test"):
+        lines = (Path(SCIFACT["path"]) / "qrels" / f"{split}.tsv").read_text().splitlines()[1:]
+        judged |= {line.split("\t")[1] for line in lines}
+    assert len(corpus) == 1500 and judged <= set(corpus["doc_id"])
+    assert info["subset"] == {"documents": 1500, "seed": 3, "judged": len(judged),
+                              "full_corpus": 5183}
+    assert json.loads((tmp_path / "a" / "dataset.json").read_text())["subset"]["judged"] == 667
+    # The same sample from a shuffled copy of the corpus file; another seed, another sample.
+    shuffled = tmp_path / "shuffled"
+    (shuffled / "qrels").mkdir(parents=True)
+    for name in ("queries.jsonl", "qrels/train.tsv", "qrels/test.tsv"):
+        (shuffled / name).write_text((Path(SCIFACT["path"]) / name).read_text())
+    lines = (Path(SCIFACT["path"]) / "corpus.jsonl").read_text().splitlines()
+    (shuffled / "corpus.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    datasets.prepare_corpus(dict(entry, path=str(shuffled)), tmp_path / "b", data_root=tmp_path)
+    again = pl.read_parquet(tmp_path / "b" / "corpus.parquet")
+    assert set(again["doc_id"]) == set(corpus["doc_id"])
+    datasets.prepare_corpus(dict(entry, subset={"documents": 1500, "seed": 4}), tmp_path / "c")
+    other = set(pl.read_parquet(tmp_path / "c" / "corpus.parquet")["doc_id"])
+    assert judged <= other and other != set(corpus["doc_id"])
+    # Every split's queries and qrels stay whole: their documents are all in the sample.
+    stats = info["split_stats"]["test"]
+    assert stats["queries"] == 300 and stats["qrels_missing_document"] == 0
+
+
+def test_a_subset_of_a_streamed_collection_is_refused(tmp_path):
+    entry = {"name": "m", "format": "msmarco", "corpus": {"path": "x"}, "splits": [{"name": "dev"}],
+             "title": "none", "exclude_query_id": False, "subset": {"documents": 10, "seed": 0}}
+    with pytest.raises(DatasetError, match="subset` is for beir datasets only"):
+        datasets.corpus_subset(entry, None)

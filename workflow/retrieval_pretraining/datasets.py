@@ -25,6 +25,7 @@ the corpus.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -36,8 +37,8 @@ import pyarrow.parquet as pq
 from . import artifacts
 from .config import stage_parser
 from .contracts.datasets import (
-    CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, check_corpus_batch, check_split,
-    check_unique,
+    CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError, check_corpus_batch,
+    check_split, check_unique,
 )
 from .dataset_files import corpus_batches, load_split
 
@@ -120,6 +121,31 @@ def _small_inputs(inputs: dict[str, Path]) -> dict[str, Path]:
     return {k: v for k, v in inputs.items() if Path(v).stat().st_size < (1 << 30)}
 
 
+def corpus_subset(
+    entry: dict[str, Any], data_root: str | None, downloads: Path | None = None
+) -> tuple[list[str], dict[str, Any], dict[str, Path]]:
+    """(doc ids to keep, what the sample is, the qrels files read) for `subset: {documents, seed}`:
+    every document a split's qrels judge, then the others in the order of a hash of (seed, doc_id)
+    until `documents` are kept. Deterministic, independent of file order."""
+    spec = entry["subset"]
+    if entry["format"] != "beir":
+        raise DatasetError(f"dataset {entry['name']!r}: `subset` is for beir datasets only; "
+                           "remove it (MS MARCO collections are streamed, not sampled)")
+    judged: set[str] = set()
+    files = {}
+    for split in entry["splits"]:
+        _, qrels, inputs = load_split(entry, split["name"], data_root, downloads)
+        judged |= set(qrels["doc_id"].to_list())
+        files[f"qrels_{split['name']}"] = inputs["qrels"]
+    corpus_ids = pl.concat([b.select("doc_id") for b in corpus_batches(entry, data_root)[0]])
+    others = sorted(set(corpus_ids["doc_id"].to_list()) - judged,
+                    key=lambda d: hashlib.sha256(f"{spec['seed']}:{d}".encode()).hexdigest())
+    present = judged & set(corpus_ids["doc_id"].to_list())
+    keep = sorted(present) + others[: max(0, spec["documents"] - len(present))]
+    return keep, {"documents": spec["documents"], "seed": spec["seed"], "judged": len(present),
+                  "full_corpus": len(corpus_ids)}, files
+
+
 def prepare_corpus(
     entry: dict[str, Any],
     out_dir: Path,
@@ -128,6 +154,11 @@ def prepare_corpus(
 ) -> dict[str, Any]:
     """Write corpus.parquet (+ manifest) and dataset.json (title mode, query-id rule, corpus quirks)."""
     batches, inputs = corpus_batches(entry, data_root, downloads)
+    subset = None
+    if entry.get("subset"):
+        keep, subset, qrels_files = corpus_subset(entry, data_root, downloads)
+        batches = (batch.filter(pl.col("doc_id").is_in(keep)) for batch in batches)
+        inputs |= qrels_files
     path = Path(out_dir) / "corpus.parquet"
     stats = write_corpus(batches, path, entry["name"])
     artifacts.write_manifest(
@@ -138,6 +169,8 @@ def prepare_corpus(
         stats=stats,
     )
     info = _params(entry) | {"splits": [s["name"] for s in entry["splits"]], "corpus": stats}
+    if subset is not None:
+        info["subset"] = subset
     artifacts.write_json(Path(out_dir) / "dataset.json", info)
     log.info(
         "%s: %d documents, %d with empty text, %d with empty title",
