@@ -55,7 +55,7 @@ def _train(settings, setup, out: Path) -> list[dict]:
 def _settings(objective, steps, **trainer):
     settings = fx.model_settings(objective, micro_batch_size=8, max_steps=steps, lr=3e-3,
                                  warmup_ratio=0.05, probe_chunks=32, probe_every=steps,
-                                 log_every=steps, **trainer)
+                                 log_every=1, **trainer)
     if objective == "cpdae_r":  # at the paper's 0.1 the reconstruction dominates so short a run
         settings["cpdae"]["lambda"] = 1.0
     return settings
@@ -66,14 +66,29 @@ def _probes(records):
     return probed[0], probed[-1]
 
 
+# The loss term each objective adds, which must itself go down (BoW's weight decays, so the total
+# would fall even if nothing were learnt; CPDAE_R's is its reconstruction, as CPDAE's).
+OWN_TERM = {"mlm": "loss_mlm", "costa": "loss_gwc", "cpdae": "loss_rec", "cpdae_r": "loss_rec",
+            "bow": "loss_bow"}
+
+
 @pytest.mark.parametrize("objective", sorted(RISES))
 def test_each_objective_raises_its_probes_on_held_out_chunks(objective, setup, tmp_path):
     steps, rises = RISES[objective]
-    first, last = _probes(_train(_settings(objective, steps), setup, tmp_path))
+    records = _train(_settings(objective, steps), setup, tmp_path)
+    assert [r["step"] for r in records] == list(range(steps + 1))  # step 0: the probes only
+    first, last = _probes(records)
     assert first["step"] == 0 and last["step"] == steps
     for key, rise in rises:
         assert last[key] >= first[key] + rise, (key, first[key], last[key])
     assert last["loss_mlm_heldout"] <= first["loss_mlm_heldout"] - 1.0
+    # The training losses fall too, and a finished run leaves its figure and no state.
+    for key in ("loss", OWN_TERM[objective]):
+        start = sum(r[key] for r in records[1:6]) / 5
+        end = sum(r[key] for r in records[-5:]) / 5
+        assert end < 0.9 * start, f"{objective}: {key} {start:.4f} -> {end:.4f}"
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    assert not (tmp_path / "state").exists()
 
 
 def test_a_zeroed_loss_leaves_the_probes_where_they_started(setup, tmp_path, monkeypatch):
