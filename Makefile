@@ -27,11 +27,14 @@ $(VENV)/.pyserini-hook: $(VENV)/.installed workflow/retrieval_pretraining/pyseri
 
 venv: $(VENV)/.installed $(VENV)/.pyserini-hook
 
+# profiles/local: one thread per encoder job, so that the many short ones run side by side.
 demo: venv
-	$(VENV)/bin/snakemake --cores $(CORES) --rerun-incomplete all
+	$(VENV)/bin/snakemake --cores $(CORES) --workflow-profile profiles/local --rerun-incomplete all
 
+# One pytest worker per core (pytest-xdist); a test file stays on one worker, so the expensive
+# module fixtures (the end-to-end run, the Slurm cluster) are built once.
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(CORES) --dist loadfile
 
 lint: venv
 	$(VENV)/bin/snakefmt --check Snakefile rules/

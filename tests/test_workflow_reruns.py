@@ -101,7 +101,7 @@ def test_changing_max_len_reruns_chunking_and_everything_after(finished):
 def test_truncating_the_encoder_reruns_no_corpus_stage(finished):
     """The corpus stages read the tokenizer alone: num_layers restages the checkpoint only."""
     # The data stages ran without the encoder's weights being staged at all.
-    assert planned_rules(finished, "results/checkpoints/minilm-l2") == {"stage_checkpoint": 1}
+    assert planned_rules(finished, "results/checkpoints/minilm-l1") == {"stage_checkpoint": 1}
     original = _edit_config(finished, lambda c: c["checkpoints"][0].update(num_layers=1))
     try:
         assert planned_rules(finished, SPANS_TARGET) == {}

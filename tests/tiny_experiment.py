@@ -34,13 +34,17 @@ def _read_qrels(path: Path) -> dict[str, list[tuple[str, str]]]:
 
 
 def write_scifact_subset(
-    project: Path, train: int = 40, test: int = 30, others: int = 300, source: Path = SOURCE_DIR
+    project: Path, train: int | None = 400, test: int = 100, others: int = 300,
+    source: Path = SOURCE_DIR,
 ) -> dict[str, list[str]]:
     """Write a BEIR-format SciFact subset into `project`/data/beir/scifact-tiny/.
 
-    `train` and `test` queries (those with qrels, chosen by a seeded hash of their ids), every one
-    of their positive documents, and `others` further documents (same order). Returns the chosen
-    query ids per split and the corpus ids.
+    `train` and `test` queries (those with qrels, chosen by a seeded hash of their ids; None: all),
+    every one of their positive documents, and `others` further documents (same order). Returns the
+    chosen query ids per split and the corpus ids. By default 400 of the 809 training queries, so
+    that one short fine-tuning epoch measurably lifts its encoder (all 809 lift nDCG@10 by 0.13 at
+    twice the cost), and 100 test queries, so that the lift is measurable (a paired t-test over 30
+    queries would rarely see it).
     """
     out = project / SUBSET_DIR
     (out / "qrels").mkdir(parents=True, exist_ok=True)
@@ -48,7 +52,7 @@ def write_scifact_subset(
     positives: set[str] = set()
     for split, count in (("train", train), ("test", test)):
         qrels = _read_qrels(source / "qrels" / f"{split}.tsv")
-        ids = sorted(qrels, key=lambda q: _rank(q))[:count]
+        ids = sorted(qrels, key=lambda q: _rank(q))[:count]  # [:None]: all
         chosen[split] = ids
         with (out / "qrels" / f"{split}.tsv").open("w", newline="") as handle:
             writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
