@@ -141,3 +141,40 @@ def test_the_ablation_overlay_on_the_paper_config_is_valid():
     experiment_config.validate(paper)
     names = [m["name"] for m in paper["pretrain"]["models"]]
     assert len(names) == len(set(names)) and len(names) > 5
+
+
+def test_the_ablations_run_as_the_costa_paper_ran_them():
+    """COSTA section 5.3: every ablation model samples T = 3 spans per granularity, contrasts at
+    temperature 1, pre-trains 3 epochs (half the schedule) with the projector on, and changes one of
+    these; dropping a granularity keeps 12 spans per text. Table 6 is the projector, Table 7 the
+    temperature. Read through the trainer's own resolution of a model entry."""
+    from retrieval_pretraining.pretrain.settings import resolve_model
+
+    paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
+    overlay = yaml.safe_load((ROOT / "workflow" / "experiments" / "ablations.yaml").read_text())
+    section = {**paper["pretrain"], "models": overlay["pretrain"]["models"]}
+    spans = {s["name"]: s for s in paper["spans"]}
+    main = {m["name"] for m in paper["pretrain"]["models"]}
+    ablated = [m["name"] for m in overlay["pretrain"]["models"] if m["name"] not in main]
+
+    def protocol(name):
+        model = resolve_model(section, name, seed=0)
+        span = spans[model["spans"]]
+        kept = sum(g.get("enabled", True) for g in span["granularities"].values())
+        return {"T": span["spans_per_granularity"], "granularities": kept,
+                "temperature": model["costa"]["temperature"], "projector": model["costa"]["projector"],
+                "epochs": model["trainer"]["epochs"]}
+
+    base = protocol("costa-abl")
+    assert base == {"T": 3, "granularities": 4, "temperature": 1.0,
+                    "projector": paper["pretrain"]["costa"]["projector"], "epochs": 3}, base
+    assert paper["pretrain"]["trainer"]["epochs"] == 6 and base["projector"] != "none"
+    for name in ablated:
+        variant = protocol(name)
+        changed = {k for k in base if variant[k] != base[k]}
+        if variant["granularities"] == 3:  # drop one: 12 spans per text, as with all four at T = 3
+            assert changed == {"T", "granularities"} and variant["T"] * 3 == 12, (name, variant)
+        else:
+            assert len(changed) <= 1 and "epochs" not in changed, (name, changed)
+    titles = {t["name"]: t["title"] for t in overlay["report"]["tables"]}
+    assert "Table 6" in titles["ablation-projector"] and "Table 7" in titles["ablation-temperature"]
