@@ -50,6 +50,31 @@ def test_range_violation_names_the_bound(demo):
         experiment_config.validate(bad)
 
 
+@pytest.mark.parametrize("section, key, value", [("corpus", "shards", 2.0), ("corpus", "max_len", 128.0),
+                                                ("finetune", "batch_size", 32.0)])
+def test_a_count_written_as_a_float_is_refused_at_parse_time(demo, section, key, value):
+    # JSON Schema's `integer` admits 2.0; the stage would then fail on range(2.0) without the key.
+    bad = copy.deepcopy(demo)
+    bad[section][key] = value
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    assert f"'{section}.{key}'" in str(error.value) and "whole number" in str(error.value)
+    good = copy.deepcopy(demo)
+    good[section][key] = int(value)
+    experiment_config.validate(good)
+
+
+def test_a_typo_inside_a_block_that_may_be_null_names_the_key(demo):
+    bad = copy.deepcopy(demo)
+    bad["report"]["analysis"]["tsne"]["querry"] = None
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    message = str(error.value)
+    assert "report.analysis.tsne" in message and "'querry' was unexpected" in message, message
+    assert "known keys:" in message and "query" in message
+    assert "is not valid under any of the given schemas" not in message, message
+
+
 def test_missing_section_is_reported(demo):
     bad = copy.deepcopy(demo)
     del bad["extract"]

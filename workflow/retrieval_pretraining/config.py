@@ -36,11 +36,38 @@ def load_schema() -> dict[str, Any]:
     return root
 
 
+def _strict_integer(checker, instance) -> bool:
+    # JSON Schema counts 2.0 as an integer; a config value of 2.0 for a count is a typo that would
+    # fail later inside a stage (range(2.0)) without the key, so only whole-number literals pass.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# The validator every config check uses: Draft 2020-12 with integers that are ints.
+Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer),
+)
+
+
+def _branch_errors(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    """For `anyOf`/`oneOf` (a block that may be null, a value that may be one of several shapes):
+    the errors of the branches the value was meant for, i.e. all but those saying the value itself
+    has another type, so that a misspelled key inside a nullable block is named."""
+    if error.validator not in ("anyOf", "oneOf") or not error.context:
+        return [error]
+    meant = [e for e in error.context if not (e.validator == "type" and not e.relative_path)]
+    if not meant:
+        return [error]
+    return [leaf for e in meant for leaf in _branch_errors(e)]
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
     schema = error.schema if isinstance(error.schema, dict) else {}
     allowed = ""
-    if "enum" in schema:
+    if error.validator == "type" and error.validator_value == "integer":
+        allowed = "; write a whole number, without a decimal point"
+    elif "enum" in schema:
         allowed = f"; allowed values: {', '.join(map(str, schema['enum']))}"
     elif error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         allowed = f"; {error.validator} is {error.validator_value}"
@@ -51,9 +78,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 def validate(config: dict[str, Any]) -> dict[str, Any]:
     """Raise ConfigError listing every violation; return the config unchanged when valid."""
-    validator = jsonschema.Draft202012Validator(load_schema())
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    messages = [_describe(e) for e in errors]
+    validator = Validator(load_schema())
+    errors = [leaf for e in validator.iter_errors(config) for leaf in _branch_errors(e)]
+    errors.sort(key=lambda e: list(map(str, e.absolute_path)))
+    messages = list(dict.fromkeys(_describe(e) for e in errors))
     if not messages:  # cross-checks assume the shapes the schema guarantees
         messages = cross_check(config)
     if messages:
