@@ -60,15 +60,16 @@ def main() -> None:
         work = Path(tmp)
         started = time.perf_counter()
         record["zero_shot"] = score(args.encoder, data, knobs, work / "zero")
-        started, record["zero_shot_s"] = time.perf_counter(), round(time.perf_counter() - started, 1)
+        record["zero_shot_s"] = round(time.perf_counter() - started, 1)
+        started = time.perf_counter()
         settings = FinetuneSettings.from_config(knobs)
         train(settings, init=args.encoder, queries=data / "queries-train.parquet",
               qrels=data / "qrels-train.parquet", corpus=data / "corpus.parquet",
               negatives=[args.results / "bm25/scifact/negatives.parquet"], seed=42,
               out=work / "encoder", state_dir=work / "state", metrics_path=work / "metrics.jsonl")
-        started, record["finetune_s"] = time.perf_counter(), round(time.perf_counter() - started, 1)
-        losses = [json.loads(line)["loss"] for line in (work / "metrics.jsonl").read_text().splitlines()
-                  if '"loss"' in line]
+        record["finetune_s"] = round(time.perf_counter() - started, 1)
+        records = map(json.loads, (work / "metrics.jsonl").read_text().splitlines())
+        losses = [r["loss"] for r in records if "loss" in r]
         record["loss_first_last"] = [losses[0], losses[-1]]
         record["finetuned"] = score(work / "encoder", data, knobs, work / "tuned")
     print(json.dumps(record))

@@ -33,11 +33,13 @@ def get_dataset_corpus_sources(wildcards):
     entry = dataset_entry(wildcards.dataset)
     if entry["format"] == "beir":
         folder = experiment_config.resolve_path(entry["path"], config["data_root"])
-        # A subset keeps every judged document: it reads every split's qrels too.
-        qrels = [folder / "qrels" / f"{s['name']}.tsv" for s in entry["splits"]]
-        return [str(folder / "corpus.jsonl")] + (
-            [str(q) for q in qrels] if entry.get("subset") else []
-        )
+        sources = [str(folder / "corpus.jsonl")]
+        # A subset keeps every judged document: it reads the qrels too.
+        if entry.get("subset"):
+            sources += [
+                str(folder / "qrels" / f"{s['name']}.tsv") for s in entry["splits"]
+            ]
+        return sources
     refs = [entry["corpus"]] + ([entry["titles"]] if entry.get("titles") else [])
     return sorted({_ref_path(entry, ref) for ref in refs})
 

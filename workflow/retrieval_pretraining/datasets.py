@@ -137,10 +137,11 @@ def corpus_subset(
         _, qrels, inputs = load_split(entry, split["name"], data_root, downloads)
         judged |= set(qrels["doc_id"].to_list())
         files[f"qrels_{split['name']}"] = inputs["qrels"]
-    corpus_ids = pl.concat([b.select("doc_id") for b in corpus_batches(entry, data_root)[0]])
-    others = sorted(set(corpus_ids["doc_id"].to_list()) - judged,
+    batches = corpus_batches(entry, data_root, downloads)[0]
+    corpus_ids = set(pl.concat([b.select("doc_id") for b in batches])["doc_id"].to_list())
+    others = sorted(corpus_ids - judged,
                     key=lambda d: hashlib.sha256(f"{spec['seed']}:{d}".encode()).hexdigest())
-    present = judged & set(corpus_ids["doc_id"].to_list())
+    present = judged & corpus_ids
     keep = sorted(present) + others[: max(0, spec["documents"] - len(present))]
     return keep, {"documents": spec["documents"], "seed": spec["seed"], "judged": len(present),
                   "full_corpus": len(corpus_ids)}, files
