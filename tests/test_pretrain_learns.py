@@ -5,9 +5,13 @@ encoder stays frozen while a fresh MLM head trains alone.
 
 The tiny checkpoint is initialised wider than BERT (0.5 instead of 0.02): a random BERT's [CLS]
 is nearly the same for every input, so no text representation could be learnt in a few hundred
-steps; a pre-trained checkpoint's is not. CPDAE's view agreement is asserted for CPDAE_R (cosine
-of [CLS]); with -JS at temperature 1 (the paper's literal Eq. 5) the logits span only ln 2 and
-the agreement barely moves in this short run (it is logged, as for every run).
+steps; a pre-trained checkpoint's is not.
+
+The two views' agreement is shown in training, not on held-out chunks: CPDAE_R's view term (the
+InfoNCE over a micro-batch's views, cosine of [CLS]) falls from chance (2.3) to ~1.2-1.6, but
+top-1 agreement among 32 held-out chunks stays at its noise level in so short a run (it wandered
+between 0.53 and 0.75 over 240 steps, and one run reached 0.88 by chance), so it is logged, not
+asserted. CPDAE's -JS at temperature 1 (the paper's literal Eq. 5) spans only ln 2 and moves less.
 """
 
 import json
@@ -29,7 +33,7 @@ RISES = {
     "mlm": (240, [("probe_mlm_accuracy", 0.005)]),
     "costa": (240, [("probe_span_retrieval", 0.2)]),
     "cpdae": (80, [("probe_bag_precision", 0.2)]),
-    "cpdae_r": (240, [("probe_view_agreement", 0.1)]),
+    "cpdae_r": (240, [("probe_bag_precision", 0.2)]),
     "bow": (120, [("probe_coverage", 0.2)]),
 }
 
@@ -66,10 +70,10 @@ def _probes(records):
     return probed[0], probed[-1]
 
 
-# The loss term each objective adds, which must itself go down (BoW's weight decays, so the total
-# would fall even if nothing were learnt; CPDAE_R's is its reconstruction, as CPDAE's).
-OWN_TERM = {"mlm": "loss_mlm", "costa": "loss_gwc", "cpdae": "loss_rec", "cpdae_r": "loss_rec",
-            "bow": "loss_bow"}
+# The loss terms each objective adds, which must themselves go down (BoW's weight decays, so the
+# total would fall even if nothing were learnt; CPDAE_R's view term: see the module docstring).
+OWN_TERMS = {"mlm": ["loss_mlm"], "costa": ["loss_gwc"], "cpdae": ["loss_rec"],
+             "cpdae_r": ["loss_rec", "loss_cl"], "bow": ["loss_bow"]}
 
 
 @pytest.mark.parametrize("objective", sorted(RISES))
@@ -83,7 +87,7 @@ def test_each_objective_raises_its_probes_on_held_out_chunks(objective, setup, t
         assert last[key] >= first[key] + rise, (key, first[key], last[key])
     assert last["loss_mlm_heldout"] <= first["loss_mlm_heldout"] - 1.0
     # The training losses fall too, and a finished run leaves its figure and no state.
-    for key in ("loss", OWN_TERM[objective]):
+    for key in ("loss", *OWN_TERMS[objective]):
         start = sum(r[key] for r in records[1:6]) / 5
         end = sum(r[key] for r in records[-5:]) / 5
         assert end < 0.9 * start, f"{objective}: {key} {start:.4f} -> {end:.4f}"

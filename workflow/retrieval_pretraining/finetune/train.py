@@ -44,8 +44,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     total_steps = steps_per_epoch * s.epochs
 
     model, tokenizer = load_bi_encoder(init, r, env.device)
-    optimizer = training.build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay,
-                                         device=env.device)
+    optimizer = training.build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay)
     scheduler = training.linear_schedule(optimizer, total_steps=total_steps,
                                          warmup_steps=math.ceil(s.warmup_ratio * total_steps))
     inputs = {"init": init / "config.json", "queries": queries, "qrels": qrels,

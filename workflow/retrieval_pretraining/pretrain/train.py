@@ -150,7 +150,7 @@ def train(
     dataset.total_steps = total_steps
     optimizer = training.build_optimizer(
         model, lr=tr["lr"], weight_decay=tr["weight_decay"], betas=(tr["adam_beta1"], tr["adam_beta2"]),
-        eps=tr["adam_eps"], device=env.device,
+        eps=tr["adam_eps"],
     )
     scheduler = training.linear_schedule(optimizer, warmup_steps=warmup, total_steps=total_steps,
                                          hold_steps=head_warmup)
