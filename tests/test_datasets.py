@@ -4,6 +4,7 @@ import copy
 import gzip
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -89,10 +90,16 @@ def quirky_beir(tmp_path):
     return folder
 
 
+def quirky_entry(folder):
+    # The one judged document absent from the corpus ("gone") is allowed.
+    return dict(SCIFACT, name="quirky", path=str(folder), splits=[{"name": "test"}],
+                max_missing_judged_documents=1)
+
+
 def test_outputs_follow_the_datasets_contract(quirky_beir, tmp_path):
     """The writer's output is its contract's, quirks and all: the contract's schemas, and every
     audit check passes (dataset.json included)."""
-    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    entry = quirky_entry(quirky_beir)
     out = tmp_path / "results" / "datasets" / "quirky"
     datasets.prepare(entry, out, data_root=str(tmp_path))
     for name, schema, kind in (
@@ -108,7 +115,7 @@ def test_outputs_follow_the_datasets_contract(quirky_beir, tmp_path):
 
 
 def test_beir_quirks_are_counted_not_dropped(quirky_beir, tmp_path):
-    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    entry = quirky_entry(quirky_beir)
     out = tmp_path / "out"
     info = datasets.prepare(entry, out, data_root=str(tmp_path))
     assert info["corpus"] == {
@@ -133,7 +140,7 @@ def test_beir_quirks_are_counted_not_dropped(quirky_beir, tmp_path):
 
 
 def test_beir_errors_name_the_file_and_line(quirky_beir, tmp_path):
-    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    entry = quirky_entry(quirky_beir)
     with open(quirky_beir / "corpus.jsonl", "a") as handle:
         handle.write('{"_id": "d1", "text": "duplicate id"}\n')
     with pytest.raises(DatasetError, match="duplicated doc_ids.*d1"):
@@ -149,7 +156,7 @@ def test_beir_errors_name_the_file_and_line(quirky_beir, tmp_path):
 def test_repeated_judgements_are_refused(quirky_beir, tmp_path):
     with open(quirky_beir / "qrels" / "test.tsv", "a") as handle:
         handle.write("q1\td1\t0\n")
-    entry = dict(SCIFACT, name="quirky", path=str(quirky_beir), splits=[{"name": "test"}])
+    entry = quirky_entry(quirky_beir)
     with pytest.raises(DatasetError, match="1 repeated"):
         datasets.prepare(entry, tmp_path / "out", data_root=str(tmp_path))
 
@@ -182,6 +189,7 @@ def test_msmarco_layout_from_archives_gzip_and_titles(tmp_path):
         "format": "msmarco",
         "title": "sep",
         "exclude_query_id": False,
+        "max_missing_judged_documents": 1,  # passage 7
         "corpus": ref("collectionandqueries.tar.gz", "collection.tsv"),
         "titles": ref("marco.tar.gz", "marco/para.title.txt"),
         "splits": [
@@ -238,6 +246,7 @@ def test_msmarco_document_layout_is_streamed_in_batches(tmp_path, monkeypatch, c
         "format": "msmarco",
         "title": "sep",
         "exclude_query_id": False,
+        "max_missing_judged_documents": 1,  # D99
         "corpus": {"download": name},
         "titles": None,
         "splits": [
@@ -331,3 +340,68 @@ def test_a_subset_of_a_streamed_collection_is_refused(tmp_path):
              "title": "none", "exclude_query_id": False, "subset": {"documents": 10, "seed": 0}}
     with pytest.raises(DatasetError, match="subset` is for beir datasets only"):
         datasets.corpus_subset(entry, None)
+
+
+# --- a corpus that does not hold the documents the qrels judge ---------------------------------
+def tiny_beir(folder, corpus_ids, judged):
+    """A BEIR folder: `corpus_ids` as documents, two queries judging `judged` in qrels/test.tsv."""
+    (folder / "qrels").mkdir(parents=True)
+    write_jsonl(folder / "corpus.jsonl", [{"_id": d, "text": f"about {d}"} for d in corpus_ids])
+    write_jsonl(folder / "queries.jsonl", [{"_id": q, "text": f"query {q}"} for q in ("q1", "q2")])
+    lines = "".join(f"q{1 + i % 2}\t{d}\t1\n" for i, d in enumerate(judged))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
+    return dict(SCIFACT, name="tiny", path=str(folder), splits=[{"name": "test"}])
+
+
+def test_a_corpus_of_another_dataset_stops_the_split_naming_both_files(tmp_path, caplog):
+    """Every judged document absent: one error line naming the corpus and the qrels file, the
+    count and examples, exit 1, and no split file (it used to pass, every score then 0)."""
+    folder = tmp_path / "tiny"
+    entry = tiny_beir(folder, ["d1", "d2", "d3"], ["x1", "x2", "x3", "x4"])
+    out = tmp_path / "out"
+    args = ["--config", json.dumps(entry), "--out", str(out), "--data-root", str(tmp_path)]
+    datasets.main(["corpus", *args])
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(SystemExit) as stopped:
+        datasets.main(["split", "--split", "test", *args])
+    assert stopped.value.code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0]
+    assert str(folder / "corpus.jsonl") in errors[0]
+    assert str(folder / "qrels" / "test.tsv") in errors[0]
+    assert "4 of the 4 documents judged" in errors[0] and "none of them" in errors[0]
+    assert "'x1', 'x2', 'x3', 'x4'" in errors[0] and "max_missing_judged_documents: 4" in errors[0]
+    assert sorted(p.name for p in out.iterdir()) == before  # no queries-/qrels-test file
+
+
+def test_judged_documents_missing_within_the_allowance_are_counted_and_reported(tmp_path):
+    """Two of four judged documents absent: refused under the default allowance (0) and under 1;
+    with `max_missing_judged_documents: 2` the split is written, its judgements kept, and the count
+    reaches the qrels manifest and the tables' provenance."""
+    folder = tmp_path / "tiny"
+    entry = tiny_beir(folder, ["d1", "d2", "d3"], ["d1", "gone-a", "d2", "gone-b"])
+    out = tmp_path / "results" / "datasets" / "tiny"
+    datasets.prepare_corpus(entry, out, data_root=str(tmp_path))
+    for allowed in (None, 1):
+        strict = entry if allowed is None else dict(entry, max_missing_judged_documents=allowed)
+        qrels, corpus = (re.escape(str(folder / n)) for n in ("qrels/test.tsv", "corpus.jsonl"))
+        with pytest.raises(
+            DatasetError,
+            match=rf"2 of the 4 documents judged in {qrels} are missing from the corpus {corpus} "
+            rf"\(it holds 2; missing e\.g\. 'gone-a', 'gone-b'\).*"
+            rf"`max_missing_judged_documents: 2`.*\(now {allowed or 0}\)",
+        ):
+            datasets.prepare_split(strict, "test", out, data_root=str(tmp_path))
+        assert not list(out.glob("*-test.*"))
+    stats = datasets.prepare_split(
+        dict(entry, max_missing_judged_documents=2), "test", out, data_root=str(tmp_path)
+    )
+    assert stats["judged_documents"] == 4 and stats["judged_documents_missing"] == 2
+    manifest = json.loads((out / "qrels-test.manifest.json").read_text())
+    assert manifest["stats"]["judged_documents_missing_examples"] == ["gone-a", "gone-b"]
+    assert manifest["params"]["max_missing_judged_documents"] == 2
+    assert pl.read_parquet(out / "qrels-test.parquet").height == 4  # kept: unretrievable relevants
+    from retrieval_pretraining.tables.provenance import missing_judged_documents
+
+    [line] = missing_judged_documents(tmp_path / "results", [("tiny", "test")])
+    assert line.endswith("tiny/test 2 (allowed: 2)")

@@ -55,3 +55,20 @@ def test_the_index_written_is_the_index_read_and_tasks_cover_it_in_order(tmp_pat
     assert read[-1].offset + read[-1].length == dump.stat().st_size
     tasks = dump_reader.plan_tasks(read, processes=2, dump_size=dump.stat().st_size)
     assert [s for task in tasks for s in task] == read
+
+
+def test_an_index_past_the_end_blames_the_index_unless_the_dump_was_cut(tmp_path):
+    """Offsets past the end: another dump's index (its streams elsewhere) is named as such; this
+    dump's own index on a cut copy names the dump truncated."""
+    big, big_index = tmp_path / "big.xml.bz2", tmp_path / "big.index.txt.bz2"
+    dump_reader.write_multistream(HEADER, [page(i) for i in range(1, 41)], big, big_index, 2)
+    small, small_index = tmp_path / "small.xml.bz2", tmp_path / "small.index.txt.bz2"
+    dump_reader.write_multistream(HEADER, [page(i) for i in range(1, 10)], small, small_index, 3)
+    size = small.stat().st_size
+    with pytest.raises(dump_reader.ExtractError, match="the index belongs to another file"):
+        dump_reader.read_index(big_index, size, small)
+    cut = tmp_path / "cut.xml.bz2"
+    cut.write_bytes(big.read_bytes()[:size])
+    with pytest.raises(dump_reader.ExtractError, match=rf"cut\.xml\.bz2: the file is {size} bytes"
+                       r".*truncated, re-download it"):
+        dump_reader.read_index(big_index, size, cut)

@@ -137,3 +137,33 @@ def test_malformed_qrels_and_unknown_measures_fail(tmp_path, files):
         evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
     with pytest.raises(evaluate.EvaluationError, match="nDGC@10"):
         evaluate.parse_measures(["nDGC@10"])
+
+
+def test_a_run_with_a_byte_that_is_not_utf8_fails_naming_the_line(tmp_path, files, caplog):
+    """A Latin-1 byte in a run (an editor's re-save): one error line naming the file, the line, the
+    byte and the fix, exit 1 (it was a bare UnicodeDecodeError); every reader of runs (and of
+    TREC qrels) says the same."""
+    from retrieval_pretraining import audit
+    from retrieval_pretraining.analysis import tsne
+
+    _, qrels = files
+    run = tmp_path / "latin1.trec"
+    run.write_bytes("q1 Q0 d1 1 2.0 t\nq1 Q0 caf\u00e9 2 1.0 t\n".encode("latin-1"))
+    out = tmp_path / "metrics.json"
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main(["--run", str(run), "--qrels", str(qrels), "--out", str(out),
+                       "--config", json.dumps({"measures": ["nDCG@10"]})])
+    assert stopped.value.code == 1 and not out.exists()
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert error == (
+        f"{run}, line 2: byte 0xe9 at column 10 is not valid UTF-8 (a TREC run is UTF-8 text); "
+        "re-save the file as UTF-8, or rerun the step that wrote it"
+    )
+    with pytest.raises(ValueError, match=r"latin1\.trec, line 2: byte 0xe9 .* re-save the file"):
+        tsne.read_run(run, depth=10)
+    with pytest.raises(audit.NotAnArtifact, match=r"latin1\.trec, line 2: byte 0xe9"):
+        audit.audit(run)
+    qrels_text = tmp_path / "latin1-qrels.txt"
+    qrels_text.write_bytes(b"q1 0 d1 1\nq1 0 d\xff 1\n")
+    with pytest.raises(evaluate.EvaluationError, match=r"qrels\.txt, line 2: byte 0xff .*qrels"):
+        evaluate.read_qrels(qrels_text)

@@ -203,6 +203,20 @@ def test_index_of_another_dump_is_refused(tmp_path):
     assert_no_output(tmp_path)
 
 
+def test_truncated_multistream_with_its_index_is_named_truncated(tmp_path):
+    """The real multistream sample cut short, given with its index: the dump is named truncated,
+    with its size and the first indexed stream past its end (this used to blame the index)."""
+    for size, first_past in ((10000, 12237), (600, 718)):  # streams start at 718, 4735, ... 12237
+        dump = write(tmp_path, "cut.xml.bz2", MULTI.read_bytes()[:size])
+        with pytest.raises(
+            ex.ExtractError,
+            match=rf"cut\.xml\.bz2: the file is {size} bytes but its index \S+index\.xml\.bz2 "
+            rf"names .*the first at byte {first_past} .*the dump is truncated, re-download it",
+        ):
+            run(tmp_path, dump, index=MULTI_INDEX)
+        assert_no_output(tmp_path)
+
+
 # --- bad input --------------------------------------------------------------------------------------
 def test_truncated_bz2_is_an_error_naming_the_offset(tmp_path):
     data = bz2.compress(dump_bytes(simple_pages(200)))

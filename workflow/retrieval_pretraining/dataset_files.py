@@ -199,6 +199,15 @@ def _split_entry(entry: dict[str, Any], split: str) -> dict[str, Any]:
     )
 
 
+def corpus_source(
+    entry: dict[str, Any], data_root: str | None, downloads: Path | None = None
+) -> str:
+    """The corpus file as a message names it (BEIR corpus.jsonl; MS MARCO path or path!member)."""
+    if entry["format"] == "beir":
+        return str(resolve_path(entry["path"], data_root) / "corpus.jsonl")
+    return _where(*resolve_ref(entry["corpus"], entry, data_root, downloads))
+
+
 def corpus_batches(
     entry: dict[str, Any], data_root: str | None, downloads: Path | None = None
 ) -> tuple[Iterator[pl.DataFrame], dict[str, Path]]:

@@ -12,7 +12,9 @@ Quirks are counted (corpus: dataset.json; split: the queries/qrels manifests), n
 - query ids equal to document ids (BEIR reuses ids; Anserini's `-removeQuery` excludes the query's
   own id from its ranking: `exclude_query_id` records whether downstream search must do the same),
 - qrels naming documents missing from the corpus (kept: they count as unretrievable relevants, as
-  the official evaluation does), qrels naming unknown queries (dropped, counted),
+  the official evaluation does), up to the entry's `max_missing_judged_documents` (default 0: a
+  corpus of another dataset or version would otherwise score 0 everywhere without a word; BEIR
+  ArguAna lacks a few of its judged documents), qrels naming unknown queries (dropped, counted),
 - empty document texts / titles and empty queries (kept, counted).
 A split's queries are those that appear in its qrels (BEIR's convention; MS MARCO's 808k train
 queries include ~300k without any judgement, useless for training and evaluation).
@@ -40,7 +42,7 @@ from .contracts.datasets import (
     CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError, check_corpus_batch,
     check_split, check_unique,
 )
-from .dataset_files import corpus_batches, load_split
+from .dataset_files import corpus_batches, corpus_source, load_split
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +197,12 @@ def prepare_split(
     queries, qrels, inputs = load_split(entry, split, data_root, downloads)
     doc_ids = pl.read_parquet(out_dir / "corpus.parquet", columns=["doc_id"])
     queries, qrels, stats = check_split(queries, qrels, doc_ids, f"{entry['name']} ({split})")
+    allowed = entry.get("max_missing_judged_documents", 0)
+    if stats["judged_documents_missing"] > allowed:
+        corpus = corpus_source(entry, data_root, downloads)
+        raise DatasetError(
+            missing_documents_message(entry, split, stats, allowed, inputs["qrels"], corpus)
+        )
     inputs = _small_inputs(inputs) | {"corpus": out_dir / "corpus.parquet"}
     for kind, frame, schema in (
         ("queries", queries, QUERIES_SCHEMA),
@@ -205,23 +213,43 @@ def prepare_split(
         artifacts.write_manifest(
             artifacts.manifest_path(path),
             stage="datasets.split",
-            params=_params(entry) | {"split": split},
+            params=_params(entry) | {"split": split, "max_missing_judged_documents": allowed},
             inputs=inputs,
             stats=stats,
         )
     log.info(
-        "%s/%s: %d queries, %d qrels (%d name documents missing from the corpus, %d name unknown "
-        "queries), %d query ids equal to document ids, %d empty queries",
+        "%s/%s: %d queries, %d qrels (%d name the %d judged documents missing from the corpus, "
+        "%d name unknown queries), %d query ids equal to document ids, %d empty queries",
         entry["name"],
         split,
         stats["queries"],
         stats["qrels"],
         stats["qrels_missing_document"],
+        stats["judged_documents_missing"],
         stats["qrels_unknown_query"],
         stats["query_ids_equal_doc_ids"],
         stats["empty_queries"],
     )
     return stats
+
+
+def missing_documents_message(
+    entry: dict[str, Any], split: str, stats: dict[str, Any], allowed: int, qrels: Path, corpus: str
+) -> str:
+    """Why a split is refused: its qrels judge more documents the corpus lacks than allowed."""
+    missing, judged = stats["judged_documents_missing"], stats["judged_documents"]
+    examples = ", ".join(repr(d) for d in stats["judged_documents_missing_examples"])
+    if missing == judged:
+        what = "it holds none of them: the two files belong to different datasets"
+    else:
+        what = f"it holds {judged - missing}"
+    return (
+        f"dataset {entry['name']!r} split {split!r}: {missing} of the {judged} documents judged "
+        f"in {qrels} are missing from the corpus {corpus} ({what}; missing e.g. {examples}), "
+        "and every score would count them as misses. Point the entry at the corpus these qrels "
+        "belong to; if the dataset itself lacks them (BEIR ArguAna lacks a few), allow them with "
+        f"`max_missing_judged_documents: {missing}` in its datasets entry (now {allowed})"
+    )
 
 
 def prepare(
@@ -257,12 +285,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.command == "corpus":
-        prepare_corpus(args.config, args.out, args.data_root, args.downloads)
-    elif args.split is None:
+    if args.command == "split" and args.split is None:
         parser.error("`split` needs --split NAME")
-    else:
-        prepare_split(args.config, args.split, args.out, args.data_root, args.downloads)
+    try:
+        if args.command == "corpus":
+            prepare_corpus(args.config, args.out, args.data_root, args.downloads)
+        else:
+            prepare_split(args.config, args.split, args.out, args.data_root, args.downloads)
+    except DatasetError as error:
+        log.error("%s", error)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

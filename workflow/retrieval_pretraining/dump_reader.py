@@ -177,8 +177,12 @@ class Stream:
     id_sum: int  # sum of their ids (cheap cross-check that index and dump belong together)
 
 
-def read_index(index_path: Path, dump_size: int) -> list[Stream]:
-    """Streams of a multistream dump from its `offset:pageid:title` index (bz2 or plain)."""
+def read_index(index_path: Path, dump_size: int, dump: Path | None = None) -> list[Stream]:
+    """Streams of a multistream dump from its `offset:pageid:title` index (bz2 or plain).
+
+    With `dump`, an index naming streams past the dump's end tells a truncated dump (the streams
+    inside the file start where the index says) from an index of another file.
+    """
     opener = bz2.open if detect_format(index_path) == "bz2" else open
     counts: dict[int, list[int]] = {}
     try:
@@ -205,12 +209,39 @@ def read_index(index_path: Path, dump_size: int) -> list[Stream]:
     if not offsets:
         raise ExtractError(f"{index_path}: the index lists no streams")
     if offsets[0] <= 0 or offsets[-1] >= dump_size:
+        inside = [offset for offset in offsets if offset < dump_size]
+        if offsets[0] > 0 and dump is not None and streams_start_at(dump, inside):
+            found = (
+                f"the {len(inside)} inside the file start where the index says"
+                if inside else "none lies inside the file, or the index is of a larger one"
+            )
+            raise ExtractError(
+                f"{dump}: the file is {dump_size} bytes but its index {index_path} names "
+                f"{len(offsets) - len(inside)} of its {len(offsets)} streams at or past that "
+                f"point, the first at byte {offsets[len(inside)]} ({found}): the dump is "
+                "truncated, re-download it"
+            )
         raise ExtractError(
             f"{index_path}: stream offsets {offsets[0]}..{offsets[-1]} do not fit the dump of "
             f"{dump_size} bytes; the index belongs to another file"
         )
     ends = offsets[1:] + [dump_size]
     return [Stream(o, e - o, *counts[o]) for o, e in zip(offsets, ends)]
+
+
+# What follows "BZh" and the block-size digit at a bz2 stream's start: a block, or the stream's end.
+BZ2_BLOCK_MAGIC = (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90")
+
+
+def streams_start_at(dump: Path, offsets: list[int]) -> bool:
+    """Whether a bz2 stream starts at every one of `offsets` of `dump`."""
+    with open(dump, "rb") as handle:
+        for offset in offsets:
+            handle.seek(offset)
+            head = handle.read(10)
+            if head[:3] != b"BZh" or not head[3:4].isdigit() or head[4:] not in BZ2_BLOCK_MAGIC:
+                return False
+    return True
 
 
 def plan_tasks(streams: list[Stream], processes: int, dump_size: int) -> list[list[Stream]]:

@@ -14,8 +14,9 @@ Semantics, chosen to match the official evaluations:
   A measure written with its own `rel=` keeps it.
 - RR@10 is computed by ir_measures' own implementation (the MS MARCO definition with its cutoff);
   the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR.
-- A malformed run or qrels line, a duplicated (query, document) pair in a run, an empty run, or a run
-  sharing no query with the qrels raises with the file and line: never a 0.0 for a parse error.
+- A malformed run or qrels line (a byte that is not UTF-8 included), a duplicated (query, document)
+  pair in a run, an empty run, or a run sharing no query with the qrels raises with the file and
+  line: never a 0.0 for a parse error. The command prints it as one line and exits 1.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ir_measures import Qrel, ScoredDoc
 
 from . import artifacts
 from .config import stage_parser
+from .contracts.runs import utf8_lines
 
 log = logging.getLogger(__name__)
 
@@ -49,33 +51,32 @@ def read_run(path: str | Path) -> list[ScoredDoc]:
         raise EvaluationError(f"run file {path} does not exist")
     docs: list[ScoredDoc] = []
     seen: set[tuple[str, str]] = set()
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            if len(fields) != 6:
-                raise EvaluationError(
-                    f"{path}, line {number}: {len(fields)} fields, a TREC run line has 6 "
-                    "(`query_id Q0 doc_id rank score tag`)"
-                )
-            qid, _, did, rank, score, _ = fields
-            try:
-                int(rank)
-                value = float(score)
-            except ValueError:
-                raise EvaluationError(
-                    f"{path}, line {number}: rank {rank!r} must be an integer and score {score!r} a number"
-                ) from None
-            if not math.isfinite(value):
-                raise EvaluationError(f"{path}, line {number}: score {score!r} is not finite")
-            if (qid, did) in seen:
-                raise EvaluationError(
-                    f"{path}, line {number}: document {did} is ranked twice for query {qid}; "
-                    "a run lists each document once per query"
-                )
-            seen.add((qid, did))
-            docs.append(ScoredDoc(qid, did, value))
+    for number, line in utf8_lines(path, EvaluationError):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 6:
+            raise EvaluationError(
+                f"{path}, line {number}: {len(fields)} fields, a TREC run line has 6 "
+                "(`query_id Q0 doc_id rank score tag`)"
+            )
+        qid, _, did, rank, score, _ = fields
+        try:
+            int(rank)
+            value = float(score)
+        except ValueError:
+            raise EvaluationError(
+                f"{path}, line {number}: rank {rank!r} must be an integer and score {score!r} a number"
+            ) from None
+        if not math.isfinite(value):
+            raise EvaluationError(f"{path}, line {number}: score {score!r} is not finite")
+        if (qid, did) in seen:
+            raise EvaluationError(
+                f"{path}, line {number}: document {did} is ranked twice for query {qid}; "
+                "a run lists each document once per query"
+            )
+        seen.add((qid, did))
+        docs.append(ScoredDoc(qid, did, value))
     if not docs:
         raise EvaluationError(f"run file {path} is empty; the retrieval step wrote no results")
     return docs
@@ -99,22 +100,21 @@ def read_qrels(path: str | Path) -> list[Qrel]:
         ]
     else:
         qrels = []
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                fields = line.split()
-                if not fields:
-                    continue
-                if len(fields) != 4:
-                    raise EvaluationError(
-                        f"{path}, line {number}: {len(fields)} fields, TREC qrels lines have 4 "
-                        "(`query_id iteration doc_id relevance`)"
-                    )
-                try:
-                    qrels.append(Qrel(fields[0], fields[2], int(fields[3])))
-                except ValueError:
-                    raise EvaluationError(
-                        f"{path}, line {number}: relevance {fields[3]!r} is not an integer"
-                    ) from None
+        for number, line in utf8_lines(path, EvaluationError, "a TREC qrels file"):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 4:
+                raise EvaluationError(
+                    f"{path}, line {number}: {len(fields)} fields, TREC qrels lines have 4 "
+                    "(`query_id iteration doc_id relevance`)"
+                )
+            try:
+                qrels.append(Qrel(fields[0], fields[2], int(fields[3])))
+            except ValueError:
+                raise EvaluationError(
+                    f"{path}, line {number}: relevance {fields[3]!r} is not an integer"
+                ) from None
     if not qrels:
         raise EvaluationError(f"qrels file {path} is empty")
     return qrels
@@ -196,7 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    evaluate(args.run, args.qrels, args.out, args.config)
+    try:
+        evaluate(args.run, args.qrels, args.out, args.config)
+    except EvaluationError as error:
+        log.error("%s", error)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

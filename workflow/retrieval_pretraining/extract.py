@@ -267,7 +267,7 @@ def _sequential_results(path: Path, fmt: str, options: Options, processes: int, 
 
 def _indexed_results(path: Path, index: Path, options: Options, processes: int, stats: Counter):
     size = path.stat().st_size
-    streams = read_index(index, size)
+    streams = read_index(index, size, path)
     stats["streams"] = len(streams)
     header_chunks = list(decompress_bz2(read_blocks(path, 0, streams[0].offset), str(path)))
     header = b"".join(header_chunks)

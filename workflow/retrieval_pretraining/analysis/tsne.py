@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import artifacts
+from ..contracts.runs import utf8_lines
 from .common import encoder_weights, pyplot, save_figure, write_manifest
 
 
@@ -35,7 +36,7 @@ def pick_query(
 
 def read_run(path: Path, depth: int) -> dict[str, list[str]]:
     ranked: dict[str, list[tuple[int, str]]] = {}
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in utf8_lines(path, ValueError):
         parts = line.split()
         if len(parts) != 6:
             raise ValueError(f"{path}:{number}: expected 'qid Q0 docid rank score tag'")

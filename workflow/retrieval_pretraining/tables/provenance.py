@@ -62,6 +62,8 @@ def provenance(
     ]
     lines += [f"- {h}" for h in hardware(results, params["models"])]
     lines += loss_reductions(params.get("losses") or {})
+    columns = [(c["dataset"], c["split"]) for spec, _ in tables for c in spec["columns"]]
+    lines += missing_judged_documents(results, columns)
     lines += [
         "",
         "| system | dataset/split | run file | metrics | model | training log |",
@@ -96,6 +98,30 @@ def provenance(
     if cache.missing:
         lines += ["", "Missing (shown as –): " + ", ".join(f"`{p}`" for p in cache.missing)]
     return "\n".join(lines) + "\n"
+
+
+def missing_judged_documents(results: Path, columns: list[tuple[str, str]]) -> list[str]:
+    """How many documents each scored split's qrels judge that its corpus lacks (from the qrels
+    manifest datasets.py wrote; `max_missing_judged_documents` allows them): their judgements stay,
+    and every system scores them as misses."""
+    counts = []
+    for dataset, split in dict.fromkeys(columns):
+        path = artifacts.manifest_path(results / "datasets" / dataset / f"qrels-{split}.parquet")
+        if not path.is_file():
+            continue
+        manifest = artifacts.read_json(path)
+        missing = manifest.get("stats", {}).get("judged_documents_missing")
+        if missing is None:  # written before the count existed
+            continue
+        allowed = manifest.get("params", {}).get("max_missing_judged_documents", 0)
+        note = f" (allowed: {allowed})" if missing else ""
+        counts.append(f"{dataset}/{split} {missing}{note}")
+    if not counts:
+        return []
+    return [
+        "- judged documents missing from the corpus (their judgements are kept and every system "
+        "scores them as misses, as the official evaluations do): " + "; ".join(counts)
+    ]
 
 
 REDUCED = {"sum": "summed", "mean": "averaged"}

@@ -60,6 +60,8 @@ def check_split(
 
     queries_without_qrels: queries of the file never judged in this split (for BEIR, whose
     queries.jsonl holds every split, these are mostly the other splits' queries).
+    judged_documents_missing: distinct documents the kept judgements name that the corpus lacks
+    (qrels_missing_document counts the judgements); the writer refuses more than its entry allows.
     """
     queries = queries.with_columns(pl.col("text").fill_null(""))
     check_unique(queries, "query_id", f"{what} queries")
@@ -73,10 +75,14 @@ def check_split(
     judged = queries.join(known.select("query_id").unique(), on="query_id", how="semi")
     missing_docs = known.join(doc_ids, on="doc_id", how="anti")
     self_ids = judged.join(doc_ids.rename({"doc_id": "query_id"}), on="query_id", how="semi")
+    missing_ids = missing_docs["doc_id"].unique(maintain_order=True)
     stats = {
         "queries": judged.height,
         "queries_without_qrels": queries.height - judged.height,
         "qrels": known.height,
+        "judged_documents": known["doc_id"].n_unique(),
+        "judged_documents_missing": missing_ids.len(),
+        "judged_documents_missing_examples": missing_ids.head(5).to_list(),
         "qrels_unknown_query": qrels.height - known.height,
         "qrels_missing_document": missing_docs.height,
         "qrels_missing_document_examples": [list(r) for r in missing_docs.head(5).rows()],

@@ -8,12 +8,14 @@ from ..base import (
     show_snakemake_record,
 )
 from ..datasets.audit import dataset_folder, lookup_text
+from . import utf8_lines
 
 
 def audit_run(a: Audit, n: int) -> None:
     a.kind = "TREC run"
     per_query: dict[str, list[tuple[int, float, str]]] = {}
-    for number, line in enumerate(a.path.read_text().splitlines(), 1):
+    for number, line in utf8_lines(a.path, NotAnArtifact):
+        line = line.rstrip("\r\n")
         parts = line.split()
         if len(parts) != 6:
             raise NotAnArtifact(
