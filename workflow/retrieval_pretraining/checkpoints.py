@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 from . import artifacts
 from .config import resolve_path, stage_parser
+from .errors import command
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,8 @@ def stage_tokenizer(
     return stats
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the checkpoint folder to write")
     parser.add_argument(
@@ -184,7 +186,7 @@ def main() -> None:
     parser.add_argument(
         "--tokenizer-only", action="store_true", help="stage the tokenizer alone (corpus stages)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     (stage_tokenizer if args.tokenizer_only else stage)(args.config, args.out, args.data_root)
 

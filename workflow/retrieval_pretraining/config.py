@@ -16,11 +16,13 @@ from typing import Any
 import jsonschema
 import yaml
 
+from .errors import BadInput, add_debug_option
+
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput, ValueError):
     """A config value is missing, of the wrong type, or outside what the stage accepts."""
 
 
@@ -191,9 +193,9 @@ def stage_argument(params: dict[str, Any]) -> str:
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
-    """An argparse parser with the `--config JSON` option every stage module takes."""
+    """An argparse parser with the `--config JSON` and `--debug` options every stage takes."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--config", type=json.loads, default={}, help="this stage's config slice as JSON"
     )
-    return parser
+    return add_debug_option(parser)

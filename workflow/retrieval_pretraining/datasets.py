@@ -41,6 +41,7 @@ from .contracts.datasets import (
     check_split, check_unique,
 )
 from .dataset_files import corpus_batches, load_split
+from .errors import command
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,7 @@ def prepare(
     return info
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("Write a retrieval dataset in canonical Parquet form.")
     parser.add_argument("command", choices=["corpus", "split"])

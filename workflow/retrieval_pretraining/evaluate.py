@@ -31,6 +31,7 @@ from ir_measures import Qrel, ScoredDoc
 
 from . import artifacts
 from .config import stage_parser
+from .errors import BadInput, command
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 _BINARY = {"R", "RR", "AP", "P", "Success", "Rprec", "NumRelRet"}
 
 
-class EvaluationError(ValueError):
+class EvaluationError(BadInput, ValueError):
     """The run or qrels cannot be scored as given (the message says where and how to fix it)."""
 
 
@@ -185,6 +186,7 @@ def evaluate(
     return result
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("Score a TREC run against qrels (ir_measures, trec_eval semantics).")
     parser.add_argument("--run", type=Path, required=True)

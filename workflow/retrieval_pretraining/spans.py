@@ -45,6 +45,7 @@ from .config import ConfigError, stage_parser
 from .contracts.chunks import word_extents
 from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES, SCHEMA, validate_spans
+from .errors import InputFileError, command, reading
 from .wordpiece import load_tokenizer, tokenizer_info
 
 log = logging.getLogger(__name__)
@@ -297,11 +298,12 @@ def sample_shard(
     if chunk_manifest.is_file():
         expected = artifacts.read_json(chunk_manifest)["stats"]["tokenizer"]["vocab_sha256"]
         if expected != words.vocab_sha256:
-            raise ValueError(
+            raise InputFileError(
                 f"{chunks_path} was tokenised with another vocabulary than {checkpoint_dir}; "
                 "re-run chunk_articles with this checkpoint"
             )
-    handle = pq.ParquetFile(chunks_path)
+    with reading(chunks_path, "a chunks Parquet file"):
+        handle = pq.ParquetFile(chunks_path)
     stats: dict[str, Any] = {}
     batches, lengths = [], {g: [] for g in GRANULARITIES}
     columns = ["chunk_id", "input_ids", "word_starts"]
@@ -353,7 +355,8 @@ def sample_shard(
     return stats
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("command", choices=["sample", "audit"])
     parser.add_argument("--chunks", type=Path, nargs="+", required=True, help="chunks shard(s)")
@@ -367,7 +370,7 @@ def main() -> None:
     parser.add_argument("--spans", type=Path, nargs="+", help="audit: the span index shards")
     parser.add_argument("--plot", type=Path, help="audit: lengths.png to write")
     parser.add_argument("--sample", type=Path, help="audit: sample.md to write")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     cfg = SpanConfig.from_dict(args.config)
     if args.command == "sample":

@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from ..config import stage_parser
+from ..errors import command
 from .coverage import coverage
 from .cpdae_words import cpdae_top_words
 from .loss_curves import loss_curves
@@ -31,7 +32,8 @@ def _pairs(values: list[str]) -> dict[str, str]:
     return out
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.prog = "python -m retrieval_pretraining.analysis"  # not "__main__.py"
     parser.add_argument("command", choices=["loss-curves", "tsne", "coverage", "cpdae-words"])
@@ -49,7 +51,7 @@ def main() -> None:
     parser.add_argument(
         "--html", type=Path, help="cpdae-words: the same as HTML (Snakemake report)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import torch
 

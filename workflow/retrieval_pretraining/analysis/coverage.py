@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import artifacts
+from ..errors import InputFileError, reading
 from .common import (
     encoder_weights,
     excluded_ids,
@@ -91,9 +92,10 @@ def coverage(
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    input_ids = pq.read_table(chunks, columns=["input_ids"])["input_ids"].to_pylist()[:samples]
+    with reading(chunks, "a chunks Parquet file"):
+        input_ids = pq.read_table(chunks, columns=["input_ids"])["input_ids"].to_pylist()[:samples]
     if not input_ids:
-        raise ValueError(f"{chunks} has no chunks to sample; build the corpus stage first")
+        raise InputFileError(f"{chunks} has no chunks to sample; build the corpus stage first")
     result: dict[str, Any] = {"chunks": str(chunks), "samples": len(input_ids), "models": {}}
     for name, encoder_dir in models.items():
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)

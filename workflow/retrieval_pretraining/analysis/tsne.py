@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from .. import artifacts
+from ..config import ConfigError
+from ..errors import InputFileError, reading
 from .common import encoder_weights, pyplot, save_figure, write_manifest
 
 
@@ -19,7 +21,7 @@ def pick_query(
     run."""
     if wanted is not None:
         if wanted not in qrels or any(wanted not in r for r in runs.values()):
-            raise ValueError(
+            raise ConfigError(
                 f"query {wanted!r} is not judged or not in every run; pick another in "
                 "report.analysis.tsne.query"
             )
@@ -30,7 +32,8 @@ def pick_query(
     for qid in sorted(qrels):
         if all(qid in r for r in runs.values()):
             return qid
-    raise ValueError("no judged query appears in every run")
+    raise InputFileError(f"no judged query appears in every run ({', '.join(runs)}); check "
+                         "that the runs are of this dataset and split")
 
 
 def read_run(path: Path, depth: int) -> dict[str, list[str]]:
@@ -38,7 +41,7 @@ def read_run(path: Path, depth: int) -> dict[str, list[str]]:
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         parts = line.split()
         if len(parts) != 6:
-            raise ValueError(f"{path}:{number}: expected 'qid Q0 docid rank score tag'")
+            raise InputFileError(f"{path}:{number}: expected 'qid Q0 docid rank score tag'")
         ranked.setdefault(parts[0], []).append((int(parts[3]), parts[2]))
     return {q: [d for _, d in sorted(v)[:depth]] for q, v in ranked.items()}
 
@@ -70,7 +73,8 @@ def tsne(
 
     torch.manual_seed(seed)
     info = datasets.read_info(dataset_dir)
-    qrels = datasets.read_qrels(dataset_dir / f"qrels-{split}.parquet")
+    with reading(dataset_dir / f"qrels-{split}.parquet", "a qrels Parquet file"):
+        qrels = datasets.read_qrels(dataset_dir / f"qrels-{split}.parquet")
     runs = {name: read_run(run, cfg["depth"]) for name, (_, run) in models.items()}
     qid = pick_query(qrels, runs, cfg.get("query"))
     query = (

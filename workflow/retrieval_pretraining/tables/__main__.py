@@ -10,12 +10,14 @@ import logging
 from pathlib import Path
 
 from ..config import stage_parser
+from ..errors import command
 from .make import make_tables
 
 log = logging.getLogger(__name__)
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.prog = "python -m retrieval_pretraining.tables"  # not "__main__.py"
     parser.add_argument("--results", type=Path, default=Path("results"))
@@ -34,7 +36,7 @@ def main() -> None:
         action="store_true",
         help="render a missing metrics file as – instead of failing (partial tables)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     make_tables(
         args.config, args.results, args.out, args.json, args.figure, args.allow_missing, args.html

