@@ -174,3 +174,26 @@ def test_a_failing_command_shows_the_traceback_with_debug_only(tmp_path):
     assert "Traceback" in debug.stderr and "EvaluationError" in debug.stderr
     assert not (tmp_path / "m.json").exists()
 
+
+def test_a_folder_output_is_published_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The dense index folder is built under a temporary name and renamed at the end."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from retrieval_pretraining import artifacts, faiss_index
+
+    npy, ids, out = tmp_path / "s.npy", tmp_path / "s.ids.parquet", tmp_path / "faiss"
+    np.save(npy, np.eye(3, dtype=np.float32))
+    pq.write_table(pa.table({"doc_id": ["a", "b", "c"]}), ids)
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as patch:  # the last file of the folder cannot be written
+        patch.setattr(artifacts, "write_manifest", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            faiss_index.index_shards([npy], [ids], out, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ids.parquet", "s.npy"]
+    faiss_index.index_shards([npy], [ids], out, {})
+    assert {p.name for p in out.iterdir()} == {"index", "docid", "manifest.json"}
