@@ -1,5 +1,7 @@
 """Bad input to every command: one line naming the input, exit status 1, nothing left behind.
 
+Also: no loader reads a pickled model folder.
+
 The commands run in-process (`main(argv)`; a subprocess per command costs ~1-3 s of imports each
 on 2 cores); one subprocess shows what a user sees, with and without `--debug`.
 """
@@ -14,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import BertConfig, BertModel, BertTokenizerFast
 
 from retrieval_pretraining import checkpoints, config
 
@@ -121,14 +125,13 @@ def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
                                  none / "m.jsonl"),
         "analysis coverage": ("analysis.__main__", ["coverage", *_cfg("coverage"), "--model",
                                                     f"a={none}", "--chunks", bad,
-                                                    "--out", out / "c.png"], bad),
+                                                    "--out", out / "c.png"], none),
         "analysis tsne": ("analysis.__main__", ["tsne", *_cfg("tsne"), "--model", f"a={none},{bad}",
                                                 "--dataset-dir", none, "--out", out / "t.png",
                                                 "--json", out / "t.json"], none),
         "analysis cpdae-words": ("analysis.__main__", ["cpdae-words", *_cfg("cpdae_words"),
                                                        "--model", f"cpdae={none}",
-                                                       "--out", out / "w.md"],
-                                 t / "heads.safetensors"),
+                                                       "--out", out / "w.md"], none),
         "tables": ("tables.__main__", [*_cfg("tables"), "--results", none,
                                        "--out", out / "t.md"], none),
         # audit's documented statuses: 0 passed, 1 a check failed, 2 not an artifact.
@@ -197,3 +200,64 @@ def test_a_folder_output_is_published_whole_or_not_at_all(tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ids.parquet", "s.npy"]
     faiss_index.index_shards([npy], [ids], out, {})
     assert {p.name for p in out.iterdir()} == {"index", "docid", "manifest.json"}
+
+
+# ---------------------------------------------------------------- no pickles -------------------
+@pytest.fixture(scope="module")
+def pickled_bert(tmp_path_factory) -> Path:
+    """A complete tiny BERT folder (config, tokenizer) whose weights are only pytorch_model.bin."""
+    folder = tmp_path_factory.mktemp("pickled")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "##d"]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    bert = BertConfig(vocab_size=len(words), hidden_size=8, num_hidden_layers=1,
+                      num_attention_heads=2, intermediate_size=16, max_position_embeddings=16)
+    # The legacy pickle layout: transformers 5 writes safetensors even with safe_serialization=False.
+    bert.save_pretrained(folder)
+    torch.save(BertModel(bert).state_dict(), folder / "pytorch_model.bin")
+    return folder
+
+
+def _loaders(folder: Path, tmp: Path) -> dict:
+    from retrieval_pretraining import dense_search, encode
+    from retrieval_pretraining.analysis import coverage, cpdae_words, tsne
+    from retrieval_pretraining.finetune.model import load_bi_encoder
+    from retrieval_pretraining.pretrain.model import Pretrainer
+    from retrieval_pretraining.pretrain.train import export_base
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    queries = tmp / "queries.parquet"  # written by the test
+    settings = RetrievalSettings()
+    entry = {"name": "p", "source": "local", "location": str(folder)}
+    root = str(folder.parent)  # local checkpoints lie inside the project or the data root
+    out = tmp / "out"
+    return {
+        "encode --encoder": lambda: encode.load_encoder(folder),
+        "fine-tuning init": lambda: load_bi_encoder(folder, settings, torch.device("cpu")),
+        "pre-training init": lambda: Pretrainer(folder, SLICES["pretrain"]),
+        "pre-training none (export)": lambda: export_base(
+            SLICES["pretrain_none"], folder, out / "enc", out / "m.jsonl", out / "l.png"),
+        "dense search and mining": lambda: dense_search.encode_queries(folder, queries, settings),
+        "analysis coverage": lambda: coverage.coverage({"p": folder}, queries, [1], 1,
+                                                       out / "c.png", out / "c.json"),
+        "analysis cpdae-words": lambda: cpdae_words.cpdae_top_words(folder, ["a"], 3, out / "w.md"),
+        "analysis tsne": lambda: tsne.tsne({"p": (folder, queries)}, tmp, "test", {}, 1,
+                                           out / "t.png", out / "t.json"),
+        "checkpoints (staging)": lambda: checkpoints.stage(entry, out / "ckpt", data_root=root),
+    }
+
+
+@pytest.mark.parametrize("loader", list(_loaders(Path("f"), Path("t"))))
+def test_every_loader_refuses_a_folder_holding_only_a_pickle(loader, pickled_bert, tmp_path):
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    import polars as pl
+
+    pl.DataFrame({"query_id": ["q"], "text": ["a b"]}).write_parquet(tmp_path / "queries.parquet")
+    with pytest.raises(ModelFolderError) as refused:
+        _loaders(pickled_bert, tmp_path)[loader]()
+    message = str(refused.value)
+    assert str(pickled_bert) in message and "\n" not in message
+    assert "only as a pickle (pytorch_model.bin)" in message
+    assert "convert it to safetensors" in message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 from . import artifacts
 from .config import resolve_path, stage_parser
 from .errors import command
+from .model_folder import load_model
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +124,12 @@ def _staging(out_dir: Path) -> Iterator[tuple[Path, Path]]:
 
 def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     with _staging(out_dir) as (download, staged):
         folder = source_folder(entry, download, data_root)
-        # use_safetensors: a folder holding only pytorch_model.bin (a pickle) is refused, not loaded.
-        model = AutoModel.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=False, use_safetensors=True
-        )
+        # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused.
+        model = load_model(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
         original_layers = model.config.num_hidden_layers
         num_layers = entry.get("num_layers")

@@ -27,6 +27,7 @@ from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .datasets import join_title
 from .errors import InputFileError, command, reading
+from .model_folder import load_model
 from .retrieval_settings import SEARCH_KEYS, RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,9 @@ def device() -> torch.device:
 
 def load_encoder(folder: str | Path, dev: torch.device | None = None):
     """A Hugging Face encoder + fast tokenizer from a local folder (never downloads, no remote code)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"encoder folder {folder} has no config.json; build its rule first")
-    model = AutoModel.from_pretrained(
-        folder, local_files_only=True, trust_remote_code=False, add_pooling_layer=False
-    )
+    model = load_model(folder, add_pooling_layer=False)  # safetensors only: a pickle is refused
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
     return model.to(dev or device()), tokenizer
 

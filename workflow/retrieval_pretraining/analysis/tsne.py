@@ -11,6 +11,7 @@ import numpy as np
 from .. import artifacts
 from ..config import ConfigError
 from ..errors import InputFileError, reading
+from ..model_folder import check_safetensors
 from .common import encoder_weights, pyplot, save_figure, write_manifest
 
 
@@ -70,6 +71,9 @@ def tsne(
     import torch
 
     from .. import datasets, encode
+
+    for encoder_dir, _ in models.values():  # fail before any work on a missing or pickled encoder
+        check_safetensors(encoder_dir)
 
     torch.manual_seed(seed)
     info = datasets.read_info(dataset_dir)
