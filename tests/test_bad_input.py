@@ -1,6 +1,6 @@
 """Bad input to every command: one line naming the input, exit status 1, nothing left behind.
 
-Also: no loader reads a pickled model folder.
+Also: no loader reads a pickled model folder, and every stage refuses an unknown config key.
 
 The commands run in-process (`main(argv)`; a subprocess per command costs ~1-3 s of imports each
 on 2 cores); one subprocess shows what a user sees, with and without `--debug`.
@@ -8,6 +8,7 @@ on 2 cores); one subprocess shows what a user sees, with and without `--debug`.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -261,3 +262,85 @@ def test_every_loader_refuses_a_folder_holding_only_a_pickle(loader, pickled_ber
     assert "only as a pickle (pytorch_model.bin)" in message
     assert "convert it to safetensors" in message
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+# ---------------------------------------------------------------- unknown config keys ----------
+def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
+    value = copy.deepcopy(SLICES[slice_name])
+    node = value
+    for part in path:
+        node = node[part]
+    node[key] = 1
+    return value
+
+
+# (module, argv before --config, the slice with a misspelt key, the key as named, a known key);
+# the remaining arguments point nowhere: the slice must be refused before any file is read.
+UNKNOWN = {
+    "extract": ("extract", [], {**SLICES["extract"], "min_char": 1}, "'min_char'", "min_chars"),
+    "download dumpstatus": ("download", ["dumpstatus"], {**SLICES["dumpstatus"], "mirrors": "x"},
+                            "'mirrors'", "mirror"),
+    "checkpoints": ("checkpoints", [], {**SLICES["checkpoint"], "num_layer": 1}, "'num_layer'",
+                    "num_layers"),
+    "checkpoints tokenizer": ("checkpoints", ["--tokenizer-only"],
+                              {**SLICES["checkpoint"], "revison": "x"}, "'revison'", "revision"),
+    "chunk": ("chunk", [], {**SLICES["corpus"], "max_length": 64}, "'max_length'", "max_len"),
+    "spans": ("spans", ["sample"], _nested("spans", ("granularities", "phrase"), "min_length"),
+              "'granularities.phrase.min_length'", "min_len"),
+    "pretrain": ("pretrain.__main__", [], _nested("pretrain", ("trainer",), "learning_rate"),
+                 "'trainer.learning_rate'", "lr"),
+    "datasets": ("datasets", ["corpus"], {**SLICES["dataset"], "exclude_query_ids": True},
+                 "'exclude_query_ids'", "exclude_query_id"),
+    "bm25": ("bm25", ["search"], {**SLICES["bm25"], "k_1": 0.9}, "'k_1'", "k1"),
+    "bm25 negatives": ("bm25", ["negatives"], {**SLICES["bm25"], "negatives": {"cout": 3}},
+                       "'negatives.cout'", "count"),
+    "finetune": ("finetune.__main__", [], {"temprature": 0.1}, "'temprature'", "temperature"),
+    "encode": ("encode", [], {"pooling": "mean", "poling": "cls"}, "'poling'", "pooling"),
+    "faiss_index": ("faiss_index", [], {"nprob": 3}, "'nprob'", "nprobe"),
+    "mine": ("mine", [], {"num_negative": 3}, "'num_negative'", "num_negatives"),
+    "dense_search": ("dense_search", [], {"search_dept": 3}, "'search_dept'", "search_depth"),
+    "evaluate": ("evaluate", [], {**SLICES["evaluate"], "measure": ["P@1"]}, "'measure'",
+                 "measures"),
+    "analysis": ("analysis.__main__", ["coverage"], {**SLICES["coverage"], "sample": 3},
+                 "'sample'", "samples"),
+    "tables": ("tables.__main__", [], _nested("tables", ("report",), "decimal"),
+               "'report.decimal'", "decimals"),
+}
+@pytest.mark.parametrize("name", list(UNKNOWN))
+def test_a_stage_refuses_an_unknown_config_key_naming_it_and_the_known_ones(name, tmp_path,
+                                                                            capsys):
+    module, head, slice_, named, known = UNKNOWN[name]
+    nowhere = tmp_path / "nowhere"
+    argv = [*head, "--config", json.dumps(slice_)]
+    for option in _command_options(module):
+        argv += [option, f"a={nowhere}" if option == "--model" else nowhere]
+    argv += {"finetune.__main__": ["--seed", 1], "mine": ["--seed", 1],
+             "dense_search": ["--tag", "x"],
+             "encode": ["--shard", 0, "--shards", 1]}.get(module, [])
+    assert run_main(module, argv) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"unknown config key(s) {named}" in last and "known keys" in last
+    assert known in last.split("known keys", 1)[1]
+    assert not nowhere.exists()
+
+
+def _command_options(module: str) -> list[str]:
+    """The path options the command requires."""
+    required = {
+        "extract": ["--dump", "--out"], "download": ["--out"], "checkpoints": ["--out"],
+        "chunk": ["--articles", "--checkpoint", "--out"],
+        "spans": ["--chunks", "--checkpoint", "--out"],
+        "pretrain.__main__": ["--checkpoint", "--chunks", "--encoder", "--metrics", "--plot",
+                              "--state"],
+        "datasets": ["--out"], "bm25": ["--index", "--queries", "--qrels", "--out"],
+        "finetune.__main__": ["--init", "--queries", "--qrels", "--corpus", "--negatives", "--out",
+                              "--state", "--metrics"],
+        "encode": ["--corpus", "--encoder", "--out-npy", "--out-ids"],
+        "faiss_index": ["--npy", "--ids", "--out"],
+        "mine": ["--index", "--encoder", "--queries", "--qrels", "--out"],
+        "dense_search": ["--index", "--encoder", "--queries", "--out"],
+        "evaluate": ["--run", "--qrels", "--out"],
+        "analysis.__main__": ["--model", "--chunks", "--out"],
+        "tables.__main__": ["--results", "--out"],
+    }
+    return required[module]

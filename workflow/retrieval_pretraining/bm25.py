@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import artifacts, datasets
-from .config import ConfigError, stage_parser
+from .config import ConfigError, closed, refuse_unknown, section_schema, stage_parser
 from .contracts.negatives import SCHEMA as NEGATIVES_SCHEMA
 from .errors import InputFileError, command, reading
 
@@ -66,6 +66,12 @@ COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCol
 
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The slice the BM25 rules pass (the section without `overrides`; `negatives`: one entry's
+    policy and the seed), with defaults; an unknown key is refused."""
+    section = section_schema("bm25")["properties"]
+    policy = set(section["negatives"]["items"]["properties"]) - {"dataset", "triples"} | {"seed"}
+    keys = set(section) - {"overrides", "negatives"}
+    refuse_unknown(config, closed(keys, negatives=closed(policy)), "bm25")
     return DEFAULTS | {k: v for k, v in config.items() if v is not None}
 
 
@@ -143,21 +149,10 @@ def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, An
             corpus, tmp / "collection", cfg["title"], cfg["index_threads"]
         )
         command = java_command(
-            "io.anserini.index.IndexCollection",
-            "-collection",
-            "JsonCollection",
-            "-generator",
-            "DefaultLuceneDocumentGenerator",
-            "-input",
-            str(tmp / "collection"),
-            "-index",
-            str(tmp / "index"),
-            "-threads",
-            str(cfg["index_threads"]),
-            "-storePositions",
-            "-storeDocvectors",
-            "-storeRaw",
-            heap=cfg.get("java_heap"),
+            "io.anserini.index.IndexCollection", "-collection", "JsonCollection",
+            "-generator", "DefaultLuceneDocumentGenerator", "-input", str(tmp / "collection"),
+            "-index", str(tmp / "index"), "-threads", str(cfg["index_threads"]),
+            "-storePositions", "-storeDocvectors", "-storeRaw", heap=cfg.get("java_heap"),
         )
         log.info("indexing %d documents: %s", counts["documents"], " ".join(command))
         start = time.perf_counter()

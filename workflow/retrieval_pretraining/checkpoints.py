@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import artifacts
-from .config import resolve_path, stage_parser
+from .config import refuse_unknown, resolve_path, section_schema, stage_parser
 from .errors import command
 from .model_folder import load_model
 
@@ -122,10 +122,16 @@ def _staging(out_dir: Path) -> Iterator[tuple[Path, Path]]:
         staged.rename(out_dir)
 
 
+def check_entry(entry: dict[str, Any]) -> None:
+    """Refuse a key a `checkpoints` entry does not have (a typo would be silently ignored)."""
+    refuse_unknown(entry, section_schema("checkpoints")["items"], "checkpoints")
+
+
 def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
     from transformers import AutoTokenizer
 
+    check_entry(entry)
     with _staging(out_dir) as (download, staged):
         folder = source_folder(entry, download, data_root)
         # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused.
@@ -162,6 +168,7 @@ def stage_tokenizer(
     """Write only the tokenizer of the checkpoint named by `entry` to `out_dir` (atomically)."""
     from transformers import AutoTokenizer
 
+    check_entry(entry)
     entry = {key: entry[key] for key in TOKENIZER_KEYS if key in entry}
     with _staging(out_dir) as (download, staged):
         folder = source_folder(entry, download, data_root, patterns=("*.json", "*.txt"))

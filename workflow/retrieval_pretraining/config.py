@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import jsonschema
 import yaml
@@ -24,6 +24,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 class ConfigError(BadInput, ValueError):
     """A config value is missing, of the wrong type, or outside what the stage accepts."""
+
+
+def section_schema(section: str) -> dict[str, Any]:
+    """One section's schema fragment (`schemas/<section>.schema.yaml`)."""
+    return yaml.safe_load((SCHEMA_DIR / f"{section}.schema.yaml").read_text())
 
 
 def load_schema() -> dict[str, Any]:
@@ -185,6 +190,57 @@ def resolve_path(path: str | Path, data_root: str | Path | None = None) -> Path:
         + (f" and the data root ({data_root})" if data_root else "")
         + "; move the file inside, or set 'data_root' in the config to the folder that holds it"
     )
+
+
+def object_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object branch of a block that may be null (`anyOf`/`oneOf`), else `schema` itself."""
+    for branch in [*schema.get("anyOf", []), *schema.get("oneOf", [])]:
+        if isinstance(branch, Mapping) and "properties" in branch:
+            return branch
+    return schema
+
+
+def unknown_keys(value: Any, schema: Mapping[str, Any], where: str = "") -> list[str]:
+    """Messages naming each key of `value`, at any depth, that a closed object of `schema`
+    (`additionalProperties: false`) does not list, with the keys it does list."""
+    schema = object_schema(schema)
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [m for i, item in enumerate(value)
+                for m in unknown_keys(item, schema["items"], f"{where}{i}.")]
+    if not isinstance(value, Mapping) or "properties" not in schema:
+        return []
+    known = schema["properties"]
+    unknown = sorted(k for k in value if k not in known)
+    messages = []
+    if unknown and schema.get("additionalProperties", True) is False:
+        block = f" of '{where.rstrip('.')}'" if where else ""
+        messages.append(f"unknown config key(s) {', '.join(repr(where + k) for k in unknown)}; "
+                        f"known keys{block}: {', '.join(sorted(known))}")
+    for key in sorted(set(value) & set(known)):
+        messages += unknown_keys(value[key], known[key], f"{where}{key}.")
+    return messages
+
+
+def closed(keys: Iterable[str], **blocks: Mapping[str, Any]) -> dict[str, Any]:
+    """A schema for a slice of `keys` (any values) and nested `blocks` (schemas): no other key."""
+    properties: dict[str, Any] = {key: {} for key in keys}
+    properties |= blocks
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def refuse_unknown(config: Mapping[str, Any], known: Iterable[str] | Mapping[str, Any],
+                   stage: str) -> None:
+    """Raise ConfigError naming every key of a stage's slice outside `known` and the known keys.
+
+    `known`: key names (the slice's top level only), or a schema with `properties` (checked at
+    every depth; `closed` builds one). Each stage checks its own slice this way, before it reads
+    any input, so a misspelt key is refused where it would otherwise fall back to its default
+    without a word.
+    """
+    schema = known if isinstance(known, Mapping) and "properties" in known else closed(known)
+    messages = unknown_keys(config, schema)
+    if messages:
+        raise ConfigError(f"{stage}: " + "; ".join(messages))
 
 
 def stage_argument(params: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from . import artifacts
-from .config import stage_parser
+from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.datasets import (
     CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError, check_corpus_batch,
     check_split, check_unique,
@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    refuse_unknown(args.config, section_schema("datasets")["items"], "datasets")
     if args.command == "corpus":
         prepare_corpus(args.config, args.out, args.data_root, args.downloads)
     elif args.split is None:

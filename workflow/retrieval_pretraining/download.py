@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from . import artifacts
-from .config import stage_parser
+from .config import ConfigError, refuse_unknown, stage_parser
 from .dumpstatus import MULTISTREAM_JOB, fetch_dumpstatus, status_url
 from .errors import add_debug_option, command
 from .fetch import CHECKSUMS, fetch
@@ -63,8 +63,17 @@ def _cmd_fetch(args: argparse.Namespace) -> None:
     )
 
 
+# The `wikipedia` keys that name a dump run (rules/wikipedia.smk passes exactly these).
+DUMPSTATUS_KEYS = ("wiki", "dump_date", "mirror")
+
+
 def _cmd_dumpstatus(args: argparse.Namespace) -> None:
     cfg = args.config
+    refuse_unknown(cfg, DUMPSTATUS_KEYS, "download dumpstatus")
+    missing = [key for key in DUMPSTATUS_KEYS if key not in cfg]
+    if missing:
+        raise ConfigError(f"download dumpstatus: the config lacks {', '.join(missing)}; pass the "
+                          f"wikipedia section's {', '.join(DUMPSTATUS_KEYS)}")
     date, status, parts = fetch_dumpstatus(
         cfg["mirror"], cfg["wiki"], cfg["dump_date"], retries=args.retries
     )

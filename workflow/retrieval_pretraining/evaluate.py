@@ -30,7 +30,7 @@ import polars as pl
 from ir_measures import Qrel, ScoredDoc
 
 from . import artifacts
-from .config import stage_parser
+from .config import refuse_unknown, stage_parser
 from .errors import BadInput, command
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    refuse_unknown(args.config, ("measures", "relevance_level"), "evaluate")
     evaluate(args.run, args.qrels, args.out, args.config)
 
 

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import artifacts, parallel, wikitext
-from .config import stage_parser
+from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.articles import SCHEMA
 from .dump_reader import (
     ExtractError,
@@ -387,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = dict(args.config)
+    refuse_unknown(config, section_schema("extract"), "extract")
     if args.processes is not None:
         config["processes"] = args.processes
     extract(args.dump, args.out, config, args.index)

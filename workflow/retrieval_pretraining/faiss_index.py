@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import artifacts
-from .config import ConfigError, stage_parser
+from .config import ConfigError, refuse_unknown, stage_parser
 from .encode import load_shards
 from .errors import InputFileError, command, reading
 
@@ -38,9 +38,7 @@ INDEX_DEFAULTS: dict[str, Any] = {
 
 def index_settings(config: dict[str, Any] | None) -> dict[str, Any]:
     config = config or {}
-    unknown = set(config) - set(INDEX_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown index options {sorted(unknown)}; known: {sorted(INDEX_DEFAULTS)}")
+    refuse_unknown(config, tuple(INDEX_DEFAULTS), "faiss_index (mining.index)")
     return {**INDEX_DEFAULTS, **config}
 
 
@@ -122,6 +120,7 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
 
 def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, Any]) -> dict:
     """Build the index over encoded shards and save it in Pyserini's layout, with a manifest."""
+    params = index_settings(config)  # a bad slice fails before the shards are read
     vectors, doc_ids = load_shards(npy, ids)
     if len(set(doc_ids)) != len(doc_ids):
         raise InputFileError(f"duplicate doc ids across {ids}; the corpus must have unique doc_id")
@@ -130,7 +129,7 @@ def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, 
     with artifacts.atomic_dir(out) as tmp:
         save(tmp, index, doc_ids)
         artifacts.write_manifest(tmp / "manifest.json", stage="build_dense_index",
-                                 params=index_settings(config),
+                                 params=params,
                                  inputs={f"shard{i}": p for i, p in enumerate(npy)}, stats=stats)
     return stats
 

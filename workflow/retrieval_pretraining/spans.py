@@ -41,7 +41,7 @@ from scipy.stats import beta as beta_law
 from tqdm import tqdm
 
 from . import artifacts, span_audit
-from .config import ConfigError, stage_parser
+from .config import ConfigError, refuse_unknown, section_schema, stage_parser
 from .contracts.chunks import word_extents
 from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES, SCHEMA, validate_spans
@@ -69,6 +69,9 @@ class SpanConfig:
             raise ConfigError(
                 f"spans entry {entry.get('name')!r}: add the global `seed` to its slice"
             )
+        schema = section_schema("spans")["items"]
+        schema["properties"]["seed"] = {}  # the global seed, added by the rule
+        refuse_unknown(entry, schema, "spans")
         cfg = cls(**{k: v for k, v in entry.items() if k in cls.__dataclass_fields__})
         if cfg.short_chunk not in ("clip", "skip", "resample"):
             raise ConfigError(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..config import stage_parser
 from ..errors import command
+from .settings import check_resolved
 
 
 @command
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     settings = args.config
+    check_resolved(settings)
     from .train import export_base, train  # after logging: importing torch takes a while
 
     if settings["objective"] == "none":
