@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from retrieval_pretraining import checkpoints
+from retrieval_pretraining.model_folder import ModelFolderError
 
 torch.set_num_threads(1)
 
@@ -113,6 +114,6 @@ def test_a_pickled_checkpoint_is_never_loaded(tmp_path):
     _tiny_bert(tmp_path / "source", safe_serialization=False)
     assert (tmp_path / "source" / "pytorch_model.bin").exists()
     entry = {"name": "tiny", "source": "local", "location": str(tmp_path / "source")}
-    with pytest.raises(OSError, match="safetensors"):
+    with pytest.raises(ModelFolderError, match="only as a pickle.*convert it to safetensors"):
         checkpoints.stage(entry, tmp_path / "staged", data_root=str(tmp_path))
     assert not (tmp_path / "staged").exists()

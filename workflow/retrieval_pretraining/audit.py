@@ -33,6 +33,7 @@ from .contracts.base import (
     Audit, Kind, NotAnArtifact, Probe, read_manifest, results_relative, snakemake_metadata,
 )
 from .contracts.metrics.audit import metrics_as_manifest
+from .errors import add_debug_option, command
 
 
 def not_a_job_record(path: Path, section: str) -> NotAnArtifact:
@@ -168,6 +169,7 @@ def stage_statistics(paths: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="artifacts to audit")
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="instead of auditing, write the manifests' statistics of PATHS as HTML here",
     )
+    add_debug_option(parser)
     args = parser.parse_args(argv)
     if args.stage_stats is not None:
         from .markdown_html import markdown_to_html

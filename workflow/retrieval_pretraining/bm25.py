@@ -45,8 +45,9 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import artifacts, datasets
-from .config import stage_parser
+from .config import ConfigError, closed, refuse_unknown, section_schema, stage_parser
 from .contracts.negatives import SCHEMA as NEGATIVES_SCHEMA
+from .errors import InputFileError, command, reading
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,12 @@ COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCol
 
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The slice the BM25 rules pass (the section without `overrides`; `negatives`: one entry's
+    policy and the seed), with defaults; an unknown key is refused."""
+    section = section_schema("bm25")["properties"]
+    policy = set(section["negatives"]["items"]["properties"]) - {"dataset", "triples"} | {"seed"}
+    keys = set(section) - {"overrides", "negatives"}
+    refuse_unknown(config, closed(keys, negatives=closed(policy)), "bm25")
     return DEFAULTS | {k: v for k, v in config.items() if v is not None}
 
 
@@ -106,7 +113,8 @@ def write_json_collection(corpus: Path, folder: Path, title: str, files: int) ->
     """Anserini JsonCollection input: `files` JSON-lines files (one per indexing thread), each a
     contiguous slice of the corpus, written from a batched scan (the corpus is never in memory)."""
     folder.mkdir(parents=True, exist_ok=True)
-    source = pq.ParquetFile(corpus)
+    with reading(corpus, "a corpus Parquet file"):
+        source = pq.ParquetFile(corpus)
     total = source.metadata.num_rows
     bounds = np.linspace(0, total, files + 1).astype(int)
     written = empty = part = 0
@@ -141,21 +149,10 @@ def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, An
             corpus, tmp / "collection", cfg["title"], cfg["index_threads"]
         )
         command = java_command(
-            "io.anserini.index.IndexCollection",
-            "-collection",
-            "JsonCollection",
-            "-generator",
-            "DefaultLuceneDocumentGenerator",
-            "-input",
-            str(tmp / "collection"),
-            "-index",
-            str(tmp / "index"),
-            "-threads",
-            str(cfg["index_threads"]),
-            "-storePositions",
-            "-storeDocvectors",
-            "-storeRaw",
-            heap=cfg.get("java_heap"),
+            "io.anserini.index.IndexCollection", "-collection", "JsonCollection",
+            "-generator", "DefaultLuceneDocumentGenerator", "-input", str(tmp / "collection"),
+            "-index", str(tmp / "index"), "-threads", str(cfg["index_threads"]),
+            "-storePositions", "-storeDocvectors", "-storeRaw", heap=cfg.get("java_heap"),
         )
         log.info("indexing %d documents: %s", counts["documents"], " ".join(command))
         start = time.perf_counter()
@@ -278,7 +275,8 @@ def search_run(
 ) -> dict[str, Any]:
     """Write a TREC run and its manifest (params: k1, b, label, depth, title, exclude_query_id)."""
     cfg = _settings(config)
-    queries = pl.read_parquet(queries_path)
+    with reading(queries_path, "a queries Parquet file"):
+        queries = pl.read_parquet(queries_path)
     search = searcher(index, cfg["k1"], cfg["b"])
     start = time.perf_counter()
     ranked = batch_search(
@@ -329,7 +327,7 @@ def triples_candidates(
     import pyarrow.csv as pacsv
 
     if member is not None:
-        raise ValueError(
+        raise ConfigError(
             "read qidpidtriples from the .tsv.gz download itself, not from an archive member"
         )
     reader = pacsv.open_csv(
@@ -352,7 +350,7 @@ def triples_candidates(
             )
         )
     if not frames:
-        raise ValueError(f"{path}: no triples read; the file is empty")
+        raise InputFileError(f"{path}: no triples read; the file is empty")
     grouped = (
         pl.concat(frames)
         .unique(maintain_order=True)
@@ -376,13 +374,15 @@ def mine_negatives(
     neg = NEGATIVE_DEFAULTS | {
         k: v for k, v in config.get("negatives", {}).items() if v is not None
     }
-    queries = pl.read_parquet(queries_path)
-    positives = datasets.read_qrels(qrels_path, min_relevance=1)
+    with reading(queries_path, "a queries Parquet file"):
+        queries = pl.read_parquet(queries_path)
+    with reading(qrels_path, "a qrels Parquet file"):
+        positives = datasets.read_qrels(qrels_path, min_relevance=1)
     without_positive = queries.filter(~pl.col("query_id").is_in(list(positives))).height
     queries = queries.filter(pl.col("query_id").is_in(list(positives)))
     if neg["source"] == "bm25":
         if index is None:
-            raise ValueError("negatives source 'bm25' needs --index")
+            raise ConfigError("negatives source 'bm25' needs --index")
         search = searcher(index, cfg["k1"], cfg["b"])
         ranked = batch_search(
             search, queries, neg["depth"], cfg["threads"], exclude_query_id, cfg["batch_size"]
@@ -390,11 +390,11 @@ def mine_negatives(
         candidates = ((q, [(d, r) for r, (d, _) in enumerate(hits, 1)]) for q, hits in ranked)
     elif neg["source"] == "triples":
         if triples is None:
-            raise ValueError("negatives source 'triples' needs --triples (MS MARCO qidpidtriples)")
+            raise ConfigError("negatives source 'triples' needs --triples (MS MARCO qidpidtriples)")
         table = triples_candidates(Path(triples), None, set(queries["query_id"].to_list()))
         candidates = ((q, table.get(q, [])) for q in queries["query_id"].to_list())
     else:
-        raise ValueError(f"negatives source {neg['source']!r} unknown; use bm25 or triples")
+        raise ConfigError(f"negatives source {neg['source']!r} unknown; use bm25 or triples")
 
     rows = {name: [] for name in NEGATIVES_SCHEMA.names}
     short = positives_removed = 0
@@ -441,6 +441,7 @@ def mine_negatives(
     return stats
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("BM25 with Pyserini: index, search, negatives.")
     parser.add_argument("command", choices=["index", "search", "negatives"])

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import artifacts
-from .config import resolve_path, stage_parser
+from .config import refuse_unknown, resolve_path, section_schema, stage_parser
+from .errors import command
+from .model_folder import load_model
 
 log = logging.getLogger(__name__)
 
@@ -120,16 +122,20 @@ def _staging(out_dir: Path) -> Iterator[tuple[Path, Path]]:
         staged.rename(out_dir)
 
 
+def check_entry(entry: dict[str, Any]) -> None:
+    """Refuse a key a `checkpoints` entry does not have (a typo would be silently ignored)."""
+    refuse_unknown(entry, section_schema("checkpoints")["items"], "checkpoints")
+
+
 def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    check_entry(entry)
     with _staging(out_dir) as (download, staged):
         folder = source_folder(entry, download, data_root)
-        # use_safetensors: a folder holding only pytorch_model.bin (a pickle) is refused, not loaded.
-        model = AutoModel.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=False, use_safetensors=True
-        )
+        # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused.
+        model = load_model(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
         original_layers = model.config.num_hidden_layers
         num_layers = entry.get("num_layers")
@@ -162,6 +168,7 @@ def stage_tokenizer(
     """Write only the tokenizer of the checkpoint named by `entry` to `out_dir` (atomically)."""
     from transformers import AutoTokenizer
 
+    check_entry(entry)
     entry = {key: entry[key] for key in TOKENIZER_KEYS if key in entry}
     with _staging(out_dir) as (download, staged):
         folder = source_folder(entry, download, data_root, patterns=("*.json", "*.txt"))
@@ -175,7 +182,8 @@ def stage_tokenizer(
     return stats
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the checkpoint folder to write")
     parser.add_argument(
@@ -184,7 +192,7 @@ def main() -> None:
     parser.add_argument(
         "--tokenizer-only", action="store_true", help="stage the tokenizer alone (corpus stages)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     (stage_tokenizer if args.tokenizer_only else stage)(args.config, args.out, args.data_root)
 

@@ -35,6 +35,7 @@ from . import artifacts, parallel
 from .chunker import ChunkConfig, Chunker
 from .config import ConfigError, stage_parser
 from .contracts.chunks import CHUNK_INDEX_BITS, SCHEMA, check_order, validate_chunks
+from .errors import InputFileError, command, reading
 from .wordpiece import tokenizer_info
 
 log = logging.getLogger(__name__)
@@ -98,17 +99,18 @@ def _work(articles: pa.RecordBatch) -> Counter:
 
 def _article_batches(paths: Sequence[Path], batch_size: int) -> Iterator[pa.RecordBatch]:
     for path in paths:
-        handle = pq.ParquetFile(path)
+        with reading(path, "an articles Parquet file"):
+            handle = pq.ParquetFile(path)
         missing = {"page_id", "text"} - set(handle.schema_arrow.names)
         if missing:
-            raise ValueError(
+            raise InputFileError(
                 f"{path}: articles lack column(s) {sorted(missing)}; re-run extract_articles"
             )
         for batch in handle.iter_batches(batch_size=batch_size, columns=["page_id", "text"]):
             bounds = pc.min_max(batch.column("page_id"))
             low, high = bounds["min"].as_py(), bounds["max"].as_py()
             if low is not None and (low < 0 or high >= 1 << (63 - CHUNK_INDEX_BITS)):
-                raise ValueError(f"{path}: page_id outside [0, 2**47) cannot form a chunk_id")
+                raise InputFileError(f"{path}: page_id outside [0, 2**47) cannot form a chunk_id")
             yield batch
 
 
@@ -159,7 +161,10 @@ def chunk_corpus(
         raise ConfigError(f"{len(out_paths)} output paths given for corpus.shards={cfg.shards}")
     article_paths = sorted(Path(p) for p in article_paths)
     info = tokenizer_info(checkpoint_dir)
-    total_articles = sum(pq.ParquetFile(p).metadata.num_rows for p in article_paths)
+    total_articles = 0
+    for path in article_paths:
+        with reading(path, "an articles Parquet file"):
+            total_articles += pq.ParquetFile(path).metadata.num_rows
     stats: Counter = Counter()
     out_paths[0].parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_paths[0].parent, prefix=".chunk-spill.") as spill_dir:
@@ -231,7 +236,8 @@ def chunk_corpus(
     return corpus
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--articles", type=Path, nargs="+", required=True, help="article Parquet parts"
@@ -252,7 +258,7 @@ def main() -> None:
         default=1024,
         help="articles per task (speed only; small tasks cost the main process ~3 ms each)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     chunk_corpus(
         args.articles,

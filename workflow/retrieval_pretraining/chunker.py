@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .config import ConfigError
+from .config import ConfigError, refuse_unknown
 from .contracts.chunks import CHUNK_INDEX_BITS, SCHEMA
 from .wordpiece import load_tokenizer, tokenizer_info
 
@@ -55,6 +55,8 @@ class ChunkConfig:
 
     @classmethod
     def from_dict(cls, section: dict[str, Any]) -> "ChunkConfig":
+        # `processes` is the section's too; the chunk command takes it as --processes.
+        refuse_unknown(section, [*cls.__dataclass_fields__, "processes"], "chunk (corpus)")
         known = {k: v for k, v in section.items() if k in cls.__dataclass_fields__}
         cfg = cls(**known)
         if cfg.short_tail not in ("rebalance", "drop", "keep"):

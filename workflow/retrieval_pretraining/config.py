@@ -11,17 +11,24 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import jsonschema
 import yaml
+
+from .errors import BadInput, add_debug_option
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput, ValueError):
     """A config value is missing, of the wrong type, or outside what the stage accepts."""
+
+
+def section_schema(section: str) -> dict[str, Any]:
+    """One section's schema fragment (`schemas/<section>.schema.yaml`)."""
+    return yaml.safe_load((SCHEMA_DIR / f"{section}.schema.yaml").read_text())
 
 
 def load_schema() -> dict[str, Any]:
@@ -185,15 +192,66 @@ def resolve_path(path: str | Path, data_root: str | Path | None = None) -> Path:
     )
 
 
+def object_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object branch of a block that may be null (`anyOf`/`oneOf`), else `schema` itself."""
+    for branch in [*schema.get("anyOf", []), *schema.get("oneOf", [])]:
+        if isinstance(branch, Mapping) and "properties" in branch:
+            return branch
+    return schema
+
+
+def unknown_keys(value: Any, schema: Mapping[str, Any], where: str = "") -> list[str]:
+    """Messages naming each key of `value`, at any depth, that a closed object of `schema`
+    (`additionalProperties: false`) does not list, with the keys it does list."""
+    schema = object_schema(schema)
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [m for i, item in enumerate(value)
+                for m in unknown_keys(item, schema["items"], f"{where}{i}.")]
+    if not isinstance(value, Mapping) or "properties" not in schema:
+        return []
+    known = schema["properties"]
+    unknown = sorted(k for k in value if k not in known)
+    messages = []
+    if unknown and schema.get("additionalProperties", True) is False:
+        block = f" of '{where.rstrip('.')}'" if where else ""
+        messages.append(f"unknown config key(s) {', '.join(repr(where + k) for k in unknown)}; "
+                        f"known keys{block}: {', '.join(sorted(known))}")
+    for key in sorted(set(value) & set(known)):
+        messages += unknown_keys(value[key], known[key], f"{where}{key}.")
+    return messages
+
+
+def closed(keys: Iterable[str], **blocks: Mapping[str, Any]) -> dict[str, Any]:
+    """A schema for a slice of `keys` (any values) and nested `blocks` (schemas): no other key."""
+    properties: dict[str, Any] = {key: {} for key in keys}
+    properties |= blocks
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def refuse_unknown(config: Mapping[str, Any], known: Iterable[str] | Mapping[str, Any],
+                   stage: str) -> None:
+    """Raise ConfigError naming every key of a stage's slice outside `known` and the known keys.
+
+    `known`: key names (the slice's top level only), or a schema with `properties` (checked at
+    every depth; `closed` builds one). Each stage checks its own slice this way, before it reads
+    any input, so a misspelt key is refused where it would otherwise fall back to its default
+    without a word.
+    """
+    schema = known if isinstance(known, Mapping) and "properties" in known else closed(known)
+    messages = unknown_keys(config, schema)
+    if messages:
+        raise ConfigError(f"{stage}: " + "; ".join(messages))
+
+
 def stage_argument(params: dict[str, Any]) -> str:
     """Serialise a stage's config slice for the command line (read back by `parse_stage_args`)."""
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
-    """An argparse parser with the `--config JSON` option every stage module takes."""
+    """An argparse parser with the `--config JSON` and `--debug` options every stage takes."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--config", type=json.loads, default={}, help="this stage's config slice as JSON"
     )
-    return parser
+    return add_debug_option(parser)

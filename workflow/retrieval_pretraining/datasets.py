@@ -37,12 +37,13 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from . import artifacts
-from .config import stage_parser
+from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.datasets import (
     CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError, check_corpus_batch,
     check_split, check_unique,
 )
 from .dataset_files import corpus_batches, corpus_source, load_split
+from .errors import command
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,7 @@ def prepare(
     return info
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("Write a retrieval dataset in canonical Parquet form.")
     parser.add_argument("command", choices=["corpus", "split"])
@@ -285,16 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.command == "split" and args.split is None:
+    refuse_unknown(args.config, section_schema("datasets")["items"], "datasets")
+    if args.command == "corpus":
+        prepare_corpus(args.config, args.out, args.data_root, args.downloads)
+    elif args.split is None:
         parser.error("`split` needs --split NAME")
-    try:
-        if args.command == "corpus":
-            prepare_corpus(args.config, args.out, args.data_root, args.downloads)
-        else:
-            prepare_split(args.config, args.split, args.out, args.data_root, args.downloads)
-    except DatasetError as error:
-        log.error("%s", error)
-        raise SystemExit(1) from None
+    else:
+        prepare_split(args.config, args.split, args.out, args.data_root, args.downloads)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import polars as pl
 from . import artifacts, faiss_index
 from .config import stage_parser
 from .encode import embed, load_encoder
+from .errors import command, reading
 from .retrieval_settings import SEARCH_KEYS, RetrievalSettings, check_bool, check_choice, check_int
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class SearchSettings:
 def encode_queries(encoder: Path | tuple, queries: Path, knobs: RetrievalSettings
                    ) -> tuple[list[str], np.ndarray]:
     """(query ids, float32 vectors) of a canonical queries Parquet; `encoder` = folder or (model, tok)."""
-    frame = pl.read_parquet(queries, columns=["query_id", "text"])
+    with reading(queries, "a queries Parquet file"):
+        frame = pl.read_parquet(queries, columns=["query_id", "text"])
     model, tokenizer = load_encoder(encoder) if isinstance(encoder, Path) else encoder
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(), max_len=knobs.q_len,
                     pooling=knobs.pooling, similarity=knobs.similarity,
@@ -108,14 +110,15 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
     return stats
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--index", type=Path, required=True, help="folder with `index` + `docid`")
     parser.add_argument("--encoder", type=Path, required=True)
     parser.add_argument("--queries", type=Path, required=True, help="canonical queries-{split}.parquet")
     parser.add_argument("--out", type=Path, required=True, help="TREC run file")
     parser.add_argument("--tag", required=True, help="run tag (the system name)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stats = dense_run(args.index, args.encoder, args.queries, args.out, args.tag, args.config)
     log.info("wrote %s -> %s", stats, args.out)

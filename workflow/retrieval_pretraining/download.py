@@ -26,9 +26,10 @@ import os
 from pathlib import Path
 
 from . import artifacts
-from .config import stage_parser
-from .dumpstatus import MULTISTREAM_JOB, DumpStatusError, fetch_dumpstatus, status_url
-from .fetch import CHECKSUMS, DownloadError, fetch
+from .config import ConfigError, refuse_unknown, stage_parser
+from .dumpstatus import MULTISTREAM_JOB, fetch_dumpstatus, status_url
+from .errors import add_debug_option, command
+from .fetch import CHECKSUMS, fetch
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,17 @@ def _cmd_fetch(args: argparse.Namespace) -> None:
     )
 
 
+# The `wikipedia` keys that name a dump run (rules/wikipedia.smk passes exactly these).
+DUMPSTATUS_KEYS = ("wiki", "dump_date", "mirror")
+
+
 def _cmd_dumpstatus(args: argparse.Namespace) -> None:
     cfg = args.config
+    refuse_unknown(cfg, DUMPSTATUS_KEYS, "download dumpstatus")
+    missing = [key for key in DUMPSTATUS_KEYS if key not in cfg]
+    if missing:
+        raise ConfigError(f"download dumpstatus: the config lacks {', '.join(missing)}; pass the "
+                          f"wikipedia section's {', '.join(DUMPSTATUS_KEYS)}")
     date, status, parts = fetch_dumpstatus(
         cfg["mirror"], cfg["wiki"], cfg["dump_date"], retries=args.retries
     )
@@ -83,6 +93,7 @@ def _cmd_dumpstatus(args: argparse.Namespace) -> None:
     log.info("%s %s: %d parts, %.1f GB", cfg["wiki"], date, len(parts), stats["bytes"] / 1e9)
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     fetch_cmd.add_argument(
         "--manifest", type=Path, help="manifest path (default: OUT.manifest.json)"
     )
+    add_debug_option(fetch_cmd)
     fetch_cmd.set_defaults(run=_cmd_fetch)
 
     status_cmd = commands.add_parser(
@@ -127,11 +139,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        args.run(args)
-    except (DownloadError, DumpStatusError) as error:
-        log.error("%s", error)
-        raise SystemExit(1) from None
+    args.run(args)
 
 
 if __name__ == "__main__":

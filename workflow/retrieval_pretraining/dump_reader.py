@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from .errors import BadInput
+
 READ_BLOCK = 1 << 20  # compressed bytes read at a time
 # Most decompressed bytes produced at a time (bounded memory on repetitive text).
 OUT_BLOCK = 4 << 20
@@ -21,7 +23,7 @@ MAX_TASK_BYTES = 2 << 20  # compressed bytes of bz2 streams per worker task (wit
 MAX_HEADER_BYTES = 64 << 20  # no <page> within this many bytes: not a dump
 
 
-class ExtractError(RuntimeError):
+class ExtractError(BadInput, RuntimeError):
     """The input is damaged or not a MediaWiki export.
 
     The message names the file, the position and the fix.

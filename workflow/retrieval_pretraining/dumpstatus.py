@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import BadInput
 from .fetch import DownloadError, read_url
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ MULTISTREAM_JOB = "articlesmultistreamdump"
 LATEST_LOOKBACK = 5
 
 
-class DumpStatusError(ValueError):
+class DumpStatusError(BadInput, ValueError):
     """A dumpstatus.json is unusable: the job is missing or not done, or lists unexpected files."""
 
 

@@ -23,9 +23,11 @@ import torch
 from tqdm import tqdm
 
 from . import artifacts
-from .config import stage_parser
+from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .datasets import join_title
+from .errors import InputFileError, command, reading
+from .model_folder import load_model
 from .retrieval_settings import SEARCH_KEYS, RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -42,14 +44,9 @@ def device() -> torch.device:
 
 def load_encoder(folder: str | Path, dev: torch.device | None = None):
     """A Hugging Face encoder + fast tokenizer from a local folder (never downloads, no remote code)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"encoder folder {folder} has no config.json; build its rule first")
-    model = AutoModel.from_pretrained(
-        folder, local_files_only=True, trust_remote_code=False, add_pooling_layer=False
-    )
+    model = load_model(folder, add_pooling_layer=False)  # safetensors only: a pickle is refused
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
     return model.to(dev or device()), tokenizer
 
@@ -110,16 +107,18 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
 def shard_rows(num_rows: int, shard: int, shards: int) -> tuple[int, int]:
     """Contiguous row range [lo, hi) of `shard` out of `shards` (sizes differ by at most one)."""
     if not 0 <= shard < shards:
-        raise ValueError(f"shard {shard} is outside 0..{shards - 1}; check the shard wildcard")
+        raise ConfigError(f"shard {shard} is outside 0..{shards - 1}; check the shard wildcard")
     return num_rows * shard // shards, num_rows * (shard + 1) // shards
 
 
 def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, out_npy: Path,
                         out_ids: Path, config: dict[str, Any]) -> dict[str, Any]:
     knobs = settings(config)
-    num_rows = pl.scan_parquet(corpus).select(pl.len()).collect().item()
-    lo, hi = shard_rows(num_rows, shard, shards)
-    frame = pl.scan_parquet(corpus).slice(lo, hi - lo).select("doc_id", "title", "text").collect()
+    with reading(corpus, "a corpus Parquet file"):
+        num_rows = pl.scan_parquet(corpus).select(pl.len()).collect().item()
+        lo, hi = shard_rows(num_rows, shard, shards)
+        frame = (pl.scan_parquet(corpus).slice(lo, hi - lo)
+                 .select("doc_id", "title", "text").collect())
     model, tokenizer = load_encoder(encoder)
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(),
                     titles=frame["title"].fill_null("").to_list(), max_len=knobs.p_len,
@@ -141,17 +140,20 @@ def load_shards(npy_files: Sequence[Path], id_files: Sequence[Path]) -> tuple[np
     """Concatenate encoded shards (float32) and their doc ids, checking that each pair matches."""
     vectors, ids = [], []
     for npy, id_file in zip(npy_files, id_files, strict=True):
-        block = np.load(npy, allow_pickle=False)
-        block_ids = pl.read_parquet(id_file)["doc_id"].to_list()
+        with reading(npy, "a .npy array"):
+            block = np.load(npy, allow_pickle=False)
+        with reading(id_file, "a doc ids Parquet file"):
+            block_ids = pl.read_parquet(id_file)["doc_id"].to_list()
         if len(block) != len(block_ids):
-            raise ValueError(f"{npy} has {len(block)} rows but {id_file} has {len(block_ids)} ids; "
-                             "re-run the encode_corpus job of that shard")
+            raise InputFileError(f"{npy} has {len(block)} rows but {id_file} has "
+                                 f"{len(block_ids)} ids; re-run the encode_corpus job of that shard")
         vectors.append(block.astype(np.float32))
         ids.extend(block_ids)
     return np.concatenate(vectors), ids
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, required=True, help="canonical corpus.parquet")
     parser.add_argument("--encoder", type=Path, required=True, help="Hugging Face encoder folder")
@@ -159,7 +161,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, required=True)
     parser.add_argument("--out-npy", type=Path, required=True)
     parser.add_argument("--out-ids", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stats = encode_corpus_shard(args.corpus, args.encoder, args.shard, args.shards, args.out_npy,
                                 args.out_ids, args.config)

@@ -31,8 +31,9 @@ import polars as pl
 from ir_measures import Qrel, ScoredDoc
 
 from . import artifacts
-from .config import stage_parser
+from .config import refuse_unknown, stage_parser
 from .contracts.runs import utf8_lines
+from .errors import BadInput, command
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 _BINARY = {"R", "RR", "AP", "P", "Success", "Rprec", "NumRelRet"}
 
 
-class EvaluationError(ValueError):
+class EvaluationError(BadInput, ValueError):
     """The run or qrels cannot be scored as given (the message says where and how to fix it)."""
 
 
@@ -185,6 +186,7 @@ def evaluate(
     return result
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("Score a TREC run against qrels (ir_measures, trec_eval semantics).")
     parser.add_argument("--run", type=Path, required=True)
@@ -196,11 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        evaluate(args.run, args.qrels, args.out, args.config)
-    except EvaluationError as error:
-        log.error("%s", error)
-        raise SystemExit(1) from None
+    refuse_unknown(args.config, ("measures", "relevance_level"), "evaluate")
+    evaluate(args.run, args.qrels, args.out, args.config)
 
 
 if __name__ == "__main__":

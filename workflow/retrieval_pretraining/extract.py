@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import artifacts, parallel, wikitext
-from .config import stage_parser
+from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.articles import SCHEMA
 from .dump_reader import (
     ExtractError,
@@ -56,6 +56,7 @@ from .dump_reader import (
     read_index,
     split_pages,
 )
+from .errors import command
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +373,8 @@ def extract(
     return summary
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--dump", type=Path, required=True, help="the dump part (.xml or .xml.bz2)")
     parser.add_argument("--index", type=Path, default=None, help="the multistream index (optional)")
@@ -382,16 +384,13 @@ def main() -> None:
     parser.add_argument(
         "--processes", type=int, default=None, help="worker processes (default: the config's)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = dict(args.config)
+    refuse_unknown(config, section_schema("extract"), "extract")
     if args.processes is not None:
         config["processes"] = args.processes
-    try:
-        extract(args.dump, args.out, config, args.index)
-    except ExtractError as error:
-        log.error("%s", error)
-        raise SystemExit(1) from None
+    extract(args.dump, args.out, config, args.index)
 
 
 if __name__ == "__main__":

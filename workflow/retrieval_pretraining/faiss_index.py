@@ -18,8 +18,9 @@ import numpy as np
 from tqdm import tqdm
 
 from . import artifacts
-from .config import stage_parser
+from .config import ConfigError, refuse_unknown, stage_parser
 from .encode import load_shards
+from .errors import InputFileError, command, reading
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,7 @@ INDEX_DEFAULTS: dict[str, Any] = {
 
 def index_settings(config: dict[str, Any] | None) -> dict[str, Any]:
     config = config or {}
-    unknown = set(config) - set(INDEX_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown index options {sorted(unknown)}; known: {sorted(INDEX_DEFAULTS)}")
+    refuse_unknown(config, tuple(INDEX_DEFAULTS), "faiss_index (mining.index)")
     return {**INDEX_DEFAULTS, **config}
 
 
@@ -62,14 +61,14 @@ def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.In
             index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
         else:
             if dim % knobs["pq_m"]:
-                raise ValueError(f"pq_m={knobs['pq_m']} does not divide the dimension {dim}; "
-                                 "choose a divisor of it in mining.index.pq_m")
+                raise ConfigError(f"pq_m={knobs['pq_m']} does not divide the dimension {dim}; "
+                                  "choose a divisor of it in mining.index.pq_m")
             index = faiss.IndexIVFPQ(quantizer, dim, nlist, knobs["pq_m"], 8,
                                      faiss.METRIC_INNER_PRODUCT)
         index.train(vectors)
         index.nprobe = knobs["nprobe"]
     else:
-        raise ValueError(f"index type '{kind}' is unknown; use flat, ivf, hnsw or ivfpq")
+        raise ConfigError(f"index type '{kind}' is unknown; use flat, ivf, hnsw or ivfpq")
     index.add(vectors)
     return index
 
@@ -87,7 +86,7 @@ def save(folder: Path, index: faiss.Index, doc_ids: Sequence[str]) -> None:
     if index.ntotal != len(doc_ids):
         raise ValueError(f"index holds {index.ntotal} vectors but {len(doc_ids)} doc ids were given")
     if any("\n" in d for d in doc_ids):
-        raise ValueError("a doc id contains a newline; the docid file holds one id per line")
+        raise InputFileError("a doc id contains a newline; the docid file holds one id per line")
     folder.mkdir(parents=True, exist_ok=True)
     with artifacts.atomic_path(folder / "index") as tmp:
         faiss.write_index(index, str(tmp))
@@ -96,11 +95,12 @@ def save(folder: Path, index: faiss.Index, doc_ids: Sequence[str]) -> None:
 
 
 def load(folder: Path) -> tuple[faiss.Index, list[str]]:
-    index = faiss.read_index(str(folder / "index"))
+    with reading(folder / "index", "a FAISS index"):
+        index = faiss.read_index(str(folder / "index"))
     doc_ids = (folder / "docid").read_text().splitlines()
     if index.ntotal != len(doc_ids):
-        raise ValueError(f"{folder}: index holds {index.ntotal} vectors but docid has "
-                         f"{len(doc_ids)} lines; rebuild the folder with build_dense_index")
+        raise InputFileError(f"{folder}: index holds {index.ntotal} vectors but docid has "
+                             f"{len(doc_ids)} lines; rebuild the folder with build_dense_index")
     return index, doc_ids
 
 
@@ -120,24 +120,27 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
 
 def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, Any]) -> dict:
     """Build the index over encoded shards and save it in Pyserini's layout, with a manifest."""
+    params = index_settings(config)  # a bad slice fails before the shards are read
     vectors, doc_ids = load_shards(npy, ids)
     if len(set(doc_ids)) != len(doc_ids):
-        raise ValueError(f"duplicate doc ids across {ids}; the corpus must have unique doc_id")
+        raise InputFileError(f"duplicate doc ids across {ids}; the corpus must have unique doc_id")
     index = build(vectors, config)
-    save(out, index, doc_ids)
     stats = {"documents": len(doc_ids), "dim": int(vectors.shape[1]), "faiss": faiss.__version__}
-    artifacts.write_manifest(out / "manifest.json", stage="build_dense_index",
-                             params=index_settings(config),
-                             inputs={f"shard{i}": p for i, p in enumerate(npy)}, stats=stats)
+    with artifacts.atomic_dir(out) as tmp:
+        save(tmp, index, doc_ids)
+        artifacts.write_manifest(tmp / "manifest.json", stage="build_dense_index",
+                                 params=params,
+                                 inputs={f"shard{i}": p for i, p in enumerate(npy)}, stats=stats)
     return stats
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--npy", type=Path, nargs="+", required=True, help="encoded shards, in order")
     parser.add_argument("--ids", type=Path, nargs="+", required=True, help="their doc id files")
     parser.add_argument("--out", type=Path, required=True, help="folder for `index` + `docid`")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stats = index_shards(args.npy, args.ids, args.out, args.config)
     log.info("indexed %s -> %s", stats, args.out)

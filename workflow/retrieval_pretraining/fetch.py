@@ -28,6 +28,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from .errors import BadInput
+
 log = logging.getLogger(__name__)
 
 # Strongest first: the first one given is the one verified.
@@ -35,7 +37,7 @@ CHECKSUMS = ("sha256", "sha1", "md5")
 _BLOCK = 1 << 20
 
 
-class DownloadError(RuntimeError):
+class DownloadError(BadInput, RuntimeError):
     """A file could not be fetched (network, HTTP status, missing source) after all retries."""
 
 

@@ -29,9 +29,10 @@ import polars as pl
 import pyarrow as pa
 
 from . import artifacts, faiss_index
-from .config import stage_parser
+from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
 from .dense_search import encode_queries, rank
+from .errors import command, reading
 from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, check_choice, check_int,
                                  refuse_unknown, slice_keys)
 
@@ -64,14 +65,15 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
     knobs = {key: config.get(key, value) for key, value in POLICY_DEFAULTS.items()}
     knobs["exclude_query_id"] = bool(config.get("exclude_self", EXCLUDE_QUERY_ID_DEFAULT))
     if knobs["sample"] not in ("random", "top"):
-        raise ValueError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
+        raise ConfigError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
     check_int("mining.depth", knobs["depth"], 1)
     check_int("mining.num_negatives", knobs["num_negatives"], 1, nullable=True)
     check_choice("mining.index.use_gpu", config.get("use_gpu", "auto"), ("auto", "never"))
     window = knobs["rank_window"]
     if window is not None and (len(window) != 2 or window[0] < 1
                                or (window[1] is not None and window[1] <= window[0])):
-        raise ValueError(f"mining.rank_window {window} must be [lo, hi) with 1 <= lo < hi (hi may be null)")
+        raise ConfigError(f"mining.rank_window {window} must be [lo, hi) with 1 <= lo < hi "
+                          "(hi may be null)")
     return knobs
 
 
@@ -101,8 +103,9 @@ def select_negatives(query_id: str, doc_ids: list[str], scores: np.ndarray, rank
 
 def positives_by_query(qrels: Path) -> dict[str, list[str]]:
     """Relevant (relevance > 0) doc ids per query, sorted for a stable order."""
-    frame = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0)
-             .group_by("query_id").agg(pl.col("doc_id").unique().sort()).collect())
+    with reading(qrels, "a qrels Parquet file"):
+        frame = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0)
+                 .group_by("query_id").agg(pl.col("doc_id").unique().sort()).collect())
     return dict(zip(frame["query_id"].to_list(), frame["doc_id"].to_list()))
 
 
@@ -151,7 +154,8 @@ def mine_to_file(index_dir: Path, encoder: Path, queries: Path, qrels: Path, out
     return stats
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--index", type=Path, required=True, help="folder with `index` + `docid`")
     parser.add_argument("--encoder", type=Path, required=True, help="the model that mines")
@@ -159,7 +163,7 @@ def main() -> None:
     parser.add_argument("--qrels", type=Path, required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stats = mine_to_file(args.index, args.encoder, args.queries, args.qrels, args.out, args.config,
                          args.seed)

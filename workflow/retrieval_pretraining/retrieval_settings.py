@@ -20,9 +20,7 @@ import dataclasses
 import functools
 from typing import Any, Iterable, Mapping
 
-import yaml
-
-from .config import SCHEMA_DIR, ConfigError
+from .config import ConfigError, refuse_unknown, section_schema
 from .datasets import TITLE_MODES
 
 # What `finetune_knobs` adds from the dataset entry: its title mode and its exclude_query_id rule.
@@ -34,24 +32,12 @@ SEARCH_KEYS = ("use_gpu",)
 @functools.lru_cache(maxsize=1)
 def finetune_section_knobs() -> frozenset[str]:
     """The knobs of the `finetune` section (and of a dataset's `overrides`), from its schema."""
-    schema = yaml.safe_load((SCHEMA_DIR / "finetune.schema.yaml").read_text())
-    return frozenset(schema["$defs"]["knobs"])
+    return frozenset(section_schema("finetune")["$defs"]["knobs"])
 
 
 def slice_keys(*added: str) -> frozenset[str]:
     """Every key of a fine-tuning slice, plus the keys a rule `added` for its stage."""
     return finetune_section_knobs() | frozenset(DATASET_KEYS) | frozenset(added)
-
-
-def refuse_unknown(config: Mapping[str, Any], known: Iterable[str], stage: str) -> None:
-    """Raise ConfigError naming every key of `config` outside `known`, and the known keys."""
-    known = sorted(known)
-    unknown = sorted(set(config) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"{stage}: unknown config key(s) {', '.join(map(repr, unknown))}; known keys: "
-            f"{', '.join(known)}"
-        )
 
 
 # ---------------------------------------------------------------- value checks ------------------

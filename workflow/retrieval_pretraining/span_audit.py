@@ -16,6 +16,7 @@ from scipy.stats import beta as beta_law
 from . import artifacts
 from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES
+from .errors import reading
 from .wordpiece import load_tokenizer
 
 if TYPE_CHECKING:
@@ -41,9 +42,9 @@ def audit_spans(
     lengths = {g: [] for g in GRANULARITIES}
     seen = 0
     for path in span_paths:  # the first max_chunks chunks, shard by shard: deterministic
-        table = pq.read_table(path, columns=["span_start", "span_end", "granularity"]).slice(
-            0, max_chunks - seen
-        )
+        with reading(path, "a span index Parquet file"):
+            table = pq.read_table(path, columns=["span_start", "span_end", "granularity"])
+        table = table.slice(0, max_chunks - seen)
         seen += table.num_rows
         g, _ = flat(table["granularity"])
         ln = flat(table["span_end"])[0] - flat(table["span_start"])[0]
@@ -85,7 +86,8 @@ def audit_spans(
     plt.close(fig)
 
     tokenizer = load_tokenizer(checkpoint_dir)
-    chunks = pq.read_table(chunk_paths[0]).slice(0, sample_chunks).to_pylist()
+    with reading(chunk_paths[0], "a chunks Parquet file"):
+        chunks = pq.read_table(chunk_paths[0]).slice(0, sample_chunks).to_pylist()
     spans = pq.read_table(span_paths[0]).slice(0, sample_chunks).to_pylist()
     lines = [
         f"# Span sample: spans={cfg.name}",

@@ -41,10 +41,11 @@ from scipy.stats import beta as beta_law
 from tqdm import tqdm
 
 from . import artifacts, span_audit
-from .config import ConfigError, stage_parser
+from .config import ConfigError, refuse_unknown, section_schema, stage_parser
 from .contracts.chunks import word_extents
 from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES, SCHEMA, validate_spans
+from .errors import InputFileError, command, reading
 from .wordpiece import load_tokenizer, tokenizer_info
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class SpanConfig:
             raise ConfigError(
                 f"spans entry {entry.get('name')!r}: add the global `seed` to its slice"
             )
+        schema = section_schema("spans")["items"]
+        schema["properties"]["seed"] = {}  # the global seed, added by the rule
+        refuse_unknown(entry, schema, "spans")
         cfg = cls(**{k: v for k, v in entry.items() if k in cls.__dataclass_fields__})
         if cfg.short_chunk not in ("clip", "skip", "resample"):
             raise ConfigError(
@@ -297,11 +301,12 @@ def sample_shard(
     if chunk_manifest.is_file():
         expected = artifacts.read_json(chunk_manifest)["stats"]["tokenizer"]["vocab_sha256"]
         if expected != words.vocab_sha256:
-            raise ValueError(
+            raise InputFileError(
                 f"{chunks_path} was tokenised with another vocabulary than {checkpoint_dir}; "
                 "re-run chunk_articles with this checkpoint"
             )
-    handle = pq.ParquetFile(chunks_path)
+    with reading(chunks_path, "a chunks Parquet file"):
+        handle = pq.ParquetFile(chunks_path)
     stats: dict[str, Any] = {}
     batches, lengths = [], {g: [] for g in GRANULARITIES}
     columns = ["chunk_id", "input_ids", "word_starts"]
@@ -353,7 +358,8 @@ def sample_shard(
     return stats
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("command", choices=["sample", "audit"])
     parser.add_argument("--chunks", type=Path, nargs="+", required=True, help="chunks shard(s)")
@@ -367,7 +373,7 @@ def main() -> None:
     parser.add_argument("--spans", type=Path, nargs="+", help="audit: the span index shards")
     parser.add_argument("--plot", type=Path, help="audit: lengths.png to write")
     parser.add_argument("--sample", type=Path, help="audit: sample.md to write")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     cfg = SpanConfig.from_dict(args.config)
     if args.command == "sample":

@@ -14,11 +14,29 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..config import stage_parser
+from ..config import ConfigError, object_schema, refuse_unknown, section_schema, stage_parser
+from ..errors import command
 from .coverage import coverage
 from .cpdae_words import cpdae_top_words
 from .loss_curves import loss_curves
 from .tsne import tsne
+
+
+# Each command's `report.analysis` block (loss-curves has none).
+BLOCKS = {"tsne": "tsne", "coverage": "coverage", "cpdae-words": "cpdae_top_words"}
+
+
+def check_config(command: str, cfg: dict) -> None:
+    """Refuse a key the command's block does not have (t-SNE also gets the fine-tuning pooling
+    and similarity, rules/analysis.smk tsne_config), and a block without its required keys."""
+    blocks = section_schema("report")["properties"]["analysis"]["properties"]
+    block = object_schema(blocks[BLOCKS[command]]) if command in BLOCKS else {"properties": {}}
+    known = set(block["properties"]) | ({"pooling", "similarity"} if command == "tsne" else set())
+    refuse_unknown(cfg, known, f"analysis {command}")
+    missing = [key for key in block.get("required", []) if key not in cfg]
+    if missing:
+        raise ConfigError(f"analysis {command}: the config lacks {', '.join(missing)}; pass the "
+                          f"report.analysis.{BLOCKS[command]} block")
 
 
 def _pairs(values: list[str]) -> dict[str, str]:
@@ -31,7 +49,8 @@ def _pairs(values: list[str]) -> dict[str, str]:
     return out
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.prog = "python -m retrieval_pretraining.analysis"  # not "__main__.py"
     parser.add_argument("command", choices=["loss-curves", "tsne", "coverage", "cpdae-words"])
@@ -49,8 +68,9 @@ def main() -> None:
     parser.add_argument(
         "--html", type=Path, help="cpdae-words: the same as HTML (Snakemake report)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    check_config(args.command, args.config)
     import torch
 
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import artifacts
+from ..errors import reading
 
 
 def pyplot():
@@ -55,4 +56,7 @@ def load_heads(path: Path) -> dict[str, Any]:
     """The heads saved beside an exported encoder (`heads.safetensors`), or {} if there are none."""
     from safetensors.torch import load_file
 
-    return load_file(str(path)) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    with reading(path, "a safetensors file"):
+        return load_file(str(path))

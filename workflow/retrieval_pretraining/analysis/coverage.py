@@ -16,6 +16,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import artifacts
+from ..errors import InputFileError, reading
+from ..model_folder import check_safetensors, load_model
 from .common import (
     encoder_weights,
     excluded_ids,
@@ -89,17 +91,18 @@ def coverage(
 ) -> dict[str, Any]:
     import pyarrow.parquet as pq
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    input_ids = pq.read_table(chunks, columns=["input_ids"])["input_ids"].to_pylist()[:samples]
+    for encoder_dir in models.values():  # fail before any work on a missing or pickled encoder
+        check_safetensors(encoder_dir)
+    with reading(chunks, "a chunks Parquet file"):
+        input_ids = pq.read_table(chunks, columns=["input_ids"])["input_ids"].to_pylist()[:samples]
     if not input_ids:
-        raise ValueError(f"{chunks} has no chunks to sample; build the corpus stage first")
+        raise InputFileError(f"{chunks} has no chunks to sample; build the corpus stage first")
     result: dict[str, Any] = {"chunks": str(chunks), "samples": len(input_ids), "models": {}}
     for name, encoder_dir in models.items():
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
-        encoder = AutoModel.from_pretrained(
-            encoder_dir, local_files_only=True, trust_remote_code=False, add_pooling_layer=False
-        ).eval()
+        encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
         projector, kind = vocabulary_projector(
             encoder, load_heads(Path(encoder_dir).parent / "heads.safetensors")
         )

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from .. import artifacts
 from ..markdown_html import markdown_to_html
+from ..model_folder import check_safetensors, load_model
 from .common import encoder_weights, excluded_ids, load_heads, write_manifest
 
 
@@ -14,8 +15,9 @@ def cpdae_top_words(
     encoder_dir: Path, texts: Sequence[str], top: int, out_md: Path, out_html: Path | None = None
 ) -> str:
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    check_safetensors(encoder_dir)  # before any output: a pickled encoder is refused
     heads_path = Path(encoder_dir).parent / "heads.safetensors"
     heads = load_heads(heads_path)
     decoder_state = {
@@ -31,9 +33,7 @@ def cpdae_top_words(
         from ..pretrain.model import cpdae_decoder
 
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
-        encoder = AutoModel.from_pretrained(
-            encoder_dir, local_files_only=True, trust_remote_code=False, add_pooling_layer=False
-        ).eval()
+        encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
         decoder = cpdae_decoder(
             encoder.config.hidden_size, encoder.config.vocab_size, encoder.config.layer_norm_eps
         )

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import artifacts
+from ..errors import InputFileError
 from .common import pyplot, save_figure, write_manifest
 
 
@@ -17,7 +18,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise ValueError(
+                raise InputFileError(
                     f"{path}:{number}: not a JSON line ({error}); rerun the "
                     "pre-training rule that wrote it"
                 ) from error

@@ -9,6 +9,9 @@ from typing import Any
 import numpy as np
 
 from .. import artifacts
+from ..config import ConfigError
+from ..errors import InputFileError, reading
+from ..model_folder import check_safetensors
 from ..contracts.runs import utf8_lines
 from .common import encoder_weights, pyplot, save_figure, write_manifest
 
@@ -20,7 +23,7 @@ def pick_query(
     run."""
     if wanted is not None:
         if wanted not in qrels or any(wanted not in r for r in runs.values()):
-            raise ValueError(
+            raise ConfigError(
                 f"query {wanted!r} is not judged or not in every run; pick another in "
                 "report.analysis.tsne.query"
             )
@@ -31,15 +34,16 @@ def pick_query(
     for qid in sorted(qrels):
         if all(qid in r for r in runs.values()):
             return qid
-    raise ValueError("no judged query appears in every run")
+    raise InputFileError(f"no judged query appears in every run ({', '.join(runs)}); check "
+                         "that the runs are of this dataset and split")
 
 
 def read_run(path: Path, depth: int) -> dict[str, list[str]]:
     ranked: dict[str, list[tuple[int, str]]] = {}
-    for number, line in utf8_lines(path, ValueError):
+    for number, line in utf8_lines(path, InputFileError):
         parts = line.split()
         if len(parts) != 6:
-            raise ValueError(f"{path}:{number}: expected 'qid Q0 docid rank score tag'")
+            raise InputFileError(f"{path}:{number}: expected 'qid Q0 docid rank score tag'")
         ranked.setdefault(parts[0], []).append((int(parts[3]), parts[2]))
     return {q: [d for _, d in sorted(v)[:depth]] for q, v in ranked.items()}
 
@@ -69,9 +73,13 @@ def tsne(
 
     from .. import datasets, encode
 
+    for encoder_dir, _ in models.values():  # fail before any work on a missing or pickled encoder
+        check_safetensors(encoder_dir)
+
     torch.manual_seed(seed)
     info = datasets.read_info(dataset_dir)
-    qrels = datasets.read_qrels(dataset_dir / f"qrels-{split}.parquet")
+    with reading(dataset_dir / f"qrels-{split}.parquet", "a qrels Parquet file"):
+        qrels = datasets.read_qrels(dataset_dir / f"qrels-{split}.parquet")
     runs = {name: read_run(run, cfg["depth"]) for name, (_, run) in models.items()}
     qid = pick_query(qrels, runs, cfg.get("query"))
     query = (

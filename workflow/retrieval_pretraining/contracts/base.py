@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import artifacts
+from ..errors import BadInput
 from .downloads import download_manifest_path
 
 # Kind.rank bands (first match wins; ranks are unique across the contracts).
@@ -36,7 +37,7 @@ RANK_NAME = 500  # other files, by name
 RANK_MEMBER = 900  # files of an index folder, which have no name of their own
 
 
-class NotAnArtifact(ValueError):
+class NotAnArtifact(BadInput, ValueError):
     """The path is not something this workflow writes (or is damaged beyond recognition)."""
 
 

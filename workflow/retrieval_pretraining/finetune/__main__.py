@@ -14,10 +14,12 @@ import logging
 from pathlib import Path
 
 from ..config import stage_parser
+from ..errors import command
 from .settings import FinetuneSettings
 
 
-def main() -> int:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--init", type=Path, required=True, help="encoder folder to start from")
     parser.add_argument("--queries", type=Path, required=True)
@@ -29,7 +31,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="encoder folder to write")
     parser.add_argument("--state", type=Path, required=True, help="resume state (outside outputs)")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics .jsonl")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = FinetuneSettings.from_config(args.config)  # a bad slice fails before torch loads
     from .train import train

@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from .. import training
+from ..errors import InputFileError, reading
 from ..mine import rng_for
 from .settings import FinetuneSettings
 
@@ -100,21 +101,24 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
     queries_without_negatives=drop, queries without negatives are skipped. Both happen before the
     low-resource sample is drawn, so a sample of N queries holds N trainable queries.
     """
-    texts = dict(pl.read_parquet(queries, columns=["query_id", "text"]).iter_rows())
-    pos_frame = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0).group_by("query_id")
-                 .agg(pl.col("doc_id").unique().sort()).collect())
+    with reading(queries, "a queries Parquet file"):
+        texts = dict(pl.read_parquet(queries, columns=["query_id", "text"]).iter_rows())
+    with reading(qrels, "a qrels Parquet file"):
+        pos_frame = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0).group_by("query_id")
+                     .agg(pl.col("doc_id").unique().sort()).collect())
     positives = dict(zip(pos_frame["query_id"].to_list(), pos_frame["doc_id"].to_list()))
     negatives: dict[str, list[str]] = {}
     for path in negative_files:
-        frame = pl.read_parquet(path, columns=["query_id", "negative_ids"])
+        with reading(path, "a negatives Parquet file"):
+            frame = pl.read_parquet(path, columns=["query_id", "negative_ids"])
         for qid, negs in frame.iter_rows():
             merged = negatives.setdefault(qid, [])
             seen = set(merged)
             merged.extend(n for n in (negs or []) if n not in seen and not seen.add(n))
     missing = sorted(set(positives) - set(texts))
     if missing:
-        raise ValueError(f"{qrels} names {len(missing)} queries absent from {queries} "
-                         f"(e.g. {missing[:3]}); rebuild the dataset")
+        raise InputFileError(f"{qrels} names {len(missing)} queries absent from {queries} "
+                             f"(e.g. {missing[:3]}); rebuild the dataset")
     counts = {"positives_absent_from_corpus": 0, "queries_without_positive_in_corpus": 0,
               "queries_without_negatives_dropped": 0}
     if corpus is not None:
@@ -144,13 +148,16 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
 def corpus_rows(corpus: Path, doc_ids: set[str], columns: list[str]) -> pl.DataFrame:
     """`columns` of the corpus rows whose doc_id is in `doc_ids` (scanned, not loaded whole)."""
     wanted = pl.LazyFrame({"doc_id": sorted(doc_ids)}, schema={"doc_id": pl.String})
-    return pl.scan_parquet(corpus).select(columns).join(wanted, on="doc_id", how="semi").collect()
+    with reading(corpus, "a corpus Parquet file"):
+        return (pl.scan_parquet(corpus).select(columns)
+                .join(wanted, on="doc_id", how="semi").collect())
 
 
 def padding_pool(corpus: Path, seed: int, size: int = PAD_POOL) -> list[str]:
     """Doc ids that groups without negatives are padded from: the whole corpus (in file order) when
     it has at most `size` documents, else `size` of them drawn from (seed) alone, in file order."""
-    doc_ids = pl.read_parquet(corpus, columns=["doc_id"])["doc_id"]
+    with reading(corpus, "a corpus Parquet file"):
+        doc_ids = pl.read_parquet(corpus, columns=["doc_id"])["doc_id"]
     if len(doc_ids) <= size:
         return doc_ids.to_list()
     rows = np.sort(rng_for(seed, "padding-pool").choice(len(doc_ids), size=size, replace=False))

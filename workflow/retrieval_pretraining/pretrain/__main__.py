@@ -15,9 +15,12 @@ import os
 from pathlib import Path
 
 from ..config import stage_parser
+from ..errors import command
+from .settings import check_resolved
 
 
-def main() -> int:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="base checkpoint HF folder")
     parser.add_argument("--chunks", type=Path, nargs="*", default=[], help="chunk shards, in shard order")
@@ -26,10 +29,11 @@ def main() -> int:
     parser.add_argument("--metrics", type=Path, required=True, help="output metrics .jsonl")
     parser.add_argument("--plot", type=Path, required=True, help="output loss curve .png")
     parser.add_argument("--state", type=Path, help="resume state folder (outside declared outputs)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     settings = args.config
+    check_resolved(settings)
     from .train import export_base, train  # after logging: importing torch takes a while
 
     if settings["objective"] == "none":

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 from .. import artifacts
+from ..errors import BadInput, reading
 from ..wordpiece import tokens_by_id, vocab_sha256
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ CHUNK_COLUMNS = ("chunk_id", "input_ids", "word_starts")
 SPAN_COLUMNS = ("span_start", "span_end", "granularity")
 
 
-class DataError(ValueError):
+class DataError(BadInput, ValueError):
     """The chunk or span shards break their contract; the message names the file, row and fix."""
 
 
@@ -130,9 +131,12 @@ def prepare_store(
         out.append(target)
         if target.exists():
             continue
-        chunks = pq.read_table(chunk_path, columns=list(CHUNK_COLUMNS), memory_map=True)
+        with reading(chunk_path, "a chunks Parquet file"):
+            chunks = pq.read_table(chunk_path, columns=list(CHUNK_COLUMNS), memory_map=True)
         if span_path is not None:
-            spans = pq.read_table(span_path, columns=["chunk_id", *SPAN_COLUMNS], memory_map=True)
+            with reading(span_path, "a span index Parquet file"):
+                spans = pq.read_table(span_path, columns=["chunk_id", *SPAN_COLUMNS],
+                                      memory_map=True)
             check_spans(chunks, spans, chunk_path, span_path)
             for name in SPAN_COLUMNS:
                 chunks = chunks.append_column(name, spans[name])

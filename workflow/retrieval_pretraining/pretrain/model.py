@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoModel
 from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 
+from ..model_folder import load_model
 from . import objectives as obj
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,7 @@ class Pretrainer(nn.Module):
         super().__init__()
         self.objective = settings["objective"]
         self.settings = settings
-        self.encoder = AutoModel.from_pretrained(
-            checkpoint, local_files_only=True, trust_remote_code=False,
-            attn_implementation=attn_implementation,
-        )
+        self.encoder = load_model(checkpoint, attn_implementation=attn_implementation)
         if getattr(self.encoder, "pooler", None) is not None:
             # Unused by every objective (and by fine-tuning); frozen so DDP sees no unused grads,
             # exported unchanged.

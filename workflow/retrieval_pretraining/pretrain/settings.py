@@ -15,6 +15,16 @@ OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae"
                    "cpdae_r": "cpdae", "bow": "bow"}
 
 
+def check_resolved(settings: dict[str, Any]) -> None:
+    """Refuse a key the resolved settings (what `resolve_model` returns) cannot hold, at any depth
+    of the option blocks: a misspelt knob would otherwise train with its default."""
+    from ..config import closed, refuse_unknown, section_schema
+
+    blocks = section_schema("pretrain")["properties"]
+    top = ("name", "objective", "checkpoint", "seed", "spans")
+    refuse_unknown(settings, closed(top, **{b: blocks[b] for b in OPTION_BLOCKS}), "pretrain")
+
+
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():

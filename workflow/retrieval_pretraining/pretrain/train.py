@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 
 from .. import artifacts, training
 from ..checkpoints import _TOKENIZER_FILES
+from ..model_folder import check_safetensors
 from . import data as pdata
 from . import probes
 from .model import Pretrainer
@@ -74,6 +75,7 @@ def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, in
 
 def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metrics: Path, plot: Path) -> None:
     """The `none` objective: the base checkpoint itself, exported to the encoder path."""
+    check_safetensors(checkpoint)  # copied as it is: a pickle must not pass through
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))

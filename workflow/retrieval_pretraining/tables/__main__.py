@@ -9,13 +9,30 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..config import stage_parser
+from ..config import ConfigError, closed, refuse_unknown, section_schema, stage_parser
+from ..errors import command
 from .make import make_tables
 
 log = logging.getLogger(__name__)
 
 
-def main() -> None:
+# What rules/report.smk `report_params` passes.
+SLICE_KEYS = ("experiment", "config_hash", "report", "models", "losses", "encoders", "bm25",
+              "bm25_by_dataset", "trained_on")
+
+
+def check_config(params: dict) -> None:
+    """Refuse an unknown key (in `report` and `models` too) and a slice without `report`."""
+    schema = closed(SLICE_KEYS, report=section_schema("report"),
+                    models=section_schema("pretrain")["properties"]["models"])
+    refuse_unknown(params, schema, "tables")
+    if "report" not in params:
+        raise ConfigError("tables: the config has no 'report' block; pass the slice "
+                          "rules/report.smk builds (report_params)")
+
+
+@command
+def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.prog = "python -m retrieval_pretraining.tables"  # not "__main__.py"
     parser.add_argument("--results", type=Path, default=Path("results"))
@@ -34,8 +51,9 @@ def main() -> None:
         action="store_true",
         help="render a missing metrics file as – instead of failing (partial tables)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    check_config(args.config)
     make_tables(
         args.config, args.results, args.out, args.json, args.figure, args.allow_missing, args.html
     )

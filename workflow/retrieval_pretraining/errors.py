@@ -1,0 +1,109 @@
+"""Bad input, and how every command reports it: one line, exit status 1, no traceback.
+
+Every stage's error class for bad input (a missing or damaged file, a config value the stage cannot
+use) derives from `BadInput`, and every `python -m retrieval_pretraining.<stage>` runs its `main`
+through `command`, which turns such an error into one line on stderr (the input, the position when
+there is one, what is wrong, the fix) and exit status 1. `--debug` (every stage parser has it)
+shows the traceback instead. Anything else is a bug and keeps its traceback.
+
+A missing, unreadable or misplaced file (FileNotFoundError, IsADirectoryError, NotADirectoryError,
+PermissionError) is bad input too: its message names the path. A file that exists but cannot be
+parsed is named by the stage that reads it (`reading`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+
+class BadInput(Exception):
+    """Input the stage cannot use; the message names the input, the position, what is wrong and
+    the fix."""
+
+
+class InputFileError(BadInput, ValueError):
+    """An input file exists but is not what the stage reads (not Parquet, cut short, ...)."""
+
+
+# Errors that name a path the user gave (or a stage before wrote): bad input, not a bug.
+FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+_FILE_KINDS = {FileNotFoundError: "no such file or directory", IsADirectoryError: "is a directory",
+               NotADirectoryError: "not a directory", PermissionError: "permission denied"}
+
+
+@contextlib.contextmanager
+def reading(path: str | Path, what: str) -> Iterator[None]:
+    """Name `path` in any error raised while reading it as `what` (a library's parse error
+    rarely says which file it was reading)."""
+    try:
+        yield
+    except (BadInput, *FILE_ERRORS):
+        raise
+    except Exception as error:  # pyarrow, polars, json, numpy, faiss: each has its own classes
+        raise InputFileError(
+            f"{path}: cannot read it as {what} ({type(error).__name__}: {one_line(error)}); "
+            "rebuild it with the stage that writes it, or fix the path"
+        ) from error
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (a multi-line message becomes `head: a; b`)."""
+    if isinstance(error, FILE_ERRORS):
+        if error.filename is not None and error.strerror:
+            text = f"{error.filename}: {error.strerror}"
+        else:  # raised with a message of its own (pyarrow, polars, this package)
+            text = " ".join(str(error).split())
+            kind = _FILE_KINDS[next(c for c in FILE_ERRORS if isinstance(error, c))]
+            said = any(words in text.lower() for words in (kind, "exist", "not found"))
+            text += "" if said else f" ({kind})"
+        return f"{text}; check the path, or run the stage that writes it first"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    head, rest = lines[0], lines[1:]
+    if not rest:
+        return head
+    return f"{head} {'; '.join(rest)}" if head.endswith(":") else "; ".join(lines)
+
+
+class _Debug(argparse.Action):
+    """`--debug`: let `command` re-raise bad input with its traceback."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs.setdefault("help", "on bad input, show the Python traceback instead of one line")
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+        _state["debug"] = True
+
+
+_state = {"debug": False}
+
+
+def add_debug_option(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--debug", action=_Debug)
+    return parser
+
+
+def command(main: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a stage's `main(argv=None)`: bad input -> one line on stderr, exit status 1."""
+
+    @functools.wraps(main)
+    def run(argv: list[str] | None = None) -> Any:
+        _state["debug"] = False
+        try:
+            return main(argv)
+        except (BadInput, *FILE_ERRORS) as error:
+            if _state["debug"]:
+                raise
+            sys.stdout.flush()
+            print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+
+    return run
