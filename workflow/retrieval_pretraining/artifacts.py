@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -47,6 +48,26 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if tmp_path.exists():
             tmp_path.unlink()
 
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder beside `path`; it replaces `path` only if the block succeeds.
+
+    For artifacts that are folders (an index, an encoder): a failure part-way (a full disk) leaves
+    no folder that looks whole, only nothing; the temp folder is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp creates 0700 folders; artifacts are meant to be shared
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:

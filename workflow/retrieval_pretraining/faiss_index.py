@@ -124,11 +124,14 @@ def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, 
     if len(set(doc_ids)) != len(doc_ids):
         raise ValueError(f"duplicate doc ids across {ids}; the corpus must have unique doc_id")
     index = build(vectors, config)
-    save(out, index, doc_ids)
     stats = {"documents": len(doc_ids), "dim": int(vectors.shape[1]), "faiss": faiss.__version__}
-    artifacts.write_manifest(out / "manifest.json", stage="build_dense_index",
-                             params=index_settings(config),
-                             inputs={f"shard{i}": p for i, p in enumerate(npy)}, stats=stats)
+    # The folder appears whole or not at all: a full disk while writing `docid` must not leave an
+    # `index` under the final name.
+    with artifacts.atomic_dir(out) as tmp:
+        save(tmp, index, doc_ids)
+        artifacts.write_manifest(tmp / "manifest.json", stage="build_dense_index",
+                                 params=index_settings(config),
+                                 inputs={f"shard{i}": p for i, p in enumerate(npy)}, stats=stats)
     return stats
 
 
