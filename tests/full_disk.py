@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import resource
 import signal
 from pathlib import Path
@@ -30,8 +31,11 @@ def full_disk(max_bytes: int) -> Iterator[None]:
 
 
 def is_full_disk_error(error: BaseException) -> bool:
-    """The write failed for want of space: EFBIG here, as ENOSPC on a real disk."""
-    return isinstance(error, OSError) and error.errno == errno.EFBIG
+    """The write failed for want of space: EFBIG here, as ENOSPC on a real disk. Not every writer
+    raises OSError (safetensors raises its own error naming the OS error), so the message counts."""
+    if isinstance(error, OSError) and error.errno == errno.EFBIG:
+        return True
+    return os.strerror(errno.EFBIG) in str(error)
 
 
 def files_under(folder: Path) -> list[str]:
