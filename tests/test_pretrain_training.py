@@ -259,6 +259,21 @@ def test_metrics_history_survives_the_deletion_of_the_declared_output(tmp_path):
     assert history.read_text() == out.read_text()
 
 
+
+def test_a_record_cut_short_by_a_full_disk_does_not_stop_the_resume(tmp_path):
+    """The disk fills part-way through appending a record: the file ends in a line without its
+    newline. The resume (from the state saved at step 3) keeps the complete records up to it."""
+    out, history = tmp_path / "out" / "metrics.jsonl", tmp_path / "state" / "metrics.jsonl"
+    writer = training.MetricsWriter(out, history=history)
+    for step in range(1, 4):
+        writer.write({"step": step, "loss": 1.0 / step})
+    with pytest.raises(OSError) as error, full_disk(out.stat().st_size + 10):
+        writer.write({"step": 4, "loss": 0.25})
+    assert is_full_disk_error(error.value) and not out.read_text().endswith("\n")
+    training.MetricsWriter(out, resume_step=3, history=history).write({"step": 4, "loss": 0.25})
+    for path in (out, history):
+        assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
 def test_a_resume_state_is_kept_for_its_own_job_only(tmp_path, caplog):
     """claim_state (both trainers): the same job resumes; other settings or inputs, or a state
     that records no job, start afresh, and the log names what differs."""
