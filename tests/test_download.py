@@ -228,6 +228,54 @@ def test_size_is_checked_when_there_is_no_checksum(mirror, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+
+@pytest.mark.parametrize("served,check", [
+    ("same size, other bytes", "md5"), ("same size, other bytes", "sha256"),
+    ("longer", "sha1"), ("longer", "size"),
+])
+def test_a_server_returning_another_file_is_refused_and_nothing_is_kept(mirror, tmp_path, served,
+                                                                         check):
+    """The mirror answers every request with a file that is not the one configured: of the right
+    size but other bytes (another dump's part), or the right one with bytes appended. It is refused
+    after the retries with both values named, and neither the file nor a .part a later run would
+    resume is left. (A corrupt byte, sha1: test_corrupt_byte_is_retried_then_fails_...)"""
+    data = MULTISTREAM.read_bytes()
+    other = data[::-1] if served == "same size, other bytes" else data + b"appended"
+    mirror.files["/ms.bz2"] = other
+    expected = {"size": len(data)}
+    if check != "size":
+        expected[check] = hashlib.new(check, data).hexdigest()
+    with pytest.raises(fetch.ChecksumError) as error:
+        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", retries=1, **expected)
+    message = str(error.value)
+    if len(other) != len(data):  # the size is compared first when it is given
+        assert f"size {len(data)} bytes" in message and f"size {len(other)} bytes" in message
+    else:
+        assert expected[check] in message and hashlib.new(check, other).hexdigest() in message
+    assert len(mirror.requests) == 2 and all(r is None for _, r in mirror.requests)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("left", ["shorter, of another file", "longer than the file",
+                                  "the file's size, other bytes"])
+def test_a_part_file_that_is_not_a_prefix_of_the_file_is_not_trusted(mirror, tmp_path, left):
+    """A .part an earlier run left that is not the start of this file (the mirror's copy changed
+    since, or it was another file) is re-hashed with what the resume adds, refused, deleted, and
+    the file fetched again from byte 0: never completed from it. Longer or as long as the file,
+    the resume gets 416 (nothing left to send) and the .part alone is refused."""
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    dest = tmp_path / "ms.xml.bz2"
+    stale = {"shorter, of another file": ENWIKI_SAMPLE.read_bytes()[:5000],
+             "longer than the file": data + b"junk",
+             "the file's size, other bytes": data[::-1]}[left]
+    dest.with_name(dest.name + ".part").write_bytes(stale)
+    info = _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data))
+    assert dest.read_bytes() == data and info["attempts"] == 2
+    assert mirror.requests == [("/ms.bz2", f"bytes={len(stale)}-"), ("/ms.bz2", None)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
+
+
 def test_not_found_fails_without_retrying(mirror, tmp_path):
     with pytest.raises(fetch.DownloadError, match="404"):
         _fetch(mirror.url + "/missing.bz2", tmp_path / "x.bz2", retries=3)
