@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 
 import pretrain_fixtures as fx
+from full_disk import full_disk, is_full_disk_error
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain import objectives as obj
 from retrieval_pretraining.pretrain.model import Pretrainer
@@ -256,6 +257,35 @@ def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tm
 
 
 
+
+def test_a_full_disk_during_a_state_save_leaves_no_state_or_encoder_and_a_rerun_recovers(
+    setup, tmp_path, restore_stop_handlers
+):
+    """The disk fills while the first resumable state is written (its weights are larger than
+    the limit): the run fails with the OS error, leaving no state folder, no temp folder and no
+    encoder; the rerun once there is space again trains to the weights and the metrics of a run
+    on a disk with room."""
+    settings = fx.model_settings("mlm", max_steps=4, checkpoint_every=2)
+    code, roomy = _run(settings, setup, tmp_path / "roomy")
+    assert code == 0
+    part = tmp_path / "part"
+    with pytest.raises(Exception) as error, full_disk(
+            (tmp_path / "roomy" / "encoder" / "model.safetensors").stat().st_size // 2):
+        _run(settings, setup, part)
+    assert is_full_disk_error(error.value), error.value
+    assert not (part / "encoder").exists()
+    assert sorted(p.name for p in (part / "state" / "checkpoints").iterdir()) == [
+        "job.json", "metrics.jsonl"]
+    code, rerun = _run(settings, setup, part)
+    assert code == 0 and _untimed(rerun) == _untimed(roomy)
+    _assert_same_weights(_weights(part), _weights(tmp_path / "roomy"), atol=0.0)
+
+
+def _untimed(records):
+    """Metrics records without what depends on the machine's speed and memory."""
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "memory_mb")}
+            for r in records]
+
 # Run in a child process: train() as the CLI runs it, SIGKILLed (as the OOM killer kills) once the
 # save of step 4 has written its first file, a moment a kill can land in.
 _KILLED_DURING_THE_SAVE_OF_STEP_4 = """
@@ -304,13 +334,8 @@ def test_a_trainer_killed_during_a_save_resumes_to_the_uninterrupted_run(
     assert not (part / "encoder").exists()
     code, resumed = _run(settings, dropout_setup, part)
     assert code == 0
-
-    def untimed(records):
-        return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "memory_mb")}
-                for r in records]
-
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
-    assert untimed(resumed) == untimed(whole)
+    assert _untimed(resumed) == _untimed(whole)
     info = json.loads((part / "encoder" / "training.json").read_text())
     assert info["resumed_from_step"] == 2
     _assert_same_weights(_weights(part), _weights(tmp_path / "whole"), atol=0.0)
