@@ -13,6 +13,8 @@ import pytest
 
 from retrieval_pretraining import artifacts, bm25, datasets, evaluate
 
+from full_disk import files_under, full_disk, is_full_disk_error
+
 from shipped_data import ROOT, SCIFACT_DATASET
 
 ANSERINI_QRELS = ROOT / "data" / "msmarco-topics-qrels" / "qrels.beir-v1.0.0-scifact.test.txt"
@@ -253,6 +255,25 @@ def test_query_id_exclusion_and_empty_documents(tmp_path):
     # Excluded, and still `depth` hits: the next document moves up.
     assert read_run(tmp_path / "drop.trec")["docid"].to_list() == ["d2"]
 
+
+
+def test_a_full_disk_during_the_index_build_leaves_no_index_and_a_rerun_recovers(tmp_path):
+    """The index folder appears with its manifest or not at all. Four documents make every Lucene
+    file smaller than the manifest, so the disk fills when the manifest is written, after the
+    index is complete (the Java indexer runs under the same limit)."""
+    corpus = pa.table({"doc_id": ["d1", "d2", "d3", "d4"], "title": ["", "", "", ""],
+                       "text": ["alpha beta", "alpha gamma", "delta", "epsilon"]})
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    out = tmp_path / "bm25" / "index"
+    limit = 800
+    with pytest.raises(OSError) as error, full_disk(limit):
+        bm25.build_index(tmp_path / "corpus.parquet", out, SETTINGS)
+    assert is_full_disk_error(error.value), error.value
+    assert files_under(out.parent) == []
+    stats = bm25.build_index(tmp_path / "corpus.parquet", out, SETTINGS)
+    assert stats["indexed"] == 4 and bm25.index_size(out) == 4
+    lucene = [p.stat().st_size for p in out.iterdir() if p.name != "manifest.json"]
+    assert max(lucene) < limit < (out / "manifest.json").stat().st_size  # what the test relies on
 
 def test_json_collection_is_written_from_a_batched_scan(tmp_path, monkeypatch):
     """Contiguous slices of the corpus, one file per indexing thread, whatever the read batch size."""

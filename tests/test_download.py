@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import http.server
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import yaml
 
 from retrieval_pretraining import download, dumpstatus, fetch
 
+from http_mirror import Mirror, serve
 from workflow_harness import ROOT, copy_project, planned_rules, snakemake
 
 DATA = ROOT / "data" / "wikipedia"
@@ -58,91 +57,13 @@ def sha1(data: bytes) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# A small dump mirror on 127.0.0.1 with Range support and scripted faults
-
-
-class Mirror:
-    """Files served by path; `faults[path]` is a list consumed one entry per GET:
-    ("drop", n) sends the headers of the full answer, then n bytes, then closes the connection;
-    ("corrupt", i) flips byte i of the body; None serves the request normally."""
-
-    def __init__(self):
-        self.files: dict[str, bytes] = {}
-        self.faults: dict[str, list] = {}
-        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
-        self.bytes_sent = 0
-
-
-def _handler(mirror: Mirror):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):  # keep pytest output clean
-            pass
-
-        def do_GET(self):
-            range_header = self.headers.get("Range")
-            mirror.requests.append((self.path, range_header))
-            if self.path.endswith("/") and self.path not in mirror.files:
-                # A directory listing like dumps.wikimedia.org's (the `latest` lookup reads it).
-                prefix = self.path
-                names = sorted(
-                    {p[len(prefix) :].split("/")[0] for p in mirror.files if p.startswith(prefix)}
-                )
-                body = "".join(f'<a href="{n}/">{n}/</a>\n' for n in names).encode()
-                return self._send(200, body, {})
-            if self.path not in mirror.files:
-                return self._send(404, b"not found", {})
-            data = mirror.files[self.path]
-            faults = mirror.faults.get(self.path)
-            fault = faults.pop(0) if faults else None
-            start, status, headers = 0, 200, {}
-            if range_header:
-                start = int(re.fullmatch(r"bytes=(\d+)-", range_header).group(1))
-                if start >= len(data):
-                    return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
-                status = 206
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            body = data[start:]
-            if fault and fault[0] == "corrupt":
-                i = fault[1] - start
-                body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1 :]
-            if fault and fault[0] == "drop":
-                self.send_response(status)
-                for key, value in {**headers, "Content-Length": str(len(body))}.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body[: fault[1]])
-                self.wfile.flush()
-                mirror.bytes_sent += fault[1]
-                self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
-                return
-            self._send(status, body, headers)
-
-        def _send(self, status, body, headers):
-            self.send_response(status)
-            for key, value in {**headers, "Content-Length": str(len(body))}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(body)
-            mirror.bytes_sent += len(body)
-
-    return Handler
+# A small dump mirror on 127.0.0.1 with Range support and scripted faults: tests/http_mirror.py
 
 
 @pytest.fixture
 def mirror():
-    state = Mirror()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
-    server.server_close()
+    with serve() as state:
+        yield state
 
 
 def _fetch(url, dest, **kwargs):
@@ -226,6 +147,54 @@ def test_size_is_checked_when_there_is_no_checksum(mirror, tmp_path):
     ):
         _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", size=len(data) + 1, retries=0)
     assert list(tmp_path.iterdir()) == []
+
+
+
+@pytest.mark.parametrize("served,check", [
+    ("same size, other bytes", "md5"), ("same size, other bytes", "sha256"),
+    ("longer", "sha1"), ("longer", "size"),
+])
+def test_a_server_returning_another_file_is_refused_and_nothing_is_kept(mirror, tmp_path, served,
+                                                                         check):
+    """The mirror answers every request with a file that is not the one configured: of the right
+    size but other bytes (another dump's part), or the right one with bytes appended. It is refused
+    after the retries with both values named, and neither the file nor a .part a later run would
+    resume is left. (A corrupt byte, sha1: test_corrupt_byte_is_retried_then_fails_...)"""
+    data = MULTISTREAM.read_bytes()
+    other = data[::-1] if served == "same size, other bytes" else data + b"appended"
+    mirror.files["/ms.bz2"] = other
+    expected = {"size": len(data)}
+    if check != "size":
+        expected[check] = hashlib.new(check, data).hexdigest()
+    with pytest.raises(fetch.ChecksumError) as error:
+        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", retries=1, **expected)
+    message = str(error.value)
+    if len(other) != len(data):  # the size is compared first when it is given
+        assert f"size {len(data)} bytes" in message and f"size {len(other)} bytes" in message
+    else:
+        assert expected[check] in message and hashlib.new(check, other).hexdigest() in message
+    assert len(mirror.requests) == 2 and all(r is None for _, r in mirror.requests)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("left", ["shorter, of another file", "longer than the file",
+                                  "the file's size, other bytes"])
+def test_a_part_file_that_is_not_a_prefix_of_the_file_is_not_trusted(mirror, tmp_path, left):
+    """A .part an earlier run left that is not the start of this file (the mirror's copy changed
+    since, or it was another file) is re-hashed with what the resume adds, refused, deleted, and
+    the file fetched again from byte 0: never completed from it. Longer or as long as the file,
+    the resume gets 416 (nothing left to send) and the .part alone is refused."""
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    dest = tmp_path / "ms.xml.bz2"
+    stale = {"shorter, of another file": ENWIKI_SAMPLE.read_bytes()[:5000],
+             "longer than the file": data + b"junk",
+             "the file's size, other bytes": data[::-1]}[left]
+    dest.with_name(dest.name + ".part").write_bytes(stale)
+    info = _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data))
+    assert dest.read_bytes() == data and info["attempts"] == 2
+    assert mirror.requests == [("/ms.bz2", f"bytes={len(stale)}-"), ("/ms.bz2", None)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
 
 
 def test_not_found_fails_without_retrying(mirror, tmp_path):

@@ -3,11 +3,16 @@ against brute-force search and Pyserini's loader layout, TREC run format."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
-from retrieval_pretraining import dense_search, encode, faiss_index
+from full_disk import files_under, full_disk, is_full_disk_error
+from retrieval_pretraining import artifacts, dense_search, encode, faiss_index
+from retrieval_pretraining.contracts.embeddings import IDS_SCHEMA
 
 
 def test_pooling_matches_a_naive_loop():
@@ -68,6 +73,28 @@ def test_index_and_ids_must_agree(tmp_path):
     with pytest.raises(ValueError, match="3 vectors but 2"):
         faiss_index.save(tmp_path, index, ["a", "b"])
 
+
+
+def test_a_full_disk_during_the_index_write_leaves_no_index_folder_and_a_rerun_recovers(tmp_path):
+    """build_dense_index's folder (index, docid, manifest) appears whole or not at all. Long doc ids
+    make `docid` the largest file, so the disk fills after `index` is written."""
+    rng = np.random.default_rng(0)
+    shard, ids_file = tmp_path / "shard-0000.npy", tmp_path / "shard-0000.ids.parquet"
+    np.save(shard, rng.standard_normal((200, 2)).astype(np.float32))
+    doc_ids = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(200)]
+    artifacts.write_parquet(ids_file, pa.table({"doc_id": doc_ids}), IDS_SCHEMA)
+    clean = tmp_path / "clean" / "faiss"
+    faiss_index.index_shards([shard], [ids_file], clean, {"type": "flat"})
+    assert (clean / "index").stat().st_size < 8000 < (clean / "docid").stat().st_size
+    out = tmp_path / "index" / "faiss"
+    with pytest.raises(OSError) as error, full_disk(8000):
+        faiss_index.index_shards([shard], [ids_file], out, {"type": "flat"})
+    assert is_full_disk_error(error.value), error.value
+    assert files_under(out.parent) == []
+    faiss_index.index_shards([shard], [ids_file], out, {"type": "flat"})
+    for name in ("index", "docid"):
+        assert (out / name).read_bytes() == (clean / name).read_bytes()
+    assert (out / "manifest.json").is_file()
 
 def test_trec_run_format_and_own_id_exclusion(tmp_path):
     import ir_measures

@@ -19,12 +19,14 @@ import pyarrow as pa
 import pytest
 import torch
 
+from full_disk import files_under, full_disk, is_full_disk_error
 from retrieval_pretraining import training
 from retrieval_pretraining.checkpoints import package_folder
 from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.finetune import data as fdata
 from retrieval_pretraining.finetune.model import contrastive_loss
 from retrieval_pretraining.finetune.settings import FinetuneSettings
+from retrieval_pretraining.finetune import train as ftrain
 from retrieval_pretraining.finetune.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,6 +287,35 @@ def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
     start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["positives_absent_from_corpus"] == 1
 
+
+
+def test_a_full_disk_during_the_export_leaves_no_encoder_folder_and_a_rerun_recovers(tmp_path):
+    """The encoder folder appears whole or not at all: a disk that fills while model.safetensors
+    is written leaves no encoder/ (no config.json that looks like a model), and the export once
+    there is space again writes what a clean export writes."""
+    from transformers import AutoModel, AutoTokenizer
+
+    import pretrain_fixtures as fx
+
+    base = fx.tiny_checkpoint(tmp_path / "base")  # ~4 MB of weights
+    encoder = AutoModel.from_pretrained(base, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    settings = FinetuneSettings.from_config({})
+    plan = fdata.contrast_plan(settings, 1)
+
+    def export(out: Path) -> None:
+        ftrain.export(encoder, tokenizer, out, settings, 1, plan, 4, {"init": base}, stats={})
+
+    export(tmp_path / "clean" / "encoder")
+    out = tmp_path / "stage1" / "encoder"
+    with pytest.raises(Exception) as error, full_disk(1 << 20):  # safetensors' own error type
+        export(out)
+    assert is_full_disk_error(error.value), error.value
+    assert files_under(out.parent) == []
+    export(out)
+    clean = tmp_path / "clean" / "encoder"
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())
+    assert (out / "model.safetensors").read_bytes() == (clean / "model.safetensors").read_bytes()
 
 # ---------------------------------------------------------------- tiny end to end ---------------
 def tiny_dataset(folder: Path, n_queries: int = 32, n_docs: int = 300) -> dict[str, Path]:

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 
 import pretrain_fixtures as fx
+from full_disk import full_disk, is_full_disk_error
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain import objectives as obj
 from retrieval_pretraining.pretrain.model import Pretrainer
@@ -254,6 +255,90 @@ def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tm
     # Dropout masks are keyed by (seed, step, micro-batch), so resuming draws the same ones.
     _assert_same_weights(_weights(tmp_path / "part"), _weights(tmp_path / "whole"), atol=0.0)
 
+
+
+
+def test_a_full_disk_during_a_state_save_leaves_no_state_or_encoder_and_a_rerun_recovers(
+    setup, tmp_path, restore_stop_handlers
+):
+    """The disk fills while the first resumable state is written (its weights are larger than
+    the limit): the run fails with the OS error, leaving no state folder, no temp folder and no
+    encoder; the rerun once there is space again trains to the weights and the metrics of a run
+    on a disk with room."""
+    settings = fx.model_settings("mlm", max_steps=4, checkpoint_every=2)
+    code, roomy = _run(settings, setup, tmp_path / "roomy")
+    assert code == 0
+    part = tmp_path / "part"
+    with pytest.raises(Exception) as error, full_disk(
+            (tmp_path / "roomy" / "encoder" / "model.safetensors").stat().st_size // 2):
+        _run(settings, setup, part)
+    assert is_full_disk_error(error.value), error.value
+    assert not (part / "encoder").exists()
+    assert sorted(p.name for p in (part / "state" / "checkpoints").iterdir()) == [
+        "job.json", "metrics.jsonl"]
+    code, rerun = _run(settings, setup, part)
+    assert code == 0 and _untimed(rerun) == _untimed(roomy)
+    _assert_same_weights(_weights(part), _weights(tmp_path / "roomy"), atol=0.0)
+
+
+def _untimed(records):
+    """Metrics records without what depends on the machine's speed and memory."""
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "memory_mb")}
+            for r in records]
+
+# Run in a child process: train() as the CLI runs it, SIGKILLed (as the OOM killer kills) once the
+# save of step 4 has written its first file, a moment a kill can land in.
+_KILLED_DURING_THE_SAVE_OF_STEP_4 = """
+import json, os, signal, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from retrieval_pretraining.training import state
+from retrieval_pretraining.pretrain.train import train
+
+def save_file(tensors, path, *args, **kwargs):
+    real_save_file(tensors, path, *args, **kwargs)
+    if Path(path).parent.name == ".step-00000004.tmp":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+real_save_file, state.save_file = state.save_file, save_file
+settings, checkpoint, chunks, out = json.loads(sys.argv[1])
+out = Path(out)
+train(settings, chunks=[Path(c) for c in chunks], spans=None, checkpoint=Path(checkpoint),
+      encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl", plot_out=out / "loss.png",
+      state_dir=out / "state")
+"""
+
+
+def test_a_trainer_killed_during_a_save_resumes_to_the_uninterrupted_run(
+    dropout_setup, tmp_path, restore_stop_handlers
+):
+    """SIGKILL leaves no chance to save: the run resumes from its last complete state (step 2; the
+    half-written folder of step 4 is never read) and ends with the weights and the metrics history
+    (timings aside) of a run never stopped, dropout included."""
+    checkpoint, chunks, _ = dropout_setup
+    settings = fx.model_settings("mlm", max_steps=6, checkpoint_every=2)
+    code, whole = _run(settings, dropout_setup, tmp_path / "whole")
+    assert code == 0
+    part = tmp_path / "part"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(fx.ROOT / "workflow"),
+                                                        os.environ.get("PYTHONPATH")])))
+    argument = json.dumps([settings, str(checkpoint), [str(c) for c in chunks], str(part)])
+    killed = subprocess.run([sys.executable, "-c", _KILLED_DURING_THE_SAVE_OF_STEP_4, argument],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    state = part / "state" / "checkpoints"
+    assert json.loads((state / "latest.json").read_text())["checkpoint"] == "step-00000002"
+    assert (state / ".step-00000004.tmp" / "model.safetensors").is_file()  # half a state
+    assert not (part / "encoder").exists()
+    code, resumed = _run(settings, dropout_setup, part)
+    assert code == 0
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    assert _untimed(resumed) == _untimed(whole)
+    info = json.loads((part / "encoder" / "training.json").read_text())
+    assert info["resumed_from_step"] == 2
+    _assert_same_weights(_weights(part), _weights(tmp_path / "whole"), atol=0.0)
 
 def test_sigterm_to_the_process_group_with_a_worker_saves_and_exits_75(setup, tmp_path):
     checkpoint, chunks, _ = setup

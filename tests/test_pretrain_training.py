@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from full_disk import files_under, full_disk, is_full_disk_error
 from retrieval_pretraining import training
 from retrieval_pretraining import launch
 from retrieval_pretraining.pretrain import objectives as obj
@@ -106,6 +107,67 @@ def test_saved_state_resumes_exactly_without_pickle(tmp_path):
     files = {p.name for p in (tmp_path / "step-00000005").iterdir()}
     assert files == {"model.safetensors", "state.safetensors", "state.json"}  # no pickle anywhere
 
+
+
+def test_a_full_disk_during_a_state_save_keeps_the_last_state_and_leaves_no_temp_folder(tmp_path):
+    """The disk fills while state.safetensors is written: the save fails with the OS error, the
+    last complete state stays the one resumed, and the half-written folder is removed (on a full
+    disk it would hold space a rerun needs). With space again, the rerun saves as usual."""
+    training.seed_everything(3)
+    model, optimizer, scheduler = _fresh()
+    _train_steps(model, optimizer, scheduler, 5)
+    training.save_state(tmp_path, step=5, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={"step": 5})
+    _train_steps(model, optimizer, scheduler, 5)
+    with pytest.raises(Exception) as error, full_disk(4096):  # model.safetensors fits, state not
+        training.save_state(tmp_path, step=10, model=model, optimizer=optimizer,
+                            scheduler=scheduler, data_position={"step": 10})
+    assert is_full_disk_error(error.value), error.value
+    saved = ("model.safetensors", "state.json", "state.safetensors")
+    assert files_under(tmp_path) == ["latest.json", "step-00000005",
+                                     *(f"step-00000005/{name}" for name in saved)]
+    resumed = _fresh(seed=99)
+    assert training.load_state(tmp_path, model=resumed[0], optimizer=resumed[1],
+                               scheduler=resumed[2])["step"] == 5
+    training.save_state(tmp_path, step=10, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={"step": 10})
+    assert training.load_state(tmp_path, model=resumed[0], optimizer=resumed[1],
+                               scheduler=resumed[2])["step"] == 10
+    assert torch.equal(resumed[0].weight, model.weight)
+
+
+def test_a_save_killed_part_way_is_never_resumed_and_its_folder_is_cleared(tmp_path, monkeypatch):
+    """A kill (SIGKILL, the OOM killer) can land anywhere in a save. Its temp folder is never read
+    and the next save clears it. Saving again the step latest.json names (the periodic save, then
+    a stop signal in the same step) keeps the saved folder: deleting it first, then being killed
+    before the new one was in place, left latest.json naming nothing."""
+    training.seed_everything(3)
+    model, optimizer, scheduler = _fresh()
+    _train_steps(model, optimizer, scheduler, 5)
+    save = dict(model=model, optimizer=optimizer, scheduler=scheduler)
+    training.save_state(tmp_path, step=5, data_position={"step": 5}, **save)
+    (tmp_path / ".step-00000007.tmp").mkdir()  # what a save killed part-way leaves
+    (tmp_path / ".step-00000007.tmp" / "model.safetensors").write_bytes(b"half")
+
+    def killed_after_deleting(path, *args, **kwargs):
+        real_rmtree(path, *args, **kwargs)
+        if path.name == "step-00000005":  # the saved state is gone, its replacement not in place
+            raise KeyboardInterrupt("killed")  # stands in for SIGKILL, which no test survives
+
+    real_rmtree = training.state.shutil.rmtree
+    with monkeypatch.context() as patch:
+        patch.setattr(training.state.shutil, "rmtree", killed_after_deleting)
+        try:
+            training.save_state(tmp_path, step=5, data_position={"step": 5}, **save)
+        except KeyboardInterrupt:
+            pass
+    fresh = _fresh(seed=99)
+    assert training.load_state(tmp_path, model=fresh[0], optimizer=fresh[1],
+                               scheduler=fresh[2])["step"] == 5
+    assert torch.equal(fresh[0].weight, model.weight)
+    _train_steps(model, optimizer, scheduler, 3)
+    training.save_state(tmp_path, step=8, data_position={"step": 8}, **save)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "step-00000008"]
 
 def test_load_state_without_checkpoint_returns_none(tmp_path):
     assert training.load_state(tmp_path, **dict(zip(("model", "optimizer", "scheduler"), _fresh()))) is None
@@ -223,6 +285,21 @@ def test_metrics_history_survives_the_deletion_of_the_declared_output(tmp_path):
     assert steps == [1, 2, 3, 4]
     assert history.read_text() == out.read_text()
 
+
+
+def test_a_record_cut_short_by_a_full_disk_does_not_stop_the_resume(tmp_path):
+    """The disk fills part-way through appending a record: the file ends in a line without its
+    newline. The resume (from the state saved at step 3) keeps the complete records up to it."""
+    out, history = tmp_path / "out" / "metrics.jsonl", tmp_path / "state" / "metrics.jsonl"
+    writer = training.MetricsWriter(out, history=history)
+    for step in range(1, 4):
+        writer.write({"step": step, "loss": 1.0 / step})
+    with pytest.raises(OSError) as error, full_disk(out.stat().st_size + 10):
+        writer.write({"step": 4, "loss": 0.25})
+    assert is_full_disk_error(error.value) and not out.read_text().endswith("\n")
+    training.MetricsWriter(out, resume_step=3, history=history).write({"step": 4, "loss": 0.25})
+    for path in (out, history):
+        assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
 
 def test_a_resume_state_is_kept_for_its_own_job_only(tmp_path, caplog):
     """claim_state (both trainers): the same job resumes; other settings or inputs, or a state

@@ -17,6 +17,7 @@ from retrieval_pretraining import artifacts, audit, checkpoints, chunk, chunker 
 from retrieval_pretraining import span_audit, spans, wordpiece  # noqa: E402
 from retrieval_pretraining.contracts import spans as contract  # noqa: E402
 
+from full_disk import files_under, full_disk, is_full_disk_error  # noqa: E402
 from shipped_data import ONE_LAYER_MINILM, ROOT, SCIFACT_CORPUS  # noqa: E402
 SCIFACT = SCIFACT_CORPUS
 DEMO_CHECKPOINT = ONE_LAYER_MINILM
@@ -222,6 +223,24 @@ def test_index_is_identical_for_any_shard_count_or_batch_size(scifact_chunks, ch
     manifest = artifacts.read_json(artifacts.manifest_path(again))
     assert manifest["stats"]["granularities"]["phrase"]["spans"] == 5 * manifest["stats"]["chunks"]
 
+
+
+def test_a_full_disk_during_the_shard_write_leaves_no_shard_and_a_rerun_recovers(
+    scifact_chunks, checkpoint, tmp_path
+):
+    """The disk fills half-way through the Parquet write: the stage fails with the OS error, the
+    shard folder holds nothing (no shard, no manifest, no temp file), and the same command run
+    once there is space again writes the shard a clean run writes, byte for byte."""
+    cfg = span_config()
+    clean = tmp_path / "clean" / "shard-0000.parquet"
+    spans.sample_shard(scifact_chunks[1][0], checkpoint, clean, cfg)
+    out = tmp_path / "spans" / "shard-0000.parquet"
+    with pytest.raises(OSError) as error, full_disk(clean.stat().st_size // 2):
+        spans.sample_shard(scifact_chunks[1][0], checkpoint, out, cfg)
+    assert is_full_disk_error(error.value), error.value
+    assert files_under(out.parent) == []
+    spans.sample_shard(scifact_chunks[1][0], checkpoint, out, cfg)
+    assert out.read_bytes() == clean.read_bytes()
 
 @pytest.mark.parametrize("rule", ["clip", "skip", "resample"])
 def test_short_chunk_rules(rule, tokenizer, words):

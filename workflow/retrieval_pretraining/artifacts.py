@@ -51,14 +51,17 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder beside `path`; it replaces `path` only if the block succeeds, so a
-    failed run never leaves a half-written folder there (nor its temporary one)."""
+    """Yield a temporary folder beside `path`; it replaces `path` only if the block succeeds.
+
+    For artifacts that are folders (an index, an encoder): a failure part-way (a full disk) leaves
+    no folder that looks whole, only nothing; the temp folder is removed.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        tmp.chmod(0o755)  # mkdtemp makes 0700 folders; artifacts are for collaborators too
+        tmp.chmod(0o755)  # mkdtemp creates 0700 folders; artifacts are meant to be shared
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)

@@ -165,18 +165,20 @@ def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, An
                 f"Lucene index holds {indexed} documents, expected {counts['documents']} minus "
                 f"{counts['empty_documents']} empty ones; see the IndexCollection log above"
             )
+        stats = counts | {"indexed": indexed, "index_seconds": round(seconds, 1)}
+        # The manifest goes in before the rename: a disk that fills while it is written must not
+        # leave a complete-looking index under the final name.
+        artifacts.write_manifest(
+            tmp / "index" / "manifest.json",
+            stage="bm25.index",
+            params={k: cfg[k] for k in ("title", "index_threads")}
+            | {"collection": "JsonCollection", "stored": ["positions", "docvectors", "raw"]},
+            inputs={"corpus": corpus},
+            stats=stats,
+        )
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp / "index", out)
-    stats = counts | {"indexed": indexed, "index_seconds": round(seconds, 1)}
-    artifacts.write_manifest(
-        out / "manifest.json",
-        stage="bm25.index",
-        params={k: cfg[k] for k in ("title", "index_threads")}
-        | {"collection": "JsonCollection", "stored": ["positions", "docvectors", "raw"]},
-        inputs={"corpus": corpus},
-        stats=stats,
-    )
     return stats
 
 

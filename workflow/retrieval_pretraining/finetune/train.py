@@ -141,11 +141,12 @@ def _identities(inputs: dict[str, Path]) -> dict[str, Any]:
 
 def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
            plan: ContrastPlan, steps: int, inputs: dict[str, Path], stats: dict[str, Any]) -> None:
-    """The fine-tuned encoder as a Hugging Face folder (safetensors) + training.json + manifest."""
+    """The fine-tuned encoder as a Hugging Face folder (safetensors) + training.json + manifest,
+    written whole or not at all (a full disk must not leave a config.json that looks like one)."""
     config = settings.record()
     provenance = {"config": config, "seed": seed, "plan": plan.record(), "steps": steps,
                   "inputs": {k: str(v) for k, v in inputs.items()}}
-    with artifacts.atomic_dir(out) as tmp:  # a failed export leaves no encoder folder
+    with artifacts.atomic_dir(out) as tmp:
         encoder.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         artifacts.write_json(tmp / "training.json", provenance)

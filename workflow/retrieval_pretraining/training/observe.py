@@ -20,8 +20,8 @@ class MetricsWriter:
 
     `history` (a file in the resume-state folder) mirrors every record: Snakemake deletes a job's
     declared outputs before it reruns, so after a preemption the output file is gone and the
-    history restores the steps before the resume. On resume, lines beyond the resumed step are
-    dropped first, so the file never holds two records for one step.
+    history restores the steps before the resume. On resume, lines beyond the resumed step (and a
+    last line cut short) are dropped first, so the file never holds two records for one step.
     """
 
     def __init__(self, path: str | os.PathLike, *, resume_step: int = 0, enabled: bool = True,
@@ -35,8 +35,11 @@ class MetricsWriter:
         if resume_step:
             source = next((p for p in (self.path, self.history) if p and p.exists()), None)
             if source is not None:
+                # Complete lines only: a record the disk filling up (or a kill) cut short has no
+                # newline, and it is past the saved step anyway.
+                complete = source.read_text().split("\n")[:-1]
                 kept = [
-                    line for line in source.read_text().splitlines()
+                    line for line in complete
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step
                 ]
         for target in (self.path, self.history):

@@ -145,30 +145,42 @@ def save_state(
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:08d}"
-    tmp = state_dir / f".{name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    model_sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    # Tied weights share storage; safetensors refuses shared tensors, so store clones.
-    save_file({k: v.clone() for k, v in model_sd.items()}, tmp / "model.safetensors")
-    tensors: dict[str, torch.Tensor] = {}
-    meta = {
-        "step": step,
-        "data_position": data_position,
-        "extra": extra or {},
-        "optimizer": _flatten("optimizer", optimizer.state_dict(), tensors),
-        "scheduler": _flatten("scheduler", scheduler.state_dict(), tensors),
-        "rng": _flatten("rng", rng_state(), tensors),
-        "saved": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    save_file(tensors, tmp / "state.safetensors")
-    (tmp / "state.json").write_text(json.dumps(meta, indent=1))
     final = state_dir / name
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    artifacts.write_json(state_dir / "latest.json", {"checkpoint": name, "step": step})
+    latest = state_dir / "latest.json"
+    if final.is_dir() and latest.exists() and artifacts.read_json(latest).get("checkpoint") == name:
+        # Saved already (the periodic save, then a stop signal in the same step). Replacing it
+        # would delete the only complete state before its copy is in place: a kill in between
+        # would leave latest.json naming nothing.
+        return final
+    # Temp folders of saves that never finished (killed, or the disk filled) are never read;
+    # they would only hold space.
+    for stale in state_dir.glob(".step-*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = state_dir / f".{name}.tmp"
+    tmp.mkdir()
+    try:
+        model_sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        # Tied weights share storage; safetensors refuses shared tensors, so store clones.
+        save_file({k: v.clone() for k, v in model_sd.items()}, tmp / "model.safetensors")
+        tensors: dict[str, torch.Tensor] = {}
+        meta = {
+            "step": step,
+            "data_position": data_position,
+            "extra": extra or {},
+            "optimizer": _flatten("optimizer", optimizer.state_dict(), tensors),
+            "scheduler": _flatten("scheduler", scheduler.state_dict(), tensors),
+            "rng": _flatten("rng", rng_state(), tensors),
+            "saved": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        save_file(tensors, tmp / "state.safetensors")
+        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        if final.exists():  # complete, but latest.json never named it (killed before that)
+            shutil.rmtree(final)
+        tmp.rename(final)
+    finally:
+        if tmp.exists():  # the save failed part-way (a full disk): keep only complete states
+            shutil.rmtree(tmp, ignore_errors=True)
+    artifacts.write_json(latest, {"checkpoint": name, "step": step})
     for old in sorted(state_dir.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("saved resumable state at step %d -> %s", step, final)

@@ -1,0 +1,99 @@
+"""A small dump mirror on 127.0.0.1 with Range support and scripted faults, for the downloader's
+tests (tests/test_download.py): `with serve() as mirror:` ... `mirror.url`."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import re
+import socket
+import threading
+from typing import Iterator
+
+
+class Mirror:
+    """Files served by path; `faults[path]` is a list consumed one entry per GET:
+    ("drop", n) sends the headers of the full answer, then n bytes, then closes the connection;
+    ("corrupt", i) flips byte i of the body; None serves the request normally."""
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+        self.faults: dict[str, list] = {}
+        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        self.bytes_sent = 0
+
+
+def _handler(mirror: Mirror):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # keep pytest output clean
+            pass
+
+        def do_GET(self):
+            range_header = self.headers.get("Range")
+            mirror.requests.append((self.path, range_header))
+            if self.path.endswith("/") and self.path not in mirror.files:
+                # A directory listing like dumps.wikimedia.org's (the `latest` lookup reads it).
+                prefix = self.path
+                names = sorted(
+                    {p[len(prefix) :].split("/")[0] for p in mirror.files if p.startswith(prefix)}
+                )
+                body = "".join(f'<a href="{n}/">{n}/</a>\n' for n in names).encode()
+                return self._send(200, body, {})
+            if self.path not in mirror.files:
+                return self._send(404, b"not found", {})
+            data = mirror.files[self.path]
+            faults = mirror.faults.get(self.path)
+            fault = faults.pop(0) if faults else None
+            start, status, headers = 0, 200, {}
+            if range_header:
+                start = int(re.fullmatch(r"bytes=(\d+)-", range_header).group(1))
+                if start >= len(data):
+                    return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            body = data[start:]
+            if fault and fault[0] == "corrupt":
+                i = fault[1] - start
+                body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1 :]
+            if fault and fault[0] == "drop":
+                self.send_response(status)
+                for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body[: fault[1]])
+                self.wfile.flush()
+                mirror.bytes_sent += fault[1]
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            self._send(status, body, headers)
+
+        def _send(self, status, body, headers):
+            self.send_response(status)
+            for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+            mirror.bytes_sent += len(body)
+
+    return Handler
+
+
+
+@contextlib.contextmanager
+def serve() -> Iterator[Mirror]:
+    """A Mirror serving on a free port of 127.0.0.1 (its base URL in `.url`) until the block ends."""
+    state = Mirror()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
