@@ -121,6 +121,8 @@ def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
         "evaluate": ("evaluate", [*_cfg("evaluate"), "--run", bad.with_suffix(".trec"),
                                   "--qrels", bad, "--out", out / "m.json"],
                      bad.with_suffix(".trec")),
+        "evaluate qrels": ("evaluate", [*_cfg("evaluate"), "--run", t / "good.trec",
+                                        "--qrels", bad, "--out", out / "m.json"], bad),
         "analysis loss-curves": ("analysis.__main__", ["loss-curves", "--out", out / "l.png",
                                                        "--model", f"a={none}/m.jsonl"],
                                  none / "m.jsonl"),
@@ -149,6 +151,7 @@ def test_bad_input_gives_one_line_naming_it_exit_1_and_no_output(name, tmp_path,
     for path in (*(bad.with_suffix(s) for s in (".parquet", ".npy", ".trec")),
                  tmp_path / "heads.safetensors"):  # heads.safetensors: beside the encoder `none`
         path.write_text("this is not what the file name says\n")
+    (tmp_path / "good.trec").write_text("q1 Q0 d1 1 1.0 tag\n")
     module, argv, named = cases(tmp_path, bad, out)[name]
     status = run_main(module, argv)
     err = capsys.readouterr().err

@@ -353,7 +353,7 @@ def tiny_beir(folder, corpus_ids, judged):
     return dict(SCIFACT, name="tiny", path=str(folder), splits=[{"name": "test"}])
 
 
-def test_a_corpus_of_another_dataset_stops_the_split_naming_both_files(tmp_path, caplog):
+def test_a_corpus_of_another_dataset_stops_the_split_naming_both_files(tmp_path, capsys):
     """Every judged document absent: one error line naming the corpus and the qrels file, the
     count and examples, exit 1, and no split file (it used to pass, every score then 0)."""
     folder = tmp_path / "tiny"
@@ -362,11 +362,12 @@ def test_a_corpus_of_another_dataset_stops_the_split_naming_both_files(tmp_path,
     args = ["--config", json.dumps(entry), "--out", str(out), "--data-root", str(tmp_path)]
     datasets.main(["corpus", *args])
     before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         datasets.main(["split", "--split", "test", *args])
     assert stopped.value.code == 1
-    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 1 and "\n" not in errors[0]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1
     assert str(folder / "corpus.jsonl") in errors[0]
     assert str(folder / "qrels" / "test.tsv") in errors[0]
     assert "4 of the 4 documents judged" in errors[0] and "none of them" in errors[0]

@@ -139,7 +139,7 @@ def test_malformed_qrels_and_unknown_measures_fail(tmp_path, files):
         evaluate.parse_measures(["nDGC@10"])
 
 
-def test_a_run_with_a_byte_that_is_not_utf8_fails_naming_the_line(tmp_path, files, caplog):
+def test_a_run_with_a_byte_that_is_not_utf8_fails_naming_the_line(tmp_path, files, capsys):
     """A Latin-1 byte in a run (an editor's re-save): one error line naming the file, the line, the
     byte and the fix, exit 1 (it was a bare UnicodeDecodeError); every reader of runs (and of
     TREC qrels) says the same."""
@@ -154,9 +154,9 @@ def test_a_run_with_a_byte_that_is_not_utf8_fails_naming_the_line(tmp_path, file
         evaluate.main(["--run", str(run), "--qrels", str(qrels), "--out", str(out),
                        "--config", json.dumps({"measures": ["nDCG@10"]})])
     assert stopped.value.code == 1 and not out.exists()
-    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert error == (
-        f"{run}, line 2: byte 0xe9 at column 10 is not valid UTF-8 (a TREC run is UTF-8 text); "
+        f"error: {run}, line 2: byte 0xe9 at column 10 is not valid UTF-8 (a TREC run is UTF-8 text); "
         "re-save the file as UTF-8, or rerun the step that wrote it"
     )
     with pytest.raises(ValueError, match=r"latin1\.trec, line 2: byte 0xe9 .* re-save the file"):

@@ -43,7 +43,7 @@ from .contracts.datasets import (
     check_split, check_unique,
 )
 from .dataset_files import corpus_batches, corpus_source, load_split
-from .errors import command
+from .errors import command, reading
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ def read_info(folder: str | os.PathLike) -> dict[str, Any]:
 
 def read_qrels(path: str | os.PathLike, min_relevance: int = 1) -> dict[str, set[str]]:
     """{query_id: {doc_id, ...}} of the judgements with relevance >= min_relevance."""
-    frame = pl.read_parquet(path).filter(pl.col("relevance") >= min_relevance)
+    with reading(path, "a qrels Parquet file"):
+        frame = pl.read_parquet(path).filter(pl.col("relevance") >= min_relevance)
     grouped = frame.group_by("query_id").agg(pl.col("doc_id"))
     return {q: set(docs) for q, docs in grouped.iter_rows()}
 

@@ -33,7 +33,7 @@ from ir_measures import Qrel, ScoredDoc
 from . import artifacts
 from .config import refuse_unknown, stage_parser
 from .contracts.runs import utf8_lines
-from .errors import BadInput, command
+from .errors import BadInput, command, reading
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ def read_qrels(path: str | Path) -> list[Qrel]:
     if not path.is_file():
         raise EvaluationError(f"qrels file {path} does not exist")
     if path.suffix == ".parquet":
-        frame = pl.read_parquet(path)
+        with reading(path, "a qrels Parquet file"):
+            frame = pl.read_parquet(path)
         missing = {"query_id", "doc_id", "relevance"} - set(frame.columns)
         if missing:
             raise EvaluationError(
