@@ -27,7 +27,8 @@ def module_file(name: str) -> Path | None:
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
 
 
-def _imports(path: Path, name: str) -> tuple[list[str], set[str]]:
+@functools.lru_cache(maxsize=None)  # each file is parsed once per process, not once per closure
+def _imports(path: Path, name: str) -> tuple[tuple[str, ...], frozenset[str]]:
     """(package modules, third-party top-level modules) imported anywhere in one file."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     inside, outside = [], set()
@@ -53,7 +54,7 @@ def _imports(path: Path, name: str) -> tuple[list[str], set[str]]:
                 inside.append(rest)
             elif top and top not in sys.stdlib_module_names and top != "__future__":
                 outside.add(top)
-    return inside, outside
+    return tuple(inside), frozenset(outside)
 
 
 @functools.lru_cache(maxsize=None)
