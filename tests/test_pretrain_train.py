@@ -85,6 +85,7 @@ def test_export_loads_with_automodel_and_encodes(setup, tmp_path):
     heads = load_file(tmp_path / "heads.safetensors")
     assert {k.split(".")[0] for k in heads} == {"mlm_head", "projector"}
     assert not (tmp_path / "tensorboard").exists()  # TensorBoard logging is off by default
+    assert folder.stat().st_mode & 0o777 == 0o755  # published from a 0700 temp folder, shared
 
 
 def test_none_objective_exports_the_base_checkpoint(setup, tmp_path):
@@ -96,6 +97,9 @@ def test_none_objective_exports_the_base_checkpoint(setup, tmp_path):
     for (name, a), (_, b) in zip(model.state_dict().items(), base.state_dict().items()):
         assert torch.equal(a, b), name
     assert (tmp_path / "metrics.jsonl").read_text() == "" and (tmp_path / "loss.png").exists()
+    # Published from a temp folder (mkdtemp: 0700), yet readable by collaborators like any artifact.
+    assert (tmp_path / "encoder").stat().st_mode & 0o777 == 0o755
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left
 
 
 def test_nan_loss_stops_naming_step_and_items(setup, tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -48,18 +47,9 @@ def _copy_tokenizer(checkpoint: Path, dest: Path) -> None:
             shutil.copy2(checkpoint / name, dest / name)
 
 
-def _publish(tmp: Path, out_dir: Path) -> None:
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
-
-
 def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, info: dict[str, Any]) -> None:
     """Write the encoder (no heads) + tokenizer + training.json as an HF folder, atomically."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
+    with artifacts.atomic_dir(out_dir) as tmp:
         encoder.save_pretrained(tmp, safe_serialization=True)
         _copy_tokenizer(checkpoint, tmp)
         artifacts.write_json(tmp / "training.json", info)
@@ -68,18 +58,12 @@ def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, in
             inputs={"checkpoint_manifest": checkpoint / "manifest.json"},
             stats={k: info[k] for k in ("steps", "tokens_seen") if k in info},
         )
-        _publish(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metrics: Path, plot: Path) -> None:
     """The `none` objective: the base checkpoint itself, exported to the encoder path."""
     check_safetensors(checkpoint)  # copied as it is: a pickle must not pass through
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
+    with artifacts.atomic_dir(out_dir) as tmp:
         for file in Path(checkpoint).iterdir():
             if file.is_file() and file.name != "manifest.json":
                 shutil.copy2(file, tmp / file.name)
@@ -88,9 +72,6 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
         artifacts.write_json(tmp / "training.json", info)
         artifacts.write_manifest(tmp / "manifest.json", stage="pretrain", params=settings,
                                  inputs={"checkpoint_manifest": Path(checkpoint) / "manifest.json"})
-        _publish(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     training.MetricsWriter(metrics)  # an empty metrics file: nothing was trained
     training.plot_losses(metrics, plot, title=f"{settings['name']}: base checkpoint, no training")
 
