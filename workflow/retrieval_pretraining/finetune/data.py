@@ -27,6 +27,7 @@ import polars as pl
 from .. import training
 from ..errors import InputFileError, reading
 from ..mine import rng_for
+from .passages import PassageStore
 from .settings import FinetuneSettings
 
 PAD_POOL = 100_000  # corpus documents padding draws from (a seeded sample; all of a smaller corpus)
@@ -192,44 +193,46 @@ def epoch_order(num_queries: int, seed: int, epoch: int) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class TrainingSet:
     """Everything a step reads: the training queries (ids in a stable order) and their texts, their
-    positives and negatives, the padding pool, the (title, text) of every passage training can
-    use, and the counts of what was dropped or padded."""
+    positives and negatives, the padding pool, the passages (`passages.PassageStore`, attached
+    once the main process has written them: `with_passages`), and the counts of what was dropped
+    or padded."""
 
     query_ids: list[str]
     query_texts: dict[str, str]
     positives: dict[str, list[str]]
     negatives: dict[str, list[str]]
     padding: list[str]
-    documents: dict[str, tuple[str, str]]
     counts: dict[str, int]
+    passages: PassageStore | None = None
+
+    def needed_passages(self) -> set[str]:
+        """Every passage a group can draw: positives, negatives and the padding pool."""
+        needed = {d for q in self.query_ids for d in self.positives[q]}
+        needed |= {d for q in self.query_ids for d in self.negatives.get(q, [])}
+        return needed | set(self.padding)
+
+    def with_passages(self, store: PassageStore) -> TrainingSet:
+        return dataclasses.replace(self, passages=store)
 
     def micro_batch(self, query_ids: list[str], group_size: int, seed: int, epoch: int
                     ) -> tuple[list[str], list[str], list[str]]:
         """(query texts, passage titles, passage texts) of a micro-batch, group by group."""
         groups = [sample_group(q, self.positives[q], self.negatives.get(q, []), self.padding,
                                group_size, seed, epoch) for q in query_ids]
-        passages = [d for group in groups for d in group]
-        return ([self.query_texts[q] for q in query_ids], [self.documents[d][0] for d in passages],
-                [self.documents[d][1] for d in passages])
+        titles, texts = self.passages.lookup([d for group in groups for d in group])
+        return [self.query_texts[q] for q in query_ids], titles, texts
 
 
 def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: list[Path],
                       settings: FinetuneSettings, seed: int) -> TrainingSet:
-    """The training set of one stage, holding only the passage texts training can use (8.8M
-    MS MARCO passages need not be in memory)."""
+    """The training set of one stage, without passage texts: the main process writes the ones
+    training can use with `passages.write_passages(corpus, set.needed_passages(), file)` and every
+    process attaches them (`with_passages`), so no process holds them in its own memory."""
     ids, texts, positives, negatives, counts = training_queries(
         queries, qrels, negative_files, settings, seed, corpus=corpus)
     # Left after a drop policy: none; after pad: their groups come from the padding pool.
     no_negatives = sum(1 for q in ids if not negatives.get(q))
     counts["queries_without_negatives_padded"] = no_negatives
     fallback = padding_pool(corpus, seed) if no_negatives else []
-    needed = {d for q in ids for d in positives[q]}
-    needed |= {d for q in ids for d in negatives.get(q, [])} | set(fallback)
-    docs = {d: (t or "", x or "")
-            for d, t, x in corpus_rows(corpus, needed, ["doc_id", "title", "text"]).iter_rows()}
-    absent = needed - set(docs)
-    if absent:  # positives were checked against the corpus above, so these are negatives
-        raise ValueError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "
-                         f"{sorted(absent)[:3]}); the negatives were built for another corpus")
     return TrainingSet(query_ids=ids, query_texts=texts, positives=positives, negatives=negatives,
-                       padding=fallback, documents=docs, counts=counts)
+                       padding=fallback, counts=counts)

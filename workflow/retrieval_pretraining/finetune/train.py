@@ -22,6 +22,7 @@ from ..encode import tokenize
 from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
                    step_queries)
 from .model import contrast_set_loss, load_bi_encoder
+from .passages import PassageStore, write_passages
 from .settings import FinetuneSettings
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,12 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     job = {"settings": s.record(), "seed": seed,
            "inputs": _identities({**inputs, "init": init, "corpus": corpus})}
     training.claim_state(state_dir, job, env)
+    # The passages once per job, memory-mapped by every process (finetune/passages.py).
+    passages_file = state_dir / "passages.arrow"
+    if env.is_main:
+        write_passages(corpus, data.needed_passages(), passages_file)
+    training.barrier(env)
+    data = data.with_passages(PassageStore(passages_file))
     resumed = training.load_state(state_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     ddp = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda"

@@ -1,0 +1,96 @@
+"""The passages fine-tuning reads: one memory-mapped Arrow file per job, shared by its processes.
+
+Held as a dict of Python strings, the (title, text) of every passage training can use costs each
+process ~4 GB at MS MARCO scale (8.8M passages, 503k queries x 30 negatives), once per GPU. Here
+the main process streams those rows out of the corpus Parquet (a semi-join on the streaming
+engine, corpus order) into an uncompressed Arrow IPC file in the job's state folder, and every
+process memory-maps it: the text is page cache, shared by the processes of a node and evictable,
+and a process holds only a 64-bit hash of each doc id and its sort order (16 bytes a passage).
+A lookup is a binary search on the hashes; the doc id stored beside the text is compared, so a
+hash collision is resolved, never mistaken for a match.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from ..errors import InputFileError, reading
+
+COLUMNS = ["doc_id", "title", "text"]
+
+
+def doc_id_hashes(doc_ids: pl.Series) -> np.ndarray:
+    """64-bit hashes of doc ids (polars' hash: the same within one polars version, which is all a
+    job needs: the file's hashes are computed by the process that reads them)."""
+    return doc_ids.cast(pl.String).hash().to_numpy()
+
+
+def write_passages(corpus: Path, doc_ids: Iterable[str], path: Path) -> int:
+    """Write the corpus rows named in `doc_ids` to `path` (Arrow IPC, uncompressed, corpus order;
+    published by rename) and return how many there are. Every id must be in the corpus: a missing
+    one means the negatives were built for another corpus."""
+    wanted = pl.LazyFrame({"doc_id": sorted(set(doc_ids))}, schema={"doc_id": pl.String})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with reading(corpus, "a corpus Parquet file"):
+        (pl.scan_parquet(corpus).select(COLUMNS).join(wanted, on="doc_id", how="semi")
+         .with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
+         .sink_ipc(partial, compression=None, compat_level=pl.CompatLevel.oldest()))
+    found = PassageStore(partial)
+    expected = wanted.select(pl.len()).collect().item()
+    if len(found) != expected:
+        present = set(found.doc_ids())
+        absent = sorted(set(wanted.collect()["doc_id"].to_list()) - present)
+        partial.unlink()
+        raise InputFileError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "
+                             f"{absent[:3]}); the negatives were built for another corpus")
+    del found
+    partial.replace(path)
+    return expected
+
+
+class PassageStore:
+    """Read-only (title, text) by doc id from a file `write_passages` wrote, memory-mapped."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        table = ipc.open_file(pa.memory_map(str(self.path))).read_all()
+        self._titles = table.column("title")
+        self._texts = table.column("text")
+        self._ids = table.column("doc_id")
+        hashes = doc_id_hashes(pl.from_arrow(self._ids))
+        self._order = np.argsort(hashes, kind="stable")
+        self._sorted = hashes[self._order]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def doc_ids(self) -> list[str]:
+        return self._ids.to_pylist()
+
+    def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
+        """Row numbers of `doc_ids` in the file (KeyError naming the first unknown id)."""
+        hashes = doc_id_hashes(pl.Series(doc_ids, dtype=pl.String))
+        lo = np.searchsorted(self._sorted, hashes, side="left")
+        hi = np.searchsorted(self._sorted, hashes, side="right")
+        rows = np.empty(len(doc_ids), dtype=np.int64)
+        for i, doc_id in enumerate(doc_ids):
+            for candidate in self._order[lo[i]:hi[i]]:  # more than one only on a hash collision
+                if self._ids[int(candidate)].as_py() == doc_id:
+                    rows[i] = candidate
+                    break
+            else:
+                raise KeyError(f"passage {doc_id!r} is not in {self.path}")
+        return rows
+
+    def lookup(self, doc_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(titles, texts) of `doc_ids`, in their order."""
+        rows = pa.array(self.rows(doc_ids))
+        return self._titles.take(rows).to_pylist(), self._texts.take(rows).to_pylist()
