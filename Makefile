@@ -32,9 +32,10 @@ demo: venv
 	$(VENV)/bin/snakemake --cores $(CORES) --workflow-profile profiles/local --rerun-incomplete all
 
 # One pytest worker per core (pytest-xdist); a test file stays on one worker, so the expensive
-# module fixtures (the end-to-end run, the Slurm cluster) are built once.
+# module fixtures (the end-to-end run, the Slurm cluster) are built once. --durations: the slowest
+# tests and fixtures end every log (CI's included), where a regression in suite time shows first.
 test: venv
-	$(PY) -m pytest -q -n $(CORES) --dist loadfile
+	$(PY) -m pytest -q -n $(CORES) --dist loadfile --durations=15
 
 lint: venv
 	$(VENV)/bin/snakefmt --check Snakefile rules/

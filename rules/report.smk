@@ -61,9 +61,8 @@ check_report_models()
 def report_systems(table):
     """(dataset, system, split) of every cell of one configured table."""
     stages = table.get("groups") or config["report"]["stages"]
-    models = [r["model"] for r in table.get("rows") or []] or [
-        m["name"] for m in report_models()
-    ]
+    # Default rows: the models that are fine-tuned and evaluated (finetune.models).
+    models = [r["model"] for r in table.get("rows") or []] or finetune_models()
     systems = (["bm25"] if table.get("bm25", True) else []) + [
         f"{m}-{s['suffix']}" for s in stages for m in models
     ]

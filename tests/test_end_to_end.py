@@ -77,8 +77,14 @@ def _stages(config) -> list[str]:
     return [s["suffix"] for s in config["report"]["stages"]]
 
 
+def _finetuned(config) -> list[dict]:
+    """The pre-training entries of the models that are fine-tuned and tabled (finetune.models)."""
+    chosen = config["finetune"]["models"]
+    return [m for m in config["pretrain"]["models"] if chosen is None or m["name"] in chosen]
+
+
 def _systems(config) -> list[str]:
-    models = [m["name"] for m in config["pretrain"]["models"]]
+    models = [m["name"] for m in _finetuned(config)]
     return ["bm25"] + [f"{m}-{stage}" for stage in _stages(config) for m in models]
 
 
@@ -101,6 +107,16 @@ def _number(cell: str) -> float | None:
 def test_the_run_has_a_model_for_every_rule(config):
     objectives = {m["objective"] for m in config["pretrain"]["models"]}
     assert objectives == {"none", "costa", "cpdae"}, objectives
+
+
+def test_finetune_models_chooses_what_is_fine_tuned_and_tabled(project, config):
+    """CPDAE is pre-trained (its words are analysed) but not in finetune.models: nothing of it is
+    fine-tuned, encoded or tabled."""
+    assert [m["name"] for m in _finetuned(config)] == ["bert", "costa"]
+    assert (project / "results/pretrain/cpdae/encoder/config.json").is_file()
+    for folder in ("results/finetune/cpdae", "results/index/cpdae", f"results/runs/{DATASET}/cpdae-stage0"):
+        assert not (project / folder).exists(), folder
+    assert "CPDAE" not in (project / TABLES).read_text().split("## Provenance")[0]
 
 
 def test_the_demo_plans_every_model_through_every_stage(tmp_path):
@@ -135,7 +151,7 @@ def test_tables_have_bm25_and_every_model_in_both_stages(project, config):
 
     display = {"none": "BERT", "mlm": "MLM", "costa": "COSTA", "cpdae": "CPDAE", "bow": "BoW"}
     for stage in config["report"]["stages"]:
-        for model in config["pretrain"]["models"]:
+        for model in _finetuned(config):
             # One row per model in each fine-tuning group, with nDCG@10 and R@100 in [0, 1].
             rows = values[(stage["label"], display[model["objective"]])]
             assert len(rows) == 1, (stage["label"], model["name"], tables)
@@ -157,7 +173,7 @@ def test_fine_tuning_lifts_every_encoder_above_zero_shot(project, config):
     marks = {row["system"]: row["cells"][0]["marks"]
              for group in tables["tables"]["main"] for row in group["rows"]}
     final = _stages(config)[-1]
-    for model in (m["name"] for m in config["pretrain"]["models"]):
+    for model in (m["name"] for m in _finetuned(config)):
         before = _per_query(project, f"{model}-stage0")
         queries = sorted(before)
         scores = {}
