@@ -163,3 +163,23 @@ def top_k_accuracy(ranked: dict[str, list[str]], answers: dict[str, list[str]], 
                  for q, docs in top.items()}
     return {name: {q: float(first_hit.get(q, depth) < k) for q in sorted(answers)}
             for name, k in cutoffs.items()}
+
+
+NEGATIVE_FILTERS = ("qrels", "answers")
+
+
+def answer_exclusions(candidates: dict[str, list[str]], negative_filter: str,
+                      answers_path: Path | None, corpus: Path | None,
+                      mode: str = "string") -> dict[str, set[str]]:
+    """Per query, the candidates that may not be negatives beyond its qrels positives: with
+    `negative_filter: answers` (DPR's and Tevatron's policy for NQ/TriviaQA) every candidate whose
+    text has one of the query's answers; with `qrels`, none."""
+    if negative_filter not in NEGATIVE_FILTERS:
+        raise AnswerError(f"negative_filter {negative_filter!r} unknown; use qrels or answers")
+    if negative_filter == "qrels":
+        return {}
+    if answers_path is None or corpus is None:
+        raise AnswerError("negative_filter answers needs --answers (answers-<split>.parquet) and "
+                          "--corpus (corpus.parquet): a format dpr dataset")
+    answers = read_answers(answers_path)
+    return matching_pairs({q: set(d) for q, d in candidates.items()}, answers, corpus, mode)
