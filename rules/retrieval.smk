@@ -112,7 +112,7 @@ rule download_dataset_file:
         fetch=lambda wc: " ".join(
             shlex.quote(flag)
             for key, value in _dataset_download(wc.dataset, wc.file).items()
-            if key in ("url", "md5", "size") and value is not None
+            if key in ("url", "md5", "sha256", "size") and value is not None
             for flag in (f"--{key}", str(value))
         ),
     shell:
