@@ -41,6 +41,7 @@ def mining_argument(wildcards):
     knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
     knobs |= {k: v for k, v in mining.items() if k != "index"}
     knobs["use_gpu"] = mining["index"].get("use_gpu", "auto")
+    knobs["negative_filter"] = negative_filter(wildcards.dataset)
     return experiment_config.stage_argument(knobs)
 
 
@@ -140,6 +141,7 @@ rule build_dense_index:
 rule mine_hard_negatives:
     input:
         unpack(train_split_files),
+        unpack(mining_filter_inputs),
         index="results/index/{model}/{dataset}/{stage}/faiss",
         encoder=lambda wc: encoder_path(wc.model, wc.dataset, wc.stage),
         code=module_source("mine"),
@@ -154,10 +156,11 @@ rule mine_hard_negatives:
     params:
         mining=mining_argument,
         seed=config["seed"],
+        answers=lambda wc, input: input_options(input, "answers", "corpus"),
     shell:
         "python -m retrieval_pretraining.mine --config '{params.mining}' --index {input.index} "
         "--encoder {input.encoder} --queries {input.queries} --qrels {input.qrels} "
-        "--seed {params.seed} --out {output.negatives} &> {log}"
+        "--seed {params.seed} {params.answers} --out {output.negatives} &> {log}"
 
 
 # A split's queries against a stage's index, depth search_depth, as a TREC run. A zero-shot target

@@ -23,8 +23,8 @@ def get_metrics_targets(systems):
 
 rule score_run:
     input:
+        unpack(score_run_inputs),
         run="results/runs/{dataset}/{system}/{split}.trec",
-        qrels="results/datasets/{dataset}/qrels-{split}.parquet",
         code=module_source("evaluate"),
     output:
         metrics="results/metrics/{dataset}/{system}/{split}.json",
@@ -42,9 +42,11 @@ rule score_run:
             {
                 k: v
                 for k, v in evaluate_entry(wc.dataset, wc.split).items()
-                if k in ("measures", "relevance_level")
+                if k in ("measures", "relevance_level", "answer_match")
             }
         ),
+        # --qrels for ir_measures measures; --answers --corpus for Acc@k (rules/answers.smk).
+        files=lambda wc, input: input_options(input, "qrels", "answers", "corpus"),
     shell:
         "python -m retrieval_pretraining.evaluate --config '{params.evaluate}' --run {input.run} "
-        "--qrels {input.qrels} --out {output.metrics} &> {log}"
+        "{params.files} --out {output.metrics} &> {log}"

@@ -45,7 +45,7 @@ def get_dataset_corpus_sources(wildcards):
 
 
 def get_dataset_split_sources(wildcards):
-    """The queries and qrels files of one split."""
+    """The files one split is read from (queries and qrels; a dpr split's questions)."""
     entry = dataset_entry(wildcards.dataset)
     splits = {split["name"]: split for split in entry["splits"]}
     if wildcards.split not in splits:
@@ -59,10 +59,9 @@ def get_dataset_split_sources(wildcards):
             str(folder / "queries.jsonl"),
             str(folder / "qrels" / f"{wildcards.split}.tsv"),
         ]
-    split = splits[wildcards.split]
-    return sorted(
-        {_ref_path(entry, split["queries"]), _ref_path(entry, split["qrels"])}
-    )
+    # msmarco: queries + qrels; dpr: questions or biencoder.
+    refs = [ref for key, ref in splits[wildcards.split].items() if key != "name"]
+    return sorted({_ref_path(entry, ref) for ref in refs})
 
 
 def dataset_arguments(dataset):
@@ -113,7 +112,7 @@ rule download_dataset_file:
         fetch=lambda wc: " ".join(
             shlex.quote(flag)
             for key, value in _dataset_download(wc.dataset, wc.file).items()
-            if key in ("url", "md5", "size") and value is not None
+            if key in ("url", "md5", "sha256", "size") and value is not None
             for flag in (f"--{key}", str(value))
         ),
     shell:
@@ -253,14 +252,17 @@ def get_bm25_negatives_inputs(wildcards):
         inputs["triples"] = (
             f"{DATASET_DOWNLOADS}/{wildcards.dataset}/{entry['triples']['download']}"
         )
+    # answers + corpus when negatives are filtered by answers (rules/answers.smk).
+    inputs |= negative_filter_inputs(wildcards.dataset, entry["split"])
     return inputs
 
 
 def bm25_negatives_config(dataset):
     entry = bm25_negatives_entry(dataset)
     policy = {k: v for k, v in entry.items() if k not in ("dataset", "triples")}
+    policy |= {"seed": config["seed"], "negative_filter": negative_filter(dataset)}
     return experiment_config.stage_argument(
-        bm25_settings(dataset) | {"negatives": policy | {"seed": config["seed"]}}
+        bm25_settings(dataset) | {"negatives": policy}
     )
 
 
@@ -285,7 +287,8 @@ rule bm25_negatives:
             if "index" in input.keys()
             else f"--triples {input.triples}"
         ),
+        answers=lambda wc, input: input_options(input, "answers", "corpus"),
     shell:
         "python -m retrieval_pretraining.bm25 negatives --config '{params.bm25}' {params.source} "
-        "--queries {input.queries} --qrels {input.qrels} {params.exclude} "
+        "--queries {input.queries} --qrels {input.qrels} {params.exclude} {params.answers} "
         "--out {output.negatives} &> {log}"

@@ -101,6 +101,13 @@ def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
                                          "--data-root", t, "--out", out / "d"], none),
         "datasets split": ("datasets", ["split", "--split", "test", "--config", json.dumps(dataset),
                                         "--data-root", t, "--out", out / "d"], none),
+        "datasets answers": ("datasets", ["answers", "--split", "test", "--config", json.dumps(
+            dataset | {"format": "dpr", "splits": [{"name": "test", "questions": {
+                "path": str(none / "nq-test.qa.csv")}}]}), "--data-root", t, "--out", out / "d"],
+            none / "nq-test.qa.csv"),
+        "evaluate answers": ("evaluate", ["--config", json.dumps({"measures": ["Acc@20"]}),
+                                          "--run", t / "good.trec", "--answers", bad,
+                                          "--corpus", bad, "--out", out / "m.json"], bad),
         "bm25 index": ("bm25", ["index", *_cfg("bm25"), "--corpus", bad, "--out", out / "i"], bad),
         "bm25 search": ("bm25", ["search", *_cfg("bm25"), "--index", none, "--queries", bad,
                                  "--out", out / "r.trec"], bad),

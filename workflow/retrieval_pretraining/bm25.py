@@ -22,6 +22,7 @@ Negatives: per query, the top-`depth` hits minus ALL of that query's own positiv
 generator seeded from (seed, query id), so the sample is independent of thread count, batch order
 or which other queries exist. Alternative source `triples`: the negatives listed for the query in
 MS MARCO's official `qidpidtriples` file (what the COSTA authors used), same removal and sampling.
+`negative_filter: answers` (NQ, TriviaQA) also removes every candidate containing an answer (answers.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import artifacts, datasets
+from .answers import answer_exclusions
 from .config import ConfigError, closed, refuse_unknown, section_schema, stage_parser
 from .contracts.negatives import SCHEMA as NEGATIVES_SCHEMA
 from .errors import InputFileError, command, reading
@@ -60,7 +62,8 @@ DEFAULTS = {
     "depth": 1000,
     "batch_size": 10000,
 }
-NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42}
+NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42,
+                     "negative_filter": "qrels"}
 RUN_TAG = "bm25"
 COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCollection
 
@@ -69,7 +72,7 @@ def _settings(config: dict[str, Any]) -> dict[str, Any]:
     """The slice the BM25 rules pass (the section without `overrides`; `negatives`: one entry's
     policy and the seed), with defaults; an unknown key is refused."""
     section = section_schema("bm25")["properties"]
-    policy = set(section["negatives"]["items"]["properties"]) - {"dataset", "triples"} | {"seed"}
+    policy = set(section["negatives"]["items"]["properties"]) - {"dataset", "triples"} | {"seed", "negative_filter"}
     keys = set(section) - {"overrides", "negatives"}
     refuse_unknown(config, closed(keys, negatives=closed(policy)), "bm25")
     return DEFAULTS | {k: v for k, v in config.items() if v is not None}
@@ -370,6 +373,7 @@ def mine_negatives(
     index: Path | None = None,
     triples: Path | None = None,
     exclude_query_id: bool = False,
+    answers: Path | None = None, corpus: Path | None = None,
 ) -> dict[str, Any]:
     """Write the negatives Parquet (query_id, positive_ids, negative_ids, negative_ranks) + manifest."""
     cfg = _settings(config)
@@ -397,13 +401,16 @@ def mine_negatives(
         candidates = ((q, table.get(q, [])) for q in queries["query_id"].to_list())
     else:
         raise ConfigError(f"negatives source {neg['source']!r} unknown; use bm25 or triples")
-
+    candidates = list(candidates)
+    answered = answer_exclusions({q: [d for d, _ in c] for q, c in candidates},
+                                 neg["negative_filter"], answers, corpus)
     rows = {name: [] for name in NEGATIVES_SCHEMA.names}
     short = positives_removed = 0
     for qid, cands in candidates:
         pos = positives[qid]
         positives_removed += sum(d in pos for d, _ in cands)
-        negs, ranks = sample_negatives(qid, cands, pos, neg["count"], neg["seed"])
+        negs, ranks = sample_negatives(qid, cands, pos | answered.get(qid, set()), neg["count"],
+                                       neg["seed"])
         short += len(negs) < neg["count"]
         rows["query_id"].append(qid)
         rows["positive_ids"].append(sorted(pos))
@@ -415,6 +422,7 @@ def mine_negatives(
         "queries_without_positive_skipped": without_positive,
         "queries_with_fewer_negatives": short,
         "candidate_positives_removed": positives_removed,
+        "answer_passages_removed": sum(len(v - positives[q]) for q, v in answered.items()),
         "negatives": sum(map(len, rows["negative_ids"])),
     }
     policy = {
@@ -426,6 +434,7 @@ def mine_negatives(
         "sampling": "uniform without replacement, numpy default_rng(sha256(seed, query_id)); "
         "kept in rank order",
         "exclude_query_id": exclude_query_id,
+        "negative_filter": neg["negative_filter"],
     }
     if neg["source"] == "bm25":
         policy |= {"k1": cfg["k1"], "b": cfg["b"], "title": cfg["title"]}
@@ -447,18 +456,14 @@ def mine_negatives(
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("BM25 with Pyserini: index, search, negatives.")
     parser.add_argument("command", choices=["index", "search", "negatives"])
-    parser.add_argument("--corpus", type=Path, help="corpus.parquet (index)")
+    parser.add_argument("--corpus", type=Path, help="corpus.parquet (index; negative_filter answers)")
     parser.add_argument("--index", type=Path, help="Lucene index folder (search, negatives)")
     parser.add_argument("--queries", type=Path, help="queries-{split}.parquet")
     parser.add_argument("--qrels", type=Path, help="qrels-{split}.parquet (negatives)")
-    parser.add_argument(
-        "--triples", type=Path, help="MS MARCO qidpidtriples .tsv.gz (source=triples)"
-    )
-    parser.add_argument(
-        "--exclude-query-id",
-        action="store_true",
-        help="drop a hit whose doc id equals the query id (Anserini's -removeQuery)",
-    )
+    parser.add_argument("--triples", type=Path, help="MS MARCO qidpidtriples .tsv.gz (source=triples)")
+    parser.add_argument("--answers", type=Path, help="answers-{split}.parquet (negative_filter answers)")
+    parser.add_argument("--exclude-query-id", action="store_true",
+                        help="drop a hit whose doc id equals the query id (Anserini's -removeQuery)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -485,6 +490,7 @@ def main(argv: list[str] | None = None) -> None:
             index=args.index,
             triples=args.triples,
             exclude_query_id=args.exclude_query_id,
+            answers=args.answers, corpus=args.corpus,
         )
 
 

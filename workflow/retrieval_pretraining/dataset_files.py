@@ -222,6 +222,10 @@ def corpus_batches(
         return corpus.iter_slices(CORPUS_BATCH_ROWS), {"corpus": folder / "corpus.jsonl"}
     path, member = resolve_ref(entry["corpus"], entry, data_root, downloads)
     inputs = {"corpus": path}
+    if entry["format"] == "dpr":  # DPR's psgs_w100.tsv: CSV-quoted, with a header
+        from .dpr_files import read_passages_batches
+
+        return read_passages_batches(path, member), inputs
     if not entry.get("titles"):
         return read_corpus_tsv_batches(path, member), inputs
     # RocketQA's para.title.txt (`pid <tab> title`): the passage titles the COSTA authors used.

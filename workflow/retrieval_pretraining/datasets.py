@@ -17,7 +17,9 @@ Quirks are counted (corpus: dataset.json; split: the queries/qrels manifests), n
   ArguAna lacks a few of its judged documents), qrels naming unknown queries (dropped, counted),
 - empty document texts / titles and empty queries (kept, counted).
 A split's queries are those that appear in its qrels (BEIR's convention; MS MARCO's 808k train
-queries include ~300k without any judgement, useless for training and evaluation).
+queries include ~300k without any judgement, useless for training and evaluation), except for DPR's
+open-domain QA files (`format: dpr`, dpr_dataset.py), whose questions are scored by their answers:
+all are kept, and `answers` writes answers-{split}.parquet.
 
 MS MARCO collections (22 GB of documents) are streamed: read in batches of lines, written batch by
 batch into corpus.parquet (one row group per batch), counted on the way; unique ids are checked on
@@ -37,9 +39,10 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from . import artifacts
+from . import dpr_dataset
 from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.datasets import (
-    CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError, check_corpus_batch,
+    ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError, check_corpus_batch,
     check_split, check_unique,
 )
 from .dataset_files import corpus_batches, corpus_source, load_split
@@ -196,14 +199,22 @@ def prepare_split(
 ) -> dict[str, Any]:
     """Write queries-{split}.parquet and qrels-{split}.parquet; quirk counts go to their manifests."""
     out_dir = Path(out_dir)
-    queries, qrels, inputs = load_split(entry, split, data_root, downloads)
+    if entry["format"] == "dpr":
+        queries, qrels, _, inputs, counts = dpr_dataset.load_split(entry, split, data_root, downloads)
+    else:
+        (queries, qrels, inputs), counts = load_split(entry, split, data_root, downloads), {}
     doc_ids = pl.read_parquet(out_dir / "corpus.parquet", columns=["doc_id"])
-    queries, qrels, stats = check_split(queries, qrels, doc_ids, f"{entry['name']} ({split})")
+    every, (queries, qrels, stats) = queries, check_split(
+        queries, qrels, doc_ids, f"{entry['name']} ({split})")
+    if entry["format"] == "dpr":  # questions are scored by their answers: keep every one
+        queries = every.with_columns(pl.col("text").fill_null(""))
+        stats |= counts | {"queries": queries.height, "queries_without_qrels": 0}
+    qrels_input = inputs.get("qrels") or next(iter(inputs.values()))
     allowed = entry.get("max_missing_judged_documents", 0)
     if stats["judged_documents_missing"] > allowed:
         corpus = corpus_source(entry, data_root, downloads)
         raise DatasetError(
-            missing_documents_message(entry, split, stats, allowed, inputs["qrels"], corpus)
+            missing_documents_message(entry, split, stats, allowed, qrels_input, corpus)
         )
     inputs = _small_inputs(inputs) | {"corpus": out_dir / "corpus.parquet"}
     for kind, frame, schema in (
@@ -232,6 +243,29 @@ def prepare_split(
         stats["query_ids_equal_doc_ids"],
         stats["empty_queries"],
     )
+    return stats
+
+
+def prepare_answers(
+    entry: dict[str, Any],
+    split: str,
+    out_dir: Path,
+    data_root: str | None = None,
+    downloads: Path | None = None,
+) -> dict[str, Any]:
+    """Write answers-{split}.parquet (format dpr): each question's answer strings."""
+    if entry["format"] != "dpr":
+        raise DatasetError(f"dataset {entry['name']!r} is {entry['format']}: only format dpr "
+                           "datasets have answer lists (score it with qrels measures)")
+    _, _, answers, inputs, counts = dpr_dataset.load_split(entry, split, data_root, downloads)
+    path = Path(out_dir) / f"answers-{split}.parquet"
+    artifacts.write_parquet(path, answers.to_arrow(), ANSWERS_SCHEMA)
+    stats = counts | {"questions": answers.height,
+                      "answers": int(answers["answers"].list.len().sum() or 0)}
+    artifacts.write_manifest(artifacts.manifest_path(path), stage="datasets.answers",
+                             params=_params(entry) | {"split": split},
+                             inputs=_small_inputs(inputs), stats=stats)
+    log.info("%s/%s answers: %s", entry["name"], split, stats)
     return stats
 
 
@@ -266,14 +300,17 @@ def prepare(
         s["name"]: prepare_split(entry, s["name"], out_dir, data_root, downloads)
         for s in entry["splits"]
     }
+    if entry["format"] == "dpr":
+        for s in entry["splits"]:
+            prepare_answers(entry, s["name"], out_dir, data_root, downloads)
     return info
 
 
 @command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("Write a retrieval dataset in canonical Parquet form.")
-    parser.add_argument("command", choices=["corpus", "split"])
-    parser.add_argument("--split", help="split name (command `split`)")
+    parser.add_argument("command", choices=["corpus", "split", "answers"])
+    parser.add_argument("--split", help="split name (commands `split`, `answers`)")
     parser.add_argument("--out", required=True, type=Path, help="results/datasets/{dataset}/")
     parser.add_argument(
         "--data-root", default=None, help="extra folder config paths may point into"
@@ -292,7 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "corpus":
         prepare_corpus(args.config, args.out, args.data_root, args.downloads)
     elif args.split is None:
-        parser.error("`split` needs --split NAME")
+        parser.error(f"`{args.command}` needs --split NAME")
+    elif args.command == "answers":
+        prepare_answers(args.config, args.split, args.out, args.data_root, args.downloads)
     else:
         prepare_split(args.config, args.split, args.out, args.data_root, args.downloads)
 

@@ -14,6 +14,10 @@ Semantics, chosen to match the official evaluations:
   A measure written with its own `rel=` keeps it.
 - RR@10 is computed by ir_measures' own implementation (the MS MARCO definition with its cutoff);
   the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR.
+- `Acc@k` (open-domain QA answer recall, answers.py: DPR's has_answer on the top k passages' text,
+  in run order = score descending, ties in file order) is scored against answers-{split}.parquet and
+  the corpus (`--answers`, `--corpus`); every question of the answers file counts (0 when the run
+  misses it). A split may mix it with qrels measures; `answer_match: regex` is CuratedTREC's mode.
 - A malformed run or qrels line (a byte that is not UTF-8 included), a duplicated (query, document)
   pair in a run, an empty run, or a run sharing no query with the qrels raises with the file and
   line: never a 0.0 for a parse error. The command prints it as one line and exits 1.
@@ -30,6 +34,7 @@ import ir_measures
 import polars as pl
 from ir_measures import Qrel, ScoredDoc
 
+from . import answers as answer_recall
 from . import artifacts
 from .config import refuse_unknown, stage_parser
 from .contracts.runs import utf8_lines
@@ -169,16 +174,59 @@ def score(
     }
 
 
+def ranked_lists(run: list[ScoredDoc]) -> dict[str, list[str]]:
+    """Each query's doc ids by score, descending (ties keep the run file's order)."""
+    by_query: dict[str, list[ScoredDoc]] = {}
+    for doc in run:
+        by_query.setdefault(doc.query_id, []).append(doc)
+    return {q: [d.doc_id for d in sorted(docs, key=lambda d: -d.score)]
+            for q, docs in by_query.items()}
+
+
+def score_answers(run: list[ScoredDoc], answers_path: Path | None, corpus: Path | None,
+                  cutoffs: dict[str, int], mode: str, run_name: str) -> dict[str, Any]:
+    """Acc@k (answers.py) per question and aggregated, in the scores contract's shape."""
+    if answers_path is None or corpus is None:
+        raise EvaluationError(f"{', '.join(cutoffs)} need --answers (answers-<split>.parquet) and "
+                              "--corpus (the dataset's corpus.parquet): a format dpr dataset")
+    answers = answer_recall.read_answers(answers_path)
+    if not answers:
+        raise EvaluationError(f"answers file {answers_path} is empty")
+    ranked = ranked_lists(run)
+    if not set(ranked) & set(answers):
+        raise EvaluationError(f"{run_name}: none of its {len(ranked)} queries are questions of "
+                              f"{answers_path}; wrong split or id format?")
+    per_query = answer_recall.top_k_accuracy(ranked, answers, corpus, cutoffs, mode)
+    return {"aggregate": {m: sum(v.values()) / len(answers) for m, v in per_query.items()},
+            "per_query": per_query, "questions": len(answers),
+            "questions_missing_from_run": len(set(answers) - set(ranked))}
+
+
 def evaluate(
-    run_path: Path, qrels_path: Path, out: Path | None, config: dict[str, Any]
+    run_path: Path, qrels_path: Path | None, out: Path | None, config: dict[str, Any],
+    answers: Path | None = None, corpus: Path | None = None,
 ) -> dict[str, Any]:
-    measures = parse_measures(
-        config.get("measures", ["nDCG@10"]), int(config.get("relevance_level", 1))
-    )
-    result = score(read_run(run_path), read_qrels(qrels_path), measures, str(run_path))
+    names = config.get("measures", ["nDCG@10"])
+    cutoffs = answer_recall.acc_cutoffs(names)
+    measures = parse_measures([n for n in names if n not in cutoffs],
+                              int(config.get("relevance_level", 1)))
+    run = read_run(run_path)
+    result: dict[str, Any] = {"aggregate": {}, "per_query": {}}
+    if measures:
+        if qrels_path is None:
+            raise EvaluationError(f"measures {[str(m) for m in measures]} need --qrels")
+        result = score(run, read_qrels(qrels_path), measures, str(run_path))
+    if cutoffs:
+        mode = config.get("answer_match", "string")
+        found = score_answers(run, answers, corpus, cutoffs, mode, str(run_path))
+        for key in ("aggregate", "per_query"):
+            result[key] |= found.pop(key)
+        result |= found | {"answers": str(answers), "answer_match": mode}
+        result.setdefault("queries", found["questions"])
     result |= {
+        "measures": [str(m) for m in measures] + list(cutoffs),
         "run": str(run_path),
-        "qrels": str(qrels_path),
+        "qrels": str(qrels_path) if measures else None,
         "relevance_level": int(config.get("relevance_level", 1)),
     }
     if out is not None:
@@ -191,16 +239,16 @@ def evaluate(
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser("Score a TREC run against qrels (ir_measures, trec_eval semantics).")
     parser.add_argument("--run", type=Path, required=True)
-    parser.add_argument(
-        "--qrels", type=Path, required=True, help="qrels-{split}.parquet or TREC qrels"
-    )
+    parser.add_argument("--qrels", type=Path, help="qrels-{split}.parquet or TREC qrels")
+    parser.add_argument("--answers", type=Path, help="answers-{split}.parquet (Acc@k)")
+    parser.add_argument("--corpus", type=Path, help="the dataset's corpus.parquet (Acc@k)")
     parser.add_argument("--out", type=Path, required=True, help="metrics JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    refuse_unknown(args.config, ("measures", "relevance_level"), "evaluate")
-    evaluate(args.run, args.qrels, args.out, args.config)
+    refuse_unknown(args.config, ("measures", "relevance_level", "answer_match"), "evaluate")
+    evaluate(args.run, args.qrels, args.out, args.config, args.answers, args.corpus)
 
 
 if __name__ == "__main__":

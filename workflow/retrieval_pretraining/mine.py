@@ -5,6 +5,9 @@ Recipes differ on every knob (REFERENCE.md), so each is a named option recorded 
   rank_window      [lo, hi) on 1-based search ranks (BoW authors skip the top 2: [3, null))
   sample           random (COSTA: 30 at random from the top 200) | top (the best n)
   num_negatives    n per query; null keeps every candidate (Tevatron)
+  negative_filter  qrels: only the query's qrels positives are removed | answers (NQ, TriviaQA:
+                   DPR's and Tevatron's policy): also every candidate whose text contains one of
+                   the query's answers (answers.py's DPR match), counted as answer_passages_removed
 Each query's OWN positives are removed (a peer miner removes the first query's positives from every
 query, leaking gold passages in as negatives; `test_mine.py` guards against that). A document whose
 id equals the query id is removed only where the dataset says so (`exclude_query_id`, passed in as
@@ -29,6 +32,7 @@ import polars as pl
 import pyarrow as pa
 
 from . import artifacts, faiss_index
+from .answers import NEGATIVE_FILTERS, answer_exclusions
 from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
 from .dense_search import encode_queries, rank
@@ -43,6 +47,7 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "rank_window": None,   # [lo, hi) 1-based ranks; hi null = up to depth
     "sample": "random",    # random | top
     "num_negatives": 30,   # null = keep all candidates
+    "negative_filter": "qrels",  # qrels | answers (the rule resolves mining's `auto` per dataset)
 }
 # The dataset's query-id rule arrives as `exclude_self` (finetune_knobs), as it does for dense runs.
 EXCLUDE_QUERY_ID_DEFAULT = True
@@ -64,6 +69,7 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
     refuse_unknown(config, slice_keys(*MINING_KEYS), "mine")
     knobs = {key: config.get(key, value) for key, value in POLICY_DEFAULTS.items()}
     knobs["exclude_query_id"] = bool(config.get("exclude_self", EXCLUDE_QUERY_ID_DEFAULT))
+    check_choice("mining.negative_filter", knobs["negative_filter"], NEGATIVE_FILTERS)
     if knobs["sample"] not in ("random", "top"):
         raise ConfigError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
     check_int("mining.depth", knobs["depth"], 1)
@@ -110,7 +116,8 @@ def positives_by_query(qrels: Path) -> dict[str, list[str]]:
 
 
 def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, config: dict[str, Any],
-         seed: int) -> tuple[pa.Table, dict[str, Any]]:
+         seed: int, answers: Path | None = None, corpus: Path | None = None
+         ) -> tuple[pa.Table, dict[str, Any]]:
     knobs = policy(config)
     retrieval = RetrievalSettings.from_config(config, added=MINING_KEYS, stage="mine")
     positives = positives_by_query(qrels)
@@ -121,36 +128,41 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
     index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"))
     # With the dataset's exclude_query_id, the query's own id is dropped by the search and ranks are
     # counted without it (as in the runs); without it (MS MARCO) a same-numbered passage stays.
-    ranked = rank(index, doc_ids, [query_ids[i] for i in keep], vectors[keep], knobs["depth"],
-                  exclude_self=knobs["exclude_query_id"])
+    ranked = list(rank(index, doc_ids, [query_ids[i] for i in keep], vectors[keep],
+                       knobs["depth"], exclude_self=knobs["exclude_query_id"]))
+    answered = answer_exclusions({q: ids for q, ids, _, _ in ranked}, knobs["negative_filter"],
+                                 answers, corpus)
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
-    removed_positives = 0
+    removed_positives = removed_answers = 0
     for qid, ids, scores, ranks in ranked:
         pos = set(positives[qid])
         removed_positives += sum(d in pos for d in ids)
-        neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks, pos, knobs, seed)
+        removed_answers += len(answered.get(qid, set()) - pos)
+        neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks,
+                                                      pos | answered.get(qid, set()), knobs, seed)
         for name, value in zip(SCHEMA.names, (qid, positives[qid], neg, neg_ranks, neg_scores)):
             rows[name].append(value)
     table = pa.table(rows, schema=SCHEMA)
     counts = [len(n) for n in rows["negative_ids"]]
     stats = {"queries": len(query_ids), "queries_mined": len(keep),
              "queries_without_positives": len(query_ids) - len(keep),
-             "positives_removed": removed_positives,
+             "positives_removed": removed_positives, "answer_passages_removed": removed_answers,
              "negatives_per_query_mean": float(np.mean(counts)) if counts else 0.0,
              "queries_with_no_negative": int(sum(c == 0 for c in counts))}
     return table, {**knobs, "seed": seed, "stats": stats}
 
 
 def mine_to_file(index_dir: Path, encoder: Path, queries: Path, qrels: Path, out: Path,
-                 config: dict[str, Any], seed: int) -> dict[str, Any]:
-    table, info = mine(index_dir, encoder, queries, qrels, config, seed)
+                 config: dict[str, Any], seed: int, answers: Path | None = None,
+                 corpus: Path | None = None) -> dict[str, Any]:
+    table, info = mine(index_dir, encoder, queries, qrels, config, seed, answers, corpus)
     artifacts.write_parquet(out, table, SCHEMA)
     stats = info.pop("stats")
     artifacts.write_manifest(
         artifacts.manifest_path(out), stage="mine_hard_negatives",
         params={"policy": info, "retrieval": config},
         inputs={"queries": queries, "qrels": qrels, "index": index_dir / "index",
-                "encoder": encoder}, stats=stats)
+                "encoder": encoder} | ({"answers": answers} if answers else {}), stats=stats)
     return stats
 
 
@@ -161,12 +173,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--encoder", type=Path, required=True, help="the model that mines")
     parser.add_argument("--queries", type=Path, required=True)
     parser.add_argument("--qrels", type=Path, required=True)
+    parser.add_argument("--answers", type=Path, help="answers-{split}.parquet (negative_filter answers)")
+    parser.add_argument("--corpus", type=Path, help="corpus.parquet (negative_filter answers)")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stats = mine_to_file(args.index, args.encoder, args.queries, args.qrels, args.out, args.config,
-                         args.seed)
+                         args.seed, args.answers, args.corpus)
     log.info("mined %s -> %s", stats, args.out)
 
 

@@ -3,6 +3,8 @@
     corpus.parquet            doc_id string, title string, text string (doc_id unique)
     queries-{split}.parquet   query_id string, text string (the split's judged queries, unique)
     qrels-{split}.parquet     query_id string, doc_id string, relevance int32 (each pair once)
+    answers-{split}.parquet   query_id string, answers list<string> (open-domain QA datasets,
+                              format dpr: what Acc@k and the answers negative filter match)
     dataset.json              title mode, query-id rule, splits, corpus quirks
 
 Quirks are counted, never silently fixed (datasets.py's docstring says which and why): the counts
@@ -23,6 +25,7 @@ QUERIES_SCHEMA = pa.schema([("query_id", pa.string()), ("text", pa.string())])
 QRELS_SCHEMA = pa.schema(
     [("query_id", pa.string()), ("doc_id", pa.string()), ("relevance", pa.int32())]
 )
+ANSWERS_SCHEMA = pa.schema([("query_id", pa.string()), ("answers", pa.list_(pa.string()))])
 TITLE_MODES = ("none", "sep", "space")  # dataset.json's `title`: how title and text are joined
 
 

@@ -16,7 +16,7 @@ from ..base import (
     RANK_JSON, RANK_PARQUET, Audit, describe_origin, json_kind, parquet_kind, read_manifest,
     render_table_rows, results_root, show_manifest, show_snakemake_record,
 )
-from . import CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES
+from . import ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES
 
 FILES = [
     ("datasets/*/dataset.json", "dataset info: title mode, query-id rule, splits, corpus quirks",
@@ -72,7 +72,7 @@ def audit_dataset_info(a: Audit, n: int) -> None:
     )
     a.say(f"  corpus quirks: {json.dumps(data.get('corpus'), sort_keys=True)}")
     for split in data.get("splits") or []:
-        files = [f"{kind}-{split}.parquet" for kind in ("queries", "qrels")]
+        files = [f"{kind}-{split}.parquet" for kind in ("queries", "qrels", "answers")]
         present = [f for f in files if (a.path.parent / f).is_file()]
         a.say(f"  split {split}: {', '.join(present) or 'not prepared (no rule asked for it)'}")
     a.say("-- written with corpus.parquet; its manifest:")
@@ -103,6 +103,10 @@ KINDS = [
     ),
     parquet_kind(
         "queries", RANK_PARQUET + 7, QUERIES_SCHEMA, _has(QUERIES_SCHEMA),
+        render_table_rows("query_id"),
+    ),
+    parquet_kind(
+        "answers", RANK_PARQUET + 9, ANSWERS_SCHEMA, _has(ANSWERS_SCHEMA),
         render_table_rows("query_id"),
     ),
     json_kind(

@@ -1,0 +1,78 @@
+# Open-domain QA datasets (datasets[].format dpr: Natural Questions, TriviaQA): answer lists,
+# answer-recall scoring (Acc@k, rules/evaluate.smk) and the answers negative filter (BM25
+# negatives in rules/retrieval.smk, FAISS mining in rules/dense.smk).
+from retrieval_pretraining.answers import acc_cutoffs
+
+
+def negative_filter(dataset):
+    """mining.negative_filter for one dataset: auto = answers for format dpr, else qrels."""
+    chosen = config["mining"].get("negative_filter", "auto")
+    is_dpr = dataset_entry(dataset)["format"] == "dpr"
+    if chosen == "answers" and not is_dpr:
+        raise ValueError(
+            f"mining.negative_filter is answers, but dataset '{dataset}' has no answer lists "
+            "(only format dpr datasets do); set it to auto"
+        )
+    if chosen == "auto":
+        return "answers" if is_dpr else "qrels"
+    return chosen
+
+
+def answer_files(dataset, split):
+    folder = f"{DATASETS_DIR}/{dataset}"
+    return {
+        "answers": f"{folder}/answers-{split}.parquet",
+        "corpus": f"{folder}/corpus.parquet",
+    }
+
+
+def negative_filter_inputs(dataset, split):
+    """The answers and corpus files when the dataset's negatives are filtered by answers."""
+    if negative_filter(dataset) == "answers":
+        return answer_files(dataset, split)
+    return {}
+
+
+def mining_filter_inputs(wildcards):
+    split = finetune_entry(wildcards.dataset)["split"]
+    return negative_filter_inputs(wildcards.dataset, split)
+
+
+def input_options(input, *names):
+    """`--<name> <path>` for each of `names` among a job's inputs (optional inputs)."""
+    return " ".join(f"--{name} {input[name]}" for name in names if name in input.keys())
+
+
+def score_run_inputs(wildcards):
+    """qrels for the ir_measures measures; answers and corpus for Acc@k."""
+    measures = evaluate_entry(wildcards.dataset, wildcards.split)["measures"]
+    cutoffs = acc_cutoffs(measures)
+    inputs = {}
+    if len(cutoffs) < len(measures):
+        folder = f"{DATASETS_DIR}/{wildcards.dataset}"
+        inputs["qrels"] = f"{folder}/qrels-{wildcards.split}.parquet"
+    if cutoffs:
+        inputs |= answer_files(wildcards.dataset, wildcards.split)
+    return inputs
+
+
+# One split's answer lists (format dpr), read from the same file as its queries.
+rule prepare_dataset_answers:
+    input:
+        sources=get_dataset_split_sources,
+        code=module_source("datasets"),
+    output:
+        answers=f"{DATASETS_DIR}/{{dataset}}/answers-{{split}}.parquet",
+    log:
+        "results/logs/prepare_dataset_answers/{dataset}/{split}.log",
+    wildcard_constraints:
+        dataset="[A-Za-z0-9_.-]+",
+        split="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("torch")
+    params:
+        args=lambda wc: dataset_arguments(wc.dataset),
+        out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
+    shell:
+        "python -m retrieval_pretraining.datasets answers --split {wildcards.split} "
+        "{params.args} --out {params.out} &> {log}"

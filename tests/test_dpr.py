@@ -1,0 +1,384 @@
+"""Natural Questions / TriviaQA in DPR's formats (data/dpr-sample/): streamed readers, DPR's
+has_answer, Acc@k against Pyserini's DPR evaluation and a naive loop, the answers negative filter,
+and the workflow's plan for an NQ-format dataset."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from retrieval_pretraining import answers, audit, bm25, datasets, dpr_files, evaluate, mine
+from retrieval_pretraining.contracts.datasets import ANSWERS_SCHEMA, DatasetError
+
+from shipped_data import ROOT
+from workflow_harness import copy_project, planned_rules
+
+SAMPLE = "data/dpr-sample"
+NQ_SAMPLE = {
+    "name": "nq-sample",
+    "format": "dpr",
+    "corpus": {"path": f"{SAMPLE}/psgs_w100.tsv"},
+    "splits": [
+        {"name": "train", "biencoder": {"path": f"{SAMPLE}/biencoder-nq-train.json"}},
+        {"name": "test", "questions": {"path": f"{SAMPLE}/nq-test.qa.csv"}},
+    ],
+    "title": "sep",
+    "exclude_query_id": False,
+}
+
+
+@pytest.fixture(scope="module")
+def nq(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("nq-sample")
+    datasets.prepare(NQ_SAMPLE, folder)
+    return folder
+
+
+# --- readers: DPR's layouts, streamed ---------------------------------------------------------
+
+
+class SizedReadsOnly(io.StringIO):
+    """A text stream that refuses a read of the whole rest (read() / read(-1) / readlines())."""
+
+    def __init__(self, text):
+        super().__init__(text)
+        self.consumed = 0
+
+    def read(self, size=-1):
+        assert size is not None and size > 0, "read() without a size would load the whole file"
+        chunk = super().read(size)
+        self.consumed += len(chunk)
+        return chunk
+
+    def readlines(self, hint=-1):
+        raise AssertionError("readlines() would load the whole file")
+
+
+def test_the_json_list_reader_holds_one_element_and_one_step_at_a_time():
+    records = [{"question": f"q{i}", "answers": [str(i)], "positive_ctxs": [], "pad": "x" * (i % 97)}
+               for i in range(2000)]
+    pieces = [json.dumps(r) for r in records]
+    text = "[\n" + ",\n".join(pieces) + "\n]\n"
+    handle, step = SizedReadsOnly(text), 512
+    ends, position = [], 2
+    for piece in pieces:
+        position += len(piece)
+        ends.append(position)
+        position += 2
+    for i, record in enumerate(dpr_files.iter_json_list(handle, "mem.json", step=step)):
+        assert record == records[i]
+        # Never more than one read step beyond the element just returned.
+        assert handle.consumed - ends[i] <= step + 2
+    assert i == len(records) - 1
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"question": "q"}', "expected a JSON list"),
+    ('[{"question": "q", "answers": []}, {"question": "cut', "malformed or cut-short JSON"),
+    ('[{"question": "q", "answers": []} {"question": "r"}]', "expected `,` or `]`"),
+    ('[{"question": "q", "answers": []},', "cut-short JSON at character 34"),
+    ('[{"question": "q", "answers": []}', "ends without `]`"),
+])
+def test_a_damaged_training_json_is_named_with_its_position(text, message):
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        list(dpr_files.iter_json_list(io.StringIO(text), "x.json", step=8))
+
+
+def test_the_passage_reader_streams_line_by_line_and_unquotes_like_dpr(tmp_path, monkeypatch):
+    text = ('id\ttext\ttitle\n1\t"Aaron Aaron ( or ; ""Ahärôn"") is a prophet"\tAaron\n'
+            '2\tplain text, no quotes\tAaron\n3\tthird\t"Title ""quoted"""\n')
+    handles = []
+
+    def guarded(path, member=None):
+        handles.append(SizedReadsOnly(text))
+        import contextlib
+        return contextlib.nullcontext(handles[-1])
+
+    monkeypatch.setattr(dpr_files, "open_text", guarded)
+    batches = list(dpr_files.read_passages_batches(tmp_path / "psgs_w100.tsv", rows=2))
+    assert [b.height for b in batches] == [2, 1]  # batches of `rows`, never the whole file
+    rows = pl.concat(batches).rows()
+    assert rows[0] == ("1", "Aaron", 'Aaron Aaron ( or ; "Ahärôn") is a prophet')
+    assert rows[2] == ("3", 'Title "quoted"', "third")
+
+
+def test_the_shipped_passages_read_as_dpr_reads_them(tmp_path):
+    gz = tmp_path / "psgs_w100.tsv.gz"
+    gz.write_bytes(gzip.compress((ROOT / SAMPLE / "psgs_w100.tsv").read_bytes()))
+    frame = pl.concat(list(dpr_files.read_passages_batches(gz, rows=64)))
+    assert frame.height == 300 and frame["doc_id"].to_list() == [str(i) for i in range(1, 301)]
+    words = frame["text"].str.split(" ").list.len()
+    assert words.max() == 100 and (words == 100).sum() > 250  # 100-word blocks, shorter tails
+
+
+def test_question_files_parse_literals_safely(tmp_path):
+    qa = tmp_path / "trivia-test.qa.csv"
+    qa.write_text('who sang "blue bayou"\t[\'Roy Orbison\']\n'
+                  '"a ""quoted"" question"\t"[\'say ""hi""\', \'x\']"\n')
+    assert list(dpr_files.read_questions(qa)) == [
+        ("0", 'who sang "blue bayou"', ["Roy Orbison"]),
+        ("1", 'a "quoted" question', ['say "hi"', "x"]),
+    ]
+    bad = tmp_path / "bad.qa.csv"
+    bad.write_text("q\t__import__('os').system('true')\n")
+    with pytest.raises(DatasetError, match=r"bad.qa.csv, line 1: .*not a Python list literal"):
+        list(dpr_files.read_questions(bad))
+    bad.write_text("q\t['a', 3]\n")
+    with pytest.raises(DatasetError, match="list of strings"):
+        list(dpr_files.read_questions(bad))
+    jsonl = tmp_path / "NQ-open.dev.jsonl"
+    jsonl.write_text('{"question": "q1", "answer": ["A"]}\n{"id": "x7", "question": "q2", '
+                     '"answers": ["B", "C"]}\n')
+    assert list(dpr_files.read_questions(jsonl)) == [("0", "q1", ["A"]), ("x7", "q2", ["B", "C"])]
+
+
+def test_the_sample_becomes_the_datasets_contract(nq):
+    corpus = pl.read_parquet(nq / "corpus.parquet")
+    assert corpus.height == 300 and corpus.row(0)[1] == "Anarchism"
+    test_queries = pl.read_parquet(nq / "queries-test.parquet")
+    assert test_queries.height == 12 and test_queries["query_id"].to_list()[:2] == ["0", "1"]
+    assert pl.read_parquet(nq / "qrels-test.parquet").height == 0  # scored by answers
+    assert pq.read_schema(nq / "answers-test.parquet").remove_metadata().equals(ANSWERS_SCHEMA)
+    train = pl.read_parquet(nq / "qrels-train.parquet")
+    expected = [c["passage_id"] for r in json.loads((ROOT / SAMPLE / "biencoder-nq-train.json")
+                                                    .read_text()) for c in r["positive_ctxs"]]
+    assert train["doc_id"].to_list() == expected and set(train["relevance"]) == {1}
+    for name in ("answers-test.parquet", "queries-test.parquet", "qrels-train.parquet"):
+        result = audit.audit(nq / name)
+        assert result.passed, (name, result.checks)
+    assert audit.audit(nq / "answers-test.parquet").kind == "answers"
+
+
+def test_a_dpr_split_must_name_one_source(tmp_path):
+    entry = {**NQ_SAMPLE, "splits": [{"name": "dev"}]}
+    datasets.prepare_corpus(entry, tmp_path)
+    with pytest.raises(DatasetError, match="exactly one of `questions`"):
+        datasets.prepare_split(entry, "dev", tmp_path)
+
+
+# --- has_answer: DPR's normalisation, by hand ---------------------------------------------------
+
+
+@pytest.mark.parametrize("text,answer,expected", [
+    ("The capital is Montgomery.", "montgomery", True),             # case
+    ("The capital is MONTGOMERY!", "Montgomery", True),
+    ("a prophet (Ahärôn) of old", "Ahärôn", True),                  # accents, composed in both
+    ("a prophet (Aha\u0308ro\u0302n) of old", "Ahärôn", True),      # decomposed text (NFD both)
+    ("a prophet (Aharon) of old", "Ahärôn", False),                 # marks are kept, not stripped
+    ("composed by George Gershwin's band", "George Gershwin", True),  # multi-token, then "'"
+    ("composed by George and Ira Gershwin", "George Gershwin", False),  # tokens must be adjacent
+    ("born in the U.S. in 1809", "U.S.", True),                      # punctuation tokens: u . s .
+    ("born in the US in 1809", "U.S.", False),
+    ("born in the U.S in 1809", "U.S.", False),                      # "u . s" lacks the last "."
+    ("Parisian cafés", "Paris", False),                              # whole tokens only
+    ("it was surpassed by UTF-8, which", "utf-8", True),
+    ("it was surpassed by UTF 8, which", "UTF-8", False),
+    ("undesirable, unnecessary, and harmful.", "undesirable , unnecessary, and harmful", True),
+    ("anything at all", "", False),                                  # no token: never a match
+    ("anything at all", "!!", False),
+    ("1,000 people", "1,000", True),
+    ("1000 people", "1,000", False),
+])
+def test_has_answer_hand_computed_cases(text, answer, expected):
+    assert answers.has_answer(text, [answer]) is expected
+
+
+def test_regex_mode_is_curated_trecs():
+    assert answers.has_answer("Born in 1809 in Kentucky", [r"18\d\d"], mode="regex")
+    assert answers.has_answer("KENTUCKY", ["kentucky"], mode="regex")  # case-insensitive
+    assert not answers.has_answer("Born in Kentucky", ["(unclosed"], mode="regex")
+    with pytest.raises(answers.AnswerError, match="string, regex"):
+        answers.has_answer("x", ["x"], mode="fuzzy")
+
+
+def test_tokens_agree_with_pyserinis_dpr_tokenizer():
+    pyserini_eval = pytest.importorskip("pyserini.eval.evaluate_dpr_retrieval")
+    tokenizer = pyserini_eval.SimpleTokenizer()
+    texts = [line.split("\t")[1] for line in
+             (ROOT / SAMPLE / "psgs_w100.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    texts += ["Ｆｕｌｌ width ½ 𝔸 zero\u00adwidth İstanbul ß ﬁ", "a\u200bb\tc—d «e» 3.14"]
+    for text in texts:
+        theirs = tokenizer.tokenize(pyserini_eval._normalize(text)).words(uncased=True)
+        assert answers.tokens(text) == theirs
+
+
+# --- Acc@k ---------------------------------------------------------------------------------------
+
+
+def overlap_run(folder, path, depth=100):
+    """A deterministic run: passages by shared lower-case words with the question."""
+    corpus = pl.read_parquet(folder / "corpus.parquet")
+    lines = []
+    for qid, question in pl.read_parquet(folder / "queries-test.parquet").iter_rows():
+        words = set(question.lower().split())
+        scored = sorted(((len(words & set((t + " " + x).lower().split())), d)
+                         for d, t, x in corpus.iter_rows()), key=lambda s: (-s[0], int(s[1])))
+        lines += [f"{qid} Q0 {d} {r} {depth - r + s:.1f} overlap\n"
+                  for r, (s, d) in enumerate(scored[:depth], 1)]
+    path.write_text("".join(lines))
+    return path
+
+
+def naive_accuracy(run_path, folder, k):
+    """Acc@k by the definition, one question at a time (no shared code path with top_k_accuracy)."""
+    texts = dict(pl.read_parquet(folder / "corpus.parquet").select("doc_id", "text").iter_rows())
+    gold = dict(pl.read_parquet(folder / "answers-test.parquet").iter_rows())
+    ranked = {}
+    for line in run_path.read_text().splitlines():
+        qid, _, doc, rank, _, _ = line.split()
+        ranked.setdefault(qid, []).append((int(rank), doc))
+    hits = [any(answers.has_answer(texts[d], gold[q]) for _, d in sorted(ranked.get(q, []))[:k])
+            for q in gold]
+    return sum(hits) / len(gold)
+
+
+def test_acc_at_k_matches_pyserinis_dpr_evaluation_and_a_naive_loop(nq, tmp_path, capsys):
+    run = overlap_run(nq, tmp_path / "test.trec")
+    config = {"measures": ["Acc@5", "Acc@20", "Acc@100"]}
+    result = evaluate.evaluate(run, None, tmp_path / "m.json", config,
+                               nq / "answers-test.parquet", nq / "corpus.parquet")
+    for k in (5, 20, 100):
+        assert result["aggregate"][f"Acc@{k}"] == pytest.approx(naive_accuracy(run, nq, k))
+    assert 0 < result["aggregate"]["Acc@5"] < result["aggregate"]["Acc@100"] < 1  # mona lisa: 0
+    assert result["per_query"]["Acc@100"]["11"] == 0.0
+    # Pyserini's own DPR evaluation (pure Python: no Java needed) on the same retrieval, written in
+    # its retrieval JSON layout ("title\ntext" contexts, in rank order).
+    pyserini_eval = pytest.importorskip("pyserini.eval.evaluate_dpr_retrieval")
+    corpus = {d: (t, x) for d, t, x in pl.read_parquet(nq / "corpus.parquet").iter_rows()}
+    gold = dict(pl.read_parquet(nq / "answers-test.parquet").iter_rows())
+    retrieval = {}
+    for line in run.read_text().splitlines():
+        qid, _, doc, _, _, _ = line.split()
+        entry = retrieval.setdefault(qid, {"question": "", "answers": gold[qid], "contexts": []})
+        entry["contexts"].append({"docid": doc, "text": "\n".join(corpus[doc])})
+    (tmp_path / "retrieval.json").write_text(json.dumps(retrieval))
+    capsys.readouterr()
+    pyserini_eval.evaluate_retrieval(str(tmp_path / "retrieval.json"), [5, 20, 100])
+    printed = dict(re.findall(r"Top(\d+)\taccuracy: ([0-9.]+)", capsys.readouterr().out))
+    for k in (5, 20, 100):
+        assert round(result["aggregate"][f"Acc@{k}"], 4) == float(printed[str(k)])
+
+
+def test_acc_cli_writes_per_question_hits_and_misses_count_zero(nq, tmp_path, capsys):
+    run = overlap_run(nq, tmp_path / "full.trec", depth=20)
+    kept = [line for line in run.read_text().splitlines(True) if not line.startswith("3 ")]
+    (tmp_path / "cut.trec").write_text("".join(kept))
+    out = tmp_path / "metrics.json"
+    evaluate.main(["--config", json.dumps({"measures": ["Acc@20", "Acc@5"]}), "--run",
+                   str(tmp_path / "cut.trec"), "--answers", str(nq / "answers-test.parquet"),
+                   "--corpus", str(nq / "corpus.parquet"), "--out", str(out)])
+    metrics = json.loads(out.read_text())
+    per = metrics["per_query"]["Acc@20"]
+    assert len(per) == 12 and per["3"] == 0.0 and metrics["questions_missing_from_run"] == 1
+    assert metrics["aggregate"]["Acc@20"] == pytest.approx(np.mean(list(per.values())))
+    assert all(per[q] >= metrics["per_query"]["Acc@5"][q] for q in per)
+    with pytest.raises(SystemExit) as exit_:
+        evaluate.main(["--config", json.dumps({"measures": ["Acc@20"]}), "--run", str(run),
+                       "--out", str(tmp_path / "x.json")])
+    assert exit_.value.code == 1 and "need --answers" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+# --- negatives filtered by answers ---------------------------------------------------------------
+
+
+def write_answers(path, rows):
+    pl.DataFrame({"query_id": list(rows), "answers": list(rows.values())},
+                 schema={"query_id": pl.String, "answers": pl.List(pl.String)}).write_parquet(path)
+
+
+def write_corpus(path, texts):
+    pl.DataFrame({"doc_id": list(texts), "title": ["t"] * len(texts),
+                  "text": list(texts.values())}).write_parquet(path)
+
+
+def test_mining_with_the_answers_filter_drops_passages_that_contain_an_answer(tmp_path, monkeypatch):
+    import faiss
+
+    texts = {"d1": "Montgomery is the capital", "d2": "Birmingham is the largest city",
+             "d3": "the capital moved to MONTGOMERY.", "d4": "Huntsville", "d5": "Mobile"}
+    docs = list(texts)
+    index = faiss.IndexFlatIP(1)
+    index.add(np.array([[5], [4], [3], [2], [1]], dtype=np.float32))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine, "encode_queries",
+                        lambda encoder, queries, config: (["q"], np.array([[1]], np.float32)))
+    pl.DataFrame({"query_id": ["q"], "doc_id": ["d2"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    write_answers(tmp_path / "answers.parquet", {"q": ["Montgomery"]})
+    write_corpus(tmp_path / "corpus.parquet", texts)
+    base = {"depth": 5, "rank_window": None, "sample": "top", "num_negatives": None,
+            "exclude_self": False, "use_gpu": "never"}
+    found = {}
+    for policy in ("qrels", "answers"):
+        out = tmp_path / f"mined-{policy}.parquet"
+        stats = mine.mine_to_file(tmp_path / "index", tmp_path / "enc", tmp_path / "q.parquet",
+                                  tmp_path / "qrels.parquet", out, base | {"negative_filter": policy},
+                                  seed=0, answers=tmp_path / "answers.parquet",
+                                  corpus=tmp_path / "corpus.parquet")
+        found[policy] = (pl.read_parquet(out).row(0, named=True), stats)
+    assert found["qrels"][0]["negative_ids"] == ["d1", "d3", "d4", "d5"]
+    assert found["answers"][0]["negative_ids"] == ["d4", "d5"]
+    assert found["answers"][0]["negative_ranks"] == [4, 5]  # ranks as searched
+    assert found["answers"][0]["positive_ids"] == ["d2"]  # answer passages are not positives
+    assert found["answers"][1]["answer_passages_removed"] == 2
+    with pytest.raises(answers.AnswerError, match="needs --answers"):
+        mine.mine_to_file(tmp_path / "index", tmp_path / "enc", tmp_path / "q.parquet",
+                          tmp_path / "qrels.parquet", tmp_path / "x.parquet",
+                          base | {"negative_filter": "answers"}, seed=0)
+
+
+def test_bm25_negatives_with_the_answers_filter(tmp_path):
+    triples = tmp_path / "triples.tsv.gz"
+    with gzip.open(triples, "wt") as handle:
+        handle.write("1\t10\t20\n1\t10\t21\n1\t10\t22\n")
+    pl.DataFrame({"query_id": ["1"], "text": ["capital of alabama"]}).write_parquet(tmp_path / "q.parquet")
+    pl.DataFrame({"query_id": ["1"], "doc_id": ["10"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    write_answers(tmp_path / "answers.parquet", {"1": ["Montgomery"]})
+    write_corpus(tmp_path / "corpus.parquet", {"10": "Montgomery", "20": "in Montgomery, Alabama",
+                                                "21": "Mobile", "22": "Huntsville"})
+    config = {"negatives": {"source": "triples", "count": 30, "seed": 0,
+                            "negative_filter": "answers"}}
+    stats = bm25.mine_negatives(tmp_path / "q.parquet", tmp_path / "qrels.parquet",
+                                tmp_path / "n.parquet", config, triples=triples,
+                                answers=tmp_path / "answers.parquet",
+                                corpus=tmp_path / "corpus.parquet")
+    row = pl.read_parquet(tmp_path / "n.parquet").row(0, named=True)
+    assert row["negative_ids"] == ["21", "22"] and stats["answer_passages_removed"] == 1
+    manifest = json.loads((tmp_path / "n.manifest.json").read_text())
+    assert manifest["params"]["negative_filter"] == "answers"
+
+
+# --- the workflow: an NQ-format dataset evaluated with Acc@20 (planned jobs only) ----------------
+
+
+def test_a_dry_run_plans_an_nq_format_dataset_scored_by_answers(tmp_path):
+    project = copy_project(tmp_path / "project", {
+        "datasets": [NQ_SAMPLE | {"downloads": [
+            {"file": "nq-dev.qa.csv", "url": "https://dl.fbaipublicfiles.com/dpr/data/retriever/"
+             "nq-dev.qa.csv", "md5": None}]}],
+        "bm25": {"negatives": [{"dataset": "nq-sample", "split": "train", "source": "bm25",
+                                "depth": 200, "count": 30}]},
+        "finetune": {"datasets": [{"dataset": "nq-sample", "split": "train"}]},
+        "evaluate": {"splits": [{"dataset": "nq-sample", "split": "test",
+                                 "measures": ["Acc@20", "Acc@100"]}]},
+    })
+    metrics = "results/metrics/nq-sample/bm25/test.json"
+    assert planned_rules(project, metrics) == {
+        "prepare_dataset": 1, "prepare_dataset_split": 1, "prepare_dataset_answers": 1,
+        "build_bm25_index": 1, "bm25_search": 1, "publish_bm25_run": 1, "score_run": 1,
+    }
+    negatives = planned_rules(project, "results/bm25/nq-sample/negatives.parquet")
+    assert negatives["prepare_dataset_answers"] == 1  # the train split's answers filter them
+    mined = planned_rules(project, "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
+    assert mined["mine_hard_negatives"] == 1 and mined["prepare_dataset_answers"] == 1

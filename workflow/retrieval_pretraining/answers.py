@@ -1,0 +1,185 @@
+"""Answer matching as DPR scores open-domain QA retrieval: has_answer, top-k accuracy, filters.
+
+A passage answers a question when one of the question's answer strings occurs in it after DPR's
+normalisation (DPR `dpr/data/qa_validation.py`, Pyserini `pyserini.eval.evaluate_dpr_retrieval`;
+the facts are restated here, the code is ours):
+
+- both texts are Unicode NFD-normalised;
+- both are cut into tokens: a maximal run of letters, digits and marks (Unicode categories L*, N*,
+  M*) is one token; any other character that is neither a separator (Z*) nor "other" (C*: control,
+  format, unassigned) is a token of its own (so punctuation matters: "U.S." is u . s .);
+- tokens are lower-cased (str.lower);
+- string mode: the answer's token sequence occurs contiguously in the passage's tokens;
+  regex mode (CuratedTREC): the NFD answer, compiled case-insensitively as a regular expression,
+  is found anywhere in the NFD passage (a pattern that does not compile never matches).
+- Only the passage TEXT is matched, never its title (as both DPR and Pyserini do).
+- An answer with no token would match every passage in DPR's loop; the dataset stage drops such
+  answers (counted), so here an empty token sequence never matches.
+
+Top-k accuracy (`Acc@k`): a question scores 1 when any of its first k retrieved passages (in run
+order: score descending) has an answer, else 0; questions missing from the run score 0; the mean
+is over every question of the answers file.
+
+Passage texts are read from corpus.parquet in record batches, keeping only the passages a run or a
+candidate list names, so the 21M-passage corpus is never held in memory; each needed passage is
+tokenised once however many questions retrieved it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import unicodedata
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import BadInput, reading
+
+MATCH_MODES = ("string", "regex")
+ACC_RE = re.compile(r"^Acc@([1-9][0-9]*)$")
+CORPUS_READ_ROWS = 65_536
+
+
+class AnswerError(BadInput, ValueError):
+    """An answers file, a corpus or a measure cannot be used as given."""
+
+
+def _ranges(predicate) -> str:
+    """A character class body covering every code point with `predicate(category)`."""
+    parts, start = [], None
+    for code in range(sys.maxunicode + 2):
+        inside = code <= sys.maxunicode and predicate(unicodedata.category(chr(code)))
+        if inside and start is None:
+            start = code
+        elif not inside and start is not None:
+            last = code - 1
+            parts.append(re.escape(chr(start)) + ("" if last == start else "-" + re.escape(chr(last))))
+            start = None
+    return "".join(parts)
+
+
+@functools.cache
+def _token_re() -> re.Pattern:
+    # Built once from the unicodedata tables: stdlib `re` has no \p{..} classes.
+    word = _ranges(lambda c: c[0] in "LNM")
+    space = _ranges(lambda c: c[0] in "ZC")
+    return re.compile(f"[{word}]+|[^{space}]")
+
+
+def tokens(text: str) -> list[str]:
+    """DPR's SimpleTokenizer words, lower-cased, of the NFD form of `text`."""
+    return [t.lower() for t in _token_re().findall(unicodedata.normalize("NFD", text))]
+
+
+def _contains(haystack: list[str], needle: list[str]) -> bool:
+    n = len(needle)
+    if n == 0:
+        return False
+    first = needle[0]
+    return any(haystack[i] == first and haystack[i:i + n] == needle
+               for i in range(len(haystack) - n + 1))
+
+
+def _regex_match(text: str, pattern: str) -> bool:
+    try:
+        compiled = re.compile(pattern, flags=re.IGNORECASE | re.UNICODE | re.MULTILINE)
+    except re.error:
+        return False
+    return compiled.search(text) is not None
+
+
+def has_answer(text: str, answers: Iterable[str], mode: str = "string") -> bool:
+    """Whether passage `text` contains one of `answers` (DPR's rule, module docstring)."""
+    if mode == "regex":
+        text = unicodedata.normalize("NFD", text)
+        return any(_regex_match(text, unicodedata.normalize("NFD", a)) for a in answers)
+    if mode != "string":
+        raise AnswerError(f"answer match mode {mode!r} unknown; use one of {', '.join(MATCH_MODES)}")
+    words = tokens(text)
+    return any(_contains(words, tokens(a)) for a in answers)
+
+
+def acc_cutoffs(measures: Iterable[str]) -> dict[str, int]:
+    """{"Acc@20": 20, ...} for the answer-recall measures among `measures`."""
+    return {m: int(match.group(1)) for m in measures if (match := ACC_RE.match(m))}
+
+
+def read_answers(path: str | Path) -> dict[str, list[str]]:
+    """{query_id: [answer, ...]} from an answers-{split}.parquet file (datasets contract)."""
+    with reading(path, "an answers Parquet file"):
+        table = pq.read_table(path, columns=["query_id", "answers"])
+    return dict(zip(table["query_id"].to_pylist(), table["answers"].to_pylist()))
+
+
+def matching_pairs(pairs: dict[str, set[str]], answers: dict[str, list[str]], corpus: Path,
+                   mode: str = "string") -> dict[str, set[str]]:
+    """{query_id: {doc_id whose text has one of the query's answers}} for the (query -> doc ids)
+    `pairs`, streaming `corpus` (corpus.parquet) once. A doc id the corpus lacks is an error."""
+    wanted: dict[str, list[str]] = {}
+    for qid, docs in pairs.items():
+        for doc in docs:
+            wanted.setdefault(doc, []).append(qid)
+    hits: dict[str, set[str]] = {qid: set() for qid in pairs}
+    if not wanted:
+        return hits
+    value_set = pa.array(sorted(wanted), pa.string())
+    found = 0
+    with reading(corpus, "a corpus Parquet file"):
+        batches = pq.ParquetFile(corpus).iter_batches(CORPUS_READ_ROWS, columns=["doc_id", "text"])
+        for batch in batches:
+            batch = batch.filter(pc.is_in(batch.column("doc_id"), value_set=value_set))
+            for doc, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+                found += 1
+                words = tokens(text or "") if mode == "string" else None
+                for qid in wanted[doc]:
+                    if _passage_matches(text or "", words, answers.get(qid, ()), mode):
+                        hits[qid].add(doc)
+    if found < len(wanted):
+        raise AnswerError(
+            f"{corpus}: {len(wanted) - found} of the {len(wanted)} passages to match are not in "
+            "the corpus (e.g. a run of another corpus); score the run against its own dataset")
+    return hits
+
+
+def _passage_matches(text: str, words: list[str] | None, answers: Iterable[str], mode: str) -> bool:
+    if words is None:
+        return has_answer(text, answers, mode)
+    return any(_contains(words, tokens(a)) for a in answers)
+
+
+def top_k_accuracy(ranked: dict[str, list[str]], answers: dict[str, list[str]], corpus: Path,
+                   cutoffs: dict[str, int], mode: str = "string") -> dict[str, dict[str, float]]:
+    """{measure: {query_id: 0.0 | 1.0}} over every question of `answers` (module docstring);
+    `ranked` holds each query's doc ids in rank order."""
+    depth = max(cutoffs.values())
+    top = {q: docs[:depth] for q, docs in ranked.items() if q in answers}
+    hits = matching_pairs({q: set(d) for q, d in top.items()}, answers, corpus, mode)
+    first_hit = {q: next((i for i, d in enumerate(docs) if d in hits[q]), depth)
+                 for q, docs in top.items()}
+    return {name: {q: float(first_hit.get(q, depth) < k) for q in sorted(answers)}
+            for name, k in cutoffs.items()}
+
+
+NEGATIVE_FILTERS = ("qrels", "answers")
+
+
+def answer_exclusions(candidates: dict[str, list[str]], negative_filter: str,
+                      answers_path: Path | None, corpus: Path | None,
+                      mode: str = "string") -> dict[str, set[str]]:
+    """Per query, the candidates that may not be negatives beyond its qrels positives: with
+    `negative_filter: answers` (DPR's and Tevatron's policy for NQ/TriviaQA) every candidate whose
+    text has one of the query's answers; with `qrels`, none."""
+    if negative_filter not in NEGATIVE_FILTERS:
+        raise AnswerError(f"negative_filter {negative_filter!r} unknown; use qrels or answers")
+    if negative_filter == "qrels":
+        return {}
+    if answers_path is None or corpus is None:
+        raise AnswerError("negative_filter answers needs --answers (answers-<split>.parquet) and "
+                          "--corpus (corpus.parquet): a format dpr dataset")
+    answers = read_answers(answers_path)
+    return matching_pairs({q: set(d) for q, d in candidates.items()}, answers, corpus, mode)
