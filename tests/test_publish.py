@@ -85,7 +85,7 @@ def test_offline_mode_is_named_before_any_request(encoder, monkeypatch, capsys):
 @pytest.mark.parametrize("damage, named", [
     (lambda f: (f / "modules.json").unlink(), "missing modules.json"),
     (lambda f: shutil.rmtree(f / "2_Normalize"), "missing 2_Normalize"),
-    (lambda f: (f / "pytorch_model.bin").write_bytes(b"pickle"), "pickled files (pytorch_model.bin)"),
+    (lambda f: (f / "pytorch_model.bin").write_bytes(b"x"), "pickled files (pytorch_model.bin)"),
     (lambda f: (f / "README.md").write_text("# no front matter\n"), "no model card front matter"),
     (lambda f: (f / "model.safetensors").unlink(), "no *.safetensors weights"),
 ])

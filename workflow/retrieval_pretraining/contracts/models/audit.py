@@ -59,7 +59,7 @@ def check_folder(a: Audit) -> None:
 
 
 def is_encoder_folder(folder: Path) -> bool:
-    """A pre-trained or fine-tuned encoder: what st_export.py makes a sentence-transformers model."""
+    """A pre-trained or fine-tuned encoder (st_export.py makes it a sentence-transformers model)."""
     rel = results_relative(folder) or ""
     return (folder / "modules.json").is_file() or rel.startswith(("pretrain/", "finetune/"))
 
