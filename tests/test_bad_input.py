@@ -144,6 +144,7 @@ def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
                                                        "--out", out / "w.md"], none),
         "tables": ("tables.__main__", [*_cfg("tables"), "--results", none,
                                        "--out", out / "t.md"], none),
+        "publish": ("publish", ["--folder", none, "--repo-id", "me/encoder", "--dry-run"], none),
         # audit's documented statuses: 0 passed, 1 a check failed, 2 not an artifact.
         "audit": ("audit", [none / "x.parquet"], none / "x.parquet"),
     }

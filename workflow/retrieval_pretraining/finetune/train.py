@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import artifacts, training
+from .. import artifacts, st_export, training
 from ..encode import tokenize
 from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
                    step_queries)
@@ -127,7 +127,8 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
 
     if env.is_main:
         export(model.encoder, tokenizer, out, s, seed, plan, total_steps, inputs,
-               stats={"train_queries": len(data.query_ids), **counts})
+               stats={"train_queries": len(data.query_ids), **counts},
+               final_metrics={"loss": loss_sum})  # the last step's (this process's) loss
         training.plot_losses(metrics_path, metrics_path.with_name("loss.png"), "fine-tuning loss")
         # The encoder is complete: a rerun must start afresh, not resume a finished run.
         shutil.rmtree(state_dir, ignore_errors=True)
@@ -147,15 +148,21 @@ def _identities(inputs: dict[str, Path]) -> dict[str, Any]:
 
 
 def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
-           plan: ContrastPlan, steps: int, inputs: dict[str, Path], stats: dict[str, Any]) -> None:
+           plan: ContrastPlan, steps: int, inputs: dict[str, Path], stats: dict[str, Any],
+           final_metrics: dict[str, float] | None = None) -> None:
     """The fine-tuned encoder as a Hugging Face folder (safetensors) + training.json + manifest,
-    written whole or not at all (a full disk must not leave a config.json that looks like one)."""
+    also a sentence-transformers model pooled as it was trained (st_export.py), written whole or
+    not at all (a full disk must not leave a config.json that looks like one)."""
     config = settings.record()
     provenance = {"config": config, "seed": seed, "plan": plan.record(), "steps": steps,
-                  "inputs": {k: str(v) for k, v in inputs.items()}}
+                  "inputs": {k: str(v) for k, v in inputs.items()},
+                  "final_metrics": final_metrics or {}}
+    init = Path(inputs["init"])  # the init folder's config.json (train) or the folder itself
     with artifacts.atomic_dir(out) as tmp:
         encoder.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         artifacts.write_json(tmp / "training.json", provenance)
+        st_export.write(tmp, settings.retrieval, st_export.finetuned_card(
+            provenance, init if init.is_dir() else init.parent, stats))
         artifacts.write_manifest(tmp / "manifest.json", stage="finetune", params=config,
                                  inputs=inputs, stats={**stats, **plan.record(), "steps": steps})

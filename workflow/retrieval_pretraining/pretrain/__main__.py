@@ -3,20 +3,22 @@
     python -m retrieval_pretraining.pretrain --config '<resolved model settings JSON>' \
         --checkpoint results/checkpoints/X --chunks shard-0000.parquet ... [--spans ...] \
         --encoder results/pretrain/M/encoder --metrics .../metrics.jsonl --plot .../loss.png \
-        --state results/state/pretrain/M
+        --state results/state/pretrain/M [--retrieval '{"pooling": "cls", "similarity": "dot", ...}']
 Multi-GPU / multi-node: launch the same command under `torchrun`.
 Exit status 75 = stopped by SIGTERM/SIGUSR1 after saving state; rerun to resume.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 
-from ..config import stage_parser
+from ..config import refuse_unknown, stage_parser
 from ..errors import command
-from .settings import check_resolved
+from ..retrieval_settings import RetrievalSettings
+from .settings import ENCODER_USE, check_resolved
 
 
 @command
@@ -29,15 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, required=True, help="output metrics .jsonl")
     parser.add_argument("--plot", type=Path, required=True, help="output loss curve .png")
     parser.add_argument("--state", type=Path, help="resume state folder (outside declared outputs)")
+    parser.add_argument("--retrieval", type=json.loads, default={},
+                        help="how the encoder is used before fine-tuning, as JSON (the finetune "
+                             "section's pooling, similarity, q_len, p_len): written into its "
+                             "sentence-transformers files and card (default: the retrieval "
+                             "defaults)")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     settings = args.config
     check_resolved(settings)
+    refuse_unknown(args.retrieval, ENCODER_USE, "pretrain --retrieval")
+    retrieval = RetrievalSettings(**args.retrieval)
     from .train import export_base, train  # after logging: importing torch takes a while
 
     if settings["objective"] == "none":
-        export_base(settings, args.checkpoint, args.encoder, args.metrics, args.plot)
+        export_base(settings, args.checkpoint, args.encoder, args.metrics, args.plot, retrieval)
         return 0
     if not args.chunks:
         parser.error("--chunks is required for a training objective")
@@ -45,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--state is required for a training objective")
     return train(settings, chunks=args.chunks, spans=args.spans or None, checkpoint=args.checkpoint,
                  encoder_out=args.encoder, metrics_out=args.metrics, plot_out=args.plot,
-                 state_dir=args.state)
+                 state_dir=args.state, retrieval=retrieval)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ from typing import Any
 OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow")
 OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae",
                    "cpdae_r": "cpdae", "bow": "bow"}
+# The `finetune` knobs a pre-trained encoder's sentence-transformers files and card state (how the
+# workflow encodes with it before and while fine-tuning; st_export.py), passed as `--retrieval`.
+ENCODER_USE = ("pooling", "similarity", "q_len", "p_len")
 
 
 def check_resolved(settings: dict[str, Any]) -> None:

@@ -21,9 +21,10 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
-from .. import artifacts, training
+from .. import artifacts, st_export, training
 from ..checkpoints import _TOKENIZER_FILES
 from ..model_folder import check_safetensors
+from ..retrieval_settings import RetrievalSettings
 from . import data as pdata
 from . import probes
 from .model import Pretrainer
@@ -47,12 +48,16 @@ def _copy_tokenizer(checkpoint: Path, dest: Path) -> None:
             shutil.copy2(checkpoint / name, dest / name)
 
 
-def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, info: dict[str, Any]) -> None:
-    """Write the encoder (no heads) + tokenizer + training.json as an HF folder, atomically."""
+def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, info: dict[str, Any],
+                   retrieval: RetrievalSettings | None = None) -> None:
+    """Write the encoder (no heads) + tokenizer + training.json as an HF folder that is also a
+    sentence-transformers model pooled as `retrieval` says (st_export.py), atomically."""
     with artifacts.atomic_dir(out_dir) as tmp:
         encoder.save_pretrained(tmp, safe_serialization=True)
         _copy_tokenizer(checkpoint, tmp)
         artifacts.write_json(tmp / "training.json", info)
+        card = st_export.pretrained_card(info, checkpoint)
+        st_export.write(tmp, retrieval or RetrievalSettings(), card)
         artifacts.write_manifest(
             tmp / "manifest.json", stage="pretrain", params=info["settings"],
             inputs={"checkpoint_manifest": checkpoint / "manifest.json"},
@@ -60,8 +65,10 @@ def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, in
         )
 
 
-def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metrics: Path, plot: Path) -> None:
-    """The `none` objective: the base checkpoint itself, exported to the encoder path."""
+def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metrics: Path, plot: Path,
+                retrieval: RetrievalSettings | None = None) -> None:
+    """The `none` objective: the base checkpoint itself, exported to the encoder path (with the
+    sentence-transformers files of `retrieval`; a source's own are replaced)."""
     check_safetensors(checkpoint)  # copied as it is: a pickle must not pass through
     with artifacts.atomic_dir(out_dir) as tmp:
         for file in Path(checkpoint).iterdir():
@@ -70,6 +77,8 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
         info = {"settings": settings, "objective": "none", "steps": 0, "tokens_seen": 0,
                 "checkpoint": str(checkpoint), "versions": artifacts.library_versions()}
         artifacts.write_json(tmp / "training.json", info)
+        card = st_export.pretrained_card(info, checkpoint)
+        st_export.write(tmp, retrieval or RetrievalSettings(), card)
         artifacts.write_manifest(tmp / "manifest.json", stage="pretrain", params=settings,
                                  inputs={"checkpoint_manifest": Path(checkpoint) / "manifest.json"})
     training.MetricsWriter(metrics)  # an empty metrics file: nothing was trained
@@ -95,6 +104,7 @@ def _tensorboard(log_dir: Path, start: int) -> training.TensorBoardLog:
 def train(
     settings: dict[str, Any], *, chunks: Sequence[Path], spans: Sequence[Path] | None,
     checkpoint: Path, encoder_out: Path, metrics_out: Path, plot_out: Path, state_dir: Path,
+    retrieval: RetrievalSettings | None = None,
 ) -> int:
     """Train (or resume) one model; returns 0 when exported, RESUME_EXIT_CODE when stopped by a signal."""
     tr, objective = settings["trainer"], settings["objective"]
@@ -194,6 +204,7 @@ def train(
         )
 
     started = time.perf_counter()
+    record: dict[str, Any] = {}  # the last step's record: what the encoder's card states
     model.train()  # dropout on (from_pretrained loads in eval mode)
     for step in range(start, total_steps):
         sums: dict[str, float] = defaultdict(float)
@@ -264,8 +275,9 @@ def train(
             "probe_chunks": len(dataset.holdout_rows),
             "resumed_from_step": start, "train_seconds_this_run": round(time.perf_counter() - started, 1),
             "checkpoint": str(checkpoint), "data": checksums, "versions": artifacts.library_versions(),
+            "final_metrics": st_export.measured(record),  # the last step's losses and probes
         }
-        export_encoder(model.encoder, checkpoint, encoder_out, info)
+        export_encoder(model.encoder, checkpoint, encoder_out, info, retrieval)
         # The heads are not part of the encoder; kept beside it for the analyses (vocabulary
         # projection of [CLS], CPDAE's decoder words). Tied embeddings are not repeated.
         heads = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()

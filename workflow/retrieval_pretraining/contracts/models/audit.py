@@ -13,6 +13,7 @@ from ..base import (
     results_relative, short, show_manifest, show_snakemake_record,
 )
 from ..tensors.audit import safetensors_tensors
+from . import ALL_POOLING_FLAGS, CARD_BLOCK, NORMALIZE_DIR, POOLING_DIR, POOLING_FLAGS, ST_FILES
 
 FILES = [
     ("pretrain/*/encoder/*", "a file of a pre-trained encoder folder",
@@ -29,8 +30,11 @@ FILES = [
 # Hugging Face folder files (and training.json) shown as they are.
 MODEL_FOLDER_JSON = {
     "config.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-    "training.json",
+    "training.json", "modules.json", "sentence_bert_config.json",
+    "config_sentence_transformers.json",
 }
+# The folders of an encoder where sentence-transformers keeps a module's config.
+MODULE_FOLDERS = (POOLING_DIR, NORMALIZE_DIR)
 SAMPLE = "Dense retrieval pre-training from Wikipedia."  # what a tokenizer is shown splitting
 
 
@@ -47,8 +51,54 @@ def check_folder(a: Audit) -> None:
             "inside a tokenizer folder (tokenizer.json, no weights)",
             (folder / "tokenizer.json").is_file() and not any(folder.glob("*.safetensors")),
         )
+    elif folder.name in MODULE_FOLDERS:
+        a.check("inside a sentence-transformers module folder of a model folder",
+                is_model_folder(folder.parent) and (folder.parent / "modules.json").is_file())
     else:
         a.check("inside a model folder (config.json + safetensors)", is_model_folder(folder))
+
+
+def is_encoder_folder(folder: Path) -> bool:
+    """A pre-trained or fine-tuned encoder (st_export.py makes it a sentence-transformers model)."""
+    rel = results_relative(folder) or ""
+    return (folder / "modules.json").is_file() or rel.startswith(("pretrain/", "finetune/"))
+
+
+def sentence_transformers_view(folder: Path, cfg: dict) -> tuple[str, list[str]]:
+    """(how sentence-transformers embeds with this folder, what disagrees): the modules, the one
+    pooling mode and its width, Normalize exactly when the similarity is cosine, max_seq_length
+    within the position embeddings, and the card's `use` block saying the same."""
+    from ...st_export import read_card
+
+    problems = []
+    listed = json.loads((folder / "modules.json").read_text())
+    modules = [m["type"].rsplit(".", 1)[-1] for m in listed]
+    if modules[:2] != ["Transformer", "Pooling"] or modules[2:] not in ([], ["Normalize"]):
+        problems.append(f"modules {modules} (expected Transformer, Pooling[, Normalize])")
+    pooling = json.loads((folder / POOLING_DIR / "config.json").read_text())
+    modes = [m for m, flag in POOLING_FLAGS.items() if pooling.get(flag)]
+    others = [f for f in ALL_POOLING_FLAGS if pooling.get(f) and f not in POOLING_FLAGS.values()]
+    if len(modes) != 1 or others:
+        problems.append(f"pooling modes {modes + others} (expected exactly one: cls or mean)")
+    if pooling.get("word_embedding_dimension") != cfg.get("hidden_size"):
+        problems.append(f"pooling width {pooling.get('word_embedding_dimension')} != hidden size "
+                        f"{cfg.get('hidden_size')}")
+    similarity = json.loads((folder / "config_sentence_transformers.json").read_text()).get(
+        "similarity_fn_name")
+    if ("Normalize" in modules) != (similarity == "cosine"):
+        problems.append(f"similarity {similarity} with modules {modules}")
+    length = json.loads((folder / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    if not isinstance(length, int) or length > cfg.get("max_position_embeddings", length):
+        problems.append(f"max_seq_length {length} (position embeddings: "
+                        f"{cfg.get('max_position_embeddings')})")
+    use = (read_card(folder).get(CARD_BLOCK) or {}).get("use") or {}
+    stated = {"pooling": modes[0] if len(modes) == 1 else None, "similarity": similarity,
+              "p_len": length}
+    if any(use.get(k) != v for k, v in stated.items()):
+        problems.append(f"the card's use block {use} disagrees with the files ({stated})")
+    view = (f"-- sentence-transformers: {' -> '.join(modules)}; pooling {'/'.join(modes)}, "
+            f"similarity {similarity}, max_seq_length {length} (queries: q_len {use.get('q_len')})")
+    return view, problems
 
 
 def audit_model(a: Audit, n: int) -> None:
@@ -74,6 +124,12 @@ def audit_model(a: Audit, n: int) -> None:
     pickles = [p.name for p in a.path.iterdir() if p.suffix in (".bin", ".pt", ".pkl", ".pickle")]
     a.check("no pickled files", not pickles, ", ".join(pickles))
     a.check("tokenizer.json present", (a.path / "tokenizer.json").is_file())
+    if is_encoder_folder(a.path):
+        missing = [f for f in ST_FILES if not (a.path / f).is_file()]
+        if a.check("sentence-transformers files present", not missing, ", ".join(missing)):
+            view, problems = sentence_transformers_view(a.path, cfg)
+            a.say(view)
+            a.check("sentence-transformers files agree", not problems, "; ".join(problems))
     training = a.path / "training.json"
     if training.is_file():
         info = json.loads(training.read_text())

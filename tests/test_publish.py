@@ -1,0 +1,105 @@
+"""`python -m retrieval_pretraining.publish`: the folder is checked, a dry run lists what would be
+uploaded and never touches the network, and the upload goes through HfApi (mocked here: tests
+never touch the network)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import pretrain_fixtures as fx
+from retrieval_pretraining import publish
+from retrieval_pretraining.pretrain.train import export_base
+from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory) -> Path:
+    """A `none` export of a tiny checkpoint: what the workflow writes for an encoder."""
+    tmp = tmp_path_factory.mktemp("publish")
+    checkpoint = fx.tiny_checkpoint(tmp / "checkpoint")
+    export_base({"name": "base", "objective": "none", "seed": 1, "checkpoint": "x"}, checkpoint,
+                tmp / "encoder", tmp / "m.jsonl", tmp / "l.png",
+                RetrievalSettings(pooling="mean", similarity="cosine"))
+    return tmp / "encoder"
+
+
+class NoNetwork:
+    def __init__(self, *args, **kwargs):
+        raise AssertionError("HfApi was created: the command reached for the network")
+
+
+class FakeHub:
+    """Records what the command asks of the Hub."""
+
+    calls: list = []
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+        return type("Commit", (), {"commit_url": "https://huggingface.co/me/enc/commit/1"})()
+
+
+def test_a_dry_run_lists_the_files_and_never_touches_the_network(encoder, monkeypatch, capsys):
+    monkeypatch.setattr(publish, "HfApi", NoNetwork)
+    assert publish.main(["--folder", str(encoder), "--repo-id", "me/enc", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would upload" in out and "https://huggingface.co/me/enc (public)" in out
+    for name in ("model.safetensors", "modules.json", "1_Pooling/config.json",
+                 "2_Normalize/config.json", "sentence_bert_config.json", "README.md"):
+        assert f"  {name}  (" in out, name
+
+
+def test_the_upload_creates_the_repository_and_sends_the_checked_files(encoder, monkeypatch,
+                                                                         capsys):
+    monkeypatch.setattr(publish, "HfApi", FakeHub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    FakeHub.calls = []
+    assert publish.main(["--folder", str(encoder), "--repo-id", "me/enc", "--private"]) == 0
+    (create, repo, options), (upload, sent) = FakeHub.calls
+    assert (create, repo, options["private"]) == ("create_repo", "me/enc", True)
+    assert upload == "upload_folder" and sent["repo_id"] == "me/enc"
+    assert sent["allow_patterns"] == publish.folder_files(encoder)
+    assert "uploaded: https://huggingface.co/me/enc/commit/1" in capsys.readouterr().out
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        publish.main([str(a) for a in argv])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_offline_mode_is_named_before_any_request(encoder, monkeypatch, capsys):
+    monkeypatch.setattr(publish, "HfApi", NoNetwork)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "HF_HUB_OFFLINE is set" in _refused(["--folder", encoder, "--repo-id", "me/enc"], capsys)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda f: (f / "modules.json").unlink(), "missing modules.json"),
+    (lambda f: shutil.rmtree(f / "2_Normalize"), "missing 2_Normalize"),
+    (lambda f: (f / "pytorch_model.bin").write_bytes(b"x"), "pickled files (pytorch_model.bin)"),
+    (lambda f: (f / "README.md").write_text("# no front matter\n"), "no model card front matter"),
+    (lambda f: (f / "model.safetensors").unlink(), "no *.safetensors weights"),
+])
+def test_an_incomplete_folder_is_refused_naming_what_is_wrong(encoder, tmp_path, monkeypatch,
+                                                              capsys, damage, named):
+    monkeypatch.setattr(publish, "HfApi", NoNetwork)
+    folder = shutil.copytree(encoder, tmp_path / "encoder")
+    damage(folder)
+    line = _refused(["--folder", folder, "--repo-id", "me/enc", "--dry-run"], capsys)
+    assert str(folder) in line and named in line, line
+
+
+@pytest.mark.parametrize("repo_id", ["enc", "me/enc with space", "me/../enc"])
+def test_a_repository_id_that_is_not_one_is_refused(encoder, monkeypatch, capsys, repo_id):
+    monkeypatch.setattr(publish, "HfApi", NoNetwork)
+    line = _refused(["--folder", encoder, "--repo-id", repo_id, "--dry-run"], capsys)
+    assert repr(repo_id) in line and "owner/name" in line

@@ -1,0 +1,199 @@
+"""Every encoder folder the workflow writes loads as a sentence-transformers model whose vectors
+are ours: the pre-trained export, the `none` export of a base checkpoint, and fine-tuned
+encoders, with [CLS] + dot and mean + cosine. "Ours" is encode.embed (what corpus encoding, dense
+search and mining run); sentence-transformers is the independent implementation it must match.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+import pretrain_fixtures as fx
+from retrieval_pretraining import audit, st_export
+from retrieval_pretraining.encode import embed, load_encoder
+from retrieval_pretraining.finetune import data as fdata
+from retrieval_pretraining.finetune import train as ftrain
+from retrieval_pretraining.finetune.settings import FinetuneSettings
+from retrieval_pretraining.pretrain.train import export_base, export_encoder
+from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+SentenceTransformer = pytest.importorskip("sentence_transformers").SentenceTransformer
+
+Q_LEN, P_LEN = 8, 40
+QUERIES = ["what is dense retrieval",
+           "a query much longer than eight tokens, so that where it is cut decides its vector"]
+TITLES = ["Dense retrieval", "", "Wikipedia"]
+PASSAGES = ["Dense retrieval encodes queries and passages as vectors and ranks by similarity.",
+            "A passage without a title.",
+            "Wikipedia is a free online encyclopedia written collaboratively by volunteers, "
+            "and a long passage is cut at the passage length, which the saved model keeps."]
+CLS_DOT = RetrievalSettings(pooling="cls", similarity="dot", q_len=Q_LEN, p_len=P_LEN)
+MEAN_COSINE = RetrievalSettings(pooling="mean", similarity="cosine", q_len=Q_LEN, p_len=P_LEN,
+                                title="sep")
+PRETRAIN_INFO = {
+    "settings": {"name": "costa", "objective": "costa", "spans": "costa",
+                 "trainer": {"global_batch_size": 8, "lr": 1e-4}},
+    "objective": "costa", "steps": 3, "tokens_seen": 2400, "chunks": 40,
+    "data": {"results/corpus/chunks/shard-0000.parquet": {}}, "final_metrics": {"loss": 2.5},
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, tuple[Path, RetrievalSettings]]:
+    """One folder of each kind, written by the workflow's own exporters."""
+    tmp = tmp_path_factory.mktemp("st")
+    # A wide initialisation: input-dependent [CLS] vectors, as a trained checkpoint has.
+    checkpoint = fx.tiny_checkpoint(tmp / "checkpoint", initializer_range=0.5)
+    encoder = AutoModel.from_pretrained(checkpoint, local_files_only=True, add_pooling_layer=False)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    out, results = {}, tmp / "results"  # where audit knows the files
+    pretrained, none = results / "pretrain/costa/encoder", results / "pretrain/base/encoder"
+    export_encoder(encoder, checkpoint, pretrained, PRETRAIN_INFO, CLS_DOT)
+    out["pre-trained, cls + dot"] = (pretrained, CLS_DOT)
+    export_base({"name": "base", "objective": "none", "seed": 1, "checkpoint": "x"}, checkpoint,
+                none, tmp / "none.jsonl", tmp / "none.png", MEAN_COSINE)
+    out["none, mean + cosine"] = (none, MEAN_COSINE)
+    for name, retrieval in (("cls + dot", CLS_DOT), ("mean + cosine", MEAN_COSINE)):
+        knobs = {k: getattr(retrieval, k) for k in ("pooling", "similarity", "q_len", "p_len",
+                                                    "title")}
+        settings = FinetuneSettings.from_config(knobs | {"epochs": 1})
+        with torch.no_grad():  # a "fine-tuned" encoder: other weights than its init
+            for p in encoder.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        folder = results / f"finetune/costa/scifact/stage1-{retrieval.pooling}/encoder"
+        inputs = {"init": pretrained / "config.json",
+                  "queries": "results/datasets/scifact/queries-train.parquet",
+                  "negatives0": "results/bm25/scifact/negatives.parquet"}
+        ftrain.export(encoder, tokenizer, folder, settings, 1, fdata.contrast_plan(settings, 1),
+                      4, inputs, stats={"train_queries": 32}, final_metrics={"loss": 1.25})
+        out[f"fine-tuned, {name}"] = (folder, retrieval)
+    return out
+
+
+def ours(folder: Path, retrieval: RetrievalSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Query and passage vectors as the workflow computes them (encode.embed)."""
+    model, tokenizer = load_encoder(folder, torch.device("cpu"))
+    knobs = {"pooling": retrieval.pooling, "similarity": retrieval.similarity}
+    queries = embed(model, tokenizer, QUERIES, max_len=retrieval.q_len, **knobs)
+    passages = embed(model, tokenizer, PASSAGES, titles=TITLES, title=retrieval.title,
+                     max_len=retrieval.p_len, **knobs)
+    return queries, passages
+
+
+def theirs(folder: Path, retrieval: RetrievalSettings) -> tuple[np.ndarray, np.ndarray]:
+    """The same texts through sentence-transformers, as the model card tells a user to."""
+    model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    assert model.max_seq_length == retrieval.p_len  # the saved default: passages
+    sep = {"none": None, "space": " ", "sep": " [SEP] "}[retrieval.title]
+    texts = [x if not t or sep is None else t + sep + x for t, x in zip(TITLES, PASSAGES)]
+    passages = model.encode_document(texts, convert_to_numpy=True)
+    model.max_seq_length = retrieval.q_len
+    queries = model.encode_query(QUERIES, convert_to_numpy=True)
+    return queries, passages
+
+
+@pytest.mark.parametrize("kind", ["pre-trained, cls + dot", "none, mean + cosine",
+                                  "fine-tuned, cls + dot", "fine-tuned, mean + cosine"])
+def test_sentence_transformers_embeds_queries_and_passages_as_we_do(folders, kind):
+    folder, retrieval = folders[kind]
+    our_q, our_p = ours(folder, retrieval)
+    their_q, their_p = theirs(folder, retrieval)
+    np.testing.assert_allclose(their_q, our_q, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(their_p, our_p, rtol=1e-4, atol=1e-5)
+    if retrieval.similarity == "cosine":
+        np.testing.assert_allclose(np.linalg.norm(their_p, axis=1), 1.0, rtol=1e-5)
+    model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    assert model.similarity_fn_name == retrieval.similarity
+
+
+def test_a_wrong_pooling_file_is_caught(folders, tmp_path):
+    """The check above is not vacuous: a [CLS] model whose pooling file says mean (or a cosine
+    model without its Normalize module) embeds differently."""
+    folder, retrieval = folders["fine-tuned, cls + dot"]
+    broken = shutil.copytree(folder, tmp_path / "broken")
+    (broken / "1_Pooling" / "config.json").write_text(
+        json.dumps(st_export.pooling_config("mean", 32)))
+    our_q, _ = ours(folder, retrieval)
+    their_q, _ = theirs(broken, retrieval)
+    assert np.abs(their_q - our_q).max() > 1e-2
+    folder, retrieval = folders["none, mean + cosine"]
+    broken = shutil.copytree(folder, tmp_path / "unnormalised")
+    (broken / "modules.json").write_text(json.dumps(st_export.modules("dot")))
+    _, our_p = ours(folder, retrieval)
+    _, their_p = theirs(broken, RetrievalSettings(**{**retrieval.record(), "similarity": "dot"}))
+    assert np.abs(their_p - our_p).max() > 1e-2
+
+
+def test_a_query_longer_than_q_len_needs_the_card_s_max_seq_length(folders):
+    """With the saved max_seq_length (p_len) a query past q_len tokens is embedded from more
+    tokens than ours: why the card says to set q_len for queries."""
+    folder, retrieval = folders["fine-tuned, cls + dot"]
+    our_q, _ = ours(folder, retrieval)
+    model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    at_p_len = model.encode_query(QUERIES, convert_to_numpy=True)
+    np.testing.assert_allclose(at_p_len[0], our_q[0], rtol=1e-4, atol=1e-5)  # short: the same
+    assert np.abs(at_p_len[1] - our_q[1]).max() > 1e-3  # long: cut elsewhere
+
+
+def test_the_model_card_states_what_the_records_know(folders):
+    pretrained = st_export.read_card(folders["pre-trained, cls + dot"][0])
+    block = pretrained["retrieval_pretraining"]
+    assert pretrained["library_name"] == "sentence-transformers"
+    assert block["encoder"] == "pre-trained" and block["objective"] == "costa"
+    assert block["pretraining"]["steps"] == 3 and block["pretraining"]["final"] == {"loss": 2.5}
+    assert block["use"]["pooling"] == "cls" and block["use"]["p_len"] == P_LEN
+    assert block["use"]["chosen_by"] == st_export.PRETRAINED_USE  # not fine-tuned: said so
+    assert "base_model" not in pretrained  # a local checkpoint: no Hub id to name
+    none = st_export.read_card(folders["none, mean + cosine"][0])["retrieval_pretraining"]
+    assert none["encoder"] == "base checkpoint, not pre-trained" and "pretraining" not in none
+    # A fine-tuned card inherits its init's facts and adds its fine-tuning.
+    finetuned = st_export.read_card(folders["fine-tuned, cls + dot"][0])["retrieval_pretraining"]
+    assert finetuned["encoder"] == "fine-tuned" and finetuned["objective"] == "costa"
+    assert finetuned["pretraining"]["steps"] == 3
+    (step,) = finetuned["finetuning"]
+    assert step["dataset"] == "scifact" and step["split"] == "train"
+    assert step["train_queries"] == 32 and step["final"] == {"loss": 1.25}
+    assert finetuned["use"]["chosen_by"] == st_export.FINETUNED_USE
+    text = (folders["fine-tuned, mean + cosine"][0] / "README.md").read_text()
+    assert f"model.max_seq_length = {Q_LEN}" in text
+    assert '"A title" + " [SEP] " + "The passage text."' in text  # its title mode
+    assert "Retrieval scores" in text  # measured after export: said, not invented
+
+
+def test_a_hub_base_checkpoint_is_named_as_base_model(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"params": {
+        "name": "bert", "source": "hub", "location": "google-bert/bert-base-uncased",
+        "revision": "abc"}}))
+    card = st_export.pretrained_card({"settings": {"name": "m"}, "objective": "none"}, tmp_path)
+    front = st_export.front_matter(card, RetrievalSettings())
+    assert front["base_model"] == "google-bert/bert-base-uncased"
+    assert front["retrieval_pretraining"]["base_checkpoint"]["revision"] == "abc"
+
+
+@pytest.mark.parametrize("kind", ["pre-trained, cls + dot", "fine-tuned, mean + cosine"])
+def test_audit_passes_the_folder_and_each_sentence_transformers_file(folders, kind, capsys):
+    folder, _ = folders[kind]
+    assert audit.main([str(folder)]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PASS  sentence-transformers files agree" in out
+    for rel in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                "1_Pooling/config.json", "README.md"):
+        status = audit.main([str(folder / rel)])
+        assert status == 0, rel + capsys.readouterr().out
+
+
+def test_audit_fails_a_folder_whose_pooling_file_disagrees(folders, tmp_path, capsys):
+    folder, _ = folders["pre-trained, cls + dot"]
+    broken = shutil.copytree(folder, tmp_path / "broken")
+    (broken / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_cls_token": True,
+         "pooling_mode_mean_tokens": True}))
+    assert audit.main([str(broken)]) == 1
+    assert "FAIL  sentence-transformers files agree" in capsys.readouterr().out

@@ -1,0 +1,120 @@
+"""Upload one encoder folder to the Hugging Face Hub, as the sentence-transformers model it is.
+
+    python -m retrieval_pretraining.publish --folder results/finetune/costa/scifact/stage2/encoder \
+        --repo-id you/costa-scifact [--private] [--dry-run]
+
+The folder is checked first, and nothing is sent when a check fails: Hugging Face weights as
+safetensors and no pickle anywhere in it, the sentence-transformers files st_export.py writes
+(modules.json and every module folder it names, 1_Pooling, sentence_bert_config.json), and a
+model card whose YAML front matter holds the workflow's block. Every file of the folder is uploaded
+(training.json and manifest.json are its records); `--dry-run` prints that list, the repository and
+its visibility, and never touches the network. A real upload needs a token (`hf auth login`, or
+HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
+from huggingface_hub.utils import validate_repo_id
+
+from .contracts.models import CARD_BLOCK, ST_FILES
+from .errors import BadInput, add_debug_option, command
+from .model_folder import PICKLE_PATTERNS, check_safetensors
+from .st_export import read_card
+
+REEXPORT = ("rerun the rule that wrote it (an encoder exported before the workflow wrote "
+            "sentence-transformers files: delete the folder and rerun)")
+
+
+class PublishError(BadInput, ValueError):
+    """A folder or repository id that is not uploaded, or an upload that cannot start."""
+
+
+def folder_files(folder: Path) -> list[str]:
+    """Every file of the folder (paths relative to it, sorted), hidden names left out."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.is_file() and not any(part.startswith(".")
+                                             for part in p.relative_to(folder).parts))
+
+
+def check_folder(folder: str | Path) -> list[str]:
+    """The files to upload, once the folder is a complete encoder export; else PublishError."""
+    folder = check_safetensors(folder)  # config.json + safetensors; a pickle-only folder refused
+    pickles = sorted({p.relative_to(folder).as_posix() for pattern in PICKLE_PATTERNS
+                      for p in folder.rglob(pattern)})
+    if pickles:
+        raise PublishError(f"{folder} holds pickled files ({', '.join(pickles)}) besides its "
+                           "safetensors; only safetensors are uploaded: remove them")
+    missing = [name for name in ST_FILES if not (folder / name).is_file()]
+    if not missing:
+        modules = json.loads((folder / "modules.json").read_text())
+        missing = [m["path"] for m in modules if m["path"] and not (folder / m["path"]).is_dir()]
+    if missing:
+        raise PublishError(f"{folder} is not a complete sentence-transformers export (missing "
+                           f"{', '.join(missing)}); {REEXPORT}")
+    card = read_card(folder)
+    if not isinstance(card.get(CARD_BLOCK), dict) or card.get("library_name") is None:
+        raise PublishError(f"{folder}/README.md has no model card front matter (YAML with "
+                           f"library_name and {CARD_BLOCK}); {REEXPORT}")
+    return folder_files(folder)
+
+
+def plan(folder: Path, files: list[str], repo_id: str, private: bool) -> str:
+    sizes = {name: (folder / name).stat().st_size for name in files}
+    lines = [f"{len(files)} files, {sum(sizes.values()) / 1e6:.1f} MB, from {folder} to "
+             f"https://huggingface.co/{repo_id} ({'private' if private else 'public'}):"]
+    lines += [f"  {name}  ({size:,} bytes)" for name, size in sizes.items()]
+    return "\n".join(lines)
+
+
+def upload(folder: Path, files: list[str], repo_id: str, private: bool, message: str) -> str:
+    """Create the repository if needed and upload the files in one commit; the commit's URL."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise PublishError("HF_HUB_OFFLINE is set (the Makefile sets it for runs); unset it for "
+                           "the upload: `HF_HUB_OFFLINE=0 python -m retrieval_pretraining.publish ...`")
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        commit = api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="model",
+                                   allow_patterns=files, commit_message=message)
+    except LocalTokenNotFoundError as error:
+        raise PublishError(f"no Hugging Face token to upload to {repo_id}; run `hf auth login` "
+                           "or set HF_TOKEN") from error
+    return str(getattr(commit, "commit_url", commit))
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = add_debug_option(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--folder", type=Path, required=True, help="an encoder folder")
+    parser.add_argument("--repo-id", required=True, help="the Hub model repository: owner/name")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the folder and print what would be uploaded; no network")
+    parser.add_argument("--commit-message", default=None)
+    args = parser.parse_args(argv)
+    try:
+        validate_repo_id(args.repo_id)
+        if "/" not in args.repo_id:
+            raise HFValidationError("it names no owner")
+    except HFValidationError as error:
+        raise PublishError(f"--repo-id {args.repo_id!r} is not a Hub repository id "
+                           f"({error}); write owner/name") from error
+    files = check_folder(args.folder)
+    print(("would upload " if args.dry_run else "uploading ")
+          + plan(args.folder, files, args.repo_id, args.private), flush=True)
+    if args.dry_run:
+        return 0
+    message = args.commit_message or f"Upload {args.folder} (retrieval-pretraining)"
+    print(f"uploaded: {upload(args.folder, files, args.repo_id, args.private, message)}")
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""Every encoder folder is also a sentence-transformers model, with a Hugging Face model card.
+
+The exporters (pre-training, the `none` export of a base checkpoint, fine-tuning) call `write`
+inside their `artifacts.atomic_dir` block, after the weights, tokenizer and training.json, so a
+folder is published whole with these files or not at all (contracts/models says what they are):
+
+* `modules.json`: Transformer -> Pooling (-> Normalize when the similarity is cosine);
+* `1_Pooling/config.json`: [CLS] or the mean over real tokens, exactly `encode.pool`;
+* `sentence_bert_config.json`: `max_seq_length` = p_len. sentence-transformers has one length
+  for every input; ours cuts queries at q_len and passages at p_len. A query is rarely longer than
+  q_len, and cutting passages shorter than they were trained and indexed with would change every
+  vector, so p_len it is; the card says to set `max_seq_length = q_len` for queries to match
+  our pipeline exactly;
+* `config_sentence_transformers.json`: the similarity function and empty query / document
+  prompts (our encoders prepend nothing);
+* `README.md`: the model card. Its YAML front matter carries the Hub's keys and a block of what
+  the workflow knew at export time (`retrieval_pretraining`: base checkpoint, objective,
+  pre-training steps and corpus, fine-tuning data, the numbers the training runs measured). A
+  fine-tuned encoder inherits its init encoder's block, so the card of stage 2 still names the
+  base checkpoint and the pre-training. Retrieval scores are measured after export
+  (results/metrics/); nothing is stated that the folder's own records do not hold.
+
+A pre-trained encoder has not been trained with any pooling for retrieval: it gets the pooling
+and similarity the workflow's fine-tuning and zero-shot (stage 0) encoding use (the `finetune`
+section, without a dataset's overrides), and its card says so. Torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from . import artifacts
+from .contracts.models import (ALL_POOLING_FLAGS, CARD_BLOCK, NORMALIZE, NORMALIZE_DIR, POOLING,
+                               POOLING_DIR, POOLING_FLAGS, SIMILARITY_FN, TRANSFORMER)
+from .retrieval_settings import RetrievalSettings
+
+PRETRAINED_USE = (
+    "not fine-tuned: the pooling and similarity the workflow's fine-tuning and zero-shot (stage 0) "
+    "encoding use (config `finetune.pooling` / `finetune.similarity`, without a dataset's "
+    "overrides); the pre-training objective did not train this pooling for retrieval"
+)
+FINETUNED_USE = "the settings this encoder was fine-tuned with"
+# Records of a training run that are bookkeeping, not measurements of the encoder.
+NOT_MEASURED = ("step", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "memory_mb",
+                "encoder_frozen", "epoch", "event")
+
+
+# ---------------------------------------------------------------- sentence-transformers files ---
+def modules(similarity: str) -> list[dict[str, Any]]:
+    entries = [("", TRANSFORMER), (POOLING_DIR, POOLING)]
+    if similarity == "cosine":
+        entries.append((NORMALIZE_DIR, NORMALIZE))
+    return [{"idx": i, "name": str(i), "path": path, "type": kind}
+            for i, (path, kind) in enumerate(entries)]
+
+
+def pooling_config(pooling: str, dimension: int) -> dict[str, Any]:
+    """1_Pooling/config.json: exactly one mode on (encode.pool's cls or mean)."""
+    return {"word_embedding_dimension": dimension,
+            **{flag: flag == POOLING_FLAGS[pooling] for flag in ALL_POOLING_FLAGS}}
+
+
+def st_config(similarity: str) -> dict[str, Any]:
+    """config_sentence_transformers.json: no prompts, our similarity, the versions writing it."""
+    versions = {}
+    for label, dist in (("sentence_transformers", "sentence-transformers"),
+                        ("transformers", "transformers"), ("pytorch", "torch")):
+        try:
+            versions[label] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {"__version__": versions, "model_type": "SentenceTransformer",
+            "prompts": {"query": "", "document": ""}, "default_prompt_name": None,
+            "similarity_fn_name": SIMILARITY_FN[similarity]}
+
+
+def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, Any]) -> None:
+    """Add the sentence-transformers files and the model card to an encoder folder being written
+    (call inside the exporter's atomic_dir, after config.json and training.json)."""
+    folder = Path(folder)
+    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    (folder / POOLING_DIR).mkdir(exist_ok=True)
+    _write_json(folder / "modules.json", modules(retrieval.similarity))
+    _write_json(folder / POOLING_DIR / "config.json", pooling_config(retrieval.pooling, hidden))
+    if retrieval.similarity == "cosine":  # sentence-transformers >= 6 writes it; older ones skip it
+        (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
+        _write_json(folder / NORMALIZE_DIR / "config.json", {})
+    _write_json(folder / "sentence_bert_config.json",
+                {"max_seq_length": retrieval.p_len, "do_lower_case": False})
+    _write_json(folder / "config_sentence_transformers.json", st_config(retrieval.similarity))
+    with artifacts.atomic_path(folder / "README.md") as tmp:
+        tmp.write_text(render_card(card, retrieval))
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with artifacts.atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- what the card states ----------
+def read_card(folder: str | Path) -> dict[str, Any]:
+    """The YAML front matter of a folder's README.md ({} when it has none)."""
+    path = Path(folder) / "README.md"
+    if not path.is_file():
+        return {}
+    match = re.match(r"---\n(.*?)\n---\n", path.read_text(encoding="utf-8"), re.S)
+    front = yaml.safe_load(match.group(1)) if match else None
+    return front if isinstance(front, dict) else {}
+
+
+def base_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
+    """The staged base checkpoint as its manifest records it (the `checkpoints` entry)."""
+    manifest = Path(checkpoint) / "manifest.json"
+    if not manifest.is_file():
+        return {"path": str(checkpoint)}
+    params = json.loads(manifest.read_text()).get("params", {})
+    keep = ("name", "source", "location", "revision", "num_layers")
+    return {k: params[k] for k in keep if params.get(k) is not None}
+
+
+def measured(record: Mapping[str, Any] | None) -> dict[str, float]:
+    """The numbers of a training record that measure the encoder (losses, probes)."""
+    return {k: round(float(v), 6) for k, v in (record or {}).items()
+            if k not in NOT_MEASURED and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def pretrained_card(info: Mapping[str, Any], checkpoint: str | Path) -> dict[str, Any]:
+    """The card facts of a pre-trained encoder (or of the `none` export) from its training.json."""
+    settings = info.get("settings", {})
+    objective = info.get("objective", settings.get("objective"))
+    facts: dict[str, Any] = {
+        "encoder": "base checkpoint, not pre-trained" if objective == "none" else "pre-trained",
+        "model": settings.get("name"), "objective": objective,
+        "base_checkpoint": base_checkpoint(checkpoint) or None, "use": PRETRAINED_USE,
+    }
+    if objective != "none":
+        trainer = settings.get("trainer", {})
+        facts["pretraining"] = {
+            "steps": info.get("steps"), "tokens_seen": info.get("tokens_seen"),
+            "global_batch_size": trainer.get("global_batch_size"), "lr": trainer.get("lr"),
+            "chunks": info.get("chunks"), "corpus_shards": sorted(info.get("data", {})),
+            "spans": settings.get("spans"), "final": measured(info.get("final_metrics")),
+        }
+    return facts
+
+
+def finetuned_card(provenance: Mapping[str, Any], init: str | Path,
+                   stats: Mapping[str, Any]) -> dict[str, Any]:
+    """The card facts of a fine-tuned encoder: its init's facts plus this fine-tuning."""
+    init = Path(init)
+    inherited = read_card(init)
+    facts = dict(inherited.get(CARD_BLOCK) or {"init": str(init)})
+    config, inputs = provenance.get("config", {}), provenance.get("inputs", {})
+    step: dict[str, Any] = {"init": str(init)}
+    queries = Path(inputs.get("queries", ""))
+    split = re.fullmatch(r"queries-(.+)\.parquet", queries.name)
+    if split:  # results/datasets/{dataset}/queries-{split}.parquet
+        step |= {"dataset": queries.parent.name, "split": split.group(1)}
+    step |= {
+        "queries": inputs.get("queries"),
+        "negatives": [v for k, v in sorted(inputs.items()) if k.startswith("negatives")],
+        "train_queries": stats.get("train_queries"), "steps": provenance.get("steps"),
+        "epochs": config.get("epochs"), "batch_size": config.get("batch_size"),
+        "group_size": config.get("group_size"), "temperature": config.get("temperature"),
+        "lr": config.get("lr"), "seed": provenance.get("seed"),
+        "final": measured(provenance.get("final_metrics")),
+    }
+    facts |= {"encoder": "fine-tuned", "use": FINETUNED_USE}
+    facts["finetuning"] = [*facts.get("finetuning", []), step]
+    if inherited.get("base_model"):
+        facts.setdefault("base_model", inherited["base_model"])
+    return facts
+
+
+# ---------------------------------------------------------------- the card ----------------------
+def front_matter(facts: Mapping[str, Any], retrieval: RetrievalSettings) -> dict[str, Any]:
+    front: dict[str, Any] = {
+        "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
+        "tags": ["sentence-transformers", "feature-extraction", "sentence-similarity",
+                 "dense-retrieval", "retrieval-pretraining"]
+                + ([str(facts["objective"])] if facts.get("objective") else []),
+        "language": ["en"],
+    }
+    base = facts.get("base_checkpoint") or {}
+    if base.get("source") == "hub":  # the Hub's base_model must be a Hub id: never a local path
+        front["base_model"] = base["location"]
+    elif facts.get("base_model"):
+        front["base_model"] = facts["base_model"]
+    use = {"pooling": retrieval.pooling, "similarity": retrieval.similarity,
+           "q_len": retrieval.q_len, "p_len": retrieval.p_len, "title": retrieval.title,
+           "chosen_by": facts.get("use", FINETUNED_USE)}
+    front[CARD_BLOCK] = {k: v for k, v in facts.items() if k != "use"} | {"use": use}
+    return front
+
+
+_EXAMPLE_PASSAGE = {"none": '"The passage text."', "space": '"A title" + " " + "The passage text."',
+                    "sep": '"A title" + " [SEP] " + "The passage text."'}
+
+
+def _title_rule(title: str) -> str:
+    return {"none": "the text alone (no title)",
+            "space": "`title + \" \" + text`",
+            "sep": "`title + \" [SEP] \" + text` (the tokenizer's separator token)"}[title]
+
+
+def _measured_rows(facts: Mapping[str, Any]) -> list[str]:
+    rows = []
+    pretraining = facts.get("pretraining") or {}
+    for key, value in sorted((pretraining.get("final") or {}).items()):
+        rows.append(f"| pre-training, last step | {key} | {value:.4f} |")
+    for i, step in enumerate(facts.get("finetuning") or [], 1):
+        where = f"fine-tuning {i}" + (f" ({step['dataset']})" if step.get("dataset") else "")
+        for key, value in sorted((step.get("final") or {}).items()):
+            rows.append(f"| {where}, last step | {key} | {value:.4f} |")
+    return rows
+
+
+def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings) -> str:
+    front = front_matter(facts, retrieval)
+    block = front[CARD_BLOCK]
+    name = block.get("model") or "encoder"
+    pooled = {"cls": "the last layer's [CLS] vector", "mean": "the mean of the last layer over "
+              "real (non-padding) tokens"}[retrieval.pooling]
+    scored = {"cosine": "cosine similarity (vectors L2-normalised: the `Normalize` module)",
+              "dot": "the dot product of unnormalised vectors"}[retrieval.similarity]
+    base = block.get("base_checkpoint") or {}
+    lines = [
+        "---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
+        f"# {name}: {block.get('encoder', 'encoder')} dense-retrieval encoder", "",
+        "Written by the retrieval-pretraining workflow (Wikipedia pre-training of dense-retrieval "
+        "text encoders). The YAML block `retrieval_pretraining` above holds everything the "
+        "workflow knew when it wrote this folder; `training.json` and `manifest.json` beside "
+        "this card are its full records.", "",
+        "## Use", "", "```python", "from sentence_transformers import SentenceTransformer", "",
+        'model = SentenceTransformer("path/to/this/folder")  # or its Hub repo id',
+        f"model.max_seq_length = {retrieval.q_len}  # queries: cut at q_len, as our pipeline does",
+        'queries = model.encode_query(["what is dense retrieval?"])',
+        f"model.max_seq_length = {retrieval.p_len}  # passages (the saved default): p_len",
+        f"passages = model.encode_document([{_EXAMPLE_PASSAGE[retrieval.title]}])",
+        "scores = model.similarity(queries, passages)", "```", "",
+        "## How it embeds", "",
+        f"- Pooling: {pooled}; similarity: {scored}.",
+        f"- Chosen by: {block['use']['chosen_by']}.",
+        f"- Lengths: queries are truncated at q_len = {retrieval.q_len} tokens by our pipeline, "
+        f"passages (title included) at p_len = {retrieval.p_len}. sentence-transformers keeps "
+        f"one `max_seq_length`, saved as p_len; set it to {retrieval.q_len} while encoding "
+        "queries to get our query vectors exactly (shorter queries are the same either way).",
+        f"- Passages with a title: {_title_rule(retrieval.title)}"
+        + (" (this encoder's fine-tuning dataset's title mode)." if block.get("finetuning")
+           else " for a dataset whose title mode is `space` (a dataset's `title` setting)."),
+        "- No query or passage prefix (the `query` and `document` prompts are empty).", "",
+        "## Training", "",
+    ]
+    if base:
+        where = f"{base.get('source', '')} `{base.get('location', base.get('path', ''))}`"
+        layers = f", first {base['num_layers']} layers" if base.get("num_layers") else ""
+        lines.append(f"- Base checkpoint: `{base.get('name', '?')}` ({where.strip()}{layers}).")
+    if block.get("objective"):
+        lines.append(f"- Pre-training objective: `{block['objective']}`.")
+    pretraining = block.get("pretraining")
+    if pretraining:
+        lines.append(f"- Pre-training: {pretraining.get('steps')} steps, "
+                     f"{pretraining.get('tokens_seen')} tokens, on {pretraining.get('chunks')} "
+                     f"Wikipedia chunks ({len(pretraining.get('corpus_shards') or [])} shard files)"
+                     + (f", spans `{pretraining['spans']}`" if pretraining.get("spans") else "")
+                     + ".")
+    elif block.get("objective") == "none":
+        lines.append("- No pre-training: the base checkpoint's weights as they are.")
+    for step in block.get("finetuning") or []:
+        data = (f"`{step['dataset']}` ({step['split']})" if step.get("dataset")
+                else f"`{step.get('queries')}`")
+        lines.append(f"- Fine-tuned on {data}: {step.get('train_queries')} queries, "
+                     f"{step.get('steps')} steps, negatives from "
+                     f"{', '.join(f'`{n}`' for n in step.get('negatives') or []) or '?'}.")
+    rows = _measured_rows(block)
+    lines += ["", "## Measured", ""]
+    if rows:
+        lines += ["| when | measure | value |", "|---|---|---|", *rows, ""]
+    else:
+        lines += ["Nothing was measured while this folder was written (no training ran).", ""]
+    lines += ["Retrieval scores (nDCG@10, ...) are measured after export, by the workflow's "
+              "evaluation (results/metrics/ and results/tables.md of the run), and are not "
+              "stated here.", ""]
+    return "\n".join(lines)
