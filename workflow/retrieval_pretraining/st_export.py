@@ -20,9 +20,13 @@ folder is published whole with these files or not at all (contracts/models says 
   base checkpoint and the pre-training. Retrieval scores are measured after export
   (results/metrics/); nothing is stated that the folder's own records do not hold.
 
-A pre-trained encoder has not been trained with any pooling for retrieval: it gets the pooling
-and similarity the workflow's fine-tuning and zero-shot (stage 0) encoding use (the `finetune`
-section, without a dataset's overrides), and its card says so. Torch-free.
+A pre-trained encoder has not been fine-tuned for retrieval, so its files state a convention,
+never the fine-tuning config (that would make a change of `finetune.pooling` rerun pre-training):
+a trained encoder gets [CLS] and the dot product (what COSTA, CPDAE and BoW shape and what their
+papers fine-tune), at its position limit; the `none` export of a base checkpoint that is itself
+a sentence-transformers model keeps that model's pooling, similarity and length
+(`pretrained_use`). The card says so, and that the workflow's zero-shot (stage 0) rows encode it
+with the `finetune` knobs. Torch-free.
 """
 
 from __future__ import annotations
@@ -41,9 +45,10 @@ from .contracts.models import (ALL_POOLING_FLAGS, CARD_BLOCK, NORMALIZE, NORMALI
 from .retrieval_settings import RetrievalSettings
 
 PRETRAINED_USE = (
-    "not fine-tuned: the pooling and similarity the workflow's fine-tuning and zero-shot (stage 0) "
-    "encoding use (config `finetune.pooling` / `finetune.similarity`, without a dataset's "
-    "overrides); the pre-training objective did not train this pooling for retrieval"
+    "not fine-tuned: [CLS] pooling and the dot product, the representation the pre-training "
+    "objectives shape (a base checkpoint exported as it is keeps its own sentence-transformers "
+    "pooling); the workflow's zero-shot (stage 0) rows encode it with config `finetune.pooling` / "
+    "`finetune.similarity` instead"
 )
 FINETUNED_USE = "the settings this encoder was fine-tuned with"
 # Records of a training run that are bookkeeping, not measurements of the encoder.
@@ -101,6 +106,29 @@ def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, A
 def _write_json(path: Path, obj: Any) -> None:
     with artifacts.atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def pretrained_use(checkpoint: str | Path, objective: str) -> RetrievalSettings:
+    """How a not-yet-fine-tuned encoder is stated to be used (module docstring): the base's own
+    sentence-transformers settings for the `none` export of a sentence-transformers checkpoint,
+    else [CLS] + dot product at the position limit (at most 512 tokens)."""
+    checkpoint = Path(checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    limit = min(512, int(config.get("max_position_embeddings", 512)))
+    pooling_file = checkpoint / POOLING_DIR / "config.json"
+    if objective != "none" or not (checkpoint / "modules.json").is_file() or not pooling_file.is_file():
+        return RetrievalSettings(pooling="cls", similarity="dot", p_len=limit)
+    flags = json.loads(pooling_file.read_text())
+    pooling = next((name for name, flag in POOLING_FLAGS.items() if flags.get(flag)), None)
+    if pooling is None:
+        raise ValueError(f"{pooling_file}: a pooling we do not encode with (only cls or mean)")
+    types = [m.get("type") for m in json.loads((checkpoint / "modules.json").read_text())]
+    length = limit
+    if (checkpoint / "sentence_bert_config.json").is_file():
+        length = json.loads((checkpoint / "sentence_bert_config.json").read_text()).get(
+            "max_seq_length") or limit
+    return RetrievalSettings(pooling=pooling, similarity="cosine" if NORMALIZE in types else "dot",
+                             p_len=min(int(length), limit))
 
 
 # ---------------------------------------------------------------- what the card states ----------

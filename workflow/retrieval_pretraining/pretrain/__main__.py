@@ -3,7 +3,7 @@
     python -m retrieval_pretraining.pretrain --config '<resolved model settings JSON>' \
         --checkpoint results/checkpoints/X --chunks shard-0000.parquet ... [--spans ...] \
         --encoder results/pretrain/M/encoder --metrics .../metrics.jsonl --plot .../loss.png \
-        --state results/state/pretrain/M [--retrieval '{"pooling": "cls", "similarity": "dot", ...}']
+        --state results/state/pretrain/M [--retrieval '{"pooling": "mean", ...}']
 Multi-GPU / multi-node: launch the same command under `torchrun`.
 Exit status 75 = stopped by SIGTERM/SIGUSR1 after saving state; rerun to resume.
 """
@@ -31,18 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, required=True, help="output metrics .jsonl")
     parser.add_argument("--plot", type=Path, required=True, help="output loss curve .png")
     parser.add_argument("--state", type=Path, help="resume state folder (outside declared outputs)")
-    parser.add_argument("--retrieval", type=json.loads, default={},
-                        help="how the encoder is used before fine-tuning, as JSON (the finetune "
-                             "section's pooling, similarity, q_len, p_len): written into its "
-                             "sentence-transformers files and card (default: the retrieval "
-                             "defaults)")
+    parser.add_argument("--retrieval", type=json.loads, default=None,
+                        help="how the encoder is to be used, as JSON (pooling, similarity, q_len, "
+                             "p_len): written into its sentence-transformers files and card "
+                             "(default: [CLS] + dot product; a sentence-transformers base exported "
+                             "by `none` keeps its own; st_export.pretrained_use)")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     settings = args.config
     check_resolved(settings)
-    refuse_unknown(args.retrieval, ENCODER_USE, "pretrain --retrieval")
-    retrieval = RetrievalSettings(**args.retrieval)
+    retrieval = None
+    if args.retrieval is not None:
+        refuse_unknown(args.retrieval, ENCODER_USE, "pretrain --retrieval")
+        retrieval = RetrievalSettings(**args.retrieval)
     from .train import export_base, train  # after logging: importing torch takes a while
 
     if settings["objective"] == "none":

@@ -13,8 +13,8 @@ from typing import Any
 OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow")
 OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae",
                    "cpdae_r": "cpdae", "bow": "bow"}
-# The `finetune` knobs a pre-trained encoder's sentence-transformers files and card state (how the
-# workflow encodes with it before and while fine-tuning; st_export.py), passed as `--retrieval`.
+# The knobs `pretrain --retrieval` may set: how an exported encoder is to be used, written into its
+# sentence-transformers files and card (st_export.py; default st_export.pretrained_use).
 ENCODER_USE = ("pooling", "similarity", "q_len", "p_len")
 
 

@@ -51,13 +51,15 @@ def _copy_tokenizer(checkpoint: Path, dest: Path) -> None:
 def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, info: dict[str, Any],
                    retrieval: RetrievalSettings | None = None) -> None:
     """Write the encoder (no heads) + tokenizer + training.json as an HF folder that is also a
-    sentence-transformers model pooled as `retrieval` says (st_export.py), atomically."""
+    sentence-transformers model pooled as `retrieval` says (default: st_export.pretrained_use),
+    atomically."""
     with artifacts.atomic_dir(out_dir) as tmp:
         encoder.save_pretrained(tmp, safe_serialization=True)
         _copy_tokenizer(checkpoint, tmp)
         artifacts.write_json(tmp / "training.json", info)
         card = st_export.pretrained_card(info, checkpoint)
-        st_export.write(tmp, retrieval or RetrievalSettings(), card)
+        st_export.write(tmp, retrieval or st_export.pretrained_use(checkpoint, info["objective"]),
+                        card)
         artifacts.write_manifest(
             tmp / "manifest.json", stage="pretrain", params=info["settings"],
             inputs={"checkpoint_manifest": checkpoint / "manifest.json"},
@@ -68,7 +70,8 @@ def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, in
 def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metrics: Path, plot: Path,
                 retrieval: RetrievalSettings | None = None) -> None:
     """The `none` objective: the base checkpoint itself, exported to the encoder path (with the
-    sentence-transformers files of `retrieval`; a source's own are replaced)."""
+    sentence-transformers files of `retrieval`, default st_export.pretrained_use: the source's own
+    pooling when it is a sentence-transformers model)."""
     check_safetensors(checkpoint)  # copied as it is: a pickle must not pass through
     with artifacts.atomic_dir(out_dir) as tmp:
         for file in Path(checkpoint).iterdir():
@@ -78,7 +81,7 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
                 "checkpoint": str(checkpoint), "versions": artifacts.library_versions()}
         artifacts.write_json(tmp / "training.json", info)
         card = st_export.pretrained_card(info, checkpoint)
-        st_export.write(tmp, retrieval or RetrievalSettings(), card)
+        st_export.write(tmp, retrieval or st_export.pretrained_use(checkpoint, "none"), card)
         artifacts.write_manifest(tmp / "manifest.json", stage="pretrain", params=settings,
                                  inputs={"checkpoint_manifest": Path(checkpoint) / "manifest.json"})
     training.MetricsWriter(metrics)  # an empty metrics file: nothing was trained
