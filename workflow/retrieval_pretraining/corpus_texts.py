@@ -22,9 +22,6 @@ import pyarrow as pa
 from . import dataset_files
 from .config import ConfigError, resolve_path
 
-SCHEMA = pa.schema([("page_id", pa.int64()), ("text", pa.large_string())])
-
-
 def _joined(frame: pl.DataFrame, mode: str) -> pl.Series:
     text, title = pl.col("text").fill_null(""), pl.col("title").fill_null("")
     if mode == "none":
@@ -71,7 +68,8 @@ def text_batches(
             texts = _joined(frame, spec["title"]).to_arrow().cast(pa.large_string())
             ids = pa.array(range(position, position + frame.height), pa.int64())
             position += frame.height
-            table = pa.Table.from_arrays([ids, texts], schema=SCHEMA)
+            # The two columns the chunk stage reads of an articles file (contracts/articles/).
+            table = pa.Table.from_arrays([ids, texts], names=["page_id", "text"])
             yield from table.to_batches(max_chunksize=batch_size)
 
     return batches(), inputs, where
