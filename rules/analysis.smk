@@ -130,7 +130,8 @@ rule token_coverage:
             if config["report"]["analysis"]["coverage"]
             else []
         ),
-        chunks="results/corpus/chunks/shard-0000.parquet",
+        # Coverage is measured on chunks of the corpus the models train on by default.
+        chunks=f"results/corpus/{config['pretrain']['corpus']}/chunks/shard-0000.parquet",
         code=module_source("analysis"),
     output:
         figure=report(

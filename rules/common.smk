@@ -25,6 +25,7 @@ wildcard_constraints:
     checkpoint="[A-Za-z0-9_.-]+",
     shard="[0-9]{4}",
     spans="[A-Za-z0-9_.-]+",
+    corpus="[A-Za-z0-9_.-]+",
     model="[A-Za-z0-9_.-]+",
 
 
@@ -92,8 +93,25 @@ def all_targets():
     """What `rule all` builds: the tables and analyses (which pull in every stage), plus the
     span-index audits. Call from an input function: the dump's parts may come from a checkpoint.
     """
-    return report_targets() + expand(
-        "results/corpus/spans/{spans}/{audit}",
-        spans=[s["name"] for s in config["spans"]],
-        audit=["lengths.png", "sample.md"],
-    )
+    return report_targets() + [
+        f"results/corpus/{corpus}/spans/{spans}/{audit}"
+        for corpus, spans in span_indexes()
+        for audit in ("lengths.png", "sample.md")
+    ]
+
+
+def span_indexes():
+    """(corpus, spans) pairs to build and audit: each spans entry on the corpora of the models
+    that use it, or on `pretrain.corpus` when no model does (the paper's ablation indexes).
+    """
+    pairs = []
+    for entry in config["spans"]:
+        users = [
+            pretrain_settings(m["name"])
+            for m in config["pretrain"]["models"]
+            if m.get("spans") == entry["name"] and m["objective"] == "costa"
+        ]
+        corpora = [c["name"] for s in users for c in s["corpora"]]
+        for corpus in dict.fromkeys(corpora or [config["pretrain"]["corpus"]]):
+            pairs.append((corpus, entry["name"]))
+    return pairs

@@ -1,4 +1,8 @@
-# Corpus stages: base checkpoint, chunking to max_len tokens, the span index.
+# Corpus stages: base checkpoint, chunking each pre-training corpus to its max_len tokens, the span
+# indexes: results/corpus/{corpus}/chunks/, results/corpus/{corpus}/spans/{spans}/.
+from types import SimpleNamespace
+
+from retrieval_pretraining import corpora as corpora_lib
 
 
 rule stage_checkpoint:
@@ -52,41 +56,82 @@ rule stage_tokenizer:
 
 
 # --- Stage 3: tokenise and chunk (owner: corpus) -------------------------------------------------
-def corpus_tokenizer():
-    """The tokenizer folder the corpus stages use (that of the `corpus.checkpoint` entry)."""
-    return f"results/tokenizers/{config['corpus']['checkpoint']}"
+def corpus_settings(corpus):
+    """Corpus `corpus` as its chunk job reads it (corpora.resolve): name, source, chunking keys."""
+    return corpora_lib.resolve(config["corpus"], corpus, config["datasets"])
 
 
-def corpus_params():
-    """The corpus slice without `processes`: the chunks do not depend on it, so changing the process
-    count must not rerun chunking (it arrives through {threads} instead)."""
-    return experiment_config.stage_argument(
-        {key: value for key, value in config["corpus"].items() if key != "processes"}
+def corpus_tokenizer(corpus):
+    """The tokenizer folder a corpus is chunked with (its `checkpoint`, else the section's)."""
+    return f"results/tokenizers/{corpus_settings(corpus)['checkpoint']}"
+
+
+def chunk_paths(corpus, suffix="parquet"):
+    return expand(
+        "results/corpus/{corpus}/chunks/shard-{shard}.{suffix}",
+        corpus=corpus,
+        shard=shard_ids(),
+        suffix=suffix,
     )
+
+
+def get_corpus_texts(wildcards):
+    """What a corpus is read from: the extracted articles (wikipedia; a function, as the dump's
+    parts may come from a checkpoint) or the files of its source."""
+    settings = corpus_settings(wildcards.corpus)
+    source = settings["source"]
+    if source == "wikipedia":
+        return get_all_articles()
+    if source == "dataset" and settings["dataset"]["format"] != "beir":
+        # The MS MARCO collection (and titles file): a path, or a download rule's output.
+        return get_dataset_corpus_sources(
+            SimpleNamespace(dataset=settings["dataset"]["name"])
+        )
+    path = settings["dataset"]["path"] if source == "dataset" else settings["path"]
+    path = experiment_config.resolve_path(path, config["data_root"])
+    return [str(path / "corpus.jsonl" if source in ("dataset", "beir") else path)]
+
+
+def corpus_arguments(corpus, texts):
+    """The chunk command's input options: the articles (wikipedia), or where a source's own
+    files resolve (its config paths; a dataset's downloads)."""
+    settings = corpus_settings(corpus)
+    if settings["source"] == "wikipedia":
+        return "--articles " + " ".join(texts)
+    options = data_root_option()
+    if settings["source"] == "dataset":
+        options += f" --downloads {DATASET_DOWNLOADS}/{settings['dataset']['name']}"
+    return options
 
 
 rule chunk_articles:
     input:
-        articles=lambda wc: get_all_articles(),
-        tokenizer=corpus_tokenizer(),
+        texts=get_corpus_texts,
+        tokenizer=lambda wc: corpus_tokenizer(wc.corpus),
         code=module_source("chunk"),
     output:
-        chunks=expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()),
+        chunks=expand(
+            "results/corpus/{{corpus}}/chunks/shard-{shard}.parquet", shard=shard_ids()
+        ),
         manifests=expand(
-            "results/corpus/chunks/shard-{shard}.manifest.json", shard=shard_ids()
+            "results/corpus/{{corpus}}/chunks/shard-{shard}.manifest.json",
+            shard=shard_ids(),
         ),
     log:
-        "results/logs/chunk_articles/chunks.log",
+        "results/logs/chunk_articles/{corpus}.log",
     benchmark:
-        "results/benchmarks/chunk_articles/chunks.tsv"
+        "results/benchmarks/chunk_articles/{corpus}.tsv"
     conda:
         conda_env("torch")
     threads: config["corpus"]["processes"]
     params:
-        corpus=corpus_params(),
+        # The resolved entry without `processes`: the chunks do not depend on it, so changing the
+        # process count must not rerun chunking (it arrives through {threads} instead).
+        corpus=lambda wc: experiment_config.stage_argument(corpus_settings(wc.corpus)),
+        texts=lambda wc, input: corpus_arguments(wc.corpus, input.texts),
     shell:
         "python -m retrieval_pretraining.chunk --config '{params.corpus}' --processes {threads} "
-        "--articles {input.articles} --checkpoint {input.tokenizer} --out {output.chunks} &> {log}"
+        "{params.texts} --checkpoint {input.tokenizer} --out {output.chunks} &> {log}"
 
 
 # --- Stage 4: the span index (owner: corpus) -----------------------------------------------------
@@ -99,14 +144,14 @@ def span_params(name):
 
 rule sample_spans:
     input:
-        chunks="results/corpus/chunks/shard-{shard}.parquet",
-        tokenizer=corpus_tokenizer(),
+        chunks="results/corpus/{corpus}/chunks/shard-{shard}.parquet",
+        tokenizer=lambda wc: corpus_tokenizer(wc.corpus),
         code=module_source("spans"),
     output:
-        spans="results/corpus/spans/{spans}/shard-{shard}.parquet",
-        manifest="results/corpus/spans/{spans}/shard-{shard}.manifest.json",
+        spans="results/corpus/{corpus}/spans/{spans}/shard-{shard}.parquet",
+        manifest="results/corpus/{corpus}/spans/{spans}/shard-{shard}.manifest.json",
     log:
-        "results/logs/sample_spans/{spans}/shard-{shard}.log",
+        "results/logs/sample_spans/{corpus}/{spans}/shard-{shard}.log",
     conda:
         conda_env("torch")
     params:
@@ -118,25 +163,26 @@ rule sample_spans:
 
 rule audit_spans:
     input:
-        chunks=expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()),
+        chunks=lambda wc: chunk_paths(wc.corpus),
         spans=lambda wc: expand(
-            "results/corpus/spans/{spans}/shard-{shard}.parquet",
+            "results/corpus/{corpus}/spans/{spans}/shard-{shard}.parquet",
+            corpus=wc.corpus,
             spans=wc.spans,
             shard=shard_ids(),
         ),
-        tokenizer=corpus_tokenizer(),
+        tokenizer=lambda wc: corpus_tokenizer(wc.corpus),
         code=module_source("spans"),
     output:
         plot=report(
-            "results/corpus/spans/{spans}/lengths.png",
+            "results/corpus/{corpus}/spans/{spans}/lengths.png",
             caption="../workflow/report/span_lengths.rst",
             category="2. Pre-training",
             subcategory="Span lengths",
-            labels={"span index": "{spans}"},
+            labels={"corpus": "{corpus}", "span index": "{spans}"},
         ),
-        sample="results/corpus/spans/{spans}/sample.md",
+        sample="results/corpus/{corpus}/spans/{spans}/sample.md",
     log:
-        "results/logs/audit_spans/{spans}.log",
+        "results/logs/audit_spans/{corpus}/{spans}.log",
     conda:
         conda_env("torch")
     params:

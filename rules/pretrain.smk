@@ -38,26 +38,56 @@ def pretrain_models(trained):
     ]
 
 
+def used_corpora():
+    """The corpora the trained models read (and those span indexes are built on), in config order."""
+    names = [
+        c["name"]
+        for m in pretrain_models(trained=True)
+        for c in pretrain_settings(m)["corpora"]
+    ]
+    names += [corpus for corpus, _ in span_indexes()]
+    return [c for c in corpora_lib.names(config["corpus"]) if c in names]
+
+
 def model_pattern(names):
     # A regex matching exactly these model names (or nothing), so the two rules never overlap.
     return "|".join(map(re.escape, names)) if names else "(?!x)x"
 
 
 def get_pretrain_inputs(wildcards):
+    """The base checkpoint (or the `init` model's encoder and heads), then the chunks (and span
+    shards) of each corpus the model trains on, corpus after corpus."""
     settings = pretrain_settings(wildcards.model)
-    inputs = {
-        "checkpoint": f"results/checkpoints/{settings['checkpoint']}",
-        "chunks": expand(
-            "results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids()
-        ),
-    }
+    inputs = {"checkpoint": f"results/checkpoints/{settings['checkpoint']}"}
+    if settings.get("init"):
+        inputs["checkpoint"] = f"results/pretrain/{settings['init']}/encoder"
+        if pretrain_settings(settings["init"])["objective"] != "none":
+            inputs["heads"] = f"results/pretrain/{settings['init']}/heads.safetensors"
+    corpora = [c["name"] for c in settings["corpora"]]
+    inputs["chunks"] = [path for corpus in corpora for path in chunk_paths(corpus)]
     if settings.get("spans"):
         inputs["spans"] = expand(
-            "results/corpus/spans/{spans}/shard-{shard}.parquet",
+            "results/corpus/{corpus}/spans/{spans}/shard-{shard}.parquet",
+            corpus=corpora,
             spans=settings["spans"],
             shard=shard_ids(),
         )
     return inputs
+
+
+def data_options(input):
+    """`--chunks <corpus 1's shards> --chunks <corpus 2's> ...` (and --spans alike), from the
+    flat input lists: every corpus has as many shards (corpus.shards)."""
+    n = len(shard_ids())
+    options = []
+    for option in ("chunks", "spans"):
+        paths = list(input[option]) if option in input.keys() else []
+        options += [
+            f"--{option} " + " ".join(paths[i : i + n]) for i in range(0, len(paths), n)
+        ]
+    if "heads" in input.keys():
+        options.append(f"--init-heads {input.heads}")
+    return " ".join(options)
 
 
 PRETRAIN_CODE = module_source("launch", "pretrain")
@@ -98,16 +128,14 @@ rule pretrain_model:
         settings=lambda wc: experiment_config.stage_argument(
             pretrain_settings(wc.model)
         ),
-        spans=lambda wc, input: (
-            "--spans " + " ".join(input.spans) if "spans" in input.keys() else ""
-        ),
+        data=lambda wc, input: data_options(input),
         state="results/state/pretrain/{model}",
     shell:
         "TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 "
         "python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain "
         "--gpus {resources.gpu} -- "
         "--config '{params.settings}' "
-        "--checkpoint {input.checkpoint} --chunks {input.chunks} {params.spans} "
+        "--checkpoint {input.checkpoint} {params.data} "
         "--encoder {output.encoder} --metrics {output.metrics} --plot {output.plot} "
         "--state {params.state} &> {log}"
 

@@ -147,12 +147,17 @@ def get_stage_artifacts():
     datasets = [d["name"] for d in config["datasets"]]
     return (
         get_all_articles()
-        + expand("results/corpus/chunks/shard-{shard}.parquet", shard=shard_ids())
-        + expand(
-            "results/corpus/spans/{spans}/shard-{shard}.parquet",
-            spans=[s["name"] for s in config["spans"]],
-            shard=shard_ids(),
-        )
+        + chunk_paths(used_corpora())
+        + [
+            path
+            for corpus, spans in span_indexes()
+            for path in expand(
+                "results/corpus/{corpus}/spans/{spans}/shard-{shard}.parquet",
+                corpus=corpus,
+                spans=spans,
+                shard=shard_ids(),
+            )
+        ]
         + expand(
             "results/pretrain/{model}/encoder",
             model=[m["name"] for m in report_models()],

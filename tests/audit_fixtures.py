@@ -61,7 +61,7 @@ def build_results(res: Path) -> Path:
             "word_starts": [list(range(1, len(i) - 1)) for i in ids],
         }
     )
-    chunk_path = res / "corpus/chunks/shard-0000.parquet"
+    chunk_path = res / "corpus/wikipedia/chunks/shard-0000.parquet"
     artifacts.write_parquet(chunk_path, chunk_rows, chunks.SCHEMA)
     artifacts.write_manifest(
         artifacts.manifest_path(chunk_path),
@@ -77,7 +77,7 @@ def build_results(res: Path) -> Path:
             "granularity": [[0, 1], [1]],
         }
     )
-    span_path = res / "corpus/spans/costa/shard-0000.parquet"
+    span_path = res / "corpus/wikipedia/spans/costa/shard-0000.parquet"
     artifacts.write_parquet(span_path, span_rows, spans.SCHEMA)
     artifacts.write_manifest(
         artifacts.manifest_path(span_path),
@@ -242,9 +242,9 @@ def write_figures_pages_and_heads(res: Path, ckpt: Path, save_file) -> None:
     words = "# CPDAE decoder: top 2 words\n\n**Top words:** snow · ice\n"
     (res / "analysis/cpdae-top-words.md").write_text(words)
     (res / "analysis/cpdae-top-words.html").write_text(markdown_to_html(words, "CPDAE words"))
-    tiny_png(res / "corpus/spans/costa/lengths.png")
+    tiny_png(res / "corpus/wikipedia/spans/costa/lengths.png")
     sample = "# Span sample: spans=costa\n\n> ⟦the⟧ snow\n"
-    (res / "corpus/spans/costa/sample.md").write_text(sample)
+    (res / "corpus/wikipedia/spans/costa/sample.md").write_text(sample)
     # The tables and their copies for the report.
     (res / "tables.md").write_text(TABLES_MD)
     (res / "report").mkdir()

@@ -28,7 +28,7 @@ def run_audit(path, capsys):
 
 
 def test_chunks_are_decoded_with_the_manifest_tokenizer(results, capsys):
-    status, out, _ = run_audit(results / "corpus/chunks/shard-0000.parquet", capsys)
+    status, out, _ = run_audit(results / "corpus/wikipedia/chunks/shard-0000.parquet", capsys)
     assert status == 0, out
     assert "[chunks]" in out and "[CLS] the snow is white and very cold. [SEP]" in out
     assert "PASS  chunk_id == (page_id << 16) + chunk_index" in out
@@ -37,7 +37,7 @@ def test_chunks_are_decoded_with_the_manifest_tokenizer(results, capsys):
 
 
 def test_spans_are_shown_inside_their_chunk(results, capsys):
-    status, out, _ = run_audit(results / "corpus/spans/costa/shard-0000.parquet", capsys)
+    status, out, _ = run_audit(results / "corpus/wikipedia/spans/costa/shard-0000.parquet", capsys)
     assert status == 0, out
     # span [1,2) of chunk 0 is the word "the"; [2,5) is "snow is white" (one token per word here).
     assert "⟦the⟧ snow is white" in out and "the ⟦snow is white⟧ and very cold" in out
@@ -45,9 +45,9 @@ def test_spans_are_shown_inside_their_chunk(results, capsys):
 
 
 def test_span_covering_sep_fails(results, tmp_path, capsys):
-    bad = results / "corpus/spans/bad/shard-0000.parquet"
-    t = pq.read_table(results / "corpus/spans/costa/shard-0000.parquet")
-    n = len(pq.read_table(results / "corpus/chunks/shard-0000.parquet")["input_ids"][1].as_py())
+    bad = results / "corpus/wikipedia/spans/bad/shard-0000.parquet"
+    t = pq.read_table(results / "corpus/wikipedia/spans/costa/shard-0000.parquet")
+    n = len(pq.read_table(results / "corpus/wikipedia/chunks/shard-0000.parquet")["input_ids"][1].as_py())
     t = t.set_column(2, "span_end", pa.array([[2, 5], [n]], pa.list_(pa.int32())))
     artifacts.write_parquet(bad, t, t.schema)
     status, out, _ = run_audit(bad, capsys)
@@ -82,7 +82,7 @@ def test_negatives_show_their_query_and_catch_leaked_positives(results, capsys):
         ("bm25/toy/index", "[Lucene index folder]"),
         ("checkpoints/minilm", "[model folder"),
         ("pretrain/costa/metrics.jsonl", "[training metrics"),
-        ("corpus/chunks/shard-0000.manifest.json", "[manifest]"),
+        ("corpus/wikipedia/chunks/shard-0000.manifest.json", "[manifest]"),
         ("datasets/toy/dataset.json", "[dataset info (dataset.json)]"),
         ("report/tables.json", "[results tables (JSON)]"),
         ("report/tables.html", "[report page (HTML)]"),
@@ -99,8 +99,8 @@ def test_negatives_show_their_query_and_catch_leaked_positives(results, capsys):
         ("analysis/loss-curves.manifest.json", "[manifest]"),
         ("analysis/cpdae-top-words.md", "[Markdown page]"),
         ("analysis/cpdae-top-words.html", "[report page (HTML)]"),
-        ("corpus/spans/costa/lengths.png", "[figure (PNG)]"),
-        ("corpus/spans/costa/sample.md", "[Markdown page]"),
+        ("corpus/wikipedia/spans/costa/lengths.png", "[figure (PNG)]"),
+        ("corpus/wikipedia/spans/costa/sample.md", "[Markdown page]"),
         ("downloads/datasets/toy/queries.tsv", "[downloaded file]"),
         ("downloads/datasets/toy/queries.tsv.manifest.json", "[manifest]"),
         ("bm25/toy/index/segments_1", "[file of a Lucene index folder]"),
@@ -180,8 +180,8 @@ def test_stage_statistics_page_lists_each_manifest(results, tmp_path):
         [
             "--stage-stats",
             str(out),
-            str(results / "corpus/chunks/shard-0000.parquet"),
-            str(results / "corpus/spans/costa/shard-0000.parquet"),
+            str(results / "corpus/wikipedia/chunks/shard-0000.parquet"),
+            str(results / "corpus/wikipedia/spans/costa/shard-0000.parquet"),
             str(results / "datasets/toy/corpus.parquet"),
         ]
     )

@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from retrieval_pretraining import checkpoints, config
+from retrieval_pretraining import checkpoints, config, corpora
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = config.load()  # the demo config: each stage's slice is cut from it as the rules cut it
@@ -36,7 +36,7 @@ def _slices() -> dict[str, dict]:
     return {
         "extract": {k: v for k, v in DEMO["extract"].items() if k != "processes"},
         "checkpoint": DEMO["checkpoints"][0],
-        "corpus": {k: v for k, v in DEMO["corpus"].items() if k != "processes"},
+        "corpus": corpora.resolve(DEMO["corpus"], "wikipedia", DEMO["datasets"]),
         "spans": {"seed": DEMO["seed"], **DEMO["spans"][0]},
         "pretrain_none": {"name": "bert", "objective": "none", "checkpoint": "x", "seed": 1},
         "pretrain": resolve_model(DEMO["pretrain"], trained, DEMO["seed"]),

@@ -103,6 +103,34 @@ def test_missing_section_is_reported(demo):
             lambda c: c["pretrain"]["models"].append({"name": "mlm", "objective": "mlm"}),
             r"pretrain\.models.*'mlm' is used twice",
         ),
+        # Corpora: a model naming a missing corpus, a source without what it reads, init order.
+        (
+            lambda c: c["pretrain"]["models"][1].update(corpus="wikipedia-typo"),
+            r"pretrain\.models\.1\.corpus.*'wikipedia-typo' is not a corpus.corpora entry; known: wikipedia",
+        ),
+        (
+            lambda c: c["pretrain"]["models"][1].update(
+                corpus=[{"name": "wikipedia", "proportion": 1}, {"name": "scifact", "proportion": 1}]),
+            r"pretrain\.models\.1\.corpus\.1\.name.*'scifact'",
+        ),
+        (lambda c: c["pretrain"].update(corpus="nowhere"), r"pretrain\.corpus.*'nowhere'"),
+        (
+            lambda c: c["corpus"]["corpora"].append({"name": "sf", "source": "dataset"}),
+            r"corpus\.corpora\.1\.dataset': source=dataset needs it",
+        ),
+        (
+            lambda c: c["corpus"]["corpora"].append(
+                {"name": "sf", "source": "dataset", "dataset": "nfcorpus"}),
+            r"corpus\.corpora\.1\.dataset': 'nfcorpus' is not a datasets entry; known: scifact",
+        ),
+        (
+            lambda c: c["corpus"]["corpora"][0].update(path="data/x.jsonl"),
+            r"corpus\.corpora\.0\.path': source=wikipedia does not read it",
+        ),
+        (
+            lambda c: c["pretrain"]["models"][1].update(init="bow"),
+            r"pretrain\.models\.1\.init': 'bow' is not a pre-training model listed before 'mlm'",
+        ),
     ],
 )
 def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
@@ -110,6 +138,45 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
     edit(bad)
     with pytest.raises(experiment_config.ConfigError, match=expected):
         experiment_config.validate(bad)
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda c: c["corpus"]["corpora"][0].update(max_length=128),
+         r"corpus\.corpora\.0.*'max_length'.*known keys: .*max_len"),
+        (lambda c: c["pretrain"]["models"][1].update(
+            corpus=[{"name": "wikipedia", "proportion": 0}]), r"proportion.*exclusiveMinimum is 0"),
+        (lambda c: c["pretrain"]["models"][1].update(
+            corpus=[{"name": "wikipedia", "share": 1}]), r"'share'"),
+    ],
+)
+def test_corpus_keys_are_validated(demo, edit, expected):
+    bad = copy.deepcopy(demo)
+    edit(bad)
+    with pytest.raises(experiment_config.ConfigError, match=expected):
+        experiment_config.validate(bad)
+
+
+def test_the_demo_chunks_its_one_wikipedia_corpus_and_paper_adds_the_bow_msmarco_corpus(demo):
+    """The demo's single corpus is the shipped Wikipedia sample; the paper adds the BoW paper's
+    in-domain MS MARCO corpus (144 tokens) and a model continuing from the Wikipedia BoW model with
+    its hyper-parameters."""
+    from retrieval_pretraining import corpora
+    from retrieval_pretraining.pretrain.settings import resolve_model
+
+    assert corpora.names(demo["corpus"]) == ["wikipedia"] == [demo["pretrain"]["corpus"]]
+    assert corpora.resolve(demo["corpus"], "wikipedia", demo["datasets"])["max_len"] == 128
+    paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
+    marco = corpora.resolve(paper["corpus"], "msmarco-passage", paper["datasets"])
+    assert marco["max_len"] == 144 and marco["dataset"]["name"] == "msmarco-passage"
+    assert corpora.resolve(paper["corpus"], "wikipedia", paper["datasets"])["max_len"] == 512
+    bow = resolve_model(paper["pretrain"], "bow", seed=0)
+    marco_bow = resolve_model(paper["pretrain"], "bow-marco", seed=0)
+    assert marco_bow["init"] == "bow" and marco_bow["corpora"] == [
+        {"name": "msmarco-passage", "proportion": 1.0}]
+    same = {k: v for k, v in marco_bow.items() if k not in ("name", "init", "corpora")}
+    assert same == {k: v for k, v in bow.items() if k not in ("name", "corpora")}
 
 
 def test_paths_inside_the_project_resolve(tmp_path):

@@ -329,7 +329,7 @@ def test_the_analyses_ran_as_rules(project, config, test_queries):
 
     results = project / "results"
     for figure in ("analysis/loss-curves.png", "analysis/coverage.png",
-                   f"analysis/tsne/{DATASET}/{SPLIT}.png", "corpus/spans/costa/lengths.png"):
+                   f"analysis/tsne/{DATASET}/{SPLIT}.png", "corpus/wikipedia/spans/costa/lengths.png"):
         with Image.open(results / figure) as image:
             assert image.width >= 300 and image.height >= 200, (figure, image.size)
 
@@ -364,7 +364,7 @@ def test_the_analyses_ran_as_rules(project, config, test_queries):
     assert len(lines) == 1 and len(lines[0].split(" · ")) == top, words  # the decoder was found
     assert "Top words" in (results / "analysis/cpdae-top-words.html").read_text()
 
-    sample = (results / "corpus/spans/costa/sample.md").read_text()
+    sample = (results / "corpus/wikipedia/spans/costa/sample.md").read_text()
     assert sample.startswith("# Span sample") and "| granularity |" in sample, sample[:500]
     for stem in ("loss-curves", "coverage", "cpdae-top-words", f"tsne/{DATASET}/{SPLIT}"):
         manifest = json.loads((results / f"analysis/{stem}.manifest.json").read_text())
@@ -372,7 +372,7 @@ def test_the_analyses_ran_as_rules(project, config, test_queries):
 
     stats = (results / "report/stage-statistics.html").read_text()
     assert "(no manifest)" not in stats
-    for kind in ("results/wikipedia/articles/", "results/corpus/spans/", "results/pretrain/",
+    for kind in ("results/wikipedia/articles/", "results/corpus/wikipedia/spans/", "results/pretrain/",
                  f"results/bm25/{DATASET}/negatives.parquet", "/stage2/encoder",
                  "hard-negatives.parquet", "/faiss", "results/runs/", "results/metrics/"):
         assert kind in stats, kind
@@ -441,7 +441,7 @@ CAPTIONS = {
     "results/analysis/coverage.png": "coverage.rst",
     "results/analysis/tsne/*.png": "tsne.rst",
     "results/analysis/low-resource.png": "low_resource.rst",
-    "results/corpus/spans/*/lengths.png": "span_lengths.rst",
+    "results/corpus/*/spans/*/lengths.png": "span_lengths.rst",
     "results/pretrain/*/loss.png": "pretrain_loss.rst",
     "results/finetune/*/loss.png": "finetune_loss.rst",
 }

@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINED_MODEL = "mlm"
 TARGETS = [
     "results/wikipedia/articles/enwiki-sample.parquet",
-    "results/corpus/chunks/shard-0000.parquet",
-    "results/corpus/chunks/shard-0001.parquet",
+    "results/corpus/wikipedia/chunks/shard-0000.parquet",
+    "results/corpus/wikipedia/chunks/shard-0001.parquet",
     f"results/pretrain/{TRAINED_MODEL}/encoder",
 ]
 STATE = f"results/state/pretrain/{TRAINED_MODEL}"

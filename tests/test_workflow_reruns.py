@@ -11,7 +11,7 @@ import yaml
 
 from workflow_harness import copy_project, planned_rules, snakemake
 
-SPANS_TARGET = "results/corpus/spans/costa/shard-0000.parquet"
+SPANS_TARGET = "results/corpus/wikipedia/spans/costa/shard-0000.parquet"
 ARTICLES_TARGET = "results/wikipedia/articles/enwiki-sample.parquet"
 
 
@@ -19,7 +19,7 @@ ARTICLES_TARGET = "results/wikipedia/articles/enwiki-sample.parquet"
 def finished(tmp_path_factory) -> Path:
     """A project copy whose data stages (dump -> articles -> chunks -> spans) have run once."""
     project = copy_project(tmp_path_factory.mktemp("reruns") / "project")
-    snakemake(project, SPANS_TARGET, "results/corpus/spans/costa/shard-0001.parquet")
+    snakemake(project, SPANS_TARGET, "results/corpus/wikipedia/spans/costa/shard-0001.parquet")
     return project
 
 

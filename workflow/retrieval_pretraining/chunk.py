@@ -9,8 +9,10 @@ chunks contract (contracts/chunks/). This module runs the cutting over the whole
 - The chunk set, its ids and each chunk's shard (page_id % shards) depend on neither the process
   count nor the batch size.
 
-Input: article Parquet parts (page_id, text). Output: one Parquet file per shard + a manifest beside
-each.
+Input: article Parquet parts (page_id, text) for a Wikipedia corpus, or any other text collection
+of a `corpus.corpora` entry (a dataset's corpus, a BEIR folder, a JSONL or TSV file: corpus_texts.py
+streams it as (page_id = position, text) batches). Output: one Parquet file per shard + a manifest
+beside each, recording the corpus name and source.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import artifacts, parallel
+from . import artifacts, corpus_texts, parallel
 from .chunker import ChunkConfig, Chunker
+from .corpora import SOURCE_KEYS
 from .config import ConfigError, stage_parser
 from .contracts.chunks import CHUNK_INDEX_BITS, SCHEMA, check_order, validate_chunks
 from .errors import InputFileError, command, reading
@@ -147,6 +150,28 @@ def _finish_shard(i: int, spill_dir: Path, out: Path, cfg: ChunkConfig) -> dict[
     }
 
 
+def _sources(
+    article_paths: Sequence[str | os.PathLike], corpus: dict[str, Any] | None,
+    data_root: str | None, downloads: Path | None, batch_size: int,
+) -> tuple[Iterator[pa.RecordBatch], dict[str, Path], int | None]:
+    """(page_id/text batches, the files read, how many documents when known beforehand)."""
+    if corpus is not None and corpus.get("source", "wikipedia") != "wikipedia":
+        if article_paths:
+            raise ConfigError(f"corpus {corpus.get('name')!r} (source {corpus['source']}) reads "
+                              "its own files; give no --articles")
+        batches, inputs, _ = corpus_texts.text_batches(corpus, data_root, downloads, batch_size)
+        return batches, inputs, None
+    if not article_paths:
+        raise ConfigError("a wikipedia corpus is chunked from --articles; give the article parts")
+    article_paths = sorted(Path(p) for p in article_paths)
+    total_articles = 0
+    for path in article_paths:
+        with reading(path, "an articles Parquet file"):
+            total_articles += pq.ParquetFile(path).metadata.num_rows
+    inputs = {f"articles:{p.name}": p for p in article_paths}
+    return _article_batches(article_paths, batch_size), inputs, total_articles
+
+
 def chunk_corpus(
     article_paths: Sequence[str | os.PathLike],
     checkpoint_dir: str | os.PathLike,
@@ -154,17 +179,19 @@ def chunk_corpus(
     cfg: ChunkConfig,
     processes: int = 1,
     batch_size: int = 1024,
+    *,
+    corpus: dict[str, Any] | None = None,
+    data_root: str | None = None,
+    downloads: Path | None = None,
 ) -> dict[str, Any]:
-    """Chunk all articles into `out_paths` (shard i -> out_paths[i]); return corpus statistics."""
+    """Chunk all articles (or the texts of `corpus`, a resolved corpus entry) into `out_paths`
+    (shard i -> out_paths[i]); return corpus statistics."""
     out_paths = [Path(p) for p in out_paths]
     if len(out_paths) != cfg.shards:
         raise ConfigError(f"{len(out_paths)} output paths given for corpus.shards={cfg.shards}")
-    article_paths = sorted(Path(p) for p in article_paths)
     info = tokenizer_info(checkpoint_dir)
-    total_articles = 0
-    for path in article_paths:
-        with reading(path, "an articles Parquet file"):
-            total_articles += pq.ParquetFile(path).metadata.num_rows
+    batches, inputs, total_articles = _sources(article_paths, corpus, data_root, downloads,
+                                               batch_size)
     stats: Counter = Counter()
     out_paths[0].parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_paths[0].parent, prefix=".chunk-spill.") as spill_dir:
@@ -179,7 +206,7 @@ def chunk_corpus(
         try:
             with parallel.process_pool(processes, "spawn", _init_worker, worker_args) as pool:
                 # Phase 1: chunk batches (in parallel); each process spills its own rows per shard.
-                tasks = ((batch,) for batch in _article_batches(article_paths, batch_size))
+                tasks = ((batch,) for batch in batches)
                 results = parallel.bounded_map(_work, tasks, pool, in_flight=2 * processes)
                 try:
                     with tqdm(total=total_articles, unit="article", mininterval=10) as progress:
@@ -202,45 +229,50 @@ def chunk_corpus(
                 "Lower --processes (corpus.processes) or --batch-size and rerun"
             ) from error
         histogram = np.sum([s["length_histogram"] for s in shard_stats], axis=0, dtype=np.int64)
-    corpus = dict(stats)
-    corpus["chunks"] = int(histogram.sum())
-    corpus["tokens"] = int((histogram * np.arange(len(histogram))).sum())
-    corpus["text_tokens"] = corpus["tokens"] - 2 * corpus["chunks"]
-    corpus["length_histogram"] = _binned(histogram)
+    totals = dict(stats)
+    totals["chunks"] = int(histogram.sum())
+    totals["tokens"] = int((histogram * np.arange(len(histogram))).sum())
+    totals["text_tokens"] = totals["tokens"] - 2 * totals["chunks"]
+    totals["length_histogram"] = _binned(histogram)
     for shard in shard_stats:
         shard["length_histogram"] = _binned(np.asarray(shard["length_histogram"]))
     tokenizer = {k: v for k, v in info.items() if k != "tokens"}
-    inputs = {f"articles:{p.name}": p for p in article_paths}
     inputs["tokenizer"] = Path(checkpoint_dir) / "tokenizer.json"
+    params = asdict(cfg)
+    if corpus is not None:  # which corpus, from where (a dataset entry, a file, the articles)
+        params |= {k: corpus[k] for k in ("name", "source", *SOURCE_KEYS) if k in corpus}
     for out, shard in zip(out_paths, shard_stats):
         artifacts.write_manifest(
             artifacts.manifest_path(out),
             stage="chunk_articles",
-            params=asdict(cfg),
+            params=params,
             inputs=inputs,
             stats={
                 "shard": shard,
-                "corpus": corpus,
+                "corpus": totals,
                 "tokenizer": tokenizer,
                 "sharding": f"page_id % {cfg.shards}",
                 "chunk_id": "(page_id << 16) + chunk_index",
+                "page_id": "the article's page id" if total_articles is not None
+                else "the document's 0-based position in the collection",
             },
         )
     log.info(
         "chunked %d articles into %d chunks, %d tokens in %.1f s",
-        corpus.get("articles", 0),
-        corpus["chunks"],
-        corpus["tokens"],
+        totals.get("articles", 0),
+        totals["chunks"],
+        totals["tokens"],
         time.perf_counter() - started,
     )
-    return corpus
+    return totals
 
 
 @command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument(
-        "--articles", type=Path, nargs="+", required=True, help="article Parquet parts"
+        "--articles", type=Path, nargs="*", default=[],
+        help="article Parquet parts (a wikipedia corpus; other sources read their own files)",
     )
     parser.add_argument(
         "--checkpoint",
@@ -258,15 +290,23 @@ def main(argv: list[str] | None = None) -> None:
         default=1024,
         help="articles per task (speed only; small tasks cost the main process ~3 ms each)",
     )
+    parser.add_argument("--data-root", help="config paths may also point inside this folder")
+    parser.add_argument(
+        "--downloads", type=Path, help="a dataset source's downloads folder (source: dataset)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    cfg = ChunkConfig.from_dict(args.config)
     chunk_corpus(
         args.articles,
         args.checkpoint,
         args.out,
-        ChunkConfig.from_dict(args.config),
+        cfg,
         args.processes,
         args.batch_size,
+        corpus=args.config if "source" in args.config else None,
+        data_root=args.data_root,
+        downloads=args.downloads,
     )
 
 

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from .config import ConfigError, refuse_unknown
 from .contracts.chunks import CHUNK_INDEX_BITS, SCHEMA
+from .corpora import SOURCE_KEYS
 from .wordpiece import load_tokenizer, tokenizer_info
 
 SENTENCE_FINAL = (".", "!", "?")
@@ -44,7 +45,8 @@ PARAGRAPH_SPLIT = re.compile(r"\n[ \t\r\f\v]*\n")
 
 @dataclass(frozen=True)
 class ChunkConfig:
-    """The `corpus` config section: the keys that change the chunks (`processes` only the speed)."""
+    """How a corpus is cut (the `corpus` section's keys with a corpus entry's overrides: those that
+    change the chunks; `processes` only the speed)."""
 
     checkpoint: str
     max_len: int = 512
@@ -55,8 +57,11 @@ class ChunkConfig:
 
     @classmethod
     def from_dict(cls, section: dict[str, Any]) -> "ChunkConfig":
-        # `processes` is the section's too; the chunk command takes it as --processes.
-        refuse_unknown(section, [*cls.__dataclass_fields__, "processes"], "chunk (corpus)")
+        # `processes` is the section's too (the chunk command takes it as --processes); a
+        # resolved corpus entry (corpora.resolve) adds its name and where its texts come from.
+        corpus_keys = ("name", "source", *SOURCE_KEYS)
+        refuse_unknown(section, [*cls.__dataclass_fields__, "processes", *corpus_keys],
+                       "chunk (corpus)")
         known = {k: v for k, v in section.items() if k in cls.__dataclass_fields__}
         cfg = cls(**known)
         if cfg.short_tail not in ("rebalance", "drop", "keep"):

@@ -138,6 +138,7 @@ def cross_check(config: dict[str, Any]) -> list[str]:
 
     must_name("corpus.checkpoint", config["corpus"]["checkpoint"], "checkpoints")
     must_name("pretrain.checkpoint", config["pretrain"]["checkpoint"], "checkpoints")
+    messages += _corpus_mistakes(config, must_name)
     for i, model in enumerate(config["pretrain"]["models"]):
         must_name(f"pretrain.models.{i}.spans", model.get("spans"), "spans")
     for i, entry in enumerate(config["finetune"]["datasets"]):
@@ -167,6 +168,49 @@ def cross_check(config: dict[str, Any]) -> list[str]:
                 f"config key '{key}.dataset': add an evaluate.splits entry for '{target}' "
                 "(which split, which measures)"
             )
+    return messages
+
+
+def _corpus_mistakes(config: dict[str, Any], must_name) -> list[str]:
+    """Corpora: unique names, each source's keys, models naming corpora that exist (a mixture
+    of distinct ones) and an `init` model listed before them."""
+    from . import corpora
+
+    section, messages = config["corpus"], []
+    known = corpora.names(section)
+    for name in sorted({n for n in known if known.count(n) > 1}):
+        messages.append(f"config key 'corpus.corpora': the name '{name}' is used twice")
+    datasets = _names(config.get("datasets"))
+    for i, entry in enumerate(section["corpora"]):
+        messages += corpora.problems(entry, f"corpus.corpora.{i}", datasets)
+        must_name(f"corpus.corpora.{i}.checkpoint", entry.get("checkpoint"), "checkpoints")
+
+    def corpus_named(key: str, value: str) -> None:
+        if value not in known:
+            messages.append(f"config key '{key}': '{value}' is not a corpus.corpora entry; "
+                            f"known: {', '.join(known)}")
+
+    corpus_named("pretrain.corpus", config["pretrain"]["corpus"])
+    earlier: list[str] = []
+    for i, model in enumerate(config["pretrain"]["models"]):
+        key = f"pretrain.models.{i}"
+        chosen = model.get("corpus")
+        if isinstance(chosen, str):
+            corpus_named(f"{key}.corpus", chosen)
+        for j, part in enumerate(chosen if isinstance(chosen, list) else []):
+            corpus_named(f"{key}.corpus.{j}.name", part["name"])
+        mixed = [part["name"] for part in chosen] if isinstance(chosen, list) else []
+        for name in sorted({n for n in mixed if mixed.count(n) > 1}):
+            messages.append(f"config key '{key}.corpus': '{name}' is listed twice")
+        if "init" in model and model["init"] not in earlier:
+            messages.append(
+                f"config key '{key}.init': '{model['init']}' is not a pre-training model listed "
+                f"before '{model['name']}'; known before it: {', '.join(earlier) or 'none'}"
+            )
+        if ("init" in model or "corpus" in model) and model["objective"] == "none":
+            messages.append(f"config key '{key}': objective none trains nothing; remove "
+                            "corpus / init")
+        earlier.append(model["name"])
     return messages
 
 

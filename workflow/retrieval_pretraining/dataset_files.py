@@ -3,7 +3,7 @@
 BEIR folders (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) and MS MARCO files (TSV collections
 of passages or documents, queries TSV, TREC qrels; plain, .gz or a member of a tar archive, from a
 path or a download). Ids are read as strings. A malformed line raises DatasetError naming the file,
-the line and the fix. MS MARCO collections (22 GB of documents) are streamed in batches of lines.
+the line and the fix. Corpora (MS MARCO documents: 22 GB) are streamed in batches of lines.
 What the rows must then be is the datasets contract (contracts/datasets/).
 """
 
@@ -81,6 +81,42 @@ def read_jsonl(
             for field in optional:
                 columns[field].append(record.get(field) or "")
     return columns
+
+
+def read_jsonl_corpus_batches(
+    path: Path, require_id: bool = True, rows: int | None = None, chars: int | None = None
+) -> Iterator[pl.DataFrame]:
+    """A JSON-lines corpus (BEIR's corpus.jsonl: `_id`, `text`, optional `title`) as (doc_id,
+    title, text) frames of at most `rows` documents or `chars` characters, read line by line.
+    Without `require_id` a record may lack `_id` (its doc_id is then its 0-based position)."""
+    rows = rows or CORPUS_BATCH_ROWS
+    chars = chars or CORPUS_BATCH_CHARS
+    fields = ("_id", "text") if require_id else ("text",)
+    columns: dict[str, list[str]] = {"doc_id": [], "title": [], "text": []}
+    size = position = 0
+    with open_text(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DatasetError(f"{path}, line {number}: not valid JSON ({error})") from None
+            missing = [f for f in fields if not isinstance(record, dict) or f not in record]
+            if missing:
+                raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "
+                                   f"line needs {', '.join(fields)} (title optional)")
+            columns["doc_id"].append(str(record.get("_id", position)))
+            columns["title"].append(record.get("title") or "")
+            columns["text"].append(record["text"])
+            position += 1
+            size += len(columns["text"][-1] or "") + len(columns["title"][-1])
+            if len(columns["doc_id"]) >= rows or size >= chars:
+                yield pl.DataFrame(columns, schema=dict.fromkeys(columns, pl.String))
+                columns = {k: [] for k in columns}
+                size = 0
+    if columns["doc_id"]:
+        yield pl.DataFrame(columns, schema=dict.fromkeys(columns, pl.String))
 
 
 def read_tsv_records(
@@ -213,13 +249,11 @@ def corpus_batches(
 ) -> tuple[Iterator[pl.DataFrame], dict[str, Path]]:
     """The corpus as (doc_id, title, text) batches in file order, and the files it is read from.
 
-    BEIR corpora are read whole (they are small) and sliced; MS MARCO collections are streamed.
+    Both are streamed: BEIR's corpus.jsonl line by line, MS MARCO collections in batches of lines.
     """
     if entry["format"] == "beir":
-        folder = resolve_path(entry["path"], data_root)
-        cols = read_jsonl(folder / "corpus.jsonl", ("_id", "text"), optional=("title",))
-        corpus = pl.DataFrame({"doc_id": cols["_id"], "title": cols["title"], "text": cols["text"]})
-        return corpus.iter_slices(CORPUS_BATCH_ROWS), {"corpus": folder / "corpus.jsonl"}
+        path = resolve_path(entry["path"], data_root) / "corpus.jsonl"
+        return read_jsonl_corpus_batches(path), {"corpus": path}
     path, member = resolve_ref(entry["corpus"], entry, data_root, downloads)
     inputs = {"corpus": path}
     if entry["format"] == "dpr":  # DPR's psgs_w100.tsv: CSV-quoted, with a header

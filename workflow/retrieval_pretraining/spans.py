@@ -288,6 +288,16 @@ def sample_batch(
 # --- the stage ------------------------------------------------------------------------------------
 
 
+def _chunk_corpus(chunks_path: Path) -> dict[str, Any] | None:
+    """The corpus name and source the chunk shard's manifest records (None without one)."""
+    manifest = artifacts.manifest_path(chunks_path)
+    if not manifest.is_file():
+        return None
+    params = artifacts.read_json(manifest).get("params", {})
+    corpus = {k: v for k, v in params.items() if k in ("name", "source", "dataset", "path")}
+    return corpus or None
+
+
 def sample_shard(
     chunks_path: str | os.PathLike,
     checkpoint_dir: str | os.PathLike,
@@ -340,6 +350,8 @@ def sample_shard(
         "chunks": table.num_rows,
         "granularities": stats,
         "tokenizer_vocab_sha256": words.vocab_sha256,
+        # Which corpus these chunks are (name and source), as their manifest records it.
+        "corpus": _chunk_corpus(chunks_path),
     }
     params = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
     artifacts.write_manifest(

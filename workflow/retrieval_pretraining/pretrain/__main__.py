@@ -2,6 +2,7 @@
 
     python -m retrieval_pretraining.pretrain --config '<resolved model settings JSON>' \
         --checkpoint results/checkpoints/X --chunks shard-0000.parquet ... [--spans ...] \
+        [--chunks <a second corpus's shards> [--spans ...]] [--init-heads heads.safetensors] \
         --encoder results/pretrain/M/encoder --metrics .../metrics.jsonl --plot .../loss.png \
         --state results/state/pretrain/M [--retrieval '{"pooling": "mean", ...}']
 Multi-GPU / multi-node: launch the same command under `torchrun`.
@@ -25,8 +26,13 @@ from .settings import ENCODER_USE, check_resolved
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="base checkpoint HF folder")
-    parser.add_argument("--chunks", type=Path, nargs="*", default=[], help="chunk shards, in shard order")
-    parser.add_argument("--spans", type=Path, nargs="*", default=None, help="span shards (costa)")
+    parser.add_argument("--chunks", type=Path, nargs="*", action="append", default=[],
+                        help="chunk shards, in shard order; once per corpus of a mixture, in the "
+                             "order of the settings' corpora")
+    parser.add_argument("--spans", type=Path, nargs="*", action="append", default=[],
+                        help="span shards (costa), as --chunks")
+    parser.add_argument("--init-heads", type=Path,
+                        help="heads.safetensors of the model this one continues from (init)")
     parser.add_argument("--encoder", type=Path, required=True, help="output encoder folder")
     parser.add_argument("--metrics", type=Path, required=True, help="output metrics .jsonl")
     parser.add_argument("--plot", type=Path, required=True, help="output loss curve .png")
@@ -50,13 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     if settings["objective"] == "none":
         export_base(settings, args.checkpoint, args.encoder, args.metrics, args.plot, retrieval)
         return 0
-    if not args.chunks:
+    chunks = [group for group in args.chunks if group]
+    if not chunks:
         parser.error("--chunks is required for a training objective")
     if args.state is None:
         parser.error("--state is required for a training objective")
-    return train(settings, chunks=args.chunks, spans=args.spans or None, checkpoint=args.checkpoint,
-                 encoder_out=args.encoder, metrics_out=args.metrics, plot_out=args.plot,
-                 state_dir=args.state, retrieval=retrieval)
+    spans = [group for group in args.spans if group] or None
+    return train(settings, chunks=chunks if len(chunks) > 1 else chunks[0],
+                 spans=spans if spans is None or len(spans) > 1 else spans[0],
+                 checkpoint=args.checkpoint, encoder_out=args.encoder, metrics_out=args.metrics,
+                 plot_out=args.plot, state_dir=args.state, init_heads=args.init_heads,
+                 retrieval=retrieval)
 
 
 if __name__ == "__main__":

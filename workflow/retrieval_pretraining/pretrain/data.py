@@ -9,6 +9,12 @@
   j % world_size. The set of micro-batches is therefore the same for any number of processes.
 * Masking draws from a generator seeded by (seed, epoch, chunk_id, view): no dependence on worker
   order, on the number of workers or on resumption.
+* A mixture of corpora (`corpora` with proportions): every global batch holds a fixed quota of
+  each corpus (the proportions times the batch, largest remainders rounded up, at least one each),
+  the k-th step taking the k-th slice of each corpus's own (seed, epoch, corpus) order; the batch
+  is then shuffled from (seed, step) so every micro-batch mixes. Quotas are the same every step,
+  so where each corpus stands at step s is a function of s: resuming stays exact. Chunk ids of two
+  corpora may coincide, so masks and held-out hashes of corpus c > 0 also key on c.
 """
 
 from __future__ import annotations
@@ -26,17 +32,14 @@ import pyarrow.parquet as pq
 import torch
 
 from .. import artifacts
-from ..errors import BadInput, reading
+from ..errors import reading
 from ..wordpiece import tokens_by_id, vocab_sha256
+from .mixture import DataError, quotas
 
 log = logging.getLogger(__name__)
 
 CHUNK_COLUMNS = ("chunk_id", "input_ids", "word_starts")
 SPAN_COLUMNS = ("span_start", "span_end", "granularity")
-
-
-class DataError(BadInput, ValueError):
-    """The chunk or span shards break their contract; the message names the file, row and fix."""
 
 
 # ---------------------------------------------------------------- validation + store ------------
@@ -159,6 +162,8 @@ class ChunkStore:
         readers = [pa.ipc.open_file(pa.memory_map(str(p))) for p in paths]
         parts = [r.get_batch(i) for r in readers for i in range(r.num_record_batches)]
         parts = [part for part in parts if part.num_rows]
+        self.file_rows = [sum(r.get_batch(i).num_rows for i in range(r.num_record_batches))
+                          for r in readers]
         if not parts:
             raise DataError(f"no chunks in {list(map(str, paths))}")
         self.has_spans = all("span_start" in r.schema.names for r in readers)
@@ -289,7 +294,10 @@ class MicroBatches(torch.utils.data.Dataset):
         micro_batch_size: int, rank: int, world_size: int, mask_rate: float, whole_word: bool,
         views: int = 1, need_spans: bool = False, need_bags: bool = False,
         need_original: bool = False, holdout: int = 0,
+        corpus_files: Sequence[int] | None = None, proportions: Sequence[float] | None = None,
     ):
+        """`store_paths` of one corpus, or of several in turn: `corpus_files` says how many files
+        each has, `proportions` its share of every global batch (a mixture)."""
         self.store_paths = list(store_paths)
         self._store: ChunkStore | None = None
         self.vocab, self.seed = vocab, seed
@@ -302,14 +310,32 @@ class MicroBatches(torch.utils.data.Dataset):
         if holdout >= n:
             raise DataError(f"trainer.probe_chunks {holdout} leaves none of the {n} chunks to "
                             "train on; lower it")
-        self.holdout_rows = held_out_rows(self.store.all_chunk_ids(), holdout, seed)
-        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its training order)
+        files = list(corpus_files) if corpus_files else [len(self.store_paths)]
+        if sum(files) != len(self.store_paths) or (proportions is not None
+                                                  and len(proportions) != len(files)):
+            raise DataError(f"{len(self.store_paths)} files for corpora of {files} files and "
+                            f"proportions {proportions}")
+        rows = np.cumsum([0] + self.store.file_rows)
+        # bounds[c]..bounds[c + 1]: corpus c's store rows.
+        self.bounds = rows[np.cumsum([0] + files)]
+        self.mixed = len(files) > 1
+        self.holdout_rows = held_out_rows(self.store.all_chunk_ids(), holdout, seed,
+                                          self.corpus_of(np.arange(n)) if self.mixed else None)
+        self._order: dict[int, tuple[int, np.ndarray]] = {}  # corpus -> (epoch, its order)
         self.steps_per_epoch = (n - len(self.holdout_rows)) // global_batch_size
         if self.steps_per_epoch == 0:
             raise DataError(
                 f"{n - len(self.holdout_rows)} chunks cannot fill one global batch of "
                 f"{global_batch_size}; lower trainer.global_batch_size (or probe_chunks) or add data"
             )
+        self.quotas = quotas(proportions or [1.0] * len(files), global_batch_size)
+        # Steps per pass over each corpus (one corpus: the epoch itself).
+        self.corpus_steps = [self.steps_per_epoch] if not self.mixed else [
+            int(self._train_rows(c).size // q) for c, q in enumerate(self.quotas)]
+        if min(self.corpus_steps) == 0:
+            c = int(np.argmin(self.corpus_steps))
+            raise DataError(f"corpus {c} has {self._train_rows(c).size} chunks to train on, fewer "
+                            f"than its {self.quotas[c]} per global batch; lower its proportion")
         if need_spans and not self.store.has_spans:
             raise DataError("this objective needs span shards (model entry 'spans'), none given")
         self.total_steps = 0  # set by the trainer
@@ -329,28 +355,55 @@ class MicroBatches(torch.utils.data.Dataset):
         rows = range(min(sample, len(self.store)))
         return float(np.mean([len(bag_of_ids(self.store.get("input_ids", r), self.vocab)) for r in rows]))
 
-    def rows_for(self, step: int, micro: int) -> np.ndarray:
-        """Store rows of micro-batch `micro` (0..accumulation-1) of this rank at optimiser `step`."""
-        epoch, within = divmod(step, self.steps_per_epoch)
-        order = self.training_order(epoch)
-        batch = order[within * self.global_batch_size:(within + 1) * self.global_batch_size]
+    def corpus_of(self, rows: np.ndarray) -> np.ndarray:
+        """The corpus (index into the mixture) of each store row."""
+        return np.searchsorted(self.bounds, rows, side="right") - 1
+
+    def _train_rows(self, corpus: int) -> np.ndarray:
+        rows = np.arange(self.bounds[corpus], self.bounds[corpus + 1])
+        return rows[~np.isin(rows, self.holdout_rows)]
+
+    def global_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(store rows, the epoch each row's corpus is in) of the global batch of `step`."""
+        rows, epochs = [], []
+        for c, quota in enumerate(self.quotas):
+            epoch, within = divmod(step, self.corpus_steps[c])
+            rows.append(self.training_order(epoch, c)[within * quota:(within + 1) * quota])
+            epochs.append(np.full(quota, epoch))
+        if not self.mixed:
+            return rows[0], epochs[0]
+        shuffle = np.random.default_rng([self.seed, step, 0x313C]).permutation(self.global_batch_size)
+        return np.concatenate(rows)[shuffle], np.concatenate(epochs)[shuffle]
+
+    def _micro(self, batch: np.ndarray, micro: int) -> np.ndarray:
         j = micro * self.world_size + self.rank
         return batch[j * self.micro_batch_size:(j + 1) * self.micro_batch_size]
 
+    def rows_for(self, step: int, micro: int) -> np.ndarray:
+        """Store rows of micro-batch `micro` (0..accumulation-1) of this rank at optimiser `step`."""
+        return self._micro(self.global_batch(step)[0], micro)
+
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         step, micro = divmod(k, self.accumulation)
-        batch = self.collate(self.rows_for(step, micro), epoch=step // self.steps_per_epoch)
+        rows, epochs = (self._micro(part, micro) for part in self.global_batch(step))
+        batch = self.collate(rows, epoch=epochs)
         return batch | {"step": torch.tensor(step)}
 
-    def training_order(self, epoch: int) -> np.ndarray:
-        """Every store row but the held-out ones, in epoch `epoch`'s order (kept for the epoch:
-        drawing a permutation of ~12M rows per micro-batch would cost more than the batch)."""
-        if self._order is None or self._order[0] != epoch:
-            order = epoch_order(len(self.store), self.seed, epoch)
+    def training_order(self, epoch: int, corpus: int = 0) -> np.ndarray:
+        """Every store row of `corpus` but the held-out ones, in epoch `epoch`'s order (kept for
+        the epoch: drawing a permutation of ~12M rows per micro-batch would cost more than the
+        batch). One corpus: its order is drawn from (seed, epoch) alone, as it always was."""
+        if corpus not in self._order or self._order[corpus][0] != epoch:
+            low, high = int(self.bounds[corpus]), int(self.bounds[corpus + 1])
+            if self.mixed:
+                order = low + np.random.default_rng([self.seed, epoch, 0x5EED, corpus]).permutation(
+                    high - low)
+            else:
+                order = epoch_order(len(self.store), self.seed, epoch)
             if len(self.holdout_rows):
                 order = order[~np.isin(order, self.holdout_rows)]
-            self._order = (epoch, order)
-        return self._order[1]
+            self._order[corpus] = (epoch, order)
+        return self._order[corpus][1]
 
     def probe_batches(self) -> list[dict[str, torch.Tensor]]:
         """The held-out chunks as micro-batches, masked as in epoch 0 (the same every time)."""
@@ -358,16 +411,21 @@ class MicroBatches(torch.utils.data.Dataset):
         size = self.micro_batch_size
         return [self.collate(rows[i:i + size], epoch=0) for i in range(0, len(rows), size)]
 
-    def collate(self, rows: np.ndarray, epoch: int) -> dict[str, torch.Tensor]:
-        """One padded batch of the given store rows, masked from (seed, epoch, chunk_id, view)."""
+    def collate(self, rows: np.ndarray, epoch: int | np.ndarray) -> dict[str, torch.Tensor]:
+        """One padded batch of the given store rows, masked from (seed, epoch, chunk_id, view)
+        (+ the corpus, for rows of a mixture's corpus c > 0); `epoch` for all rows or per row."""
         store = self.store
         originals = [store.get("input_ids", r) for r in rows]
         words = [store.get("word_starts", r) for r in rows]
         chunk_ids = store.chunk_ids(rows)
+        epochs = np.broadcast_to(np.asarray(epoch, dtype=np.int64), (len(rows),))
+        corpora = self.corpus_of(np.asarray(rows, dtype=np.int64)) if self.mixed \
+            else np.zeros(len(rows), dtype=np.int64)
         masked, labels = [], []
         for view in range(self.views):  # views stacked: [view 0 of all items, view 1 of all, ...]
-            for ids, ws, cid in zip(originals, words, chunk_ids):
-                rng = np.random.default_rng([self.seed, epoch, int(cid), view])
+            for ids, ws, cid, ep, c in zip(originals, words, chunk_ids, epochs, corpora):
+                key = [self.seed, int(ep), int(cid), view] + ([int(c)] if c else [])
+                rng = np.random.default_rng(key)
                 m, l = mask_tokens(ids, ws, rng, self.vocab, self.mask_rate, self.whole_word)
                 masked.append(m)
                 labels.append(l)
@@ -402,13 +460,18 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def held_out_rows(chunk_ids: np.ndarray, count: int, seed: int) -> np.ndarray:
+def held_out_rows(chunk_ids: np.ndarray, count: int, seed: int,
+                  corpora: np.ndarray | None = None) -> np.ndarray:
     """The store rows of `count` chunks set aside for the probes: those with the smallest hash of
-    (seed, chunk_id), so the choice depends on neither shard order nor process count. Sorted."""
+    (seed, chunk_id) (and of the corpus c for a mixture's rows of c > 0), so the choice depends on
+    neither shard order nor process count. Sorted."""
     if count <= 0:
         return np.zeros(0, dtype=np.int64)
     salt = _splitmix(np.array([seed ^ 0x9B0BE], dtype=np.uint64))
     keys = _splitmix(salt ^ chunk_ids.astype(np.uint64))
+    if corpora is not None:
+        other = corpora > 0
+        keys[other] = _splitmix(keys[other] ^ corpora[other].astype(np.uint64))
     return np.sort(np.argsort(keys, kind="stable")[:count]).astype(np.int64)
 
 

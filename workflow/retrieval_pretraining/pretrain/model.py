@@ -59,6 +59,20 @@ def load_mlm_head(head: MLMHead, checkpoint: Path) -> bool:
     return False
 
 
+def load_heads(model: nn.Module, path: Path) -> set[str]:
+    """Copy the tensors of a heads.safetensors (what train.py saves beside an encoder) that this
+    model has, with the same shape (the MLM head always; a projector or decoder when the objective
+    has one); return their names. The others are left as initialised."""
+    own = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.")}
+    loaded = {}
+    with safe_open(str(path), framework="pt") as handle:
+        for key in handle.keys():
+            if key in own and tuple(handle.get_slice(key).get_shape()) == tuple(own[key].shape):
+                loaded[key] = handle.get_tensor(key)
+    model.load_state_dict(loaded, strict=False)
+    return set(loaded)
+
+
 def projector(kind: str, dim: int) -> nn.Module:
     """COSTA's text projector: Tanh(Linear) (paper), Linear, or none (ablation)."""
     if kind == "nonlinear":
@@ -79,7 +93,7 @@ def cpdae_decoder(dim: int, vocab_size: int, eps: float) -> nn.Module:
 
 class Pretrainer(nn.Module):
     def __init__(self, checkpoint: Path, settings: dict[str, Any], attn_implementation: str = "sdpa",
-                 bag_prior: float | None = None):
+                 bag_prior: float | None = None, init_heads: Path | None = None):
         super().__init__()
         self.objective = settings["objective"]
         self.settings = settings
@@ -106,6 +120,10 @@ class Pretrainer(nn.Module):
                 # Start the sigmoid outputs at the data's word-set density instead of 0.5: otherwise
                 # the first thousands of steps only learn "most words are absent" via the bias.
                 nn.init.constant_(self.decoder[-1].bias, math.log(bag_prior / (1 - bag_prior)))
+        if init_heads is not None:  # continued pre-training: the heads the init model trained
+            loaded = load_heads(self, init_heads)
+            self.fresh_head = self.fresh_head and not any(k.startswith("mlm_head.") for k in loaded)
+            log.info("heads from %s: %s", init_heads, ", ".join(sorted(loaded)) or "none apply")
         # from_pretrained returns the encoder in eval mode (dropout off); a new Pretrainer starts in
         # training mode like any new module. Call .eval() for deterministic passes.
         self.train()

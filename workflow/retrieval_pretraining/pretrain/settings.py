@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ..corpora import model_corpora
+
 # Option blocks a model entry may override; each objective reads `mlm` plus its own block.
 OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow")
 OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae",
@@ -24,7 +26,7 @@ def check_resolved(settings: dict[str, Any]) -> None:
     from ..config import closed, refuse_unknown, section_schema
 
     blocks = section_schema("pretrain")["properties"]
-    top = ("name", "objective", "checkpoint", "seed", "spans")
+    top = ("name", "objective", "checkpoint", "seed", "spans", "corpora", "init")
     refuse_unknown(settings, closed(top, **{b: blocks[b] for b in OPTION_BLOCKS}), "pretrain")
 
 
@@ -56,6 +58,10 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
     if objective == "costa" and not entry.get("spans"):
         raise ValueError(f"pretrain model {name!r}: objective costa needs 'spans' (a spans entry name)")
     resolved["spans"] = entry.get("spans") if objective == "costa" else None
+    # [{name, proportion}]: what the chunks are (the manifests record each corpus's source).
+    resolved["corpora"] = model_corpora(section, entry)
+    if entry.get("init"):
+        resolved["init"] = entry["init"]
     resolved["trainer"] = _merge(section["trainer"], entry.get("trainer", {}))
     resolved["mlm"] = _merge(section["mlm"], entry.get("mlm", {}))
     block = OBJECTIVE_BLOCK[objective]

@@ -26,7 +26,7 @@ from ..checkpoints import _TOKENIZER_FILES
 from ..model_folder import check_safetensors
 from ..retrieval_settings import RetrievalSettings
 from . import data as pdata
-from . import probes
+from . import mixture, probes
 from .model import Pretrainer
 
 log = logging.getLogger(__name__)
@@ -105,17 +105,24 @@ def _tensorboard(log_dir: Path, start: int) -> training.TensorBoardLog:
 
 
 def train(
-    settings: dict[str, Any], *, chunks: Sequence[Path], spans: Sequence[Path] | None,
+    settings: dict[str, Any], *, chunks: Sequence, spans: Sequence | None,
     checkpoint: Path, encoder_out: Path, metrics_out: Path, plot_out: Path, state_dir: Path,
-    retrieval: RetrievalSettings | None = None,
+    init_heads: Path | None = None, retrieval: RetrievalSettings | None = None,
 ) -> int:
-    """Train (or resume) one model; returns 0 when exported, RESUME_EXIT_CODE when stopped by a signal."""
+    """Train (or resume) one model; returns 0 when exported, RESUME_EXIT_CODE when stopped by a signal.
+
+    `chunks` (and `spans`): the shards of one corpus, or one list per corpus of the settings'
+    `corpora` (a mixture). `init_heads`: the heads of the model `checkpoint` was exported from."""
     tr, objective = settings["trainer"], settings["objective"]
     if tr.get("tensorboard"):
         training.require_tensorboard()  # on every rank, before any work: a clear error, no hang
     env = training.init_distributed()
     checkpoint, state_dir = Path(checkpoint), Path(state_dir)
     training.seed_everything(settings["seed"])  # head initialisation is the same on every rank
+    groups, span_groups = mixture.corpus_groups(chunks), mixture.corpus_groups(spans)
+    mixed = mixture.proportions(settings, groups, span_groups)
+    chunks = [path for group in groups for path in group]
+    spans = [path for group in span_groups for path in group] if span_groups else None
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     vocab = pdata.Vocab.from_tokenizer(tokenizer)
     pdata.check_tokenizer(chunks, tokenizer, checkpoint)
@@ -134,13 +141,15 @@ def train(
         views=2 if objective in ("cpdae", "cpdae_r") else 1,
         need_spans=objective == "costa", need_bags=objective in ("cpdae", "cpdae_r", "bow"),
         need_original=objective == "costa" and settings["costa"]["span_pass"] == "unmasked",
-        holdout=tr["probe_chunks"],
+        holdout=tr["probe_chunks"], corpus_files=[len(g) for g in groups] if mixed else None,
+        proportions=mixed,
     )
     schedule_steps = tr["max_steps"] or tr["epochs"] * dataset.steps_per_epoch
     warmup = int(round(tr["warmup_ratio"] * schedule_steps))
 
     bag_prior = dataset.mean_bag_size() / vocab.size if objective in ("cpdae", "cpdae_r") else None
-    model = Pretrainer(checkpoint, settings, tr["attn_implementation"], bag_prior).to(env.device)
+    model = Pretrainer(checkpoint, settings, tr["attn_implementation"], bag_prior,
+                       init_heads=init_heads).to(env.device)
     head_warmup = head_warmup_steps(tr["head_warmup_steps"], model.fresh_head, warmup)
     total_steps = head_warmup + schedule_steps
     dataset.total_steps = total_steps
@@ -277,7 +286,9 @@ def train(
             "head_warmup_steps": head_warmup, "fresh_mlm_head": model.fresh_head,
             "probe_chunks": len(dataset.holdout_rows),
             "resumed_from_step": start, "train_seconds_this_run": round(time.perf_counter() - started, 1),
-            "checkpoint": str(checkpoint), "data": checksums, "versions": artifacts.library_versions(),
+            "checkpoint": str(checkpoint), "init_heads": str(init_heads) if init_heads else None,
+            "corpora": settings.get("corpora"), "corpus_quotas": dataset.quotas.tolist(),
+            "data": checksums, "versions": artifacts.library_versions(),
             "final_metrics": st_export.measured(record),  # the last step's losses and probes
         }
         export_encoder(model.encoder, checkpoint, encoder_out, info, retrieval)

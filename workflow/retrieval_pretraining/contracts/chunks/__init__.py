@@ -1,4 +1,4 @@
-"""The chunks contract (results/corpus/chunks/shard-*.parquet, written by chunk.py).
+"""The chunks contract (results/corpus/{corpus}/chunks/shard-*.parquet, written by chunk.py).
 
 One row per chunk, sorted by chunk_id = (page_id << 16) + chunk_index; input_ids is [CLS] text
 [SEP] (no padding, at most max_len tokens, no special token inside the text); word_starts are the

@@ -1,4 +1,4 @@
-"""The span index contract (results/corpus/spans/{spans}/shard-*.parquet, written by spans.py).
+"""The span index contract (results/corpus/{corpus}/spans/{spans}/shard-*.parquet, by spans.py).
 
 Row i describes row i of the chunks shard of the same name (chunk_id equal, checked); span_start and
 span_end (end exclusive) index the chunk's input_ids and never cover [CLS]/[SEP]; granularity is the

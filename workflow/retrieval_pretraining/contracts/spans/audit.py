@@ -16,8 +16,8 @@ from ..chunks.audit import decode, manifest_tokenizer
 from . import GRANULARITIES, SCHEMA
 
 FILES = [
-    ("corpus/spans/*/lengths.png", "span lengths against the scaled Beta density", "audit_spans"),
-    ("corpus/spans/*/sample.md", "sample spans shown inside their chunks", "audit_spans"),
+    ("corpus/*/spans/*/lengths.png", "span lengths against the scaled Beta density", "audit_spans"),
+    ("corpus/*/spans/*/sample.md", "sample spans shown inside their chunks", "audit_spans"),
 ]
 
 
