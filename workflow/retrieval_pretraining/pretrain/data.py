@@ -28,6 +28,7 @@ import torch
 from .. import artifacts
 from ..errors import BadInput, reading
 from ..wordpiece import tokens_by_id, vocab_sha256
+from . import views as cuts
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,8 @@ class MicroBatches(torch.utils.data.Dataset):
         self, store_paths: Sequence[Path], *, vocab: Vocab, seed: int, global_batch_size: int,
         micro_batch_size: int, rank: int, world_size: int, mask_rate: float, whole_word: bool,
         views: int = 1, need_spans: bool = False, need_bags: bool = False,
-        need_original: bool = False, holdout: int = 0,
+        need_original: bool = False, holdout: int = 0, segment_pairs: bool = False,
+        span_tokens: int | None = None, decoder_mask_rate: float | None = None,
     ):
         self.store_paths = list(store_paths)
         self._store: ChunkStore | None = None
@@ -298,6 +300,10 @@ class MicroBatches(torch.utils.data.Dataset):
         self.accumulation = global_batch_size // (micro_batch_size * world_size)
         self.mask_rate, self.whole_word, self.views = mask_rate, whole_word, views
         self.need_spans, self.need_bags, self.need_original = need_spans, need_bags, need_original
+        # coCondenser: each chunk becomes two segments (the two views); enhanced decoding: each
+        # decoder row's visible positions (views.py).
+        self.segment_pairs, self.span_tokens = segment_pairs, span_tokens
+        self.decoder_mask_rate = decoder_mask_rate
         n = len(self.store)
         if holdout >= n:
             raise DataError(f"trainer.probe_chunks {holdout} leaves none of the {n} chunks to "
@@ -364,10 +370,15 @@ class MicroBatches(torch.utils.data.Dataset):
         originals = [store.get("input_ids", r) for r in rows]
         words = [store.get("word_starts", r) for r in rows]
         chunk_ids = store.chunk_ids(rows)
+        texts = [list(zip(originals, words))] * self.views
+        if self.segment_pairs:  # view v = segment v of every chunk
+            pairs = [cuts.segment_pair(ids, ws, self._rng(epoch, cid, cuts.SEGMENTS), self.span_tokens)
+                     for ids, ws, cid in zip(originals, words, chunk_ids)]
+            texts = [[pair[v] for pair in pairs] for v in range(2)]
         masked, labels = [], []
-        for view in range(self.views):  # views stacked: [view 0 of all items, view 1 of all, ...]
-            for ids, ws, cid in zip(originals, words, chunk_ids):
-                rng = np.random.default_rng([self.seed, epoch, int(cid), view])
+        for view, view_texts in enumerate(texts):  # stacked: [view 0 of all items, view 1 of all, ...]
+            for (ids, ws), cid in zip(view_texts, chunk_ids):
+                rng = self._rng(epoch, cid, view)
                 m, l = mask_tokens(ids, ws, rng, self.vocab, self.mask_rate, self.whole_word)
                 masked.append(m)
                 labels.append(l)
@@ -391,7 +402,28 @@ class MicroBatches(torch.utils.data.Dataset):
             bags = [bag_of_ids(ids, self.vocab) for ids in originals]
             batch["bag_ids"] = _pad(bags, 0)
             batch["bag_mask"] = _pad([np.ones(len(b)) for b in bags], 0).bool()
+        if self.decoder_mask_rate is not None:
+            batch |= self._decoder_inputs(originals, words, chunk_ids, epoch)
         return batch
+
+    def _rng(self, epoch: int, chunk_id: int, stream: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, epoch, int(chunk_id), stream])
+
+    def _decoder_inputs(self, originals, words, chunk_ids, epoch: int) -> dict[str, torch.Tensor]:
+        """Enhanced decoding's targets (every inner token of the unmasked chunk) and each row's
+        visible positions [B, L, L] (padding rows see [CLS] only, so no softmax is empty)."""
+        width = max(len(ids) for ids in originals)
+        visible = np.zeros((len(originals), width, width), dtype=bool)
+        visible[:, :, 0] = True
+        targets = []
+        for b, (ids, ws, cid) in enumerate(zip(originals, words, chunk_ids)):
+            n = len(ids)
+            visible[b, :n, :n] = cuts.decoder_visibility(
+                n, ws, self._rng(epoch, cid, cuts.DECODER), self.decoder_mask_rate, self.whole_word)
+            target = ids.astype(np.int64)
+            target[[0, n - 1]] = -100  # [CLS] and [SEP] are not reconstructed
+            targets.append(target)
+        return {"decoder_visible": torch.from_numpy(visible), "decoder_labels": _pad(targets, -100)}
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:

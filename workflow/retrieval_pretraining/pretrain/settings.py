@@ -9,10 +9,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-# Option blocks a model entry may override; each objective reads `mlm` plus its own block.
-OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow")
-OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae",
-                   "cpdae_r": "cpdae", "bow": "bow"}
+# Option blocks a model entry may override; each objective reads `mlm` plus its own blocks.
+OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow", "condenser", "cocondenser", "retromae")
+OBJECTIVE_BLOCKS: dict[str, tuple[str, ...]] = {
+    "none": (), "mlm": (), "costa": ("costa",), "cpdae": ("cpdae",), "cpdae_r": ("cpdae",),
+    "bow": ("bow",), "condenser": ("condenser",), "cocondenser": ("condenser", "cocondenser"),
+    "retromae": ("retromae",),
+}
 
 
 def check_resolved(settings: dict[str, Any]) -> None:
@@ -55,7 +58,6 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
     resolved["spans"] = entry.get("spans") if objective == "costa" else None
     resolved["trainer"] = _merge(section["trainer"], entry.get("trainer", {}))
     resolved["mlm"] = _merge(section["mlm"], entry.get("mlm", {}))
-    block = OBJECTIVE_BLOCK[objective]
-    if block:
+    for block in OBJECTIVE_BLOCKS[objective]:
         resolved[block] = _merge(section[block], entry.get(block, {}))
     return resolved
