@@ -238,3 +238,23 @@ def test_probes_of_the_baselines(checkpoint, objective):
     same = {k: (v[:1].repeat(len(v), *[1] * (v.dim() - 1)) if k != "attention_mask" else
                 v[:1].repeat(len(v), 1)) for k, v in batch.items()}
     assert probes.probe(model, same)["probe_cls_reliance"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_workflow_plans_the_baselines_with_an_overlay(tmp_path):
+    """`snakemake -n --configfile config.yaml tests/configs/baselines.yaml` plans a pre-training job
+    per baseline with its resolved settings, and their fine-tuning and scoring downstream."""
+    from test_finetune_rules import planned_jobs, stage_config
+    from workflow_harness import ROOT, copy_project
+
+    project = copy_project(tmp_path / "project")
+    overlay = ROOT / "tests" / "configs" / "baselines.yaml"
+    jobs = planned_jobs(project, "results/tables.md", "--configfile", "config.yaml", str(overlay))
+    planned = {j["wildcards"]["model"]: stage_config(j["args"]) for j in jobs if j["rule"] == "pretrain_model"}
+    assert {"condenser", "cocondenser", "retromae"} <= planned.keys()
+    assert planned["cocondenser"]["objective"] == "cocondenser"
+    assert {"condenser", "cocondenser"} <= planned["cocondenser"].keys()
+    assert planned["retromae"]["mlm"] == {"mask_rate": 0.3, "whole_word": True}
+    assert planned["retromae"]["retromae"]["decoder_mask_rate"] == 0.5
+    scored = {j["wildcards"].get("system", "") for j in jobs if j["rule"] == "score_run"}
+    for model in ("condenser", "cocondenser", "retromae"):
+        assert any(system.startswith(f"{model}-") for system in scored), (model, sorted(scored))
