@@ -21,7 +21,14 @@ def loss_settings(model):
     """What the provenance needs to state a model's loss reductions: its objective, micro-batch
     and own option block (lambda, temperature, weights)."""
     settings = pretrain_settings(model)
-    block = {"costa": "costa", "cpdae": "cpdae", "cpdae_r": "cpdae", "bow": "bow"}
+    block = {
+        "costa": "costa",
+        "cpdae": "cpdae",
+        "cpdae_r": "cpdae",
+        "bow": "bow",
+        "cocondenser": "cocondenser",
+        "retromae": "retromae",
+    }
     keep = {"objective": settings["objective"]}
     if "trainer" in settings:
         keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]

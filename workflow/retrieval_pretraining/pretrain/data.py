@@ -19,8 +19,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +32,8 @@ import torch
 from .. import artifacts
 from ..errors import reading
 from ..wordpiece import tokens_by_id, vocab_sha256
+from . import views as cuts
+from .masking import Vocab, bag_of_ids, mask_tokens  # noqa: F401 (also data.Vocab etc.)
 from .mixture import DataError, quotas
 
 log = logging.getLogger(__name__)
@@ -198,79 +198,9 @@ class ChunkStore:
         return values[offsets[local]:offsets[local + 1]]
 
 
-# ---------------------------------------------------------------- order + masking ---------------
+# ---------------------------------------------------------------- order ----------------------
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
-
-
-@dataclasses.dataclass(frozen=True)
-class Vocab:
-    """What masking and bag-of-words targets need to know about the tokenizer."""
-
-    size: int
-    mask_id: int
-    pad_id: int
-    excluded: np.ndarray  # ids never used as bag targets or random replacements ([CLS], [unused12], ...)
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer: Any) -> "Vocab":
-        vocab = tokenizer.get_vocab()
-        excluded = set(tokenizer.all_special_ids)
-        # The BoW authors' filter: special ids and BERT's [unusedN] placeholders.
-        excluded |= {i for tok, i in vocab.items() if tok.startswith("[unused")}
-        return cls(size=len(vocab), mask_id=tokenizer.mask_token_id, pad_id=tokenizer.pad_token_id,
-                   excluded=np.array(sorted(excluded), dtype=np.int64))
-
-    @functools.cached_property
-    def replacements(self) -> np.ndarray:
-        """The ids a masked position may be replaced by at random: every id but the excluded ones."""
-        return np.setdiff1d(np.arange(self.size, dtype=np.int64), self.excluded)
-
-
-def mask_tokens(
-    ids: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, vocab: Vocab,
-    rate: float, whole_word: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """BERT masking of one chunk: select ~rate of its inner tokens; 80% [MASK], 10% a random id
-    (never an excluded one: `Vocab.replacements`), 10% kept.
-
-    Returns (masked ids, labels with -100 where nothing is predicted). With `whole_word`, whole
-    words (from `word_starts`; a word ends where the next begins or at the final [SEP]) are
-    selected in random order while they fit in the budget of round(rate * tokens) tokens.
-    """
-    ids = ids.astype(np.int64)
-    n_inner = len(ids) - 2
-    labels = np.full(len(ids), -100, dtype=np.int64)
-    if n_inner <= 0:
-        return ids.copy(), labels
-    budget = max(1, int(round(rate * n_inner)))
-    if whole_word and len(word_starts):
-        ends = np.append(word_starts[1:], len(ids) - 1)
-        chosen: list[int] = []
-        for w in rng.permutation(len(word_starts)):
-            width = int(ends[w] - word_starts[w])
-            if len(chosen) + width > budget:
-                continue
-            chosen.extend(range(int(word_starts[w]), int(ends[w])))
-            if len(chosen) >= budget:
-                break
-        positions = np.array(sorted(chosen), dtype=np.int64)
-    else:
-        positions = np.sort(rng.choice(np.arange(1, n_inner + 1), size=budget, replace=False))
-    masked = ids.copy()
-    labels[positions] = ids[positions]
-    action = rng.random(len(positions))
-    masked[positions[action < 0.8]] = vocab.mask_id
-    random_pos = positions[(action >= 0.8) & (action < 0.9)]
-    # A random [CLS]/[SEP]/[PAD]/[unusedN] would be a corruption BERT never sees at fine-tuning.
-    masked[random_pos] = vocab.replacements[rng.integers(0, len(vocab.replacements), size=len(random_pos))]
-    return masked, labels
-
-
-def bag_of_ids(ids: np.ndarray, vocab: Vocab) -> np.ndarray:
-    """The set of token ids a text contains, minus special and [unused] ids (BoW / CPDAE targets)."""
-    unique = np.unique(ids.astype(np.int64))
-    return unique[~np.isin(unique, vocab.excluded)]
 
 
 def _pad(rows: list[np.ndarray], value: int, width: int | None = None) -> torch.Tensor:
@@ -295,6 +225,8 @@ class MicroBatches(torch.utils.data.Dataset):
         views: int = 1, need_spans: bool = False, need_bags: bool = False,
         need_original: bool = False, holdout: int = 0,
         corpus_files: Sequence[int] | None = None, proportions: Sequence[float] | None = None,
+        segment_pairs: bool = False, span_tokens: int | None = None,
+        decoder_mask_rate: float | None = None,
     ):
         """`store_paths` of one corpus, or of several in turn: `corpus_files` says how many files
         each has, `proportions` its share of every global batch (a mixture)."""
@@ -306,6 +238,10 @@ class MicroBatches(torch.utils.data.Dataset):
         self.accumulation = global_batch_size // (micro_batch_size * world_size)
         self.mask_rate, self.whole_word, self.views = mask_rate, whole_word, views
         self.need_spans, self.need_bags, self.need_original = need_spans, need_bags, need_original
+        # coCondenser: each chunk becomes two segments (the two views); enhanced decoding: each
+        # decoder row's visible positions (views.py).
+        self.segment_pairs, self.span_tokens = segment_pairs, span_tokens
+        self.decoder_mask_rate = decoder_mask_rate
         n = len(self.store)
         if holdout >= n:
             raise DataError(f"trainer.probe_chunks {holdout} leaves none of the {n} chunks to "
@@ -421,11 +357,16 @@ class MicroBatches(torch.utils.data.Dataset):
         epochs = np.broadcast_to(np.asarray(epoch, dtype=np.int64), (len(rows),))
         corpora = self.corpus_of(np.asarray(rows, dtype=np.int64)) if self.mixed \
             else np.zeros(len(rows), dtype=np.int64)
+        keys = list(zip(epochs, chunk_ids, corpora))  # what every random draw of a row is keyed by
+        texts = [list(zip(originals, words))] * self.views
+        if self.segment_pairs:  # view v = segment v of every chunk
+            pairs = [cuts.segment_pair(ids, ws, self._rng(key, cuts.SEGMENTS), self.span_tokens)
+                     for ids, ws, key in zip(originals, words, keys)]
+            texts = [[pair[v] for pair in pairs] for v in range(2)]
         masked, labels = [], []
-        for view in range(self.views):  # views stacked: [view 0 of all items, view 1 of all, ...]
-            for ids, ws, cid, ep, c in zip(originals, words, chunk_ids, epochs, corpora):
-                key = [self.seed, int(ep), int(cid), view] + ([int(c)] if c else [])
-                rng = np.random.default_rng(key)
+        for view, view_texts in enumerate(texts):  # stacked: [view 0 of all items, view 1 of all, ...]
+            for (ids, ws), key in zip(view_texts, keys):
+                rng = self._rng(key, view)
                 m, l = mask_tokens(ids, ws, rng, self.vocab, self.mask_rate, self.whole_word)
                 masked.append(m)
                 labels.append(l)
@@ -449,7 +390,31 @@ class MicroBatches(torch.utils.data.Dataset):
             bags = [bag_of_ids(ids, self.vocab) for ids in originals]
             batch["bag_ids"] = _pad(bags, 0)
             batch["bag_mask"] = _pad([np.ones(len(b)) for b in bags], 0).bool()
+        if self.decoder_mask_rate is not None:
+            batch |= self._decoder_inputs(originals, words, keys)
         return batch
+
+    def _rng(self, key: tuple, stream: int) -> np.random.Generator:
+        """A row's generator for one stream (a view's masking, coCondenser's segments, the
+        decoder's mask), from (seed, epoch, chunk_id, stream) (+ the corpus c of a mixture, c > 0)."""
+        epoch, chunk_id, corpus = (int(k) for k in key)
+        return np.random.default_rng([self.seed, epoch, chunk_id, stream] + ([corpus] if corpus else []))
+
+    def _decoder_inputs(self, originals, words, keys) -> dict[str, torch.Tensor]:
+        """Enhanced decoding's targets (every inner token of the unmasked chunk) and each row's
+        visible positions [B, L, L] (padding rows see [CLS] only, so no softmax is empty)."""
+        width = max(len(ids) for ids in originals)
+        visible = np.zeros((len(originals), width, width), dtype=bool)
+        visible[:, :, 0] = True
+        targets = []
+        for b, (ids, ws, key) in enumerate(zip(originals, words, keys)):
+            n = len(ids)
+            visible[b, :n, :n] = cuts.decoder_visibility(
+                n, ws, self._rng(key, cuts.DECODER), self.decoder_mask_rate, self.whole_word)
+            target = ids.astype(np.int64)
+            target[[0, n - 1]] = -100  # [CLS] and [SEP] are not reconstructed
+            targets.append(target)
+        return {"decoder_visible": torch.from_numpy(visible), "decoder_labels": _pad(targets, -100)}
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:

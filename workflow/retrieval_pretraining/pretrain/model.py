@@ -17,6 +17,7 @@ from torch import nn
 from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 
 from ..model_folder import load_model
+from . import baselines
 from . import objectives as obj
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class Pretrainer(nn.Module):
                 # Start the sigmoid outputs at the data's word-set density instead of 0.5: otherwise
                 # the first thousands of steps only learn "most words are absent" via the bias.
                 nn.init.constant_(self.decoder[-1].bias, math.log(bag_prior / (1 - bag_prior)))
+        baselines.add_heads(self, config)  # Condenser's head, the enhanced decoder
         if init_heads is not None:  # continued pre-training: the heads the init model trained
             loaded = load_heads(self, init_heads)
             self.fresh_head = self.fresh_head and not any(k.startswith("mlm_head.") for k in loaded)
@@ -142,6 +144,9 @@ class Pretrainer(nn.Module):
         return self.mlm_head(cls)  # the authors' code: the whole MLM head on [CLS]
 
     def forward(self, batch: dict[str, torch.Tensor], progress: float = 0.0) -> dict[str, torch.Tensor]:
+        if self.objective in baselines.OBJECTIVES:
+            losses, stats = baselines.forward(self, batch)
+            return losses | {key: torch.tensor(value) for key, value in stats.items()}
         hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"])}
         stats: dict[str, float] = {}

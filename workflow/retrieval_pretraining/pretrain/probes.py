@@ -15,6 +15,8 @@ heads, so a run can be compared with its step 0:
                           the contrastive similarity) is their own other view.
   probe_coverage          BoW: input-token coverage |top-|T| ∩ T| / |T| of [CLS] projected to the
                           vocabulary by the BoW head (the BoW paper's Algorithm 1 at k = |T|).
+  probe_head_mlm_accuracy, probe_view_agreement (coCondenser), probe_decoder_accuracy: the
+                          baselines' probes (baselines.probe).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import baselines
 from . import objectives as obj
 
 
@@ -93,6 +96,8 @@ def probe(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         elif objective == "bow":
             logits = model.bow_logits(cls)
             out["probe_coverage"] = top_set_precision(logits, batch["bag_ids"], batch["bag_mask"])
+        elif objective in baselines.OBJECTIVES:
+            out |= baselines.probe(model, batch, hidden)
         return out
     finally:
         model.train(was_training)

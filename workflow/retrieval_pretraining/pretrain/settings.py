@@ -11,10 +11,13 @@ from typing import Any
 
 from ..corpora import model_corpora
 
-# Option blocks a model entry may override; each objective reads `mlm` plus its own block.
-OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow")
-OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae",
-                   "cpdae_r": "cpdae", "bow": "bow"}
+# Option blocks a model entry may override; each objective reads `mlm` plus its own blocks.
+OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow", "condenser", "cocondenser", "retromae")
+OBJECTIVE_BLOCKS: dict[str, tuple[str, ...]] = {
+    "none": (), "mlm": (), "costa": ("costa",), "cpdae": ("cpdae",), "cpdae_r": ("cpdae",),
+    "bow": ("bow",), "condenser": ("condenser",), "cocondenser": ("condenser", "cocondenser"),
+    "retromae": ("retromae",),
+}
 # The knobs `pretrain --retrieval` may set: how an exported encoder is to be used, written into its
 # sentence-transformers files and card (st_export.py; default st_export.pretrained_use).
 ENCODER_USE = ("pooling", "similarity", "q_len", "p_len")
@@ -64,7 +67,6 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
         resolved["init"] = entry["init"]
     resolved["trainer"] = _merge(section["trainer"], entry.get("trainer", {}))
     resolved["mlm"] = _merge(section["mlm"], entry.get("mlm", {}))
-    block = OBJECTIVE_BLOCK[objective]
-    if block:
+    for block in OBJECTIVE_BLOCKS[objective]:
         resolved[block] = _merge(section[block], entry.get(block, {}))
     return resolved

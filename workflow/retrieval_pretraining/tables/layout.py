@@ -14,6 +14,9 @@ DISPLAY = {
     "cpdae": "CPDAE",
     "cpdae_r": "CPDAE_R",
     "bow": "BoW",
+    "condenser": "Condenser",
+    "cocondenser": "coCondenser",
+    "retromae": "RetroMAE (enhanced decoding)",
 }
 
 

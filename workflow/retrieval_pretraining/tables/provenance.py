@@ -163,6 +163,18 @@ def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
                 "; L_BoW: mean over each text's unique input tokens of -log p(token | [CLS]), "
                 f"averaged over the texts; weight {schedule}"
             )
+        elif objective in ("condenser", "cocondenser"):
+            text += "; the Condenser head's MLM loss the same mean, added with weight 1"
+            if objective == "cocondenser":
+                text += (
+                    f"; span-pair InfoNCE over [CLS] dot products / {opts['temperature']:g}, "
+                    f"averaged over the {2 * n} segments, weight {opts['lambda']:g}"
+                )
+        elif objective == "retromae":
+            text += (
+                "; decoder: mean cross-entropy over every inner token of the micro-batch's "
+                f"chunks (each row hides {opts['decoder_mask_rate']:.0%} of them), weight 1"
+            )
         lines.append(f"- loss reduction, `{name}` ({objective}): {text}")
     return lines
 

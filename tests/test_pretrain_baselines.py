@@ -1,0 +1,260 @@
+"""The baselines the BoW paper compares with (Condenser, coCondenser, enhanced decoding) against
+plain-loop statements of their equations: each example (each decoder row) computed alone, without
+padding or attention masks, then the batched code; and the inputs they cut from a chunk."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pretrain_fixtures as fx
+from retrieval_pretraining.pretrain import baselines, probes, views
+from retrieval_pretraining.pretrain import data as pdata
+from retrieval_pretraining.pretrain.model import Pretrainer
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return fx.tiny_checkpoint(tmp_path_factory.mktemp("baselines") / "checkpoint", initializer_range=0.5)
+
+
+def _grads(fn, x):
+    leaf = x.detach().clone().double().requires_grad_(True)
+    value = fn(leaf)
+    value.backward()
+    return value.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.5])
+def test_span_pair_contrastive_matches_the_loop(tau):
+    """coCondenser: for segment a, -log(exp(h_a.h_a'/tau) / sum_{b != a} exp(h_a.h_b/tau)), a' the
+    other segment of its chunk, b over every segment of the batch; mean over segments."""
+    g = torch.Generator().manual_seed(0)
+    cls = torch.randn(6, 5, generator=g)  # [segment 0 of 3 chunks; segment 1 of them]
+
+    def loop(h):
+        total = 0.0
+        for a in range(6):
+            partner = (a + 3) % 6
+            denominator = sum(torch.exp(h[a] @ h[b] / tau) for b in range(6) if b != a)
+            total = total - torch.log(torch.exp(h[a] @ h[partner] / tau) / denominator)
+        return total / 6
+
+    stats = {}
+    got, got_grad = _grads(lambda h: baselines.span_pair_contrastive(h, tau, stats=stats), cls)
+    want, want_grad = _grads(loop, cls)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+    assert stats == {"contrast_pool": 5.0}
+
+
+def _batch(views_: int = 1) -> dict:
+    """Two chunks (the second padded), masked by hand; with views_=2, two 'segments' each."""
+    original = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 102],
+                             [101, 2019, 3231, 2003, 2986, 102, 0, 0]])
+    attention = (original != 0).long()
+    inputs, labels = [], []
+    masked_at = [[[2, 5], [1, 4]], [[3], [2]]]  # per view, per text
+    for view in range(views_):
+        for text, where in enumerate(masked_at[view]):
+            ids, label = original[text].clone(), torch.full_like(original[text], -100)
+            label[where], ids[where] = original[text, where], 103
+            inputs.append(ids)
+            labels.append(label)
+    batch = {"input_ids": torch.stack(inputs), "attention_mask": attention.repeat(views_, 1),
+             "labels": torch.stack(labels), "original_ids": original}
+    rng = np.random.default_rng(0)
+    visible = torch.zeros(2, 8, 8, dtype=torch.bool)
+    visible[:, :, 0] = True
+    targets = original.masked_fill(attention == 0, -100)
+    for b, n in enumerate(attention.sum(1).tolist()):
+        visible[b, :n, :n] = torch.from_numpy(views.decoder_visibility(n, np.array([1, 2, 3]), rng, 0.5, False))
+        targets[b, [0, n - 1]] = -100
+    return batch | {"decoder_visible": visible, "decoder_labels": targets}
+
+
+def _ce(model, hidden, label):
+    return F.cross_entropy(model.mlm_head(hidden).unsqueeze(0), label.view(1))
+
+
+@pytest.mark.parametrize("objective", ["condenser", "cocondenser"])
+def test_condenser_losses_match_the_per_example_loop(checkpoint, objective):
+    """Condenser: head input = [last-layer CLS; early-layer tokens 1..n] of each example alone (no
+    padding); the head's and the backbone's MLM cross-entropies, each a mean over the batch's
+    masked tokens, summed; coCondenser adds lambda x the span-pair loss on last-layer [CLS]."""
+    settings = fx.model_settings(objective)
+    model = Pretrainer(checkpoint, settings).eval()
+    assert model.early_layer == 1  # half of the tiny checkpoint's 2 layers
+    batch = _batch(2 if objective == "cocondenser" else 1)
+    with torch.no_grad():
+        out = model(batch)
+        head_terms, mlm_terms, cls = [], [], []
+        for b in range(len(batch["input_ids"])):
+            n = int(batch["attention_mask"][b].sum())
+            states = model.encoder(input_ids=batch["input_ids"][b:b + 1, :n],
+                                   output_hidden_states=True).hidden_states
+            last, early = states[-1][0], states[1][0]
+            cls.append(last[0])
+            head = torch.cat([last[:1], early[1:]]).unsqueeze(0)
+            for layer in model.condenser.layers:
+                head = layer(head, head, torch.ones(1, 1, 1, n, dtype=torch.bool))
+            for t in range(n):
+                label = batch["labels"][b, t]
+                if label != -100:
+                    head_terms.append(_ce(model, head[0, t], label))
+                    mlm_terms.append(_ce(model, last[t], label))
+        head_mlm, mlm = torch.stack(head_terms).mean(), torch.stack(mlm_terms).mean()
+        want = {"loss_head_mlm": head_mlm, "loss_mlm": mlm, "loss": head_mlm + mlm}
+        if objective == "cocondenser":
+            opts = settings["cocondenser"]
+            co = baselines.span_pair_contrastive(torch.stack(cls), opts["temperature"])
+            want |= {"loss_co": co, "loss": head_mlm + mlm + opts["lambda"] * co,
+                     "contrast_pool": torch.tensor(3.0)}
+    assert out.keys() == want.keys()
+    for key, value in want.items():
+        torch.testing.assert_close(out[key].float(), value.float(), rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_enhanced_decoding_matches_the_per_row_loop(checkpoint):
+    """RetroMAE's enhanced decoding: row i's query is [CLS] + p_i; it attends to the sentence
+    embedding and to the embedded tokens j its row may see (never i itself); it predicts token i;
+    the decoder loss is the mean over every inner token, added to the encoder's MLM loss."""
+    model = Pretrainer(checkpoint, fx.model_settings("retromae")).eval()
+    batch = _batch()
+    embeddings = model.encoder.embeddings
+    with torch.no_grad():
+        out = model(batch)
+        terms, mlm_terms = [], []
+        for b in range(2):
+            n = int(batch["attention_mask"][b].sum())
+            last = model.encoder(input_ids=batch["input_ids"][b:b + 1, :n]).last_hidden_state[0]
+            cls = last[0]
+            embedded = embeddings(input_ids=batch["original_ids"][b:b + 1, :n])[0]
+            for t in range(n):
+                if batch["labels"][b, t] != -100:
+                    mlm_terms.append(_ce(model, last[t], batch["labels"][b, t]))
+            for i in range(1, n - 1):
+                seen = [j for j in range(n) if batch["decoder_visible"][b, i, j]]
+                assert 0 in seen and i not in seen
+                context = torch.stack([cls if j == 0 else embedded[j] for j in seen]).unsqueeze(0)
+                query = (cls + embeddings.position_embeddings.weight[i]).view(1, 1, -1)
+                row = model.enhanced_decoder.layer(query, context, torch.ones(1, 1, 1, len(seen), dtype=torch.bool))
+                terms.append(_ce(model, row[0, 0], batch["original_ids"][b, i]))
+        dec, mlm = torch.stack(terms).mean(), torch.stack(mlm_terms).mean()
+    want = {"loss_mlm": mlm, "loss_dec": dec, "loss": mlm + dec}
+    assert out.keys() == want.keys()
+    for key, value in want.items():
+        torch.testing.assert_close(out[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_early_layer_is_half_the_depth_unless_set_and_must_exist():
+    assert baselines.early_layer(None, 12) == 6 and baselines.early_layer(None, 1) == 0
+    assert baselines.early_layer(3, 12) == 3
+    with pytest.raises(baselines.HeadError, match="condenser.early_layer 12: the checkpoint has 12 layers"):
+        baselines.early_layer(12, 12)
+
+
+def test_segment_pairs_are_disjoint_random_halves_of_the_chunk():
+    ids = np.arange(100, 141)  # [CLS]=100 ... [SEP]=140: 39 inner tokens
+    starts = np.arange(1, 40, 2)
+    seen = set()
+    for seed in range(40):
+        pair = views.segment_pair(ids, starts, np.random.default_rng(seed), span_tokens=12)
+        spans = []
+        for segment, ws in pair:
+            assert len(segment) == 14 and segment[0] == 100 and segment[-1] == 140
+            body = segment[1:-1]
+            assert np.array_equal(body, np.arange(body[0], body[0] + 12))  # contiguous
+            assert ws[0] == 1 and set(ws[1:] + body[0] - 1) <= set(starts + 100)
+            spans.append(set(body.tolist()))
+        assert not spans[0] & spans[1]
+        seen.add(min(pair[0][0][1], pair[1][0][1]) < pair[0][0][1])  # which comes first varies
+    assert seen == {True, False}
+    halves = views.segment_pair(ids, starts, np.random.default_rng(0), span_tokens=None)
+    assert [len(s) - 2 for s, _ in halves] == [19, 19]
+    assert views.segment_length(39, 100) == 19
+
+
+def test_decoder_rows_never_see_themselves_always_see_cls_and_hide_the_rate():
+    length = 202
+    starts = np.concatenate([[1], np.arange(3, 201, 3)])
+    visible = views.decoder_visibility(length, starts, np.random.default_rng(1), 0.5, whole_word=True)
+    inner = np.arange(1, length - 1)
+    assert visible[:, 0].all() and visible[:, -1].all()
+    assert not visible[inner, inner].any()
+    hidden = ~visible[1:-1, 1:-1]
+    assert 0.47 < hidden.mean() < 0.53
+    # Whole words: the tokens of one word are hidden alike (apart from the row's own token).
+    rows = np.arange(len(hidden))
+    word = hidden[:, 2:4].copy()  # tokens 3, 4 (one word: starts at 3, next at 6)
+    word[rows == 2, 0] = word[rows == 2, 1]
+    word[rows == 3, 1] = word[rows == 3, 0]
+    assert (word[:, 0] == word[:, 1]).all()
+    again = views.decoder_visibility(length, starts, np.random.default_rng(1), 0.5, whole_word=True)
+    assert np.array_equal(visible, again)
+
+
+def test_collated_segments_and_decoder_inputs(tmp_path):
+    chunks, _ = fx.build_corpus(tmp_path / "corpus", docs=12)
+    store = pdata.prepare_store(chunks, None, tmp_path / "store")
+    vocab = pdata.Vocab.from_tokenizer(fx.tokenizer())
+    common = dict(vocab=vocab, seed=3, global_batch_size=4, micro_batch_size=4, rank=0, world_size=1,
+                  mask_rate=0.3, whole_word=True)
+    pairs = pdata.MicroBatches(store, segment_pairs=True, span_tokens=10, **common)
+    rows = pairs.rows_for(0, 0)
+    batch = pairs.collate(rows, epoch=0)
+    assert batch["input_ids"].shape[0] == 8 and batch["attention_mask"][:, :12].all()
+    restored = torch.where(batch["labels"] == -100, batch["input_ids"], batch["labels"])
+    for v in range(2):
+        for k, row in enumerate(rows):
+            chunk = pairs.store.get("input_ids", row).tolist()
+            body = restored[v * 4 + k, 1:11].tolist()
+            assert any(chunk[s:s + 10] == body for s in range(1, len(chunk) - 10))
+    assert torch.equal(pairs.collate(rows, epoch=0)["input_ids"], batch["input_ids"])  # deterministic
+    decoder = pdata.MicroBatches(store, need_original=True, decoder_mask_rate=0.5, **common)
+    batch = decoder.collate(rows, epoch=0)
+    lengths = batch["attention_mask"].sum(1)
+    for b, n in enumerate(lengths.tolist()):
+        labels = batch["decoder_labels"][b]
+        assert labels[0] == -100 and labels[n - 1] == -100 and (labels[n:] == -100).all()
+        assert torch.equal(labels[1:n - 1], batch["original_ids"][b, 1:n - 1])
+        assert (batch["decoder_visible"][b, n:, 1:] == 0).all()  # padding rows see [CLS] only
+        assert not batch["decoder_visible"][b, :, n:].any()
+
+
+@pytest.mark.parametrize("objective", ["condenser", "cocondenser", "retromae"])
+def test_probes_of_the_baselines(checkpoint, objective):
+    """Scores in [0, 1]; [CLS] reliance is 0 when every text is the same chunk (swapping [CLS]
+    changes nothing) and the held-out losses are the heads' cross-entropies."""
+    model = Pretrainer(checkpoint, fx.model_settings(objective))
+    batch = _batch(2 if objective == "cocondenser" else 1)
+    got = probes.probe(model, batch)
+    head = "probe_decoder_accuracy" if objective == "retromae" else "probe_head_mlm_accuracy"
+    assert 0.0 <= got[head] <= 1.0 and got["probe_cls_reliance"] == got["probe_cls_reliance"]
+    if objective == "cocondenser":
+        assert 0.0 <= got["probe_view_agreement"] <= 1.0
+    same = {k: (v[:1].repeat(len(v), *[1] * (v.dim() - 1)) if k != "attention_mask" else
+                v[:1].repeat(len(v), 1)) for k, v in batch.items()}
+    assert probes.probe(model, same)["probe_cls_reliance"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_workflow_plans_the_baselines_with_an_overlay(tmp_path):
+    """`snakemake -n --configfile config.yaml tests/configs/baselines.yaml` plans a pre-training job
+    per baseline with its resolved settings, and their fine-tuning and scoring downstream."""
+    from test_finetune_rules import planned_jobs, stage_config
+    from workflow_harness import ROOT, copy_project
+
+    project = copy_project(tmp_path / "project")
+    overlay = ROOT / "tests" / "configs" / "baselines.yaml"
+    jobs = planned_jobs(project, "results/tables.md", "--configfile", "config.yaml", str(overlay))
+    planned = {j["wildcards"]["model"]: stage_config(j["args"]) for j in jobs if j["rule"] == "pretrain_model"}
+    assert {"condenser", "cocondenser", "retromae"} <= planned.keys()
+    assert planned["cocondenser"]["objective"] == "cocondenser"
+    assert {"condenser", "cocondenser"} <= planned["cocondenser"].keys()
+    assert planned["retromae"]["mlm"] == {"mask_rate": 0.3, "whole_word": True}
+    assert planned["retromae"]["retromae"]["decoder_mask_rate"] == 0.5
+    scored = {j["wildcards"].get("system", "") for j in jobs if j["rule"] == "score_run"}
+    for model in ("condenser", "cocondenser", "retromae"):
+        assert any(system.startswith(f"{model}-") for system in scored), (model, sorted(scored))

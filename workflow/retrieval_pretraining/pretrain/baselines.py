@@ -1,0 +1,160 @@
+"""The objectives the Bag-of-Word paper compares with, on the same trainer: their loss terms, the
+forward pass that combines them, and their probes (tested against plain-loop statements in
+tests/test_pretrain_baselines.py).
+
+  condenser    Condenser (Gao & Callan, EMNLP 2021): a 2-layer head over [last-layer [CLS];
+               early-layer token states] predicts the masked tokens through the shared MLM head;
+               loss = head MLM + the backbone's own MLM (their `--late_mlm`).
+  cocondenser  coCondenser (Gao & Callan, ACL 2022): Condenser on the two segments of every chunk
+               (views.segment_pair) plus lambda x the span-pair contrastive loss on the
+               backbone's last-layer [CLS]: raw dot products over the temperature (the paper: none,
+               i.e. 1), the other segment of the same chunk the positive, every other segment of
+               the batch (of every process with gather_negatives) a negative; mean over segments.
+  retromae     Enhanced decoding (RetroMAE, Xiao et al., EMNLP 2022): the encoder's MLM on its
+               masked input (30% in their recipe) plus a one-layer decoder that reconstructs every
+               inner token of the unmasked chunk from [CLS] with position-specific attention
+               (heads.EnhancedDecoder, views.decoder_visibility); loss = MLM + mean token CE.
+
+Every head is dropped at export: the encoder is the backbone (train.export_encoder).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import BadInput
+from . import objectives as obj
+from .heads import CondenserHead, EnhancedDecoder
+
+OBJECTIVES = ("condenser", "cocondenser", "retromae")
+
+
+class HeadError(BadInput, ValueError):
+    """A head setting the checkpoint cannot satisfy."""
+
+
+def early_layer(setting: int | None, layers: int) -> int:
+    """The backbone layer feeding Condenser's head: `setting`, or half the depth (0 = embeddings)."""
+    layer = layers // 2 if setting is None else setting
+    if not 0 <= layer < layers:
+        raise HeadError(f"condenser.early_layer {layer}: the checkpoint has {layers} layers; "
+                        f"choose 0 (the embeddings) to {layers - 1}, or null (half the depth)")
+    return layer
+
+
+def add_heads(model: Any, config: Any) -> None:
+    """Give `model` (a Pretrainer) its objective's head."""
+    if model.objective in ("condenser", "cocondenser"):
+        opts = model.settings["condenser"]
+        model.early_layer = early_layer(opts["early_layer"], config.num_hidden_layers)
+        model.condenser = CondenserHead(config, opts["head_layers"])
+    elif model.objective == "retromae":
+        model.enhanced_decoder = EnhancedDecoder(config)
+
+
+def span_pair_contrastive(cls: torch.Tensor, temperature: float, gather: bool = False,
+                          stats: dict[str, float] | None = None) -> torch.Tensor:
+    """coCondenser's loss: cls [2m, D] stacked [segment 0 of m chunks; segment 1 of them];
+    InfoNCE of each segment against every other segment of the pool (dot products / temperature),
+    its partner the positive; mean over this process's segments."""
+    pool, rows = obj.gather_views(cls, gather)
+    if stats is not None:
+        stats["contrast_pool"] = float(pool.shape[0] - 1)
+    return obj.views_info_nce(obj.fp32_scores(cls, pool), temperature, rows)
+
+
+def condenser_states(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(last-layer states, head outputs) of Condenser's forward pass."""
+    states = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           output_hidden_states=True).hidden_states
+    hidden = states[-1]
+    return hidden, model.condenser(hidden, states[model.early_layer], batch["attention_mask"])
+
+
+def decoded(model: Any, cls: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The enhanced decoder's outputs [B, L, D] from [CLS] and the unmasked chunk."""
+    embeddings = model.encoder.embeddings
+    ids = batch["original_ids"]
+    positions = embeddings.position_embeddings.weight[:ids.shape[1]]
+    return model.enhanced_decoder(cls, embeddings(input_ids=ids), positions, batch["decoder_visible"])
+
+
+def forward(model: Any, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """(loss terms with the total under "loss", logged statistics) of a baseline objective."""
+    stats: dict[str, float] = {}
+    if model.objective == "retromae":
+        hidden = model.hidden(batch["input_ids"], batch["attention_mask"])
+        losses = {"loss_mlm": model.mlm(hidden, batch["labels"])}
+        losses["loss_dec"] = model.mlm(decoded(model, hidden[:, 0], batch), batch["decoder_labels"])
+        losses["loss"] = losses["loss_mlm"] + losses["loss_dec"]
+        return losses, stats
+    hidden, head = condenser_states(model, batch)
+    losses = {"loss_mlm": model.mlm(hidden, batch["labels"]),
+              "loss_head_mlm": model.mlm(head, batch["labels"])}
+    losses["loss"] = losses["loss_mlm"] + losses["loss_head_mlm"]
+    if model.objective == "cocondenser":
+        opts = model.settings["cocondenser"]
+        losses["loss_co"] = span_pair_contrastive(hidden[:, 0], opts["temperature"],
+                                                  opts["gather_negatives"], stats)
+        losses["loss"] = losses["loss"] + opts["lambda"] * losses["loss_co"]
+    return losses, stats
+
+
+def _scores(model: Any, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of the MLM head's predictions at the labelled positions."""
+    selected = labels != -100
+    logits = model.mlm_head(hidden[selected]).float()
+    if not len(logits):
+        return float("nan"), float("nan")
+    hits = logits.argmax(dim=-1) == labels[selected]
+    return float(hits.float().mean()), float(torch.nn.functional.cross_entropy(logits, labels[selected]))
+
+
+def _other(cls: torch.Tensor) -> torch.Tensor:
+    """Every text's [CLS] replaced by the next text's (the last by the first's)."""
+    return cls.roll(1, dims=0)
+
+
+def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor) -> dict[str, float]:
+    """What each baseline's head is for, on held-out chunks (the caller has set eval mode):
+
+      probe_head_mlm_accuracy   Condenser / coCondenser: share of masked tokens the head predicts
+      loss_head_mlm_heldout     (it sees the early layer's tokens and only the last layer's
+                                [CLS]), and its cross-entropy.
+      probe_decoder_accuracy    enhanced decoding: share of the chunk's tokens the decoder
+      loss_dec_heldout          reconstructs from [CLS] and the positions each row may see, and
+                                its cross-entropy.
+      probe_cls_reliance        both: the head's (decoder's) held-out cross-entropy when each
+                                text's [CLS] is swapped for another text's, minus with its own
+                                (nats): how much of what the head predicts [CLS] carries, the
+                                bottleneck these objectives train. 0 for a head that ignores it.
+      probe_view_agreement      coCondenser: share of first segments whose best-scoring second
+                                segment (dot product of [CLS]) is the other half of their chunk.
+    """
+    out: dict[str, float] = {}
+    cls = hidden[:, 0]
+    if model.objective in ("condenser", "cocondenser"):
+        states = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               output_hidden_states=True).hidden_states
+        early = states[model.early_layer]
+        labels = batch["labels"]
+        accuracy, loss = _scores(model, model.condenser(hidden, early, batch["attention_mask"]), labels)
+        swapped = torch.cat([_other(cls).unsqueeze(1), hidden[:, 1:]], dim=1)
+        _, loss_swapped = _scores(model, model.condenser(swapped, early, batch["attention_mask"]), labels)
+        out |= {"probe_head_mlm_accuracy": accuracy, "loss_head_mlm_heldout": loss}
+        if model.objective == "cocondenser":
+            m = len(hidden) // 2
+            scores = obj.fp32_scores(cls[:m], cls[m:])
+            out["probe_view_agreement"] = float(
+                (scores.argmax(dim=1) == torch.arange(m, device=cls.device)).float().mean())
+    elif model.objective == "retromae":
+        labels = batch["decoder_labels"]
+        accuracy, loss = _scores(model, decoded(model, cls, batch), labels)
+        _, loss_swapped = _scores(model, decoded(model, _other(cls), batch), labels)
+        out |= {"probe_decoder_accuracy": accuracy, "loss_dec_heldout": loss}
+    else:
+        return out
+    out["probe_cls_reliance"] = loss_swapped - loss
+    return out
