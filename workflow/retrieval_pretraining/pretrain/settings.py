@@ -59,3 +59,42 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
     if block:
         resolved[block] = _merge(section[block], entry.get(block, {}))
     return resolved
+
+
+def reused_source(section: dict[str, Any], name: str) -> str | None:
+    """The entry whose pre-training model `name` reuses (`reuse_pretraining`), or None."""
+    entries = {m["name"]: m for m in section["models"]}
+    return entries[name].get("reuse_pretraining") if name in entries else None
+
+
+def check_entries(section: dict[str, Any], seed: int) -> None:
+    """Refuse, at parse time, a model entry whose reuse or fine-tuning knobs cannot hold: a reuse
+    of an unknown, untrained or itself reusing entry, or one that would train differently (its
+    copied encoder would then not be what its settings say), and a fine-tuning projector on a
+    model pre-trained without one."""
+    from ..config import ConfigError
+
+    entries = {m["name"]: m for m in section["models"]}
+    for name, entry in entries.items():
+        source = entry.get("reuse_pretraining")
+        if source is not None:
+            where = f"pretrain.models {name!r}: reuse_pretraining {source!r}"
+            if source not in entries:
+                raise ConfigError(f"{where} names no entry; known: {sorted(entries)}")
+            if entries[source].get("reuse_pretraining") or entries[source]["objective"] == "none":
+                raise ConfigError(f"{where} must name a trained entry that reuses none itself")
+            mine, theirs = resolve_model(section, name, seed), resolve_model(section, source, seed)
+            differ = sorted(k for k in set(mine) | set(theirs) - {"name"}
+                            if k != "name" and mine.get(k) != theirs.get(k))
+            if differ:
+                raise ConfigError(f"{where}: the entry resolves to other settings ({', '.join(differ)})"
+                                  f"; repeat {source!r}'s pre-training keys (a YAML merge `<<` does)")
+        if (entry.get("finetune") or {}).get("projector"):
+            settings = resolve_model(section, name, seed)
+            if settings["objective"] != "costa" or settings["costa"]["projector"] == "none":
+                raise ConfigError(
+                    f"pretrain.models {name!r}: finetune.projector needs a model pre-trained with "
+                    f"objective costa and costa.projector nonlinear or linear (it has objective "
+                    f"{settings['objective']!r}"
+                    + (f", projector {settings['costa']['projector']!r})" if "costa" in settings
+                       else ")"))
