@@ -28,6 +28,8 @@ def loss_settings(model):
         keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]
     if settings["objective"] in block:
         keep["options"] = settings[block[settings["objective"]]]
+    if settings["objective"] == "bow":  # the recipe's masking, stated beside its loss
+        keep["options"] = keep["options"] | settings["mlm"]
     return keep
 
 

@@ -147,7 +147,7 @@ class Pretrainer(nn.Module):
         elif self.objective == "bow":
             opts = self.settings["bow"]
             losses["loss_bow"] = obj.bow_loss(self.bow_logits(cls), batch["bag_ids"],
-                                              batch["bag_mask"])
+                                              batch["bag_mask"], opts["reduction"])
             weight = opts["weight"]
             if opts["weight_schedule"] == "cosine":
                 weight = obj.cosine_weight(progress, opts["weight"], opts["weight_end"])

@@ -11,6 +11,20 @@ from typing import Any
 
 # Option blocks a model entry may override; each objective reads `mlm` plus its own block.
 OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow")
+# The Bag-of-Word recipes (`bow.recipe`): what each sets for a bow model, between the section's
+# defaults and the model entry's own keys (which still override any of it).
+#   code:  the authors' public code: the MLM head on [CLS], softmax CE against the uniform
+#          distribution over the bag (a mean over it), weight decaying 1 -> 0.1 on a cosine,
+#          30% whole-word masking (REFERENCE.md);
+#   paper: the paper as written: h_CLS . E^T, -log p summed over the input's unique tokens (the
+#          normaliser is our literal reading, ARCHITECTURE.md), a constant weight, 15% masking
+#          (its reported setting; token-level, as BERT's).
+BOW_RECIPES = {
+    "code": {"bow": {"form": "code", "reduction": "mean", "weight_schedule": "cosine"},
+             "mlm": {"mask_rate": 0.3, "whole_word": True}},
+    "paper": {"bow": {"form": "paper", "reduction": "sum", "weight_schedule": "constant"},
+              "mlm": {"mask_rate": 0.15, "whole_word": False}},
+}
 OBJECTIVE_BLOCK = {"none": None, "mlm": None, "costa": "costa", "cpdae": "cpdae",
                    "cpdae_r": "cpdae", "bow": "bow"}
 
@@ -54,10 +68,15 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
         raise ValueError(f"pretrain model {name!r}: objective costa needs 'spans' (a spans entry name)")
     resolved["spans"] = entry.get("spans") if objective == "costa" else None
     resolved["trainer"] = _merge(section["trainer"], entry.get("trainer", {}))
-    resolved["mlm"] = _merge(section["mlm"], entry.get("mlm", {}))
+    recipe: dict[str, Any] = {}
+    if objective == "bow":  # section defaults, then the recipe, then the entry's own keys
+        name_of = entry.get("bow", {}).get("recipe", section["bow"]["recipe"])
+        recipe = BOW_RECIPES[name_of]
+    resolved["mlm"] = _merge(_merge(section["mlm"], recipe.get("mlm", {})), entry.get("mlm", {}))
     block = OBJECTIVE_BLOCK[objective]
     if block:
-        resolved[block] = _merge(section[block], entry.get(block, {}))
+        resolved[block] = _merge(_merge(section[block], recipe.get(block, {})),
+                                 entry.get(block, {}))
     return resolved
 
 
