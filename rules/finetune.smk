@@ -72,10 +72,21 @@ def finetune_knobs(dataset, stage="stage1"):
     return knobs
 
 
+def model_finetune_knobs(model):
+    """The model's own fine-tuning knobs (`pretrain.models[].finetune`: the projector); only
+    those set, so a model without any hands out the same slice as before."""
+    return named(config["pretrain"]["models"], model).get("finetune", {})
+
+
 def finetune_argument(wildcards):
     return experiment_config.stage_argument(
         finetune_knobs(wildcards.dataset, wildcards.stage)
+        | model_finetune_knobs(wildcards.model)
     )
+
+
+def heads_argument(wildcards, input):
+    return f"--heads {input.heads}" if "heads" in input.keys() else ""
 
 
 def train_split_files(wildcards):
@@ -127,6 +138,8 @@ def get_finetune_inputs(wildcards):
     inputs = train_split_files(wildcards) | {
         "corpus": f"results/datasets/{dataset}/corpus.parquet"
     }
+    if model_finetune_knobs(model).get("projector"):  # the pre-trained COSTA projector
+        inputs["heads"] = f"results/pretrain/{model}/heads.safetensors"
     if number == 1:
         init = stage1_init_encoder(model, dataset, wildcards.stage)
         return inputs | {"init": init, "negatives": [bm25]}
@@ -149,7 +162,7 @@ _FINETUNE_SHELL = (
     "--gpus {resources.gpu} -- --config '{params.finetune}' --init {input.init} "
     "--queries {input.queries} --qrels {input.qrels} --corpus {input.corpus} "
     "--negatives {input.negatives} --seed {params.seed} --out {output.encoder} "
-    "--state {params.state} --metrics {output.metrics} &> {log}"
+    "--state {params.state} --metrics {output.metrics} {params.heads} &> {log}"
 )
 
 
@@ -184,6 +197,7 @@ rule finetune_stage1:
         runtime=60,
     params:
         finetune=finetune_argument,
+        heads=heads_argument,
         seed=config["seed"],
         state="results/state/finetune/{model}/{dataset}/{stage}",
     shell:
@@ -221,6 +235,7 @@ rule finetune_stage2:
         runtime=60,
     params:
         finetune=finetune_argument,
+        heads=heads_argument,
         seed=config["seed"],
         state="results/state/finetune/{model}/{dataset}/{stage}",
     shell:

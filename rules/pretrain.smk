@@ -1,7 +1,8 @@
 # Pre-training: one encoder per `pretrain.models` entry (retrieval_pretraining.pretrain).
 # Trained objectives run `pretrain_model` (resumable: state in results/state/pretrain/{model}/, outside
 # the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, rerun or --retries resumes);
-# objective `none` is the cheap local rule `export_base_encoder`.
+# objective `none` is the cheap local rule `export_base_encoder`; an entry that reuses another's
+# pre-training (`reuse_pretraining`: it differs only in how it is fine-tuned) copies its outputs.
 # Started by retrieval_pretraining.launch (1 process, torchrun, or srun + torchrun per node): it
 # execs, so SIGTERM/SIGUSR1 reach the trainer (torchrun and srun forward them to the workers).
 import re
@@ -34,14 +35,37 @@ def loss_settings(model):
         keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]
     if settings["objective"] in block:
         keep["options"] = settings[block[settings["objective"]]]
+    if settings["objective"] == "bow":  # the recipe's masking, stated beside its loss
+        keep["options"] = keep["options"] | settings["mlm"]
     return keep
+
+
+pretrain_settings_lib.check_entries(config["pretrain"], config["seed"])
 
 
 def pretrain_models(trained):
     return [
         m["name"]
         for m in config["pretrain"]["models"]
-        if (m["objective"] != "none") == trained
+        if (m["objective"] != "none") == trained and not m.get("reuse_pretraining")
+    ]
+
+
+def reused_outputs(wildcards):
+    """The outputs of the entry whose pre-training model `wildcards.model` reuses."""
+    source = pretrain_settings_lib.reused_source(config["pretrain"], wildcards.model)
+    folder = f"results/pretrain/{source}"
+    return {
+        "encoder": f"{folder}/encoder",
+        "metrics": f"{folder}/metrics.jsonl",
+        "plot": f"{folder}/loss.png",
+        "heads": f"{folder}/heads.safetensors",
+    }
+
+
+def reusing_models():
+    return [
+        m["name"] for m in config["pretrain"]["models"] if m.get("reuse_pretraining")
     ]
 
 
@@ -176,3 +200,23 @@ rule export_base_encoder:
         "python -m retrieval_pretraining.pretrain --config '{params.settings}' "
         "--checkpoint {input.checkpoint} --encoder {output.encoder} "
         "--metrics {output.metrics} --plot {output.plot} &> {log}"
+
+
+# An entry that is another's pre-training (`reuse_pretraining`, checked to resolve to the same
+# settings at parse time): its outputs are copies, so only its fine-tuning differs.
+rule reuse_pretraining:
+    input:
+        unpack(reused_outputs),
+    output:
+        encoder=directory("results/pretrain/{model}/encoder"),
+        metrics="results/pretrain/{model}/metrics.jsonl",
+        plot="results/pretrain/{model}/loss.png",
+        heads="results/pretrain/{model}/heads.safetensors",
+    log:
+        "results/logs/reuse_pretraining/{model}.log",
+    wildcard_constraints:
+        model=model_pattern(reusing_models()),
+    localrule: True
+    shell:
+        "(cp -r {input.encoder} {output.encoder} && cp {input.metrics} {output.metrics} "
+        "&& cp {input.plot} {output.plot} && cp {input.heads} {output.heads}) &> {log}"

@@ -270,3 +270,16 @@ def test_the_ablations_run_as_the_costa_paper_ran_them():
             assert len(changed) <= 1 and "epochs" not in changed, (name, changed)
     titles = {t["name"]: t["title"] for t in overlay["report"]["tables"]}
     assert "Table 6" in titles["ablation-projector"] and "Table 7" in titles["ablation-temperature"]
+    # Table 6, fine-tuning phase: the projector models fine-tuned through their projector reuse
+    # their pre-training (the same settings, checked), so only the fine-tuning differs.
+    from retrieval_pretraining.pretrain.settings import check_entries
+
+    check_entries(section, seed=0)
+    entries = {m["name"]: m for m in overlay["pretrain"]["models"]}
+    through = {n: m["reuse_pretraining"] for n, m in entries.items()
+               if (m.get("finetune") or {}).get("projector")}
+    assert through == {"costa-abl-ftproj": "costa-abl", "costa-abl-linear-ftproj": "costa-abl-linear"}
+    assert all(not entries[source].get("finetune") for source in through.values())
+    assert "Table 6" in titles["ablation-projector-finetuning"]
+    rows = next(t for t in overlay["report"]["tables"] if t["name"] == "ablation-projector-finetuning")
+    assert {r["model"] for r in rows["rows"]} == set(through) | set(through.values())

@@ -186,6 +186,19 @@ def test_fine_tuning_lifts_every_encoder_above_zero_shot(project, config):
         assert "§" in marks[f"{model}-{final}"] and "§↓" not in marks[f"{model}-{final}"], marks
 
 
+def test_every_fine_tuning_loss_falls(project, config):
+    """Each fine-tuning stage's loss (metrics.jsonl, one record per step) is lower over its last
+    quarter of steps than over its first: the lift above is the training's, not chance."""
+    for model in (m["name"] for m in config["pretrain"]["models"]):
+        for stage in (s for s in _stages(config) if s != "stage0"):  # stage 0: not fine-tuned
+            path = project / "results/finetune" / model / DATASET / stage / "metrics.jsonl"
+            losses = [r["loss"] for r in map(json.loads, path.read_text().splitlines())
+                      if "loss" in r]
+            window = max(1, len(losses) // 4)
+            first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+            assert len(losses) >= 4 and last < first, (model, stage, losses)
+
+
 def test_every_metrics_file_scores_every_test_query(project, config, test_queries):
     for system in _systems(config):
         path = project / "results/metrics" / DATASET / system / f"{SPLIT}.json"

@@ -291,6 +291,48 @@ BAG_IDS = torch.tensor([[1, 4, 7], [0, 9, 0]])
 BAG_MASK = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
 
 
+def test_bow_summed_over_the_bag_matches_a_loop():
+    """The paper recipe's literal reading: -sum over the input's unique ids of log softmax(h_CLS .
+    E^T)[id], averaged over texts; gradients reach [CLS] and the word embeddings."""
+    g = torch.Generator().manual_seed(9)
+    cls, emb = torch.randn(2, 4, generator=g), torch.randn(10, 4, generator=g)
+
+    def loop(c, e):
+        total = 0.0
+        for b, bag in enumerate(BAGS):
+            logits = [sum(c[b, d] * e[v, d] for d in range(4)) for v in range(10)]
+            log_z = torch.log(sum(torch.exp(x) for x in logits))
+            total = total + sum(log_z - logits[t] for t in bag)  # no 1/|bag|
+        return total / len(BAGS)
+
+    got = _grads(lambda c, e: obj.bow_loss(c @ e.T, BAG_IDS, BAG_MASK, "sum"), cls, emb)
+    _assert_same(got, _grads(loop, cls, emb))
+    with pytest.raises(ValueError, match="reduction"):
+        obj.bow_loss(cls @ emb.T, BAG_IDS, BAG_MASK, "max")
+
+
+def test_bow_recipes_expand_and_a_model_entry_still_overrides():
+    from retrieval_pretraining.pretrain.settings import resolve_model
+
+    section = {"checkpoint": "c", "trainer": {}, "mlm": {"mask_rate": 0.15, "whole_word": False},
+               "bow": {"recipe": "code", "weight": 1.0, "weight_end": 0.1}, "models": [
+                   {"name": "code", "objective": "bow"},
+                   {"name": "paper", "objective": "bow", "bow": {"recipe": "paper"}},
+                   {"name": "paper-30", "objective": "bow", "bow": {"recipe": "paper"},
+                    "mlm": {"mask_rate": 0.3}},
+                   {"name": "mlm", "objective": "mlm"}]}
+
+    def knobs(name):
+        s = resolve_model(section, name, seed=0)
+        return (s["bow"]["form"], s["bow"]["reduction"], s["bow"]["weight_schedule"],
+                s["mlm"]["mask_rate"], s["mlm"]["whole_word"]) if "bow" in s else s["mlm"]
+
+    assert knobs("code") == ("code", "mean", "cosine", 0.3, True)
+    assert knobs("paper") == ("paper", "sum", "constant", 0.15, False)
+    assert knobs("paper-30") == ("paper", "sum", "constant", 0.3, False)
+    assert knobs("mlm") == {"mask_rate": 0.15, "whole_word": False}  # other objectives: untouched
+
+
 def test_bow_paper_form_gradients_match_loop():
     """Paper form: logits = h_CLS . E^T; gradients reach both [CLS] and the word embeddings."""
     g = torch.Generator().manual_seed(8)

@@ -441,7 +441,9 @@ def test_provenance_states_each_loss_reduction_and_the_effective_lambda(syntheti
         "cpdae": {"objective": "cpdae", "micro_batch_size": 8,
                   "options": {"lambda": 0.1, "reconstruction": "sum"}},
         "bow": {"objective": "bow", "micro_batch_size": 8,
-                "options": {"weight": 1.0, "weight_schedule": "constant", "weight_end": 0.1}},
+                "options": {"weight": 1.0, "weight_schedule": "constant", "weight_end": 0.1,
+                            "recipe": "paper", "form": "paper", "reduction": "sum",
+                            "mask_rate": 0.15, "whole_word": False}},
     }
     make_tables(p, results, tmp_path / "t.md")
     text = (tmp_path / "t.md").read_text().split("## Provenance", 1)[1]
@@ -449,4 +451,7 @@ def test_provenance_states_each_loss_reduction_and_the_effective_lambda(syntheti
     assert "averaged over the 32 texts" in text and "lambda = 0.003125 would on the sum" in text
     assert "averaged over the 16 views" in text and "lambda = 0.00625 would on the sum" in text
     assert "BCE summed over the vocabulary" in text and "weight 1, constant" in text
+    # Which Bag-of-Word recipe a row used, with its masking and loss.
+    assert "BoW recipe `paper` (the paper as written; 0.15 of the tokens masked)" in text
+    assert "sum over each text's unique input tokens" in text and "h_CLS . E^T" in text
     assert "mean cross-entropy over the micro-batch's masked tokens" in text

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from . import artifacts
+from . import projector as text_projector
 from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .datasets import join_title
@@ -42,20 +43,49 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# Where a loaded encoder keeps its folder's text projector (a registered submodule, so it moves,
+# trains and switches train/eval with the encoder; `encode_batch` applies it to the pooled [CLS]).
+PROJECTOR = "text_projector"
+
+
 def load_encoder(folder: str | Path, dev: torch.device | None = None):
-    """A Hugging Face encoder + fast tokenizer from a local folder (never downloads, no remote code)."""
+    """A Hugging Face encoder + fast tokenizer from a local folder (never downloads, no remote code).
+
+    A folder holding `projector.safetensors` (a model fine-tuned through COSTA's projector) comes
+    with its projector attached as `model.text_projector`: every consumer embeds through it."""
     from transformers import AutoTokenizer
 
     model = load_model(folder, add_pooling_layer=False)  # safetensors only: a pickle is refused
+    attach_projector(model, text_projector.load(Path(folder)))
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
     return model.to(dev or device()), tokenizer
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, similarity: str) -> torch.Tensor:
-    """Sequence vectors from last-layer states: [CLS] or mean over real tokens; cosine normalises."""
+def attach_projector(model, module: torch.nn.Module | None) -> None:
+    """Embed [CLS] through `module` from now on (None: the raw pooled vector)."""
+    setattr(model, PROJECTOR, module)
+
+
+def projector_of(model) -> torch.nn.Module | None:
+    return getattr(model, PROJECTOR, None)
+
+
+def encoder_state(model) -> dict[str, torch.Tensor]:
+    """The encoder's own weights (what save_pretrained writes), without an attached projector."""
+    return {k: v for k, v in model.state_dict().items() if not k.startswith(PROJECTOR + ".")}
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, similarity: str,
+         projector: torch.nn.Module | None = None) -> torch.Tensor:
+    """Sequence vectors from last-layer states: [CLS] (through the text projector when given) or
+    mean over real tokens; cosine normalises."""
     if pooling == "cls":
         vectors = hidden[:, 0]
+        if projector is not None:
+            vectors = projector(vectors)
     elif pooling == "mean":
+        if projector is not None:
+            raise ValueError("a text projector embeds [CLS]; use pooling 'cls'")
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         vectors = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
     else:
@@ -81,7 +111,7 @@ def encode_batch(model, batch: dict[str, torch.Tensor], pooling: str, similarity
     dev = next(model.parameters()).device
     batch = {k: v.to(dev) for k, v in batch.items()}
     hidden = model(**batch).last_hidden_state
-    return pool(hidden, batch["attention_mask"], pooling, similarity)
+    return pool(hidden, batch["attention_mask"], pooling, similarity, projector_of(model))
 
 
 @torch.inference_mode()

@@ -23,8 +23,10 @@ from typing import Any, Iterable, Mapping
 from .config import ConfigError, refuse_unknown, section_schema
 from .datasets import TITLE_MODES
 
-# What `finetune_knobs` adds from the dataset entry: its title mode and its exclude_query_id rule.
+# What `finetune_knobs` adds from the dataset entry: its title mode and its exclude_query_id rule;
+# and what the fine-tuning rule adds from the model's entry (`pretrain.models[].finetune`).
 DATASET_KEYS = ("title", "exclude_self")
+MODEL_KEYS = ("projector",)
 # What `search_argument` adds for corpus encoding and dense search (mine.py names mining's keys).
 SEARCH_KEYS = ("use_gpu",)
 
@@ -37,7 +39,8 @@ def finetune_section_knobs() -> frozenset[str]:
 
 def slice_keys(*added: str) -> frozenset[str]:
     """Every key of a fine-tuning slice, plus the keys a rule `added` for its stage."""
-    return finetune_section_knobs() | frozenset(DATASET_KEYS) | frozenset(added)
+    return (finetune_section_knobs() | frozenset(DATASET_KEYS) | frozenset(MODEL_KEYS)
+            | frozenset(added))
 
 
 # ---------------------------------------------------------------- value checks ------------------

@@ -3,7 +3,7 @@
     python -m retrieval_pretraining.finetune --config '<finetune slice JSON>' --init ENCODER \
         --queries queries-train.parquet --qrels qrels-train.parquet --corpus corpus.parquet \
         --negatives negatives.parquet [...] --seed S --out .../encoder --state STATE \
-        --metrics .../metrics.jsonl
+        --metrics .../metrics.jsonl [--heads results/pretrain/M/heads.safetensors]
 Multi-GPU: launch the same command under `torchrun` (retrieval_pretraining.launch does).
 Exit status 75 = stopped by SIGTERM/SIGUSR1 after saving state; rerun to resume.
 """
@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="encoder folder to write")
     parser.add_argument("--state", type=Path, required=True, help="resume state (outside outputs)")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics .jsonl")
+    parser.add_argument("--heads", type=Path, default=None,
+                        help="pre-training heads.safetensors: the COSTA projector (finetune.projector)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = FinetuneSettings.from_config(args.config)  # a bad slice fails before torch loads
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     return train(settings, init=args.init, queries=args.queries, qrels=args.qrels,
                  corpus=args.corpus, negatives=args.negatives, seed=args.seed, out=args.out,
-                 state_dir=args.state, metrics_path=args.metrics)
+                 state_dir=args.state, metrics_path=args.metrics, heads=args.heads)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import projector as text_projector
 from .. import training
-from ..encode import encode_batch, load_encoder
+from ..encode import attach_projector, encode_batch, load_encoder, projector_of
 from ..retrieval_settings import RetrievalSettings
 
 
@@ -27,9 +28,24 @@ class BiEncoder(torch.nn.Module):
                 encode_batch(self.encoder, passages, self.pooling, self.similarity))
 
 
-def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.device):
-    """(BiEncoder, tokenizer) from a Hugging Face encoder folder (local files, no remote code)."""
+def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.device, *,
+                    projector: bool = False, heads: Path | None = None):
+    """(BiEncoder, tokenizer) from a Hugging Face encoder folder (local files, no remote code).
+
+    With `projector`, [CLS] is embedded through COSTA's text projector: the folder's own (a stage
+    fine-tuned with it) or else the one pre-training left in `heads`. Without it, a folder that
+    embeds through a projector is refused: the stage would silently change what a vector is."""
     encoder, tokenizer = load_encoder(folder, device)
+    if projector and projector_of(encoder) is None:
+        if heads is None:
+            raise text_projector.ProjectorError(
+                f"finetune.projector is on, but {folder} has no {text_projector.FILE} and no "
+                "pre-training heads file was given (--heads)")
+        attach_projector(encoder, text_projector.from_heads(Path(heads)).to(device))
+    if not projector and projector_of(encoder) is not None:
+        raise text_projector.ProjectorError(
+            f"{folder} embeds through a text projector ({text_projector.FILE}), but "
+            "finetune.projector is off for this model; set the model's finetune.projector")
     return BiEncoder(encoder, retrieval.pooling, retrieval.similarity), tokenizer
 
 

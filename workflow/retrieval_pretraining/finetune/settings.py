@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from ..config import ConfigError
 from ..retrieval_settings import (RetrievalSettings, check_bool, check_choice, check_int,
                                   check_number, refuse_unknown, slice_keys)
 
@@ -28,6 +29,10 @@ class FinetuneSettings:
     batch_size: int = 64            # queries per optimiser step, over all GPUs
     sub_batches: int = 1            # fixed contrast sets per batch (data.contrast_plan)
     gather: bool = False            # all-gather passages across GPUs within a contrast set
+    # Embed [CLS] through the model's pre-trained COSTA projector (COSTA Table 6, fine-tuning
+    # phase); the exported folder then carries it (projector.py). Per model: a pretrain.models
+    # entry's `finetune: {projector: true}`; the paper's main setting fine-tunes without it.
+    projector: bool = False
     lr: float = 5e-6
     warmup_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -46,6 +51,10 @@ class FinetuneSettings:
                     "log_every_steps"):
             check_int(f"finetune.{key}", getattr(self, key), 1)
         check_bool("finetune.gather", self.gather)
+        check_bool("finetune.projector", self.projector)
+        if self.projector and self.retrieval.pooling != "cls":
+            raise ConfigError(f"finetune.projector embeds [CLS] through COSTA's projector, but "
+                              f"pooling is {self.retrieval.pooling!r}; use pooling cls")
         check_number("finetune.lr", self.lr, low=0, low_open=True)
         check_number("finetune.warmup_ratio", self.warmup_ratio, low=0, high=1)
         check_number("finetune.weight_decay", self.weight_decay, low=0)

@@ -18,7 +18,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import artifacts, st_export, training
-from ..encode import tokenize
+from .. import projector as text_projector
+from ..encode import encoder_state, projector_of, tokenize
 from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
                    step_queries)
 from .model import contrast_set_loss, load_bi_encoder
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path, corpus: Path,
           negatives: Sequence[Path], seed: int, out: Path, state_dir: Path,
-          metrics_path: Path) -> int:
+          metrics_path: Path, heads: Path | None = None) -> int:
     """Fine-tune (or resume) one encoder; returns 0 when exported, RESUME_EXIT_CODE when stopped."""
     s, r = settings, settings.retrieval
     init, state_dir, metrics_path = Path(init), Path(state_dir), Path(metrics_path)
@@ -44,12 +45,13 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                          f"{s.batch_size}; lower finetune.batch_size")
     total_steps = steps_per_epoch * s.epochs
 
-    model, tokenizer = load_bi_encoder(init, r, env.device)
+    model, tokenizer = load_bi_encoder(init, r, env.device, projector=s.projector, heads=heads)
     optimizer = training.build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay)
     scheduler = training.linear_schedule(optimizer, total_steps=total_steps,
                                          warmup_steps=math.ceil(s.warmup_ratio * total_steps))
     inputs = {"init": init / "config.json", "queries": queries, "qrels": qrels,
-              **{f"negatives{i}": p for i, p in enumerate(negatives)}}
+              **{f"negatives{i}": p for i, p in enumerate(negatives)},
+              **({"heads": Path(heads)} if s.projector and heads else {})}
     job = {"settings": s.record(), "seed": seed,
            "inputs": _identities({**inputs, "init": init, "corpus": corpus})}
     training.claim_state(state_dir, job, env)
@@ -159,7 +161,10 @@ def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
                   "final_metrics": final_metrics or {}}
     init = Path(inputs["init"])  # the init folder's config.json (train) or the folder itself
     with artifacts.atomic_dir(out) as tmp:
-        encoder.save_pretrained(tmp, safe_serialization=True)
+        # An attached projector is not part of the Hugging Face model: it travels as its own file.
+        encoder.save_pretrained(tmp, state_dict=encoder_state(encoder), safe_serialization=True)
+        if projector_of(encoder) is not None:
+            text_projector.save(tmp, projector_of(encoder))
         tokenizer.save_pretrained(tmp)
         artifacts.write_json(tmp / "training.json", provenance)
         st_export.write(tmp, settings.retrieval, st_export.finetuned_card(

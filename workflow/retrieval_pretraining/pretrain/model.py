@@ -16,6 +16,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 
+from .. import projector as text_projector
 from ..model_folder import load_model
 from . import baselines
 from . import objectives as obj
@@ -74,15 +75,6 @@ def load_heads(model: nn.Module, path: Path) -> set[str]:
     return set(loaded)
 
 
-def projector(kind: str, dim: int) -> nn.Module:
-    """COSTA's text projector: Tanh(Linear) (paper), Linear, or none (ablation)."""
-    if kind == "nonlinear":
-        return nn.Sequential(nn.Linear(dim, dim), nn.Tanh())
-    if kind == "linear":
-        return nn.Linear(dim, dim)
-    return nn.Identity()
-
-
 def cpdae_decoder(dim: int, vocab_size: int, eps: float) -> nn.Module:
     """CPDAE's MLP decoder: two FFN blocks (Linear, GELU, LayerNorm), then |V| logits."""
     return nn.Sequential(
@@ -114,7 +106,7 @@ class Pretrainer(nn.Module):
             )
         dim = config.hidden_size
         if self.objective == "costa":
-            self.projector = projector(settings["costa"]["projector"], dim)
+            self.projector = text_projector.build(settings["costa"]["projector"], dim)
         if self.objective in ("cpdae", "cpdae_r"):
             self.decoder = cpdae_decoder(dim, self.vocab_size, config.layer_norm_eps)
             if bag_prior:
@@ -178,7 +170,7 @@ class Pretrainer(nn.Module):
         elif self.objective == "bow":
             opts = self.settings["bow"]
             losses["loss_bow"] = obj.bow_loss(self.bow_logits(cls), batch["bag_ids"],
-                                              batch["bag_mask"])
+                                              batch["bag_mask"], opts["reduction"])
             weight = opts["weight"]
             if opts["weight_schedule"] == "cosine":
                 weight = obj.cosine_weight(progress, opts["weight"], opts["weight_end"])

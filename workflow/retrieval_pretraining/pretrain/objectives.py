@@ -204,12 +204,18 @@ def dense_contrastive(cls: torch.Tensor, temperature: float, gather: bool = Fals
 
 
 # ---------------------------------------------------------------- Bag-of-Word --------------------
-def bow_loss(logits: torch.Tensor, bag_ids: torch.Tensor, bag_mask: torch.Tensor) -> torch.Tensor:
-    """Softmax cross-entropy against the uniform distribution over each text's unique input ids
-    (= mean over the bag of -log p(id)), averaged over texts."""
+def bow_loss(logits: torch.Tensor, bag_ids: torch.Tensor, bag_mask: torch.Tensor,
+             reduction: str = "mean") -> torch.Tensor:
+    """-log softmax(logits)[id] over each text's unique input ids, averaged over texts: `mean` over
+    the bag (softmax cross-entropy against the uniform distribution over the bag: the authors'
+    code) or `sum` over it (the paper's sum over the input's tokens, read literally)."""
     log_prob = _upcast(logits).log_softmax(dim=-1).gather(1, bag_ids)
-    counts = bag_mask.sum(dim=1).clamp(min=1)
-    return (-(log_prob * bag_mask).sum(dim=1) / counts).mean()
+    per_text = -(log_prob * bag_mask).sum(dim=1)
+    if reduction == "mean":
+        per_text = per_text / bag_mask.sum(dim=1).clamp(min=1)
+    elif reduction != "sum":
+        raise ValueError(f"bow reduction {reduction!r} is unknown; use 'mean' or 'sum'")
+    return per_text.mean()
 
 
 def cosine_weight(progress: float, start: float, end: float) -> float:

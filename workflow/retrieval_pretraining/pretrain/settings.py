@@ -18,6 +18,20 @@ OBJECTIVE_BLOCKS: dict[str, tuple[str, ...]] = {
     "bow": ("bow",), "condenser": ("condenser",), "cocondenser": ("condenser", "cocondenser"),
     "retromae": ("retromae",),
 }
+# The Bag-of-Word recipes (`bow.recipe`): what each sets for a bow model, between the section's
+# defaults and the model entry's own keys (which still override any of it).
+#   code:  the authors' public code: the MLM head on [CLS], softmax CE against the uniform
+#          distribution over the bag (a mean over it), weight decaying 1 -> 0.1 on a cosine,
+#          30% whole-word masking (REFERENCE.md);
+#   paper: the paper as written: h_CLS . E^T, -log p summed over the input's unique tokens (the
+#          normaliser is our literal reading, ARCHITECTURE.md), a constant weight, 15% masking
+#          (its reported setting; token-level, as BERT's).
+BOW_RECIPES = {
+    "code": {"bow": {"form": "code", "reduction": "mean", "weight_schedule": "cosine"},
+             "mlm": {"mask_rate": 0.3, "whole_word": True}},
+    "paper": {"bow": {"form": "paper", "reduction": "sum", "weight_schedule": "constant"},
+              "mlm": {"mask_rate": 0.15, "whole_word": False}},
+}
 # The knobs `pretrain --retrieval` may set: how an exported encoder is to be used, written into its
 # sentence-transformers files and card (st_export.py; default st_export.pretrained_use).
 ENCODER_USE = ("pooling", "similarity", "q_len", "p_len")
@@ -66,7 +80,51 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
     if entry.get("init"):
         resolved["init"] = entry["init"]
     resolved["trainer"] = _merge(section["trainer"], entry.get("trainer", {}))
-    resolved["mlm"] = _merge(section["mlm"], entry.get("mlm", {}))
+    recipe: dict[str, Any] = {}
+    if objective == "bow":  # section defaults, then the recipe, then the entry's own keys
+        name_of = entry.get("bow", {}).get("recipe", section["bow"]["recipe"])
+        recipe = BOW_RECIPES[name_of]
+    resolved["mlm"] = _merge(_merge(section["mlm"], recipe.get("mlm", {})), entry.get("mlm", {}))
     for block in OBJECTIVE_BLOCKS[objective]:
-        resolved[block] = _merge(section[block], entry.get(block, {}))
+        resolved[block] = _merge(_merge(section[block], recipe.get(block, {})),
+                                 entry.get(block, {}))
     return resolved
+
+
+def reused_source(section: dict[str, Any], name: str) -> str | None:
+    """The entry whose pre-training model `name` reuses (`reuse_pretraining`), or None."""
+    entries = {m["name"]: m for m in section["models"]}
+    return entries[name].get("reuse_pretraining") if name in entries else None
+
+
+def check_entries(section: dict[str, Any], seed: int) -> None:
+    """Refuse, at parse time, a model entry whose reuse or fine-tuning knobs cannot hold: a reuse
+    of an unknown, untrained or itself reusing entry, or one that would train differently (its
+    copied encoder would then not be what its settings say), and a fine-tuning projector on a
+    model pre-trained without one."""
+    from ..config import ConfigError
+
+    entries = {m["name"]: m for m in section["models"]}
+    for name, entry in entries.items():
+        source = entry.get("reuse_pretraining")
+        if source is not None:
+            where = f"pretrain.models {name!r}: reuse_pretraining {source!r}"
+            if source not in entries:
+                raise ConfigError(f"{where} names no entry; known: {sorted(entries)}")
+            if entries[source].get("reuse_pretraining") or entries[source]["objective"] == "none":
+                raise ConfigError(f"{where} must name a trained entry that reuses none itself")
+            mine, theirs = resolve_model(section, name, seed), resolve_model(section, source, seed)
+            differ = sorted(k for k in set(mine) | set(theirs) - {"name"}
+                            if k != "name" and mine.get(k) != theirs.get(k))
+            if differ:
+                raise ConfigError(f"{where}: the entry resolves to other settings ({', '.join(differ)})"
+                                  f"; repeat {source!r}'s pre-training keys (a YAML merge `<<` does)")
+        if (entry.get("finetune") or {}).get("projector"):
+            settings = resolve_model(section, name, seed)
+            if settings["objective"] != "costa" or settings["costa"]["projector"] == "none":
+                raise ConfigError(
+                    f"pretrain.models {name!r}: finetune.projector needs a model pre-trained with "
+                    f"objective costa and costa.projector nonlinear or linear (it has objective "
+                    f"{settings['objective']!r}"
+                    + (f", projector {settings['costa']['projector']!r})" if "costa" in settings
+                       else ")"))

@@ -159,9 +159,17 @@ def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
                 f"{opts['weight']:g} decaying to {opts['weight_end']:g} on a cosine"
                 if opts.get("weight_schedule") == "cosine" else f"{opts['weight']:g}, constant"
             )
+            recipe = opts.get("recipe", "code")
+            source = "the paper as written" if recipe == "paper" else "the authors' code"
+            head = ("h_CLS . E^T" if opts.get("form") == "paper"
+                    else "the MLM head on [CLS]")
+            masked = "whole words" if opts.get("whole_word") else "tokens"
+            if "mask_rate" in opts:
+                source += f"; {opts['mask_rate']:g} of the {masked} masked"
             text += (
-                "; L_BoW: mean over each text's unique input tokens of -log p(token | [CLS]), "
-                f"averaged over the texts; weight {schedule}"
+                f"; BoW recipe `{recipe}` ({source}); L_BoW: {opts.get('reduction', 'mean')} over each text's "
+                f"unique input tokens of -log p(token | [CLS]) through {head}, averaged over the "
+                f"texts; weight {schedule}"
             )
         elif objective in ("condenser", "cocondenser"):
             text += "; the Condenser head's MLM loss the same mean, added with weight 1"
