@@ -314,7 +314,7 @@ def test_bow_summed_over_the_bag_matches_a_loop():
 def test_bow_recipes_expand_and_a_model_entry_still_overrides():
     from retrieval_pretraining.pretrain.settings import resolve_model
 
-    section = {"checkpoint": "c", "trainer": {}, "mlm": {"mask_rate": 0.15, "whole_word": False},
+    section = {"checkpoint": "c", "corpus": "wikipedia", "trainer": {}, "mlm": {"mask_rate": 0.15, "whole_word": False},
                "bow": {"recipe": "code", "weight": 1.0, "weight_end": 0.1}, "models": [
                    {"name": "code", "objective": "bow"},
                    {"name": "paper", "objective": "bow", "bow": {"recipe": "paper"}},

@@ -42,7 +42,8 @@ def check_resolved(settings: dict[str, Any]) -> None:
     of the option blocks: a misspelt knob would otherwise train with its default."""
     from ..config import closed, refuse_unknown, section_schema
 
-    blocks = section_schema("pretrain")["properties"]
+    # A model entry's blocks (what a resolved block may hold: for bow, what its recipe sets too).
+    blocks = section_schema("pretrain")["properties"]["models"]["items"]["properties"]
     top = ("name", "objective", "checkpoint", "seed", "spans", "corpora", "init")
     refuse_unknown(settings, closed(top, **{b: blocks[b] for b in OPTION_BLOCKS}), "pretrain")
 
