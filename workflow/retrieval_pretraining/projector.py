@@ -7,6 +7,8 @@ fine-tuned with `finetune.projector` embeds [CLS] through it, so its exported en
 through the projector wherever it is loaded (`encode.load_encoder`, which every encoding, search,
 mining and fine-tuning job uses); a folder without it embeds the raw pooled vector, as before.
 Every reader and writer of that file goes through `load` / `save` here (the exporters included).
+The folder's sentence-transformers files carry the same projector as a Dense module
+(st_export.py), whose weights `save_dense` writes, so sentence-transformers embeds through it too.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .contracts.models import DENSE_KEYS, DENSE_WEIGHTS, PROJECTOR_FILE
 from .errors import BadInput
 
-FILE = "projector.safetensors"
+FILE = PROJECTOR_FILE
 KINDS = ("nonlinear", "linear")
 
 
@@ -73,6 +76,16 @@ def save(folder: Path, module: nn.Module) -> None:
     tensors = {"weight": linear.weight.detach().cpu().contiguous(),
                "bias": linear.bias.detach().cpu().contiguous()}
     save_file(tensors, str(Path(folder) / FILE), metadata={"kind": kind_of(module)})
+
+
+def save_dense(module_dir: Path, module: nn.Module) -> None:
+    """Write `module`'s Linear as the weights of a sentence-transformers Dense module folder
+    (`model.safetensors`, keys `linear.weight` / `linear.bias`, float32: what Dense.load reads)."""
+    linear = _linear(module)
+    weight_key, bias_key = DENSE_KEYS
+    tensors = {weight_key: linear.weight.detach().cpu().float().contiguous(),
+               bias_key: linear.bias.detach().cpu().float().contiguous()}
+    save_file(tensors, str(Path(module_dir) / DENSE_WEIGHTS), metadata={"kind": kind_of(module)})
 
 
 def load(folder: Path) -> nn.Module | None:

@@ -4,8 +4,13 @@ The exporters (pre-training, the `none` export of a base checkpoint, fine-tuning
 inside their `artifacts.atomic_dir` block, after the weights, tokenizer and training.json, so a
 folder is published whole with these files or not at all (contracts/models says what they are):
 
-* `modules.json`: Transformer -> Pooling (-> Normalize when the similarity is cosine);
+* `modules.json`: Transformer -> Pooling (-> Dense) (-> Normalize when the similarity is
+  cosine), the order in which `encode.pool` pools, projects and normalises;
 * `1_Pooling/config.json`: [CLS] or the mean over real tokens, exactly `encode.pool`;
+* `2_Dense/` (a folder fine-tuned through COSTA's projector, `projector.safetensors`): the same
+  projector as sentence-transformers' Dense (Tanh or Identity activation, weights
+  `model.safetensors` from projector.py's `save_dense`), so sentence-transformers embeds [CLS]
+  through it as `encode.load_encoder` does; Normalize follows it as `3_Normalize/`;
 * `sentence_bert_config.json`: `max_seq_length` = p_len. sentence-transformers has one length
   for every input; ours cuts queries at q_len and passages at p_len. A query is rarely longer than
   q_len, and cutting passages shorter than they were trained and indexed with would change every
@@ -26,7 +31,8 @@ a trained encoder gets [CLS] and the dot product (what COSTA, CPDAE and BoW shap
 papers fine-tune), at its position limit; the `none` export of a base checkpoint that is itself
 a sentence-transformers model keeps that model's pooling, similarity and length
 (`pretrained_use`). The card says so, and that the workflow's zero-shot (stage 0) rows encode it
-with the `finetune` knobs. Torch-free.
+with the `finetune` knobs. Torch-free (projector.py, which needs torch, is imported only to write
+a projector's Dense module).
 """
 
 from __future__ import annotations
@@ -35,14 +41,18 @@ import importlib.metadata
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
 from . import artifacts
-from .contracts.models import (ALL_POOLING_FLAGS, CARD_BLOCK, NORMALIZE, NORMALIZE_DIR, POOLING,
-                               POOLING_DIR, POOLING_FLAGS, SIMILARITY_FN, TRANSFORMER)
+from .contracts.models import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, NORMALIZE, POOLING_DIR,
+                               POOLING_FLAGS, PROJECTOR_FILE, SIMILARITY_FN, dense_config,
+                               module_dir, module_entries)
 from .retrieval_settings import RetrievalSettings
+
+if TYPE_CHECKING:
+    from torch import nn
 
 PRETRAINED_USE = (
     "not fine-tuned: [CLS] pooling and the dot product, the representation the pre-training "
@@ -57,12 +67,8 @@ NOT_MEASURED = ("step", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "memor
 
 
 # ---------------------------------------------------------------- sentence-transformers files ---
-def modules(similarity: str) -> list[dict[str, Any]]:
-    entries = [("", TRANSFORMER), (POOLING_DIR, POOLING)]
-    if similarity == "cosine":
-        entries.append((NORMALIZE_DIR, NORMALIZE))
-    return [{"idx": i, "name": str(i), "path": path, "type": kind}
-            for i, (path, kind) in enumerate(entries)]
+def modules(similarity: str, projector: bool = False) -> list[dict[str, Any]]:
+    return module_entries(similarity, projector)
 
 
 def pooling_config(pooling: str, dimension: int) -> dict[str, Any]:
@@ -85,22 +91,40 @@ def st_config(similarity: str) -> dict[str, Any]:
             "similarity_fn_name": SIMILARITY_FN[similarity]}
 
 
-def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, Any]) -> None:
+def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, Any],
+          projector: nn.Module | None = None) -> None:
     """Add the sentence-transformers files and the model card to an encoder folder being written
-    (call inside the exporter's atomic_dir, after config.json and training.json)."""
+    (call inside the exporter's atomic_dir, after config.json, training.json and, for a model
+    fine-tuned through COSTA's projector, projector.safetensors: pass that `projector` too)."""
     folder = Path(folder)
+    if (folder / PROJECTOR_FILE).is_file() != (projector is not None):
+        raise ValueError(f"{folder}: projector {'given' if projector is not None else 'None'} but "
+                         f"{PROJECTOR_FILE} {'absent' if projector is not None else 'present'}; "
+                         "the sentence-transformers files must embed as the folder does")
+    if projector is not None and retrieval.pooling != "cls":
+        raise ValueError("a text projector embeds [CLS]; use pooling 'cls'")
     hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
-    (folder / POOLING_DIR).mkdir(exist_ok=True)
-    _write_json(folder / "modules.json", modules(retrieval.similarity))
+    entries = modules(retrieval.similarity, projector is not None)
+    for entry in entries[1:]:
+        (folder / entry["path"]).mkdir(exist_ok=True)
+    _write_json(folder / "modules.json", entries)
     _write_json(folder / POOLING_DIR / "config.json", pooling_config(retrieval.pooling, hidden))
-    if retrieval.similarity == "cosine":  # sentence-transformers >= 6 writes it; older ones skip it
-        (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
-        _write_json(folder / NORMALIZE_DIR / "config.json", {})
+    kind = None
+    if projector is not None:
+        from . import projector as text_projector
+
+        kind = text_projector.kind_of(projector)
+        dense = folder / module_dir(entries, DENSE)
+        _write_json(dense / "config.json", dense_config(kind, hidden))
+        text_projector.save_dense(dense, projector)
+    normalize = module_dir(entries, NORMALIZE)
+    if normalize:  # sentence-transformers >= 6 writes it; older ones skip it
+        _write_json(folder / normalize / "config.json", {})
     _write_json(folder / "sentence_bert_config.json",
                 {"max_seq_length": retrieval.p_len, "do_lower_case": False})
     _write_json(folder / "config_sentence_transformers.json", st_config(retrieval.similarity))
     with artifacts.atomic_path(folder / "README.md") as tmp:
-        tmp.write_text(render_card(card, retrieval))
+        tmp.write_text(render_card(card, retrieval, kind))
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -207,7 +231,8 @@ def finetuned_card(provenance: Mapping[str, Any], init: str | Path,
 
 
 # ---------------------------------------------------------------- the card ----------------------
-def front_matter(facts: Mapping[str, Any], retrieval: RetrievalSettings) -> dict[str, Any]:
+def front_matter(facts: Mapping[str, Any], retrieval: RetrievalSettings,
+                 projector: str | None = None) -> dict[str, Any]:
     front: dict[str, Any] = {
         "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
         "tags": ["sentence-transformers", "feature-extraction", "sentence-similarity",
@@ -223,6 +248,8 @@ def front_matter(facts: Mapping[str, Any], retrieval: RetrievalSettings) -> dict
     use = {"pooling": retrieval.pooling, "similarity": retrieval.similarity,
            "q_len": retrieval.q_len, "p_len": retrieval.p_len, "title": retrieval.title,
            "chosen_by": facts.get("use", FINETUNED_USE)}
+    if projector:  # the kind of COSTA's projector the encoder embeds [CLS] through
+        use["projector"] = projector
     front[CARD_BLOCK] = {k: v for k, v in facts.items() if k != "use"} | {"use": use}
     return front
 
@@ -249,8 +276,13 @@ def _measured_rows(facts: Mapping[str, Any]) -> list[str]:
     return rows
 
 
-def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings) -> str:
-    front = front_matter(facts, retrieval)
+_PROJECTED = {"nonlinear": "Tanh(Linear)", "linear": "Linear"}
+
+
+def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings,
+                projector: str | None = None) -> str:
+    """The model card; `projector`: the kind of COSTA's projector the encoder embeds through."""
+    front = front_matter(facts, retrieval, projector)
     block = front[CARD_BLOCK]
     name = block.get("model") or "encoder"
     pooled = {"cls": "the last layer's [CLS] vector", "mean": "the mean of the last layer over "
@@ -274,6 +306,11 @@ def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings) -> str:
         "scores = model.similarity(queries, passages)", "```", "",
         "## How it embeds", "",
         f"- Pooling: {pooled}; similarity: {scored}.",
+        *([f"- Projector: the pooled [CLS] goes through COSTA's text projector "
+           f"({_PROJECTED[projector]}, fine-tuned with the encoder; `{PROJECTOR_FILE}`), the "
+           "`Dense` module here, before "
+           + ("normalisation." if retrieval.similarity == "cosine" else "scoring.")]
+          if projector else []),
         f"- Chosen by: {block['use']['chosen_by']}.",
         f"- Lengths: queries are truncated at q_len = {retrieval.q_len} tokens by our pipeline, "
         f"passages (title included) at p_len = {retrieval.p_len}. sentence-transformers keeps "

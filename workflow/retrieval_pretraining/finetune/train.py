@@ -153,8 +153,8 @@ def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
            plan: ContrastPlan, steps: int, inputs: dict[str, Path], stats: dict[str, Any],
            final_metrics: dict[str, float] | None = None) -> None:
     """The fine-tuned encoder as a Hugging Face folder (safetensors) + training.json + manifest,
-    also a sentence-transformers model pooled as it was trained (st_export.py), written whole or
-    not at all (a full disk must not leave a config.json that looks like one)."""
+    also a sentence-transformers model pooled (and projected) as it was trained (st_export.py),
+    written whole or not at all (a full disk must not leave a config.json that looks like one)."""
     config = settings.record()
     provenance = {"config": config, "seed": seed, "plan": plan.record(), "steps": steps,
                   "inputs": {k: str(v) for k, v in inputs.items()},
@@ -163,11 +163,13 @@ def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
     with artifacts.atomic_dir(out) as tmp:
         # An attached projector is not part of the Hugging Face model: it travels as its own file.
         encoder.save_pretrained(tmp, state_dict=encoder_state(encoder), safe_serialization=True)
-        if projector_of(encoder) is not None:
-            text_projector.save(tmp, projector_of(encoder))
+        projector = projector_of(encoder)
+        if projector is not None:
+            text_projector.save(tmp, projector)
         tokenizer.save_pretrained(tmp)
         artifacts.write_json(tmp / "training.json", provenance)
+        # ... and in the sentence-transformers files as a Dense module, so they embed through it.
         st_export.write(tmp, settings.retrieval, st_export.finetuned_card(
-            provenance, init if init.is_dir() else init.parent, stats))
+            provenance, init if init.is_dir() else init.parent, stats), projector=projector)
         artifacts.write_manifest(tmp / "manifest.json", stage="finetune", params=config,
                                  inputs=inputs, stats={**stats, **plan.record(), "steps": steps})

@@ -13,7 +13,9 @@ from ..base import (
     results_relative, short, show_manifest, show_snakemake_record,
 )
 from ..tensors.audit import safetensors_tensors
-from . import ALL_POOLING_FLAGS, CARD_BLOCK, NORMALIZE_DIR, POOLING_DIR, POOLING_FLAGS, ST_FILES
+from . import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, DENSE_ACTIVATION, DENSE_KEYS, DENSE_WEIGHTS,
+               MODULE_FOLDERS, POOLING_DIR, POOLING_FLAGS, PROJECTOR_FILE, ST_FILES, dense_config,
+               module_dir, module_entries)
 
 FILES = [
     ("pretrain/*/encoder/*", "a file of a pre-trained encoder folder",
@@ -33,8 +35,6 @@ MODEL_FOLDER_JSON = {
     "training.json", "modules.json", "sentence_bert_config.json",
     "config_sentence_transformers.json",
 }
-# The folders of an encoder where sentence-transformers keeps a module's config.
-MODULE_FOLDERS = (POOLING_DIR, NORMALIZE_DIR)
 SAMPLE = "Dense retrieval pre-training from Wikipedia."  # what a tokenizer is shown splitting
 
 
@@ -53,9 +53,63 @@ def check_folder(a: Audit) -> None:
         )
     elif folder.name in MODULE_FOLDERS:
         a.check("inside a sentence-transformers module folder of a model folder",
-                is_model_folder(folder.parent) and (folder.parent / "modules.json").is_file())
+                is_module_folder(folder))
     else:
         a.check("inside a model folder (config.json + safetensors)", is_model_folder(folder))
+
+
+def is_module_folder(folder: Path) -> bool:
+    """A sentence-transformers module folder (1_Pooling, 2_Dense, ...) named in its model
+    folder's modules.json (a Dense one holds config.json + safetensors, yet is no model)."""
+    listing = folder.parent / "modules.json"
+    if folder.name not in MODULE_FOLDERS or not listing.is_file():
+        return False
+    try:
+        listed = json.loads(listing.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return (is_model_folder(folder.parent) and isinstance(listed, list)
+            and any(isinstance(m, dict) and m.get("path") == folder.name for m in listed))
+
+
+def dense_view(folder: Path, listed: list, hidden) -> tuple[str | None, list[str]]:
+    """(the projector kind, what disagrees): a folder with projector.safetensors has a Dense
+    module whose config is exactly `dense_config` of that kind and width and whose weights
+    (`model.safetensors`: linear.weight, linear.bias) equal the projector's."""
+    dense = module_dir(listed, DENSE)
+    if not (folder / PROJECTOR_FILE).is_file():
+        return None, [f"a Dense module ({dense}) but no {PROJECTOR_FILE}"] if dense else []
+    _, metadata = safetensors_tensors(folder / PROJECTOR_FILE)
+    kind = metadata.get("kind")
+    if kind not in DENSE_ACTIVATION:
+        return kind, [f"{PROJECTOR_FILE} has kind {kind!r} (expected {sorted(DENSE_ACTIVATION)})"]
+    if dense is None:
+        return kind, [f"{PROJECTOR_FILE} ({kind}) but no Dense module: sentence-transformers "
+                      "would embed the raw [CLS], not through the projector"]
+    problems = []
+    config_path = folder / dense / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else None
+    if config != dense_config(kind, hidden):
+        problems.append(f"{dense}/config.json {config} (expected {dense_config(kind, hidden)})")
+    weights = folder / dense / DENSE_WEIGHTS
+    if not weights.is_file():
+        return kind, problems + [f"{dense}/{DENSE_WEIGHTS} missing"]
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(folder / PROJECTOR_FILE), framework="numpy") as handle:
+            ours = [handle.get_tensor(k).astype(np.float32) for k in ("weight", "bias")]
+        with safe_open(str(weights), framework="numpy") as handle:
+            keys = sorted(handle.keys())
+            theirs = [handle.get_tensor(k) for k in DENSE_KEYS] if keys == sorted(DENSE_KEYS) else []
+    except Exception as error:  # SafetensorError, or a dtype numpy cannot hold
+        return kind, problems + [f"{dense}/{DENSE_WEIGHTS} unreadable beside {PROJECTOR_FILE} "
+                                 f"({error})"]
+    if not theirs:
+        problems.append(f"{dense}/{DENSE_WEIGHTS} keys {keys} (expected {sorted(DENSE_KEYS)})")
+    elif not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(ours, theirs)):
+        problems.append(f"{dense}/{DENSE_WEIGHTS} differs from {PROJECTOR_FILE}")
+    return kind, problems
 
 
 def is_encoder_folder(folder: Path) -> bool:
@@ -65,16 +119,27 @@ def is_encoder_folder(folder: Path) -> bool:
 
 
 def sentence_transformers_view(folder: Path, cfg: dict) -> tuple[str, list[str]]:
-    """(how sentence-transformers embeds with this folder, what disagrees): the modules, the one
-    pooling mode and its width, Normalize exactly when the similarity is cosine, max_seq_length
-    within the position embeddings, and the card's `use` block saying the same."""
+    """(how sentence-transformers embeds with this folder, what disagrees): modules.json exactly
+    Transformer, Pooling, Dense when the folder holds projector.safetensors (dense_view), and
+    Normalize when the similarity is cosine, numbered in that order; the one pooling mode and its
+    width, max_seq_length within the position embeddings, and the card's `use` block saying the
+    same."""
     from ...st_export import read_card
 
     problems = []
     listed = json.loads((folder / "modules.json").read_text())
-    modules = [m["type"].rsplit(".", 1)[-1] for m in listed]
-    if modules[:2] != ["Transformer", "Pooling"] or modules[2:] not in ([], ["Normalize"]):
-        problems.append(f"modules {modules} (expected Transformer, Pooling[, Normalize])")
+    modules = [str(m.get("type", "?")).rsplit(".", 1)[-1] for m in listed]
+    similarity = json.loads((folder / "config_sentence_transformers.json").read_text()).get(
+        "similarity_fn_name")
+    projected = (folder / PROJECTOR_FILE).is_file()
+    expected = module_entries(similarity, projected)
+    if listed != expected:
+        problems.append(
+            f"modules {[(m.get('path'), t) for m, t in zip(listed, modules)]} (expected "
+            f"{[(m['path'], m['type'].rsplit('.', 1)[-1]) for m in expected]} for similarity "
+            f"{similarity}, {'with' if projected else 'without'} {PROJECTOR_FILE})")
+    kind, dense_problems = dense_view(folder, listed, cfg.get("hidden_size"))
+    problems += dense_problems
     pooling = json.loads((folder / POOLING_DIR / "config.json").read_text())
     modes = [m for m, flag in POOLING_FLAGS.items() if pooling.get(flag)]
     others = [f for f in ALL_POOLING_FLAGS if pooling.get(f) and f not in POOLING_FLAGS.values()]
@@ -83,21 +148,20 @@ def sentence_transformers_view(folder: Path, cfg: dict) -> tuple[str, list[str]]
     if pooling.get("word_embedding_dimension") != cfg.get("hidden_size"):
         problems.append(f"pooling width {pooling.get('word_embedding_dimension')} != hidden size "
                         f"{cfg.get('hidden_size')}")
-    similarity = json.loads((folder / "config_sentence_transformers.json").read_text()).get(
-        "similarity_fn_name")
-    if ("Normalize" in modules) != (similarity == "cosine"):
-        problems.append(f"similarity {similarity} with modules {modules}")
+    if kind and modes != ["cls"]:
+        problems.append(f"a projector ({kind}) with pooling {modes}: it embeds [CLS]")
     length = json.loads((folder / "sentence_bert_config.json").read_text()).get("max_seq_length")
     if not isinstance(length, int) or length > cfg.get("max_position_embeddings", length):
         problems.append(f"max_seq_length {length} (position embeddings: "
                         f"{cfg.get('max_position_embeddings')})")
     use = (read_card(folder).get(CARD_BLOCK) or {}).get("use") or {}
     stated = {"pooling": modes[0] if len(modes) == 1 else None, "similarity": similarity,
-              "p_len": length}
+              "p_len": length, "projector": kind}
     if any(use.get(k) != v for k, v in stated.items()):
         problems.append(f"the card's use block {use} disagrees with the files ({stated})")
     view = (f"-- sentence-transformers: {' -> '.join(modules)}; pooling {'/'.join(modes)}, "
-            f"similarity {similarity}, max_seq_length {length} (queries: q_len {use.get('q_len')})")
+            f"{f'projector {kind}, ' if kind else ''}similarity {similarity}, max_seq_length "
+            f"{length} (queries: q_len {use.get('q_len')})")
     return view, problems
 
 
@@ -146,6 +210,23 @@ def audit_model(a: Audit, n: int) -> None:
         a.say(f"-- tokenizer: {tok.get_vocab_size()} entries; {SAMPLE!r} -> {tokens}")
 
 
+def audit_module_folder(a: Audit, n: int) -> None:
+    """A sentence-transformers module folder of an encoder (1_Pooling, 2_Dense, ...): its files,
+    and for a Dense module, that it agrees with the encoder's projector.safetensors."""
+    a.kind = "sentence-transformers module folder (of an encoder)"
+    describe_origin(a, "a model folder file")
+    a.check("named in its model folder's modules.json", is_module_folder(a.path))
+    for item in sorted(a.path.iterdir()):
+        shown = item.read_text()[:300] if item.suffix == ".json" else f"{item.stat().st_size:,} bytes"
+        a.say(f"  {item.name}: {shown}")
+    listed = json.loads((a.path.parent / "modules.json").read_text())
+    if module_dir(listed, DENSE) == a.path.name:
+        cfg = json.loads((a.path.parent / "config.json").read_text())
+        kind, problems = dense_view(a.path.parent, listed, cfg.get("hidden_size"))
+        a.check(f"the Dense module is the encoder's {PROJECTOR_FILE} ({kind})", not problems,
+                "; ".join(problems))
+
+
 def audit_model_file(a: Audit, n: int) -> None:
     data = json.loads(a.path.read_text())
     a.kind = f"{a.path.name} (model folder file)"
@@ -174,9 +255,12 @@ def audit_tokenizer(a: Audit, n: int) -> None:
 KINDS = [
     Kind(
         "a model (config.json + safetensors)", RANK_FOLDER + 0, "folder",
-        lambda p: "config.json" in p.entries and any(e.endswith(".safetensors") for e in p.entries),
+        lambda p: "config.json" in p.entries and any(e.endswith(".safetensors") for e in p.entries)
+        and not is_module_folder(p.path),
         audit_model,
     ),
+    Kind("a sentence-transformers module folder (1_Pooling, 2_Dense, ... of an encoder)",
+         RANK_FOLDER + 3, "folder", lambda p: is_module_folder(p.path), audit_module_folder),
     json_kind("a tokenizer.json", RANK_JSON + 5, lambda p: p.name == "tokenizer.json",
               audit_tokenizer),
     json_kind("a model folder file", RANK_JSON + 6, lambda p: p.name in MODEL_FOLDER_JSON,
