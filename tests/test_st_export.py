@@ -1,7 +1,9 @@
 """Every encoder folder the workflow writes loads as a sentence-transformers model whose vectors
 are ours: the pre-trained export, the `none` export of a base checkpoint, and fine-tuned
-encoders, with [CLS] + dot and mean + cosine. "Ours" is encode.embed (what corpus encoding, dense
-search and mining run); sentence-transformers is the independent implementation it must match.
+encoders, with [CLS] + dot and mean + cosine, and fine-tuned through COSTA's projector (nonlinear
+and linear, with dot and cosine: the Dense module). "Ours" is encode.embed with load_encoder (what
+corpus encoding, dense search and mining run); sentence-transformers is the independent
+implementation it must match.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from transformers import AutoModel, AutoTokenizer
 
 import pretrain_fixtures as fx
 from retrieval_pretraining import audit, st_export
-from retrieval_pretraining.encode import embed, load_encoder
+from retrieval_pretraining import projector as text_projector
+from retrieval_pretraining.encode import attach_projector, embed, load_encoder
 from retrieval_pretraining.finetune import data as fdata
 from retrieval_pretraining.finetune import train as ftrain
 from retrieval_pretraining.finetune.settings import FinetuneSettings
@@ -35,6 +38,9 @@ PASSAGES = ["Dense retrieval encodes queries and passages as vectors and ranks b
             "Wikipedia is a free online encyclopedia written collaboratively by volunteers, "
             "and a long passage is cut at the passage length, which the saved model keeps."]
 CLS_DOT = RetrievalSettings(pooling="cls", similarity="dot", q_len=Q_LEN, p_len=P_LEN)
+CLS_COSINE = RetrievalSettings(pooling="cls", similarity="cosine", q_len=Q_LEN, p_len=P_LEN)
+PROJECTED = [f"fine-tuned, {kind} projector, cls + {sim}" for kind in text_projector.KINDS
+             for sim in ("dot", "cosine")]
 MEAN_COSINE = RetrievalSettings(pooling="mean", similarity="cosine", q_len=Q_LEN, p_len=P_LEN,
                                 title="sep")
 PRETRAIN_INFO = {
@@ -60,20 +66,30 @@ def folders(tmp_path_factory) -> dict[str, tuple[Path, RetrievalSettings]]:
     export_base({"name": "base", "objective": "none", "seed": 1, "checkpoint": "x"}, checkpoint,
                 none, tmp / "none.jsonl", tmp / "none.png", MEAN_COSINE)
     out["none, mean + cosine"] = (none, MEAN_COSINE)
-    for name, retrieval in (("cls + dot", CLS_DOT), ("mean + cosine", MEAN_COSINE)):
+    runs = [("cls + dot", CLS_DOT, None), ("mean + cosine", MEAN_COSINE, None)]
+    runs += [(f"{kind} projector, cls + {r.similarity}", r, kind) for kind in text_projector.KINDS
+             for r in (CLS_DOT, CLS_COSINE)]
+    for i, (name, retrieval, kind) in enumerate(runs):
         knobs = {k: getattr(retrieval, k) for k in ("pooling", "similarity", "q_len", "p_len",
                                                     "title")}
-        settings = FinetuneSettings.from_config(knobs | {"epochs": 1})
+        settings = FinetuneSettings.from_config(knobs | {"epochs": 1, "projector": bool(kind)})
         with torch.no_grad():  # a "fine-tuned" encoder: other weights than its init
             for p in encoder.parameters():
                 p.add_(0.01 * torch.randn_like(p))
-        folder = results / f"finetune/costa/scifact/stage1-{retrieval.pooling}/encoder"
+        projector = text_projector.build(kind, encoder.config.hidden_size) if kind else None
+        if projector is not None:  # wide weights: a projector that moves every vector
+            with torch.no_grad():
+                for p in projector.parameters():
+                    p.copy_(0.3 * torch.randn_like(p))
+        attach_projector(encoder, projector)  # as fine-tuning with finetune.projector does
+        folder = results / f"finetune/costa/scifact/stage1-{i}/encoder"
         inputs = {"init": pretrained / "config.json",
                   "queries": "results/datasets/scifact/queries-train.parquet",
                   "negatives0": "results/bm25/scifact/negatives.parquet"}
         ftrain.export(encoder, tokenizer, folder, settings, 1, fdata.contrast_plan(settings, 1),
                       4, inputs, stats={"train_queries": 32}, final_metrics={"loss": 1.25})
         out[f"fine-tuned, {name}"] = (folder, retrieval)
+    attach_projector(encoder, None)
     return out
 
 
@@ -100,7 +116,7 @@ def theirs(folder: Path, retrieval: RetrievalSettings) -> tuple[np.ndarray, np.n
 
 
 @pytest.mark.parametrize("kind", ["pre-trained, cls + dot", "none, mean + cosine",
-                                  "fine-tuned, cls + dot", "fine-tuned, mean + cosine"])
+                                  "fine-tuned, cls + dot", "fine-tuned, mean + cosine", *PROJECTED])
 def test_sentence_transformers_embeds_queries_and_passages_as_we_do(folders, kind):
     folder, retrieval = folders[kind]
     our_q, our_p = ours(folder, retrieval)
@@ -129,6 +145,57 @@ def test_a_wrong_pooling_file_is_caught(folders, tmp_path):
     _, our_p = ours(folder, retrieval)
     _, their_p = theirs(broken, RetrievalSettings(**{**retrieval.record(), "similarity": "dot"}))
     assert np.abs(their_p - our_p).max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", PROJECTED)
+def test_a_projector_folder_is_pooling_then_dense_then_normalize(folders, kind):
+    """The projector is in sentence-transformers' pipeline where encode.pool applies it: after
+    pooling, before normalisation; the Dense weights are the projector's."""
+    folder, retrieval = folders[kind]
+    model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    expected = ["Transformer", "Pooling", "Dense"] + (
+        ["Normalize"] if retrieval.similarity == "cosine" else [])
+    assert [type(m).__name__ for m in model] == expected
+    projector = text_projector.load(folder)
+    dense = model[2]
+    assert type(dense.activation_function) is (
+        torch.nn.Tanh if text_projector.kind_of(projector) == "nonlinear" else torch.nn.Identity)
+    linear = projector[0] if isinstance(projector, torch.nn.Sequential) else projector
+    torch.testing.assert_close(dense.linear.weight, linear.weight, rtol=0, atol=0)
+    torch.testing.assert_close(dense.linear.bias, linear.bias, rtol=0, atol=0)
+    block = st_export.read_card(folder)["retrieval_pretraining"]
+    assert block["use"]["projector"] == text_projector.kind_of(projector)
+    assert "COSTA's text projector" in (folder / "README.md").read_text()
+
+
+@pytest.mark.parametrize("kind", [PROJECTED[0], PROJECTED[-1]])
+def test_a_projector_folder_without_its_dense_module_embeds_differently(folders, kind, tmp_path,
+                                                                        capsys):
+    """The checks above are not vacuous: the same folder with the ST files of before (no Dense
+    module) embeds the raw [CLS] in sentence-transformers, far from ours; audit fails it."""
+    folder, retrieval = folders[kind]
+    broken = shutil.copytree(folder, tmp_path / "no-dense")
+    shutil.rmtree(broken / "2_Dense")
+    if retrieval.similarity == "cosine":
+        (broken / "3_Normalize").rename(broken / "2_Normalize")
+    (broken / "modules.json").write_text(json.dumps(st_export.modules(retrieval.similarity)))
+    our_q, our_p = ours(folder, retrieval)
+    their_q, their_p = theirs(broken, retrieval)
+    assert np.abs(their_q - our_q).max() > 1e-2 and np.abs(their_p - our_p).max() > 1e-2
+    assert audit.main([str(broken)]) == 1
+    assert "but no Dense module" in capsys.readouterr().out
+
+
+def test_a_projector_is_written_exactly_when_the_folder_holds_one(folders, tmp_path):
+    """write refuses ST files that would embed otherwise than the folder: a projector.safetensors
+    without the projector (the Dense module would be missing), or the reverse."""
+    folder, retrieval = folders[PROJECTED[0]]
+    copy = shutil.copytree(folder, tmp_path / "copy")
+    with pytest.raises(ValueError, match="projector None but projector.safetensors present"):
+        st_export.write(copy, retrieval, {})
+    (copy / text_projector.FILE).unlink()
+    with pytest.raises(ValueError, match="projector given but projector.safetensors absent"):
+        st_export.write(copy, retrieval, {}, projector=text_projector.build("linear", 32))
 
 
 def test_a_query_longer_than_q_len_needs_the_card_s_max_seq_length(folders):
@@ -177,14 +244,19 @@ def test_a_hub_base_checkpoint_is_named_as_base_model(tmp_path):
     assert front["retrieval_pretraining"]["base_checkpoint"]["revision"] == "abc"
 
 
-@pytest.mark.parametrize("kind", ["pre-trained, cls + dot", "fine-tuned, mean + cosine"])
+@pytest.mark.parametrize("kind", ["pre-trained, cls + dot", "fine-tuned, mean + cosine",
+                                  PROJECTED[0], PROJECTED[-1]])
 def test_audit_passes_the_folder_and_each_sentence_transformers_file(folders, kind, capsys):
     folder, _ = folders[kind]
     assert audit.main([str(folder)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert "PASS  sentence-transformers files agree" in out
+    modules = [m["path"] for m in json.loads((folder / "modules.json").read_text()) if m["path"]]
+    assert ("2_Dense" in modules) == (kind in PROJECTED)
     for rel in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
-                "1_Pooling/config.json", "README.md"):
+                "README.md", *modules, *(f"{m}/config.json" for m in modules),
+                *(["2_Dense/model.safetensors", "projector.safetensors"] if kind in PROJECTED
+                  else [])):
         status = audit.main([str(folder / rel)])
         assert status == 0, rel + capsys.readouterr().out
 
@@ -197,6 +269,24 @@ def test_audit_fails_a_folder_whose_pooling_file_disagrees(folders, tmp_path, ca
          "pooling_mode_mean_tokens": True}))
     assert audit.main([str(broken)]) == 1
     assert "FAIL  sentence-transformers files agree" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda f: (f / "2_Dense" / "config.json").write_text(json.dumps(
+        {"in_features": 32, "out_features": 32, "bias": True,
+         "activation_function": "torch.nn.modules.linear.Identity"})), "2_Dense/config.json"),
+    (lambda f: text_projector.save_dense(f / "2_Dense", text_projector.build("nonlinear", 32)),
+     "2_Dense/model.safetensors differs from projector.safetensors"),
+    (lambda f: (f / "projector.safetensors").unlink(), "a Dense module (2_Dense) but no"),
+])
+def test_audit_fails_a_dense_module_that_is_not_the_projector(folders, tmp_path, capsys, damage,
+                                                              named):
+    folder, _ = folders[PROJECTED[0]]  # nonlinear, cls + dot
+    broken = shutil.copytree(folder, tmp_path / "broken")
+    damage(broken)
+    assert audit.main([str(broken)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  sentence-transformers files agree" in out and named in out, out
 
 
 def test_a_pre_trained_folder_states_a_convention_not_the_fine_tuning_config(tmp_path):
