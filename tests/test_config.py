@@ -103,6 +103,24 @@ def test_missing_section_is_reported(demo):
             lambda c: c["pretrain"]["models"].append({"name": "mlm", "objective": "mlm"}),
             r"pretrain\.models.*'mlm' is used twice",
         ),
+        # evaluate.baselines: a name that is one of our systems, a checkpoint that is neither a
+        # checkpoints entry nor one of our models, a table row naming no baseline.
+        (
+            lambda c: c["evaluate"]["baselines"][0].update(name="costa-stage1"),
+            r"evaluate\.baselines\.0\.name.*'costa-stage1' is the name of one of our systems",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"][0].update(checkpoint="minilm-l12"),
+            r"evaluate\.baselines\.0\.checkpoint.*'minilm-l12' is not a checkpoints entry",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"][0].update(checkpoint="pretrain:retromae"),
+            r"evaluate\.baselines\.0\.checkpoint.*'retromae' is not a pretrain\.models entry",
+        ),
+        (
+            lambda c: c["report"]["tables"][-1].update(baseline_rows=["e5-base"]),
+            r"baseline_rows.*'e5-base' is not an evaluate\.baselines entry",
+        ),
     ],
 )
 def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .layout import Cell, Group, column_label
-from .significance import WORSE, baselines_for
+from .significance import CORRECTIONS, TESTS, WORSE, baselines_for, family_sizes, settings
 
 
 def fmt(value: float | None, decimals: int) -> str:
@@ -44,8 +44,24 @@ def render_table(spec: dict[str, Any], groups: list[Group], params: dict[str, An
     return "\n".join(lines)
 
 
+def method(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
+    """The test, the correction and its family, as the legend states them."""
+    sig = settings(params)
+    test = TESTS[sig["test"]] + " over per-query scores"
+    if sig["test"] == "permutation":
+        test += f" ({sig['permutations']:,} random sign flips)"
+    if sig["correction"] == "none":
+        return f"{test}, p ≤ {sig['alpha']:g}, not corrected for multiple testing"
+    sizes = family_sizes(spec, groups, params)
+    family = ", ".join(f"{mark} {m} test{'s' if m != 1 else ''}" for mark, m in sizes.items())
+    return (
+        f"{test}, {CORRECTIONS[sig['correction']]}-adjusted p ≤ {sig['alpha']:g}; the correction's "
+        "family is one mark in one column, i.e. every row tested against that baseline there"
+        + (f": {family}" if family else "")
+    )
+
+
 def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
-    sig = params["report"]["significance"]
     parts = []
     for b in baselines_for(spec, params):
         who = b.get("label") or b.get("system") or (
@@ -54,10 +70,11 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
         )
         parts.append(f"{b['mark']} significantly different from {who}")
     text = (
-        f"{'; '.join(parts)} (two-tailed paired t-test over per-query scores, "
-        f"p ≤ {sig['alpha']:g}); a mark followed by {WORSE} means significantly worse, a bare "
-        "mark significantly better. Bold: best value of the column within its group."
-    )
+        f"{'; '.join(parts)} ({method(spec, groups, params)}); a mark followed by {WORSE} means "
+        "significantly worse, a bare mark significantly better. "
+        if parts
+        else ""
+    ) + "Bold: best value of the column within its group."
     if any(c.published for g in groups for r in g.rows for c in r.cells):
         sources = sorted(
             {
