@@ -165,7 +165,7 @@ def test_environment_provides_every_import_of_its_stages(env_name):
 # ---- the cluster profiles (slurm/, profiles/default/): checks that need no cluster ----------------
 GPU_RULES = {
     "pretrain_model", "finetune_stage1", "finetune_stage2", "encode_corpus_shard",
-    "mine_hard_negatives", "dense_search",
+    "mine_hard_negatives", "dense_search", "encode_baseline_shard", "baseline_search",
 }  # fmt: skip
 
 
