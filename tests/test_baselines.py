@@ -1,5 +1,6 @@
-"""Baseline encoders as table rows (evaluate.baselines, rules/baselines.smk): a published checkpoint,
-or one of our pre-trained encoders as it is, through the same encoding, index, search and scoring.
+"""Baseline encoders as table rows (evaluate.baselines, rules/baselines.smk): a published
+checkpoint, or one of our pre-trained encoders as it is, through the same encoding, index, search
+and scoring.
 
 Asserted on Snakemake's own plan (a dry run with the shell commands), so nothing heavy runs. The
 number itself: the demo's baseline job gets exactly the retrieval settings with which

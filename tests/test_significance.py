@@ -80,7 +80,8 @@ def _family_of_three(tmp_path):
         noise = rng.normal(0, 1, len(QIDS))
         noise = (noise - noise.mean()) / noise.std(ddof=1) * 0.08  # sd of the differences 0.08
         shift = t * 0.08 / math.sqrt(len(QIDS))
-        write_metrics(results, "scifact", f"{name}-stage1", "test", {"nDCG@10": base + shift + noise})
+        scores = {"nDCG@10": base + shift + noise}
+        write_metrics(results, "scifact", f"{name}-stage1", "test", scores)
     return results
 
 
@@ -116,7 +117,8 @@ def test_holm_corrects_over_every_row_a_mark_tests_in_a_column(tmp_path):
         assert corrected[system]["marks"] == ("†" if adjusted <= 0.05 else "")
     assert not any(corrected[s]["marks"] for s in systems)  # 3 x 0.021 > 0.05: the correction bit
     assert "not corrected for multiple testing" in text
-    assert "Holm-Bonferroni-adjusted p ≤ 0.05" in holm_text and "† 3 tests" in holm_text and "one mark in one column" in holm_text
+    assert "Holm-Bonferroni-adjusted p ≤ 0.05" in holm_text and "† 3 tests" in holm_text
+    assert "one mark in one column" in holm_text
 
 
 def test_the_permutation_test_is_selectable_and_named(tmp_path):

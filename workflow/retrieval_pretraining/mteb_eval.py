@@ -60,8 +60,8 @@ def read_beir(folder: Path, split: str) -> tuple[list[dict], list[dict], dict[st
                 query, doc, grade = line.split("\t")[:3]
                 qrels.setdefault(query, {})[doc] = int(float(grade))
     with reading(folder / "queries.jsonl", "a BEIR queries JSONL"):
-        queries = [{"id": str(r["_id"]), "text": r["text"]} for r in _jsonl(folder / "queries.jsonl")
-                   if str(r["_id"]) in qrels]
+        queries = [{"id": str(r["_id"]), "text": r["text"]}
+                   for r in _jsonl(folder / "queries.jsonl") if str(r["_id"]) in qrels]
     with reading(folder / "corpus.jsonl", "a BEIR corpus JSONL"):
         corpus = [{"id": str(r["_id"]), "title": r.get("title") or "", "text": r.get("text") or ""}
                   for r in _jsonl(folder / "corpus.jsonl")]

@@ -55,8 +55,8 @@ def method(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
     sizes = family_sizes(spec, groups, params)
     family = ", ".join(f"{mark} {m} test{'s' if m != 1 else ''}" for mark, m in sizes.items())
     return (
-        f"{test}, {CORRECTIONS[sig['correction']]}-adjusted p ≤ {sig['alpha']:g}; the correction's "
-        "family is one mark in one column, i.e. every row tested against that baseline there"
+        f"{test}, {CORRECTIONS[sig['correction']]}-adjusted p ≤ {sig['alpha']:g}; the "
+        "correction's family is one mark in one column, i.e. every row tested against that baseline there"
         + (f": {family}" if family else "")
     )
 

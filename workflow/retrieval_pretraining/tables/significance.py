@@ -24,7 +24,10 @@ from .metrics import MetricsCache, paired_scores
 log = logging.getLogger(__name__)
 
 WORSE = "↓"  # follows a baseline's mark when the row is significantly WORSE than that baseline
-TESTS = {"t-test": "two-tailed paired t-test", "permutation": "two-tailed paired randomisation test"}
+TESTS = {
+    "t-test": "two-tailed paired t-test",
+    "permutation": "two-tailed paired randomisation test",
+}
 CORRECTIONS = {"holm": "Holm-Bonferroni", "bonferroni": "Bonferroni", "none": "none"}
 PERMUTATION_SEED = 0  # every build of the same scores gives the same p-values
 
@@ -156,8 +159,8 @@ def mark_significance(
                     if ours is None or base is None:
                         continue
                     label = f"{row.system} vs {base_system} on {c['dataset']}/{c['split']}"
-                    family.append((row.cells[j], base_system, *_test(ours, base, c["measure"],
-                                                                     f"{label} {c['measure']}", sig)))
+                    result = _test(ours, base, c["measure"], f"{label} {c['measure']}", sig)
+                    family.append((row.cells[j], base_system, *result))
             adjusted = adjust([p for *_, p, _ in family], sig["correction"])
             size = sum(not math.isnan(p) for p in adjusted)
             for (cell, base_system, statistic, p, n), p_adjusted in zip(family, adjusted):
@@ -177,7 +180,8 @@ def family_sizes(spec: dict[str, Any], groups: list[Group], params: dict[str, An
                 for cell in row.cells:
                     test = cell.tests.get(base_system or "")
                     if test and not row.reference:
-                        sizes[baseline["mark"]] = max(sizes.get(baseline["mark"], 0), test["family"])
+                        mark = baseline["mark"]
+                        sizes[mark] = max(sizes.get(mark, 0), test["family"])
     return sizes
 
 
