@@ -143,3 +143,10 @@ def test_a_baseline_encoder_row_shows_its_published_number_and_is_tested_too(tmp
     assert cells["minilm"]["tests"]["bm25"]["family"] == 1
     summary = json.loads((tmp_path / "tables.json").read_text())
     assert summary["tables"]["t"][-1]["group"].startswith("Baseline encoders")
+
+
+def test_a_delta_that_rounds_to_nothing_is_shown_without_a_sign():
+    from retrieval_pretraining.tables.render import signed
+
+    assert signed(0.6450817 - 0.6451, 3) == "±0.000"  # the demo's all-MiniLM-L6-v2 row
+    assert signed(0.012, 3) == "+0.012" and signed(-0.0051, 3) == "-0.005"

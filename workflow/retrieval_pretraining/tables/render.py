@@ -12,15 +12,20 @@ def fmt(value: float | None, decimals: int) -> str:
     return "–" if value is None else f"{value:.{decimals}f}"
 
 
+def signed(delta: float, decimals: int) -> str:
+    """+0.012, -0.003, or ±0.000 where the delta rounds to nothing (not "-0.000")."""
+    text = f"{delta:+.{decimals}f}"
+    return f"±{abs(delta):.{decimals}f}" if float(text) == 0 else text
+
+
 def render_cell(cell: Cell, decimals: int) -> str:
     text = fmt(cell.value, decimals)
     if cell.bold:
         text = f"**{text}**"
     text += cell.marks
     if cell.published is not None:
-        delta = (
-            "" if cell.value is None else f", Δ {cell.value - cell.published.value:+.{decimals}f}"
-        )
+        value, published = cell.value, cell.published.value
+        delta = "" if value is None else f", Δ {signed(value - published, decimals)}"
         text += f" ({cell.published.value:.{decimals}f}{delta})"
     return text
 
@@ -56,7 +61,8 @@ def method(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
     family = ", ".join(f"{mark} {m} test{'s' if m != 1 else ''}" for mark, m in sizes.items())
     return (
         f"{test}, {CORRECTIONS[sig['correction']]}-adjusted p ≤ {sig['alpha']:g}; the "
-        "correction's family is one mark in one column, i.e. every row tested against that baseline there"
+        "correction's family is one mark in one column, i.e. every row tested against that "
+        "baseline there"
         + (f": {family}" if family else "")
     )
 
