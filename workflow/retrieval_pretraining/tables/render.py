@@ -79,7 +79,7 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
         f"{'; '.join(parts)} ({method(spec, groups, params)}); a mark followed by {WORSE} means "
         "significantly worse, a bare mark significantly better. "
         if parts
-        else ""
+        else "no significance tests (the table names no baselines). "
     ) + "Bold: best value of the column within its group."
     if any(c.published for g in groups for r in g.rows for c in r.cells):
         sources = sorted(
