@@ -92,6 +92,18 @@ def get_dense_run_targets():
     ]
 
 
+# The commands of corpus encoding and indexing, shared with the baselines (rules/baselines.smk).
+ENCODE_SHELL = (
+    "python -m retrieval_pretraining.encode --config '{params.encode}' --corpus {input.corpus} "
+    "--encoder {input.encoder} --shard {wildcards.shard} --shards {params.shards} "
+    "--out-npy {output.npy} --out-ids {output.ids} &> {log}"
+)
+INDEX_SHELL = (
+    "python -m retrieval_pretraining.faiss_index --config '{params.index}' --npy {input.npy} "
+    "--ids {input.ids} --out {output.index} &> {log}"
+)
+
+
 # One contiguous slice of the corpus -> vectors (.npy) + doc ids.
 rule encode_corpus_shard:
     input:
@@ -112,9 +124,7 @@ rule encode_corpus_shard:
         encode=search_argument,
         shards=lambda wc: finetune_knobs(wc.dataset, wc.stage)["shards"],
     shell:
-        "python -m retrieval_pretraining.encode --config '{params.encode}' --corpus {input.corpus} "
-        "--encoder {input.encoder} --shard {wildcards.shard} --shards {params.shards} "
-        "--out-npy {output.npy} --out-ids {output.ids} &> {log}"
+        ENCODE_SHELL
 
 
 # The FAISS index of a stage's corpus vectors, saved as Pyserini's FaissSearcher reads it.
@@ -133,8 +143,7 @@ rule build_dense_index:
     params:
         index=lambda wc: experiment_config.stage_argument(config["mining"]["index"]),
     shell:
-        "python -m retrieval_pretraining.faiss_index --config '{params.index}' --npy {input.npy} "
-        "--ids {input.ids} --out {output.index} &> {log}"
+        INDEX_SHELL
 
 
 # Search the training queries with a stage's encoder; keep non-positives by the mining policy.

@@ -61,17 +61,21 @@ check_report_models()
 def report_systems(table):
     """(dataset, system, split) of every cell of one configured table."""
     stages = table.get("groups") or config["report"]["stages"]
-    # Default rows: the models that are fine-tuned and evaluated (finetune.models).
-    models = [r["model"] for r in table.get("rows") or []] or finetune_models()
+    # Rows: null = the models fine-tuned and evaluated (finetune.models); [] = none (a table of
+    # baselines alone).
+    rows = table.get("rows")
+    models = finetune_models() if rows is None else [r["model"] for r in rows]
     systems = (["bm25"] if table.get("bm25", True) else []) + [
         f"{m}-{s['suffix']}" for s in stages for m in models
     ]
+    systems += table.get("baseline_rows") or []  # rules/baselines.smk
+    own = table.get("baselines")  # [] = no tests (tables/significance.baselines_for)
     for baseline in (
-        table.get("baselines") or config["report"]["significance"]["baselines"]
+        config["report"]["significance"]["baselines"] if own is None else own
     ):
         if "system" in baseline:
             systems.append(baseline["system"])
-        elif "model" in baseline:
+        elif "model" in baseline and models:
             systems += [f"{baseline['model']}-{s['suffix']}" for s in stages]
         else:  # each row's own model at that stage (e.g. stage0, before fine-tuning)
             systems += [f"{m}-{baseline['stage']}" for m in models]
@@ -138,6 +142,7 @@ def report_params():
                 e["dataset"]: e["trained_on"]
                 for e in config["evaluate"].get("zero_shot") or []
             },
+            "baselines": baseline_report(),  # label, encoder, published numbers
         }
     )
 
@@ -168,6 +173,7 @@ def get_stage_artifacts():
             for n in config["bm25"]["negatives"]
         ]
         + finetune_stage_artifacts()
+        + baseline_artifacts()
     )
 
 
@@ -192,10 +198,14 @@ def finetune_stage_artifacts():
             for dataset, model, stage, _ in dense_run_cells()
         }
     )
-    bm25_runs = [
-        f"results/bm25/{e['dataset']}/runs/{e['split']}.trec"
-        for e in config["evaluate"]["splits"]
-    ]
+    bm25_runs = sorted(  # the BM25 runs a table reads
+        {
+            f"results/bm25/{d}/runs/{split}.trec"
+            for t in config["report"]["tables"]
+            for d, system, split in report_systems(t)
+            if system == "bm25"
+        }
+    )
     return (
         encoders
         + negatives

@@ -130,6 +130,23 @@ def test_missing_section_is_reported(demo):
         (
             lambda c: c["pretrain"]["models"][1].update(init="bow"),
             r"pretrain\.models\.1\.init': 'bow' is not a pre-training model listed before 'mlm'",
+        # evaluate.baselines: a name that is one of our systems, a checkpoint that is neither a
+        # checkpoints entry nor one of our models, a table row naming no baseline.
+        (
+            lambda c: c["evaluate"]["baselines"][0].update(name="costa-stage1"),
+            r"evaluate\.baselines\.0\.name.*'costa-stage1' is the name of one of our systems",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"][0].update(checkpoint="minilm-l12"),
+            r"evaluate\.baselines\.0\.checkpoint.*'minilm-l12' is not a checkpoints entry",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"][0].update(checkpoint="pretrain:retromae"),
+            r"evaluate\.baselines\.0\.checkpoint.*'retromae' is not a pretrain\.models entry",
+        ),
+        (
+            lambda c: c["report"]["tables"][-1].update(baseline_rows=["e5-base"]),
+            r"baseline_rows.*'e5-base' is not an evaluate\.baselines entry",
         ),
     ],
 )

@@ -133,7 +133,14 @@ def test_the_demo_plans_every_model_through_every_stage(tmp_path):
         assert plan[rule] == len(models), (rule, plan)
     for rule in ("encode_corpus_shard", "build_dense_index", "dense_search"):
         assert plan[rule] == len(models) * stages * demo["finetune"].get("shards", 1), (rule, plan)
-    assert plan["score_run"] == len(models) * stages + 1, plan  # + BM25
+    baseline_runs = {  # evaluate.baselines rows (rules/baselines.smk), one run per column split
+        (c["dataset"], name, c["split"])
+        for table in demo["report"]["tables"]
+        for name in table.get("baseline_rows") or []
+        for c in table["columns"]
+    }
+    assert plan["baseline_search"] == len(baseline_runs), plan
+    assert plan["score_run"] == len(models) * stages + 1 + len(baseline_runs), plan  # + BM25
 
 
 def test_tables_have_bm25_and_every_model_in_both_stages(project, config):

@@ -165,7 +165,7 @@ def test_environment_provides_every_import_of_its_stages(env_name):
 # ---- the cluster profiles (slurm/, profiles/default/): checks that need no cluster ----------------
 GPU_RULES = {
     "pretrain_model", "finetune_stage1", "finetune_stage2", "encode_corpus_shard",
-    "mine_hard_negatives", "dense_search",
+    "mine_hard_negatives", "dense_search", "encode_baseline_shard", "baseline_search",
 }  # fmt: skip
 
 
@@ -433,7 +433,9 @@ def test_slurm_profile_dry_run_plans_the_paper_experiment(tmp_path):
     paper = yaml.safe_load((ROOT / "workflow/experiments/paper.yaml").read_text())
     models = paper["pretrain"]["models"]
     trained = [m for m in models if m["objective"] != "none"]
-    assert plan["fetch_dumpstatus"] == 1 and plan["stage_checkpoint"] == 1, plan
+    assert plan["fetch_dumpstatus"] == 1, plan
+    # The base checkpoint and the baseline encoders' (evaluate.baselines) checkpoints.
+    assert plan["stage_checkpoint"] == len(paper["checkpoints"]), plan
     assert plan["stage_tokenizer"] == 1, plan
     assert plan["pretrain_model"] == len(trained) and plan["export_base_encoder"] == 1, plan
     costa_spans = {m["spans"] for m in models if m.get("spans")}

@@ -321,7 +321,11 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
     (project / "Snakefile.report").write_text(
         'configfile: "config.yaml"\n'
         + "".join(
-            f'include: "rules/{name}.smk"\n' for name in ("common", "wikipedia", "corpus", "pretrain", "finetune", "dense", "report")
+            f'include: "rules/{name}.smk"\n'
+            for name in (
+                "common", "wikipedia", "corpus", "pretrain", "finetune", "dense", "baselines",
+                "report",
+            )
         )
         + 'report: "workflow/report/workflow.rst"\n'
     )
@@ -332,9 +336,18 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
     for system in systems:
         v = rng.uniform(0, 1, len(QIDS))
         write_metrics(project / "results", "scifact", system, "test", {"nDCG@10": v, "R@100": v})
+    # The demo's baseline encoder (evaluate.baselines) on the full corpus, its own table.
+    baseline = config["evaluate"]["baselines"][0]
+    v = np.full(len(QIDS), 0.64)
+    write_metrics(project / "results", "scifact-full", baseline["name"], "test",
+                  {"nDCG@10": v, "R@100": v})
     snakemake(project, "-s", "Snakefile.report", "results/tables.md")
     text = (project / "results/tables.md").read_text()
     assert "BM25 (k1=0.9, b=0.4)" in text and "| COSTA |" in text and "config hash" in text
+    # Its row, with the published number and our delta beside its value, and the source named.
+    assert f"| {baseline['label']} | 0.640 (0.645, Δ -0.005) | 0.640 |" in text, text
+    assert "sources: MTEB (SciFact, main score)" in text
+    assert "Holm-Bonferroni-adjusted p ≤ 0.05" in text  # the demo's correction, in the legend
     assert planned_rules(project, "-s", "Snakefile.report", "results/tables.md") == {}
     snakemake(project, "-s", "Snakefile.report", "--report", "report.zip", "results/tables.md")
     import zipfile

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -168,6 +169,46 @@ def cross_check(config: dict[str, Any]) -> list[str]:
                 f"config key '{key}.dataset': add an evaluate.splits entry for '{target}' "
                 "(which split, which measures)"
             )
+    messages += _baseline_checks(config, must_name)
+    return messages
+
+
+def _baseline_checks(config: dict[str, Any], must_name) -> list[str]:
+    """evaluate.baselines: unique names that no other system has, checkpoints that exist, and
+    tables that list only configured baselines."""
+    messages = []
+    baselines = config["evaluate"].get("baselines") or []
+    names = _names(baselines)
+    models = _names(config["pretrain"]["models"])
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        messages.append(f"config key 'evaluate.baselines': the name '{name}' is used twice")
+    ours = re.compile(
+        "(" + "|".join(map(re.escape, models)) + r")-(n[0-9]+s[0-9]+-)?stage[0-9]+"
+    )
+    for i, entry in enumerate(baselines):
+        key, name = f"evaluate.baselines.{i}", entry["name"]
+        if name == "bm25" or ours.fullmatch(name):
+            messages.append(
+                f"config key '{key}.name': '{name}' is the name of one of our systems "
+                "(bm25, <model>-stage<k>); choose another"
+            )
+        checkpoint = entry["checkpoint"]
+        if checkpoint.startswith("pretrain:"):
+            model = checkpoint.removeprefix("pretrain:")
+            if model not in models:
+                messages.append(
+                    f"config key '{key}.checkpoint': '{model}' is not a pretrain.models entry; "
+                    f"known: {', '.join(models)}"
+                )
+        else:
+            must_name(f"{key}.checkpoint", checkpoint, "checkpoints")
+    for table in config["report"]["tables"]:
+        for name in table.get("baseline_rows") or []:
+            if name not in names:
+                messages.append(
+                    f"config key 'report.tables[{table['name']}].baseline_rows': '{name}' is not "
+                    f"an evaluate.baselines entry; known: {', '.join(names) or '(none)'}"
+                )
     return messages
 
 

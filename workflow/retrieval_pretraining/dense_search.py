@@ -20,7 +20,8 @@ from . import artifacts, faiss_index
 from .config import stage_parser
 from .encode import embed, load_encoder
 from .errors import command, reading
-from .retrieval_settings import SEARCH_KEYS, RetrievalSettings, check_bool, check_choice, check_int
+from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, check_bool,
+                                 check_choice, check_int)
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class SearchSettings:
     """The slice the dense_search rule passes (search_argument): the retrieval knobs, the run's
-    depth, the dataset's query-id rule and whether FAISS may use GPUs."""
+    depth, the dataset's query-id rule and whether FAISS may use GPUs (a baseline's slice adds its
+    query / passage prefixes: rules/baselines.smk)."""
 
     retrieval: RetrievalSettings
     search_depth: int = 1000
@@ -42,7 +44,8 @@ class SearchSettings:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SearchSettings":
-        retrieval = RetrievalSettings.from_config(config, added=SEARCH_KEYS, stage="dense_search")
+        retrieval = RetrievalSettings.from_config(config, added=SEARCH_KEYS + PREFIX_KEYS,
+                                                 stage="dense_search")
         own = {k: config[k] for k in ("search_depth", "exclude_self", "use_gpu") if k in config}
         return cls(retrieval=retrieval, **own)
 
@@ -55,7 +58,8 @@ def encode_queries(encoder: Path | tuple, queries: Path, knobs: RetrievalSetting
     model, tokenizer = load_encoder(encoder) if isinstance(encoder, Path) else encoder
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(), max_len=knobs.q_len,
                     pooling=knobs.pooling, similarity=knobs.similarity,
-                    batch_size=knobs.encode_batch_size, desc="encode queries")
+                    batch_size=knobs.encode_batch_size, desc="encode queries",
+                    prefix=knobs.query_prefix)
     return frame["query_id"].to_list(), vectors
 
 

@@ -29,14 +29,15 @@ from .contracts.embeddings import IDS_SCHEMA
 from .datasets import join_title
 from .errors import InputFileError, command, reading
 from .model_folder import load_model
-from .retrieval_settings import SEARCH_KEYS, RetrievalSettings
+from .retrieval_settings import PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings
 
 log = logging.getLogger(__name__)
 
 
 def settings(config: dict[str, Any]) -> RetrievalSettings:
-    """The retrieval knobs of the slice the encode_corpus_shard rule passes (search_argument)."""
-    return RetrievalSettings.from_config(config, added=SEARCH_KEYS, stage="encode")
+    """The retrieval knobs of the slice the encode_corpus_shard rule passes (search_argument), or
+    a baseline's (rules/baselines.smk, which adds its query / passage prefixes)."""
+    return RetrievalSettings.from_config(config, added=SEARCH_KEYS + PREFIX_KEYS, stage="encode")
 
 
 def device() -> torch.device:
@@ -98,11 +99,14 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, similarity: str
 
 
 def tokenize(tokenizer, texts: Sequence[str], max_len: int, titles: Sequence[str] | None = None,
-             title: str = "space") -> dict[str, torch.Tensor]:
+             title: str = "space", prefix: str = "") -> dict[str, torch.Tensor]:
     """Tokenise queries (titles=None) or documents joined with their titles as `datasets` defines
-    it (none / sep = title [SEP] text / space = title + " " + text), truncated to max_len."""
+    it (none / sep = title [SEP] text / space = title + " " + text), `prefix` put before each
+    (a baseline's "query: " / "passage: "), truncated to max_len."""
     if titles is not None:
         texts = [join_title(t, x, title, tokenizer.sep_token) for t, x in zip(titles, texts)]
+    if prefix:
+        texts = [prefix + text for text in texts]
     return tokenizer(list(texts), truncation=True, max_length=max_len, padding=True,
                      return_tensors="pt")
 
@@ -117,7 +121,7 @@ def encode_batch(model, batch: dict[str, torch.Tensor], pooling: str, similarity
 @torch.inference_mode()
 def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str, similarity: str,
           titles: Sequence[str] | None = None, title: str = "space", batch_size: int = 256,
-          desc: str = "encode") -> np.ndarray:
+          desc: str = "encode", prefix: str = "") -> np.ndarray:
     """float32 vectors for `texts`, in order. Texts are length-sorted so padding is minimal."""
     model.eval()
     order = np.argsort([-len(t) for t in texts], kind="stable")
@@ -127,7 +131,7 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
                       disable=len(texts) <= batch_size):
         rows = order[start:start + batch_size]
         batch = tokenize(tokenizer, [texts[i] for i in rows], max_len,
-                         None if titles is None else [titles[i] for i in rows], title)
+                         None if titles is None else [titles[i] for i in rows], title, prefix)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
             vectors = encode_batch(model, batch, pooling, similarity)
         out[rows] = vectors.float().cpu().numpy()
@@ -153,7 +157,8 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(),
                     titles=frame["title"].fill_null("").to_list(), max_len=knobs.p_len,
                     pooling=knobs.pooling, similarity=knobs.similarity, title=knobs.title,
-                    batch_size=knobs.encode_batch_size, desc=f"encode shard {shard}")
+                    batch_size=knobs.encode_batch_size, desc=f"encode shard {shard}",
+                    prefix=knobs.passage_prefix)
     with artifacts.atomic_path(out_npy) as tmp:
         with open(tmp, "wb") as handle:  # np.save on a path would append ".npy" to the temp name
             np.save(handle, vectors.astype(knobs.dtype), allow_pickle=False)

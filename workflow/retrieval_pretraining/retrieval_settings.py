@@ -29,6 +29,10 @@ DATASET_KEYS = ("title", "exclude_self")
 MODEL_KEYS = ("projector",)
 # What `search_argument` adds for corpus encoding and dense search (mine.py names mining's keys).
 SEARCH_KEYS = ("use_gpu",)
+# What a baseline encoder's slice adds (rules/baselines.smk `baseline_argument`): the texts its
+# authors put before every query / passage (E5's "query: ", "passage: "). Fine-tuning never
+# receives them, so they stay "" there and in every slice of our own encoders.
+PREFIX_KEYS = ("query_prefix", "passage_prefix")
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,6 +96,8 @@ class RetrievalSettings:
     title: str = "space"            # none | space | sep: the dataset's title mode (join_title)
     encode_batch_size: int = 256    # texts per forward pass when encoding
     dtype: str = "float16"          # stored corpus vectors; search always runs in float32
+    query_prefix: str = ""          # put before every query text (a baseline's own convention)
+    passage_prefix: str = ""        # put before every passage (before its title, when joined)
 
     def __post_init__(self) -> None:
         check_choice("finetune.pooling", self.pooling, ("cls", "mean"))
@@ -101,6 +107,9 @@ class RetrievalSettings:
         check_choice("title (the dataset's title mode)", self.title, TITLE_MODES)
         check_int("finetune.encode_batch_size", self.encode_batch_size, 1)
         check_choice("finetune.dtype", self.dtype, ("float16", "float32"))
+        for key in PREFIX_KEYS:
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"{key} {getattr(self, key)!r} must be a string (\"\" = none)")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], *, added: Iterable[str] = (),
@@ -111,5 +120,7 @@ class RetrievalSettings:
         return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls) if f.name in config})
 
     def record(self) -> dict[str, Any]:
-        """As manifests record them (one flat dict)."""
-        return dataclasses.asdict(self)
+        """As manifests record them (one flat dict; a prefix only when one is set, so the records
+        of our own encoders, which never have one, are what they were)."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if not (k in PREFIX_KEYS and v == "")}

@@ -5,8 +5,10 @@ Shaped like the COSTA paper's Tables 2/3: a BM25 row, then one group of rows per
 column per (dataset, split, measure). Everything is driven by the `report` config section, so
 ablation tables and the low-resource figure are new config entries, not new code.
 
-Significance is a two-tailed paired t-test over the per-query scores of the metrics JSON files
-(scores contract), computed here from its formula so that tests can check it against scipy.
+Significance is a paired test over the per-query scores of the metrics JSON files (scores
+contract): a two-tailed t-test, computed here from its formula so that tests can check it against
+scipy, or a randomisation test; Holm-Bonferroni (or Bonferroni) corrects each mark's family of
+tests (one baseline, one column). Baseline encoders (evaluate.baselines) are rows of their own.
 
 Modules, in the order the data flows: metrics (read the metrics JSON files), layout (cells, rows,
 groups, labels), significance (the t-test, the marks, bold), build (one configured table),

@@ -1,5 +1,6 @@
 """One configured table built from the metrics: a BM25 row, one group of rows per fine-tuning
-stage (each tested against its baselines), and optional published reference rows."""
+stage, a group of baseline encoders (evaluate.baselines), optional published reference rows; every
+row tested against the table's significance baselines."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
     by_name = {m["name"]: m for m in models}
     labels = model_labels(models)
     stages = spec.get("groups") or report["stages"]
-    row_specs = spec.get("rows") or [{"model": m["name"]} for m in models]
+    # rows: null = every model; [] = none (a table of baseline encoders alone).
+    row_specs = [{"model": m["name"]} for m in models] if spec.get("rows") is None else spec["rows"]
     for r in row_specs:
         if r["model"] not in by_name:
             raise MetricsError(
@@ -77,7 +79,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
             row.cells.append(Cell(measure_value(m, c["measure"]) if m else None, published=pub))
         groups.append(Group("Sparse retrieval", [row]))
 
-    for gi, stage in enumerate(stages):
+    for gi, stage in enumerate(stages if row_specs else []):
         final = gi == len(stages) - 1
         rows = []
         for r in row_specs:
@@ -101,9 +103,11 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
                     )
                 row.cells.append(Cell(measure_value(m, c["measure"]) if m else None, published=pub))
             rows.append(row)
-        group = Group(stage["label"], rows, stage["suffix"])
-        mark_significance(group, spec, params, cache)
-        groups.append(group)
+        groups.append(Group(stage["label"], rows, stage["suffix"]))
+
+    if spec.get("baseline_rows"):
+        groups.append(baseline_group(spec, params, cache))
+    mark_significance(groups, spec, params, cache)  # one family per baseline mark and column
 
     refs = [
         Row(paper_numbers.ANCHORS[name]["label"], None, reference=True)
@@ -119,3 +123,43 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
     for group in groups:
         mark_best(group)
     return groups
+
+
+def baseline_published(
+    entry: dict[str, Any], column: dict[str, Any]
+) -> paper_numbers.Published | None:
+    """The baseline's published number for exactly this column's dataset, split and measure."""
+    for p in entry.get("published") or []:
+        if (p["dataset"], p["split"], p["measure"]) == (
+            column["dataset"], column["split"], column["measure"]
+        ):
+            return paper_numbers.Published(
+                p["source"], "baseline", f"{p['dataset']}/{p['split']}", p["measure"],
+                p["value"], note=p.get("note", ""),
+            )  # fmt: skip
+    return None
+
+
+def baseline_group(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCache) -> Group:
+    """One row per listed baseline encoder (evaluate.baselines; rules/baselines.smk), its published
+    number beside its value wherever the config gives one (whatever compare_published says: it is
+    the baseline's own number, keyed by our dataset name)."""
+    info = params.get("baselines") or {}
+    rows = []
+    for name in spec["baseline_rows"]:
+        if name not in info:
+            raise MetricsError(
+                f"table {spec['name']!r}: baseline row {name!r} is not an evaluate.baselines "
+                f"entry the report slice carries (known: {', '.join(info) or 'none'})"
+            )
+        row = Row(info[name].get("label") or name, name, objective="baseline")
+        for c in spec["columns"]:
+            m = cache.get(c["dataset"], name, c["split"])
+            row.cells.append(
+                Cell(
+                    measure_value(m, c["measure"]) if m else None,
+                    published=baseline_published(info[name], c),
+                )
+            )
+        rows.append(row)
+    return Group("Baseline encoders (zero-shot, not fine-tuned here)", rows)

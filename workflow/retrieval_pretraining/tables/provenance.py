@@ -190,6 +190,9 @@ def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
 def model_location(
     results: Path, row: Row, dataset: str, group: Group, params: dict[str, Any] | None = None
 ) -> str:
+    if row.objective == "baseline":  # its checkpoint (or pre-trained encoder), as staged
+        encoder = ((params or {}).get("baselines") or {}).get(row.system, {}).get("encoder")
+        return f"`{results.parent / encoder}`" if encoder else "–"
     if row.model is None:
         return f"`{results / 'bm25' / dataset / 'index'}`"
     # The rules say which encoder a system used (stage 0: the pre-trained one; stage 1 with
@@ -212,6 +215,10 @@ def log_location(
     """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index and search, or the
     model's pre-training and this fine-tuning stage (on the zero-shot source, for a target)."""
     logs = results / "logs"
+    if row.objective == "baseline":  # rules/baselines.smk: its encoding and search jobs
+        paths = [logs / "encode_baseline_shard" / row.system / dataset]
+        paths += [logs / "baseline_search" / dataset / row.system / f"{split}.log"] if split else []
+        return ", ".join(f"`{p}`" for p in paths)
     if row.model is None and row.system != "bm25":
         return "–"
     if row.model is None:

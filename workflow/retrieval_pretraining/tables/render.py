@@ -5,11 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from .layout import Cell, Group, column_label
-from .significance import WORSE, baselines_for
+from .significance import CORRECTIONS, TESTS, WORSE, baselines_for, family_sizes, settings
 
 
 def fmt(value: float | None, decimals: int) -> str:
     return "–" if value is None else f"{value:.{decimals}f}"
+
+
+def signed(delta: float, decimals: int) -> str:
+    """+0.012, -0.003, or ±0.000 where the delta rounds to nothing (not "-0.000")."""
+    text = f"{delta:+.{decimals}f}"
+    return f"±{abs(delta):.{decimals}f}" if float(text) == 0 else text
 
 
 def render_cell(cell: Cell, decimals: int) -> str:
@@ -18,9 +24,8 @@ def render_cell(cell: Cell, decimals: int) -> str:
         text = f"**{text}**"
     text += cell.marks
     if cell.published is not None:
-        delta = (
-            "" if cell.value is None else f", Δ {cell.value - cell.published.value:+.{decimals}f}"
-        )
+        value, published = cell.value, cell.published.value
+        delta = "" if value is None else f", Δ {signed(value - published, decimals)}"
         text += f" ({cell.published.value:.{decimals}f}{delta})"
     return text
 
@@ -44,8 +49,25 @@ def render_table(spec: dict[str, Any], groups: list[Group], params: dict[str, An
     return "\n".join(lines)
 
 
+def method(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
+    """The test, the correction and its family, as the legend states them."""
+    sig = settings(params)
+    test = TESTS[sig["test"]] + " over per-query scores"
+    if sig["test"] == "permutation":
+        test += f" ({sig['permutations']:,} random sign flips)"
+    if sig["correction"] == "none":
+        return f"{test}, p ≤ {sig['alpha']:g}, not corrected for multiple testing"
+    sizes = family_sizes(spec, groups, params)
+    family = ", ".join(f"{mark} {m} test{'s' if m != 1 else ''}" for mark, m in sizes.items())
+    return (
+        f"{test}, {CORRECTIONS[sig['correction']]}-adjusted p ≤ {sig['alpha']:g}; the "
+        "correction's family is one mark in one column, i.e. every row tested against that "
+        "baseline there"
+        + (f": {family}" if family else "")
+    )
+
+
 def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
-    sig = params["report"]["significance"]
     parts = []
     for b in baselines_for(spec, params):
         who = b.get("label") or b.get("system") or (
@@ -54,10 +76,11 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
         )
         parts.append(f"{b['mark']} significantly different from {who}")
     text = (
-        f"{'; '.join(parts)} (two-tailed paired t-test over per-query scores, "
-        f"p ≤ {sig['alpha']:g}); a mark followed by {WORSE} means significantly worse, a bare "
-        "mark significantly better. Bold: best value of the column within its group."
-    )
+        f"{'; '.join(parts)} ({method(spec, groups, params)}); a mark followed by {WORSE} means "
+        "significantly worse, a bare mark significantly better. "
+        if parts
+        else "no significance tests (the table names no baselines). "
+    ) + "Bold: best value of the column within its group."
     if any(c.published for g in groups for r in g.rows for c in r.cells):
         sources = sorted(
             {

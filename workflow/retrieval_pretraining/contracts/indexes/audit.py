@@ -11,6 +11,8 @@ from ..base import (
 FILES = [
     ("bm25/*/index/*", "a file of a BM25 (Lucene) index folder", "build_bm25_index"),
     ("index/*/faiss/*", "a file of a dense (FAISS) index folder", "build_dense_index"),
+    ("baselines/*/faiss/*", "a file of a baseline encoder's FAISS index folder",
+     "build_baseline_index"),
 ]
 
 

@@ -1,0 +1,157 @@
+# Baseline encoders (evaluate.baselines): a published checkpoint (a `checkpoints` entry, staged by
+# stage_checkpoint) or one of our pre-trained encoders as it is (`pretrain:<model>`), evaluated
+# zero-shot with the commands our models use: corpus encoding in shards -> FAISS index -> dense
+# run -> scoring (score_run). A report table lists them (`baseline_rows`) and so asks for their
+# runs on its columns. The system is the baseline's name: results/runs/{dataset}/{baseline}/.
+import re as _re
+
+BASELINE_DIR = "results/baselines"
+
+
+def baselines():
+    return config["evaluate"].get("baselines") or []
+
+
+def baseline_entry(name):
+    return named(baselines(), name)
+
+
+def _baseline_names():
+    """The wildcard pattern of configured baseline names (matching nothing when there are none)."""
+    return "|".join(_re.escape(b["name"]) for b in baselines()) or "(?!)"
+
+
+def baseline_encoder(name):
+    """The encoder folder: results/pretrain/<model>/encoder or results/checkpoints/<entry>."""
+    source = baseline_entry(name)["checkpoint"]
+    if source.startswith("pretrain:"):
+        return f"results/pretrain/{source.removeprefix('pretrain:')}/encoder"
+    return f"results/checkpoints/{source}"
+
+
+def baseline_knobs(name, dataset):
+    """encode.py's and dense_search.py's slice for a baseline on a dataset: its own pooling,
+    similarity, lengths and prefixes; finetune's batch size, dtype and search depth; the dataset's
+    title mode and query-id rule (as our models get them)."""
+    entry, shared = baseline_entry(name), config["finetune"]
+    knobs = {k: shared[k] for k in ("encode_batch_size", "dtype", "search_depth")}
+    own = ("pooling", "similarity", "q_len", "p_len", "query_prefix", "passage_prefix")
+    knobs |= {k: entry[k] for k in own if k in entry}
+    data = named("datasets", dataset)
+    knobs |= {"title": data["title"], "exclude_self": data["exclude_query_id"]}
+    knobs["use_gpu"] = config["mining"]["index"].get("use_gpu", "auto")
+    return knobs
+
+
+def baseline_argument(wildcards):
+    return experiment_config.stage_argument(
+        baseline_knobs(wildcards.baseline, wildcards.dataset)
+    )
+
+
+def baseline_shards(wildcards):
+    folder = f"{BASELINE_DIR}/{wildcards.baseline}/{wildcards.dataset}"
+    shards = range(config["finetune"]["shards"])
+    return {
+        "npy": [f"{folder}/shard-{s:04d}.npy" for s in shards],
+        "ids": [f"{folder}/shard-{s:04d}.ids.parquet" for s in shards],
+    }
+
+
+def baseline_report():
+    """What the tables need of each baseline a table lists: label, encoder, published numbers."""
+    listed = {
+        n for t in config["report"]["tables"] for n in t.get("baseline_rows") or []
+    }
+    return {
+        b["name"]: {
+            "label": b.get("label") or b["name"],
+            "encoder": baseline_encoder(b["name"]),
+            "published": b.get("published") or [],
+        }
+        for b in baselines()
+        if b["name"] in listed
+    }
+
+
+def baseline_artifacts():
+    """The index and runs behind every baseline cell of the tables (per-stage statistics)."""
+    cells = {
+        (c["dataset"], name, c["split"])
+        for t in config["report"]["tables"]
+        for name in t.get("baseline_rows") or []
+        for c in t["columns"]
+    }
+    return sorted(
+        {f"{BASELINE_DIR}/{b}/{d}/faiss" for d, b, _ in cells}
+        | {f"results/runs/{d}/{b}/{s}.trec" for d, b, s in cells}
+    )
+
+
+# One contiguous slice of the corpus -> vectors (.npy) + doc ids, with the baseline's knobs.
+rule encode_baseline_shard:
+    input:
+        encoder=lambda wc: baseline_encoder(wc.baseline),
+        corpus="results/datasets/{dataset}/corpus.parquet",
+        code=module_source("encode"),
+    output:
+        npy=f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/shard-{{shard}}.npy",
+        ids=f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/shard-{{shard}}.ids.parquet",
+    log:
+        "results/logs/encode_baseline_shard/{baseline}/{dataset}/{shard}.log",
+    wildcard_constraints:
+        baseline=_baseline_names(),
+        dataset="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("torch")
+    threads: 2
+    params:
+        encode=baseline_argument,
+        shards=config["finetune"]["shards"],
+    shell:
+        ENCODE_SHELL
+
+
+rule build_baseline_index:
+    input:
+        unpack(baseline_shards),
+        code=module_source("faiss_index"),
+    output:
+        index=directory(f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/faiss"),
+    log:
+        "results/logs/build_baseline_index/{baseline}/{dataset}.log",
+    wildcard_constraints:
+        baseline=_baseline_names(),
+        dataset="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("faiss")
+    params:
+        index=lambda wc: experiment_config.stage_argument(config["mining"]["index"]),
+    shell:
+        INDEX_SHELL
+
+
+# A split's queries against the baseline's index (its query prefix and length) as a TREC run.
+rule baseline_search:
+    input:
+        index=f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/faiss",
+        encoder=lambda wc: baseline_encoder(wc.baseline),
+        queries="results/datasets/{dataset}/queries-{split}.parquet",
+        code=module_source("dense_search"),
+    output:
+        run="results/runs/{dataset}/{baseline}/{split}.trec",
+    log:
+        "results/logs/baseline_search/{dataset}/{baseline}/{split}.log",
+    wildcard_constraints:
+        # Only configured names; config.cross_check refuses bm25 and <model>-stage<k>.
+        baseline=_baseline_names(),
+        dataset="[A-Za-z0-9_.-]+",
+        split="[A-Za-z0-9_.-]+",
+    conda:
+        conda_env("faiss")
+    params:
+        search=baseline_argument,
+    shell:
+        "python -m retrieval_pretraining.dense_search --config '{params.search}' --index {input.index} "
+        "--encoder {input.encoder} --queries {input.queries} --tag {wildcards.baseline} "
+        "--out {output.run} &> {log}"

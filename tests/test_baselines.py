@@ -1,0 +1,104 @@
+"""Baseline encoders as table rows (evaluate.baselines, rules/baselines.smk): a published
+checkpoint, or one of our pre-trained encoders as it is, through the same encoding, index, search
+and scoring.
+
+Asserted on Snakemake's own plan (a dry run with the shell commands), so nothing heavy runs. The
+number itself: the demo's baseline job gets exactly the retrieval settings with which
+tests/test_dense_anchor.py reproduces all-MiniLM-L6-v2's published SciFact nDCG@10 (0.6451)
+through the same stage functions; the workflow run itself is recorded in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+import yaml
+
+from retrieval_pretraining import dense_search, encode
+from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+from anchors.make_scifact_minilm_vectors import KNOBS as ANCHOR_KNOBS
+from workflow_harness import ROOT, copy_project, snakemake
+
+DEMO = yaml.safe_load((ROOT / "config.yaml").read_text())
+METRICS = "results/metrics/scifact-full/all-minilm-l6-v2/test.json"
+
+
+def _commands(output: str, module: str) -> list[list[str]]:
+    """The planned shell commands that run `python -m retrieval_pretraining.<module>`, split."""
+    lines = (line.strip().removeprefix("Shell command: ") for line in output.splitlines())
+    return [
+        shlex.split(line)
+        for line in lines
+        if line.startswith(f"python -m retrieval_pretraining.{module} ")
+    ]
+
+
+def _option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    project = copy_project(tmp_path_factory.mktemp("baselines") / "project")
+    result = snakemake(project, "--dry-run", "--printshellcmds", METRICS)
+    return result.stdout + result.stderr
+
+
+def test_the_demo_baseline_runs_the_stages_our_models_run_on_the_full_corpus(plan):
+    jobs = {rule: len(re.findall(rf"^rule {rule}:", plan, re.M)) for rule in (
+        "stage_checkpoint", "encode_baseline_shard", "build_baseline_index", "baseline_search",
+        "score_run", "finetune_stage1", "pretrain_model", "encode_corpus_shard")}  # fmt: skip
+    assert jobs == {"stage_checkpoint": 1, "encode_baseline_shard": 1, "build_baseline_index": 1,
+                    "baseline_search": 1, "score_run": 1, "finetune_stage1": 0,
+                    "pretrain_model": 0, "encode_corpus_shard": 0}, jobs  # fmt: skip
+    [stage] = _commands(plan, "checkpoints")
+    assert json.loads(_option(stage, "--config"))["num_layers"] is None  # all 6 layers
+    [enc] = _commands(plan, "encode")
+    assert _option(enc, "--encoder") == "results/checkpoints/all-minilm-l6-v2"
+    assert _option(enc, "--corpus") == "results/datasets/scifact-full/corpus.parquet"
+    assert _option(enc, "--out-npy").startswith("results/baselines/all-minilm-l6-v2/scifact-full/")
+    [search] = _commands(plan, "dense_search")
+    assert _option(search, "--tag") == "all-minilm-l6-v2"
+    assert _option(search, "--out") == "results/runs/scifact-full/all-minilm-l6-v2/test.trec"
+    # scifact-full is the whole corpus: no subset, so the published number applies.
+    full = next(d for d in DEMO["datasets"] if d["name"] == "scifact-full")
+    assert "subset" not in full and full["path"] == "data/beir/scifact"
+
+
+def test_the_jobs_get_the_anchor_tests_settings_so_they_compute_its_number(plan):
+    """Each stage accepts the slice its rule hands it, and the retrieval settings in it are the
+    ones test_dense_anchor.py reproduces 0.6451 with (search depth aside: nDCG@10 reads 10)."""
+    [enc] = _commands(plan, "encode")
+    [search] = _commands(plan, "dense_search")
+    encode_knobs = encode.settings(json.loads(_option(enc, "--config")))
+    search_knobs = dense_search.SearchSettings.from_config(json.loads(_option(search, "--config")))
+    anchor = RetrievalSettings.from_config(ANCHOR_KNOBS, added=("search_depth", "use_gpu"))
+    assert encode_knobs == search_knobs.retrieval == anchor
+    assert search_knobs.exclude_self and search_knobs.search_depth >= 10
+
+
+def test_one_of_our_encoders_as_a_baseline_with_its_own_knobs(tmp_path):
+    """`pretrain:<model>`: the pre-trained encoder itself, with the entry's pooling, lengths and
+    prefixes (stage0 rows use the fine-tuning knobs instead, and only on fine-tuning datasets)."""
+    entry = {"name": "costa-e5style", "checkpoint": "pretrain:costa", "pooling": "cls",
+             "similarity": "dot", "q_len": 64, "p_len": 200, "query_prefix": "query: ",
+             "passage_prefix": "passage: "}  # fmt: skip
+    table = DEMO["report"]["tables"][-1] | {"baseline_rows": ["costa-e5style"]}
+    overrides = {
+        "evaluate": {"baselines": [entry]},
+        "report": {"tables": [DEMO["report"]["tables"][0], table]},
+    }
+    project = copy_project(tmp_path / "project", overrides)
+    metrics = "results/metrics/scifact-full/costa-e5style/test.json"
+    result = snakemake(project, "--dry-run", "--printshellcmds", metrics)
+    output = result.stdout + result.stderr
+    [enc] = _commands(output, "encode")
+    assert _option(enc, "--encoder") == "results/pretrain/costa/encoder"
+    knobs = json.loads(_option(enc, "--config"))
+    assert knobs["query_prefix"] == "query: " and knobs["passage_prefix"] == "passage: "
+    assert (knobs["pooling"], knobs["p_len"], knobs["title"]) == ("cls", 200, "space")
+    assert "rule pretrain_model:" in output and "rule finetune_stage1:" not in output

