@@ -450,3 +450,17 @@ def test_provenance_states_each_loss_reduction_and_the_effective_lambda(syntheti
     assert "averaged over the 16 views" in text and "lambda = 0.00625 would on the sum" in text
     assert "BCE summed over the vocabulary" in text and "weight 1, constant" in text
     assert "mean cross-entropy over the micro-batch's masked tokens" in text
+
+
+def test_provenance_states_the_decoder_baselines_losses():
+    from retrieval_pretraining.tables.provenance import loss_reductions
+
+    lines = loss_reductions({
+        "ae-decoder": {"objective": "ae_decoder", "micro_batch_size": 8,
+                       "options": {"layers": 1, "mask_rate": 0.15, "weight": 1.0}},
+        "ar-decoder": {"objective": "ar_decoder", "micro_batch_size": 8,
+                       "options": {"layers": 2, "weight": 0.5}},
+    })
+    text = "\n".join(lines)
+    assert "1-layer auto-encoding decoder" in text and "(15% masked), weight 1" in text
+    assert "2-layer auto-regressive decoder: mean next-token cross-entropy" in text and "weight 0.5" in text
