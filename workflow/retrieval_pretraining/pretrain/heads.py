@@ -1,5 +1,6 @@
 """The heads of the baseline objectives, dropped after pre-training: Condenser's head and the
-enhanced-decoding (RetroMAE) decoder.
+enhanced-decoding (RetroMAE) decoder (the AE / AR decoders in mae_decoders.py use `Layer` too,
+the AR one as a GPT-2 block: `pre_norm`).
 
 Both are BERT layers (post-LayerNorm attention + feed-forward, GELU), written out here on
 `scaled_dot_product_attention` rather than taken from `transformers` (whose layer classes change
