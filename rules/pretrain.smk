@@ -29,6 +29,8 @@ def loss_settings(model):
         "bow": "bow",
         "cocondenser": "cocondenser",
         "retromae": "retromae",
+        "ae_decoder": "ae_decoder",
+        "ar_decoder": "ar_decoder",
     }
     keep = {"objective": settings["objective"]}
     if "trainer" in settings:

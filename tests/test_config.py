@@ -1,6 +1,7 @@
 """The experiment config: the shipped configs validate, bad values fail naming the key, paths stay inside."""
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,14 @@ def test_the_ablations_run_as_the_costa_paper_ran_them():
     assert "Table 6" in titles["ablation-projector-finetuning"]
     rows = next(t for t in overlay["report"]["tables"] if t["name"] == "ablation-projector-finetuning")
     assert {r["model"] for r in rows["rows"]} == set(through) | set(through.values())
+
+
+def test_a_config_value_with_an_apostrophe_survives_the_single_quoted_command_line():
+    """The rules wrap `stage_argument` in single quotes: an apostrophe in a title would end the
+    quoting and break the shell command."""
+    import shlex
+
+    params = {"title": "BoW paper's Table 6", "nested": [{"label": "it's"}]}
+    argument = experiment_config.stage_argument(params)
+    assert "'" not in argument
+    assert json.loads(shlex.split(f"--config '{argument}'")[1]) == params

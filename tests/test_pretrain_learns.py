@@ -43,12 +43,15 @@ RISES = {
     "condenser": (120, [("probe_head_mlm_accuracy", 0.005)]),
     "cocondenser": (120, [("probe_head_mlm_accuracy", 0.005)]),
     "retromae": (80, [("probe_decoder_accuracy", 0.01)]),
+    "ae_decoder": (120, [("probe_decoder_accuracy", 0.01)]),
+    "ar_decoder": (60, [("probe_decoder_accuracy", 0.01)]),
 }
 # Enhanced decoding trains on batches of 4 chunks: its steps cost ~7x an MLM step (see above).
-BATCH = {"retromae": 4}
+BATCH = {"retromae": 4, "ar_decoder": 4}
 # Held-out losses of the baselines' heads, which must fall by at least a nat (as the MLM one).
 HELD_OUT = {"condenser": ["loss_head_mlm_heldout"], "cocondenser": ["loss_head_mlm_heldout"],
-            "retromae": ["loss_dec_heldout"]}
+            "retromae": ["loss_dec_heldout"], "ae_decoder": ["loss_dec_heldout"],
+            "ar_decoder": ["loss_dec_heldout"]}
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,7 @@ def _probes(records):
 OWN_TERMS = {"mlm": ["loss_mlm"], "costa": ["loss_gwc"], "cpdae": ["loss_rec"],
              "cpdae_r": ["loss_rec", "loss_cl"], "bow": ["loss_bow"],
              "condenser": ["loss_head_mlm"], "cocondenser": ["loss_head_mlm", "loss_co"],
-             "retromae": ["loss_dec"]}
+             "retromae": ["loss_dec"], "ae_decoder": ["loss_dec"], "ar_decoder": ["loss_dec"]}
 
 
 @pytest.mark.parametrize("objective", sorted(RISES))
@@ -112,7 +115,7 @@ def test_each_objective_raises_its_probes_on_held_out_chunks(objective, setup, t
     assert not (tmp_path / "state").exists()
 
 
-@pytest.mark.parametrize("objective", ["bow", "condenser", "retromae"])
+@pytest.mark.parametrize("objective", ["bow", "condenser", "retromae", "ae_decoder", "ar_decoder"])
 def test_a_zeroed_loss_leaves_the_probes_where_they_started(objective, setup, tmp_path, monkeypatch):
     """The broken variant: the same run with its loss multiplied by 0 learns nothing, so the
     assertions above would fail on it (Condenser's head and the enhanced decoder included)."""

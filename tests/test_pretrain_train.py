@@ -241,7 +241,7 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
 
 # The baselines' heads use dropout and their inputs (segments, decoder rows) are drawn per chunk:
 # a resumed run must redraw both exactly.
-@pytest.mark.parametrize("objective", ["mlm", "condenser", "cocondenser", "retromae"])
+@pytest.mark.parametrize("objective", ["mlm", "condenser", "cocondenser", "retromae", "ae_decoder", "ar_decoder"])
 def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tmp_path, monkeypatch,
                                                                restore_stop_handlers, objective):
     settings = fx.model_settings(objective, max_steps=5)

@@ -468,3 +468,17 @@ def test_provenance_states_each_loss_reduction_and_the_effective_lambda(syntheti
     assert "BoW recipe `paper` (the paper as written; 0.15 of the tokens masked)" in text
     assert "sum over each text's unique input tokens" in text and "h_CLS . E^T" in text
     assert "mean cross-entropy over the micro-batch's masked tokens" in text
+
+
+def test_provenance_states_the_decoder_baselines_losses():
+    from retrieval_pretraining.tables.provenance import loss_reductions
+
+    lines = loss_reductions({
+        "ae-decoder": {"objective": "ae_decoder", "micro_batch_size": 8,
+                       "options": {"layers": 1, "mask_rate": 0.15, "weight": 1.0}},
+        "ar-decoder": {"objective": "ar_decoder", "micro_batch_size": 8,
+                       "options": {"layers": 2, "weight": 0.5}},
+    })
+    text = "\n".join(lines)
+    assert "1-layer auto-encoding decoder" in text and "(15% masked), weight 1" in text
+    assert "2-layer auto-regressive decoder: mean next-token cross-entropy" in text and "weight 0.5" in text

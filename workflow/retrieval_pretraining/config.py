@@ -329,8 +329,10 @@ def refuse_unknown(config: Mapping[str, Any], known: Iterable[str] | Mapping[str
 
 
 def stage_argument(params: dict[str, Any]) -> str:
-    """Serialise a stage's config slice for the command line (read back by `parse_stage_args`)."""
-    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+    """Serialise a stage's config slice for the command line (read back by `parse_stage_args`).
+    The rules put it in single quotes, so an apostrophe in a value (a table title "BoW's ...")
+    is written as JSON's \\u0027 escape, which reads back as the same string."""
+    return json.dumps(params, sort_keys=True, separators=(",", ":")).replace("'", "\\u0027")
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:

@@ -14,6 +14,8 @@ tests/test_pretrain_baselines.py).
                masked input (30% in their recipe) plus a one-layer decoder that reconstructs every
                inner token of the unmasked chunk from [CLS] with position-specific attention
                (heads.EnhancedDecoder, views.decoder_visibility); loss = MLM + mean token CE.
+  ae_decoder,  the BoW paper's auto-encoding and auto-regressive decoders (mae_decoders.py):
+  ar_decoder   forward and heads there, probes here.
 
 Every head is dropped at export: the encoder is the backbone (train.export_encoder).
 """
@@ -25,10 +27,11 @@ from typing import Any
 import torch
 
 from ..errors import BadInput
+from . import mae_decoders
 from . import objectives as obj
 from .heads import CondenserHead, EnhancedDecoder
 
-OBJECTIVES = ("condenser", "cocondenser", "retromae")
+OBJECTIVES = ("condenser", "cocondenser", "retromae", *mae_decoders.OBJECTIVES)
 
 
 class HeadError(BadInput, ValueError):
@@ -52,6 +55,8 @@ def add_heads(model: Any, config: Any) -> None:
         model.condenser = CondenserHead(config, opts["head_layers"])
     elif model.objective == "retromae":
         model.enhanced_decoder = EnhancedDecoder(config)
+    else:
+        mae_decoders.add_heads(model, config)
 
 
 def span_pair_contrastive(cls: torch.Tensor, temperature: float, gather: bool = False,
@@ -84,6 +89,8 @@ def decoded(model: Any, cls: torch.Tensor, batch: dict[str, torch.Tensor]) -> to
 def forward(model: Any, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """(loss terms with the total under "loss", logged statistics) of a baseline objective."""
     stats: dict[str, float] = {}
+    if model.objective in mae_decoders.OBJECTIVES:
+        return mae_decoders.forward(model, batch), stats
     if model.objective == "retromae":
         hidden = model.hidden(batch["input_ids"], batch["attention_mask"])
         losses = {"loss_mlm": model.mlm(hidden, batch["labels"])}
@@ -125,8 +132,9 @@ def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor) -> d
                                 [CLS]), and its cross-entropy.
       probe_decoder_accuracy    enhanced decoding: share of the chunk's tokens the decoder
       loss_dec_heldout          reconstructs from [CLS] and the positions each row may see, and
-                                its cross-entropy.
-      probe_cls_reliance        both: the head's (decoder's) held-out cross-entropy when each
+                                its cross-entropy; AE / AR decoders: share of the copy's masked
+                                tokens (of the next tokens) they predict, and the cross-entropy.
+      probe_cls_reliance        all: the head's (decoder's) held-out cross-entropy when each
                                 text's [CLS] is swapped for another text's, minus with its own
                                 (nats): how much of what the head predicts [CLS] carries, the
                                 bottleneck these objectives train. 0 for a head that ignores it.
@@ -153,6 +161,11 @@ def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor) -> d
         labels = batch["decoder_labels"]
         accuracy, loss = _scores(model, decoded(model, cls, batch), labels)
         _, loss_swapped = _scores(model, decoded(model, _other(cls), batch), labels)
+        out |= {"probe_decoder_accuracy": accuracy, "loss_dec_heldout": loss}
+    elif model.objective in mae_decoders.OBJECTIVES:
+        states, labels = mae_decoders.decoded(model, cls, batch)
+        accuracy, loss = _scores(model, states, labels)
+        _, loss_swapped = _scores(model, mae_decoders.decoded(model, _other(cls), batch)[0], labels)
         out |= {"probe_decoder_accuracy": accuracy, "loss_dec_heldout": loss}
     else:
         return out

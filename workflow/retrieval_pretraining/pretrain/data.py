@@ -226,7 +226,7 @@ class MicroBatches(torch.utils.data.Dataset):
         need_original: bool = False, holdout: int = 0,
         corpus_files: Sequence[int] | None = None, proportions: Sequence[float] | None = None,
         segment_pairs: bool = False, span_tokens: int | None = None,
-        decoder_mask_rate: float | None = None,
+        decoder_mask_rate: float | None = None, copy_mask_rate: float | None = None,
     ):
         """`store_paths` of one corpus, or of several in turn: `corpus_files` says how many files
         each has, `proportions` its share of every global batch (a mixture)."""
@@ -242,6 +242,7 @@ class MicroBatches(torch.utils.data.Dataset):
         # decoder row's visible positions (views.py).
         self.segment_pairs, self.span_tokens = segment_pairs, span_tokens
         self.decoder_mask_rate = decoder_mask_rate
+        self.copy_mask_rate = copy_mask_rate  # AE decoder: a second masked copy (its own draw)
         n = len(self.store)
         if holdout >= n:
             raise DataError(f"trainer.probe_chunks {holdout} leaves none of the {n} chunks to "
@@ -392,6 +393,11 @@ class MicroBatches(torch.utils.data.Dataset):
             batch["bag_mask"] = _pad([np.ones(len(b)) for b in bags], 0).bool()
         if self.decoder_mask_rate is not None:
             batch |= self._decoder_inputs(originals, words, keys)
+        if self.copy_mask_rate is not None:
+            copies = [mask_tokens(ids, ws, self._rng(key, cuts.COPY), self.vocab, self.copy_mask_rate,
+                                  self.whole_word) for ids, ws, key in zip(originals, words, keys)]
+            batch["decoder_input_ids"] = _pad([c[0] for c in copies], self.vocab.pad_id)
+            batch["decoder_labels"] = _pad([c[1] for c in copies], -100)
         return batch
 
     def _rng(self, key: tuple, stream: int) -> np.random.Generator:

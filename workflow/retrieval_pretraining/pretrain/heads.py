@@ -1,5 +1,6 @@
 """The heads of the baseline objectives, dropped after pre-training: Condenser's head and the
-enhanced-decoding (RetroMAE) decoder.
+enhanced-decoding (RetroMAE) decoder (the AE / AR decoders in mae_decoders.py use `Layer` too,
+the AR one as a GPT-2 block: `pre_norm`).
 
 Both are BERT layers (post-LayerNorm attention + feed-forward, GELU), written out here on
 `scaled_dot_product_attention` rather than taken from `transformers` (whose layer classes change
@@ -20,10 +21,13 @@ from torch import nn
 class Layer(nn.Module):
     """One BERT layer whose queries come from `query` and keys/values from `context`
     (self-attention when they are the same tensor). `visible`: bool, True where a query may
-    attend to a key, broadcastable to [B, heads, Lq, Lk]."""
+    attend to a key, broadcastable to [B, heads, Lq, Lk]. With `pre_norm` it is a GPT-2 block
+    instead (self-attention only): each sublayer normalises its input and adds its output to it
+    un-normalised (`attention_norm`, `output_norm` are GPT-2's ln_1, ln_2)."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, pre_norm: bool = False):
         super().__init__()
+        self.pre_norm = pre_norm
         dim, self.heads = config.hidden_size, config.num_attention_heads
         self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
         self.attention_out = nn.Linear(dim, dim)
@@ -39,14 +43,24 @@ class Layer(nn.Module):
         b, length, dim = x.shape
         return x.view(b, length, self.heads, dim // self.heads).transpose(1, 2)
 
-    def forward(self, query: torch.Tensor, context: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    def _attend(self, query: torch.Tensor, context: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         attended = F.scaled_dot_product_attention(
             self._split(self.query(query)), self._split(self.key(context)),
             self._split(self.value(context)), attn_mask=visible,
             dropout_p=self.attention_dropout if self.training else 0.0,
         ).transpose(1, 2).flatten(2)
-        hidden = self.attention_norm(query + self.dropout(self.attention_out(attended)))
-        return self.output_norm(hidden + self.dropout(self.output(F.gelu(self.intermediate(hidden)))))
+        return self.dropout(self.attention_out(attended))
+
+    def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.output(F.gelu(self.intermediate(hidden))))
+
+    def forward(self, query: torch.Tensor, context: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        if self.pre_norm:
+            normed = self.attention_norm(query)
+            hidden = query + self._attend(normed, normed, visible)
+            return hidden + self._feed_forward(self.output_norm(hidden))
+        hidden = self.attention_norm(query + self._attend(query, context, visible))
+        return self.output_norm(hidden + self._feed_forward(hidden))
 
 
 def init_bert(module: nn.Module, std: float) -> None:

@@ -12,11 +12,12 @@ from typing import Any
 from ..corpora import model_corpora
 
 # Option blocks a model entry may override; each objective reads `mlm` plus its own blocks.
-OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow", "condenser", "cocondenser", "retromae")
+OPTION_BLOCKS = ("trainer", "mlm", "costa", "cpdae", "bow", "condenser", "cocondenser", "retromae",
+                 "ae_decoder", "ar_decoder")
 OBJECTIVE_BLOCKS: dict[str, tuple[str, ...]] = {
     "none": (), "mlm": (), "costa": ("costa",), "cpdae": ("cpdae",), "cpdae_r": ("cpdae",),
     "bow": ("bow",), "condenser": ("condenser",), "cocondenser": ("condenser", "cocondenser"),
-    "retromae": ("retromae",),
+    "retromae": ("retromae",), "ae_decoder": ("ae_decoder",), "ar_decoder": ("ar_decoder",),
 }
 # The Bag-of-Word recipes (`bow.recipe`): what each sets for a bow model, between the section's
 # defaults and the model entry's own keys (which still override any of it).

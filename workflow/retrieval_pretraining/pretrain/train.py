@@ -141,12 +141,13 @@ def train(
         views=2 if objective in ("cpdae", "cpdae_r") else 1,
         need_spans=objective == "costa", need_bags=objective in ("cpdae", "cpdae_r", "bow"),
         need_original=(objective == "costa" and settings["costa"]["span_pass"] == "unmasked"
-                       or objective == "retromae"),
+                       or objective in ("retromae", "ar_decoder")),
         holdout=tr["probe_chunks"], corpus_files=[len(g) for g in groups] if mixed else None,
         proportions=mixed,
         segment_pairs=objective == "cocondenser",
         span_tokens=settings.get("cocondenser", {}).get("span_tokens"),
         decoder_mask_rate=settings["retromae"]["decoder_mask_rate"] if objective == "retromae" else None,
+        copy_mask_rate=settings["ae_decoder"]["mask_rate"] if objective == "ae_decoder" else None,
     )
     schedule_steps = tr["max_steps"] or tr["epochs"] * dataset.steps_per_epoch
     warmup = int(round(tr["warmup_ratio"] * schedule_steps))

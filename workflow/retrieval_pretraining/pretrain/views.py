@@ -17,6 +17,7 @@ import numpy as np
 
 SEGMENTS = 0xC0C0  # generator streams, apart from masking's views (0, 1, ...)
 DECODER = 0xDEC0
+COPY = 0xAEC0  # the auto-encoding decoder's masked copy of the chunk
 
 
 def segment_length(inner: int, span_tokens: int | None) -> int:

@@ -17,6 +17,8 @@ DISPLAY = {
     "condenser": "Condenser",
     "cocondenser": "coCondenser",
     "retromae": "RetroMAE (enhanced decoding)",
+    "ae_decoder": "AE decoder",
+    "ar_decoder": "AR decoder",
 }
 
 

@@ -183,6 +183,16 @@ def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
                 "; decoder: mean cross-entropy over every inner token of the micro-batch's "
                 f"chunks (each row hides {opts['decoder_mask_rate']:.0%} of them), weight 1"
             )
+        elif objective == "ae_decoder":
+            text += (
+                f"; {opts['layers']}-layer auto-encoding decoder: the same mean over the masked "
+                f"tokens of its copy ({opts['mask_rate']:.0%} masked), weight {opts['weight']:g}"
+            )
+        elif objective == "ar_decoder":
+            text += (
+                f"; {opts['layers']}-layer auto-regressive decoder: mean next-token cross-entropy "
+                f"over every real position of the micro-batch, weight {opts['weight']:g}"
+            )
         lines.append(f"- loss reduction, `{name}` ({objective}): {text}")
     return lines
 

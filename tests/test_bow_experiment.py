@@ -1,0 +1,81 @@
+"""workflow/experiments/bow.yaml, the Bag-of-Word paper's experiments as an overlay on paper.yaml:
+valid, in sync with the paper.yaml entries it repeats (lists replace whole), and planned by a dry
+run to every one of its tables (the downloads are planned, never fetched)."""
+
+import copy
+
+import pytest
+import yaml
+
+from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining.pretrain.settings import resolve_model
+from workflow_harness import ROOT
+
+EXPERIMENTS = ROOT / "workflow" / "experiments"
+
+
+def _load(name):
+    return yaml.safe_load((EXPERIMENTS / name).read_text())
+
+
+def merged() -> dict:
+    """Snakemake's --configfile semantics: dicts merge key by key, lists replace."""
+    def merge(base, override):
+        for key, value in override.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+        return base
+
+    return merge(copy.deepcopy(_load("paper.yaml")), _load("bow.yaml"))
+
+
+def test_the_bow_overlay_is_valid_and_repeats_the_paper_entries_it_replaces():
+    paper, overlay, config = _load("paper.yaml"), _load("bow.yaml"), merged()
+    experiment_config.validate(config)
+    assert config["experiment"] == "paper-bow"
+    for path in (("pretrain", "models"), ("datasets",), ("bm25", "negatives"), ("finetune", "datasets")):
+        ours, theirs = overlay, paper
+        for key in path:
+            ours, theirs = ours[key], theirs[key]
+        assert ours[:len(theirs)] == theirs, f"{'.'.join(path)}: keep paper.yaml's entries first, unchanged"
+    splits = {(s["dataset"], s["split"]): s for s in overlay["evaluate"]["splits"]}
+    for split in paper["evaluate"]["splits"]:
+        assert set(split["measures"]) <= set(splits[split["dataset"], split["split"]]["measures"])
+
+
+def test_the_bow_rows_are_the_papers_settings():
+    """Decoders with BoW's encoder masking and 1 layer; Table 6's mask ratios 15 / 30 / 45%."""
+    section = merged()["pretrain"]
+    settings = {m["name"]: resolve_model(section, m["name"], seed=0) for m in section["models"]}
+    assert settings["ae-decoder"]["ae_decoder"] == {"layers": 1, "mask_rate": 0.15, "weight": 1.0}
+    assert settings["ar-decoder"]["ar_decoder"] == {"layers": 1, "weight": 1.0}
+    for name in ("ae-decoder", "ar-decoder", "retromae", "bow"):
+        assert settings[name]["mlm"] == {"mask_rate": 0.3, "whole_word": True}, name
+    assert [settings[n]["mlm"]["mask_rate"] for n in ("bow-mask15", "bow", "bow-mask45")] == [0.15, 0.3, 0.45]
+    same = lambda s: {k: v for k, v in s.items() if k not in ("name", "mlm")}  # noqa: E731
+    assert same(settings["bow-mask15"]) | {"name": 0} == same(settings["bow"]) | {"name": 0}
+
+
+@pytest.mark.timeout(600)
+def test_a_dry_run_plans_every_bow_table(tmp_path):
+    """`snakemake -n --configfile paper.yaml bow.yaml -- results/tables.md` plans make_tables
+    with every table's rows trained, fine-tuned and scored (NQ / TriviaQA by answer accuracy)."""
+    from test_finetune_rules import planned_jobs
+    from workflow_harness import copy_project
+
+    project = copy_project(tmp_path / "project")
+    jobs = planned_jobs(project, "--configfile", str(EXPERIMENTS / "paper.yaml"),
+                        str(EXPERIMENTS / "bow.yaml"), "--", "results/tables.md")
+    rules = {j["rule"] for j in jobs}
+    assert "make_tables" in rules, sorted(rules)
+    pretrained = {j["wildcards"]["model"] for j in jobs if j["rule"] == "pretrain_model"}
+    assert {"ae-decoder", "ar-decoder", "bow-mask15", "bow-mask45", "retromae"} <= pretrained
+    scored = {(j["wildcards"]["dataset"], j["wildcards"].get("system", "")) for j in jobs
+              if j["rule"] == "score_run"}
+    for table in _load("bow.yaml")["report"]["tables"]:
+        for column in table["columns"]:
+            for row in table["rows"]:
+                assert any(d == column["dataset"] and s.startswith(row["model"] + "-") for d, s in scored), (
+                    table["name"], column["dataset"], row["model"])
