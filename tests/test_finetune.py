@@ -624,7 +624,7 @@ def test_the_projector_knob_is_checked(tmp_path):
     with pytest.raises(text_projector.ProjectorError, match="--heads"):
         load_bi_encoder(base, r, torch.device("cpu"), projector=True)
 
-    section = {"checkpoint": "c", "trainer": {}, "mlm": {}, "bow": {},
+    section = {"checkpoint": "c", "corpus": "wikipedia", "trainer": {}, "mlm": {}, "bow": {"recipe": "code"},
                "costa": {"projector": "nonlinear", "temperature": 1.0}, "models": [
                    {"name": "costa", "objective": "costa", "spans": "s"},
                    {"name": "mlm", "objective": "mlm"}]}
