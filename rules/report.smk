@@ -116,6 +116,13 @@ def report_params():
     """The tables' config slice: the report section (minus analyses), the model list, BM25's k1/b,
     and a hash of the whole resolved config for the provenance block."""
     report_section = {k: v for k, v in config["report"].items() if k != "analysis"}
+    # rows: null = the fine-tuned models (finetune.models), made explicit for the tables stage.
+    report_section["tables"] = [
+        t
+        if t.get("rows") is not None
+        else {**t, "rows": [{"model": m} for m in finetune_models()]}
+        for t in report_section["tables"]
+    ]
     return experiment_config.stage_argument(
         {
             "experiment": config["experiment"],

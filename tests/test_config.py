@@ -131,6 +131,7 @@ def test_missing_section_is_reported(demo):
         (
             lambda c: c["pretrain"]["models"][1].update(init="bow"),
             r"pretrain\.models\.1\.init': 'bow' is not a pre-training model listed before 'mlm'",
+        ),
         # evaluate.baselines: a name that is one of our systems, a checkpoint that is neither a
         # checkpoints entry nor one of our models, a table row naming no baseline.
         (

@@ -44,7 +44,8 @@ def test_store_reads_every_row_of_every_file_without_copying(corpus, tmp_path):
     allocated = pa.total_allocated_bytes()
     store = pdata.ChunkStore(paths)
     # Views on the memory-mapped files: no Arrow buffer was allocated (concatenating would copy all).
-    assert pa.total_allocated_bytes() == allocated
+    # <=, not ==: an earlier test's buffers may be freed meanwhile (the pool counts every live one).
+    assert pa.total_allocated_bytes() <= allocated
     rows = [r | s for c, sp in zip(chunks, spans)
             for r, s in zip(pq.read_table(c).to_pylist(), pq.read_table(sp).to_pylist())]
     assert len(store) == len(rows) and len(chunks) == 2

@@ -323,8 +323,8 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
         + "".join(
             f'include: "rules/{name}.smk"\n'
             for name in (
-                "common", "wikipedia", "corpus", "pretrain", "finetune", "dense", "baselines",
-                "report",
+                "common", "wikipedia", "corpus", "pretrain", "retrieval", "answers", "finetune",
+                "dense", "baselines", "report",
             )
         )
         + 'report: "workflow/report/workflow.rst"\n'
