@@ -7,9 +7,8 @@ and what depends on it reruns, and nothing upstream (issues 2 and 3, "done when"
 from pathlib import Path
 
 import pytest
-import yaml
 
-from workflow_harness import copy_project, planned_rules, snakemake
+from workflow_harness import copy_project, edit_config, planned_rules, snakemake
 
 SPANS_TARGET = "results/corpus/wikipedia/spans/costa/shard-0000.parquet"
 ARTICLES_TARGET = "results/wikipedia/articles/enwiki-sample.parquet"
@@ -21,15 +20,6 @@ def finished(tmp_path_factory) -> Path:
     project = copy_project(tmp_path_factory.mktemp("reruns") / "project")
     snakemake(project, SPANS_TARGET, "results/corpus/wikipedia/spans/costa/shard-0001.parquet")
     return project
-
-
-def _edit_config(project: Path, edit) -> str:
-    path = project / "config.yaml"
-    original = path.read_text()
-    config = yaml.safe_load(original)
-    edit(config)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return original
 
 
 def test_a_finished_run_has_nothing_to_do(finished):
@@ -69,7 +59,7 @@ def test_editing_how_audit_shows_chunks_reruns_nothing_but_their_schema_reruns_c
 
 
 def test_changing_an_extraction_parameter_reruns_extraction_only_upstream(finished):
-    original = _edit_config(finished, lambda c: c["extract"].update(min_chars=50))
+    original = edit_config(finished, lambda c: c["extract"].update(min_chars=50))
     try:
         plan = planned_rules(finished, ARTICLES_TARGET)
         assert plan == {"extract_articles": 1}, plan
@@ -81,7 +71,7 @@ def test_changing_a_span_parameter_reruns_only_the_span_index(finished):
     def edit(config):
         config["spans"][0]["beta_alpha"] = 3.0
 
-    original = _edit_config(finished, edit)
+    original = edit_config(finished, edit)
     try:
         plan = planned_rules(finished, SPANS_TARGET)
         assert plan == {"sample_spans": 1}, plan
@@ -90,7 +80,7 @@ def test_changing_a_span_parameter_reruns_only_the_span_index(finished):
 
 
 def test_changing_max_len_reruns_chunking_and_everything_after(finished):
-    original = _edit_config(finished, lambda c: c["corpus"].update(max_len=96))
+    original = edit_config(finished, lambda c: c["corpus"].update(max_len=96))
     try:
         plan = planned_rules(finished, SPANS_TARGET)
         assert set(plan) == {"chunk_articles", "sample_spans"}, plan
@@ -102,7 +92,7 @@ def test_truncating_the_encoder_reruns_no_corpus_stage(finished):
     """The corpus stages read the tokenizer alone: num_layers restages the checkpoint only."""
     # The data stages ran without the encoder's weights being staged at all.
     assert planned_rules(finished, "results/checkpoints/minilm-l1") == {"stage_checkpoint": 1}
-    original = _edit_config(finished, lambda c: c["checkpoints"][0].update(num_layers=1))
+    original = edit_config(finished, lambda c: c["checkpoints"][0].update(num_layers=1))
     try:
         assert planned_rules(finished, SPANS_TARGET) == {}
     finally:
@@ -113,7 +103,7 @@ def test_changing_the_tokenizer_source_reruns_the_corpus_stages(finished):
     def edit(config):
         config["checkpoints"][0]["revision"] = "main"  # a different tokenizer version
 
-    original = _edit_config(finished, edit)
+    original = edit_config(finished, edit)
     try:
         plan = planned_rules(finished, SPANS_TARGET)
         assert set(plan) == {"stage_tokenizer", "chunk_articles", "sample_spans"}, plan
@@ -124,7 +114,7 @@ def test_changing_the_tokenizer_source_reruns_the_corpus_stages(finished):
 @pytest.mark.parametrize("section", ["extract", "corpus"])
 def test_changing_the_process_count_reruns_nothing(finished, section):
     """Process counts change speed, not results, so they are not rerun triggers."""
-    original = _edit_config(finished, lambda c: c[section].update(processes=1))
+    original = edit_config(finished, lambda c: c[section].update(processes=1))
     try:
         assert planned_rules(finished, SPANS_TARGET) == {}
     finally:

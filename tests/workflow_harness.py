@@ -41,13 +41,24 @@ def _merge(base: dict, overrides: dict) -> None:
             base[key] = value
 
 
-def snakemake(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run this environment's snakemake in `project`; the output is returned for assertions."""
+def _env() -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def start_snakemake(project: Path, *args: str, log: Path) -> subprocess.Popen:
+    """Start this environment's snakemake in `project` in the background, output to `log`."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *args],
+                                cwd=project, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+
+
+def snakemake(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run this environment's snakemake in `project`; the output is returned for assertions."""
     result = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "2", *args],
-        cwd=project, env=env, capture_output=True, text=True,
+        cwd=project, env=_env(), capture_output=True, text=True,
     )
     if check and result.returncode != 0:
         raise AssertionError(
@@ -73,3 +84,14 @@ def planned_rules(project: Path, *targets: str) -> dict[str, int]:
         if fields[0] != "total":
             counts[fields[0]] = int(fields[1])
     return counts
+
+
+def edit_config(project: Path, edit) -> str:
+    """Apply `edit` (a function of the config dict) to the project's config.yaml; return the
+    original text, for the caller to restore."""
+    path = project / "config.yaml"
+    original = path.read_text()
+    config = yaml.safe_load(original)
+    edit(config)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return original

@@ -15,7 +15,7 @@ import json
 import tarfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import polars as pl
 
@@ -58,19 +58,25 @@ def _where(path: Path, member: str | None) -> str:
     return f"{path}!{member}" if member else str(path)
 
 
+def json_lines(handle: Iterable[str], where: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of every non-blank line of a JSON-lines stream; a line that is
+    not JSON fails, naming `where` and the line."""
+    for number, line in enumerate(handle, 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DatasetError(f"{where}, line {number}: not valid JSON ({error})") from None
+
+
 def read_jsonl(
     path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, list]:
     """Columns `fields` (+ `optional`, default "") of a JSON-lines file; ids are read as strings."""
     columns: dict[str, list] = {f: [] for f in fields + optional}
     with open_text(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DatasetError(f"{path}, line {number}: not valid JSON ({error})") from None
+        for number, record in json_lines(handle, str(path)):
             for field in fields:
                 if field not in record:
                     raise DatasetError(
@@ -95,13 +101,7 @@ def read_jsonl_corpus_batches(
     columns: dict[str, list[str]] = {"doc_id": [], "title": [], "text": []}
     size = position = 0
     with open_text(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DatasetError(f"{path}, line {number}: not valid JSON ({error})") from None
+        for number, record in json_lines(handle, str(path)):
             missing = [f for f in fields if not isinstance(record, dict) or f not in record]
             if missing:
                 raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "

@@ -29,7 +29,7 @@ from typing import IO, Any, Iterator
 import polars as pl
 
 from .contracts.datasets import DatasetError
-from .dataset_files import CORPUS_BATCH_CHARS, CORPUS_BATCH_ROWS, open_text
+from .dataset_files import CORPUS_BATCH_CHARS, CORPUS_BATCH_ROWS, json_lines, open_text
 
 PASSAGES_HEADER = ["id", "text", "title"]
 JSON_READ_CHARS = 1 << 20    # characters read per step by iter_json_list
@@ -129,13 +129,7 @@ def read_questions(path: Path, member: str | None = None) -> Iterator[tuple[str,
 
 
 def _questions_jsonl(handle: IO[str], where: str) -> Iterator[tuple[str, str, list[str]]]:
-    for number, line in enumerate(handle, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DatasetError(f"{where}, line {number}: not valid JSON ({error})") from None
+    for number, record in json_lines(handle, where):
         answers = record.get("answers", record.get("answer"))
         if not isinstance(record, dict) or "question" not in record or answers is None:
             raise DatasetError(f"{where}, line {number}: a question line needs `question` and "
