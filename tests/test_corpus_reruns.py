@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflow_harness import copy_project, planned_rules, snakemake
+from tiny_experiment import SUBSET_DIR, write_scifact_subset
+from workflow_harness import copy_project, edit_config, planned_rules, snakemake
 
 # The demo's models (costa reads Wikipedia: chunks + the costa span index) plus costa-sf on SciFact
 # and mix on both; the three are the targets.
@@ -18,8 +19,9 @@ MODELS = [
     {"name": "mix", "objective": "mlm",
      "corpus": [{"name": "wikipedia", "proportion": 0.75}, {"name": "scifact", "proportion": 0.25}]},
 ]
+# SciFact's corpus: a ~100-abstract BEIR subset of it (what is planned does not depend on its size).
 CORPORA = [{"name": "wikipedia", "source": "wikipedia"},
-           {"name": "scifact", "source": "beir", "path": "data/beir/scifact", "max_len": 96}]
+           {"name": "scifact", "source": "beir", "path": str(SUBSET_DIR), "max_len": 96}]
 ENCODERS = [f"results/pretrain/{m['name']}/encoder" for m in MODELS]
 PRETRAIN_OUTPUTS = ("encoder/config.json", "metrics.jsonl", "loss.png", "heads.safetensors")
 
@@ -30,6 +32,7 @@ def built(tmp_path_factory) -> Path:
     outputs stand in as files that `snakemake --touch` records as up to date."""
     project = copy_project(tmp_path_factory.mktemp("corpora") / "project", {
         "corpus": {"corpora": CORPORA}, "pretrain": {"models": DEMO_MODELS + MODELS[1:]}})
+    write_scifact_subset(project, train=10, test=10, others=40)
     data = [f"results/corpus/{c}/spans/costa/shard-{s:04d}.parquet"
             for c in ("wikipedia", "scifact") for s in range(2)]
     snakemake(project, *data, "results/checkpoints/minilm-l1")
@@ -49,15 +52,6 @@ def settings(config: dict, model: str) -> dict:
     return resolve_model(config["pretrain"], model, config["seed"])
 
 
-def _edit(project: Path, edit) -> str:
-    path = project / "config.yaml"
-    original = path.read_text()
-    config = yaml.safe_load(original)
-    edit(config)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return original
-
-
 @pytest.mark.parametrize("corpus, models", [
     ("scifact", {"costa-sf", "mix"}),
     ("wikipedia", {"costa", "mix"}),
@@ -67,7 +61,7 @@ def test_changing_one_corpus_reruns_only_what_reads_it(built, corpus, models):
         entry = next(c for c in config["corpus"]["corpora"] if c["name"] == corpus)
         entry["max_len"] = 64
 
-    original = _edit(built, edit)
+    original = edit_config(built, edit)
     # Touched jobs have no params record, so the plan shows input changes only: the models'
     # params (their resolved settings) must not hold any corpus's chunking keys either.
     edited = yaml.safe_load((built / "config.yaml").read_text())

@@ -229,6 +229,7 @@ def runs(cluster):
     """The targets run twice: on Slurm (the trainer's job requeued once it has saved a resumable
     state, as Slurm does when it preempts: SIGTERM, back to the queue, start again) and locally."""
     base = Path(tempfile.mkdtemp(prefix="slurm-run-"))
+    local_run = None
     try:
         on_slurm = workflow_harness.copy_project(base / "slurm", CONFIG_OVERRIDES)
         local = workflow_harness.copy_project(base / "local", CONFIG_OVERRIDES)
@@ -241,6 +242,8 @@ def runs(cluster):
         started = time.monotonic()
         log = base / "snakemake-slurm.log"
         run = start_on_slurm(cluster, on_slurm, log)
+        # The local reference run meanwhile: the Slurm run mostly waits on status polls.
+        local_run = workflow_harness.start_snakemake(local, *TARGETS, log=base / "snakemake-local.log")
         requeued = None
         try:
             while run.poll() is None and time.monotonic() - started < 420:
@@ -263,14 +266,17 @@ def runs(cluster):
             f"snakemake --profile slurm failed ({returncode}):\n{log.read_text()[-8000:]}\n"
             f"slurmctld:\n{cluster.log('slurmctld')[-3000:]}"
         )
-        jobs = submitted_jobs(cluster)  # before the local run: MinJobAge keeps them 300 s
-        workflow_harness.snakemake(local, *TARGETS)
+        jobs = submitted_jobs(cluster)  # MinJobAge keeps them 300 s
+        assert local_run.wait(timeout=600) == 0, (base / "snakemake-local.log").read_text()[-8000:]
         print(f"slurm run {slurm_seconds:.0f} s; jobs {[(j['rule'], j['JobId']) for j in jobs]}")
         yield {
             "on_slurm": on_slurm, "local": local, "expected": expected, "jobs": jobs,
             "requeued": requeued, "log": log.read_text(),
         }  # fmt: skip
     finally:
+        if local_run is not None and local_run.poll() is None:
+            local_run.terminate()
+            local_run.wait()
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
