@@ -118,9 +118,11 @@ def report_params():
     report_section = {k: v for k, v in config["report"].items() if k != "analysis"}
     # rows: null = the fine-tuned models (finetune.models), made explicit for the tables stage.
     report_section["tables"] = [
-        t
-        if t.get("rows") is not None
-        else {**t, "rows": [{"model": m} for m in finetune_models()]}
+        (
+            t
+            if t.get("rows") is not None
+            else {**t, "rows": [{"model": m} for m in finetune_models()]}
+        )
         for t in report_section["tables"]
     ]
     return experiment_config.stage_argument(
