@@ -1,5 +1,8 @@
 """Reading a dataset's source files: a malformed line is named with its file and line."""
 
+from collections.abc import Iterator
+
+import polars as pl
 import pytest
 
 from retrieval_pretraining import dataset_files
@@ -13,3 +16,42 @@ def test_ragged_tsv_lines_fail(tmp_path):
         DatasetError, match=r"collection.tsv, line 2: 3 tab-separated fields"
     ):
         list(dataset_files.read_corpus_tsv_batches(path))
+
+
+def _batches(ids: list[int], rows: int) -> Iterator[pl.DataFrame]:
+    for start in range(0, len(ids), rows):
+        chunk = [str(i) for i in ids[start:start + rows]]
+        yield pl.DataFrame({"doc_id": chunk, "title": [f"own {i}" for i in chunk],
+                            "text": [f"text {i}" for i in chunk]})
+
+
+def test_titles_are_merged_as_both_files_are_read(tmp_path, monkeypatch):
+    """para.title.txt (8.8M lines) is merged in step with the collection, never held whole:
+    skipped passages keep their own title, titles of absent passages are ignored, "-" = none."""
+    lines = "".join(f"{i}\t{'-' if i == 4 else f'T{i}'}\n" for i in range(0, 1000) if i != 3)
+    (tmp_path / "titles.txt").write_text(lines)
+    read = []
+    real = dataset_files.read_tsv_records
+
+    def counting(*args, **kwargs):
+        for fields in real(*args, **kwargs):
+            read.append(fields[0])
+            yield fields
+
+    monkeypatch.setattr(dataset_files, "read_tsv_records", counting)
+    merged = dataset_files._with_titles(_batches([0, 2, 3, 4, 5, 1001], rows=2),
+                                        tmp_path / "titles.txt", None)
+    first = next(merged)
+    # Streamed: the records up to the batch's last id, plus one read ahead (not all 999).
+    assert first["title"].to_list() == ["T0", "T2"] and len(read) <= 4, read
+    rest = pl.concat(list(merged))
+    assert rest["title"].to_list() == ["own 3", "", "T5", "own 1001"]
+
+
+def test_titles_out_of_the_collections_order_are_refused_naming_the_record(tmp_path):
+    (tmp_path / "titles.txt").write_text("0\tA\n2\tC\n1\tB\n")
+    with pytest.raises(DatasetError, match=r"titles\.txt, record 3: id 1 after 2"):
+        list(dataset_files._with_titles(_batches([0, 1, 2], rows=2), tmp_path / "titles.txt", None))
+    (tmp_path / "ordered.txt").write_text("0\tA\n1\tB\n2\tC\n")
+    with pytest.raises(DatasetError, match="the collection lists id 1 after 2"):
+        list(dataset_files._with_titles(_batches([2, 1], rows=2), tmp_path / "ordered.txt", None))

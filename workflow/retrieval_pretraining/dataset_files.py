@@ -264,15 +264,8 @@ def corpus_batches(
         return read_corpus_tsv_batches(path, member), inputs
     # RocketQA's para.title.txt (`pid <tab> title`): the passage titles the COSTA authors used.
     tpath, tmember = resolve_ref(entry["titles"], entry, data_root, downloads)
-    titles = _read_titles(tpath, tmember)
     inputs["titles"] = tpath
-    batches = (
-        batch.join(titles, on="doc_id", how="left", maintain_order="left")
-        .with_columns(pl.coalesce(pl.col("new_title"), pl.col("title")).alias("title"))
-        .drop("new_title")
-        for batch in read_corpus_tsv_batches(path, member)
-    )
-    return batches, inputs
+    return _with_titles(read_corpus_tsv_batches(path, member), tpath, tmember), inputs
 
 
 def load_split(
@@ -308,9 +301,49 @@ def load_split(
     )
 
 
-def _read_titles(path: Path, member: str | None) -> pl.DataFrame:
-    ids, titles = [], []
-    for fields in read_tsv_records(path, member, (1, 2)):
-        ids.append(fields[0])
-        titles.append(fields[1] if len(fields) == 2 and fields[1] != "-" else "")
-    return pl.DataFrame({"doc_id": ids, "new_title": titles})
+def _with_titles(batches: Iterator[pl.DataFrame], path: Path, member: str | None
+                 ) -> Iterator[pl.DataFrame]:
+    """The collection's batches with the titles of a `pid <tab> title` file ("-" = none), merged
+    as both are read: a title file of 8.8M lines is never held whole. Both files list integer ids
+    in ascending order (MS MARCO's collection and RocketQA's para.title.txt do); a passage the
+    title file skips keeps its own title, a title of a passage the collection lacks is ignored,
+    and ids out of that order are refused, naming the line."""
+    where = _where(path, member)
+    records = enumerate(read_tsv_records(path, member, (1, 2)), 1)
+    pending: tuple[int, int, str] | None = None  # (line, pid, title) read but not yet matched
+    last_title = last_doc = -1
+
+    def next_title() -> tuple[int, int, str] | None:
+        nonlocal last_title
+        for number, fields in records:
+            pid = _integer_id(fields[0], f"{where}, record {number}")
+            if pid <= last_title:
+                raise DatasetError(f"{where}, record {number}: id {pid} after {last_title}; the "
+                                   "titles must list ascending ids, in the collection's order")
+            last_title = pid
+            return number, pid, fields[1] if len(fields) == 2 and fields[1] != "-" else ""
+        return None
+
+    pending = next_title()
+    for batch in batches:
+        merged = []
+        for doc_id, title in zip(batch["doc_id"].to_list(), batch["title"].to_list()):
+            pid = _integer_id(doc_id, "the collection")
+            if pid <= last_doc:
+                raise DatasetError(f"the collection lists id {pid} after {last_doc}; titles are "
+                                   "merged by ascending ids (MS MARCO's order)")
+            last_doc = pid
+            while pending is not None and pending[1] < pid:
+                pending = next_title()  # a title of a passage the collection does not have
+            if pending is not None and pending[1] == pid:
+                title, pending = pending[2], next_title()
+            merged.append(title)
+        yield batch.with_columns(pl.Series("title", merged, dtype=pl.String))
+
+
+def _integer_id(value: str, where: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise DatasetError(f"{where}: id {value!r} is not an integer; a `titles` file is merged "
+                           "by MS MARCO's integer passage ids") from None
