@@ -58,13 +58,17 @@ def check_report_models():
 check_report_models()
 
 
+def table_rows(table):
+    """A table's model rows: its own, or (rows: null) the models fine-tuned and evaluated
+    (finetune.models); [] = none (a table of baselines alone)."""
+    rows = table.get("rows")
+    return [{"model": m} for m in finetune_models()] if rows is None else rows
+
+
 def report_systems(table):
     """(dataset, system, split) of every cell of one configured table."""
     stages = table.get("groups") or config["report"]["stages"]
-    # Rows: null = the models fine-tuned and evaluated (finetune.models); [] = none (a table of
-    # baselines alone).
-    rows = table.get("rows")
-    models = finetune_models() if rows is None else [r["model"] for r in rows]
+    models = [r["model"] for r in table_rows(table)]
     systems = (["bm25"] if table.get("bm25", True) else []) + [
         f"{m}-{s['suffix']}" for s in stages for m in models
     ]
@@ -116,14 +120,9 @@ def report_params():
     """The tables' config slice: the report section (minus analyses), the model list, BM25's k1/b,
     and a hash of the whole resolved config for the provenance block."""
     report_section = {k: v for k, v in config["report"].items() if k != "analysis"}
-    # rows: null = the fine-tuned models (finetune.models), made explicit for the tables stage.
+    # rows: null made explicit for the tables stage (table_rows).
     report_section["tables"] = [
-        (
-            t
-            if t.get("rows") is not None
-            else {**t, "rows": [{"model": m} for m in finetune_models()]}
-        )
-        for t in report_section["tables"]
+        {**t, "rows": table_rows(t)} for t in report_section["tables"]
     ]
     return experiment_config.stage_argument(
         {

@@ -107,29 +107,24 @@ def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, A
     entries = modules(retrieval.similarity, projector is not None)
     for entry in entries[1:]:
         (folder / entry["path"]).mkdir(exist_ok=True)
-    _write_json(folder / "modules.json", entries)
-    _write_json(folder / POOLING_DIR / "config.json", pooling_config(retrieval.pooling, hidden))
+    artifacts.write_json(folder / "modules.json", entries)
+    artifacts.write_json(folder / POOLING_DIR / "config.json", pooling_config(retrieval.pooling, hidden))
     kind = None
     if projector is not None:
         from . import projector as text_projector
 
         kind = text_projector.kind_of(projector)
         dense = folder / module_dir(entries, DENSE)
-        _write_json(dense / "config.json", dense_config(kind, hidden))
+        artifacts.write_json(dense / "config.json", dense_config(kind, hidden))
         text_projector.save_dense(dense, projector)
     normalize = module_dir(entries, NORMALIZE)
     if normalize:  # sentence-transformers >= 6 writes it; older ones skip it
-        _write_json(folder / normalize / "config.json", {})
-    _write_json(folder / "sentence_bert_config.json",
+        artifacts.write_json(folder / normalize / "config.json", {})
+    artifacts.write_json(folder / "sentence_bert_config.json",
                 {"max_seq_length": retrieval.p_len, "do_lower_case": False})
-    _write_json(folder / "config_sentence_transformers.json", st_config(retrieval.similarity))
+    artifacts.write_json(folder / "config_sentence_transformers.json", st_config(retrieval.similarity))
     with artifacts.atomic_path(folder / "README.md") as tmp:
         tmp.write_text(render_card(card, retrieval, kind))
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    with artifacts.atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def pretrained_use(checkpoint: str | Path, objective: str) -> RetrievalSettings:

@@ -36,24 +36,22 @@ def write_passages(corpus: Path, doc_ids: Iterable[str], path: Path) -> int:
     """Write the corpus rows named in `doc_ids` to `path` (Arrow IPC, uncompressed, corpus order;
     published by rename) and return how many there are. Every id must be in the corpus: a missing
     one means the negatives were built for another corpus."""
-    wanted = pl.LazyFrame({"doc_id": sorted(set(doc_ids))}, schema={"doc_id": pl.String})
+    ids = sorted(set(doc_ids))
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with reading(corpus, "a corpus Parquet file"):
-        (pl.scan_parquet(corpus).select(COLUMNS).join(wanted, on="doc_id", how="semi")
+        (pl.scan_parquet(corpus).select(COLUMNS)
+         .join(pl.LazyFrame({"doc_id": ids}, schema={"doc_id": pl.String}), on="doc_id", how="semi")
          .with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
          .sink_ipc(partial, compression=None, compat_level=pl.CompatLevel.oldest()))
-    found = PassageStore(partial)
-    expected = wanted.select(pl.len()).collect().item()
-    if len(found) != expected:
-        present = set(found.doc_ids())
-        absent = sorted(set(wanted.collect()["doc_id"].to_list()) - present)
+    written = pl.scan_ipc(partial).select("doc_id").collect()["doc_id"]
+    if len(written) != len(ids):
+        absent = sorted(set(ids) - set(written.to_list()))
         partial.unlink()
         raise InputFileError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "
                              f"{absent[:3]}); the negatives were built for another corpus")
-    del found
     partial.replace(path)
-    return expected
+    return len(ids)
 
 
 class PassageStore:
@@ -71,9 +69,6 @@ class PassageStore:
 
     def __len__(self) -> int:
         return len(self._ids)
-
-    def doc_ids(self) -> list[str]:
-        return self._ids.to_pylist()
 
     def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
         """Row numbers of `doc_ids` in the file (KeyError naming the first unknown id)."""
