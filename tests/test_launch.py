@@ -199,7 +199,8 @@ out = Path(sys.argv[1])
 rank = os.environ.get("RANK", "0")
 got = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
-(out / f"ready-{rank}").write_text(str(os.getpid()))
+(out / f".ready-{rank}").write_text(str(os.getpid()))  # then renamed: never seen half-written
+(out / f".ready-{rank}").rename(out / f"ready-{rank}")
 deadline = time.monotonic() + 60
 while not got and time.monotonic() < deadline:
     time.sleep(0.05)
