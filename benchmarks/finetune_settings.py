@@ -62,7 +62,8 @@ def main() -> None:
         record["zero_shot"] = score(args.encoder, data, knobs, work / "zero")
         record["zero_shot_s"] = round(time.perf_counter() - started, 1)
         started = time.perf_counter()
-        settings = FinetuneSettings.from_config(knobs)
+        # use_gpu is the encoder's knob (the rules pass it to encoding only).
+        settings = FinetuneSettings.from_config({k: v for k, v in knobs.items() if k != "use_gpu"})
         train(settings, init=args.encoder, queries=data / "queries-train.parquet",
               qrels=data / "qrels-train.parquet", corpus=data / "corpus.parquet",
               negatives=[args.results / "bm25/scifact/negatives.parquet"], seed=42,

