@@ -32,10 +32,12 @@ demo: venv
 	$(VENV)/bin/snakemake --cores $(CORES) --workflow-profile profiles/local --rerun-incomplete all
 
 # One pytest worker per core (pytest-xdist); a test file stays on one worker, so the expensive
-# module fixtures (the end-to-end run, the Slurm cluster) are built once. --durations: the slowest
-# tests and fixtures end every log (CI's included), where a regression in suite time shows first.
+# module fixtures (the end-to-end run, the Slurm cluster) are built once. --no-loadscope-reorder
+# keeps tests/conftest.py's order (longest files first); xdist's default re-sorts files by their
+# number of tests, which started the Slurm file 40th of 52 and the corpus reruns last. --durations:
+# the slowest tests and fixtures end every log (CI's included), where a regression shows first.
 test: venv
-	$(PY) -m pytest -q -n $(CORES) --dist loadfile --durations=15
+	$(PY) -m pytest -q -n $(CORES) --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: venv
 	$(VENV)/bin/snakefmt --check Snakefile rules/
