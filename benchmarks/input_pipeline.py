@@ -23,9 +23,9 @@ On a shared machine the wall figures move with the neighbours' load; the CPU-sec
 one to judge: the target is 750 samples per CPU second per worker (1,500/s from 2 cores feed one
 GPU at ~1,100 samples/s with room to spare).
 
-Fine-tuning (`finetune`): one micro-batch of 8 queries x group_size 8 passages (`TrainingSet.
-micro_batch`: groups, passage lookup in the memory-mapped passage file) tokenised as the loop does
-(`encode.tokenize`, q_len 32, p_len 512); a sample = one passage. Encoding (`encode`): one batch of
+Fine-tuning (`finetune`): one micro-batch of 8 queries x group_size 8 passages (`finetune.train.
+micro_batch_inputs`: groups, passage lookup in the memory-mapped passage file, `encode.tokenize`
+at q_len 32, p_len 512), what the trainer's prefetch thread does; a sample = one passage. Encoding (`encode`): one batch of
 `--encode-batch` passages tokenised as `encode.embed` does (p_len 512). Passages are SciFact abstracts
 joined until they reach 512 tokens and cut at the first sentence end after that.
 """
@@ -174,6 +174,8 @@ def finetune_path(tmp: Path, tokenizer, seconds: float, p_len: int, encode_batch
     from retrieval_pretraining.encode import tokenize
     from retrieval_pretraining.finetune.data import TrainingSet
     from retrieval_pretraining.finetune.passages import PassageStore, write_passages
+    from retrieval_pretraining.finetune.settings import FinetuneSettings
+    from retrieval_pretraining.finetune.train import micro_batch_inputs
 
     docs = scifact_docs()
     ids = [d["_id"] for d in docs]
@@ -201,11 +203,11 @@ def finetune_path(tmp: Path, tokenizer, seconds: float, p_len: int, encode_batch
     data = data.with_passages(PassageStore(tmp / "passages.arrow"))
     group, micro = 8, 8
 
+    settings = FinetuneSettings.from_config({"group_size": group, "q_len": 32, "p_len": p_len})
+
     def finetune_item(k: int) -> None:
         chunk = [data.query_ids[(k * micro + i) % len(data.query_ids)] for i in range(micro)]
-        query_texts, titles, texts = data.micro_batch(chunk, group, 42, k)
-        tokenize(tokenizer, query_texts, 32)
-        tokenize(tokenizer, texts, p_len, titles, "space")
+        micro_batch_inputs(data, settings, 42, tokenizer, k, chunk)  # what the prefetch thread does
 
     order = np.argsort([-len(t) for t in long_texts], kind="stable")  # as encode.embed sorts
 
