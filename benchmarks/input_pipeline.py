@@ -1,4 +1,4 @@
-"""What the input pipeline delivers per worker process: samples/s of 512-token chunks, per objective.
+"""What the input pipeline delivers per worker process: samples/s at 512 tokens, per objective.
 
     .venv/bin/python benchmarks/input_pipeline.py                    # every path, ~2 s each
     .venv/bin/python benchmarks/input_pipeline.py --paths costa bow --seconds 5 --no-loader
@@ -25,8 +25,9 @@ GPU at ~1,100 samples/s with room to spare).
 
 Fine-tuning (`finetune`): one micro-batch of 8 queries x group_size 8 passages (`finetune.train.
 micro_batch_inputs`: groups, passage lookup in the memory-mapped passage file, `encode.tokenize`
-at q_len 32, p_len 512), what the trainer's prefetch thread does; a sample = one passage. Encoding (`encode`): one batch of
-`--encode-batch` passages tokenised as `encode.embed` does (p_len 512). Passages are SciFact abstracts
+at q_len 32, p_len 512), what the trainer's prefetch thread does; a sample = one passage.
+Encoding (`encode`): one batch of `--encode-batch` passages tokenised as `encode.embed` does
+(p_len 512). Passages are SciFact abstracts
 joined until they reach 512 tokens and cut at the first sentence end after that.
 """
 
@@ -87,14 +88,17 @@ def build_store(tmp: Path, tokenizer_dir: Path, paper: dict) -> tuple[list[Path]
              for i in range(0, len(docs), 6)]
     pq.write_table(pa.table({"page_id": pa.array(range(len(texts)), pa.int64()),
                              "text": pa.array(texts)}), tmp / "articles.parquet")
-    keys = {k: paper["corpus"][k] for k in ("max_len", "min_tail_len", "short_tail", "boundary_slack")}
+    keys = {k: paper["corpus"][k]
+            for k in ("max_len", "min_tail_len", "short_tail", "boundary_slack")}
     cfg = chunker.ChunkConfig.from_dict({"checkpoint": "bench", **keys, "shards": 1})
-    totals = chunk.chunk_corpus([tmp / "articles.parquet"], tokenizer_dir, [tmp / "chunks.parquet"], cfg)
+    totals = chunk.chunk_corpus([tmp / "articles.parquet"], tokenizer_dir,
+                                [tmp / "chunks.parquet"], cfg)
     entry = next(e for e in paper["spans"] if e["name"] == "costa")
     spans.sample_shard(tmp / "chunks.parquet", tokenizer_dir, tmp / "spans.parquet",
                        spans.SpanConfig.from_dict({**entry, "seed": 42}))
     paths = pdata.prepare_store([tmp / "chunks.parquet"], [tmp / "spans.parquet"], tmp / "store")
-    return paths, {"chunks": totals["chunks"], "mean_tokens": round(totals["tokens"] / totals["chunks"], 1)}
+    mean = round(totals["tokens"] / totals["chunks"], 1)
+    return paths, {"chunks": totals["chunks"], "mean_tokens": mean}
 
 
 def pretrain_dataset(name: str, paper: dict, store_paths: list[Path], vocab) -> pdata.MicroBatches:
@@ -187,9 +191,11 @@ def finetune_path(tmp: Path, tokenizer, seconds: float, p_len: int, encode_batch
         while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < p_len and j < 6:
             text, j = text + " " + docs[(i + j) % len(docs)]["text"], j + 1
         pieces = text.split(". ")
-        words = np.cumsum([len(tokenizer(x, add_special_tokens=False)["input_ids"]) + 1 for x in pieces])
+        words = np.cumsum([len(tokenizer(x, add_special_tokens=False)["input_ids"]) + 1
+                           for x in pieces])
         long_texts.append(". ".join(pieces[:int(np.searchsorted(words, p_len)) + 1]))
-    pl.DataFrame({"doc_id": ids, "title": [d["title"] for d in docs], "text": long_texts}).write_parquet(
+    titles = [d["title"] for d in docs]
+    pl.DataFrame({"doc_id": ids, "title": titles, "text": long_texts}).write_parquet(
         tmp / "corpus.parquet")
     queries = {q["_id"]: q["text"] for q in map(json.loads, (SCIFACT / "queries.jsonl").open())}
     qrels = pl.read_csv(SCIFACT / "qrels/train.tsv", separator="\t", schema_overrides={
@@ -233,7 +239,8 @@ def main() -> None:
     parser.add_argument("--loader-items", type=int, default=24, help="micro-batches per loader run")
     parser.add_argument("--no-loader", action="store_true")
     parser.add_argument("--p-len", type=int, default=512)
-    parser.add_argument("--encode-batch", type=int, default=1024, help="paper.yaml's encode_batch_size")
+    parser.add_argument("--encode-batch", type=int, default=1024,
+                        help="paper.yaml's encode_batch_size")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as in a DataLoader worker
@@ -263,7 +270,8 @@ def main() -> None:
     load = os.getloadavg()
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, load average "
           f"{load[0]:.2f} / {load[1]:.2f}; torch {torch.__version__}, numpy {np.__version__}; "
-          f"chunks {corpus}; loader: {args.workers} workers, {loader_settings(torch.cuda.is_available(), args.workers)}")
+          f"chunks {corpus}; loader: {args.workers} workers, "
+          f"{loader_settings(torch.cuda.is_available(), args.workers)}")
     print("| path | batch | samples/s, 1 process (wall) | samples per CPU-s, 1 process | "
           f"DataLoader {args.workers} workers (wall) | DataLoader, per worker CPU-s | vs target "
           f"({TARGET_PER_CPU_S}/CPU-s) |")

@@ -146,7 +146,8 @@ def _padded_backend(tokenizer, max_len: int):
         backend.enable_truncation(max_len, stride=0, strategy="longest_first",
                                   direction=tokenizer.truncation_side)
         backend.enable_padding(direction=tokenizer.padding_side, pad_id=tokenizer.pad_token_id,
-                               pad_type_id=tokenizer.pad_token_type_id, pad_token=tokenizer.pad_token)
+                               pad_type_id=tokenizer.pad_token_type_id,
+                               pad_token=tokenizer.pad_token)
         backend.encode_special_tokens = split
         backends[key] = backend
     return backends[key]

@@ -154,11 +154,11 @@ def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSetting
                              tokenizer, env, start: int, total_steps: int,
                              ahead: int = PREFETCH) -> Iterator[tuple]:
     """(epoch, k, the step's count of micro-batches, query ids, queries, passages) of this
-    process's every micro-batch k of every step from `start` on, in order, each prepared `ahead` micro-batches early on a
-    background thread: the Rust tokenizer releases the GIL, so tokenising the next micro-batch
-    overlaps the current step (synchronous, it cost as much time as a bert-base step on the GPU at
-    512 tokens; benchmarks/RESULTS.md, issue 17). The inputs are what the step would build itself:
-    a pure function of (seed, step, rank)."""
+    process's every micro-batch k of every step from `start` on, in order, each prepared `ahead`
+    micro-batches early on a background thread: the Rust tokenizer releases the GIL, so
+    tokenising the next micro-batch overlaps the current step (done in the step, it cost about
+    as much time as a bert-base step on the GPU at 512 tokens; benchmarks/RESULTS.md, issue 17).
+    The inputs are what the step would build itself: a pure function of (seed, step, rank)."""
     def plans() -> Iterator[tuple]:
         for step in range(start, total_steps):
             epoch, batch_ids = step_queries(data.query_ids, seed, step, settings.batch_size)
