@@ -154,3 +154,64 @@ def test_pyserini_faiss_searcher_loads_our_index(tmp_path):
     hits = FaissSearcher(str(tmp_path), RowEncoder()).search("7", k=3)
     _, rows = faiss_index.search(faiss_index.load(tmp_path)[0], docs[7:8], 3)
     assert [h.docid for h in hits] == [f"x{r}" for r in rows[0]]
+
+
+# ---------------------------------------------------------------- tokenize: the batch path ------
+def _random_texts(rng: np.random.Generator, count: int) -> list[str]:
+    """Texts that stress a WordPiece tokenizer: words, accents, CJK, punctuation, odd whitespace,
+    control characters, literal special tokens, words over 100 characters, empty strings."""
+    pieces = ["the", "protein", "Café", "naïve", "ÉCOLE", "研究", "細胞", "!", "?", "(", ")", "--",
+              "don't", "[SEP]", "[MASK]", "[unused3]", "\t", "\n\n", "\u00a0", "\u200b", "\x07",
+              "🧬", "x" * 120, "p53", "3.14", "α-helix", "CRISPR/Cas9", "co-operate", ""]
+    texts = []
+    for _ in range(count):
+        n = int(rng.choice([0, 1, 3, 20, 200, 700]))
+        words = rng.choice(pieces, size=n)
+        seps = rng.choice([" ", "  ", "", "\n"], size=n)
+        texts.append("".join(w + s for w, s in zip(words, seps)))
+    return texts
+
+
+def _reference(tokenizer, texts, max_len, titles=None, title="space", prefix=""):
+    """transformers' own batch call on the texts joined as `tokenize` documents it."""
+    from retrieval_pretraining.datasets import join_title
+
+    if titles is not None:
+        texts = [join_title(t, x, title, tokenizer.sep_token) for t, x in zip(titles, texts)]
+    return tokenizer([prefix + t for t in texts], truncation=True, max_length=max_len,
+                     padding=True, return_tensors="pt")
+
+
+@pytest.mark.parametrize("sides", [("right", "right"), ("left", "left"), ("right", "left")])
+def test_tokenize_gives_the_tensors_of_the_tokenizers_own_batch_call(sides):
+    from pretrain_fixtures import tokenizer as load_tokenizer
+
+    tokenizer = load_tokenizer()
+    tokenizer.padding_side, tokenizer.truncation_side = sides
+    rng = np.random.default_rng(17)
+    for max_len in (2, 5, 16, 128, 512):
+        for title, prefix in (("space", ""), ("sep", "passage: "), ("none", ""), (None, "query: ")):
+            texts = _random_texts(rng, int(rng.integers(1, 12)))
+            titles = None if title is None else _random_texts(rng, len(texts))
+            ours = encode.tokenize(tokenizer, texts, max_len, titles, title or "space", prefix)
+            theirs = _reference(tokenizer, texts, max_len, titles, title or "space", prefix)
+            assert list(ours) == list(theirs)
+            for key in theirs:
+                assert ours[key].dtype == theirs[key].dtype, key
+                assert torch.equal(ours[key], theirs[key]), (key, max_len, title, sides)
+
+
+def test_tokenize_follows_the_tokenizers_model_inputs_and_its_later_settings():
+    from pretrain_fixtures import tokenizer as load_tokenizer
+
+    tokenizer = load_tokenizer()
+    texts = _random_texts(np.random.default_rng(3), 6)
+    assert list(encode.tokenize(tokenizer, texts, 32)) == ["input_ids", "token_type_ids",
+                                                           "attention_mask"]
+    tokenizer.padding_side = "left"  # a setting changed after a first call is honoured
+    assert torch.equal(encode.tokenize(tokenizer, texts, 32)["input_ids"],
+                       _reference(tokenizer, texts, 32)["input_ids"])
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    ours, theirs = encode.tokenize(tokenizer, texts, 32), _reference(tokenizer, texts, 32)
+    assert list(ours) == list(theirs) == ["input_ids", "attention_mask"]
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)

@@ -256,6 +256,45 @@ def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(
         FinetuneSettings.from_config({"queries_without_negatives": "skip"})
 
 
+@pytest.mark.parametrize("gather,world_size,rank,start", [(False, 1, 0, 0), (True, 2, 1, 3),
+                                                           (False, 2, 1, 2)])
+def test_prefetched_micro_batches_are_the_ones_each_step_would_build(tmp_path, gather, world_size,
+                                                                    rank, start):
+    """The inputs tokenised ahead on a thread are, in order, what the loop built itself step by
+    step (query ids, then the tokenised queries and passages), from any start step and rank."""
+    from pretrain_fixtures import tokenizer as load_tokenizer
+    from retrieval_pretraining.encode import tokenize
+    from retrieval_pretraining.finetune.passages import PassageStore, write_passages
+
+    data = tiny_dataset(tmp_path, n_queries=20)
+    settings = FinetuneSettings.from_config({"batch_size": 4, "sub_batches": 2, "gather": gather,
+                                             "group_size": 3, "q_len": 8, "p_len": 24})
+    loaded = fdata.load_training_set(data["queries"], data["qrels"], data["corpus"],
+                                     [data["bm25"]], settings, seed=5)
+    write_passages(data["corpus"], loaded.needed_passages(), tmp_path / "passages.arrow")
+    loaded = loaded.with_passages(PassageStore(tmp_path / "passages.arrow"))
+    plan = fdata.contrast_plan(settings, world_size)
+    env = training.DistEnv(rank=rank, local_rank=rank, world_size=world_size,
+                           device=torch.device("cpu"))
+    tokenizer = load_tokenizer()
+    total = len(loaded.query_ids) // settings.batch_size * 2  # two epochs
+    expected = []
+    for step in range(start, total):  # the loop as it was: built when the step needs it
+        epoch, batch_ids = fdata.step_queries(loaded.query_ids, 5, step, settings.batch_size)
+        chunks = fdata.micro_batches_of_rank(batch_ids, plan, gather, rank, world_size)
+        for k, chunk in enumerate(chunks):
+            queries, titles, passages = loaded.micro_batch(chunk, settings.group_size, 5, epoch)
+            expected.append((epoch, k, len(chunks), chunk, tokenize(tokenizer, queries, 8),
+                             tokenize(tokenizer, passages, 24, titles, settings.retrieval.title)))
+    got = list(ftrain.prefetched_micro_batches(loaded, plan, settings, 5, tokenizer, env, start,
+                                               total))
+    assert len(got) == len(expected) == (total - start) * plan.accumulation
+    for ours, theirs in zip(got, expected):
+        assert ours[:4] == theirs[:4]
+        for a, b in zip(ours[4:], theirs[4:]):
+            assert list(a) == list(b) and all(torch.equal(a[key], b[key]) for key in b)
+
+
 def test_padding_draws_from_a_seeded_pool_not_the_whole_corpus(tmp_path):
     data = tiny_dataset(tmp_path)
     every = pl.read_parquet(data["corpus"])["doc_id"].to_list()

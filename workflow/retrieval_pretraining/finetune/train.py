@@ -11,8 +11,10 @@ import contextlib
 import logging
 import math
 import shutil
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -27,6 +29,8 @@ from .passages import PassageStore, write_passages
 from .settings import FinetuneSettings
 
 log = logging.getLogger(__name__)
+
+PREFETCH = 2  # micro-batches tokenised ahead of the step (prefetched_micro_batches)
 
 
 def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path, corpus: Path,
@@ -88,24 +92,21 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                             scheduler=scheduler, data_position={"step": step})
 
     model.train()  # dropout on (from_pretrained loads in eval mode)
+    inputs_ahead = prefetched_micro_batches(data, plan, s, seed, tokenizer, env, start, total_steps)
     for step in range(start, total_steps):
-        epoch, batch_ids = step_queries(data.query_ids, seed, step, s.batch_size)
-        micro_batches = micro_batches_of_rank(batch_ids, plan, s.gather, env.rank, env.world_size)
-        loss_sum, tokens = 0.0, 0
-        for k, chunk in enumerate(micro_batches):
-            query_texts, titles, passage_texts = data.micro_batch(chunk, s.group_size, seed, epoch)
-            qb = tokenize(tokenizer, query_texts, r.q_len)
-            pb = tokenize(tokenizer, passage_texts, r.p_len, titles, r.title)
+        loss_sum, tokens, last = 0.0, 0, False
+        while not last:  # the step's micro-batches
+            epoch, k, count, chunk, qb, pb = next(inputs_ahead)
             tokens += int(qb["attention_mask"].sum() + pb["attention_mask"].sum())
-            last = k == len(micro_batches) - 1  # DDP averages gradients over ranks after it
+            last = k == count - 1  # DDP averages gradients over ranks after it
             sync = ddp.no_sync() if env.distributed and not last else contextlib.nullcontext()
             with sync, training.autocast(env.device, s.precision):
                 q, p = ddp(qb, pb)
                 loss = contrast_set_loss(q, p, group_size=s.group_size, temperature=s.temperature,
                                          gather=s.gather, rank=env.rank)
                 training.check_finite({"loss": loss}, step=step, item_ids=chunk)
-                (loss / len(micro_batches)).backward()
-            loss_sum += loss.item() / len(micro_batches)
+                (loss / count).backward()
+            loss_sum += loss.item() / count
         if s.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
         optimizer.step()
@@ -120,11 +121,13 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         if env.is_main and done % s.save_every_steps == 0 and done < total_steps:
             save(done)
         if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
+            inputs_ahead.close()  # ends the prefetch thread
             bar.close()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done,
                         stop.signal_name)
             training.teardown_distributed()
             return training.RESUME_EXIT_CODE
+    inputs_ahead.close()
     bar.close()
 
     if env.is_main:
@@ -136,6 +139,45 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         shutil.rmtree(state_dir, ignore_errors=True)
     training.teardown_distributed()
     return 0
+
+
+def micro_batch_inputs(data, settings: FinetuneSettings, seed: int, tokenizer, epoch: int,
+                       chunk: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The tokenised queries and passages of one micro-batch (its query ids `chunk`)."""
+    r = settings.retrieval
+    query_texts, titles, passage_texts = data.micro_batch(chunk, settings.group_size, seed, epoch)
+    return (tokenize(tokenizer, query_texts, r.q_len),
+            tokenize(tokenizer, passage_texts, r.p_len, titles, r.title))
+
+
+def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSettings, seed: int,
+                             tokenizer, env, start: int, total_steps: int,
+                             ahead: int = PREFETCH) -> Iterator[tuple]:
+    """(epoch, k, the step's count of micro-batches, query ids, queries, passages) of this
+    process's every micro-batch k of every step from `start` on, in order, each prepared `ahead`
+    micro-batches early on a background thread: the Rust tokenizer releases the GIL, so
+    tokenising the next micro-batch overlaps the current step (done in the step, it cost about
+    as much time as a bert-base step on the GPU at 512 tokens; benchmarks/RESULTS.md, issue 17).
+    The inputs are what the step would build itself: a pure function of (seed, step, rank)."""
+    def plans() -> Iterator[tuple]:
+        for step in range(start, total_steps):
+            epoch, batch_ids = step_queries(data.query_ids, seed, step, settings.batch_size)
+            micro_batches = micro_batches_of_rank(batch_ids, plan, settings.gather, env.rank,
+                                                  env.world_size)
+            for k, chunk in enumerate(micro_batches):
+                yield epoch, k, len(micro_batches), chunk
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="finetune-inputs") as pool:
+        pending: deque = deque()
+        for epoch, k, count, chunk in plans():
+            pending.append((epoch, k, count, chunk, pool.submit(
+                micro_batch_inputs, data, settings, seed, tokenizer, epoch, chunk)))
+            if len(pending) > ahead:
+                *item, future = pending.popleft()
+                yield (*item, *future.result())
+        while pending:
+            *item, future = pending.popleft()
+            yield (*item, *future.result())
 
 
 def _identities(inputs: dict[str, Path]) -> dict[str, Any]:

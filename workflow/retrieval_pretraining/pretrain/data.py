@@ -198,6 +198,26 @@ class ChunkStore:
         return values[offsets[local]:offsets[local + 1]]
 
 
+def objective_inputs(settings: dict[str, Any]) -> dict[str, Any]:
+    """The `MicroBatches` keywords a model's resolved settings decide: what its batches hold
+    (masking, views, spans, bags, originals, segments, decoder inputs). The trainer and
+    benchmarks/input_pipeline.py build their datasets from it."""
+    objective = settings["objective"]
+    return {
+        "mask_rate": settings["mlm"]["mask_rate"], "whole_word": settings["mlm"]["whole_word"],
+        "views": 2 if objective in ("cpdae", "cpdae_r") else 1,
+        "need_spans": objective == "costa",
+        "need_bags": objective in ("cpdae", "cpdae_r", "bow"),
+        "need_original": (objective == "costa" and settings["costa"]["span_pass"] == "unmasked"
+                          or objective in ("retromae", "ar_decoder")),
+        "segment_pairs": objective == "cocondenser",
+        "span_tokens": settings.get("cocondenser", {}).get("span_tokens"),
+        "decoder_mask_rate": settings["retromae"]["decoder_mask_rate"]
+        if objective == "retromae" else None,
+        "copy_mask_rate": settings["ae_decoder"]["mask_rate"] if objective == "ae_decoder" else None,
+    }
+
+
 # ---------------------------------------------------------------- order ----------------------
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
