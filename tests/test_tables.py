@@ -375,6 +375,12 @@ def test_published_lookup_by_fine_tuning_setting():
         paper_value("mlm", "msmarco-passage-dev", "RR@10", "hard-negatives", final_group=True)
         is None
     )
+    # The BoW paper's baselines, as their own papers report them (own recipes: final group only).
+    final = {"group": "hard-negatives", "final_group": True}
+    assert paper_value("condenser", "msmarco-passage-dev", "RR@10", **final).value == 0.366
+    assert paper_value("cocondenser", "msmarco-passage-dev", "RR@10", **final).value == 0.382
+    assert paper_value("cocondenser", "nq-test", "Acc@20", **final).value == 0.843
+    assert paper_value("cocondenser", "nq-test", "Acc@20", "bm25-negatives") is None
 
 
 def test_bm25_label_and_published_value_follow_each_datasets_own_k1_b():
