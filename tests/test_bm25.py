@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -335,3 +336,118 @@ def test_triples_source(tmp_path):
     # 11 is listed as a negative of query 1 but is one of its positives: removed.
     assert rows["1"] == (["10", "11"], ["20", "21"], [-1, -1])
     assert rows["2"] == (["30"], ["31"], [-1])
+
+
+# --- the triples source streamed (issue 17): the sample's law, and memory at 1x and 10x ---------
+
+
+def _write_triples(path: Path, lines: list[tuple[str, str, str]]) -> Path:
+    with gzip.open(path, "wt") as handle:
+        handle.writelines(f"{q}\t{p}\t{n}\n" for q, p, n in lines)
+    return path
+
+
+def test_triples_sample_depends_on_seed_query_and_pid_only(tmp_path, monkeypatch):
+    """Bottom-k keys: the same sample whatever the file's order, repeats and block boundaries; the
+    positives never sampled; the kept negatives listed in order of first appearance."""
+    lines = [(q, f"p{q}", f"n{i}") for q in ("1", "2", "3") for i in range(40)]
+    lines += [("1", "p1", "p1"), ("9", "p9", "n0")]  # a listed positive; an unwanted query
+    positives = {"1": {"p1"}, "2": {"p2"}, "3": {"p3"}}
+    base = bm25.triples_candidates(_write_triples(tmp_path / "a.tsv.gz", lines), None, positives,
+                                   5, seed=7)
+    table, listed = base
+    assert set(table) == {"1", "2", "3"} and all(len(c) == 5 for c in table.values())
+    assert listed == 1 and all(r == -1 for c in table.values() for _, r in c)
+    for q, cands in table.items():  # first-appearance order = the file's order n0, n1, ...
+        assert [d for d, _ in cands] == sorted((d for d, _ in cands), key=lambda d: int(d[1:]))
+    shuffled = [lines[i] for i in np.random.default_rng(0).permutation(len(lines))] + lines[:50]
+    monkeypatch.setattr(bm25, "TRIPLES_BLOCK_BYTES", 256)  # many blocks, many merges
+    monkeypatch.setattr(bm25, "TRIPLES_MERGE_ROWS", 7)
+    other, listed = bm25.triples_candidates(_write_triples(tmp_path / "b.tsv.gz", shuffled), None,
+                                            positives, 5, seed=7)
+    assert {q: {d for d, _ in c} for q, c in other.items()} == {
+        q: {d for d, _ in c} for q, c in table.items()} and listed == 1
+    reseeded, _ = bm25.triples_candidates(tmp_path / "a.tsv.gz", None, positives, 5, seed=8)
+    assert reseeded != table  # another seed, another sample
+
+
+def test_triples_sample_is_uniform_over_the_listed_negatives(tmp_path):
+    """2,000 queries listing the same 10 negatives, 3 kept each: every negative ~600 times, every
+    pair ~133 times (the law of a uniform sample without replacement)."""
+    queries = [str(q) for q in range(2000)]
+    lines = [(q, "p", f"n{i}") for q in queries for i in range(10)]
+    table, _ = bm25.triples_candidates(_write_triples(tmp_path / "t.tsv.gz", lines), None,
+                                       {q: {"p"} for q in queries}, 3, seed=42)
+    picks = [d for c in table.values() for d, _ in c]
+    counts = np.array([picks.count(f"n{i}") for i in range(10)])
+    assert np.all(np.abs(counts - 600) < 5 * np.sqrt(2000 * 0.3 * 0.7)), counts
+    pairs: dict[tuple[str, str], int] = {}
+    for c in table.values():
+        for a in range(3):
+            for b in range(a + 1, 3):
+                key = tuple(sorted((c[a][0], c[b][0])))
+                pairs[key] = pairs.get(key, 0) + 1
+    assert len(pairs) == 45 and all(abs(v - 133.3) < 5 * np.sqrt(133.3) for v in pairs.values())
+
+
+_MEASURE_TRIPLES = """
+import json, sys, threading, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+
+def anon_kb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+
+import numpy as np
+import polars as pl
+from retrieval_pretraining import bm25
+bm25.TRIPLES_BLOCK_BYTES, bm25.TRIPLES_MERGE_ROWS = 1 << 16, 20_000  # 64 KB reads
+path, kind, queries = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+positives = {f"q{i}": {f"p{i}"} for i in range(queries)}
+peak, done = [anon_kb()], threading.Event()
+def sample():
+    while not done.is_set():
+        peak.append(anon_kb())
+        time.sleep(0.002)
+before = peak[0]
+watcher = threading.Thread(target=sample, daemon=True)
+watcher.start()
+if kind == "stream":
+    held = bm25.triples_candidates(path, None, positives, 30, seed=0)
+else:  # the old way: every listed (query, negative) in memory before sampling
+    held = pl.read_csv(path, separator="\\t", has_header=False, new_columns=["q", "p", "n"],
+                       schema_overrides={"q": pl.String, "p": pl.String, "n": pl.String})
+    held = held.group_by("q").agg("n")
+peak.append(anon_kb())
+done.set()
+watcher.join()
+print(json.dumps({"peak_kb": max(peak) - before}))
+"""
+
+
+def _peak_grew_kb(path: Path, kind: str, queries: int) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE_TRIPLES, str(ROOT / "workflow"), str(path), kind,
+         str(queries)], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.splitlines()[-1])["peak_kb"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_triples_memory_does_not_grow_with_the_file_at_10x(tmp_path):
+    """Peak anonymous memory with 100 queries x 1,000 listed negatives each, then 10,000 each (1M
+    lines, ~25 MB): the stream holds 30 a query, so 10x the lines costs next to nothing more; the
+    control (the lines held, as the old reader did) grows by more than the lines' own size."""
+    queries, grown = 100, {}
+    for scale in (1, 10):
+        per_query = 1000 * scale
+        path = tmp_path / f"triples-{scale}.tsv.gz"
+        with gzip.open(path, "wt", compresslevel=1) as handle:
+            for start in range(0, per_query, 500):  # interleaved queries, as a shuffled file
+                handle.writelines(f"q{q}\tp{q}\tn{q * 100_000 + i}\n" for i in
+                                  range(start, min(start + 500, per_query)) for q in range(queries))
+        grown[scale] = _peak_grew_kb(path, "stream", queries)
+    lines_kb_10x = queries * 10_000 * 16 // 1024  # ~16 MB: the 10x file's query and pid columns
+    assert grown[10] - grown[1] <= 6 * 1024, grown
+    assert _peak_grew_kb(tmp_path / "triples-10.tsv.gz", "held", queries) >= lines_kb_10x, grown

@@ -167,3 +167,22 @@ def test_a_run_with_a_byte_that_is_not_utf8_fails_naming_the_line(tmp_path, file
     qrels_text.write_bytes(b"q1 0 d1 1\nq1 0 d\xff 1\n")
     with pytest.raises(evaluate.EvaluationError, match=r"qrels\.txt, line 2: byte 0xff .*qrels"):
         evaluate.read_qrels(qrels_text)
+
+
+def test_scoring_time_grows_linearly_with_the_queries():
+    """8x the queries costs ~8x the time: the per-query clean-up once rebuilt the set of judged
+    queries for every scored query (O(queries^2): 112 s for 30,000 queries, issue 17)."""
+    import time
+
+    from ir_measures import Qrel, ScoredDoc
+
+    def seconds(n: int) -> float:
+        qrels = [Qrel(f"q{i}", f"d{i}", 1) for i in range(n)]
+        run = [ScoredDoc(f"q{i}", f"d{i + k}", 1.0 / (k + 1)) for i in range(n) for k in range(3)]
+        measures = evaluate.parse_measures(["nDCG@10", "R@100"])
+        start = time.perf_counter()
+        evaluate.score(run, qrels, measures)
+        return time.perf_counter() - start
+
+    small, large = min(seconds(2000) for _ in range(2)), seconds(16000)
+    assert large < 24 * small + 0.5, (small, large)  # quadratic would be ~64x

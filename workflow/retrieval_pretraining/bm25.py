@@ -21,7 +21,10 @@ Negatives: per query, the top-`depth` hits minus ALL of that query's own positiv
 (relevance >= 1 in the split's qrels), then `count` sampled uniformly without replacement by a
 generator seeded from (seed, query id), so the sample is independent of thread count, batch order
 or which other queries exist. Alternative source `triples`: the negatives listed for the query in
-MS MARCO's official `qidpidtriples` file (what the COSTA authors used), same removal and sampling.
+MS MARCO's official `qidpidtriples` file (what the COSTA authors used), same removal, the file
+streamed (memory O(queries x count), not O(lines): 400M lines at MS MARCO scale): the `count`
+listed negatives of smallest hash key of (seed, query id, pid), a uniform sample without
+replacement like the bm25 source's, independent of the file's order (`triples_candidates`).
 `negative_filter: answers` (NQ, TriviaQA) also removes every candidate containing an answer (answers.py).
 """
 
@@ -322,12 +325,87 @@ def sample_negatives(
     return [d for d, _ in pool], [r for _, r in pool]
 
 
-def triples_candidates(
-    path: Path, member: str | None, wanted: set[str]
-) -> dict[str, list[tuple[str, int]]]:
-    """{qid: [(negative pid, -1), ...]} from MS MARCO `qidpidtriples` (qid, positive pid, negative pid).
+TRIPLES_BLOCK_BYTES = 16 << 20  # qidpidtriples text per read (a block is ~800k lines)
+TRIPLES_MERGE_ROWS = 1 << 20  # candidate rows held before they are merged into the kept sample
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 
-    The file is unranked, so ranks are -1; each negative is listed once, in order of appearance.
+
+def _mix64(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over uint64s (wrapping arithmetic): a bijection that spreads bits."""
+    z = values.astype(np.uint64, copy=True)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _fnv1a64(strings: pl.Series) -> np.ndarray:
+    """FNV-1a 64 of each string's UTF-8 bytes, vectorised over the column (one pass per byte
+    position): fixed arithmetic, so the sample never depends on a library's hash version."""
+    arr = strings.to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_string())
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if len(arr) else np.zeros(0, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    hashes = np.full(len(arr), _FNV_OFFSET, dtype=np.uint64)
+    for j in range(int(lengths.max()) if len(arr) else 0):
+        rows = np.flatnonzero(lengths > j)
+        hashes[rows] = (hashes[rows] ^ data[starts[rows] + j].astype(np.uint64)) * _FNV_PRIME
+    return hashes
+
+
+def query_salts(seed: int, query_ids: Iterable[str]) -> pl.DataFrame:
+    """(query_id, salt): 64 bits of sha256(seed, query id), as derive_rng draws its seed."""
+    ids = sorted(set(query_ids))
+    salts = [
+        int.from_bytes(hashlib.sha256(f"{seed}\x1f{q}".encode()).digest()[:8], "little")
+        for q in ids
+    ]
+    return pl.DataFrame({"query_id": ids, "salt": salts},
+                        schema={"query_id": pl.String, "salt": pl.UInt64})
+
+
+def _pairs(pairs: dict[str, set[str]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"query_id": [q for q, docs in pairs.items() for _ in docs],
+         "neg": [d for docs in pairs.values() for d in docs]},
+        schema={"query_id": pl.String, "neg": pl.String},
+    )
+
+
+def _keep_smallest(frame: pl.DataFrame, count: int) -> pl.DataFrame:
+    """Per query, the `count` distinct negatives of smallest key (ties by id), each with the line
+    where it first appeared."""
+    return (
+        frame.group_by("query_id", "neg")
+        .agg(pl.col("key").first(), pl.col("pos").min())
+        .sort("query_id", "key", "neg")
+        .filter(pl.int_range(pl.len()).over("query_id") < count)
+    )
+
+
+def triples_candidates(
+    path: Path,
+    member: str | None,
+    positives: dict[str, set[str]],
+    count: int,
+    seed: int,
+    excluded: dict[str, set[str]] | None = None,
+) -> tuple[dict[str, list[tuple[str, int]]], int]:
+    """`count` negatives per query of `positives` from MS MARCO `qidpidtriples` (qid, positive pid,
+    negative pid), streamed: ({qid: [(negative pid, -1), ...]}, candidate positives removed).
+
+    Each distinct (query, negative) listed gets the key mix64(salt(seed, qid) ^ mix64(fnv1a(pid)));
+    the query's negatives are the `count` of smallest key among its listed negatives that are
+    neither its positives nor in `excluded` (bottom-k sampling: the keys are exchangeable, so
+    every `count`-subset is equally likely, the law of a uniform sample without replacement).
+    Only the current smallest keys are held, O(queries x count) whatever the file's length or
+    order; the sample depends on (seed, qid, pid) alone, never on line order or repeats. The file
+    is unranked, so ranks are -1; the kept negatives are listed in order of first appearance.
     """
     import pyarrow.csv as pacsv
 
@@ -335,34 +413,98 @@ def triples_candidates(
         raise ConfigError(
             "read qidpidtriples from the .tsv.gz download itself, not from an archive member"
         )
-    reader = pacsv.open_csv(
-        path,
-        read_options=pacsv.ReadOptions(
-            column_names=["query_id", "pos", "neg"], block_size=64 << 20
-        ),
-        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
-        convert_options=pacsv.ConvertOptions(
-            column_types={c: pa.string() for c in ("query_id", "pos", "neg")}
-        ),
-    )
-    frames = []
-    wanted_series = pl.Series("query_id", sorted(wanted), dtype=pl.String)
-    for batch in tqdm(reader, desc="qidpidtriples", unit="block"):
-        frame = pl.from_arrow(pa.Table.from_batches([batch])).select("query_id", "neg")
-        frames.append(
-            frame.filter(pl.col("query_id").is_in(wanted_series.implode())).unique(
-                maintain_order=True
-            )
+    salts = query_salts(seed, positives)
+    drop = _pairs({q: set(positives[q]) | (excluded or {}).get(q, set()) for q in positives})
+    own = _pairs(positives)
+    kept = pl.DataFrame(schema={"query_id": pl.String, "neg": pl.String, "key": pl.UInt64,
+                                "pos": pl.Int64})
+    limits = pl.DataFrame(schema={"query_id": pl.String, "limit": pl.UInt64})
+    pending: list[pl.DataFrame] = []
+    pending_rows = lines = 0
+    listed_positives: set[tuple[str, str]] = set()
+
+    def merge() -> None:
+        nonlocal kept, limits, pending, pending_rows
+        kept = _keep_smallest(pl.concat([kept, *pending]), count)
+        limits = (kept.group_by("query_id").agg(pl.col("key").max().alias("limit"), pl.len())
+                  .filter(pl.col("len") == count).drop("len"))
+        pending, pending_rows = [], 0
+
+    with reading(path, "an MS MARCO qidpidtriples file (qid, positive pid, negative pid)"):
+        reader = pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(
+                column_names=["query_id", "pos", "neg"], block_size=TRIPLES_BLOCK_BYTES
+            ),
+            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types={c: pa.string() for c in ("query_id", "pos", "neg")}
+            ),
         )
-    if not frames:
+        for batch in tqdm(reader, desc="qidpidtriples", unit="block", mininterval=10):
+            frame = (
+                pl.from_arrow(pa.Table.from_batches([batch]))
+                .select("query_id", "neg",
+                        pos=pl.int_range(lines, lines + batch.num_rows, dtype=pl.Int64))
+                .join(salts, on="query_id", how="inner")
+            )
+            lines += batch.num_rows
+            listed_positives.update(frame.join(own, on=["query_id", "neg"], how="semi")
+                                    .select("query_id", "neg").iter_rows())
+            frame = frame.join(drop, on=["query_id", "neg"], how="anti")
+            frame = (
+                frame.with_columns(key=pl.Series(
+                    _mix64(frame["salt"].to_numpy() ^ _mix64(_fnv1a64(frame["neg"]))),
+                    dtype=pl.UInt64))
+                .join(limits, on="query_id", how="left")
+                .filter(pl.col("limit").is_null() | (pl.col("key") <= pl.col("limit")))
+                .select("query_id", "neg", "key", "pos")
+            )
+            pending.append(frame)
+            pending_rows += frame.height
+            if pending_rows >= max(TRIPLES_MERGE_ROWS, kept.height):
+                merge()
+    if not lines:
         raise InputFileError(f"{path}: no triples read; the file is empty")
-    grouped = (
-        pl.concat(frames)
-        .unique(maintain_order=True)
-        .group_by("query_id", maintain_order=True)
-        .agg(pl.col("neg"))
-    )
-    return {q: [(n, -1) for n in negs] for q, negs in grouped.iter_rows()}
+    merge()
+    grouped = kept.sort("pos").group_by("query_id", maintain_order=True).agg("neg")
+    return {q: [(n, -1) for n in negs] for q, negs in grouped.iter_rows()}, len(listed_positives)
+
+
+TRIPLES_SAMPLING = (
+    "uniform without replacement by bottom-k keys: the count distinct listed negatives of smallest "
+    "mix64(sha256(seed, query_id)[:8] ^ mix64(fnv1a64(pid))); streamed; kept in order of first "
+    "appearance"
+)
+
+
+def triples_sample(
+    path: Path,
+    positives: dict[str, set[str]],
+    count: int,
+    seed: int,
+    negative_filter: str,
+    answers: Path | None,
+    corpus: Path | None,
+) -> tuple[dict[str, list[tuple[str, int]]], dict[str, set[str]], int]:
+    """triples_candidates with `negative_filter` applied before the sample, not after: (sample,
+    answer passages met, candidate positives removed).
+
+    With `answers`, a sampled negative that holds an answer is excluded and the file is read
+    again, until a pass samples none: then each query's sample is the bottom-`count` of its
+    listed negatives minus its positives and every answer passage (any answer passage with a
+    smaller key was met, and excluded, in an earlier pass). With `qrels` it is one pass.
+    """
+    excluded: dict[str, set[str]] = {}
+    while True:
+        table, listed_positives = triples_candidates(path, None, positives, count, seed, excluded)
+        found = answer_exclusions({q: [d for d, _ in c] for q, c in table.items()},
+                                  negative_filter, answers, corpus)
+        found = {q: docs for q, docs in found.items() if docs}
+        if not found:
+            return table, excluded, listed_positives
+        for q, docs in found.items():
+            excluded.setdefault(q, set()).update(docs)
 
 
 def mine_negatives(
@@ -397,13 +539,17 @@ def mine_negatives(
     elif neg["source"] == "triples":
         if triples is None:
             raise ConfigError("negatives source 'triples' needs --triples (MS MARCO qidpidtriples)")
-        table = triples_candidates(Path(triples), None, set(queries["query_id"].to_list()))
+        wanted = {q: positives[q] for q in queries["query_id"].to_list()}
+        table, answered, listed_positives = triples_sample(
+            Path(triples), wanted, neg["count"], neg["seed"], neg["negative_filter"], answers,
+            corpus)
         candidates = ((q, table.get(q, [])) for q in queries["query_id"].to_list())
     else:
         raise ConfigError(f"negatives source {neg['source']!r} unknown; use bm25 or triples")
     candidates = list(candidates)
-    answered = answer_exclusions({q: [d for d, _ in c] for q, c in candidates},
-                                 neg["negative_filter"], answers, corpus)
+    if neg["source"] == "bm25":
+        answered = answer_exclusions({q: [d for d, _ in c] for q, c in candidates},
+                                     neg["negative_filter"], answers, corpus)
     rows = {name: [] for name in NEGATIVES_SCHEMA.names}
     short = positives_removed = 0
     for qid, cands in candidates:
@@ -416,6 +562,8 @@ def mine_negatives(
         rows["positive_ids"].append(sorted(pos))
         rows["negative_ids"].append(negs)
         rows["negative_ranks"].append(ranks)
+    if neg["source"] == "triples":  # removed while streaming: the sample holds none
+        positives_removed = listed_positives
     artifacts.write_parquet(out, pa.table(rows), NEGATIVES_SCHEMA)
     stats = {
         "queries": len(rows["query_id"]),
@@ -431,8 +579,8 @@ def mine_negatives(
         "count": neg["count"],
         "seed": neg["seed"],
         "removed": "every positive (relevance >= 1) of the query itself",
-        "sampling": "uniform without replacement, numpy default_rng(sha256(seed, query_id)); "
-        "kept in rank order",
+        "sampling": TRIPLES_SAMPLING if neg["source"] == "triples" else
+        "uniform without replacement, numpy default_rng(sha256(seed, query_id)); kept in rank order",
         "exclude_query_id": exclude_query_id,
         "negative_filter": neg["negative_filter"],
     }

@@ -158,10 +158,11 @@ def score(
     per_query: dict[str, dict[str, float]] = {str(m): {} for m in measures}
     for result in ir_measures.iter_calc(measures, qrels, run):
         per_query[str(result.measure)][result.query_id] = float(result.value)
+    judged = set(qrels_queries)  # built once: inside the loop it made scoring O(queries^2)
     for values in per_query.values():
         for qid in qrels_queries:
             values.setdefault(qid, 0.0)
-        for qid in [q for q in values if q not in set(qrels_queries)]:
+        for qid in [q for q in values if q not in judged]:
             del values[qid]  # queries without judgements are not scored (trec_eval)
     aggregate = {m: sum(v.values()) / len(qrels_queries) for m, v in per_query.items()}
     return {
