@@ -2,14 +2,12 @@
 valid, in sync with the paper.yaml entries it repeats (lists replace whole), and planned by a dry
 run to every one of its tables (the downloads are planned, never fetched)."""
 
-import copy
-
 import pytest
 import yaml
 
 from retrieval_pretraining import config as experiment_config
 from retrieval_pretraining.pretrain.settings import resolve_model
-from workflow_harness import ROOT
+from workflow_harness import ROOT, merged_configs
 
 EXPERIMENTS = ROOT / "workflow" / "experiments"
 
@@ -19,16 +17,7 @@ def _load(name):
 
 
 def merged() -> dict:
-    """Snakemake's --configfile semantics: dicts merge key by key, lists replace."""
-    def merge(base, override):
-        for key, value in override.items():
-            if isinstance(value, dict) and isinstance(base.get(key), dict):
-                merge(base[key], value)
-            else:
-                base[key] = value
-        return base
-
-    return merge(copy.deepcopy(_load("paper.yaml")), _load("bow.yaml"))
+    return merged_configs(EXPERIMENTS / "paper.yaml", EXPERIMENTS / "bow.yaml")
 
 
 def test_the_bow_overlay_is_valid_and_repeats_the_paper_entries_it_replaces():

@@ -4,7 +4,6 @@ the files themselves), and planned by a dry run to its table: five models, three
 BM25 and the all-MiniLM-L6-v2 anchor, on the whole SciFact corpus."""
 
 import bz2
-import copy
 import hashlib
 import re
 
@@ -12,7 +11,7 @@ import pytest
 import yaml
 
 from retrieval_pretraining import config as experiment_config
-from workflow_harness import ROOT
+from workflow_harness import ROOT, merged_configs
 
 SMALL = ROOT / "workflow" / "experiments" / "small.yaml"
 WIKIPEDIA = ROOT / "data" / "wikipedia"
@@ -24,17 +23,7 @@ LEFT_OUT = {
 
 
 def merged() -> dict:
-    """Snakemake's --configfile semantics: dicts merge key by key, lists replace."""
-    def merge(base, override):
-        for key, value in override.items():
-            if isinstance(value, dict) and isinstance(base.get(key), dict):
-                merge(base[key], value)
-            else:
-                base[key] = value
-        return base
-
-    demo = yaml.safe_load((ROOT / "config.yaml").read_text())
-    return merge(copy.deepcopy(demo), yaml.safe_load(SMALL.read_text()))
+    return merged_configs(ROOT / "config.yaml", SMALL)
 
 
 def _page_ids(path) -> list[int]:

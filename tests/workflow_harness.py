@@ -33,6 +33,15 @@ def copy_project(dest: Path, config_overrides: dict | None = None) -> Path:
     return dest
 
 
+def merged_configs(*paths: Path) -> dict:
+    """The config Snakemake builds from these YAML files in order (`configfile:` then each
+    `--configfile`): dicts merge key by key, lists and values replace."""
+    config: dict = {}
+    for path in paths:
+        _merge(config, yaml.safe_load(Path(path).read_text()))
+    return config
+
+
 def _merge(base: dict, overrides: dict) -> None:
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
