@@ -214,14 +214,8 @@ def finetune_stage_artifacts():
             if system == "bm25"
         }
     )
-    return (
-        encoders
-        + negatives
-        + indexes
-        + bm25_runs
-        + get_dense_run_targets()
-        + get_report_metrics()
-    )
+    runs = bm25_runs + get_dense_run_targets()
+    return encoders + negatives + indexes + runs + get_report_metrics()
 
 
 def report_targets():

@@ -12,7 +12,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from retrieval_pretraining import artifacts, bm25, datasets, evaluate
+from retrieval_pretraining import artifacts, bm25, datasets, evaluate, msmarco_triples
 
 from full_disk import files_under, full_disk, is_full_disk_error
 
@@ -353,21 +353,22 @@ def test_triples_sample_depends_on_seed_query_and_pid_only(tmp_path, monkeypatch
     lines = [(q, f"p{q}", f"n{i}") for q in ("1", "2", "3") for i in range(40)]
     lines += [("1", "p1", "p1"), ("9", "p9", "n0")]  # a listed positive; an unwanted query
     positives = {"1": {"p1"}, "2": {"p2"}, "3": {"p3"}}
-    base = bm25.triples_candidates(_write_triples(tmp_path / "a.tsv.gz", lines), None, positives,
-                                   5, seed=7)
+    base = msmarco_triples.triples_candidates(
+        _write_triples(tmp_path / "a.tsv.gz", lines), None, positives, 5, seed=7)
     table, listed = base
     assert set(table) == {"1", "2", "3"} and all(len(c) == 5 for c in table.values())
     assert listed == 1 and all(r == -1 for c in table.values() for _, r in c)
     for q, cands in table.items():  # first-appearance order = the file's order n0, n1, ...
         assert [d for d, _ in cands] == sorted((d for d, _ in cands), key=lambda d: int(d[1:]))
     shuffled = [lines[i] for i in np.random.default_rng(0).permutation(len(lines))] + lines[:50]
-    monkeypatch.setattr(bm25, "TRIPLES_BLOCK_BYTES", 256)  # many blocks, many merges
-    monkeypatch.setattr(bm25, "TRIPLES_MERGE_ROWS", 7)
-    other, listed = bm25.triples_candidates(_write_triples(tmp_path / "b.tsv.gz", shuffled), None,
-                                            positives, 5, seed=7)
+    monkeypatch.setattr(msmarco_triples, "TRIPLES_BLOCK_BYTES", 256)  # many blocks, many merges
+    monkeypatch.setattr(msmarco_triples, "TRIPLES_MERGE_ROWS", 7)
+    other, listed = msmarco_triples.triples_candidates(
+        _write_triples(tmp_path / "b.tsv.gz", shuffled), None, positives, 5, seed=7)
     assert {q: {d for d, _ in c} for q, c in other.items()} == {
         q: {d for d, _ in c} for q, c in table.items()} and listed == 1
-    reseeded, _ = bm25.triples_candidates(tmp_path / "a.tsv.gz", None, positives, 5, seed=8)
+    reseeded, _ = msmarco_triples.triples_candidates(
+        tmp_path / "a.tsv.gz", None, positives, 5, seed=8)
     assert reseeded != table  # another seed, another sample
 
 
@@ -376,8 +377,8 @@ def test_triples_sample_is_uniform_over_the_listed_negatives(tmp_path):
     pair ~133 times (the law of a uniform sample without replacement)."""
     queries = [str(q) for q in range(2000)]
     lines = [(q, "p", f"n{i}") for q in queries for i in range(10)]
-    table, _ = bm25.triples_candidates(_write_triples(tmp_path / "t.tsv.gz", lines), None,
-                                       {q: {"p"} for q in queries}, 3, seed=42)
+    table, _ = msmarco_triples.triples_candidates(
+        _write_triples(tmp_path / "t.tsv.gz", lines), None, {q: {"p"} for q in queries}, 3, seed=42)
     picks = [d for c in table.values() for d, _ in c]
     counts = np.array([picks.count(f"n{i}") for i in range(10)])
     assert np.all(np.abs(counts - 600) < 5 * np.sqrt(2000 * 0.3 * 0.7)), counts
@@ -402,8 +403,8 @@ def anon_kb():
 
 import numpy as np
 import polars as pl
-from retrieval_pretraining import bm25
-bm25.TRIPLES_BLOCK_BYTES, bm25.TRIPLES_MERGE_ROWS = 1 << 16, 20_000  # 64 KB reads
+from retrieval_pretraining import msmarco_triples
+msmarco_triples.TRIPLES_BLOCK_BYTES, msmarco_triples.TRIPLES_MERGE_ROWS = 1 << 16, 20_000  # 64 KB reads
 path, kind, queries = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 positives = {f"q{i}": {f"p{i}"} for i in range(queries)}
 peak, done = [anon_kb()], threading.Event()
@@ -415,7 +416,7 @@ before = peak[0]
 watcher = threading.Thread(target=sample, daemon=True)
 watcher.start()
 if kind == "stream":
-    held = bm25.triples_candidates(path, None, positives, 30, seed=0)
+    held = msmarco_triples.triples_candidates(path, None, positives, 30, seed=0)
 else:  # the old way: every listed (query, negative) in memory before sampling
     held = pl.read_csv(path, separator="\\t", has_header=False, new_columns=["q", "p", "n"],
                        schema_overrides={"q": pl.String, "p": pl.String, "n": pl.String})
