@@ -56,6 +56,7 @@ import yaml  # noqa: E402
 from retrieval_pretraining import checkpoints, chunk, chunker, spans  # noqa: E402
 from retrieval_pretraining.pretrain import data as pdata  # noqa: E402
 from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
+from retrieval_pretraining.pretrain.train import loader_options  # noqa: E402
 
 PAPER = ROOT / "workflow/experiments/paper.yaml"
 SCIFACT = ROOT / "data/beir/scifact"
@@ -115,13 +116,6 @@ def pretrain_dataset(name: str, paper: dict, store_paths: list[Path], vocab) -> 
     return dataset
 
 
-def loader_settings(cuda: bool, workers: int) -> dict:
-    """What the pre-training trainer hands its DataLoader beyond the dataset (train.py)."""
-    from retrieval_pretraining.pretrain.train import loader_options
-
-    return loader_options(cuda, workers)
-
-
 class Timer:
     """Wall and CPU seconds of this process, and CPU seconds of its reaped children."""
 
@@ -157,7 +151,7 @@ def with_loader(dataset, samples_per_item: int, workers: int, items: int) -> dic
     (start-up, first fill) are not timed."""
     loader = torch.utils.data.DataLoader(
         torch.utils.data.Subset(dataset, range(items + workers)), batch_size=None,
-        num_workers=workers, **loader_settings(torch.cuda.is_available(), workers))
+        num_workers=workers, **loader_options(torch.cuda.is_available()))
     with Timer() as t:
         batches = iter(loader)
         for _ in range(workers):
@@ -271,7 +265,7 @@ def main() -> None:
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, load average "
           f"{load[0]:.2f} / {load[1]:.2f}; torch {torch.__version__}, numpy {np.__version__}; "
           f"chunks {corpus}; loader: {args.workers} workers, "
-          f"{loader_settings(torch.cuda.is_available(), args.workers)}")
+          f"{loader_options(torch.cuda.is_available())}")
     print("| path | batch | samples/s, 1 process (wall) | samples per CPU-s, 1 process | "
           f"DataLoader {args.workers} workers (wall) | DataLoader, per worker CPU-s | vs target "
           f"({TARGET_PER_CPU_S}/CPU-s) |")
