@@ -14,6 +14,7 @@ import pytest
 
 from retrieval_pretraining import artifacts, bm25, datasets, evaluate, msmarco_triples
 
+import memory_probe
 from full_disk import files_under, full_disk, is_full_disk_error
 
 from shipped_data import ROOT, SCIFACT_DATASET
@@ -392,15 +393,7 @@ def test_triples_sample_is_uniform_over_the_listed_negatives(tmp_path):
 
 
 _MEASURE_TRIPLES = """
-import json, sys, threading, time
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-
-def anon_kb():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-
+import threading, time
 import numpy as np
 import polars as pl
 from retrieval_pretraining import msmarco_triples
@@ -429,10 +422,7 @@ print(json.dumps({"peak_kb": max(peak) - before}))
 
 
 def _peak_grew_kb(path: Path, kind: str, queries: int) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", _MEASURE_TRIPLES, str(ROOT / "workflow"), str(path), kind,
-         str(queries)], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.splitlines()[-1])["peak_kb"]
+    return memory_probe.run(_MEASURE_TRIPLES, path, kind, queries)["peak_kb"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")

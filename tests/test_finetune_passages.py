@@ -8,9 +8,6 @@ control shows the measurement sees a dict of the same texts.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +18,7 @@ from retrieval_pretraining.errors import InputFileError
 from retrieval_pretraining.finetune import passages
 from retrieval_pretraining.finetune.passages import PassageStore, write_passages
 
-ROOT = Path(__file__).resolve().parents[1]
+import memory_probe
 
 
 def _corpus(path: Path, n: int, text_bytes: int = 40) -> Path:
@@ -66,16 +63,7 @@ def test_a_negative_absent_from_the_corpus_is_named_and_nothing_is_written(tmp_p
 
 
 _MEASURE = """
-import json, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
 import numpy as np
-
-def anon_kb():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-
 import polars as pl, pyarrow
 from retrieval_pretraining.finetune.passages import PassageStore
 file, kind = Path(sys.argv[2]), sys.argv[3]
@@ -96,9 +84,7 @@ print(json.dumps({"grew_kb": anon_kb() - before}))
 
 
 def _grew_kb(file: Path, kind: str, n: int) -> int:
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(ROOT / "workflow"), str(file), kind,
-                          str(n)], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.splitlines()[-1])["grew_kb"]
+    return memory_probe.run(_MEASURE, file, kind, n)["grew_kb"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")

@@ -1,0 +1,35 @@
+"""Anonymous memory of a fresh Python process running a measurement script (Linux /proc).
+
+A test's script starts with PRELUDE: the package on sys.path (argv[1]) and `anon_kb()`, this
+process's RssAnon in kB; the test's own arguments follow from argv[2]. The script prints one JSON
+line last, which `run` returns. A fresh process, so nothing the test process already holds counts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+WORKFLOW = Path(__file__).resolve().parents[1] / "workflow"
+
+PRELUDE = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+
+def anon_kb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+"""
+
+
+def run(script: str, *args) -> dict:
+    """PRELUDE + `script` in a new interpreter with `args`; its last stdout line as JSON."""
+    out = subprocess.run(
+        [sys.executable, "-c", PRELUDE + script, str(WORKFLOW), *map(str, args)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return json.loads(out.splitlines()[-1])
