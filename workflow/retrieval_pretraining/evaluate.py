@@ -170,8 +170,8 @@ def score(
         "per_query": {m: dict(sorted(v.items())) for m, v in per_query.items()},
         "measures": [str(m) for m in measures],
         "queries": len(qrels_queries),
-        "queries_missing_from_run": len(set(qrels_queries) - run_queries),
-        "run_queries_without_qrels": len(run_queries - set(qrels_queries)),
+        "queries_missing_from_run": len(judged - run_queries),
+        "run_queries_without_qrels": len(run_queries - judged),
     }
 
 
