@@ -170,7 +170,7 @@ def finetune_path(tmp: Path, tokenizer, seconds: float, p_len: int, encode_batch
     import polars as pl
 
     from retrieval_pretraining.encode import tokenize
-    from retrieval_pretraining.finetune.data import TrainingSet
+    from retrieval_pretraining.finetune.data import QUERY_SCHEMA, TrainingSet
     from retrieval_pretraining.finetune.passages import PassageStore, write_passages
     from retrieval_pretraining.finetune.settings import FinetuneSettings
     from retrieval_pretraining.finetune.train import micro_batch_inputs
@@ -197,8 +197,11 @@ def finetune_path(tmp: Path, tokenizer, seconds: float, p_len: int, encode_batch
     positives = {q: g["corpus-id"].to_list() for (q,), g in qrels.group_by("query-id")}
     rng = np.random.default_rng(0)
     negatives = {q: [ids[i] for i in rng.choice(len(ids), 30, replace=False)] for q in positives}
-    data = TrainingSet(query_ids=sorted(positives), query_texts=queries, positives=positives,
-                       negatives=negatives, padding=[], counts={})
+    qids = sorted(positives)
+    data = TrainingSet(queries=pl.DataFrame({
+        "query_id": qids, "text": [queries[q] for q in qids],
+        "positives": [positives[q] for q in qids], "negatives": [negatives[q] for q in qids],
+    }, schema=QUERY_SCHEMA), padding=[], counts={})
     write_passages(tmp / "corpus.parquet", data.needed_passages(), tmp / "passages.arrow")
     data = data.with_passages(PassageStore(tmp / "passages.arrow"))
     group, micro = 8, 8

@@ -8,6 +8,7 @@ line last, which `run` returns. A fresh process, so nothing the test process alr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,16 @@ def anon_kb():
 """
 
 
-def run(script: str, *args) -> dict:
-    """PRELUDE + `script` in a new interpreter with `args`; its last stdout line as JSON."""
+# Polars' jemalloc keeps freed pages for ~10 s before returning them; told to return them at once,
+# RssAnon after a call is what the process still holds, not what the call briefly used.
+HELD_ONLY = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
+
+
+def run(script: str, *args, env: dict[str, str] | None = None) -> dict:
+    """PRELUDE + `script` in a new interpreter with `args` (and `env` added to the environment);
+    its last stdout line as JSON."""
     out = subprocess.run(
         [sys.executable, "-c", PRELUDE + script, str(WORKFLOW), *map(str, args)],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env={**os.environ, **(env or {})},
     ).stdout
     return json.loads(out.splitlines()[-1])

@@ -96,13 +96,13 @@ def test_every_micro_batch_of_a_step_is_computed_by_exactly_one_rank(gather, wor
 
 
 def test_step_batches_are_a_function_of_seed_and_step():
-    ids = [f"q{i}" for i in range(20)]
+    ids = pl.Series([f"q{i}" for i in range(20)])
     epochs = [fdata.step_queries(ids, seed=3, step=step, batch_size=8) for step in range(4)]
     assert [e for e, _ in epochs] == [0, 0, 1, 1]  # 20 queries: 2 full batches per epoch
     assert len(set(epochs[0][1]) | set(epochs[1][1])) == 16
     assert epochs[2] == fdata.step_queries(ids, seed=3, step=2, batch_size=8)
     order = fdata.epoch_order(20, 3, 1)
-    assert epochs[2][1] == [ids[i] for i in order[:8]]
+    assert epochs[2][1] == [ids[int(i)] for i in order[:8]]
 
 
 def test_settings_refuse_unknown_keys_naming_them_and_the_known_ones():
@@ -217,12 +217,16 @@ def test_group_sampling_is_a_function_of_seed_epoch_and_query():
 def test_low_resource_samples_are_seeded_subsets(tmp_path):
     data = tiny_dataset(tmp_path, n_queries=40)
     cfg = FinetuneSettings.from_config({"train_queries": 10, "train_sample": 0})
-    ids0, _, positives, _, _ = fdata.training_queries(data["queries"], data["qrels"], [], cfg, 1)
-    again, *_ = fdata.training_queries(data["queries"], data["qrels"], [], cfg, 1)
-    ids1, *_ = fdata.training_queries(data["queries"], data["qrels"], [],
-                                      dataclasses.replace(cfg, train_sample=1), 1)
+
+    def sample(settings):
+        frame, _ = fdata.training_queries(data["queries"], data["qrels"], [], settings, 1)
+        return frame["query_id"].to_list()
+
+    ids0, again = sample(cfg), sample(cfg)
+    ids1 = sample(dataclasses.replace(cfg, train_sample=1))
+    every = sample(dataclasses.replace(cfg, train_queries=None))
     assert len(ids0) == 10 and ids0 == again and ids0 != ids1
-    assert set(ids0) <= set(positives) and len(positives) == 40
+    assert set(ids0) <= set(every) and len(every) == 40 and ids0 == sorted(ids0)
 
 
 def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(tmp_path):
@@ -241,19 +245,98 @@ def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(
 
     def load(policy):
         cfg = FinetuneSettings.from_config({"queries_without_negatives": policy})
-        return fdata.training_queries(data["queries"], data["qrels"], [data["bm25"]], cfg, 1,
-                                      corpus=data["corpus"])
+        frame, counts = fdata.training_queries(data["queries"], data["qrels"], [data["bm25"]],
+                                               cfg, 1, corpus=data["corpus"])
+        ids = frame["query_id"].to_list()
+        return (ids, dict(zip(ids, frame["positives"].to_list())),
+                dict(zip(ids, frame["negatives"].to_list())), counts)
 
-    ids, _, positives, negatives, counts = load("pad")
+    ids, positives, negatives, counts = load("pad")
     assert counts == {"positives_absent_from_corpus": 2, "queries_without_positive_in_corpus": 1,
                       "queries_without_negatives_dropped": 0}
     assert second not in ids and "gone-1" not in positives[first] and positives[first]
     assert len(ids) == 11 and set(no_negs) <= set(ids)
-    ids, _, _, _, counts = load("drop")
+    ids, _, negatives, counts = load("drop")
     assert counts["queries_without_negatives_dropped"] == 3 and len(ids) == 8
     assert not set(no_negs) & set(ids) and all(negatives.get(q) for q in ids)
     with pytest.raises(ValueError, match="queries_without_negatives 'skip' is unknown; use 'pad' or 'drop'"):
         FinetuneSettings.from_config({"queries_without_negatives": "skip"})
+
+
+def _naive_training_set(queries: Path, qrels: Path, negative_files: list[Path], corpus: Path):
+    """The training set as dicts of Python lists, built row by row (the representation the
+    columnar one replaced, kept here as the reference it must equal)."""
+    texts = dict(pl.read_parquet(queries).select("query_id", "text").iter_rows())
+    in_corpus = set(pl.read_parquet(corpus)["doc_id"].to_list())
+    positives: dict[str, set[str]] = {}
+    for qid, doc, relevance in pl.read_parquet(qrels).select("query_id", "doc_id",
+                                                             "relevance").iter_rows():
+        if relevance > 0:
+            positives.setdefault(qid, set()).add(doc)
+    positives = {q: sorted(d for d in docs if d in in_corpus) for q, docs in positives.items()}
+    negatives: dict[str, list[str]] = {}
+    for path in negative_files:
+        for qid, negs in pl.read_parquet(path).select("query_id", "negative_ids").iter_rows():
+            merged = negatives.setdefault(qid, [])
+            for doc in negs or []:
+                if doc not in merged:
+                    merged.append(doc)
+    ids = sorted(q for q in positives if positives[q])
+    return ids, {q: texts[q] for q in ids}, {q: positives[q] for q in ids}, negatives
+
+
+def test_the_columnar_training_set_equals_a_naive_dict_reference(tmp_path):
+    """Two negative files (duplicates within a list and across files, a null and an empty list, a
+    query only the second file names), positives in descending order, one absent from the corpus:
+    the frame's rows, the passages it needs and every micro-batch's groups equal those of plain
+    dicts of lists."""
+    from retrieval_pretraining.finetune.passages import PassageStore, write_passages
+
+    data = tiny_dataset(tmp_path, n_queries=24)
+    bm25 = pl.read_parquet(data["bm25"])
+    qids = bm25["query_id"].to_list()
+    negs = bm25["negative_ids"].to_list()
+    negs[0] = negs[0] + negs[0][:3]  # repeated inside one list
+    negs[1], negs[2] = None, []
+    first = bm25.with_columns(pl.Series("negative_ids", negs, dtype=pl.List(pl.String)))
+    first.filter(pl.col("query_id") != qids[3]).write_parquet(tmp_path / "first.parquet")
+    second = bm25.with_columns(pl.Series("negative_ids", [n[::-1][:6] + n[:2] for n in
+                                                          bm25["negative_ids"].to_list()]))
+    second.filter(pl.col("query_id") != qids[5]).write_parquet(tmp_path / "second.parquet")
+    qrels = pl.read_parquet(data["qrels"])
+    extra = sorted(pl.read_parquet(data["corpus"])["doc_id"].to_list())[-3:][::-1]  # descending
+    pl.concat([pl.DataFrame({"query_id": [qids[6]] * 3 + [qids[4]], "doc_id": extra + ["absent"],
+                             "relevance": [1, 2, 1, 1]}, schema=qrels.schema),
+               qrels]).write_parquet(data["qrels"])
+    files = [tmp_path / "first.parquet", tmp_path / "second.parquet"]
+    settings = FinetuneSettings.from_config({"group_size": 4})
+
+    loaded = fdata.load_training_set(data["queries"], data["qrels"], data["corpus"], files,
+                                     settings, seed=9)
+    ids, texts, positives, negatives = _naive_training_set(data["queries"], data["qrels"], files,
+                                                           data["corpus"])
+    frame = loaded.queries
+    assert frame["query_id"].to_list() == ids
+    assert dict(zip(ids, frame["text"].to_list())) == texts
+    assert dict(zip(ids, frame["positives"].to_list())) == positives
+    assert {q: n or [] for q, n in zip(ids, frame["negatives"].to_list())} == {
+        q: negatives.get(q, []) for q in ids}
+    assert loaded.counts["queries_without_negatives_padded"] == 0  # the other file names them
+    needed = {d for q in ids for d in positives[q] + negatives.get(q, [])}
+    assert sorted(loaded.needed_passages().to_list()) == sorted(needed)
+
+    write_passages(data["corpus"], loaded.needed_passages(), tmp_path / "passages.arrow")
+    loaded = loaded.with_passages(PassageStore(tmp_path / "passages.arrow"))
+    corpus = {d: (t or "", x) for d, t, x in pl.read_parquet(data["corpus"]).iter_rows()}
+    for epoch in (0, 1):
+        chunk = [ids[i] for i in (7, 0, 23, 2, 1)]  # any order, as a batch's
+        query_texts, titles, passages = loaded.micro_batch(chunk, 4, seed=9, epoch=epoch)
+        groups = [fdata.sample_group(q, positives[q], negatives.get(q, []), [], 4, 9, epoch)
+                  for q in chunk]
+        assert query_texts == [texts[q] for q in chunk]
+        assert list(zip(titles, passages)) == [corpus[d] for g in groups for d in g]
+    with pytest.raises(KeyError, match="not training queries"):
+        loaded.micro_batch(["nope"], 4, seed=9, epoch=0)
 
 
 @pytest.mark.parametrize("gather,world_size,rank,start", [(False, 1, 0, 0), (True, 2, 1, 3),

@@ -70,13 +70,14 @@ def contrast_plan(settings: FinetuneSettings, world_size: int) -> ContrastPlan:
                         negatives_per_query=contrast * settings.group_size - 1)
 
 
-def step_queries(query_ids: list[str], seed: int, step: int, batch_size: int
+def step_queries(query_ids: pl.Series, seed: int, step: int, batch_size: int
                  ) -> tuple[int, list[str]]:
     """(epoch, the batch's query ids) of optimiser step `step` (0-based)."""
     steps_per_epoch = len(query_ids) // batch_size
     epoch, in_epoch = divmod(step, steps_per_epoch)
     order = epoch_order(len(query_ids), seed, epoch)
-    return epoch, [query_ids[i] for i in order[in_epoch * batch_size:(in_epoch + 1) * batch_size]]
+    batch = order[in_epoch * batch_size:(in_epoch + 1) * batch_size]
+    return epoch, query_ids.gather(batch).to_list()
 
 
 def micro_batches_of_rank(batch_ids: list[str], plan: ContrastPlan, gather: bool, rank: int,
@@ -91,11 +92,17 @@ def micro_batches_of_rank(batch_ids: list[str], plan: ContrastPlan, gather: bool
 
 
 # ---------------------------------------------------------------- the training set --------------
+QUERY_SCHEMA = {"query_id": pl.String, "text": pl.String, "positives": pl.List(pl.String),
+                "negatives": pl.List(pl.String)}
+
+
 def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
                      settings: FinetuneSettings, seed: int, corpus: Path | None = None
-                     ) -> tuple[list[str], dict[str, str], dict[str, list[str]],
-                                dict[str, list[str]], dict[str, int]]:
-    """(query ids in a stable order, query texts, positives, negatives, counts) of the training set.
+                     ) -> tuple[pl.DataFrame, dict[str, int]]:
+    """(the training queries, counts): one row per query sorted by query_id (QUERY_SCHEMA: its
+    text, its positives sorted, its negatives; null when it has none), in Arrow buffers, not Python
+    objects: at MS MARCO scale (503k queries x 30 negatives) a dict of lists of strings cost GBs
+    per process (benchmarks/RESULTS.md, issue 17).
 
     Negatives of several files (e.g. mined + BM25) are unioned in file order, duplicates dropped.
     With `corpus`, positives absent from it are dropped and queries left without one skipped; with
@@ -103,55 +110,64 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
     low-resource sample is drawn, so a sample of N queries holds N trainable queries.
     """
     with reading(queries, "a queries Parquet file"):
-        texts = dict(pl.read_parquet(queries, columns=["query_id", "text"]).iter_rows())
+        texts = pl.read_parquet(queries, columns=["query_id", "text"])
     with reading(qrels, "a qrels Parquet file"):
-        pos_frame = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0).group_by("query_id")
-                     .agg(pl.col("doc_id").unique().sort()).collect())
-    positives = dict(zip(pos_frame["query_id"].to_list(), pos_frame["doc_id"].to_list()))
-    negatives: dict[str, list[str]] = {}
-    for path in negative_files:
-        with reading(path, "a negatives Parquet file"):
-            frame = pl.read_parquet(path, columns=["query_id", "negative_ids"])
-        for qid, negs in frame.iter_rows():
-            merged = negatives.setdefault(qid, [])
-            seen = set(merged)
-            merged.extend(n for n in (negs or []) if n not in seen and not seen.add(n))
-    missing = sorted(set(positives) - set(texts))
-    if missing:
+        pairs = (pl.scan_parquet(qrels).filter(pl.col("relevance") > 0)
+                 .select("query_id", "doc_id").unique().collect())
+    missing = pairs.select("query_id").unique().join(texts, on="query_id", how="anti")
+    if len(missing):
+        examples = sorted(missing["query_id"].to_list())[:3]
         raise InputFileError(f"{qrels} names {len(missing)} queries absent from {queries} "
-                             f"(e.g. {missing[:3]}); rebuild the dataset")
+                             f"(e.g. {examples}); rebuild the dataset")
     counts = {"positives_absent_from_corpus": 0, "queries_without_positive_in_corpus": 0,
               "queries_without_negatives_dropped": 0}
     if corpus is not None:
-        wanted = {d for docs in positives.values() for d in docs}
-        present = set(corpus_rows(corpus, wanted, ["doc_id"])["doc_id"].to_list())
-        for qid in sorted(positives):
-            kept = [d for d in positives[qid] if d in present]
-            counts["positives_absent_from_corpus"] += len(positives[qid]) - len(kept)
-            if kept:
-                positives[qid] = kept
-            else:
-                del positives[qid]
-                counts["queries_without_positive_in_corpus"] += 1
-    ids = sorted(positives)
+        present = pairs.join(corpus_rows(corpus, pairs["doc_id"].unique(), ["doc_id"]),
+                             on="doc_id", how="semi")
+        counts["positives_absent_from_corpus"] = len(pairs) - len(present)
+        counts["queries_without_positive_in_corpus"] = (pairs["query_id"].n_unique()
+                                                        - present["query_id"].n_unique())
+        pairs = present
+    frame = (pairs.group_by("query_id").agg(pl.col("doc_id").sort().alias("positives"))
+             .join(texts, on="query_id", how="left")
+             .join(merged_negatives(negative_files), on="query_id", how="left")
+             .sort("query_id").select(list(QUERY_SCHEMA)))
     if settings.queries_without_negatives == "drop":
-        kept_ids = [q for q in ids if negatives.get(q)]
-        counts["queries_without_negatives_dropped"] = len(ids) - len(kept_ids)
-        ids = kept_ids
-    if settings.train_queries is not None and settings.train_queries < len(ids):
+        kept = frame.filter(pl.col("negatives").list.len().fill_null(0) > 0)
+        counts["queries_without_negatives_dropped"] = len(frame) - len(kept)
+        frame = kept
+    if settings.train_queries is not None and settings.train_queries < len(frame):
         # Low-resource sample k of N queries: seeded by (seed, N, k), independent of anything else.
         pick = rng_for(seed, "train-queries", settings.train_queries, settings.train_sample).choice(
-            len(ids), size=settings.train_queries, replace=False)
-        ids = [ids[i] for i in np.sort(pick)]
-    return ids, texts, positives, negatives, counts
+            len(frame), size=settings.train_queries, replace=False)
+        frame = frame[np.sort(pick)]
+    return frame, counts
 
 
-def corpus_rows(corpus: Path, doc_ids: set[str], columns: list[str]) -> pl.DataFrame:
+def merged_negatives(paths: list[Path]) -> pl.DataFrame:
+    """(query_id, negatives): each query's negatives of every file, in file order and then list
+    order, each doc id once (its first place)."""
+    frames = []
+    for path in paths:
+        with reading(path, "a negatives Parquet file"):
+            frames.append(pl.read_parquet(path, columns=["query_id", "negative_ids"]))
+    if not frames:
+        return pl.DataFrame(schema={"query_id": pl.String, "negatives": pl.List(pl.String)})
+    frame = pl.concat(frames)
+    if frame["query_id"].n_unique() < len(frame):  # several files (or rows) name a query
+        frame = frame.group_by("query_id", maintain_order=True).agg(
+            pl.col("negative_ids").list.explode(keep_nulls=False, empty_as_null=False))
+    # Deduplicated list by list: a frame-wide unique over (query, doc) pairs held ~200 bytes a
+    # pair in hash tables (129 MB at 600k pairs; GBs at MS MARCO).
+    return frame.select("query_id", pl.col("negative_ids").list.drop_nulls()
+                        .list.unique(maintain_order=True).alias("negatives"))
+
+
+def corpus_rows(corpus: Path, doc_ids: pl.Series, columns: list[str]) -> pl.DataFrame:
     """`columns` of the corpus rows whose doc_id is in `doc_ids` (scanned, not loaded whole)."""
-    wanted = pl.LazyFrame({"doc_id": sorted(doc_ids)}, schema={"doc_id": pl.String})
-    with reading(corpus, "a corpus Parquet file"):
-        return (pl.scan_parquet(corpus).select(columns)
-                .join(wanted, on="doc_id", how="semi").collect())
+    wanted = doc_ids.cast(pl.String).implode()
+    with reading(corpus, "a corpus Parquet file"):  # a filter streams; a semi-join held it all
+        return pl.scan_parquet(corpus).select(columns).filter(pl.col("doc_id").is_in(wanted)).collect()
 
 
 def padding_pool(corpus: Path, seed: int, size: int = PAD_POOL) -> list[str]:
@@ -192,24 +208,29 @@ def epoch_order(num_queries: int, seed: int, epoch: int) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingSet:
-    """Everything a step reads: the training queries (ids in a stable order) and their texts, their
-    positives and negatives, the padding pool, the passages (`passages.PassageStore`, attached
-    once the main process has written them: `with_passages`), and the counts of what was dropped
-    or padded."""
+    """Everything a step reads: the training queries (`training_queries`' frame: ids sorted, texts,
+    positives, negatives), the padding pool, the passages (`passages.PassageStore`, attached once
+    the main process has written them: `with_passages`), and the counts of what was dropped or
+    padded."""
 
-    query_ids: list[str]
-    query_texts: dict[str, str]
-    positives: dict[str, list[str]]
-    negatives: dict[str, list[str]]
+    queries: pl.DataFrame
     padding: list[str]
     counts: dict[str, int]
     passages: PassageStore | None = None
 
-    def needed_passages(self) -> set[str]:
-        """Every passage a group can draw: positives, negatives and the padding pool."""
-        needed = {d for q in self.query_ids for d in self.positives[q]}
-        needed |= {d for q in self.query_ids for d in self.negatives.get(q, [])}
-        return needed | set(self.padding)
+    def __post_init__(self):
+        ids = self.queries["query_id"]
+        if not ids.is_sorted() or ids.n_unique() != len(ids):  # micro_batch's binary search
+            raise ValueError("training queries must be unique and sorted by query_id")
+
+    @property
+    def query_ids(self) -> pl.Series:
+        return self.queries["query_id"]
+
+    def needed_passages(self) -> pl.Series:
+        """Every passage a group can draw: positives, negatives and the padding pool, once each."""
+        return pl.concat([self.queries["positives"].explode(), self.queries["negatives"].explode(),
+                          pl.Series(self.padding, dtype=pl.String)]).drop_nulls().unique()
 
     def with_passages(self, store: PassageStore) -> TrainingSet:
         return dataclasses.replace(self, passages=store)
@@ -217,10 +238,17 @@ class TrainingSet:
     def micro_batch(self, query_ids: list[str], group_size: int, seed: int, epoch: int
                     ) -> tuple[list[str], list[str], list[str]]:
         """(query texts, passage titles, passage texts) of a micro-batch, group by group."""
-        groups = [sample_group(q, self.positives[q], self.negatives.get(q, []), self.padding,
-                               group_size, seed, epoch) for q in query_ids]
+        # Series and frame methods, not expressions: an expression is a query plan per call.
+        rows = self.query_ids.search_sorted(pl.Series(query_ids, dtype=pl.String)).to_numpy()
+        batch = self.queries[np.minimum(rows, len(self.queries) - 1)]
+        found = batch["query_id"].to_list()
+        if found != list(query_ids):
+            raise KeyError(f"not training queries: {sorted(set(query_ids) - set(found))[:3]}")
+        groups = [sample_group(q, positives, negatives or [], self.padding, group_size, seed, epoch)
+                  for q, positives, negatives in zip(found, batch["positives"].to_list(),
+                                                     batch["negatives"].to_list())]
         titles, texts = self.passages.lookup([d for group in groups for d in group])
-        return [self.query_texts[q] for q in query_ids], titles, texts
+        return batch["text"].to_list(), titles, texts
 
 
 def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: list[Path],
@@ -228,11 +256,9 @@ def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: 
     """The training set of one stage, without passage texts: the main process writes the ones
     training can use with `passages.write_passages(corpus, set.needed_passages(), file)` and every
     process attaches them (`with_passages`), so no process holds them in its own memory."""
-    ids, texts, positives, negatives, counts = training_queries(
-        queries, qrels, negative_files, settings, seed, corpus=corpus)
+    frame, counts = training_queries(queries, qrels, negative_files, settings, seed, corpus=corpus)
     # Left after a drop policy: none; after pad: their groups come from the padding pool.
-    no_negatives = sum(1 for q in ids if not negatives.get(q))
+    no_negatives = int(frame["negatives"].list.len().fill_null(0).eq(0).sum())
     counts["queries_without_negatives_padded"] = no_negatives
     fallback = padding_pool(corpus, seed) if no_negatives else []
-    return TrainingSet(query_ids=ids, query_texts=texts, positives=positives, negatives=negatives,
-                       padding=fallback, counts=counts)
+    return TrainingSet(queries=frame, padding=fallback, counts=counts)

@@ -32,21 +32,22 @@ def doc_id_hashes(doc_ids: pl.Series) -> np.ndarray:
     return doc_ids.cast(pl.String).hash().to_numpy()
 
 
-def write_passages(corpus: Path, doc_ids: Iterable[str], path: Path) -> int:
+def write_passages(corpus: Path, doc_ids: Iterable[str] | pl.Series, path: Path) -> int:
     """Write the corpus rows named in `doc_ids` to `path` (Arrow IPC, uncompressed, corpus order;
     published by rename) and return how many there are. Every id must be in the corpus: a missing
     one means the negatives were built for another corpus."""
-    ids = sorted(set(doc_ids))
+    ids = (doc_ids if isinstance(doc_ids, pl.Series) else pl.Series(list(doc_ids), dtype=pl.String)
+           ).cast(pl.String).alias("doc_id").unique()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with reading(corpus, "a corpus Parquet file"):
         (pl.scan_parquet(corpus).select(COLUMNS)
-         .join(pl.LazyFrame({"doc_id": ids}, schema={"doc_id": pl.String}), on="doc_id", how="semi")
+         .filter(pl.col("doc_id").is_in(ids.implode()))  # streams; a semi-join held the corpus
          .with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
          .sink_ipc(partial, compression=None, compat_level=pl.CompatLevel.oldest()))
     written = pl.scan_ipc(partial).select("doc_id").collect()["doc_id"]
     if len(written) != len(ids):
-        absent = sorted(set(ids) - set(written.to_list()))
+        absent = sorted(set(ids.to_list()) - set(written.to_list()))
         partial.unlink()
         raise InputFileError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "
                              f"{absent[:3]}); the negatives were built for another corpus")
@@ -55,20 +56,30 @@ def write_passages(corpus: Path, doc_ids: Iterable[str], path: Path) -> int:
 
 
 class PassageStore:
-    """Read-only (title, text) by doc id from a file `write_passages` wrote, memory-mapped."""
+    """Read-only (title, text) by doc id from a file `write_passages` wrote, memory-mapped.
+
+    The file holds record batches (chunks: 18 at 1.5M passages); values are read chunk by chunk,
+    never with a take on the whole column: pyarrow's ChunkedArray.take concatenates its chunks
+    first, copying every text in the file per call (0.6 s a micro-batch at 1.5M passages)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         table = ipc.open_file(pa.memory_map(str(self.path))).read_all()
-        self._titles = table.column("title")
-        self._texts = table.column("text")
-        self._ids = table.column("doc_id")
-        hashes = doc_id_hashes(pl.from_arrow(self._ids))
+        self._columns = {name: table.column(name).chunks for name in COLUMNS}
+        lengths = [len(chunk) for chunk in self._columns["doc_id"]]
+        self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        hashes = doc_id_hashes(pl.from_arrow(table.column("doc_id")))
         self._order = np.argsort(hashes, kind="stable")
         self._sorted = hashes[self._order]
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return int(self._starts[-1])
+
+    def _values(self, column: str, rows: np.ndarray) -> list:
+        """`column` at file rows `rows`, in their order."""
+        chunks = self._columns[column]
+        which = np.searchsorted(self._starts, rows, side="right") - 1
+        return [chunks[c][int(r - self._starts[c])].as_py() for c, r in zip(which, rows)]
 
     def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
         """Row numbers of `doc_ids` in the file (KeyError naming the first unknown id)."""
@@ -77,15 +88,15 @@ class PassageStore:
         hi = np.searchsorted(self._sorted, hashes, side="right")
         rows = np.empty(len(doc_ids), dtype=np.int64)
         for i, doc_id in enumerate(doc_ids):
-            for candidate in self._order[lo[i]:hi[i]]:  # more than one only on a hash collision
-                if self._ids[int(candidate)].as_py() == doc_id:
-                    rows[i] = candidate
-                    break
-            else:
+            candidates = self._order[lo[i]:hi[i]]  # more than one only on a hash collision
+            matches = [r for r, stored in zip(candidates, self._values("doc_id", candidates))
+                       if stored == doc_id]
+            if not matches:
                 raise KeyError(f"passage {doc_id!r} is not in {self.path}")
+            rows[i] = matches[0]
         return rows
 
     def lookup(self, doc_ids: Sequence[str]) -> tuple[list[str], list[str]]:
         """(titles, texts) of `doc_ids`, in their order."""
-        rows = pa.array(self.rows(doc_ids))
-        return self._titles.take(rows).to_pylist(), self._texts.take(rows).to_pylist()
+        rows = self.rows(doc_ids)
+        return self._values("title", rows), self._values("text", rows)
