@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tiny_experiment import SUBSET_DIR, write_scifact_subset
-from workflow_harness import copy_project, edit_config, planned_rules, snakemake
+from workflow_harness import copy_project, edit_config, plan_of, planned_rules, snakemake
 
 # The demo's models (costa reads Wikipedia: chunks + the costa span index) plus costa-sf on SciFact
 # and mix on both; the three are the targets.
@@ -28,20 +28,23 @@ PRETRAIN_OUTPUTS = ("encoder/config.json", "metrics.jsonl", "loss.png", "heads.s
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    """Chunks and span indexes of both corpora built for real; the (slow) pre-training jobs'
-    outputs stand in as files that `snakemake --touch` records as up to date."""
+    """Chunks of both corpora built for real (their params record is what the edit changes); the
+    jobs after them (span indexes, pre-training) and the staged checkpoint are stand-in files that
+    `snakemake --touch` records as up to date: a plan reads their inputs' times, not their bytes."""
     project = copy_project(tmp_path_factory.mktemp("corpora") / "project", {
         "corpus": {"corpora": CORPORA}, "pretrain": {"models": DEMO_MODELS + MODELS[1:]}})
     write_scifact_subset(project, train=10, test=10, others=40)
-    data = [f"results/corpus/{c}/spans/costa/shard-{s:04d}.parquet"
-            for c in ("wikipedia", "scifact") for s in range(2)]
-    snakemake(project, *data, "results/checkpoints/minilm-l1")
-    for encoder in ENCODERS:
-        for name in PRETRAIN_OUTPUTS:
-            path = project / Path(encoder).parent / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("stand-in\n")
-    snakemake(project, "--touch", *ENCODERS)  # (records mtimes, not params)
+    shards = [f"results/corpus/{c}/{{kind}}/shard-{s:04d}" for c in ("wikipedia", "scifact")
+              for s in range(2)]
+    snakemake(project, *(f"{shard.format(kind='chunks')}.parquet" for shard in shards))
+    stand_ins = [f"{shard.format(kind='spans/costa')}{suffix}" for shard in shards
+                 for suffix in (".parquet", ".manifest.json")]
+    stand_ins += [f"{Path(encoder).parent}/{name}" for encoder in ENCODERS
+                  for name in PRETRAIN_OUTPUTS]
+    for name in [*stand_ins, "results/checkpoints/minilm-l1/config.json"]:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("stand-in\n")
+    snakemake(project, "--touch", *ENCODERS)  # in DAG order (records mtimes, not params)
     assert planned_rules(project, *ENCODERS) == {}
     return project
 
@@ -70,7 +73,7 @@ def test_changing_one_corpus_reruns_only_what_reads_it(built, corpus, models):
         assert settings(edited, model["name"]) == settings(before, model["name"]), model
     try:
         result = snakemake(built, "--dry-run", *ENCODERS)
-        plan = planned_rules(built, *ENCODERS)
+        plan = plan_of(result.stdout + result.stderr)
         assert plan == {"chunk_articles": 1, "sample_spans": 2, "pretrain_model": len(models)}, plan
         output = result.stdout + result.stderr
         assert f"wildcards: corpus={corpus}\n" in output

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from tiny_experiment import DATASET, E2E_FINETUNED, E2E_MODELS, tiny_overrides, write_scifact_subset
-from workflow_harness import copy_project, planned_rules, snakemake
+from workflow_harness import copy_project, plan_of, planned_rules, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -256,11 +256,10 @@ def test_a_second_run_has_nothing_to_do(project):
     assert planned_rules(project, TARGET) == {}
 
 
-def _planned_jobs(project: Path, target: str) -> list[tuple[str, str]]:
-    """(rule, wildcards) of every job a dry run plans, from Snakemake's job listing."""
-    result = snakemake(project, "--dry-run", target)
+def _planned_jobs(output: str) -> list[tuple[str, str]]:
+    """(rule, wildcards) of every job a dry run's output plans, from Snakemake's job listing."""
     jobs, rule = [], None
-    for line in (result.stdout + result.stderr).splitlines():
+    for line in output.splitlines():
         if match := re.match(r"^(?:local)?rule (\w+):$", line.strip()):
             if rule:
                 jobs.append((rule, ""))
@@ -281,8 +280,9 @@ def test_changing_costa_temperature_reruns_costa_only(project, config):
     edited["pretrain"]["costa"]["temperature"] = config["pretrain"]["costa"]["temperature"] * 2
     path.write_text(yaml.safe_dump(edited, sort_keys=False))
     try:
-        plan = planned_rules(project, TARGET)
-        jobs = _planned_jobs(project, TARGET)
+        result = snakemake(project, "--dry-run", TARGET)
+        plan = plan_of(result.stdout + result.stderr)
+        jobs = _planned_jobs(result.stdout + result.stderr)
     finally:
         path.write_text(original)
 
