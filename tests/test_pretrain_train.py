@@ -454,7 +454,7 @@ def _assert_same_weights(a, b, atol):
 @pytest.mark.slow
 def test_resume_after_sigusr1_equals_uninterrupted_run(setup, tmp_path):
     checkpoint, chunks, spans = setup
-    settings = fx.model_settings("costa", max_steps=30, micro_batch_size=4, checkpoint_every=None)
+    settings = fx.model_settings("costa", max_steps=12, micro_batch_size=4, checkpoint_every=None)
     whole = fx.run_module(settings, checkpoint, chunks, spans, tmp_path / "whole", wait=False)
     part = tmp_path / "part"
     proc = fx.run_module(settings, checkpoint, chunks, spans, part, wait=False)
@@ -468,7 +468,7 @@ def test_resume_after_sigusr1_equals_uninterrupted_run(setup, tmp_path):
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == training.RESUME_EXIT_CODE, output[-3000:]
     stopped_at = len(metrics.read_text().splitlines())
-    assert 3 <= stopped_at < 30
+    assert 3 <= stopped_at < 12
     assert (part / "state" / "checkpoints" / "latest.json").exists()
     assert not (part / "encoder").exists()
     again = fx.run_module(settings, checkpoint, chunks, spans, part)
@@ -476,7 +476,7 @@ def test_resume_after_sigusr1_equals_uninterrupted_run(setup, tmp_path):
     assert f"starting at step {stopped_at}" in again.stderr
     assert whole.wait(timeout=180) == 0
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-    assert steps == list(range(1, 31))
+    assert steps == list(range(1, 13))
     # Same process count and thread count: the resumed run is bit-for-bit the uninterrupted one.
     _assert_same_weights(_weights(part), _weights(tmp_path / "whole"), atol=0.0)
 

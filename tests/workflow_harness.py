@@ -56,11 +56,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def start_snakemake(project: Path, *args: str, log: Path) -> subprocess.Popen:
-    """Start this environment's snakemake in `project` in the background, output to `log`."""
+def start_snakemake(project: Path, *args: str, log: Path, nice: int = 0) -> subprocess.Popen:
+    """Start this environment's snakemake in `project` in the background, output to `log`, its
+    process tree at niceness `nice` (> 0: it takes only CPU time nothing else wants)."""
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *args],
-                                cwd=project, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+                                cwd=project, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
 def snakemake(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
