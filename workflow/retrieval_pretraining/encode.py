@@ -28,7 +28,7 @@ from . import projector as text_projector
 from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .datasets import join_title
-from .errors import InputFileError, command, reading
+from .errors import command, reading
 from .model_folder import load_model
 from .retrieval_settings import PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings
 
@@ -211,22 +211,6 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
                              params=knobs.record(), inputs={"corpus": corpus, "encoder": encoder},
                              stats=stats)
     return stats
-
-
-def load_shards(npy_files: Sequence[Path], id_files: Sequence[Path]) -> tuple[np.ndarray, list[str]]:
-    """Concatenate encoded shards (float32) and their doc ids, checking that each pair matches."""
-    vectors, ids = [], []
-    for npy, id_file in zip(npy_files, id_files, strict=True):
-        with reading(npy, "a .npy array"):
-            block = np.load(npy, allow_pickle=False)
-        with reading(id_file, "a doc ids Parquet file"):
-            block_ids = pl.read_parquet(id_file)["doc_id"].to_list()
-        if len(block) != len(block_ids):
-            raise InputFileError(f"{npy} has {len(block)} rows but {id_file} has "
-                                 f"{len(block_ids)} ids; re-run the encode_corpus job of that shard")
-        vectors.append(block.astype(np.float32))
-        ids.extend(block_ids)
-    return np.concatenate(vectors), ids
 
 
 @command

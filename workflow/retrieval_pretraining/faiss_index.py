@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from . import artifacts
 from .config import ConfigError, refuse_unknown, stage_parser
-from .encode import load_shards
+from .contracts.embeddings import load_shards
 from .errors import InputFileError, command, reading
 
 log = logging.getLogger(__name__)
