@@ -170,8 +170,8 @@ SlurmdPort={_free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-# cred_expire: a requeued job may restart this many seconds later (default 120)
-AuthInfo=socket={munge_socket},cred_expire=10
+# cred_expire: a requeued job becomes eligible this many seconds (+1) later (default 120)
+AuthInfo=socket={munge_socket},cred_expire=5
 CredType=cred/munge
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
@@ -194,6 +194,9 @@ MinJobAge=300
 KillWait=10
 ReturnToService=2
 SchedulerType=sched/backfill
+# A job that becomes eligible later (a requeued one) waits for a periodic pass of the scheduler
+# (60 s main loop, 30 s backfill by default); every second here, as the test waits on it.
+SchedulerParameters=sched_interval=1,bf_interval=1
 MpiDefault=none
 GresTypes=gpu
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} Gres=gpu:{gpus} State=UNKNOWN
