@@ -34,10 +34,9 @@ def built(tmp_path_factory) -> Path:
     project = copy_project(tmp_path_factory.mktemp("corpora") / "project", {
         "corpus": {"corpora": CORPORA}, "pretrain": {"models": DEMO_MODELS + MODELS[1:]}})
     write_scifact_subset(project, train=10, test=10, others=40)
-    shards = [f"results/corpus/{c}/{{kind}}/shard-{s:04d}" for c in ("wikipedia", "scifact")
-              for s in range(2)]
-    snakemake(project, *(f"{shard.format(kind='chunks')}.parquet" for shard in shards))
-    stand_ins = [f"{shard.format(kind='spans/costa')}{suffix}" for shard in shards
+    shards = [(corpus, shard) for corpus in ("wikipedia", "scifact") for shard in range(2)]
+    snakemake(project, *(f"results/corpus/{c}/chunks/shard-{s:04d}.parquet" for c, s in shards))
+    stand_ins = [f"results/corpus/{c}/spans/costa/shard-{s:04d}{suffix}" for c, s in shards
                  for suffix in (".parquet", ".manifest.json")]
     stand_ins += [f"{Path(encoder).parent}/{name}" for encoder in ENCODERS
                   for name in PRETRAIN_OUTPUTS]

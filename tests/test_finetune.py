@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pytest
 import torch
 

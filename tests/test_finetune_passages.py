@@ -59,7 +59,6 @@ def test_hash_collisions_are_resolved_by_the_stored_id(tmp_path, monkeypatch):
 def test_lookup_across_record_batches_and_collisions(tmp_path, monkeypatch):
     """A large file is several record batches (18 at 1.5M passages): rows on either side of every
     batch boundary come back right, hash collisions included."""
-    import pyarrow as pa
     import pyarrow.ipc as ipc
 
     real = passages.doc_id_hashes

@@ -8,7 +8,6 @@ import hashlib
 import re
 
 import pytest
-import yaml
 
 from retrieval_pretraining import config as experiment_config
 from workflow_harness import ROOT, merged_configs
