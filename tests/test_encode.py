@@ -4,6 +4,7 @@ against brute-force search and Pyserini's loader layout, TREC run format."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +13,7 @@ import torch
 
 from full_disk import files_under, full_disk, is_full_disk_error
 from retrieval_pretraining import artifacts, dense_search, encode, faiss_index
-from retrieval_pretraining.contracts.embeddings import IDS_SCHEMA
+from retrieval_pretraining.contracts.embeddings import BLOCK_ROWS, IDS_SCHEMA
 
 
 def test_pooling_matches_a_naive_loop():
@@ -215,3 +216,132 @@ def test_tokenize_follows_the_tokenizers_model_inputs_and_its_later_settings():
     ours, theirs = encode.tokenize(tokenizer, texts, 32), _reference(tokenizer, texts, 32)
     assert list(ours) == list(theirs) == ["input_ids", "attention_mask"]
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+# ------------------------------------------------- the index build streams its shards -----------
+def _write_shards(folder, sizes, dim, seed=0, dtype=np.float16, random=True):
+    """Encoded shards as encode.py writes them: float16 .npy beside a doc-id Parquet file
+    (random vectors, or ones where only their size matters)."""
+    rng = np.random.default_rng(seed)
+    npy, ids, start = [], [], 0
+    for i, size in enumerate(sizes):
+        vectors = (rng.standard_normal((size, dim), dtype=np.float32).astype(dtype) if random
+                   else np.ones((size, dim), dtype=dtype))
+        npy.append(folder / f"shard-{i:04d}.npy")
+        ids.append(folder / f"shard-{i:04d}.ids.parquet")
+        np.save(npy[-1], vectors)
+        doc_ids = [f"d{start + r}" for r in range(size)]
+        artifacts.write_parquet(ids[-1], pa.table({"doc_id": doc_ids}), IDS_SCHEMA)
+        start += size
+    return npy, ids
+
+
+def test_float32_blocks_are_the_shards_in_order_across_block_boundaries(tmp_path):
+    from retrieval_pretraining.contracts.embeddings import float32_blocks, open_shards
+
+    npy, ids = _write_shards(tmp_path, [5, 0, 12, 3], 4)
+    shards, doc_ids = open_shards(npy, ids)
+    assert doc_ids == [f"d{i}" for i in range(20)]
+    blocks = list(float32_blocks(shards, rows=7))
+    assert [len(b) for b in blocks] == [5, 7, 5, 3]  # never across shards, never over 7
+    assert all(b.dtype == np.float32 and b.flags.c_contiguous for b in blocks)
+    whole = np.concatenate([np.load(p).astype(np.float32) for p in npy])
+    np.testing.assert_array_equal(np.concatenate(blocks), whole)
+
+
+def test_shards_of_another_dimension_or_shape_are_refused(tmp_path):
+    from retrieval_pretraining.contracts.embeddings import open_shards
+    from retrieval_pretraining.errors import InputFileError
+
+    npy, ids = _write_shards(tmp_path, [3, 3], 4)
+    np.save(npy[1], np.zeros((3, 5), dtype=np.float16))
+    with pytest.raises(InputFileError, match="5-d vectors but .*shard-0000.npy has 4-d"):
+        open_shards(npy, ids)
+    np.save(npy[1], np.zeros(3, dtype=np.float16))
+    with pytest.raises(InputFileError, match="not one float vector per row"):
+        open_shards(npy, ids)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_an_index_over_shards_searches_as_one_built_from_all_vectors(tmp_path, kind):
+    npy, ids = _write_shards(tmp_path, [700, 1, 599], 16)
+    out = tmp_path / "faiss"
+    config = {"type": kind, "nlist": 8, "nprobe": 8}
+    faiss_index.index_shards(npy, ids, out, config)
+    whole = np.concatenate([np.load(p).astype(np.float32) for p in npy])
+    queries = np.random.default_rng(1).standard_normal((20, 16)).astype(np.float32)
+    index, doc_ids = faiss_index.load(out)
+    assert doc_ids == [f"d{i}" for i in range(1300)]
+    expected = faiss_index.search(faiss_index.build(whole, config), queries, 10)
+    for got, want in zip(faiss_index.search(index, queries, 10), expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_training_sample_is_every_vector_in_order_or_a_uniform_subset(tmp_path):
+    npy, ids = _write_shards(tmp_path, [300, 200, 500], 8)
+    from retrieval_pretraining.contracts.embeddings import open_shards
+
+    shards, _ = open_shards(npy, ids)
+    whole = np.concatenate([np.asarray(s, dtype=np.float32) for s in shards])
+    np.testing.assert_array_equal(faiss_index.training_sample(shards, 1000), whole)
+    sample = faiss_index.training_sample(shards, 400)
+    rows = {row.tobytes(): i for i, row in enumerate(whole)}
+    drawn = [rows[row.tobytes()] for row in sample]  # each one a real vector, none twice
+    assert len(set(drawn)) == 400 and drawn == sorted(drawn)
+    by_shard = np.histogram(drawn, bins=[0, 300, 500, 1000])[0]
+    assert all(abs(got - 0.4 * n) < 40 for got, n in zip(by_shard, [300, 200, 500])), by_shard
+    np.testing.assert_array_equal(sample, faiss_index.training_sample(shards, 400))  # seeded
+    # IVF / IVF-PQ ask for faiss's own cap: 256 points per centroid (PQ: 256 codewords at least).
+    ivf = faiss_index.empty_index(8, 10**6, faiss_index.index_settings({"type": "ivf", "nlist": 16}))
+    ivfpq = faiss_index.empty_index(8, 10**6, faiss_index.index_settings(
+        {"type": "ivfpq", "nlist": 16, "pq_m": 4}))
+    flat = faiss_index.empty_index(8, 10**6, faiss_index.index_settings({"type": "flat"}))
+    assert (faiss_index.training_size(ivf), faiss_index.training_size(ivfpq)) == (4096, 65536)
+    assert faiss_index.training_size(flat) == 0
+
+
+_MEASURE_BUILD = """
+import numpy as np
+from retrieval_pretraining import faiss_index
+from retrieval_pretraining.contracts.embeddings import open_shards
+
+def rss_kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+folder, how = Path(sys.argv[2]), sys.argv[3]
+npy, ids = sorted(folder.glob("*.npy")), sorted(folder.glob("*.ids.parquet"))
+before = rss_kb("VmRSS")
+if how == "streamed":
+    faiss_index.index_shards(npy, ids, folder / "faiss", {"type": "flat"})
+else:  # what the build did before: every shard read as float32, concatenated, then added
+    _, doc_ids = open_shards(npy, ids)
+    vectors = np.concatenate([np.load(p).astype(np.float32) for p in npy])
+    faiss_index.build(vectors)
+print(json.dumps({"peak_grew_kb": rss_kb("VmHWM") - before}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_the_index_build_holds_the_index_and_one_block_not_copies_of_the_corpus_at_10x(tmp_path):
+    import memory_probe
+
+    rows, dim = 10_000, 768  # bert-base's; 1x: 15 MB of float16 shards, 29 MB as the float32 index
+    peak = {}
+    for scale, how in ((1, "streamed"), (10, "streamed"), (10, "concatenated")):
+        folder = tmp_path / f"x{scale}"
+        if not folder.exists():
+            folder.mkdir()
+            _write_shards(folder, [rows * scale], dim, random=False)
+        peak[scale, how] = memory_probe.run(_MEASURE_BUILD, folder, how)["peak_grew_kb"]
+    more = 9 * rows  # vectors at 10x beyond 1x
+    index_kb, file_kb = more * dim * 4 // 1024, more * dim * 2 // 1024
+    # What 9x more vectors may add: their place in the index, their memory-mapped float16 pages
+    # (page cache, counted in RSS), a full block where 1x read smaller ones, and their doc ids.
+    bound = index_kb + file_kb + BLOCK_ROWS * dim * 4 // 1024 + 24 * 1024
+    grew = peak[10, "streamed"] - peak[1, "streamed"]
+    assert grew <= bound, (peak, bound)
+    # Control: float32 copies of every shard, concatenated, then the index: the bound sees them.
+    # (Without faiss_index.reserve it sees the index's storage doubling too: 552 MB against 479.)
+    assert peak[10, "concatenated"] - peak[1, "streamed"] > bound, (peak, bound)

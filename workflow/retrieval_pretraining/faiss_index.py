@@ -5,6 +5,10 @@ one doc id per line, in index order), so our models can be searched with tools u
 Exact inner product (`flat`) is the default: it is what the papers' miners used and, on a corpus
 the size of MS MARCO, it is one GEMM per query batch. IVF / HNSW / IVF-PQ trade exactness for
 memory and speed on large corpora. faiss-gpu is used when it is installed and a GPU is visible.
+
+The build reads the shards memory-mapped and adds them a block at a time into storage sized up
+front, so its peak is the index plus one block (not float32 copies of the corpus beside it); IVF
+kinds train on a uniform sample of faiss's own size.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from tqdm import tqdm
 
 from . import artifacts
 from .config import ConfigError, refuse_unknown, stage_parser
-from .contracts.embeddings import load_shards
+from .contracts.embeddings import BLOCK_ROWS, float32_blocks, open_shards
 from .errors import InputFileError, command, reading
 
 log = logging.getLogger(__name__)
@@ -42,20 +46,23 @@ def index_settings(config: dict[str, Any] | None) -> dict[str, Any]:
     return {**INDEX_DEFAULTS, **config}
 
 
-def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.Index:
-    """An inner-product index over `vectors` (float32, row i = doc i)."""
-    knobs = index_settings(config)
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    dim = vectors.shape[1]
+# k-means (IVF) and PQ learn from at most this many points per centroid; faiss samples more down to
+# it anyway, so an index over a large corpus trains on a sample of this size, drawn from the shards.
+POINTS_PER_CENTROID = 256
+
+
+def empty_index(dim: int, rows: int, knobs: dict[str, Any]) -> faiss.Index:
+    """An inner-product index of `knobs`' type for `rows` vectors of `dim`, before training."""
     kind = knobs["type"]
     if kind == "flat":
-        index = faiss.IndexFlatIP(dim)
-    elif kind == "hnsw":
+        return faiss.IndexFlatIP(dim)
+    if kind == "hnsw":
         index = faiss.IndexHNSWFlat(dim, knobs["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efSearch = knobs["ef_search"]
-    elif kind in ("ivf", "ivfpq"):
+        return index
+    if kind in ("ivf", "ivfpq"):
         # Fewer cells than 39 points per cell makes k-means warn and the index useless.
-        nlist = max(1, min(knobs["nlist"], len(vectors) // 39))
+        nlist = max(1, min(knobs["nlist"], rows // 39))
         quantizer = faiss.IndexFlatIP(dim)
         if kind == "ivf":
             index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
@@ -65,12 +72,64 @@ def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.In
                                   "choose a divisor of it in mining.index.pq_m")
             index = faiss.IndexIVFPQ(quantizer, dim, nlist, knobs["pq_m"], 8,
                                      faiss.METRIC_INNER_PRODUCT)
-        index.train(vectors)
         index.nprobe = knobs["nprobe"]
-    else:
-        raise ConfigError(f"index type '{kind}' is unknown; use flat, ivf, hnsw or ivfpq")
-    index.add(vectors)
+        return index
+    raise ConfigError(f"index type '{kind}' is unknown; use flat, ivf, hnsw or ivfpq")
+
+
+def training_size(index: faiss.Index) -> int:
+    """How many vectors `index` needs to train: 0 when it needs none."""
+    if index.is_trained:
+        return 0
+    centroids = faiss.extract_index_ivf(index).nlist
+    if isinstance(index, faiss.IndexIVFPQ):
+        centroids = max(centroids, 1 << index.pq.nbits)  # each PQ codebook is a k-means too
+    return POINTS_PER_CENTROID * centroids
+
+
+def training_sample(shards: Sequence[np.ndarray], size: int, seed: int = 0) -> np.ndarray:
+    """Every vector when the shards hold at most `size`, in order; otherwise `size` of them drawn
+    uniformly without replacement (float32): what k-means would have sampled from the whole."""
+    total = sum(len(s) for s in shards)
+    if total <= size:
+        return np.concatenate([np.asarray(s, dtype=np.float32) for s in shards])
+    chosen = np.sort(np.random.default_rng(seed).choice(total, size, replace=False))
+    starts = np.cumsum([0] + [len(s) for s in shards])
+    return np.concatenate([
+        np.asarray(shard[chosen[(chosen >= lo) & (chosen < hi)] - lo], dtype=np.float32)
+        for shard, lo, hi in zip(shards, starts[:-1], starts[1:])
+    ])  # fmt: skip
+
+
+def reserve(index: faiss.Index, rows: int) -> None:
+    """Give a flat (or HNSW's flat) storage its final size before vectors are added a block at a
+    time: a std::vector grown add by add doubles its capacity, and holds old and new at once
+    (up to 3x the index). Resizing down keeps the capacity, so the adds then copy in place."""
+    flat = faiss.downcast_index(index.storage) if isinstance(index, faiss.IndexHNSW) else index
+    if isinstance(flat, faiss.IndexFlatCodes):
+        flat.codes.resize((flat.ntotal + rows) * flat.code_size)
+        flat.codes.resize(flat.ntotal * flat.code_size)
+
+
+def fill(index: faiss.Index, shards: Sequence[np.ndarray]) -> faiss.Index:
+    """Train `index` if it must be, then add the shards' vectors a block at a time."""
+    if size := training_size(index):
+        index.train(training_sample(shards, size))
+    total = sum(len(s) for s in shards)
+    reserve(index, total)
+    blocks = float32_blocks(shards)
+    with tqdm(total=total, desc="index", unit="vec", mininterval=10, disable=total <= 10 * BLOCK_ROWS) as bar:
+        for block in blocks:
+            index.add(block)
+            bar.update(len(block))
+            del block  # before the next one is read: one block held at a time
     return index
+
+
+def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.Index:
+    """An inner-product index over `vectors` (row i = doc i)."""
+    knobs = index_settings(config)
+    return fill(empty_index(vectors.shape[1], len(vectors), knobs), [vectors])
 
 
 def to_search_device(index: faiss.Index, use_gpu: str = "auto") -> faiss.Index:
@@ -121,11 +180,12 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
 def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, Any]) -> dict:
     """Build the index over encoded shards and save it in Pyserini's layout, with a manifest."""
     params = index_settings(config)  # a bad slice fails before the shards are read
-    vectors, doc_ids = load_shards(npy, ids)
+    shards, doc_ids = open_shards(npy, ids)  # memory-mapped: the index is the only full copy held
     if len(set(doc_ids)) != len(doc_ids):
         raise InputFileError(f"duplicate doc ids across {ids}; the corpus must have unique doc_id")
-    index = build(vectors, config)
-    stats = {"documents": len(doc_ids), "dim": int(vectors.shape[1]), "faiss": faiss.__version__}
+    dim = shards[0].shape[1]
+    index = fill(empty_index(dim, len(doc_ids), params), shards)
+    stats = {"documents": len(doc_ids), "dim": int(dim), "faiss": faiss.__version__}
     with artifacts.atomic_dir(out) as tmp:
         save(tmp, index, doc_ids)
         artifacts.write_manifest(tmp / "manifest.json", stage="build_dense_index",
