@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # send); a worker tokenises, cuts and validates a batch and appends each shard's rows to its own
 # spill stream. Only statistics travel back, so the main process stays nearly idle and leaves the
 # cores to the tokenizer. Phase 2 (per shard, in the same workers) gathers that shard's streams,
-# sorts them by chunk_id, checks that no chunk_id occurs twice and writes the Parquet file.
+# puts them in chunk_id order, checks that no chunk_id occurs twice and writes the Parquet file.
 
 _WORKER: Chunker | None = None
 _SPILL: _SpillStreams | None = None
@@ -124,19 +124,40 @@ def _binned(histogram: np.ndarray, bins: int = 32) -> dict[str, Any]:
     return {"bin_width": width, "counts": counts.tolist(), "max_len_chunks": int(histogram[-1])}
 
 
-def _read_spill(spill_dir: Path, shard: int) -> pa.Table:
-    """All rows spilled for one shard, by every process, in no particular order."""
-    parts = []
+def _spilled_runs(spill_dir: Path, shard: int) -> list[pa.RecordBatch]:
+    """Every non-empty batch spilled for one shard, by every process, memory-mapped (nothing is
+    copied until it is used), in no particular order."""
+    runs = []
     for path in sorted(spill_dir.glob(f"*-{shard:04d}.arrows")):
-        with pa.memory_map(str(path)) as source:
-            parts.append(pa.ipc.open_stream(source).read_all())
-    return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+        with pa.memory_map(str(path)) as source:  # the batches keep the mapping alive
+            runs.extend(batch for batch in pa.ipc.open_stream(source) if batch.num_rows)
+    return runs
+
+
+def _runs_in_order(runs: list[pa.RecordBatch]) -> list[pa.RecordBatch] | None:
+    """The runs ordered by chunk_id when each one is sorted and no two overlap, else None.
+
+    Articles read in page order (a dump's, a collection's) give such runs: a batch's chunks are
+    in order, batches cover disjoint page ranges, and only the order in which the workers
+    finished them is lost. Putting whole runs in order is then the sort, and the rows stream
+    from the spill into the Parquet writer instead of being copied into a sorted table."""
+    ids = [run.column("chunk_id").to_numpy() for run in runs]  # zero-copy
+    if any((np.diff(i) <= 0).any() for i in ids):
+        return None
+    order = sorted(range(len(runs)), key=lambda k: ids[k][0])
+    if any(ids[a][-1] >= ids[b][0] for a, b in zip(order, order[1:])):
+        return None
+    return [runs[k] for k in order]
 
 
 def _finish_shard(i: int, spill_dir: Path, out: Path, cfg: ChunkConfig) -> dict[str, Any]:
-    """Phase 2 for one shard: sort its spilled rows by chunk_id, check the order, write them."""
-    table = _read_spill(spill_dir, i)
-    table = table.take(pc.sort_indices(table["chunk_id"]))
+    """Phase 2 for one shard: its spilled rows in chunk_id order (whole runs put in order, or a
+    sort in memory when the articles were not in page order), the order checked, written."""
+    runs = _spilled_runs(spill_dir, i)
+    ordered = _runs_in_order(runs)
+    table = pa.Table.from_batches(ordered if ordered is not None else runs, SCHEMA)
+    if ordered is None:
+        table = table.take(pc.sort_indices(table["chunk_id"]))
     check_order(table["chunk_id"].to_numpy(), str(out))
     lengths = pc.list_value_length(table["input_ids"]).to_numpy(zero_copy_only=False)
     artifacts.write_parquet(out, table, SCHEMA)
@@ -217,7 +238,7 @@ def chunk_corpus(
                     if pool is None:
                         _SPILL.close()
                 log.info("phase 1 (tokenise and cut) took %.1f s", time.perf_counter() - started)
-                # Phase 2: per shard (in parallel), sort by chunk_id, check for duplicates, write.
+                # Phase 2: per shard (in parallel), chunk_id order, check for duplicates, write.
                 jobs = [(i, spill_dir, out, cfg) for i, out in enumerate(out_paths)]
                 shard_stats = list(
                     parallel.bounded_map(_finish_shard, jobs, pool, in_flight=len(jobs))
