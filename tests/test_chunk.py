@@ -358,27 +358,70 @@ def articles_in_page_order(tmp_path_factory):
             write_articles(folder / "b.parquet", rows[100:])]
 
 
-def test_runs_put_in_order_write_what_a_sort_writes(articles_in_page_order, checkpoint, tmp_path,
-                                                    monkeypatch):
-    taken = []
-    in_order = chunk._runs_in_order
-    monkeypatch.setattr(chunk, "_runs_in_order", lambda runs: taken.append(in_order(runs)) or taken[-1])
-    outs, _ = run(articles_in_page_order, checkpoint, tmp_path / "runs", shards=2)
-    assert len(taken) == 2 and all(t is not None and len(t) > 1 for t in taken)  # no sort needed
-    monkeypatch.setattr(chunk, "_runs_in_order", lambda runs: None)  # force the sort
-    sorted_outs, _ = run(articles_in_page_order, checkpoint, tmp_path / "sorted", shards=2)
+def test_merged_runs_write_what_a_sort_writes(articles_in_page_order, checkpoint, tmp_path,
+                                             monkeypatch):
+    merged = []
+    merge = chunk._merged_runs
+    monkeypatch.setattr(chunk, "_merged_runs", lambda streams: merged.append(len(streams)) or merge(streams))
+    monkeypatch.setattr(chunk, "_sorted_in_memory", None)  # the sort must not be needed
+    monkeypatch.setattr(chunk, "ROW_GROUP_ROWS", 50)  # several row groups, cut inside runs
+    outs, stats = run(articles_in_page_order, checkpoint, tmp_path / "merged", shards=2)
+    assert merged == [1, 1]  # one process: one stream per shard
+    assert all(pq.ParquetFile(p).metadata.num_row_groups > 2 for p in outs)
+
+    def unordered(streams):
+        raise chunk._RunsOutOfOrder
+        yield
+
+    monkeypatch.undo()
+    monkeypatch.setattr(chunk, "ROW_GROUP_ROWS", 50)
+    monkeypatch.setattr(chunk, "_merged_runs", unordered)  # force the sort
+    sorted_outs, sorted_stats = run(articles_in_page_order, checkpoint, tmp_path / "sorted", shards=2)
     assert [p.read_bytes() for p in outs] == [p.read_bytes() for p in sorted_outs]
+    assert stats == sorted_stats
 
 
-def test_runs_that_overlap_or_are_unsorted_are_not_put_in_order():
-    def batch(ids):
-        return pa.RecordBatch.from_pydict({"chunk_id": pa.array(ids, pa.int64())})
+def test_two_processes_merge_their_streams_into_the_same_shards(articles_in_page_order, checkpoint,
+                                                                tmp_path):
+    """Each worker spills its own stream per shard; phase 2 merges both (batches of 16 articles,
+    so each stream holds several runs)."""
+    one, _ = run(articles_in_page_order, checkpoint, tmp_path / "p1", shards=2)
+    two, _ = run(articles_in_page_order, checkpoint, tmp_path / "p2", shards=2, processes=2)
+    assert [p.read_bytes() for p in one] == [p.read_bytes() for p in two]
+    for out in two:  # the manifest says how: here without a sort
+        manifest = json.loads(artifacts.manifest_path(out).read_text())
+        assert manifest["stats"]["shard"]["ordered_by"] == "merging runs"
 
-    assert [r.column(0).to_pylist() for r in chunk._runs_in_order(
-        [batch([5, 6]), batch([1, 2]), batch([9])])] == [[1, 2], [5, 6], [9]]
-    assert chunk._runs_in_order([batch([1, 5]), batch([3, 4])]) is None  # overlapping
-    assert chunk._runs_in_order([batch([1, 2]), batch([2, 3])]) is None  # one id twice
-    assert chunk._runs_in_order([batch([2, 1])]) is None  # a run out of order
+
+def _streams(folder: Path, *per_process: list[list[int]]) -> list[Path]:
+    """Spill streams as processes leave them: each a list of runs (chunk ids of page 0..)."""
+    paths = []
+    for pid, runs in enumerate(per_process):
+        paths.append(folder / f"{pid}-0000.arrows")
+        with pa.ipc.new_stream(pa.OSFile(str(paths[-1]), "wb"), contract.SCHEMA) as sink:
+            for ids in runs:
+                n = len(ids)
+                sink.write_batch(pa.record_batch(
+                    [pa.array(ids, pa.int64()), pa.array(ids, pa.int64()), pa.array([0] * n, pa.int32()),
+                     pa.array([[101, 102]] * n, pa.list_(pa.int32())), pa.array([[]] * n, pa.list_(pa.int32()))],
+                    schema=contract.SCHEMA))
+    return paths
+
+
+def test_runs_merge_in_order_and_an_overlap_or_unsorted_run_asks_for_a_sort(tmp_path):
+    def merged(*per_process):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        return [r.column(0).to_pylist() for r in chunk._merged_runs(_streams(folder, *per_process))]
+
+    assert merged([[1, 2], [7], [9, 10]], [[], [3, 5]], [[6]]) == [[1, 2], [3, 5], [6], [7], [9, 10]]
+    assert merged() == [] and merged([[]]) == []
+    for bad in ([[[1, 5]], [[3, 4]]],  # two runs overlap
+                [[[1, 2]], [[2, 3]]],  # one chunk id twice (a page in two article parts)
+                [[[2, 1]]],  # a run out of order
+                [[[5], [1]]]):  # a process's runs out of order (articles not in page order)
+        with pytest.raises(chunk._RunsOutOfOrder):
+            merged(*bad)
 
 
 _MEASURE_FINISH = """
@@ -390,9 +433,14 @@ def rss_kb(field):
         if line.startswith(field + ":"):
             return int(line.split()[1])
 
+def unordered(streams):
+    raise chunk._RunsOutOfOrder
+    yield
+
 spill, out = Path(sys.argv[2]), Path(sys.argv[3])
-if sys.argv[4] == "sort":  # the control: phase 2 as it was, every shard sorted in memory
-    chunk._runs_in_order = lambda runs: None
+chunk.ROW_GROUP_ROWS = 2048  # many row groups at 1x already, so 1x and 10x hold the same one
+if sys.argv[4] == "sort":  # the control: every shard sorted in memory, as phase 2 once did
+    chunk._merged_runs = unordered
 cfg = chunker.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 128, "shards": 1})
 before = rss_kb("VmRSS")
 chunk._finish_shard(0, spill, out, cfg)
@@ -433,12 +481,10 @@ def test_phase_two_holds_no_sorted_copy_of_its_shard_at_10x(tmp_path):
             out = tmp_path / f"out-{scale}-{how}.parquet"
             peak[scale, how] = memory_probe.run(_MEASURE_FINISH, tmp_path / f"spill{scale}", out,
                                                 how)["peak_grew_kb"]
-    grown_kb = (size[10] - size[1]) // 1024  # ~35 MB: the spill's pages, read through the mapping
-    # What 9x more rows may add: their memory-mapped spill pages (page cache, counted in RSS), the
-    # Parquet writer's buffers for its one row group (repetition and definition levels of every
-    # token: ~0.9x the spill here), and per-row arrays (ids, lengths). Measured: 71 MB of 84.
-    bound = 2 * grown_kb + 8 * 1024
+    grown_kb = (size[10] - size[1]) // 1024  # ~35 MB more spill
+    # A merge holds a row group (2,048 chunks of 128 tokens here: 1 MB of ids, its Parquet levels
+    # and pages) and a batch per stream, whatever the shard's size: 9x more rows may add little.
+    bound = 8 * 1024
     assert peak[10, "runs"] - peak[1, "runs"] <= bound, (peak, bound)
-    # Control: sorting in memory copies the shard (and takes a sorted index): the bound sees it
-    # (223 MB).
-    assert peak[10, "sort"] - peak[1, "runs"] > bound, (peak, bound)
+    # Control: sorting in memory reads the shard and copies it: the bound sees it.
+    assert peak[10, "sort"] - peak[1, "runs"] > max(bound, grown_kb), (peak, bound, grown_kb)

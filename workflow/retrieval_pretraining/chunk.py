@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # send); a worker tokenises, cuts and validates a batch and appends each shard's rows to its own
 # spill stream. Only statistics travel back, so the main process stays nearly idle and leaves the
 # cores to the tokenizer. Phase 2 (per shard, in the same workers) gathers that shard's streams,
-# puts them in chunk_id order, checks that no chunk_id occurs twice and writes the Parquet file.
+# merges them in chunk_id order, checks that no chunk_id occurs twice and writes the Parquet file.
 
 _WORKER: Chunker | None = None
 _SPILL: _SpillStreams | None = None
@@ -124,51 +124,102 @@ def _binned(histogram: np.ndarray, bins: int = 32) -> dict[str, Any]:
     return {"bin_width": width, "counts": counts.tolist(), "max_len_chunks": int(histogram[-1])}
 
 
-def _spilled_runs(spill_dir: Path, shard: int) -> list[pa.RecordBatch]:
-    """Every non-empty batch spilled for one shard, by every process, memory-mapped (nothing is
-    copied until it is used), in no particular order."""
-    runs = []
-    for path in sorted(spill_dir.glob(f"*-{shard:04d}.arrows")):
-        with pa.memory_map(str(path)) as source:  # the batches keep the mapping alive
-            runs.extend(batch for batch in pa.ipc.open_stream(source) if batch.num_rows)
-    return runs
+# Rows per Parquet row group of a shard (~50 MB of token ids at 512 tokens): phase 2 holds one row
+# group and one spilled batch per stream, never the shard.
+ROW_GROUP_ROWS = 16_384
 
 
-def _runs_in_order(runs: list[pa.RecordBatch]) -> list[pa.RecordBatch] | None:
-    """The runs ordered by chunk_id when each one is sorted and no two overlap, else None.
+class _RunsOutOfOrder(Exception):
+    """A spilled batch is unsorted or overlaps one already written: the shard needs a sort."""
 
-    Articles read in page order (a dump's, a collection's) give such runs: a batch's chunks are
-    in order, batches cover disjoint page ranges, and only the order in which the workers
-    finished them is lost. Putting whole runs in order is then the sort, and the rows stream
-    from the spill into the Parquet writer instead of being copied into a sorted table."""
-    ids = [run.column("chunk_id").to_numpy() for run in runs]  # zero-copy
-    if any((np.diff(i) <= 0).any() for i in ids):
-        return None
-    order = sorted(range(len(runs)), key=lambda k: ids[k][0])
-    if any(ids[a][-1] >= ids[b][0] for a, b in zip(order, order[1:])):
-        return None
-    return [runs[k] for k in order]
+
+def _merged_runs(streams: Sequence[Path]) -> Iterator[pa.RecordBatch]:
+    """The spilled batches ("runs") of every process's stream in chunk_id order, one run per
+    stream read at a time.
+
+    Articles read in page order (a dump's, a collection's) make every run sorted and every
+    stream's runs increasing (a worker finishes one batch before it takes the next), so a merge
+    of whole runs is the sort. Each run is checked to be sorted and to start after the last one
+    yielded (so the output is strictly increasing: no chunk_id twice); a run that is not raises
+    _RunsOutOfOrder."""
+    readers = [pa.ipc.open_stream(pa.OSFile(str(path))) for path in streams]  # read, not mapped
+    heads: dict[int, pa.RecordBatch] = {}
+
+    def advance(k: int) -> None:
+        for run in readers[k]:
+            if run.num_rows:
+                heads[k] = run
+                return
+        heads.pop(k, None)
+
+    for k in range(len(readers)):
+        advance(k)
+    last = None
+    while heads:
+        k = min(heads, key=lambda j: heads[j].column("chunk_id")[0].as_py())
+        run = heads[k]
+        ids = run.column("chunk_id").to_numpy()
+        if (np.diff(ids) <= 0).any() or (last is not None and ids[0] <= last):
+            raise _RunsOutOfOrder
+        last = ids[-1]
+        yield run
+        advance(k)
+
+
+def _sorted_in_memory(streams: Sequence[Path]) -> pa.Table:
+    """Every spilled row of a shard, sorted by chunk_id (articles not in page order)."""
+    parts = []
+    for path in streams:
+        with pa.memory_map(str(path)) as source:
+            parts.append(pa.ipc.open_stream(source).read_all())
+    table = pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+    return table.take(pc.sort_indices(table["chunk_id"]))
+
+
+def _write_shard(runs: Iterator[pa.RecordBatch], out: Path, cfg: ChunkConfig) -> dict[str, Any]:
+    """Write rows in chunk_id order as row groups of ROW_GROUP_ROWS; return the shard's stats."""
+    lengths = np.zeros(cfg.max_len + 1, dtype=np.int64)
+    rows = pages = 0
+    last_page = None
+
+    def flush(writer: pq.ParquetWriter, table: pa.Table) -> None:
+        nonlocal rows, pages, last_page
+        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        lengths[:] += np.bincount(pc.list_value_length(table["input_ids"]).to_numpy(
+            zero_copy_only=False), minlength=cfg.max_len + 1)
+        page_ids = table["page_id"].to_numpy()  # non-decreasing: rows are in chunk_id order
+        pages += int((np.diff(page_ids) != 0).sum()) + int(page_ids[0] != last_page)
+        rows, last_page = rows + table.num_rows, page_ids[-1]
+
+    with artifacts.atomic_path(out) as tmp:
+        with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
+            pending: list[pa.RecordBatch] = []
+            held = 0
+            for run in runs:
+                pending.append(run)
+                held += run.num_rows
+                while held >= ROW_GROUP_ROWS:
+                    table = pa.Table.from_batches(pending, SCHEMA)
+                    flush(writer, table.slice(0, ROW_GROUP_ROWS))
+                    pending, held = table.slice(ROW_GROUP_ROWS).to_batches(), held - ROW_GROUP_ROWS
+            if held:
+                flush(writer, pa.Table.from_batches(pending, SCHEMA))
+    log.info("shard -> %s: %d chunks", out, rows)
+    return {"chunks": rows, "tokens": int((lengths * np.arange(len(lengths))).sum()),
+            "pages": pages, "length_histogram": lengths.tolist()}
 
 
 def _finish_shard(i: int, spill_dir: Path, out: Path, cfg: ChunkConfig) -> dict[str, Any]:
-    """Phase 2 for one shard: its spilled rows in chunk_id order (whole runs put in order, or a
-    sort in memory when the articles were not in page order), the order checked, written."""
-    runs = _spilled_runs(spill_dir, i)
-    ordered = _runs_in_order(runs)
-    table = pa.Table.from_batches(ordered if ordered is not None else runs, SCHEMA)
-    if ordered is None:
-        table = table.take(pc.sort_indices(table["chunk_id"]))
-    check_order(table["chunk_id"].to_numpy(), str(out))
-    lengths = pc.list_value_length(table["input_ids"]).to_numpy(zero_copy_only=False)
-    artifacts.write_parquet(out, table, SCHEMA)
-    log.info("shard %d: %d chunks -> %s", i, table.num_rows, out)
-    return {
-        "shard": i,
-        "chunks": table.num_rows,
-        "tokens": int(lengths.sum()),
-        "pages": len(pc.unique(table["page_id"])),
-        "length_histogram": np.bincount(lengths, minlength=cfg.max_len + 1).tolist(),
-    }
+    """Phase 2 for one shard: its spilled rows in chunk_id order (a merge of whole runs, or a sort
+    in memory when the articles were not in page order), no chunk_id twice, written."""
+    streams = sorted(spill_dir.glob(f"*-{i:04d}.arrows"))
+    try:
+        stats, ordered_by = _write_shard(_merged_runs(streams), out, cfg), "merging runs"
+    except _RunsOutOfOrder:  # the partial file was discarded (atomic_path)
+        table = _sorted_in_memory(streams)
+        check_order(table["chunk_id"].to_numpy(), str(out))
+        stats, ordered_by = _write_shard(iter(table.to_batches()), out, cfg), "sorting in memory"
+    return {"shard": i, **stats, "ordered_by": ordered_by}
 
 
 def _sources(
