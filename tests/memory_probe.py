@@ -1,7 +1,7 @@
 """Anonymous memory of a fresh Python process running a measurement script (Linux /proc).
 
-A test's script starts with PRELUDE: the package on sys.path (argv[1]) and `anon_kb()`, this
-process's RssAnon in kB; the test's own arguments follow from argv[2]. The script prints one JSON
+A test's script starts with PRELUDE: the package on sys.path (argv[1]), `status_kb(field)`, a
+field of this process's /proc status in kB, and `anon_kb()`, its RssAnon; the test's own arguments follow from argv[2]. The script prints one JSON
 line last, which `run` returns. A fresh process, so nothing the test process already holds counts.
 """
 
@@ -20,10 +20,13 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 
-def anon_kb():
+def status_kb(field):  # VmRSS, VmHWM (peak RSS), RssAnon, ...
     for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
+
+def anon_kb():
+    return status_kb("RssAnon")
 """
 
 

@@ -430,13 +430,7 @@ def test_runs_merge_in_order_and_an_overlap_or_unsorted_run_asks_for_a_sort(tmp_
 
 
 _MEASURE_FINISH = """
-import numpy as np
 from retrieval_pretraining import chunk, chunker
-
-def rss_kb(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
 
 def unordered(streams):
     raise chunk._RunsOutOfOrder
@@ -447,9 +441,9 @@ chunk.ROW_GROUP_ROWS = 2048  # many row groups at 1x already, so 1x and 10x hold
 if sys.argv[4] == "sort":  # the control: every shard sorted in memory, as phase 2 once did
     chunk._merged_runs = unordered
 cfg = chunker.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 128, "shards": 1})
-before = rss_kb("VmRSS")
+before = status_kb("VmRSS")
 chunk._finish_shard(0, spill, out, cfg)
-print(json.dumps({"peak_grew_kb": rss_kb("VmHWM") - before}))
+print(json.dumps({"peak_grew_kb": status_kb("VmHWM") - before}))
 """
 
 

@@ -305,21 +305,16 @@ import numpy as np
 from retrieval_pretraining import faiss_index
 from retrieval_pretraining.contracts.embeddings import open_shards
 
-def rss_kb(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-
 folder, how = Path(sys.argv[2]), sys.argv[3]
 npy, ids = sorted(folder.glob("*.npy")), sorted(folder.glob("*.ids.parquet"))
-before = rss_kb("VmRSS")
+before = status_kb("VmRSS")
 if how == "streamed":
     faiss_index.index_shards(npy, ids, folder / "faiss", {"type": "flat"})
 else:  # what the build did before: every shard read as float32, concatenated, then added
-    _, doc_ids = open_shards(npy, ids)
+    open_shards(npy, ids)  # the doc ids, read as before
     vectors = np.concatenate([np.load(p).astype(np.float32) for p in npy])
     faiss_index.build(vectors)
-print(json.dumps({"peak_grew_kb": rss_kb("VmHWM") - before}))
+print(json.dumps({"peak_grew_kb": status_kb("VmHWM") - before}))
 """
 
 

@@ -117,9 +117,9 @@ def fill(index: faiss.Index, shards: Sequence[np.ndarray]) -> faiss.Index:
         index.train(training_sample(shards, size))
     total = sum(len(s) for s in shards)
     reserve(index, total)
-    blocks = float32_blocks(shards)
-    with tqdm(total=total, desc="index", unit="vec", mininterval=10, disable=total <= 10 * BLOCK_ROWS) as bar:
-        for block in blocks:
+    with tqdm(total=total, desc="index", unit="vec", mininterval=10,
+              disable=total <= 10 * BLOCK_ROWS) as bar:
+        for block in float32_blocks(shards):
             index.add(block)
             bar.update(len(block))
             del block  # before the next one is read: one block held at a time

@@ -51,4 +51,3 @@ def float32_blocks(shards: Sequence[np.ndarray], rows: int = BLOCK_ROWS) -> Iter
     for shard in shards:
         for start in range(0, len(shard), rows):
             yield np.ascontiguousarray(shard[start:start + rows], dtype=np.float32)
-
