@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -183,8 +184,107 @@ def test_scoring_time_grows_linearly_with_the_queries():
         # The process's CPU time, not the wall clock: a busy neighbour on a shared machine made
         # the wall-clock ratio fail on the linear code.
         start = time.process_time()
-        evaluate.score(run, qrels, measures)
+        evaluate.score(evaluate.query_blocks(run), qrels, measures)
         return time.process_time() - start
 
     small, large = min(seconds(2000) for _ in range(2)), seconds(16000)
     assert large < 24 * small + 0.5, (small, large)  # quadratic would be ~64x
+
+
+def _random_run(rng, queries: int, depth: int) -> tuple[list[str], str]:
+    """Run lines (grouped by query, ties included) and TREC qrels: graded, some queries judged
+    but absent from the run, some answered but unjudged."""
+    lines, qrels = [], []
+    for q in range(queries):
+        hits = rng.sample(range(3 * depth), rng.randint(1, depth))
+        scores = [round(rng.random(), 1) for _ in hits]  # one decimal: many ties
+        lines += [f"q{q} Q0 d{d} {r} {s} t" for r, (d, s) in enumerate(zip(hits, scores), 1)]
+    for q in range(queries + 5):
+        if q % 7 != 3:  # q3, q10, ... answered, never judged
+            qrels += [f"q{q} 0 d{d} {rng.choice([0, 1, 2])}" for d in rng.sample(range(60), 6)]
+    return lines, "\n".join(qrels) + "\n"
+
+
+def test_streamed_batches_score_what_one_call_over_the_whole_run_does(tmp_path):
+    """Scoring streams the run a batch of whole queries at a time, each with its own qrels; every
+    value must equal ir_measures' one call over the whole run and qrels (the old way), for batches
+    of one query up to all of them, and for the same lines shuffled (read whole: the fallback)."""
+    import random
+
+    import ir_measures
+
+    rng = random.Random(5)
+    lines, qrels_text = _random_run(rng, queries=40, depth=30)
+    qrels_path, run_path = tmp_path / "qrels.txt", tmp_path / "run.trec"
+    qrels_path.write_text(qrels_text)
+    run_path.write_text("\n".join(lines) + "\n")
+    names = ["nDCG@10", "RR@10", "R@20", "AP", "P@5", "Judged@10", "nDCG"]
+    measures = evaluate.parse_measures(names, relevance_level=2)
+    qrels = evaluate.read_qrels(qrels_path)
+    whole = [ir_measures.ScoredDoc(q, d, float(s)) for q, _, d, _, s, _ in map(str.split, lines)]
+    expected: dict[str, dict[str, float]] = {str(m): {} for m in measures}
+    for found in ir_measures.iter_calc(measures, qrels, whole):
+        expected[str(found.measure)][found.query_id] = found.value
+    judged = {q.query_id for q in qrels}
+    for values in expected.values():
+        values |= {q: 0.0 for q in judged - set(values)}  # trec_eval -c
+    shuffled = tmp_path / "shuffled.trec"
+    shuffled.write_text("\n".join(rng.sample(lines, len(lines))) + "\n")
+    for path, batch in [(run_path, 1), (run_path, 37), (run_path, 10**6), (shuffled, 50)]:
+        got = evaluate.evaluate(path, qrels_path, None, {"measures": names, "relevance_level": 2},
+                                batch_lines=batch)
+        assert got["per_query"].keys() == expected.keys()
+        for measure, values in expected.items():
+            assert got["per_query"][measure] == pytest.approx(values, abs=1e-12), (path, batch)
+        assert got["queries"] == len(judged) and got["queries_missing_from_run"] == 5
+        assert got["run_queries_without_qrels"] == 6
+
+
+def test_a_query_seen_again_later_is_scored_whole_and_a_duplicate_across_its_lines_fails(tmp_path):
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 d1 1\nq2 0 d2 1\n")
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d9 1 3.0 t\nq2 Q0 d2 1 2.0 t\nq1 Q0 d1 2 1.0 t\n")
+    got = evaluate.evaluate(run, qrels, None, {"measures": ["R@2"]})
+    assert got["per_query"]["R@2"] == {"q1": 1.0, "q2": 1.0}
+    run.write_text("q1 Q0 d1 1 3.0 t\nq2 Q0 d2 1 2.0 t\nq1 Q0 d1 2 1.0 t\n")
+    with pytest.raises(evaluate.EvaluationError, match="line 3: document d1 is ranked twice"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["R@2"]})
+
+
+_MEASURE_SCORING = """
+from retrieval_pretraining import evaluate
+run, qrels, batch = Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+before = status_kb("VmRSS")
+evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10", "R@100"]}, batch_lines=batch)
+print(json.dumps({"peak_grew_kb": status_kb("VmHWM") - before}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_scoring_memory_does_not_grow_with_the_run_at_10x(tmp_path):
+    """100 queries with 200, then 2,000 hits each (200k lines): a run whose queries' lines are
+    together is scored a batch at a time (4,096 lines here), so 10x the lines adds next to nothing
+    to the peak; control: the same lines interleaved across queries are read whole (the fallback,
+    and what every run cost before), and the bound sees that."""
+    import memory_probe
+
+    queries, peak = 100, {}
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("".join(f"q{q} 0 d{q}-{q % 50} 1\n" for q in range(queries)))
+    for scale in (1, 10):
+        depth = 200 * scale
+        line = "q{q} Q0 d{q}-{k} {r} {s} run\n"
+        grouped = [line.format(q=q, k=k, r=k + 1, s=depth - k) for q in range(queries)
+                   for k in range(depth)]
+        (tmp_path / f"grouped-{scale}.trec").write_text("".join(grouped))
+        if scale == 10:
+            (tmp_path / "interleaved.trec").write_text("".join(
+                line.format(q=q, k=k, r=k + 1, s=depth - k) for k in range(depth)
+                for q in range(queries)))
+    for name in ("grouped-1", "grouped-10", "interleaved"):
+        peak[name] = memory_probe.run(_MEASURE_SCORING, tmp_path / f"{name}.trec", qrels,
+                                      4096)["peak_grew_kb"]
+    bound = 12 * 1024  # the 180k more lines take ~50 MB as objects; a batch is 4,096 of them
+    assert peak["grouped-10"] - peak["grouped-1"] <= bound, peak
+    assert peak["interleaved"] - peak["grouped-1"] > 3 * bound, peak

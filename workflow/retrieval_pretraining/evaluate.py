@@ -18,6 +18,9 @@ Semantics, chosen to match the official evaluations:
   in run order = score descending, ties in file order) is scored against answers-{split}.parquet and
   the corpus (`--answers`, `--corpus`); every question of the answers file counts (0 when the run
   misses it). A split may mix it with qrels measures; `answer_match: regex` is CuratedTREC's mode.
+- The run is streamed: each query's lines together (every run this workflow writes) are scored
+  a batch of whole queries at a time (BATCH_LINES hits), so memory does not grow with the run's
+  length; a run whose queries' lines are scattered is read whole first (legal TREC, a warning).
 - A malformed run or qrels line (a byte that is not UTF-8 included), a duplicated (query, document)
   pair in a run, an empty run, or a run sharing no query with the qrels raises with the file and
   line: never a 0.0 for a parse error. The command prints it as one line and exits 1.
@@ -28,7 +31,8 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from collections import deque
+from typing import Any, Iterable, Iterator
 
 import ir_measures
 import polars as pl
@@ -50,13 +54,22 @@ class EvaluationError(BadInput, ValueError):
     """The run or qrels cannot be scored as given (the message says where and how to fix it)."""
 
 
-def read_run(path: str | Path) -> list[ScoredDoc]:
-    """Parse a TREC run strictly: 6 fields per line, integer rank, finite float score, no duplicates."""
-    path = Path(path)
+# A batch handed to ir_measures holds whole queries and about this many run lines: enough that its
+# per-call set-up is noise, few enough that scoring holds ~100 MB whatever the run's length (a run
+# of 30M lines read whole held 11.7 GB as ScoredDoc objects; issue 17).
+BATCH_LINES = 262_144
+
+Block = tuple[str, list[ScoredDoc]]  # one query's hits, in file order
+
+
+class _NotGrouped(Exception):
+    """A query's lines are not together in the run (legal TREC, but it cannot be streamed)."""
+
+
+def _hits(path: Path) -> Iterator[tuple[int, str, str, float]]:
+    """(line number, query id, doc id, score) of every run line, parsed strictly."""
     if not path.is_file():
         raise EvaluationError(f"run file {path} does not exist")
-    docs: list[ScoredDoc] = []
-    seen: set[tuple[str, str]] = set()
     for number, line in utf8_lines(path, EvaluationError):
         fields = line.split()
         if not fields:
@@ -76,16 +89,50 @@ def read_run(path: str | Path) -> list[ScoredDoc]:
             ) from None
         if not math.isfinite(value):
             raise EvaluationError(f"{path}, line {number}: score {score!r} is not finite")
-        if (qid, did) in seen:
-            raise EvaluationError(
-                f"{path}, line {number}: document {did} is ranked twice for query {qid}; "
-                "a run lists each document once per query"
-            )
-        seen.add((qid, did))
-        docs.append(ScoredDoc(qid, did, value))
-    if not docs:
+        yield number, qid, did, value
+
+
+def _ranked_twice(path: Path, number: int, qid: str, did: str) -> EvaluationError:
+    return EvaluationError(
+        f"{path}, line {number}: document {did} is ranked twice for query {qid}; "
+        "a run lists each document once per query"
+    )
+
+
+def _streamed_blocks(path: Path) -> Iterator[Block]:
+    """Each query's hits as its lines end, holding one query at a time; raises _NotGrouped when a
+    query's lines turn out not to be together (every run this workflow writes has them together)."""
+    finished: set[str] = set()
+    qid, hits, seen = None, [], set()
+    for number, q, did, value in _hits(path):
+        if q != qid:
+            if qid is not None:
+                yield qid, hits
+                finished.add(qid)
+            if q in finished:
+                raise _NotGrouped(f"{path}, line {number}: query {q} again after other queries")
+            qid, hits, seen = q, [], set()
+        if did in seen:
+            raise _ranked_twice(path, number, q, did)
+        seen.add(did)
+        hits.append(ScoredDoc(q, did, value))
+    if qid is None:
         raise EvaluationError(f"run file {path} is empty; the retrieval step wrote no results")
-    return docs
+    yield qid, hits
+
+
+def _blocks_in_memory(path: Path) -> Iterator[Block]:
+    """Each query's hits from the whole run read first: any line order, memory ~ the run."""
+    by_query: dict[str, list[ScoredDoc]] = {}
+    seen: set[tuple[str, str]] = set()
+    for number, qid, did, value in _hits(path):
+        if (qid, did) in seen:
+            raise _ranked_twice(path, number, qid, did)
+        seen.add((qid, did))
+        by_query.setdefault(qid, []).append(ScoredDoc(qid, did, value))
+    if not by_query:
+        raise EvaluationError(f"run file {path} is empty; the retrieval step wrote no results")
+    yield from by_query.items()
 
 
 def read_qrels(path: str | Path) -> list[Qrel]:
@@ -143,22 +190,47 @@ def parse_measures(names: Iterable[str], relevance_level: int = 1) -> list:
     return measures
 
 
+def _batches(blocks: Iterable[Block], lines: int) -> Iterator[list[Block]]:
+    """Whole queries, gathered until a batch holds at least `lines` hits."""
+    batch, held = [], 0
+    for block in blocks:
+        batch.append(block)
+        held += len(block[1])
+        if held >= lines:
+            yield batch
+            batch, held = [], 0
+    if batch:
+        yield batch
+
+
 def score(
-    run: list[ScoredDoc], qrels: list[Qrel], measures: list, run_name: str = "run"
+    blocks: Iterable[Block], qrels: list[Qrel], measures: list, run_name: str = "run",
+    batch_lines: int | None = None,
 ) -> dict[str, Any]:
-    """Aggregate and per-query values; qrels queries absent from the run score 0 (trec_eval -c)."""
-    qrels_queries = sorted({q.query_id for q in qrels})
-    run_queries = {d.query_id for d in run}
-    overlap = run_queries.intersection(qrels_queries)
-    if not overlap:
+    """Aggregate and per-query values of a run given as (query id, hits) blocks, each query once;
+    qrels queries absent from the run score 0 (trec_eval -c). ir_measures scores `batch_lines`
+    hits at a time with the qrels of those queries only: every measure is per query, so the values
+    are those of one call over the whole run (tests/test_evaluate.py checks it)."""
+    by_query: dict[str, list[Qrel]] = {}
+    for qrel in qrels:
+        by_query.setdefault(qrel.query_id, []).append(qrel)
+    per_query: dict[str, dict[str, float]] = {str(m): {} for m in measures}
+    run_queries: set[str] = set()
+    for batch in _batches(blocks, batch_lines or BATCH_LINES):
+        run_queries.update(qid for qid, _ in batch)
+        judged_here = [qrel for qid, _ in batch for qrel in by_query.get(qid, ())]
+        if not judged_here:
+            continue
+        docs = [doc for _, hits in batch for doc in hits]
+        for result in ir_measures.iter_calc(measures, judged_here, docs):
+            per_query[str(result.measure)][result.query_id] = float(result.value)
+    qrels_queries = sorted(by_query)
+    judged = set(qrels_queries)
+    if not run_queries & judged:
         raise EvaluationError(
             f"{run_name}: none of its {len(run_queries)} queries appear in the qrels "
             f"({len(qrels_queries)} queries, e.g. {qrels_queries[:3]}); wrong split or id format?"
         )
-    per_query: dict[str, dict[str, float]] = {str(m): {} for m in measures}
-    for result in ir_measures.iter_calc(measures, qrels, run):
-        per_query[str(result.measure)][result.query_id] = float(result.value)
-    judged = set(qrels_queries)  # built once: inside the loop it made scoring O(queries^2)
     for values in per_query.values():
         for qid in qrels_queries:
             values.setdefault(qid, 0.0)
@@ -175,51 +247,90 @@ def score(
     }
 
 
-def ranked_lists(run: list[ScoredDoc]) -> dict[str, list[str]]:
-    """Each query's doc ids by score, descending (ties keep the run file's order)."""
+def query_blocks(run: Iterable[ScoredDoc]) -> list[Block]:
+    """A run held as ScoredDoc objects, as `score`'s blocks (each query once, file order kept)."""
     by_query: dict[str, list[ScoredDoc]] = {}
     for doc in run:
         by_query.setdefault(doc.query_id, []).append(doc)
-    return {q: [d.doc_id for d in sorted(docs, key=lambda d: -d.score)]
-            for q, docs in by_query.items()}
+    return list(by_query.items())
 
 
-def score_answers(run: list[ScoredDoc], answers_path: Path | None, corpus: Path | None,
-                  cutoffs: dict[str, int], mode: str, run_name: str) -> dict[str, Any]:
-    """Acc@k (answers.py) per question and aggregated, in the scores contract's shape."""
-    if answers_path is None or corpus is None:
-        raise EvaluationError(f"{', '.join(cutoffs)} need --answers (answers-<split>.parquet) and "
-                              "--corpus (the dataset's corpus.parquet): a format dpr dataset")
-    answers = answer_recall.read_answers(answers_path)
-    if not answers:
-        raise EvaluationError(f"answers file {answers_path} is empty")
-    ranked = ranked_lists(run)
-    if not set(ranked) & set(answers):
-        raise EvaluationError(f"{run_name}: none of its {len(ranked)} queries are questions of "
+def ranked(hits: list[ScoredDoc], depth: int) -> list[str]:
+    """A query's first `depth` doc ids by score, descending (ties keep the run file's order)."""
+    return [d.doc_id for d in sorted(hits, key=lambda d: -d.score)[:depth]]
+
+
+def score_answers(top: dict[str, list[str]], run_queries: int, answers: dict[str, list[str]],
+                  answers_path: Path, corpus: Path, cutoffs: dict[str, int], mode: str,
+                  run_name: str) -> dict[str, Any]:
+    """Acc@k (answers.py) per question and aggregated, in the scores contract's shape; `top` holds
+    the ranked doc ids of every question the run answers."""
+    if not top:
+        raise EvaluationError(f"{run_name}: none of its {run_queries} queries are questions of "
                               f"{answers_path}; wrong split or id format?")
-    per_query = answer_recall.top_k_accuracy(ranked, answers, corpus, cutoffs, mode)
+    per_query = answer_recall.top_k_accuracy(top, answers, corpus, cutoffs, mode)
     return {"aggregate": {m: sum(v.values()) / len(answers) for m, v in per_query.items()},
             "per_query": per_query, "questions": len(answers),
-            "questions_missing_from_run": len(set(answers) - set(ranked))}
+            "questions_missing_from_run": len(set(answers) - set(top))}
+
+
+def _score_run(blocks: Iterable[Block], qrels: list[Qrel] | None, measures: list,
+               answers: dict[str, list[str]], depth: int, run_name: str,
+               batch_lines: int | None) -> tuple[dict[str, Any], dict[str, list[str]], int]:
+    """One pass over the run's queries: the qrels measures, each question's top `depth` doc ids
+    (Acc@k) and how many queries the run answers."""
+    top: dict[str, list[str]] = {}
+    queries = 0
+
+    def noting_questions(blocks: Iterable[Block]) -> Iterator[Block]:
+        nonlocal queries
+        for qid, hits in blocks:
+            queries += 1
+            if qid in answers:
+                top[qid] = ranked(hits, depth)
+            yield qid, hits
+
+    passing = noting_questions(blocks)
+    if measures:
+        result = score(passing, qrels or [], measures, run_name, batch_lines)
+    else:
+        deque(passing, maxlen=0)  # Acc@k only: the pass is for `top`
+        result = {"aggregate": {}, "per_query": {}}
+    return result, top, queries
 
 
 def evaluate(
     run_path: Path, qrels_path: Path | None, out: Path | None, config: dict[str, Any],
-    answers: Path | None = None, corpus: Path | None = None,
+    answers: Path | None = None, corpus: Path | None = None, batch_lines: int | None = None,
 ) -> dict[str, Any]:
+    """Score a run (module docstring). The run is streamed query by query when each query's lines
+    are together, as in every run this workflow writes; otherwise it is read whole first."""
+    run_path = Path(run_path)
     names = config.get("measures", ["nDCG@10"])
     cutoffs = answer_recall.acc_cutoffs(names)
     measures = parse_measures([n for n in names if n not in cutoffs],
                               int(config.get("relevance_level", 1)))
-    run = read_run(run_path)
-    result: dict[str, Any] = {"aggregate": {}, "per_query": {}}
-    if measures:
-        if qrels_path is None:
-            raise EvaluationError(f"measures {[str(m) for m in measures]} need --qrels")
-        result = score(run, read_qrels(qrels_path), measures, str(run_path))
+    if measures and qrels_path is None:
+        raise EvaluationError(f"measures {[str(m) for m in measures]} need --qrels")
+    if cutoffs and (answers is None or corpus is None):
+        raise EvaluationError(f"{', '.join(cutoffs)} need --answers (answers-<split>.parquet) and "
+                              "--corpus (the dataset's corpus.parquet): a format dpr dataset")
+    qrels = read_qrels(qrels_path) if measures else None
+    questions = answer_recall.read_answers(answers) if cutoffs else {}
+    if cutoffs and not questions:
+        raise EvaluationError(f"answers file {answers} is empty")
+    depth = max(cutoffs.values(), default=0)
+    try:
+        result, top, queries = _score_run(_streamed_blocks(run_path), qrels, measures, questions,
+                                          depth, str(run_path), batch_lines)
+    except _NotGrouped as where:
+        log.warning("%s; reading the run whole (memory grows with its length)", where)
+        result, top, queries = _score_run(_blocks_in_memory(run_path), qrels, measures, questions,
+                                          depth, str(run_path), batch_lines)
     if cutoffs:
         mode = config.get("answer_match", "string")
-        found = score_answers(run, answers, corpus, cutoffs, mode, str(run_path))
+        found = score_answers(top, queries, questions, answers, corpus, cutoffs, mode,
+                              str(run_path))
         for key in ("aggregate", "per_query"):
             result[key] |= found.pop(key)
         result |= found | {"answers": str(answers), "answer_match": mode}

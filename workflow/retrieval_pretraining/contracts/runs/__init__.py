@@ -2,7 +2,7 @@
 
 TREC format, UTF-8 text, one hit per line: `query_id Q0 doc_id rank score tag`; per query, ranks
 1..k in order, scores non-increasing, no document twice. evaluate.py parses runs strictly and fails
-on anything else (its `read_run`); every reader of runs reads their lines through `utf8_lines`.
+on anything else (its `_hits`); every reader of runs reads their lines through `utf8_lines`.
 """
 
 from __future__ import annotations
