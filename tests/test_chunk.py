@@ -487,3 +487,44 @@ def test_phase_two_holds_no_sorted_copy_of_its_shard_at_10x(tmp_path):
     assert peak[10, "runs"] - peak[1, "runs"] <= bound, (peak, bound)
     # Control: sorting in memory reads the shard and copies it: the bound sees it.
     assert peak[10, "sort"] - peak[1, "runs"] > max(bound, grown_kb), (peak, bound, grown_kb)
+
+
+_MEASURE_CHUNK_BATCH = """
+import numpy as np
+from retrieval_pretraining import chunker
+checkpoint, text, articles = sys.argv[2], Path(sys.argv[3]).read_text(), int(sys.argv[4])
+chunker.ENCODE_CHARS = int(sys.argv[5])
+worker = chunker.Chunker(checkpoint, chunker.ChunkConfig(checkpoint="x", max_len=512))
+worker.chunk_batch(np.arange(2), [text[:5000]] * 2)  # warm: the tokenizer's first-call state
+before = status_kb("VmRSS")
+batch, _ = worker.chunk_batch(np.arange(articles), [text] * articles)
+tokens = len(batch.column("input_ids").values)
+print(json.dumps({"peak_grew_kb": status_kb("VmHWM") - before, "tokens": tokens}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_a_batch_of_long_articles_holds_tens_of_bytes_a_token(checkpoint, tmp_path):
+    """A worker's peak while it chunks 3, then 30 articles of ~31k tokens (0.94M tokens): the
+    tokenizer's Encoding objects and Python id lists (~150 bytes a token) live one slice of
+    ENCODE_CHARS at a time, and the rows are placed by byte masks, so each further token costs the
+    int32 ids and the masks and positions around them (~65 bytes). Control: the same batch
+    encoded in one slice (ENCODE_CHARS past the batch), as it once was: ~115 bytes a token."""
+    import memory_probe
+
+    abstracts = [json.loads(line)["text"] for line in SCIFACT.open()]
+    text = tmp_path / "article.txt"
+    text.write_text("\n\n".join(abstracts[:100]))
+    grown = {}
+    for articles in (3, 30):
+        for chars in (chunker.ENCODE_CHARS, 1 << 40) if articles == 30 else (chunker.ENCODE_CHARS,):
+            grown[articles, chars] = memory_probe.run(_MEASURE_CHUNK_BATCH, checkpoint, text,
+                                                      articles, chars)
+    small, large = grown[3, chunker.ENCODE_CHARS], grown[30, chunker.ENCODE_CHARS]
+    more_tokens = large["tokens"] - small["tokens"]
+
+    def bytes_a_token(measured):
+        return (measured["peak_grew_kb"] - small["peak_grew_kb"]) * 1024 / more_tokens
+
+    assert bytes_a_token(large) <= 90, grown
+    assert bytes_a_token(grown[30, 1 << 40]) > 90, grown

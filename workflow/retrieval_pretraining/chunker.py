@@ -41,6 +41,8 @@ from .wordpiece import load_tokenizer, tokenizer_info
 
 SENTENCE_FINAL = (".", "!", "?")
 PARAGRAPH_SPLIT = re.compile(r"\n[ \t\r\f\v]*\n")
+# Paragraphs are tokenised about this many characters (~250k tokens) at a time (Chunker._token_ids).
+ENCODE_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,28 @@ class Chunker:
         self.continues_word = np.array([t.startswith(prefix) for t in info["tokens"]], dtype=bool)
         self.sentence_final = np.array([t in SENTENCE_FINAL for t in info["tokens"]], dtype=bool)
 
+    def _token_ids(self, paragraphs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each paragraph's token count and all their ids, concatenated (int32). Encoded a slice of
+        ENCODE_CHARS characters at a time: the tokenizer's Encoding objects and the ids as Python
+        lists take ~150 bytes a token, so a whole batch of long articles at once held ~0.9 GB per
+        process (6M tokens), where the int32 ids take 4 bytes a token (issue 17)."""
+        lengths: list[int] = []
+        pieces = [np.zeros(0, np.int32)]
+        start = 0
+        while start < len(paragraphs):
+            end, chars = start, 0
+            while end < len(paragraphs) and (end == start or chars < ENCODE_CHARS):
+                chars += len(paragraphs[end])
+                end += 1
+            # encode_batch_fast: no character offsets (chunking needs ids only), ~25% faster.
+            id_lists = [e.ids for e in self.tokenizer.encode_batch_fast(
+                paragraphs[start:end], add_special_tokens=False)]
+            counts = [len(ids) for ids in id_lists]
+            lengths += counts
+            pieces.append(np.fromiter(itertools.chain.from_iterable(id_lists), np.int32, sum(counts)))
+            start = end
+        return np.asarray(lengths, np.int64), np.concatenate(pieces)
+
     def chunk_batch(
         self, page_ids: np.ndarray, texts: Sequence[str | None]
     ) -> tuple[pa.RecordBatch, Counter]:
@@ -103,12 +127,7 @@ class Chunker:
             pieces = [p for p in PARAGRAPH_SPLIT.split(text or "") if p.strip()]
             paragraphs.extend(pieces)
             para_article.extend([a] * len(pieces))
-        # encode_batch_fast: no character offsets (chunking needs ids only), ~25% faster.
-        id_lists = [
-            e.ids for e in self.tokenizer.encode_batch_fast(paragraphs, add_special_tokens=False)
-        ]
-        para_len = np.fromiter((len(x) for x in id_lists), np.int64, len(id_lists))
-        flat = np.fromiter(itertools.chain.from_iterable(id_lists), np.int32, int(para_len.sum()))
+        para_len, flat = self._token_ids(paragraphs)
         para_start = np.concatenate([[0], np.cumsum(para_len)])
         # Token ranges of the articles in `flat` (an article without text gets an empty range).
         article_tokens = np.bincount(
@@ -143,19 +162,31 @@ class Chunker:
 
     def _build(self, page_ids, flat, is_word, starts, ends, owners, indices) -> pa.RecordBatch:
         cs, ce = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
-        lengths = ce - cs
-        content_off = np.concatenate([[0], np.cumsum(lengths)])
-        out_off = np.concatenate([[0], np.cumsum(lengths + 2)])
-        step = np.arange(content_off[-1]) - np.repeat(content_off[:-1], lengths)
-        src = step + np.repeat(cs, lengths)
-        dest = step + np.repeat(out_off[:-1] + 1, lengths)
+        out_off = np.concatenate([[0], np.cumsum(ce - cs + 2)])
+        # The chunks lie in `flat` in order and apart (dropped words and tails are gaps), so masks
+        # of a byte a token place their tokens: index arrays over every token (8 bytes a token
+        # each, several alive at once) made this the batch's peak (issue 17).
+        edges = np.zeros(len(flat) + 1, np.int8)
+        np.add.at(edges, cs, 1)
+        np.add.at(edges, ce, -1)
+        inside = np.cumsum(edges[:-1], dtype=np.int8).astype(bool)
+        del edges
+        content = np.ones(out_off[-1], bool)
+        content[out_off[:-1]] = False
+        content[out_off[1:] - 1] = False
         out = np.empty(out_off[-1], np.int32)
-        out[dest] = flat[src]
+        out[content] = flat[inside]
         out[out_off[:-1]] = self.cls_id
         out[out_off[1:] - 1] = self.sep_id
-        word_mask = is_word[src]
-        word_pos = (step + 1)[word_mask].astype(np.int32)
-        word_off = np.concatenate([[0], np.cumsum(word_mask)])[content_off]
+        word_at = np.zeros(out_off[-1], bool)
+        word_at[content] = is_word[inside]
+        del inside, content
+        words = np.flatnonzero(word_at)  # positions in `out`; a word's chunk is the row holding it
+        del word_at
+        row = np.searchsorted(out_off, words, side="right") - 1
+        word_pos = (words - out_off[row]).astype(np.int32)
+        del row
+        word_off = np.searchsorted(words, out_off)
         page = np.asarray(page_ids, np.int64)[np.asarray(owners, np.int64)]
         index = np.asarray(indices, np.int64)
         if len(index) and index.max() >= 1 << CHUNK_INDEX_BITS:
