@@ -7,8 +7,9 @@ the size of MS MARCO, it is one GEMM per query batch. IVF / HNSW / IVF-PQ trade 
 memory and speed on large corpora. faiss-gpu is used when it is installed and a GPU is visible.
 
 The build reads the shards memory-mapped and adds them a block at a time into storage sized up
-front, so its peak is the index plus one block (not float32 copies of the corpus beside it); IVF
-kinds train on a uniform sample of faiss's own size.
+front (flat codes, HNSW's graph, each IVF list), so its peak is the index plus one block (not
+float32 copies of the corpus beside it, nor a doubled buffer); IVF kinds train on a uniform
+sample of faiss's own size.
 """
 
 from __future__ import annotations
@@ -101,26 +102,68 @@ def training_sample(shards: Sequence[np.ndarray], size: int, seed: int = 0) -> n
     ])  # fmt: skip
 
 
-def reserve(index: faiss.Index, rows: int) -> None:
-    """Give a flat (or HNSW's flat) storage its final size before vectors are added a block at a
-    time: a std::vector grown add by add doubles its capacity, and holds old and new at once
-    (up to 3x the index). Resizing down keeps the capacity, so the adds then copy in place."""
-    flat = faiss.downcast_index(index.storage) if isinstance(index, faiss.IndexHNSW) else index
-    if isinstance(flat, faiss.IndexFlatCodes):
-        flat.codes.resize((flat.ntotal + rows) * flat.code_size)
-        flat.codes.resize(flat.ntotal * flat.code_size)
+def _keep_capacity(vector, size: int) -> None:
+    """Give a faiss vector room for `size` elements without changing its length: resizing down
+    keeps the capacity, so later appends copy in place instead of doubling it (a doubling holds
+    the old and the new buffer at once)."""
+    length = vector.size()
+    if size > length:
+        vector.resize(size)
+        vector.resize(length)
+
+
+def reserve(index: faiss.Index, rows: int, cells: np.ndarray | None = None) -> None:
+    """Room for `rows` more vectors before they are added a block at a time: a flat (or HNSW's
+    flat) storage at its final size; HNSW's graph at its expected size (2M links a vector on
+    level 0, and M on the levels above, which hold 1/M, 1/M^2, ... of the vectors: < 2M + 2 in
+    all); each IVF list at its final size, from `cells`, the vectors' cells (`assign`)."""
+    if isinstance(index, faiss.IndexHNSW):
+        graph = index.hnsw
+        _keep_capacity(graph.neighbors, graph.neighbors.size() + rows * (2 * graph.nb_neighbors(1) + 2))
+        _keep_capacity(graph.levels, graph.levels.size() + rows)
+        _keep_capacity(graph.offsets, graph.offsets.size() + rows)
+        index = faiss.downcast_index(index.storage)
+    if isinstance(index, faiss.IndexFlatCodes):
+        _keep_capacity(index.codes, (index.ntotal + rows) * index.code_size)
+    if cells is not None:
+        ivf = faiss.extract_index_ivf(index)
+        lists = faiss.downcast_InvertedLists(ivf.invlists)
+        for cell, count in enumerate(np.bincount(cells, minlength=ivf.nlist)):
+            if count:
+                held = lists.list_size(cell)
+                lists.resize(cell, held + int(count))
+                lists.resize(cell, held)
+
+
+def assign(index: faiss.Index, shards: Sequence[np.ndarray]) -> np.ndarray | None:
+    """An IVF index's cell for every vector (its coarse quantizer, a block at a time), which
+    `fill` hands to `add_core` as faiss's own `add` would; None for the other kinds."""
+    if not isinstance(index, faiss.IndexIVF):
+        return None
+    quantizer = index.quantizer
+    return np.concatenate([quantizer.assign(block, 1).ravel() for block in float32_blocks(shards)]
+                          or [np.zeros(0, np.int64)])
 
 
 def fill(index: faiss.Index, shards: Sequence[np.ndarray]) -> faiss.Index:
-    """Train `index` if it must be, then add the shards' vectors a block at a time."""
+    """Train `index` if it must be, then add the shards' vectors a block at a time into storage
+    reserved for all of them."""
     if size := training_size(index):
         index.train(training_sample(shards, size))
     total = sum(len(s) for s in shards)
-    reserve(index, total)
+    cells = assign(index, shards)
+    reserve(index, total, cells)
+    done = 0
     with tqdm(total=total, desc="index", unit="vec", mininterval=10,
               disable=total <= 10 * BLOCK_ROWS) as bar:
         for block in float32_blocks(shards):
-            index.add(block)
+            if cells is None:
+                index.add(block)
+            else:  # what IndexIVF.add does after assigning the block
+                block_cells = np.ascontiguousarray(cells[done:done + len(block)])
+                index.add_core(len(block), faiss.swig_ptr(block), None,
+                               faiss.swig_ptr(block_cells))
+            done += len(block)
             bar.update(len(block))
             del block  # before the next one is read: one block held at a time
     return index
