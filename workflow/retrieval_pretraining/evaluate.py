@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 from collections import deque
-from typing import Any, Iterable, Iterator
+from functools import cache
+from itertools import chain
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import ir_measures
 import polars as pl
@@ -274,11 +276,12 @@ def score_answers(top: dict[str, list[str]], run_queries: int, answers: dict[str
             "questions_missing_from_run": len(set(answers) - set(top))}
 
 
-def _score_run(blocks: Iterable[Block], qrels: list[Qrel] | None, measures: list,
+def _score_run(blocks: Iterable[Block], qrels: Callable[[], list[Qrel]], measures: list,
                answers: dict[str, list[str]], depth: int, run_name: str,
                batch_lines: int | None) -> tuple[dict[str, Any], dict[str, list[str]], int]:
     """One pass over the run's queries: the qrels measures, each question's top `depth` doc ids
-    (Acc@k) and how many queries the run answers."""
+    (Acc@k) and how many queries the run answers. The run's first batch is parsed before the
+    qrels are read, so that a bad run line there is the error reported when both are wrong."""
     top: dict[str, list[str]] = {}
     queries = 0
 
@@ -292,7 +295,13 @@ def _score_run(blocks: Iterable[Block], qrels: list[Qrel] | None, measures: list
 
     passing = noting_questions(blocks)
     if measures:
-        result = score(passing, qrels or [], measures, run_name, batch_lines)
+        head, held = [], 0
+        for block in passing:
+            head.append(block)
+            held += len(block[1])
+            if held >= (batch_lines or BATCH_LINES):
+                break
+        result = score(chain(head, passing), qrels(), measures, run_name, batch_lines)
     else:
         deque(passing, maxlen=0)  # Acc@k only: the pass is for `top`
         result = {"aggregate": {}, "per_query": {}}
@@ -315,7 +324,7 @@ def evaluate(
     if cutoffs and (answers is None or corpus is None):
         raise EvaluationError(f"{', '.join(cutoffs)} need --answers (answers-<split>.parquet) and "
                               "--corpus (the dataset's corpus.parquet): a format dpr dataset")
-    qrels = read_qrels(qrels_path) if measures else None
+    qrels = cache(lambda: read_qrels(qrels_path))  # read once, after the run's first batch
     questions = answer_recall.read_answers(answers) if cutoffs else {}
     if cutoffs and not questions:
         raise EvaluationError(f"answers file {answers} is empty")
