@@ -1,8 +1,9 @@
 """Anonymous memory of a fresh Python process running a measurement script (Linux /proc).
 
 A test's script starts with PRELUDE: the package on sys.path (argv[1]), `status_kb(field)`, a
-field of this process's /proc status in kB, and `anon_kb()`, its RssAnon; the test's own arguments follow from argv[2]. The script prints one JSON
-line last, which `run` returns. A fresh process, so nothing the test process already holds counts.
+field of this process's /proc status in kB, and `anon_kb()`, its RssAnon; the test's own arguments
+follow from argv[2]. The script prints one JSON line last, which `run` returns. A fresh process,
+so nothing the test process already holds counts.
 """
 
 from __future__ import annotations

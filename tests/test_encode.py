@@ -333,8 +333,6 @@ def test_reserved_storage_is_never_reallocated_while_the_blocks_are_added(kind):
     each IVF list's codes and ids) keeps its address through every add: nothing is copied to a
     doubled buffer, which would hold old and new at once (peak 1.3x the codes for IVF lists,
     ~2x the graph for HNSW, measured). Control: the same adds unreserved move them."""
-    import faiss
-
     rng = np.random.default_rng(4)
     vectors = rng.standard_normal((6000, 16), dtype=np.float32).astype(np.float16)
     knobs = faiss_index.index_settings({"type": kind, "nlist": 8, "pq_m": 4})
@@ -348,11 +346,8 @@ def test_reserved_storage_is_never_reallocated_while_the_blocks_are_added(kind):
             faiss_index.reserve(index, len(vectors), cells)
         before, changed, done = _buffers(index), set(), 0
         for block in float32_blocks([vectors], rows=1000):
-            if cells is None:
-                index.add(block)
-            else:
-                part = np.ascontiguousarray(cells[done:done + len(block)])
-                index.add_core(len(block), faiss.swig_ptr(block), None, faiss.swig_ptr(part))
+            faiss_index.add_block(index, block,
+                                  None if cells is None else cells[done:done + len(block)])
             done += len(block)
             changed |= {name for name, at in _buffers(index).items() if at != before[name]}
         moved[reserved] = changed

@@ -101,6 +101,10 @@ def _ranked_twice(path: Path, number: int, qid: str, did: str) -> EvaluationErro
     )
 
 
+def _empty_run(path: Path) -> EvaluationError:
+    return EvaluationError(f"run file {path} is empty; the retrieval step wrote no results")
+
+
 def _streamed_blocks(path: Path) -> Iterator[Block]:
     """Each query's hits as its lines end, holding one query at a time; raises _NotGrouped when a
     query's lines turn out not to be together (every run this workflow writes has them together)."""
@@ -119,7 +123,7 @@ def _streamed_blocks(path: Path) -> Iterator[Block]:
         seen.add(did)
         hits.append(ScoredDoc(q, did, value))
     if qid is None:
-        raise EvaluationError(f"run file {path} is empty; the retrieval step wrote no results")
+        raise _empty_run(path)
     yield qid, hits
 
 
@@ -133,7 +137,7 @@ def _blocks_in_memory(path: Path) -> Iterator[Block]:
         seen.add((qid, did))
         by_query.setdefault(qid, []).append(ScoredDoc(qid, did, value))
     if not by_query:
-        raise EvaluationError(f"run file {path} is empty; the retrieval step wrote no results")
+        raise _empty_run(path)
     yield from by_query.items()
 
 
@@ -295,13 +299,10 @@ def _score_run(blocks: Iterable[Block], qrels: Callable[[], list[Qrel]], measure
 
     passing = noting_questions(blocks)
     if measures:
-        head, held = [], 0
-        for block in passing:
-            head.append(block)
-            held += len(block[1])
-            if held >= (batch_lines or BATCH_LINES):
-                break
-        result = score(chain(head, passing), qrels(), measures, run_name, batch_lines)
+        batches = _batches(passing, batch_lines or BATCH_LINES)
+        head = next(batches, [])  # score cuts the same batches again: whole queries, same sizes
+        result = score(chain(head, chain.from_iterable(batches)), qrels(), measures, run_name,
+                       batch_lines)
     else:
         deque(passing, maxlen=0)  # Acc@k only: the pass is for `top`
         result = {"aggregate": {}, "per_query": {}}

@@ -119,7 +119,8 @@ def reserve(index: faiss.Index, rows: int, cells: np.ndarray | None = None) -> N
     all); each IVF list at its final size, from `cells`, the vectors' cells (`assign`)."""
     if isinstance(index, faiss.IndexHNSW):
         graph = index.hnsw
-        _keep_capacity(graph.neighbors, graph.neighbors.size() + rows * (2 * graph.nb_neighbors(1) + 2))
+        links = 2 * graph.nb_neighbors(1) + 2  # nb_neighbors(1) = M
+        _keep_capacity(graph.neighbors, graph.neighbors.size() + rows * links)
         _keep_capacity(graph.levels, graph.levels.size() + rows)
         _keep_capacity(graph.offsets, graph.offsets.size() + rows)
         index = faiss.downcast_index(index.storage)
@@ -145,6 +146,16 @@ def assign(index: faiss.Index, shards: Sequence[np.ndarray]) -> np.ndarray | Non
                           or [np.zeros(0, np.int64)])
 
 
+def add_block(index: faiss.Index, block: np.ndarray, cells: np.ndarray | None) -> None:
+    """Add one float32 block; an IVF index gets the block's cells from `assign` (`add_core`:
+    what IndexIVF.add does after assigning them itself)."""
+    if cells is None:
+        index.add(block)
+    else:
+        cells = np.ascontiguousarray(cells)
+        index.add_core(len(block), faiss.swig_ptr(block), None, faiss.swig_ptr(cells))
+
+
 def fill(index: faiss.Index, shards: Sequence[np.ndarray]) -> faiss.Index:
     """Train `index` if it must be, then add the shards' vectors a block at a time into storage
     reserved for all of them."""
@@ -157,12 +168,7 @@ def fill(index: faiss.Index, shards: Sequence[np.ndarray]) -> faiss.Index:
     with tqdm(total=total, desc="index", unit="vec", mininterval=10,
               disable=total <= 10 * BLOCK_ROWS) as bar:
         for block in float32_blocks(shards):
-            if cells is None:
-                index.add(block)
-            else:  # what IndexIVF.add does after assigning the block
-                block_cells = np.ascontiguousarray(cells[done:done + len(block)])
-                index.add_core(len(block), faiss.swig_ptr(block), None,
-                               faiss.swig_ptr(block_cells))
+            add_block(index, block, None if cells is None else cells[done:done + len(block)])
             done += len(block)
             bar.update(len(block))
             del block  # before the next one is read: one block held at a time
