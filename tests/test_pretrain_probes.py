@@ -28,7 +28,9 @@ def test_nearest_is_partner_hand_example():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return fx.tiny_checkpoint(tmp_path_factory.mktemp("probes") / "checkpoint")
+    # Initialised wide (0.5): at BERT's 0.02 every text's [CLS] is nearly the same, so the views'
+    # similarities tie to float noise and which one ranks first depends on the summation order.
+    return fx.tiny_checkpoint(tmp_path_factory.mktemp("probes") / "checkpoint", initializer_range=0.5)
 
 
 def _batch(views: int) -> dict:

@@ -134,8 +134,10 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
     check_entry(entry)
     with _staging(out_dir) as (download, staged):
         folder = source_folder(entry, download, data_root)
-        # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused.
-        model = load_model(folder)
+        # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused. Read by
+        # transformers itself (native=False): whatever the source's layout (a task model's prefix,
+        # old tensor names), the staged folder is transformers' own BertModel files.
+        model = load_model(folder, native=False)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
         original_layers = model.config.num_hidden_layers
         num_layers = entry.get("num_layers")

@@ -46,11 +46,22 @@ def check_safetensors(folder: str | Path) -> Path:
     )
 
 
-def load_model(folder: str | Path, **kwargs: Any):
-    """AutoModel from a local folder's safetensors (no download, no remote code, no pickle)."""
+def load_model(folder: str | Path, *, native: bool = True, **kwargs: Any):
+    """The encoder of a local folder's safetensors (no download, no remote code, no pickle): a BERT
+    checkpoint as `bert.BertModel` (transformers' computation without its ~2 s import), any other
+    architecture, or `native=False`, through transformers' AutoModel. kwargs: add_pooling_layer,
+    attn_implementation."""
+    import json
+
+    folder = check_safetensors(folder)
+    if native:
+        from . import bert
+
+        config = json.loads((folder / "config.json").read_text())
+        if bert.unsupported(config) is None and bert.weight_files(folder):
+            return bert.load(folder, **kwargs)
     from transformers import AutoModel
 
     return AutoModel.from_pretrained(
-        check_safetensors(folder), local_files_only=True, trust_remote_code=False,
-        use_safetensors=True, **kwargs,
+        folder, local_files_only=True, trust_remote_code=False, use_safetensors=True, **kwargs
     )

