@@ -1,7 +1,7 @@
 """BERT's encoder in plain torch: what `transformers.BertModel` computes, read from and written to
 the same files (config.json + model.safetensors, the same tensor names).
 
-Why: importing transformers' modelling code costs ~2 CPU-seconds a process (v5 imports
+Why: importing transformers' modelling code costs ~1.4 CPU-seconds a process (v5 imports
 torch._dynamo, torch.distributed.tensor and scipy.optimize on the way), and every model job of the
 workflow is its own process (the demo runs ~40 of them). The model is a hundred lines;
 tests/test_bert.py holds it equal to transformers' BertModel (outputs, every layer's states,
