@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModel, BertConfig, BertForMaskedLM
+from transformers import BertConfig, BertForMaskedLM
 from transformers import BertModel as HFBertModel
 
 from retrieval_pretraining import bert
@@ -43,7 +43,7 @@ def inputs(seed: int = 0, vocab: int = 97, batch: int = 3, length: int = 17) -> 
 
 
 def hf_model(folder, **kwargs):
-    return AutoModel.from_pretrained(folder, local_files_only=True, use_safetensors=True, **kwargs)
+    return load_model(folder, native=False, **kwargs)  # transformers' AutoModel
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_load_model_uses_transformers_for_what_this_module_does_not_reproduce(ti
     torch.manual_seed(0)
     HFBertModel(tiny_config(position_embedding_type="relative_key")).save_pretrained(
         tmp_path, safe_serialization=True)
-    assert bert.unsupported(json.loads((tmp_path / "config.json").read_text()))
+    assert bert.unsupported(bert.Config.from_folder(tmp_path))
     model = load_model(tmp_path, add_pooling_layer=False)
     assert type(model).__name__ == "BertModel" and not isinstance(model, bert.BertModel)
 

@@ -58,15 +58,15 @@ class Config:
         return cls(json.loads((Path(folder) / "config.json").read_text()))
 
 
-def unsupported(config: dict[str, Any]) -> str | None:
+def unsupported(config: Config) -> str | None:
     """Why this module cannot stand in for transformers on `config` (None: it can)."""
-    values = DEFAULTS | config
+    model_type = getattr(config, "model_type", None)
     checks = [
-        (config.get("model_type") == "bert", f"model_type {config.get('model_type')!r}"),
-        (values["position_embedding_type"] == "absolute",
-         f"position_embedding_type {values['position_embedding_type']!r}"),
-        (values["hidden_act"] in ACTIVATIONS, f"hidden_act {values['hidden_act']!r}"),
-        (not values["is_decoder"] and not values["add_cross_attention"], "a decoder"),
+        (model_type == "bert", f"model_type {model_type!r}"),
+        (config.position_embedding_type == "absolute",
+         f"position_embedding_type {config.position_embedding_type!r}"),
+        (config.hidden_act in ACTIVATIONS, f"hidden_act {config.hidden_act!r}"),
+        (not config.is_decoder and not config.add_cross_attention, "a decoder"),
     ]  # fmt: skip
     return next((reason for ok, reason in checks if not ok), None)
 
@@ -289,8 +289,8 @@ def load(folder: str | Path, add_pooling_layer: bool = True,
     for file in weight_files(folder):
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
-                if _own_name(key) in wanted:
-                    tensors[_own_name(key)] = handle.get_tensor(key)
+                if (name := _own_name(key)) in wanted:
+                    tensors[name] = handle.get_tensor(key)
     dtype = _auto_dtype(config, tensors)
     missing = sorted(set(wanted) - set(tensors))
     if add_pooling_layer and set(missing) == {"pooler.dense.weight", "pooler.dense.bias"}:

@@ -51,14 +51,11 @@ def load_model(folder: str | Path, *, native: bool = True, **kwargs: Any):
     BERT checkpoint as `bert.BertModel` (transformers' computation without its ~1.4 CPU-s import),
     any other architecture, or `native=False`, through transformers' AutoModel. kwargs:
     add_pooling_layer, attn_implementation."""
-    import json
-
     folder = check_safetensors(folder)
     if native:
         from . import bert
 
-        config = json.loads((folder / "config.json").read_text())
-        if bert.unsupported(config) is None and bert.weight_files(folder):
+        if bert.unsupported(bert.Config.from_folder(folder)) is None and bert.weight_files(folder):
             return bert.load(folder, **kwargs)
     from transformers import AutoModel
 
