@@ -6,9 +6,11 @@ in the stage's closure (otherwise an edit to it would not rerun the stage).
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,45 @@ def test_imports_inside_functions_are_followed():
     # analysis/ imports pretrain.model lazily (torch heads only when a figure needs them).
     files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("analysis")}
     assert "pretrain/model.py" in files
+
+
+def test_an_import_in_any_block_is_found(tmp_path):
+    # The statement walk against ast.walk (every node) on imports in each kind of block.
+    source = tmp_path / "blocks.py"
+    source.write_text(textwrap.dedent("""
+        import a
+        class C:
+            import b
+            def f(self):
+                import c
+        if x:
+            import d
+        else:
+            import e
+        for i in y:
+            import f
+        while z:
+            import g
+        with w:
+            import h
+        try:
+            import i
+        except ImportError:
+            import j
+        else:
+            import k
+        finally:
+            import l
+        match v:
+            case 1:
+                import m
+        lambda: __import__("not_a_statement")
+    """))
+    tree = ast.parse(source.read_text())
+    walked = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+              for alias in node.names}
+    assert walked == set("abcdefghijklm")
+    assert set(code_deps._imports(source, "blocks")[1]) == walked
 
 
 def test_an_unrelated_module_is_not_declared():
