@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -65,12 +67,43 @@ def start_snakemake(project: Path, *args: str, log: Path, nice: int = 0) -> subp
                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
+# Each `snakemake` call below runs in a process forked from a fork server that has imported
+# Snakemake's command line once per pytest worker: a dry run spends half of its ~1.5 CPU-seconds
+# importing Snakemake (pandas, SQLAlchemy, its plugins), and the suite makes ~50 of them. The
+# forked process then parses the workflow and runs or plans it exactly as `python -m snakemake`.
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(["snakemake.cli"])
+
+
+def _snakemake_main(project: str, argv: list[str], env: dict[str, str], out: str, err: str):
+    """`python -m snakemake *argv` in `project` with `env`, stdout to `out`, stderr to `err`
+    (in a forked process: its exit status is Snakemake's, from the SystemExit of `main`)."""
+    os.chdir(project)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(file, fd)
+        os.close(file)
+    sys.argv = [sys.executable, "-m", "snakemake", *argv]
+    from snakemake.cli import main
+
+    main(argv)
+
+
 def snakemake(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run this environment's snakemake in `project`; the output is returned for assertions."""
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", "2", *args],
-        cwd=project, env=_env(), capture_output=True, text=True,
-    )
+    argv = ["--cores", "2", *args]
+    with tempfile.TemporaryDirectory() as logs:
+        out, err = Path(logs, "stdout"), Path(logs, "stderr")
+        run = _FORKS.Process(target=_snakemake_main,
+                             args=(str(project), argv, _env(), str(out), str(err)))
+        run.start()
+        run.join()
+        result = subprocess.CompletedProcess(
+            [sys.executable, "-m", "snakemake", *argv], run.exitcode,
+            out.read_text(), err.read_text(),
+        )
     if check and result.returncode != 0:
         raise AssertionError(
             f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
