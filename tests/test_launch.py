@@ -30,7 +30,9 @@ def _torchrun_args(cmd):
 def _env(tmp_path, **extra):
     """A clean environment: no SLURM_*/CUDA_* leaking from the machine running the tests."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT / "workflow")])
+    # The caller's path kept after ours: a GPU machine's carried wheels live on PYTHONPATH.
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(tmp_path), str(ROOT / "workflow"), os.environ.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env

@@ -5,8 +5,9 @@ datasets contract (contracts/datasets/): results/datasets/{dataset}/corpus.parqu
 queries-{split}.parquet, qrels-{split}.parquet and dataset.json; its checks run here before anything
 is published. The source files are read by dataset_files.py.
 
-Title and text stay separate in corpus.parquet; `join_title` (and `joined_text_expr` for polars)
-builds the text a model or BM25 consumes, so the representation is a config choice, not baked in.
+Title and text stay separate in corpus.parquet; the contract's `join_title` (and `joined_text_expr`
+here, for polars) builds the text a model or BM25 consumes, so the representation is a config
+choice, not baked in.
 
 Quirks are counted (corpus: dataset.json; split: the queries/qrels manifests), never silently fixed:
 - query ids equal to document ids (BEIR reuses ids; Anserini's `-removeQuery` excludes the query's
@@ -42,9 +43,9 @@ from . import artifacts
 from . import dpr_dataset
 from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.datasets import (
-    ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError, check_corpus_batch,
-    check_split, check_unique,
+    ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError,
 )
+from .contracts.datasets.checks import check_corpus_batch, check_split, check_unique
 from .dataset_files import corpus_batches, corpus_source, load_split
 from .errors import command, reading
 
@@ -52,21 +53,6 @@ log = logging.getLogger(__name__)
 
 
 # --- the text a model consumes --------------------------------------------------------------
-
-
-def join_title(title: str | None, text: str | None, mode: str, sep_token: str = "[SEP]") -> str:
-    """The document representation: `none` = text, `sep` = `title [SEP] text`, `space` = `title text`.
-
-    An empty title gives the text alone in every mode (no dangling separator).
-    """
-    if mode not in TITLE_MODES:
-        raise ValueError(f"title mode {mode!r} unknown; use one of {', '.join(TITLE_MODES)}")
-    title, text = title or "", text or ""
-    if mode == "none" or not title:
-        return text
-    if mode == "sep":
-        return f"{title} {sep_token} {text}"
-    return f"{title} {text}"
 
 
 def joined_text_expr(mode: str, sep_token: str = "[SEP]") -> pl.Expr:

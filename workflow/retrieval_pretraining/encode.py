@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import torch
 from tqdm import tqdm
@@ -27,7 +26,7 @@ from . import artifacts
 from . import projector as text_projector
 from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
-from .datasets import join_title
+from .contracts.datasets import join_title
 from .errors import command, reading
 from .model_folder import load_model
 from .retrieval_settings import PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings
@@ -189,6 +188,8 @@ def shard_rows(num_rows: int, shard: int, shards: int) -> tuple[int, int]:
 
 def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, out_npy: Path,
                         out_ids: Path, config: dict[str, Any]) -> dict[str, Any]:
+    import polars as pl  # here, not above: embedding imports without it (the bare GPU machine)
+
     knobs = settings(config)
     with reading(corpus, "a corpus Parquet file"):
         num_rows = pl.scan_parquet(corpus).select(pl.len()).collect().item()

@@ -21,7 +21,7 @@ import functools
 from typing import Any, Iterable, Mapping
 
 from .config import ConfigError, refuse_unknown, section_schema
-from .datasets import TITLE_MODES
+from .contracts.datasets import TITLE_MODES
 
 # What `finetune_knobs` adds from the dataset entry: its title mode and its exclude_query_id rule;
 # and what the fine-tuning rule adds from the model's entry (`pretrain.models[].finetune`).

@@ -8,14 +8,12 @@
     dataset.json              title mode, query-id rule, splits, corpus quirks
 
 Quirks are counted, never silently fixed (datasets.py's docstring says which and why): the counts
-are made here, by the checks the writer runs before publishing.
+are made by the checks the writer runs before publishing (checks.py, the one part that needs
+polars; the schemas and title modes here are read by torch-side code too, on machines without it).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import polars as pl
 import pyarrow as pa
 
 from ...errors import BadInput
@@ -33,69 +31,16 @@ class DatasetError(BadInput, ValueError):
     """An input file is malformed (the message names the file, the line and the fix)."""
 
 
-def check_unique(frame: pl.DataFrame, column: str, what: str) -> None:
-    dupes = frame.filter(pl.col(column).is_duplicated())
-    if dupes.height:
-        sample = dupes[column].unique(maintain_order=True).head(5).to_list()
-        raise DatasetError(
-            f"{what}: {dupes[column].n_unique()} duplicated {column}s (e.g. {sample}); ids must be "
-            "unique, fix the input file"
-        )
+def join_title(title: str | None, text: str | None, mode: str, sep_token: str = "[SEP]") -> str:
+    """The document representation: `none` = text, `sep` = `title [SEP] text`, `space` = `title text`.
 
-
-def _blank(column: str) -> pl.Expr:
-    return pl.col(column).str.strip_chars() == ""
-
-
-def check_corpus_batch(batch: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Nulls as empty strings; count the documents, empty texts and titles of one batch."""
-    batch = batch.with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
-    return batch, {
-        "documents": batch.height,
-        "empty_text": batch.filter(_blank("text")).height,
-        "empty_title": batch.filter(_blank("title")).height,
-        "empty_title_and_text": batch.filter(_blank("text") & _blank("title")).height,
-    }
-
-
-def check_split(
-    queries: pl.DataFrame, qrels: pl.DataFrame, doc_ids: pl.DataFrame, what: str
-) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, Any]]:
-    """Keep the judged queries, keep every judgement of a known query; count each quirk.
-
-    queries_without_qrels: queries of the file never judged in this split (for BEIR, whose
-    queries.jsonl holds every split, these are mostly the other splits' queries).
-    judged_documents_missing: distinct documents the kept judgements name that the corpus lacks
-    (qrels_missing_document counts the judgements); the writer refuses more than its entry allows.
+    An empty title gives the text alone in every mode (no dangling separator).
     """
-    queries = queries.with_columns(pl.col("text").fill_null(""))
-    check_unique(queries, "query_id", f"{what} queries")
-    repeated = qrels.height - qrels.unique(["query_id", "doc_id"]).height
-    if repeated:
-        raise DatasetError(
-            f"{what} qrels: {repeated} repeated (query, document) pairs; each pair must be judged "
-            "once, fix the qrels file"
-        )
-    known = qrels.join(queries.select("query_id"), on="query_id", how="semi")
-    judged = queries.join(known.select("query_id").unique(), on="query_id", how="semi")
-    missing_docs = known.join(doc_ids, on="doc_id", how="anti")
-    self_ids = judged.join(doc_ids.rename({"doc_id": "query_id"}), on="query_id", how="semi")
-    missing_ids = missing_docs["doc_id"].unique(maintain_order=True)
-    stats = {
-        "queries": judged.height,
-        "queries_without_qrels": queries.height - judged.height,
-        "qrels": known.height,
-        "judged_documents": known["doc_id"].n_unique(),
-        "judged_documents_missing": missing_ids.len(),
-        "judged_documents_missing_examples": missing_ids.head(5).to_list(),
-        "qrels_unknown_query": qrels.height - known.height,
-        "qrels_missing_document": missing_docs.height,
-        "qrels_missing_document_examples": [list(r) for r in missing_docs.head(5).rows()],
-        "positive_qrels": known.filter(pl.col("relevance") > 0).height,
-        "relevance_levels": {
-            str(level): n for level, n in sorted(known.group_by("relevance").len().iter_rows())
-        },
-        "query_ids_equal_doc_ids": self_ids.height,
-        "empty_queries": judged.filter(_blank("text")).height,
-    }
-    return judged, known, stats
+    if mode not in TITLE_MODES:
+        raise ValueError(f"title mode {mode!r} unknown; use one of {', '.join(TITLE_MODES)}")
+    title, text = title or "", text or ""
+    if mode == "none" or not title:
+        return text
+    if mode == "sep":
+        return f"{title} {sep_token} {text}"
+    return f"{title} {text}"

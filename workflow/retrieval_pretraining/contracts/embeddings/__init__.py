@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ...errors import InputFileError, reading
 
@@ -30,7 +30,7 @@ def open_shards(npy_files: Sequence[Path], id_files: Sequence[Path]) -> tuple[li
         with reading(npy, "a .npy array"):
             block = np.load(npy, mmap_mode="r", allow_pickle=False)
         with reading(id_file, "a doc ids Parquet file"):
-            block_ids = pl.read_parquet(id_file)["doc_id"].to_list()
+            block_ids = pq.read_table(id_file, columns=["doc_id"]).column("doc_id").to_pylist()
         if block.ndim != 2 or block.dtype.kind != "f":
             raise InputFileError(f"{npy} holds a {block.dtype} array of shape {block.shape}, not one "
                                  "float vector per row; re-run the encode_corpus job of that shard")
