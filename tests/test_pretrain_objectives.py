@@ -43,27 +43,45 @@ def naive_costa(text, spans, mask, tau):
             if mask[i, p]:
                 reps.append(spans[i, p])
                 owners.append(("span", i))
-    total = 0.0
+    total, texts = 0.0, 0
     for i in range(n):
         denominator = sum(torch.exp(text[i] @ r / tau) for r, o in zip(reps, owners) if o != ("text", i))
         positives = [r for r, o in zip(reps, owners) if o == ("span", i)]
-        total = total - sum(torch.log(torch.exp(text[i] @ r / tau) / denominator) for r in positives) / len(positives)
-    return total / n
+        if positives:  # a text without spans has no term (Eq. 8 averages over the others)
+            total = total - sum(torch.log(torch.exp(text[i] @ r / tau) / denominator) for r in positives) / len(positives)
+            texts += 1
+    return total / texts
 
 
-@pytest.mark.parametrize("tau", [0.1, 1.0])
-def test_costa_loss_matches_eq8_loop(tau):
+@pytest.mark.parametrize("tau, mask", [
+    (0.1, [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]),
+    (1.0, [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]),
+    (0.1, [[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),  # the middle text has no span
+])  # fmt: skip
+def test_costa_loss_matches_eq8_loop(tau, mask):
     g = torch.Generator().manual_seed(1)
     text = torch.randn(3, 4, generator=g) * 0.5
     spans = torch.randn(3, 4, 4, generator=g) * 0.5
-    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    mask = torch.tensor(mask, dtype=torch.bool)
     got, got_grads = _grads(lambda t, s: obj.costa_loss(t, s, mask, temperature=tau), text, spans)
     want, want_grads = _grads(lambda t, s: naive_costa(t, s, mask, tau), text, spans)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # Padded span slots receive no gradient: they are not representations.
-    assert got_grads[1][0, 3].abs().sum() == 0 and got_grads[1][1, 1:].abs().sum() == 0
+    assert got_grads[1][~mask].abs().sum() == 0
+
+
+def test_costa_loss_without_any_span_is_zero_with_finite_gradients():
+    # A lone text without spans has no candidate at all (a row of NaN): weighted out, it must
+    # leave the loss 0 and every gradient 0, not NaN.
+    for n in (1, 3):
+        text = torch.randn(n, 4, requires_grad=True)
+        spans = torch.randn(n, 2, 4, requires_grad=True)
+        loss = obj.costa_loss(text, spans, torch.zeros(n, 2, dtype=torch.bool), temperature=0.1)
+        loss.backward()
+        assert loss.item() == 0.0
+        assert text.grad.abs().sum() == 0 and spans.grad.abs().sum() == 0
 
 
 def test_pairwise_js_matches_scipy():

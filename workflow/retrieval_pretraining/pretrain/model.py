@@ -138,10 +138,10 @@ class Pretrainer(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], progress: float = 0.0) -> dict[str, torch.Tensor]:
         if self.objective in baselines.OBJECTIVES:
             losses, stats = baselines.forward(self, batch)
-            return losses | {key: torch.tensor(value) for key, value in stats.items()}
+            return losses | {key: torch.as_tensor(value) for key, value in stats.items()}
         hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"])}
-        stats: dict[str, float] = {}
+        stats: dict[str, float | torch.Tensor] = {}
         cls = hidden[:, 0]
         if self.objective == "costa":
             opts = self.settings["costa"]
@@ -180,5 +180,5 @@ class Pretrainer(nn.Module):
             losses["loss"] = losses["loss_mlm"]
         # Logged beside the losses (averaged over micro-batches and processes like them): the
         # candidates each contrastive anchor is scored against, as fine-tuning logs its negatives.
-        losses |= {key: torch.tensor(value) for key, value in stats.items()}
+        losses |= {key: torch.as_tensor(value) for key, value in stats.items()}
         return losses

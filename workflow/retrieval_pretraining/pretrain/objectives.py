@@ -57,7 +57,7 @@ def span_means(hidden: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> 
 
 def costa_loss(
     text: torch.Tensor, spans: torch.Tensor, span_mask: torch.Tensor, *, temperature: float,
-    gather: bool = False, stats: dict[str, float] | None = None,
+    gather: bool = False, stats: dict[str, float | torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Group-wise contrastive loss (COSTA Eq. 8), averaged over the texts that have spans.
 
@@ -75,8 +75,8 @@ def costa_loss(
         all_mask = all_gather_with_grad(span_mask.float()).bool()
         offset = torch.distributed.get_rank() * n
     total = all_text.shape[0]
-    if stats is not None:
-        stats["contrast_pool"] = float(total + int(all_mask.sum()) - 1)
+    if stats is not None:  # a tensor: reading its value here would wait for the GPU
+        stats["contrast_pool"] = (all_mask.sum() + (total - 1)).float()
     candidates = torch.cat([all_text, all_spans.reshape(-1, d)], dim=0)
     logits = fp32_scores(text, candidates) / temperature  # [n, total + total * S]
     invalid = torch.cat([
@@ -90,9 +90,11 @@ def costa_loss(
         s, device=text.device)
     positive = log_prob.gather(1, own).masked_fill(~span_mask, 0.0)
     counts = span_mask.sum(dim=1)
-    has = counts > 0
-    per_text = -positive.sum(dim=1)[has] / counts[has]
-    return per_text.mean() if has.any() else text.sum() * 0.0
+    # The mean over the texts that have spans, as weights rather than boolean indexing and
+    # `.any()` (each waits for the GPU; torch.compile breaks its graph there): 0 if none has any.
+    has = (counts > 0).to(positive.dtype)
+    per_text = -positive.sum(dim=1) / counts.clamp(min=1)
+    return (per_text * has).sum() / has.sum().clamp(min=1)
 
 
 # ---------------------------------------------------------------- CPDAE --------------------------
