@@ -85,10 +85,10 @@ def _snakemake_main(project: str, argv: list[str], env: dict[str, str], out: str
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(file, fd)
         os.close(file)
-    sys.argv = [sys.executable, "-m", "snakemake", *argv]
-    from snakemake.cli import main
+    from snakemake import cli
 
-    main(argv)
+    sys.argv = [str(Path(cli.__file__).with_name("__main__.py")), *argv]  # as `-m snakemake` sets it
+    cli.main(argv)
 
 
 def snakemake(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
