@@ -6,7 +6,8 @@
 #   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
 #             bf16) vs CPU.
 #   steps     benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step
-#             time of each objective vs MLM, samples/s, MFU and the projected paper schedule.
+#             time of each objective vs MLM, samples/s, MFU, the projected paper schedule, and the
+#             host synchronisations in one step of each (torch's sync debug mode).
 #   compiled  the same with torch.compile, for MLM and COSTA.
 #   dense     benchmarks/encode_and_search.py: bert-base encoding at 128 and 512 tokens (bf16, as
 #             the stage runs), exact search over 1M x 768 vectors (faiss-gpu where installed; torch

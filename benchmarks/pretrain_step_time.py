@@ -138,6 +138,25 @@ def collate(rows, vocab, views, rng, max_len, objective="mlm"):
     return out
 
 
+def host_syncs(forward, optimizer, batch, device) -> int:
+    """Operations of one training step that make the host wait for the GPU (torch's sync debug
+    mode warns at each); each one leaves the GPU idle while the host queues the next kernels."""
+    import warnings
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with training.autocast(device):
+                loss = forward(batch, progress=0.5)["loss"]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -233,6 +252,14 @@ def main() -> None:
                 continue
             hours = samples / (args.batch / seconds * args.gpus) / 3600
             print(f"  {objective}: {hours:,.1f} h")
+        if device.type == "cuda":  # after the figures: a failure here loses only this line
+            try:
+                counts = {objective: host_syncs(run[2], run[1], run[3], device)
+                          for objective, run in runs.items()}
+                print("Host synchronisations in one step (model, loss, backward, optimizer):",
+                      ", ".join(f"{k} {v}" for k, v in counts.items()))
+            except Exception as error:  # noqa: BLE001
+                print(f"host synchronisations not counted: {type(error).__name__}: {error}")
 
 if __name__ == "__main__":
     main()
