@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
+from retrieval_pretraining import training
 from retrieval_pretraining.pretrain import data as pdata
 from retrieval_pretraining.pretrain import objectives as obj
 
@@ -470,8 +471,10 @@ def _views_gather_worker(rank, world, init_file, inputs, out_dir):
         outputs[f"{name}.loss"] = loss.detach().reshape(1)
         outputs[f"{name}.grad"] = local.grad
     save_file(outputs, f"{out_dir}/rank{rank}.safetensors")
-    dist.barrier()
-    dist.destroy_process_group()
+    # Leave gloo together and end as the trainer does (no interpreter clean-up: after gloo it
+    # aborts now and then, "terminate called without an active exception").
+    training.teardown_distributed()
+    training.exit_process(0)
 
 
 def test_gathered_cpdae_views_equal_the_full_batch(tmp_path):
