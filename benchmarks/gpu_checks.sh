@@ -12,6 +12,10 @@
 #   dense     benchmarks/encode_and_search.py: bert-base encoding at 128 and 512 tokens (bf16, as
 #             the stage runs), exact search over 1M x 768 vectors (faiss-gpu where installed; torch
 #             GEMM + top-k) against the same-shape cuBLAS GEMM in fp32 and bf16.
+#   trainer   benchmarks/trainer_throughput.py: the real trainer (data loader, workers, loop) on
+#             bert-base for 30 steps of paper.yaml's micro-batch per objective, on the chunks in
+#             .gpu-carry/corpus: its samples/s beside the model step's says whether the input
+#             pipeline or the loop starves the GPU.
 #   gloo      the multi-process trainer and launcher tests on the machine's CPU cores (gloo; CUDA
 #             hidden: two ranks cannot share its one GPU under NCCL).
 # Output goes to OUT_DIR (default: $OUT, else results/gpu_checks); record it in RESULTS.md.
@@ -35,7 +39,7 @@ torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.
 } 2>&1 | tee "$out/machine.txt"
 status=0
 parts=${*:2}
-parts=${parts:-tests steps compiled dense gloo}
+parts=${parts:-tests steps compiled dense trainer gloo}
 for part in $parts; do
     case $part in
     tests)
@@ -53,11 +57,15 @@ for part in $parts; do
         python3 benchmarks/encode_and_search.py --device cuda --archs bert-base \
             --p-lens 128 512 --docs 32768 --batch 512 --corpus 1000000 --dim 768 \
             --queries 8192 --repeats 3 2>&1 | tee "$out/dense.txt" || status=1 ;;
+    trainer)
+        python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus --arch bert-base \
+            --objectives mlm costa bow cpdae --steps 30 2>&1 | grep -v "it/s" \
+            | tee "$out/trainer.txt" || status=1 ;;
     gloo)
         CUDA_VISIBLE_DEVICES= python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
             tests/test_pretrain_train.py tests/test_launch.py 2>&1 | tee "$out/gloo.txt" \
             || status=1 ;;
-    *) echo "unknown part: $part (tests, steps, compiled, dense, gloo)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (tests, steps, compiled, dense, trainer, gloo)" >&2; exit 2 ;;
     esac
 done
 exit $status

@@ -464,7 +464,7 @@ NOT_ON_THE_GPU_MACHINE = [
 # the trainer's processes run.
 GPU_CHECK_MODULES = [
     "test_gpu", "test_pretrain_train", "test_launch", "pretrain_step_time", "encode_and_search",
-    "retrieval_pretraining.pretrain.__main__",
+    "trainer_throughput", "retrieval_pretraining.pretrain.__main__",
 ]  # fmt: skip
 
 
