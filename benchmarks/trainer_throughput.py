@@ -80,16 +80,21 @@ def run_trainer(settings: dict, checkpoint: Path, corpus: Path, out: Path) -> li
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def run(args) -> None:
+def run(args) -> int:
     from pretrain_step_time import make_checkpoint  # benchmarks/, beside this file
 
-    rows = []
+    rows, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = make_checkpoint(args.arch, Path(tmp) / "ckpt")
         for objective in args.objectives:
             settings = settings_for(objective, args.steps)
             micro = settings["trainer"]["micro_batch_size"]
-            records = run_trainer(settings, checkpoint, args.corpus, Path(tmp) / objective)
+            try:  # one objective's failure (on a scarce GPU) must not cost the others' figures
+                records = run_trainer(settings, checkpoint, args.corpus, Path(tmp) / objective)
+            except RuntimeError as error:
+                print(error, flush=True)
+                failed.append(objective)
+                continue
             timed = [r for r in records if r["step"] > WARMUP_STEPS]
             tokens_per_step = statistics.median(
                 b["tokens_seen"] - a["tokens_seen"] for a, b in zip(timed, timed[1:]))
@@ -105,6 +110,7 @@ def run(args) -> None:
     for r in rows:
         print(f"| {r['objective']} | {r['micro_batch']} | {r['workers']} | {r['samples_per_s']} "
               f"| {r['tokens_per_s']:,} |")
+    return 1 if failed else 0
 
 
 def main() -> None:
@@ -121,7 +127,7 @@ def main() -> None:
     if args.command == "prepare":
         prepare(args.out)
     else:
-        run(args)
+        sys.exit(run(args))
 
 
 if __name__ == "__main__":
