@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,8 +25,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "workflow"))
+sys.path[:0] = [str(ROOT / "workflow"), str(ROOT / "tests")]
 
+import pretrain_fixtures as fx  # noqa: E402  (run_module: the trainer's command line)
 from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
 
 PAPER = ROOT / "workflow/experiments/paper.yaml"
@@ -64,22 +63,6 @@ def settings_for(objective: str, steps: int) -> dict:
     return resolve_model(section, objective, seed=42)
 
 
-def run_trainer(settings: dict, checkpoint: Path, corpus: Path, out: Path) -> list[dict]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "workflow"),
-                                                        os.environ.get("PYTHONPATH")])))
-    cmd = [sys.executable, "-m", "retrieval_pretraining.pretrain", "--config", json.dumps(settings),
-           "--checkpoint", str(checkpoint), "--chunks", str(corpus / "chunks.parquet"),
-           "--encoder", str(out / "encoder"), "--metrics", str(out / "metrics.jsonl"),
-           "--plot", str(out / "loss.png"), "--state", str(out / "state")]
-    if settings["objective"] == "costa":
-        cmd += ["--spans", str(corpus / "spans.parquet")]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{settings['name']}: exit {result.returncode}\n{result.stderr[-3000:]}")
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def run(args) -> int:
     from pretrain_step_time import make_checkpoint  # benchmarks/, beside this file
 
@@ -89,12 +72,14 @@ def run(args) -> int:
         for objective in args.objectives:
             settings = settings_for(objective, args.steps)
             micro = settings["trainer"]["micro_batch_size"]
-            try:  # one objective's failure (on a scarce GPU) must not cost the others' figures
-                records = run_trainer(settings, checkpoint, args.corpus, Path(tmp) / objective)
-            except RuntimeError as error:
-                print(error, flush=True)
+            out = Path(tmp) / objective
+            spans = [args.corpus / "spans.parquet"] if objective == "costa" else None
+            result = fx.run_module(settings, checkpoint, [args.corpus / "chunks.parquet"], spans, out)
+            if result.returncode != 0:  # printed, and the other objectives still run (scarce GPU)
+                print(f"{objective}: exit {result.returncode}\n{result.stderr[-3000:]}", flush=True)
                 failed.append(objective)
                 continue
+            records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             timed = [r for r in records if r["step"] > WARMUP_STEPS]
             tokens_per_step = statistics.median(
                 b["tokens_seen"] - a["tokens_seen"] for a, b in zip(timed, timed[1:]))
