@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from full_disk import files_under, full_disk, is_full_disk_error
+from host_reads import HostReads, counted
 from retrieval_pretraining import training
 from retrieval_pretraining.checkpoints import package_folder
 from retrieval_pretraining.config import ConfigError
@@ -410,6 +411,55 @@ def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
     start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["positives_absent_from_corpus"] == 1
 
+
+
+def _counted_losses(monkeypatch, nan_at_call: int | None = None) -> list:
+    """Patch the stage's loss to count its host reads (and be NaN at one call); returns the calls'
+    query ids as the stage passed them (via the loss's `q` rows, in order)."""
+    loss = ftrain.contrast_set_loss
+    calls = []
+
+    def patched(q, p, **kwargs):
+        calls.append(len(calls))
+        value = loss(q, p, **kwargs)
+        if len(calls) - 1 == nan_at_call:
+            value = value * float("nan")
+        return counted(value)
+
+    monkeypatch.setattr(ftrain, "contrast_set_loss", patched)
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: counted(clip(*a, **k)))
+    return calls
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 1.0])
+def test_a_fine_tuning_step_reads_its_values_on_the_host_once(tmp_path, monkeypatch, max_grad_norm):
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "sub_batches": 2,
+           "epochs": 1, "log_every_steps": 1, "max_grad_norm": max_grad_norm}
+    HostReads.count = 0
+    calls = _counted_losses(monkeypatch)
+    assert fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                     out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                     metrics_path=tmp_path / "metrics.jsonl") == 0
+    steps = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(calls) == 8 and [r["step"] for r in steps] == [1, 2, 3, 4]  # 2 micro-batches a step
+    assert HostReads.count == 4 and all(math.isfinite(r["loss"]) for r in steps)
+
+
+def test_a_nonfinite_fine_tuning_loss_stops_naming_the_step_and_queries(tmp_path, monkeypatch):
+    """Found at the step's one read, after the optimiser step (skipped on the device: the state
+    saved by then is what a rerun resumes from)."""
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "sub_batches": 2,
+           "epochs": 1, "log_every_steps": 1}
+    _counted_losses(monkeypatch, nan_at_call=3)  # step 1's second micro-batch
+    with pytest.raises(training.NonFiniteLossError,
+                       match=r"loss term 'loss' is nan at step 1 for batch items \['\w+'(, '\w+'){3}\]"):
+        fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                  out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                  metrics_path=tmp_path / "metrics.jsonl")
+    assert not (tmp_path / "encoder").exists()
 
 
 def test_a_full_disk_during_the_export_leaves_no_encoder_folder_and_a_rerun_recovers(tmp_path):

@@ -23,6 +23,7 @@ from transformers import AutoModel, AutoTokenizer
 
 import pretrain_fixtures as fx
 from full_disk import full_disk, is_full_disk_error
+from host_reads import HostReads, counted
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain import objectives as obj
 from retrieval_pretraining.pretrain.model import Pretrainer
@@ -142,6 +143,56 @@ def test_nonfinite_gradient_stops_naming_step_and_items(setup, tmp_path, monkeyp
     with pytest.raises(training.NonFiniteGradientError,
                        match=r"gradient norm is (inf|nan) at step 1 for batch items \[\d+(, \d+){7}\]"):
         _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path)
+
+
+def test_a_nonfinite_step_leaves_the_weights_unchanged(setup, tmp_path, monkeypatch):
+    """The check comes after the optimiser step was queued (one read a step); the step itself
+    must not have applied. With the check off, the run ends with finite weights."""
+    def infinite_slope(model, batch, out):
+        if int(batch["step"]) == 1:
+            bias = model.mlm_head.bias[0]
+            out["loss"] = out["loss"] + (bias - bias.detach()).sqrt()
+        return out
+
+    _wrap_forward(monkeypatch, after=infinite_slope)
+    monkeypatch.setattr(training, "check_finite_step", lambda *a, **k: None)
+    code, records = _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path)
+    assert code == 0 and not math.isfinite(records[1]["grad_norm"])
+    weights = load_file(tmp_path / "encoder" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert all(torch.isfinite(w).all() for w in load_file(tmp_path / "heads.safetensors").values())
+
+
+@pytest.mark.parametrize("objective", ["costa", "cpdae", "bow"])
+def test_a_step_reads_its_values_on_the_host_once(objective, setup, tmp_path, monkeypatch):
+    """Every value the model returns and the gradient norm are counted; what is logged must still
+    be right (the mean over micro-batches: test_logged_values_are_the_micro_batch_means)."""
+    HostReads.count = 0
+    _wrap_forward(monkeypatch, after=lambda model, batch, out: {
+        key: counted(value) for key, value in out.items()})
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: counted(clip(*a, **k)))
+    code, records = _run(fx.model_settings(objective, max_steps=3), setup, tmp_path)
+    assert code == 0 and len(records) == 3 and all(math.isfinite(r["grad_norm"]) for r in records)
+    assert HostReads.count == 3  # 3 steps of 2 micro-batches, each with 3-5 values
+
+
+def test_logged_values_are_the_micro_batch_means(setup, tmp_path, monkeypatch):
+    seen, tokens = [], []
+
+    def keep(model, batch, out):
+        seen.append({key: float(value.detach()) for key, value in out.items()})
+        tokens.append(int(batch["n_tokens"]))
+        return out
+
+    _wrap_forward(monkeypatch, after=keep)
+    code, records = _run(fx.model_settings("costa", max_steps=3), setup, tmp_path)
+    assert code == 0 and len(seen) == 6 and set(records[0]) >= set(seen[0]) >= {"loss", "loss_gwc"}
+    for step, record in enumerate(records):
+        for key in seen[0]:
+            mean = (seen[2 * step][key] + seen[2 * step + 1][key]) / 2
+            assert record[key] == pytest.approx(mean, rel=1e-6), (step, key)
+        assert record["tokens_seen"] == sum(tokens[:2 * step + 2])
 
 
 def test_training_steps_run_with_dropout_on(dropout_setup, tmp_path, monkeypatch):

@@ -154,7 +154,9 @@ def _padded_backend(tokenizer, max_len: int):
 
 def encode_batch(model, batch: dict[str, torch.Tensor], pooling: str, similarity: str) -> torch.Tensor:
     dev = next(model.parameters()).device
-    batch = {k: v.to(dev) for k, v in batch.items()}
+    # Asynchronous from pinned memory (fine-tuning pins its inputs); from pageable memory the copy
+    # is what a blocking one would be.
+    batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
     hidden = model(**batch).last_hidden_state
     return pool(hidden, batch["attention_mask"], pooling, similarity, projector_of(model))
 

@@ -2,7 +2,8 @@
 
 One optimiser step = one batch of `batch_size` queries = `accumulation` micro-batches on each of
 `world_size` processes (data.contrast_plan). The step's loss is the mean over this process's
-micro-batches; DDP averages the gradients over processes.
+micro-batches; DDP averages the gradients over processes. The logged loss is the mean over
+micro-batches and processes.
 """
 
 from __future__ import annotations
@@ -94,33 +95,40 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     model.train()  # dropout on (from_pretrained loads in eval mode)
     inputs_ahead = prefetched_micro_batches(data, plan, s, seed, tokenizer, env, start, total_steps)
     for step in range(start, total_steps):
-        loss_sum, tokens, last = 0.0, 0, False
+        # The losses stay on the device until the step's one host read (as in pre-training).
+        losses: list[torch.Tensor] = []
+        chunks: list[list[str]] = []  # per micro-batch: its query ids, named if its loss is not finite
+        tokens, last = 0, False
         while not last:  # the step's micro-batches
             epoch, k, count, chunk, qb, pb = next(inputs_ahead)
-            tokens += int(qb["attention_mask"].sum() + pb["attention_mask"].sum())
+            tokens += int(qb["attention_mask"].sum() + pb["attention_mask"].sum())  # host tensors
+            chunks.append(list(chunk))
             last = k == count - 1  # DDP averages gradients over ranks after it
             sync = ddp.no_sync() if env.distributed and not last else contextlib.nullcontext()
             with sync, training.autocast(env.device, s.precision):
                 q, p = ddp(qb, pb)
                 loss = contrast_set_loss(q, p, group_size=s.group_size, temperature=s.temperature,
                                          gather=s.gather, rank=env.rank)
-                training.check_finite({"loss": loss}, step=step, item_ids=chunk)
                 (loss / count).backward()
-            loss_sum += loss.item() / count
-        if s.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-        optimizer.step()
+            losses.append(loss.detach().float().reshape(1))
+        values = torch.stack(losses)  # [micro-batches, 1]
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm) \
+            if s.max_grad_norm else None
+        training.step_if_finite(optimizer, values, *([norm] if norm is not None else []))
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        read = training.host_read(values, norm, tokens=tokens, stop=stop.requested, env=env)
+        training.check_finite_step(read, ["loss"], step=step, item_ids=chunks)
+        loss_mean = read.means[0]  # over the step's micro-batches and processes
         done = step + 1
-        rate = bar.update(tokens * env.world_size, loss=loss_sum)
+        rate = bar.update(int(read.tokens), loss=loss_mean)
         if env.is_main and (done % s.log_every_steps == 0 or done == total_steps or done == 1):
-            metrics.write({"step": done, "epoch": epoch, "loss": loss_sum,
+            metrics.write({"step": done, "epoch": epoch, "loss": loss_mean,
                            "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate,
                            "negatives_per_query": plan.negatives_per_query})
         if env.is_main and done % s.save_every_steps == 0 and done < total_steps:
             save(done)
-        if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
+        if done < total_steps and training.run_or_resume_exit(read.stop, env, lambda: save(done)):
             inputs_ahead.close()  # ends the prefetch thread
             bar.close()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done,
@@ -133,7 +141,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     if env.is_main:
         export(model.encoder, tokenizer, out, s, seed, plan, total_steps, inputs,
                stats={"train_queries": len(data.query_ids), **counts},
-               final_metrics={"loss": loss_sum})  # the last step's (this process's) loss
+               final_metrics={"loss": loss_mean})  # the last step's loss
         training.plot_losses(metrics_path, metrics_path.with_name("loss.png"), "fine-tuning loss")
         # The encoder is complete: a rerun must start afresh, not resume a finished run.
         shutil.rmtree(state_dir, ignore_errors=True)
@@ -142,12 +150,15 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
 
 
 def micro_batch_inputs(data, settings: FinetuneSettings, seed: int, tokenizer, epoch: int,
-                       chunk: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The tokenised queries and passages of one micro-batch (its query ids `chunk`)."""
+                       chunk: list[str], pin: bool = False
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The tokenised queries and passages of one micro-batch (its query ids `chunk`); with `pin`,
+    in pinned memory, so that the step's copy to the GPU does not wait for the GPU to finish."""
     r = settings.retrieval
     query_texts, titles, passage_texts = data.micro_batch(chunk, settings.group_size, seed, epoch)
-    return (tokenize(tokenizer, query_texts, r.q_len),
-            tokenize(tokenizer, passage_texts, r.p_len, titles, r.title))
+    inputs = (tokenize(tokenizer, query_texts, r.q_len),
+              tokenize(tokenizer, passage_texts, r.p_len, titles, r.title))
+    return tuple({k: v.pin_memory() for k, v in part.items()} for part in inputs) if pin else inputs
 
 
 def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSettings, seed: int,
@@ -171,7 +182,8 @@ def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSetting
         pending: deque = deque()
         for epoch, k, count, chunk in plans():
             pending.append((epoch, k, count, chunk, pool.submit(
-                micro_batch_inputs, data, settings, seed, tokenizer, epoch, chunk)))
+                micro_batch_inputs, data, settings, seed, tokenizer, epoch, chunk,
+                env.device.type == "cuda")))
             if len(pending) > ahead:
                 *item, future = pending.popleft()
                 yield (*item, *future.result())

@@ -138,7 +138,7 @@ class Pretrainer(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], progress: float = 0.0) -> dict[str, torch.Tensor]:
         if self.objective in baselines.OBJECTIVES:
             losses, stats = baselines.forward(self, batch)
-            return losses | {key: torch.as_tensor(value) for key, value in stats.items()}
+            return losses | _on_device(stats, losses["loss"])
         hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"])}
         stats: dict[str, float | torch.Tensor] = {}
@@ -174,11 +174,18 @@ class Pretrainer(nn.Module):
             weight = opts["weight"]
             if opts["weight_schedule"] == "cosine":
                 weight = obj.cosine_weight(progress, opts["weight"], opts["weight_end"])
-            losses["bow_weight"] = torch.tensor(weight)
+            losses["bow_weight"] = cls.new_full((), weight, dtype=torch.float32)
             losses["loss"] = losses["loss_mlm"] + weight * losses["loss_bow"]
         else:
             losses["loss"] = losses["loss_mlm"]
         # Logged beside the losses (averaged over micro-batches and processes like them): the
         # candidates each contrastive anchor is scored against, as fine-tuning logs its negatives.
-        losses |= {key: torch.as_tensor(value) for key, value in stats.items()}
-        return losses
+        return losses | _on_device(stats, losses["loss"])
+
+
+def _on_device(stats: dict[str, float | torch.Tensor], like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Statistics as tensors on the losses' device, so that the trainer reads every value of a step
+    in one copy. A number known on the host is written there by a fill kernel, which unlike a copy
+    from host memory never waits for the device."""
+    return {key: value if torch.is_tensor(value) else like.new_full((), value, dtype=torch.float32)
+            for key, value in stats.items()}

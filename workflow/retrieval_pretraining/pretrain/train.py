@@ -12,12 +12,10 @@ import contextlib
 import logging
 import shutil
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
@@ -229,12 +227,17 @@ def train(
     record: dict[str, Any] = {}  # the last step's record: what the encoder's card states
     model.train()  # dropout on (from_pretrained loads in eval mode)
     for step in range(start, total_steps):
-        sums: dict[str, float] = defaultdict(float)
+        # Nothing in the step reads a value on the host: the losses, the gradient norm and the
+        # token count stay on the device until the one read at the step's end (host_read), so a
+        # GPU never idles while Python waits for it (each read would drain the queue of kernels).
+        terms: list[torch.Tensor] = []  # per micro-batch: its output values, in `keys` order
+        keys: list[str] = []
+        item_ids: list[list[int]] = []  # per micro-batch: its chunks, named if a value is not finite
         tokens = 0
-        item_ids: list[int] = []
         for micro in range(accumulation):
             host_batch = next(batches)
-            item_ids += host_batch["chunk_ids"].tolist()  # named if the step's gradient is not finite
+            item_ids.append(host_batch["chunk_ids"].tolist())  # still on the host: no read
+            tokens += int(host_batch["n_tokens"])
             batch = {k: v.to(env.device, non_blocking=True) for k, v in host_batch.items()}
             # Dropout masks keyed by (seed, step, global micro-batch index): identical on resume and
             # for any number of processes, without per-rank RNG state in the checkpoint.
@@ -242,33 +245,28 @@ def train(
             sync = ddp.no_sync() if env.distributed and micro < accumulation - 1 else contextlib.nullcontext()
             with sync, training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
                 out = forward(batch, progress=step / total_steps)
-                training.check_finite(out, step=step, item_ids=batch["chunk_ids"])
                 (out["loss"] / accumulation).backward()
-            for key, value in out.items():
-                sums[key] += float(value.detach()) / accumulation
-            tokens += int(batch["n_tokens"])
+            keys = keys or sorted(out)
+            terms.append(torch.stack([out[key].detach().float() for key in keys]))
         if step < head_warmup:  # only the heads learn: the encoder's gradients are dropped
             for parameter in model.encoder.parameters():
                 parameter.grad = None
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
-        training.check_finite_grad_norm(grad_norm, step=step, item_ids=item_ids)
         lr = scheduler.get_last_lr()[0]
-        optimizer.step()
+        values = torch.stack(terms)
+        training.step_if_finite(optimizer, values, grad_norm)  # known at the read below
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        keys = sorted(sums)
-        reduced = torch.tensor([sums[k] for k in keys] + [float(tokens)], device=env.device)
-        if env.distributed:
-            dist.all_reduce(reduced)
-            reduced[:-1] /= env.world_size
-        tokens_seen += int(reduced[-1])
-        record = dict(zip(keys, reduced[:-1].tolist()))
-        rate = bar.update(int(reduced[-1]), loss=record["loss"])
+        read = training.host_read(values, grad_norm, tokens=tokens, stop=stop.requested, env=env)
+        training.check_finite_step(read, keys, step=step, item_ids=item_ids)
+        tokens_seen += int(read.tokens)
+        record = dict(zip(keys, read.means))
+        rate = bar.update(int(read.tokens), loss=record["loss"])
         last = step + 1 == total_steps
         probe_now = bool(held_out) and ((step + 1) % tr["probe_every"] == 0 or last)
         if env.is_main and ((step + 1) % tr["log_every"] == 0 or last or probe_now):
             record |= {
-                "step": step + 1, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": rate,
+                "step": step + 1, "lr": lr, "grad_norm": read.grad_norm, "tokens_per_s": rate,
                 "tokens_seen": tokens_seen, "memory_mb": training.memory_mb(env.device),
                 "encoder_frozen": step < head_warmup,
             }
@@ -280,7 +278,7 @@ def train(
         done = step + 1
         if env.is_main and tr["checkpoint_every"] and done % tr["checkpoint_every"] == 0 and done < total_steps:
             save(done)
-        if done < total_steps and training.run_or_resume_exit(stop, env, lambda: save(done)):
+        if done < total_steps and training.run_or_resume_exit(read.stop, env, lambda: save(done)):
             close_outputs()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done, stop.signal_name)
             training.teardown_distributed()

@@ -8,20 +8,22 @@ Both trainers (pretrain/train.py, finetune/train.py) are one loop of this shape,
     claim_state(state, job, env)          # a state left by other settings or inputs is deleted
     resumed = load_state(state, ...)      # the same job resumes where it saved
     metrics = MetricsWriter(..., history=state / "metrics.jsonl"); stop = StopFlag()
-    for each step: micro-batches under autocast(), check_finite(), backward; clip;
-        optimizer.step(); scheduler.step(); metrics.write(...); save_state(...) every N steps;
-        if run_or_resume_exit(stop, env, save): teardown_distributed(); return RESUME_EXIT_CODE
+    for each step: micro-batches under autocast(), backward, their values kept on the device;
+        clip; step_if_finite(optimizer, values, norm); scheduler.step();
+        read = host_read(values, norm, ...)   # the step's one device-to-host read
+        check_finite_step(read, ...); metrics.write(...); save_state(...) every N steps;
+        if run_or_resume_exit(read.stop, env, save): teardown_distributed(); return RESUME_EXIT_CODE
     export the encoder, plot_losses(), delete the state; teardown_distributed(); return 0
 and the `python -m` entry ends with exit_process(main()).
 
 Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
-                 broadcast_flag
+                 broadcast_flag, host_read (a step's one reduction and read), StepRead
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, seed_everything,
                  seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
-    guards       check_finite, check_finite_grad_norm, NonFiniteLossError, NonFiniteGradientError,
-                 oom_guard
+    guards       check_finite, check_finite_grad_norm, check_finite_step, step_if_finite,
+                 NonFiniteLossError, NonFiniteGradientError, oom_guard
     observe      MetricsWriter, Progress, plot_losses, require_tensorboard, TensorBoardLog,
                  memory_mb
     lifecycle    StopFlag, RESUME_EXIT_CODE, run_or_resume_exit, ignore_stop_signals,
@@ -30,9 +32,11 @@ Modules (the trainers import only this package, `training.X`):
 
 from .distributed import (
     DistEnv,
+    StepRead,
     all_gather_with_grad,
     barrier,
     broadcast_flag,
+    host_read,
     init_distributed,
     teardown_distributed,
 )
@@ -41,7 +45,9 @@ from .guards import (
     NonFiniteLossError,
     check_finite,
     check_finite_grad_norm,
+    check_finite_step,
     oom_guard,
+    step_if_finite,
 )
 from .lifecycle import (
     RESUME_EXIT_CODE,
@@ -72,11 +78,11 @@ from .state import claim_state, load_state, save_state
 
 __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
-    "broadcast_flag",
+    "broadcast_flag", "StepRead", "host_read",
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "seed_everything",
     "seed_torch",
     "save_state", "load_state", "claim_state",
-    "check_finite", "check_finite_grad_norm", "NonFiniteLossError", "NonFiniteGradientError",
+    "check_finite", "check_finite_grad_norm", "check_finite_step", "step_if_finite", "NonFiniteLossError", "NonFiniteGradientError",
     "oom_guard",
     "MetricsWriter", "Progress", "plot_losses", "require_tensorboard", "TensorBoardLog",
     "memory_mb",

@@ -102,3 +102,37 @@ def broadcast_flag(flag: bool, env: DistEnv) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=env.device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item() > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRead:
+    """What a training step's one host read returns (host_read)."""
+
+    terms: list[list[float]]  # this process's output values, one list per micro-batch
+    grad_norm: float | None  # the gradient's norm before clipping (the same on every process:
+    # DDP averaged the gradients); None for a step that did not clip
+    means: list[float]  # each value averaged over micro-batches and processes
+    tokens: float  # tokens of the step over all processes
+    stop: bool  # a stop signal reached some process: all stop at this step
+
+
+def host_read(terms: torch.Tensor, grad_norm: torch.Tensor | None, *, tokens: int, stop: bool,
+              env: DistEnv) -> StepRead:
+    """The step's values, reduced over processes, in one device-to-host copy.
+
+    `terms` [micro-batches, values] on the device. The token count and the stop flag are known on
+    the host; they travel in the same all-reduce as the means (written on the device by fill
+    kernels, not copied from pageable host memory, which would wait for the device as a read
+    does), so a step costs one reduction and one read however many values it logs."""
+    extra = torch.stack([terms.new_full((), float(tokens)), terms.new_full((), float(stop))])
+    reduced = torch.cat([terms.mean(0), extra])
+    if env.distributed:
+        dist.all_reduce(reduced)
+        reduced = torch.cat([reduced[:-2] / env.world_size, reduced[-2:]])
+    norm = [] if grad_norm is None else [grad_norm.detach().float().reshape(1)]
+    values = torch.cat([terms.flatten(), *norm, reduced]).tolist()
+    micro, width = terms.shape
+    flat, rest = values[:micro * width], values[micro * width:]
+    return StepRead(terms=[flat[i * width:(i + 1) * width] for i in range(micro)],
+                    grad_norm=rest[0] if norm else None, means=rest[len(norm):-2],
+                    tokens=rest[-2], stop=rest[-1] > 0)

@@ -32,6 +32,21 @@ def check_finite(losses: dict[str, torch.Tensor], *, step: int, item_ids: Any) -
             )
 
 
+def check_finite_step(read: Any, keys: list[str], *, step: int, item_ids: list[list]) -> None:
+    """check_finite and check_finite_grad_norm on a step's host_read, after the fact: the first
+    micro-batch with a non-finite value is named (its items), else the gradient norm is checked
+    (the whole step's items). The caller has kept the optimiser from applying such a step."""
+    for ids, values in zip(item_ids, read.terms):
+        for name, value in zip(keys, values):
+            if not math.isfinite(value):
+                raise NonFiniteLossError(
+                    f"loss term '{name}' is {value} at step {step} for batch items {ids}; lower "
+                    "the learning rate, check those inputs, or use precision fp32"
+                )
+    if read.grad_norm is not None:
+        check_finite_grad_norm(read.grad_norm, step=step, item_ids=[i for ids in item_ids for i in ids])
+
+
 def check_finite_grad_norm(norm: torch.Tensor | float, *, step: int, item_ids: Any) -> None:
     """Raise NonFiniteGradientError naming the step and items if `norm` (clip_grad_norm_'s result)
     is NaN/inf: clipping would scale every gradient by NaN and the step would ruin the weights."""
@@ -41,6 +56,17 @@ def check_finite_grad_norm(norm: torch.Tensor | float, *, step: int, item_ids: A
             f"gradient norm is {value} at step {step} for batch items {_ids(item_ids)} (the losses "
             "were finite); lower the learning rate, check those inputs, or use precision fp32"
         )
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, *values: torch.Tensor) -> None:
+    """optimizer.step(), skipped on the device where any of `values` (the step's losses, its
+    gradient norm) is NaN/inf, without reading them on the host: the trainers read a step's values
+    once, after it (host_read), and raise then (check_finite_step) with the weights untouched.
+    build_optimizer's fused AdamW honours `found_inf` as under a GradScaler: no update, and its
+    step count stays."""
+    finite = torch.stack([torch.isfinite(value.detach()).all() for value in values]).all()
+    optimizer.found_inf = (~finite).float()
+    optimizer.step()
 
 
 @contextlib.contextmanager

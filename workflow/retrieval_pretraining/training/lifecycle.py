@@ -44,9 +44,13 @@ class StopFlag:
                     RESUME_EXIT_CODE)
 
 
-def run_or_resume_exit(stop: StopFlag, env: DistEnv, save: Callable[[], None]) -> bool:
-    """If any rank got a stop signal: save (main rank), sync, return True (caller exits)."""
-    if not broadcast_flag(stop.requested, env):
+def run_or_resume_exit(stop: StopFlag | bool, env: DistEnv, save: Callable[[], None]) -> bool:
+    """If any rank got a stop signal: save (main rank), sync, return True (caller exits).
+
+    `stop`: this rank's StopFlag (the ranks' flags are reduced here), or the verdict the ranks
+    already agree on (pre-training reduces the flags with its step's values: host_read)."""
+    requested = broadcast_flag(stop.requested, env) if isinstance(stop, StopFlag) else stop
+    if not requested:
         return False
     if env.is_main:
         save()
