@@ -135,7 +135,7 @@ def collate(rows, vocab, views, rng, max_len, objective="mlm"):
     width = max(len(b) for b in bags)
     out["bag_ids"] = torch.tensor(np.stack([np.pad(b, (0, width - len(b))) for b in bags]))
     out["bag_mask"] = torch.tensor(np.stack([np.arange(width) < len(b) for b in bags]))
-    return out
+    return pdata.with_label_positions(out)  # as the trainer's batches: no device wait to select
 
 
 def host_syncs(forward, optimizer, batch, device) -> int:
@@ -178,6 +178,12 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8, help="devices of the projected run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compile:
+        # One compiled forward per objective, all of Pretrainer.forward: each is a recompilation of
+        # the same code object, and past dynamo's default limit (8) the rest would run eagerly.
+        from torch import _dynamo
+
+        _dynamo.config.recompile_limit = 64
     device = torch.device(args.device)
     use_cpu_clock = args.clock == "cpu" or (args.clock == "auto" and device.type == "cpu")
     clock = time.process_time if use_cpu_clock else time.perf_counter

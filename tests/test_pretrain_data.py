@@ -152,6 +152,20 @@ def test_order_is_a_function_of_seed_and_epoch(corpus, tmp_path, vocab):
     assert not torch.equal(ds[0]["input_ids"], ds[spe]["input_ids"])
 
 
+def test_every_label_tensor_comes_with_its_predicted_positions(corpus, tmp_path, vocab):
+    """What the model selects its MLM rows by: every label != -100, in order, nothing else (a
+    naive loop over the padded labels)."""
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8, views=2)
+    for k in range(3):
+        batch = ds[k]
+        labels = batch["labels"]
+        width = labels.shape[1]
+        want = [row * width + col for row in range(labels.shape[0]) for col in range(width)
+                if labels[row, col] != -100]
+        assert batch["label_positions"].tolist() == want and len(want) > 0
+        assert batch["label_positions"].dtype == torch.int64
+
+
 def test_padding_and_span_tensors(corpus, tmp_path, vocab):
     ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8, views=2)
     batch = ds[0]

@@ -26,6 +26,7 @@ from full_disk import full_disk, is_full_disk_error
 from host_reads import HostReads, counted
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain import objectives as obj
+from retrieval_pretraining.pretrain.masking import with_label_positions
 from retrieval_pretraining.pretrain.model import Pretrainer
 from retrieval_pretraining.pretrain.train import export_base, resume_job, train
 
@@ -252,6 +253,8 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
     batch = _hand_batch(2 if objective.startswith("cpdae") else 1)
     with torch.no_grad():
         out = model(batch, progress=0.25)
+        # As the trainer's batches come: the predicted positions found on the host.
+        positioned = model(with_label_positions(dict(batch)), progress=0.25)
         hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         # MLM: the head on every position, padding and unmasked positions ignored.
         mlm = torch.nn.functional.cross_entropy(model.mlm_head(hidden).flatten(0, 1), batch["labels"].flatten())
@@ -285,9 +288,31 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
             expected = {"loss_mlm": mlm, "loss_bow": bow, "bow_weight": torch.tensor(weight), "loss": mlm + weight * bow}
         else:
             expected = {"loss_mlm": mlm, "loss": mlm}
-    assert out.keys() == expected.keys()
+    assert out.keys() == expected.keys() == positioned.keys()
     for key, value in expected.items():
         torch.testing.assert_close(out[key].float(), value.float(), msg=key)
+        torch.testing.assert_close(positioned[key].float(), value.float(), msg=key)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "costa", "cpdae", "cpdae_r", "bow", "condenser",
+                                       "cocondenser", "retromae", "ae_decoder", "ar_decoder"])
+def test_every_objective_s_step_traces_to_one_graph(objective, setup, tmp_path, monkeypatch):
+    """On the trainer's own batches, torch.compile captures the whole forward pass: no graph
+    break, so nothing in it reads a value on the host (a boolean mask's count, .item()), which on
+    a GPU would make the host wait for the device every step."""
+    import torch._dynamo
+
+    forward, found = Pretrainer.forward, []
+
+    def explain(model, batch):
+        if not found:
+            torch._dynamo.reset()
+            found.append(torch._dynamo.explain(forward)(model, batch, progress=0.5))
+
+    _wrap_forward(monkeypatch, before=explain)
+    assert _run(fx.model_settings(objective, max_steps=1), setup, tmp_path)[0] == 0
+    torch._dynamo.reset()
+    assert [r.reason for r in found[0].break_reasons] == [] and found[0].graph_count == 1
 
 
 # The baselines' heads use dropout and their inputs (segments, decoder rows) are drawn per chunk:

@@ -93,13 +93,15 @@ def forward(model: Any, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch
         return mae_decoders.forward(model, batch), stats
     if model.objective == "retromae":
         hidden = model.hidden(batch["input_ids"], batch["attention_mask"])
-        losses = {"loss_mlm": model.mlm(hidden, batch["labels"])}
-        losses["loss_dec"] = model.mlm(decoded(model, hidden[:, 0], batch), batch["decoder_labels"])
+        losses = {"loss_mlm": model.mlm(hidden, batch["labels"], batch.get("label_positions"))}
+        losses["loss_dec"] = model.mlm(decoded(model, hidden[:, 0], batch), batch["decoder_labels"],
+                                       batch.get("decoder_label_positions"))
         losses["loss"] = losses["loss_mlm"] + losses["loss_dec"]
         return losses, stats
     hidden, head = condenser_states(model, batch)
-    losses = {"loss_mlm": model.mlm(hidden, batch["labels"]),
-              "loss_head_mlm": model.mlm(head, batch["labels"])}
+    positions = batch.get("label_positions")
+    losses = {"loss_mlm": model.mlm(hidden, batch["labels"], positions),
+              "loss_head_mlm": model.mlm(head, batch["labels"], positions)}
     losses["loss"] = losses["loss_mlm"] + losses["loss_head_mlm"]
     if model.objective == "cocondenser":
         opts = model.settings["cocondenser"]

@@ -100,8 +100,11 @@ def decoded(model: Any, cls: torch.Tensor, batch: dict[str, torch.Tensor]) -> tu
 def forward(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Loss terms (total under "loss"): encoder MLM + weight x decoder cross-entropy."""
     hidden = model.hidden(batch["input_ids"], batch["attention_mask"])
-    losses = {"loss_mlm": model.mlm(hidden, batch["labels"])}
+    losses = {"loss_mlm": model.mlm(hidden, batch["labels"], batch.get("label_positions"))}
     states, labels = decoded(model, hidden[:, 0], batch)
-    losses["loss_dec"] = model.mlm(states, labels)
+    # The AE decoder's targets come with the batch (their positions too); the AR decoder's next
+    # tokens are made here on the device and are nearly every position: the head takes them all.
+    positions = batch.get("decoder_label_positions") if model.objective == "ae_decoder" else None
+    losses["loss_dec"] = model.mlm(states, labels, positions)
     losses["loss"] = losses["loss_mlm"] + model.settings[model.objective]["weight"] * losses["loss_dec"]
     return losses

@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 import numpy as np
+import torch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,3 +82,18 @@ def bag_of_ids(ids: np.ndarray, vocab: Vocab) -> np.ndarray:
     """The set of token ids a text contains, minus special and [unused] ids (BoW / CPDAE targets)."""
     unique = np.unique(ids.astype(np.int64))
     return unique[~np.isin(unique, vocab.excluded)]
+
+
+# The label tensors of a batch and the name of the flat indices of their predicted positions.
+LABEL_POSITIONS = {"labels": "label_positions", "decoder_labels": "decoder_label_positions"}
+
+
+def with_label_positions(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`batch` with, for each label tensor it holds, the flat indices of the positions to predict
+    (label != -100), found here on the host. The model selects those rows of its states with an
+    index whose length it is given; selecting them with a boolean mask on the GPU would make the
+    host wait for the device (the mask's count) and break torch.compile's graph, every step."""
+    for key, name in LABEL_POSITIONS.items():
+        if key in batch:
+            batch[name] = torch.nonzero(batch[key].flatten() != -100).squeeze(1)
+    return batch

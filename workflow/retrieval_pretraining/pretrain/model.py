@@ -125,9 +125,18 @@ class Pretrainer(nn.Module):
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    def mlm(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        selected = labels != -100  # the head runs on predicted positions only (cheap vocab matmul)
-        return obj.mlm_loss(self.mlm_head(hidden[selected]), labels[selected])
+    def mlm(self, hidden: torch.Tensor, labels: torch.Tensor,
+            positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLM head's cross-entropy at the predicted positions (labels != -100).
+
+        `positions`: their flat indices from the data (masking.with_label_positions): the head
+        runs on those rows only (cheap vocab matmul), selected without waiting for the device.
+        None: every position goes through the head and the others are ignored by the loss, for
+        targets made on the device whose positions are nearly all predicted (the AR decoder's)."""
+        hidden, labels = hidden.flatten(0, 1), labels.flatten()
+        if positions is not None:
+            hidden, labels = hidden.index_select(0, positions), labels.index_select(0, positions)
+        return obj.mlm_loss(self.mlm_head(hidden), labels)
 
     def bow_logits(self, cls: torch.Tensor) -> torch.Tensor:
         """[CLS] projected to the vocabulary as the BoW objective does it."""
@@ -140,7 +149,7 @@ class Pretrainer(nn.Module):
             losses, stats = baselines.forward(self, batch)
             return losses | _on_device(stats, losses["loss"])
         hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
-        losses = {"loss_mlm": self.mlm(hidden, batch["labels"])}
+        losses = {"loss_mlm": self.mlm(hidden, batch["labels"], batch.get("label_positions"))}
         stats: dict[str, float | torch.Tensor] = {}
         cls = hidden[:, 0]
         if self.objective == "costa":

@@ -36,8 +36,8 @@ def _gathering(gather: bool) -> bool:
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the predicted positions (logits already restricted to them)."""
-    return F.cross_entropy(_upcast(logits), labels)
+    """Mean cross-entropy over the positions whose label is not -100 (the ignored index)."""
+    return F.cross_entropy(_upcast(logits), labels, ignore_index=-100)
 
 
 # ---------------------------------------------------------------- COSTA --------------------------
@@ -101,12 +101,12 @@ def costa_loss(
 def multi_hot(bag_ids: torch.Tensor, bag_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B, K] padded id sets -> [B, V] 0/1 targets.
 
-    Only the real entries are written: scattering the padding too would write 0s to the pad id's
-    column, erasing that id when it is also a real member (scatter order is unspecified).
+    Each entry writes its mask (1 real, 0 padding) by maximum: a padding entry cannot erase its id
+    when that id is also a real member, whatever the scatter order, and nothing is selected by a
+    boolean mask (whose count the host would wait for on a GPU).
     """
     target = torch.zeros(bag_ids.shape[0], vocab_size, device=bag_ids.device)
-    rows = torch.arange(bag_ids.shape[0], device=bag_ids.device).unsqueeze(1).expand_as(bag_ids)
-    return target.index_put_((rows[bag_mask], bag_ids[bag_mask]), target.new_ones(()))
+    return target.scatter_reduce_(1, bag_ids, bag_mask.to(target.dtype), reduce="amax")
 
 
 def reconstruction_loss(logits: torch.Tensor, target: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
