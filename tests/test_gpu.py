@@ -70,3 +70,42 @@ def test_trainer_on_cuda_tracks_the_cpu_run(objective, setup, tmp_path):
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
     assert last["memory_mb"] > 0  # GPU memory is reported
 
+
+
+@pytest.fixture
+def restore_stop_handlers():
+    """train() installs its SIGTERM/SIGUSR1 handlers in this (pytest's) process: put them back."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_the_trainer_waits_for_the_gpu_once_a_step(objective, setup, tmp_path, restore_stop_handlers):
+    """torch's sync debug mode warns at every operation that makes the host wait for the GPU. Runs
+    of 2 and 4 steps differ by 2 steps: that difference must hold 2 waits, the step's one read of
+    its values (host_read); one-off waits (set-up, export) are the same in both runs."""
+    import warnings
+
+    from retrieval_pretraining.pretrain.train import train
+
+    checkpoint, chunks, spans = setup
+    waits = {}
+    for steps in (2, 4):
+        out = tmp_path / str(steps)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                code = train(fx.model_settings(objective, max_steps=steps), chunks=chunks,
+                             spans=spans if objective == "costa" else None, checkpoint=checkpoint,
+                             encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
+                             plot_out=out / "loss.png", state_dir=out / "state")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert code == 0
+        waits[steps] = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(waits[4]) - len(waits[2]) == 2, waits[4][len(waits[2]):]
