@@ -123,7 +123,11 @@ def test_trec_run_format_and_own_id_exclusion(tmp_path):
         dense_search.write_trec(run, [], "bad tag")
 
 
-def test_embedding_order_survives_length_sorting():
+def test_embedding_order_survives_length_sorting_and_tokenising_ahead(monkeypatch):
+    """Length-sorted batches, tokenised on threads ahead of the model (more batches than are ever
+    in flight), come back in the texts' order: each row equals the text encoded alone."""
+    import threading
+
     from transformers import AutoModel, AutoTokenizer
     from retrieval_pretraining.checkpoints import package_folder
 
@@ -131,9 +135,23 @@ def test_embedding_order_survives_length_sorting():
     model = AutoModel.from_pretrained(folder, local_files_only=True, add_pooling_layer=False)
     model.encoder.layer = model.encoder.layer[:1]
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    texts = ["short", "a much longer text about proteins and cells", "medium length text"]
+    texts = ["short", "a much longer text about proteins and cells", "medium length text",
+             "cells", "proteins fold", "a text of a few more words than most", "x", "y z",
+             "dense retrieval with contrastive span prediction", "bag of words", "ice floats"]
+    tokenize, threads = encode.tokenize, []
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return tokenize(*args, **kwargs)
+
+    monkeypatch.setattr(encode, "tokenize", recorded)
     batch = encode.embed(model, tokenizer, texts, max_len=16, pooling="mean", similarity="cosine",
-                         batch_size=2)
+                         batch_size=2, tokenizer_threads=2)  # a GPU's default; CPU's is 0
+    assert len(threads) == 6 and all(name.startswith("encode-inputs") for name in threads)
+    in_turn = encode.embed(model, tokenizer, texts, max_len=16, pooling="mean",
+                           similarity="cosine", batch_size=2)
+    assert threads[6:] == ["MainThread"] * 6
+    np.testing.assert_array_equal(in_turn, batch)
     for i, text in enumerate(texts):
         alone = encode.embed(model, tokenizer, [text], max_len=16, pooling="mean",
                              similarity="cosine")

@@ -12,8 +12,10 @@ Output of one shard: `shard-XXXX.npy` (float16 or float32, rows in corpus order)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,6 +31,7 @@ from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .errors import command, reading
 from .model_folder import load_model
+from .parallel import bounded_map
 from .retrieval_settings import PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -161,23 +164,47 @@ def encode_batch(model, batch: dict[str, torch.Tensor], pooling: str, similarity
     return pool(hidden, batch["attention_mask"], pooling, similarity, projector_of(model))
 
 
+# Batches tokenised at once, ahead of a GPU model, on threads (the Rust tokenizer releases the GIL).
+# In turn with the model, tokenising 512-token passages (~1,450 a CPU-second) would leave a GPU
+# that encodes several thousand a second idle most of the time; two threads are the 2 cores per
+# GPU the input pipeline is sized for (benchmarks/RESULTS.md, issue 17). On CPU the model needs
+# the same cores: tokenising ahead only competes with it (3% fewer passages/s measured).
+TOKENIZER_THREADS = 2
+
+
 @torch.inference_mode()
 def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str, similarity: str,
           titles: Sequence[str] | None = None, title: str = "space", batch_size: int = 256,
-          desc: str = "encode", prefix: str = "") -> np.ndarray:
-    """float32 vectors for `texts`, in order. Texts are length-sorted so padding is minimal."""
+          desc: str = "encode", prefix: str = "", tokenizer_threads: int | None = None) -> np.ndarray:
+    """float32 vectors for `texts`, in order. Texts are length-sorted so padding is minimal.
+    `tokenizer_threads`: threads tokenising the next batches while the model encodes one (0: in
+    turn with it); default TOKENIZER_THREADS on a GPU, 0 on CPU."""
     model.eval()
     order = np.argsort([-len(t) for t in texts], kind="stable")
     out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
-    use_bf16 = next(model.parameters()).is_cuda
-    for start in tqdm(range(0, len(texts), batch_size), desc=desc, mininterval=10,
-                      disable=len(texts) <= batch_size):
-        rows = order[start:start + batch_size]
+    cuda = next(model.parameters()).is_cuda
+
+    def inputs(rows: np.ndarray) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
         batch = tokenize(tokenizer, [texts[i] for i in rows], max_len,
                          None if titles is None else [titles[i] for i in rows], title, prefix)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-            vectors = encode_batch(model, batch, pooling, similarity)
-        out[rows] = vectors.float().cpu().numpy()
+        # Pinned: the copy to the GPU (encode_batch) then runs without waiting for it.
+        return rows, {k: v.pin_memory() for k, v in batch.items()} if cuda else batch
+
+    blocks = [(order[start:start + batch_size],) for start in range(0, len(texts), batch_size)]
+    threads = (TOKENIZER_THREADS if cuda else 0) if tokenizer_threads is None else tokenizer_threads
+    if threads > 1 and _padded_backend(tokenizer, max_len) is None:
+        # Only the Rust tokenizer set up once (_padded_backend) is shared by threads safely: a
+        # transformers tokenizer call resets its padding and truncation on every call.
+        threads = 1
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="encode-inputs") if threads \
+        else contextlib.nullcontext()
+    with pool as executor:  # None: in this thread
+        for rows, batch in tqdm(bounded_map(inputs, blocks, executor, in_flight=threads + 1),
+                                total=len(blocks), desc=desc, mininterval=10,
+                                disable=len(texts) <= batch_size):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+                vectors = encode_batch(model, batch, pooling, similarity)
+            out[rows] = vectors.float().cpu().numpy()
     return out
 
 

@@ -41,10 +41,11 @@ def process_pool(
 def bounded_map(
     function: Callable[..., Any],
     tasks: Iterable[tuple],
-    pool: cf.ProcessPoolExecutor | None,
+    pool: cf.Executor | None,
     in_flight: int,
 ) -> Iterator[Any]:
-    """`function(*task)` for every task, results in task order, at most `in_flight` submitted."""
+    """`function(*task)` for every task, results in task order, at most `in_flight` submitted
+    (to processes, or to threads: the encoder tokenises ahead of its model with it)."""
     if pool is None:
         for task in tasks:
             yield function(*task)
