@@ -294,6 +294,28 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
         torch.testing.assert_close(positioned[key].float(), value.float(), msg=key)
 
 
+@pytest.mark.parametrize("objective", ["bow", "costa"])
+def test_a_compiled_trainer_follows_the_eager_run_without_recompiling_each_step(
+        objective, setup, tmp_path, monkeypatch):
+    """`compile: true` through dynamo and AOT autograd (the aot_eager backend: inductor's code
+    generation takes minutes on CPU; the GPU checks time it). BoW's weight changes every step: as a
+    Python float it was guarded by value, a recompilation a step until dynamo failed."""
+    from torch._dynamo.utils import counters
+
+    _, eager = _run(fx.model_settings(objective, max_steps=6), setup, tmp_path / "eager")
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    counters.clear()
+    code, compiled = _run(fx.model_settings(objective, max_steps=6, compile=True), setup,
+                          tmp_path / "compiled")
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert code == 0 and 1 <= graphs <= 3  # the first shapes, then dynamic ones (+ the last batch)
+    torch.testing.assert_close([r["loss"] for r in compiled], [r["loss"] for r in eager],
+                               rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("objective", ["mlm", "costa", "cpdae", "cpdae_r", "bow", "condenser",
                                        "cocondenser", "retromae", "ae_decoder", "ar_decoder"])
 def test_every_objective_s_step_traces_to_one_graph(objective, setup, tmp_path, monkeypatch):

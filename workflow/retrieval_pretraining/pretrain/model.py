@@ -144,7 +144,11 @@ class Pretrainer(nn.Module):
             return cls @ self.encoder.get_input_embeddings().weight.T  # h_CLS . E^T
         return self.mlm_head(cls)  # the authors' code: the whole MLM head on [CLS]
 
-    def forward(self, batch: dict[str, torch.Tensor], progress: float = 0.0) -> dict[str, torch.Tensor]:
+    def forward(self, batch: dict[str, torch.Tensor],
+                progress: float | torch.Tensor = 0.0) -> dict[str, torch.Tensor]:
+        """`progress`: the share of training done (step / steps), for schedules inside the loss
+        (BoW's weight). The trainer passes it as a float64 tensor: torch.compile would guard on a
+        Python float's value and recompile, or fail, at every step."""
         if self.objective in baselines.OBJECTIVES:
             losses, stats = baselines.forward(self, batch)
             return losses | _on_device(stats, losses["loss"])
@@ -180,10 +184,11 @@ class Pretrainer(nn.Module):
             opts = self.settings["bow"]
             losses["loss_bow"] = obj.bow_loss(self.bow_logits(cls), batch["bag_ids"],
                                               batch["bag_mask"], opts["reduction"])
-            weight = opts["weight"]
+            weight = cls.new_full((), opts["weight"], dtype=torch.float32)
             if opts["weight_schedule"] == "cosine":
                 weight = obj.cosine_weight(progress, opts["weight"], opts["weight_end"])
-            losses["bow_weight"] = cls.new_full((), weight, dtype=torch.float32)
+                weight = weight.float() if torch.is_tensor(weight) else cls.new_full((), weight, dtype=torch.float32)
+            losses["bow_weight"] = weight
             losses["loss"] = losses["loss_mlm"] + weight * losses["loss_bow"]
         else:
             losses["loss"] = losses["loss_mlm"]

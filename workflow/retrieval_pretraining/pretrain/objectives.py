@@ -220,7 +220,10 @@ def bow_loss(logits: torch.Tensor, bag_ids: torch.Tensor, bag_mask: torch.Tensor
     return per_text.mean()
 
 
-def cosine_weight(progress: float, start: float, end: float) -> float:
-    """Weight decaying from `start` (progress 0) to `end` (progress 1) on a half cosine."""
+def cosine_weight(progress: float | torch.Tensor, start: float, end: float) -> float | torch.Tensor:
+    """Weight decaying from `start` (progress 0) to `end` (progress 1) on a half cosine; a tensor
+    `progress` gives a tensor (same arithmetic, in its dtype)."""
+    if torch.is_tensor(progress):
+        return end + (start - end) * 0.5 * (1.0 + torch.cos(math.pi * progress.clamp(0.0, 1.0)))
     progress = min(max(progress, 0.0), 1.0)
     return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -244,7 +244,9 @@ def train(
             training.seed_torch(settings["seed"], step, micro * env.world_size + env.rank)
             sync = ddp.no_sync() if env.distributed and micro < accumulation - 1 else contextlib.nullcontext()
             with sync, training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
-                out = forward(batch, progress=step / total_steps)
+                # A tensor, not a float: compiled, a float's value would be guarded (see forward).
+                progress = torch.full((), step / total_steps, dtype=torch.float64, device=env.device)
+                out = forward(batch, progress=progress)
                 (out["loss"] / accumulation).backward()
             keys = keys or sorted(out)
             terms.append(torch.stack([out[key].detach().float() for key in keys]))
