@@ -4,11 +4,12 @@
 #   bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..] # there: with .gpu-carry/ carried along
 # Parts, in this order (default: all; a lent machine's 10-minute command limit may need two calls):
 #   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
-#             bf16) vs CPU.
+#             bf16) vs CPU, the trainer's waits for the GPU per step (one expected).
 #   steps     benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step
 #             time of each objective vs MLM, samples/s, MFU, the projected paper schedule, and the
 #             host synchronisations in one step of each (torch's sync debug mode).
-#   compiled  the same with torch.compile, for MLM and COSTA.
+#   compiled  the same with torch.compile, for the paper's four objectives (each forward is one
+#             graph: tests/test_pretrain_train.py).
 #   dense     benchmarks/encode_and_search.py: bert-base encoding at 128 and 512 tokens (bf16, as
 #             the stage runs), exact search over 1M x 768 vectors (faiss-gpu where installed; torch
 #             GEMM + top-k) against the same-shape cuBLAS GEMM in fp32 and bf16.
@@ -50,7 +51,7 @@ for part in $parts; do
 --max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989"
         file=step_time.txt
         if [ "$part" = compiled ]; then
-            bench="$bench --compile --objectives mlm costa" file=step_time_compiled.txt
+            bench="$bench --compile --objectives mlm costa cpdae bow" file=step_time_compiled.txt
         fi
         $bench 2>&1 | grep -v "it/s" | tee "$out/$file" || status=1 ;;
     dense)
