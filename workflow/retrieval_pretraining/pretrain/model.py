@@ -184,10 +184,12 @@ class Pretrainer(nn.Module):
             opts = self.settings["bow"]
             losses["loss_bow"] = obj.bow_loss(self.bow_logits(cls), batch["bag_ids"],
                                               batch["bag_mask"], opts["reduction"])
-            weight = cls.new_full((), opts["weight"], dtype=torch.float32)
+            weight = opts["weight"]
             if opts["weight_schedule"] == "cosine":
                 weight = obj.cosine_weight(progress, opts["weight"], opts["weight_end"])
-                weight = weight.float() if torch.is_tensor(weight) else cls.new_full((), weight, dtype=torch.float32)
+            # fp32 (a bf16 [CLS] under autocast must not set the weight's precision)
+            weight = weight.float() if torch.is_tensor(weight) else cls.new_full((), weight,
+                                                                                 dtype=torch.float32)
             losses["bow_weight"] = weight
             losses["loss"] = losses["loss_mlm"] + weight * losses["loss_bow"]
         else:
