@@ -3,6 +3,7 @@ metrics on resume, NaN detection, cross-process gathering with correct gradients
 
 import copy
 import json
+import math
 import random
 import signal
 
@@ -182,10 +183,19 @@ def test_metrics_writer_drops_records_after_the_resumed_step(tmp_path):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
 
 
-def test_check_finite_names_step_and_items():
-    with pytest.raises(training.NonFiniteLossError, match=r"'loss_gwc' is nan at step 7 .*\[11, 12\]"):
-        training.check_finite({"loss_mlm": torch.tensor(1.0), "loss_gwc": torch.tensor(float("nan"))},
-                              step=7, item_ids=torch.tensor([11, 12]))
+def test_check_finite_step_names_the_term_step_and_micro_batch():
+    def read(terms, norm):
+        return training.StepRead(terms=terms, grad_norm=norm, means=[], tokens=0, stop=False)
+
+    keys = ["loss", "loss_gwc"]
+    training.check_finite_step(read([[1.0, 2.0], [3.0, 4.0]], 5.0), keys, step=7, item_ids=[[1], [2]])
+    with pytest.raises(training.NonFiniteLossError, match=r"'loss_gwc' is nan at step 7 .*\[11, 12\];"):
+        training.check_finite_step(read([[1.0, 2.0], [3.0, math.nan]], math.inf), keys, step=7,
+                                   item_ids=[[9, 10], [11, 12]])
+    with pytest.raises(training.NonFiniteGradientError, match=r"is inf at step 7 .*\[9, 10, 11, 12\]"):
+        training.check_finite_step(read([[1.0, 2.0], [3.0, 4.0]], math.inf), keys, step=7,
+                                   item_ids=[[9, 10], [11, 12]])
+    training.check_finite_step(read([[1.0, 2.0]], None), keys, step=7, item_ids=[[1]])  # no clipping
 
 
 def test_check_finite_grad_norm_names_step_and_items():

@@ -22,7 +22,7 @@ Modules (the trainers import only this package, `training.X`):
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, seed_everything,
                  seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
-    guards       check_finite, check_finite_grad_norm, check_finite_step, step_if_finite,
+    guards       check_finite_step, check_finite_grad_norm, step_if_finite,
                  NonFiniteLossError, NonFiniteGradientError, oom_guard
     observe      MetricsWriter, Progress, plot_losses, require_tensorboard, TensorBoardLog,
                  memory_mb
@@ -43,7 +43,6 @@ from .distributed import (
 from .guards import (
     NonFiniteGradientError,
     NonFiniteLossError,
-    check_finite,
     check_finite_grad_norm,
     check_finite_step,
     oom_guard,
@@ -82,7 +81,7 @@ __all__ = [
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "seed_everything",
     "seed_torch",
     "save_state", "load_state", "claim_state",
-    "check_finite", "check_finite_grad_norm", "check_finite_step", "step_if_finite",
+    "check_finite_grad_norm", "check_finite_step", "step_if_finite",
     "NonFiniteLossError", "NonFiniteGradientError",
     "oom_guard",
     "MetricsWriter", "Progress", "plot_losses", "require_tensorboard", "TensorBoardLog",

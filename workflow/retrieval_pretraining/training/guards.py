@@ -22,20 +22,11 @@ def _ids(item_ids: Any) -> list:
     return item_ids.tolist() if hasattr(item_ids, "tolist") else list(item_ids)
 
 
-def check_finite(losses: dict[str, torch.Tensor], *, step: int, item_ids: Any) -> None:
-    for name, value in losses.items():
-        if not torch.isfinite(value.detach()).all():
-            raise NonFiniteLossError(
-                f"loss term '{name}' is {value.item()} at step {step} for batch items "
-                f"{_ids(item_ids)}; lower the learning rate, check those inputs, or use "
-                "precision fp32"
-            )
-
-
 def check_finite_step(read: Any, keys: list[str], *, step: int, item_ids: list[list]) -> None:
-    """check_finite and check_finite_grad_norm on a step's host_read, after the fact: the first
-    micro-batch with a non-finite value is named (its items), else the gradient norm is checked
-    (the whole step's items). The caller has kept the optimiser from applying such a step."""
+    """Raise NonFiniteLossError naming the step and the items of the first micro-batch with a
+    NaN/inf value in a step's host_read (`keys`: the values' names), else check its gradient norm
+    (check_finite_grad_norm, the whole step's items). After the fact: the caller has kept the
+    optimiser from applying such a step (step_if_finite)."""
     for ids, values in zip(item_ids, read.terms):
         for name, value in zip(keys, values):
             if not math.isfinite(value):
