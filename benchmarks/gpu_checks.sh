@@ -16,7 +16,7 @@
 #   trainer   benchmarks/trainer_throughput.py: the real trainer (data loader, workers, loop) on
 #             bert-base for 30 steps of paper.yaml's micro-batch per objective, on the chunks in
 #             .gpu-carry/corpus: its samples/s beside the model step's says whether the input
-#             pipeline or the loop starves the GPU.
+#             pipeline or the loop starves the GPU; MLM again with the trainer's compile: true.
 #   gloo      the multi-process trainer and launcher tests on the machine's CPU cores (gloo; CUDA
 #             hidden: two ranks cannot share its one GPU under NCCL).
 # Output goes to OUT_DIR (default: $OUT, else results/gpu_checks); record it in RESULTS.md.
@@ -59,9 +59,12 @@ for part in $parts; do
             --p-lens 128 512 --docs 32768 --batch 512 --corpus 1000000 --dim 768 \
             --queries 8192 --repeats 3 2>&1 | tee "$out/dense.txt" || status=1 ;;
     trainer)
-        python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus --arch bert-base \
-            --objectives mlm costa bow cpdae --steps 30 2>&1 | grep -v "it/s" \
-            | tee "$out/trainer.txt" || status=1 ;;
+        : > "$out/trainer.txt"
+        for variant in "--objectives mlm costa bow cpdae" "--objectives mlm --compile"; do
+            python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus \
+                --arch bert-base --steps 30 $variant 2>&1 | grep -v "it/s" \
+                | tee -a "$out/trainer.txt" || status=1
+        done ;;
     gloo)
         CUDA_VISIBLE_DEVICES= python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
             tests/test_pretrain_train.py tests/test_launch.py 2>&1 | tee "$out/gloo.txt" \
