@@ -16,7 +16,8 @@
 #   trainer   benchmarks/trainer_throughput.py: the real trainer (data loader, workers, loop) on
 #             bert-base for 30 steps of paper.yaml's micro-batch per objective, on the chunks in
 #             .gpu-carry/corpus: its samples/s beside the model step's says whether the input
-#             pipeline or the loop starves the GPU; MLM again with the trainer's compile: true.
+#             pipeline or the loop starves the GPU; MLM and COSTA again with unpad: true (the
+#             layers skip the padding rows), MLM with compile: true.
 #   gloo      the multi-process trainer and launcher tests on the machine's CPU cores (gloo; CUDA
 #             hidden: two ranks cannot share its one GPU under NCCL).
 # Output goes to OUT_DIR (default: $OUT, else results/gpu_checks); record it in RESULTS.md.
@@ -60,7 +61,8 @@ for part in $parts; do
             --queries 8192 --repeats 3 2>&1 | tee "$out/dense.txt" || status=1 ;;
     trainer)
         : > "$out/trainer.txt"
-        for variant in "--objectives mlm costa bow cpdae" "--objectives mlm --compile"; do
+        for variant in "--objectives mlm costa bow cpdae" "--objectives mlm costa --unpad" \
+                "--objectives mlm --compile"; do
             python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus \
                 --arch bert-base --steps 30 $variant 2>&1 | grep -v "it/s" \
                 | tee -a "$out/trainer.txt" || status=1

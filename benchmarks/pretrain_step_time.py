@@ -135,7 +135,7 @@ def collate(rows, vocab, views, rng, max_len, objective="mlm"):
     width = max(len(b) for b in bags)
     out["bag_ids"] = torch.tensor(np.stack([np.pad(b, (0, width - len(b))) for b in bags]))
     out["bag_mask"] = torch.tensor(np.stack([np.arange(width) < len(b) for b in bags]))
-    return pdata.with_label_positions(out)  # as the trainer's batches: no device wait to select
+    return pdata.with_positions(out)  # as the trainer's batches: no device wait to select
 
 
 def host_syncs(forward, optimizer, batch, device) -> int:

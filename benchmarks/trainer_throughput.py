@@ -9,7 +9,7 @@ step's, says what the input pipeline and the loop cost: the issue's "never starv
 
     .venv/bin/python benchmarks/trainer_throughput.py prepare .gpu-carry/corpus   # gpu_carry.sh
     python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus --arch bert-base \\
-        --objectives mlm costa bow cpdae --steps 30 [--compile]       # gpu_checks.sh `trainer`
+        --objectives mlm costa bow cpdae --steps 30 [--compile] [--unpad]   # gpu_checks `trainer`
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def prepare(out: Path) -> None:
     print(json.dumps(stats))
 
 
-def settings_for(objective: str, steps: int, compile_: bool = False) -> dict:
+def settings_for(objective: str, steps: int, compile_: bool = False, unpad: bool = False) -> dict:
     """paper.yaml's model `objective` (its entry's overrides kept), one micro-batch a step (the
     paper's per-GPU micro-batch: 32, CPDAE's 8), `steps` steps, no probes or checkpoints."""
     section = yaml.safe_load(PAPER.read_text())["pretrain"]
@@ -59,7 +59,8 @@ def settings_for(objective: str, steps: int, compile_: bool = False) -> dict:
     entry["trainer"] = {**trainer, "global_batch_size": micro, "micro_batch_size": micro,
                         "max_steps": steps, "checkpoint_every": None, "probe_chunks": 0,
                         "log_every": 1, "head_warmup_steps": 0,
-                        **({"compile": True} if compile_ else {})}
+                        **({"compile": True} if compile_ else {}),
+                        **({"unpad": True} if unpad else {})}
     section["models"] = [entry]
     return resolve_model(section, objective, seed=42)
 
@@ -71,7 +72,7 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = make_checkpoint(args.arch, Path(tmp) / "ckpt")
         for objective in args.objectives:
-            settings = settings_for(objective, args.steps, args.compile)
+            settings = settings_for(objective, args.steps, args.compile, args.unpad)
             micro = settings["trainer"]["micro_batch_size"]
             out = Path(tmp) / objective
             spans = [args.corpus / "spans.parquet"] if objective == "costa" else None
@@ -85,7 +86,8 @@ def run(args) -> int:
             tokens_per_step = statistics.median(
                 b["tokens_seen"] - a["tokens_seen"] for a, b in zip(timed, timed[1:]))
             tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
-            rows.append({"objective": objective + (" (compiled)" if args.compile else ""),
+            variant = [name for name, on in (("compiled", args.compile), ("unpadded", args.unpad)) if on]
+            rows.append({"objective": objective + (f" ({', '.join(variant)})" if variant else ""),
                          "micro_batch": micro,
                          "workers": settings["trainer"]["num_workers"],
                          "steps_timed": len(timed), "tokens_per_step": tokens_per_step,
@@ -112,6 +114,8 @@ def main() -> None:
     runner.add_argument("--steps", type=int, default=30)
     runner.add_argument("--compile", action="store_true",
                         help="the trainer's compile: true (its first steps compile: not timed)")
+    runner.add_argument("--unpad", action="store_true",
+                        help="the trainer's unpad: true (the layers skip the padding rows)")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.out)

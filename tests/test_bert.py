@@ -105,6 +105,36 @@ def test_training_draws_the_same_dropout_and_gives_the_same_gradients(attention,
         torch.testing.assert_close(grads[0][name], grads[1][name], **TOL, msg=name)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_skipping_the_padding_rows_gives_the_same_states_and_gradients(attention):
+    """`token_positions` (the real tokens' flat indices): every layer's states at the real tokens,
+    zeros at the padding, the pooler, and every parameter's gradient as the padded computation's
+    (dropout off: with it, the draws differ)."""
+    from retrieval_pretraining.pretrain.masking import with_positions
+
+    model = bert.load(MINILM, attn_implementation=attention)
+    batch = with_positions(inputs(vocab=30522, length=33))
+    positions = batch.pop("token_positions")
+    real = batch["attention_mask"].bool()
+    assert len(positions) == int(real.sum()) < real.numel()  # padding to skip
+    outs, grads = [], []
+    for extra in ({}, {"token_positions": positions}):
+        model.zero_grad()
+        out = model(**batch, output_hidden_states=True, **extra)
+        loss = (out.last_hidden_state[real] ** 2).mean() + out.pooler_output.sum()
+        loss.backward()
+        outs.append(out)
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    padded, unpadded = outs
+    assert len(unpadded.hidden_states) == len(padded.hidden_states) == 7
+    for a, b in zip(unpadded.hidden_states, padded.hidden_states):
+        torch.testing.assert_close(a[real], b[real], **TOL)
+        assert not a[~real].any()  # nothing computed there
+    torch.testing.assert_close(unpadded.pooler_output, padded.pooler_output, **TOL)
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], **TOL, msg=name)
+
+
 def test_saved_files_load_back_into_transformers(tiny, tmp_path):
     ours = bert.load(tiny)
     with torch.no_grad():

@@ -45,9 +45,9 @@ def test_fused_adamw_on_cuda_makes_the_cpu_update(setup):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), atol=1e-6, rtol=1e-5, msg=name)
 
 
-def _losses(setup, out: Path, objective: str, *, cpu: bool, precision: str = "auto"):
+def _losses(setup, out: Path, objective: str, *, cpu: bool, precision: str = "auto", **trainer):
     checkpoint, chunks, spans = setup
-    settings = fx.model_settings(objective, max_steps=8, precision=precision)
+    settings = fx.model_settings(objective, max_steps=8, precision=precision, **trainer)
     env = {"CUDA_VISIBLE_DEVICES": ""} if cpu else {}
     result = fx.run_module(settings, checkpoint, chunks, spans if objective == "costa" else None,
                            out, extra_env=env)
@@ -70,6 +70,17 @@ def test_trainer_on_cuda_tracks_the_cpu_run(objective, setup, tmp_path):
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
     assert last["memory_mb"] > 0  # GPU memory is reported
 
+
+
+@pytest.mark.parametrize("objective", ["mlm", "costa", "cpdae"])
+def test_the_unpadded_trainer_on_cuda_tracks_the_padded_cpu_run(objective, setup, tmp_path):
+    """trainer.unpad on the GPU (index_select / index_copy around every layer, in fp32 and bf16)
+    against the padded CPU run: the same losses as the padded CUDA runs above reach."""
+    cpu, _ = _losses(setup, tmp_path / "cpu", objective, cpu=True)
+    fp32, _ = _losses(setup, tmp_path / "fp32", objective, cpu=False, precision="fp32", unpad=True)
+    bf16, _ = _losses(setup, tmp_path / "bf16", objective, cpu=False, unpad=True)
+    torch.testing.assert_close(torch.tensor(fp32), torch.tensor(cpu), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
 
 
 @pytest.fixture

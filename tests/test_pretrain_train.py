@@ -26,7 +26,7 @@ from full_disk import full_disk, is_full_disk_error
 from host_reads import HostReads, counted
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain import objectives as obj
-from retrieval_pretraining.pretrain.masking import with_label_positions
+from retrieval_pretraining.pretrain.masking import with_positions
 from retrieval_pretraining.pretrain.model import Pretrainer
 from retrieval_pretraining.pretrain.train import export_base, resume_job, train
 
@@ -254,7 +254,7 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
     with torch.no_grad():
         out = model(batch, progress=0.25)
         # As the trainer's batches come: the predicted positions found on the host.
-        positioned = model(with_label_positions(dict(batch)), progress=0.25)
+        positioned = model(with_positions(dict(batch)), progress=0.25)
         hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         # MLM: the head on every position, padding and unmasked positions ignored.
         mlm = torch.nn.functional.cross_entropy(model.mlm_head(hidden).flatten(0, 1), batch["labels"].flatten())
@@ -294,6 +294,27 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
         torch.testing.assert_close(positioned[key].float(), value.float(), msg=key)
 
 
+@pytest.mark.parametrize("objective", ["costa", "cpdae", "condenser", "retromae"])
+def test_skipping_the_padding_trains_as_the_padded_run(objective, setup, tmp_path, monkeypatch):
+    """trainer.unpad: the encoder's layers compute the real tokens only (dropout is off in this
+    checkpoint, so the runs can agree): the same losses step by step, Condenser's early-layer
+    states included, on batches that have padding to skip."""
+    skipped = []
+
+    def count(model, batch):
+        skipped.append(batch["attention_mask"].numel() - len(batch["token_positions"]))
+
+    _, padded = _run(fx.model_settings(objective, max_steps=3), setup, tmp_path / "padded")
+    _wrap_forward(monkeypatch, before=count)
+    code, unpadded = _run(fx.model_settings(objective, max_steps=3, unpad=True), setup,
+                          tmp_path / "unpadded")
+    assert code == 0 and sum(skipped) > 0
+    for a, b in zip(unpadded, padded):
+        for key in a:
+            if key.startswith(("loss", "probe")):
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
 @pytest.mark.parametrize("objective", ["bow", "costa"])
 def test_a_compiled_trainer_follows_the_eager_run_without_recompiling_each_step(
         objective, setup, tmp_path, monkeypatch):
@@ -318,7 +339,8 @@ def test_a_compiled_trainer_follows_the_eager_run_without_recompiling_each_step(
 
 @pytest.mark.parametrize("objective", ["mlm", "costa", "cpdae", "cpdae_r", "bow", "condenser",
                                        "cocondenser", "retromae", "ae_decoder", "ar_decoder"])
-def test_every_objective_s_step_traces_to_one_graph(objective, setup, tmp_path, monkeypatch):
+@pytest.mark.parametrize("unpad", [False, True])
+def test_every_objective_s_step_traces_to_one_graph(objective, unpad, setup, tmp_path, monkeypatch):
     """On the trainer's own batches, torch.compile captures the whole forward pass: no graph
     break, so nothing in it reads a value on the host (a boolean mask's count, .item()), which on
     a GPU would make the host wait for the device every step."""
@@ -332,7 +354,7 @@ def test_every_objective_s_step_traces_to_one_graph(objective, setup, tmp_path, 
             found.append(torch._dynamo.explain(forward)(model, batch, progress=0.5))
 
     _wrap_forward(monkeypatch, before=explain)
-    assert _run(fx.model_settings(objective, max_steps=1), setup, tmp_path)[0] == 0
+    assert _run(fx.model_settings(objective, max_steps=1, unpad=unpad), setup, tmp_path)[0] == 0
     torch._dynamo.reset()
     assert [r.reason for r in found[0].break_reasons] == [] and found[0].graph_count == 1
 

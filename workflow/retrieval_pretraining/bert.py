@@ -97,6 +97,25 @@ class Embeddings(nn.Module):
         return self.dropout(self.LayerNorm(x + self.position_embeddings(positions)))
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where the real (non-padding) tokens of a [batch, length] batch are: their flat indices, in
+    order. Every layer but attention works token by token, so it can skip the padding rows."""
+
+    batch: int
+    length: int
+    positions: torch.Tensor  # [tokens], indices into batch x length
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """[batch, length, ...] -> [tokens, ...]"""
+        return x.flatten(0, 1).index_select(0, self.positions)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, width] -> [batch, length, width], zeros at the padding."""
+        full = x.new_zeros(self.batch * self.length, x.shape[-1])
+        return full.index_copy(0, self.positions, x).view(self.batch, self.length, -1)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config: Config, implementation: str):
         super().__init__()
@@ -107,10 +126,14 @@ class SelfAttention(nn.Module):
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         self.implementation = implementation
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """`mask`: [batch, 1, 1, keys], True where a key may be attended to (None: every key)."""
-        batch, length, width = x.shape
-        q, k, v = (proj(x).view(batch, length, self.heads, -1).transpose(1, 2)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+                layout: Layout | None = None) -> torch.Tensor:
+        """`mask`: [batch, 1, 1, keys], True where a key may be attended to (None: every key).
+        `x`: [batch, length, width], or with `layout` the real tokens only, [tokens, width]: the
+        projections run on those rows, the attention on the padded layout."""
+        batch, length, width = (layout.batch, layout.length, x.shape[-1]) if layout else x.shape
+        q, k, v = ((proj(x) if layout is None else layout.pad(proj(x)))
+                   .view(batch, length, self.heads, -1).transpose(1, 2)
                    for proj in (self.query, self.key, self.value))
         p = self.dropout.p if self.training else 0.0
         if self.implementation == "sdpa":
@@ -120,7 +143,8 @@ class SelfAttention(nn.Module):
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             out = F.dropout(scores.softmax(-1), p=p, training=self.training) @ v
-        return out.transpose(1, 2).reshape(batch, length, width)
+        out = out.transpose(1, 2).reshape(batch, length, width)
+        return out if layout is None else layout.unpad(out)
 
 
 class Residual(nn.Module):
@@ -142,8 +166,9 @@ class Attention(nn.Module):
         self.self = SelfAttention(config, implementation)
         self.output = Residual(config.hidden_size, config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, mask), x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+                layout: Layout | None = None) -> torch.Tensor:
+        return self.output(self.self(x, mask, layout), x)
 
 
 class Intermediate(nn.Module):
@@ -163,8 +188,9 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(config)
         self.output = Residual(config.intermediate_size, config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+                layout: Layout | None = None) -> torch.Tensor:
+        x = self.attention(x, mask, layout)
         return self.output(self.intermediate(x), x)
 
 
@@ -215,16 +241,26 @@ class BertModel(nn.Module):
         return self.embeddings.word_embeddings
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> Output:
+                token_type_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
+                token_positions: torch.Tensor | None = None) -> Output:
+        """`token_positions`: the flat indices of the tokens attention_mask keeps (found on the
+        host, masking.with_positions): the layers then compute those rows only, not the padding
+        (attention still runs padded). The states are the same at those tokens, zero at the
+        padding; dropout draws differ from the padded computation (fewer rows)."""
         x = self.embeddings(input_ids, token_type_ids)
         # Always the mask when one is given: no host synchronisation to test it for all-ones, and
         # one kernel for a batch with padding and one without (near-ties ranked the same).
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        layout = None if token_positions is None else Layout(*input_ids.shape, token_positions)
+        if layout is not None:
+            x = layout.unpad(x)
         states = [x]
         for layer in self.encoder.layer:
-            x = layer(x, mask)
+            x = layer(x, mask, layout)
             states.append(x)
+        if layout is not None:
+            x = layout.pad(x)
+            states = [layout.pad(state) for state in states] if output_hidden_states else states
         pooled = self.pooler(x) if self.pooler is not None else None
         return Output(x, pooled, tuple(states) if output_hidden_states else None)
 

@@ -73,7 +73,7 @@ def span_pair_contrastive(cls: torch.Tensor, temperature: float, gather: bool = 
 def condenser_states(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(last-layer states, head outputs) of Condenser's forward pass."""
     states = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           output_hidden_states=True).hidden_states
+                           output_hidden_states=True, **model.unpadded(batch)).hidden_states
     hidden = states[-1]
     return hidden, model.condenser(hidden, states[model.early_layer], batch["attention_mask"])
 
@@ -92,7 +92,7 @@ def forward(model: Any, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch
     if model.objective in mae_decoders.OBJECTIVES:
         return mae_decoders.forward(model, batch), stats
     if model.objective == "retromae":
-        hidden = model.hidden(batch["input_ids"], batch["attention_mask"])
+        hidden = model.hidden(batch["input_ids"], batch["attention_mask"], batch)
         losses = {"loss_mlm": model.mlm(hidden, batch["labels"], batch.get("label_positions"))}
         losses["loss_dec"] = model.mlm(decoded(model, hidden[:, 0], batch), batch["decoder_labels"],
                                        batch.get("decoder_label_positions"))
@@ -147,7 +147,7 @@ def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor) -> d
     cls = hidden[:, 0]
     if model.objective in ("condenser", "cocondenser"):
         states = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               output_hidden_states=True).hidden_states
+                               output_hidden_states=True, **model.unpadded(batch)).hidden_states
         early = states[model.early_layer]
         labels = batch["labels"]
         accuracy, loss = _scores(model, model.condenser(hidden, early, batch["attention_mask"]), labels)

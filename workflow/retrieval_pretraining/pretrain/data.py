@@ -33,7 +33,7 @@ from .. import artifacts
 from ..errors import reading
 from ..wordpiece import tokens_by_id, vocab_sha256
 from . import views as cuts
-from .masking import Vocab, bag_of_ids, mask_tokens, with_label_positions  # noqa: F401 (also data.Vocab etc.)
+from .masking import Vocab, bag_of_ids, mask_tokens, with_positions  # noqa: F401 (also data.Vocab etc.)
 from .mixture import DataError, quotas
 
 log = logging.getLogger(__name__)
@@ -418,7 +418,7 @@ class MicroBatches(torch.utils.data.Dataset):
                                   self.whole_word) for ids, ws, key in zip(originals, words, keys)]
             batch["decoder_input_ids"] = _pad([c[0] for c in copies], self.vocab.pad_id)
             batch["decoder_labels"] = _pad([c[1] for c in copies], -100)
-        return with_label_positions(batch)
+        return with_positions(batch)
 
     def _rng(self, key: tuple, stream: int) -> np.random.Generator:
         """A row's generator for one stream (a view's masking, coCondenser's segments, the

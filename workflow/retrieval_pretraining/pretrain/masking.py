@@ -88,12 +88,15 @@ def bag_of_ids(ids: np.ndarray, vocab: Vocab) -> np.ndarray:
 LABEL_POSITIONS = {"labels": "label_positions", "decoder_labels": "decoder_label_positions"}
 
 
-def with_label_positions(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`batch` with, for each label tensor it holds, the flat indices of the positions to predict
-    (label != -100), found here on the host. The model selects those rows of its states with an
-    index whose length it is given; selecting them with a boolean mask on the GPU would make the
-    host wait for the device (the mask's count) and break torch.compile's graph, every step."""
+def with_positions(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`batch` with flat indices found here on the host: for each label tensor it holds, of the
+    positions to predict (label != -100), and of its real tokens (attention_mask == 1) as
+    `token_positions`. The model selects those rows with an index whose length it is given;
+    selecting them with a boolean mask on the GPU would make the host wait for the device (the
+    mask's count) and break torch.compile's graph, every step."""
     for key, name in LABEL_POSITIONS.items():
         if key in batch:
             batch[name] = torch.nonzero(batch[key].flatten() != -100).squeeze(1)
+    if "attention_mask" in batch:
+        batch["token_positions"] = torch.nonzero(batch["attention_mask"].flatten()).squeeze(1)
     return batch

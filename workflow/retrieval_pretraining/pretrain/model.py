@@ -16,6 +16,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .. import projector as text_projector
+from .. import bert
 from ..bert import PredictionHeadTransform
 from ..model_folder import load_model
 from . import baselines
@@ -91,6 +92,8 @@ class Pretrainer(nn.Module):
         self.objective = settings["objective"]
         self.settings = settings
         self.encoder = load_model(checkpoint, attn_implementation=attn_implementation)
+        self.unpad = bool(settings.get("trainer", {}).get("unpad")) \
+            and isinstance(self.encoder, bert.BertModel)
         if getattr(self.encoder, "pooler", None) is not None:
             # Unused by every objective (and by fine-tuning); frozen so DDP sees no unused grads,
             # exported unchanged.
@@ -122,14 +125,23 @@ class Pretrainer(nn.Module):
         # training mode like any new module. Call .eval() for deterministic passes.
         self.train()
 
-    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def unpadded(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The encoder's keyword for skipping the padding rows (trainer.unpad, bert.BertModel
+        only; transformers' models have no such path): its real tokens' flat indices."""
+        return {"token_positions": batch["token_positions"]} \
+            if self.unpad and "token_positions" in batch else {}
+
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               batch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The last layer's states; `batch` (whose attention_mask this is) for `unpadded`."""
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                            **self.unpadded(batch or {})).last_hidden_state
 
     def mlm(self, hidden: torch.Tensor, labels: torch.Tensor,
             positions: torch.Tensor | None = None) -> torch.Tensor:
         """The MLM head's cross-entropy at the predicted positions (labels != -100).
 
-        `positions`: their flat indices from the data (masking.with_label_positions): the head
+        `positions`: their flat indices from the data (masking.with_positions): the head
         runs on those rows only (cheap vocab matmul), selected without waiting for the device.
         None: every position goes through the head and the others are ignored by the loss, for
         targets made on the device whose positions are nearly all predicted (the AR decoder's)."""
@@ -152,7 +164,7 @@ class Pretrainer(nn.Module):
         if self.objective in baselines.OBJECTIVES:
             losses, stats = baselines.forward(self, batch)
             return losses | _on_device(stats, losses["loss"])
-        hidden = self.hidden(batch["input_ids"], batch["attention_mask"])
+        hidden = self.hidden(batch["input_ids"], batch["attention_mask"], batch)
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"], batch.get("label_positions"))}
         stats: dict[str, float | torch.Tensor] = {}
         cls = hidden[:, 0]
@@ -160,7 +172,7 @@ class Pretrainer(nn.Module):
             opts = self.settings["costa"]
             source = hidden
             if opts["span_pass"] == "unmasked":
-                source = self.hidden(batch["original_ids"], batch["attention_mask"])
+                source = self.hidden(batch["original_ids"], batch["attention_mask"], batch)
             spans = obj.span_means(source, batch["span_start"], batch["span_end"])
             losses["loss_gwc"] = obj.costa_loss(
                 self.projector(cls), spans, batch["span_mask"], temperature=opts["temperature"],
