@@ -1,18 +1,21 @@
 """Tiny, contract-following inputs for the pre-training tests: a 2-layer hidden-32 BERT checkpoint
 with the real uncased WordPiece tokenizer, chunk shards tokenised from SciFact abstracts, and a
-span index over them (random word/phrase/sentence spans)."""
+span index over them (random word/phrase/sentence spans); and the fixture that puts back the
+signal handlers an in-process trainer installs."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from retrieval_pretraining import artifacts
 from retrieval_pretraining.checkpoints import package_folder
@@ -158,3 +161,13 @@ def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, np
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+@pytest.fixture
+def restore_stop_handlers():
+    """train() installs its SIGTERM/SIGUSR1 handlers in this (pytest's) process: put them back.
+    A test module uses it after `from pretrain_fixtures import restore_stop_handlers`."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import pretrain_fixtures as fx
+from pretrain_fixtures import restore_stop_handlers  # noqa: F401 (a fixture)
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain.model import Pretrainer
 
@@ -81,17 +82,6 @@ def test_the_unpadded_trainer_on_cuda_tracks_the_padded_cpu_run(objective, setup
     bf16, _ = _losses(setup, tmp_path / "bf16", objective, cpu=False, unpad=True)
     torch.testing.assert_close(torch.tensor(fp32), torch.tensor(cpu), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
-
-
-@pytest.fixture
-def restore_stop_handlers():
-    """train() installs its SIGTERM/SIGUSR1 handlers in this (pytest's) process: put them back."""
-    import signal
-
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 
 import pretrain_fixtures as fx
+from pretrain_fixtures import restore_stop_handlers  # noqa: F401 (a fixture)
 from full_disk import full_disk, is_full_disk_error
 from host_reads import HostReads, counted
 from retrieval_pretraining import training
@@ -43,15 +44,6 @@ def dropout_setup(setup, tmp_path_factory):
     """The same corpus with a checkpoint that has BERT's dropout (0.1)."""
     checkpoint = fx.tiny_checkpoint(tmp_path_factory.mktemp("dropout") / "checkpoint", dropout=0.1)
     return checkpoint, setup[1], setup[2]
-
-
-@pytest.fixture
-def restore_stop_handlers():
-    """train() installs its SIGTERM/SIGUSR1 handlers in this (pytest's) process: put them back."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def _run(settings, setup, out: Path):
@@ -131,15 +123,17 @@ def _wrap_forward(monkeypatch, before=None, after=None):
     monkeypatch.setattr(Pretrainer, "forward", wrapped)
 
 
-def test_nonfinite_gradient_stops_naming_step_and_items(setup, tmp_path, monkeypatch):
-    def infinite_slope(model, batch, out):
-        if int(batch["step"]) == 1:
-            # sqrt at 0: the value is 0 (every loss stays finite), the slope is inf (the gradient is not).
-            bias = model.mlm_head.bias[0]
-            out["loss"] = out["loss"] + (bias - bias.detach()).sqrt()
-        return out
+def _infinite_slope_at_step_1(model, batch, out):
+    """A `_wrap_forward` `after`: at step 1, a loss term whose value is 0 (sqrt at 0: every loss
+    stays finite) and whose slope is inf (the gradient is not)."""
+    if int(batch["step"]) == 1:
+        bias = model.mlm_head.bias[0]
+        out["loss"] = out["loss"] + (bias - bias.detach()).sqrt()
+    return out
 
-    _wrap_forward(monkeypatch, after=infinite_slope)
+
+def test_nonfinite_gradient_stops_naming_step_and_items(setup, tmp_path, monkeypatch):
+    _wrap_forward(monkeypatch, after=_infinite_slope_at_step_1)
     # Both micro-batches of the step (2 x 4 chunks) are named.
     with pytest.raises(training.NonFiniteGradientError,
                        match=r"gradient norm is (inf|nan) at step 1 for batch items \[\d+(, \d+){7}\]"):
@@ -149,13 +143,7 @@ def test_nonfinite_gradient_stops_naming_step_and_items(setup, tmp_path, monkeyp
 def test_a_nonfinite_step_leaves_the_weights_unchanged(setup, tmp_path, monkeypatch):
     """The check comes after the optimiser step was queued (one read a step); the step itself
     must not have applied. With the check off, the run ends with finite weights."""
-    def infinite_slope(model, batch, out):
-        if int(batch["step"]) == 1:
-            bias = model.mlm_head.bias[0]
-            out["loss"] = out["loss"] + (bias - bias.detach()).sqrt()
-        return out
-
-    _wrap_forward(monkeypatch, after=infinite_slope)
+    _wrap_forward(monkeypatch, after=_infinite_slope_at_step_1)
     monkeypatch.setattr(training, "check_finite_step", lambda *a, **k: None)
     code, records = _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path)
     assert code == 0 and not math.isfinite(records[1]["grad_norm"])
