@@ -414,8 +414,9 @@ def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
 
 
 def _counted_losses(monkeypatch, nan_at_call: int | None = None) -> list:
-    """Patch the stage's loss to count its host reads (and be NaN at one call); returns the calls'
-    query ids as the stage passed them (via the loss's `q` rows, in order)."""
+    """Patch the stage's loss (and the gradient clipping) to count host reads of their values, the
+    loss NaN at call `nan_at_call`; returns the list the calls are appended to (one a
+    micro-batch)."""
     loss = ftrain.contrast_set_loss
     calls = []
 
