@@ -1,7 +1,9 @@
 """The pre-training driver end to end on a tiny model (that losses go down and probes rise:
 test_pretrain_learns.py): the export loads and encodes,
-a NaN loss or gradient stops the run naming the step and items, training runs with dropout on,
-Pretrainer.forward combines the terms as each objective says, a real SIGUSR1 + restart (and an
+a NaN loss or gradient stops the run naming the step and items (and never reaches the weights),
+a step reads its values on the host once and logs their micro-batch means, training runs with
+dropout on, Pretrainer.forward combines the terms as each objective says (and traces to one
+graph), runs that skip the padding or are compiled equal the padded eager ones, a real SIGUSR1 + restart (and an
 in-process stop + resume with dropout) equals an uninterrupted run, SIGTERM to the whole process
 group (DataLoader worker included) saves and exits 75, 2 gloo processes equal 1 process at the same
 global batch, optional TensorBoard logging."""
