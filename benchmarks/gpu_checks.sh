@@ -2,7 +2,8 @@
 # Every check that needs a GPU, in one command (a lent `device` machine or any CUDA node):
 #   bash benchmarks/gpu_carry.sh                     # here, once: builds .gpu-carry/ (needs pip)
 #   bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..] # there: with .gpu-carry/ carried along
-# Parts, in this order (default: all; a lent machine's 10-minute command limit may need two calls):
+# Parts, in this order (default: all). A lent machine's 10-minute command limit takes four calls:
+# "tests steps", "compiled", "dense trainer", "gloo".
 #   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
 #             bf16) vs CPU, the trainer's waits for the GPU per step (one expected).
 #   steps     benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step
