@@ -236,6 +236,18 @@ def test_tokenize_follows_the_tokenizers_model_inputs_and_its_later_settings():
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
+def test_only_the_rust_tokenizers_are_shared_by_threads():
+    """A fast tokenizer's backends (one per max_len, set up in the calling thread) take the
+    threads asked for; a tokenizer whose batches `tokenize` leaves to transformers (here: a model
+    input the backend does not make) takes one."""
+    from pretrain_fixtures import tokenizer as load_tokenizer
+
+    tokenizer = load_tokenizer()
+    assert encode.safe_threads(tokenizer, 2, 16, 64) == 2 and encode.safe_threads(tokenizer, 0, 16) == 0
+    tokenizer.model_input_names = ["input_ids", "attention_mask", "position_ids"]
+    assert encode.safe_threads(tokenizer, 2, 16, 64) == 1
+
+
 # ------------------------------------------------- the index build streams its shards -----------
 def _write_shards(folder, sizes, dim, seed=0, dtype=np.float16, random=True):
     """Encoded shards as encode.py writes them: float16 .npy beside a doc-id Parquet file

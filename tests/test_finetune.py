@@ -339,12 +339,14 @@ def test_the_columnar_training_set_equals_a_naive_dict_reference(tmp_path):
         loaded.micro_batch(["nope"], 4, seed=9, epoch=0)
 
 
-@pytest.mark.parametrize("gather,world_size,rank,start", [(False, 1, 0, 0), (True, 2, 1, 3),
-                                                           (False, 2, 1, 2)])
+@pytest.mark.parametrize("gather,world_size,rank,start,threads", [
+    (False, 1, 0, 0, 1), (True, 2, 1, 3, 1), (False, 2, 1, 2, 1), (False, 1, 0, 0, 2),
+    (True, 2, 1, 3, 3)])
 def test_prefetched_micro_batches_are_the_ones_each_step_would_build(tmp_path, gather, world_size,
-                                                                    rank, start):
-    """The inputs tokenised ahead on a thread are, in order, what the loop built itself step by
-    step (query ids, then the tokenised queries and passages), from any start step and rank."""
+                                                                    rank, start, threads):
+    """The inputs tokenised ahead on threads (1 on CPU; a GPU's 2, or more) are, in order, what
+    the loop built itself step by step (query ids, then the tokenised queries and passages), from
+    any start step and rank."""
     from pretrain_fixtures import tokenizer as load_tokenizer
     from retrieval_pretraining.encode import tokenize
     from retrieval_pretraining.finetune.passages import PassageStore, write_passages
@@ -370,7 +372,7 @@ def test_prefetched_micro_batches_are_the_ones_each_step_would_build(tmp_path, g
             expected.append((epoch, k, len(chunks), chunk, tokenize(tokenizer, queries, 8),
                              tokenize(tokenizer, passages, 24, titles, settings.retrieval.title)))
     got = list(ftrain.prefetched_micro_batches(loaded, plan, settings, 5, tokenizer, env, start,
-                                               total))
+                                               total, threads=threads))
     assert len(got) == len(expected) == (total - start) * plan.accumulation
     for ours, theirs in zip(got, expected):
         assert ours[:4] == theirs[:4]

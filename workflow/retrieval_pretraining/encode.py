@@ -164,6 +164,16 @@ def encode_batch(model, batch: dict[str, torch.Tensor], pooling: str, similarity
     return pool(hidden, batch["attention_mask"], pooling, similarity, projector_of(model))
 
 
+def safe_threads(tokenizer, wanted: int, *max_lens: int) -> int:
+    """How many of `wanted` threads may call `tokenize` at once: all of them where each max_len
+    has its Rust tokenizer set up once (_padded_backend, set up here in the calling thread); 1
+    where `tokenize` falls back to the transformers tokenizer, whose every call resets its padding
+    and truncation."""
+    if wanted > 1 and any(_padded_backend(tokenizer, n) is None for n in max_lens):
+        return 1
+    return wanted
+
+
 # Batches tokenised at once, ahead of a GPU model, on threads (the Rust tokenizer releases the GIL).
 # In turn with the model, tokenising 512-token passages (~1,450 a CPU-second) would leave a GPU
 # that encodes several thousand a second idle most of the time; two threads are the 2 cores per
@@ -191,11 +201,8 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
         return rows, {k: v.pin_memory() for k, v in batch.items()} if cuda else batch
 
     blocks = [(order[start:start + batch_size],) for start in range(0, len(texts), batch_size)]
-    threads = (TOKENIZER_THREADS if cuda else 0) if tokenizer_threads is None else tokenizer_threads
-    if threads > 1 and _padded_backend(tokenizer, max_len) is None:
-        # Only the Rust tokenizer set up once (_padded_backend) is shared by threads safely: a
-        # transformers tokenizer call resets its padding and truncation on every call.
-        threads = 1
+    threads = safe_threads(tokenizer, (TOKENIZER_THREADS if cuda else 0)
+                           if tokenizer_threads is None else tokenizer_threads, max_len)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="encode-inputs") if threads \
         else contextlib.nullcontext()
     with pool as executor:  # None: in this thread

@@ -22,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import artifacts, st_export, training
 from .. import projector as text_projector
-from ..encode import encoder_state, projector_of, tokenize
+from ..encode import (TOKENIZER_THREADS, encoder_state, projector_of, safe_threads,
+                      tokenize)
 from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
                    step_queries)
 from .model import contrast_set_loss, load_bi_encoder
@@ -163,13 +164,18 @@ def micro_batch_inputs(data, settings: FinetuneSettings, seed: int, tokenizer, e
 
 def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSettings, seed: int,
                              tokenizer, env, start: int, total_steps: int,
-                             ahead: int = PREFETCH) -> Iterator[tuple]:
+                             ahead: int = PREFETCH, threads: int | None = None) -> Iterator[tuple]:
     """(epoch, k, the step's count of micro-batches, query ids, queries, passages) of this
     process's every micro-batch k of every step from `start` on, in order, each prepared `ahead`
-    micro-batches early on a background thread: the Rust tokenizer releases the GIL, so
+    micro-batches early on background threads: the Rust tokenizer releases the GIL, so
     tokenising the next micro-batch overlaps the current step (done in the step, it cost about
     as much time as a bert-base step on the GPU at 512 tokens; benchmarks/RESULTS.md, issue 17).
+    `threads`: default encode.TOKENIZER_THREADS on a GPU (one thread's ~51 ms a 512-token
+    micro-batch is close to the GPU's step, and the loop's own Python takes the GIL), 1 on CPU.
     The inputs are what the step would build itself: a pure function of (seed, step, rank)."""
+    cuda = env.device.type == "cuda"
+    r = settings.retrieval
+    threads = safe_threads(tokenizer, threads or (TOKENIZER_THREADS if cuda else 1), r.q_len, r.p_len)
     def plans() -> Iterator[tuple]:
         for step in range(start, total_steps):
             epoch, batch_ids = step_queries(data.query_ids, seed, step, settings.batch_size)
@@ -178,13 +184,12 @@ def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSetting
             for k, chunk in enumerate(micro_batches):
                 yield epoch, k, len(micro_batches), chunk
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="finetune-inputs") as pool:
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="finetune-inputs") as pool:
         pending: deque = deque()
         for epoch, k, count, chunk in plans():
             pending.append((epoch, k, count, chunk, pool.submit(
-                micro_batch_inputs, data, settings, seed, tokenizer, epoch, chunk,
-                env.device.type == "cuda")))
-            if len(pending) > ahead:
+                micro_batch_inputs, data, settings, seed, tokenizer, epoch, chunk, cuda)))
+            if len(pending) > max(ahead, threads):
                 *item, future = pending.popleft()
                 yield (*item, *future.result())
         while pending:
