@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import shutil
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -24,6 +23,7 @@ from .. import artifacts, st_export, training
 from .. import projector as text_projector
 from ..encode import (TOKENIZER_THREADS, encoder_state, projector_of, safe_threads,
                       tokenize)
+from ..parallel import bounded_map
 from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
                    step_queries)
 from .model import contrast_set_loss, load_bi_encoder
@@ -184,17 +184,12 @@ def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSetting
             for k, chunk in enumerate(micro_batches):
                 yield epoch, k, len(micro_batches), chunk
 
+    def prepared(epoch: int, k: int, count: int, chunk: list[str]) -> tuple:
+        return (epoch, k, count, chunk,
+                *micro_batch_inputs(data, settings, seed, tokenizer, epoch, chunk, cuda))
+
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="finetune-inputs") as pool:
-        pending: deque = deque()
-        for epoch, k, count, chunk in plans():
-            pending.append((epoch, k, count, chunk, pool.submit(
-                micro_batch_inputs, data, settings, seed, tokenizer, epoch, chunk, cuda)))
-            if len(pending) > max(ahead, threads):
-                *item, future = pending.popleft()
-                yield (*item, *future.result())
-        while pending:
-            *item, future = pending.popleft()
-            yield (*item, *future.result())
+        yield from bounded_map(prepared, plans(), pool, in_flight=max(ahead, threads) + 1)
 
 
 def _identities(inputs: dict[str, Path]) -> dict[str, Any]:

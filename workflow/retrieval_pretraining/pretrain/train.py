@@ -234,6 +234,8 @@ def train(
         keys: list[str] = []
         item_ids: list[list[int]] = []  # per micro-batch: its chunks, named if a value is not finite
         tokens = 0
+        # A tensor, not a float: compiled, a float's value would be guarded (see Pretrainer.forward).
+        progress = torch.full((), step / total_steps, dtype=torch.float64, device=env.device)
         for micro in range(accumulation):
             host_batch = next(batches)
             item_ids.append(host_batch["chunk_ids"].tolist())  # still on the host: no read
@@ -244,8 +246,6 @@ def train(
             training.seed_torch(settings["seed"], step, micro * env.world_size + env.rank)
             sync = ddp.no_sync() if env.distributed and micro < accumulation - 1 else contextlib.nullcontext()
             with sync, training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
-                # A tensor, not a float: compiled, a float's value would be guarded (see forward).
-                progress = torch.full((), step / total_steps, dtype=torch.float64, device=env.device)
                 out = forward(batch, progress=progress)
                 (out["loss"] / accumulation).backward()
             keys = keys or sorted(out)

@@ -18,7 +18,7 @@ and the `python -m` entry ends with exit_process(main()).
 
 Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
-                 broadcast_flag, host_read (a step's one reduction and read), StepRead
+                 host_read (a step's one reduction and read: means, tokens, stop flag), StepRead
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, seed_everything,
                  seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
@@ -35,7 +35,6 @@ from .distributed import (
     StepRead,
     all_gather_with_grad,
     barrier,
-    broadcast_flag,
     host_read,
     init_distributed,
     teardown_distributed,
@@ -77,7 +76,7 @@ from .state import claim_state, load_state, save_state
 
 __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
-    "broadcast_flag", "StepRead", "host_read",
+    "StepRead", "host_read",
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "seed_everything",
     "seed_torch",
     "save_state", "load_state", "claim_state",

@@ -95,15 +95,6 @@ def all_gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(all_gather(tensor), dim=0)
 
 
-def broadcast_flag(flag: bool, env: DistEnv) -> bool:
-    """True on every rank if `flag` is true on any rank (so all ranks stop at the same step)."""
-    if not env.distributed:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=env.device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item() > 0)
-
-
 @dataclasses.dataclass(frozen=True)
 class StepRead:
     """What a training step's one host read returns (host_read)."""

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from .distributed import DistEnv, broadcast_flag, left_a_gloo_group
+from .distributed import DistEnv, left_a_gloo_group
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +44,11 @@ class StopFlag:
                     RESUME_EXIT_CODE)
 
 
-def run_or_resume_exit(stop: StopFlag | bool, env: DistEnv, save: Callable[[], None]) -> bool:
+def run_or_resume_exit(requested: bool, env: DistEnv, save: Callable[[], None]) -> bool:
     """If any rank got a stop signal: save (main rank), sync, return True (caller exits).
 
-    `stop`: this rank's StopFlag (the ranks' flags are reduced here), or the verdict the ranks
-    already agree on (pre-training reduces the flags with its step's values: host_read)."""
-    requested = broadcast_flag(stop.requested, env) if isinstance(stop, StopFlag) else stop
+    `requested`: the verdict every rank agrees on, StopFlag.requested reduced over the ranks with
+    the step's values (host_read), so that all stop at the same step."""
     if not requested:
         return False
     if env.is_main:
