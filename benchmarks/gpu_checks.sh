@@ -3,12 +3,16 @@
 #   bash benchmarks/gpu_carry.sh                     # here, once: builds .gpu-carry/ (needs pip)
 #   bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..] # there: with .gpu-carry/ carried along
 # Parts, in this order (default: all). A lent machine's 10-minute command limit takes four calls:
-# "tests steps", "compiled", "dense trainer", "gloo".
+# "tests steps unpadded", "compiled", "dense trainer", "gloo".
 #   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
 #             bf16) vs CPU, the trainer's waits for the GPU per step (one expected).
 #   steps     benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step
 #             time of each objective vs MLM, samples/s, MFU, the projected paper schedule, and the
 #             host synchronisations in one step of each (torch's sync debug mode).
+#   unpadded  the same with unpad: true, for the paper's four objectives: the batches have no
+#             padding, so what it measures is attention over the real tokens alone (flash
+#             attention's variable-length kernel, no mask) against the padded path's masked
+#             (memory-efficient) kernel, and the row selections around the layers.
 #   compiled  the same with torch.compile, for the paper's four objectives (each forward is one
 #             graph: tests/test_pretrain_train.py).
 #   dense     benchmarks/encode_and_search.py: bert-base encoding at 128 and 512 tokens (bf16, as
@@ -42,17 +46,19 @@ torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.
 } 2>&1 | tee "$out/machine.txt"
 status=0
 parts=${*:2}
-parts=${parts:-tests steps compiled dense trainer gloo}
+parts=${parts:-tests steps unpadded compiled dense trainer gloo}
 for part in $parts; do
     case $part in
     tests)
         python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests/test_gpu.py 2>&1 \
             | tee "$out/tests.txt" || status=1 ;;
-    steps|compiled)
+    steps|unpadded|compiled)
         bench="python3 benchmarks/pretrain_step_time.py --device cuda --arch bert-base \
 --max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989"
         file=step_time.txt
-        if [ "$part" = compiled ]; then
+        if [ "$part" = unpadded ]; then
+            bench="$bench --unpad --objectives mlm costa cpdae bow" file=step_time_unpadded.txt
+        elif [ "$part" = compiled ]; then
             bench="$bench --compile --objectives mlm costa cpdae bow" file=step_time_compiled.txt
         fi
         $bench 2>&1 | grep -v "it/s" | tee "$out/$file" || status=1 ;;
@@ -72,7 +78,8 @@ for part in $parts; do
         CUDA_VISIBLE_DEVICES= python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
             tests/test_pretrain_train.py tests/test_launch.py 2>&1 | tee "$out/gloo.txt" \
             || status=1 ;;
-    *) echo "unknown part: $part (tests, steps, compiled, dense, trainer, gloo)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (tests, steps, unpadded, compiled, dense, trainer, gloo)" >&2
+        exit 2 ;;
     esac
 done
 exit $status

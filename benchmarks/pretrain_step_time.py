@@ -2,6 +2,7 @@
 
     python benchmarks/pretrain_step_time.py                       # CPU: demo MiniLM-L2, 8 x 128 tokens
     python benchmarks/pretrain_step_time.py --device cuda --arch bert-base --max-len 512 --batch 32
+        [--compile] [--unpad] [--objectives mlm costa ...]
 
 One "step" = forward + backward + AdamW step of one micro-batch, timed after warm-up (median of
 --steps). On CPU the clock is the process's CPU time (summed over its threads), which other jobs
@@ -167,6 +168,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--unpad", action="store_true",
+                        help="the trainer's unpad: true (layers skip padding rows; on CUDA attention "
+                             "runs flash attention's variable-length kernel, no mask)")
     parser.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
                         help="auto: process CPU time on CPU (robust to other jobs sharing the cores), "
                              "wall time on CUDA")
@@ -203,6 +207,7 @@ def main() -> None:
             loss_name = objective.removesuffix("_2x")
             section["models"] = [{"name": objective, "objective": loss_name, "spans": "x"}]
             settings = resolve_model(section, objective, seed=0)
+            settings["trainer"]["unpad"] = args.unpad
             torch.manual_seed(0)
             model = Pretrainer(checkpoint, settings).to(device).train()  # dropout on, as in training
             optimizer = training.build_optimizer(model, lr=1e-5, weight_decay=0.01)
@@ -231,7 +236,8 @@ def main() -> None:
         cfg = model.encoder.config
         base = results.get("mlm")
         print(f"device={device} arch={args.arch} batch={args.batch} max_len={args.max_len} "
-              f"threads={args.threads} steps={args.steps} clock={'process CPU' if use_cpu_clock else 'wall'} (median)")
+              f"threads={args.threads} steps={args.steps} compile={args.compile} unpad={args.unpad} "
+              f"clock={'process CPU' if use_cpu_clock else 'wall'} (median)")
         double = results.get("mlm_2x")
         print("| objective | step time (s) | vs MLM | vs MLM on 2x rows | BoW paper Table 4: vs MLM |")
         print("|---|---|---|---|---|")

@@ -75,8 +75,8 @@ def test_trainer_on_cuda_tracks_the_cpu_run(objective, setup, tmp_path):
 
 @pytest.mark.parametrize("objective", ["mlm", "costa", "cpdae"])
 def test_the_unpadded_trainer_on_cuda_tracks_the_padded_cpu_run(objective, setup, tmp_path):
-    """trainer.unpad on the GPU (index_select / index_copy around every layer, in fp32 and bf16)
-    against the padded CPU run: the same losses as the padded CUDA runs above reach."""
+    """trainer.unpad on the GPU (index_select / index_copy around every layer, attention over the
+    real tokens alone; in fp32 and bf16) against the padded CPU run: the same losses as the padded CUDA runs above reach."""
     cpu, _ = _losses(setup, tmp_path / "cpu", objective, cpu=True)
     fp32, _ = _losses(setup, tmp_path / "fp32", objective, cpu=False, precision="fp32", unpad=True)
     bf16, _ = _losses(setup, tmp_path / "bf16", objective, cpu=False, unpad=True)
@@ -84,11 +84,46 @@ def test_the_unpadded_trainer_on_cuda_tracks_the_padded_cpu_run(objective, setup
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
-def test_the_trainer_waits_for_the_gpu_once_a_step(objective, setup, tmp_path, restore_stop_handlers):
+def test_unpadded_attention_runs_flash_attention_on_cuda(setup):
+    """trainer.unpad on CUDA in bf16: attention over the real tokens alone (bert.VARLEN_DEVICES)
+    runs flash attention's variable-length kernel, forward and backward (the padded path's mask
+    leaves it the memory-efficient kernel), and gives the padded computation's states."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from retrieval_pretraining import bert
+    from retrieval_pretraining.pretrain.masking import with_positions
+
+    model = bert.load(setup[0]).cuda().train()
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([64, 40, 7, 64, 33])
+    mask = (torch.arange(64)[None, :] < lengths[:, None]).long()
+    batch = with_positions({"input_ids": torch.randint(1000, 30000, (5, 64), generator=generator),
+                            "attention_mask": mask})
+    batch = {k: v.cuda() for k, v in batch.items()}
+    real = mask.bool().cuda()
+    states, kernels = [], []
+    for extra in ({}, {"token_positions": batch["token_positions"]}):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(batch["input_ids"], batch["attention_mask"], **extra)
+            out.last_hidden_state.float().square().mean().backward()
+        states.append(out.last_hidden_state.float())
+        kernels.append({e.key for e in prof.key_averages() if "attention" in e.key.lower()
+                        or "fmha" in e.key.lower() or "flash" in e.key.lower()})
+    padded, unpadded = states
+    torch.testing.assert_close(unpadded[real], padded[real], rtol=2e-2, atol=2e-2)
+    flash = [name for name in kernels[1] if "flash" in name.lower()]
+    assert len(flash) >= 2, kernels  # forward and backward (aten::_flash_attention_*, kernels)
+
+
+@pytest.mark.parametrize("objective, unpad", [(o, False) for o in OBJECTIVES]
+                         + [("mlm", True), ("costa", True)])
+def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_path,
+                                                   restore_stop_handlers):
     """torch's sync debug mode warns at every operation that makes the host wait for the GPU. Runs
     of 2 and 4 steps differ by 2 steps: that difference must hold 2 waits, the step's one read of
-    its values (host_read); one-off waits (set-up, export) are the same in both runs."""
+    its values (host_read); one-off waits (set-up, export) are the same in both runs. With unpad,
+    the jagged attention must not add one (its longest row is given, not measured)."""
     import warnings
 
     from retrieval_pretraining.pretrain.train import train
@@ -101,7 +136,8 @@ def test_the_trainer_waits_for_the_gpu_once_a_step(objective, setup, tmp_path, r
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                code = train(fx.model_settings(objective, max_steps=steps), chunks=chunks,
+                code = train(fx.model_settings(objective, max_steps=steps, unpad=unpad),
+                             chunks=chunks,
                              spans=spans if objective == "costa" else None, checkpoint=checkpoint,
                              encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
                              plot_out=out / "loss.png", state_dir=out / "state")

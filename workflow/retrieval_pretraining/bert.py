@@ -13,6 +13,7 @@ AutoModel instead (`model_folder.load_model`).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ ACTIVATIONS = {
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PREFIX = "bert."  # BertForMaskedLM / BertForPreTraining keep the encoder under it
+# The devices on which unpadded layers (`token_positions`) attend over the real tokens alone, as
+# variable-length sequences (a jagged nested tensor: on CUDA in bf16, flash attention's varlen
+# kernel, dropout included; the padded path's mask rules flash out and runs the memory-efficient
+# kernel). On CPU torch computes nested attention sequence by sequence, 2-13x slower than the
+# padded kernel (16 x 512 tokens, MiniLM's heads), so there attention stays padded.
+VARLEN_DEVICES = ("cuda",)
 # BertModel's defaults (transformers' BertConfig) for keys a config.json may leave out.
 DEFAULTS = {
     "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
@@ -105,6 +112,8 @@ class Layout:
     batch: int
     length: int
     positions: torch.Tensor  # [tokens], indices into batch x length
+    # [batch + 1]: where each row's tokens start among the real tokens (None: attend padded)
+    offsets: torch.Tensor | None = None
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """[batch, length, ...] -> [tokens, ...]"""
@@ -114,6 +123,23 @@ class Layout:
         """[tokens, width] -> [batch, length, width], zeros at the padding."""
         full = x.new_zeros(self.batch * self.length, x.shape[-1])
         return full.index_copy(0, self.positions, x).view(self.batch, self.length, -1)
+
+    def jagged(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, ...] -> a jagged nested tensor [batch, {row length}, ...]: no host wait (the
+        longest row is bounded by `length`; every row holds at least its [CLS])."""
+        return torch.nested.nested_tensor_from_jagged(x, self.offsets, min_seqlen=1,
+                                                      max_seqlen=self.length)
+
+
+class _QuietFxTracingNotice(logging.Filter):
+    """torch (2.13) logs a notice about fx tracing the first time a jagged tensor is made; it
+    concerns torch.export users, not a training log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("is_fx_tracing will return true")
+
+
+logging.getLogger("torch.fx._symbolic_trace").addFilter(_QuietFxTracingNotice())
 
 
 class SelfAttention(nn.Module):
@@ -130,12 +156,19 @@ class SelfAttention(nn.Module):
                 layout: Layout | None = None) -> torch.Tensor:
         """`mask`: [batch, 1, 1, keys], True where a key may be attended to (None: every key).
         `x`: [batch, length, width], or with `layout` the real tokens only, [tokens, width]: the
-        projections run on those rows, the attention on the padded layout."""
+        projections run on those rows, the attention on the padded layout, or with the layout's
+        offsets on the real tokens alone (variable-length sequences; the mask is then implied)."""
+        p = self.dropout.p if self.training else 0.0
+        if layout is not None and layout.offsets is not None:
+            tokens, width = x.shape
+            q, k, v = (layout.jagged(proj(x).view(tokens, self.heads, -1)).transpose(1, 2)
+                       for proj in (self.query, self.key, self.value))
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+            return out.transpose(1, 2).values().reshape(tokens, width)
         batch, length, width = (layout.batch, layout.length, x.shape[-1]) if layout else x.shape
         q, k, v = ((proj(x) if layout is None else layout.pad(proj(x)))
                    .view(batch, length, self.heads, -1).transpose(1, 2)
                    for proj in (self.query, self.key, self.value))
-        p = self.dropout.p if self.training else 0.0
         if self.implementation == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:  # "eager": the softmax written out, as transformers' eager path computes it
@@ -233,6 +266,7 @@ class BertModel(nn.Module):
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r}: use 'sdpa' or 'eager'")
         self.config = config
+        self.attn_implementation = attn_implementation
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config, attn_implementation)
         self.pooler = Pooler(config) if add_pooling_layer else None
@@ -245,13 +279,14 @@ class BertModel(nn.Module):
                 token_positions: torch.Tensor | None = None) -> Output:
         """`token_positions`: the flat indices of the tokens attention_mask keeps (found on the
         host, masking.with_positions): the layers then compute those rows only, not the padding
-        (attention still runs padded). The states are the same at those tokens, zero at the
-        padding; dropout draws differ from the padded computation (fewer rows)."""
+        (attention too on VARLEN_DEVICES with "sdpa", else padded). The states are the same at
+        those tokens, zero at the padding; dropout draws differ from the padded computation."""
         x = self.embeddings(input_ids, token_type_ids)
         # Always the mask when one is given: no host synchronisation to test it for all-ones, and
         # one kernel for a batch with padding and one without (near-ties ranked the same).
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        layout = None if token_positions is None else Layout(*input_ids.shape, token_positions)
+        layout = None if token_positions is None else self._layout(input_ids, attention_mask,
+                                                                    token_positions)
         if layout is not None:
             x = layout.unpad(x)
         states = [x]
@@ -263,6 +298,15 @@ class BertModel(nn.Module):
             states = [layout.pad(state) for state in states] if output_hidden_states else states
         pooled = self.pooler(x) if self.pooler is not None else None
         return Output(x, pooled, tuple(states) if output_hidden_states else None)
+
+    def _layout(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                token_positions: torch.Tensor) -> Layout:
+        batch, length = input_ids.shape
+        if self.attn_implementation != "sdpa" or input_ids.device.type not in VARLEN_DEVICES:
+            return Layout(batch, length, token_positions)
+        lengths = (input_ids.new_full((batch,), length) if attention_mask is None
+                   else attention_mask.sum(1))
+        return Layout(batch, length, token_positions, F.pad(lengths.cumsum(0), (1, 0)))
 
     def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
                         safe_serialization: bool = True) -> None:
