@@ -76,7 +76,7 @@ def test_probes_equal_their_definitions(checkpoint, objective):
     assert model.training  # the probe restores training mode
     with torch.no_grad():
         model.eval()
-        hidden = model.hidden(batch["input_ids"], batch["attention_mask"])
+        hidden = model.hidden(batch)
         hits = total = 0
         for b in range(hidden.shape[0]):
             for t in range(hidden.shape[1]):

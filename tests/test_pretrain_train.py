@@ -197,12 +197,12 @@ def test_training_steps_run_with_dropout_on(dropout_setup, tmp_path, monkeypatch
 def test_a_new_pretrainer_is_in_training_mode(dropout_setup):
     model = Pretrainer(dropout_setup[0], fx.model_settings("mlm"))
     ids = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 102]])
-    mask = torch.ones_like(ids)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     with torch.no_grad():
         assert model.training and model.encoder.training
-        assert not torch.equal(model.hidden(ids, mask), model.hidden(ids, mask))  # dropout draws
+        assert not torch.equal(model.hidden(batch), model.hidden(batch))  # dropout draws
         model.eval()
-        assert torch.equal(model.hidden(ids, mask), model.hidden(ids, mask))
+        assert torch.equal(model.hidden(batch), model.hidden(batch))
 
 
 def _hand_batch(views: int) -> dict:

@@ -92,7 +92,7 @@ def forward(model: Any, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch
     if model.objective in mae_decoders.OBJECTIVES:
         return mae_decoders.forward(model, batch), stats
     if model.objective == "retromae":
-        hidden = model.hidden(batch["input_ids"], batch["attention_mask"], batch)
+        hidden = model.hidden(batch)
         losses = {"loss_mlm": model.mlm(hidden, batch["labels"], batch.get("label_positions"))}
         losses["loss_dec"] = model.mlm(decoded(model, hidden[:, 0], batch), batch["decoder_labels"],
                                        batch.get("decoder_label_positions"))

@@ -99,7 +99,7 @@ def decoded(model: Any, cls: torch.Tensor, batch: dict[str, torch.Tensor]) -> tu
 
 def forward(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Loss terms (total under "loss"): encoder MLM + weight x decoder cross-entropy."""
-    hidden = model.hidden(batch["input_ids"], batch["attention_mask"], batch)
+    hidden = model.hidden(batch)
     losses = {"loss_mlm": model.mlm(hidden, batch["labels"], batch.get("label_positions"))}
     states, labels = decoded(model, hidden[:, 0], batch)
     # The AE decoder's targets come with the batch (their positions too); the AR decoder's next

@@ -131,11 +131,11 @@ class Pretrainer(nn.Module):
         return {"token_positions": batch["token_positions"]} \
             if self.unpad and "token_positions" in batch else {}
 
-    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               batch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """The last layer's states; `batch` (whose attention_mask this is) for `unpadded`."""
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                            **self.unpadded(batch or {})).last_hidden_state
+    def hidden(self, batch: dict[str, torch.Tensor], ids: str = "input_ids") -> torch.Tensor:
+        """The last layer's states of the batch's token ids `ids` (its masked input, or with
+        "original_ids" the unmasked text: the same attention mask and real tokens)."""
+        return self.encoder(input_ids=batch[ids], attention_mask=batch["attention_mask"],
+                            **self.unpadded(batch)).last_hidden_state
 
     def mlm(self, hidden: torch.Tensor, labels: torch.Tensor,
             positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,7 +164,7 @@ class Pretrainer(nn.Module):
         if self.objective in baselines.OBJECTIVES:
             losses, stats = baselines.forward(self, batch)
             return losses | _on_device(stats, losses["loss"])
-        hidden = self.hidden(batch["input_ids"], batch["attention_mask"], batch)
+        hidden = self.hidden(batch)
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"], batch.get("label_positions"))}
         stats: dict[str, float | torch.Tensor] = {}
         cls = hidden[:, 0]
@@ -172,7 +172,7 @@ class Pretrainer(nn.Module):
             opts = self.settings["costa"]
             source = hidden
             if opts["span_pass"] == "unmasked":
-                source = self.hidden(batch["original_ids"], batch["attention_mask"], batch)
+                source = self.hidden(batch, "original_ids")
             spans = obj.span_means(source, batch["span_start"], batch["span_end"])
             losses["loss_gwc"] = obj.costa_loss(
                 self.projector(cls), spans, batch["span_mask"], temperature=opts["temperature"],

@@ -60,7 +60,7 @@ def probe(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     was_training = model.training
     model.eval()
     try:
-        hidden = model.hidden(batch["input_ids"], batch["attention_mask"], batch)
+        hidden = model.hidden(batch)
         selected = batch["labels"] != -100
         mlm_logits = model.mlm_head(hidden[selected]).float()
         out = {
@@ -73,7 +73,7 @@ def probe(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         if objective == "costa":
             source = hidden
             if model.settings["costa"]["span_pass"] == "unmasked":
-                source = model.hidden(batch["original_ids"], batch["attention_mask"], batch)
+                source = model.hidden(batch, "original_ids")
             spans = obj.span_means(source, batch["span_start"], batch["span_end"])
             text = model.projector(cls)
             scores = obj.fp32_scores(spans[batch["span_mask"]], text)  # [real spans, texts]
