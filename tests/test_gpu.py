@@ -116,6 +116,31 @@ def test_unpadded_attention_runs_flash_attention_on_cuda(setup):
     assert len(flash) >= 2, kernels  # forward and backward (aten::_flash_attention_*, kernels)
 
 
+def test_unpadded_attention_traces_to_one_graph_on_cuda(setup):
+    """compile with unpad: the jagged attention's CUDA path takes its row lengths from the
+    offsets and the given longest row, so dynamo captures the encoder whole (on CPU, torch's
+    nested fallback reads a value on the host: a graph break per layer)."""
+    import torch._dynamo
+
+    from retrieval_pretraining import bert
+    from retrieval_pretraining.pretrain.masking import with_positions
+
+    model = bert.load(setup[0]).cuda().train()
+    mask = (torch.arange(16)[None, :] < torch.tensor([16, 9, 4])[:, None]).long()
+    batch = with_positions({"input_ids": torch.randint(1000, 30000, (3, 16)), "attention_mask": mask})
+    batch = {k: v.cuda() for k, v in batch.items()}
+
+    def forward(ids, mask, positions):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(ids, mask, token_positions=positions).last_hidden_state
+
+    torch._dynamo.reset()
+    found = torch._dynamo.explain(forward)(batch["input_ids"], batch["attention_mask"],
+                                           batch["token_positions"])
+    torch._dynamo.reset()
+    assert [r.reason for r in found.break_reasons] == [] and found.graph_count == 1
+
+
 @pytest.mark.parametrize("objective, unpad", [(o, False) for o in OBJECTIVES]
                          + [("mlm", True), ("costa", True)])
 def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_path,
