@@ -123,6 +123,62 @@ def test_trec_run_format_and_own_id_exclusion(tmp_path):
         dense_search.write_trec(run, [], "bad tag")
 
 
+class _OnGpu:
+    """What faiss-gpu's index_cpu_to_all_gpus returns, as far as these tests look."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+@pytest.mark.parametrize("use_gpu, kind, k, where", [
+    ("auto", "flat", 2048, "gpu"),
+    ("auto", "flat", 2049, "cpu: 2049 neighbours a query"),  # faiss-gpu's k-selection limit
+    ("never", "flat", 10, "cpu"),
+    ("auto", "hnsw", 10, "cpu: faiss-gpu cannot hold this IndexHNSWFlat"),
+])
+def test_an_index_goes_to_the_gpus_only_where_faiss_gpu_can_search_it(use_gpu, kind, k, where,
+                                                                       monkeypatch, caplog):
+    """faiss-gpu (stood in for here: CI installs faiss-cpu) selects at most 2048 neighbours a
+    query and holds no HNSW graph: such a search stays on the CPU, saying why, instead of failing
+    after the index and the queries are loaded."""
+    def to_gpus(index):
+        if isinstance(index, faiss_index.faiss.IndexHNSWFlat):  # as faiss-gpu's cloner refuses it
+            raise RuntimeError("Error in ... GpuCloner.cpp: This index type is not implemented on GPU.")
+        return _OnGpu(index)
+
+    monkeypatch.setattr(faiss_index.faiss, "index_cpu_to_all_gpus", to_gpus, raising=False)
+    monkeypatch.setattr(faiss_index.faiss, "get_num_gpus", lambda: 2)
+    index = faiss_index.empty_index(8, 100, faiss_index.index_settings({"type": kind}))
+    with caplog.at_level("WARNING", logger=faiss_index.__name__):
+        placed = faiss_index.to_search_device(index, use_gpu, k)
+    assert isinstance(placed, _OnGpu) == (where == "gpu")
+    assert (placed.index if where == "gpu" else placed) is index
+    reason = where.partition(": ")[2]  # the warning's words; none when nothing stops it
+    assert (reason in caplog.text) if reason else not caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_a_dense_run_asks_the_gpu_check_for_the_neighbours_it_searches(exclude_self, tmp_path,
+                                                                        monkeypatch):
+    """Dropping the query's own id, a run fetches one neighbour more than its depth: the device
+    check must be given what the search asks for (at depth 2048, one past faiss-gpu's limit)."""
+    asked = {}
+    index = faiss_index.build(np.eye(4, dtype=np.float32))
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, ["d0", "d1", "d2", "d3"]))
+    monkeypatch.setattr(dense_search, "encode_queries",
+                        lambda encoder, queries, knobs: (["q"], np.eye(4, dtype=np.float32)[:1]))
+    monkeypatch.setattr(faiss_index, "to_search_device",
+                        lambda index, use_gpu, k: asked.setdefault("device", k) and index)
+    search = faiss_index.search
+    monkeypatch.setattr(faiss_index, "search",
+                        lambda index, q, k: asked.setdefault("search", k) and search(index, q, k))
+    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8, "title": "space",
+              "search_depth": 2048, "exclude_self": exclude_self, "use_gpu": "auto"}
+    dense_search.dense_run(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                           tmp_path / "run.trec", "x", config)
+    assert asked == {"device": 2048 + exclude_self, "search": 2048 + exclude_self}
+
+
 def test_embedding_order_survives_length_sorting_and_tokenising_ahead(monkeypatch):
     """Length-sorted batches, tokenised on threads ahead of the model (more batches than are ever
     in flight), come back in the texts' order: each row equals the text encoded alone."""

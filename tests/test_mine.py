@@ -49,6 +49,9 @@ def test_mining_honours_the_datasets_query_id_rule(tmp_path, monkeypatch, exclud
     index = faiss.IndexFlatIP(2)
     index.add(vectors)
     monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    asked = []  # the neighbours the GPU check is told the search fetches
+    monkeypatch.setattr(mine.faiss_index, "to_search_device",
+                        lambda index, use_gpu, k: asked.append(k) or index)
     monkeypatch.setattr(mine, "encode_queries",
                         lambda encoder, queries, config: (["7"], np.array([[1, 0]], np.float32)))
     pl.DataFrame({"query_id": ["7"], "doc_id": ["d2"], "relevance": [1]},
@@ -61,6 +64,7 @@ def test_mining_honours_the_datasets_query_id_rule(tmp_path, monkeypatch, exclud
     row = pl.read_parquet(out).row(0, named=True)
     manifest = json.loads(out.with_name("hard-negatives.manifest.json").read_text())
     assert manifest["params"]["policy"]["exclude_query_id"] is exclude_self
+    assert asked == [4 + exclude_self]
     if exclude_self:
         assert row["negative_ids"] == ["d1", "d3", "d4"] and row["negative_ranks"] == [1, 3, 4]
     else:

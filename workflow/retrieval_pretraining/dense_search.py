@@ -63,14 +63,16 @@ def encode_queries(encoder: Path | tuple, queries: Path, knobs: RetrievalSetting
     return frame["query_id"].to_list(), vectors
 
 
+def fetch_depth(depth: int, exclude_self: bool) -> int:
+    """The neighbours `rank` asks the index for: one extra when excluding the query's own id, so
+    the depth stays `depth`."""
+    return depth + (1 if exclude_self else 0)
+
+
 def rank(index, doc_ids: list[str], query_ids: list[str], query_vectors: np.ndarray, depth: int,
          exclude_self: bool = True) -> Iterable[tuple[str, list[str], np.ndarray, np.ndarray]]:
-    """Per query: (query id, doc ids best first, their scores, their 1-based ranks).
-
-    One extra candidate is fetched when excluding the query's own id so the depth stays `depth`.
-    """
-    extra = 1 if exclude_self else 0
-    scores, rows = faiss_index.search(index, query_vectors, depth + extra)
+    """Per query: (query id, doc ids best first, their scores, their 1-based ranks)."""
+    scores, rows = faiss_index.search(index, query_vectors, fetch_depth(depth, exclude_self))
     for qid, qscores, qrows in zip(query_ids, scores, rows):
         keep = qrows >= 0
         ids = [doc_ids[r] for r in qrows[keep]]
@@ -101,7 +103,8 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
     """Encode `queries`, search the saved index, write the TREC run and its manifest."""
     knobs = SearchSettings.from_config(config)
     index, doc_ids = faiss_index.load(index_dir)
-    index = faiss_index.to_search_device(index, knobs.use_gpu)
+    index = faiss_index.to_search_device(index, knobs.use_gpu,
+                                         fetch_depth(knobs.search_depth, knobs.exclude_self))
     query_ids, vectors = encode_queries(encoder, queries, knobs.retrieval)
     lines = write_trec(out, rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
                                  knobs.exclude_self), tag)

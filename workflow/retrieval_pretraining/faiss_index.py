@@ -181,12 +181,31 @@ def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.In
     return fill(empty_index(vectors.shape[1], len(vectors), knobs), [vectors])
 
 
-def to_search_device(index: faiss.Index, use_gpu: str = "auto") -> faiss.Index:
-    """Move the index to all visible GPUs when faiss-gpu is installed; otherwise keep it on CPU."""
-    if use_gpu != "never" and hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
-        log.info("searching on %d GPU(s)", faiss.get_num_gpus())
-        return faiss.index_cpu_to_all_gpus(index)
-    return index
+# The most neighbours faiss-gpu selects per query (its k-selection kernels; faiss issue 2103).
+GPU_MAX_K = 2048
+
+
+def to_search_device(index: faiss.Index, use_gpu: str = "auto", k: int = 0) -> faiss.Index:
+    """Move the index to all visible GPUs when faiss-gpu is installed; otherwise keep it on CPU.
+
+    `k`: the neighbours each query will ask for. The index stays on the CPU, with a warning that
+    says why, where faiss-gpu cannot search it: more than GPU_MAX_K neighbours, or an index type
+    it does not hold (HNSW; PQ layouts beyond its shared memory), which it reports as it converts.
+    Either would otherwise fail the job after the index and the queries are loaded."""
+    if use_gpu == "never" or not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
+        return index
+    if k > GPU_MAX_K:
+        log.warning("searching on CPU: %d neighbours a query, faiss-gpu selects at most %d "
+                    "(set use_gpu: never to silence this)", k, GPU_MAX_K)
+        return index
+    try:
+        moved = faiss.index_cpu_to_all_gpus(index)
+    except RuntimeError as error:  # faiss's C++ exceptions arrive as RuntimeError
+        log.warning("searching on CPU: faiss-gpu cannot hold this %s (%s)",
+                    type(index).__name__, str(error).strip().splitlines()[-1][:300])
+        return index
+    log.info("searching on %d GPU(s)", faiss.get_num_gpus())
+    return moved
 
 
 def save(folder: Path, index: faiss.Index, doc_ids: Sequence[str]) -> None:

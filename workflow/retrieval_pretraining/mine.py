@@ -35,7 +35,7 @@ from . import artifacts, faiss_index
 from .answers import NEGATIVE_FILTERS, answer_exclusions
 from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
-from .dense_search import encode_queries, rank
+from .dense_search import encode_queries, fetch_depth, rank
 from .errors import command, reading
 from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, check_choice, check_int,
                                  refuse_unknown, slice_keys)
@@ -125,7 +125,8 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
     # Only queries with a positive can be trained on; the others are counted, not mined.
     keep = [i for i, q in enumerate(query_ids) if q in positives]
     index, doc_ids = faiss_index.load(index_dir)
-    index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"))
+    index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"),
+                                         fetch_depth(knobs["depth"], knobs["exclude_query_id"]))
     # With the dataset's exclude_query_id, the query's own id is dropped by the search and ranks are
     # counted without it (as in the runs); without it (MS MARCO) a same-numbered passage stays.
     ranked = list(rank(index, doc_ids, [query_ids[i] for i in keep], vectors[keep],
