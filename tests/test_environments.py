@@ -465,6 +465,7 @@ NOT_ON_THE_GPU_MACHINE = [
 GPU_CHECK_MODULES = [
     "test_gpu", "test_pretrain_train", "test_launch", "pretrain_step_time", "encode_and_search",
     "trainer_throughput", "retrieval_pretraining.pretrain.__main__",
+    "retrieval_pretraining.finetune.model",  # test_gpu's fine-tuning steps
 ]  # fmt: skip
 
 

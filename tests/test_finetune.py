@@ -419,7 +419,9 @@ def _counted_losses(monkeypatch, nan_at_call: int | None = None) -> list:
     """Patch the stage's loss (and the gradient clipping) to count host reads of their values, the
     loss NaN at call `nan_at_call`; returns the list the calls are appended to (one a
     micro-batch)."""
-    loss = ftrain.contrast_set_loss
+    from retrieval_pretraining.finetune import model as fmodel
+
+    loss = fmodel.contrast_set_loss
     calls = []
 
     def patched(q, p, **kwargs):
@@ -429,7 +431,7 @@ def _counted_losses(monkeypatch, nan_at_call: int | None = None) -> list:
             value = value * float("nan")
         return counted(value)
 
-    monkeypatch.setattr(ftrain, "contrast_set_loss", patched)
+    monkeypatch.setattr(fmodel, "contrast_set_loss", patched)
     clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: counted(clip(*a, **k)))
     return calls

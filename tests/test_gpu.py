@@ -1,5 +1,6 @@
-"""The CUDA paths of pre-training (fused AdamW, bf16 autocast, the trainer on a GPU) against the
-CPU fp32 path that the rest of the suite checks.
+"""The CUDA paths of pre-training (fused AdamW, bf16 autocast, the trainer on a GPU, unpadded
+layers with flash attention) and of fine-tuning's steps against the CPU fp32 path that the rest
+of the suite checks.
 
 CI has no GPU, so these skip there. `benchmarks/gpu_checks.sh` runs them, and the step-time
 benchmark, on a lent GPU in one command.
@@ -175,3 +176,71 @@ def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_
     for where in waits[2]:
         extra.remove(where)
     assert len(extra) == 2, extra
+
+
+QUERIES = ["what lowers blood pressure", "how do bacteria resist antibiotics",
+           "which genes control cell division"]
+PASSAGES = ["Salt reduction lowers blood pressure in adults.", "The moon orbits the earth.",
+            "Efflux pumps let bacteria resist many antibiotics.", "Rivers flow to the sea.",
+            "Cyclins and kinases control the cell division cycle.", "Paint dries slowly in winter."]
+
+
+def _fine_tuning_steps(checkpoint: Path, device: torch.device, precision: str, steps: int = 6,
+                       waits: list | None = None) -> list[float]:
+    """`steps` fine-tuning steps on one micro-batch, made as the loop makes them (finetune/train.py:
+    pinned inputs on CUDA, micro_batch_loss, step_if_finite, the step's one host_read); with
+    `waits`, the host's waits for the GPU of each step after the first."""
+    import warnings
+
+    from retrieval_pretraining.encode import tokenize
+    from retrieval_pretraining.finetune.model import load_bi_encoder, micro_batch_loss
+    from retrieval_pretraining.finetune.settings import FinetuneSettings
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    settings = FinetuneSettings(retrieval=RetrievalSettings(q_len=16, p_len=24), group_size=2,
+                                lr=1e-3, precision=precision)
+    torch.manual_seed(0)
+    model, tokenizer = load_bi_encoder(checkpoint, settings.retrieval, device)
+    model.train()
+    optimizer = training.build_optimizer(model, lr=settings.lr, weight_decay=0.0)
+    env = training.DistEnv(rank=0, local_rank=0, world_size=1, device=device)
+    inputs = (tokenize(tokenizer, QUERIES, 16), tokenize(tokenizer, PASSAGES, 24))
+    losses = []
+    for step in range(steps):
+        queries, passages = ({k: v.pin_memory() if device.type == "cuda" else v
+                              for k, v in part.items()} for part in inputs)
+        counting = waits is not None and step > 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if counting:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                loss = micro_batch_loss(model, queries, passages, settings, device)
+                loss.backward()
+                values = loss.detach().float().reshape(1, 1)
+                training.step_if_finite(optimizer, values)
+                optimizer.zero_grad(set_to_none=True)
+                read = training.host_read(values, None, tokens=0, stop=False, env=env)
+            finally:
+                if counting:
+                    torch.cuda.set_sync_debug_mode("default")
+        if counting:
+            waits.append([f"{w.filename}:{w.lineno}" for w in caught
+                          if "synchroniz" in str(w.message)])
+        losses.append(read.means[0])
+    return losses
+
+
+def test_fine_tuning_steps_on_cuda_track_the_cpu_steps_and_wait_once(setup):
+    """Fine-tuning's device path (its loop's data needs polars, which a lent GPU machine lacks, so
+    the steps are made here from the same functions): fp32 on CUDA follows the CPU, bf16 within
+    bf16's precision, and a step makes the host wait for the GPU once (its read)."""
+    checkpoint = setup[0]
+    cpu = _fine_tuning_steps(checkpoint, torch.device("cpu"), "auto")
+    fp32 = _fine_tuning_steps(checkpoint, torch.device("cuda"), "fp32")
+    waits: list = []
+    bf16 = _fine_tuning_steps(checkpoint, torch.device("cuda"), "auto", waits=waits)
+    assert cpu[-1] < cpu[0]  # it learns: the positives are the on-topic passages
+    torch.testing.assert_close(torch.tensor(fp32), torch.tensor(cpu), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
+    assert [len(w) for w in waits] == [1] * 5, waits

@@ -11,6 +11,7 @@ from .. import projector as text_projector
 from .. import training
 from ..encode import attach_projector, encode_batch, load_encoder, projector_of
 from ..retrieval_settings import RetrievalSettings
+from .settings import FinetuneSettings
 
 
 class BiEncoder(torch.nn.Module):
@@ -72,3 +73,17 @@ def contrast_set_loss(q: torch.Tensor, p: torch.Tensor, *, group_size: int, temp
         p = training.all_gather_with_grad(p.contiguous())
         offset = rank * len(q)
     return contrastive_loss(q, p, group_size, temperature, offset)
+
+
+def micro_batch_loss(model: torch.nn.Module, queries: dict[str, torch.Tensor],
+                     passages: dict[str, torch.Tensor], settings: FinetuneSettings,
+                     device: torch.device, rank: int = 0) -> torch.Tensor:
+    """One micro-batch's loss as the training loop computes it: queries and passages through
+    `model` (the BiEncoder, or DDP around it) under the settings' precision (bf16 autocast on
+    CUDA), then this process's contrast-set loss. Here, apart from the loop's data (which needs
+    polars), so that the GPU checks run what the loop runs on a machine without it."""
+    with training.autocast(device, settings.precision):
+        q, p = model(queries, passages)
+        return contrast_set_loss(q, p, group_size=settings.group_size,
+                                 temperature=settings.temperature, gather=settings.gather,
+                                 rank=rank)

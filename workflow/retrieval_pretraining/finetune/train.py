@@ -26,7 +26,7 @@ from ..encode import (TOKENIZER_THREADS, encoder_state, projector_of, safe_threa
 from ..parallel import bounded_map
 from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
                    step_queries)
-from .model import contrast_set_loss, load_bi_encoder
+from .model import load_bi_encoder, micro_batch_loss
 from .passages import PassageStore, write_passages
 from .settings import FinetuneSettings
 
@@ -106,10 +106,8 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             chunks.append(list(chunk))
             last = k == count - 1  # DDP averages gradients over ranks after it
             sync = ddp.no_sync() if env.distributed and not last else contextlib.nullcontext()
-            with sync, training.autocast(env.device, s.precision):
-                q, p = ddp(qb, pb)
-                loss = contrast_set_loss(q, p, group_size=s.group_size, temperature=s.temperature,
-                                         gather=s.gather, rank=env.rank)
+            with sync:
+                loss = micro_batch_loss(ddp, qb, pb, s, env.device, env.rank)
                 (loss / count).backward()
             losses.append(loss.detach().float().reshape(1))
         values = torch.stack(losses)  # [micro-batches, 1]
