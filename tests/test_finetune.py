@@ -452,6 +452,30 @@ def test_a_fine_tuning_step_reads_its_values_on_the_host_once(tmp_path, monkeypa
     assert HostReads.count == 4 and all(math.isfinite(r["loss"]) for r in steps)
 
 
+def test_a_fine_tuning_step_makes_every_tensor_on_the_device_of_its_inputs(tmp_path, monkeypatch):
+    """The micro-batch loss (encoding, pooling, the contrast-set loss) runs with torch's default
+    device set to "meta": a tensor it made without a device would land there and fail at its
+    first use with the CPU's, as on a GPU a CPU tensor would meet CUDA ones
+    (tests/test_pretrain_train.py checks pre-training's step and probes the same way)."""
+    from retrieval_pretraining.finetune import model as fmodel
+
+    loss, ran = fmodel.micro_batch_loss, []
+
+    def on_meta(*args, **kwargs):
+        ran.append(1)
+        with torch.device("meta"):
+            return loss(*args, **kwargs)
+
+    monkeypatch.setattr(ftrain, "micro_batch_loss", on_meta)
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "sub_batches": 2,
+           "epochs": 1}
+    assert fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                     out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                     metrics_path=tmp_path / "metrics.jsonl") == 0
+    assert len(ran) == 8
+
+
 def test_a_nonfinite_fine_tuning_loss_stops_naming_the_step_and_queries(tmp_path, monkeypatch):
     """Found at the step's one read, after the optimiser step (skipped on the device: the state
     saved by then is what a rerun resumes from)."""

@@ -8,6 +8,7 @@ benchmark, on a lent GPU in one command.
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -55,17 +56,21 @@ def _losses(setup, out: Path, objective: str, *, cpu: bool, precision: str = "au
                            out, extra_env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records], records[-1]
+    steps = [r for r in records if "loss" in r]  # not step 0's probe record
+    return [r["loss"] for r in steps], steps[-1]
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_trainer_on_cuda_tracks_the_cpu_run(objective, setup, tmp_path):
     """Same data, masks and initial weights: fp32 on CUDA follows the CPU run closely, bf16
-    autocast within bf16's precision, step by step."""
-    cpu, _ = _losses(setup, tmp_path / "cpu", objective, cpu=True)
-    fp32, _ = _losses(setup, tmp_path / "fp32", objective, cpu=False, precision="fp32")
-    bf16, last = _losses(setup, tmp_path / "bf16", objective, cpu=False)
+    autocast within bf16's precision, step by step; the held-out probes run on the GPU."""
+    probes = {"probe_chunks": 4, "probe_every": 4}
+    cpu, _ = _losses(setup, tmp_path / "cpu", objective, cpu=True, **probes)
+    fp32, _ = _losses(setup, tmp_path / "fp32", objective, cpu=False, precision="fp32", **probes)
+    bf16, last = _losses(setup, tmp_path / "bf16", objective, cpu=False, **probes)
     assert len(cpu) == len(fp32) == len(bf16) == 8
+    scores = {k: v for k, v in last.items() if k.startswith("probe_")}
+    assert scores and all(math.isfinite(v) for v in scores.values()), scores
     # TF32 matmuls (if enabled) and different kernels: small differences, growing a little.
     torch.testing.assert_close(torch.tensor(fp32), torch.tensor(cpu), rtol=1e-3, atol=1e-3)
     # bf16 keeps 8 bits of mantissa: about 0.4% per operation, a few percent after 8 updates.

@@ -313,6 +313,37 @@ def test_skipping_the_padding_trains_as_the_padded_run(objective, varlen, setup,
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], key)
 
 
+@pytest.mark.parametrize("objective, unpad", [
+    *[(o, False) for o in ("mlm", "costa", "cpdae", "cpdae_r", "bow", "condenser", "cocondenser",
+                           "retromae", "ae_decoder", "ar_decoder")],
+    ("costa", True), ("condenser", True)])
+def test_a_step_and_the_probes_make_every_tensor_on_the_device_of_their_inputs(
+        objective, unpad, setup, tmp_path, monkeypatch):
+    """Inside a training step's forward and the held-out probes, a tensor made
+    without a device would be made on the CPU and, on a GPU, meet CUDA tensors: a crash there (the
+    probes had two, found by reading before any GPU ran them). Here the step and the probes run
+    with torch's default device set to "meta": such a tensor lands there and fails at its first
+    use with the CPU's."""
+    from retrieval_pretraining.pretrain import probes
+
+    forward, probe = Pretrainer.forward, probes.probe
+    ran = []
+
+    def on_meta(function):
+        def run(*args, **kwargs):
+            ran.append(function.__name__)
+            with torch.device("meta"):
+                return function(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(Pretrainer, "forward", on_meta(forward))
+    monkeypatch.setattr(probes, "probe", on_meta(probe))
+    code, records = _run(fx.model_settings(objective, max_steps=2, unpad=unpad, probe_chunks=4,
+                                           probe_every=1), setup, tmp_path)
+    assert code == 0 and {"forward", "probe"} <= set(ran)
+    assert any(key.startswith("probe_") for key in records[0])  # step 0's probes were written
+
+
 @pytest.mark.parametrize("objective", ["bow", "costa"])
 def test_a_compiled_trainer_follows_the_eager_run_without_recompiling_each_step(
         objective, setup, tmp_path, monkeypatch):

@@ -170,6 +170,22 @@ def test_a_save_killed_part_way_is_never_resumed_and_its_folder_is_cleared(tmp_p
     training.save_state(tmp_path, step=8, data_position={"step": 8}, **save)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "step-00000008"]
 
+def test_a_resume_with_fewer_visible_gpus_restores_the_states_it_can(monkeypatch):
+    """A state saved by a process that saw 8 GPUs, restored where 2 are visible (a run may resume
+    on another process count): the first 2 GPU generators are set, the others skipped (torch's
+    set_rng_state_all would index past the visible devices). CUDA is stood in for here."""
+    from retrieval_pretraining.training import state as st
+
+    saved = {**st.rng_state(), "cuda": [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]}
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state",
+                        lambda value, device: restored.append((device, int(value[0]))))
+    st.set_rng_state(saved)
+    assert restored == [(0, 0), (1, 1)]
+
+
 def test_load_state_without_checkpoint_returns_none(tmp_path):
     assert training.load_state(tmp_path, **dict(zip(("model", "optimizer", "scheduler"), _fresh()))) is None
 

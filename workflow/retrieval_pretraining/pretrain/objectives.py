@@ -83,11 +83,11 @@ def costa_loss(
         torch.zeros(n, total, dtype=torch.bool, device=text.device),
         (~all_mask).reshape(1, -1).expand(n, -1),
     ], dim=1)
-    invalid[torch.arange(n), offset + torch.arange(n)] = True  # j != i: not z_i itself
+    rows = torch.arange(n, device=text.device)
+    invalid[rows, offset + rows] = True  # j != i: not z_i itself
     log_prob = logits.masked_fill(invalid, float("-inf")).log_softmax(dim=1)
     # Column of span p of local text i: total + (offset + i) * S + p.
-    own = total + (offset + torch.arange(n, device=text.device)).unsqueeze(1) * s + torch.arange(
-        s, device=text.device)
+    own = total + (offset + rows).unsqueeze(1) * s + torch.arange(s, device=text.device)
     positive = log_prob.gather(1, own).masked_fill(~span_mask, 0.0)
     counts = span_mask.sum(dim=1)
     # The mean over the texts that have spans, as weights rather than boolean indexing and

@@ -44,9 +44,12 @@ def init_distributed(timeout_minutes: int = 30) -> DistEnv:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
+        # device_id binds the group to this process's GPU: NCCL's barriers and collectives then
+        # use it without guessing (a bare barrier otherwise warns that it guesses the device).
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             timeout=_dt.timedelta(minutes=timeout_minutes),
+            **({"device_id": device} if device.type == "cuda" else {}),
         )
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 

@@ -121,7 +121,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(state["cuda"]))
+        # One state per GPU the saving process saw; a run may resume with fewer visible (another
+        # process count, claim_state): set_rng_state_all would index past them.
+        for index, cuda_state in enumerate(list(state["cuda"])[:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 # ---------------------------------------------------------------- save / load ------------------
