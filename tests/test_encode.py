@@ -31,6 +31,21 @@ def test_pooling_matches_a_naive_loop():
         encode.pool(hidden, mask, "max", "dot")
 
 
+def test_the_text_projector_embeds_in_fp32_under_bf16_autocast():
+    """Under bf16 autocast (encoding and fine-tuning on a GPU; CPU autocast stands in here) the
+    projected [CLS] is computed and returned in fp32: it is the stored vector, and bf16 would
+    round it to 8 bits of mantissa, below the fp16 it is stored in."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 5, 16, generator=gen)
+    mask = torch.ones(3, 5, dtype=torch.long)
+    projector = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh())
+    exact = encode.pool(hidden, mask, "cls", "cosine", projector)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = encode.pool(hidden, mask, "cls", "cosine", projector)
+    assert autocast.dtype == torch.float32
+    torch.testing.assert_close(autocast, exact, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("rows,shards", [(10, 3), (5183, 4), (2, 4)])
 def test_shards_cover_every_row_once(rows, shards):
     ranges = [encode.shard_rows(rows, s, shards) for s in range(shards)]
@@ -274,6 +289,41 @@ def test_tokenize_gives_the_tensors_of_the_tokenizers_own_batch_call(sides):
             for key in theirs:
                 assert ours[key].dtype == theirs[key].dtype, key
                 assert torch.equal(ours[key], theirs[key]), (key, max_len, title, sides)
+
+
+def test_long_texts_are_cut_before_tokenising_to_the_same_ids():
+    """Long documents are cut at a space after 8 characters per token of max_len before the
+    tokenizer sees them (tokenising the rest only to truncate it cost most of the time on long
+    documents), with the ids of the whole text; a cut text that no longer fills max_len (mostly
+    spaces) is tokenised whole."""
+    import json
+
+    from pretrain_fixtures import ROOT
+    from pretrain_fixtures import tokenizer as load_tokenizer
+
+    tokenizer = load_tokenizer()
+    with open(ROOT / "data/beir/scifact/corpus.jsonl") as handle:
+        abstracts = [json.loads(line)["text"] for _, line in zip(range(200), handle)]
+    long_texts = [" ".join(abstracts[i:i + 20]) for i in range(0, 200, 20)]  # ~30k characters
+    sparse = "word " + " " * 6000 + " ".join(abstracts[:3])  # few tokens in its first 4,096
+    texts = [*long_texts, sparse, abstracts[0]]
+    seen = []
+    backend = encode._padded_backend(tokenizer, 512)
+    encode_batch_fast = backend.encode_batch_fast
+    try:
+        backend.encode_batch_fast = lambda batch: seen.append([len(t) for t in batch]) \
+            or encode_batch_fast(batch)
+        ours = encode.tokenize(tokenizer, texts, 512)
+    finally:
+        del backend.encode_batch_fast
+    theirs = _reference(tokenizer, texts, 512)
+    for key in theirs:
+        assert torch.equal(ours[key], theirs[key]), key
+    cut_at = encode.CUT_CHARS_PER_TOKEN * 512
+    assert all(len(t) > 20_000 for t in long_texts)
+    assert max(seen[0][:len(long_texts)]) <= cut_at  # cut ...
+    assert seen[1][len(long_texts)] == len(sparse) > cut_at  # ... and the sparse one again whole
+    assert seen[1][:len(long_texts)] == seen[0][:len(long_texts)]
 
 
 def test_tokenize_follows_the_tokenizers_model_inputs_and_its_later_settings():

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 import numpy as np
 import polars as pl
+import torch
 
 from . import artifacts, faiss_index
 from .config import stage_parser
@@ -55,11 +56,17 @@ def encode_queries(encoder: Path | tuple, queries: Path, knobs: RetrievalSetting
     """(query ids, float32 vectors) of a canonical queries Parquet; `encoder` = folder or (model, tok)."""
     with reading(queries, "a queries Parquet file"):
         frame = pl.read_parquet(queries, columns=["query_id", "text"])
-    model, tokenizer = load_encoder(encoder) if isinstance(encoder, Path) else encoder
+    loaded = isinstance(encoder, Path)
+    model, tokenizer = load_encoder(encoder) if loaded else encoder
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(), max_len=knobs.q_len,
                     pooling=knobs.pooling, similarity=knobs.similarity,
                     batch_size=knobs.encode_batch_size, desc="encode queries",
                     prefix=knobs.query_prefix)
+    if loaded and next(model.parameters()).is_cuda:
+        # torch's allocator keeps the encoder's memory cached; faiss-gpu, which mining loads an
+        # index into next, allocates on its own and cannot use it.
+        del model
+        torch.cuda.empty_cache()
     return frame["query_id"].to_list(), vectors
 
 

@@ -86,7 +86,10 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, similarity: str
     if pooling == "cls":
         vectors = hidden[:, 0]
         if projector is not None:
-            vectors = projector(vectors)
+            # In fp32 under bf16 autocast too: its output is the vector itself, stored in fp16 (3
+            # more bits than bf16) and normalised; the states it reads are fp32 there already.
+            with torch.autocast(vectors.device.type, enabled=False):
+                vectors = projector(vectors.float())
     elif pooling == "mean":
         if projector is not None:
             raise ValueError("a text projector embeds [CLS]; use pooling 'cls'")
@@ -114,9 +117,47 @@ def tokenize(tokenizer, texts: Sequence[str], max_len: int, titles: Sequence[str
     if backend is None or not texts:
         return tokenizer(list(texts), truncation=True, max_length=max_len, padding=True,
                          return_tensors="pt")
-    encodings = backend.encode_batch_fast(list(texts))
+    texts = list(texts)
+    cut = [_cut(text, CUT_CHARS_PER_TOKEN * max_len) for text in texts] \
+        if _cuts_exactly(tokenizer, backend) else texts
+    encodings = backend.encode_batch_fast(cut)
+    # A cut text that did not fill max_len tokens might have needed what was cut: the batch again
+    # with those texts whole (rare: ~8 characters a token on average in their first part).
+    short = [i for i, e in enumerate(encodings)
+             if cut[i] is not texts[i] and sum(e.attention_mask) < max_len]
+    if short:
+        whole = set(short)
+        cut = [texts[i] if i in whole else text for i, text in enumerate(cut)]
+        encodings = backend.encode_batch_fast(cut)
     return {key: torch.from_numpy(np.array([getattr(e, field) for e in encodings], dtype=np.int64))
             for key, field in _FIELDS.items() if key in tokenizer.model_input_names}
+
+
+# Texts longer than this many characters per token of max_len are cut before tokenising: a long
+# document (MS MARCO's average ~1,500 tokens, some 100k characters) would otherwise be tokenised
+# whole and truncated after, at a fraction of the rate (benchmarks/RESULTS.md, "Cutting long
+# texts"). English WordPiece averages ~4.5 characters a token, so 8 leaves a wide margin.
+CUT_CHARS_PER_TOKEN = 8
+
+
+def _cut(text: str, chars: int) -> str:
+    """`text` up to its last space within `chars` characters (itself when shorter, or when it has
+    no space there)."""
+    if len(text) <= chars:
+        return text
+    space = text.rfind(" ", 0, chars + 1)
+    return text[:space] if space > 0 else text
+
+
+def _cuts_exactly(tokenizer, backend) -> bool:
+    """Whether a text cut at a space tokenises to a prefix of the whole text's tokens, so that a
+    cut text that still fills max_len gives the same ids: truncation keeps the start, the
+    normaliser works character by character and the pre-tokeniser splits at every space (BERT's
+    WordPiece tokenizers). Others are tokenised whole."""
+    normalizer = type(backend.normalizer).__name__ if backend.normalizer is not None else None
+    return (tokenizer.truncation_side == "right"
+            and type(backend.pre_tokenizer).__name__ == "BertPreTokenizer"
+            and normalizer in (None, "BertNormalizer"))
 
 
 # What `tokenizer(..., return_tensors="pt")` returns, in its order, and each key's Encoding field.
