@@ -95,8 +95,12 @@ rule encode_baseline_shard:
         corpus="results/datasets/{dataset}/corpus.parquet",
         code=module_source("encode"),
     output:
-        npy=f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/shard-{{shard}}.npy",
-        ids=f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/shard-{{shard}}.ids.parquet",
+        npy=encoded_vectors(
+            f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/shard-{{shard}}.npy"
+        ),
+        ids=encoded_vectors(
+            f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/shard-{{shard}}.ids.parquet"
+        ),
     log:
         "results/logs/encode_baseline_shard/{baseline}/{dataset}/{shard}.log",
     wildcard_constraints:

@@ -39,7 +39,7 @@ def mining_argument(wildcards):
     """mine.py's slice: the fine-tuning slice, the mining policy keys and use_gpu."""
     mining = config["mining"]
     knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
-    knobs |= {k: v for k, v in mining.items() if k != "index"}
+    knobs |= {k: v for k, v in mining.items() if k not in ("index", "keep_vectors")}
     knobs["use_gpu"] = mining["index"].get("use_gpu", "auto")
     knobs["negative_filter"] = negative_filter(wildcards.dataset)
     return experiment_config.stage_argument(knobs)
@@ -92,6 +92,13 @@ def get_dense_run_targets():
     ]
 
 
+def encoded_vectors(path):
+    """An encoding job's output: kept, or with mining.keep_vectors false temporary (Snakemake
+    deletes it once its index is built and does not rebuild it while the index stands; the index
+    holds the same vectors in fp32)."""
+    return path if config["mining"].get("keep_vectors", True) else temp(path)
+
+
 # The commands of corpus encoding and indexing, shared with the baselines (rules/baselines.smk).
 ENCODE_SHELL = (
     "python -m retrieval_pretraining.encode --config '{params.encode}' --corpus {input.corpus} "
@@ -111,8 +118,10 @@ rule encode_corpus_shard:
         corpus="results/datasets/{dataset}/corpus.parquet",
         code=module_source("encode"),
     output:
-        npy="results/index/{model}/{dataset}/{stage}/shard-{shard}.npy",
-        ids="results/index/{model}/{dataset}/{stage}/shard-{shard}.ids.parquet",
+        npy=encoded_vectors("results/index/{model}/{dataset}/{stage}/shard-{shard}.npy"),
+        ids=encoded_vectors(
+            "results/index/{model}/{dataset}/{stage}/shard-{shard}.ids.parquet"
+        ),
     log:
         "results/logs/encode_corpus_shard/{model}/{dataset}/{stage}/{shard}.log",
     wildcard_constraints:

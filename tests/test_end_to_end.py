@@ -256,6 +256,15 @@ def test_a_second_run_has_nothing_to_do(project):
     assert planned_rules(project, TARGET) == {}
 
 
+def test_without_keep_vectors_an_index_s_shards_go_once_it_is_built(project):
+    """mining.keep_vectors: false (tiny_overrides): the encoded shards are temporary; every index
+    stands without them, and the second run above plans nothing for their absence."""
+    indexes = sorted((project / "results").glob("**/faiss/index"))
+    assert len(indexes) >= 4  # stage 1 and 2 of two models, and the baseline's
+    assert not list((project / "results").glob("**/shard-*.npy"))
+    assert not list((project / "results").glob("**/shard-*.ids.parquet"))
+
+
 def _planned_jobs(output: str) -> list[tuple[str, str]]:
     """(rule, wildcards) of every job a dry run's output plans, from Snakemake's job listing."""
     jobs, rule = [], None

@@ -139,7 +139,9 @@ def tiny_overrides() -> dict:
             "encode_batch_size": 128,
             "shards": 1,
         },
-        "mining": {"depth": 50, "num_negatives": 8},
+        # keep_vectors: the paper-scale disk saver, so that the end-to-end run checks it (shards
+        # deleted once indexed, and a second run has nothing to do).
+        "mining": {"depth": 50, "num_negatives": 8, "keep_vectors": False},
         "evaluate": {
             "splits": [split("test") | {"measures": ["nDCG@10", "R@100"], "relevance_level": 1}]
         },
