@@ -55,6 +55,23 @@ def test_loss_matches_naive_loop(group_size, temperature, offset):
     assert got == pytest.approx(naive_loss(q, p, group_size, temperature, offset), rel=1e-6)
 
 
+def test_the_loss_scores_in_fp32_under_bf16_autocast():
+    """On a GPU the loss runs under bf16 autocast, and [CLS] dot products reach the hundreds, where
+    bf16 resolves only steps of 1-2: a positive 1.5 above its negatives would tie with them. The
+    scores are fp32 there (CPU autocast stands in for CUDA's here)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 64, generator=gen)
+    q = q / q.norm(dim=1, keepdim=True) * 10
+    # Each query's group: its positive and 7 hard negatives all score ~200, ~1 apart.
+    p = 2 * q.repeat_interleave(8, dim=0) + 0.1 * torch.randn(32, 64, generator=gen)
+    scores = (q @ p.T).reshape(4, 4, 8).diagonal().T
+    assert scores.min() > 190 and scores.max() < 210 and (scores.std(dim=1) > 0.5).all()
+    exact = contrastive_loss(q, p, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = contrastive_loss(q, p, 8)
+    torch.testing.assert_close(under_autocast, exact, rtol=1e-5, atol=1e-5)
+
+
 def test_contrast_plan_reproduces_the_reference_negatives():
     base = {"batch_size": 64, "group_size": 8, "sub_batches": 8, "gather": False}
 

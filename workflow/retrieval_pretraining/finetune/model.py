@@ -58,9 +58,9 @@ def contrastive_loss(q: torch.Tensor, p: torch.Tensor, group_size: int, temperat
     group, positive first. query_offset is this process's first query within a gathered contrast
     set.
     """
-    scores = q @ p.T / temperature
+    scores = training.fp32_scores(q, p) / temperature  # not bf16: scores in the hundreds
     targets = (torch.arange(len(q), device=q.device) + query_offset) * group_size
-    return F.cross_entropy(scores.float(), targets)
+    return F.cross_entropy(scores, targets)
 
 
 def contrast_set_loss(q: torch.Tensor, p: torch.Tensor, *, group_size: int, temperature: float,

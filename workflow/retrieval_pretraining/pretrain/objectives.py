@@ -16,18 +16,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..training import all_gather_with_grad
+from ..training import all_gather_with_grad, fp32_scores
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
     """Losses run in fp32 (under bf16 autocast too); float64 inputs (tests) stay float64."""
     return x if x.dtype == torch.float64 else x.float()
-
-
-def fp32_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b.T in fp32 (float64 inputs stay float64), also inside a bf16 autocast region."""
-    with torch.autocast(device_type=a.device.type, enabled=False):
-        return _upcast(a) @ _upcast(b).T
 
 
 def _gathering(gather: bool) -> bool:

@@ -19,7 +19,8 @@ and the `python -m` entry ends with exit_process(main()).
 Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
                  host_read (a step's one reduction and read: means, tokens, stop flag), StepRead
-    optim        accumulation_steps, build_optimizer, linear_schedule, autocast, seed_everything,
+    optim        accumulation_steps, build_optimizer, linear_schedule, autocast, fp32_scores,
+                 seed_everything,
                  seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
     guards       check_finite_step, check_finite_grad_norm, step_if_finite,
@@ -68,6 +69,7 @@ from .optim import (
     accumulation_steps,
     autocast,
     build_optimizer,
+    fp32_scores,
     linear_schedule,
     seed_everything,
     seed_torch,
@@ -77,8 +79,8 @@ from .state import claim_state, load_state, save_state
 __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
     "StepRead", "host_read",
-    "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "seed_everything",
-    "seed_torch",
+    "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "fp32_scores",
+    "seed_everything", "seed_torch",
     "save_state", "load_state", "claim_state",
     "check_finite_grad_norm", "check_finite_step", "step_if_finite",
     "NonFiniteLossError", "NonFiniteGradientError",
