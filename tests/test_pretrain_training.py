@@ -287,6 +287,44 @@ def test_gathered_costa_gradients_equal_the_full_batch(tmp_path):
     torch.testing.assert_close(torch.cat([r["spans"] for r in ranks]) / 2, spans.grad)
 
 
+def _nonfinite_worker(rank: int, world: int, init_file, out_dir) -> None:
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    env = training.DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"))
+    model = torch.nn.Module()
+    model.weight = weight = torch.nn.Parameter(torch.zeros(3))
+    optimizer = training.build_optimizer(model, lr=0.1, weight_decay=0.0)
+    weight.grad = torch.ones(3)  # what DDP leaves: the same averaged gradient on every rank
+    values = torch.tensor([[float("nan") if rank == 1 else 1.0]])  # rank 1's loss only
+    training.step_if_finite(optimizer, values, distributed=True)
+    read = training.host_read(values, None, tokens=0, stop=False, env=env)
+    try:
+        training.check_finite_step(read, ["loss"], step=7, item_ids=[[f"q{rank}"]])
+        message = ""
+    except training.NonFiniteLossError as error:
+        message = str(error)
+    (out_dir / f"rank{rank}.txt").write_text(message)
+    save_file({"weight": weight.detach()}, f"{out_dir}/rank{rank}.safetensors")
+    training.teardown_distributed()
+    training.exit_process(0)
+
+
+def test_a_nan_on_one_process_stops_every_process_with_the_weights_untouched(tmp_path):
+    """With DDP every process holds the same averaged gradient, but each sees only its own loss:
+    a NaN on rank 1 alone must keep rank 0 from updating too (the flag is all-reduced before the
+    step) and stop it at the same step (the means over processes are checked)."""
+    from safetensors.torch import load_file
+
+    torch.multiprocessing.spawn(_nonfinite_worker, args=(2, tmp_path / "init", tmp_path), nprocs=2)
+    for rank in range(2):
+        assert torch.equal(load_file(tmp_path / f"rank{rank}.safetensors")["weight"], torch.zeros(3))
+    assert "'q1'" in (tmp_path / "rank1.txt").read_text()  # its own items
+    assert "at step 7 on another process" in (tmp_path / "rank0.txt").read_text()
+
+
 def test_launcher_uses_torchrun_only_for_several_visible_gpus():
     m = "retrieval_pretraining.pretrain"
     assert launch.command(m, 8, ["--x"], visible=0)[1:] == ["-m", "retrieval_pretraining.pretrain", "--x"]

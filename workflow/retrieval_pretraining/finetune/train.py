@@ -113,7 +113,8 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         values = torch.stack(losses)  # [micro-batches, 1]
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm) \
             if s.max_grad_norm else None
-        training.step_if_finite(optimizer, values, *([norm] if norm is not None else []))
+        training.step_if_finite(optimizer, values, *([norm] if norm is not None else []),
+                                distributed=env.distributed)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         read = training.host_read(values, norm, tokens=tokens, stop=stop.requested, env=env)

@@ -256,7 +256,8 @@ def train(
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
         lr = scheduler.get_last_lr()[0]
         values = torch.stack(terms)
-        training.step_if_finite(optimizer, values, grad_norm)  # known at the read below
+        # Skipped on every process if one's values are NaN/inf (raised at the read below).
+        training.step_if_finite(optimizer, values, grad_norm, distributed=env.distributed)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         read = training.host_read(values, grad_norm, tokens=tokens, stop=stop.requested, env=env)

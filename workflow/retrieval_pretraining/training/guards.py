@@ -34,6 +34,13 @@ def check_finite_step(read: Any, keys: list[str], *, step: int, item_ids: list[l
                     f"loss term '{name}' is {value} at step {step} for batch items {ids}; lower "
                     "the learning rate, check those inputs, or use precision fp32"
                 )
+    # The means over processes: a value another process found non-finite stops this one too.
+    for name, value in zip(keys, read.means):
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"loss term '{name}' is {value} at step {step} on another process (its log names "
+                "the batch items); lower the learning rate, or use precision fp32"
+            )
     if read.grad_norm is not None:
         check_finite_grad_norm(read.grad_norm, step=step, item_ids=[i for ids in item_ids for i in ids])
 
@@ -49,14 +56,19 @@ def check_finite_grad_norm(norm: torch.Tensor | float, *, step: int, item_ids: A
         )
 
 
-def step_if_finite(optimizer: torch.optim.Optimizer, *values: torch.Tensor) -> None:
+def step_if_finite(optimizer: torch.optim.Optimizer, *values: torch.Tensor,
+                   distributed: bool = False) -> None:
     """optimizer.step(), skipped on the device where any of `values` (the step's losses, its
     gradient norm) is NaN/inf, without reading them on the host: the trainers read a step's values
     once, after it (host_read), and raise then (check_finite_step) with the weights untouched.
     build_optimizer's fused AdamW honours `found_inf` as under a GradScaler: no update, and its
-    step count stays."""
+    step count stays. `distributed`: every process skips if any one would (one all-reduce of the
+    flag on the device): a NaN loss on one process must not leave the others updating."""
     finite = torch.stack([torch.isfinite(value.detach()).all() for value in values]).all()
-    optimizer.found_inf = (~finite).float()
+    found_inf = (~finite).float()
+    if distributed:
+        torch.distributed.all_reduce(found_inf, op=torch.distributed.ReduceOp.MAX)
+    optimizer.found_inf = found_inf
     optimizer.step()
 
 
