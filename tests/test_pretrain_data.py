@@ -127,6 +127,24 @@ def _dataset(corpus, cache, vocab, rank, world, micro, **kw):
     return ds
 
 
+def test_a_worker_that_is_not_forked_receives_the_store_s_paths_not_its_pages(corpus, tmp_path,
+                                                                              vocab):
+    """A DataLoader worker started by spawn or forkserver (Python 3.14's default) gets the dataset
+    pickled: its size must not grow with the corpus, and the worker maps the files itself."""
+    import pickle
+
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 4)
+    assert len(ds.store) > 0  # the parent opened it (the trainer does, for its counts)
+    columns = sum(values.nbytes for name in ds.store._cols
+                  for _, values in ds.store._cols[name])
+    payload = pickle.dumps(ds)
+    assert len(payload) < columns / 4, (len(payload), columns)
+    worker = pickle.loads(payload)
+    for k in (0, 3, len(ds) - 1):
+        for key, value in ds[k].items():
+            assert torch.equal(worker[k][key], value), (k, key)
+
+
 def test_same_micro_batches_for_one_or_two_processes(corpus, tmp_path, vocab):
     single = _dataset(corpus, tmp_path, vocab, 0, 1, 4)
     ranks = [_dataset(corpus, tmp_path, vocab, r, 2, 4) for r in range(2)]

@@ -19,6 +19,7 @@ a resumed run, or one on a different number of GPUs, sees the same groups.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -202,8 +203,13 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
     return group
 
 
+@functools.lru_cache(maxsize=2)
 def epoch_order(num_queries: int, seed: int, epoch: int) -> np.ndarray:
-    return rng_for(seed, "order", epoch).permutation(num_queries)
+    """The epoch's query order (read-only): made once an epoch, not once a step (a permutation of
+    MS MARCO's 503k queries costs ~6 ms, a fifth of a step on 8 GPUs)."""
+    order = rng_for(seed, "order", epoch).permutation(num_queries)
+    order.setflags(write=False)
+    return order
 
 
 @dataclasses.dataclass(frozen=True)

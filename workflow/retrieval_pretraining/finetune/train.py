@@ -61,9 +61,11 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     job = {"settings": s.record(), "seed": seed,
            "inputs": _identities({**inputs, "init": init, "corpus": corpus})}
     training.claim_state(state_dir, job, env)
-    # The passages once per job, memory-mapped by every process (finetune/passages.py).
+    # The passages once per job, memory-mapped by every process (finetune/passages.py). A resumed
+    # job reuses them: claim_state kept the folder only for the same settings and inputs, and the
+    # file appears whole or not at all (published by rename); documents' are ~20 GB.
     passages_file = state_dir / "passages.arrow"
-    if env.is_main:
+    if env.is_main and not passages_file.exists():
         write_passages(corpus, data.needed_passages(), passages_file)
     training.barrier(env)
     data = data.with_passages(PassageStore(passages_file))

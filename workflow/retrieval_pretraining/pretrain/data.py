@@ -304,6 +304,12 @@ class MicroBatches(torch.utils.data.Dataset):
             self._store = ChunkStore(self.store_paths)
         return self._store
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a DataLoader worker receives where it is not forked (spawn; forkserver, Python
+        3.14's default on Linux): the store's paths, not its pages (pickling the mapped columns
+        would copy the corpus, ~50 GB at Wikipedia's size, into every worker)."""
+        return self.__dict__ | {"_store": None, "_order": {}}
+
     def __len__(self) -> int:
         return self.total_steps * self.accumulation
 
