@@ -68,7 +68,7 @@ def check_spans(chunks: pa.Table, spans: pa.Table, chunk_path: Path, span_path: 
             entry.get("sha256") for entry in artifacts.read_json(manifest).get("inputs", {}).values()
             if Path(entry.get("path", "")).name == chunk_path.name and entry.get("sha256")
         ]
-        actual = artifacts.sha256_file(chunk_path)
+        actual = artifacts.sha256_once(chunk_path)
         if recorded and actual not in recorded:
             raise DataError(
                 f"span index {span_path} was sampled from a different {chunk_path.name} (manifest "
@@ -127,9 +127,9 @@ def prepare_store(
     out = []
     for i, chunk_path in enumerate(map(Path, chunk_paths)):
         span_path = Path(span_paths[i]) if span_paths is not None else None
-        key = artifacts.sha256_file(chunk_path)[:16]
+        key = artifacts.sha256_once(chunk_path)[:16]
         if span_path is not None:
-            key += "-" + artifacts.sha256_file(span_path)[:16]
+            key += "-" + artifacts.sha256_once(span_path)[:16]
         target = cache_dir / f"{chunk_path.stem}-{key}.arrow"
         out.append(target)
         if target.exists():
@@ -476,7 +476,7 @@ def data_checksums(paths: Sequence[str | Path]) -> dict[str, dict[str, str]]:
     """sha256 of each shard and of its manifest, recorded in training.json."""
     out = {}
     for path in map(Path, paths):
-        entry = {"sha256": artifacts.sha256_file(path)}
+        entry = {"sha256": artifacts.sha256_once(path)}
         manifest = artifacts.manifest_path(path)
         if manifest.exists():
             entry["manifest_sha256"] = artifacts.sha256_file(manifest)
