@@ -169,8 +169,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--unpad", action="store_true",
-                        help="the trainer's unpad: true (layers skip padding rows; on CUDA attention "
-                             "runs flash attention's variable-length kernel, no mask)")
+                        help="the trainer's unpad: true (layers skip padding rows; on CUDA "
+                             "attention runs flash attention's variable-length kernel, no mask)")
     parser.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
                         help="auto: process CPU time on CPU (robust to other jobs sharing the cores), "
                              "wall time on CUDA")
@@ -236,7 +236,8 @@ def main() -> None:
         cfg = model.encoder.config
         base = results.get("mlm")
         print(f"device={device} arch={args.arch} batch={args.batch} max_len={args.max_len} "
-              f"threads={args.threads} steps={args.steps} compile={args.compile} unpad={args.unpad} "
+              f"threads={args.threads} steps={args.steps} compile={args.compile} "
+              f"unpad={args.unpad} "
               f"clock={'process CPU' if use_cpu_clock else 'wall'} (median)")
         double = results.get("mlm_2x")
         print("| objective | step time (s) | vs MLM | vs MLM on 2x rows | BoW paper Table 4: vs MLM |")

@@ -118,8 +118,9 @@ def test_skipping_the_padding_rows_gives_the_same_states_and_gradients(attention
         monkeypatch.setattr(bert, "VARLEN_DEVICES", ("cpu",))
         attended = []
         real_sdpa = bert.F.scaled_dot_product_attention
-        monkeypatch.setattr(bert.F, "scaled_dot_product_attention",
-                            lambda q, *a, **k: attended.append(q.is_nested) or real_sdpa(q, *a, **k))
+        monkeypatch.setattr(
+            bert.F, "scaled_dot_product_attention",
+            lambda q, *a, **k: attended.append(q.is_nested) or real_sdpa(q, *a, **k))
     model = bert.load(MINILM, attn_implementation="sdpa" if attention == "varlen" else attention)
     batch = with_positions(inputs(vocab=30522, length=33))
     positions = batch.pop("token_positions")

@@ -158,7 +158,7 @@ def test_an_index_goes_to_the_gpus_only_where_faiss_gpu_can_search_it(use_gpu, k
     after the index and the queries are loaded."""
     def to_gpus(index):
         if isinstance(index, faiss_index.faiss.IndexHNSWFlat):  # as faiss-gpu's cloner refuses it
-            raise RuntimeError("Error in ... GpuCloner.cpp: This index type is not implemented on GPU.")
+            raise RuntimeError("GpuCloner.cpp: This index type is not implemented on GPU.")
         return _OnGpu(index)
 
     monkeypatch.setattr(faiss_index.faiss, "index_cpu_to_all_gpus", to_gpus, raising=False)

@@ -723,7 +723,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
     assert (tmp_path / "resumed" / "state" / "latest.json").exists()
     written = []  # the resumed job reads the passages the first attempt wrote
     write_passages = ftrain.write_passages
-    monkeypatch.setattr(ftrain, "write_passages", lambda *a: written.append(a) or write_passages(*a))
+    monkeypatch.setattr(ftrain, "write_passages",
+                        lambda *a: written.append(a) or write_passages(*a))
     assert run("resumed") == 0
     assert written == []
     resumed = tmp_path / "resumed"

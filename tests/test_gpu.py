@@ -82,7 +82,8 @@ def test_trainer_on_cuda_tracks_the_cpu_run(objective, setup, tmp_path):
 @pytest.mark.parametrize("objective", ["mlm", "costa", "cpdae"])
 def test_the_unpadded_trainer_on_cuda_tracks_the_padded_cpu_run(objective, setup, tmp_path):
     """trainer.unpad on the GPU (index_select / index_copy around every layer, attention over the
-    real tokens alone; in fp32 and bf16) against the padded CPU run: the same losses as the padded CUDA runs above reach."""
+    real tokens alone; in fp32 and bf16) against the padded CPU run: the same losses as the
+    padded CUDA runs above reach."""
     cpu, _ = _losses(setup, tmp_path / "cpu", objective, cpu=True)
     fp32, _ = _losses(setup, tmp_path / "fp32", objective, cpu=False, precision="fp32", unpad=True)
     bf16, _ = _losses(setup, tmp_path / "bf16", objective, cpu=False, unpad=True)
@@ -133,7 +134,8 @@ def test_unpadded_attention_traces_to_one_graph_on_cuda(setup):
 
     model = bert.load(setup[0]).cuda().train()
     mask = (torch.arange(16)[None, :] < torch.tensor([16, 9, 4])[:, None]).long()
-    batch = with_positions({"input_ids": torch.randint(1000, 30000, (3, 16)), "attention_mask": mask})
+    ids = torch.randint(1000, 30000, (3, 16))
+    batch = with_positions({"input_ids": ids, "attention_mask": mask})
     batch = {k: v.cuda() for k, v in batch.items()}
 
     def forward(ids, mask, positions):

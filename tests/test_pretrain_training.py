@@ -320,7 +320,8 @@ def test_a_nan_on_one_process_stops_every_process_with_the_weights_untouched(tmp
 
     torch.multiprocessing.spawn(_nonfinite_worker, args=(2, tmp_path / "init", tmp_path), nprocs=2)
     for rank in range(2):
-        assert torch.equal(load_file(tmp_path / f"rank{rank}.safetensors")["weight"], torch.zeros(3))
+        weight = load_file(tmp_path / f"rank{rank}.safetensors")["weight"]
+        assert torch.equal(weight, torch.zeros(3))
     assert "'q1'" in (tmp_path / "rank1.txt").read_text()  # its own items
     assert "at step 7 on another process" in (tmp_path / "rank0.txt").read_text()
 

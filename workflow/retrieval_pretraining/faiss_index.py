@@ -192,7 +192,8 @@ def to_search_device(index: faiss.Index, use_gpu: str = "auto", k: int = 0) -> f
     says why, where faiss-gpu cannot search it: more than GPU_MAX_K neighbours, or an index type
     it does not hold (HNSW; PQ layouts beyond its shared memory), which it reports as it converts.
     Either would otherwise fail the job after the index and the queries are loaded."""
-    if use_gpu == "never" or not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
+    if (use_gpu == "never" or not hasattr(faiss, "index_cpu_to_all_gpus")
+            or faiss.get_num_gpus() == 0):
         return index
     if k > GPU_MAX_K:
         log.warning("searching on CPU: %d neighbours a query, faiss-gpu selects at most %d "

@@ -51,7 +51,8 @@ def top_set_precision(logits: torch.Tensor, bag_ids: torch.Tensor,
 def nearest_is_partner(similarity: torch.Tensor) -> float:
     """similarity [m, m] of view-0 texts (rows) against view-1 texts (columns): the share of rows
     whose best column is their own text."""
-    return _share(similarity.argmax(dim=1) == torch.arange(len(similarity), device=similarity.device))
+    own = torch.arange(len(similarity), device=similarity.device)
+    return _share(similarity.argmax(dim=1) == own)
 
 
 @torch.no_grad()
@@ -77,7 +78,8 @@ def probe(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
             spans = obj.span_means(source, batch["span_start"], batch["span_end"])
             text = model.projector(cls)
             scores = obj.fp32_scores(spans[batch["span_mask"]], text)  # [real spans, texts]
-            owner = torch.arange(len(text), device=text.device).unsqueeze(1).expand_as(batch["span_mask"])
+            owner = torch.arange(len(text), device=text.device).unsqueeze(1)
+            owner = owner.expand_as(batch["span_mask"])
             out["probe_span_retrieval"] = _share(
                 scores.argmax(dim=1) == owner[batch["span_mask"]])
         elif objective in ("cpdae", "cpdae_r"):
