@@ -2,8 +2,9 @@
 # Every check that needs a GPU, in one command (a lent `device` machine or any CUDA node):
 #   bash benchmarks/gpu_carry.sh                     # here, once: builds .gpu-carry/ (needs pip)
 #   bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..] # there: with .gpu-carry/ carried along
-# Parts, in this order (default: all). A lent machine's 10-minute command limit takes four calls:
-# "tests steps unpadded", "compiled", "dense trainer", "gloo".
+# Parts, in this order (default: all). A lent machine's 10-minute command limit takes five calls,
+# most needed first (a session's 30 device-minutes may not reach the last): "tests" (~7 min:
+# ~30 trainer runs, each a fresh process), "steps unpadded", "trainer dense", "compiled", "gloo".
 #   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
 #             bf16, padded and unpadded) vs CPU, the trainer's waits for the GPU per step (one
 #             expected), flash attention under unpad (and one compiled graph), fine-tuning's
