@@ -145,6 +145,22 @@ def test_a_worker_that_is_not_forked_receives_the_store_s_paths_not_its_pages(co
             assert torch.equal(worker[k][key], value), (k, key)
 
 
+def test_the_other_processes_wait_for_the_store_on_the_filesystem(corpus, tmp_path):
+    """Processes other than the main one wait for its store files to appear (not in a collective,
+    whose timeout a slow conversion could outlast), and give up naming what is missing."""
+    import threading
+
+    chunks, spans = corpus
+    paths = pdata.store_paths(chunks, spans, tmp_path / "store")
+    with pytest.raises(pdata.DataError, match="did not write the data store"):
+        pdata.wait_for_store(paths, timeout_s=0.2, poll_s=0.05)
+    writer = threading.Timer(0.3, pdata.prepare_store, (chunks, spans, tmp_path / "store"))
+    writer.start()
+    pdata.wait_for_store(paths, poll_s=0.05)  # returns once the main process's files are there
+    writer.join()
+    assert pdata.prepare_store(chunks, spans, tmp_path / "store") == paths
+
+
 def test_same_micro_batches_for_one_or_two_processes(corpus, tmp_path, vocab):
     single = _dataset(corpus, tmp_path, vocab, 0, 1, 4)
     ranks = [_dataset(corpus, tmp_path, vocab, r, 2, 4) for r in range(2)]

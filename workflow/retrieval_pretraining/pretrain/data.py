@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -114,6 +115,36 @@ def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoin
             )
 
 
+def store_paths(chunk_paths: Sequence[str | Path], span_paths: Sequence[str | Path] | None,
+                cache_dir: str | Path) -> list[Path]:
+    """The memory-mappable files `prepare_store` writes for these shards, named by their
+    checksums (so a changed shard gets a new file)."""
+    if span_paths is not None and len(span_paths) != len(chunk_paths):
+        raise DataError(f"{len(chunk_paths)} chunk shards but {len(span_paths)} span shards")
+    out = []
+    for i, chunk_path in enumerate(map(Path, chunk_paths)):
+        key = artifacts.sha256_once(chunk_path)[:16]
+        if span_paths is not None:
+            key += "-" + artifacts.sha256_once(span_paths[i])[:16]
+        out.append(Path(cache_dir) / f"{chunk_path.stem}-{key}.arrow")
+    return out
+
+
+def wait_for_store(paths: Sequence[Path], timeout_s: float = 12 * 3600,
+                   poll_s: float = 2.0) -> None:
+    """Wait until every file of the store exists (the main process writes each whole, by
+    rename). The other processes wait here rather than in a collective: converting Wikipedia's
+    ~50 GB on a busy shared filesystem can outlast the process group's timeout. If the main
+    process fails instead, its launcher (torchrun) ends the others."""
+    deadline = time.monotonic() + timeout_s
+    while not all(Path(p).exists() for p in paths):
+        if time.monotonic() > deadline:
+            missing = [str(p) for p in paths if not Path(p).exists()]
+            raise DataError(f"the main process did not write the data store within "
+                            f"{timeout_s / 3600:.0f} h (missing {missing[:3]})")
+        time.sleep(poll_s)
+
+
 def prepare_store(
     chunk_paths: Sequence[str | Path],
     span_paths: Sequence[str | Path] | None,
@@ -122,16 +153,9 @@ def prepare_store(
     """Validate and copy the shards into memory-mappable Arrow IPC files (cached by checksum)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    if span_paths is not None and len(span_paths) != len(chunk_paths):
-        raise DataError(f"{len(chunk_paths)} chunk shards but {len(span_paths)} span shards")
-    out = []
-    for i, chunk_path in enumerate(map(Path, chunk_paths)):
+    out = store_paths(chunk_paths, span_paths, cache_dir)
+    for i, (chunk_path, target) in enumerate(zip(map(Path, chunk_paths), out)):
         span_path = Path(span_paths[i]) if span_paths is not None else None
-        key = artifacts.sha256_once(chunk_path)[:16]
-        if span_path is not None:
-            key += "-" + artifacts.sha256_once(span_path)[:16]
-        target = cache_dir / f"{chunk_path.stem}-{key}.arrow"
-        out.append(target)
         if target.exists():
             continue
         with reading(chunk_path, "a chunks Parquet file"):

@@ -144,9 +144,11 @@ def train(
     # Data: validated and converted once by the main rank, then memory-mapped by every process.
     checksums = pdata.data_checksums(list(chunks) + list(spans or []))
     if env.is_main:
-        pdata.prepare_store(chunks, spans, state_dir / "data")
+        store_paths = pdata.prepare_store(chunks, spans, state_dir / "data")
+    else:
+        store_paths = pdata.store_paths(chunks, spans, state_dir / "data")
+        pdata.wait_for_store(store_paths)
     training.barrier(env)
-    store_paths = pdata.prepare_store(chunks, spans, state_dir / "data")
     accumulation = training.accumulation_steps(tr["global_batch_size"], tr["micro_batch_size"], env.world_size)
     dataset = pdata.MicroBatches(
         store_paths, vocab=vocab, seed=settings["seed"], global_batch_size=tr["global_batch_size"],
