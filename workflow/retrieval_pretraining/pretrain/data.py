@@ -131,7 +131,7 @@ def store_paths(chunk_paths: Sequence[str | Path], span_paths: Sequence[str | Pa
 
 
 def wait_for_store(paths: Sequence[Path], timeout_s: float = 12 * 3600,
-                   poll_s: float = 2.0) -> None:
+                   poll_s: float = 0.5) -> None:
     """Wait until every file of the store exists (the main process writes each whole, by
     rename). The other processes wait here rather than in a collective: converting Wikipedia's
     ~50 GB on a busy shared filesystem can outlast the process group's timeout. If the main
