@@ -16,12 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..training import all_gather_with_grad, fp32_scores
-
-
-def _upcast(x: torch.Tensor) -> torch.Tensor:
-    """Losses run in fp32 (under bf16 autocast too); float64 inputs (tests) stay float64."""
-    return x if x.dtype == torch.float64 else x.float()
+from ..training import all_gather_with_grad, fp32_scores, upcast
 
 
 def _gathering(gather: bool) -> bool:
@@ -31,7 +26,7 @@ def _gathering(gather: bool) -> bool:
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the positions whose label is not -100 (the ignored index)."""
-    return F.cross_entropy(_upcast(logits), labels, ignore_index=-100)
+    return F.cross_entropy(upcast(logits), labels, ignore_index=-100)
 
 
 # ---------------------------------------------------------------- COSTA --------------------------
@@ -106,7 +101,7 @@ def multi_hot(bag_ids: torch.Tensor, bag_mask: torch.Tensor, vocab_size: int) ->
 def reconstruction_loss(logits: torch.Tensor, target: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """Sigmoid multi-label BCE of the input's word set; `sum` over the vocabulary (the set's
     log-likelihood) or `mean` over it, then the mean over texts/views."""
-    logits = _upcast(logits)
+    logits = upcast(logits)
     bce = F.binary_cross_entropy_with_logits(logits, target.to(logits.dtype), reduction="none").sum(dim=1)
     if reduction == "mean":
         bce = bce / logits.shape[1]
@@ -169,7 +164,7 @@ def views_info_nce(similarity: torch.Tensor, temperature: float,
     candidates are all 2M - 1 other views. Mean over the anchors."""
     two_m = similarity.shape[1]
     rows = torch.arange(similarity.shape[0], device=similarity.device) if rows is None else rows
-    logits = _upcast(similarity) / temperature
+    logits = upcast(similarity) / temperature
     self_mask = torch.zeros_like(logits, dtype=torch.bool)
     self_mask[torch.arange(len(rows), device=logits.device), rows] = True
     logits = logits.masked_fill(self_mask, float("-inf"))
@@ -181,7 +176,7 @@ def cpdae_contrastive(logits: torch.Tensor, temperature: float, gather: bool = F
     """CPDAE Eq. 5: sigmoid outputs normalised into word distributions, similarity = -JS divergence,
     InfoNCE over the 2m views of the batch (of every process with `gather`). `stats` receives
     `contrast_pool`, the candidates of each view (2m - 1)."""
-    p = torch.sigmoid(_upcast(logits))
+    p = torch.sigmoid(upcast(logits))
     q = p / p.sum(dim=1, keepdim=True)
     pool, rows = gather_views(q, gather)
     if stats is not None:
@@ -192,7 +187,7 @@ def cpdae_contrastive(logits: torch.Tensor, temperature: float, gather: bool = F
 def dense_contrastive(cls: torch.Tensor, temperature: float, gather: bool = False,
                       stats: dict[str, float] | None = None) -> torch.Tensor:
     """CPDAE_R: the same InfoNCE on the dense [CLS] vectors (cosine similarity, fp32)."""
-    z = F.normalize(_upcast(cls), dim=-1)
+    z = F.normalize(upcast(cls), dim=-1)
     pool, rows = gather_views(z, gather)
     if stats is not None:
         stats["contrast_pool"] = float(pool.shape[0] - 1)
@@ -205,7 +200,7 @@ def bow_loss(logits: torch.Tensor, bag_ids: torch.Tensor, bag_mask: torch.Tensor
     """-log softmax(logits)[id] over each text's unique input ids, averaged over texts: `mean` over
     the bag (softmax cross-entropy against the uniform distribution over the bag: the authors'
     code) or `sum` over it (the paper's sum over the input's tokens, read literally)."""
-    log_prob = _upcast(logits).log_softmax(dim=-1).gather(1, bag_ids)
+    log_prob = upcast(logits).log_softmax(dim=-1).gather(1, bag_ids)
     per_text = -(log_prob * bag_mask).sum(dim=1)
     if reduction == "mean":
         per_text = per_text / bag_mask.sum(dim=1).clamp(min=1)

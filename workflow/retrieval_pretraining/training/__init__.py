@@ -20,8 +20,7 @@ Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
                  host_read (a step's one reduction and read: means, tokens, stop flag), StepRead
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, fp32_scores,
-                 seed_everything,
-                 seed_torch
+                 upcast, seed_everything, seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
     guards       check_finite_step, check_finite_grad_norm, step_if_finite,
                  NonFiniteLossError, NonFiniteGradientError, oom_guard
@@ -73,6 +72,7 @@ from .optim import (
     linear_schedule,
     seed_everything,
     seed_torch,
+    upcast,
 )
 from .state import claim_state, load_state, save_state
 
@@ -80,7 +80,7 @@ __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
     "StepRead", "host_read",
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "fp32_scores",
-    "seed_everything", "seed_torch",
+    "seed_everything", "seed_torch", "upcast",
     "save_state", "load_state", "claim_state",
     "check_finite_grad_norm", "check_finite_step", "step_if_finite",
     "NonFiniteLossError", "NonFiniteGradientError",

@@ -72,13 +72,17 @@ def autocast(device: torch.device, precision: str = "auto") -> contextlib.Abstra
     return contextlib.nullcontext()
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """Losses run in fp32 (under bf16 autocast too); float64 inputs (tests) stay float64."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def fp32_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b.T in fp32 (float64 inputs stay float64), also inside a bf16 autocast region: dot
     products of unnormalised vectors reach the hundreds, where bf16 (8 bits of mantissa) tells
     apart only values 1-2 apart, coarser than a positive's margin over its hard negatives."""
     with torch.autocast(device_type=a.device.type, enabled=False):
-        up = [x if x.dtype == torch.float64 else x.float() for x in (a, b)]
-        return up[0] @ up[1].T
+        return upcast(a) @ upcast(b).T
 
 
 def seed_everything(seed: int) -> None:
