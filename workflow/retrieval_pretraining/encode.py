@@ -246,14 +246,46 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
                            if tokenizer_threads is None else tokenizer_threads, max_len)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="encode-inputs") if threads \
         else contextlib.nullcontext()
+    fits = [batch_size]  # the largest batch known to fit (lowered by an out-of-memory error)
     with pool as executor:  # None: in this thread
         for rows, batch in tqdm(bounded_map(inputs, blocks, executor, in_flight=threads + 1),
                                 total=len(blocks), desc=desc, mininterval=10,
                                 disable=len(texts) <= batch_size):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-                vectors = encode_batch(model, batch, pooling, similarity)
-            out[rows] = vectors.float().cpu().numpy()
+            out[rows] = encode_fitting(model, batch, pooling, similarity, fits)
     return out
+
+
+def encode_fitting(model, batch: dict[str, torch.Tensor], pooling: str, similarity: str,
+                   fits: list[int]) -> np.ndarray:
+    """The batch's vectors (float32, on the host), in pieces of at most `fits[0]` rows; a piece
+    that runs out of GPU memory is halved, and `fits[0]` lowered for the batches after it.
+
+    A configured encode_batch_size sized for an 80 GB card, or a shard of unusually long texts,
+    then costs a slower encoding and a warning, not a failed job (and its GPU-hours). The texts
+    come longest first, so the batches after one that did not fit need no more memory than it.
+    Pieces are encoded as they would be alone: each row's vector is the same up to the
+    arithmetic of a narrower padding."""
+    cuda = next(model.parameters()).is_cuda
+    rows = batch["input_ids"].shape[0]
+    if rows > fits[0]:
+        step = fits[0]  # fixed for this split: a piece that does not fit lowers fits[0] itself
+        return np.concatenate([
+            encode_fitting(model, {k: v[i:i + step] for k, v in batch.items()}, pooling,
+                           similarity, fits) for i in range(0, rows, step)])
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            return encode_batch(model, batch, pooling, similarity).float().cpu().numpy()
+    except torch.OutOfMemoryError:
+        if rows == 1:
+            raise
+    # Outside the handler: the exception's frames (and their activations) are released by now.
+    if cuda:
+        torch.cuda.empty_cache()
+    fits[0] = rows // 2
+    log.warning("out of GPU memory encoding %d texts of %d tokens: encoding at most %d at a "
+                "time from here on (lower encode_batch_size to skip this retry)", rows,
+                batch["input_ids"].shape[1], fits[0])
+    return encode_fitting(model, batch, pooling, similarity, fits)
 
 
 def shard_rows(num_rows: int, shard: int, shards: int) -> tuple[int, int]:
