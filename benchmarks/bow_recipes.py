@@ -29,6 +29,7 @@ sys.path[:0] = [str(ROOT / "workflow"), str(ROOT / "tests")]
 import pretrain_fixtures as fx  # noqa: E402
 from retrieval_pretraining.checkpoints import package_folder  # noqa: E402
 from retrieval_pretraining.pretrain import data as pdata  # noqa: E402
+from retrieval_pretraining.pretrain import store as pstore  # noqa: E402
 from retrieval_pretraining.pretrain import probes  # noqa: E402
 from retrieval_pretraining.pretrain.model import Pretrainer  # noqa: E402
 from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
@@ -74,7 +75,7 @@ def common_probes(settings: dict, out: Path, chunks: list[Path], checkpoint: Pat
     model = Pretrainer(out / "encoder", settings).eval()
     model.load_state_dict(load_file(out / "heads.safetensors"), strict=False)
     vocab = pdata.Vocab.from_tokenizer(AutoTokenizer.from_pretrained(checkpoint))
-    stores = pdata.prepare_store(chunks, None, out / "probe-store")
+    stores = pstore.prepare_store(chunks, None, out / "probe-store")
     dataset = pdata.MicroBatches(stores, vocab=vocab, seed=settings["seed"], global_batch_size=8,
                                  micro_batch_size=8, rank=0, world_size=1, mask_rate=0.15,
                                  whole_word=False, need_bags=True, holdout=holdout)

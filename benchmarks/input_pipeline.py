@@ -6,7 +6,7 @@
 Inputs (no Wikipedia run needed): SciFact abstracts joined six to an article, chunked at 512 tokens
 by the chunk stage's own code (`chunk.chunk_corpus`, paper.yaml's corpus keys), the COSTA span
 index sampled by the span stage (`spans.sample_shard`, paper.yaml's `costa` entry), and both
-copied into the trainer's memory-mapped store (`data.prepare_store`). Each pre-training path is
+copied into the trainer's memory-mapped store (`store.prepare_store`). Each pre-training path is
 `data.MicroBatches` built as the trainer builds it (`data.objective_inputs` of the model's settings,
 resolved from paper.yaml: micro-batch 32, CPDAE's 8; bow with its `code` recipe = 30% whole-word
 masking; retromae 30% whole-word masking) on rank 0 of 8 processes.
@@ -55,6 +55,7 @@ import yaml  # noqa: E402
 
 from retrieval_pretraining import checkpoints, chunk, chunker, spans  # noqa: E402
 from retrieval_pretraining.pretrain import data as pdata  # noqa: E402
+from retrieval_pretraining.pretrain import store as pstore  # noqa: E402
 from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
 from retrieval_pretraining.pretrain.train import loader_options  # noqa: E402
 
@@ -81,9 +82,9 @@ def scifact_docs() -> list[dict]:
     return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").open()]
 
 
-def build_store(tmp: Path, tokenizer_dir: Path, paper: dict) -> tuple[list[Path], dict]:
+def build_store(tmp: Path, tokenizer_dir: Path, paper: dict) -> tuple[list[pstore.StoreFile], dict]:
     """Chunks and the COSTA span index of SciFact (six abstracts an article), as the stages write
-    them, copied into the trainer's store. Returns (store paths, chunk statistics)."""
+    them, copied into the trainer's store. Returns (store files, chunk statistics)."""
     docs = scifact_docs()
     texts = ["\n\n".join(d["title"] + "\n\n" + d["text"] for d in docs[i:i + 6])
              for i in range(0, len(docs), 6)]
@@ -97,19 +98,20 @@ def build_store(tmp: Path, tokenizer_dir: Path, paper: dict) -> tuple[list[Path]
     entry = next(e for e in paper["spans"] if e["name"] == "costa")
     spans.sample_shard(tmp / "chunks.parquet", tokenizer_dir, tmp / "spans.parquet",
                        spans.SpanConfig.from_dict({**entry, "seed": 42}))
-    paths = pdata.prepare_store([tmp / "chunks.parquet"], [tmp / "spans.parquet"], tmp / "store")
+    paths = pstore.prepare_store([tmp / "chunks.parquet"], [tmp / "spans.parquet"], tmp / "store")
     mean = round(totals["tokens"] / totals["chunks"], 1)
     return paths, {"chunks": totals["chunks"], "mean_tokens": mean}
 
 
-def pretrain_dataset(name: str, paper: dict, store_paths: list[Path], vocab) -> pdata.MicroBatches:
+def pretrain_dataset(name: str, paper: dict, store_files: list[pstore.StoreFile],
+                     vocab) -> pdata.MicroBatches:
     section = dict(paper["pretrain"])
     section["models"] = [{"name": name, **PRETRAIN_PATHS[name]}]
     settings = resolve_model(section, name, seed=42)
     tr = settings["trainer"]
     world = 8  # rank 0 of the paper's 8 processes
     dataset = pdata.MicroBatches(
-        store_paths, vocab=vocab, seed=42, micro_batch_size=tr["micro_batch_size"],
+        store_files, vocab=vocab, seed=42, micro_batch_size=tr["micro_batch_size"],
         global_batch_size=tr["micro_batch_size"] * world, rank=0, world_size=world, holdout=32,
         **pdata.objective_inputs(settings))
     dataset.total_steps = 10**6
@@ -250,9 +252,9 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        store_paths, corpus = build_store(tmp, tokenizer_dir, paper)
+        store_files, corpus = build_store(tmp, tokenizer_dir, paper)
         for name in [p for p in args.paths if p in PRETRAIN_PATHS]:
-            dataset = pretrain_dataset(name, paper, store_paths, vocab)
+            dataset = pretrain_dataset(name, paper, store_files, vocab)
             size = dataset.micro_batch_size
             results[name] = one_worker(dataset.__getitem__, size, args.seconds)
             if not args.no_loader:

@@ -412,6 +412,20 @@ def stage_spans(inp: Inputs, scale: int):
         pl.scan_parquet(shard).select(pl.len()).collect().item()
 
 
+STORE_CHUNKS = ("import sys; from retrieval_pretraining.pretrain.store import write_chunk_file; "
+                "write_chunk_file(sys.argv[1], sys.argv[2])")
+
+
+def stage_store(inp: Inputs, scale: int):
+    """Pre-training's data store: one chunk shard converted into its memory-mapped chunk file
+    (what a trainer does per shard; a span file is ~1/20 of it)."""
+    shard = inp.chunks(scale)[0]
+    out = inp.work / f"x{scale}/out/store-0000.arrow"
+    out.unlink(missing_ok=True)
+    return [[PY, "-c", STORE_CHUNKS, shard, out]], \
+        pl.scan_parquet(shard).select(pl.len()).collect().item()
+
+
 def stage_datasets(inp: Inputs, scale: int):
     beir, out = inp.beir(scale), inp.work / f"x{scale}/dataset"
     config = {k: v for k, v in SCIFACT.items() if k != "subset"} | {"path": str(beir)}
@@ -487,6 +501,7 @@ STAGES = {
     "extract": (stage_extract, "dump pages (206 = the shipped sample)"),
     "chunk": (stage_chunk, "articles (2 shards, 128 tokens, 2 processes)"),
     "spans": (stage_spans, "chunks of one shard"),
+    "store": (stage_store, "chunks of one shard"),
     "datasets": (stage_datasets, "corpus documents (+ queries, qrels at the same factor)"),
     "bm25_index": (stage_bm25_index, "documents indexed"),
     "bm25_search": (stage_bm25_search, "documents searched (300 queries fixed)"),
@@ -537,6 +552,7 @@ PAPER = {
     "extract": 14_000_000,  # English Wikipedia pages (~6.7M articles at the sample's 98/206)
     "chunk": 6_700_000,  # articles
     "spans": 190_000,  # chunks of one of paper.yaml's 64 shards (~12M chunks)
+    "store": 190_000,  # the same shard, 128-token chunks here (512 there: ~4x the bytes)
     "datasets": 8_841_823,  # MS MARCO passages
     "bm25_index": 8_841_823,
     "bm25_search": 8_841_823,  # per 300 queries

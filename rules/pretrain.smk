@@ -1,11 +1,13 @@
 # Pre-training: one encoder per `pretrain.models` entry (retrieval_pretraining.pretrain).
 # Trained objectives run `pretrain_model` (resumable: state in results/state/pretrain/{model}/, outside
-# the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, rerun or --retries resumes);
+# the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, rerun or --retries resumes),
+# reading the data store shared by every model (PRETRAIN_DATA, below);
 # objective `none` is the cheap local rule `export_base_encoder`; an entry that reuses another's
 # pre-training (`reuse_pretraining`: it differs only in how it is fine-tuned) copies its outputs.
 # Started by retrieval_pretraining.launch (1 process, torchrun, or srun + torchrun per node): it
 # execs, so SIGTERM/SIGUSR1 reach the trainer (torchrun and srun forward them to the workers).
 import re
+import shutil
 
 # torch-free: resolving settings at parse time must not import torch
 from retrieval_pretraining.pretrain import settings as pretrain_settings_lib
@@ -125,6 +127,17 @@ def data_options(input):
 
 PRETRAIN_CODE = module_source("launch", "pretrain")
 
+# The pre-training data store (retrieval_pretraining/pretrain/store.py): the shards converted into
+# memory-mapped files named by their checksums, one copy for every model (paper.yaml's seven
+# Wikipedia models: ~43 GB once, not seven times). A cache, not a declared output: a file Snakemake
+# remade would rerun every model that reads it. The trainers convert what is missing; a run of the
+# workflow that succeeds deletes it (not a dry run, not the jobs' own Snakemake: --no-hooks).
+PRETRAIN_DATA = "results/state/pretrain-data"
+
+
+onsuccess:
+    shutil.rmtree(PRETRAIN_DATA, ignore_errors=True)
+
 
 rule pretrain_model:
     input:
@@ -163,6 +176,7 @@ rule pretrain_model:
         ),
         data=lambda wc, input: data_options(input),
         state="results/state/pretrain/{model}",
+        store=PRETRAIN_DATA,
     shell:
         "TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 "
         "python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain "
@@ -170,7 +184,7 @@ rule pretrain_model:
         "--config '{params.settings}' "
         "--checkpoint {input.checkpoint} {params.data} "
         "--encoder {output.encoder} --metrics {output.metrics} --plot {output.plot} "
-        "--state {params.state} &> {log}"
+        "--state {params.state} --store {params.store} &> {log}"
 
 
 rule export_base_encoder:

@@ -265,6 +265,16 @@ def test_without_keep_vectors_an_index_s_shards_go_once_it_is_built(project):
     assert not list((project / "results").glob("**/shard-*.ids.parquet"))
 
 
+def test_the_models_read_one_data_store_that_a_successful_run_deletes(project, config):
+    """Every trainer converts into (or reads from) the shared store folder; the run's success
+    deleted it (a cache: the second run above planned nothing for its absence)."""
+    trained = [m["name"] for m in config["pretrain"]["models"] if m["objective"] != "none"]
+    for model in trained:
+        log = (project / f"results/logs/pretrain_model/{model}.log").read_text()
+        assert "data store results/state/pretrain-data:" in log, (model, log[-2000:])
+    assert not (project / "results/state/pretrain-data").exists()
+
+
 def _planned_jobs(output: str) -> list[tuple[str, str]]:
     """(rule, wildcards) of every job a dry run's output plans, from Snakemake's job listing."""
     jobs, rule = [], None

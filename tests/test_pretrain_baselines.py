@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import pretrain_fixtures as fx
 from retrieval_pretraining.pretrain import baselines, probes, views
 from retrieval_pretraining.pretrain import data as pdata
+from retrieval_pretraining.pretrain import store as pstore
 from retrieval_pretraining.pretrain.model import Pretrainer
 
 torch.set_num_threads(1)
@@ -198,7 +199,7 @@ def test_decoder_rows_never_see_themselves_always_see_cls_and_hide_the_rate():
 
 def test_collated_segments_and_decoder_inputs(tmp_path):
     chunks, _ = fx.build_corpus(tmp_path / "corpus", docs=12)
-    store = pdata.prepare_store(chunks, None, tmp_path / "store")
+    store = pstore.prepare_store(chunks, None, tmp_path / "store")
     vocab = pdata.Vocab.from_tokenizer(fx.tokenizer())
     common = dict(vocab=vocab, seed=3, global_batch_size=4, micro_batch_size=4, rank=0, world_size=1,
                   mask_rate=0.3, whole_word=True)

@@ -1,6 +1,8 @@
 """Chunk/span shards -> micro-batches: contract checks on bad inputs, deterministic order, the same
 micro-batches for any number of processes, padding."""
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -10,6 +12,7 @@ import torch
 from pretrain_fixtures import SPAN_SCHEMA, build_corpus, tokenizer
 from retrieval_pretraining import artifacts, wordpiece
 from retrieval_pretraining.pretrain import data as pdata
+from retrieval_pretraining.pretrain import store as pstore
 
 
 @pytest.fixture(scope="module")
@@ -31,29 +34,67 @@ def _rewrite_spans(path, out, edit):
 
 def test_valid_shards_pass_and_spans_are_kept(corpus, tmp_path):
     chunks, spans = corpus
-    store = pdata.ChunkStore(pdata.prepare_store(chunks, spans, tmp_path))
+    store = pstore.ChunkStore(pstore.prepare_store(chunks, spans, tmp_path))
     expected = sum(pq.read_metadata(p).num_rows for p in chunks)
     assert len(store) == expected and store.has_spans
     first = pq.read_table(spans[0]).to_pylist()[0]
     assert store.get("span_start", 0).tolist() == first["span_start"]
 
 
-def test_store_reads_every_row_of_every_file_without_copying(corpus, tmp_path):
+def test_store_reads_every_row_of_every_file_without_copying(corpus, tmp_path, monkeypatch):
     chunks, spans = corpus
-    paths = pdata.prepare_store(chunks, spans, tmp_path)
+    monkeypatch.setattr(pstore, "BATCH_ROWS", 7)  # files of several record batches, as at scale
+    paths = pstore.prepare_store(chunks, spans, tmp_path)
     allocated = pa.total_allocated_bytes()
-    store = pdata.ChunkStore(paths)
+    store = pstore.ChunkStore(paths)
     # Views on the memory-mapped files: no Arrow buffer was allocated (concatenating would copy all).
     # <=, not ==: an earlier test's buffers may be freed meanwhile (the pool counts every live one).
     assert pa.total_allocated_bytes() <= allocated
     rows = [r | s for c, sp in zip(chunks, spans)
             for r, s in zip(pq.read_table(c).to_pylist(), pq.read_table(sp).to_pylist())]
-    assert len(store) == len(rows) and len(chunks) == 2
+    assert len(store) == len(rows) and len(chunks) == 2 and len(store._chunks.starts) > 4
     assert store.chunk_ids(np.arange(len(rows))[::-1]).tolist() == [r["chunk_id"] for r in rows[::-1]]
     for i, row in enumerate(rows):  # global row i = file order, then row order
         for name in ("input_ids", "word_starts", "span_start", "span_end", "granularity"):
             assert store.get(name, i).tolist() == row[name], (i, name)
     assert store.max_spans == max(len(r["span_start"]) for r in rows)
+
+
+def test_models_on_one_corpus_share_its_chunk_files_and_a_span_set_adds_only_spans(corpus,
+                                                                                     tmp_path):
+    """A store with spans and one without, in one folder: the same chunk files (so the paper's
+    seven models on Wikipedia convert its chunks once), and span files a fraction of their size."""
+    chunks, spans = corpus
+    with_spans = pstore.prepare_store(chunks, spans, tmp_path)
+    without = pstore.prepare_store(chunks, None, tmp_path)
+    assert [f.chunks for f in with_spans] == [f.chunks for f in without]
+    assert all(f.spans is None for f in without) and len(list(tmp_path.iterdir())) == 4
+    for file in with_spans:
+        assert file.spans.stat().st_size < file.chunks.stat().st_size / 2
+    assert pstore.ChunkStore(without).get("input_ids", 5).tolist() == \
+        pstore.ChunkStore(with_spans).get("input_ids", 5).tolist()
+    with pytest.raises(pdata.DataError, match="no span files"):
+        pstore.ChunkStore(without).get("span_start", 0)
+
+
+def test_a_job_s_processes_split_the_conversion_and_wait_for_each_other(corpus, tmp_path,
+                                                                         monkeypatch):
+    """prepare_store's `share`: each of a job's processes converts its part of the files, no file
+    twice; each then finds the others' files with wait_for_store."""
+    chunks, spans = corpus
+    written = []
+    for name in ("write_chunk_file", "write_span_file"):
+        original = getattr(pstore, name)
+        monkeypatch.setattr(pstore, name, lambda *a, _f=original: written.append(Path(a[-1]))
+                            or _f(*a))
+    first = pstore.prepare_store(chunks, spans, tmp_path, share=(0, 2))
+    assert len(written) == 2  # of the 4 files (2 chunk files, 2 span files)
+    with pytest.raises(pdata.DataError, match="was not written within"):
+        pstore.wait_for_store(first, timeout_s=0.1, poll_s=0.02)
+    assert pstore.prepare_store(chunks, spans, tmp_path, share=(1, 2)) == first
+    pstore.wait_for_store(first, timeout_s=1)
+    assert sorted(written) == sorted(p for f in first for p in f.paths())
+    assert pstore.prepare_store(chunks, spans, tmp_path) == first and len(written) == 4
 
 
 def test_span_outside_its_chunk_is_rejected_naming_row(corpus, tmp_path):
@@ -64,7 +105,7 @@ def test_span_outside_its_chunk_is_rejected_naming_row(corpus, tmp_path):
 
     bad = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet", break_row_3)
     with pytest.raises(pdata.DataError, match=r"row 3 .*outside the chunk"):
-        pdata.prepare_store(chunks[:1], [bad], tmp_path / "cache")
+        pstore.prepare_store(chunks[:1], [bad], tmp_path / "cache")
 
 
 def test_span_covering_cls_is_rejected(corpus, tmp_path):
@@ -75,14 +116,14 @@ def test_span_covering_cls_is_rejected(corpus, tmp_path):
 
     bad = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet", cover_cls)
     with pytest.raises(pdata.DataError, match="row 0"):
-        pdata.prepare_store(chunks[:1], [bad], tmp_path / "cache")
+        pstore.prepare_store(chunks[:1], [bad], tmp_path / "cache")
 
 
 def test_span_index_of_other_chunks_is_rejected(corpus, tmp_path):
     chunks, spans = corpus
     # Shard 1's span index paired with shard 0's chunks: chunk ids differ.
     with pytest.raises(pdata.DataError, match="does not match chunk shard"):
-        pdata.prepare_store(chunks[:1], spans[1:], tmp_path)
+        pstore.prepare_store(chunks[:1], spans[1:], tmp_path)
 
 
 def test_span_manifest_checksum_mismatch_is_rejected(corpus, tmp_path):
@@ -95,7 +136,7 @@ def test_span_manifest_checksum_mismatch_is_rejected(corpus, tmp_path):
     manifest["inputs"]["chunks"]["sha256"] = "0" * 64
     artifacts.write_json(artifacts.manifest_path(span_copy), manifest)
     with pytest.raises(pdata.DataError, match="different shard-0000.parquet"):
-        pdata.prepare_store(chunks[:1], [span_copy], tmp_path / "cache")
+        pstore.prepare_store(chunks[:1], [span_copy], tmp_path / "cache")
 
 
 def test_chunks_of_another_vocabulary_are_rejected(corpus, tmp_path):
@@ -120,7 +161,7 @@ def test_chunks_of_another_vocabulary_are_rejected(corpus, tmp_path):
 
 def _dataset(corpus, cache, vocab, rank, world, micro, **kw):
     chunks, spans = corpus
-    ds = pdata.MicroBatches(pdata.prepare_store(chunks, spans, cache), vocab=vocab, seed=3,
+    ds = pdata.MicroBatches(pstore.prepare_store(chunks, spans, cache), vocab=vocab, seed=3,
                             global_batch_size=8, micro_batch_size=micro, rank=rank, world_size=world,
                             mask_rate=0.15, whole_word=False, need_spans=True, need_bags=True, **kw)
     ds.total_steps = 2 * ds.steps_per_epoch + 1  # crosses two epoch boundaries
@@ -135,30 +176,29 @@ def test_a_worker_that_is_not_forked_receives_the_store_s_paths_not_its_pages(co
 
     ds = _dataset(corpus, tmp_path, vocab, 0, 1, 4)
     assert len(ds.store) > 0  # the parent opened it (the trainer does, for its counts)
-    columns = sum(values.nbytes for name in ds.store._cols
-                  for _, values in ds.store._cols[name])
     payload = pickle.dumps(ds)
-    assert len(payload) < columns / 4, (len(payload), columns)
+    assert len(payload) < ds.store.nbytes / 4, (len(payload), ds.store.nbytes)
     worker = pickle.loads(payload)
     for k in (0, 3, len(ds) - 1):
         for key, value in ds[k].items():
             assert torch.equal(worker[k][key], value), (k, key)
 
 
-def test_the_other_processes_wait_for_the_store_on_the_filesystem(corpus, tmp_path):
-    """Processes other than the main one wait for its store files to appear (not in a collective,
-    whose timeout a slow conversion could outlast), and give up naming what is missing."""
+def test_a_process_waits_for_files_another_writes_on_the_filesystem(corpus, tmp_path):
+    """A process waits for store files another process (or job) converts to appear (not in a
+    collective, whose timeout a slow conversion could outlast), and gives up naming what is
+    missing."""
     import threading
 
     chunks, spans = corpus
-    paths = pdata.store_paths(chunks, spans, tmp_path / "store")
-    with pytest.raises(pdata.DataError, match="did not write the data store"):
-        pdata.wait_for_store(paths, timeout_s=0.2, poll_s=0.05)
-    writer = threading.Timer(0.3, pdata.prepare_store, (chunks, spans, tmp_path / "store"))
+    paths = pstore.store_paths(chunks, spans, tmp_path / "store")
+    with pytest.raises(pdata.DataError, match=r"not written within .*missing .*shard-0000-"):
+        pstore.wait_for_store(paths, timeout_s=0.2, poll_s=0.05)
+    writer = threading.Timer(0.3, pstore.prepare_store, (chunks, spans, tmp_path / "store"))
     writer.start()
-    pdata.wait_for_store(paths, poll_s=0.05)  # returns once the main process's files are there
+    pstore.wait_for_store(paths, poll_s=0.05)  # returns once the other's files are there
     writer.join()
-    assert pdata.prepare_store(chunks, spans, tmp_path / "store") == paths
+    assert pstore.prepare_store(chunks, spans, tmp_path / "store") == paths
 
 
 def test_same_micro_batches_for_one_or_two_processes(corpus, tmp_path, vocab):

@@ -135,9 +135,10 @@ def test_a_zeroed_loss_leaves_the_probes_where_they_started(objective, setup, tm
 
 def test_held_out_chunks_are_never_trained_on(setup, tmp_path):
     from retrieval_pretraining.pretrain import data as pdata
+    from retrieval_pretraining.pretrain import store as pstore
 
     checkpoint, chunks, _ = setup
-    store = pdata.prepare_store(chunks, None, tmp_path / "store")
+    store = pstore.prepare_store(chunks, None, tmp_path / "store")
     tokenizer = fx.tokenizer()
     dataset = pdata.MicroBatches(store, vocab=pdata.Vocab.from_tokenizer(tokenizer), seed=7,
                                  global_batch_size=8, micro_batch_size=4, rank=0, world_size=1,

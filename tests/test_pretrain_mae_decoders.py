@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import pretrain_fixtures as fx
 from retrieval_pretraining.pretrain import data as pdata
+from retrieval_pretraining.pretrain import store as pstore
 from retrieval_pretraining.pretrain import mae_decoders, probes
 from retrieval_pretraining.pretrain.model import Pretrainer
 
@@ -127,7 +128,7 @@ def test_next_token_labels_shift_by_one_and_ignore_padding():
 
 def test_the_auto_encoding_copy_is_masked_on_its_own_draw(tmp_path):
     chunks, _ = fx.build_corpus(tmp_path / "corpus", docs=12)
-    store = pdata.prepare_store(chunks, None, tmp_path / "store")
+    store = pstore.prepare_store(chunks, None, tmp_path / "store")
     vocab = pdata.Vocab.from_tokenizer(fx.tokenizer())
     data = pdata.MicroBatches(store, vocab=vocab, seed=3, global_batch_size=4, micro_batch_size=4,
                               rank=0, world_size=1, mask_rate=0.3, whole_word=False, copy_mask_rate=0.5)

@@ -8,6 +8,7 @@ import torch
 
 from pretrain_fixtures import build_corpus, tokenizer
 from retrieval_pretraining.pretrain import data as pdata
+from retrieval_pretraining.pretrain import store as pstore
 from retrieval_pretraining.pretrain import mixture
 
 
@@ -18,7 +19,7 @@ def two_corpora(tmp_path_factory):
     a, _ = build_corpus(root / "a", docs=40, max_len=48)
     b, _ = build_corpus(root / "b", docs=8, max_len=40)
     cache = root / "cache"
-    return pdata.prepare_store(a, None, cache), pdata.prepare_store(b, None, cache)
+    return pstore.prepare_store(a, None, cache), pstore.prepare_store(b, None, cache)
 
 
 def loader(two_corpora, proportions=(0.75, 0.25), seed=3, **changes):

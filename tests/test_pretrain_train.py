@@ -74,6 +74,39 @@ def test_a_trainer_start_reads_each_shard_once_to_hash_it(setup, tmp_path, monke
     assert sorted(name for name in hashed if name in shards) == sorted(shards)
 
 
+def test_a_model_on_a_store_another_model_made_converts_nothing_and_trains_the_same(
+        setup, tmp_path, monkeypatch):
+    """The workflow's models share one store folder (--store): after COSTA has converted the
+    chunks (and its spans) there, an MLM trainer converts nothing and trains step for step as an
+    MLM trainer with a store of its own."""
+    from retrieval_pretraining.pretrain import store as pstore
+
+    checkpoint, chunks, spans = setup
+    written = []
+    for name in ("write_chunk_file", "write_span_file"):
+        original = getattr(pstore, name)
+        monkeypatch.setattr(pstore, name, lambda *a, _f=original: written.append(Path(a[-1]).name)
+                            or _f(*a))
+
+    def run(objective, out, store):
+        return train(fx.model_settings(objective, max_steps=2), chunks=chunks,
+                     spans=spans if objective == "costa" else None, checkpoint=checkpoint,
+                     encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
+                     plot_out=out / "loss.png", state_dir=out / "state", store_dir=store)
+
+    shared = tmp_path / "pretrain-data"
+    assert run("costa", tmp_path / "costa", shared) == 0
+    assert len(written) == 2 * len(chunks) and len(list(shared.iterdir())) == 2 * len(chunks)
+    assert run("mlm", tmp_path / "mlm", shared) == 0
+    assert len(written) == 2 * len(chunks)  # nothing converted for MLM
+    assert _run(fx.model_settings("mlm", max_steps=2), setup, tmp_path / "own")[0] == 0
+    assert len(written) == 3 * len(chunks)  # its own store: the chunk files again
+    same = (tmp_path / "mlm" / "metrics.jsonl").read_text().splitlines()
+    own = (tmp_path / "own" / "metrics.jsonl").read_text().splitlines()
+    assert _untimed(map(json.loads, same)) == _untimed(map(json.loads, own))
+    _assert_same_weights(_weights(tmp_path / "mlm"), _weights(tmp_path / "own"), atol=0)
+
+
 def test_export_loads_with_automodel_and_encodes(setup, tmp_path):
     checkpoint = setup[0]
     code, _ = _run(fx.model_settings("costa", max_steps=3), setup, tmp_path)

@@ -4,7 +4,8 @@
         --checkpoint results/checkpoints/X --chunks shard-0000.parquet ... [--spans ...] \
         [--chunks <a second corpus's shards> [--spans ...]] [--init-heads heads.safetensors] \
         --encoder results/pretrain/M/encoder --metrics .../metrics.jsonl --plot .../loss.png \
-        --state results/state/pretrain/M [--retrieval '{"pooling": "mean", ...}']
+        --state results/state/pretrain/M [--store results/state/pretrain-data] \
+        [--retrieval '{"pooling": "mean", ...}']
 Multi-GPU / multi-node: launch the same command under `torchrun`.
 Exit status 75 = stopped by SIGTERM/SIGUSR1 after saving state; rerun to resume.
 """
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, required=True, help="output metrics .jsonl")
     parser.add_argument("--plot", type=Path, required=True, help="output loss curve .png")
     parser.add_argument("--state", type=Path, help="resume state folder (outside declared outputs)")
+    parser.add_argument("--store", type=Path,
+                        help="data store folder shared by the models (pretrain/store.py; "
+                             "default: <state>/data)")
     parser.add_argument("--retrieval", type=json.loads, default=None,
                         help="how the encoder is to be used, as JSON (pooling, similarity, q_len, "
                              "p_len): written into its sentence-transformers files and card "
@@ -65,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     return train(settings, chunks=chunks if len(chunks) > 1 else chunks[0],
                  spans=spans if spans is None or len(spans) > 1 else spans[0],
                  checkpoint=args.checkpoint, encoder_out=args.encoder, metrics_out=args.metrics,
-                 plot_out=args.plot, state_dir=args.state, init_heads=args.init_heads,
-                 retrieval=retrieval)
+                 plot_out=args.plot, state_dir=args.state, store_dir=args.store,
+                 init_heads=args.init_heads, retrieval=retrieval)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,6 @@
-"""From chunk (+ span) shards to masked, dynamically padded micro-batches.
+"""From the data store (store.py: chunk and span shards, checked and memory-mapped) to masked,
+dynamically padded micro-batches.
 
-* `prepare_store` checks every span shard against its chunk shard (same chunk ids row by row, the
-  chunk shard's checksum as recorded in the span manifest, every span inside its chunk) and copies
-  the needed columns into uncompressed Arrow IPC files under the run's state folder; `ChunkStore`
-  memory-maps them, so DataLoader workers share pages instead of each decoding Parquet.
 * The data order is a permutation drawn from (seed, epoch); step s takes the s-th global batch
   of that order and splits it into micro-batches in a fixed way, micro-batch j going to rank
   j % world_size. The set of micro-batches is therefore the same for any number of processes.
@@ -20,80 +17,23 @@
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
 from .. import artifacts
-from ..errors import reading
 from ..wordpiece import tokens_by_id, vocab_sha256
 from . import views as cuts
 from .masking import Vocab, bag_of_ids, mask_tokens, with_positions  # noqa: F401 (also data.Vocab etc.)
 from .mixture import DataError, quotas
+from .store import ChunkStore, StoreFile
 
 log = logging.getLogger(__name__)
 
-CHUNK_COLUMNS = ("chunk_id", "input_ids", "word_starts")
-SPAN_COLUMNS = ("span_start", "span_end", "granularity")
 
-
-# ---------------------------------------------------------------- validation + store ------------
-def _flat(column: pa.ChunkedArray | pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, values) of a list<int> column; zero-copy for a plain (not chunked) array."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False)
-
-
-def check_spans(chunks: pa.Table, spans: pa.Table, chunk_path: Path, span_path: Path) -> None:
-    """Raise DataError unless `spans` describes exactly the chunks of `chunks`, each span inside it."""
-    if spans.num_rows != chunks.num_rows or not spans["chunk_id"].equals(chunks["chunk_id"]):
-        ours = chunks["chunk_id"].to_numpy()
-        theirs = spans["chunk_id"].to_numpy()
-        n = min(len(ours), len(theirs))
-        bad = np.flatnonzero(ours[:n] != theirs[:n])
-        row = int(bad[0]) if len(bad) else n
-        raise DataError(
-            f"span index {span_path} does not match chunk shard {chunk_path}: {spans.num_rows} vs "
-            f"{chunks.num_rows} rows, first differing chunk_id at row {row}; rebuild the span index "
-            "from these chunks (rule sample_spans)"
-        )
-    manifest = artifacts.manifest_path(span_path)
-    if manifest.exists():
-        recorded = [
-            entry.get("sha256") for entry in artifacts.read_json(manifest).get("inputs", {}).values()
-            if Path(entry.get("path", "")).name == chunk_path.name and entry.get("sha256")
-        ]
-        actual = artifacts.sha256_once(chunk_path)
-        if recorded and actual not in recorded:
-            raise DataError(
-                f"span index {span_path} was sampled from a different {chunk_path.name} (manifest "
-                f"sha256 {recorded[0][:12]}..., file {actual[:12]}...); rebuild the span index"
-            )
-    lengths = pc.list_value_length(chunks["input_ids"]).to_numpy()
-    s_off, starts = _flat(spans["span_start"])
-    e_off, ends = _flat(spans["span_end"])
-    g_off, _ = _flat(spans["granularity"])
-    if not (np.array_equal(s_off, e_off) and np.array_equal(s_off, g_off)):
-        raise DataError(f"{span_path}: span_start, span_end and granularity lists differ in length")
-    owner = np.repeat(np.arange(len(lengths)), np.diff(s_off))
-    # Valid spans cover tokens strictly between [CLS] (position 0) and the final [SEP].
-    bad = np.flatnonzero((starts < 1) | (ends <= starts) | (ends > lengths[owner] - 1))
-    if len(bad):
-        i = int(bad[0])
-        row = int(owner[i])
-        raise DataError(
-            f"{span_path} row {row} (chunk_id {chunks['chunk_id'][row].as_py()}): span "
-            f"[{starts[i]}, {ends[i]}) lies outside the chunk's tokens [1, {lengths[row] - 1}) "
-            f"({len(bad)} bad spans in the file); rebuild the span index from these chunks"
-        )
-
-
+# ---------------------------------------------------------------- validation ------------------
 def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoint: Path) -> None:
     """Raise DataError if the chunks were tokenised with another vocabulary than the model's.
 
@@ -113,113 +53,6 @@ def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoin
                 f"{ours[:12]}...: set corpus.checkpoint and pretrain.checkpoint to checkpoints "
                 "with the same tokenizer"
             )
-
-
-def store_paths(chunk_paths: Sequence[str | Path], span_paths: Sequence[str | Path] | None,
-                cache_dir: str | Path) -> list[Path]:
-    """The memory-mappable files `prepare_store` writes for these shards, named by their
-    checksums (so a changed shard gets a new file)."""
-    if span_paths is not None and len(span_paths) != len(chunk_paths):
-        raise DataError(f"{len(chunk_paths)} chunk shards but {len(span_paths)} span shards")
-    out = []
-    for i, chunk_path in enumerate(map(Path, chunk_paths)):
-        key = artifacts.sha256_once(chunk_path)[:16]
-        if span_paths is not None:
-            key += "-" + artifacts.sha256_once(span_paths[i])[:16]
-        out.append(Path(cache_dir) / f"{chunk_path.stem}-{key}.arrow")
-    return out
-
-
-def wait_for_store(paths: Sequence[Path], timeout_s: float = 12 * 3600,
-                   poll_s: float = 0.5) -> None:
-    """Wait until every file of the store exists (the main process writes each whole, by
-    rename). The other processes wait here rather than in a collective: converting Wikipedia's
-    ~50 GB on a busy shared filesystem can outlast the process group's timeout. If the main
-    process fails instead, its launcher (torchrun) ends the others."""
-    deadline = time.monotonic() + timeout_s
-    while not all(Path(p).exists() for p in paths):
-        if time.monotonic() > deadline:
-            missing = [str(p) for p in paths if not Path(p).exists()]
-            raise DataError(f"the main process did not write the data store within "
-                            f"{timeout_s / 3600:.0f} h (missing {missing[:3]})")
-        time.sleep(poll_s)
-
-
-def prepare_store(
-    chunk_paths: Sequence[str | Path],
-    span_paths: Sequence[str | Path] | None,
-    cache_dir: str | Path,
-) -> list[Path]:
-    """Validate and copy the shards into memory-mappable Arrow IPC files (cached by checksum)."""
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    out = store_paths(chunk_paths, span_paths, cache_dir)
-    for i, (chunk_path, target) in enumerate(zip(map(Path, chunk_paths), out)):
-        span_path = Path(span_paths[i]) if span_paths is not None else None
-        if target.exists():
-            continue
-        with reading(chunk_path, "a chunks Parquet file"):
-            chunks = pq.read_table(chunk_path, columns=list(CHUNK_COLUMNS), memory_map=True)
-        if span_path is not None:
-            with reading(span_path, "a span index Parquet file"):
-                spans = pq.read_table(span_path, columns=["chunk_id", *SPAN_COLUMNS],
-                                      memory_map=True)
-            check_spans(chunks, spans, chunk_path, span_path)
-            for name in SPAN_COLUMNS:
-                chunks = chunks.append_column(name, spans[name])
-        table = chunks.combine_chunks()
-        with artifacts.atomic_path(target) as tmp:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
-    return out
-
-
-class ChunkStore:
-    """Random access to rows of the memory-mapped IPC files, as numpy views; nothing is copied.
-
-    Each record batch of each file stays where it is mapped (a part); a global row (file order,
-    then row order, as if the files were concatenated) is found through the parts' cumulative row
-    counts. Concatenating them instead would copy the whole corpus into every worker's memory.
-    """
-
-    def __init__(self, paths: Sequence[Path]):
-        readers = [pa.ipc.open_file(pa.memory_map(str(p))) for p in paths]
-        parts = [r.get_batch(i) for r in readers for i in range(r.num_record_batches)]
-        parts = [part for part in parts if part.num_rows]
-        self.file_rows = [sum(r.get_batch(i).num_rows for i in range(r.num_record_batches))
-                          for r in readers]
-        if not parts:
-            raise DataError(f"no chunks in {list(map(str, paths))}")
-        self.has_spans = all("span_start" in r.schema.names for r in readers)
-        names = CHUNK_COLUMNS[1:] + (SPAN_COLUMNS if self.has_spans else ())
-        # starts[k] = global row of part k's first row; starts[-1] = number of rows.
-        self._starts = np.cumsum([0] + [part.num_rows for part in parts])
-        self._chunk_ids = [part.column("chunk_id").to_numpy() for part in parts]
-        self._cols = {name: [_flat(part.column(name)) for part in parts] for name in names}
-        self.max_spans = max(
-            int(np.diff(offsets).max()) for offsets, _ in self._cols["span_start"]
-        ) if self.has_spans else 0
-
-    def __len__(self) -> int:
-        return int(self._starts[-1])
-
-    def _locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(part, row within the part) of each global row."""
-        part = np.searchsorted(self._starts, rows, side="right") - 1
-        return part, rows - self._starts[part]
-
-    def all_chunk_ids(self) -> np.ndarray:
-        """The chunk id of every row, in row order."""
-        return np.concatenate(self._chunk_ids)
-
-    def chunk_ids(self, rows: np.ndarray) -> np.ndarray:
-        part, local = self._locate(np.asarray(rows, dtype=np.int64))
-        return np.array([self._chunk_ids[p][r] for p, r in zip(part, local)], dtype=np.int64)
-
-    def get(self, name: str, row: int) -> np.ndarray:
-        part, local = self._locate(np.int64(row))
-        offsets, values = self._cols[name][int(part)]
-        return values[offsets[local]:offsets[local + 1]]
 
 
 def objective_inputs(settings: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +97,7 @@ class MicroBatches(torch.utils.data.Dataset):
     """
 
     def __init__(
-        self, store_paths: Sequence[Path], *, vocab: Vocab, seed: int, global_batch_size: int,
+        self, store_files: Sequence[StoreFile], *, vocab: Vocab, seed: int, global_batch_size: int,
         micro_batch_size: int, rank: int, world_size: int, mask_rate: float, whole_word: bool,
         views: int = 1, need_spans: bool = False, need_bags: bool = False,
         need_original: bool = False, holdout: int = 0,
@@ -272,9 +105,9 @@ class MicroBatches(torch.utils.data.Dataset):
         segment_pairs: bool = False, span_tokens: int | None = None,
         decoder_mask_rate: float | None = None, copy_mask_rate: float | None = None,
     ):
-        """`store_paths` of one corpus, or of several in turn: `corpus_files` says how many files
-        each has, `proportions` its share of every global batch (a mixture)."""
-        self.store_paths = list(store_paths)
+        """`store_files` (one per shard) of one corpus, or of several in turn: `corpus_files` says
+        how many shards each has, `proportions` its share of every global batch (a mixture)."""
+        self.store_files = list(store_files)
         self._store: ChunkStore | None = None
         self.vocab, self.seed = vocab, seed
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
@@ -291,10 +124,10 @@ class MicroBatches(torch.utils.data.Dataset):
         if holdout >= n:
             raise DataError(f"trainer.probe_chunks {holdout} leaves none of the {n} chunks to "
                             "train on; lower it")
-        files = list(corpus_files) if corpus_files else [len(self.store_paths)]
-        if sum(files) != len(self.store_paths) or (proportions is not None
+        files = list(corpus_files) if corpus_files else [len(self.store_files)]
+        if sum(files) != len(self.store_files) or (proportions is not None
                                                   and len(proportions) != len(files)):
-            raise DataError(f"{len(self.store_paths)} files for corpora of {files} files and "
+            raise DataError(f"{len(self.store_files)} files for corpora of {files} files and "
                             f"proportions {proportions}")
         rows = np.cumsum([0] + self.store.file_rows)
         # bounds[c]..bounds[c + 1]: corpus c's store rows.
@@ -325,7 +158,7 @@ class MicroBatches(torch.utils.data.Dataset):
     def store(self) -> ChunkStore:
         # Opened lazily so that each DataLoader worker maps the files itself.
         if self._store is None:
-            self._store = ChunkStore(self.store_paths)
+            self._store = ChunkStore(self.store_files)
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:

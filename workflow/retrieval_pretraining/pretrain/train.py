@@ -25,6 +25,7 @@ from ..model_folder import check_safetensors
 from ..retrieval_settings import RetrievalSettings
 from . import data as pdata
 from . import mixture, probes
+from . import store as pstore
 from .model import Pretrainer
 
 log = logging.getLogger(__name__)
@@ -122,11 +123,14 @@ def train(
     settings: dict[str, Any], *, chunks: Sequence, spans: Sequence | None,
     checkpoint: Path, encoder_out: Path, metrics_out: Path, plot_out: Path, state_dir: Path,
     init_heads: Path | None = None, retrieval: RetrievalSettings | None = None,
+    store_dir: Path | None = None,
 ) -> int:
     """Train (or resume) one model; returns 0 when exported, RESUME_EXIT_CODE when stopped by a signal.
 
     `chunks` (and `spans`): the shards of one corpus, or one list per corpus of the settings'
-    `corpora` (a mixture). `init_heads`: the heads of the model `checkpoint` was exported from."""
+    `corpora` (a mixture). `store_dir`: the data store folder, shared with the other models
+    (store.py; default: `state_dir`/data). `init_heads`: the heads of the model `checkpoint` was
+    exported from."""
     tr, objective = settings["trainer"], settings["objective"]
     if tr.get("tensorboard"):
         training.require_tensorboard()  # on every rank, before any work: a clear error, no hang
@@ -141,17 +145,16 @@ def train(
     vocab = pdata.Vocab.from_tokenizer(tokenizer)
     pdata.check_tokenizer(chunks, tokenizer, checkpoint)
 
-    # Data: validated and converted once by the main rank, then memory-mapped by every process.
+    # Data: converted into the shared store by this job's processes between them (those another
+    # job has converted are kept), then memory-mapped by every process.
     checksums = pdata.data_checksums(list(chunks) + list(spans or []))
-    if env.is_main:
-        store_paths = pdata.prepare_store(chunks, spans, state_dir / "data")
-    else:
-        store_paths = pdata.store_paths(chunks, spans, state_dir / "data")
-        pdata.wait_for_store(store_paths)
+    store_files = pstore.prepare_store(chunks, spans, store_dir or state_dir / "data",
+                                       share=(env.rank, env.world_size))
+    pstore.wait_for_store(store_files)
     training.barrier(env)
     accumulation = training.accumulation_steps(tr["global_batch_size"], tr["micro_batch_size"], env.world_size)
     dataset = pdata.MicroBatches(
-        store_paths, vocab=vocab, seed=settings["seed"], global_batch_size=tr["global_batch_size"],
+        store_files, vocab=vocab, seed=settings["seed"], global_batch_size=tr["global_batch_size"],
         micro_batch_size=tr["micro_batch_size"], rank=env.rank, world_size=env.world_size,
         holdout=tr["probe_chunks"], corpus_files=[len(g) for g in groups] if mixed else None,
         proportions=mixed, **pdata.objective_inputs(settings),

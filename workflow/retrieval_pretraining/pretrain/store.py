@@ -1,0 +1,280 @@
+"""The pre-training data store: chunk (+ span) shards, checked and copied into uncompressed Arrow
+IPC files that every process memory-maps (DataLoader workers share pages instead of each decoding
+Parquet).
+
+One *chunk file* per chunk shard holds what every objective reads (chunk_id, input_ids,
+word_starts); one *span file* per span shard holds the span columns alone, checked against its
+chunk shard (same chunk ids row by row, the chunk shard's checksum as recorded in the span
+manifest, every span inside its chunk). Files are named by the checksums of their shards, so one
+folder serves every model: in the workflow `results/state/pretrain-data/`, where the paper's seven
+Wikipedia models read one copy of its chunks and each COSTA span ablation adds only its span files
+(about a twentieth of a chunk file). The folder is a cache outside Snakemake's outputs: files
+appear whole (by rename), a changed shard gets new files, and deleting it costs a conversion
+(rules/pretrain.smk deletes it when a workflow run succeeds).
+
+The processes of a job convert the missing files between them (`prepare_store`'s `share`), then
+wait for the rest (`wait_for_store`): another job may be converting them at the same time, which
+costs only the duplicate work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .. import artifacts
+from ..errors import reading
+from .mixture import DataError
+
+log = logging.getLogger(__name__)
+CHUNK_COLUMNS = ("chunk_id", "input_ids", "word_starts")
+SPAN_COLUMNS = ("span_start", "span_end", "granularity")
+
+
+@dataclass(frozen=True)
+class StoreFile:
+    """The store files of one shard: its chunk file and, for COSTA, its span file."""
+
+    chunks: Path
+    spans: Path | None = None
+
+    def paths(self) -> list[Path]:
+        return [self.chunks] + ([self.spans] if self.spans is not None else [])
+
+
+# ---------------------------------------------------------------- validation ----------------------
+def _flat(column: pa.ChunkedArray | pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) of a list<int> column; zero-copy for a plain (not chunked) array."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False)
+
+
+def check_spans(chunks: pa.Table, spans: pa.Table, chunk_path: Path, span_path: Path) -> None:
+    """Raise DataError unless `spans` describes exactly the chunks of `chunks`, each span inside it."""
+    if spans.num_rows != chunks.num_rows or not spans["chunk_id"].equals(chunks["chunk_id"]):
+        ours = chunks["chunk_id"].to_numpy()
+        theirs = spans["chunk_id"].to_numpy()
+        n = min(len(ours), len(theirs))
+        bad = np.flatnonzero(ours[:n] != theirs[:n])
+        row = int(bad[0]) if len(bad) else n
+        raise DataError(
+            f"span index {span_path} does not match chunk shard {chunk_path}: {spans.num_rows} vs "
+            f"{chunks.num_rows} rows, first differing chunk_id at row {row}; rebuild the span index "
+            "from these chunks (rule sample_spans)"
+        )
+    manifest = artifacts.manifest_path(span_path)
+    if manifest.exists():
+        recorded = [
+            entry.get("sha256") for entry in artifacts.read_json(manifest).get("inputs", {}).values()
+            if Path(entry.get("path", "")).name == chunk_path.name and entry.get("sha256")
+        ]
+        actual = artifacts.sha256_once(chunk_path)
+        if recorded and actual not in recorded:
+            raise DataError(
+                f"span index {span_path} was sampled from a different {chunk_path.name} (manifest "
+                f"sha256 {recorded[0][:12]}..., file {actual[:12]}...); rebuild the span index"
+            )
+    lengths = pc.list_value_length(chunks["input_ids"]).to_numpy()
+    s_off, starts = _flat(spans["span_start"])
+    e_off, ends = _flat(spans["span_end"])
+    g_off, _ = _flat(spans["granularity"])
+    if not (np.array_equal(s_off, e_off) and np.array_equal(s_off, g_off)):
+        raise DataError(f"{span_path}: span_start, span_end and granularity lists differ in length")
+    owner = np.repeat(np.arange(len(lengths)), np.diff(s_off))
+    # Valid spans cover tokens strictly between [CLS] (position 0) and the final [SEP].
+    bad = np.flatnonzero((starts < 1) | (ends <= starts) | (ends > lengths[owner] - 1))
+    if len(bad):
+        i = int(bad[0])
+        row = int(owner[i])
+        raise DataError(
+            f"{span_path} row {row} (chunk_id {chunks['chunk_id'][row].as_py()}): span "
+            f"[{starts[i]}, {ends[i]}) lies outside the chunk's tokens [1, {lengths[row] - 1}) "
+            f"({len(bad)} bad spans in the file); rebuild the span index from these chunks"
+        )
+
+
+# ---------------------------------------------------------------- writing -------------------------
+BATCH_ROWS = 16_384  # rows a record batch: ~40 MB of a 512-token chunk file, the conversion's memory
+
+
+def _write(batches: Iterator[pa.RecordBatch], schema: pa.Schema, target: Path) -> None:
+    """The batches as one IPC file, written whole by rename. Each batch stays a part of its own
+    when mapped (`_MappedColumns`), so nothing is ever combined in memory."""
+    with artifacts.atomic_path(target) as tmp:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+
+
+def write_chunk_file(chunk_path: str | Path, target: str | Path) -> None:
+    """The chunk file of one chunk shard, streamed a record batch at a time."""
+    chunk_path = Path(chunk_path)
+    with reading(chunk_path, "a chunks Parquet file"):
+        source = pq.ParquetFile(chunk_path, memory_map=True)
+        schema = pa.schema([source.schema_arrow.field(name) for name in CHUNK_COLUMNS])
+        # One thread: reading ahead on several held ~0.2 GB more of a 512-token shard (for 0.4 s).
+        batches = source.iter_batches(BATCH_ROWS, columns=list(CHUNK_COLUMNS), use_threads=False)
+        _write(batches, schema, Path(target))
+
+
+def write_span_file(chunk_path: str | Path, span_path: str | Path, target: str | Path) -> None:
+    """The span file of one span shard, after checking it against its chunk shard."""
+    chunk_path, span_path = Path(chunk_path), Path(span_path)
+    with reading(chunk_path, "a chunks Parquet file"):
+        # The chunks' lengths are all the check needs of input_ids (its values stay unread).
+        chunks = pq.read_table(chunk_path, columns=["chunk_id", "input_ids"], memory_map=True)
+    with reading(span_path, "a span index Parquet file"):
+        spans = pq.read_table(span_path, columns=["chunk_id", *SPAN_COLUMNS], memory_map=True)
+    check_spans(chunks, spans, chunk_path, span_path)
+    del chunks
+    _write(spans.to_batches(BATCH_ROWS), spans.schema, Path(target))
+
+
+# ---------------------------------------------------------------- the folder ----------------------
+def store_paths(chunk_paths: Sequence[str | Path], span_paths: Sequence[str | Path] | None,
+                cache_dir: str | Path) -> list[StoreFile]:
+    """The files `prepare_store` writes for these shards, named by their checksums (so a changed
+    shard gets a new file)."""
+    if span_paths is not None and len(span_paths) != len(chunk_paths):
+        raise DataError(f"{len(chunk_paths)} chunk shards but {len(span_paths)} span shards")
+    out = []
+    for i, chunk_path in enumerate(map(Path, chunk_paths)):
+        key = artifacts.sha256_once(chunk_path)[:16]
+        spans = None
+        if span_paths is not None:
+            spans = Path(cache_dir) / (f"{chunk_path.stem}-{key}-"
+                                       f"{artifacts.sha256_once(span_paths[i])[:16]}.spans.arrow")
+        out.append(StoreFile(Path(cache_dir) / f"{chunk_path.stem}-{key}.arrow", spans))
+    return out
+
+
+def wait_for_store(files: Sequence[StoreFile], timeout_s: float = 12 * 3600,
+                   poll_s: float = 0.5) -> None:
+    """Wait until every file of the store exists (each is written whole, by rename, by one of
+    this job's processes or another job's). The processes wait here rather than in a collective:
+    converting Wikipedia's ~43 GB on a busy shared filesystem can outlast the process group's
+    timeout. If a process fails instead, its launcher (torchrun) ends the others."""
+    paths = [path for file in files for path in file.paths()]
+    deadline = time.monotonic() + timeout_s
+    while not all(path.exists() for path in paths):
+        if time.monotonic() > deadline:
+            missing = [str(p) for p in paths if not p.exists()]
+            raise DataError(f"the data store was not written within "
+                            f"{timeout_s / 3600:.0f} h (missing {missing[:3]})")
+        time.sleep(poll_s)
+
+
+def prepare_store(
+    chunk_paths: Sequence[str | Path],
+    span_paths: Sequence[str | Path] | None,
+    cache_dir: str | Path,
+    share: tuple[int, int] = (0, 1),
+) -> list[StoreFile]:
+    """Validate and convert the shards into store files under `cache_dir`, keeping those already
+    there. `share` = (r, n): this process takes every n-th file from the r-th (a job's n processes
+    split the work; each then waits for the others' files with `wait_for_store`)."""
+    out = store_paths(chunk_paths, span_paths, cache_dir)
+    work = [(i, "chunks") for i in range(len(out))]
+    work += [(i, "spans") for i in range(len(out)) if out[i].spans is not None]
+    rank, processes = share
+    converted = 0
+    for i, kind in work[rank::processes]:
+        target = getattr(out[i], kind)
+        if target.exists():
+            continue
+        if kind == "chunks":
+            write_chunk_file(chunk_paths[i], target)
+        else:
+            write_span_file(chunk_paths[i], span_paths[i], target)
+        converted += 1
+    log.info("data store %s: %d files, %d converted by this process", cache_dir, len(work),
+             converted)
+    return out
+
+
+# ---------------------------------------------------------------- reading -------------------------
+class _MappedColumns:
+    """List columns of memory-mapped IPC files read as one table, as numpy views; nothing copied.
+
+    Each record batch of each file stays where it is mapped (a part); a global row (file order,
+    then row order, as if the files were concatenated) is found through the parts' cumulative row
+    counts. Concatenating them instead would copy the whole corpus into every worker's memory.
+    """
+
+    def __init__(self, paths: Sequence[Path], names: Sequence[str]):
+        readers = [pa.ipc.open_file(pa.memory_map(str(p))) for p in paths]
+        batches = [[r.get_batch(i) for i in range(r.num_record_batches)] for r in readers]
+        self.file_rows = [sum(b.num_rows for b in file) for file in batches]
+        parts = [b for file in batches for b in file if b.num_rows]
+        # starts[k] = global row of part k's first row; starts[-1] = number of rows.
+        self.starts = np.cumsum([0] + [part.num_rows for part in parts])
+        self.chunk_ids = [part.column("chunk_id").to_numpy() for part in parts]
+        self.cols = {name: [_flat(part.column(name)) for part in parts] for name in names}
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part, row within the part) of each global row."""
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        return part, rows - self.starts[part]
+
+    def get(self, name: str, row: int) -> np.ndarray:
+        part, local = self.locate(np.int64(row))
+        offsets, values = self.cols[name][int(part)]
+        return values[offsets[local]:offsets[local + 1]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(offsets.nbytes + values.nbytes
+                   for parts in self.cols.values() for offsets, values in parts)
+
+
+class ChunkStore:
+    """Random access to the rows of a store (chunk files, and span files where every shard has
+    one), as numpy views on the mapped files."""
+
+    def __init__(self, files: Sequence[StoreFile]):
+        self._chunks = _MappedColumns([f.chunks for f in files], CHUNK_COLUMNS[1:])
+        if not int(self._chunks.starts[-1]):
+            raise DataError(f"no chunks in {[str(f.chunks) for f in files]}")
+        self.file_rows = self._chunks.file_rows
+        self.has_spans = bool(files) and all(f.spans is not None for f in files)
+        self._spans = None
+        self.max_spans = 0
+        if self.has_spans:
+            self._spans = _MappedColumns([f.spans for f in files], SPAN_COLUMNS)
+            if self._spans.file_rows != self.file_rows:
+                raise DataError(f"span store files of {self._spans.file_rows} rows for chunk "
+                                f"store files of {self.file_rows}")
+            # Same on every rank, so span tensors can be all-gathered.
+            self.max_spans = max(int(np.diff(offsets).max())
+                                 for offsets, _ in self._spans.cols["span_start"])
+
+    def __len__(self) -> int:
+        return int(self._chunks.starts[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the mapped columns (shared by every process that maps them)."""
+        return self._chunks.nbytes + (self._spans.nbytes if self._spans is not None else 0)
+
+    def all_chunk_ids(self) -> np.ndarray:
+        """The chunk id of every row, in row order."""
+        return np.concatenate(self._chunks.chunk_ids)
+
+    def chunk_ids(self, rows: np.ndarray) -> np.ndarray:
+        part, local = self._chunks.locate(np.asarray(rows, dtype=np.int64))
+        return np.array([self._chunks.chunk_ids[p][r] for p, r in zip(part, local)],
+                        dtype=np.int64)
+
+    def get(self, name: str, row: int) -> np.ndarray:
+        columns = self._spans if name in SPAN_COLUMNS else self._chunks
+        if columns is None:
+            raise DataError(f"column {name}: this store has no span files")
+        return columns.get(name, row)
