@@ -686,6 +686,38 @@ def test_tiny_two_stage_pipeline(tmp_path):
     assert any(not torch.equal(w1[k], w2[k]) for k in w1)
 
 
+def test_dropout_is_keyed_by_the_micro_batch_not_by_earlier_draws(tmp_path, monkeypatch):
+    """Random draws between steps (as a rank resumed with the main rank's RNG state has) leave
+    the weights of a run with dropout unchanged: each micro-batch seeds its own masks from
+    (seed, step, micro-batch, rank), as pre-training does. The masks still differ by step."""
+    from safetensors.torch import load_file
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    assert json.loads((base / "config.json").read_text())["hidden_dropout_prob"] > 0
+    cfg = {"q_len": 16, "p_len": 32, "group_size": 2, "batch_size": 8, "sub_batches": 2,
+           "epochs": 1, "lr": 1e-4, "log_every_steps": 1}
+
+    def run(name: str) -> dict:
+        assert fine_tune(cfg, base, data, [data["bm25"]], seed=5, out=tmp_path / name / "encoder",
+                         state_dir=tmp_path / name / "state",
+                         metrics_path=tmp_path / name / "metrics.jsonl") == 0
+        return load_file(tmp_path / name / "encoder" / "model.safetensors")
+
+    plain = run("plain")
+    host_read = training.host_read
+    monkeypatch.setattr(training, "host_read", lambda *a, **k: (torch.rand(7), torch.randn(3),
+                                                                host_read(*a, **k))[-1])
+    disturbed = run("disturbed")
+    for key in plain:
+        torch.testing.assert_close(plain[key], disturbed[key], rtol=0, atol=0)
+    masks = []
+    monkeypatch.setattr(ftrain, "micro_batch_loss", lambda *a, **k: masks.append(
+        torch.nn.functional.dropout(torch.ones(64), 0.5)) or torch.zeros((), requires_grad=True))
+    run("masks")
+    assert len(masks) == 8 and len({tuple(m.tolist()) for m in masks}) == 8
+
+
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     """A stop signal after step 2 saves state and exits 75; the rerun ends where an uninterrupted run
     ends (same groups, same dropout stream, same optimiser state), with one metrics line per step."""

@@ -42,7 +42,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     s, r = settings, settings.retrieval
     init, state_dir, metrics_path = Path(init), Path(state_dir), Path(metrics_path)
     env = training.init_distributed()
-    training.seed_everything(seed)  # dropout; data order never depends on it
+    training.seed_everything(seed)  # draws outside the steps (dropout: per micro-batch, below)
     plan = contrast_plan(s, env.world_size)
     data = load_training_set(queries, qrels, corpus, list(negatives), s, seed)
     steps_per_epoch = len(data.query_ids) // s.batch_size
@@ -108,6 +108,10 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             chunks.append(list(chunk))
             last = k == count - 1  # DDP averages gradients over ranks after it
             sync = ddp.no_sync() if env.distributed and not last else contextlib.nullcontext()
+            # Dropout keyed by (seed, step, micro-batch, rank), as in pre-training: a resumed
+            # job draws the masks of the uninterrupted one on every rank (the state holds the
+            # main rank's RNG state alone).
+            training.seed_torch(seed, step, k * env.world_size + env.rank)
             with sync:
                 loss = micro_batch_loss(ddp, qb, pb, s, env.device, env.rank)
                 (loss / count).backward()
