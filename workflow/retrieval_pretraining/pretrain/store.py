@@ -57,17 +57,19 @@ def _flat(column: pa.ChunkedArray | pa.ListArray) -> tuple[np.ndarray, np.ndarra
     return array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False)
 
 
-def check_spans(chunks: pa.Table, spans: pa.Table, chunk_path: Path, span_path: Path) -> None:
-    """Raise DataError unless `spans` describes exactly the chunks of `chunks`, each span inside it."""
-    if spans.num_rows != chunks.num_rows or not spans["chunk_id"].equals(chunks["chunk_id"]):
-        ours = chunks["chunk_id"].to_numpy()
+def check_spans(chunk_ids: pa.ChunkedArray, lengths: np.ndarray, spans: pa.Table,
+                chunk_path: Path, span_path: Path) -> None:
+    """Raise DataError unless `spans` describes exactly the chunks of `chunk_path` (their ids and
+    token counts given), each span inside its chunk."""
+    if spans.num_rows != len(chunk_ids) or not spans["chunk_id"].equals(chunk_ids):
+        ours = chunk_ids.to_numpy()
         theirs = spans["chunk_id"].to_numpy()
         n = min(len(ours), len(theirs))
         bad = np.flatnonzero(ours[:n] != theirs[:n])
         row = int(bad[0]) if len(bad) else n
         raise DataError(
             f"span index {span_path} does not match chunk shard {chunk_path}: {spans.num_rows} vs "
-            f"{chunks.num_rows} rows, first differing chunk_id at row {row}; rebuild the span index "
+            f"{len(chunk_ids)} rows, first differing chunk_id at row {row}; rebuild the span index "
             "from these chunks (rule sample_spans)"
         )
     manifest = artifacts.manifest_path(span_path)
@@ -82,7 +84,6 @@ def check_spans(chunks: pa.Table, spans: pa.Table, chunk_path: Path, span_path: 
                 f"span index {span_path} was sampled from a different {chunk_path.name} (manifest "
                 f"sha256 {recorded[0][:12]}..., file {actual[:12]}...); rebuild the span index"
             )
-    lengths = pc.list_value_length(chunks["input_ids"]).to_numpy()
     s_off, starts = _flat(spans["span_start"])
     e_off, ends = _flat(spans["span_end"])
     g_off, _ = _flat(spans["granularity"])
@@ -95,7 +96,7 @@ def check_spans(chunks: pa.Table, spans: pa.Table, chunk_path: Path, span_path: 
         i = int(bad[0])
         row = int(owner[i])
         raise DataError(
-            f"{span_path} row {row} (chunk_id {chunks['chunk_id'][row].as_py()}): span "
+            f"{span_path} row {row} (chunk_id {chunk_ids[row].as_py()}): span "
             f"[{starts[i]}, {ends[i]}) lies outside the chunk's tokens [1, {lengths[row] - 1}) "
             f"({len(bad)} bad spans in the file); rebuild the span index from these chunks"
         )
@@ -128,13 +129,19 @@ def write_chunk_file(chunk_path: str | Path, target: str | Path) -> None:
 def write_span_file(chunk_path: str | Path, span_path: str | Path, target: str | Path) -> None:
     """The span file of one span shard, after checking it against its chunk shard."""
     chunk_path, span_path = Path(chunk_path), Path(span_path)
+    ids, lengths = [], []
     with reading(chunk_path, "a chunks Parquet file"):
-        # The chunks' lengths are all the check needs of input_ids (its values stay unread).
-        chunks = pq.read_table(chunk_path, columns=["chunk_id", "input_ids"], memory_map=True)
+        # The check needs the chunks' ids and token counts alone: a batch of tokens at a time.
+        source = pq.ParquetFile(chunk_path, memory_map=True)
+        for batch in source.iter_batches(BATCH_ROWS, columns=["chunk_id", "input_ids"],
+                                         use_threads=False):
+            ids.append(batch.column("chunk_id"))
+            lengths.append(pc.list_value_length(batch.column("input_ids")).to_numpy())
     with reading(span_path, "a span index Parquet file"):
         spans = pq.read_table(span_path, columns=["chunk_id", *SPAN_COLUMNS], memory_map=True)
-    check_spans(chunks, spans, chunk_path, span_path)
-    del chunks
+    check_spans(pa.chunked_array(ids, pa.int64()),
+                np.concatenate(lengths) if lengths else np.zeros(0, np.int32), spans, chunk_path,
+                span_path)
     _write(spans.to_batches(BATCH_ROWS), spans.schema, Path(target))
 
 
