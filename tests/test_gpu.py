@@ -195,7 +195,8 @@ PASSAGES = ["Salt reduction lowers blood pressure in adults.", "The moon orbits 
 def _fine_tuning_steps(checkpoint: Path, device: torch.device, precision: str, steps: int = 6,
                        waits: list | None = None) -> list[float]:
     """`steps` fine-tuning steps on one micro-batch, made as the loop makes them (finetune/train.py:
-    pinned inputs on CUDA, micro_batch_loss, step_if_finite, the step's one host_read); with
+    pinned inputs on CUDA, dropout seeded per micro-batch, micro_batch_loss, step_if_finite, the
+    step's one host_read); with
     `waits`, the host's waits for the GPU of each step after the first."""
     import warnings
 
@@ -222,6 +223,7 @@ def _fine_tuning_steps(checkpoint: Path, device: torch.device, precision: str, s
             if counting:
                 torch.cuda.set_sync_debug_mode("warn")
             try:
+                training.seed_torch(0, step, 0)
                 loss = micro_batch_loss(model, queries, passages, settings, device)
                 loss.backward()
                 values = loss.detach().float().reshape(1, 1)
