@@ -8,7 +8,7 @@
 #   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
 #             bf16, padded and unpadded) vs CPU, the trainer's waits for the GPU per step (one
 #             expected), flash attention under unpad (and one compiled graph), fine-tuning's
-#             steps on CUDA vs CPU and their waits.
+#             steps on CUDA vs CPU and their waits, encoding through a real out-of-memory error.
 #   steps     benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step
 #             time of each objective vs MLM, samples/s, MFU, the projected paper schedule, and the
 #             host synchronisations in one step of each (torch's sync debug mode).

@@ -1,6 +1,6 @@
 """The CUDA paths of pre-training (fused AdamW, bf16 autocast, the trainer on a GPU, unpadded
 layers with flash attention) and of fine-tuning's steps against the CPU fp32 path that the rest
-of the suite checks.
+of the suite checks, and encoding's fallback from a real out-of-memory error.
 
 CI has no GPU, so these skip there. `benchmarks/gpu_checks.sh` runs them, and the step-time
 benchmark, on a lent GPU in one command.
@@ -253,3 +253,27 @@ def test_fine_tuning_steps_on_cuda_track_the_cpu_steps_and_wait_once(setup):
     torch.testing.assert_close(torch.tensor(fp32), torch.tensor(cpu), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
     assert [len(w) for w in waits] == [1] * 5, waits
+
+
+def test_encoding_that_runs_out_of_gpu_memory_halves_its_batches_on_cuda(setup, caplog):
+    """A real CUDA out-of-memory error (the process held to ~0.3 GB) halves the batch until it
+    fits; the vectors are those of batches that fit from the start (bf16: within its precision)."""
+    from retrieval_pretraining import encode
+
+    model, tokenizer = encode.load_encoder(setup[0], torch.device("cuda"))
+    texts = [f"passage {i} about " + "cells and proteins " * 40 for i in range(32_768)]
+    options = dict(max_len=64, pooling="mean", similarity="cosine")
+    fitting = encode.embed(model, tokenizer, texts, batch_size=512, **options)
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(
+        (torch.cuda.memory_allocated() + 300 * 2**20) / total)
+    try:
+        with caplog.at_level("WARNING", logger="retrieval_pretraining.encode"):
+            halved = encode.embed(model, tokenizer, texts, batch_size=32_768, **options)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert any("out of GPU memory" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(torch.from_numpy(halved), torch.from_numpy(fitting),
+                               rtol=2e-2, atol=2e-2)
