@@ -112,6 +112,24 @@ def test_every_micro_batch_of_a_step_is_computed_by_exactly_one_rank(gather, wor
             assert sum(contrast_set in mine for mine in shares) == 1
 
 
+@pytest.mark.parametrize("gather,world_size,sub_batches", [
+    (False, 1, 4), (False, 2, 4), (False, 4, 4), (True, 2, 2), (True, 2, 1), (True, 4, 2)])
+def test_a_micro_batch_s_index_is_its_place_in_the_batch(gather, world_size, sub_batches):
+    """What a micro-batch's dropout keys on: its place among the batch's micro-batches, the same
+    for a contrast set on any number of processes (several sets a rank included)."""
+    settings = FinetuneSettings.from_config({"batch_size": 16, "sub_batches": sub_batches,
+                                             "gather": gather})
+    plan = fdata.contrast_plan(settings, world_size)
+    batch = [f"q{i}" for i in range(16)]
+    micro, seen = plan.micro_batch, []
+    for r in range(world_size):
+        for k, chunk in enumerate(fdata.micro_batches_of_rank(batch, plan, gather, r, world_size)):
+            index = fdata.micro_batch_index(plan, gather, r, world_size, k)
+            assert batch[index * micro:(index + 1) * micro] == chunk, (r, k, index)
+            seen.append(index)
+    assert sorted(seen) == list(range(16 // micro))
+
+
 def test_step_batches_are_a_function_of_seed_and_step():
     ids = pl.Series([f"q{i}" for i in range(20)])
     epochs = [fdata.step_queries(ids, seed=3, step=step, batch_size=8) for step in range(4)]
@@ -716,6 +734,68 @@ def test_dropout_is_keyed_by_the_micro_batch_not_by_earlier_draws(tmp_path, monk
         torch.nn.functional.dropout(torch.ones(64), 0.5)) or torch.zeros((), requires_grad=True))
     run("masks")
     assert len(masks) == 8 and len({tuple(m.tolist()) for m in masks}) == 8
+
+
+_TRAIN_WORKER = r"""
+import json, os, sys
+from pathlib import Path
+import torch
+from retrieval_pretraining import training
+from retrieval_pretraining.finetune.settings import FinetuneSettings
+from retrieval_pretraining.finetune.train import train
+rank = sys.argv[1]
+os.environ.update(RANK=rank, WORLD_SIZE="2", LOCAL_RANK=rank)
+torch.set_num_threads(1)
+cfg, base, data, out = json.loads(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4]), Path(sys.argv[5])
+code = train(FinetuneSettings.from_config(cfg), init=base, queries=Path(data["queries"]),
+             qrels=Path(data["qrels"]), corpus=Path(data["corpus"]), negatives=[Path(data["bm25"])],
+             seed=5, out=out / "encoder", state_dir=out / "state", metrics_path=out / "metrics.jsonl")
+training.exit_process(code)
+"""
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_fine_tune_as_one_process_with_dropout_on(tmp_path):
+    """Without gathering, a contrast set is one micro-batch wherever it runs and keys its own
+    dropout: two processes (DDP over gloo, two sets each) make the weights of one process that
+    accumulates all four, dropout (0.1) on."""
+    from safetensors.torch import load_file
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    # 4 contrast sets a step: 2 a process, so a rank's k-th set is not the batch's k-th.
+    cfg = {"q_len": 16, "p_len": 32, "group_size": 2, "batch_size": 16, "sub_batches": 4,
+           "epochs": 1, "lr": 1e-4, "log_every_steps": 1}
+    assert fine_tune(cfg, base, data, [data["bm25"]], seed=5, out=tmp_path / "one" / "encoder",
+                     state_dir=tmp_path / "one" / "state",
+                     metrics_path=tmp_path / "one" / "metrics.jsonl") == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONPATH=str(ROOT / "workflow"), HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    script = tmp_path / "worker.py"
+    script.write_text(_TRAIN_WORKER)
+    args = [json.dumps(cfg), str(base), json.dumps({k: str(v) for k, v in data.items()}),
+            str(tmp_path / "two")]
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), *args], env=env)
+             for r in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    one = load_file(tmp_path / "one" / "encoder" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "encoder" / "model.safetensors")
+    moved = max((one[k] - load_file(base / "model.safetensors")[k]).abs().max().item()
+                for k in one)
+    assert moved > 1e-4  # the steps moved the weights: the equality below is not the start's
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6)
+    one_losses = [json.loads(line).get("loss") for line in
+                  (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    two_losses = [json.loads(line).get("loss") for line in
+                  (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert len(one_losses) == len(two_losses)
+    for a, b in zip(one_losses, two_losses):
+        assert (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=1e-5))
 
 
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch):

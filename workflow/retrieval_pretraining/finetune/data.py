@@ -92,6 +92,13 @@ def micro_batches_of_rank(batch_ids: list[str], plan: ContrastPlan, gather: bool
     return chunks[rank * plan.accumulation:(rank + 1) * plan.accumulation]
 
 
+def micro_batch_index(plan: ContrastPlan, gather: bool, rank: int, world_size: int, k: int) -> int:
+    """Where this process's k-th micro-batch (micro_batches_of_rank) stands among the batch's.
+    Dropout keys on it: without gathering a contrast set is one micro-batch, so it draws the same
+    masks on any number of processes, and one step is the same update."""
+    return k * world_size + rank if gather else rank * plan.accumulation + k
+
+
 # ---------------------------------------------------------------- the training set --------------
 QUERY_SCHEMA = {"query_id": pl.String, "text": pl.String, "positives": pl.List(pl.String),
                 "negatives": pl.List(pl.String)}

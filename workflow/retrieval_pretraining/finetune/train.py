@@ -24,8 +24,8 @@ from .. import projector as text_projector
 from ..encode import (TOKENIZER_THREADS, encoder_state, projector_of, safe_threads,
                       tokenize)
 from ..parallel import bounded_map
-from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batches_of_rank,
-                   step_queries)
+from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batch_index,
+                   micro_batches_of_rank, step_queries)
 from .model import load_bi_encoder, micro_batch_loss
 from .passages import PassageStore, write_passages
 from .settings import FinetuneSettings
@@ -108,10 +108,11 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             chunks.append(list(chunk))
             last = k == count - 1  # DDP averages gradients over ranks after it
             sync = ddp.no_sync() if env.distributed and not last else contextlib.nullcontext()
-            # Dropout keyed by (seed, step, micro-batch, rank), as in pre-training: a resumed
-            # job draws the masks of the uninterrupted one on every rank (the state holds the
-            # main rank's RNG state alone).
-            training.seed_torch(seed, step, k * env.world_size + env.rank)
+            # Dropout keyed by (seed, step, micro-batch), as in pre-training: a resumed job draws
+            # the masks of the uninterrupted one on every rank (the state holds the main rank's
+            # RNG state alone), and any number of processes those of one.
+            training.seed_torch(seed, step, micro_batch_index(plan, s.gather, env.rank,
+                                                              env.world_size, k))
             with sync:
                 loss = micro_batch_loss(ddp, qb, pb, s, env.device, env.rank)
                 (loss / count).backward()
