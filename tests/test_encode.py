@@ -551,6 +551,52 @@ def test_training_sample_is_every_vector_in_order_or_a_uniform_subset(tmp_path):
     assert faiss_index.training_size(flat) == 0
 
 
+_MEASURE_LOAD = """
+import faiss
+import numpy as np
+from retrieval_pretraining import faiss_index
+
+folder = Path(sys.argv[2])
+before = anon_kb()
+index, doc_ids = faiss_index.load(folder)
+mapped = anon_kb() - before
+before = anon_kb()
+whole = faiss.read_index(str(folder / "index"))  # the control: the same file read whole
+read = anon_kb() - before
+queries = np.load(folder / "queries.npy")
+scores, rows = faiss_index.search(index, queries, 10)
+print(json.dumps({"mapped_kb": mapped, "read_kb": read, "rows": rows.tolist(),
+                  "scores": scores.tolist()}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_a_loaded_index_maps_its_vectors_and_searches_as_one_read_whole(tmp_path, kind):
+    """faiss_index.load maps the index file (a search job at paper scale would otherwise read
+    27 GB into memory of its own before its first query): the process's anonymous memory grows
+    by a small part of what reading the file whole takes (the doc ids, HNSW's graph, IVF's
+    centroids), and the search finds what the index read whole finds."""
+    import memory_probe
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((60_000, 256)).astype(np.float32)  # 61 MB as a flat index
+    settings = {"type": kind, **({"nlist": 16} if kind == "ivf" else {})}
+    index = faiss_index.fill(faiss_index.empty_index(256, len(vectors),
+                                                     faiss_index.index_settings(settings)),
+                             [vectors])
+    faiss_index.save(tmp_path, index, [f"d{i}" for i in range(len(vectors))])
+    np.save(tmp_path / "queries.npy", vectors[:20])
+    got = memory_probe.run(_MEASURE_LOAD, tmp_path)
+    assert got["read_kb"] > 50_000 and got["mapped_kb"] < got["read_kb"] / 5, got
+    import faiss
+
+    whole = faiss.read_index(str(tmp_path / "index"))
+    scores, rows = faiss_index.search(whole, vectors[:20], 10)
+    assert got["rows"] == rows.tolist()
+    np.testing.assert_allclose(got["scores"], scores, rtol=1e-6)
+
+
 _MEASURE_BUILD = """
 import numpy as np
 from retrieval_pretraining import faiss_index
