@@ -103,7 +103,7 @@ def check_spans(chunk_ids: pa.ChunkedArray, lengths: np.ndarray, spans: pa.Table
 
 
 # ---------------------------------------------------------------- writing -------------------------
-BATCH_ROWS = 16_384  # rows a record batch: ~40 MB of a 512-token chunk file, the conversion's memory
+BATCH_ROWS = 16_384  # rows a record batch: ~60 MB of a 512-token chunk file, the conversion's memory
 
 
 def _write(batches: Iterator[pa.RecordBatch], schema: pa.Schema, target: Path) -> None:
