@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -307,7 +308,7 @@ def test_mining_with_the_answers_filter_drops_passages_that_contain_an_answer(tm
     docs = list(texts)
     index = faiss.IndexFlatIP(1)
     index.add(np.array([[5], [4], [3], [2], [1]], dtype=np.float32))
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
     monkeypatch.setattr(mine, "encode_queries",
                         lambda encoder, queries, config: (["q"], np.array([[1]], np.float32)))
     pl.DataFrame({"query_id": ["q"], "doc_id": ["d2"], "relevance": [1]},

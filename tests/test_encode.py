@@ -14,6 +14,7 @@ import torch
 from full_disk import files_under, full_disk, is_full_disk_error
 from retrieval_pretraining import artifacts, dense_search, encode, faiss_index
 from retrieval_pretraining.contracts.embeddings import BLOCK_ROWS, IDS_SCHEMA, float32_blocks
+from retrieval_pretraining.errors import InputFileError
 
 
 def test_pooling_matches_a_naive_loop():
@@ -64,7 +65,7 @@ def test_flat_index_round_trip_equals_brute_force(tmp_path):
     # Pyserini's FaissSearcher.load_index reads exactly these two files.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docid", "index"]
     index, loaded_ids = faiss_index.load(tmp_path)
-    assert loaded_ids == ids
+    assert loaded_ids.to_pylist() == ids
     scores, rows = faiss_index.search(index, queries, 10)
     for q in range(7):
         brute = [sum(float(a) * float(b) for a, b in zip(queries[q], d)) for d in docs]
@@ -82,6 +83,24 @@ def test_approximate_indexes_find_exact_neighbours_of_stored_vectors(kind):
     _, rows = faiss_index.search(index, docs[:50], 1)
     hit = np.mean(rows[:, 0] == np.arange(50))
     assert hit >= (0.6 if kind == "ivfpq" else 0.95)
+
+
+@pytest.mark.parametrize("last_newline", [True, False])
+def test_doc_ids_read_back_as_written_whatever_they_hold(tmp_path, last_newline):
+    """The docid file's lines, as one Arrow array built from its bytes: ids with spaces, quotes,
+    commas, tabs, non-ASCII text, an empty one; a last line without its newline (a hand-made
+    file) too."""
+    ids = ["d 1", '"quoted"', "a,b", "tab\there", "Zürich–東京", "", "#7", "\r-ish\r"]
+    faiss_index.save(tmp_path, faiss_index.build(np.eye(8, dtype=np.float32)), ids)
+    if not last_newline:
+        path = tmp_path / "docid"
+        path.write_bytes(path.read_bytes()[:-1])
+    _, loaded = faiss_index.load(tmp_path)
+    assert loaded.to_pylist() == ids
+    assert loaded.take(np.array([6, 0, 6])).to_pylist() == ["#7", "d 1", "#7"]
+    (tmp_path / "docid").write_bytes(b"ok\n\xff\xfe\n" + b"x\n" * 6)
+    with pytest.raises(InputFileError, match="docid"):
+        faiss_index.load(tmp_path)
 
 
 def test_index_and_ids_must_agree(tmp_path):
@@ -120,8 +139,8 @@ def test_trec_run_format_and_own_id_exclusion(tmp_path):
     ids = ["d0", "q1", "d2", "d3"]
     queries = np.array([[0, 1, 0.5, 0], [1, 0, 0, 0.2]], dtype=np.float32)
     run = tmp_path / "test.trec"
-    n = dense_search.write_trec(run, dense_search.rank(index, ids, ["q1", "q2"], queries, 3),
-                                "sys-stage1")
+    ranked = dense_search.rank(index, pa.array(ids), ["q1", "q2"], queries, 3)
+    n = dense_search.write_trec(run, ranked, "sys-stage1")
     lines = [l.split() for l in run.read_text().splitlines()]
     assert n == len(lines) == 6
     for qid in ("q1", "q2"):
@@ -179,7 +198,8 @@ def test_a_dense_run_asks_the_gpu_check_for_the_neighbours_it_searches(exclude_s
     check must be given what the search asks for (at depth 2048, one past faiss-gpu's limit)."""
     asked = {}
     index = faiss_index.build(np.eye(4, dtype=np.float32))
-    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, ["d0", "d1", "d2", "d3"]))
+    ids = pa.array(["d0", "d1", "d2", "d3"])
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, ids))
     monkeypatch.setattr(dense_search, "encode_queries",
                         lambda encoder, queries, knobs: (["q"], np.eye(4, dtype=np.float32)[:1]))
     monkeypatch.setattr(faiss_index, "to_search_device",
@@ -444,7 +464,7 @@ def test_an_index_over_shards_searches_as_one_built_from_all_vectors(tmp_path, k
     whole = np.concatenate([np.load(p).astype(np.float32) for p in npy])
     queries = np.random.default_rng(1).standard_normal((20, 16)).astype(np.float32)
     index, doc_ids = faiss_index.load(out)
-    assert doc_ids == [f"d{i}" for i in range(1300)]
+    assert doc_ids.to_pylist() == [f"d{i}" for i in range(1300)]
     expected = faiss_index.search(faiss_index.build(whole, config), queries, 10)
     for got, want in zip(faiss_index.search(index, queries, 10), expected):
         np.testing.assert_array_equal(got, want)

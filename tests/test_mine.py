@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from retrieval_pretraining import mine
@@ -48,7 +49,7 @@ def test_mining_honours_the_datasets_query_id_rule(tmp_path, monkeypatch, exclud
     vectors = np.array([[4, 0], [3, 0], [2, 0], [1, 0], [0.5, 0]], dtype=np.float32)
     index = faiss.IndexFlatIP(2)
     index.add(vectors)
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
     asked = []  # the neighbours the GPU check is told the search fetches
     monkeypatch.setattr(mine.faiss_index, "to_search_device",
                         lambda index, use_gpu, k: asked.append(k) or index)

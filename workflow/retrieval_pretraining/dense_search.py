@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+import pyarrow as pa
 import polars as pl
 import torch
 
@@ -76,13 +77,14 @@ def fetch_depth(depth: int, exclude_self: bool) -> int:
     return depth + (1 if exclude_self else 0)
 
 
-def rank(index, doc_ids: list[str], query_ids: list[str], query_vectors: np.ndarray, depth: int,
+def rank(index, doc_ids: pa.Array, query_ids: list[str], query_vectors: np.ndarray, depth: int,
          exclude_self: bool = True) -> Iterable[tuple[str, list[str], np.ndarray, np.ndarray]]:
-    """Per query: (query id, doc ids best first, their scores, their 1-based ranks)."""
+    """Per query: (query id, doc ids best first, their scores, their 1-based ranks). `doc_ids`:
+    the index's rows' ids (faiss_index.load)."""
     scores, rows = faiss_index.search(index, query_vectors, fetch_depth(depth, exclude_self))
     for qid, qscores, qrows in zip(query_ids, scores, rows):
         keep = qrows >= 0
-        ids = [doc_ids[r] for r in qrows[keep]]
+        ids = doc_ids.take(qrows[keep]).to_pylist()
         qscores = qscores[keep]
         if exclude_self:
             mask = np.array([d != qid for d in ids], dtype=bool)
