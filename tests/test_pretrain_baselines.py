@@ -259,3 +259,41 @@ def test_the_workflow_plans_the_baselines_with_an_overlay(tmp_path):
     scored = {j["wildcards"].get("system", "") for j in jobs if j["rule"] == "score_run"}
     for model in ("condenser", "cocondenser", "retromae"):
         assert any(system.startswith(f"{model}-") for system in scored), (model, sorted(scored))
+
+
+def test_cocondenser_warm_starts_from_a_trained_condenser_through_init(tmp_path):
+    """The coCondenser authors start from a trained Condenser (backbone and head): an entry
+    `{objective: cocondenser, init: condenser}` does it, the two objectives' heads being the same
+    modules. Its first step starts from the Condenser's exported encoder and its trained head."""
+    from safetensors.torch import load_file
+
+    from retrieval_pretraining.pretrain.model import Pretrainer
+    from retrieval_pretraining.pretrain.settings import check_entries, resolve_model
+    from retrieval_pretraining.pretrain.train import train
+
+    checkpoint, chunks, _ = fx.tiny_setup(tmp_path / "setup")
+    out = tmp_path / "condenser"
+    assert train(fx.model_settings("condenser", max_steps=3), chunks=chunks, spans=None,
+                 checkpoint=checkpoint, encoder_out=out / "encoder",
+                 metrics_out=out / "metrics.jsonl", plot_out=out / "loss.png",
+                 state_dir=out / "state") == 0
+    import yaml
+
+    demo = yaml.safe_load((fx.ROOT / "config.yaml").read_text())["pretrain"]
+    section = demo | {"models": [{"name": "condenser", "objective": "condenser"},
+                                 {"name": "cocondenser", "objective": "cocondenser",
+                                  "init": "condenser"}]}
+    check_entries(section, 0)  # a valid entry
+    assert resolve_model(section, "cocondenser", 0)["init"] == "condenser"
+    heads = load_file(out / "heads.safetensors")
+    trained_head = {k: v for k, v in heads.items() if k.startswith("condenser.")}
+    warm = Pretrainer(out / "encoder", fx.model_settings("cocondenser", max_steps=1),
+                      init_heads=out / "heads.safetensors")
+    cold = Pretrainer(checkpoint, fx.model_settings("cocondenser", max_steps=1))
+    own = warm.state_dict()
+    assert trained_head and all(torch.equal(own[k], v) for k, v in trained_head.items())
+    assert any(not torch.equal(cold.state_dict()[k], v) for k, v in trained_head.items())
+    exported = load_file(out / "encoder" / "model.safetensors")
+    encoder = {k.removeprefix("encoder."): v for k, v in own.items() if k.startswith("encoder.")}
+    assert all(torch.equal(encoder[k], v) for k, v in exported.items() if k in encoder)
+    assert sum(k in encoder for k in exported) > 10
