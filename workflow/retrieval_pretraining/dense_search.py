@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
-import pyarrow as pa
 import polars as pl
+import pyarrow as pa
 import torch
 
 from . import artifacts, faiss_index
