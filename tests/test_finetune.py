@@ -209,13 +209,18 @@ training.exit_process(0)  # as the finetune CLI ends: no interpreter clean-up ab
 """
 
 
-def test_gathered_loss_gradient_equals_one_process_over_the_whole_batch(tmp_path):
-    """Two gloo processes with gathering must produce the gradient of the one-process loss."""
+def _gloo_env(**extra: str) -> dict[str, str]:
+    """The environment of worker processes that form one gloo group on this machine."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT / "workflow"))
+    return dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                PYTHONPATH=str(ROOT / "workflow"), **extra)
+
+
+def test_gathered_loss_gradient_equals_one_process_over_the_whole_batch(tmp_path):
+    """Two gloo processes with gathering must produce the gradient of the one-process loss."""
+    env = _gloo_env()
     script = tmp_path / "worker.py"
     script.write_text(_GATHER_WORKER)
     out = tmp_path / "grad.txt"
@@ -769,12 +774,7 @@ def test_two_gloo_processes_fine_tune_as_one_process_with_dropout_on(tmp_path):
     assert fine_tune(cfg, base, data, [data["bm25"]], seed=5, out=tmp_path / "one" / "encoder",
                      state_dir=tmp_path / "one" / "state",
                      metrics_path=tmp_path / "one" / "metrics.jsonl") == 0
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT / "workflow"), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
+    env = _gloo_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     script = tmp_path / "worker.py"
     script.write_text(_TRAIN_WORKER)
     args = [json.dumps(cfg), str(base), json.dumps({k: str(v) for k, v in data.items()}),

@@ -48,11 +48,11 @@ def dropout_setup(setup, tmp_path_factory):
     return checkpoint, setup[1], setup[2]
 
 
-def _run(settings, setup, out: Path):
+def _run(settings, setup, out: Path, store_dir: Path | None = None):
     checkpoint, chunks, spans = setup
     code = train(settings, chunks=chunks, spans=spans if settings["objective"] == "costa" else None,
                  checkpoint=checkpoint, encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
-                 plot_out=out / "loss.png", state_dir=out / "state")
+                 plot_out=out / "loss.png", state_dir=out / "state", store_dir=store_dir)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return code, records
 
@@ -81,7 +81,7 @@ def test_a_model_on_a_store_another_model_made_converts_nothing_and_trains_the_s
     MLM trainer with a store of its own."""
     from retrieval_pretraining.pretrain import store as pstore
 
-    checkpoint, chunks, spans = setup
+    chunks = setup[1]
     written = []
     for name in ("write_chunk_file", "write_span_file"):
         original = getattr(pstore, name)
@@ -89,10 +89,7 @@ def test_a_model_on_a_store_another_model_made_converts_nothing_and_trains_the_s
                             or _f(*a))
 
     def run(objective, out, store):
-        return train(fx.model_settings(objective, max_steps=2), chunks=chunks,
-                     spans=spans if objective == "costa" else None, checkpoint=checkpoint,
-                     encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
-                     plot_out=out / "loss.png", state_dir=out / "state", store_dir=store)
+        return _run(fx.model_settings(objective, max_steps=2), setup, out, store)[0]
 
     shared = tmp_path / "pretrain-data"
     assert run("costa", tmp_path / "costa", shared) == 0
