@@ -68,12 +68,11 @@ def costa_loss(
         stats["contrast_pool"] = (all_mask.sum() + (total - 1)).float()
     candidates = torch.cat([all_text, all_spans.reshape(-1, d)], dim=0)
     logits = fp32_scores(text, candidates) / temperature  # [n, total + total * S]
-    invalid = torch.cat([
-        torch.zeros(n, total, dtype=torch.bool, device=text.device),
-        (~all_mask).reshape(1, -1).expand(n, -1),
-    ], dim=1)
     rows = torch.arange(n, device=text.device)
-    invalid[rows, offset + rows] = True  # j != i: not z_i itself
+    # j != i: not z_i itself. A comparison, not `invalid[rows, offset + rows] = True`: assigning a
+    # Python value copies it from pageable host memory, which makes the host wait for a GPU.
+    itself = torch.arange(total, device=text.device) == (offset + rows).unsqueeze(1)
+    invalid = torch.cat([itself, (~all_mask).reshape(1, -1).expand(n, -1)], dim=1)
     log_prob = logits.masked_fill(invalid, float("-inf")).log_softmax(dim=1)
     # Column of span p of local text i: total + (offset + i) * S + p.
     own = total + (offset + rows).unsqueeze(1) * s + torch.arange(s, device=text.device)
@@ -165,8 +164,8 @@ def views_info_nce(similarity: torch.Tensor, temperature: float,
     two_m = similarity.shape[1]
     rows = torch.arange(similarity.shape[0], device=similarity.device) if rows is None else rows
     logits = upcast(similarity) / temperature
-    self_mask = torch.zeros_like(logits, dtype=torch.bool)
-    self_mask[torch.arange(len(rows), device=logits.device), rows] = True
+    # A comparison, not an assignment of True (a copy from host memory: a wait for a GPU).
+    self_mask = torch.arange(two_m, device=logits.device) == rows.unsqueeze(1)
     logits = logits.masked_fill(self_mask, float("-inf"))
     return F.cross_entropy(logits, (rows + two_m // 2) % two_m)
 
