@@ -105,22 +105,20 @@ def test_training_draws_the_same_dropout_and_gives_the_same_gradients(attention,
         torch.testing.assert_close(grads[0][name], grads[1][name], **TOL, msg=name)
 
 
-@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 @pytest.mark.parametrize("attention", ["sdpa", "eager", "varlen"])
 def test_skipping_the_padding_rows_gives_the_same_states_and_gradients(attention, monkeypatch):
     """`token_positions` (the real tokens' flat indices): every layer's states at the real tokens,
     zeros at the padding, the pooler, and every parameter's gradient as the padded computation's
     (dropout off: with it, the draws differ). "varlen": attention too over the real tokens alone,
-    as on a GPU (here on CPU, where torch computes it sequence by sequence)."""
+    as on a GPU (here through `varlen_attention`'s CPU stand-in; tests/test_gpu.py runs flash's)."""
     from retrieval_pretraining.pretrain.masking import with_positions
 
     if attention == "varlen":
         monkeypatch.setattr(bert, "VARLEN_DEVICES", ("cpu",))
         attended = []
-        real_sdpa = bert.F.scaled_dot_product_attention
-        monkeypatch.setattr(
-            bert.F, "scaled_dot_product_attention",
-            lambda q, *a, **k: attended.append(q.is_nested) or real_sdpa(q, *a, **k))
+        varlen = bert.varlen_attention
+        monkeypatch.setattr(bert, "varlen_attention",
+                            lambda q, *a: attended.append(len(q)) or varlen(q, *a))
     model = bert.load(MINILM, attn_implementation="sdpa" if attention == "varlen" else attention)
     batch = with_positions(inputs(vocab=30522, length=33))
     positions = batch.pop("token_positions")
@@ -142,13 +140,12 @@ def test_skipping_the_padding_rows_gives_the_same_states_and_gradients(attention
     torch.testing.assert_close(unpadded.pooler_output, padded.pooler_output, **TOL)
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], **TOL, msg=name)
-    if attention == "varlen":  # padded run's 6 layers, then the 6 jagged ones
-        assert attended == [False] * 6 + [True] * 6
+    if attention == "varlen":  # the unpadded run's 6 layers, on the real tokens alone
+        assert attended == [len(positions)] * 6
 
 
-@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_attention_over_the_real_tokens_alone_drops_out_in_training(monkeypatch):
-    """The jagged attention (bert.VARLEN_DEVICES) applies attention dropout in training, as the
+    """The variable-length attention (bert.VARLEN_DEVICES) applies attention dropout in training, as the
     padded one does: two passes differ in training mode, agree in eval mode."""
     from retrieval_pretraining.pretrain.masking import with_positions
 

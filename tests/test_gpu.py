@@ -125,9 +125,9 @@ def test_unpadded_attention_runs_flash_attention_on_cuda(setup):
 
 
 def test_unpadded_attention_traces_to_one_graph_on_cuda(setup):
-    """compile with unpad: the jagged attention's CUDA path takes its row lengths from the
-    offsets and the given longest row, so dynamo captures the encoder whole (on CPU, torch's
-    nested fallback reads a value on the host: a graph break per layer)."""
+    """compile with unpad: the variable-length attention's CUDA path (flash's op, called
+    directly) takes its row lengths from the offsets and the given longest row, so dynamo
+    captures the encoder whole."""
     import torch._dynamo
 
     from retrieval_pretraining import bert
@@ -169,8 +169,8 @@ def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_
     of 2 and 4 steps differ by 2 steps: that difference must hold 2 waits, the step's one read of
     its values (host_read); one-off waits (set-up, export) are the same in both runs. A 1-step run
     first takes the process's own one-offs (CUDA's lazy set-up: on the first lent GPU, under
-    xdist, they fell in the 2-step run alone). With unpad, the jagged attention must not add one
-    (its longest row is given, not measured)."""
+    xdist, they fell in the 2-step run alone). With unpad, the variable-length attention must
+    not add one (its longest row is given, not measured)."""
     import warnings
 
     from retrieval_pretraining.pretrain.train import train

@@ -331,7 +331,6 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
         torch.testing.assert_close(positioned[key].float(), value.float(), msg=key)
 
 
-@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # CPU fallback
 @pytest.mark.parametrize("objective, varlen", [("costa", False), ("cpdae", False),
                                                 ("condenser", False), ("retromae", False),
                                                 ("costa", True), ("condenser", True)])

@@ -13,7 +13,6 @@ AutoModel instead (`model_folder.load_model`).
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +37,11 @@ WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PREFIX = "bert."  # BertForMaskedLM / BertForPreTraining keep the encoder under it
 # The devices on which unpadded layers (`token_positions`) attend over the real tokens alone, as
-# variable-length sequences (a jagged nested tensor: on CUDA in bf16, flash attention's varlen
-# kernel, dropout included; the padded path's mask rules flash out and runs the memory-efficient
-# kernel). On CPU torch computes nested attention sequence by sequence, 2-13x slower than the
-# padded kernel (16 x 512 tokens, MiniLM's heads), so there attention stays padded.
+# variable-length sequences: on CUDA in bf16/fp16, flash attention's varlen kernel, dropout
+# included (the padded path's mask rules flash out and runs the memory-efficient kernel). On CPU
+# attention stays padded: `varlen_attention`'s CPU stand-in exists for the tests.
 VARLEN_DEVICES = ("cuda",)
+FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash attention computes in these alone
 # BertModel's defaults (transformers' BertConfig) for keys a config.json may leave out.
 DEFAULTS = {
     "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
@@ -112,7 +111,7 @@ class Layout:
     batch: int
     length: int
     positions: torch.Tensor  # [tokens], indices into batch x length
-    # [batch + 1]: where each row's tokens start among the real tokens (None: attend padded)
+    # [batch + 1] int32: where each row's tokens start among the real tokens (None: attend padded)
     offsets: torch.Tensor | None = None
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,22 +123,25 @@ class Layout:
         full = x.new_zeros(self.batch * self.length, x.shape[-1])
         return full.index_copy(0, self.positions, x).view(self.batch, self.length, -1)
 
-    def jagged(self, x: torch.Tensor) -> torch.Tensor:
-        """[tokens, ...] -> a jagged nested tensor [batch, {row length}, ...]: no host wait (the
-        longest row is bounded by `length`; every row holds at least its [CLS])."""
-        return torch.nested.nested_tensor_from_jagged(x, self.offsets, min_seqlen=1,
-                                                      max_seqlen=self.length)
 
-
-class _QuietFxTracingNotice(logging.Filter):
-    """torch (2.13) logs a notice about fx tracing the first time a jagged tensor is made; it
-    concerns torch.export users, not a training log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("is_fx_tracing will return true")
-
-
-logging.getLogger("torch.fx._symbolic_trace").addFilter(_QuietFxTracingNotice())
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                     longest: int, dropout_p: float) -> torch.Tensor:
+    """Attention of each row's tokens over its own: q, k, v [tokens, heads, head dim] of rows
+    stacked as `offsets` [rows + 1] (int32) says, `longest` a bound on a row's length (given, not
+    measured: no host wait). On CUDA, flash attention's variable-length kernel, called as the op
+    autograd differentiates: scaled_dot_product_attention reaches it only through a jagged nested
+    tensor, whose Python dispatch around it made a bert-base step 4.4x slower on an H200
+    (benchmarks/RESULTS.md, "The first GPU run"). Elsewhere (tests), the same attention through
+    one block-diagonal mask."""
+    if q.device.type == "cuda":
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, offsets, offsets, longest, longest, dropout_p, False, False)[0]
+    lengths = offsets.diff().long()
+    row = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths)
+    same_row = row[:, None] == row[None, :]
+    out = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)),
+                                         attn_mask=same_row, dropout_p=dropout_p)
+    return out.transpose(0, 1)
 
 
 class SelfAttention(nn.Module):
@@ -157,18 +159,18 @@ class SelfAttention(nn.Module):
         """`mask`: [batch, 1, 1, keys], True where a key may be attended to (None: every key).
         `x`: [batch, length, width], or with `layout` the real tokens only, [tokens, width]: the
         projections run on those rows, the attention on the padded layout, or with the layout's
-        offsets on the real tokens alone (variable-length sequences; the mask is then implied)."""
+        offsets on the real tokens alone (variable-length sequences; the mask is then implied).
+        Flash attention computes in bf16/fp16 only: an fp32 run on CUDA attends padded."""
         p = self.dropout.p if self.training else 0.0
-        if layout is not None and layout.offsets is not None:
+        projected = [proj(x) for proj in (self.query, self.key, self.value)]
+        if (layout is not None and layout.offsets is not None
+                and (x.device.type != "cuda" or projected[0].dtype in FLASH_DTYPES)):
             tokens, width = x.shape
-            q, k, v = (layout.jagged(proj(x).view(tokens, self.heads, -1)).transpose(1, 2)
-                       for proj in (self.query, self.key, self.value))
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
-            return out.transpose(1, 2).values().reshape(tokens, width)
+            q, k, v = (t.view(tokens, self.heads, -1) for t in projected)
+            return varlen_attention(q, k, v, layout.offsets, layout.length, p).reshape(tokens, width)
         batch, length, width = (layout.batch, layout.length, x.shape[-1]) if layout else x.shape
-        q, k, v = ((proj(x) if layout is None else layout.pad(proj(x)))
-                   .view(batch, length, self.heads, -1).transpose(1, 2)
-                   for proj in (self.query, self.key, self.value))
+        q, k, v = ((t if layout is None else layout.pad(t))
+                   .view(batch, length, self.heads, -1).transpose(1, 2) for t in projected)
         if self.implementation == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:  # "eager": the softmax written out, as transformers' eager path computes it
@@ -306,7 +308,8 @@ class BertModel(nn.Module):
             return Layout(batch, length, token_positions)
         lengths = (input_ids.new_full((batch,), length) if attention_mask is None
                    else attention_mask.sum(1))
-        return Layout(batch, length, token_positions, F.pad(lengths.cumsum(0), (1, 0)))
+        return Layout(batch, length, token_positions,
+                      F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)))
 
     def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
                         safe_serialization: bool = True) -> None:
