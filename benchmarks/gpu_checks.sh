@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one command (a lent `device` machine or any CUDA node):
-#   bash benchmarks/gpu_carry.sh                     # here, once: builds .gpu-carry/ (needs pip)
-#   bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..] # there: with .gpu-carry/ carried along
-# Parts, in this order (default: all). A lent machine's 10-minute command limit takes five calls,
-# most needed first (a session's 30 device-minutes may not reach the last): "tests" (~7 min:
-# ~30 trainer runs, each a fresh process), "steps unpadded", "trainer dense", "compiled", "gloo".
-#   tests     tests/test_gpu.py: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
-#             bf16, padded and unpadded) vs CPU, the trainer's waits for the GPU per step (one
-#             expected), flash attention under unpad (and one compiled graph), fine-tuning's
-#             steps on CUDA vs CPU and their waits, encoding through a real out-of-memory error.
-#   steps     benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16: step
-#             time of each objective vs MLM, samples/s, MFU, the projected paper schedule, and the
-#             host synchronisations in one step of each (torch's sync debug mode).
-#   unpadded  the same with unpad: true, for the paper's four objectives: the batches have no
-#             padding, so what it measures is attention over the real tokens alone (flash
-#             attention's variable-length kernel, no mask) against the padded path's masked
+#   bash benchmarks/gpu_carry.sh                 # here, once: builds .gpu-carry/ (needs pip)
+#   GPU_CHECKS_SECONDS=560 bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..]   # there
+# A lent machine gives a session 15 device-minutes in all, its start included, and a command 10:
+# so one call, `carry: [".gpu-carry"]`, `timeout_s` 600, GPU_CHECKS_SECONDS a little under it.
+# The parts run in order, each under its cap and what is left of GPU_CHECKS_SECONDS (none: no
+# budget); a part cut short keeps what it printed, and machine.txt ends with each part's exit
+# status (124: cut) and end time. Parts, most needed first (what the first run, on an H200, left
+# open: benchmarks/gpu_runs/2026-11-26-h200/); default: all. [cap in s; what it took there]
+#   tests     [240; 125] tests/test_gpu.py on pytest-xdist workers where xdist is installed: fused
+#             AdamW vs the CPU update, the trainer on CUDA (fp32 and bf16, padded and unpadded)
+#             vs CPU, the trainer's waits for the GPU per step (one expected), flash attention
+#             under unpad (and one compiled graph), fine-tuning's steps on CUDA vs CPU and their
+#             waits, encoding through a real out-of-memory error.
+#   steps     [150; 122] benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per
+#             device, bf16: step time of each objective vs MLM, samples/s, MFU, the projected
+#             paper schedule, and the host synchronisations in one step of each (sync debug mode).
+#   unpadded  [90; 51] the same with unpad: true, for the paper's four objectives: the batches
+#             have no padding, so what it measures is attention over the real tokens alone (flash
+#             attention's variable-length op, no mask) against the padded path's masked
 #             (memory-efficient) kernel, and the row selections around the layers.
-#   compiled  the same with torch.compile, for the paper's four objectives (each forward is one
-#             graph: tests/test_pretrain_train.py).
-#   dense     benchmarks/encode_and_search.py: bert-base encoding at 128 and 512 tokens (bf16, as
-#             the stage runs), exact search over 1M x 768 vectors (faiss-gpu where installed; torch
-#             GEMM + top-k) against the same-shape cuBLAS GEMM in fp32 and bf16.
-#   trainer   benchmarks/trainer_throughput.py: the real trainer (data loader, workers, loop) on
-#             bert-base for 30 steps of paper.yaml's micro-batch per objective, on the chunks in
-#             .gpu-carry/corpus: its samples/s beside the model step's says whether the input
-#             pipeline or the loop starves the GPU; MLM and COSTA again with unpad: true (the
-#             layers skip the padding rows), MLM with compile: true.
-#   gloo      the multi-process trainer and launcher tests on the machine's CPU cores (gloo; CUDA
-#             hidden: two ranks cannot share its one GPU under NCCL).
-# Output goes to OUT_DIR (default: $OUT, else results/gpu_checks); record it in RESULTS.md.
+#   compiled  [300; not reached] the same with torch.compile, for the paper's four objectives
+#             (each forward is one graph: tests/test_pretrain_train.py).
+#   trainer   [300; padded variant ~100] benchmarks/trainer_throughput.py: the real trainer (data
+#             loader, workers, loop) on bert-base for 30 steps of paper.yaml's micro-batch per
+#             objective, on the chunks in .gpu-carry/corpus: its samples/s beside the model
+#             step's says whether the input pipeline or the loop starves the GPU; MLM and COSTA
+#             again with unpad: true (the layers skip the padding rows), MLM with compile: true.
+#   dense     [150; ~100] benchmarks/encode_and_search.py: bert-base encoding at 128 and 512
+#             tokens (bf16, as the stage runs), exact search over 1M x 768 vectors (faiss-gpu
+#             where installed; torch GEMM + top-k) against the same-shape cuBLAS GEMM in fp32 and
+#             bf16.
+#   gloo      [240; cut at 170 beside the tests] the multi-process trainer and launcher tests on
+#             the machine's CPU cores (gloo; CUDA hidden: two ranks cannot share its one GPU
+#             under NCCL), each test's name and outcome printed as it ends.
+# Output goes to OUT_DIR (default: $OUT, else results/gpu_checks), at most 8 files (what a lent
+# machine sends back); record it in RESULTS.md.
 # Nothing it imports may need a package the lent machine's image lacks (polars, faiss, snakemake,
 # pyserini ...): tests/test_environments.py checks that, with those imports blocked.
 set -uo pipefail
@@ -47,42 +54,64 @@ export PYTHONPATH=$PWD/workflow:${PYTHONPATH:-} HF_HUB_OFFLINE=1 TRANSFORMERS_OF
     python3 -c "import sys, torch, transformers; print(sys.version.split()[0], 'torch', \
 torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 } 2>&1 | tee "$out/machine.txt"
+started=$SECONDS
+budget=${GPU_CHECKS_SECONDS:-0}
+# pytest spread over worker processes where pytest-xdist is installed (one GPU shared: the tests
+# are checks, not timings); else in one process.
+xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n $1 --dist $2"; }
+
+# capped SECONDS COMMAND...: the command under the smaller of its cap and what is left of the
+# budget; its status is the command's (124 when cut).
+capped() {
+    local cap=$1 left
+    shift
+    if [ "$budget" -gt 0 ]; then
+        left=$((budget - (SECONDS - started)))
+        [ "$left" -lt 15 ] && return 124
+        [ "$left" -lt "$cap" ] && cap=$left
+    fi
+    timeout -k 5 "$cap" "$@"
+}
+
 status=0
 parts=${*:2}
-parts=${parts:-tests steps unpadded compiled dense trainer gloo}
+parts=${parts:-tests steps unpadded compiled trainer dense gloo}
 for part in $parts; do
     case $part in
     tests)
-        python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests/test_gpu.py 2>&1 \
-            | tee "$out/tests.txt" || status=1 ;;
+        # shellcheck disable=SC2046  # the options are words
+        capped 240 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" $(xdist 8 load) \
+            tests/test_gpu.py 2>&1 | tee "$out/tests.txt" ;;
     steps|unpadded|compiled)
-        bench="python3 benchmarks/pretrain_step_time.py --device cuda --arch bert-base \
---max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989"
-        file=step_time.txt
-        if [ "$part" = unpadded ]; then
-            bench="$bench --unpad --objectives mlm costa cpdae bow" file=step_time_unpadded.txt
-        elif [ "$part" = compiled ]; then
-            bench="$bench --compile --objectives mlm costa cpdae bow" file=step_time_compiled.txt
-        fi
-        $bench 2>&1 | grep -v "it/s" | tee "$out/$file" || status=1 ;;
-    dense)
-        python3 benchmarks/encode_and_search.py --device cuda --archs bert-base \
-            --p-lens 128 512 --docs 32768 --batch 512 --corpus 1000000 --dim 768 \
-            --queries 8192 --repeats 3 2>&1 | tee "$out/dense.txt" || status=1 ;;
+        bench=(python3 benchmarks/pretrain_step_time.py --device cuda --arch bert-base
+            --max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989)
+        case $part in
+        steps) file=step_time.txt cap=150 ;;
+        unpadded) bench+=(--unpad --objectives mlm costa cpdae bow) file=step_time_unpadded.txt cap=90 ;;
+        compiled) bench+=(--compile --objectives mlm costa cpdae bow) file=step_time_compiled.txt cap=300 ;;
+        esac
+        capped $cap "${bench[@]}" 2>&1 | grep --line-buffered -v "it/s" | tee "$out/$file" ;;
     trainer)
         : > "$out/trainer.txt"
-        for variant in "--objectives mlm costa bow cpdae" "--objectives mlm costa --unpad" \
-                "--objectives mlm --compile"; do
+        capped 300 bash -c 'for variant in "--objectives mlm costa bow cpdae" \
+                "--objectives mlm costa --unpad" "--objectives mlm --compile"; do
             python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus \
-                --arch bert-base --steps 30 $variant 2>&1 | grep -v "it/s" \
-                | tee -a "$out/trainer.txt" || status=1
-        done ;;
+                --arch bert-base --steps 30 $variant || exit
+        done' 2>&1 | grep --line-buffered -v "it/s" | tee -a "$out/trainer.txt" ;;
+    dense)
+        capped 150 python3 benchmarks/encode_and_search.py --device cuda --archs bert-base \
+            --p-lens 128 512 --docs 8192 --batch 512 --corpus 1000000 --dim 768 \
+            --queries 8192 --repeats 3 2>&1 | grep --line-buffered -v "it/s" | tee "$out/dense.txt" ;;
     gloo)
-        CUDA_VISIBLE_DEVICES= python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
-            tests/test_pretrain_train.py tests/test_launch.py 2>&1 | tee "$out/gloo.txt" \
-            || status=1 ;;
-    *) echo "unknown part: $part (tests, steps, unpadded, compiled, dense, trainer, gloo)" >&2
+        # shellcheck disable=SC2046
+        CUDA_VISIBLE_DEVICES='' capped 240 python3 -m pytest -v -p no:cacheprovider \
+            -o addopts="-ra" $(xdist 4 loadfile) tests/test_pretrain_train.py tests/test_launch.py \
+            2>&1 | tee "$out/gloo.txt" ;;
+    *) echo "unknown part: $part (tests, steps, unpadded, compiled, trainer, dense, gloo)" >&2
         exit 2 ;;
     esac
+    code=${PIPESTATUS[0]}
+    echo "$part: exit $code at $((SECONDS - started)) s" | tee -a "$out/machine.txt"
+    [ "$code" -eq 0 ] || status=1
 done
 exit $status

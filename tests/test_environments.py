@@ -470,7 +470,7 @@ GPU_CHECK_MODULES = [
 
 
 def test_the_gpu_checks_import_nothing_the_gpu_machine_lacks():
-    """A missing import there costs a lent machine's start and a share of its 30 minutes."""
+    """A missing import there costs a lent machine's start and a share of its 15 device-minutes."""
     import subprocess
 
     script = (f"import importlib, sys\nfor name in {NOT_ON_THE_GPU_MACHINE!r}:\n"
