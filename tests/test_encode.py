@@ -465,9 +465,12 @@ def test_an_index_over_shards_searches_as_one_built_from_all_vectors(tmp_path, k
     queries = np.random.default_rng(1).standard_normal((20, 16)).astype(np.float32)
     index, doc_ids = faiss_index.load(out)
     assert doc_ids.to_pylist() == [f"d{i}" for i in range(1300)]
-    expected = faiss_index.search(faiss_index.build(whole, config), queries, 10)
-    for got, want in zip(faiss_index.search(index, queries, 10), expected):
-        np.testing.assert_array_equal(got, want)
+    scores, rows = faiss_index.search(faiss_index.build(whole, config), queries, 10)
+    got_scores, got_rows = faiss_index.search(index, queries, 10)
+    np.testing.assert_array_equal(got_rows, rows)
+    # The same neighbours; a score may differ in its last bit (built from blocks, HNSW gave one
+    # distance 1 ulp apart on a 2026-11-26 dev machine, an AMD EPYC with faiss-cpu 1.15.1).
+    np.testing.assert_allclose(got_scores, scores, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("kind", ["ivf", "ivfpq", "hnsw"])
