@@ -214,6 +214,15 @@ def test_a_dense_run_asks_the_gpu_check_for_the_neighbours_it_searches(exclude_s
     assert asked == {"device": 2048 + exclude_self, "search": 2048 + exclude_self}
 
 
+@pytest.mark.parametrize("cores, threads", [(1, 2), (2, 2), (4, 3), (8, 7), (9, 8), (64, 8)])
+def test_a_gpu_encoder_tokenises_ahead_on_its_job_s_cores_but_one(cores, threads, monkeypatch):
+    """On the first GPU run two tokenising threads set the encoder's pace, not the GPU: encoding
+    takes the cores its process may run on (a Slurm job's) but the one driving the GPU, at least
+    the 2 the input pipeline is sized for, at most 8 (their GIL-held part bounds the gain)."""
+    monkeypatch.setattr(encode.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert encode.tokenizer_threads() == threads
+
+
 def test_embedding_order_survives_length_sorting_and_tokenising_ahead(monkeypatch):
     """Length-sorted batches, tokenised on threads ahead of the model (more batches than are ever
     in flight), come back in the texts' order: each row equals the text encoded alone."""

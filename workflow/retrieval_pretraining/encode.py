@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -218,9 +219,23 @@ def safe_threads(tokenizer, wanted: int, *max_lens: int) -> int:
 # Batches tokenised at once, ahead of a GPU model, on threads (the Rust tokenizer releases the GIL).
 # In turn with the model, tokenising 512-token passages (~1,450 a CPU-second) would leave a GPU
 # that encodes several thousand a second idle most of the time; two threads are the 2 cores per
-# GPU the input pipeline is sized for (benchmarks/RESULTS.md, issue 17). On CPU the model needs
-# the same cores: tokenising ahead only competes with it (3% fewer passages/s measured).
+# GPU the input pipeline is sized for (benchmarks/RESULTS.md, issue 17), and fine-tuning's
+# prefetch takes that many. On CPU the model needs the same cores: tokenising ahead only competes
+# with it (3% fewer passages/s measured).
 TOKENIZER_THREADS = 2
+# Encoding takes more where its job has the cores: on an H200, bert-base encoded 2,733 passages/s
+# at 512 tokens on 2 threads, what 2 threads tokenise (~1,800 a second each in Rust, then ~9,000 a
+# second of id lists turned into arrays under the GIL): the tokenizer, not the GPU, set the pace.
+# The GIL-held part bounds what more threads can add, hence the cap.
+MAX_TOKENIZER_THREADS = 8
+
+
+def tokenizer_threads() -> int:
+    """Threads that tokenise ahead of a GPU encoder: the cores this process may run on (a Slurm
+    job's --cpus-per-task, the profile's 8 a GPU) but one, which drives the GPU; at least
+    TOKENIZER_THREADS, at most MAX_TOKENIZER_THREADS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(TOKENIZER_THREADS, min(MAX_TOKENIZER_THREADS, cores - 1))
 
 
 @torch.inference_mode()
@@ -229,7 +244,7 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
           desc: str = "encode", prefix: str = "", tokenizer_threads: int | None = None) -> np.ndarray:
     """float32 vectors for `texts`, in order. Texts are length-sorted so padding is minimal.
     `tokenizer_threads`: threads tokenising the next batches while the model encodes one (0: in
-    turn with it); default TOKENIZER_THREADS on a GPU, 0 on CPU."""
+    turn with it); default tokenizer_threads() on a GPU, 0 on CPU."""
     model.eval()
     order = np.argsort([-len(t) for t in texts], kind="stable")
     out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
@@ -242,7 +257,7 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
         return rows, {k: v.pin_memory() for k, v in batch.items()} if cuda else batch
 
     blocks = [(order[start:start + batch_size],) for start in range(0, len(texts), batch_size)]
-    threads = safe_threads(tokenizer, (TOKENIZER_THREADS if cuda else 0)
+    threads = safe_threads(tokenizer, (tokenizer_threads() if cuda else 0)
                            if tokenizer_threads is None else tokenizer_threads, max_len)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="encode-inputs") if threads \
         else contextlib.nullcontext()
