@@ -92,13 +92,14 @@ def run(args) -> int:
                          "workers": settings["trainer"]["num_workers"],
                          "steps_timed": len(timed), "tokens_per_step": tokens_per_step,
                          "samples_per_s": round(tokens_per_s / tokens_per_step * micro, 1),
-                         "tokens_per_s": round(tokens_per_s)})
+                         "tokens_per_s": round(tokens_per_s),
+                         "input_wait_share": statistics.median(r["input_wait_share"] for r in timed)})
             print(json.dumps(rows[-1]), flush=True)
-    print("| objective | micro-batch | workers | samples/s (trainer) | tokens/s |")
-    print("|---|---|---|---|---|")
+    print("| objective | micro-batch | workers | samples/s (trainer) | tokens/s | waiting for input |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['objective']} | {r['micro_batch']} | {r['workers']} | {r['samples_per_s']} "
-              f"| {r['tokens_per_s']:,} |")
+              f"| {r['tokens_per_s']:,} | {r['input_wait_share']:.1%} |")
     return 1 if failed else 0
 
 

@@ -233,6 +233,28 @@ def test_logged_values_are_the_micro_batch_means(setup, tmp_path, monkeypatch):
         assert record["tokens_seen"] == sum(tokens[:2 * step + 2])
 
 
+def test_each_record_gives_the_share_of_time_spent_waiting_for_input(setup, tmp_path,
+                                                                     monkeypatch):
+    """`input_wait_share`: the loop's seconds waiting for the DataLoader over the interval's wall
+    seconds, what tells a user whether the input pipeline leaves a GPU idle. A loader slowed by
+    0.2 s a micro-batch makes it most of each step; the same run unslowed, far less."""
+    from retrieval_pretraining.pretrain.data import MicroBatches
+
+    code, fast = _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path / "fast")
+    getitem = MicroBatches.__getitem__
+
+    def slow(self, k):
+        time.sleep(0.2)
+        return getitem(self, k)
+
+    monkeypatch.setattr(MicroBatches, "__getitem__", slow)
+    code_slow, slowed = _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path / "slow")
+    assert code == code_slow == 0 and len(fast) == len(slowed) == 3
+    assert all(0.0 <= r["input_wait_share"] <= 1.0 for r in fast + slowed)
+    assert all(r["input_wait_share"] > 0.6 for r in slowed)
+    assert max(r["input_wait_share"] for r in fast) < min(r["input_wait_share"] for r in slowed) - 0.3
+
+
 def test_training_steps_run_with_dropout_on(dropout_setup, tmp_path, monkeypatch):
     modes = []
     _wrap_forward(monkeypatch, before=lambda model, batch: modes.append(
@@ -520,7 +542,8 @@ def test_a_full_disk_during_a_state_save_leaves_no_state_or_encoder_and_a_rerun_
 
 def _untimed(records):
     """Metrics records without what depends on the machine's speed and memory."""
-    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "memory_mb")}
+    return [{k: v for k, v in r.items()
+             if k not in ("tokens_per_s", "memory_mb", "input_wait_share")}
             for r in records]
 
 # Run in a child process: train() as the CLI runs it, SIGKILLed (as the OOM killer kills) once the

@@ -63,7 +63,7 @@ PRETRAINED_USE = (
 FINETUNED_USE = "the settings this encoder was fine-tuned with"
 # Records of a training run that are bookkeeping, not measurements of the encoder.
 NOT_MEASURED = ("step", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "memory_mb",
-                "encoder_frozen", "epoch", "event")
+                "encoder_frozen", "epoch", "event", "input_wait_share")
 
 
 # ---------------------------------------------------------------- sentence-transformers files ---

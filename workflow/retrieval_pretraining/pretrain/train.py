@@ -230,6 +230,10 @@ def train(
 
     started = time.perf_counter()
     record: dict[str, Any] = {}  # the last step's record: what the encoder's card states
+    # Seconds the loop waited for the DataLoader since the last record, over the wall seconds: after
+    # a step's read nothing is queued on a GPU, so this is the share of time an input pipeline left
+    # it idle (at most; a wait between micro-batches overlaps the previous one's kernels).
+    waited, interval_start = 0.0, time.perf_counter()
     model.train()  # dropout on (from_pretrained loads in eval mode)
     for step in range(start, total_steps):
         # Nothing in the step reads a value on the host: the losses, the gradient norm and the
@@ -242,7 +246,9 @@ def train(
         # A tensor, not a float: compiled, a float's value would be guarded (see Pretrainer.forward).
         progress = torch.full((), step / total_steps, dtype=torch.float64, device=env.device)
         for micro in range(accumulation):
+            asked = time.perf_counter()
             host_batch = next(batches)
+            waited += time.perf_counter() - asked
             item_ids.append(host_batch["chunk_ids"].tolist())  # still on the host: no read
             tokens += int(host_batch["n_tokens"])
             batch = {k: v.to(env.device, non_blocking=True) for k, v in host_batch.items()}
@@ -277,12 +283,14 @@ def train(
                 "step": step + 1, "lr": lr, "grad_norm": read.grad_norm, "tokens_per_s": rate,
                 "tokens_seen": tokens_seen, "memory_mb": training.memory_mb(env.device),
                 "encoder_frozen": step < head_warmup,
+                "input_wait_share": round(waited / (time.perf_counter() - interval_start), 4),
             }
             if probe_now:
                 record |= probe_scores()
             metrics.write(record)
             if board is not None:
                 board.write(record)
+            waited, interval_start = 0.0, time.perf_counter()  # the probes' time not counted
         done = step + 1
         if env.is_main and tr["checkpoint_every"] and done % tr["checkpoint_every"] == 0 and done < total_steps:
             save(done)
