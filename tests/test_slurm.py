@@ -61,7 +61,7 @@ CONFIG_OVERRIDES: dict = {
 }  # fmt: skip
 # Values that legitimately differ between two runs (clock, speed, where a run resumed): these keys
 # and any key naming a duration or a rate.
-VOLATILE_KEYS = {"created", "memory_mb", "resumed_from_step"}
+VOLATILE_KEYS = {"created", "memory_mb", "resumed_from_step", "input_wait_share"}
 VOLATILE_KEY = re.compile(r"(seconds|_per_s|elapsed|duration)")
 GPU_RULES = {
     "pretrain_model", "finetune_stage1", "finetune_stage2", "encode_corpus_shard",
