@@ -1,8 +1,10 @@
 """HostReads: a tensor that counts the times its value, or a value computed from it, is read on the
 host (item, tolist, float, int, bool, ...). On a GPU each such read waits for every queued kernel,
-so the trainers make one a step; on CPU this count is how the tests see it."""
+so the trainers make one a step; on CPU this count is how the tests see it. HostWaits: the same
+seen from the dispatcher, which also sees a Python value copied into a tensor."""
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class HostReads(torch.Tensor):
@@ -19,3 +21,20 @@ class HostReads(torch.Tensor):
 def counted(tensor: torch.Tensor) -> HostReads:
     """`tensor` (same data, same autograd history) as a HostReads."""
     return tensor.as_subclass(HostReads)
+
+
+class HostWaits(TorchDispatchMode):
+    """Inside it, `waits` lists every dispatched operation that would make the host wait for a GPU:
+    a Python value lifted into a tensor (`x[i] = True`, `torch.tensor(v)`: a copy from pageable
+    host memory, which CUDA makes synchronous) and a read of a value."""
+
+    OPS = ("aten.lift_fresh", "aten._local_scalar_dense")
+
+    def __init__(self):
+        super().__init__()
+        self.waits: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.OPS):
+            self.waits.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -26,7 +26,7 @@ from transformers import AutoModel, AutoTokenizer
 import pretrain_fixtures as fx
 from pretrain_fixtures import restore_stop_handlers  # noqa: F401 (a fixture)
 from full_disk import full_disk, is_full_disk_error
-from host_reads import HostReads, counted
+from host_reads import HostReads, HostWaits, counted
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain import objectives as obj
 from retrieval_pretraining.pretrain.masking import with_positions
@@ -412,11 +412,6 @@ def test_a_step_and_the_probes_make_every_tensor_on_the_device_of_their_inputs(
     assert any(key.startswith("probe_") for key in records[0])  # step 0's probes were written
 
 
-# Operations that make the host wait for a GPU: a Python value lifted into a tensor (`x[i] = True`,
-# `torch.tensor(v)`: a copy from pageable host memory, which CUDA makes synchronous) and a read.
-HOST_WAITS = ("aten.lift_fresh", "aten._local_scalar_dense")
-
-
 @pytest.mark.parametrize("objective, unpad", [
     *[(o, False) for o in ("mlm", "costa", "cpdae", "cpdae_r", "bow", "condenser", "cocondenser",
                            "retromae", "ae_decoder", "ar_decoder")],
@@ -426,25 +421,17 @@ def test_no_objective_s_forward_makes_the_host_wait(objective, unpad, setup, tmp
     """The first lent GPU counted one wait a step inside COSTA's and the two-view objectives'
     losses (an assignment of True into a mask: a copy from host memory). Here, on the CPU, every
     operation a step's forward dispatches is recorded, and none may be one that waits on a GPU."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func).startswith(HOST_WAITS):
-                waits.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    waits: list[str] = []
+    waits = HostWaits()
     forward = Pretrainer.forward
 
     def recorded(self, batch, progress=0.0):
-        with Record():
+        with waits:
             return forward(self, batch, progress)
 
     monkeypatch.setattr(Pretrainer, "forward", recorded)
     code, records = _run(fx.model_settings(objective, max_steps=2, unpad=unpad), setup, tmp_path)
     assert code == 0 and len(records) == 2
-    assert waits == []
+    assert waits.waits == []
 
 
 @pytest.mark.parametrize("objective", ["bow", "costa"])
