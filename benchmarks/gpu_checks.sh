@@ -93,11 +93,11 @@ for part in $parts; do
         capped $cap "${bench[@]}" 2>&1 | grep --line-buffered -v "it/s" | tee "$out/$file" ;;
     trainer)
         : > "$out/trainer.txt"
-        capped 300 bash -c 'for variant in "--objectives mlm costa bow cpdae" \
+        capped 300 bash -c 'code=0; for variant in "--objectives mlm costa bow cpdae" \
                 "--objectives mlm costa --unpad" "--objectives mlm --compile"; do
             python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus \
-                --arch bert-base --steps 30 $variant || exit
-        done' 2>&1 | grep --line-buffered -v "it/s" | tee -a "$out/trainer.txt" ;;
+                --arch bert-base --steps 30 $variant || code=1
+        done; exit $code' 2>&1 | grep --line-buffered -v "it/s" | tee -a "$out/trainer.txt" ;;
     dense)
         capped 150 python3 benchmarks/encode_and_search.py --device cuda --archs bert-base \
             --p-lens 128 512 --docs 8192 --batch 512 --corpus 1000000 --dim 768 \
