@@ -76,8 +76,10 @@ def _handler(mirror: Mirror):
             for key, value in {**headers, "Content-Length": str(len(body))}.items():
                 self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(body)
+            # Counted before the write: a client can read the whole body and its test check the
+            # count before this thread runs again (a CI run saw the count short by the body).
             mirror.bytes_sent += len(body)
+            self.wfile.write(body)
 
     return Handler
 
