@@ -16,6 +16,9 @@
 #   steps     [150; 122] benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per
 #             device, bf16: step time of each objective vs MLM, samples/s, MFU, the projected
 #             paper schedule, and the host synchronisations in one step of each (sync debug mode).
+#   js        [40; new] benchmarks/cpdae_js.py: CPDAE's JS term forward + backward (its own
+#             backward since that run) against the formula through autograd, at one GPU's
+#             shapes and paper.yaml's, with peak memory; appended to step_time.txt.
 #   unpadded  [90; 51] the same with unpad: true, for the paper's four objectives: the batches
 #             have no padding, so what it measures is attention over the real tokens alone (flash
 #             attention's variable-length op, no mask) against the padded path's masked
@@ -75,7 +78,7 @@ capped() {
 
 status=0
 parts=${*:2}
-parts=${parts:-tests steps unpadded compiled trainer dense gloo}
+parts=${parts:-tests steps js unpadded compiled trainer dense gloo}
 for part in $parts; do
     case $part in
     tests)
@@ -91,6 +94,8 @@ for part in $parts; do
         compiled) bench+=(--compile --objectives mlm costa cpdae bow) file=step_time_compiled.txt cap=300 ;;
         esac
         capped $cap "${bench[@]}" 2>&1 | grep --line-buffered -v "it/s" | tee "$out/$file" ;;
+    js)
+        capped 40 python3 benchmarks/cpdae_js.py --device cuda 2>&1 | tee -a "$out/step_time.txt" ;;
     trainer)
         : > "$out/trainer.txt"
         capped 300 bash -c 'code=0; for variant in "--objectives mlm costa bow cpdae" \
@@ -107,7 +112,7 @@ for part in $parts; do
         CUDA_VISIBLE_DEVICES='' capped 240 python3 -m pytest -v -p no:cacheprovider \
             -o addopts="-ra" $(xdist 4 loadfile) tests/test_pretrain_train.py tests/test_launch.py \
             2>&1 | tee "$out/gloo.txt" ;;
-    *) echo "unknown part: $part (tests, steps, unpadded, compiled, trainer, dense, gloo)" >&2
+    *) echo "unknown part: $part (tests, steps, js, unpadded, compiled, trainer, dense, gloo)" >&2
         exit 2 ;;
     esac
     code=${PIPESTATUS[0]}

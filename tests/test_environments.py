@@ -463,7 +463,7 @@ NOT_ON_THE_GPU_MACHINE = [
 # What benchmarks/gpu_checks.sh imports there: its test files and benchmarks, and the module
 # the trainer's processes run.
 GPU_CHECK_MODULES = [
-    "test_gpu", "test_pretrain_train", "test_launch", "pretrain_step_time", "encode_and_search",
+    "test_gpu", "test_pretrain_train", "test_launch", "pretrain_step_time", "cpdae_js", "encode_and_search",
     "trainer_throughput", "retrieval_pretraining.pretrain.__main__",
     "retrieval_pretraining.finetune.model",  # test_gpu's fine-tuning steps
 ]  # fmt: skip

@@ -434,12 +434,13 @@ def test_no_objective_s_forward_makes_the_host_wait(objective, unpad, setup, tmp
     assert waits.waits == []
 
 
-@pytest.mark.parametrize("objective", ["bow", "costa"])
+@pytest.mark.parametrize("objective", ["bow", "costa", "cpdae"])
 def test_a_compiled_trainer_follows_the_eager_run_without_recompiling_each_step(
         objective, setup, tmp_path, monkeypatch):
     """`compile: true` through dynamo and AOT autograd (the aot_eager backend: inductor's code
     generation takes minutes on CPU; the GPU checks time it). BoW's weight changes every step: as a
-    Python float it was guarded by value, a recompilation a step until dynamo failed."""
+    Python float it was guarded by value, a recompilation a step until dynamo failed. CPDAE's JS
+    term is a hand-written autograd Function, traced with its own backward."""
     from torch._dynamo.utils import counters
 
     _, eager = _run(fx.model_settings(objective, max_steps=6), setup, tmp_path / "eager")

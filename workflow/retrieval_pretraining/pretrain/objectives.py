@@ -15,6 +15,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from ..training import all_gather_with_grad, fp32_scores, upcast
 
@@ -107,36 +108,85 @@ def reconstruction_loss(logits: torch.Tensor, target: torch.Tensor, reduction: s
     return bce.mean()
 
 
+TINY = 1e-30  # log's floor: a sigmoid in fp32 reaches 0 below a logit of ~-104
+BLOCK_ELEMENTS = 2**23  # of [rows, B, V] made at once in pairwise_js: 32 MB in fp32
+
+
 def _plogp(p: torch.Tensor) -> torch.Tensor:
     """sum p log p over the last axis. The word distributions here come from sigmoids, so no entry
-    is exactly 0; the clamp only guards log(0) (and is much faster than torch.xlogy)."""
-    return (p * p.clamp_min(1e-30).log()).sum(dim=-1)
+    is exactly 0 in practice; the clamp only guards log(0) (and is much faster than torch.xlogy)."""
+    return (p * p.clamp_min(TINY).log()).sum(dim=-1)
 
 
-def pairwise_js(q: torch.Tensor, k: torch.Tensor | None = None, block: int = 16,
-                checkpoint_above: int = 2**25) -> torch.Tensor:
+def _log_mix_ratio(rows: torch.Tensor, others: torch.Tensor, half: torch.Tensor) -> torch.Tensor:
+    """log(M / R) = log(1/2 + P / 2R), M = (R + P) / 2, for every row R of `rows` [r, V] and every
+    row P of `others` [n, V] -> [r, n, V], in one kernel and an in-place log."""
+    return torch.addcdiv(half, others.unsqueeze(0), 2 * rows.clamp_min(TINY).unsqueeze(1)).log_()
+
+
+class _JensenShannon(torch.autograd.Function):
+    """JS(q_a, k_b) for every pair -> [A, B], as one autograd node whose [A, B, V] values are made
+    in row blocks and never kept (backward makes what it needs again).
+
+    Its gradient is d JS / d q_av = sum_b g_ab log(q_av / M_abv) / 2 (the +1 of d(p log p)
+    cancels between the terms), contracted over b by a matrix product, and the same over a for k.
+    Written through autograd (add, /2, clamp, log, *, sum, each saving or re-making [r, B, V]
+    values) the same function read and wrote ~35 arrays of that size, and its backward formed that
+    gradient as a difference of two sums ~B x 5 apart, in fp32. Here it is ~17 arrays, and the
+    log-ratios it sums are small (benchmarks/RESULTS.md, "CPDAE's JS term"). Computed in fp32
+    (float64 stays float64) under autocast too."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor | None, rows: int) -> torch.Tensor:
+        # k None: q against itself (one input: torch.compile traces no Function given one tensor
+        # twice; the two roles' gradients are summed here)
+        ctx.itself, ctx.rows = k is None, rows
+        k = q if k is None else k
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            mix_terms = q.new_empty(q.shape[0], k.shape[0])  # sum_v M log M
+            for i in range(0, q.shape[0], rows):
+                mix = torch.add(q[i:i + rows].unsqueeze(1), k.unsqueeze(0)).mul_(0.5)
+                # A sum, not a batch of dot products (bmm): JS ~0.01-0.5 is a difference of sums
+                # near -10 over 30k words, of which a sum keeps ~1e-6, bmm's running total ~1e-4.
+                mix_terms[i:i + rows] = mix.clamp_min(TINY).log_().mul_(mix).sum(dim=-1)
+            out = (_plogp(q).unsqueeze(1) + _plogp(k).unsqueeze(0)) / 2 - mix_terms
+        ctx.save_for_backward(q, *(() if ctx.itself else (k,)))
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        saved = ctx.saved_tensors  # (q, k), or (q,) when q against itself
+        q, k = saved[0], saved[-1]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            grad = grad.to(q.dtype)
+            half = q.new_full((1, 1, 1), 0.5)  # a fill, not a copy from the host
+            grad_q, grad_k = torch.empty_like(q), torch.zeros_like(k)
+            for i in range(0, q.shape[0], ctx.rows):
+                g, q_rows = grad[i:i + ctx.rows], q[i:i + ctx.rows]  # [r, B], [r, V]
+                # sum_b g_ab log(q_a / M_ab) = -sum_b g_ab log(M_ab / q_a)
+                grad_q[i:i + ctx.rows] = -torch.bmm(
+                    g.unsqueeze(1), _log_mix_ratio(q_rows, k, half)).squeeze(1)
+                # this block's share of sum_a g_ab log(k_b / M_ab), through [B, r, V]
+                grad_k -= torch.bmm(g.T.unsqueeze(1), _log_mix_ratio(k, q_rows, half)).squeeze(1)
+        grad_q, grad_k = grad_q / 2, grad_k / 2
+        return (grad_q + grad_k, None, None) if ctx.itself else (grad_q, grad_k, None)
+
+
+def pairwise_js(q: torch.Tensor, k: torch.Tensor | None = None,
+                rows: int | None = None) -> torch.Tensor:
     """Jensen-Shannon divergence (natural log) between every row of q [A, V] and every row of
     k [B, V] (default k = q; rows sum to 1) -> [A, B].
 
-    JS(P, Q) = (sum P log P + sum Q log Q) / 2 - sum M log M with M = (P + Q) / 2. Only the last
-    term is pairwise ([A, B, V] values); above `checkpoint_above` of them it is computed in row
-    blocks that are recomputed in backward, to bound memory (a batch of 64 texts = 128 views x
-    128 x 30,522 would otherwise keep ~2 GB per intermediate).
+    JS(P, Q) = (sum P log P + sum Q log Q) / 2 - sum M log M with M = (P + Q) / 2. The last term
+    is pairwise ([A, B, V] values: a batch of 64 texts = 128 views x 128 x 30,522 would be ~2 GB);
+    it is made `rows` rows of q at a time (default: BLOCK_ELEMENTS values a block), in forward and
+    again in backward, so memory stays bounded by one block whatever the batch.
     """
-    k = q if k is None else k
-    q_terms, k_terms = _plogp(q), _plogp(k)
-
-    def mix_block(rows: torch.Tensor) -> torch.Tensor:
-        return _plogp((rows.unsqueeze(1) + k.unsqueeze(0)) / 2)
-
-    if q.shape[0] * k.shape[0] * q.shape[1] <= checkpoint_above or not torch.is_grad_enabled():
-        mix = mix_block(q)
-    else:
-        mix = torch.cat([
-            torch.utils.checkpoint.checkpoint(mix_block, q[i:i + block], use_reentrant=False)
-            for i in range(0, q.shape[0], block)
-        ], dim=0)
-    return (q_terms.unsqueeze(1) + k_terms.unsqueeze(0)) / 2 - mix
+    k = None if k is q else k  # one set against itself: the Function takes it once
+    pool = q if k is None else k
+    rows = rows or max(1, BLOCK_ELEMENTS // max(1, pool.shape[0] * q.shape[1]))
+    return _JensenShannon.apply(q, k, rows)
 
 
 def gather_views(x: torch.Tensor, gather: bool) -> tuple[torch.Tensor, torch.Tensor]:
