@@ -5,7 +5,7 @@
         [--compile] [--unpad] [--objectives mlm costa ...]
 
 One "step" = forward + backward + AdamW step of one micro-batch, timed after warm-up (median of
---steps). On CPU the clock is the process's CPU time (summed over its threads), which other jobs
+--steps; on CUDA each objective's steps in turn, its figure printed as soon as it is known). On CPU the clock is the process's CPU time (summed over its threads), which other jobs
 on shared cores disturb far less than wall time. CPDAE processes two masked views per text, so
 ~2x is inherent; `mlm_2x` (MLM on both views) separates that from CPDAE's own terms. On CUDA it
 also reports samples/s and the model FLOPs utilisation (MFU: 6 x parameters + attention FLOPs per
@@ -174,6 +174,10 @@ def main() -> None:
     parser.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
                         help="auto: process CPU time on CPU (robust to other jobs sharing the cores), "
                              "wall time on CUDA")
+    parser.add_argument("--order", choices=["auto", "round-robin", "in-turn"], default="auto",
+                        help="round-robin: the objectives take turns step by step (drift on shared "
+                             "cores hits all alike); in-turn: each one's steps together, its figure "
+                             "printed when known; auto: in-turn on CUDA, round-robin elsewhere")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100 SXM dense bf16")
     parser.add_argument("--objectives", nargs="*", default=list(OBJECTIVES))
     parser.add_argument("--epochs", type=int, default=6, help="the paper schedule's epochs")
@@ -200,8 +204,6 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         vocab = pdata.Vocab.from_tokenizer(tokenizer)
         rows = make_batch(tokenizer, args.batch, args.max_len, np.random.default_rng(0))
-        # Objectives take turns step by step (round robin), so drift in what else runs on the
-        # machine hits all of them alike.
         runs = {}
         for objective in args.objectives:
             loss_name = objective.removesuffix("_2x")
@@ -216,20 +218,38 @@ def main() -> None:
             batch = {k: v.to(device) for k, v in
                      collate(rows, vocab, views, np.random.default_rng(1), args.max_len, loss_name).items()}
             runs[objective] = (model, optimizer, forward, batch, [])
-        for i in range(args.warmup + args.steps):
-            for objective, (model, optimizer, forward, batch, times) in runs.items():
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = clock()
-                with training.autocast(device):
-                    loss = forward(batch, progress=0.5)["loss"]
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if i >= args.warmup:
-                    times.append(clock() - start)
+        def step(objective: str) -> float:
+            _, optimizer, forward, batch, _ = runs[objective]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = clock()
+            with training.autocast(device):
+                loss = forward(batch, progress=0.5)["loss"]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            return clock() - start
+
+        if args.order == "in-turn" or (args.order == "auto" and device.type == "cuda"):
+            # Each objective's figure printed as it is known: a run cut short (a lent GPU's
+            # minutes, a compiled objective's first step) keeps the ones before.
+            for objective, run in runs.items():
+                first = step(objective)  # with --compile: the compilation
+                for i in range(1, max(args.warmup, 1) + args.steps):
+                    seconds = step(objective)
+                    if i >= args.warmup:
+                        run[4].append(seconds)
+                median = statistics.median(run[4])
+                print(f"{objective}: {median:.4f} s a step, {args.batch / median:.1f} samples/s "
+                      f"(first step {first:.1f} s)", flush=True)
+        else:
+            for i in range(args.warmup + args.steps):
+                for objective, run in runs.items():
+                    seconds = step(objective)
+                    if i >= args.warmup:
+                        run[4].append(seconds)
         results = {objective: statistics.median(run[4]) for objective, run in runs.items()}
         model = next(iter(runs.values()))[0]
         params = sum(p.numel() for n, p in model.encoder.named_parameters() if "embeddings" not in n)
