@@ -16,8 +16,8 @@
 #   steps     [150; 122 for all 11] benchmarks/pretrain_step_time.py for bert-base, 512 tokens,
 #             32 per device, bf16: step time of the paper's objectives vs MLM (and MLM on two
 #             views, CPDAE's rows; BoW at its recipe's 30% whole-word masking and at MLM's 15%),
-#             samples/s, MFU, the projected paper schedule, and the host
-#             synchronisations in one step of each (sync debug mode). The baselines' rows
+#             samples/s, MFU, the projected paper schedule, and the host synchronisations in
+#             one step of each (sync debug mode). The baselines' rows
 #             (condenser ... ar_decoder) are in that run's step_time.txt: their code is unchanged.
 #   js        [40; new] benchmarks/cpdae_js.py: CPDAE's JS term forward + backward (its own
 #             backward since that run) against the formula through autograd, at one GPU's

@@ -5,19 +5,20 @@
         [--compile] [--unpad] [--objectives mlm costa ...]
 
 One "step" = forward + backward + AdamW step of one micro-batch, timed after warm-up (median of
---steps; on CUDA each objective's steps in turn, its figure printed as soon as it is known). On CPU the clock is the process's CPU time (summed over its threads), which other jobs
-on shared cores disturb far less than wall time. CPDAE processes two masked views per text, so
-~2x is inherent; `mlm_2x` (MLM on both views) separates that from CPDAE's own terms. On CUDA it
-also reports samples/s and the model FLOPs utilisation (MFU: 6 x parameters + attention FLOPs per
-token, against --peak-tflops, bf16 dense) of plain MLM. Every run ends with the projected wall
-time of the paper schedule (--epochs x --corpus-chunks on --gpus devices like this one). Inputs
-are SciFact abstracts tokenised into chunks (real token statistics, no Wikipedia needed); spans
-are random valid spans (COSTA: 4 granularities x 5). coCondenser's rows are the two half-chunk
-segments of each text (the same tokens as one chunk); enhanced decoding hides 50% per decoder
-row; the auto-encoding decoder reads a 15%-masked copy, the auto-regressive one the unmasked chunk
-(the config's ae_decoder / ar_decoder blocks). Each objective's settings, its masking included, are
-paper.yaml's entry for it: BoW (its authors' recipe) and RetroMAE mask 30% whole words, so their
-MLM head predicts twice the positions; the table's `masking` column says which.
+--steps; on CUDA each objective's steps in turn, its figure printed as soon as it is known). On CPU
+the objectives take turns step by step, and the clock is the process's CPU time (summed over its
+threads): other jobs on shared cores disturb that far less than wall time. CPDAE processes two
+masked views per text, so ~2x is inherent; `mlm_2x` (MLM on both views) separates that from CPDAE's
+own terms. On CUDA it also reports samples/s and the model FLOPs utilisation (MFU: 6 x parameters +
+attention FLOPs per token, against --peak-tflops, bf16 dense) of plain MLM. Every run ends with the
+projected wall time of the paper schedule (--epochs x --corpus-chunks on --gpus devices like this
+one). Inputs are SciFact abstracts tokenised into chunks (real token statistics, no Wikipedia
+needed); spans are random valid spans (COSTA: 4 granularities x 5). coCondenser's rows are the two
+half-chunk segments of each text (the same tokens as one chunk); enhanced decoding hides 50% per
+decoder row; the auto-encoding decoder reads a 15%-masked copy, the auto-regressive one the unmasked
+chunk (the config's ae_decoder / ar_decoder blocks). Each objective's settings, its masking
+included, are paper.yaml's entry for it: BoW (its authors' recipe) and RetroMAE mask 30% whole
+words, so their MLM head predicts twice the positions; the table's `masking` column says which.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
 OBJECTIVES = ("mlm", "mlm_2x", "costa", "cpdae", "cpdae_r", "bow", "bow_15", "condenser", "cocondenser",
               "retromae", "ae_decoder", "ar_decoder")
 AT_MLM_MASKING = {"mask_rate": 0.15, "whole_word": False}  # the `_15` rows'
-
 
 
 # The BoW paper's Table 4 (samples/s on one H800, bert-base, batch 64 x 512 tokens), as step time
@@ -231,6 +231,7 @@ def main() -> None:
             runs[objective] = (model, optimizer, forward, batch, [])
             described[objective] = (f"{masking['mask_rate']:.0%}"
                                     + (" whole words" if masking["whole_word"] else ""))
+
         def step(objective: str) -> float:
             _, optimizer, forward, batch, _ = runs[objective]
             if device.type == "cuda":
