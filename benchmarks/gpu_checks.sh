@@ -10,9 +10,9 @@
 # open: benchmarks/gpu_runs/2026-11-26-h200/); default: all. [cap in s; what it took there]
 #   tests     [240; 125] tests/test_gpu.py on pytest-xdist workers where xdist is installed: fused
 #             AdamW vs the CPU update, the trainer on CUDA (fp32 and bf16, padded and unpadded)
-#             vs CPU, the trainer's waits for the GPU per step (one expected), flash attention
-#             under unpad (and one compiled graph), fine-tuning's steps on CUDA vs CPU and their
-#             waits, encoding through a real out-of-memory error.
+#             vs CPU, CPDAE's JS term vs float64, the trainer's waits for the GPU per step (one
+#             expected), flash attention under unpad (and one compiled graph), fine-tuning's
+#             steps on CUDA vs CPU and their waits, encoding through a real out-of-memory error.
 #   steps     [150; 122 for all 11] benchmarks/pretrain_step_time.py for bert-base, 512 tokens,
 #             32 per device, bf16: step time of the paper's objectives vs MLM (and MLM on two
 #             views, CPDAE's rows; BoW at its recipe's 30% whole-word masking and at MLM's 15%),

@@ -49,6 +49,30 @@ def test_fused_adamw_on_cuda_makes_the_cpu_update(setup):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_cpdae_js_term_on_cuda_under_bf16_autocast_matches_float64():
+    """CPDAE's JS term (its own backward, blocks, fp32 under autocast) on CUDA at BERT's
+    vocabulary, against the same function in float64 on the CPU (which the CPU tests hold to
+    the formula): values and both sets' gradients."""
+    from retrieval_pretraining.pretrain import objectives as obj
+
+    generator = torch.Generator().manual_seed(5)
+    q = torch.sigmoid(torch.randn(16, 30522, generator=generator) * 3 - 4)
+    k = torch.sigmoid(torch.randn(48, 30522, generator=generator) * 3 - 4)
+    q, k = q / q.sum(1, keepdim=True), k / k.sum(1, keepdim=True)
+    weights = torch.randn(16, 48, generator=generator)
+    wanted = [t.double().requires_grad_(True) for t in (q, k)]
+    want = obj.pairwise_js(*wanted)
+    (want * weights.double()).sum().backward()
+    got_leaves = [t.cuda().requires_grad_(True) for t in (q, k)]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = obj.pairwise_js(*got_leaves, rows=3)  # several blocks, the last one short
+        (got * weights.cuda()).sum().backward()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double().cpu(), want.detach(), atol=1e-5, rtol=0)
+    for leaf, wanted_leaf in zip(got_leaves, wanted):
+        torch.testing.assert_close(leaf.grad.double().cpu(), wanted_leaf.grad, atol=1e-4, rtol=1e-5)
+
+
 def _losses(setup, out: Path, objective: str, *, cpu: bool, precision: str = "auto", **trainer):
     checkpoint, chunks, spans = setup
     settings = fx.model_settings(objective, max_steps=8, precision=precision, **trainer)
