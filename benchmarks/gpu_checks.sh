@@ -16,9 +16,12 @@
 #   steps     [150; 122 for all 11] benchmarks/pretrain_step_time.py for bert-base, 512 tokens,
 #             32 per device, bf16: step time of the paper's objectives vs MLM (and MLM on two
 #             views, CPDAE's rows; BoW at its recipe's 30% whole-word masking and at MLM's 15%),
-#             samples/s, MFU, the projected paper schedule, and the host synchronisations in
-#             one step of each (sync debug mode). The baselines' rows
-#             (condenser ... ar_decoder) are in that run's step_time.txt: their code is unchanged.
+#             samples/s, MFU, the projected paper schedule, the host synchronisations in one
+#             step of each (sync debug mode), the operations a step dispatches (autocast's casts
+#             among them), and a profiled step of each: its kernels, the GPU's busy share of the
+#             step (under 1: it waited for the host) and the costliest kernels.
+#             The baselines' rows (condenser ... ar_decoder) are in that run's step_time.txt: their
+#             code is unchanged.
 #   js        [40; new] benchmarks/cpdae_js.py: CPDAE's JS term forward + backward (its own
 #             backward since that run) against the formula through autograd, at one GPU's
 #             shapes and paper.yaml's, with peak memory; appended to step_time.txt.
@@ -125,7 +128,7 @@ for part in $parts; do
         (exit "$code") ;;
     steps|unpadded|compiled)
         bench=(python3 benchmarks/pretrain_step_time.py --device cuda --arch bert-base
-            --max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989)
+            --max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989 --profile --ops)
         case $part in
         steps) bench+=(--objectives mlm mlm_2x costa cpdae cpdae_r bow bow_15) file=step_time.txt cap=150 ;;
         unpadded) bench+=(--unpad --objectives mlm costa cpdae bow) file=step_time_unpadded.txt cap=90 ;;

@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,75 @@ def collate(rows, vocab, views, rng, max_len, objective="mlm", rate=0.15, whole_
     return pdata.with_positions(out)  # as the trainer's batches: no device wait to select
 
 
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # chrome-trace categories of work on a device
+
+
+def busy_time(events: list[dict], categories=GPU_WORK) -> tuple[int, float, list[tuple[str, float]]]:
+    """(count, busy microseconds, [(name, microseconds)] most first) of the trace events in
+    `categories`; busy = the union of their intervals (work overlapping on streams counted once)."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                   if e.get("cat") in categories and "dur" in e)
+    busy, reached, by_name = 0.0, float("-inf"), Counter()
+    for start, stop, name in spans:
+        by_name[name] += stop - start
+        busy += max(0.0, stop - max(start, reached))
+        reached = max(reached, stop)
+    return len(spans), busy, by_name.most_common()
+
+
+def profiled(step, seconds: float) -> str:
+    """One more step under torch's profiler: how many kernels it ran, how long the GPU was busy
+    against the step's median wall time `seconds` (busy < wall: the GPU waited for the host, which
+    queues ~2,000 operations a step in eager mode), and the kernels that took most of it.
+    Kernel durations do not depend on the profiler's own host overhead; the wall time does, so
+    the share is taken against the unprofiled median."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())
+    count, busy, top = busy_time(events["traceEvents"] if isinstance(events, dict) else events)
+    if not count:
+        return "no GPU work recorded"
+    most = "; ".join(f"{name[:48]} {us / busy:.0%}" for name, us in top[:4])
+    return (f"{count} kernels, GPU busy {busy / 1e3:.1f} ms of {seconds * 1e3:.1f} "
+            f"({busy / 1e6 / seconds:.0%}); most: {most}")
+
+
+def dispatched_ops(forward, optimizer, batch, device) -> dict[str, int]:
+    """Operations one training step dispatches (forward, backward, optimizer; views included),
+    and of them the dtype conversions (autocast's casts). In eager mode each one costs the host
+    microseconds to queue, a kernel launch for most: what an eager step can hide behind the GPU's
+    work, or not. Counted under bf16 autocast on every device (on CPU too, where the trainer
+    runs fp32), so that a CPU count shows the casts a GPU step makes. Not meaningful under
+    torch.compile (its graphs dispatch as a few calls)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counted(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    phases = {}
+    with Counted() as phases["forward"], torch.autocast(device.type, dtype=torch.bfloat16):
+        loss = forward(batch, progress=0.5)["loss"]
+    with Counted() as phases["backward"]:
+        loss.backward()
+    with Counted() as phases["optimizer"]:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    counts = {name: sum(mode.ops.values()) for name, mode in phases.items()}
+    counts["casts"] = sum(mode.ops["aten._to_copy.default"] for mode in phases.values())
+    return counts
+
+
 def host_syncs(forward, optimizer, batch, device) -> int:
     """Operations of one training step that make the host wait for the GPU (torch's sync debug
     mode warns at each); each one leaves the GPU idle while the host queues the next kernels."""
@@ -185,6 +255,11 @@ def main() -> None:
                         help="round-robin: the objectives take turns step by step (drift on shared "
                              "cores hits all alike); in-turn: each one's steps together, its figure "
                              "printed when known; auto: in-turn on CUDA, round-robin elsewhere")
+    parser.add_argument("--profile", action="store_true",
+                        help="in turn: one more step of each objective under torch's profiler "
+                             "(kernels, the GPU's busy share of a step, the costliest kernels)")
+    parser.add_argument("--ops", action="store_true",
+                        help="count the operations one step of each objective dispatches (eager)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100 SXM dense bf16")
     parser.add_argument("--objectives", nargs="*", default=list(OBJECTIVES))
     parser.add_argument("--epochs", type=int, default=6, help="the paper schedule's epochs")
@@ -258,6 +333,11 @@ def main() -> None:
                 median = statistics.median(run[4])
                 print(f"{objective}: {median:.4f} s a step, {args.batch / median:.1f} samples/s "
                       f"(first step {first:.1f} s)", flush=True)
+                if args.profile:
+                    try:
+                        print(f"  profile: {profiled(lambda: step(objective), median)}", flush=True)
+                    except Exception as error:  # noqa: BLE001 (the figures above are kept)
+                        print(f"  profile failed: {type(error).__name__}: {error}", flush=True)
         else:
             for i in range(args.warmup + args.steps):
                 for objective, run in runs.items():
@@ -299,6 +379,10 @@ def main() -> None:
                 continue
             hours = samples / (args.batch / seconds * args.gpus) / 3600
             print(f"  {objective}: {hours:,.1f} h")
+        if args.ops:
+            for objective, run in runs.items():
+                counts = dispatched_ops(run[2], run[1], run[3], device)
+                print(f"Operations in one {objective} step: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
         if device.type == "cuda":  # after the figures: a failure here loses only this line
             try:
                 counts = {objective: host_syncs(run[2], run[1], run[3], device)
