@@ -230,3 +230,30 @@ def test_loading_draws_nothing_from_torch_s_generator_as_transformers_does_not(t
         state = torch.get_rng_state()
         load()
         assert torch.equal(state, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("unpadded", [False, True])
+def test_a_layer_projects_queries_keys_and_values_in_one_matrix_product(tiny, unpadded):
+    """One matrix product for the three projections (fewer kernels and casts an eager step
+    queues on a GPU): per layer 4 in forward (queries-keys-values, attention output, the two
+    feed-forward ones), where three separate projections make 6. The outputs are transformers'
+    (the tests above)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Products.count += str(func).startswith(("aten.addmm", "aten.mm", "aten.bmm", "aten.linear"))
+            return func(*args, **(kwargs or {}))
+
+    model = bert.load(tiny, add_pooling_layer=False, attn_implementation="eager")
+    batch = inputs()
+    extra = {}
+    if unpadded:
+        extra["token_positions"] = batch["attention_mask"].flatten().nonzero().squeeze(1)
+    with Products():
+        model(**batch, **extra)
+    layers = len(model.encoder.layer)
+    # eager attention: two batched products a layer (scores, then the weighted values)
+    assert Products.count == layers * (4 + 2)

@@ -162,7 +162,13 @@ class SelfAttention(nn.Module):
         offsets on the real tokens alone (variable-length sequences; the mask is then implied).
         Flash attention computes in bf16/fp16 only: an fp32 run on CUDA attends padded."""
         p = self.dropout.p if self.training else 0.0
-        projected = [proj(x) for proj in (self.query, self.key, self.value)]
+        # The three projections as one matrix product (the weights stay three modules, named as
+        # in the files): an eager bert-base training step then dispatches 2,512 operations, not
+        # 2,908, 388 of them casts, not 532 (benchmarks/RESULTS.md, "Why eager MLM ..."). The
+        # slices are views whose last dimension is contiguous, as attention's kernels require.
+        modules = (self.query, self.key, self.value)
+        projected = F.linear(x, torch.cat([m.weight for m in modules]),
+                             torch.cat([m.bias for m in modules])).chunk(3, dim=-1)
         if (layout is not None and layout.offsets is not None
                 and (x.device.type != "cuda" or projected[0].dtype in FLASH_DTYPES)):
             tokens, width = x.shape
