@@ -787,8 +787,11 @@ def test_two_gloo_processes_fine_tune_as_one_process_with_dropout_on(tmp_path):
     moved = max((one[k] - load_file(base / "model.safetensors")[k]).abs().max().item()
                 for k in one)
     assert moved > 1e-4  # the steps moved the weights: the equality below is not the start's
+    # Up to rounding, which AdamW's division by each gradient's own scale enlarges where a
+    # gradient is near zero (a word seen once): 1 and 2 processes differed by up to 1.7e-6 in the
+    # word embeddings (2e-4 moved); a rank keying the wrong micro-batch's dropout moves ~4e-4.
     for key in one:
-        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-5)
     one_losses = [json.loads(line).get("loss") for line in
                   (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     two_losses = [json.loads(line).get("loss") for line in
