@@ -1,7 +1,8 @@
 """HostReads: a tensor that counts the times its value, or a value computed from it, is read on the
 host (item, tolist, float, int, bool, ...). On a GPU each such read waits for every queued kernel,
 so the trainers make one a step; on CPU this count is how the tests see it. HostWaits: the same
-seen from the dispatcher, which also sees a Python value copied into a tensor."""
+seen from the dispatcher, which also sees a Python value copied into a tensor (a Dispatched: the
+recorder of named operations, which other tests use too)."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,7 +24,22 @@ def counted(tensor: torch.Tensor) -> HostReads:
     return tensor.as_subclass(HostReads)
 
 
-class HostWaits(TorchDispatchMode):
+class Dispatched(TorchDispatchMode):
+    """Inside it, `ops` lists every dispatched operation whose name starts with one of `prefixes`
+    (e.g. "aten.mm"), in order."""
+
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.prefixes):
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class HostWaits(Dispatched):
     """Inside it, `waits` lists every dispatched operation that would make the host wait for a GPU:
     a Python value lifted into a tensor (`x[i] = True`, `torch.tensor(v)`: a copy from pageable
     host memory, which CUDA makes synchronous) and a read of a value."""
@@ -31,10 +47,5 @@ class HostWaits(TorchDispatchMode):
     OPS = ("aten.lift_fresh", "aten._local_scalar_dense")
 
     def __init__(self):
-        super().__init__()
-        self.waits: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func).startswith(self.OPS):
-            self.waits.append(str(func))
-        return func(*args, **(kwargs or {}))
+        super().__init__(self.OPS)
+        self.waits = self.ops
