@@ -92,6 +92,8 @@ gloo_tests() {
     CUDA_VISIBLE_DEVICES='' python3 -m pytest -v -p no:cacheprovider -o addopts="-ra" \
         $(xdist 4 load) tests/test_pretrain_train.py tests/test_launch.py > "$out/gloo.txt" 2>&1
 }
+export -f gloo_tests xdist  # run by `bash -c` (beside the tests: in its own process group)
+export out
 
 status=0
 parts=${*:2}
@@ -103,8 +105,6 @@ for part in $parts; do
     tests)
         gloo_pid=""
         if [ -n "$beside" ]; then
-            export -f gloo_tests xdist
-            export out
             setsid bash -c gloo_tests &
             gloo_pid=$!
         fi
@@ -150,8 +150,6 @@ for part in $parts; do
             --queries 8192 --repeats 3 2>&1 | grep --line-buffered -v "it/s" | tee "$out/dense.txt" ;;
     gloo)
         [ -n "$beside" ] && continue  # ran beside the tests
-        export -f gloo_tests xdist
-        export out
         capped 240 bash -c gloo_tests; (exit $?) ;;
     *) echo "unknown part: $part (tests, steps, js, unpadded, compiled, trainer, dense, gloo)" >&2
         exit 2 ;;
