@@ -62,14 +62,19 @@ def timed(fn, q: torch.Tensor, k: torch.Tensor, repeats: int) -> tuple[float, st
     return statistics.median(times[1:] or times), peak, value.detach(), (q_.grad, k_.grad)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=30522)
     parser.add_argument("--shapes", nargs="*", default=["64x64", "16x128"])
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     torch.set_num_threads(args.threads)
     print("| views x pool | autograd: s (fwd + bwd) | pairwise_js: s | speed-up | peak MB, autograd "
           "| peak MB, pairwise_js | error: value, grad (autograd) | error: value, grad (pairwise_js) |"

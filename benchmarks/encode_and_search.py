@@ -138,7 +138,8 @@ def search(corpus: int, queries: int, dim: int, depth: int, repeats: int,
     return result
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--threads", type=int, default=2)
@@ -152,7 +153,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--depths", nargs="+", type=int, default=[200, 1000])
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     try:

@@ -235,7 +235,8 @@ def host_syncs(forward, optimizer, batch, device) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--arch", choices=["minilm-l2", "minilm-l6", "bert-base"], default="minilm-l2")
@@ -261,12 +262,16 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true",
                         help="count the operations one step of each objective dispatches (eager)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100 SXM dense bf16")
-    parser.add_argument("--objectives", nargs="*", default=list(OBJECTIVES))
+    parser.add_argument("--objectives", nargs="*", choices=OBJECTIVES, default=list(OBJECTIVES))
     parser.add_argument("--epochs", type=int, default=6, help="the paper schedule's epochs")
     parser.add_argument("--corpus-chunks", type=int, default=12_000_000,
                         help="chunks of 512 tokens in English Wikipedia (benchmarks/RESULTS.md)")
     parser.add_argument("--gpus", type=int, default=8, help="devices of the projected run")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     torch.set_num_threads(args.threads)
     if args.compile:
         # One compiled forward per objective, all of Pretrainer.forward: each is a recompilation of

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "workflow"), str(ROOT / "tests")]
 
 import pretrain_fixtures as fx  # noqa: E402  (run_module: the trainer's command line)
-from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
+from retrieval_pretraining.pretrain.settings import OBJECTIVE_BLOCKS, resolve_model  # noqa: E402
 
 PAPER = ROOT / "workflow/experiments/paper.yaml"
 WARMUP_STEPS = 5  # not counted: workers starting, CUDA kernels being chosen
@@ -103,7 +103,8 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("prepare").add_argument("out", type=Path)
@@ -111,13 +112,18 @@ def main() -> None:
     runner.add_argument("--corpus", type=Path, required=True)
     runner.add_argument("--arch", choices=["minilm-l2", "minilm-l6", "bert-base"],
                         default="minilm-l2")
-    runner.add_argument("--objectives", nargs="+", default=["mlm", "costa", "bow", "cpdae"])
+    runner.add_argument("--objectives", nargs="+", default=["mlm", "costa", "bow", "cpdae"],
+                        choices=[name for name in OBJECTIVE_BLOCKS if name != "none"])
     runner.add_argument("--steps", type=int, default=30)
     runner.add_argument("--compile", action="store_true",
                         help="the trainer's compile: true (its first steps compile: not timed)")
     runner.add_argument("--unpad", action="store_true",
                         help="the trainer's unpad: true (the layers skip the padding rows)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     if args.command == "prepare":
         prepare(args.out)
     else:

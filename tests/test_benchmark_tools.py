@@ -1,10 +1,18 @@
-"""The arithmetic the GPU benchmarks report with, which a lent GPU's minutes cannot afford to find
-wrong: the GPU's busy time of a profiled step (benchmarks/pretrain_step_time.py)."""
+"""What a lent GPU's minutes cannot afford to find wrong: the arithmetic the GPU benchmarks report
+with (the GPU's busy time of a profiled step, benchmarks/pretrain_step_time.py), and
+benchmarks/gpu_checks.sh itself (its parts, their arguments, its budget, the gloo tests beside)."""
 
+import importlib
+import json
+import os
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import pretrain_step_time  # noqa: E402
 
@@ -21,3 +29,127 @@ def test_busy_time_counts_overlapping_device_work_once_and_ignores_host_events()
     count, busy, by_name = pretrain_step_time.busy_time(events)
     assert (count, busy) == (4, 30.0)
     assert by_name == [("softmax", 15.0), ("gemm", 12.0), ("copy", 10.0)]
+
+
+# benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
+# minutes must not go to a part that never starts (a benchmark refusing its arguments, a test file
+# renamed) or to a budget the script does not keep.
+ALL_PARTS = ["tests", "steps", "js", "unpadded", "compiled", "trainer", "dense"]
+
+# Records each call's arguments (one JSON list a line) and acts as the GPU machine's python3 would
+# enough for the script: xdist installed, pip and pytest succeeding after STUB_<kind>_SECONDS.
+STUB_PYTHON = r'''#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+with open(os.environ["STUB_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\n")
+if args[:1] == ["-c"]:  # `import xdist` succeeds; the versions are printed
+    if "torch" in args[1]:
+        print("3.12.3 torch 2.11.0+cu130 transformers 5.23.0 cuda True")
+    sys.exit(0)
+if "tests/test_launch.py" in args:  # the gloo tests
+    open(os.environ["STUB_GLOO_PID"], "w").write(str(os.getpid()))
+    kind = "GLOO"
+elif "tests/test_gpu.py" in args:
+    kind = "TESTS"
+elif args and args[0].startswith("benchmarks/"):
+    kind = os.path.basename(args[0]).removesuffix(".py").upper()
+else:  # pip
+    kind = "OTHER"
+print(kind.lower(), "ran", flush=True)
+time.sleep(float(os.environ.get(f"STUB_{kind}_SECONDS", "0")))
+'''
+
+
+def run_gpu_checks(tmp_path, *parts, budget=300, **stub_seconds):
+    """gpu_checks.sh copied into a bare tree (its .gpu-carry holding one wheel) and run there with
+    the stand-ins first on PATH; returns (exit status, machine.txt lines, the calls, seconds)."""
+    tree, bin_dir, out = tmp_path / "tree", tmp_path / "bin", tmp_path / "out"
+    (tree / "benchmarks").mkdir(parents=True)
+    (tree / ".gpu-carry/wheels").mkdir(parents=True)
+    (tree / ".gpu-carry/wheels/stub-0-py3-none-any.whl").touch()
+    shutil.copy2(ROOT / "benchmarks/gpu_checks.sh", tree / "benchmarks")
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'name, memory.total [MiB]'\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPU_CHECKS_SECONDS": str(budget),
+           "STUB_LOG": str(tmp_path / "calls.jsonl"), "STUB_GLOO_PID": str(tmp_path / "gloo.pid"),
+           **{f"STUB_{kind.upper()}": str(s) for kind, s in stub_seconds.items()}}
+    started = time.monotonic()
+    done = subprocess.run(["bash", "benchmarks/gpu_checks.sh", str(out), *parts], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=120)
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    machine = (out / "machine.txt").read_text().splitlines() if (out / "machine.txt").exists() else []
+    return done, machine, calls, time.monotonic() - started
+
+
+def part_status(machine):
+    """{part: exit status} from machine.txt's `part: exit N at S s` lines."""
+    return {line.split(":")[0]: int(line.split("exit ")[1].split()[0])
+            for line in machine if " exit " in line}
+
+
+def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(tmp_path):
+    done, machine, calls, _ = run_gpu_checks(tmp_path, tests_seconds=3)  # gloo ends first
+    assert done.returncode == 0, done.stderr
+    status = part_status(machine)
+    assert status == {"gloo (beside the tests)": 0, **{part: 0 for part in ALL_PARTS}}
+    assert [line.split(":")[0] for line in machine if " exit " in line][1:] == ALL_PARTS
+
+    # Every benchmark call parses with the benchmark's own command line (a renamed option or an
+    # unknown objective exits 2 there), and every test file it names exists.
+    scripts = [call for call in calls if call[0].startswith("benchmarks/")]
+    assert {call[0] for call in scripts} == {"benchmarks/pretrain_step_time.py", "benchmarks/cpdae_js.py",
+                                             "benchmarks/trainer_throughput.py",
+                                             "benchmarks/encode_and_search.py"}
+    for script, *args in scripts:
+        assert (ROOT / script).exists()
+        module = importlib.import_module(Path(script).stem)
+        module.arguments().parse_args(args)
+    test_files = {arg for call in calls if call[:2] == ["-m", "pytest"] for arg in call
+                  if arg.startswith("tests/")}
+    assert test_files == {"tests/test_gpu.py", "tests/test_pretrain_train.py", "tests/test_launch.py"}
+    assert all((ROOT / name).exists() for name in test_files)
+    assert ["-m", "pip"] == next(call for call in calls if "pip" in call)[:2]  # .gpu-carry installed
+
+
+def test_gpu_checks_stops_the_gloo_tests_when_the_gpu_tests_end(tmp_path):
+    # The gloo tests run beside the GPU tests on the other cores and must not run on into the
+    # timings: they are stopped (their whole process group) when the GPU tests end.
+    done, machine, _, seconds = run_gpu_checks(tmp_path, "tests", "gloo", tests_seconds=1,
+                                               gloo_seconds=60)
+    assert seconds < 30
+    assert part_status(machine) == {"gloo (beside the tests)": 124, "tests": 0}
+    assert done.returncode == 1  # the gloo tests did not finish: not a clean run
+    assert gone(int((tmp_path / "gloo.pid").read_text()))
+
+
+def gone(pid, seconds=10.0):
+    """Whether process `pid` ends (or is left a zombie for its new parent to reap) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_gpu_checks_keeps_its_budget_cutting_a_part_and_skipping_the_rest(tmp_path):
+    # 16 s of budget: `steps` is cut at what is left, and with under 15 s left `js` never starts.
+    done, machine, calls, seconds = run_gpu_checks(tmp_path, "steps", "js", budget=16,
+                                                   pretrain_step_time_seconds=60)
+    assert seconds < 16 + 10
+    assert part_status(machine) == {"steps": 124, "js": 124}
+    assert done.returncode == 1
+    assert not any(call[0] == "benchmarks/cpdae_js.py" for call in calls)
+
+
+def test_gpu_checks_refuses_an_unknown_part(tmp_path):
+    done, _, _, _ = run_gpu_checks(tmp_path, "stepz")
+    assert done.returncode == 2
+    assert "unknown part: stepz" in done.stderr
