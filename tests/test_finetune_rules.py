@@ -2,7 +2,7 @@
 (no training runs).
 
 Which encoder each stage starts from and which negatives it trains on are the recipe knobs the
-papers disagree on (REFERENCE.md); these tests pin them down in the planned shell commands:
+papers and their public scripts disagree on; these tests pin them down in the planned shell commands:
 COSTA (continue from the previous stage, mined negatives only), coCondenser / BoW (restart from the
 pre-trained encoder), Tevatron (mined + BM25), documents (start from another dataset's model, two
 mining rounds, each mined with the previous round's model), and the low-resource wildcards.

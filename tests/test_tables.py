@@ -224,7 +224,7 @@ def test_published_values_beside_ours_at_paper_scale(tmp_path):
     make_tables(p, results, tmp_path / "t.md")
     text = (tmp_path / "t.md").read_text()
     ours = np.mean(base + 0.1)
-    # COSTA, BM25 negatives: 0.342 in the paper (REFERENCE.md); BERT hard negatives: 0.335.
+    # COSTA, BM25 negatives: 0.342 in the paper (COSTA Table 2); BERT hard negatives: 0.335.
     assert f"({0.342:.3f}, Δ {ours - 0.342:+.3f})" in text
     assert f"({0.335:.3f}, Δ {ours - 0.335:+.3f})" in text
     assert f"({0.184:.3f}, Δ {np.mean(base) - 0.184:+.3f})" in text  # BM25 k1=0.9 b=0.4
@@ -357,7 +357,7 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
 
 
 def test_published_lookup_by_fine_tuning_setting():
-    # REFERENCE.md: COSTA doc dev MRR@100 0.395 (round 1) / 0.422 (round 2); BERT passage R@1000 0.941 / 0.957.
+    # COSTA Tables 2 and 3: doc dev MRR@100 0.395 (round 1) / 0.422 (round 2); BERT passage R@1000 0.941 / 0.957.
     assert paper_value("costa", "msmarco-doc-dev", "RR@100", "round1").value == 0.395
     assert paper_value("costa", "msmarco-doc-dev", "RR@100", "round2").value == 0.422
     assert paper_value("none", "msmarco-passage-dev", "R@1000", "bm25-negatives").value == 0.941

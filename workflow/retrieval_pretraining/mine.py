@@ -1,6 +1,7 @@
 """Hard-negative mining: search the training queries with a fine-tuned encoder, keep non-positives.
 
-Recipes differ on every knob (REFERENCE.md), so each is a named option recorded in the manifest:
+Recipes differ on every knob (the COSTA authors' scripts, Tevatron, coCondenser, the BoW authors'
+code), so each is a named option recorded in the manifest:
   depth            how deep to search (COSTA: 200; Tevatron: 100)
   rank_window      [lo, hi) on 1-based search ranks (BoW authors skip the top 2: [3, null))
   sample           random (COSTA: 30 at random from the top 200) | top (the best n)

@@ -93,8 +93,8 @@ PAPER: tuple[Published, ...] = (
     ),
     Published(_COCONDENSER, "cocondenser", "nq-test", "Acc@5", 0.758, None, "its own recipe"),
     Published(_COCONDENSER, "cocondenser", "nq-test", "Acc@20", 0.843, None, "its own recipe"),
-    # Condenser fine-tuned on SciFact train with Tevatron's SciFact example (REFERENCE.md, "Public
-    # anchors for fine-tuning on SciFact"; bert-base 0.747 in the same example). Not the COSTA
+    # Condenser fine-tuned on SciFact train with Tevatron's SciFact example (its documentation;
+    # bert-base 0.747 in the same example). Not the COSTA
     # recipe, and the setting (negatives, stages) is the example's, so group None.
     Published(
         _TEVATRON, "condenser", "scifact-test", "nDCG@10", 0.784, None,

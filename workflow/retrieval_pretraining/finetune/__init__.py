@@ -2,7 +2,7 @@
 group (1 positive + group_size-1 negatives) and the other groups of its contrast set.
 
 What the contrast set is decides the number of negatives, and the papers disagree on it silently
-(REFERENCE.md), so here it is explicit (`sub_batches`, `gather`) and logged as
+(the COSTA authors' "batch 64" was 8 GPUs x 8 queries, not gathered), so here it is explicit (`sub_batches`, `gather`) and logged as
 `negatives_per_query`. Batches are a pure function of (seed, epoch, query id), so a resumed run, or
 one on a different number of GPUs, sees the same groups.
 

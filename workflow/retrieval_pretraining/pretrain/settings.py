@@ -23,7 +23,7 @@ OBJECTIVE_BLOCKS: dict[str, tuple[str, ...]] = {
 # defaults and the model entry's own keys (which still override any of it).
 #   code:  the authors' public code: the MLM head on [CLS], softmax CE against the uniform
 #          distribution over the bag (a mean over it), weight decaying 1 -> 0.1 on a cosine,
-#          30% whole-word masking (REFERENCE.md);
+#          30% whole-word masking;
 #   paper: the paper as written: h_CLS . E^T, -log p summed over the input's unique tokens (the
 #          normaliser is our literal reading, ARCHITECTURE.md), a constant weight, 15% masking
 #          (its reported setting; token-level, as BERT's).
