@@ -111,8 +111,10 @@ for part in $parts; do
             gloo_pid=$!
         fi
         # shellcheck disable=SC2046  # the options are words
-        capped 240 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" $(xdist 8 load) \
-            tests/test_gpu.py 2>&1 | tee "$out/tests.txt"
+        # --durations: which tests take the part's time (125 s on the H200, more than its parts'
+        # checks need), so that a later run can spend it on the timings instead.
+        capped 240 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --durations=15 \
+            $(xdist 8 load) tests/test_gpu.py 2>&1 | tee "$out/tests.txt"
         code=${PIPESTATUS[0]}
         if [ -n "$gloo_pid" ]; then
             if kill -0 "$gloo_pid" 2>/dev/null; then

@@ -108,10 +108,15 @@ def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(t
         assert (ROOT / script).exists()
         module = importlib.import_module(Path(script).stem)
         module.arguments().parse_args(args)
-    test_files = {arg for call in calls if call[:2] == ["-m", "pytest"] for arg in call
-                  if arg.startswith("tests/")}
+    pytest_calls = [call[2:] for call in calls if call[:2] == ["-m", "pytest"]]
+    test_files = {arg for call in pytest_calls for arg in call if arg.startswith("tests/")}
     assert test_files == {"tests/test_gpu.py", "tests/test_pretrain_train.py", "tests/test_launch.py"}
-    assert all((ROOT / name).exists() for name in test_files)
+    for args in pytest_calls:  # pytest itself takes the options and finds the tests (one process)
+        spread = {i for i, arg in enumerate(args) if arg in ("-n", "--dist") for i in (i, i + 1)}
+        args = [arg for i, arg in enumerate(args) if i not in spread] + ["--collect-only", "-n", "0"]
+        collected = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=300)
+        assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
     assert ["-m", "pip"] == next(call for call in calls if "pip" in call)[:2]  # .gpu-carry installed
 
 
