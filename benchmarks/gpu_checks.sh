@@ -25,6 +25,12 @@
 #   js        [40; new] benchmarks/cpdae_js.py: CPDAE's JS term forward + backward (its own
 #             backward since that run) against the formula through autograd, at one GPU's
 #             shapes and paper.yaml's, with peak memory; appended to step_time.txt.
+#   attn      [40; new] benchmarks/attention_kernels.py: bert-base's attention (32 x 512, padding as
+#             the trainer's chunks have it, dropout on) through the memory-efficient kernel the
+#             padded path's mask gets today, cuDNN's (which takes a mask, but torch's default
+#             order puts it after the math fallback), flash without a mask (the bound) and flash
+#             varlen over the real tokens (unpad), each checked against float64; appended to
+#             step_time.txt.
 #   unpadded  [90; 51] the same with unpad: true, for the paper's four objectives: the batches
 #             have no padding, so what it measures is attention over the real tokens alone (flash
 #             attention's variable-length op, no mask) against the padded path's masked
@@ -99,7 +105,7 @@ export out
 
 status=0
 parts=${*:2}
-parts=${parts:-tests steps js unpadded compiled trainer dense gloo}
+parts=${parts:-tests steps js attn unpadded compiled trainer dense gloo}
 beside=""  # gloo beside the tests: in its own process group, stopped when they end
 [[ " $parts " == *" tests "* && " $parts " == *" gloo "* ]] && beside=yes
 for part in $parts; do
@@ -141,6 +147,9 @@ for part in $parts; do
         capped $cap "${bench[@]}" 2>&1 | grep --line-buffered -v "it/s" | tee "$out/$file" ;;
     js)
         capped 40 python3 benchmarks/cpdae_js.py --device cuda 2>&1 | tee -a "$out/step_time.txt" ;;
+    attn)
+        capped 40 python3 benchmarks/attention_kernels.py --device cuda 2>&1 \
+            | tee -a "$out/step_time.txt" ;;
     trainer)
         : > "$out/trainer.txt"
         capped 300 bash -c 'code=0; for variant in "--objectives mlm costa bow cpdae" \
@@ -155,7 +164,7 @@ for part in $parts; do
     gloo)
         [ -n "$beside" ] && continue  # ran beside the tests
         capped 240 bash -c gloo_tests; (exit $?) ;;
-    *) echo "unknown part: $part (tests, steps, js, unpadded, compiled, trainer, dense, gloo)" >&2
+    *) echo "unknown part: $part (tests, steps, js, attn, unpadded, compiled, trainer, dense, gloo)" >&2
         exit 2 ;;
     esac
     code=${PIPESTATUS[0]}

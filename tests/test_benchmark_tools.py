@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -34,7 +36,7 @@ def test_busy_time_counts_overlapping_device_work_once_and_ignores_host_events()
 # benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
 # minutes must not go to a part that never starts (a benchmark refusing its arguments, a test file
 # renamed) or to a budget the script does not keep.
-ALL_PARTS = ["tests", "steps", "js", "unpadded", "compiled", "trainer", "dense"]
+ALL_PARTS = ["tests", "steps", "js", "attn", "unpadded", "compiled", "trainer", "dense"]
 
 # Records each call's arguments (one JSON list a line) and acts as the GPU machine's python3 would
 # enough for the script: xdist installed, pip and pytest succeeding after STUB_<kind>_SECONDS.
@@ -102,6 +104,7 @@ def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(t
     # unknown objective exits 2 there), and every test file it names exists.
     scripts = [call for call in calls if call[0].startswith("benchmarks/")]
     assert {call[0] for call in scripts} == {"benchmarks/pretrain_step_time.py", "benchmarks/cpdae_js.py",
+                                             "benchmarks/attention_kernels.py",
                                              "benchmarks/trainer_throughput.py",
                                              "benchmarks/encode_and_search.py"}
     for script, *args in scripts:
@@ -158,3 +161,41 @@ def test_gpu_checks_refuses_an_unknown_part(tmp_path):
     done, _, _, _ = run_gpu_checks(tmp_path, "stepz")
     assert done.returncode == 2
     assert "unknown part: stepz" in done.stderr
+
+
+# benchmarks/attention_kernels.py: what it reports as each kernel's error must be the error.
+import attention_kernels  # noqa: E402
+
+
+def test_attention_lengths_have_the_asked_mean():
+    lengths = attention_kernels.lengths_with_mean(20_000, 512, 445.0, torch.Generator().manual_seed(0))
+    assert abs(float(lengths.float().mean()) - 445.0) < 3
+    assert int(lengths.min()) >= attention_kernels.SHORTEST and int(lengths.max()) == 512
+
+
+def test_attention_kernels_agree_with_float64_attention_at_the_real_tokens():
+    """On the CPU: torch's choice and the variable-length path (its block-diagonal stand-in)
+    within float32 rounding of float64 attention; a path that mixed rows would be far off."""
+    done = subprocess.run(
+        [sys.executable, "benchmarks/attention_kernels.py", "--batch", "6", "--length", "48",
+         "--heads", "2", "--head-dim", "8", "--mean-length", "36", "--repeats", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "workflow")})
+    assert done.returncode == 0, done.stderr
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in done.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| kernel |")}
+    assert set(rows) == set(attention_kernels.VARIANTS)
+    for name in ("padded, torch's choice (mask)", "real tokens, flash varlen"):
+        errors = [float(value.strip(" |")) for value in rows[name][-2:]]
+        assert all(error < 1e-5 for error in errors), (name, rows[name])
+
+
+def test_the_attention_error_sees_a_wrong_row():
+    real = torch.tensor([[True, True, False], [True, False, False]])
+    reference = torch.randn(2, 1, 3, 4, dtype=torch.float64)
+    wrong = reference.clone()
+    wrong[1, 0, 0] += 1.0  # a real token
+    padding = reference.clone()
+    padding[1, 0, 2] += 100.0  # the padding: not read
+    assert attention_kernels.relative_error(padding, reference, real) == 0.0
+    assert attention_kernels.relative_error(wrong, reference, real) > 0.1
