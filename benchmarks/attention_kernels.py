@@ -40,7 +40,8 @@ from retrieval_pretraining.bert import varlen_attention  # noqa: E402
 SHORTEST = 64
 
 
-def lengths_with_mean(batch: int, length: int, mean: float, generator: torch.Generator) -> torch.Tensor:
+def lengths_with_mean(batch: int, length: int, mean: float,
+                      generator: torch.Generator) -> torch.Tensor:
     """Row lengths: full for a share of the rows, uniform in [SHORTEST, length) for the rest (from
     a quarter of the length for shapes under 256), the share chosen so that the expected length is
     `mean`."""
@@ -151,8 +152,10 @@ def main() -> None:
     reference.backward(grad.double())
     reference, reference_dq = reference.detach(), q64.grad
 
-    flops = 4 * float((lengths ** 2).sum()) * args.heads * args.head_dim * 3  # fwd + bwd, real pairs
-    print(f"{args.batch} rows of <= {args.length} tokens (mean {float(lengths.float().mean()):.0f}, "
+    # 4 FLOP a (query, key) pair and head dimension, x3 for forward + backward, the real pairs only
+    flops = 4 * float((lengths ** 2).sum()) * args.heads * args.head_dim * 3
+    mean = float(lengths.float().mean())
+    print(f"{args.batch} rows of <= {args.length} tokens (mean {mean:.0f}, "
           f"{int((lengths == args.length).sum())} full), {args.heads} heads x {args.head_dim}, "
           f"{str(dtype).removeprefix('torch.')}, dropout {args.dropout}, device {args.device}"
           + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""))
@@ -164,7 +167,8 @@ def main() -> None:
             try:
                 seconds, out, dq = measure(run, inputs, grad, args.repeats, args.dropout)
             except RuntimeError as error:
-                why = "; ".join(dict.fromkeys(str(w.message).split(" (Triggered")[0] for w in caught))
+                reasons = (str(w.message).split(" (Triggered")[0] for w in caught)
+                why = "; ".join(dict.fromkeys(reasons))
                 print(f"| {name} | unavailable: {why or str(error).splitlines()[0]} | | | |",
                       flush=True)
                 continue

@@ -6,8 +6,9 @@ import json as _json
 
 
 def report_models():
+    """Each model's name and objective, and the entry whose pre-training it copies, if any."""
     return [
-        {"name": m["name"], "objective": m["objective"]}
+        {k: m[k] for k in ("name", "objective", "reuse_pretraining") if k in m}
         for m in config["pretrain"]["models"]
     ]
 

@@ -76,14 +76,16 @@ def run_gpu_checks(tmp_path, *parts, budget=300, **stub_seconds):
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'name, memory.total [MiB]'\n")
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPU_CHECKS_SECONDS": str(budget),
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "GPU_CHECKS_SECONDS": str(budget),
            "STUB_LOG": str(tmp_path / "calls.jsonl"), "STUB_GLOO_PID": str(tmp_path / "gloo.pid"),
            **{f"STUB_{kind.upper()}": str(s) for kind, s in stub_seconds.items()}}
     started = time.monotonic()
     done = subprocess.run(["bash", "benchmarks/gpu_checks.sh", str(out), *parts], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=120)
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-    machine = (out / "machine.txt").read_text().splitlines() if (out / "machine.txt").exists() else []
+    machine_file = out / "machine.txt"
+    machine = machine_file.read_text().splitlines() if machine_file.exists() else []
     return done, machine, calls, time.monotonic() - started
 
 
@@ -103,24 +105,26 @@ def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(t
     # Every benchmark call parses with the benchmark's own command line (a renamed option or an
     # unknown objective exits 2 there), and every test file it names exists.
     scripts = [call for call in calls if call[0].startswith("benchmarks/")]
-    assert {call[0] for call in scripts} == {"benchmarks/pretrain_step_time.py", "benchmarks/cpdae_js.py",
-                                             "benchmarks/attention_kernels.py",
-                                             "benchmarks/trainer_throughput.py",
-                                             "benchmarks/encode_and_search.py"}
+    assert {call[0] for call in scripts} == {
+        f"benchmarks/{name}.py" for name in ("pretrain_step_time", "cpdae_js", "attention_kernels",
+                                             "trainer_throughput", "encode_and_search")}
     for script, *args in scripts:
         assert (ROOT / script).exists()
         module = importlib.import_module(Path(script).stem)
         module.arguments().parse_args(args)
     pytest_calls = [call[2:] for call in calls if call[:2] == ["-m", "pytest"]]
     test_files = {arg for call in pytest_calls for arg in call if arg.startswith("tests/")}
-    assert test_files == {"tests/test_gpu.py", "tests/test_pretrain_train.py", "tests/test_launch.py"}
+    assert test_files == {f"tests/{name}.py" for name in ("test_gpu", "test_pretrain_train",
+                                                          "test_launch")}
     for args in pytest_calls:  # pytest itself takes the options and finds the tests (one process)
         spread = {i for i, arg in enumerate(args) if arg in ("-n", "--dist") for i in (i, i + 1)}
-        args = [arg for i, arg in enumerate(args) if i not in spread] + ["--collect-only", "-n", "0"]
+        args = [arg for i, arg in enumerate(args) if i not in spread]
+        args += ["--collect-only", "-n", "0"]
         collected = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT,
                                    capture_output=True, text=True, timeout=300)
         assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
-    assert ["-m", "pip"] == next(call for call in calls if "pip" in call)[:2]  # .gpu-carry installed
+    # .gpu-carry's wheels installed
+    assert ["-m", "pip"] == next(call for call in calls if "pip" in call)[:2]
 
 
 def test_gpu_checks_stops_the_gloo_tests_when_the_gpu_tests_end(tmp_path):
@@ -135,7 +139,7 @@ def test_gpu_checks_stops_the_gloo_tests_when_the_gpu_tests_end(tmp_path):
 
 
 def gone(pid, seconds=10.0):
-    """Whether process `pid` ends (or is left a zombie for its new parent to reap) within `seconds`."""
+    """Whether process `pid` ends (or is left a zombie for its new parent to reap) in `seconds`."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -168,7 +172,8 @@ import attention_kernels  # noqa: E402
 
 
 def test_attention_lengths_have_the_asked_mean():
-    lengths = attention_kernels.lengths_with_mean(20_000, 512, 445.0, torch.Generator().manual_seed(0))
+    lengths = attention_kernels.lengths_with_mean(20_000, 512, 445.0,
+                                                  torch.Generator().manual_seed(0))
     assert abs(float(lengths.float().mean()) - 445.0) < 3
     assert int(lengths.min()) >= attention_kernels.SHORTEST and int(lengths.max()) == 512
 
@@ -182,7 +187,8 @@ def test_attention_kernels_agree_with_float64_attention_at_the_real_tokens():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT / "workflow")})
     assert done.returncode == 0, done.stderr
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in done.stdout.splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
+            for line in done.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| kernel |")}
     assert set(rows) == set(attention_kernels.VARIANTS)
     for name in ("padded, torch's choice (mask)", "real tokens, flash varlen"):

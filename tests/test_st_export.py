@@ -45,9 +45,14 @@ MEAN_COSINE = RetrievalSettings(pooling="mean", similarity="cosine", q_len=Q_LEN
                                 title="sep")
 PRETRAIN_INFO = {
     "settings": {"name": "costa", "objective": "costa", "spans": "costa",
-                 "trainer": {"global_batch_size": 8, "lr": 1e-4}},
-    "objective": "costa", "steps": 3, "tokens_seen": 2400, "chunks": 40,
-    "data": {"results/corpus/chunks/shard-0000.parquet": {}}, "final_metrics": {"loss": 2.5},
+                 "trainer": {"global_batch_size": 8, "lr": 1e-4},
+                 "corpora": [{"name": "wikipedia", "proportion": 0.25},
+                             {"name": "scifact", "proportion": 0.75}]},
+    "objective": "costa", "steps": 3, "tokens_seen": 2400, "chunks": 40, "probe_chunks": 4,
+    "chunk_files": 2, "span_files": 2,
+    "data": {f"results/corpus/{c}/{kind}/shard-0000.parquet": {}
+             for c in ("wikipedia", "scifact") for kind in ("chunks", "spans/costa")},
+    "final_metrics": {"loss": 2.5},
 }
 
 
@@ -218,6 +223,12 @@ def test_the_model_card_states_what_the_records_know(folders):
     assert block["use"]["pooling"] == "cls" and block["use"]["p_len"] == P_LEN
     assert block["use"]["chosen_by"] == st_export.PRETRAINED_USE  # not fine-tuned: said so
     assert "base_model" not in pretrained  # a local checkpoint: no Hub id to name
+    # What it read, as the trainer recorded it: the corpora (a mixture here), the held-out chunks,
+    # the chunk files apart from the span files.
+    assert block["pretraining"]["corpora"] == ["wikipedia (0.25)", "scifact (0.75)"]
+    assert ("on 40 chunks of `wikipedia (0.25)` + `scifact (0.75)` (4 of them held out for the "
+            "probes; 2 chunk files; spans `costa` from 2 span files).") in (
+        folders["pre-trained, cls + dot"][0] / "README.md").read_text()
     none = st_export.read_card(folders["none, mean + cosine"][0])["retrieval_pretraining"]
     assert none["encoder"] == "base checkpoint, not pre-trained" and "pretraining" not in none
     # A fine-tuned card inherits its init's facts and adds its fine-tuning.

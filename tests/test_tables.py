@@ -408,6 +408,23 @@ def test_zero_shot_provenance_names_the_encoder_it_used(tmp_path):
     assert "finetune/costa/scifact/stage2" in model_location(tmp_path, row, "scifact", group)
 
 
+def test_a_reused_pre_training_points_to_its_copy_and_to_the_run_that_trained_it(tmp_path):
+    """An entry with reuse_pretraining never runs pretrain_model: its log is the copy's and the
+    source's training log (rules/pretrain.smk)."""
+    models = [{"name": "costa-abl", "objective": "costa"},
+              {"name": "costa-abl-ftproj", "objective": "costa", "reuse_pretraining": "costa-abl"}]
+    for model, expected in [
+        ("costa-abl", ["pretrain_model/costa-abl.log"]),
+        ("costa-abl-ftproj", ["reuse_pretraining/costa-abl-ftproj.log",
+                              "pretrain_model/costa-abl.log"]),
+    ]:
+        row = Row("COSTA", f"{model}-stage1", model, "costa")
+        logs = log_location(tmp_path, row, "scifact", Group("bm25", [row], suffix="stage1"), "test",
+                            {"models": models})
+        named = [path.strip("`") for path in logs.split(", ")][:len(expected)]
+        assert named == [str(tmp_path / "logs" / path) for path in expected], logs
+
+
 def test_fine_tuned_rows_are_tested_against_their_own_zero_shot_row(tmp_path):
     """A `stage` baseline compares each row with the same model at that stage (stage0: before
     fine-tuning), so the marks say what fine-tuning added; stage0's own group gets no such mark."""

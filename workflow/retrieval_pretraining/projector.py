@@ -63,8 +63,8 @@ def from_heads(heads: Path) -> nn.Module:
         else:
             raise ProjectorError(
                 f"{heads} holds no text projector (keys {sorted(keys)[:6]}...); "
-                "finetune.projector needs a model pre-trained with objective costa and "
-                "costa.projector nonlinear or linear")
+                "a model's finetune.projector (pretrain.models[].finetune) needs it pre-trained "
+                "with objective costa and costa.projector nonlinear or linear")
     module = build(kind, weight.shape[1])
     _linear(module).load_state_dict({"weight": weight, "bias": bias})
     return module

@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 PRETRAINED_USE = (
     "not fine-tuned: [CLS] pooling and the dot product, the representation the pre-training "
     "objectives shape (a base checkpoint exported as it is keeps its own sentence-transformers "
-    "pooling); the workflow's zero-shot (stage 0) rows encode it with config `finetune.pooling` / "
-    "`finetune.similarity` instead"
+    "pooling); the workflow's zero-shot (stage 0) rows encode it with config `finetune.pooling`, "
+    "`finetune.similarity`, `finetune.q_len` and `finetune.p_len` instead"
 )
 FINETUNED_USE = "the settings this encoder was fine-tuned with"
 # Records of a training run that are bookkeeping, not measurements of the encoder.
@@ -191,10 +191,31 @@ def pretrained_card(info: Mapping[str, Any], checkpoint: str | Path) -> dict[str
         facts["pretraining"] = {
             "steps": info.get("steps"), "tokens_seen": info.get("tokens_seen"),
             "global_batch_size": trainer.get("global_batch_size"), "lr": trainer.get("lr"),
-            "chunks": info.get("chunks"), "corpus_shards": sorted(info.get("data", {})),
+            "corpora": [c["name"] if c.get("proportion", 1.0) == 1.0
+                        else f"{c['name']} ({c['proportion']:g})"
+                        for c in settings.get("corpora") or []],
+            "chunks": info.get("chunks"), "held_out_chunks": info.get("probe_chunks"),
+            "chunk_files": info.get("chunk_files"), "span_files": info.get("span_files"),
+            "data_files": sorted(info.get("data", {})),
             "spans": settings.get("spans"), "final": measured(info.get("final_metrics")),
         }
     return facts
+
+
+def _pretraining_data(pretraining: Mapping[str, Any]) -> str:
+    """What the card's pre-training line says the model read: `40 chunks of `wikipedia` (4 of
+    them held out for the probes; 2 chunk files; spans `costa` from 2 span files)`."""
+    corpora = " + ".join(f"`{name}`" for name in pretraining.get("corpora") or []) or "its corpus"
+    held_out = pretraining.get("held_out_chunks")
+    files = pretraining.get("chunk_files")
+    notes = [f"{held_out} of them held out for the probes"] if held_out else []
+    notes += [f"{files} chunk files"] if files is not None else []
+    if pretraining.get("spans"):
+        span_files = pretraining.get("span_files")
+        notes.append(f"spans `{pretraining['spans']}`"
+                     + (f" from {span_files} span files" if span_files is not None else ""))
+    return (f"{pretraining.get('chunks')} chunks of {corpora}"
+            + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def finetuned_card(provenance: Mapping[str, Any], init: str | Path,
@@ -288,7 +309,7 @@ def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings,
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
         f"# {name}: {block.get('encoder', 'encoder')} dense-retrieval encoder", "",
-        "Written by the retrieval-pretraining workflow (Wikipedia pre-training of dense-retrieval "
+        "Written by the retrieval-pretraining workflow (pre-training of dense-retrieval "
         "text encoders). The YAML block `retrieval_pretraining` above holds everything the "
         "workflow knew when it wrote this folder; `training.json` and `manifest.json` beside "
         "this card are its full records.", "",
@@ -307,8 +328,9 @@ def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings,
            + ("normalisation." if retrieval.similarity == "cosine" else "scoring.")]
           if projector else []),
         f"- Chosen by: {block['use']['chosen_by']}.",
-        f"- Lengths: queries are truncated at q_len = {retrieval.q_len} tokens by our pipeline, "
-        f"passages (title included) at p_len = {retrieval.p_len}. sentence-transformers keeps "
+        f"- Lengths: queries are truncated at q_len = {retrieval.q_len} tokens"
+        + (" by our pipeline" if block.get("finetuning") else " (a convention, as above)")
+        + f", passages (title included) at p_len = {retrieval.p_len}. sentence-transformers keeps "
         f"one `max_seq_length`, saved as p_len; set it to {retrieval.q_len} while encoding "
         "queries to get our query vectors exactly (shorter queries are the same either way).",
         f"- Passages with a title: {_title_rule(retrieval.title)}"
@@ -326,10 +348,7 @@ def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings,
     pretraining = block.get("pretraining")
     if pretraining:
         lines.append(f"- Pre-training: {pretraining.get('steps')} steps, "
-                     f"{pretraining.get('tokens_seen')} tokens, on {pretraining.get('chunks')} "
-                     f"Wikipedia chunks ({len(pretraining.get('corpus_shards') or [])} shard files)"
-                     + (f", spans `{pretraining['spans']}`" if pretraining.get("spans") else "")
-                     + ".")
+                     f"{pretraining.get('tokens_seen')} tokens, on {_pretraining_data(pretraining)}.")
     elif block.get("objective") == "none":
         lines.append("- No pre-training: the base checkpoint's weights as they are.")
     for step in block.get("finetuning") or []:

@@ -40,13 +40,13 @@ def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.de
     if projector and projector_of(encoder) is None:
         if heads is None:
             raise text_projector.ProjectorError(
-                f"finetune.projector is on, but {folder} has no {text_projector.FILE} and no "
-                "pre-training heads file was given (--heads)")
+                f"the model's finetune.projector (pretrain.models[].finetune) is on, but {folder} "
+                f"has no {text_projector.FILE} and no pre-training heads file was given (--heads)")
         attach_projector(encoder, text_projector.from_heads(Path(heads)).to(device))
     if not projector and projector_of(encoder) is not None:
         raise text_projector.ProjectorError(
             f"{folder} embeds through a text projector ({text_projector.FILE}), but "
-            "finetune.projector is off for this model; set the model's finetune.projector")
+            "the model's finetune.projector is off (pretrain.models[].finetune); set it to true")
     return BiEncoder(encoder, retrieval.pooling, retrieval.similarity), tokenizer
 
 

@@ -53,8 +53,9 @@ class FinetuneSettings:
         check_bool("finetune.gather", self.gather)
         check_bool("finetune.projector", self.projector)
         if self.projector and self.retrieval.pooling != "cls":
-            raise ConfigError(f"finetune.projector embeds [CLS] through COSTA's projector, but "
-                              f"pooling is {self.retrieval.pooling!r}; use pooling cls")
+            raise ConfigError(f"the model's finetune.projector (pretrain.models[].finetune) "
+                              f"embeds [CLS] through COSTA's projector, but finetune.pooling is "
+                              f"{self.retrieval.pooling!r}; use pooling cls")
         check_number("finetune.lr", self.lr, low=0, low_open=True)
         check_number("finetune.warmup_ratio", self.warmup_ratio, low=0, high=1)
         check_number("finetune.weight_decay", self.weight_decay, low=0)

@@ -309,6 +309,7 @@ def train(
             "steps_per_epoch": dataset.steps_per_epoch, "chunks": len(dataset.store),
             "head_warmup_steps": head_warmup, "fresh_mlm_head": model.fresh_head,
             "probe_chunks": len(dataset.holdout_rows),
+            "chunk_files": len(chunks), "span_files": len(spans or []),
             "resumed_from_step": start, "train_seconds_this_run": round(time.perf_counter() - started, 1),
             "checkpoint": str(checkpoint), "init_heads": str(init_heads) if init_heads else None,
             "corpora": settings.get("corpora"), "corpus_quotas": dataset.quotas.tolist(),

@@ -235,8 +235,14 @@ def log_location(
         paths = [logs / "build_bm25_index" / f"{dataset}.log"]
         paths += [logs / "bm25_search" / dataset / f"{split}.log"] if split else []
     else:
-        pretrain_rule = "export_base_encoder" if row.objective == "none" else "pretrain_model"
-        paths = [logs / pretrain_rule / f"{row.model}.log"]
+        entry = next((m for m in (params or {}).get("models", []) if m["name"] == row.model), {})
+        if row.objective == "none":
+            paths = [logs / "export_base_encoder" / f"{row.model}.log"]
+        elif entry.get("reuse_pretraining"):  # a copy of another entry's pre-training: the copy's
+            paths = [logs / "reuse_pretraining" / f"{row.model}.log",  # log, then the training's
+                     logs / "pretrain_model" / f"{entry['reuse_pretraining']}.log"]
+        else:
+            paths = [logs / "pretrain_model" / f"{row.model}.log"]
         encoder = ((params or {}).get("encoders") or {}).get(f"{dataset}/{row.system}", "")
         if encoder.startswith("results/finetune/"):  # a fine-tuned encoder: its own log
             paths.append(logs / "finetune" / Path(encoder).relative_to("results/finetune")

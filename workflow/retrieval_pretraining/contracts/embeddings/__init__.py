@@ -33,13 +33,15 @@ def open_shards(npy_files: Sequence[Path], id_files: Sequence[Path]) -> tuple[li
             block_ids = pq.read_table(id_file, columns=["doc_id"]).column("doc_id").to_pylist()
         if block.ndim != 2 or block.dtype.kind != "f":
             raise InputFileError(f"{npy} holds a {block.dtype} array of shape {block.shape}, not one "
-                                 "float vector per row; re-run the encode_corpus job of that shard")
+                                 "float vector per row; re-run the job that encoded that shard "
+                                 "(encode_corpus_shard, or encode_baseline_shard)")
         if shards and block.shape[1] != shards[0].shape[1]:
             raise InputFileError(f"{npy} has {block.shape[1]}-d vectors but {npy_files[0]} has "
                                  f"{shards[0].shape[1]}-d; encode every shard with the same model")
         if len(block) != len(block_ids):
             raise InputFileError(f"{npy} has {len(block)} rows but {id_file} has "
-                                 f"{len(block_ids)} ids; re-run the encode_corpus job of that shard")
+                                 f"{len(block_ids)} ids; re-run the job that encoded that shard "
+                                 "(encode_corpus_shard, or encode_baseline_shard)")
         shards.append(block)
         ids.extend(block_ids)
     return shards, ids
