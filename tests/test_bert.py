@@ -13,7 +13,9 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch.nn.attention import SDPBackend
 from transformers import BertConfig, BertForMaskedLM
 from transformers import BertModel as HFBertModel
 
@@ -74,6 +76,49 @@ def test_the_demo_checkpoint_computes_what_transformers_computes(attention):
     assert not ours.training and not theirs.training
     with torch.no_grad():
         assert_same_outputs(ours, theirs, inputs(vocab=30522, length=33))
+
+
+def test_cudnn_first_attention_runs_sdpa_s_kernels_where_cudnn_cannot_run(monkeypatch):
+    """"sdpa_cudnn" puts cuDNN's attention first in SDPA's order while the layers run (it takes
+    the padding mask that rules flash out; tests/test_gpu.py checks that it runs on a GPU), and
+    torch's own order is back after. On the CPU, which has no cuDNN (and whose kernel choice
+    does not follow the order), the same kernels as "sdpa" run: the same states, bit for bit, in
+    inference and in training (dropout), and the same gradients."""
+    orders, sdpa = [], F.scaled_dot_product_attention
+
+    def recorded(*args, **kwargs):
+        orders.append(torch._C._get_sdp_priority_order()[0])
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorded)
+    default = torch._C._get_sdp_priority_order()
+    batch, results = inputs(vocab=30522, length=33), []
+    for attention in ("sdpa", "sdpa_cudnn"):
+        model = bert.load(MINILM, attn_implementation=attention)
+        with torch.no_grad():
+            inferred = model(**batch).last_hidden_state
+        torch.manual_seed(7)
+        out = model.train()(**batch)
+        (out.last_hidden_state[batch["attention_mask"].bool()] ** 2).mean().backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        results.append((inferred, out.last_hidden_state, grads))
+    # 6 layers, inference and training, for each
+    assert orders == [default[0]] * 12 + [int(SDPBackend.CUDNN_ATTENTION)] * 12
+    assert torch._C._get_sdp_priority_order() == default
+    (inferred, trained, grads), (inferred_cudnn, trained_cudnn, grads_cudnn) = results
+    assert torch.equal(inferred, inferred_cudnn) and torch.equal(trained, trained_cudnn)
+    assert sorted(grads) == sorted(grads_cudnn) != []
+    assert all(torch.equal(g, grads_cudnn[name]) for name, g in grads.items())
+
+
+def test_cudnn_first_attention_compiles_to_one_graph():
+    import torch._dynamo
+
+    model = bert.load(MINILM, attn_implementation="sdpa_cudnn")
+    torch._dynamo.reset()
+    found = torch._dynamo.explain(model)(**inputs(vocab=30522, length=33))
+    torch._dynamo.reset()
+    assert [r.reason for r in found.break_reasons] == [] and found.graph_count == 1
 
 
 def test_without_a_pooler_or_token_types_or_a_mask(tiny):

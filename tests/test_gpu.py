@@ -148,6 +148,37 @@ def test_unpadded_attention_runs_flash_attention_on_cuda(setup):
     assert len(flash) >= 2, kernels  # forward and backward (aten::_flash_attention_*, kernels)
 
 
+def test_cudnn_first_attention_runs_cudnn_s_kernel_on_cuda_with_a_padding_mask(setup):
+    """attn_implementation sdpa_cudnn on CUDA in bf16, in training (dropout on) with padding:
+    attention runs cuDNN's op, forward and backward, where "sdpa" runs the memory-efficient one,
+    and (dropout off) the states at the real tokens are sdpa's within bf16 rounding."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from retrieval_pretraining import bert
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([64, 40, 7, 64, 33])
+    mask = (torch.arange(64)[None, :] < lengths[:, None]).long().cuda()
+    ids = torch.randint(1000, 30000, (5, 64), generator=generator).cuda()
+    real = mask.bool()
+    ops, states = {}, {}
+    for attention in ("sdpa", "sdpa_cudnn"):
+        model = bert.load(setup[0], attn_implementation=attention).cuda().train()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(ids, mask)
+            out.last_hidden_state.float().square().mean().backward()
+        ops[attention] = {e.key for e in prof.key_averages() if e.key.startswith("aten::_")
+                          and "attention" in e.key}
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            states[attention] = model.eval()(ids, mask).last_hidden_state.float()
+    assert any("cudnn_attention" in op for op in ops["sdpa_cudnn"]), ops
+    assert any("cudnn_attention_backward" in op for op in ops["sdpa_cudnn"]), ops
+    assert not any("cudnn" in op for op in ops["sdpa"]), ops
+    torch.testing.assert_close(states["sdpa_cudnn"][real], states["sdpa"][real], rtol=2e-2,
+                               atol=2e-2)
+
+
 def test_unpadded_attention_traces_to_one_graph_on_cuda(setup):
     """compile with unpad: the variable-length attention's CUDA path (flash's op, called
     directly) takes its row lengths from the offsets and the given longest row, so dynamo

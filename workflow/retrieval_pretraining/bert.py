@@ -12,6 +12,7 @@ AutoModel instead (`model_folder.load_model`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .model_folder import ModelFolderError
 
@@ -41,6 +43,14 @@ PREFIX = "bert."  # BertForMaskedLM / BertForPreTraining keep the encoder under 
 # included (the padded path's mask rules flash out and runs the memory-efficient kernel). On CPU
 # attention stays padded: `varlen_attention`'s CPU stand-in exists for the tests.
 VARLEN_DEVICES = ("cuda",)
+# How attention is computed: "sdpa" in torch's own kernel order (flash, memory-efficient, math,
+# then cuDNN, which the math fallback always pre-empts: a padding mask rules flash out, so the
+# padded path runs the memory-efficient kernel); "sdpa_cudnn" with cuDNN's kernel first, which
+# takes the mask (where it cannot run the inputs, torch's order follows: on CPU the same kernels
+# as "sdpa"); "eager" the softmax written out, as transformers' eager path.
+IMPLEMENTATIONS = ("sdpa", "sdpa_cudnn", "eager")
+CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+               SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash attention computes in these alone
 # BertModel's defaults (transformers' BertConfig) for keys a config.json may leave out.
 DEFAULTS = {
@@ -177,7 +187,7 @@ class SelfAttention(nn.Module):
         batch, length, width = (layout.batch, layout.length, x.shape[-1]) if layout else x.shape
         q, k, v = ((t if layout is None else layout.pad(t))
                    .view(batch, length, self.heads, -1).transpose(1, 2) for t in projected)
-        if self.implementation == "sdpa":
+        if self.implementation != "eager":  # the kernel order: BertModel.forward
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:  # "eager": the softmax written out, as transformers' eager path computes it
             scores = (q @ k.transpose(2, 3)) * q.shape[-1] ** -0.5
@@ -271,8 +281,9 @@ class BertModel(nn.Module):
     def __init__(self, config: Config, add_pooling_layer: bool = True,
                  attn_implementation: str = "sdpa"):
         super().__init__()
-        if attn_implementation not in ("sdpa", "eager"):
-            raise ValueError(f"attn_implementation {attn_implementation!r}: use 'sdpa' or 'eager'")
+        if attn_implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation {attn_implementation!r}: use one of "
+                             f"{', '.join(IMPLEMENTATIONS)}")
         self.config = config
         self.attn_implementation = attn_implementation
         self.embeddings = Embeddings(config)
@@ -287,8 +298,8 @@ class BertModel(nn.Module):
                 token_positions: torch.Tensor | None = None) -> Output:
         """`token_positions`: the flat indices of the tokens attention_mask keeps (found on the
         host, masking.with_positions): the layers then compute those rows only, not the padding
-        (attention too on VARLEN_DEVICES with "sdpa", else padded). The states are the same at
-        those tokens, zero at the padding; dropout draws differ from the padded computation."""
+        (attention too on VARLEN_DEVICES unless "eager", else padded). The states are the same
+        at those tokens, zero at the padding; dropout draws differ from the padded computation."""
         x = self.embeddings(input_ids, token_type_ids)
         # Always the mask when one is given: no host synchronisation to test it for all-ones, and
         # one kernel for a batch with padding and one without (near-ties ranked the same).
@@ -298,9 +309,12 @@ class BertModel(nn.Module):
         if layout is not None:
             x = layout.unpad(x)
         states = [x]
-        for layer in self.encoder.layer:
-            x = layer(x, mask, layout)
-            states.append(x)
+        # The forward picks each attention's kernel, and its backward follows that choice.
+        cudnn_first = self.attn_implementation == "sdpa_cudnn"
+        with sdpa_kernel(CUDNN_FIRST, set_priority=True) if cudnn_first else contextlib.nullcontext():
+            for layer in self.encoder.layer:
+                x = layer(x, mask, layout)
+                states.append(x)
         if layout is not None:
             x = layout.pad(x)
             states = [layout.pad(state) for state in states] if output_hidden_states else states
@@ -310,7 +324,7 @@ class BertModel(nn.Module):
     def _layout(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 token_positions: torch.Tensor) -> Layout:
         batch, length = input_ids.shape
-        if self.attn_implementation != "sdpa" or input_ids.device.type not in VARLEN_DEVICES:
+        if self.attn_implementation == "eager" or input_ids.device.type not in VARLEN_DEVICES:
             return Layout(batch, length, token_positions)
         lengths = (input_ids.new_full((batch,), length) if attention_mask is None
                    else attention_mask.sum(1))

@@ -59,6 +59,8 @@ def load_model(folder: str | Path, *, native: bool = True, **kwargs: Any):
             return bert.load(folder, **kwargs)
     from transformers import AutoModel
 
+    if kwargs.get("attn_implementation") == "sdpa_cudnn":  # bert.py's kernel order: ours alone
+        kwargs["attn_implementation"] = "sdpa"
     return AutoModel.from_pretrained(
         folder, local_files_only=True, trust_remote_code=False, use_safetensors=True, **kwargs
     )
