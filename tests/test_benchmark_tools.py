@@ -2,9 +2,12 @@
 with (the GPU's busy time of a profiled step, benchmarks/pretrain_step_time.py), and
 benchmarks/gpu_checks.sh itself (its parts, their arguments, its budget, the gloo tests beside)."""
 
+import argparse
 import importlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -205,3 +208,66 @@ def test_the_attention_error_sees_a_wrong_row():
     padding[1, 0, 2] += 100.0  # the padding: not read
     assert attention_kernels.relative_error(padding, reference, real) == 0.0
     assert attention_kernels.relative_error(wrong, reference, real) > 0.1
+
+
+# Every benchmark command the documents record (benchmarks/RESULTS.md, the README, the GPU runs'
+# notes, the benchmarks' own usage lines) still parses with that benchmark's command line: a
+# figure is only as good as the command that reproduces it.
+COMMAND = re.compile(r"python3?\s+(benchmarks/(\w+)\.py)(.*)")
+RECORDS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "benchmarks/RESULTS.md",
+           *sorted((ROOT / "benchmarks/gpu_runs").glob("*/README.md")),
+           *sorted((ROOT / "benchmarks").glob("*.py"))]
+
+
+def recorded_commands():
+    """(where, script name, arguments) of each `python benchmarks/X.py ...` in the records: a
+    trailing backslash continues it, a backtick, table bar or comment ends it; a usage line's
+    optional [brackets] are read as given, `...` dropped, <placeholders> filled in."""
+    for record in RECORDS:
+        lines = record.read_text().splitlines()
+        for number, line in enumerate(lines):
+            found = COMMAND.search(line.replace("\\\\", "\\"))
+            if not found:
+                continue
+            rest, following = found.group(3), number
+            while rest.rstrip().endswith("\\") and following + 1 < len(lines):
+                following += 1
+                rest = rest.rstrip()[:-1] + " " + lines[following].replace("\\\\", "\\")
+            while True:  # a quoted argument may go on over the next lines
+                command = re.split(r"`|\||\s#\s|\s#$|\)$", rest)[0]
+                command = re.sub(r"<[^>]*>", "placeholder", command)
+                try:
+                    words = shlex.split(command.replace("[", " ").replace("]", " "))
+                    break
+                except ValueError:
+                    following += 1
+                    rest += " " + lines[following]
+            words = [w for w in words if "..." not in w]
+            yield f"{record.relative_to(ROOT)}:{number + 1}", found.group(2), words
+
+
+class _Parsed(Exception):
+    """Raised by the patched parse_args once the arguments parsed: the benchmark does no work."""
+
+
+def test_every_recorded_benchmark_command_still_parses(monkeypatch):
+    commands = list(recorded_commands())
+    assert len(commands) > 50 and {name for _, name, _ in commands} >= {
+        "pretrain_step_time", "scale", "trainer_throughput", "encode_and_search", "cpdae_js"}
+    parse = argparse.ArgumentParser.parse_args
+
+    def parsed_then_stop(self, args=None, namespace=None):
+        raise _Parsed(parse(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parsed_then_stop)
+    refused = []
+    for where, name, words in commands:
+        module = importlib.import_module(name)
+        monkeypatch.setattr(sys, "argv", [f"benchmarks/{name}.py", *words])
+        try:
+            module.main()
+        except _Parsed:
+            continue
+        except SystemExit as exit_:  # argparse's error: the usage and message went to stderr
+            refused.append(f"{where}: {name} {' '.join(words)} (exit {exit_.code})")
+    assert refused == [], "\n".join(refused)
