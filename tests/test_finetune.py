@@ -1090,7 +1090,7 @@ def test_fine_tuning_lifts_held_out_scifact_retrieval(tmp_path, monkeypatch):
         monkeypatch.setattr(fdata.TrainingSet, "micro_batch", shuffled)
     elif control == "zeroed":
         loss = fmodel.contrast_set_loss
-        monkeypatch.setattr(ftrain, "contrast_set_loss", lambda *a, **k: loss(*a, **k) * 0.0)
+        monkeypatch.setattr(fmodel, "contrast_set_loss", lambda *a, **k: loss(*a, **k) * 0.0)
     else:
         assert control is None, f"FINETUNE_CONTROL {control!r}: use shuffled or zeroed"
 
