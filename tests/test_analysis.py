@@ -108,6 +108,17 @@ def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
     assert json.loads((tmp_path / "coverage.json").read_text())["samples"] == 2
 
 
+def test_coverage_leaves_out_the_special_and_unused_ids_alone(tokenizer):
+    """The BoW authors' filter, as the coverage's bags and top k use it: [CLS], [SEP], [PAD],
+    [MASK], [UNK] and the [unusedN] slots; every ordinary word stays."""
+    excluded = set(coverage.excluded_ids(tokenizer))
+    vocab = tokenizer.get_vocab()
+    specials = {vocab[t] for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")}
+    unused = {i for t, i in vocab.items() if t.startswith("[unused")}
+    assert len(unused) > 900 and excluded == specials | unused
+    assert not excluded & set(tokenizer.convert_tokens_to_ids(["the", "glacier", "##s", "a"]))
+
+
 def test_cpdae_top_words_come_from_the_decoder(encoder_dir, tokenizer, tmp_path):
     from retrieval_pretraining.pretrain.model import cpdae_decoder
 

@@ -59,8 +59,8 @@ def run_main(module: str, argv: list[str]) -> int:
     main = importlib.import_module(f"retrieval_pretraining.{module}").main
     try:
         status = main([str(a) for a in argv])
-    except SystemExit as stop:
-        return stop.code if isinstance(stop.code, int) else 1
+    except SystemExit as stop:  # as a process would exit: None is 0, a message 1
+        return (0 if stop.code is None else stop.code) if not isinstance(stop.code, str) else 1
     return status or 0
 
 

@@ -123,6 +123,8 @@ def test_round_trip_decodes_to_the_article_text(default_run, articles, tokenizer
         pieces.setdefault(row["page_id"], []).extend(
             tokenizer.id_to_token(i) for i in row["input_ids"][1:-1]
         )
+    # Every article with text has chunks (the decoding below then covers the whole input).
+    assert set(pieces) == {page for page, body in text.items() if body.strip()}
     checked = 0
     for page, toks in pieces.items():
         if "[UNK]" in toks:

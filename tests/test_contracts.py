@@ -69,8 +69,15 @@ def test_a_file_with_a_contract_schema_is_recognised_as_that_contract(kind, tmp_
 
 
 def test_known_file_patterns_name_a_rule():
+    """Each pattern audit knows names the rules (" / " between several) that write it, as
+    rules/*.smk defines them; the report's is the `snakemake --report` command."""
+    rules_dir = Path(__file__).resolve().parents[1] / "rules"
+    defined = {line.split()[1].rstrip(":") for f in rules_dir.glob("*.smk")
+               for line in f.read_text().splitlines() if line.startswith(("rule ", "checkpoint "))}
     for pattern, what, rule in registry.known_files():
         assert pattern and what and rule, (pattern, what, rule)
+        if rule != "`snakemake --report`":
+            assert set(rule.split(" / ")) <= defined, (pattern, rule)
 
 
 # ----------------------------------------------------------------------------- writer / audit seam

@@ -27,7 +27,9 @@ def test_pooling_matches_a_naive_loop():
         torch.testing.assert_close(mean[i], sum(rows) / len(rows))
     torch.testing.assert_close(encode.pool(hidden, mask, "cls", "dot"), hidden[:, 0])
     cos = encode.pool(hidden, mask, "cls", "cosine")
-    torch.testing.assert_close(cos.norm(dim=1), torch.ones(3))
+    torch.testing.assert_close(cos, hidden[:, 0] / hidden[:, 0].norm(dim=1, keepdim=True))
+    mean_cos = encode.pool(hidden, mask, "mean", "cosine")
+    torch.testing.assert_close(mean_cos, mean / mean.norm(dim=1, keepdim=True))
     with pytest.raises(ValueError, match="cls.*mean"):
         encode.pool(hidden, mask, "max", "dot")
 

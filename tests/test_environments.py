@@ -28,7 +28,7 @@ PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
 ENV_MODULES = {
     "torch": [
         "download", "extract", "checkpoints", "chunk", "spans", "datasets", "encode",
-        "finetune", "pretrain", "evaluate", "tables", "report", "analysis", "audit", "launch",
+        "finetune", "pretrain", "evaluate", "tables", "analysis", "audit", "launch",
         "contracts",  # audit loads every type's audit module at run time (contracts/registry.py)
     ],
     "faiss": ["encode", "faiss_index", "mine", "dense_search"],
@@ -147,6 +147,8 @@ def test_environment_provides_every_import_of_its_stages(env_name):
             pinned |= set(_pins(match.group(1).split()))
     distributions = importlib.metadata.packages_distributions()
     missing = {}
+    # A name that is no module would check nothing.
+    assert all(code_deps.module_file(module) for module in ENV_MODULES[env_name])
     for module in ENV_MODULES[env_name]:
         for top in code_deps.third_party_imports(module):
             dists = {_name(d) for d in distributions.get(top, [])}

@@ -191,11 +191,22 @@ def test_nonfinite_gradient_stops_naming_step_and_items(setup, tmp_path, monkeyp
 
 def test_a_nonfinite_step_leaves_the_weights_unchanged(setup, tmp_path, monkeypatch):
     """The check comes after the optimiser step was queued (one read a step); the step itself
-    must not have applied. With the check off, the run ends with finite weights."""
+    must not have applied: step 1's update leaves every weight as it was (steps 0 and 2 move
+    them), and with the check off the run ends with finite weights."""
     _wrap_forward(monkeypatch, after=_infinite_slope_at_step_1)
     monkeypatch.setattr(training, "check_finite_step", lambda *a, **k: None)
+    step_if_finite, moved = training.step_if_finite, []
+
+    def watched(optimizer, *args, **kwargs):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        before = [p.detach().clone() for p in params]
+        step_if_finite(optimizer, *args, **kwargs)
+        moved.append(any(not torch.equal(b, p) for b, p in zip(before, params)))
+
+    monkeypatch.setattr(training, "step_if_finite", watched)
     code, records = _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path)
     assert code == 0 and not math.isfinite(records[1]["grad_norm"])
+    assert moved == [True, False, True]
     weights = load_file(tmp_path / "encoder" / "model.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
     assert all(torch.isfinite(w).all() for w in load_file(tmp_path / "heads.safetensors").values())
@@ -370,11 +381,13 @@ def test_skipping_the_padding_trains_as_the_padded_run(objective, varlen, setup,
     def count(model, batch):
         skipped.append(batch["attention_mask"].numel() - len(batch["token_positions"]))
 
-    _, padded = _run(fx.model_settings(objective, max_steps=3), setup, tmp_path / "padded")
+    padded_code, padded = _run(fx.model_settings(objective, max_steps=3), setup,
+                               tmp_path / "padded")
     _wrap_forward(monkeypatch, before=count)
     code, unpadded = _run(fx.model_settings(objective, max_steps=3, unpad=True), setup,
                           tmp_path / "unpadded")
-    assert code == 0 and sum(skipped) > 0
+    assert code == padded_code == 0 and sum(skipped) > 0
+    assert len(unpadded) == len(padded) == 3
     for a, b in zip(unpadded, padded):
         for key in a:
             if key.startswith(("loss", "probe")):

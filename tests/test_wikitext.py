@@ -167,7 +167,8 @@ def test_no_more_debris_than_wikiextractor(handful):
         n_ours = len(re.findall(pattern, ours, re.M))
         n_theirs = len(re.findall(pattern, theirs, re.M))
         assert n_ours <= n_theirs, f"{kind}: {n_ours} in ours vs {n_theirs} in WikiExtractor's"
-    # Ours is strictly cleaner on these pages (WikiExtractor leaves empty parentheses and entities).
+    # Ours is strictly cleaner on these pages: WikiExtractor leaves empty parentheses, ours none.
+    assert len(re.findall(DEBRIS["empty parentheses"], ours)) == 0
     assert len(re.findall(DEBRIS["empty parentheses"], theirs)) > 0
 
 
