@@ -89,12 +89,15 @@ def test_offline_mode_is_named_before_any_request(encoder, monkeypatch, capsys):
     (lambda f: (f / "README.md").write_text("# no front matter\n"), "no model card front matter"),
     (lambda f: (f / "model.safetensors").unlink(), "no *.safetensors weights"),
 ])
+@pytest.mark.parametrize("mode", [["--dry-run"], []], ids=["dry run", "upload"])
 def test_an_incomplete_folder_is_refused_naming_what_is_wrong(encoder, tmp_path, monkeypatch,
-                                                              capsys, damage, named):
+                                                              capsys, damage, named, mode):
+    """Refused before any request, for a real upload as for a dry run (NoNetwork: nothing sent)."""
     monkeypatch.setattr(publish, "HfApi", NoNetwork)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     folder = shutil.copytree(encoder, tmp_path / "encoder")
     damage(folder)
-    line = _refused(["--folder", folder, "--repo-id", "me/enc", "--dry-run"], capsys)
+    line = _refused(["--folder", folder, "--repo-id", "me/enc", *mode], capsys)
     assert str(folder) in line and named in line, line
 
 
