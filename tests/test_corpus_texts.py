@@ -62,6 +62,23 @@ def test_a_jsonl_of_texts_is_chunked_with_titles_as_the_entry_says(tmp_path, tit
     assert manifest["inputs"]["corpus"]["path"] == str(path)
 
 
+@pytest.mark.parametrize("mode, joined", [
+    ("space", ["Snow snow is frozen water.", "sand is found on beaches."]),
+    ("sep", ["Snow\n\nsnow is frozen water.", "sand is found on beaches."]),  # its own paragraph
+    ("none", ["snow is frozen water.", "sand is found on beaches."]),
+])
+def test_each_title_mode_joins_title_and_text_its_own_way(mode, joined):
+    """The chunks above decode alike for space and sep (the chunker drops paragraph breaks);
+    here the joined texts themselves: sep makes the title a paragraph of its own."""
+    import polars as pl
+
+    from retrieval_pretraining.corpus_texts import _joined
+
+    frame = pl.DataFrame({"title": ["Snow", None], "text": ["snow is frozen water.",
+                                                          "sand is found on beaches."]})
+    assert _joined(frame, mode).to_list() == joined
+
+
 def test_a_tsv_collection_and_a_beir_folder_read_as_the_datasets_stage_reads_them(tmp_path):
     tsv = tmp_path / "collection.tsv.gz"
     with gzip.open(tsv, "wt") as handle:
