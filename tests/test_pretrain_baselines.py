@@ -239,6 +239,14 @@ def test_probes_of_the_baselines(checkpoint, objective):
     same = {k: (v[:1].repeat(len(v), *[1] * (v.dim() - 1)) if k != "attention_mask" else
                 v[:1].repeat(len(v), 1)) for k, v in batch.items()}
     assert probes.probe(model, same)["probe_cls_reliance"] == pytest.approx(0.0, abs=1e-6)
+    # Different texts: another text's [CLS] changes what the head predicts.
+    assert abs(got["probe_cls_reliance"]) > 1e-6
+    # The held-out loss is the training loss's head term on the same batch, dropout off.
+    with torch.no_grad():
+        trained = model.eval()(batch)
+    term, heldout = (("loss_dec", "loss_dec_heldout") if objective == "retromae"
+                     else ("loss_head_mlm", "loss_head_mlm_heldout"))
+    assert got[heldout] == pytest.approx(float(trained[term]), rel=1e-4)
 
 
 def test_the_workflow_plans_the_baselines_with_an_overlay(tmp_path):

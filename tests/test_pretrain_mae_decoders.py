@@ -161,3 +161,4 @@ def test_probes_of_the_decoders(checkpoint, objective):
     assert got["loss_dec_heldout"] == pytest.approx(float(want), rel=1e-4)
     same = {k: v[:1].repeat(len(v), 1) for k, v in batch.items()}
     assert probes.probe(model, same)["probe_cls_reliance"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(got["probe_cls_reliance"]) > 1e-6  # different texts: another [CLS] changes it
