@@ -149,6 +149,31 @@ def test_enwiki_sample_counts_and_contract(tmp_path):
     assert "processes" not in manifest["params"]  # the output does not depend on it
 
 
+def test_the_code_digest_follows_the_package_source(tmp_path, monkeypatch):
+    """package_sha256 names the source: an edit to any module (or config schema) changes it, a
+    file that is neither (here a stray note) does not."""
+    import shutil
+
+    package = shutil.copytree(artifacts.PACKAGE_DIR, tmp_path / "retrieval_pretraining",
+                              ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(artifacts, "PACKAGE_DIR", package)
+
+    def digest() -> str:
+        artifacts.code_version.cache_clear()
+        return artifacts.code_version()["package_sha256"]
+
+    try:
+        first = digest()
+        (package / "notes.txt").write_text("not code")
+        assert digest() == first
+        for edited in (package / "extract.py", package / "schemas" / "corpus.schema.yaml"):
+            edited.write_text(edited.read_text() + "\n# an edit\n")
+            assert digest() != first, edited.name
+            first = digest()
+    finally:
+        artifacts.code_version.cache_clear()
+
+
 def test_processes_and_compression_do_not_change_output(tmp_path):
     plain = write(tmp_path, "tables.xml", bz2.decompress(TABLES.read_bytes()))
     a, _, _ = run(tmp_path, TABLES, {"processes": 1}, name="a")
