@@ -50,6 +50,10 @@ def test_store_reads_every_row_of_every_file_without_copying(corpus, tmp_path, m
     # Views on the memory-mapped files: no Arrow buffer was allocated (concatenating would copy all).
     # <=, not ==: an earlier test's buffers may be freed meanwhile (the pool counts every live one).
     assert pa.total_allocated_bytes() <= allocated
+    # ... and no NumPy copy either: every column's arrays are views (a copy owns its data).
+    arrays = [a for parts in store._chunks.cols.values() for pair in parts for a in pair]
+    arrays += store._chunks.chunk_ids
+    assert arrays and not any(a.flags.owndata for a in arrays)
     rows = [r | s for c, sp in zip(chunks, spans)
             for r, s in zip(pq.read_table(c).to_pylist(), pq.read_table(sp).to_pylist())]
     assert len(store) == len(rows) and len(chunks) == 2 and len(store._chunks.starts) > 4
