@@ -89,6 +89,13 @@ def test_one_corpus_loads_as_before(two_corpora):
     order = pdata.epoch_order(len(single.store), 3, 1)
     step = single.steps_per_epoch + 2
     assert np.array_equal(single.rows_for(step, 0), order[16:20])
+    # Masks: a row's generator is keyed by (seed, epoch, chunk_id, stream) alone, as before
+    # mixtures; a mixture's second corpus adds its index.
+    for stream in (0, 1):
+        ours = single._rng((2, 41, 0), stream).integers(0, 2**31, 8)
+        assert np.array_equal(ours, np.random.default_rng([3, 2, 41, stream]).integers(0, 2**31, 8))
+    assert not np.array_equal(single._rng((2, 41, 1), 0).integers(0, 2**31, 8),
+                              np.random.default_rng([3, 2, 41, 0]).integers(0, 2**31, 8))
 
 
 def test_shard_groups_must_match_the_corpora():
