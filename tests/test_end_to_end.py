@@ -143,6 +143,20 @@ def test_the_demo_plans_every_model_through_every_stage(tmp_path):
     assert plan["score_run"] == len(models) * stages + 1 + len(baseline_runs), plan  # + BM25
 
 
+def test_the_published_bm25_run_is_the_search_s_run_with_its_own_manifest(project, config):
+    """publish_bm25_run copies the search's run and manifest to results/runs/, where score_run
+    and the tables find them: the k1, b and label travel with the run."""
+    published = project / f"results/runs/{DATASET}/bm25"
+    own = project / f"results/bm25/{DATASET}/runs"
+    assert (published / f"{SPLIT}.trec").read_bytes() == (own / f"{SPLIT}.trec").read_bytes()
+    manifest = json.loads((published / f"{SPLIT}.manifest.json").read_text())
+    assert manifest == json.loads((own / f"{SPLIT}.manifest.json").read_text())
+    k1, b = config["bm25"]["k1"], config["bm25"]["b"]
+    assert manifest["stage"] == "bm25.search"
+    assert manifest["params"]["label"] == f"BM25 (k1={k1}, b={b})"
+    assert (manifest["params"]["k1"], manifest["params"]["b"]) == (k1, b)
+
+
 def test_tables_have_bm25_and_every_model_in_both_stages(project, config):
     tables = (project / TABLES).read_text()
     main = tables.split("## Provenance")[0]  # the provenance table lists systems too
