@@ -22,6 +22,7 @@ chunks average 445).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -56,7 +57,7 @@ def lengths_with_mean(batch: int, length: int, mean: float,
 def padded(backend: SDPBackend | None, masked: bool):
     """Attention over the padded batch: q, k, v [batch, heads, length, dim], `backend` alone."""
     def run(q, k, v, mask, offsets, dropout_p):
-        with sdpa_kernel([backend]) if backend is not None else _nothing():
+        with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None,
                                                   dropout_p=dropout_p)
     return run
@@ -70,14 +71,6 @@ def real_tokens(q, k, v, mask, offsets, dropout_p):
     out = varlen_attention(*flat, offsets, length, dropout_p)
     full = out.new_zeros(batch * length, heads, dim).index_copy(0, keep.nonzero().squeeze(1), out)
     return full.view(batch, length, heads, dim).transpose(1, 2)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 VARIANTS = {
@@ -117,7 +110,7 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor, real: torch.Ten
 
 
 def arguments() -> argparse.ArgumentParser:
-    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)

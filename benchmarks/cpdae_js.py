@@ -63,7 +63,7 @@ def timed(fn, q: torch.Tensor, k: torch.Tensor, repeats: int) -> tuple[float, st
 
 
 def arguments() -> argparse.ArgumentParser:
-    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)

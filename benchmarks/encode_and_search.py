@@ -139,7 +139,7 @@ def search(corpus: int, queries: int, dim: int, depth: int, repeats: int,
 
 
 def arguments() -> argparse.ArgumentParser:
-    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--threads", type=int, default=2)

@@ -58,7 +58,7 @@
 # Nothing it imports may need a package the lent machine's image lacks (polars, faiss, snakemake,
 # pyserini ...): tests/test_environments.py checks that, with those imports blocked.
 # tests/test_benchmark_tools.py runs this script against a stand-in python3: every part in order,
-# each benchmark call parsed by the benchmark's own arguments(), the budget, the gloo tests stopped.
+# each benchmark call parsed by the benchmark's own command line, the budget, the gloo tests stopped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-results/gpu_checks}}

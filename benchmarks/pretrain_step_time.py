@@ -238,7 +238,7 @@ def host_syncs(forward, optimizer, batch, device) -> int:
 
 
 def arguments() -> argparse.ArgumentParser:
-    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--arch", choices=["minilm-l2", "minilm-l6", "bert-base"], default="minilm-l2")

@@ -104,7 +104,7 @@ def run(args) -> int:
 
 
 def arguments() -> argparse.ArgumentParser:
-    """The command line (tests/test_benchmark_tools.py parses gpu_checks.sh's calls with it)."""
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("prepare").add_argument("out", type=Path)

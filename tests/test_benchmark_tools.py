@@ -36,6 +36,30 @@ def test_busy_time_counts_overlapping_device_work_once_and_ignores_host_events()
     assert by_name == [("softmax", 15.0), ("gemm", 12.0), ("copy", 10.0)]
 
 
+class _Parsed(Exception):
+    """Raised by the patched parse_args once the arguments parsed: the benchmark does no work."""
+
+
+def refusal(monkeypatch, name: str, words: list[str]) -> int | None:
+    """Run benchmarks/`name`.py's main() on `words` up to argparse (stopped there, nothing run):
+    None when the arguments parse, else argparse's exit status (its message went to stderr)."""
+    parse = argparse.ArgumentParser.parse_args
+
+    def parsed_then_stop(self, args=None, namespace=None):
+        raise _Parsed(parse(self, args, namespace))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", parsed_then_stop)
+        patch.setattr(sys, "argv", [f"benchmarks/{name}.py", *words])
+        try:
+            importlib.import_module(name).main()
+        except _Parsed:
+            return None
+        except SystemExit as exit_:
+            return exit_.code
+    raise AssertionError(f"{name}.py's main() returned without parsing its arguments")
+
+
 # benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
 # minutes must not go to a part that never starts (a benchmark refusing its arguments, a test file
 # renamed) or to a budget the script does not keep.
@@ -98,7 +122,8 @@ def part_status(machine):
             for line in machine if " exit " in line}
 
 
-def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(tmp_path):
+def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(tmp_path,
+                                                                              monkeypatch):
     done, machine, calls, _ = run_gpu_checks(tmp_path, tests_seconds=3)  # gloo ends first
     assert done.returncode == 0, done.stderr
     status = part_status(machine)
@@ -113,8 +138,7 @@ def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(t
                                              "trainer_throughput", "encode_and_search")}
     for script, *args in scripts:
         assert (ROOT / script).exists()
-        module = importlib.import_module(Path(script).stem)
-        module.arguments().parse_args(args)
+        assert refusal(monkeypatch, Path(script).stem, args) is None, (script, args)
     pytest_calls = [call[2:] for call in calls if call[:2] == ["-m", "pytest"]]
     test_files = {arg for call in pytest_calls for arg in call if arg.startswith("tests/")}
     assert test_files == {f"tests/{name}.py" for name in ("test_gpu", "test_pretrain_train",
@@ -246,28 +270,10 @@ def recorded_commands():
             yield f"{record.relative_to(ROOT)}:{number + 1}", found.group(2), words
 
 
-class _Parsed(Exception):
-    """Raised by the patched parse_args once the arguments parsed: the benchmark does no work."""
-
-
 def test_every_recorded_benchmark_command_still_parses(monkeypatch):
     commands = list(recorded_commands())
     assert len(commands) > 50 and {name for _, name, _ in commands} >= {
         "pretrain_step_time", "scale", "trainer_throughput", "encode_and_search", "cpdae_js"}
-    parse = argparse.ArgumentParser.parse_args
-
-    def parsed_then_stop(self, args=None, namespace=None):
-        raise _Parsed(parse(self, args, namespace))
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parsed_then_stop)
-    refused = []
-    for where, name, words in commands:
-        module = importlib.import_module(name)
-        monkeypatch.setattr(sys, "argv", [f"benchmarks/{name}.py", *words])
-        try:
-            module.main()
-        except _Parsed:
-            continue
-        except SystemExit as exit_:  # argparse's error: the usage and message went to stderr
-            refused.append(f"{where}: {name} {' '.join(words)} (exit {exit_.code})")
+    refused = [f"{where}: {name} {' '.join(words)} (exit {code})" for where, name, words in commands
+               if (code := refusal(monkeypatch, name, words)) is not None]
     assert refused == [], "\n".join(refused)
