@@ -27,6 +27,7 @@ from . import data as pdata
 from . import mixture, probes
 from . import store as pstore
 from .model import Pretrainer
+from .settings import check_gathered_pool
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ def train(
     if tr.get("tensorboard"):
         training.require_tensorboard()  # on every rank, before any work: a clear error, no hang
     env = training.init_distributed()
+    check_gathered_pool(settings, env.world_size)  # before any data work: a config error
     checkpoint, state_dir = Path(checkpoint), Path(state_dir)
     training.seed_everything(settings["seed"])  # head initialisation is the same on every rank
     groups, span_groups = mixture.corpus_groups(chunks), mixture.corpus_groups(spans)
