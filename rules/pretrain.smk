@@ -20,17 +20,6 @@ def pretrain_settings(model):
     )
 
 
-def pretrain_argument(model, gpus):
-    """The training job's --config: the model's settings, once its gathered contrast set is known
-    to hold the global batch on the job's `gpus` (a one-node job's GPU count, from the profile),
-    so a profile that would change a gathering row's pool stops the workflow before anything is
-    submitted. A multi-node job asks for GPUs through gres (gpu 0): the trainer checks at start."""
-    settings = pretrain_settings(model)
-    if gpus:
-        pretrain_settings_lib.check_gathered_pool(settings, gpus)
-    return experiment_config.stage_argument(settings)
-
-
 def loss_settings(model):
     """What the provenance needs to state a model's loss reductions: its objective, micro-batch
     and own option block (lambda, temperature, weights)."""
@@ -182,7 +171,9 @@ rule pretrain_model:
         mem_mb=8000,
         runtime=60,
     params:
-        settings=lambda wc, resources: pretrain_argument(wc.model, resources.gpu),
+        settings=lambda wc: experiment_config.stage_argument(
+            pretrain_settings(wc.model)
+        ),
         data=lambda wc, input: data_options(input),
         state="results/state/pretrain/{model}",
         store=PRETRAIN_DATA,

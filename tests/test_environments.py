@@ -203,25 +203,6 @@ def test_gpu_rules_ask_for_gpus_one_launcher_per_node_and_a_warning_signal():
         assert "--signal=TERM@" in resources[trainer].get("slurm_extra", ""), trainer
 
 
-@pytest.mark.timeout(600)
-def test_a_profile_that_would_change_a_gathered_pool_stops_the_plan(tmp_path):
-    """paper.yaml's CPDAE gathers 8 texts from each of 8 GPUs: a profile giving pre-training 4 GPUs
-    would halve its pool, so the dry run stops naming the fix; the shipped profile's 8 plan it."""
-    from test_finetune_rules import planned_jobs
-    from workflow_harness import copy_project, snakemake
-
-    project = copy_project(tmp_path / "project")
-    target = ["--configfile", str(ROOT / "workflow" / "experiments" / "paper.yaml"), "--", "results/pretrain/cpdae/encoder"]
-    jobs = planned_jobs(project, *target)
-    assert [j["wildcards"]["model"] for j in jobs if j["rule"] == "pretrain_model"] == ["cpdae"]
-    result = snakemake(project, "--dry-run", "--set-resources", "pretrain_model:gpu=4", *target,
-                       check=False)
-    assert result.returncode != 0
-    assert ("micro_batch_size 8 x 4 processes = 32 texts, not the global batch of 64"
-            in result.stdout + result.stderr), result.stdout[-3000:] + result.stderr[-3000:]
-    assert "set trainer.micro_batch_size to 16" in result.stdout + result.stderr
-
-
 def test_slurm_extra_and_partitions_are_accepted_by_the_plugin():
     from types import SimpleNamespace
 
