@@ -10,6 +10,10 @@ step's, says what the input pipeline and the loop cost: the issue's "never starv
     .venv/bin/python benchmarks/trainer_throughput.py prepare .gpu-carry/corpus   # gpu_carry.sh
     python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus --arch bert-base \\
         --objectives mlm costa bow cpdae --steps 30 [--compile] [--unpad]   # gpu_checks `trainer`
+
+`--accumulate K` makes a step K micro-batches: for a row that gathers its contrast set (paper.yaml's
+cpdae, cocondenser) that is a step whose contrastive gradient is cached (contrast_cache.py), and
+its samples/s against K = 1 is what the cache costs.
 """
 
 from __future__ import annotations
@@ -48,15 +52,16 @@ def prepare(out: Path) -> None:
     print(json.dumps(stats))
 
 
-def settings_for(objective: str, steps: int, compile_: bool = False, unpad: bool = False) -> dict:
-    """paper.yaml's model `objective` (its entry's overrides kept), one micro-batch a step (the
-    paper's per-GPU micro-batch: 32, CPDAE's 8), `steps` steps, no probes or checkpoints."""
+def settings_for(objective: str, steps: int, compile_: bool = False, unpad: bool = False,
+                 accumulate: int = 1) -> dict:
+    """paper.yaml's model `objective` (its entry's overrides kept), `accumulate` micro-batches a
+    step (the paper's per-GPU micro-batch: 32, CPDAE's 8), `steps` steps, no probes or checkpoints."""
     section = yaml.safe_load(PAPER.read_text())["pretrain"]
     entry = next((dict(m) for m in section["models"] if m["name"] == objective),
                  {"name": objective, "objective": objective})
     trainer = entry.get("trainer", {})
     micro = trainer.get("micro_batch_size", section["trainer"]["micro_batch_size"])
-    entry["trainer"] = {**trainer, "global_batch_size": micro, "micro_batch_size": micro,
+    entry["trainer"] = {**trainer, "global_batch_size": micro * accumulate, "micro_batch_size": micro,
                         "max_steps": steps, "checkpoint_every": None, "probe_chunks": 0,
                         "log_every": 1, "head_warmup_steps": 0,
                         **({"compile": True} if compile_ else {}),
@@ -72,7 +77,7 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = make_checkpoint(args.arch, Path(tmp) / "ckpt")
         for objective in args.objectives:
-            settings = settings_for(objective, args.steps, args.compile, args.unpad)
+            settings = settings_for(objective, args.steps, args.compile, args.unpad, args.accumulate)
             micro = settings["trainer"]["micro_batch_size"]
             out = Path(tmp) / objective
             spans = [args.corpus / "spans.parquet"] if objective == "costa" else None
@@ -86,12 +91,14 @@ def run(args) -> int:
             tokens_per_step = statistics.median(
                 b["tokens_seen"] - a["tokens_seen"] for a, b in zip(timed, timed[1:]))
             tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
-            variant = [name for name, on in (("compiled", args.compile), ("unpadded", args.unpad)) if on]
+            variant = [name for name, on in (("compiled", args.compile), ("unpadded", args.unpad),
+                                             (f"{args.accumulate} micro-batches a step", args.accumulate > 1))
+                       if on]
             rows.append({"objective": objective + (f" ({', '.join(variant)})" if variant else ""),
                          "micro_batch": micro,
                          "workers": settings["trainer"]["num_workers"],
                          "steps_timed": len(timed), "tokens_per_step": tokens_per_step,
-                         "samples_per_s": round(tokens_per_s / tokens_per_step * micro, 1),
+                         "samples_per_s": round(tokens_per_s / tokens_per_step * micro * args.accumulate, 1),
                          "tokens_per_s": round(tokens_per_s),
                          "input_wait_share": statistics.median(r["input_wait_share"] for r in timed)})
             print(json.dumps(rows[-1]), flush=True)
@@ -119,6 +126,8 @@ def arguments() -> argparse.ArgumentParser:
                         help="the trainer's compile: true (its first steps compile: not timed)")
     runner.add_argument("--unpad", action="store_true",
                         help="the trainer's unpad: true (the layers skip the padding rows)")
+    runner.add_argument("--accumulate", type=int, default=1,
+                        help="micro-batches a step (a gathering row then caches its contrast)")
     return parser
 
 

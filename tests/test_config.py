@@ -314,30 +314,3 @@ def test_a_config_value_with_an_apostrophe_survives_the_single_quoted_command_li
     assert "'" not in argument
     assert json.loads(shlex.split(f"--config '{argument}'")[1]) == params
 
-
-@pytest.mark.parametrize("overlays", [[], ["ablations.yaml"], ["bow.yaml"]])
-def test_every_gathering_paper_row_runs_on_the_profile_s_gpus(overlays):
-    """A row that gathers its contrast set must hold the global batch on the GPUs the cluster
-    profile gives pre-training, or its job stops at start (pretrain/settings.check_gathered_pool):
-    paper.yaml's CPDAE (64 = 8 x 8) and coCondenser (256 = 8 x 32) rows, and the overlays'."""
-    from retrieval_pretraining.pretrain.settings import GATHER_BLOCK, check_gathered_pool, resolve_model
-
-    experiments = ROOT / "workflow" / "experiments"
-    paper = yaml.safe_load((experiments / "paper.yaml").read_text())
-    for name in overlays:  # --configfile: dicts merge, lists replace
-        for key, value in yaml.safe_load((experiments / name).read_text()).get("pretrain", {}).items():
-            if isinstance(value, dict):
-                paper["pretrain"][key] = {**paper["pretrain"][key], **value}
-            else:
-                paper["pretrain"][key] = value
-    gpus = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())[
-        "set-resources"]["pretrain_model"]["gpu"]
-    gathering = []
-    for entry in paper["pretrain"]["models"]:
-        settings = resolve_model(paper["pretrain"], entry["name"], seed=paper["seed"])
-        check_gathered_pool(settings, gpus)
-        block = GATHER_BLOCK.get(settings["objective"])
-        if block and settings[block]["gather_negatives"]:
-            gathering.append(entry["name"])
-    names = {entry["name"] for entry in paper["pretrain"]["models"]}
-    assert {"cpdae", "cocondenser"} & names <= set(gathering) and "cpdae" in gathering, gathering

@@ -73,9 +73,12 @@ def test_cpdae_js_term_on_cuda_under_bf16_autocast_matches_float64():
         torch.testing.assert_close(leaf.grad.double().cpu(), wanted_leaf.grad, atol=1e-4, rtol=1e-5)
 
 
-def _losses(setup, out: Path, objective: str, *, cpu: bool, precision: str = "auto", **trainer):
+def _losses(setup, out: Path, objective: str, *, cpu: bool, precision: str = "auto",
+            options: dict | None = None, **trainer):
     checkpoint, chunks, spans = setup
     settings = fx.model_settings(objective, max_steps=8, precision=precision, **trainer)
+    for block, values in (options or {}).items():  # the objective's own keys
+        settings[block] |= values
     env = {"CUDA_VISIBLE_DEVICES": ""} if cpu else {}
     result = fx.run_module(settings, checkpoint, chunks, spans if objective == "costa" else None,
                            out, extra_env=env)
@@ -102,6 +105,20 @@ def test_trainer_on_cuda_tracks_the_cpu_run(objective, setup, tmp_path):
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
     assert last["memory_mb"] > 0  # GPU memory is reported
 
+
+
+@pytest.mark.parametrize("objective", ["cpdae", "cocondenser"])
+def test_a_gathering_row_that_accumulates_caches_its_contrast_on_cuda_as_on_the_cpu(
+        objective, setup, tmp_path):
+    """Global batch 8 in 2 micro-batches of 4 with gathering on: the contrastive gradient is cached
+    (a pass without gradients, the loss over both micro-batches, each again with that gradient;
+    pretrain/contrast_cache.py). On the GPU under bf16 autocast, the CPU run's losses, and the pool
+    is the global batch's (15 other views of 8 texts), not a micro-batch's (7)."""
+    options = {objective: {"gather_negatives": True}}
+    cpu, _ = _losses(setup, tmp_path / "cpu", objective, cpu=True, options=options)
+    bf16, last = _losses(setup, tmp_path / "bf16", objective, cpu=False, options=options)
+    assert last["contrast_pool"] == 15
+    torch.testing.assert_close(torch.tensor(bf16), torch.tensor(cpu), rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("objective", ["mlm", "costa", "cpdae"])

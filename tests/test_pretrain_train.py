@@ -447,22 +447,30 @@ def test_no_objective_s_forward_makes_the_host_wait(objective, unpad, setup, tmp
     assert waits.waits == []
 
 
-@pytest.mark.parametrize("objective", ["bow", "costa", "cpdae"])
+@pytest.mark.parametrize("variant", ["bow", "costa", "cpdae", "cpdae-gathered"])
 def test_a_compiled_trainer_follows_the_eager_run_without_recompiling_each_step(
-        objective, setup, tmp_path, monkeypatch):
+        variant, setup, tmp_path, monkeypatch):
     """`compile: true` through dynamo and AOT autograd (the aot_eager backend: inductor's code
     generation takes minutes on CPU; the GPU checks time it). BoW's weight changes every step: as a
     Python float it was guarded by value, a recompilation a step until dynamo failed. CPDAE's JS
-    term is a hand-written autograd Function, traced with its own backward."""
+    term is a hand-written autograd Function, traced with its own backward; gathered, its 2
+    micro-batches a step go through the compiled pass with their cached contrastive gradient."""
     from torch._dynamo.utils import counters
 
-    _, eager = _run(fx.model_settings(objective, max_steps=6), setup, tmp_path / "eager")
+    objective, _, gathered = variant.partition("-")
+
+    def settings(**trainer):
+        out = fx.model_settings(objective, max_steps=6, **trainer)
+        if gathered:
+            out[objective]["gather_negatives"] = True
+        return out
+
+    _, eager = _run(settings(), setup, tmp_path / "eager")
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, backend="aot_eager", **kw))
     torch._dynamo.reset()
     counters.clear()
-    code, compiled = _run(fx.model_settings(objective, max_steps=6, compile=True), setup,
-                          tmp_path / "compiled")
+    code, compiled = _run(settings(compile=True), setup, tmp_path / "compiled")
     graphs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
     assert code == 0 and 1 <= graphs <= 3  # the first shapes, then dynamic ones (+ the last batch)
@@ -749,40 +757,3 @@ def test_two_gloo_processes_equal_one_process(dropout_setup, tmp_path):
     assert info["world_size"] == 2 and info["accumulation"] == 1
     _assert_same_weights(_weights(tmp_path / "two"), _weights(tmp_path / "one"), atol=1e-5)
 
-
-# ---------------------------------------------------------------- gathered contrast pools ------
-@pytest.mark.parametrize("objective, block", [("costa", "costa"), ("cpdae", "cpdae"),
-                                              ("cpdae_r", "cpdae"), ("cocondenser", "cocondenser")])
-def test_a_gathered_pool_is_the_global_batch_or_the_run_is_refused(objective, block):
-    """Gathering contrasts micro_batch_size x processes: the same config must give the same pool
-    (the global batch) on any GPU count, or stop with the micro-batch that would."""
-    from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.pretrain.settings import check_gathered_pool
-
-    settings = fx.model_settings(objective, global_batch_size=64, micro_batch_size=8)
-    settings[block]["gather_negatives"] = True
-    check_gathered_pool(settings, 8)  # 8 x 8 = 64: the paper's CPDAE pool
-    with pytest.raises(BadInput, match=r"8 x 4 processes = 32 texts, not the global batch of 64.*"
-                                       r"micro_batch_size to 16 .*on 4 processes"):
-        check_gathered_pool(settings, 4)
-    with pytest.raises(BadInput, match=r"a number of processes that divides 64"):
-        check_gathered_pool(settings, 3)
-    with pytest.raises(BadInput, match=rf"{block}.gather_negatives: false"):
-        check_gathered_pool(settings, 16)  # 128 > 64: would have grown the pool
-    settings[block]["gather_negatives"] = False  # each micro-batch its own pool: any count
-    for world in (1, 3, 4, 8):
-        check_gathered_pool(settings, world)
-    check_gathered_pool(fx.model_settings("mlm", global_batch_size=64, micro_batch_size=8), 4)
-
-
-def test_a_gathering_model_with_accumulation_is_refused_before_any_work(setup, tmp_path):
-    from retrieval_pretraining.errors import BadInput
-
-    settings = fx.model_settings("cpdae", global_batch_size=8, micro_batch_size=4, max_steps=1)
-    settings["cpdae"]["gather_negatives"] = True  # 4 x 1 process: half the configured pool
-    with pytest.raises(BadInput, match="would depend on the GPU count"):
-        _run(settings, setup, tmp_path)
-    assert not (tmp_path / "state").exists() and not (tmp_path / "encoder").exists()
-    settings["trainer"]["micro_batch_size"] = 8  # the pool is the global batch: it trains
-    code, records = _run(settings, setup, tmp_path)
-    assert code == 0 and records[-1]["contrast_pool"] == 2 * 8 - 1  # both views of 8 texts

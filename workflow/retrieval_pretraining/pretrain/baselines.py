@@ -86,8 +86,26 @@ def decoded(model: Any, cls: torch.Tensor, batch: dict[str, torch.Tensor]) -> to
     return model.enhanced_decoder(cls, embeddings(input_ids=ids), positions, batch["decoder_visible"])
 
 
-def forward(model: Any, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """(loss terms with the total under "loss", logged statistics) of a baseline objective."""
+def contrast_inputs(model: Any, batch: dict[str, torch.Tensor],
+                    hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """coCondenser's contrast set from one micro-batch: the backbone's last-layer [CLS] of both
+    segments of every chunk ("views", [2m, D]; Pretrainer.contrast_inputs)."""
+    if model.objective != "cocondenser":
+        raise ValueError(f"objective {model.objective!r} contrasts nothing")
+    if hidden is None:
+        hidden, _ = condenser_states(model, batch)
+    return {"views": hidden[:, 0]}
+
+
+def contrast_loss(model: Any, inputs: dict[str, torch.Tensor], stats: dict[str, Any]) -> torch.Tensor:
+    opts = model.settings["cocondenser"]
+    return span_pair_contrastive(inputs["views"], opts["temperature"], opts["gather_negatives"], stats)
+
+
+def forward(model: Any, batch: dict[str, torch.Tensor], cached: dict[str, Any] | None = None
+            ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """(loss terms with the total under "loss", logged statistics) of a baseline objective;
+    `cached`: coCondenser's cached contrastive gradient (Pretrainer.contrast_term)."""
     stats: dict[str, float] = {}
     if model.objective in mae_decoders.OBJECTIVES:
         return mae_decoders.forward(model, batch), stats
@@ -105,8 +123,8 @@ def forward(model: Any, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch
     losses["loss"] = losses["loss_mlm"] + losses["loss_head_mlm"]
     if model.objective == "cocondenser":
         opts = model.settings["cocondenser"]
-        losses["loss_co"] = span_pair_contrastive(hidden[:, 0], opts["temperature"],
-                                                  opts["gather_negatives"], stats)
+        losses["loss_co"] = model.contrast_term(contrast_inputs(model, batch, hidden),
+                                                opts["lambda"], losses, stats, cached)
         losses["loss"] = losses["loss"] + opts["lambda"] * losses["loss_co"]
     return losses, stats
 

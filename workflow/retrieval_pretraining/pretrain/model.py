@@ -1,6 +1,9 @@
 """The encoder being pre-trained plus the objective's heads (all heads are dropped at export).
 
 `Pretrainer.forward(batch, progress)` returns a dict of loss terms with the total under "loss".
+A contrastive objective's term is split into what it contrasts (`contrast_inputs`) and the loss
+over it (`contrast_loss`), so that a gathering row can cache that term's gradient over the
+micro-batches of a step (contrast_cache.py; `forward(..., cached=...)`).
 """
 
 from __future__ import annotations
@@ -156,13 +159,71 @@ class Pretrainer(nn.Module):
             return cls @ self.encoder.get_input_embeddings().weight.T  # h_CLS . E^T
         return self.mlm_head(cls)  # the authors' code: the whole MLM head on [CLS]
 
-    def forward(self, batch: dict[str, torch.Tensor],
-                progress: float | torch.Tensor = 0.0) -> dict[str, torch.Tensor]:
+    # ---- the contrast set: its inputs from a micro-batch, and its loss over one or many ----------
+    # Split so that the trainer can cache the contrastive term's gradient (contrast_cache.py): the
+    # inputs of every micro-batch of a step first, without gradients, then the loss over all of
+    # them, then each micro-batch again with that loss's gradient in place of its own term.
+    def contrast_inputs(self, batch: dict[str, torch.Tensor],
+                        hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """What the objective contrasts, from the micro-batch `batch` (whose last-layer states
+        `hidden` the caller may have): per text ("text", "spans", "span_mask": COSTA) or per view
+        ("views": [2m, ...] stacked [view 0 of the m texts; view 1], CPDAE's word logits, CPDAE_R's
+        and coCondenser's [CLS]). Computed in the order forward computes it, so a pass with the
+        same seed draws the same dropout."""
+        if self.objective in baselines.OBJECTIVES:
+            return baselines.contrast_inputs(self, batch, hidden)
+        if hidden is None:
+            hidden = self.hidden(batch)
+        cls = hidden[:, 0]
+        if self.objective == "costa":
+            source = hidden
+            if self.settings["costa"]["span_pass"] == "unmasked":
+                source = self.hidden(batch, "original_ids")
+            return {"text": self.projector(cls),
+                    "spans": obj.span_means(source, batch["span_start"], batch["span_end"]),
+                    "span_mask": batch["span_mask"]}
+        return {"views": self.decoder(cls) if self.objective == "cpdae" else cls}
+
+    def contrast_loss(self, inputs: dict[str, torch.Tensor], stats: dict[str, Any]) -> torch.Tensor:
+        """The objective's contrastive loss over `inputs` (one micro-batch's or several joined),
+        with the candidates of every process when the objective gathers."""
+        if self.objective in baselines.OBJECTIVES:
+            return baselines.contrast_loss(self, inputs, stats)
+        if self.objective == "costa":
+            opts = self.settings["costa"]
+            return obj.costa_loss(inputs["text"], inputs["spans"], inputs["span_mask"],
+                                  temperature=opts["temperature"], gather=opts["gather_negatives"],
+                                  stats=stats)
+        opts = self.settings["cpdae"]
+        if self.objective == "cpdae":
+            temperature = opts["temperature"] if opts["temperature"] is not None else 1.0
+            return obj.cpdae_contrastive(inputs["views"], temperature, opts["gather_negatives"], stats)
+        temperature = opts["temperature"] if opts["temperature"] is not None else 0.1
+        return obj.dense_contrastive(inputs["views"], temperature, opts["gather_negatives"], stats)
+
+    def contrast_term(self, inputs: dict[str, torch.Tensor], weight: float,
+                      losses: dict[str, torch.Tensor], stats: dict[str, Any],
+                      cached: dict[str, Any] | None) -> torch.Tensor:
+        """The contrastive loss of this micro-batch's `inputs`, or with `cached` (the step's loss
+        over every micro-batch, its gradient with respect to this micro-batch's inputs and its
+        statistics: contrast_cache.py) that loss's value, without gradient, while
+        losses["contrast_surrogate"] = weight x <inputs, gradient> carries its gradient into the
+        encoder: the trainer adds it to the backward pass, outside the accumulation's division."""
+        if cached is None:
+            return self.contrast_loss(inputs, stats)
+        stats.update(cached["stats"])
+        losses["contrast_surrogate"] = weight * sum(
+            (inputs[key].float() * grad).sum() for key, grad in cached["grads"].items())
+        return cached["value"]
+
+    def forward(self, batch: dict[str, torch.Tensor], progress: float | torch.Tensor = 0.0,
+                cached: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
         """`progress`: the share of training done (step / steps), for schedules inside the loss
         (BoW's weight). The trainer passes it as a float64 tensor: torch.compile would guard on a
-        Python float's value and recompile, or fail, at every step."""
+        Python float's value and recompile, or fail, at every step. `cached`: the contrastive
+        term's cached gradient for this micro-batch (contrast_term)."""
         if self.objective in baselines.OBJECTIVES:
-            losses, stats = baselines.forward(self, batch)
+            losses, stats = baselines.forward(self, batch, cached)
             return losses | _on_device(stats, losses["loss"])
         hidden = self.hidden(batch)
         losses = {"loss_mlm": self.mlm(hidden, batch["labels"], batch.get("label_positions"))}
@@ -170,27 +231,16 @@ class Pretrainer(nn.Module):
         cls = hidden[:, 0]
         if self.objective == "costa":
             opts = self.settings["costa"]
-            source = hidden
-            if opts["span_pass"] == "unmasked":
-                source = self.hidden(batch, "original_ids")
-            spans = obj.span_means(source, batch["span_start"], batch["span_end"])
-            losses["loss_gwc"] = obj.costa_loss(
-                self.projector(cls), spans, batch["span_mask"], temperature=opts["temperature"],
-                gather=opts["gather_negatives"], stats=stats,
-            )
+            losses["loss_gwc"] = self.contrast_term(self.contrast_inputs(batch, hidden),
+                                                    opts["lambda"], losses, stats, cached)
             losses["loss"] = losses["loss_mlm"] + opts["lambda"] * losses["loss_gwc"]
         elif self.objective in ("cpdae", "cpdae_r"):
             opts = self.settings["cpdae"]
-            logits = self.decoder(cls)  # [2m, V]: both views
+            inputs = self.contrast_inputs(batch, hidden)
+            logits = inputs["views"] if self.objective == "cpdae" else self.decoder(cls)  # [2m, V]
             bag = obj.multi_hot(batch["bag_ids"], batch["bag_mask"], self.vocab_size)
             losses["loss_rec"] = obj.reconstruction_loss(logits, bag.repeat(2, 1), opts["reconstruction"])
-            gather = opts["gather_negatives"]
-            if self.objective == "cpdae":
-                temperature = opts["temperature"] if opts["temperature"] is not None else 1.0
-                losses["loss_cl"] = obj.cpdae_contrastive(logits, temperature, gather, stats)
-            else:
-                temperature = opts["temperature"] if opts["temperature"] is not None else 0.1
-                losses["loss_cl"] = obj.dense_contrastive(cls, temperature, gather, stats)
+            losses["loss_cl"] = self.contrast_term(inputs, opts["lambda"], losses, stats, cached)
             losses["loss"] = losses["loss_rec"] + losses["loss_mlm"] + opts["lambda"] * losses["loss_cl"]
         elif self.objective == "bow":
             opts = self.settings["bow"]

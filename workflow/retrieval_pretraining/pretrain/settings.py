@@ -93,37 +93,9 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
     return resolved
 
 
-# The block whose `gather_negatives` makes an objective contrast the texts of every process.
+# The block whose `gather_negatives` makes an objective contrast the texts of every process
+# (with accumulation, through cached gradients: contrast_cache.py).
 GATHER_BLOCK = {"costa": "costa", "cpdae": "cpdae", "cpdae_r": "cpdae", "cocondenser": "cocondenser"}
-
-
-def check_gathered_pool(settings: dict[str, Any], world_size: int) -> None:
-    """Refuse a model whose gathered contrast set would depend on the number of processes.
-
-    Gathering contrasts what the processes hold at once, micro_batch_size x processes. That is
-    the global batch (the papers' pool: CPDAE's m = 64 = 8 GPUs x 8, coCondenser's global batch)
-    only without gradient accumulation; with it, the pool, and so the result, would shrink on fewer
-    GPUs and grow on more while the config stays the same. The fix is named: the micro-batch that
-    makes the pool the global batch on this many processes, or no gathering."""
-    from ..errors import BadInput
-
-    block = GATHER_BLOCK.get(settings["objective"])
-    if block is None or not settings[block]["gather_negatives"]:
-        return
-    trainer = settings["trainer"]
-    pool, batch = trainer["micro_batch_size"] * world_size, trainer["global_batch_size"]
-    if pool == batch:
-        return
-    fits = batch % world_size == 0
-    raise BadInput(
-        f"pretrain model {settings['name']!r} gathers its contrast set across processes "
-        f"({block}.gather_negatives: true): each step would contrast micro_batch_size "
-        f"{trainer['micro_batch_size']} x {world_size} processes = {pool} texts, not the global "
-        f"batch of {batch}, so its result would depend on the GPU count; "
-        + (f"set trainer.micro_batch_size to {batch // world_size} for this model on "
-           f"{world_size} processes, " if fits else
-           f"run it on a number of processes that divides {batch}, ")
-        + f"or set {block}.gather_negatives: false (each micro-batch its own pool)")
 
 
 def reused_source(section: dict[str, Any], name: str) -> str | None:

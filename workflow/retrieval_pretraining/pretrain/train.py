@@ -24,10 +24,9 @@ from ..checkpoints import _TOKENIZER_FILES
 from ..model_folder import check_safetensors
 from ..retrieval_settings import RetrievalSettings
 from . import data as pdata
-from . import mixture, probes
+from . import contrast_cache, mixture, probes
 from . import store as pstore
 from .model import Pretrainer
-from .settings import check_gathered_pool
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +135,6 @@ def train(
     if tr.get("tensorboard"):
         training.require_tensorboard()  # on every rank, before any work: a clear error, no hang
     env = training.init_distributed()
-    check_gathered_pool(settings, env.world_size)  # before any data work: a config error
     checkpoint, state_dir = Path(checkpoint), Path(state_dir)
     training.seed_everything(settings["seed"])  # head initialisation is the same on every rank
     groups, span_groups = mixture.corpus_groups(chunks), mixture.corpus_groups(spans)
@@ -155,6 +153,11 @@ def train(
     pstore.wait_for_store(store_files)
     training.barrier(env)
     accumulation = training.accumulation_steps(tr["global_batch_size"], tr["micro_batch_size"], env.world_size)
+    cache = contrast_cache.caches(settings, accumulation)
+    if cache:
+        log.info("gathered contrast set over %d micro-batches a process: its gradient is cached "
+                 "(contrast_cache.py), so the pool is the global batch of %d texts",
+                 accumulation, tr["global_batch_size"])
     dataset = pdata.MicroBatches(
         store_files, vocab=vocab, seed=settings["seed"], global_batch_size=tr["global_batch_size"],
         micro_batch_size=tr["micro_batch_size"], rank=env.rank, world_size=env.world_size,
@@ -236,6 +239,26 @@ def train(
     # a step's read nothing is queued on a GPU, so this is the share of time an input pipeline left
     # it idle (at most; a wait between micro-batches overlaps the previous one's kernels).
     waited, interval_start = 0.0, time.perf_counter()
+
+    def fetch() -> tuple[dict[str, torch.Tensor], list[int], int, float]:
+        """The next micro-batch on the device, its chunk ids (on the host: no read), its real
+        tokens, and the seconds spent waiting for it."""
+        asked = time.perf_counter()
+        host_batch = next(batches)
+        wait = time.perf_counter() - asked
+        return ({k: v.to(env.device, non_blocking=True) for k, v in host_batch.items()},
+                host_batch["chunk_ids"].tolist(), int(host_batch["n_tokens"]), wait)
+
+    def seed_micro(step: int, micro: int) -> None:
+        # Dropout masks keyed by (seed, step, global micro-batch index): identical on resume and
+        # for any number of processes, without per-rank RNG state in the checkpoint.
+        training.seed_torch(settings["seed"], step, micro * env.world_size + env.rank)
+
+    @contextlib.contextmanager
+    def guarded():
+        with training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
+            yield
+
     model.train()  # dropout on (from_pretrained loads in eval mode)
     for step in range(start, total_steps):
         # Nothing in the step reads a value on the host: the losses, the gradient norm and the
@@ -247,20 +270,24 @@ def train(
         tokens = 0
         # A tensor, not a float: compiled, a float's value would be guarded (see Pretrainer.forward).
         progress = torch.full((), step / total_steps, dtype=torch.float64, device=env.device)
+        # Caching the contrastive gradient needs every micro-batch of the step before the first.
+        fetched = [fetch() for _ in range(accumulation)] if cache else []
+        cached = contrast_cache.cached_contrast(
+            model, [f[0] for f in fetched], lambda micro: seed_micro(step, micro), guarded,
+        ) if cache else None
         for micro in range(accumulation):
-            asked = time.perf_counter()
-            host_batch = next(batches)
-            waited += time.perf_counter() - asked
-            item_ids.append(host_batch["chunk_ids"].tolist())  # still on the host: no read
-            tokens += int(host_batch["n_tokens"])
-            batch = {k: v.to(env.device, non_blocking=True) for k, v in host_batch.items()}
-            # Dropout masks keyed by (seed, step, global micro-batch index): identical on resume and
-            # for any number of processes, without per-rank RNG state in the checkpoint.
-            training.seed_torch(settings["seed"], step, micro * env.world_size + env.rank)
+            batch, ids, n_tokens, wait = fetched[micro] if cache else fetch()
+            item_ids.append(ids)
+            tokens += n_tokens
+            waited += wait
+            seed_micro(step, micro)
             sync = ddp.no_sync() if env.distributed and micro < accumulation - 1 else contextlib.nullcontext()
-            with sync, training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
-                out = forward(batch, progress=progress)
-                (out["loss"] / accumulation).backward()
+            with sync, guarded():
+                out = forward(batch, progress=progress, **({"cached": cached[micro]} if cache else {}))
+                loss = out["loss"] / accumulation
+                if cache:  # the contrastive term's gradient, whole (contrast_cache.py)
+                    loss = loss + out.pop("contrast_surrogate")
+                loss.backward()
             keys = keys or sorted(out)
             terms.append(torch.stack([out[key].detach().float() for key in keys]))
         if step < head_warmup:  # only the heads learn: the encoder's gradients are dropped
