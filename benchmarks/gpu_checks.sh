@@ -43,7 +43,8 @@
 #             loader, workers, loop) on bert-base for 30 steps of paper.yaml's micro-batch per
 #             objective, on the chunks in .gpu-carry/corpus: its samples/s beside the model
 #             step's says whether the input pipeline or the loop starves the GPU; MLM and COSTA
-#             again with unpad: true (the layers skip the padding rows), MLM with compile: true.
+#             again with unpad: true (the layers skip the padding rows), MLM with compile: true,
+#             CPDAE with 2 micro-batches a step (its gathered contrast cached: the cache's cost).
 #   dense     [150; ~100] benchmarks/encode_and_search.py: bert-base encoding at 128 and 512
 #             tokens (bf16, as the stage runs), exact search over 1M x 768 vectors (faiss-gpu
 #             where installed; torch GEMM + top-k) against the same-shape cuBLAS GEMM in fp32 and
@@ -155,7 +156,8 @@ for part in $parts; do
     trainer)
         : > "$out/trainer.txt"
         capped 300 bash -c 'code=0; for variant in "--objectives mlm costa bow cpdae" \
-                "--objectives mlm costa --unpad" "--objectives mlm --compile"; do
+                "--objectives mlm costa --unpad" "--objectives mlm --compile" \
+                "--objectives cpdae --accumulate 2"; do
             python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus \
                 --arch bert-base --steps 30 $variant || code=1
         done; exit $code' 2>&1 | grep --line-buffered -v "it/s" | tee -a "$out/trainer.txt" ;;
