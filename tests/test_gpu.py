@@ -234,7 +234,7 @@ def _host_read_line() -> str:
 
 
 @pytest.mark.parametrize("objective, unpad", [(o, False) for o in OBJECTIVES]
-                         + [("mlm", True), ("costa", True)])
+                         + [("mlm", True), ("costa", True), ("cpdae-gathered", False)])
 def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_path,
                                                    restore_stop_handlers):
     """torch's sync debug mode warns at every operation that makes the host wait for the GPU. Runs
@@ -242,21 +242,25 @@ def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_
     its values (host_read); one-off waits (set-up, export) are the same in both runs. A 1-step run
     first takes the process's own one-offs (CUDA's lazy set-up: on the first lent GPU, under
     xdist, they fell in the 2-step run alone). With unpad, the variable-length attention must
-    not add one (its longest row is given, not measured)."""
+    not add one (its longest row is given, not measured); nor may a gathering row's cached
+    contrast (2 micro-batches a step: contrast_cache.py)."""
     import warnings
 
     from retrieval_pretraining.pretrain.train import train
 
     checkpoint, chunks, spans = setup
+    objective, _, gathered = objective.partition("-")
     waits = {}
     for steps in (1, 2, 4):
         out = tmp_path / str(steps)
+        settings = fx.model_settings(objective, max_steps=steps, unpad=unpad)
+        if gathered:
+            settings[objective]["gather_negatives"] = True
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                code = train(fx.model_settings(objective, max_steps=steps, unpad=unpad),
-                             chunks=chunks,
+                code = train(settings, chunks=chunks,
                              spans=spans if objective == "costa" else None, checkpoint=checkpoint,
                              encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
                              plot_out=out / "loss.png", state_dir=out / "state")
