@@ -153,6 +153,7 @@ def test_a_gathering_row_trains_the_same_on_one_process_as_on_two(objective, set
     assert "its gradient is cached" in one.stderr
     info = {n: json.loads((tmp_path / n / "encoder" / "training.json").read_text()) for n in ("one", "two")}
     assert (info["one"]["accumulation"], info["two"]["accumulation"]) == (2, 1)
+    assert (info["one"]["contrast_cache"], info["two"]["contrast_cache"]) == (True, False)
     records = {n: [json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
                for n in ("one", "two")}
     for a, b in zip(records["one"], records["two"], strict=True):

@@ -335,6 +335,7 @@ def train(
         info = {
             "settings": settings, "objective": objective, "steps": total_steps,
             "tokens_seen": tokens_seen, "world_size": env.world_size, "accumulation": accumulation,
+            "contrast_cache": cache,  # a gathering row's contrastive gradient cached (contrast_cache.py)
             "steps_per_epoch": dataset.steps_per_epoch, "chunks": len(dataset.store),
             "head_warmup_steps": head_warmup, "fresh_mlm_head": model.fresh_head,
             "probe_chunks": len(dataset.holdout_rows),
