@@ -55,13 +55,15 @@ def prepare(out: Path) -> None:
 def settings_for(objective: str, steps: int, compile_: bool = False, unpad: bool = False,
                  accumulate: int = 1) -> dict:
     """paper.yaml's model `objective` (its entry's overrides kept), `accumulate` micro-batches a
-    step (the paper's per-GPU micro-batch: 32, CPDAE's 8), `steps` steps, no probes or checkpoints."""
+    step (the paper's per-GPU micro-batch: 32, CPDAE's 8), `steps` steps, no probes or
+    checkpoints."""
     section = yaml.safe_load(PAPER.read_text())["pretrain"]
     entry = next((dict(m) for m in section["models"] if m["name"] == objective),
                  {"name": objective, "objective": objective})
     trainer = entry.get("trainer", {})
     micro = trainer.get("micro_batch_size", section["trainer"]["micro_batch_size"])
-    entry["trainer"] = {**trainer, "global_batch_size": micro * accumulate, "micro_batch_size": micro,
+    entry["trainer"] = {**trainer, "global_batch_size": micro * accumulate,
+                        "micro_batch_size": micro,
                         "max_steps": steps, "checkpoint_every": None, "probe_chunks": 0,
                         "log_every": 1, "head_warmup_steps": 0,
                         **({"compile": True} if compile_ else {}),
@@ -77,7 +79,8 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = make_checkpoint(args.arch, Path(tmp) / "ckpt")
         for objective in args.objectives:
-            settings = settings_for(objective, args.steps, args.compile, args.unpad, args.accumulate)
+            settings = settings_for(objective, args.steps, args.compile, args.unpad,
+                                    args.accumulate)
             micro = settings["trainer"]["micro_batch_size"]
             out = Path(tmp) / objective
             spans = [args.corpus / "spans.parquet"] if objective == "costa" else None
@@ -91,14 +94,15 @@ def run(args) -> int:
             tokens_per_step = statistics.median(
                 b["tokens_seen"] - a["tokens_seen"] for a, b in zip(timed, timed[1:]))
             tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
-            variant = [name for name, on in (("compiled", args.compile), ("unpadded", args.unpad),
-                                             (f"{args.accumulate} micro-batches a step", args.accumulate > 1))
-                       if on]
+            variant = [name for name, on in (
+                ("compiled", args.compile), ("unpadded", args.unpad),
+                (f"{args.accumulate} micro-batches a step", args.accumulate > 1)) if on]
             rows.append({"objective": objective + (f" ({', '.join(variant)})" if variant else ""),
                          "micro_batch": micro,
                          "workers": settings["trainer"]["num_workers"],
                          "steps_timed": len(timed), "tokens_per_step": tokens_per_step,
-                         "samples_per_s": round(tokens_per_s / tokens_per_step * micro * args.accumulate, 1),
+                         "samples_per_s": round(
+                             tokens_per_s / tokens_per_step * micro * args.accumulate, 1),
                          "tokens_per_s": round(tokens_per_s),
                          "input_wait_share": statistics.median(r["input_wait_share"] for r in timed)})
             print(json.dumps(rows[-1]), flush=True)

@@ -85,7 +85,7 @@ def test_the_cached_step_has_the_gradient_of_one_pass_over_the_global_contrast_s
     checkpoint = setup[0]
     batches = micro_batches(settings, setup, tmp_path / "store")
     model = Pretrainer(checkpoint, settings)
-    weight = settings[{"cocondenser": "cocondenser", "costa": "costa"}.get(objective, "cpdae")]["lambda"]
+    weight = settings[GATHER_BLOCK[objective]]["lambda"]  # the block holds the term's weight too
     term = TERMS[objective]
 
     def seed(micro):
@@ -151,10 +151,12 @@ def test_a_gathering_row_trains_the_same_on_one_process_as_on_two(objective, set
     assert one.returncode == 0, one.stderr[-3000:]
     assert two.wait(timeout=300) == 0, two.communicate()[0][-3000:]
     assert "its gradient is cached" in one.stderr
-    info = {n: json.loads((tmp_path / n / "encoder" / "training.json").read_text()) for n in ("one", "two")}
+    info = {n: json.loads((tmp_path / n / "encoder" / "training.json").read_text())
+            for n in ("one", "two")}
     assert (info["one"]["accumulation"], info["two"]["accumulation"]) == (2, 1)
     assert (info["one"]["contrast_cache"], info["two"]["contrast_cache"]) == (True, False)
-    records = {n: [json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+    records = {n: [json.loads(line)
+                   for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
                for n in ("one", "two")}
     for a, b in zip(records["one"], records["two"], strict=True):
         assert a["contrast_pool"] == pytest.approx(b["contrast_pool"]), a["step"]
