@@ -17,8 +17,9 @@ Setup", 2021, the method coCondenser's authors used):
 
 The gradient equals that of one pass over the whole global batch (tests/test_pretrain_contrast_cache.py
 checks it against that pass, and one process against two); the cost is the first pass, about a
-third of a step's compute. Rows that do not gather, and gathering rows without accumulation,
-never cache: their pool is what the trainer holds anyway.
+third of a step's compute (on CPU 1.4-1.5x the time a sample: benchmarks/RESULTS.md). Rows that
+do not gather, and gathering rows without accumulation, never cache: their pool is what the
+trainer holds anyway.
 """
 
 from __future__ import annotations
