@@ -17,7 +17,7 @@ from retrieval_pretraining.pretrain import contrast_cache
 from retrieval_pretraining.pretrain import data as pdata
 from retrieval_pretraining.pretrain import store as pstore
 from retrieval_pretraining.pretrain.model import Pretrainer
-from retrieval_pretraining.pretrain.settings import GATHER_BLOCK
+from retrieval_pretraining.pretrain.settings import gather_block
 from retrieval_pretraining.training import seed_torch
 
 torch.set_num_threads(1)
@@ -36,7 +36,7 @@ def setup(tmp_path_factory):
 
 def gathering(objective: str, **trainer) -> dict:
     settings = fx.model_settings(objective, **trainer)
-    settings[GATHER_BLOCK[objective]]["gather_negatives"] = True
+    settings[gather_block(settings)]["gather_negatives"] = True
     return settings
 
 
@@ -85,7 +85,7 @@ def test_the_cached_step_has_the_gradient_of_one_pass_over_the_global_contrast_s
     checkpoint = setup[0]
     batches = micro_batches(settings, setup, tmp_path / "store")
     model = Pretrainer(checkpoint, settings)
-    weight = settings[GATHER_BLOCK[objective]]["lambda"]  # the block holds the term's weight too
+    weight = settings[gather_block(settings)]["lambda"]  # the block holds the term's weight too
     term = TERMS[objective]
 
     def seed(micro):

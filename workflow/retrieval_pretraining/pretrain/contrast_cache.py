@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from .settings import GATHER_BLOCK
+from .settings import gather_block
 
 
 def caches(settings: dict[str, Any], accumulation: int) -> bool:
     """Whether this model's steps cache the contrastive gradient: it gathers and accumulates."""
-    block = GATHER_BLOCK.get(settings["objective"])
+    block = gather_block(settings)
     return block is not None and bool(settings[block]["gather_negatives"]) and accumulation > 1
 
 

@@ -93,9 +93,12 @@ def resolve_model(section: dict[str, Any], name: str, seed: int) -> dict[str, An
     return resolved
 
 
-# The block whose `gather_negatives` makes an objective contrast the texts of every process
-# (with accumulation, through cached gradients: contrast_cache.py).
-GATHER_BLOCK = {"costa": "costa", "cpdae": "cpdae", "cpdae_r": "cpdae", "cocondenser": "cocondenser"}
+def gather_block(settings: dict[str, Any]) -> str | None:
+    """The option block of resolved `settings` whose `gather_negatives` makes its objective
+    contrast the texts of every process (with accumulation, through cached gradients:
+    contrast_cache.py); None for an objective that contrasts nothing."""
+    return next((block for block in OBJECTIVE_BLOCKS[settings["objective"]]
+                 if "gather_negatives" in settings[block]), None)
 
 
 def reused_source(section: dict[str, Any], name: str) -> str | None:

@@ -283,6 +283,7 @@ def train(
             seed_micro(step, micro)
             sync = ddp.no_sync() if env.distributed and micro < accumulation - 1 else contextlib.nullcontext()
             with sync, guarded():
+                # `cached` only when caching: a row that does not cache calls forward as always.
                 out = forward(batch, progress=progress, **({"cached": cached[micro]} if cache else {}))
                 loss = out["loss"] / accumulation
                 if cache:  # the contrastive term's gradient, whole (contrast_cache.py)
