@@ -89,9 +89,48 @@ def test_eight_gpus_run_torchrun_standalone_forwarding_sigusr1():
     assert ns.training_script_args == ["--config", "{}", "--x"]
     assert ns.nproc_per_node == "8"
     assert "SIGUSR1" in ns.signals_to_handle.split(",") and "SIGTERM" in ns.signals_to_handle
-    assert ns.shutdown_timeout >= 60  # workers get time to save their state
+    if "--shutdown-timeout" in launch.installed_torchrun_options():  # torch 2.11's has none
+        assert ns.shutdown_timeout >= 60  # workers get time to save their state
     # The job's request caps the count: 2 of 8 visible GPUs -> 2 workers.
     assert _torchrun_args(launch.command(MODULE, 2, [], visible=8)).nproc_per_node == "2"
+
+
+def test_the_options_read_from_torchrun_s_source_are_the_ones_its_parser_accepts():
+    from torch.distributed.run import get_args_parser
+
+    accepted = set(get_args_parser()._option_string_actions)
+    assert launch.installed_torchrun_options() == {
+        option for option in launch.OPTIONAL_OPTIONS if option in accepted}
+    # torch 2.11's run.py declares --signals-to-handle and no --shutdown-timeout.
+    source_2_11 = '''
+    parser.add_argument(
+        "--signals-to-handle",
+        "--signals_to_handle",
+        action=env,
+        type=str,
+        default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+    )'''
+    assert launch.known_options(source_2_11) == {"--signals-to-handle"}
+    assert launch.known_options(source_2_11 + '\n    "--shutdown-timeout",') == set(
+        launch.OPTIONAL_OPTIONS)
+
+
+@pytest.mark.parametrize("known", [(), ("--signals-to-handle",), launch.OPTIONAL_OPTIONS])
+def test_a_torchrun_option_this_torch_lacks_is_left_out_with_a_warning(known):
+    """An older torchrun refuses the whole command for one option it does not know (torch 2.11:
+    `unrecognized arguments: --shutdown-timeout=300`): each optional one goes in only if known."""
+    env = {**SLURM, "SLURM_NODEID": "1"}
+    for cmd in (launch.command(MODULE, 8, ["--x"], visible=8, torchrun_options=known),
+                launch.command(MODULE, 8, ["--x"], visible=8, env=env, on_node=True,
+                               hostname=lambda nodes: "gpu03", torchrun_options=known)):
+        passed = {arg.split("=")[0] for arg in cmd if arg.startswith("--")}
+        assert passed & set(launch.OPTIONAL_OPTIONS) == set(known), cmd
+        if set(known) <= launch.installed_torchrun_options():
+            ns = _torchrun_args(cmd)  # this torch's parser takes what is left
+            assert ns.training_script == MODULE and ns.training_script_args == ["--x"]
+    warnings = " ".join(launch.torchrun_warnings(known, 300))
+    assert ("SIGUSR1" in warnings) == ("--signals-to-handle" not in known)
+    assert ("30 s" in warnings and "not 300 s" in warnings) == ("--shutdown-timeout" not in known)
 
 
 def test_cli_counts_cuda_visible_devices(tmp_path):
@@ -108,6 +147,27 @@ def test_cli_counts_cuda_visible_devices(tmp_path):
     assert dry_run("5", 8) == [sys.executable, "-m", MODULE, "--config", "{}"]
     assert _torchrun_args(dry_run("0,1,2,3,4,5,6,7", 8)).nproc_per_node == "8"
     assert _torchrun_args(dry_run("0,1,2", 8)).nproc_per_node == "3"
+
+
+def test_the_launcher_reads_its_torch_s_torchrun_options_and_warns_of_a_missing_one(tmp_path):
+    """A torch package first on the path whose run.py declares --signals-to-handle alone (as torch
+    2.11's): the launcher's command leaves --shutdown-timeout out and says what that costs."""
+    package = tmp_path / "oldtorch" / "torch"
+    (package / "distributed").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "distributed" / "run.py").write_text('parser.add_argument("--signals-to-handle")\n')
+    env = _env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", PATH=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join([str(package.parent), env["PYTHONPATH"]])
+    out = subprocess.run(
+        [sys.executable, "-m", "retrieval_pretraining.launch", "--module", MODULE, "--gpus", "2",
+         "--shutdown-timeout", "120", "--dry-run", "--", "--config", "{}"],
+        env=env, capture_output=True, text=True, check=True)
+    cmd = json.loads(out.stdout)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert not any(arg.startswith("--shutdown-timeout") for arg in cmd)
+    assert f"--signals-to-handle={launch.FORWARDED_SIGNALS}" in cmd
+    assert "no --shutdown-timeout" in out.stderr and "30 s" in out.stderr
+    assert "not 120 s" in out.stderr and "SIGUSR1" not in out.stderr
 
 
 SLURM = {"SLURM_NNODES": "4", "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gpu[03-06]"}

@@ -17,25 +17,35 @@ The global batch is in the stage's config, so the process count changes only the
 accumulation. Signals: because of exec, whatever signal reaches the launcher reaches the program
 it became: the trainer itself (SIGTERM/SIGUSR1: save state, exit 75); torchrun, told to forward
 SIGUSR1 too (`--signals-to-handle`) and to give workers `--shutdown-timeout` seconds to save before
-SIGKILL; or srun, which forwards signals to its tasks. Slurm's `--signal=TERM@600` (no `B:`)
-signals every process of the job's steps. With `B:` only the batch shell gets the signal and
-nothing below it does, so do not use `B:`. Imports no torch.
+SIGKILL (torch 2.11's torchrun lacks that option and refuses a command that has it: an option the
+installed torchrun lacks is left out, with a warning of what it costs); or srun, which forwards
+signals to its tasks. Slurm's `--signal=TERM@600` (no `B:`) signals every process of the job's
+steps. With `B:` only the batch shell gets the signal and nothing below it does, so do not use
+`B:`. Imports no torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from pathlib import Path
 
 # torchrun forwards these to its workers; its default list lacks SIGUSR1, on which torchrun would
 # otherwise just die (default action) and leave the workers unsaved.
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# torchrun options we pass that some torch versions lack (torch 2.11's has no --shutdown-timeout):
+# torchrun refuses an option it does not know, so each is passed only where it is known.
+OPTIONAL_OPTIONS = ("--signals-to-handle", "--shutdown-timeout")
+# What torchrun gives workers after a signal without --shutdown-timeout (torch's PContext.close).
+TORCH_SHUTDOWN_SECONDS = 30
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID.
 _DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
 
@@ -88,16 +98,58 @@ def rendezvous_port(env: Mapping[str, str], port: int) -> int:
     return 20000 + int(job) % 20000 if job.isdigit() else 29500
 
 
-def _torchrun(nproc: int, shutdown_timeout: int) -> list[str]:
+def known_options(run_source: str) -> frozenset[str]:
+    """Which of OPTIONAL_OPTIONS a torchrun whose `torch/distributed/run.py` reads `run_source`
+    accepts (each is declared there as a string literal)."""
+    return frozenset(option for option in OPTIONAL_OPTIONS if f'"{option}"' in run_source)
+
+
+def installed_torchrun_options() -> frozenset[str]:
+    """OPTIONAL_OPTIONS the installed torch's torchrun accepts, read from its source: importing
+    torch to ask its parser would cost every job seconds. Where the source cannot be read, all of
+    them (torchrun then names what it refuses)."""
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            return known_options((Path(folder) / "distributed" / "run.py").read_text())
+        except OSError:
+            continue
+    return frozenset(OPTIONAL_OPTIONS)
+
+
+def torchrun_warnings(known: Collection[str], shutdown_timeout: int) -> list[str]:
+    """What a torchrun without some of OPTIONAL_OPTIONS changes for a stopped job."""
+    try:
+        torch = f"torch {importlib.metadata.version('torch')}"
+    except importlib.metadata.PackageNotFoundError:
+        torch = "this torch"
+    warnings = []
+    if "--signals-to-handle" not in known:
+        warnings.append(f"launch: warning: {torch}'s torchrun has no --signals-to-handle, so it "
+                        "cannot pass SIGUSR1 to its workers (it would die and leave them unsaved): "
+                        "stop jobs with SIGTERM (the profile's --signal=TERM@600 does)")
+    if "--shutdown-timeout" not in known:
+        warnings.append(f"launch: warning: {torch}'s torchrun has no --shutdown-timeout: after a "
+                        f"stop signal its workers get torch's {TORCH_SHUTDOWN_SECONDS} s to save "
+                        f"their state, not {shutdown_timeout} s (a save cut short is not used: "
+                        "the rerun resumes from the one before)")
+    return warnings
+
+
+def _torchrun(nproc: int, shutdown_timeout: int, known: Collection[str]) -> list[str]:
+    options = {"--signals-to-handle": FORWARDED_SIGNALS, "--shutdown-timeout": shutdown_timeout}
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            f"--signals-to-handle={FORWARDED_SIGNALS}", f"--shutdown-timeout={shutdown_timeout}"]
+            *(f"{option}={value}" for option, value in options.items() if option in known)]
 
 
 def command(module: str, gpus: int, args: list[str], *, visible: int,
             env: Mapping[str, str] | None = None, on_node: bool = False, port: int = 0,
-            shutdown_timeout: int = 300, hostname=first_host) -> list[str]:
-    """The command the launcher execs (see the module docstring)."""
+            shutdown_timeout: int = 300, hostname=first_host,
+            torchrun_options: Collection[str] | None = None) -> list[str]:
+    """The command the launcher execs (see the module docstring). `torchrun_options`: which of
+    OPTIONAL_OPTIONS torchrun takes (default: the installed torch's)."""
     env = {} if env is None else env
+    known = installed_torchrun_options() if torchrun_options is None else torchrun_options
     target = ["-m", module, *args]
     nodes = slurm_nodes(env)
     if nodes > 1 and not on_node:
@@ -114,12 +166,12 @@ def command(module: str, gpus: int, args: list[str], *, visible: int,
                 raise SystemExit(f"launch: --on-node needs {key} (set by srun inside a Slurm job)")
         nproc = max(1, min(gpus, visible) if gpus > 0 else visible)
         endpoint = f"{hostname(env['SLURM_JOB_NODELIST'])}:{rendezvous_port(env, port)}"
-        return [*_torchrun(nproc, shutdown_timeout), f"--nnodes={nodes}",
+        return [*_torchrun(nproc, shutdown_timeout, known), f"--nnodes={nodes}",
                 f"--node_rank={env['SLURM_NODEID']}", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={endpoint}", f"--rdzv_id={env['SLURM_JOB_ID']}", *target]
     nproc = min(gpus, visible)
     if nproc > 1:
-        return [*_torchrun(nproc, shutdown_timeout), "--standalone", *target]
+        return [*_torchrun(nproc, shutdown_timeout, known), "--standalone", *target]
     return [sys.executable, *target]
 
 
@@ -143,8 +195,13 @@ def main() -> None:
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     if ns.gpus < 0:
         parser.error(f"--gpus {ns.gpus}: must be >= 0 (the rule's `gpu` resource)")
+    known = installed_torchrun_options()
     cmd = command(ns.module, ns.gpus, args, visible=visible_gpus(), env=os.environ,
-                  on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout)
+                  on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout,
+                  torchrun_options=known)
+    if cmd[1:3] == ["-m", "torch.distributed.run"]:
+        for warning in torchrun_warnings(known, ns.shutdown_timeout):
+            print(warning, file=sys.stderr, flush=True)
     if ns.dry_run:
         print(json.dumps(cmd))
         return
