@@ -53,7 +53,9 @@
 #             the machine's CPU cores (gloo; CUDA hidden: two ranks cannot share its one GPU
 #             under NCCL), each test's name and outcome printed as it ends. Asked for with
 #             `tests`, it runs beside them on 4 of the other cores (it needs no GPU time) and is
-#             stopped when they end, before any timing starts.
+#             stopped when they end, before any timing starts. That run's 6 failures were the
+#             launcher's: torch 2.11's torchrun has no --shutdown-timeout (found with torch 2.11
+#             installed off the GPU, RESULTS.md; fixed): all should pass now.
 # Output goes to OUT_DIR (default: $OUT, else results/gpu_checks), at most 8 files (what a lent
 # machine sends back); record it in RESULTS.md.
 # Nothing it imports may need a package the lent machine's image lacks (polars, faiss, snakemake,
