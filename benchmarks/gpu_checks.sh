@@ -77,6 +77,13 @@ export PYTHONPATH=$PWD/workflow:${PYTHONPATH:-} HF_HUB_OFFLINE=1 TRANSFORMERS_OF
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import sys, torch, transformers; print(sys.version.split()[0], 'torch', \
 torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+    # The image's packages, not our pins (its torch 2.11 lacked an option the launcher passed):
+    # what a failure there may owe to a version.
+    python3 -c "import importlib.metadata as m
+for p in ('numpy', 'pyarrow', 'tokenizers', 'huggingface_hub', 'triton', 'pytest-xdist'):
+    try: print(p, m.version(p), end='; ')
+    except m.PackageNotFoundError: print(p, 'none', end='; ')
+print()"
 } 2>&1 | tee "$out/machine.txt"
 started=$SECONDS
 budget=${GPU_CHECKS_SECONDS:-0}
