@@ -13,6 +13,11 @@
 #             vs CPU, CPDAE's JS term vs float64, the trainer's waits for the GPU per step (one
 #             expected), flash attention under unpad (and one compiled graph), fine-tuning's
 #             steps on CUDA vs CPU and their waits, encoding through a real out-of-memory error.
+#   compiled  [200; not reached] the `steps` part's benchmark under torch.compile, for the
+#             paper's four objectives (each forward is one graph: tests/test_pretrain_train.py),
+#             MLM first, each one's figure printed when known (inductor compiled them on a 2-core
+#             CPU in 2.4 min). Right after the tests: the 45% MFU target rests on it, and
+#             the first run never reached it (it did time the eager `steps` part).
 #   steps     [160; 122 for all 11] benchmarks/pretrain_step_time.py for bert-base, 512 tokens,
 #             32 per device, bf16: step time of the paper's objectives vs MLM (and MLM on two
 #             views, CPDAE's rows; MLM with cuDNN's attention first, attn_implementation
@@ -32,13 +37,10 @@
 #             order puts it after the math fallback), flash without a mask (the bound) and flash
 #             varlen over the real tokens (unpad), each checked against float64; appended to
 #             step_time.txt.
-#   unpadded  [90; 51] the same with unpad: true, for the paper's four objectives: the batches
+#   unpadded  [90; 51] the `steps` part's benchmark with unpad: true, for the paper's four objectives: the batches
 #             have no padding, so what it measures is attention over the real tokens alone (flash
 #             attention's variable-length op, no mask) against the padded path's masked
 #             (memory-efficient) kernel, and the row selections around the layers.
-#   compiled  [200; not reached] the same with torch.compile, for the paper's four objectives
-#             (each forward is one graph: tests/test_pretrain_train.py), MLM first, each one's
-#             figure printed when known (inductor compiled them on a 2-core CPU in 2.4 min).
 #   trainer   [300; padded variant ~100] benchmarks/trainer_throughput.py: the real trainer (data
 #             loader, workers, loop) on bert-base for 30 steps of paper.yaml's micro-batch per
 #             objective, on the chunks in .gpu-carry/corpus: its samples/s beside the model
@@ -116,7 +118,7 @@ export out
 
 status=0
 parts=${*:2}
-parts=${parts:-tests steps js attn unpadded compiled trainer dense gloo}
+parts=${parts:-tests compiled steps js attn unpadded trainer dense gloo}
 beside=""  # gloo beside the tests: in its own process group, stopped when they end
 [[ " $parts " == *" tests "* && " $parts " == *" gloo "* ]] && beside=yes
 for part in $parts; do
@@ -177,7 +179,7 @@ for part in $parts; do
     gloo)
         [ -n "$beside" ] && continue  # ran beside the tests
         capped 240 bash -c gloo_tests; (exit $?) ;;
-    *) echo "unknown part: $part (tests, steps, js, attn, unpadded, compiled, trainer, dense, gloo)" >&2
+    *) echo "unknown part: $part (tests, compiled, steps, js, attn, unpadded, trainer, dense, gloo)" >&2
         exit 2 ;;
     esac
     code=${PIPESTATUS[0]}

@@ -63,7 +63,7 @@ def refusal(monkeypatch, name: str, words: list[str]) -> int | None:
 # benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
 # minutes must not go to a part that never starts (a benchmark refusing its arguments, a test file
 # renamed) or to a budget the script does not keep.
-ALL_PARTS = ["tests", "steps", "js", "attn", "unpadded", "compiled", "trainer", "dense"]
+ALL_PARTS = ["tests", "compiled", "steps", "js", "attn", "unpadded", "trainer", "dense"]
 
 # Records each call's arguments (one JSON list a line) and acts as the GPU machine's python3 would
 # enough for the script: xdist installed, pip and pytest succeeding after STUB_<kind>_SECONDS.
