@@ -113,6 +113,8 @@ def test_the_options_read_from_torchrun_s_source_are_the_ones_its_parser_accepts
     assert launch.known_options(source_2_11) == {"--signals-to-handle"}
     assert launch.known_options(source_2_11 + '\n    "--shutdown-timeout",') == set(
         launch.OPTIONAL_OPTIONS)
+    assert launch.known_options("add_argument('--shutdown-timeout')") == {"--shutdown-timeout"}
+    assert launch.known_options("--shutdown-timeout-s") == set()  # a literal, not a prefix
 
 
 @pytest.mark.parametrize("known", [(), ("--signals-to-handle",), launch.OPTIONAL_OPTIONS])

@@ -100,8 +100,9 @@ def rendezvous_port(env: Mapping[str, str], port: int) -> int:
 
 def known_options(run_source: str) -> frozenset[str]:
     """Which of OPTIONAL_OPTIONS a torchrun whose `torch/distributed/run.py` reads `run_source`
-    accepts (each is declared there as a string literal)."""
-    return frozenset(option for option in OPTIONAL_OPTIONS if f'"{option}"' in run_source)
+    accepts (each is declared there as a string literal, in either quotes)."""
+    return frozenset(option for option in OPTIONAL_OPTIONS
+                     if f'"{option}"' in run_source or f"'{option}'" in run_source)
 
 
 def installed_torchrun_options() -> frozenset[str]:
