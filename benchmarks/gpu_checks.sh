@@ -37,10 +37,10 @@
 #             order puts it after the math fallback), flash without a mask (the bound) and flash
 #             varlen over the real tokens (unpad), each checked against float64; appended to
 #             step_time.txt.
-#   unpadded  [90; 51] the `steps` part's benchmark with unpad: true, for the paper's four objectives: the batches
-#             have no padding, so what it measures is attention over the real tokens alone (flash
-#             attention's variable-length op, no mask) against the padded path's masked
-#             (memory-efficient) kernel, and the row selections around the layers.
+#   unpadded  [90; 51] the `steps` part's benchmark with unpad: true, for the paper's four
+#             objectives: the batches have no padding, so what it measures is attention over the
+#             real tokens alone (flash attention's variable-length op, no mask) against the padded
+#             path's masked (memory-efficient) kernel, and the row selections around the layers.
 #   trainer   [300; padded variant ~100] benchmarks/trainer_throughput.py: the real trainer (data
 #             loader, workers, loop) on bert-base for 30 steps of paper.yaml's micro-batch per
 #             objective, on the chunks in .gpu-carry/corpus: its samples/s beside the model
