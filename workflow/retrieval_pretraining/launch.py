@@ -46,6 +46,7 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 OPTIONAL_OPTIONS = ("--signals-to-handle", "--shutdown-timeout")
 # What torchrun gives workers after a signal without --shutdown-timeout (torch's PContext.close).
 TORCH_SHUTDOWN_SECONDS = 30
+TORCHRUN = ["-m", "torch.distributed.run"]  # after sys.executable
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID.
 _DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
 
@@ -137,9 +138,11 @@ def torchrun_warnings(known: Collection[str], shutdown_timeout: int) -> list[str
     return warnings
 
 
-def _torchrun(nproc: int, shutdown_timeout: int, known: Collection[str]) -> list[str]:
+def _torchrun(nproc: int, shutdown_timeout: int, known: Collection[str] | None) -> list[str]:
+    """torchrun's options; `known`: which of OPTIONAL_OPTIONS it takes (None: read them)."""
+    known = installed_torchrun_options() if known is None else known
     options = {"--signals-to-handle": FORWARDED_SIGNALS, "--shutdown-timeout": shutdown_timeout}
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+    return [sys.executable, *TORCHRUN, f"--nproc_per_node={nproc}",
             *(f"{option}={value}" for option, value in options.items() if option in known)]
 
 
@@ -150,7 +153,6 @@ def command(module: str, gpus: int, args: list[str], *, visible: int,
     """The command the launcher execs (see the module docstring). `torchrun_options`: which of
     OPTIONAL_OPTIONS torchrun takes (default: the installed torch's)."""
     env = {} if env is None else env
-    known = installed_torchrun_options() if torchrun_options is None else torchrun_options
     target = ["-m", module, *args]
     nodes = slurm_nodes(env)
     if nodes > 1 and not on_node:
@@ -167,12 +169,12 @@ def command(module: str, gpus: int, args: list[str], *, visible: int,
                 raise SystemExit(f"launch: --on-node needs {key} (set by srun inside a Slurm job)")
         nproc = max(1, min(gpus, visible) if gpus > 0 else visible)
         endpoint = f"{hostname(env['SLURM_JOB_NODELIST'])}:{rendezvous_port(env, port)}"
-        return [*_torchrun(nproc, shutdown_timeout, known), f"--nnodes={nodes}",
+        return [*_torchrun(nproc, shutdown_timeout, torchrun_options), f"--nnodes={nodes}",
                 f"--node_rank={env['SLURM_NODEID']}", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={endpoint}", f"--rdzv_id={env['SLURM_JOB_ID']}", *target]
     nproc = min(gpus, visible)
     if nproc > 1:
-        return [*_torchrun(nproc, shutdown_timeout, known), "--standalone", *target]
+        return [*_torchrun(nproc, shutdown_timeout, torchrun_options), "--standalone", *target]
     return [sys.executable, *target]
 
 
@@ -200,7 +202,7 @@ def main() -> None:
     cmd = command(ns.module, ns.gpus, args, visible=visible_gpus(), env=os.environ,
                   on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout,
                   torchrun_options=known)
-    if cmd[1:3] == ["-m", "torch.distributed.run"]:
+    if cmd[1:3] == TORCHRUN:
         for warning in torchrun_warnings(known, ns.shutdown_timeout):
             print(warning, file=sys.stderr, flush=True)
     if ns.dry_run:
