@@ -505,3 +505,42 @@ def test_provenance_states_the_decoder_baselines_losses():
     text = "\n".join(lines)
     assert "1-layer auto-encoding decoder" in text and "(15% masked), weight 1" in text
     assert "2-layer auto-regressive decoder: mean next-token cross-entropy" in text and "weight 0.5" in text
+
+
+def test_a_column_finds_a_measure_scored_at_relevance_level_2_by_its_papers_name(tmp_path):
+    """TREC DL passage counts grade >= 2 as relevant for recall, so `evaluate` stores R@1000 as
+    R(rel=2)@1000; the table's column (paper.yaml: `measure: R@1000`) must find those scores, and
+    the significance test their per-query values, not fail or read the grade-1 recall."""
+    from retrieval_pretraining.evaluate import evaluate
+
+    rng = np.random.default_rng(3)
+    results = tmp_path / "results"
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("".join(f"{q} 0 d{d} {rng.integers(1, 4)}\n" for q in QIDS
+                             for d in rng.choice(60, size=4, replace=False)))
+    split = {"measures": ["nDCG@10", "R@20"], "relevance_level": 2}
+    level_1 = {}
+    for system, depth in (("bm25", 8), ("bert-stage1", 20), ("costa-stage1", 30)):
+        run = tmp_path / f"{system}.trec"
+        run.write_text("".join(f"{q} Q0 d{d} {r + 1} {100 - r} t\n" for q in QIDS
+                               for r, d in enumerate(rng.permutation(60)[:depth])))
+        out = results / "metrics" / "msmarco-passage" / system / "dl19.json"
+        evaluate(run, qrels, out, split)
+        level_1[system] = evaluate(run, qrels, None, {"measures": ["R@20"]})["aggregate"]["R@20"]
+    p = params()
+    p["models"] = [{"name": "bert", "objective": "none"}, {"name": "costa", "objective": "costa"}]
+    p["report"]["stages"] = p["report"]["stages"][:1]
+    p["report"]["tables"] = [{"name": "dl19", "columns": [
+        {"dataset": "msmarco-passage", "split": "dl19", "measure": m, "label": f"DL19 {m}"}
+        for m in ("nDCG@10", "R@20", "R(rel=2)@20")]}]
+    summary = make_tables(p, results, tmp_path / "t.md")
+    rows = {r["system"]: r for g in summary["tables"]["dl19"] for r in g["rows"]}
+    for system in ("bm25", "bert-stage1", "costa-stage1"):
+        stored = json.loads((results / "metrics" / "msmarco-passage" / system / "dl19.json")
+                            .read_text())["aggregate"]
+        assert set(stored) == {"nDCG@10", "R(rel=2)@20"}
+        cells = rows[system]["cells"]
+        assert cells[1]["value"] == cells[2]["value"] == pytest.approx(stored["R(rel=2)@20"])
+        assert cells[1]["value"] != pytest.approx(level_1[system])  # not the grade >= 1 recall
+    tested = rows["costa-stage1"]["cells"][1]["tests"]
+    assert set(tested) == {"bm25", "bert-stage1"} and all(0 <= t["p"] <= 1 for t in tested.values())

@@ -196,6 +196,16 @@ def parse_measures(names: Iterable[str], relevance_level: int = 1) -> list:
     return measures
 
 
+def stored_name(name: str, relevance_level: int = 1) -> str:
+    """The key `evaluate` stores measure `name`'s scores under for a split scored at
+    `relevance_level`: a binary measure carries the level (R@1000 at level 2 is stored as
+    R(rel=2)@1000); nDCG, Acc@k and a measure naming its own rel= keep their names. A results
+    table names a column's measure as the split's `measures` list does and finds it through this."""
+    if answer_recall.acc_cutoffs([name]):
+        return name
+    return str(parse_measures([name], relevance_level)[0])
+
+
 def _batches(blocks: Iterable[Block], lines: int) -> Iterator[list[Block]]:
     """Whole queries, gathered until a batch holds at least `lines` hits."""
     batch, held = [], 0

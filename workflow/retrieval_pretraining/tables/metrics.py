@@ -1,9 +1,11 @@
 """The per-query metrics the tables read: one JSON file per (dataset, system, split).
 
 Written by `evaluate.py` (rule score_run) under the scores contract: `aggregate` (measure -> mean),
-`per_query` (measure -> query id -> score), `run`, `qrels`, `measures`. A missing or malformed file
-fails with the command that builds it, unless partial tables were asked for (`MetricsCache`'s
-allow_missing: the cell then shows –).
+`per_query` (measure -> query id -> score), `run`, `qrels`, `measures`, `relevance_level`. A
+missing or malformed file fails with the command that builds it, unless partial tables were asked
+for (`MetricsCache`'s allow_missing: the cell then shows –). A column names its measure as its
+split's `measures` list does (`R@1000`); a split scored at relevance level 2 stores it as
+`R(rel=2)@1000`, found here through `evaluate.stored_name`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BadInput
+from ..evaluate import EvaluationError, stored_name
 
 
 class MetricsError(BadInput, ValueError):
@@ -31,6 +34,16 @@ class Metrics:
     aggregate: dict[str, float]
     per_query: dict[str, dict[str, float]]
     run: str | None
+    relevance_level: int = 1
+
+    def key(self, measure: str) -> str:
+        """The name this file stores `measure` under (module docstring)."""
+        if measure in self.aggregate:
+            return measure
+        try:
+            return stored_name(measure, self.relevance_level)
+        except EvaluationError:  # not a measure name at all: reported as missing by the caller
+            return measure
 
 
 def load_metrics(path: Path) -> Metrics:
@@ -49,7 +62,8 @@ def load_metrics(path: Path) -> Metrics:
                 f"{path}: key '{key}' missing or not an object (scores contract: "
                 "aggregate, per_query, run, qrels, measures)"
             )
-    return Metrics(path, data["aggregate"], data["per_query"], data.get("run"))
+    return Metrics(path, data["aggregate"], data["per_query"], data.get("run"),
+                   int(data.get("relevance_level", 1)))
 
 
 class MetricsCache:
@@ -71,23 +85,24 @@ class MetricsCache:
 
 
 def measure_value(m: Metrics, measure: str) -> float:
-    if measure not in m.aggregate:
+    key = m.key(measure)
+    if key not in m.aggregate:
         raise MetricsError(
             f"{m.path}: no aggregate value for {measure!r} (it has "
             f"{', '.join(sorted(m.aggregate))}); add it to the evaluate config"
         )
-    return float(m.aggregate[measure])
+    return float(m.aggregate[key])
 
 
 def paired_scores(a: Metrics, b: Metrics, measure: str) -> tuple[np.ndarray, np.ndarray, int]:
     """Per-query scores of both systems on the queries both were scored on (and how many differ)."""
     for m in (a, b):
-        if measure not in m.per_query:
+        if m.key(measure) not in m.per_query:
             raise MetricsError(
                 f"{m.path}: no per-query scores for {measure!r}; the significance "
                 "test needs them (scores contract: per_query)"
             )
-    qa, qb = a.per_query[measure], b.per_query[measure]
+    qa, qb = a.per_query[a.key(measure)], b.per_query[b.key(measure)]
     common = sorted(set(qa) & set(qb))
     unmatched = len(set(qa) ^ set(qb))
     return (
