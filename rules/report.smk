@@ -59,6 +59,44 @@ def check_report_models():
 check_report_models()
 
 
+def check_report_measures():
+    """Fail at parse time, not after the runs, when a table column (or the low-resource figure)
+    asks for a measure its split does not score: each names an evaluate.splits entry and one of
+    its `measures` as written there (R@1000 on a relevance-level-2 split is found as R(rel=2)@1000
+    by the tables: tables/metrics.py)."""
+    scored = {
+        (e["dataset"], e["split"]): e["measures"] for e in config["evaluate"]["splits"]
+    }
+    named = [
+        (f"report.tables[{t['name']}].columns[{i}]", c)
+        for t in config["report"]["tables"]
+        for i, c in enumerate(t["columns"])
+    ]
+    if config["report"]["low_resource"]:
+        named.append(("report.low_resource", config["report"]["low_resource"]))
+    problems = []
+    for key, c in named:
+        measures = scored.get((c["dataset"], c["split"]))
+        if measures is None:
+            problems.append(
+                f"{key}: no evaluate.splits entry scores {c['dataset']} {c['split']}"
+            )
+        elif c["measure"] not in measures:
+            problems.append(
+                f"{key}: {c['measure']!r} is not among {c['dataset']} {c['split']}'s "
+                f"evaluate measures {measures}"
+            )
+    if problems:
+        raise ValueError(
+            "the report asks for scores nothing computes: "
+            + "; ".join(problems)
+            + ". Add the measure to that evaluate.splits entry, or name one it has."
+        )
+
+
+check_report_measures()
+
+
 def table_rows(table):
     """A table's model rows: its own, or (rows: null) the models fine-tuned and evaluated
     (finetune.models); [] = none (a table of baselines alone)."""

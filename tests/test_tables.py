@@ -544,3 +544,21 @@ def test_a_column_finds_a_measure_scored_at_relevance_level_2_by_its_papers_name
         assert cells[1]["value"] != pytest.approx(level_1[system])  # not the grade >= 1 recall
     tested = rows["costa-stage1"]["cells"][1]["tests"]
     assert set(tested) == {"bm25", "bert-stage1"} and all(0 <= t["p"] <= 1 for t in tested.values())
+
+
+def test_a_column_whose_measure_its_split_does_not_score_fails_at_parse_time(tmp_path):
+    """Not after GPU-days of runs, at make_tables: the plan itself fails, naming each column."""
+    from workflow_harness import copy_project, snakemake
+
+    tables = yaml.safe_load((ROOT / "config.yaml").read_text())["report"]["tables"]
+    tables[0]["columns"] += [
+        {"dataset": "scifact", "split": "test", "measure": "R@1000"},  # scored: nDCG@10, R@100
+        {"dataset": "scifact", "split": "dev", "measure": "nDCG@10"},  # no such evaluate entry
+    ]
+    project = copy_project(tmp_path / "project", {"report": {"tables": tables}})
+    result = snakemake(project, "--dry-run", "results/tables.md", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "report.tables[main].columns[2]: 'R@1000' is not among scifact test's" in output
+    assert "report.tables[main].columns[3]: no evaluate.splits entry scores scifact dev" in output
+    # The shipped configs pass the same check: every test that plans them parses it.
