@@ -6,9 +6,15 @@ import json as _json
 
 
 def report_models():
-    """Each model's name and objective, and the entry whose pre-training it copies, if any."""
+    """Each model's name and objective, the entry it copies, and the datasets whose own corpus
+    it was pre-trained on (which published numbers may sit beside it)."""
     return [
         {k: m[k] for k in ("name", "objective", "reuse_pretraining") if k in m}
+        | {
+            "pretrained_on": corpora_lib.pretraining_datasets(
+                config["pretrain"], config["corpus"], m["name"]
+            )
+        }
         for m in config["pretrain"]["models"]
     ]
 

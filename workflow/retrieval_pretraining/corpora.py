@@ -79,3 +79,26 @@ def model_corpora(pretrain: dict[str, Any], model: dict[str, Any]) -> list[dict[
     if isinstance(chosen, str):
         return [{"name": chosen, "proportion": 1.0}]
     return [{"name": c["name"], "proportion": float(c["proportion"])} for c in chosen]
+
+
+def pretraining_datasets(pretrain: dict[str, Any], section: dict[str, Any], name: str) -> list[str]:
+    """The `datasets` entries whose own corpus model `name` was pre-trained on: its corpora's and,
+    through `init` and `reuse_pretraining`, those of the pre-training it continues or copies. The
+    results tables place a number published for a model pre-trained in-domain (the BoW paper's
+    MS MARCO rows) only beside a model pre-trained on that benchmark's own collection."""
+    models = {m["name"]: m for m in pretrain["models"]}
+    found: set[str] = set()
+    seen: set[str] = set()
+    while name is not None and name not in seen:
+        seen.add(name)
+        model = models[name]
+        if model.get("reuse_pretraining"):
+            name = model["reuse_pretraining"]
+            continue
+        if model["objective"] != "none":
+            for corpus in model_corpora(pretrain, model):
+                own = entry(section, corpus["name"])
+                if own["source"] == "dataset":
+                    found.add(own["dataset"])
+        name = model.get("init")
+    return sorted(found)

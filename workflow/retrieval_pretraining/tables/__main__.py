@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -23,8 +24,10 @@ SLICE_KEYS = ("experiment", "config_hash", "report", "models", "losses", "encode
 
 def check_config(params: dict) -> None:
     """Refuse an unknown key (in `report` and `models` too) and a slice without `report`."""
-    schema = closed(SLICE_KEYS, report=section_schema("report"),
-                    models=section_schema("pretrain")["properties"]["models"])
+    models = copy.deepcopy(section_schema("pretrain")["properties"]["models"])
+    # report_models adds what the tables place published numbers by (corpora.pretraining_datasets).
+    models["items"]["properties"]["pretrained_on"] = {"type": "array", "items": {"type": "string"}}
+    schema = closed(SLICE_KEYS, report=section_schema("report"), models=models)
     refuse_unknown(params, schema, "tables")
     if "report" not in params:
         raise ConfigError("tables: the config has no 'report' block; pass the slice "

@@ -100,6 +100,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
                         c["measure"],
                         stage.get("paper_group"),
                         final_group=final,
+                        in_domain=c["dataset"] in model.get("pretrained_on", ()),
                     )
                 row.cells.append(Cell(measure_value(m, c["measure"]) if m else None, published=pub))
             rows.append(row)
