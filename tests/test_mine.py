@@ -1,5 +1,6 @@
-"""Hard-negative mining policies, and positive removal PER QUERY (a peer miner's known bug removed the
-first query's positives from every query, so gold passages leaked in as negatives)."""
+"""Hard-negative mining policies, and positive removal PER QUERY (the BoW authors' miner removed the
+first query's positives from every query, so gold passages leaked in as negatives: replicated only
+on request, `positives_removed: first_query`)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,63 @@ def test_mining_honours_the_datasets_query_id_rule(tmp_path, monkeypatch, exclud
         assert row["negative_ids"] == ["d1", "d3", "d4"] and row["negative_ranks"] == [1, 3, 4]
     else:
         assert row["negative_ids"] == ["7", "d1", "d3"] and row["negative_ranks"] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("removed", ["own", "first_query"])
+def test_the_bow_authors_miner_is_replicated_only_on_request(tmp_path, monkeypatch, capsys,
+                                                             removed):
+    """positives_removed: first_query removes the FIRST mined query's positives from every query
+    (the BoW authors' miner): later queries keep their own gold passages as negatives, counted in
+    the manifest, and `audit` reports them as that policy's effect. The default removes each
+    query's own, and `audit` fails a file where one leaked."""
+    import faiss
+    import polars as pl
+
+    from retrieval_pretraining import audit
+
+    docs = ["a", "b", "c", "d", "e"]
+    index = faiss.IndexFlatIP(2)
+    index.add(np.array([[5, 0], [4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
+    monkeypatch.setattr(mine, "encode_queries", lambda encoder, queries, config: (
+        ["q1", "q2", "q3"], np.array([[1, 0]] * 3, np.float32)))
+    pl.DataFrame({"query_id": ["q1", "q2", "q2", "q3"], "doc_id": ["a", "b", "c", "a"],
+                  "relevance": [1, 1, 2, 1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    config = {**POLICY, "depth": 5, "use_gpu": "never", "positives_removed": removed}
+    out = tmp_path / "hard-negatives.parquet"
+    stats = mine.mine_to_file(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                              tmp_path / "qrels.parquet", out, config, seed=0)
+    negatives = dict(pl.read_parquet(out).select("query_id", "negative_ids").iter_rows())
+    manifest = json.loads(out.with_name("hard-negatives.manifest.json").read_text())
+    assert manifest["params"]["policy"]["positives_removed"] == removed
+    status = audit.main([str(out)])
+    report = capsys.readouterr().out
+    assert status == 0, report
+    if removed == "own":
+        assert negatives == {"q1": ["b", "c", "d", "e"], "q2": ["a", "d", "e"],
+                             "q3": ["b", "c", "d", "e"]}
+        assert stats["own_positives_kept"] == 0
+        # A file whose own positive leaked fails the audit under the default policy.
+        table = pl.read_parquet(out).with_columns(
+            pl.when(pl.col("query_id") == "q2").then(pl.lit(["b", "d"]))
+            .otherwise(pl.col("negative_ids")).alias("negative_ids"),
+            pl.when(pl.col("query_id") == "q2").then(pl.lit([2, 4], dtype=pl.List(pl.Int32)))
+            .otherwise(pl.col("negative_ranks")).alias("negative_ranks"),
+            pl.when(pl.col("query_id") == "q2").then(pl.lit([4.0, 2.0], dtype=pl.List(pl.Float32)))
+            .otherwise(pl.col("negative_scores")).alias("negative_scores"))
+        table.write_parquet(out)
+        assert audit.main([str(out)]) != 0
+        assert "FAIL  no query's own positive among its negatives" in capsys.readouterr().out
+    else:  # q1's positive "a" removed from every query; q2 keeps its own "b" and "c"
+        assert negatives == {"q1": ["b", "c", "d", "e"], "q2": ["b", "c", "d", "e"],
+                             "q3": ["b", "c", "d", "e"]}
+        assert stats["own_positives_kept"] == 2
+        assert "positives_removed: first_query (the BoW authors' miner): 1 queries" in report
+    with pytest.raises(ValueError, match="positives_removed"):
+        mine.policy({"positives_removed": "first"})
 
 
 def test_rank_window_keeps_ranks_lo_to_hi_exclusive():

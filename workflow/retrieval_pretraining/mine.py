@@ -9,8 +9,13 @@ code), so each is a named option recorded in the manifest:
   negative_filter  qrels: only the query's qrels positives are removed | answers (NQ, TriviaQA:
                    DPR's and Tevatron's policy): also every candidate whose text contains one of
                    the query's answers (answers.py's DPR match), counted as answer_passages_removed
-Each query's OWN positives are removed (a peer miner removes the first query's positives from every
-query, leaking gold passages in as negatives; `test_mine.py` guards against that). A document whose
+  positives_removed  own (default): each query's OWN positives are removed | first_query: the BoW
+                   authors' miner, replicated on request: the first mined query's positives are
+                   removed from every query, so a query's own gold passages can stay among its
+                   negatives (counted as own_positives_kept; the negatives contract allows it
+                   only under this policy, and `audit` says so). Never a default: it is a bug,
+                   offered so that its effect on their numbers can be measured.
+A document whose
 id equals the query id is removed only where the dataset says so (`exclude_query_id`, passed in as
 `exclude_self` like the dense runs: BEIR reuses ids; MS MARCO numbers queries and passages
 independently, so passage 123 is a real passage for query 123), the rule BM25 negatives follow too;
@@ -49,7 +54,9 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "sample": "random",    # random | top
     "num_negatives": 30,   # null = keep all candidates
     "negative_filter": "qrels",  # qrels | answers (the rule resolves mining's `auto` per dataset)
+    "positives_removed": "own",  # own | first_query (the BoW authors' miner's bug, on request)
 }
+POSITIVES_REMOVED = ("own", "first_query")
 # The dataset's query-id rule arrives as `exclude_self` (finetune_knobs), as it does for dense runs.
 EXCLUDE_QUERY_ID_DEFAULT = True
 # The slice the mine_hard_negatives rule passes (mining_argument): a fine-tuning slice plus these.
@@ -71,6 +78,7 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
     knobs = {key: config.get(key, value) for key, value in POLICY_DEFAULTS.items()}
     knobs["exclude_query_id"] = bool(config.get("exclude_self", EXCLUDE_QUERY_ID_DEFAULT))
     check_choice("mining.negative_filter", knobs["negative_filter"], NEGATIVE_FILTERS)
+    check_choice("mining.positives_removed", knobs["positives_removed"], POSITIVES_REMOVED)
     if knobs["sample"] not in ("random", "top"):
         raise ConfigError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
     check_int("mining.depth", knobs["depth"], 1)
@@ -135,13 +143,16 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
     answered = answer_exclusions({q: ids for q, ids, _, _ in ranked}, knobs["negative_filter"],
                                  answers, corpus)
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
-    removed_positives = removed_answers = 0
+    removed_positives = removed_answers = kept_positives = 0
+    first = set(positives[ranked[0][0]]) if ranked else set()
     for qid, ids, scores, ranks in ranked:
-        pos = set(positives[qid])
+        own = set(positives[qid])
+        pos = own if knobs["positives_removed"] == "own" else first
         removed_positives += sum(d in pos for d in ids)
         removed_answers += len(answered.get(qid, set()) - pos)
         neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks,
                                                       pos | answered.get(qid, set()), knobs, seed)
+        kept_positives += sum(d in own for d in neg)
         for name, value in zip(SCHEMA.names, (qid, positives[qid], neg, neg_ranks, neg_scores)):
             rows[name].append(value)
     table = pa.table(rows, schema=SCHEMA)
@@ -149,6 +160,7 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
     stats = {"queries": len(query_ids), "queries_mined": len(keep),
              "queries_without_positives": len(query_ids) - len(keep),
              "positives_removed": removed_positives, "answer_passages_removed": removed_answers,
+             "own_positives_kept": kept_positives,
              "negatives_per_query_mean": float(np.mean(counts)) if counts else 0.0,
              "queries_with_no_negative": int(sum(c == 0 for c in counts))}
     return table, {**knobs, "seed": seed, "stats": stats}
