@@ -86,9 +86,16 @@ def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
     heads.parent.mkdir()
     save_file({f"mlm_head.{k}": v.contiguous() for k, v in head.state_dict().items()}, str(heads))
     (heads.parent / "encoder").symlink_to(encoder_dir, target_is_directory=True)
+    # A BoW model of the paper's form (h_CLS . E^T) keeps an MLM head too: read through E^T.
+    paper = tmp_path / "bow-paper"
+    shutil.copytree(encoder_dir, paper / "encoder")
+    shutil.copy(heads, paper / "heads.safetensors")
+    (paper / "encoder" / "training.json").write_text(
+        json.dumps({"settings": {"objective": "bow", "bow": {"form": "paper"}}}))
     k = len(shared)
     result = coverage.coverage(
-        {"with-head": heads.parent / "encoder", "plain": encoder_dir},
+        {"with-head": heads.parent / "encoder", "plain": encoder_dir,
+         "bow-paper": paper / "encoder"},
         tmp_path / "shard-0000.parquet",
         [k, 1000],
         2,
@@ -104,6 +111,7 @@ def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
     plain = result["models"]["plain"]
     assert plain["projection"] == "embeddings"
     assert 0.0 <= plain["coverage"][k] <= plain["coverage"][1000] <= 1.0
+    assert result["models"]["bow-paper"] == plain
     assert (tmp_path / "coverage.png").stat().st_size > 1000
     assert json.loads((tmp_path / "coverage.json").read_text())["samples"] == 2
 

@@ -2,12 +2,15 @@
 (Bag-of-Word paper, Algorithm 1 / Figure 4).
 
 The projection needs a head. Exported encoders carry none, so the MLM head saved beside them
-(`heads.safetensors`, key prefix `mlm_head.`) is used when present; otherwise coverage falls back to
-the BoW paper's own formula h_CLS . E^T with the tied word embeddings, and says so in its output.
+(`heads.safetensors`, key prefix `mlm_head.`) is used when present, except for a BoW model of the
+paper's form (`bow.form: paper` in its training.json), which trained h_CLS . E^T; without a head,
+and for that form, coverage uses the BoW paper's own formula h_CLS . E^T with the tied word
+embeddings, and says which projection it used in its output.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -47,13 +50,25 @@ def coverage_at_k(
     return out
 
 
-def vocabulary_projector(encoder, heads: dict[str, Any]):
-    """(callable h_CLS -> vocabulary logits, name of the projection used)."""
+def bow_form(encoder_dir: Path) -> str | None:
+    """The BoW projection an encoder was pre-trained with (`bow.form` of its training.json:
+    `code` = the MLM head on [CLS], `paper` = h_CLS . E^T), None for other objectives."""
+    path = Path(encoder_dir) / "training.json"
+    if not path.is_file():
+        return None
+    settings = json.loads(path.read_text()).get("settings") or {}
+    return (settings.get("bow") or {}).get("form") if settings.get("objective") == "bow" else None
+
+
+def vocabulary_projector(encoder, heads: dict[str, Any], form: str | None = None):
+    """(callable h_CLS -> vocabulary logits, name of the projection used): the projection the
+    model's own objective trained, so a BoW model of the paper's form (`form` "paper") is read
+    through E^T although its MLM head is saved too; otherwise the MLM head where there is one."""
     import torch.nn.functional as F
 
     mlm = {k.removeprefix("mlm_head."): v for k, v in heads.items() if k.startswith("mlm_head.")}
     embeddings = encoder.get_input_embeddings()
-    if mlm:
+    if mlm and form != "paper":
         from ..pretrain.model import MLMHead
 
         head = MLMHead(encoder.config, embeddings)
@@ -104,7 +119,8 @@ def coverage(
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
         encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
         projector, kind = vocabulary_projector(
-            encoder, load_heads(Path(encoder_dir).parent / "heads.safetensors")
+            encoder, load_heads(Path(encoder_dir).parent / "heads.safetensors"),
+            bow_form(encoder_dir),
         )
         logits = project_cls(encoder, projector, input_ids, tokenizer.pad_token_id or 0)
         skip = excluded_ids(tokenizer)
