@@ -40,6 +40,12 @@ ENWIKI = (
         ),
         ("[[File:A.png|thumb|A [[nested|caption]] here]]Prose [[Image:B.jpg]]", "Prose"),
         ("Body [[Category:Things]] [[de:Ding]] [[zh-min-nan:Mi̍h]] [[simple:Thing]]", "Body"),
+        # Articles whose title looks like a language code before a colon (the shipped dump's Ayn
+        # Rand article lost "Ben-Hur" this way: "such as and the Left Behind series").
+        (
+            "Such as ''[[Ben-Hur: A Tale of the Christ|Ben-Hur]]'', [[CSI: Miami]] and [[Air: X]].",
+            "Such as Ben-Hur, CSI: Miami and Air: X.",
+        ),
         (
             "See [[:Category:Things|the category]] and [[wikt:word|word]].",
             "See the category and word.",

@@ -178,12 +178,14 @@ def _make_link_replacer(options: CleanerOptions):
         target = target.strip()
         visible = target.startswith(":")  # [[:Category:X]] is a visible link, not a category tag
         target = target.lstrip(":").strip()
-        prefix, colon, rest = target.partition(":")
-        prefix = prefix.strip().lower().replace("_", " ")
+        written, colon, rest = target.partition(":")
+        prefix = written.strip().lower().replace("_", " ")
         if colon and not visible:
             if prefix in options.file_prefixes or prefix in options.category_prefixes:
                 return ""
-            if _INTERLANGUAGE.match(prefix):
+            # An interlanguage link is written [[de:Berlin]]: a lowercase code, then the title at
+            # once. [[CSI: Miami]] or [[Ben-Hur: A Tale of the Christ|Ben-Hur]] is an article.
+            if _INTERLANGUAGE.match(written) and rest[:1].strip():
                 return ""
         if sep:
             label = label.strip()
