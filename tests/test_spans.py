@@ -191,6 +191,21 @@ def test_word_spans_are_whole_non_stop_words(scifact_chunks, checkpoint, tokeniz
     assert stop_seen > 1000  # the chunks are full of stop words: the test could fail
 
 
+def test_no_piece_of_a_contraction_is_a_word_span(words, tokenizer):
+    """BERT splits "don't" into don ' t: neither the stem nor the remnant is a word of its own.
+    "won" (won't) stays eligible, as the verb it usually is; content words stay eligible."""
+    text = ("I don't know why he isn't here; they didn't, couldn't, wouldn't, doesn't, wasn't, "
+            "aren't, weren't, hasn't, won't, shan't, can't. Glaciers won prizes.")
+    ids = np.array(tokenizer.encode(text, add_special_tokens=False).ids)
+    tokens = [tokenizer.id_to_token(i) for i in ids]
+    starts = np.flatnonzero([not t.startswith("##") for t in tokens])
+    lengths = np.diff(np.append(starts, len(ids)))
+    eligible = words.eligible(ids, starts, lengths)
+    kept = ["".join(tokens[s:s + n]).replace("##", "") for s, n, e in
+            zip(starts, lengths, eligible) if e]
+    assert kept == ["know", "won", "glaciers", "won", "prizes"], kept
+
+
 def test_index_is_identical_for_any_shard_count_or_batch_size(scifact_chunks, checkpoint, tmp_path):
     cfg = span_config()
     rows = {}

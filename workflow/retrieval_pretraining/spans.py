@@ -146,13 +146,22 @@ def _spacy_stop_words() -> set[str]:
     return set(module.STOP_WORDS)
 
 
+# The stems BERT's split leaves of negated auxiliaries ("don't" -> don ' t): fragments of stop
+# words (do, is, ...) that are no word of their own. "won" (won't) and "haven" (haven't) are not
+# here: both are common words in their own right.
+NEGATED_STEMS = frozenset({
+    "don", "doesn", "didn", "isn", "wasn", "aren", "weren", "couldn", "wouldn", "shouldn",
+    "hasn", "hadn", "mustn", "needn", "mightn", "shan",
+})
+
+
 def stop_words() -> set[str]:
+    """spaCy's English stop words, what BERT's punctuation split leaves of its contractions ("n't"
+    -> "n", "t"), and the stems of negated auxiliaries (NEGATED_STEMS)."""
     STOP_WORDS = _spacy_stop_words()
 
-    words = set(STOP_WORDS)
-    for (
-        word
-    ) in STOP_WORDS:  # "n't" -> "n", "t": what BERT's punctuation split leaves of contractions
+    words = set(STOP_WORDS) | NEGATED_STEMS
+    for word in STOP_WORDS:
         for piece in word.replace("’", "'").replace("‘", "'").split("'"):
             if piece:
                 words.add(piece)
