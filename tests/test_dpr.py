@@ -127,6 +127,12 @@ def test_question_files_parse_literals_safely(tmp_path):
         ("0", 'who sang "blue bayou"', ["Roy Orbison"]),
         ("1", 'a "quoted" question', ['say "hi"', "x"]),
     ]
+    # Ids are record positions, as Pyserini numbers dpr-*-test: a question whose quoted text
+    # spans two lines, or a byte-order mark, shifts or renames none of them.
+    qa.write_bytes('\ufeff"a question\nover two lines"\t[\'A\']\nsecond\t[\'B\']\nthird\t[\'C\']\n'
+                   .encode())
+    assert [(i, q) for i, q, _ in dpr_files.read_questions(qa)] == [
+        ("0", "a question\nover two lines"), ("1", "second"), ("2", "third")]
     bad = tmp_path / "bad.qa.csv"
     bad.write_text("q\t__import__('os').system('true')\n")
     with pytest.raises(DatasetError, match=r"bad.qa.csv, line 1: .*not a Python list literal"):

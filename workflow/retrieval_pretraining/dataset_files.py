@@ -44,13 +44,13 @@ def open_text(path: Path, member: str | None = None) -> Iterator[io.TextIOBase]:
             if handle is None:
                 raise DatasetError(f"{path}: member {member!r} is not a regular file")
             raw = gzip.GzipFile(fileobj=handle) if member.endswith(".gz") else handle
-            yield io.TextIOWrapper(raw, encoding="utf-8", newline="\n")
+            yield io.TextIOWrapper(raw, encoding="utf-8-sig", newline="\n")
         return
     if path.suffix == ".gz":
-        with gzip.open(path, "rt", encoding="utf-8", newline="\n") as handle:
+        with gzip.open(path, "rt", encoding="utf-8-sig", newline="\n") as handle:
             yield handle
     else:
-        with open(path, encoding="utf-8", newline="\n") as handle:
+        with open(path, encoding="utf-8-sig", newline="\n") as handle:
             yield handle
 
 

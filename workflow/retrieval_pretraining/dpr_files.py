@@ -115,13 +115,17 @@ def read_questions(path: Path, member: str | None = None) -> Iterator[tuple[str,
             yield from _questions_jsonl(handle, where)
             return
         try:
+            # Ids are record positions, as Pyserini numbers its dpr-*-test topics (enumerate over
+            # the csv records): a line number would shift after a quoted field spanning lines.
+            records = 0
             for number, fields in _tsv_rows(handle):
                 if not fields:
                     continue
                 if len(fields) != 2:
                     raise DatasetError(f"{where}, line {number}: {len(fields)} fields; DPR qa.csv "
                                        "lines are `question <tab> ['answer', ...]`")
-                yield str(number - 1), fields[0], parse_answer_list(fields[1], f"{where}, line {number}")
+                yield str(records), fields[0], parse_answer_list(fields[1], f"{where}, line {number}")
+                records += 1
         except DatasetError as error:
             if str(error).startswith("line "):
                 raise DatasetError(f"{where}, {error}") from None
