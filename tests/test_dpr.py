@@ -379,6 +379,8 @@ def test_a_dry_run_plans_an_nq_format_dataset_scored_by_answers(tmp_path):
         "finetune": {"datasets": [{"dataset": "nq-sample", "split": "train"}]},
         "evaluate": {"splits": [{"dataset": "nq-sample", "split": "test",
                                  "measures": ["Acc@20", "Acc@100"]}]},
+        "report": {"tables": [{"name": "main", "rows": None, "columns": [
+            {"dataset": "nq-sample", "split": "test", "measure": "Acc@20"}]}]},
     })
     metrics = "results/metrics/nq-sample/bm25/test.json"
     assert planned_rules(project, metrics) == {
