@@ -15,10 +15,10 @@ code), so each is a named option recorded in the manifest:
                    negatives (counted as own_positives_kept; the negatives contract allows it
                    only under this policy, and `audit` says so). Never a default: it is a bug,
                    offered so that its effect on their numbers can be measured.
-A document whose
-id equals the query id is removed only where the dataset says so (`exclude_query_id`, passed in as
-`exclude_self` like the dense runs: BEIR reuses ids; MS MARCO numbers queries and passages
-independently, so passage 123 is a real passage for query 123), the rule BM25 negatives follow too;
+A document whose id equals the query id is removed only where the dataset says so
+(`exclude_query_id`, passed in as `exclude_self` like the dense runs: BEIR reuses ids; MS MARCO
+numbers queries and passages independently, so passage 123 is a real passage for query 123), the
+rule BM25 negatives follow too;
 ranks are then counted without it, as in the runs. Sampling is seeded from (seed, query id) only, so
 the mined set does not depend on batch, shard or thread counts.
 
