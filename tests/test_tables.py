@@ -610,3 +610,62 @@ def test_an_in_domain_published_number_sits_only_beside_a_model_pre_trained_in_d
     assert paper_value("bow", "msmarco-passage-dev", "RR@10", "hard-negatives") is None
     assert paper_value("bow", "msmarco-passage-dev", "RR@10", "hard-negatives",
                        in_domain=True).value == 0.401
+
+
+def test_what_a_cell_shows_agrees_with_itself():
+    """The delta is the difference of the two numbers shown (0.3844 beside 0.3836 shows 0.384 and
+    0.384: Δ ±0.000, not +0.001), and every cell showing the column's best number is bold."""
+    from retrieval_pretraining.paper_numbers import Published
+    from retrieval_pretraining.tables.layout import Cell
+    from retrieval_pretraining.tables.render import render_cell
+    from retrieval_pretraining.tables.significance import mark_best
+
+    def published(value):
+        return Published("a paper", "costa", "b", "RR@10", value)
+
+    assert render_cell(Cell(0.3844, published=published(0.3836)), 3) == "0.384 (0.384, Δ ±0.000)"
+    assert render_cell(Cell(0.6446, published=published(0.6451)), 3) == "0.645 (0.645, Δ ±0.000)"
+    assert render_cell(Cell(0.3856, published=published(0.3836)), 3) == "0.386 (0.384, Δ +0.002)"
+    group = Group("g", [Row(name, name, cells=[Cell(v)]) for name, v in
+                        (("a", 0.5261), ("b", 0.5264), ("c", 0.5249))])
+    mark_best(group, 3)
+    assert [r.cells[0].bold for r in group.rows] == [True, True, False]
+    mark_best(group := Group("g", [Row(n, n, cells=[Cell(v)]) for n, v in
+                                   (("a", 0.5261), ("b", 0.5264))]), 4)
+    assert [r.cells[0].bold for r in group.rows] == [False, True]
+
+
+def test_a_reference_value_measured_here_is_marked_as_not_published(synthetic, tmp_path):
+    """The BM25 reference row is Anserini's published nDCG@10 (0.6789) and an R@100 measured here
+    with Pyserini (0.9253): the table marks the second and its legend names the source."""
+    results, _ = synthetic
+    make_tables(params(), results, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text()
+    assert "| BM25 k1=0.9 b=0.4 (Anserini, published) | 0.679 | 0.925* |" in text
+    assert "| all-MiniLM-L6-v2, 6 layers, mean pooling (MTEB, published) | 0.645 | 0.925* |" in text
+    assert ("* marks a value not published but measured on the same data (measured here; "
+            "measured here (Pyserini 1.6.0))") in text
+
+
+def test_a_zero_shot_column_is_not_compared_with_a_number_fine_tuned_on_its_data(tmp_path):
+    """Tevatron's Condenser SciFact number (0.784) was fine-tuned on SciFact train: beside a row
+    fine-tuned on SciFact it belongs, beside the same model fine-tuned on MS MARCO and run on
+    SciFact zero-shot (evaluate.zero_shot, paper.yaml's beir-zero-shot table) it does not."""
+    results = tmp_path / "results"
+    base = np.linspace(0.5, 0.7, len(QIDS))
+    write_metrics(results, "scifact", "bm25", "test", {"nDCG@10": base})
+    for stage in ("stage1", "stage2"):
+        write_metrics(results, "scifact", f"condenser-{stage}", "test", {"nDCG@10": base})
+    p = params(compare_published=True)
+    p["models"] = [{"name": "condenser", "objective": "condenser", "pretrained_on": []}]
+    p["report"]["significance"]["baselines"] = [{"system": "bm25", "mark": "†", "label": "BM25"}]
+    p["report"]["tables"] = [{"name": "beir", "columns": [
+        {"dataset": "scifact", "split": "test", "measure": "nDCG@10", "benchmark": "scifact-test"}]}]
+
+    def condenser_published(trained_on):
+        summary = make_tables(p | {"trained_on": trained_on}, results, tmp_path / "t.md")
+        return [r["cells"][0].get("published") for g in summary["tables"]["beir"]
+                for r in g["rows"] if r["system"] == "condenser-stage2"][0]
+
+    assert condenser_published({}) == 0.784
+    assert condenser_published({"scifact": "msmarco-passage"}) is None

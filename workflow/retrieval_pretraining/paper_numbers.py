@@ -18,6 +18,12 @@ Keys:
   BoW paper's MS MARCO rows). Such a number sits only beside a model pre-trained on that column's
   dataset (`corpora.pretraining_datasets`), and a number for a model pre-trained elsewhere only
   beside one that was not: a Wikipedia-only row is not compared with an in-domain one.
+- `zero_shot`: the published model never trained on the benchmark's own training data. A column
+  on a zero-shot target (`evaluate.zero_shot`: rows fine-tuned on another dataset) takes only such
+  numbers, and every other column only the others: Tevatron's Condenser, fine-tuned on SciFact
+  train, is not compared with a Condenser fine-tuned on MS MARCO and run on SciFact.
+- a source starting "measured here" is no publication: the number was measured on the same data
+  with the stated tool, and a table says so wherever it shows one.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ class Published:
     group: str | None = None
     note: str = ""
     in_domain: bool = False
+    zero_shot: bool = False
+
+    @property
+    def measured_here(self) -> bool:
+        return self.source.startswith("measured here")
 
 
 _COSTA = "COSTA (Ma et al., SIGIR 2022)"
@@ -144,16 +155,16 @@ ANCHORS: dict[str, dict] = {
 
 def paper_value(
     system: str, benchmark: str, measure: str, group: str | None, final_group: bool = False,
-    in_domain: bool = False,
+    in_domain: bool = False, zero_shot: bool = False,
 ) -> Published | None:
     """The published number for an objective in a fine-tuning setting, if the papers report one,
-    for a model pre-trained on the benchmark's own collection or not (`in_domain`, module
-    docstring).
+    for a model pre-trained on the benchmark's own collection or not (`in_domain`) and for a
+    column the rows were or were not fine-tuned for (`zero_shot`; module docstring).
 
     A number whose setting is unknown (group None) is matched only in the final group, where a
     paper's headline model would sit; an exact group match always wins.
     """
-    candidates = [p for p in PAPER if p.in_domain == in_domain]
+    candidates = [p for p in PAPER if (p.in_domain, p.zero_shot) == (in_domain, zero_shot)]
     if group is not None:  # a stage with no published counterpart never takes a group-less number
         exact = [
             p

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import paper_numbers
-from .layout import Cell, Group, Row, model_labels
+from .layout import MEASURED_MARK, Cell, Group, Row, model_labels
 from .metrics import MetricsCache, MetricsError, measure_value
 from .significance import mark_best, mark_significance
 
@@ -101,6 +101,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
                         stage.get("paper_group"),
                         final_group=final,
                         in_domain=c["dataset"] in model.get("pretrained_on", ()),
+                        zero_shot=c["dataset"] in (params.get("trained_on") or {}),
                     )
                 row.cells.append(Cell(measure_value(m, c["measure"]) if m else None, published=pub))
             rows.append(row)
@@ -117,12 +118,14 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
     for name, row in zip(spec.get("reference_rows") or [], refs):
         for c in columns:
             p = paper_numbers.anchor_value(name, c.get("benchmark", ""), c["measure"])
-            row.cells.append(Cell(p.value if p else None))
+            measured = p is not None and p.measured_here
+            row.cells.append(Cell(p.value if p else None, marks=MEASURED_MARK if measured else "",
+                                  reference_source=p.source if measured else ""))
     if refs:
         groups.append(Group("Published references (not ours; same data)", refs))
 
     for group in groups:
-        mark_best(group)
+        mark_best(group, report.get("decimals", 3))
     return groups
 
 

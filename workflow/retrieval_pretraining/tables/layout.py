@@ -7,6 +7,9 @@ from typing import Any
 
 from .. import paper_numbers
 
+# Beside a reference row's value that was measured, not published (paper_numbers' "measured here").
+MEASURED_MARK = "*"
+
 DISPLAY = {
     "none": "BERT",
     "mlm": "MLM",
@@ -29,6 +32,8 @@ class Cell:
     published: paper_numbers.Published | None = None
     bold: bool = False
     tests: dict[str, dict[str, float]] = field(default_factory=dict)
+    # A reference row's value measured here rather than published: its source, shown in the legend.
+    reference_source: str = ""
 
 
 @dataclass

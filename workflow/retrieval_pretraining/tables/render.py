@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import Cell, Group, column_label
+from .layout import MEASURED_MARK, Cell, Group, column_label
 from .significance import CORRECTIONS, TESTS, WORSE, baselines_for, family_sizes, settings
 
 
 def fmt(value: float | None, decimals: int) -> str:
     return "–" if value is None else f"{value:.{decimals}f}"
+
+
+def shown(value: float, decimals: int) -> float:
+    """The value as a cell shows it."""
+    return float(f"{value:.{decimals}f}")
 
 
 def signed(delta: float, decimals: int) -> str:
@@ -25,7 +30,9 @@ def render_cell(cell: Cell, decimals: int) -> str:
     text += cell.marks
     if cell.published is not None:
         value, published = cell.value, cell.published.value
-        delta = "" if value is None else f", Δ {signed(value - published, decimals)}"
+        # The difference of the two numbers shown, so that a reader's own subtraction agrees.
+        gap = None if value is None else shown(value, decimals) - shown(published, decimals)
+        delta = "" if gap is None else f", Δ {signed(gap, decimals)}"
         text += f" ({cell.published.value:.{decimals}f}{delta})"
     return text
 
@@ -96,5 +103,9 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
             "sources: " + "; ".join(sources) + "."
         )
     if any(r.reference for g in groups for r in g.rows):
-        text += " Reference rows are published numbers on the same data, not produced by this run."
+        text += " Reference rows are published numbers on the same data, not produced by this run"
+        measured = sorted({c.reference_source for g in groups for r in g.rows if r.reference
+                           for c in r.cells if c.reference_source})
+        text += (f"; {MEASURED_MARK} marks a value not published but measured on the same data "
+                 f"({'; '.join(measured)})." if measured else ".")
     return "Legend: " + text

@@ -185,16 +185,17 @@ def family_sizes(spec: dict[str, Any], groups: list[Group], params: dict[str, An
     return sizes
 
 
-def mark_best(group: Group) -> None:
-    """Bold the best value of each column within a group (higher is better for every measure
-    used)."""
+def mark_best(group: Group, decimals: int = 3) -> None:
+    """Bold the best value of each column within a group as the table shows it (higher is better
+    for every measure used): cells that show the same best number are all bold."""
     if len(group.rows) < 2 or any(r.reference for r in group.rows):
         return
+    shown = lambda v: round(v, decimals)  # noqa: E731
     for j in range(len(group.rows[0].cells)):
-        values = [r.cells[j].value for r in group.rows if r.cells[j].value is not None]
+        values = [shown(r.cells[j].value) for r in group.rows if r.cells[j].value is not None]
         if not values:
             continue
         best = max(values)
         for r in group.rows:
-            if r.cells[j].value is not None and r.cells[j].value == best:
+            if r.cells[j].value is not None and shown(r.cells[j].value) == best:
                 r.cells[j].bold = True
