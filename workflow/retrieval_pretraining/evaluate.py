@@ -13,7 +13,9 @@ Semantics, chosen to match the official evaluations:
   Success): TREC DL counts grade >= 2 for recall/MRR/MAP, while nDCG always uses the graded gains.
   A measure written with its own `rel=` keeps it.
 - RR@10 is computed by ir_measures' own implementation (the MS MARCO definition with its cutoff);
-  the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR.
+  the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR@k. Ties on
+  score are ordered as each implementation orders them (this one by doc id ascending, trec_eval's
+  by doc id descending; ARCHITECTURE.md, "documents tied on score").
 - `Acc@k` (open-domain QA answer recall, answers.py: DPR's has_answer on the top k passages' text,
   in run order = score descending, ties in file order) is scored against answers-{split}.parquet and
   the corpus (`--answers`, `--corpus`); every question of the answers file counts (0 when the run
