@@ -159,6 +159,21 @@ def test_trec_run_format_and_own_id_exclusion(tmp_path):
         dense_search.write_trec(run, [], "bad tag")
 
 
+def test_scores_printed_in_a_run_keep_the_order_searched(tmp_path):
+    """Evaluators order a query's documents by score, not by the rank column: two float32 scores
+    that print alike at 6 decimals were re-ordered by doc id, the relevant one falling from 1st."""
+    import ir_measures
+
+    scores = np.array([0.8123451, 0.8123449, 0.5], dtype=np.float32)
+    run = tmp_path / "close.trec"
+    dense_search.write_trec(run, [("q", ["z", "a", "m"], scores, np.array([1, 2, 3]))], "t")
+    read = {d.doc_id: d.score for d in ir_measures.read_trec_run(str(run))}
+    assert [np.float32(read[d]) for d in "zam"] == list(scores)  # each float32 read back exactly
+    qrels = [ir_measures.Qrel("q", "z", 1)]
+    assert ir_measures.calc_aggregate([ir_measures.P @ 1], qrels, ir_measures.read_trec_run(str(run))
+                                      )[ir_measures.P @ 1] == 1.0
+
+
 class _OnGpu:
     """What faiss-gpu's index_cpu_to_all_gpus returns, as far as these tests look."""
 

@@ -96,12 +96,15 @@ def rank(index, doc_ids: pa.Array, query_ids: list[str], query_vectors: np.ndarr
 
 def write_trec(path: Path, rankings: Iterable[tuple[str, list[str], np.ndarray, np.ndarray]],
                tag: str) -> int:
-    """Write a TREC run atomically; returns the number of lines."""
+    """Write a TREC run atomically; returns the number of lines. Scores keep 9 significant digits,
+    which a float32 needs to read back exactly: evaluators sort by score and ignore the rank column,
+    so two scores printed alike (0.8123451 and 0.8123449 at 6 decimals) would be re-ordered by doc
+    id, away from the ranking searched."""
     if any(ch.isspace() for ch in tag):
         raise ValueError(f"run tag {tag!r} contains whitespace; TREC runs are space-separated")
     lines = []
     for qid, ids, scores, ranks in rankings:
-        lines.extend(f"{qid} Q0 {d} {r} {s:.6f} {tag}\n" for d, s, r in zip(ids, scores, ranks))
+        lines.extend(f"{qid} Q0 {d} {r} {s:.9g} {tag}\n" for d, s, r in zip(ids, scores, ranks))
     with artifacts.atomic_path(path) as tmp:
         tmp.write_text("".join(lines))
     return len(lines)
