@@ -643,8 +643,8 @@ def test_a_reference_value_measured_here_is_marked_as_not_published(synthetic, t
     text = (tmp_path / "t.md").read_text()
     assert "| BM25 k1=0.9 b=0.4 (Anserini, published) | 0.679 | 0.925* |" in text
     assert "| all-MiniLM-L6-v2, 6 layers, mean pooling (MTEB, published) | 0.645 | 0.925* |" in text
-    assert ("* marks a value not published but measured on the same data (measured here; "
-            "measured here (Pyserini 1.6.0))") in text
+    assert ("* marks a value not published but measured on the same data (measured here "
+            "(Pyserini 1.6.0); measured here (this workflow's encoding and FAISS search))") in text
 
 
 def test_a_zero_shot_column_is_not_compared_with_a_number_fine_tuned_on_its_data(tmp_path):
