@@ -10,6 +10,11 @@ from .. import paper_numbers
 # Beside a reference row's value that was measured, not published (paper_numbers' "measured here").
 MEASURED_MARK = "*"
 
+
+def shown(value: float, decimals: int) -> float:
+    """The value as a cell shows it: what bold and a published number's delta compare."""
+    return float(f"{value:.{decimals}f}")
+
 DISPLAY = {
     "none": "BERT",
     "mlm": "MLM",

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import MEASURED_MARK, Cell, Group, column_label
+from .layout import MEASURED_MARK, Cell, Group, column_label, shown
 from .significance import CORRECTIONS, TESTS, WORSE, baselines_for, family_sizes, settings
 
 
 def fmt(value: float | None, decimals: int) -> str:
     return "–" if value is None else f"{value:.{decimals}f}"
-
-
-def shown(value: float, decimals: int) -> float:
-    """The value as a cell shows it."""
-    return float(f"{value:.{decimals}f}")
 
 
 def signed(delta: float, decimals: int) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-from .layout import Group, Row
+from .layout import Group, Row, shown
 from .metrics import MetricsCache, paired_scores
 
 log = logging.getLogger(__name__)
@@ -190,12 +190,12 @@ def mark_best(group: Group, decimals: int = 3) -> None:
     for every measure used): cells that show the same best number are all bold."""
     if len(group.rows) < 2 or any(r.reference for r in group.rows):
         return
-    shown = lambda v: round(v, decimals)  # noqa: E731
     for j in range(len(group.rows[0].cells)):
-        values = [shown(r.cells[j].value) for r in group.rows if r.cells[j].value is not None]
+        values = [shown(r.cells[j].value, decimals) for r in group.rows
+                  if r.cells[j].value is not None]
         if not values:
             continue
         best = max(values)
         for r in group.rows:
-            if r.cells[j].value is not None and shown(r.cells[j].value) == best:
+            if r.cells[j].value is not None and shown(r.cells[j].value, decimals) == best:
                 r.cells[j].bold = True
