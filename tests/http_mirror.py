@@ -15,7 +15,9 @@ from typing import Iterator
 class Mirror:
     """Files served by path; `faults[path]` is a list consumed one entry per GET:
     ("drop", n) sends the headers of the full answer, then n bytes, then closes the connection;
-    ("corrupt", i) flips byte i of the body; None serves the request normally."""
+    ("corrupt", i) flips byte i of the body; ("header", name, value) adds a header to the answer
+    (a misconfigured server's Content-Encoding); ("ignore-range",) answers 200 with the whole file
+    whatever the Range header asked; None serves the request normally."""
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
@@ -48,7 +50,9 @@ def _handler(mirror: Mirror):
             faults = mirror.faults.get(self.path)
             fault = faults.pop(0) if faults else None
             start, status, headers = 0, 200, {}
-            if range_header:
+            if fault and fault[0] == "header":
+                headers[fault[1]] = fault[2]
+            if range_header and fault != ("ignore-range",):
                 start = int(re.fullmatch(r"bytes=(\d+)-", range_header).group(1))
                 if start >= len(data):
                     return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})

@@ -4,6 +4,7 @@ and injected faults, dumpstatus.json parsing on a real capture, and the Snakemak
 from __future__ import annotations
 
 import copy
+import gzip
 import hashlib
 import json
 import os
@@ -195,6 +196,56 @@ def test_a_part_file_that_is_not_a_prefix_of_the_file_is_not_trusted(mirror, tmp
     assert dest.read_bytes() == data and info["attempts"] == 2
     assert mirror.requests == [("/ms.bz2", f"bytes={len(stale)}-"), ("/ms.bz2", None)]
     assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
+
+
+def test_a_bad_copy_on_a_flaky_mirror_fails_after_the_retries(mirror, tmp_path):
+    """Every other answer is cut half-way, and every complete copy fails its checksum (the mirror
+    serves another file, or the configured checksum is wrong). The resumes make progress, which
+    must not reset the count of bad copies: the job fails after `retries` more whole downloads
+    instead of downloading the file forever."""
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("drop", len(data) // 2), None] * 50
+    with pytest.raises(fetch.ChecksumError, match="checksum mismatch on 3 complete downloads"):
+        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", sha1="0" * 40, retries=2)
+    assert len(mirror.requests) == 6  # three downloads, each cut once then resumed
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("check", ["md5", None])
+def test_a_content_encoding_header_does_not_decode_the_file_on_disk(mirror, tmp_path, check):
+    """A server that labels a .gz file `Content-Encoding: gzip` (an object store's metadata)
+    despite Accept-Encoding: identity: the bytes on disk are the bytes served, so the checksum
+    holds and, unchecked (the DPR files have no checksum), the file is still the .gz."""
+    data = gzip.compress(MULTISTREAM.read_bytes()[:20000])
+    mirror.files["/qa.tsv.gz"] = data
+    mirror.faults["/qa.tsv.gz"] = [("header", "Content-Encoding", "gzip")] * 2
+    dest = tmp_path / "qa.tsv.gz"
+    expected = {"md5": hashlib.md5(data).hexdigest()} if check else {}
+    info = _fetch(mirror.url + "/qa.tsv.gz", dest, retries=0, **expected)
+    assert dest.read_bytes() == data and info["bytes"] == len(data)
+
+
+def test_a_part_longer_than_the_file_is_not_kept_without_a_checksum(mirror, tmp_path):
+    """The resume of a .part longer than the remote file gets 416 `bytes */N` with N short of the
+    part: with nothing to verify against, the part is dropped and the file fetched again."""
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    dest = tmp_path / "ms.bz2"
+    dest.with_name(dest.name + ".part").write_bytes(data + b"junk")
+    info = _fetch(mirror.url + "/ms.bz2", dest)
+    assert dest.read_bytes() == data and info["resumed_bytes"] == 0
+    assert mirror.requests == [("/ms.bz2", f"bytes={len(data) + 4}-"), ("/ms.bz2", None)]
+
+
+def test_resumed_bytes_is_zero_when_the_server_ignored_the_range(mirror, tmp_path):
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("ignore-range",)]
+    dest = tmp_path / "ms.bz2"
+    dest.with_name(dest.name + ".part").write_bytes(data[:5000])
+    info = _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data))
+    assert dest.read_bytes() == data and info["attempts"] == 1 and info["resumed_bytes"] == 0
 
 
 def test_not_found_fails_without_retrying(mirror, tmp_path):

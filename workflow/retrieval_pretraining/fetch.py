@@ -4,8 +4,11 @@
   with an HTTP Range request. Failures are retried with exponential back-off; an attempt that made
   progress resets the count, so a flaky mirror cannot exhaust the retries on a 20 GB part.
 - The strongest checksum given is verified (sha256 > sha1 > md5, else the size). A mismatch deletes
-  the partial file and counts as a failed attempt; the final error names the file, the URL, the
-  expected and the actual checksum. `P` only ever appears complete and verified (rename at the end).
+  the partial file and starts over; mismatches have their own count, which progress never resets
+  (a mirror serving a bad copy must not be downloaded forever), and the final error names the file,
+  the URL, the expected and the actual checksum. `P` only ever appears complete and verified
+  (rename at the end). The body is written as the server sent it: a `Content-Encoding: gzip` reply
+  to a `.gz` file is not decoded on the way to disk.
 - Local paths and file:// URLs are copied (default: results/ is then self-contained and a later
   change to the source cannot alter an artifact silently) or symlinked (`--link symlink`, for a
   multi-GB pre-downloaded dump on the same machine). Either way the checksum is verified first.
@@ -69,10 +72,12 @@ class _Digests:
     def __init__(self, algorithm: str | None):
         self.names = ["sha256"] + ([algorithm] if algorithm and algorithm != "sha256" else [])
         self.reset()
+        self.restarted = False  # whether the bytes were ever thrown away after the start
 
     def reset(self) -> None:
         self._hashes = {name: hashlib.new(name) for name in self.names}
         self.bytes = 0
+        self.restarted = True
 
     def update(self, block: bytes) -> None:
         for digest in self._hashes.values():
@@ -199,7 +204,19 @@ def _http_attempt(
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
         if response.status_code == 416 and offset:
-            return  # `part` already holds the whole file (or more): verification decides.
+            # Range not satisfiable: `part` is complete only if the server says the file has
+            # exactly its length (`Content-Range: bytes */N`). A longer part, or a reply that
+            # does not say, cannot be trusted without a checksum: start over from byte 0.
+            match = re.fullmatch(r"bytes \*/(\d+)", response.headers.get("Content-Range", ""))
+            if match and int(match.group(1)) == offset:
+                return
+            part.unlink(missing_ok=True)
+            digests.reset()
+            raise DownloadError(
+                f"GET {url}: the {offset} bytes kept in {part.name} do not match the remote file "
+                f"(HTTP 416, Content-Range {response.headers.get('Content-Range')!r}); "
+                "restarting from byte 0"
+            )
         if response.status_code not in (200, 206):
             raise HTTPStatusError(url, response.status_code, response.reason)
         if response.status_code == 206:
@@ -220,7 +237,9 @@ def _http_attempt(
             open(part, "ab" if offset else "wb") as writer,
             _progress(total, offset, part.name.removesuffix(".part")) as bar,
         ):
-            for block in response.iter_content(chunk_size=chunk_size):
+            # The raw stream, not iter_content: requests would decode a Content-Encoding it
+            # was sent despite Accept-Encoding: identity, and the checksum is of the raw bytes.
+            for block in response.raw.stream(chunk_size, decode_content=False):
                 writer.write(block)
                 digests.update(block)
                 bar.update(len(block))
@@ -242,7 +261,10 @@ def _fetch_http(
     sleep: Callable[[float], None],
 ) -> dict[str, Any]:
     import requests
+    import urllib3
 
+    # The body is read from urllib3's raw stream, whose errors requests does not wrap.
+    transport_errors = (requests.RequestException, urllib3.exceptions.HTTPError, DownloadError)
     part = dest.with_name(dest.name + ".part")
     # Resume what an interrupted earlier run left; its bytes are re-hashed, never trusted.
     digests = (
@@ -251,7 +273,9 @@ def _fetch_http(
         else _Digests(expected.algorithm)
     )
     resumed_bytes = digests.bytes
-    failures, attempts = 0, 0
+    # failures: fruitless transport attempts in a row (progress resets them); corrupt: complete
+    # files that failed verification (never reset: each one cost a whole download).
+    failures, corrupt, attempts = 0, 0, 0
     with requests.Session() as session:
         # identity: the bytes on disk must be the bytes the checksum was computed on.
         session.headers.update(
@@ -265,18 +289,23 @@ def _fetch_http(
             before = digests.bytes
             try:
                 _http_attempt(session, url, part, digests, timeout, chunk_size, expected.size)
-            except (requests.RequestException, DownloadError) as error:
+            except transport_errors as error:
                 if not getattr(error, "retryable", True):
                     raise DownloadError(f"{dest}: {error}; check the URL") from error
                 # Progress resets the count: only fruitless attempts in a row exhaust the retries.
                 failures = 0 if digests.bytes > before else failures + 1
                 reason = f"{type(error).__name__}: {error}"
                 if failures > retries:
+                    kept = (
+                        f"Rerun to resume from the {digests.bytes} bytes kept in {part}."
+                        if part.exists() and digests.bytes
+                        else "Nothing was kept."
+                    )
                     raise DownloadError(
                         f"{dest} (from {url}): giving up after {attempts} attempts ({failures} "
-                        f"in a row without progress); last error: {reason}. Rerun to resume "
-                        f"from the {digests.bytes} bytes kept in {part}."
+                        f"in a row without progress); last error: {reason}. {kept}"
                     ) from error
+                delay = min(backoff * 2 ** max(failures - 1, 0), 300.0)
             else:
                 bad = _mismatch(digests, expected)
                 if bad is None:
@@ -284,21 +313,23 @@ def _fetch_http(
                 # A corrupt file cannot be repaired by resuming: drop it and start over.
                 part.unlink(missing_ok=True)
                 digests.reset()
-                failures += 1
+                corrupt += 1
                 reason = f"expected {bad[0]}, got {bad[1]}"
-                if failures > retries:
+                if corrupt > retries:
                     raise ChecksumError(
-                        f"{dest} (from {url}): checksum mismatch on {attempts} attempts: "
-                        f"{reason}; the partial file was deleted. If the mirror serves a bad "
-                        "copy, try another mirror; if the expected checksum is wrong, fix it in "
-                        "the config."
+                        f"{dest} (from {url}): checksum mismatch on {corrupt} complete downloads "
+                        f"({attempts} attempts): {reason}; the partial file was deleted. If the "
+                        "mirror serves a bad copy, try another mirror; if the expected checksum "
+                        "is wrong, fix it in the config."
                     )
-            delay = min(backoff * 2 ** max(failures - 1, 0), 300.0)
+                delay = min(backoff * 2 ** (corrupt - 1), 300.0)
             log.warning(
                 "%s: attempt %d failed (%s); retrying in %.1f s", url, attempts, reason, delay
             )
             sleep(delay)
     os.replace(part, dest)
+    # Bytes kept from an earlier run count as resumed only if they survived to the end.
+    resumed_bytes = 0 if digests.restarted else resumed_bytes
     return {"attempts": attempts, "resumed_bytes": resumed_bytes, "digests": digests}
 
 
