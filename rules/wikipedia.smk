@@ -8,11 +8,14 @@
 # get_dump_parts()/get_dump_index()/get_all_articles() may only be called from input functions
 # (`input: lambda wc: get_all_articles()`), never at parse time.
 #
-# The download rules declare neither the code nor the retry count as inputs/params on purpose:
-# what they produce is fixed by the URL and the checksum, and an edit to download.py / fetch.py or
-# to `retries` must not re-fetch 20 GB; the retry count travels as a resource (no rerun trigger).
-# dumps.wikimedia.org allows few connections per IP: cap them with
-# `--resources dump_connections=2` (each download job holds one).
+# The download rules and the checkpoint declare neither the code, the retry count nor the mirror
+# as inputs/params on purpose: what they produce is fixed by the run (wiki, date), the file's path
+# and its checksum, and an edit to download.py / fetch.py, to `retries` or to `mirror` must not
+# re-fetch 20 GB, nor resolve `dump_date: latest` again (a newer run would replace the dump under
+# every model). The retry count and the mirror travel as resources (no rerun trigger); the files'
+# URLs are given relative to the mirror (`download fetch --mirror`).
+# dumps.wikimedia.org allows few connections per IP: each download job holds one
+# `dump_connections`, which the Slurm profile caps at 2 (`--resources dump_connections=2` elsewhere).
 import dataclasses
 import functools
 import shlex
@@ -94,9 +97,17 @@ def _local_file(url):
     return str(path)
 
 
+def _dump_mirror():
+    """The mirror the dump files are read from ('' for source=local: their URLs are whole)."""
+    wikipedia = config["wikipedia"]
+    return wikipedia["mirror"].rstrip("/") if wikipedia["source"] == "dumps" else ""
+
+
 def _fetch_flags(entry, prefix=""):
     """The content-defining `download fetch` options of one file of a part (rerun when they change)."""
-    flags = ["--url", entry[f"{prefix}url"]]
+    url, mirror = entry[f"{prefix}url"], _dump_mirror()
+    # A dump file is named by its path on the mirror; the mirror itself comes as a resource.
+    flags = ["--url", url[len(mirror) :] if mirror and url.startswith(mirror + "/") else url]
     # Only the strongest checksum given: fetch verifies that one (sha256 > sha1 > md5).
     for key in ("sha256", "sha1", "md5"):
         if entry.get(f"{prefix}{key}"):
@@ -119,8 +130,6 @@ def _index_entry(part):
 
 
 checkpoint fetch_dumpstatus:
-    input:
-        code=module_source("download"),
     output:
         status=DUMPSTATUS,
         manifest="results/wikipedia/dumpstatus.manifest.json",
@@ -131,13 +140,15 @@ checkpoint fetch_dumpstatus:
         conda_env("torch")
     resources:
         download_retries=config["wikipedia"]["retries"],
+        dump_mirror=config["wikipedia"]["mirror"],
     params:
         run=lambda wc: experiment_config.stage_argument(
-            {key: config["wikipedia"][key] for key in ("wiki", "dump_date", "mirror")}
+            {key: config["wikipedia"][key] for key in ("wiki", "dump_date")}
         ),
     shell:
         "python -m retrieval_pretraining.download dumpstatus --config '{params.run}' "
-        "--retries {resources.download_retries} --out {output.status} &> {log}"
+        "--mirror {resources.dump_mirror:q} --retries {resources.download_retries} "
+        "--out {output.status} &> {log}"
 
 
 rule download_dump_part:
@@ -154,11 +165,13 @@ rule download_dump_part:
     resources:
         dump_connections=1,
         download_retries=config["wikipedia"]["retries"],
+        dump_mirror=_dump_mirror(),
     params:
         fetch=lambda wc: _fetch_flags(dump_part_entry(wc.part)),
     shell:
         "python -m retrieval_pretraining.download fetch {params.fetch} "
-        "--retries {resources.download_retries} --out {output.dump} --manifest {output.manifest} &> {log}"
+        "--mirror {resources.dump_mirror:q} --retries {resources.download_retries} "
+        "--out {output.dump} --manifest {output.manifest} &> {log}"
 
 
 rule download_dump_index:
@@ -175,11 +188,13 @@ rule download_dump_index:
     resources:
         dump_connections=1,
         download_retries=config["wikipedia"]["retries"],
+        dump_mirror=_dump_mirror(),
     params:
         fetch=lambda wc: _fetch_flags(_index_entry(wc.part), "index_"),
     shell:
         "python -m retrieval_pretraining.download fetch {params.fetch} "
-        "--retries {resources.download_retries} --out {output.index} --manifest {output.manifest} &> {log}"
+        "--mirror {resources.dump_mirror:q} --retries {resources.download_retries} "
+        "--out {output.index} --manifest {output.manifest} &> {log}"
 
 
 rule download_dump:

@@ -17,7 +17,8 @@ class Mirror:
     ("drop", n) sends the headers of the full answer, then n bytes, then closes the connection;
     ("corrupt", i) flips byte i of the body; ("header", name, value) adds a header to the answer
     (a misconfigured server's Content-Encoding); ("ignore-range",) answers 200 with the whole file
-    whatever the Range header asked; None serves the request normally."""
+    whatever the Range header asked; ("status", code) answers that HTTP status (a loaded mirror's
+    503); None serves the request normally."""
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
@@ -49,6 +50,8 @@ def _handler(mirror: Mirror):
             data = mirror.files[self.path]
             faults = mirror.faults.get(self.path)
             fault = faults.pop(0) if faults else None
+            if fault and fault[0] == "status":
+                return self._send(fault[1], b"busy", {})
             start, status, headers = 0, 200, {}
             if fault and fault[0] == "header":
                 headers[fault[1]] = fault[2]

@@ -248,6 +248,19 @@ def test_resumed_bytes_is_zero_when_the_server_ignored_the_range(mirror, tmp_pat
     assert dest.read_bytes() == data and info["attempts"] == 1 and info["resumed_bytes"] == 0
 
 
+def test_cli_fetch_takes_several_checksums_and_verifies_the_strongest(mirror, tmp_path):
+    """A dataset entry pinned with both md5 and sha256 (the README suggests adding a sha256):
+    the rule passes both, and the sha256 is the one verified."""
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    out = tmp_path / "ms.bz2"
+    download.main(["fetch", "--url", mirror.url + "/ms.bz2", "--out", str(out),
+                   "--md5", hashlib.md5(data).hexdigest(),
+                   "--sha256", hashlib.sha256(data).hexdigest()])
+    manifest = json.loads(download.manifest_for(out).read_text())
+    assert manifest["stats"]["verified"]["check"] == "sha256" and out.read_bytes() == data
+
+
 def test_not_found_fails_without_retrying(mirror, tmp_path):
     with pytest.raises(fetch.DownloadError, match="404"):
         _fetch(mirror.url + "/missing.bz2", tmp_path / "x.bz2", retries=3)
@@ -440,6 +453,24 @@ def test_latest_picks_the_newest_finished_run(mirror):
         dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "20260120")
 
 
+def test_latest_does_not_pass_over_a_run_the_mirror_failed_to_answer_for(mirror):
+    """The newest run's status answers 503 (a loaded mirror) even after the retries: `latest` must
+    not quietly settle on an older run (which dump an experiment uses would depend on the
+    mirror's load that day); it fails naming the run. A run without a status yet (404) is passed
+    over."""
+    _publish_run(mirror, "20260101")
+    _publish_run(mirror, "20260120")
+    newest = "/testwiki/20260120/dumpstatus.json"
+    mirror.faults[newest] = [("status", 503)] * 3
+    with pytest.raises(fetch.DownloadError, match="run 20260120 of testwiki could not be read"):
+        dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "latest", retries=2,
+                                    sleep=lambda s: None)
+    del mirror.files[newest]
+    date, _, _ = dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "latest",
+                                             sleep=lambda s: None)
+    assert date == "20260101"
+
+
 def test_file_mirror_works_like_a_web_mirror(tmp_path):
     # A pre-downloaded dump folder laid out like dumps.wikimedia.org, used as a file:// mirror.
     run = tmp_path / "testwiki" / "20260101"
@@ -493,6 +524,35 @@ def test_snakemake_dumps_source_plans_one_download_per_part_and_index(mirror, tm
     config["wikipedia"]["retries"] += 3
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     assert planned_rules(project, "download_dump") == {}
+
+
+def test_latest_is_resolved_once_and_the_mirror_is_not_part_of_a_file(mirror, tmp_path):
+    """`dump_date: latest` names a run once: after Wikimedia publishes a newer run, neither an edit
+    to a shared module (artifacts.py, which the downloader imports) nor a switch to another mirror
+    of the same files re-resolves it or re-fetches anything; a file missing later comes from the
+    new mirror, of the run resolved at first."""
+    bodies = _publish_run(mirror, "20260101")
+    project = copy_project(tmp_path / "project", {"wikipedia": {
+        "source": "dumps", "wiki": "testwiki", "dump_date": "latest", "mirror": mirror.url}})
+    snakemake(project, "download_dump")
+    _publish_run(mirror, "20260120")
+    shared = project / "workflow" / "retrieval_pretraining" / "artifacts.py"
+    shared.write_text(shared.read_text() + "\n# an unrelated edit\n")
+    assert planned_rules(project, "download_dump") == {}
+    with serve() as other:
+        _publish_run(other, "20260101")
+        config_file = project / "config.yaml"
+        config = yaml.safe_load(config_file.read_text())
+        config["wikipedia"]["mirror"] = other.url
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        assert planned_rules(project, "download_dump") == {}
+        dump = project / "results" / "wikipedia" / "dump"
+        (dump / "multistream2-p2584p30302.xml.bz2").unlink()
+        snakemake(project, "download_dump")
+        assert (dump / "multistream2-p2584p30302.xml.bz2").read_bytes() == bodies[2]
+        assert [path for path, _ in other.requests] == [
+            "/testwiki/20260101/testwiki-20260101-pages-articles-multistream2.xml-p2584p30302.bz2"
+        ]
 
 
 def test_snakemake_local_parts_with_a_multistream_index(tmp_path):

@@ -4,17 +4,23 @@ The command line of both (what the rules run); the work is done in fetch.py and 
 
 `fetch` is generic (every stage that downloads calls it, through this stable CLI):
 
-    python -m retrieval_pretraining.download fetch --url U --out P \
-        [--sha1 X | --md5 X | --sha256 X] [--size N] [--retries N] [--link copy|symlink]
+    python -m retrieval_pretraining.download fetch --url U --out P [--mirror M] \
+        [--sha1 X] [--md5 X] [--sha256 X] [--size N] [--retries N] [--link copy|symlink]
+
+With several checksums the strongest is verified (sha256 > sha1 > md5). With `--mirror`, a `--url`
+of the form `/path` is read from that mirror: the rules pass the dump mirror this way, outside
+their rerun-triggering params, so that switching to another copy of the same files re-fetches
+nothing (the files are named by their path and checksum).
 
 Beside `P` it writes `P.manifest.json` (URL, bytes, verified checksum, sha256, attempts). The
 manifest name keeps the whole file name because downloads have multi-part extensions
 (`x.xml.bz2` and `x.index.txt.bz2` must not share a manifest).
 
 `dumpstatus` saves a dump run's dumpstatus.json verbatim, with a manifest recording the resolved
-date and the parts (config: wiki, dump_date, mirror):
+date and the parts (config: wiki, dump_date, mirror; `--mirror` overrides the config's):
 
-    python -m retrieval_pretraining.download dumpstatus --config '<JSON>' --out P [--retries N]
+    python -m retrieval_pretraining.download dumpstatus --config '<JSON>' --out P [--retries N] \
+        [--mirror M]
 """
 
 from __future__ import annotations
@@ -39,8 +45,16 @@ def manifest_for(dest: str | os.PathLike) -> Path:
     return dest.with_name(dest.name + ".manifest.json")
 
 
+def mirrored_url(mirror: str | None, url: str) -> str:
+    """`url` as given, or, for a mirror and a `/path`, that path on the mirror."""
+    if mirror and url.startswith("/"):
+        return mirror.rstrip("/") + url
+    return url
+
+
 def _cmd_fetch(args: argparse.Namespace) -> None:
     checks = {name: getattr(args, name) for name in CHECKSUMS if getattr(args, name)}
+    args.url = mirrored_url(args.mirror, args.url)
     info = fetch(
         args.url,
         args.out,
@@ -69,6 +83,8 @@ DUMPSTATUS_KEYS = ("wiki", "dump_date", "mirror")
 
 def _cmd_dumpstatus(args: argparse.Namespace) -> None:
     cfg = args.config
+    if args.mirror:
+        cfg = {**cfg, "mirror": args.mirror}
     refuse_unknown(cfg, DUMPSTATUS_KEYS, "download dumpstatus")
     missing = [key for key in DUMPSTATUS_KEYS if key not in cfg]
     if missing:
@@ -105,9 +121,13 @@ def main(argv: list[str] | None = None) -> None:
         "--url", required=True, help="http(s):// or file:// URL, or a local path"
     )
     fetch_cmd.add_argument("--out", required=True, type=Path, help="destination file")
-    group = fetch_cmd.add_mutually_exclusive_group()
+    fetch_cmd.add_argument(
+        "--mirror", help="base URL a --url of the form /path is read from (the dump mirror)"
+    )
     for name in CHECKSUMS:
-        group.add_argument(f"--{name}", help=f"expected {name} (hex)")
+        fetch_cmd.add_argument(
+            f"--{name}", help=f"expected {name} (hex); of several, the strongest is verified"
+        )
     fetch_cmd.add_argument("--size", type=int, help="expected size in bytes (checked too)")
     fetch_cmd.add_argument(
         "--retries", type=int, default=5, help="attempts after the first (default 5)"
@@ -135,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     status_cmd.add_argument(
         "--retries", type=int, default=5, help="attempts after the first (default 5)"
     )
+    status_cmd.add_argument("--mirror", help="the mirror to read (overrides the config's)")
     status_cmd.set_defaults(run=_cmd_dumpstatus)
 
     args = parser.parse_args(argv)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInput
-from .fetch import DownloadError, read_url
+from .fetch import DownloadError, NotFound, read_url
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,26 @@ def fetch_dumpstatus(
         )
     reasons = []
     for date in dates[:LATEST_LOOKBACK]:
+        # A run is passed over only when it is known unfinished (its job not done, or no status
+        # published yet); a mirror that fails to answer (after the retries) stops the lookup, or
+        # which Wikipedia an experiment uses would depend on the mirror's load that day.
         try:
-            status = json.loads(
-                read_url(status_url(mirror, wiki, date), retries=retries, sleep=sleep)
-            )
-            parts = parse_dump_parts(status, mirror)
-        except (DumpStatusError, DownloadError) as error:
+            document = read_url(status_url(mirror, wiki, date), retries=retries, sleep=sleep)
+        except NotFound as error:
             reasons.append(f"{date}: {error}")
+            log.warning("dump_date latest: passing over %s (%s)", date, error)
+            continue
+        except DownloadError as error:
+            raise DownloadError(
+                f"dump_date latest: the status of run {date} of {wiki} could not be read ({error}); "
+                "rerun later, or pin wikipedia.dump_date to a run"
+            ) from error
+        try:
+            status = json.loads(document)
+            parts = parse_dump_parts(status, mirror)
+        except (DumpStatusError, ValueError) as error:
+            reasons.append(f"{date}: {error}")
+            log.warning("dump_date latest: passing over %s (%s)", date, error)
             continue
         log.info("dump_date latest -> %s (%d parts)", date, len(parts))
         return date, status, parts

@@ -48,6 +48,10 @@ class ChecksumError(DownloadError):
     """The fetched bytes do not match the expected checksum or size."""
 
 
+class NotFound(DownloadError):
+    """The server (or the file system) says the document does not exist: not worth retrying."""
+
+
 # ------------------------------------------------------------------------------------------------
 # Verification
 
@@ -410,7 +414,7 @@ def read_url(url: str, *, retries: int = 3, timeout: float = 60.0, sleep=time.sl
                 f'<a href="{p.name}/">{p.name}/</a>\n' for p in sorted(source.iterdir())
             ).encode()
         if not source.is_file():
-            raise DownloadError(f"{url} does not exist")
+            raise NotFound(f"{url} does not exist")
         return source.read_bytes()
     import requests
 
@@ -418,7 +422,7 @@ def read_url(url: str, *, retries: int = 3, timeout: float = 60.0, sleep=time.sl
         try:
             response = requests.get(url, timeout=timeout)
             if response.status_code == 404:
-                raise DownloadError(f"GET {url}: HTTP 404 Not Found")
+                raise NotFound(f"GET {url}: HTTP 404 Not Found")
             response.raise_for_status()
             return response.content
         except requests.RequestException as error:
