@@ -259,6 +259,18 @@ def test_query_id_exclusion_and_empty_documents(tmp_path):
 
 
 
+@pytest.mark.parametrize("odd,indexed", [("\u00a0", 3), ("\x01\t", 2), ("\u3000", 3)])
+def test_empty_documents_are_counted_as_anserini_skips_them(tmp_path, odd, indexed):
+    """Anserini skips a document whose contents are empty after Java's trim (code points up to
+    U+0020); a no-break space or an ideographic space is not trimmed, so that document is indexed.
+    The count must agree or the build fails after the whole indexing run."""
+    corpus = pa.table({"doc_id": ["d1", "d2", "d3"], "title": ["", "", ""],
+                       "text": ["alpha beta", odd, "gamma"]})
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    stats = bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
+    assert stats == stats | {"documents": 3, "empty_documents": 3 - indexed, "indexed": indexed}
+
+
 def test_a_full_disk_during_the_index_build_leaves_no_index_and_a_rerun_recovers(tmp_path):
     """The index folder appears with its manifest or not at all. Four documents make every Lucene
     file smaller than the manifest, so the disk fills when the manifest is written, after the

@@ -134,7 +134,7 @@ def write_json_collection(corpus: Path, folder: Path, title: str, files: int) ->
             batch_size=COLLECTION_BATCH_ROWS, columns=["doc_id", "title", "text"]
         ):
             frame = pl.from_arrow(batch).select("doc_id", datasets.joined_text_expr(title))
-            empty += frame.filter(pl.col("text").str.strip_chars() == "").height
+            empty += frame.filter(pl.col("text").str.strip_chars(JAVA_TRIM) == "").height
             for doc_id, text in frame.iter_rows():
                 while written >= bounds[part + 1]:
                     part += 1
@@ -143,6 +143,13 @@ def write_json_collection(corpus: Path, folder: Path, title: str, files: int) ->
                 )
                 written += 1
     return {"documents": total, "empty_documents": empty}
+
+
+# What Anserini's `contents.trim().isEmpty()` strips: Java's String.trim removes the code points
+# up to U+0020 (controls included) and nothing else, so a document of only a no-break space is
+# indexed and one of only \x01 is skipped; Unicode whitespace would count both the other way and
+# fail the check below after hours of indexing.
+JAVA_TRIM = "".join(map(chr, range(0x21)))
 
 
 def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, Any]:
