@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from retrieval_pretraining import artifacts, bm25, datasets, evaluate, msmarco_triples
+from retrieval_pretraining.errors import InputFileError
 
 import memory_probe
 from full_disk import files_under, full_disk, is_full_disk_error
@@ -349,6 +350,23 @@ def test_triples_source(tmp_path):
     # 11 is listed as a negative of query 1 but is one of its positives: removed.
     assert rows["1"] == (["10", "11"], ["20", "21"], [-1, -1])
     assert rows["2"] == (["30"], ["31"], [-1])
+
+
+def test_a_triples_file_that_names_no_query_is_refused(tmp_path):
+    """triples.train.small (query text, positive text, negative text) in place of qidpidtriples
+    joins no query: refused, rather than a negatives file without negatives that fine-tuning
+    would pad with random passages."""
+    triples = _write_triples(tmp_path / "triples.train.small.tsv.gz", [
+        ("what is snow", "Snow is frozen water.", "Rain is liquid water."),
+    ])
+    pl.DataFrame({"query_id": ["1"], "text": ["what is snow"]}).write_parquet(tmp_path / "q.parquet")
+    qrels = pa.table({"query_id": ["1"], "doc_id": ["10"], "relevance": [1]})
+    artifacts.write_parquet(tmp_path / "qrels.parquet", qrels, datasets.QRELS_SCHEMA)
+    config = {"negatives": {"source": "triples", "count": 30, "seed": 0}}
+    with pytest.raises(InputFileError, match="names a query of this split.*qidpidtriples"):
+        bm25.mine_negatives(tmp_path / "q.parquet", tmp_path / "qrels.parquet",
+                            tmp_path / "n.parquet", config, triples=triples)
+    assert not (tmp_path / "n.parquet").exists()
 
 
 # --- the triples source streamed (issue 17): the sample's law, and memory at 1x and 10x ---------

@@ -113,7 +113,7 @@ def triples_candidates(
                                 "pos": pl.Int64})
     limits = pl.DataFrame(schema={"query_id": pl.String, "limit": pl.UInt64})
     pending: list[pl.DataFrame] = []
-    pending_rows = lines = 0
+    pending_rows = lines = matched = 0
     listed_positives: set[tuple[str, str]] = set()
 
     def merge() -> None:
@@ -142,6 +142,7 @@ def triples_candidates(
                 .join(salts, on="query_id", how="inner")
             )
             lines += batch.num_rows
+            matched += frame.height
             listed_positives.update(frame.join(own, on=["query_id", "neg"], how="semi")
                                     .select("query_id", "neg").iter_rows())
             frame = frame.join(drop, on=["query_id", "neg"], how="anti")
@@ -159,6 +160,14 @@ def triples_candidates(
                 merge()
     if not lines:
         raise InputFileError(f"{path}: no triples read; the file is empty")
+    if not matched:
+        # Otherwise every query would get no negatives and fine-tuning's padding would quietly
+        # turn the BM25-negatives stage into a random-negatives one.
+        raise InputFileError(
+            f"{path}: none of its {lines} lines names a query of this split (first column); "
+            "it must be MS MARCO's qidpidtriples (query id, positive pid, negative pid), not "
+            "triples.train.small (the texts), and of the split whose qrels are given"
+        )
     merge()
     grouped = kept.sort("pos").group_by("query_id", maintain_order=True).agg("neg")
     return {q: [(n, -1) for n in negs] for q, negs in grouped.iter_rows()}, len(listed_positives)
