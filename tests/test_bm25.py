@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,12 +56,18 @@ def test_pyserini_setup_fixes_java_jvm_options_and_openai_key():
 
 
 def test_bare_pyserini_works_with_the_import_hook(tmp_path):
-    """`python -m pyserini...` with no wrapper, no JAVA_HOME and no OPENAI_API_KEY (make venv's hook)."""
-    from retrieval_pretraining import pyserini_setup
-
+    """`python -m pyserini...` with no wrapper, no JAVA_HOME and no OPENAI_API_KEY (make venv's
+    hook), installed by a checkout that is gone since (a venv outlives, or is shared by, the
+    checkouts that ran `make venv`): the hook must not need it."""
     site = tmp_path / "site"
     site.mkdir()
-    pyserini_setup.install_hook(site)
+    checkout = tmp_path / "checkout" / "workflow"
+    shutil.copytree(ROOT / "workflow" / "retrieval_pretraining", checkout / "retrieval_pretraining")
+    install = ("import sys; from retrieval_pretraining import pyserini_setup as s; "
+               "s.install_hook(sys.argv[1])")
+    subprocess.run([sys.executable, "-c", install, str(site)], check=True, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(checkout)})
+    shutil.rmtree(tmp_path / "checkout")
     # Undo the hook the venv may already have, then let site.addsitedir process ours the way
     # start-up processes site-packages: the fixes must come from the hook under test.
     boot = (

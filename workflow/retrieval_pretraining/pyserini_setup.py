@@ -106,14 +106,16 @@ apply()
 
 
 HOOK_NAME = "retrieval_pretraining_pyserini"
+# The fixes themselves, copied beside the hook: the environment must not depend on the checkout
+# that installed it (a venv shared by several checkouts, or one whose checkout was moved or
+# deleted, would otherwise fail every `import pyserini` or apply another checkout's fixes).
+FIXES_NAME = "retrieval_pretraining_pyserini_fixes"
 
 # Written into site-packages as <HOOK_NAME>.py. Python runs the `import` line of a .pth file at every
 # start-up, so this stays tiny: it registers a finder that does nothing until `pyserini` is first
-# imported, then applies the fixes (importing this module from the checkout) and steps aside.
-_HOOK_SOURCE = '''"""Applies retrieval_pretraining.pyserini_setup before the first `import pyserini`."""
+# imported, then applies the fixes (importing their copy) and steps aside.
+_HOOK_SOURCE = f'''"""Applies retrieval_pretraining.pyserini_setup before the first `import pyserini`."""
 import sys
-
-WORKFLOW_DIR = {workflow_dir!r}
 
 
 class _PyseriniFixes:
@@ -121,9 +123,7 @@ class _PyseriniFixes:
     def find_spec(cls, name, path=None, target=None):
         if name == "pyserini" and cls in sys.meta_path:
             sys.meta_path.remove(cls)
-            if WORKFLOW_DIR not in sys.path:
-                sys.path.append(WORKFLOW_DIR)
-            import retrieval_pretraining.pyserini_setup  # noqa: F401  (applies the fixes)
+            import {FIXES_NAME}  # noqa: F401  (applies the fixes)
         return None  # the regular finders import pyserini itself
 
 
@@ -132,10 +132,11 @@ sys.meta_path.insert(0, _PyseriniFixes)
 
 
 def install_hook(site_packages: Path) -> Path:
-    """Make every `import pyserini` in this environment apply the fixes first (a .pth + module)."""
+    """Make every `import pyserini` in this environment apply the fixes first (a .pth, the hook
+    and a copy of this module, which imports nothing from the package)."""
     site_packages = Path(site_packages)
-    workflow_dir = str(Path(__file__).resolve().parents[1])
-    (site_packages / f"{HOOK_NAME}.py").write_text(_HOOK_SOURCE.format(workflow_dir=workflow_dir))
+    (site_packages / f"{FIXES_NAME}.py").write_text(Path(__file__).read_text())
+    (site_packages / f"{HOOK_NAME}.py").write_text(_HOOK_SOURCE)
     pth = site_packages / f"{HOOK_NAME}.pth"
     pth.write_text(f"import {HOOK_NAME}\n")
     return pth
