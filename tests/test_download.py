@@ -435,6 +435,48 @@ def _publish_run(mirror: Mirror, date: str, status: str = "done") -> list[bytes]
     return bodies
 
 
+def _publish_sizes_only(mirror: Mirror, date: str) -> list[bytes]:
+    """A run whose status lists sizes only, as Wikimedia's does (the enwiki capture), with the
+    run's sha1sums.txt beside it."""
+    bodies = _publish_run(mirror, date)
+    path = f"/testwiki/{date}/dumpstatus.json"
+    status = json.loads(mirror.files[path])
+    files = status["jobs"]["articlesmultistreamdump"]["files"]
+    sums = "".join(f"{meta.pop('sha1')}  {name}\n" for name, meta in files.items())
+    for meta in files.values():
+        del meta["md5"]
+    mirror.files[path] = json.dumps(status).encode()
+    mirror.files[f"/testwiki/{date}/testwiki-{date}-sha1sums.txt"] = (
+        f"{'0' * 40}  testwiki-{date}-pages-articles.xml.bz2\n" + sums).encode()
+    return bodies
+
+
+def test_a_status_with_sizes_only_gets_the_sha1s_of_the_runs_sha1sums(mirror, tmp_path):
+    """A corrupt byte keeps the size: verified by size alone, a bad 20 GB part would be accepted
+    (and only fail at extraction, with the download already counted done). The sha1s come from
+    the run's sha1sums.txt; without one, the sizes are all there is."""
+    bodies = _publish_sizes_only(mirror, "20260101")
+    date, status, parts = dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "latest",
+                                                      sleep=lambda s: None)
+    assert [p.data.sha1 for p in parts] == [sha1(bodies[0]), sha1(bodies[2])]
+    assert [p.index.sha1 for p in parts] == [sha1(bodies[1]), sha1(bodies[3])]
+    part = parts[0].data
+    mirror.faults[part.url.removeprefix(mirror.url)] = [("corrupt", 100)] * 2
+    with pytest.raises(fetch.ChecksumError, match="sha1"):
+        _fetch(part.url, tmp_path / "part.bz2", sha1=part.sha1, size=part.size, retries=1)
+    del mirror.files["/testwiki/20260101/testwiki-20260101-sha1sums.txt"]
+    _, _, parts = dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "20260101",
+                                              sleep=lambda s: None)
+    assert [p.data.sha1 for p in parts] == [None, None] and parts[0].data.size == len(bodies[0])
+
+
+def test_a_sha1sums_entry_that_contradicts_the_status_is_refused():
+    status = {"jobs": {"articlesmultistreamdump": {"status": "done", "files": {
+        "w-20260101-pages-articles-multistream.xml.bz2": {"size": 1, "sha1": "a" * 40}}}}}
+    with pytest.raises(dumpstatus.DumpStatusError, match="changed while it was read"):
+        dumpstatus.add_sha1sums(status, {"w-20260101-pages-articles-multistream.xml.bz2": "b" * 40})
+
+
 def test_runs_are_read_from_a_real_mirror_listing():
     listing = (DATA / "dump-metadata" / "enwiki_index.html").read_text()
     runs = dumpstatus.listed_runs(listing)

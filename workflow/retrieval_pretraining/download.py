@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import artifacts
 from .config import ConfigError, refuse_unknown, stage_parser
-from .dumpstatus import MULTISTREAM_JOB, fetch_dumpstatus, status_url
+from .dumpstatus import MULTISTREAM_JOB, fetch_dumpstatus, sha1sums_url, status_url
 from .errors import add_debug_option, command
 from .fetch import CHECKSUMS, fetch
 
@@ -93,7 +93,9 @@ def _cmd_dumpstatus(args: argparse.Namespace) -> None:
     date, status, parts = fetch_dumpstatus(
         cfg["mirror"], cfg["wiki"], cfg["dump_date"], retries=args.retries
     )
-    artifacts.write_json(args.out, status)  # verbatim: what Wikimedia published for this run
+    # What Wikimedia published for this run, the job's missing sha1s filled from the run's
+    # sha1sums.txt (dumpstatus.py); the manifest counts the files that have one.
+    artifacts.write_json(args.out, status)
     stats = {
         "resolved_dump_date": date,
         "status_url": status_url(cfg["mirror"], cfg["wiki"], date),
@@ -101,6 +103,7 @@ def _cmd_dumpstatus(args: argparse.Namespace) -> None:
         "parts": len(parts),
         "bytes": sum((p.data.size or 0) + (p.index.size or 0) for p in parts),
         "with_sha1": sum(bool(p.data.sha1) for p in parts),
+        "sha1s_from": sha1sums_url(cfg["mirror"], cfg["wiki"], date),
         "files": [dataclasses.asdict(p) for p in parts],
     }
     artifacts.write_manifest(

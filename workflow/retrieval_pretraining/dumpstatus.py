@@ -7,6 +7,11 @@ Wikimedia publishes `{mirror}/{wiki}/{date}/dumpstatus.json` for every dump run;
 them and always a size. `parse_dump_parts` pairs each part with its index under a wildcard-safe name
 (`multistream1-p1p41242`). `dump_date: latest` resolves to the newest listed run whose job is
 done (`fetch_dumpstatus`).
+
+In practice the job lists sizes only (the enwiki 20230301 capture: 128 files, no checksum), while
+every run publishes `{wiki}-{date}-sha1sums.txt` beside it. `fetch_dumpstatus` fills each file's
+missing `sha1` from there (`add_sha1sums`), so a 20 GB download is verified by its sha1, not its
+size alone; a run without that file keeps its sizes, with a warning.
 """
 
 from __future__ import annotations
@@ -123,6 +128,47 @@ def parse_dump_parts(
     ]
 
 
+def sha1sums_url(mirror: str, wiki: str, date: str) -> str:
+    return f"{mirror.rstrip('/')}/{wiki}/{date}/{wiki}-{date}-sha1sums.txt"
+
+
+def parse_sha1sums(text: str) -> dict[str, str]:
+    """{file name: sha1} from a `sha1sum` listing (`<40 hex>  <name>` per line)."""
+    sums = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r"([0-9a-fA-F]{40}) [ *]?(\S+)\s*", line)
+        if match:
+            sums[match[2]] = match[1].lower()
+    return sums
+
+
+def add_sha1sums(status: dict[str, Any], sums: dict[str, str], job: str = MULTISTREAM_JOB) -> int:
+    """Fill the missing `sha1` of `job`'s files from `sums` (in place); a sha1 the status already
+    gives must agree. Returns how many were added."""
+    added = 0
+    for name, meta in ((status.get("jobs") or {}).get(job, {}).get("files") or {}).items():
+        if name not in sums:
+            continue
+        if meta.get("sha1") and meta["sha1"].lower() != sums[name]:
+            raise DumpStatusError(
+                f"{name}: dumpstatus.json gives sha1 {meta['sha1']}, sha1sums.txt {sums[name]}; "
+                "the run's files changed while it was read: fetch the status again"
+            )
+        if not meta.get("sha1"):
+            meta["sha1"] = sums[name]
+            added += 1
+    return added
+
+
+def _with_sha1sums(status, mirror, wiki, date, retries, sleep) -> tuple[dict[str, Any], int]:
+    try:
+        text = read_url(sha1sums_url(mirror, wiki, date), retries=retries, sleep=sleep)
+    except NotFound as error:
+        log.warning("%s; the dump files are verified by their size only", error)
+        return status, 0
+    return status, add_sha1sums(status, parse_sha1sums(text.decode("utf-8", "replace")))
+
+
 def status_url(mirror: str, wiki: str, date: str) -> str:
     return f"{mirror.rstrip('/')}/{wiki}/{date}/dumpstatus.json"
 
@@ -135,12 +181,21 @@ def listed_runs(listing: str) -> list[str]:
 def fetch_dumpstatus(
     mirror: str, wiki: str, dump_date: str, *, retries: int = 3, sleep=time.sleep
 ) -> tuple[str, dict[str, Any], list[DumpPart]]:
-    """(resolved date, status document, parts). `latest` = the newest run whose job is done."""
+    """(resolved date, status document, parts). `latest` = the newest run whose job is done.
+    The document's missing sha1s are filled from the run's sha1sums.txt (module doc)."""
+    date, status = _resolve(mirror, wiki, dump_date, retries, sleep)
+    status, _ = _with_sha1sums(status, mirror, wiki, date, retries, sleep)
+    return date, status, parse_dump_parts(status, mirror)
+
+
+def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, Any]]:
+    """(date, status) of the run `dump_date` names, its job checked done."""
     if dump_date != "latest":
         status = json.loads(
             read_url(status_url(mirror, wiki, dump_date), retries=retries, sleep=sleep)
         )
-        return dump_date, status, parse_dump_parts(status, mirror)
+        parse_dump_parts(status, mirror)  # raises unless the job is done
+        return dump_date, status
     listing = read_url(f"{mirror.rstrip('/')}/{wiki}/", retries=retries, sleep=sleep).decode(
         "utf-8", "replace"
     )
@@ -173,7 +228,7 @@ def fetch_dumpstatus(
             log.warning("dump_date latest: passing over %s (%s)", date, error)
             continue
         log.info("dump_date latest -> %s (%d parts)", date, len(parts))
-        return date, status, parts
+        return date, status
     raise DumpStatusError(
         f"none of the {min(len(dates), LATEST_LOOKBACK)} newest runs of {wiki} at {mirror} has "
         f"a finished '{MULTISTREAM_JOB}' job:\n  " + "\n  ".join(reasons)
