@@ -164,10 +164,12 @@ rule pretrain_model:
     conda:
         conda_env("torch")
     # Intrinsic needs of the demo; paper-scale values (8 GPUs, hours) are set per rule in
-    # profiles/default/config.yaml. The launcher starts min(gpu, visible GPUs) processes.
+    # profiles/default/config.yaml. The launcher starts min(gpu, visible GPUs) processes; `nodes`
+    # reaches it on the command line (an `mpi` job's shell has no SLURM_NNODES to read).
     threads: 2
     resources:
         gpu=1,
+        nodes=1,
         mem_mb=8000,
         runtime=60,
     params:
@@ -180,7 +182,7 @@ rule pretrain_model:
     shell:
         "TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 "
         "python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain "
-        "--gpus {resources.gpu} -- "
+        "--gpus {resources.gpu} --nodes {resources.nodes} -- "
         "--config '{params.settings}' "
         "--checkpoint {input.checkpoint} {params.data} "
         "--encoder {output.encoder} --metrics {output.metrics} --plot {output.plot} "

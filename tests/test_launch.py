@@ -199,6 +199,59 @@ def test_multi_node_job_relaunches_itself_with_srun_once_per_node():
     assert launch.command(MODULE, 8, [], visible=8, env={**SLURM, "SLURM_NNODES": "1"})[0] != "srun"
 
 
+def _dry_run(tmp_path, *options, **env):
+    """The launcher's --dry-run in a clean environment (plus `env`): its command and stderr."""
+    out = subprocess.run(
+        [sys.executable, "-m", "retrieval_pretraining.launch", "--module", MODULE, *options,
+         "--dry-run", "--", "--config", "{}"],
+        env=_env(tmp_path, **env), capture_output=True, text=True)
+    return out
+
+
+def test_an_mpi_job_s_shell_without_slurm_nnodes_still_runs_srun_on_every_node(tmp_path):
+    """The slurm-jobstep plugin starts an `mpi` job's rule shell with every SLURM_* variable but
+    the job id removed: the node count must come from the rule (--nodes), as the rule passes it."""
+    _fake_tool(tmp_path, "srun", "exit 0\n")  # on PATH, as in the batch step
+    jobstep = {"SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+               "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    out = _dry_run(tmp_path, "--gpus", "0", "--nodes", "4", **jobstep)
+    assert out.returncode == 0, out.stderr
+    cmd = json.loads(out.stdout)
+    assert cmd[:2] == ["srun", "--nodes=4"] and "--ntasks-per-node=1" in cmd, cmd
+    inner = cmd[cmd.index(sys.executable):]
+    assert inner[inner.index("--nodes") + 1] == "4"  # each node's torchrun gets --nnodes=4
+    rule = (ROOT / "rules" / "pretrain.smk").read_text().split("rule pretrain_model:", 1)[1]
+    assert "--nodes {resources.nodes}" in rule.split("\nrule ", 1)[0]
+
+
+def test_the_node_count_from_the_rule_reaches_each_node_s_torchrun(tmp_path, monkeypatch):
+    _fake_scontrol(tmp_path)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    env = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gpu[03-06]", "SLURM_NODEID": "3",
+           "SLURM_NNODES": "1"}  # a step's own count must not override the job's
+    ns = _torchrun_args(launch.command(MODULE, 0, [], visible=8, env=env, on_node=True, nodes=4))
+    assert (ns.nnodes, ns.node_rank, ns.nproc_per_node) == ("4", 3, "8")
+
+
+def test_gpus_0_with_several_gpus_on_one_node_is_refused(tmp_path):
+    """`gpu: 0` is the multi-node profile's value (GPUs come from `gres`): on one node it once
+    trained in one process on one of eight GPUs."""
+    with pytest.raises(SystemExit, match="--gpus 0 with 8 GPUs"):
+        launch.command(MODULE, 0, [], visible=8, env={"SLURM_JOB_ID": "1"}, nodes=1)
+    out = _dry_run(tmp_path, "--gpus", "0", CUDA_VISIBLE_DEVICES="0,1")
+    assert out.returncode != 0 and "--nodes K > 1" in out.stderr, out
+    # No GPU or one: plain python, as before.
+    for visible in (0, 1):
+        assert launch.command(MODULE, 0, ["--x"], visible=visible) == [
+            sys.executable, "-m", MODULE, "--x"]
+
+
+def test_several_nodes_outside_slurm_names_the_fix(tmp_path):
+    with pytest.raises(SystemExit, match="needs a Slurm job"):
+        launch.command(MODULE, 8, [], visible=8, env={}, nodes=2)
+    assert _dry_run(tmp_path, "--gpus", "1", "--nodes", "0").returncode == 2
+
+
 def test_each_node_runs_one_torchrun_meeting_at_the_first_host(tmp_path, monkeypatch):
     _fake_scontrol(tmp_path)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")

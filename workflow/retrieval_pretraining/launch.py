@@ -1,17 +1,24 @@
 """Start a GPU stage with one process per usable GPU, on one node or on every node of a Slurm job.
 
-    python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain --gpus N -- ARGS
+    python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain --gpus N \
+        --nodes K -- ARGS
 
-N is what the job asked for (the rule's `gpu` resource). The launcher then *replaces itself*
-(exec, same PID) by one of:
+N is what the job asked for (the rule's `gpu` resource), K its node count (the rule's `nodes`
+resource, default 1). K comes from the rule, not from SLURM_NNODES: for a job with an `mpi`
+resource the slurm-jobstep plugin starts the rule's shell with every SLURM_* variable but the job
+id removed. The launcher then *replaces itself* (exec, same PID) by one of:
 
 - 0 or 1 usable GPU: `python -m <module> <args>` (1 CPU process on a laptop, where a profile's
   `gpu: 8` is ignored by the local scheduler);
 - n = min(N, visible GPUs) > 1: `torchrun --standalone --nproc_per_node=n -m <module> <args>`;
-- inside a Slurm job with SLURM_NNODES > 1 (resources `nodes: K` + `mpi: "srun"`): `srun` starting
-  one task per node, each running this launcher with `--on-node`, which execs one torchrun per node
+- K > 1, inside a Slurm job (resources `nodes: K` + `mpi: "srun"`): `srun` starting one task per
+  node, each running this launcher with `--on-node`, which execs one torchrun per node
   (`--nnodes K --node_rank $SLURM_NODEID`, c10d rendezvous at the job's first host). Per node it
   starts min(N, visible GPUs) workers, or all visible GPUs when N is 0 (`gres: "gpu:8"` per node).
+
+N = 0 means "all visible GPUs" only per node of a multi-node job: on one node with several GPUs
+visible it is refused (a multi-node profile whose `nodes` did not reach the launcher would
+otherwise train in one process on one GPU).
 
 The global batch is in the stage's config, so the process count changes only the gradient
 accumulation. Signals: because of exec, whatever signal reaches the launcher reaches the program
@@ -149,15 +156,22 @@ def _torchrun(nproc: int, shutdown_timeout: int, known: Collection[str] | None) 
 def command(module: str, gpus: int, args: list[str], *, visible: int,
             env: Mapping[str, str] | None = None, on_node: bool = False, port: int = 0,
             shutdown_timeout: int = 300, hostname=first_host,
-            torchrun_options: Collection[str] | None = None) -> list[str]:
-    """The command the launcher execs (see the module docstring). `torchrun_options`: which of
-    OPTIONAL_OPTIONS torchrun takes (default: the installed torch's)."""
+            torchrun_options: Collection[str] | None = None,
+            nodes: int | None = None) -> list[str]:
+    """The command the launcher execs (see the module docstring). `nodes`: the job's node count
+    (None: SLURM_NNODES). `torchrun_options`: which of OPTIONAL_OPTIONS torchrun takes (default:
+    the installed torch's)."""
     env = {} if env is None else env
     target = ["-m", module, *args]
-    nodes = slurm_nodes(env)
+    nodes = slurm_nodes(env) if nodes is None else nodes
     if nodes > 1 and not on_node:
+        if "SLURM_JOB_ID" not in env:
+            raise SystemExit(f"launch: --nodes {nodes} needs a Slurm job (the launcher starts "
+                             "one task per node with srun); outside Slurm set the rule's "
+                             "`nodes` resource to 1")
         inner = [sys.executable, "-m", "retrieval_pretraining.launch", "--on-node",
-                 "--module", module, "--gpus", str(gpus), "--port", str(rendezvous_port(env, port)),
+                 "--module", module, "--gpus", str(gpus), "--nodes", str(nodes),
+                 "--port", str(rendezvous_port(env, port)),
                  "--shutdown-timeout", str(shutdown_timeout), "--", *args]
         # One task per node; all the node's CPUs and GPUs go to that task (no -c: srun then
         # gives the step every CPU of the allocation). A failed node ends the whole step.
@@ -172,6 +186,10 @@ def command(module: str, gpus: int, args: list[str], *, visible: int,
         return [*_torchrun(nproc, shutdown_timeout, torchrun_options), f"--nnodes={nodes}",
                 f"--node_rank={env['SLURM_NODEID']}", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={endpoint}", f"--rdzv_id={env['SLURM_JOB_ID']}", *target]
+    if gpus == 0 and visible > 1:
+        raise SystemExit(f"launch: --gpus 0 with {visible} GPUs visible on one node: give the "
+                         "GPU count (the rule's `gpu` resource); a multi-node job with `gpu: 0` "
+                         "and `gres` per node needs --nodes K > 1 (the rule's `nodes` resource)")
     nproc = min(gpus, visible)
     if nproc > 1:
         return [*_torchrun(nproc, shutdown_timeout, torchrun_options), "--standalone", *target]
@@ -185,6 +203,9 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=0,
                         help="GPUs the job asked for (per node in a multi-node job, where 0 = "
                         "all visible)")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="nodes of the job (the rule's `nodes` resource; default: "
+                        "SLURM_NNODES, which an `mpi` job's rule shell lacks)")
     parser.add_argument("--port", type=int, default=0,
                         help="multi-node rendezvous port (default: 20000 + SLURM_JOB_ID %% 20000)")
     parser.add_argument("--shutdown-timeout", type=int, default=300,
@@ -198,10 +219,12 @@ def main() -> None:
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     if ns.gpus < 0:
         parser.error(f"--gpus {ns.gpus}: must be >= 0 (the rule's `gpu` resource)")
+    if ns.nodes is not None and ns.nodes < 1:
+        parser.error(f"--nodes {ns.nodes}: must be >= 1 (the rule's `nodes` resource)")
     known = installed_torchrun_options()
     cmd = command(ns.module, ns.gpus, args, visible=visible_gpus(), env=os.environ,
                   on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout,
-                  torchrun_options=known)
+                  torchrun_options=known, nodes=ns.nodes)
     if cmd[1:3] == TORCHRUN:
         for warning in torchrun_warnings(known, ns.shutdown_timeout):
             print(warning, file=sys.stderr, flush=True)
