@@ -379,6 +379,36 @@ Path(sys.argv[1], f"rank-{os.environ['RANK']}.json").write_text(
 """
 
 
+@pytest.mark.parametrize("inherited, workers, expected", [
+    ("64", 8, "8"), ("64", 3, "21"), ("4", 8, "1"), ("1", 2, "1"), (None, 1, None)])
+def test_each_worker_gets_its_share_of_the_job_s_threads(inherited, workers, expected):
+    env = {} if inherited is None else {"OMP_NUM_THREADS": inherited}
+    threads = launch.threads_per_worker(workers, env)
+    if expected is None:  # unset: the CPUs this process may use
+        assert threads == len(os.sched_getaffinity(0))
+    else:
+        assert str(threads) == expected
+
+
+def test_torchrun_workers_see_omp_num_threads_divided_by_their_count(tmp_path):
+    """Snakemake sets OMP_NUM_THREADS to the rule's threads; torchrun keeps a set value, so
+    without the launcher's share each worker would run all of them."""
+    (tmp_path / "threadrecorder.py").write_text(
+        "import os, sys\nfrom pathlib import Path\n"
+        "threads = os.environ['OMP_NUM_THREADS']\n"
+        "Path(sys.argv[1], 'omp-' + os.environ['RANK']).write_text(threads)\n")
+    env = _env(tmp_path, CUDA_VISIBLE_DEVICES="0,1")
+    env["OMP_NUM_THREADS"] = "8"
+    out = subprocess.run(
+        [sys.executable, "-m", "retrieval_pretraining.launch", "--module", "threadrecorder",
+         "--gpus", "2", "--", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [(tmp_path / f"omp-{r}").read_text() for r in (0, 1)] == ["4", "4"]
+    dry = _dry_run(tmp_path, "--gpus", "2", CUDA_VISIBLE_DEVICES="0,1", OMP_NUM_THREADS="64")
+    assert "OMP_NUM_THREADS=32 for each of 2 workers" in dry.stderr, dry.stderr
+
+
 def test_two_on_node_launchers_meet_at_the_rendezvous(tmp_path):
     """Two 'nodes' on this machine (node ids 0 and 1, scontrol naming localhost first) run the
     per-node torchrun commands for real: they must agree on one world of 2 ranks."""

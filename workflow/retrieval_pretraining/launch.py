@@ -21,8 +21,13 @@ visible it is refused (a multi-node profile whose `nodes` did not reach the laun
 otherwise train in one process on one GPU).
 
 The global batch is in the stage's config, so the process count changes only the gradient
-accumulation. Signals: because of exec, whatever signal reaches the launcher reaches the program
-it became: the trainer itself (SIGTERM/SIGUSR1: save state, exit 75); torchrun, told to forward
+accumulation. Threads: where it starts torchrun, the launcher sets OMP_NUM_THREADS for the workers
+to max(1, threads // workers), threads being the inherited OMP_NUM_THREADS (Snakemake sets it to
+the rule's threads, 64 for pre-training) or else the CPUs this process may use: torchrun lowers it
+only where it is unset, so each of 8 workers would otherwise run 64 intra-op threads.
+
+Signals: because of exec, whatever signal reaches the launcher reaches the program it became: the
+trainer itself (SIGTERM/SIGUSR1: save state, exit 75); torchrun, told to forward
 SIGUSR1 too (`--signals-to-handle`) and to give workers `--shutdown-timeout` seconds to save before
 SIGKILL (torch 2.11's torchrun lacks that option and refuses a command that has it: an option the
 installed torchrun lacks is left out, with a warning of what it costs); or srun, which forwards
@@ -196,6 +201,24 @@ def command(module: str, gpus: int, args: list[str], *, visible: int,
     return [sys.executable, *target]
 
 
+def threads_per_worker(workers: int, env: Mapping[str, str]) -> int:
+    """Intra-op threads for each of `workers` processes sharing the job's threads (see the module
+    docstring)."""
+    inherited = env.get("OMP_NUM_THREADS", "").strip()
+    if inherited.isdigit() and int(inherited) > 0:
+        threads = int(inherited)
+    elif hasattr(os, "sched_getaffinity"):  # the cores Slurm's cgroup / taskset gives the job
+        threads = len(os.sched_getaffinity(0))
+    else:
+        threads = os.cpu_count() or 1
+    return max(1, threads // workers)
+
+
+def torchrun_workers(cmd: list[str]) -> int:
+    """Workers per node of a torchrun command from `command`."""
+    return next(int(arg.split("=", 1)[1]) for arg in cmd if arg.startswith("--nproc_per_node="))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", required=True,
@@ -228,6 +251,11 @@ def main() -> None:
     if cmd[1:3] == TORCHRUN:
         for warning in torchrun_warnings(known, ns.shutdown_timeout):
             print(warning, file=sys.stderr, flush=True)
+        # exec keeps os.environ: torchrun and its workers inherit the share.
+        workers = torchrun_workers(cmd)
+        os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(workers, os.environ))
+        print(f"launch: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} for each of {workers} "
+              "workers", file=sys.stderr, flush=True)
     if ns.dry_run:
         print(json.dumps(cmd))
         return
