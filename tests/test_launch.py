@@ -246,6 +246,27 @@ def test_gpus_0_with_several_gpus_on_one_node_is_refused(tmp_path):
             sys.executable, "-m", MODULE, "--x"]
 
 
+def test_fewer_gpus_than_asked_for_warn_and_none_in_a_slurm_job_fails(tmp_path):
+    """A Slurm job whose GRES gave it no GPU would pre-train on the CPU for its whole time limit."""
+    fewer = _dry_run(tmp_path, "--gpus", "8", CUDA_VISIBLE_DEVICES="0,1,2")
+    assert fewer.returncode == 0 and _torchrun_args(json.loads(fewer.stdout)).nproc_per_node == "3"
+    assert "--gpus 8 asked for, 3 visible" in fewer.stderr, fewer.stderr
+    enough = _dry_run(tmp_path, "--gpus", "2", CUDA_VISIBLE_DEVICES="0,1,2")
+    assert "warning: --gpus" not in enough.stderr, enough.stderr
+    laptop = _dry_run(tmp_path, "--gpus", "1", CUDA_VISIBLE_DEVICES="", PATH=str(tmp_path))
+    assert laptop.returncode == 0 and "on the CPU" in laptop.stderr, laptop.stderr
+    for devices in ("", "NoDevFiles"):
+        broken = _dry_run(tmp_path, "--gpus", "1", CUDA_VISIBLE_DEVICES=devices,
+                          SLURM_JOB_ID="77", PATH=str(tmp_path))
+        assert broken.returncode != 0 and not broken.stdout, broken
+        assert "Slurm job 77 asked for GPUs" in broken.stderr and "GRES" in broken.stderr
+    # A CPU job (--gpus 0) in Slurm is what it asked for; one node of a multi-node job is not.
+    assert _dry_run(tmp_path, "--gpus", "0", CUDA_VISIBLE_DEVICES="", SLURM_JOB_ID="77",
+                    PATH=str(tmp_path)).returncode == 0
+    with pytest.raises(SystemExit, match="asked for GPUs"):
+        launch.gpu_warnings(0, 0, {"SLURM_JOB_ID": "77"}, on_node=True)
+
+
 def test_several_nodes_outside_slurm_names_the_fix(tmp_path):
     with pytest.raises(SystemExit, match="needs a Slurm job"):
         launch.command(MODULE, 8, [], visible=8, env={}, nodes=2)

@@ -16,6 +16,10 @@ id removed. The launcher then *replaces itself* (exec, same PID) by one of:
   (`--nnodes K --node_rank $SLURM_NODEID`, c10d rendezvous at the job's first host). Per node it
   starts min(N, visible GPUs) workers, or all visible GPUs when N is 0 (`gres: "gpu:8"` per node).
 
+Fewer GPUs visible than N: a warning. A Slurm job that asked for GPUs (N > 0, or any node of a
+multi-node job) and sees none stops with an error: broken GRES would otherwise pre-train on the
+CPU for the whole time limit.
+
 N = 0 means "all visible GPUs" only per node of a multi-node job: on one node with several GPUs
 visible it is refused (a multi-node profile whose `nodes` did not reach the launcher would
 otherwise train in one process on one GPU).
@@ -201,6 +205,22 @@ def command(module: str, gpus: int, args: list[str], *, visible: int,
     return [sys.executable, *target]
 
 
+def gpu_warnings(gpus: int, visible: int, env: Mapping[str, str], on_node: bool) -> list[str]:
+    """What the visible GPUs change from the request (see the module docstring); SystemExit for a
+    Slurm job that asked for GPUs and sees none."""
+    asked = gpus > 0 or on_node  # per node of a multi-node job, 0 = all the node's GPUs
+    if asked and visible == 0 and "SLURM_JOB_ID" in env:
+        devices = env.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise SystemExit(f"launch: Slurm job {env['SLURM_JOB_ID']} asked for GPUs (--gpus {gpus}) "
+                         f"and sees none (CUDA_VISIBLE_DEVICES={devices}, no GPU from nvidia-smi): "
+                         "check its GRES (`scontrol show job`, the node's gres.conf) rather than "
+                         "train on the CPU")
+    if gpus > visible:
+        runs = f"one process per visible GPU ({visible})" if visible else "one process on the CPU"
+        return [f"launch: warning: --gpus {gpus} asked for, {visible} visible: {runs}"]
+    return []
+
+
 def threads_per_worker(workers: int, env: Mapping[str, str]) -> int:
     """Intra-op threads for each of `workers` processes sharing the job's threads (see the module
     docstring)."""
@@ -245,9 +265,13 @@ def main() -> None:
     if ns.nodes is not None and ns.nodes < 1:
         parser.error(f"--nodes {ns.nodes}: must be >= 1 (the rule's `nodes` resource)")
     known = installed_torchrun_options()
-    cmd = command(ns.module, ns.gpus, args, visible=visible_gpus(), env=os.environ,
+    visible = visible_gpus()
+    cmd = command(ns.module, ns.gpus, args, visible=visible, env=os.environ,
                   on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout,
                   torchrun_options=known, nodes=ns.nodes)
+    if cmd[0] != "srun":  # this node's processes: the GPUs are the ones seen here
+        for warning in gpu_warnings(ns.gpus, visible, os.environ, ns.on_node):
+            print(warning, file=sys.stderr, flush=True)
     if cmd[1:3] == TORCHRUN:
         for warning in torchrun_warnings(known, ns.shutdown_timeout):
             print(warning, file=sys.stderr, flush=True)
