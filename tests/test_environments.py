@@ -196,6 +196,10 @@ def test_gpu_rules_ask_for_gpus_one_launcher_per_node_and_a_warning_signal():
             assert needs.get("gpu", 0) >= 1 or "gpu" in needs.get("gres", ""), rule
             assert needs.get("tasks_per_gpu") == 0, f"{rule}: one torchrun per node needs 0"
             assert needs.get("cpus_per_gpu", 0) >= 1, rule
+            # `gpu: N` alone lets Slurm spread the N GPUs over several nodes; multi-node runs
+            # (gres per node, gpu: 0) set nodes themselves.
+            if needs.get("gpu", 0) >= 1:
+                assert needs.get("nodes") == 1, f"{rule}: gpu {needs['gpu']} needs nodes: 1"
         else:
             assert "gpu" not in needs and "gpu" not in str(needs.get("gres", "")), rule
         assert needs.get("mem_mb", 0) > 0 and needs.get("runtime", 0) > 0, rule
@@ -452,6 +456,7 @@ def test_slurm_profile_dry_run_plans_the_paper_experiment(tmp_path):
     # The workflow profile's paper-scale needs reach the jobs (8 GPUs for pre-training).
     pretrain = output.split("rule pretrain_model:", 1)[1].split("\n\n", 1)[0]
     assert re.search(r"resources: .*\bgpu=8\b", pretrain), pretrain
+    assert re.search(r"resources: .*\bnodes=1\b", pretrain), pretrain  # all 8 on one node
 
 
 # The project's imports that the lent GPU machine's image (PyTorch, numpy, pyarrow, tokenizers,
