@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,10 +23,11 @@ STAGES = ["chunk", "spans", "extract", "download", "datasets", "bm25", "encode",
           "dense_search", "faiss_index", "evaluate", "tables", "audit", "checkpoints", "launch"]
 
 
-def _loaded_by_import(module: str) -> set[Path]:
+def _loaded_by_import(module: str, then: str = "") -> set[Path]:
+    """Package files loaded by importing `module` (and running the code `then`)."""
     script = (
         "import importlib, json, sys\n"
-        f"importlib.import_module('retrieval_pretraining.{module}')\n"
+        f"importlib.import_module('retrieval_pretraining.{module}')\n{then}"
         "print(json.dumps([m.__file__ for n, m in list(sys.modules.items())\n"
         "                  if n.startswith('retrieval_pretraining.') and getattr(m, '__file__', None)]))\n"
     )
@@ -56,6 +58,33 @@ def test_a_subpackage_entry_stands_for_its_own_subpackages_too():
     modules = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "contracts").rglob("*.py")}
     assert modules <= files
     assert "contracts/chunks/audit.py" in files and "contracts/chunks/__init__.py" in files
+
+
+def _rule_code_entries(smk: str, rule: str) -> list[str]:
+    """The module_source(...) entries of a rule's `code` input, read from its rule file."""
+    text = (PACKAGE.parents[1] / "rules" / smk).read_text().split(f"rule {rule}:", 1)[1]
+    call = re.search(r"code=module_source\(([^)]*)\)", text.split("\nrule ", 1)[0])
+    return [*ast.literal_eval(f"({call.group(1)},)"), "config"]  # module_source adds config
+
+
+def test_stage_statistics_declares_the_contract_audits_its_registry_imports_by_name():
+    """contracts/registry.py loads every contracts/<type>/audit.py with importlib, which `ast`
+    cannot follow: editing a contract's audit must still rerun stage_statistics."""
+    declared = {Path(f) for f in code_deps.source_files(
+        *_rule_code_entries("report.smk", "stage_statistics"))}
+    loaded = _loaded_by_import(
+        "audit", then="from retrieval_pretraining.contracts import registry\n"
+        "registry.audit_modules()\n") - {PACKAGE / "__init__.py"}
+    assert PACKAGE / "contracts" / "chunks" / "audit.py" in loaded  # the run-time imports ran
+    assert loaded <= declared, f"stage_statistics runs {sorted(loaded - declared)} undeclared"
+
+
+def test_every_import_by_name_is_listed_in_dynamic_imports():
+    # A new importlib call elsewhere would load modules no rule declares.
+    by_name = {path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
+               for path in PACKAGE.rglob("*.py")
+               if "import_module(" in path.read_text() or "__import__(" in path.read_text()}
+    assert by_name <= set(code_deps.DYNAMIC_IMPORTS), sorted(by_name)
 
 
 def test_imports_inside_functions_are_followed():

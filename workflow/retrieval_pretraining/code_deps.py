@@ -5,7 +5,8 @@ without torch). Two consumers: `rules/common.smk` declares these files as a rule
 editing any module a stage runs reruns that stage (and nothing that does not run it), and
 `tests/test_environments.py` checks that each conda environment provides the third-party imports
 of the stages it serves. A subpackage entry (`pretrain`, `finetune`, `contracts`) stands for all its
-modules, those of its own subpackages included.
+modules, those of its own subpackages included. Imports by name at run time (importlib), which
+`ast` cannot see, are listed in DYNAMIC_IMPORTS.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGE = PACKAGE_DIR.name
+# Modules that import others by name at run time, and what they may load (a subpackage: all its
+# modules). contracts/registry.py imports every contracts/<type>/audit.py it finds, so a rule that
+# runs the registry (stage_statistics, through audit) must rerun when any contract changes.
+DYNAMIC_IMPORTS = {"contracts.registry": ("contracts",)}
 
 
 def module_file(name: str) -> Path | None:
@@ -69,16 +74,22 @@ def _imports(path: Path, name: str) -> tuple[tuple[str, ...], frozenset[str]]:
     return tuple(inside), frozenset(outside)
 
 
+def _with_submodules(name: str) -> list[str]:
+    """`name` and, for a subpackage, all its modules and those of its own subpackages."""
+    names = [name]
+    first = module_file(name)
+    if first is not None and first.name == "__init__.py":
+        for path in first.parent.rglob("*.py"):
+            parts = path.relative_to(first.parent).with_suffix("").parts
+            names.append(".".join((name, *parts)).removesuffix(".__init__"))
+    return names
+
+
 @functools.lru_cache(maxsize=None)
 def closure(entry: str) -> tuple[tuple[Path, ...], frozenset[str]]:
     """(package files, third-party top-level modules) that running `entry` may execute."""
     seen: set[str] = set()
-    todo = [entry]
-    first = module_file(entry)
-    if first is not None and first.name == "__init__.py":  # a subpackage entry: all its modules
-        for path in first.parent.rglob("*.py"):  # and those of its own subpackages (contracts/)
-            parts = path.relative_to(first.parent).with_suffix("").parts
-            todo.append(".".join((entry, *parts)).removesuffix(".__init__"))
+    todo = _with_submodules(entry)  # a subpackage entry stands for all its modules
     files: set[Path] = set()
     third_party: set[str] = set()
     while todo:
@@ -94,6 +105,8 @@ def closure(entry: str) -> tuple[tuple[Path, ...], frozenset[str]]:
             todo.append(name.rpartition(".")[0])
         inside, outside = _imports(path, name)
         todo += inside
+        todo += [module for target in DYNAMIC_IMPORTS.get(name, ()) for module in
+                 _with_submodules(target)]
         third_party |= outside
     return tuple(sorted(files)), frozenset(third_party)
 
