@@ -124,12 +124,18 @@ def test_an_import_in_any_block_is_found(tmp_path):
             case 1:
                 import m
         lambda: __import__("not_a_statement")
+        def g():
+            from retrieval_pretraining import chunker
+            from retrieval_pretraining.contracts import chunks, columns as cols
     """))
     tree = ast.parse(source.read_text())
     walked = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
               for alias in node.names}
     assert walked == set("abcdefghijklm")
     assert set(code_deps._imports(source, "blocks")[1]) == walked
+    # An absolute `from <package>[.sub] import name`: the names may be modules, as relative ones.
+    inside = set(code_deps._imports(source, "blocks")[0])
+    assert {"chunker", "contracts", "contracts.chunks", "contracts.columns"} <= inside
 
 
 def test_an_unrelated_module_is_not_declared():

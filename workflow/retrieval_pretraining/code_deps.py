@@ -63,6 +63,9 @@ def _imports(path: Path, name: str) -> tuple[tuple[str, ...], frozenset[str]]:
             continue
         elif isinstance(node, ast.ImportFrom):
             modules = [node.module or ""]
+            top, _, rest = modules[0].partition(".")
+            if top == PACKAGE:  # as the relative branch: the names may be modules
+                inside += [f"{rest}.{alias.name}".strip(".") for alias in node.names]
         else:
             continue
         for module in modules:
