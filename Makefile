@@ -10,6 +10,14 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
+# `snakemake --cores 0` waits forever for a free core (and pytest -n 0 runs no workers): refuse a
+# CORES below 1 before anything is installed or started.
+ifneq ($(filter demo test,$(MAKECMDGOALS)),)
+ifeq ($(shell [[ "$(CORES)" =~ ^[1-9][0-9]*$$ ]] && echo ok),)
+$(error CORES=$(CORES): give a whole number >= 1 (demo: snakemake cores, test: pytest workers))
+endif
+endif
+
 .PHONY: demo test venv lint clean-results
 
 # The stamp records the requirements it installed; editing requirements.txt reinstalls what changed.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -488,3 +490,21 @@ def test_the_gpu_checks_import_nothing_the_gpu_machine_lacks():
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(map(str, path)),
                                  "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("goal", ["demo", "test"])
+def test_make_refuses_cores_below_one_instead_of_waiting_forever(goal):
+    """`snakemake --cores 0` waits for a free core forever; the Makefile stops first (`-n`: it
+    prints what it would run, runs nothing)."""
+    def make(cores):
+        return subprocess.run(["make", "-n", "-C", str(ROOT), goal, f"CORES={cores}"],
+                              capture_output=True, text=True, timeout=60)
+
+    for cores in ("0", "-1", "two"):
+        refused = make(cores)
+        assert refused.returncode != 0, refused.stdout
+        assert f"CORES={cores}: give a whole number >= 1" in refused.stderr, refused.stderr
+    planned = make("3")
+    assert planned.returncode == 0, planned.stderr
+    assert ("--cores 3" if goal == "demo" else "-n 3") in planned.stdout
