@@ -397,3 +397,23 @@ def test_command_line_reports_bad_input_without_traceback(tmp_path):
         and "Traceback" not in result.stderr
     )
     assert_no_output(tmp_path)
+
+
+def _dying_worker(*task):
+    os._exit(9)  # as the kernel's OOM killer would end a worker: no exception, no result
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_a_dead_worker_fails_with_the_fix_and_writes_nothing(tmp_path, monkeypatch, indexed):
+    """chunk.py's answer to a dead worker, for extraction: name the fix (lower --processes)."""
+    if indexed:
+        dump, index = tmp_path / "m.xml.bz2", tmp_path / "m.index.txt.bz2"
+        dump_reader.write_multistream(header_xml(), simple_pages(9), dump, index,
+                                      pages_per_stream=3)
+        monkeypatch.setattr(ex, "parse_streams", _dying_worker)
+    else:
+        dump, index = write(tmp_path, "m.xml", dump_bytes(simple_pages(9))), None
+        monkeypatch.setattr(ex, "parse_batch", _dying_worker)  # forked workers inherit it
+    with pytest.raises(RuntimeError, match=r"worker process died.*Lower --processes"):
+        run(tmp_path, dump, {"processes": 2}, index=index)
+    assert_no_output(tmp_path)

@@ -34,6 +34,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -240,8 +241,15 @@ def bounded_map(function, tasks: Iterable[tuple], processes: int) -> Iterator[An
     """`function(*task)` for every task, results in task order, at most 2 x processes in flight."""
     # fork: workers start in milliseconds with the module already imported, and their CPU time is
     # accounted to this process (benchmarks). Nothing here holds locks or threads when forking.
-    with parallel.process_pool(processes, "fork") as pool:
-        yield from parallel.bounded_map(function, tasks, pool, in_flight=2 * processes)
+    try:
+        with parallel.process_pool(processes, "fork") as pool:
+            yield from parallel.bounded_map(function, tasks, pool, in_flight=2 * processes)
+    except BrokenProcessPool as error:  # as chunk.py: a dead worker's only clue is the fix
+        raise RuntimeError(
+            "an extraction worker process died or failed to start (a worker's error, if it had "
+            "one, is printed above; else killed for lack of memory?); nothing was written. "
+            "Lower --processes (extract.processes) and rerun"
+        ) from error
 
 
 def _sequential_results(path: Path, fmt: str, options: Options, processes: int, stats: Counter):
