@@ -232,3 +232,54 @@ def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
     }
     assert summary["models"]["b"]["relevant_ranks"] == [7, 10]
     assert (tmp_path / "tsne.png").stat().st_size > 1000
+
+
+def drawn_figure(monkeypatch):
+    """The figure loss_curves saves, kept open for inspection."""
+    figures = []
+    save = loss_curves.save_figure
+    monkeypatch.setattr(
+        loss_curves, "save_figure", lambda fig, path: (figures.append(fig), save(fig, path))
+    )
+    return figures
+
+
+def write_losses(path: Path, terms: list[str], steps: int = 5) -> None:
+    path.write_text(
+        "".join(
+            json.dumps({"step": s, **{t: 5.0 - s / 10 + i for i, t in enumerate(terms)}}) + "\n"
+            for s in range(1, steps + 1)
+        )
+    )
+
+
+def test_loss_curves_draw_a_run_in_its_legend_colour_in_every_panel(tmp_path, monkeypatch):
+    """costa alone logs loss_gwc: in that panel it keeps its own colour, not mlm's."""
+    write_losses(tmp_path / "mlm.jsonl", ["loss", "loss_mlm"])
+    write_losses(tmp_path / "costa.jsonl", ["loss", "loss_mlm", "loss_gwc"])
+    figures = drawn_figure(monkeypatch)
+    loss_curves.loss_curves(
+        {n: tmp_path / f"{n}.jsonl" for n in ("mlm", "costa")}, tmp_path / "loss.png"
+    )
+    (fig,) = figures
+    legend = fig.legends[0]
+    legend_colour = {
+        text.get_text(): handle.get_color()
+        for handle, text in zip(legend.legend_handles, legend.get_texts())
+    }
+    assert set(legend_colour) == {"mlm", "costa"}
+    assert legend_colour["mlm"] != legend_colour["costa"]
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            assert line.get_color() == legend_colour[line.get_label()], ax.get_title()
+
+
+def test_loss_curves_tell_apart_more_runs_than_ten(tmp_path, monkeypatch):
+    names = [f"run{i}" for i in range(19)]  # ablations.yaml's count
+    for name in names:
+        write_losses(tmp_path / f"{name}.jsonl", ["loss"], steps=2)
+    figures = drawn_figure(monkeypatch)
+    loss_curves.loss_curves({n: tmp_path / f"{n}.jsonl" for n in names}, tmp_path / "loss.png")
+    lines = figures[0].axes[0].get_lines()
+    styles = {(str(line.get_color()), line.get_linestyle()) for line in lines}
+    assert len(lines) == len(styles) == 19

@@ -25,6 +25,23 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def run_styles(names: list[str]) -> dict[str, dict[str, Any]]:
+    """One colour (and line style) per run, fixed once for every panel and the legend: a panel
+    in which only some runs log a term (loss_gwc, loss_bow...) must not recolour them. Up to 10
+    runs take tab10, up to 20 tab20; past 20 the line style changes with each round of tab20."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10" if len(names) <= 10 else "tab20"].colors
+    dashes = ["-", "--", ":", "-."]
+    return {
+        name: {
+            "color": palette[i % len(palette)],
+            "linestyle": dashes[(i // len(palette)) % len(dashes)],
+        }
+        for i, name in enumerate(names)
+    }
+
+
 def loss_curves(
     runs: dict[str, Path], out_png: Path, out_json: Path | None = None
 ) -> dict[str, Any]:
@@ -47,12 +64,13 @@ def loss_curves(
         squeeze=False,
         layout="constrained",
     )
+    styles = run_styles(list(curves))
     summary: dict[str, Any] = {}
     for ax, term in zip(axes[0], terms or ["loss"]):
         for name, recs in curves.items():
             points = [(r["step"], r[term]) for r in recs if term in r and "step" in r]
             if points:
-                ax.plot(*zip(*points), label=name)
+                ax.plot(*zip(*points), label=name, **styles[name])
                 summary.setdefault(name, {})[term] = {
                     "first": points[0][1],
                     "last": points[-1][1],
@@ -72,9 +90,13 @@ def loss_curves(
             va="center",
             transform=axes[0][0].transAxes,
         )
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    from matplotlib.lines import Line2D
+
+    # The legend from the styles, not from a panel: a panel may lack some runs.
+    drawn = [name for name in curves if name in summary]
+    if drawn:
+        handles = [Line2D([], [], **styles[name]) for name in drawn]
+        fig.legend(handles, drawn, loc="outside right upper", fontsize="small")
     save_figure(fig, out_png)
     plt.close(fig)
     if out_json is not None:
