@@ -26,15 +26,18 @@ def analysis_config(key):
 
 
 def tsne_config():
-    """The t-SNE slice plus how the fine-tuned encoders embed text (pooling, similarity)."""
+    """The t-SNE slice plus how the fine-tuned encoders embed text (pooling, similarity) and the
+    split's relevance level (its evaluate.splits entry): the figure marks as relevant what the
+    split's binary measures count (TREC DL passage: grade 2 up, not the related 1s)."""
+    tsne = config["report"]["analysis"]["tsne"]
     embedding = {
         k: config["finetune"][k]
         for k in ("pooling", "similarity")
         if k in config.get("finetune", {})
     }
-    return experiment_config.stage_argument(
-        embedding | config["report"]["analysis"]["tsne"]
-    )
+    entry = evaluate_entry(tsne["dataset"], tsne["split"])
+    level = {"relevance_level": int(entry.get("relevance_level", 1))}
+    return experiment_config.stage_argument(embedding | tsne | level)
 
 
 rule loss_curves:

@@ -181,7 +181,8 @@ def test_pick_query_prefers_two_relevant_in_every_run():
         tsne.pick_query(qrels, runs, "q2")
 
 
-def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
+def toy_tsne(encoder_dir, tmp_path, grades: list[int], cfg: dict) -> dict:
+    """t-SNE of two runs over 12 toy documents; d2, d5, d11 judged with `grades`."""
     ds = tmp_path / "datasets" / "toy"
     ds.mkdir(parents=True)
     docs = [f"d{i}" for i in range(12)]
@@ -201,7 +202,7 @@ def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
             {
                 "query_id": ["q1", "q1", "q1"],
                 "doc_id": ["d2", "d5", "d11"],
-                "relevance": pa.array([1, 1, 0], pa.int32()),
+                "relevance": pa.array(grades, pa.int32()),
             }
         ),
         ds / "qrels-test.parquet",
@@ -214,15 +215,13 @@ def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
             "".join(f"q1 Q0 {d} {r + 1} {100 - r} {name}\n" for r, d in enumerate(order))
         )
         models[name] = (encoder_dir, run)
-    summary = tsne.tsne(
-        models,
-        ds,
-        "test",
-        {"depth": 10, "max_len": 32},
-        0,
-        tmp_path / "tsne.png",
-        tmp_path / "tsne.json",
+    return tsne.tsne(
+        models, ds, "test", cfg, 0, tmp_path / "tsne.png", tmp_path / "tsne.json"
     )
+
+
+def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
+    summary = toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 10, "max_len": 32})
     # d11 has relevance 0 (not relevant); top-10 of a = d0..d9 holds d2, d5; of b = d11..d2 holds d5, d2.
     assert summary["relevant"] == ["d2", "d5"]
     assert summary["models"]["a"] == {
@@ -283,3 +282,38 @@ def test_loss_curves_tell_apart_more_runs_than_ten(tmp_path, monkeypatch):
     lines = figures[0].axes[0].get_lines()
     styles = {(str(line.get_color()), line.get_linestyle()) for line in lines}
     assert len(lines) == len(styles) == 19
+
+
+def test_tsne_marks_relevant_at_the_splits_relevance_level(encoder_dir, tmp_path):
+    """TREC DL passage is evaluated at level 2: a grade-1 "related" passage is not relevant."""
+    cfg = {"depth": 10, "max_len": 32, "relevance_level": 2}
+    summary = toy_tsne(encoder_dir, tmp_path, [2, 1, 3], cfg)
+    assert summary["relevant"] == ["d11", "d2"]
+    assert summary["models"]["a"]["relevant_ranks"] == [3]  # d2; d5 (grade 1) is not marked
+    assert summary["models"]["b"]["relevant_ranks"] == [1, 10]  # d11, d2
+
+
+def test_the_tsne_rule_passes_the_splits_relevance_level(tmp_path):
+    """rules/analysis.smk reads the level from the split's evaluate.splits entry."""
+    import shlex
+
+    import yaml
+
+    from workflow_harness import ROOT, copy_project, snakemake
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    tsne_cfg = config["report"]["analysis"]["tsne"]
+    splits = [
+        e | {"relevance_level": 2}
+        if (e["dataset"], e["split"]) == (tsne_cfg["dataset"], tsne_cfg["split"]) else e
+        for e in config["evaluate"]["splits"]
+    ]
+    project = copy_project(tmp_path / "project", {"evaluate": {"splits": splits}})
+    target = f"results/analysis/tsne/{tsne_cfg['dataset']}/{tsne_cfg['split']}.png"
+    plan = snakemake(project, "--dry-run", "--printshellcmds", target)
+    [command] = [
+        shlex.split(line.strip().removeprefix("Shell command: "))
+        for line in (plan.stdout + plan.stderr).splitlines()
+        if "retrieval_pretraining.analysis tsne" in line
+    ]
+    assert json.loads(command[command.index("--config") + 1])["relevance_level"] == 2

@@ -28,10 +28,11 @@ BLOCKS = {"tsne": "tsne", "coverage": "coverage", "cpdae-words": "cpdae_top_word
 
 def check_config(command: str, cfg: dict) -> None:
     """Refuse a key the command's block does not have (t-SNE also gets the fine-tuning pooling
-    and similarity, rules/analysis.smk tsne_config), and a block without its required keys."""
+    and similarity and the split's relevance level, rules/analysis.smk tsne_config), and a block
+    without its required keys."""
     blocks = section_schema("report")["properties"]["analysis"]["properties"]
     block = object_schema(blocks[BLOCKS[command]]) if command in BLOCKS else {"properties": {}}
-    known = set(block["properties"]) | ({"pooling", "similarity"} if command == "tsne" else set())
+    known = set(block["properties"]) | ({"pooling", "similarity", "relevance_level"} if command == "tsne" else set())
     refuse_unknown(cfg, known, f"analysis {command}")
     missing = [key for key in block.get("required", []) if key not in cfg]
     if missing:

@@ -67,7 +67,8 @@ def tsne(
     out_png: Path,
     out_json: Path,
 ) -> dict[str, Any]:
-    """models: name -> (fine-tuned encoder folder, run file)."""
+    """models: name -> (fine-tuned encoder folder, run file). A document is relevant when its
+    grade is at least `cfg["relevance_level"]` (the split's evaluate level; default 1)."""
     import polars as pl
     import torch
 
@@ -79,7 +80,10 @@ def tsne(
     torch.manual_seed(seed)
     info = datasets.read_info(dataset_dir)
     with reading(dataset_dir / f"qrels-{split}.parquet", "a qrels Parquet file"):
-        qrels = datasets.read_qrels(dataset_dir / f"qrels-{split}.parquet")
+        # The split's own level: at 2 (TREC DL passage) a grade-1 "related" passage is not one.
+        qrels = datasets.read_qrels(
+            dataset_dir / f"qrels-{split}.parquet", cfg.get("relevance_level", 1)
+        )
     runs = {name: read_run(run, cfg["depth"]) for name, (_, run) in models.items()}
     qid = pick_query(qrels, runs, cfg.get("query"))
     query = (
