@@ -317,3 +317,25 @@ def test_the_tsne_rule_passes_the_splits_relevance_level(tmp_path):
         if "retrieval_pretraining.analysis tsne" in line
     ]
     assert json.loads(command[command.index("--config") + 1])["relevance_level"] == 2
+
+
+def test_coverage_converts_only_the_sampled_chunks(tmp_path):
+    """A paper shard holds ~70M tokens; only the `samples` rows sampled may become Python lists."""
+    import tracemalloc
+
+    rows, width = 50_000, 32
+    flat = np.random.default_rng(0).integers(1000, 30000, rows * width, dtype=np.int32)
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    shard = tmp_path / "shard-0000.parquet"
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(offsets, pa.array(flat))}),
+                   shard, row_group_size=20_000)
+    tracemalloc.start()
+    try:
+        got = coverage.first_chunks(shard, 3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == flat[: 3 * width].reshape(3, width).tolist()
+    assert peak < 2_000_000, f"{peak / 1e6:.0f} MB of Python objects to sample 3 chunks"
+    # A shard shorter than `samples` gives what it has, across row groups.
+    assert len(coverage.first_chunks(shard, rows + 5)) == rows

@@ -78,6 +78,21 @@ def vocabulary_projector(encoder, heads: dict[str, Any], form: str | None = None
     return (lambda h: F.linear(h, embeddings.weight)), "embeddings"
 
 
+def first_chunks(chunks: Path, samples: int) -> list[list[int]]:
+    """The token ids of the shard's first `samples` chunks. Only those rows become Python lists:
+    a paper-scale shard (~70M tokens) converted whole takes ~3.7 GB, near a job's default memory."""
+    import pyarrow.parquet as pq
+
+    rows: list[list[int]] = []
+    with reading(chunks, "a chunks Parquet file"):
+        shard = pq.ParquetFile(chunks)
+        for batch in shard.iter_batches(batch_size=samples, columns=["input_ids"]):
+            rows += batch.column(0).slice(0, samples - len(rows)).to_pylist()
+            if len(rows) >= samples:
+                break
+    return rows
+
+
 def project_cls(encoder, projector, input_ids: list[list[int]], pad_id: int, batch: int = 32):
     import torch
 
@@ -104,14 +119,12 @@ def coverage(
     out_png: Path,
     out_json: Path,
 ) -> dict[str, Any]:
-    import pyarrow.parquet as pq
     import torch
     from transformers import AutoTokenizer
 
     for encoder_dir in models.values():  # fail before any work on a missing or pickled encoder
         check_safetensors(encoder_dir)
-    with reading(chunks, "a chunks Parquet file"):
-        input_ids = pq.read_table(chunks, columns=["input_ids"])["input_ids"].to_pylist()[:samples]
+    input_ids = first_chunks(chunks, samples)
     if not input_ids:
         raise InputFileError(f"{chunks} has no chunks to sample; build the corpus stage first")
     result: dict[str, Any] = {"chunks": str(chunks), "samples": len(input_ids), "models": {}}
