@@ -339,3 +339,76 @@ def test_coverage_converts_only_the_sampled_chunks(tmp_path):
     assert peak < 2_000_000, f"{peak / 1e6:.0f} MB of Python objects to sample 3 chunks"
     # A shard shorter than `samples` gives what it has, across row groups.
     assert len(coverage.first_chunks(shard, rows + 5)) == rows
+
+
+# Texts of very different lengths, so that a padded batch differs from one text at a time.
+LENGTHS = [
+    "ice",
+    TEXTS[0],
+    TEXTS[1],
+    " ".join(["glaciers form where the accumulation of snow exceeds its ablation"] * 5),
+]
+
+
+def naive_top(encoder_dir: Path, head: str, ids: list[list[int]], excluded: set[int]):
+    """Each text alone (no padding): [CLS]'s vocabulary scores, through transformers' own BERT
+    and MLM head (`head` "mlm_head") or the word embeddings transposed ("embeddings")."""
+    from transformers import BertForMaskedLM
+
+    model = BertForMaskedLM.from_pretrained(encoder_dir).eval()
+    scores = []
+    with torch.no_grad():
+        for row in ids:
+            cls = model.bert(input_ids=torch.tensor([row])).last_hidden_state[0, 0]
+            if head == "mlm_head":
+                logits = model.cls(cls[None, None])[0, 0]
+            else:
+                logits = model.bert.get_input_embeddings().weight @ cls
+            keep = torch.tensor([i not in excluded for i in range(len(logits))])
+            scores.append(torch.where(keep, logits, torch.tensor(-torch.inf)))
+    return scores
+
+
+def naive_coverage(scores, ids: list[list[int]], excluded: set[int], k: int) -> float:
+    """BoW Alg. 1 one text at a time: |top-k ∩ T| / |T|, averaged."""
+    shares = []
+    for logits, row in zip(scores, ids):
+        top = set(torch.topk(logits, k).indices.tolist())
+        bag = set(row) - excluded
+        shares.append(len(top & bag) / len(bag))
+    return float(np.mean(shares))
+
+
+@pytest.mark.parametrize("model", ["plain"])
+def test_coverage_matches_one_text_at_a_time(model, encoder_dir, tokenizer, tmp_path, monkeypatch):
+    """The batched, padded computation ranks as each text alone does, never ranks an excluded
+    id, and gives the naive coverage (E^T for an encoder without a head). Without the 1e4 bias of
+    the test above, padding that is attended or an [unused] id in a top k shows."""
+    folder, head = {"plain": (encoder_dir, "embeddings")}[model]
+    ids = [tokenizer(t)["input_ids"] for t in LENGTHS]
+    shard = tmp_path / "shard-0000.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}), shard)
+    ranked = []
+    real = coverage.coverage_at_k
+    monkeypatch.setattr(
+        coverage, "coverage_at_k", lambda r, bags, ks: (ranked.append(r), real(r, bags, ks))[1]
+    )
+    ks = [1, 10, 100, 1000, 5000]
+    result = coverage.coverage(
+        {model: folder}, shard, ks, len(ids), tmp_path / "c.png", tmp_path / "c.json"
+    )
+    assert result["models"][model]["projection"] == head
+    excluded = set(coverage.excluded_ids(tokenizer))
+    (top,) = ranked
+    assert not set(top.ravel().tolist()) & excluded, "an excluded id ranked in a top k"
+    scores = naive_top(folder, head, ids, excluded)
+    for text, (row, logits) in enumerate(zip(top, scores)):
+        # Every id the code ranks in its top k scores, alone, at least the naive k-th score
+        # (up to float noise, so that near ties at the boundary may fall either way).
+        kth = torch.topk(logits, len(row)).values[-1]
+        tolerance = 1e-4 * logits[logits > -torch.inf].abs().max()
+        assert logits[torch.as_tensor(row)].min() >= kth - tolerance, LENGTHS[text]
+    for k in ks:
+        assert result["models"][model]["coverage"][k] == pytest.approx(
+            naive_coverage(scores, ids, excluded, k)
+        ), k
