@@ -350,6 +350,24 @@ LENGTHS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def base_with_mlm_head(encoder_dir, tmp_path_factory):
+    """A base checkpoint as export_base copies it: BertForMaskedLM weights (`cls.predictions.*`
+    in model.safetensors), with an MLM head that differs from E^T (random bias and transform)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    folder = tmp_path_factory.mktemp("pretrain") / "bert" / "encoder"
+    torch.manual_seed(1)
+    mlm = BertForMaskedLM(BertConfig.from_pretrained(encoder_dir))
+    with torch.no_grad():
+        mlm.cls.predictions.bias.normal_(0, 2.0)
+    mlm.save_pretrained(folder, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (encoder_dir / name).exists():
+            shutil.copy(encoder_dir / name, folder / name)
+    return folder
+
+
 def naive_top(encoder_dir: Path, head: str, ids: list[list[int]], excluded: set[int]):
     """Each text alone (no padding): [CLS]'s vocabulary scores, through transformers' own BERT
     and MLM head (`head` "mlm_head") or the word embeddings transposed ("embeddings")."""
@@ -379,12 +397,19 @@ def naive_coverage(scores, ids: list[list[int]], excluded: set[int], k: int) -> 
     return float(np.mean(shares))
 
 
-@pytest.mark.parametrize("model", ["plain"])
-def test_coverage_matches_one_text_at_a_time(model, encoder_dir, tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("model", ["plain", "base"])
+def test_coverage_matches_one_text_at_a_time(
+    model, encoder_dir, base_with_mlm_head, tokenizer, tmp_path, monkeypatch
+):
     """The batched, padded computation ranks as each text alone does, never ranks an excluded
-    id, and gives the naive coverage (E^T for an encoder without a head). Without the 1e4 bias of
-    the test above, padding that is attended or an [unused] id in a top k shows."""
-    folder, head = {"plain": (encoder_dir, "embeddings")}[model]
+    id, and gives the naive coverage: E^T for an encoder without a head, and a base checkpoint's
+    own MLM head (cls.predictions.*), which the `bert` row must be read through like the others.
+    Without the 1e4 bias of the test above, padding that is attended or an [unused] id in a top k
+    shows."""
+    folder, head = {
+        "plain": (encoder_dir, "embeddings"),
+        "base": (base_with_mlm_head, "mlm_head"),
+    }[model]
     ids = [tokenizer(t)["input_ids"] for t in LENGTHS]
     shard = tmp_path / "shard-0000.parquet"
     pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}), shard)

@@ -7,9 +7,10 @@
   model (Bag-of-Word paper, Algorithm 1 / Figure 4).
 - `cpdae-words`: the CPDAE decoder's top words for sample texts.
 
-The projection to the vocabulary needs a head. Exported encoders carry none, so the heads saved
-beside them (`results/pretrain/{model}/heads.safetensors`, keys as in the pre-training module:
-`mlm_head.*`, `decoder.*`) are used when present; otherwise coverage falls back to the BoW
+The projection to the vocabulary needs a head. Trained encoders are exported without heads, so
+the heads saved beside them (`results/pretrain/{model}/heads.safetensors`, keys as in the
+pre-training module: `mlm_head.*`, `decoder.*`) are used when present, and a base checkpoint's
+own MLM head (`cls.predictions.*`, kept in its weights); otherwise coverage falls back to the BoW
 paper's own formula h_CLS . E^T with the tied word embeddings, and says so in its output.
 
 Each analysis writes one manifest beside its outputs (`coverage.png` + `coverage.json` ->

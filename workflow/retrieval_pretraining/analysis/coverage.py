@@ -1,11 +1,13 @@
 """Input-token coverage of [CLS] projected to the vocabulary, top-k for several k, per model
 (Bag-of-Word paper, Algorithm 1 / Figure 4).
 
-The projection needs a head. Exported encoders carry none, so the MLM head saved beside them
-(`heads.safetensors`, key prefix `mlm_head.`) is used when present, except for a BoW model of the
-paper's form (`bow.form: paper` in its training.json), which trained h_CLS . E^T; without a head,
-and for that form, coverage uses the BoW paper's own formula h_CLS . E^T with the tied word
-embeddings, and says which projection it used in its output.
+The projection needs a head. A trained encoder is exported without heads, so the MLM head saved
+beside it (`heads.safetensors`, key prefix `mlm_head.`) is used; a base checkpoint exported as it
+is (objective `none`) keeps its own MLM head in its weights (`cls.predictions.`), which is used
+too, so that a `bert` row is read through the same kind of projection as the trained rows. The
+exception is a BoW model of the paper's form (`bow.form: paper` in its training.json), which
+trained h_CLS . E^T; without a head, and for that form, coverage uses the BoW paper's own formula
+h_CLS . E^T with the tied word embeddings, and says which projection it used in its output.
 """
 
 from __future__ import annotations
@@ -60,21 +62,31 @@ def bow_form(encoder_dir: Path) -> str | None:
     return (settings.get("bow") or {}).get("form") if settings.get("objective") == "bow" else None
 
 
-def vocabulary_projector(encoder, heads: dict[str, Any], form: str | None = None):
+def mlm_head(encoder, encoder_dir: Path, heads: dict[str, Any]):
+    """The encoder's MLM head, eval mode: the one saved beside it (`heads.safetensors`,
+    `mlm_head.*`), else the one a base checkpoint keeps in its own weights (`cls.predictions.*`,
+    which export_base copies as is); None when it has neither."""
+    from ..pretrain.model import MLMHead, load_mlm_head
+
+    head = MLMHead(encoder.config, encoder.get_input_embeddings())
+    saved = {k.removeprefix("mlm_head."): v for k, v in heads.items() if k.startswith("mlm_head.")}
+    if saved:
+        head.load_state_dict(saved, strict=True)
+    elif not load_mlm_head(head, encoder_dir):
+        return None
+    return head.eval()
+
+
+def vocabulary_projector(encoder, head, form: str | None = None):
     """(callable h_CLS -> vocabulary logits, name of the projection used): the projection the
     model's own objective trained, so a BoW model of the paper's form (`form` "paper") is read
-    through E^T although its MLM head is saved too; otherwise the MLM head where there is one."""
+    through E^T although its MLM head is saved too; otherwise the MLM head where there is one
+    (`head`, from mlm_head)."""
     import torch.nn.functional as F
 
-    mlm = {k.removeprefix("mlm_head."): v for k, v in heads.items() if k.startswith("mlm_head.")}
-    embeddings = encoder.get_input_embeddings()
-    if mlm and form != "paper":
-        from ..pretrain.model import MLMHead
-
-        head = MLMHead(encoder.config, embeddings)
-        head.load_state_dict(mlm, strict=True)
-        head.eval()
+    if head is not None and form != "paper":
         return head, "mlm_head"
+    embeddings = encoder.get_input_embeddings()
     return (lambda h: F.linear(h, embeddings.weight)), "embeddings"
 
 
@@ -131,9 +143,9 @@ def coverage(
     for name, encoder_dir in models.items():
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
         encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
+        heads = load_heads(Path(encoder_dir).parent / "heads.safetensors")
         projector, kind = vocabulary_projector(
-            encoder, load_heads(Path(encoder_dir).parent / "heads.safetensors"),
-            bow_form(encoder_dir),
+            encoder, mlm_head(encoder, encoder_dir, heads), bow_form(encoder_dir)
         )
         logits = project_cls(encoder, projector, input_ids, tokenizer.pad_token_id or 0)
         skip = excluded_ids(tokenizer)
