@@ -78,10 +78,14 @@ def mlm_head(encoder, encoder_dir: Path, heads: dict[str, Any]):
 
 
 def vocabulary_projector(encoder, head, form: str | None = None):
-    """(callable h_CLS -> vocabulary logits, name of the projection used): the projection the
-    model's own objective trained, so a BoW model of the paper's form (`form` "paper") is read
-    through E^T although its MLM head is saved too; otherwise the MLM head where there is one
-    (`head`, from mlm_head)."""
+    """(callable h_CLS -> vocabulary logits, name of the projection used).
+
+    The MLM head where there is one (`head`, from mlm_head), for every row alike. It is the
+    projection MLM trained, and the one BoW of the code's form trained on [CLS]; for COSTA, CPDAE
+    and the baselines it is the head of their MLM term (trained on masked positions), not what
+    their objective trained from [CLS]: CPDAE's is its decoder, which cpdae-words shows. A BoW
+    model of the paper's form (`form` "paper") trained h_CLS . E^T, so it is read through E^T
+    although its MLM head is saved too; a model without a head falls back to E^T."""
     import torch.nn.functional as F
 
     if head is not None and form != "paper":
