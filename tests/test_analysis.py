@@ -164,7 +164,10 @@ def test_loss_curves_summarise_every_run(tmp_path):
         tmp_path / "loss.png",
         tmp_path / "loss.json",
     )
-    assert summary["costa"]["loss"] == {"first": 4.0, "last": 2.5, "steps": 3}
+    # Three points: too few to smooth (the smoothed last value is the last one).
+    assert summary["costa"]["loss"] == {
+        "first": 4.0, "last": 2.5, "steps": 3, "smoothed_last": 2.5, "smoothing_window": 1
+    }
     assert summary["mlm"]["loss_mlm"]["last"] == 0.75 and "none" not in summary
     assert (tmp_path / "loss.png").stat().st_size > 1000
     (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
@@ -437,3 +440,30 @@ def test_coverage_matches_one_text_at_a_time(
         assert result["models"][model]["coverage"][k] == pytest.approx(
             naive_coverage(scores, ids, excluded, k)
         ), k
+
+
+def test_loss_curves_at_paper_scale_smooth_and_fill_a_grid(tmp_path, monkeypatch):
+    """200 logged steps of a loss alternating 0.5 / 1.5: the line and the JSON's smoothed last
+    value are the trailing mean (1.0) while the last raw value is 1.5; four terms fill two rows;
+    the x axis is tokens seen, which every record logs."""
+    terms = ["loss", "loss_mlm", "loss_rec", "loss_cl"]
+    (tmp_path / "cpdae.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "tokens_seen": 1000 * s} | {t: 1.0 + 0.5 * (-1) ** s
+                                                               for t in terms}) + "\n"
+            for s in range(1, 201)
+        )
+    )
+    figures = drawn_figure(monkeypatch)
+    summary = loss_curves.loss_curves({"cpdae": tmp_path / "cpdae.jsonl"}, tmp_path / "loss.png")
+    loss = summary["cpdae"]["loss"]
+    assert loss["last"] == 1.5 and loss["steps"] == 200
+    assert loss["smoothing_window"] == 10 and loss["smoothed_last"] == pytest.approx(1.0)
+    panels = [ax for ax in figures[0].axes if ax.get_visible()]
+    assert len(panels) == 4
+    assert {ax.get_subplotspec().rowspan.start for ax in panels} == {0, 1}
+    ax = panels[0]
+    assert ax.get_xlabel() == "tokens seen"
+    raw, smooth = ax.get_lines()
+    assert raw.get_alpha() < 1 and max(raw.get_xdata()) == 200_000
+    assert max(abs(y - 1.0) for y in smooth.get_ydata()[10:]) < 1e-9

@@ -1,4 +1,10 @@
-"""Every pre-training run's loss terms (metrics.jsonl) on shared axes, one panel per term."""
+"""Every pre-training run's loss terms (metrics.jsonl) on shared axes, one panel per term.
+
+At paper scale (100k steps, a dozen runs and more) the raw values are a band of noise: each run
+is drawn as a trailing mean over a twentieth of its logged points, the raw values faint behind
+it, and the JSON records the smoothed last value beside the raw one. The x axis is tokens seen
+when every record logs it (CPDAE's batch differs from the others'), else the step.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +48,40 @@ def run_styles(names: list[str]) -> dict[str, dict[str, Any]]:
     }
 
 
+def smoothing_window(points: int) -> int:
+    """Trailing points averaged: a twentieth of a run's logged points (1 below 40: no smoothing)."""
+    return max(1, points // 20)
+
+
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """Each value replaced by the mean of it and the window - 1 before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def x_axis(curves: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
+    """(record key, axis label): tokens seen when every logged step has it, else the step."""
+    steps = [r for recs in curves.values() for r in recs if "step" in r]
+    if steps and all(isinstance(r.get("tokens_seen"), (int, float)) for r in steps):
+        return "tokens_seen", "tokens seen"
+    return "step", "step"
+
+
+def panel_grid(plt, panels: int):
+    """Up to three panels a row, so a dozen terms do not make one very wide row."""
+    cols = min(3, panels)
+    rows = -(-panels // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(4.2 * cols + 2, 3.2 * rows), squeeze=False, layout="constrained"
+    )
+    for ax in axes.flat[panels:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:panels])
+
+
 def loss_curves(
     runs: dict[str, Path], out_png: Path, out_json: Path | None = None
 ) -> dict[str, Any]:
@@ -57,38 +97,51 @@ def loss_curves(
         }
     )
     plt = pyplot()
-    fig, axes = plt.subplots(
-        1,
-        max(1, len(terms)),
-        figsize=(4 * max(1, len(terms)) + 1.5, 3.2),
-        squeeze=False,
-        layout="constrained",
-    )
+    fig, axes = panel_grid(plt, max(1, len(terms)))
     styles = run_styles(list(curves))
+    x_key, x_label = x_axis(curves)
     summary: dict[str, Any] = {}
-    for ax, term in zip(axes[0], terms or ["loss"]):
+    smoothed = False
+    for ax, term in zip(axes, terms or ["loss"]):
         for name, recs in curves.items():
-            points = [(r["step"], r[term]) for r in recs if term in r and "step" in r]
-            if points:
-                ax.plot(*zip(*points), label=name, **styles[name])
-                summary.setdefault(name, {})[term] = {
-                    "first": points[0][1],
-                    "last": points[-1][1],
-                    "steps": points[-1][0],
-                }
+            points = [(r[x_key], r[term], r["step"]) for r in recs if term in r and "step" in r]
+            if not points:
+                continue
+            xs, ys, steps = (list(column) for column in zip(*points))
+            window = smoothing_window(len(ys))
+            if window > 1:
+                smoothed = True
+                ax.plot(xs, ys, label=name, alpha=0.2, linewidth=0.6, **styles[name])
+                ys_smooth = trailing_mean(ys, window)
+                ax.plot(xs, ys_smooth, label=name, **styles[name])
+            else:
+                ys_smooth = ys
+                ax.plot(xs, ys, label=name, **styles[name])
+            summary.setdefault(name, {})[term] = {
+                "first": ys[0],
+                "last": ys[-1],
+                "steps": steps[-1],
+                "smoothed_last": ys_smooth[-1],
+                "smoothing_window": window,
+            }
         ax.set_title(term)
-        ax.set_xlabel("step")
+        ax.set_xlabel(x_label)
         values = [y for line in ax.get_lines() for y in line.get_ydata()]
         if values and min(values) > 0 and max(values) / min(values) > 20:
             ax.set_yscale("log")  # objectives differ in scale (CPDAE's summed BCE is ~100x MLM)
+    if smoothed:
+        fig.suptitle(
+            "lines: trailing mean over a twentieth of each run's logged points; raw values faint",
+            fontsize="small",
+        )
     if not terms:
-        axes[0][0].text(
+        axes[0].text(
             0.5,
             0.5,
             "no training steps logged (base checkpoints only)",
             ha="center",
             va="center",
-            transform=axes[0][0].transAxes,
+            transform=axes[0].transAxes,
         )
     from matplotlib.lines import Line2D
 
@@ -104,7 +157,7 @@ def loss_curves(
     write_manifest(
         out_png,
         "analysis.loss_curves",
-        {"runs": list(runs)},
+        {"runs": list(runs), "x_axis": x_key},
         {name: Path(path) for name, path in runs.items()},
         {"terms": terms, "runs_with_steps": sorted(summary)},
     )
