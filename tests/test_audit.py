@@ -54,6 +54,27 @@ def test_span_covering_sep_fails(results, tmp_path, capsys):
     assert status == 1 and "FAIL  spans inside the text tokens" in out
 
 
+def test_relative_input_paths_resolve_against_the_project_not_the_current_folder(
+    results, tmp_path, monkeypatch, capsys
+):
+    # Stages run in the project root and record their inputs' paths as given (relative).
+    spans_path = results / "corpus/wikipedia/spans/relative/shard-0000.parquet"
+    t = pq.read_table(results / "corpus/wikipedia/spans/costa/shard-0000.parquet")
+    artifacts.write_parquet(spans_path, t, t.schema)
+    monkeypatch.chdir(results.parent)
+    chunks_rel = "results/corpus/wikipedia/chunks/shard-0000.parquet"
+    artifacts.write_manifest(
+        artifacts.manifest_path(spans_path), stage="sample_spans", params={},
+        inputs={"chunks": chunks_rel},
+    )
+    monkeypatch.chdir(tmp_path)  # audited from elsewhere
+    status, out, _ = run_audit(spans_path, capsys)
+    assert status == 0, out
+    chunks = (results.parent / chunks_rel).resolve()
+    assert f"PASS  input 'chunks' still has the recorded checksum: {chunks}" in out
+    assert "PASS  matching chunks shard exists" in out and "PASS  row i describes chunk i" in out
+
+
 def test_negatives_show_their_query_and_catch_leaked_positives(results, capsys):
     status, out, _ = run_audit(results / "bm25/toy/negatives.parquet", capsys)
     assert status == 0, out

@@ -173,6 +173,18 @@ def results_relative(path: Path) -> str | None:
     return path.resolve().relative_to(root.resolve()).as_posix()
 
 
+def input_path(recorded: str, near: Path | None) -> Path:
+    """Where a manifest's input lies. Stages run in the project root (Snakemake's working
+    directory, the folder holding `results/`) and record relative paths as given, so a relative
+    one is resolved against the project that `near` (a path at or below `results/`) lies in, not
+    against the current directory; an absolute one, or one outside any project, is kept."""
+    path = Path(recorded)
+    root = results_root(near) if near is not None else None
+    if path.is_absolute() or root is None:
+        return path
+    return root.resolve().parent / path
+
+
 def known_file(path: Path) -> tuple[str, str] | None:
     """(what it is, which rule writes it) for a path below results/ that a contract's FILES names.
     First match wins; the patterns are fnmatch's (`*` also matches `/`)."""
@@ -220,7 +232,7 @@ def show_manifest(a: Audit, manifest: dict[str, Any] | None) -> None:
         a.say(f"  stats: {short(json.dumps(manifest['stats'], sort_keys=True), 400)}")
     for name, entry in (manifest.get("inputs") or {}).items():
         status = ""
-        source = Path(entry.get("path", ""))
+        source = input_path(entry.get("path", ""), a.path)
         if "sha256" in entry and source.is_file():
             same = artifacts.sha256_file(source) == entry["sha256"]
             status = "unchanged" if same else "CHANGED since"

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..base import RANK_PARQUET, Audit, parquet_kind, results_root, short
+from ..base import RANK_PARQUET, Audit, input_path, parquet_kind, results_root, short
 from . import CHUNK_INDEX_BITS, SCHEMA
 
 
@@ -30,7 +30,7 @@ def manifest_tokenizer(root: Path | None, *manifests: dict[str, Any] | None):
         if name and root is not None:
             candidates.append(root / "checkpoints" / str(name) / "tokenizer.json")
         for entry in (manifest.get("inputs") or {}).values():
-            p = Path(entry.get("path", ""))
+            p = input_path(entry.get("path", ""), root)
             candidates += [p / "tokenizer.json", p.parent / "tokenizer.json"]
     if root is not None:
         candidates += sorted((root / "checkpoints").glob("*/tokenizer.json"))

@@ -11,7 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..base import RANK_PARQUET, Audit, parquet_kind, read_manifest, results_root, short
+from ..base import (
+    RANK_PARQUET, Audit, input_path, parquet_kind, read_manifest, results_root, short,
+)
 from ..chunks.audit import decode, manifest_tokenizer
 from . import GRANULARITIES, SCHEMA
 
@@ -29,7 +31,7 @@ def render_spans(a: Audit, t: pa.Table, manifest, n: int) -> None:
     chunks_path = a.path.parents[2] / "chunks" / a.path.name
     for entry in ((manifest or {}).get("inputs") or {}).values():
         if Path(entry.get("path", "")).name == a.path.name and "chunks" in entry.get("path", ""):
-            chunks_path = Path(entry["path"])
+            chunks_path = input_path(entry["path"], a.path)
     if not a.check("matching chunks shard exists", chunks_path.is_file(), str(chunks_path)):
         return
     chunks = pq.read_table(chunks_path, columns=["chunk_id", "input_ids"])
