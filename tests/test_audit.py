@@ -216,6 +216,21 @@ def test_stage_statistics_page_lists_each_manifest(results, tmp_path):
     )
 
 
+def test_a_manifest_cut_short_fails_its_check_in_one_line(results, tmp_path, capsys):
+    shard = results / "corpus/damaged/chunks/shard-0000.parquet"
+    shard.parent.mkdir(parents=True)
+    source = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    shutil.copy(source, shard)
+    whole = artifacts.manifest_path(source).read_text()
+    artifacts.manifest_path(shard).write_text(whole[: len(whole) // 2])
+    status, out, err = run_audit(shard, capsys)
+    assert status == 1 and err == "", out + err
+    assert f"FAIL  manifest readable: {artifacts.manifest_path(shard)}: " in out
+    page = tmp_path / "stats.html"
+    assert audit.main(["--stage-stats", str(page), str(shard)]) == 0
+    assert "(unreadable manifest)" in page.read_text()
+
+
 def test_figures_say_what_made_them_and_their_size(results, capsys):
     status, out, _ = run_audit(results / "analysis/loss-curves.png", capsys)
     assert status == 0, out

@@ -30,7 +30,8 @@ from typing import Any
 from . import artifacts
 from .contracts import registry
 from .contracts.base import (
-    Audit, Kind, NotAnArtifact, Probe, read_manifest, results_relative, snakemake_metadata,
+    UNREADABLE, Audit, Kind, NotAnArtifact, Probe, load_manifest, read_manifest, results_relative,
+    snakemake_metadata,
 )
 from .contracts.metrics.audit import metrics_as_manifest
 from .errors import add_debug_option, command
@@ -142,10 +143,13 @@ def stage_statistics(paths: list[Path]) -> str:
         manifest = (
             read_manifest(path)
             if not (path.is_file() and path.name.endswith("manifest.json"))
-            else json.loads(path.read_text())
+            else load_manifest(path)
         ) or metrics_as_manifest(path)
         if manifest is None:
             rows.append(("(no manifest)", str(path), "–", "–"))
+            continue
+        if UNREADABLE in manifest:
+            rows.append(("(unreadable manifest)", str(path), "–", manifest[UNREADABLE]))
             continue
         stats = _scalars(manifest.get("stats") or {})
         rows.append(

@@ -214,10 +214,28 @@ def describe_origin(a: Audit, label: str, required: bool = True) -> None:
 
 
 # ----------------------------------------------------------------------------- manifests
+# The key of what load_manifest returns for a manifest it cannot read.
+UNREADABLE = "unreadable"
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """The manifest at `path`. One cut short or damaged (not JSON, not an object) comes back as
+    {UNREADABLE: why}: read elsewhere it is a manifest with nothing in it, and show_manifest fails
+    its check, so the audit goes on, names the file and exits 1 instead of a traceback."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return {UNREADABLE: f"{path}: {error}"}
+    if not isinstance(data, dict):
+        return {UNREADABLE: f"{path}: a JSON {type(data).__name__}, not an object"}
+    return data
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest beside `path` (load_manifest's), or None when there is none."""
     for candidate in (artifacts.manifest_path(path), download_manifest_path(path)):
         if candidate.is_file() and candidate.resolve() != path.resolve():
-            return json.loads(candidate.read_text())
+            return load_manifest(candidate)
     return None
 
 
@@ -225,6 +243,9 @@ def show_manifest(a: Audit, manifest: dict[str, Any] | None) -> None:
     a.say("-- manifest")
     if manifest is None:
         a.say("  (no manifest beside it)")
+        return
+    if UNREADABLE in manifest:
+        a.check("manifest readable", False, f"{manifest[UNREADABLE]}; rerun the rule that wrote it")
         return
     a.say(f"  stage: {manifest.get('stage')}   created: {manifest.get('created')}")
     a.say(f"  params: {short(json.dumps(manifest.get('params', {}), sort_keys=True), 400)}")

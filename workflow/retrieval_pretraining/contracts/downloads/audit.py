@@ -11,7 +11,7 @@ from typing import Any
 from ... import artifacts
 from ..base import (
     RANK_DOWNLOAD, RANK_JSON, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin, json_kind,
-    read_manifest, short, show_manifest, show_snakemake_record,
+    load_manifest, read_manifest, short, show_manifest, show_snakemake_record,
 )
 from . import download_manifest_path
 
@@ -31,7 +31,7 @@ def check_download(a: Audit) -> dict[str, Any] | None:
     path = download_manifest_path(a.path)
     if not path.is_file():
         return None
-    manifest = json.loads(path.read_text())
+    manifest = load_manifest(path)
     show_manifest(a, manifest)
     stats = manifest.get("stats") or {}
     size = a.path.stat().st_size
