@@ -1,7 +1,9 @@
 """How `audit` checks a TREC run (six fields a line; per query ranks 1..k, scores non-increasing,
-no document twice) and shows its first query with its top documents as text."""
+no document twice, scores finite) and shows its first query with its top documents as text."""
 
 from __future__ import annotations
+
+import math
 
 from ..base import (
     RANK_NAME, Audit, Kind, NotAnArtifact, read_manifest, short, show_manifest,
@@ -14,6 +16,7 @@ from . import utf8_lines
 def audit_run(a: Audit, n: int) -> None:
     a.kind = "TREC run"
     per_query: dict[str, list[tuple[int, float, str]]] = {}
+    not_finite: list[int] = []  # line numbers: float() reads 'nan' and 'inf' as scores
     for number, line in utf8_lines(a.path, NotAnArtifact):
         line = line.rstrip("\r\n")
         parts = line.split()
@@ -26,11 +29,18 @@ def audit_run(a: Audit, n: int) -> None:
             per_query.setdefault(parts[0], []).append((int(parts[3]), float(parts[4]), parts[2]))
         except ValueError as error:
             raise NotAnArtifact(f"{a.path}:{number}: rank/score not numeric: {line!r}") from error
+        if not math.isfinite(per_query[parts[0]][-1][1]):
+            not_finite.append(number)
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
     depths = [len(v) for v in per_query.values()]
     depth = f"{min(depths, default=0)}/{max(depths, default=0)}"
     a.say(f"-- {len(per_query)} queries, depth min/max {depth}")
+    a.check(
+        "scores finite (no nan, inf)",
+        not not_finite,
+        f"{len(not_finite)} lines, first {not_finite[:3]}" if not_finite else "",
+    )
     a.check(
         "ranks 1..k in order per query",
         all([r for r, _, _ in v] == list(range(1, len(v) + 1)) for v in per_query.values()),

@@ -1,0 +1,46 @@
+"""`audit` fails an artifact corrupted in ways its writer never leaves (exit 1, naming the check),
+and passes the intact one: checks that read every row, not a sample."""
+
+import json
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from safetensors.numpy import save_file
+
+from retrieval_pretraining import artifacts, audit
+from retrieval_pretraining.contracts import datasets, negatives
+
+from audit_fixtures import build_results
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return build_results(tmp_path_factory.mktemp("project") / "results")
+
+
+def audited(path, capsys):
+    status = audit.main([str(path)])
+    return status, capsys.readouterr().out
+
+
+def passes(path, check, capsys):
+    status, out = audited(path, capsys)
+    assert status == 0 and f"PASS  {check}" in out, out
+
+
+def fails(path, check, capsys):
+    status, out = audited(path, capsys)
+    assert status == 1 and f"FAIL  {check}" in out, out
+    return out
+
+
+@pytest.mark.parametrize("scores", [["nan"], ["inf", "-inf"]])
+def test_a_run_with_a_score_that_is_not_finite_fails(results, scores, capsys):
+    run = results / f"runs/toy/{scores[0]}/test.trec"
+    run.parent.mkdir(parents=True)
+    run.write_text("".join(f"q1 Q0 d{i} {i} {s} t\n" for i, s in enumerate(scores, 1)))
+    fails(run, "scores finite", capsys)
+    passes(results / "runs/toy/bm25/test.trec", "scores finite", capsys)
