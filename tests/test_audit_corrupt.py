@@ -44,3 +44,14 @@ def test_a_run_with_a_score_that_is_not_finite_fails(results, scores, capsys):
     run.write_text("".join(f"q1 Q0 d{i} {i} {s} t\n" for i, s in enumerate(scores, 1)))
     fails(run, "scores finite", capsys)
     passes(results / "runs/toy/bm25/test.trec", "scores finite", capsys)
+
+
+def test_embeddings_with_a_nan_past_the_first_rows_fail(results, capsys):
+    vectors = np.ones((70_001, 4), np.float16)  # past a first-rows sample and one read's rows
+    vectors[70_000, 2] = np.nan
+    shard = results / "index/bert/toy/nan/shard-0000.npy"
+    shard.parent.mkdir(parents=True)
+    np.save(shard, vectors)
+    out = fails(shard, "finite values (every row)", capsys)
+    assert "1 rows, first 70000" in out
+    passes(results / "index/bert/toy/stage1/shard-0000.npy", "finite values (every row)", capsys)

@@ -1,5 +1,5 @@
-"""How `audit` shows and checks encoded corpus shards: the vectors (finite, their norms) and one id
-per vector."""
+"""How `audit` shows and checks encoded corpus shards: the vectors (every row finite, their
+norms) and one id per vector."""
 
 from __future__ import annotations
 
@@ -13,6 +13,21 @@ from ..base import (
 from . import IDS_SCHEMA
 
 
+ROWS_PER_READ = 1 << 16  # rows checked at a time: memory stays bounded whatever the shard's size
+
+
+def rows_not_finite(x: np.ndarray) -> tuple[int, int | None]:
+    """(how many rows of the 2-d `x` hold a nan or inf, the first such row), read a slice at a
+    time from the memory map: one bad vector anywhere spoils every search that reaches it."""
+    count, first = 0, None
+    for start in range(0, len(x), ROWS_PER_READ):
+        bad = np.flatnonzero(~np.isfinite(x[start : start + ROWS_PER_READ]).all(axis=1))
+        if len(bad) and first is None:
+            first = start + int(bad[0])
+        count += len(bad)
+    return count, first
+
+
 def audit_npy(a: Audit, n: int) -> None:
     a.kind = "embeddings (.npy)"
     try:
@@ -23,8 +38,10 @@ def audit_npy(a: Audit, n: int) -> None:
     show_snakemake_record(a, a.path)
     a.say(f"-- shape {x.shape}, dtype {x.dtype}")
     sample = np.asarray(x[: min(len(x), 10000)], dtype=np.float32)
-    a.check("2-d float matrix", x.ndim == 2 and x.dtype.kind == "f")
-    a.check("finite values (first 10,000 rows)", bool(np.isfinite(sample).all()))
+    matrix = a.check("2-d float matrix", x.ndim == 2 and x.dtype.kind == "f")
+    if matrix:
+        bad, first = rows_not_finite(x)
+        a.check("finite values (every row)", not bad, f"{bad} rows, first {first}" if bad else "")
     if x.ndim == 2 and len(sample):
         norms = np.linalg.norm(sample, axis=1)
         a.say(f"  row norms min/mean/max {norms.min():.3f}/{norms.mean():.3f}/{norms.max():.3f}")
