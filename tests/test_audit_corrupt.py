@@ -55,3 +55,18 @@ def test_embeddings_with_a_nan_past_the_first_rows_fail(results, capsys):
     out = fails(shard, "finite values (every row)", capsys)
     assert "1 rows, first 70000" in out
     passes(results / "index/bert/toy/stage1/shard-0000.npy", "finite values (every row)", capsys)
+
+
+def test_safetensors_with_a_nan_fail_whatever_the_float_type(results, capsys):
+    heads = results / "pretrain/nan/heads.safetensors"
+    heads.parent.mkdir(parents=True)
+    save_file({"ok": np.zeros(3, np.float32), "bad": np.array([0.0, np.inf], np.float32)},
+              str(heads))
+    assert "e.g. ['bad']" in fails(heads, "every value finite", capsys)
+    # bfloat16 (numpy has no such type): 1.0 then a nan, written as safetensors lays it out.
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    bf16 = results / "pretrain/bf16/heads.safetensors"
+    bf16.parent.mkdir(parents=True)
+    bf16.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<2H", 0x3F80, 0x7FC0))
+    assert "e.g. ['w']" in fails(bf16, "every value finite", capsys)
+    passes(results / "pretrain/costa/heads.safetensors", "every value finite", capsys)

@@ -1,6 +1,6 @@
-"""How `audit` shows and checks a safetensors file: its tensors (read without loading weights),
-heads sized by their encoder, the heads' objective equal to the encoder's. `safetensors_tensors`
-also serves the model folders' audit."""
+"""How `audit` shows and checks a safetensors file: its tensors (listed without loading weights),
+every value finite (read a slice at a time), heads sized by their encoder, the heads' objective
+equal to the encoder's. `safetensors_tensors` also serves the model folders' audit."""
 
 from __future__ import annotations
 
@@ -38,6 +38,41 @@ def safetensors_tensors(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str
         raise NotAnArtifact(f"{path}: not a safetensors file ({error})") from error
 
 
+# A float is nan or inf when every bit of its exponent is set. Checked through the bits because
+# bfloat16, what mixed-precision training saves, has no numpy type.
+EXPONENT_BITS = {
+    "F16": (np.uint16, 0x7C00),
+    "BF16": (np.uint16, 0x7F80),
+    "F32": (np.uint32, 0x7F800000),
+    "F64": (np.uint64, 0x7FF0000000000000),
+}
+VALUES_PER_READ = 1 << 24  # memory stays bounded whatever a tensor's size
+
+
+def tensors_not_finite(path: Path) -> list[str]:
+    """The float tensors holding a nan or inf, each read a slice at a time from a memory map
+    (a run that diverged saves such weights, and they load without complaint)."""
+    with open(path, "rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+    bad = []
+    for name, info in header.items():
+        if name == "__metadata__" or info["dtype"] not in EXPONENT_BITS:
+            continue
+        bits, mask = EXPONENT_BITS[info["dtype"]]
+        begin, end = info["data_offsets"]
+        count = (end - begin) // np.dtype(bits).itemsize
+        if count == 0:
+            continue
+        values = np.memmap(path, dtype=bits, mode="r", offset=8 + size + begin, shape=(count,))
+        if any(
+            np.any(values[i : i + VALUES_PER_READ] & bits(mask) == bits(mask))
+            for i in range(0, count, VALUES_PER_READ)
+        ):
+            bad.append(name)
+    return bad
+
+
 def audit_safetensors(a: Audit, n: int) -> None:
     tensors, metadata = safetensors_tensors(a.path)
     rel = results_relative(a.path) or ""
@@ -68,6 +103,9 @@ def audit_safetensors(a: Audit, n: int) -> None:
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
     a.check("holds at least one tensor", bool(tensors))
+    bad = tensors_not_finite(a.path)
+    detail = f"{len(bad)} tensors, e.g. {bad[:3]}" if bad else ""
+    a.check("every value finite (no nan, inf)", not bad, detail)
     if a.kind.startswith(("pre-training heads", "checkpoint MLM head")) and config_path.is_file():
         cfg = json.loads(config_path.read_text())
         sizes = {cfg.get("hidden_size"), cfg.get("vocab_size")}
