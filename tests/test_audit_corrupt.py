@@ -70,3 +70,39 @@ def test_safetensors_with_a_nan_fail_whatever_the_float_type(results, capsys):
     bf16.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<2H", 0x3F80, 0x7FC0))
     assert "e.g. ['w']" in fails(bf16, "every value finite", capsys)
     passes(results / "pretrain/costa/heads.safetensors", "every value finite", capsys)
+
+
+def write_negatives(results, monkeypatch, name, rows):
+    """Negatives with the manifest bm25.py writes: its inputs relative to the project."""
+    path = results / f"bm25/toy/{name}.parquet"
+    artifacts.write_parquet(path, pa.Table.from_pylist(rows, negatives.SCHEMA), negatives.SCHEMA)
+    monkeypatch.chdir(results.parent)
+    artifacts.write_manifest(
+        artifacts.manifest_path(path), stage="bm25.negatives", params={},
+        inputs={"queries": "results/datasets/toy/queries-train.parquet",
+                "qrels": "results/datasets/toy/qrels-train.parquet"},
+    )
+    return path
+
+
+def row(positives, negative_ids):
+    ranks = list(range(1, len(negative_ids) + 1))
+    return {"query_id": "q1", "positive_ids": positives, "negative_ids": negative_ids,
+            "negative_ranks": ranks}
+
+
+@pytest.mark.parametrize(
+    "positives, negative_ids, check",
+    [
+        (["d1"], ["d2", "d2"], "no negative twice for a query"),
+        ([], ["d2", "d3"], "every query has a positive"),
+        (["d1"], ["d2", "d9"], "every negative is a document of the corpus"),
+    ],
+)
+def test_negatives_a_writer_never_leaves_fail(
+    results, monkeypatch, positives, negative_ids, check, capsys
+):
+    bad = write_negatives(results, monkeypatch, "bad", [row(positives, negative_ids)])
+    assert "e.g. ['q1']" in fails(bad, check, capsys)
+    intact = write_negatives(results, monkeypatch, "intact", [row(["d1"], ["d2", "d3"])])
+    passes(intact, check, capsys)

@@ -1,50 +1,145 @@
 """How `audit` shows and checks negatives: no positive among a query's negatives (unless mined with
-`positives_removed: first_query`, which the manifest records), one rank (and score) per negative,
-and a few queries shown with their positive and negatives as text."""
+`positives_removed: first_query`, which the manifest records), a positive for every query, no
+negative twice, one rank (and score) per negative, every negative a document of the corpus (where
+the manifest names the dataset), and a few queries shown with their positive and negatives as text.
+The checks read the rows a batch at a time."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from ..base import RANK_PARQUET, Audit, parquet_kind, short
+from ..base import RANK_PARQUET, Audit, input_path, parquet_kind, short
 from ..datasets.audit import dataset_folder, lookup_text
 from . import MINED_SCHEMA, SCHEMA
 
+ROWS_PER_BATCH = 1 << 16  # rows checked at a time: the lists of ids, flattened, stay bounded
+
+
+def _keys(column: pa.Array, codes: np.ndarray, width: int) -> np.ndarray:
+    """One integer per id of a list column: its row and its code (< width) together."""
+    return pc.list_parent_indices(column).to_numpy() * width + codes
+
+
+def _codes(*columns: pa.Array) -> tuple[list[np.ndarray], int]:
+    """The ids of list columns as integer codes shared by all of them (sorting integers is much
+    faster than hashing (row, string) pairs), and how many distinct ids there are."""
+    flat = [pc.fill_null(pc.list_flatten(c), "") for c in columns]
+    encoded = pa.concat_arrays(flat).dictionary_encode()
+    codes = encoded.indices.to_numpy().astype(np.int64)
+    cuts = np.cumsum([len(f) for f in flat])[:-1]
+    return np.split(codes, cuts), max(len(encoded.dictionary), 1)
+
+
+def rows_repeating(column: pa.Array) -> np.ndarray:
+    """The rows of a list column that hold an id twice."""
+    (codes,), width = _codes(column)
+    keys = np.sort(_keys(column, codes, width))
+    return np.unique(keys[1:][keys[1:] == keys[:-1]] // width)
+
+
+def rows_sharing(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """The rows where list columns `a` and `b` share an id."""
+    (codes_a, codes_b), width = _codes(a, b)
+    keys_b = _keys(b, codes_b, width)
+    return np.unique(keys_b[np.isin(keys_b, _keys(a, codes_a, width))] // width)
+
+
+def rows_outside(column: pa.Array, ids: pa.Array) -> np.ndarray:
+    """The rows of a list column holding an id that `ids` lacks. The batch's distinct ids are
+    looked up, not every id, and `ids` (the corpus's) is hashed once per batch."""
+    flat = pc.list_flatten(column)
+    distinct = pc.unique(flat)
+    missing = distinct.filter(pc.invert(pc.is_in(distinct, value_set=ids)))
+    if not len(missing):
+        return np.zeros(0, np.int64)
+    where = pc.is_in(flat, value_set=missing).to_numpy(zero_copy_only=False)
+    return np.unique(pc.list_parent_indices(column).to_numpy()[where])
+
+
+def _lengths(column: pa.Array) -> np.ndarray:
+    return pc.list_value_length(column).fill_null(0).to_numpy()
+
+
+def corpus_ids(a: Audit, manifest) -> pa.Array | None:
+    """The doc ids of the corpus beside the dataset files the manifest names (one column read),
+    or None where the manifest names none: negatives are then not checked against it."""
+    for name in ("qrels", "queries"):
+        entry = ((manifest or {}).get("inputs") or {}).get(name) or {}
+        corpus = input_path(entry.get("path", ""), a.path).parent / "corpus.parquet"
+        if entry.get("path") and corpus.is_file():
+            a.say(f"-- negatives checked against {corpus}")
+            return pq.read_table(corpus, columns=["doc_id"])["doc_id"].combine_chunks()
+    a.say("-- negatives not checked against a corpus (the manifest names no dataset files)")
+    return None
+
+
+def find_problems(t: pa.Table, corpus: pa.Array | None) -> dict[str, list[int]]:
+    """Row numbers of the rows breaking each rule, read a batch at a time."""
+    names = ["leak", "repeat", "no positive", "ranks"]
+    names += ["scores"] * ("negative_scores" in t.schema.names) + ["corpus"] * (corpus is not None)
+    found: dict[str, list[int]] = {name: [] for name in names}
+    offset = 0
+    for batch in t.to_batches(max_chunksize=ROWS_PER_BATCH):
+        negatives = batch.column("negative_ids")
+        rows = {
+            "leak": rows_sharing(batch.column("positive_ids"), negatives),
+            "repeat": rows_repeating(negatives),
+            "no positive": np.flatnonzero(_lengths(batch.column("positive_ids")) == 0),
+            "ranks": np.flatnonzero(
+                _lengths(batch.column("negative_ranks")) != _lengths(negatives)
+            ),
+        }
+        if "negative_scores" in batch.schema.names:
+            scores = _lengths(batch.column("negative_scores"))
+            rows["scores"] = np.flatnonzero(scores != _lengths(negatives))
+        if corpus is not None:
+            rows["corpus"] = rows_outside(negatives, corpus)
+        for name, where in rows.items():
+            found[name].extend((where + offset).tolist())
+        offset += batch.num_rows
+    return found
+
+
+def check_rows(a: Audit, t: pa.Table, name: str, rows: list[int]) -> None:
+    """A check over rows, naming how many fail and a few of their queries."""
+    if not rows:
+        a.check(name, True)
+        return
+    examples = t["query_id"].take(pa.array(rows[:5], pa.int64())).to_pylist()
+    a.check(name, False, f"{len(rows)} queries, e.g. {examples}")
+
 
 def render_negatives(a: Audit, t: pa.Table, manifest, n: int) -> None:
-    rows = t.to_pylist()
-    a.check("query_id unique", len({r["query_id"] for r in rows}) == len(rows))
-    leaks = [r["query_id"] for r in rows if set(r["positive_ids"]) & set(r["negative_ids"])]
+    a.check("query_id unique", len(pc.unique(t["query_id"])) == len(t))
+    corpus = corpus_ids(a, manifest)
+    found = find_problems(t, corpus)
     policy = ((manifest or {}).get("params") or {}).get("policy") or {}
     if policy.get("positives_removed") == "first_query":
         # Mined with the BoW authors' miner replicated on request (mine.py): leaks are its effect.
         a.say(
-            f"-- positives_removed: first_query (the BoW authors' miner): {len(leaks)} queries "
-            "keep an own positive among their negatives, as that policy does"
+            f"-- positives_removed: first_query (the BoW authors' miner): {len(found['leak'])} "
+            "queries keep an own positive among their negatives, as that policy does"
         )
     else:
-        a.check(
-            "no query's own positive among its negatives",
-            not leaks,
-            f"{len(leaks)} queries, e.g. {leaks[:5]}" if leaks else "",
-        )
-    a.check(
-        "one rank per negative",
-        all(len(r["negative_ranks"]) == len(r["negative_ids"]) for r in rows),
-    )
-    if "negative_scores" in t.schema.names:
-        a.check(
-            "one score per negative",
-            all(len(r["negative_scores"]) == len(r["negative_ids"]) for r in rows),
-        )
-    counts = [len(r["negative_ids"]) for r in rows]
+        check_rows(a, t, "no query's own positive among its negatives", found["leak"])
+    # Both writers skip queries without a positive and take negatives from one ranked list.
+    check_rows(a, t, "every query has a positive", found["no positive"])
+    check_rows(a, t, "no negative twice for a query", found["repeat"])
+    check_rows(a, t, "one rank per negative", found["ranks"])
+    if "scores" in found:
+        check_rows(a, t, "one score per negative", found["scores"])
+    if "corpus" in found:
+        check_rows(a, t, "every negative is a document of the corpus", found["corpus"])
+    counts = _lengths(t["negative_ids"])
     a.say(
-        f"-- {len(rows)} queries, negatives per query min/mean/max "
-        f"{min(counts, default=0)}/{np.mean(counts) if counts else 0:.1f}/{max(counts, default=0)}"
+        f"-- {len(t)} queries, negatives per query min/mean/max "
+        f"{counts.min(initial=0)}/{counts.mean() if len(counts) else 0:.1f}/{counts.max(initial=0)}"
     )
     folder = dataset_folder(a.path)
-    sample = rows[:n]
+    sample = t.slice(0, n).to_pylist()
     queries = lookup_text(folder, "queries-*.parquet", "query_id", [r["query_id"] for r in sample])
     doc_ids = [d for r in sample for d in r["positive_ids"][:1] + r["negative_ids"][:3]]
     titles = lookup_text(folder, "corpus.parquet", "doc_id", doc_ids)
