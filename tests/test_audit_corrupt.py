@@ -106,3 +106,41 @@ def test_negatives_a_writer_never_leaves_fail(
     assert "e.g. ['q1']" in fails(bad, check, capsys)
     intact = write_negatives(results, monkeypatch, "intact", [row(["d1"], ["d2", "d3"])])
     passes(intact, check, capsys)
+
+
+def test_qrels_with_a_pair_judged_twice_fail(results, capsys):
+    rows = {"query_id": ["q1", "q1", "q1"], "doc_id": ["d1", "d2", "d1"], "relevance": [1, 1, 2]}
+    path = results / "datasets/twice/qrels-train.parquet"
+    artifacts.write_parquet(path, pa.table(rows), datasets.QRELS_SCHEMA)
+    assert "1 repeated rows" in fails(path, "each (query_id, doc_id) pair judged once", capsys)
+    passes(results / "datasets/toy/qrels-train.parquet", "each (query_id, doc_id) pair", capsys)
+
+
+def write_answers(results, name, answers, without_answers):
+    """An answers file with the manifest datasets.py writes (which counts the questions it left
+    with no answer)."""
+    path = results / f"datasets/qa/answers-{name}.parquet"
+    ids = [f"q{i}" for i in range(len(answers))]
+    table = pa.table({"query_id": ids, "answers": answers}, datasets.ANSWERS_SCHEMA)
+    artifacts.write_parquet(path, table, datasets.ANSWERS_SCHEMA)
+    artifacts.write_manifest(
+        artifacts.manifest_path(path), stage="datasets.answers", params={},
+        stats={"questions_without_answers": without_answers, "rows": len(answers)},
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "answers, counted, check",
+    [
+        ([["Paris"], ["  "]], 0, "no answer blank"),
+        ([["Paris"], ["Rome", ""]], 0, "no answer blank"),
+        ([["Paris"], []], 0, "questions without an answer: 0, as the manifest counts"),
+    ],
+)
+def test_answers_a_writer_never_leaves_fail(results, answers, counted, check, capsys):
+    fails(write_answers(results, "bad", answers, counted), check, capsys)
+    # A question left with no answer is kept and counted (Acc@k scores it 0).
+    kept = write_answers(results, "intact", [["Paris"], ["Rome", "Roma"], []], 1)
+    passes(kept, "no answer blank", capsys)
+    passes(kept, "questions without an answer: 1, as the manifest counts", capsys)

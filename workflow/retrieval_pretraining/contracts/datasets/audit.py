@@ -58,7 +58,31 @@ def render_qrels(a: Audit, t: pa.Table, manifest, n: int) -> None:
         f"-- {len(pc.unique(t['query_id']))} queries, relevance levels "
         f"{sorted(pc.unique(t['relevance']).to_pylist())}"
     )
+    # The writer refuses a pair judged twice (checks.check_split): evaluation would count it twice.
+    pairs = t.group_by(["query_id", "doc_id"]).aggregate([]).num_rows
+    a.check(
+        "each (query_id, doc_id) pair judged once",
+        pairs == len(t),
+        f"{len(t) - pairs} repeated rows" if pairs != len(t) else "",
+    )
     render_table_rows(None)(a, t, manifest, n)
+
+
+def render_answers(a: Audit, t: pa.Table, manifest, n: int) -> None:
+    """Answers as the writer leaves them (dpr_dataset.load_split): it drops every answer with no
+    token and counts the questions left with none, which it keeps (Acc@k scores them 0)."""
+    answers = t["answers"]
+    flat = pc.list_flatten(answers)
+    blank = pc.sum(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(flat), ""), True)).as_py() or 0
+    a.check("no answer blank", not blank, f"{blank} blank answers" if blank else "")
+    empty = pc.sum(pc.equal(pc.list_value_length(answers).fill_null(0), 0)).as_py() or 0
+    counted = ((manifest or {}).get("stats") or {}).get("questions_without_answers", 0)
+    a.check(
+        f"questions without an answer: {counted}, as the manifest counts",
+        empty == counted,
+        f"found {empty}" if empty != counted else "",
+    )
+    render_table_rows("query_id")(a, t, manifest, n)
 
 
 def audit_dataset_info(a: Audit, n: int) -> None:
@@ -106,8 +130,7 @@ KINDS = [
         render_table_rows("query_id"),
     ),
     parquet_kind(
-        "answers", RANK_PARQUET + 9, ANSWERS_SCHEMA, _has(ANSWERS_SCHEMA),
-        render_table_rows("query_id"),
+        "answers", RANK_PARQUET + 9, ANSWERS_SCHEMA, _has(ANSWERS_SCHEMA), render_answers
     ),
     json_kind(
         "dataset.json", RANK_JSON + 4,
