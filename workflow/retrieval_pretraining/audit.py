@@ -7,8 +7,8 @@ named by the manifests, spans shown inside their chunk, negatives shown with the
 contract checks it passed. Exit status: 0 all checks passed, 1 a check failed, 2 not an artifact.
 
 This module only dispatches: each artifact type's contract is one folder of `contracts/` (its
-`__init__` holds the schema and the writer's validator, its `audit` module how it is recognised,
-summarised and checked), and `detect` tries their kinds in rank order. A file inside a folder
+`__init__` holds the schema and, where there is one, the writer's validator, its `audit` module
+how it is recognised, summarised and checked), and `detect` tries their kinds in rank order. A file inside a folder
 artifact (a model, Lucene or FAISS folder) is audited as part of that folder. Not artifacts (exit 2,
 saying what they are instead): Snakemake's job logs (results/logs/), benchmarks
 (results/benchmarks/) and `.snakemake_timestamp` markers, and any file this workflow does not

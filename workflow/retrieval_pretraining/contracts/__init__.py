@@ -1,9 +1,12 @@
 """Artifact contracts: one folder per artifact type, the one place its contract is written.
 
     contracts/<type>/__init__.py   the contract in words, and what its writer imports: the Arrow
-                                   schema (where it is Parquet), the validator the writer calls
-                                   before publishing (raising an error that names the file, the row
-                                   and the fix), constants, error types
+                                   schema (where it is Parquet), constants, error types, and where
+                                   the writer checks its rows before publishing (chunks, spans;
+                                   datasets: its checks.py, which needs polars) the validator it
+                                   calls, raising an error that names the file, the row and the
+                                   fix; the other writers build their rows to the contract, and
+                                   `audit` checks them after
     contracts/<type>/audit.py      how `audit` recognises, summarises and checks such a file
                                    (`KINDS`, and `FILES` for files whose contents do not say what
                                    they are); its column checks derive from the schema above
