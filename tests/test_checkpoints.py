@@ -83,14 +83,72 @@ def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
     torch.testing.assert_close(head["cls.predictions.transform.dense.weight"], expected)
 
 
+def _legacy_layernorm_names(folder):
+    """Rewrite a folder's weights with bert-base-uncased's Hub names (LayerNorm.gamma / .beta)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    renamed = {}
+    for key, tensor in weights.items():
+        if ".LayerNorm." in key:
+            key = key.replace(".weight", ".gamma").replace(".bias", ".beta")
+        renamed[key] = tensor
+    assert "cls.predictions.transform.LayerNorm.gamma" in renamed
+    save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
+    return weights
+
+
+def _load_head(checkpoint, config):
+    from retrieval_pretraining.pretrain.model import MLMHead, load_mlm_head
+
+    head = MLMHead(config, torch.nn.Embedding(config.vocab_size, config.hidden_size))
+    return load_mlm_head(head, checkpoint), head
+
+
+def test_a_head_with_legacy_layernorm_names_loads_after_staging(tmp_path):
+    """bert-base-uncased's Hub file names the head's LayerNorm gamma/beta: the trainer's strict
+    head load must still find every tensor, from the staged folder."""
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    source = tmp_path / "source"
+    _tiny_bert(source, safe_serialization=True, config=config)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
+    original = _legacy_layernorm_names(source)
+
+    out = tmp_path / "staged"
+    entry = {"name": "tiny", "source": "local", "location": str(source)}
+    checkpoints.stage(entry, out, data_root=str(tmp_path))
+    loaded, head = _load_head(out, config)
+    assert loaded
+    prefix = "cls.predictions."
+    for name, tensor in head.state_dict().items():
+        key = prefix + ("bias" if name == "bias" else name)
+        torch.testing.assert_close(tensor, original[key], msg=name)
+
+
+def test_a_head_staged_with_legacy_names_still_loads(tmp_path):
+    """A folder staged before the rename keeps gamma/beta in mlm_head.safetensors."""
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    _tiny_bert(tmp_path, safe_serialization=True, config=config)
+    original = _legacy_layernorm_names(tmp_path)
+    loaded, head = _load_head(tmp_path, config)
+    assert loaded
+    torch.testing.assert_close(head.transform.LayerNorm.weight.detach(),
+                               original["cls.predictions.transform.LayerNorm.weight"])
+
+
 def test_a_missing_package_names_the_fix():
     with pytest.raises(FileNotFoundError, match="not installed"):
         checkpoints.package_folder("no_such_package_xyz/model")
 
 
-def _tiny_bert(folder, safe_serialization):
-    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
+def _tiny_bert(folder, safe_serialization, config=None):
+    config = config or BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32)
     model = BertForMaskedLM(config)
     if safe_serialization:
         model.save_pretrained(folder)

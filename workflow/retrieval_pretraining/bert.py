@@ -358,12 +358,16 @@ def weight_files(folder: Path) -> list[Path]:
     return []
 
 
-def _own_name(key: str) -> str:
-    """A checkpoint's tensor name as BertModel names it (prefix dropped, old LayerNorm names)."""
-    key = key.removeprefix(PREFIX)
+def legacy_layernorm_name(key: str) -> str:
+    """A tensor name with the old TensorFlow-era LayerNorm names (`gamma`, `beta`) made current."""
     if ".LayerNorm." in key or key.startswith("LayerNorm."):
         key = key.replace(".gamma", ".weight").replace(".beta", ".bias")
     return key
+
+
+def _own_name(key: str) -> str:
+    """A checkpoint's tensor name as BertModel names it (prefix dropped, old LayerNorm names)."""
+    return legacy_layernorm_name(key.removeprefix(PREFIX))
 
 
 def _auto_dtype(config: Config, tensors: dict[str, torch.Tensor]) -> torch.dtype:

@@ -92,17 +92,21 @@ def save_mlm_head(source: Path, out_file: Path) -> int:
 
     AutoModel drops it, but MLM-based objectives must continue from the trained head, not a fresh
     one (bert-base-uncased has it; the demo MiniLM has none, and the trainer then initialises one).
+    Tensors are saved under transformers' current names: bert-base-uncased's Hub file still uses
+    the legacy `LayerNorm.gamma`/`.beta`, which the trainer's strict head load would refuse.
     Returns the number of tensors saved (0: no head, no file written).
     """
     from safetensors import safe_open
     from safetensors.torch import save_file
+
+    from .bert import legacy_layernorm_name
 
     tensors = {}
     for weights in sorted(Path(source).glob("*.safetensors")):
         with safe_open(weights, framework="pt") as handle:
             for key in handle.keys():
                 if key.startswith(_MLM_HEAD_PREFIX):
-                    tensors[key] = handle.get_tensor(key).contiguous()
+                    tensors[legacy_layernorm_name(key)] = handle.get_tensor(key).contiguous()
     if tensors:
         save_file(tensors, out_file)
     return len(tensors)

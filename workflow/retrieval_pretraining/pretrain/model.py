@@ -56,7 +56,9 @@ def load_mlm_head(head: MLMHead, checkpoint: Path) -> bool:
                     continue
                 state = {}
                 for key in keys:
+                    # Legacy gamma/beta: folders staged before staging renamed them.
                     short = key[len(prefix):].removeprefix("predictions.")
+                    short = bert.legacy_layernorm_name(short)
                     short = "bias" if short == "decoder.bias" else short
                     if short.startswith("transform.") or short == "bias":
                         state[short] = handle.get_tensor(key)
