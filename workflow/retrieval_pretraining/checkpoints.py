@@ -10,12 +10,16 @@ workflow runs as a local rule before any GPU job: compute nodes may be offline.
 
 Weights are re-saved as safetensors (never pickles), and `num_layers` can truncate the encoder to
 its first N layers so that the CPU demo trains in minutes with the same code as paper scale.
+A source that is a sentence-transformers model keeps no sentence-transformers files here; how it
+embeds (pooling, normalisation, length) is recorded in the manifest's stats, where the `none`
+export reads it (st_export.pretrained_use).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import shutil
 import tempfile
@@ -112,6 +116,27 @@ def save_mlm_head(source: Path, out_file: Path) -> int:
     return len(tensors)
 
 
+def sentence_transformers_files(folder: Path) -> dict[str, Any] | None:
+    """What a sentence-transformers source's files say about how it embeds: its module types,
+    its Pooling module's config and its max_seq_length (None: not a sentence-transformers model).
+
+    Recorded as the files state it; st_export.pretrained_use interprets it. Importing st_export
+    here would make every edit of the model card rerun stage_tokenizer, and the corpus after it.
+    """
+    listing = Path(folder) / "modules.json"
+    if not listing.is_file():
+        return None
+    modules = json.loads(listing.read_text())
+    pooling = [Path(folder) / m.get("path", "") / "config.json" for m in modules
+               if str(m.get("type", "")).endswith(".Pooling")]
+    if not pooling or not pooling[0].is_file():
+        return None
+    settings = Path(folder) / "sentence_bert_config.json"
+    length = json.loads(settings.read_text()).get("max_seq_length") if settings.is_file() else None
+    return {"modules": [m.get("type") for m in modules],
+            "pooling": json.loads(pooling[0].read_text()), "max_seq_length": length}
+
+
 @contextlib.contextmanager
 def _staging(out_dir: Path) -> Iterator[tuple[Path, Path]]:
     """(download folder, staged folder), both in a temp folder beside `out_dir`; on success the
@@ -160,6 +185,9 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
             "vocab_size": tokenizer.vocab_size,
             "parameters": sum(p.numel() for p in model.parameters()),
             "mlm_head_tensors": head_tensors,
+            # Only recorded: the staged folder is a plain checkpoint (audit would take
+            # modules.json for an encoder's), but the `none` export keeps the source's embedding.
+            "sentence_transformers": sentence_transformers_files(folder),
         }
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_checkpoint", params=entry, stats=stats

@@ -29,8 +29,8 @@ A pre-trained encoder has not been fine-tuned for retrieval, so its files state 
 never the fine-tuning config (that would make a change of `finetune.pooling` rerun pre-training):
 a trained encoder gets [CLS] and the dot product (what COSTA, CPDAE and BoW shape and what their
 papers fine-tune), at its position limit; the `none` export of a base checkpoint that is itself
-a sentence-transformers model keeps that model's pooling, similarity and length
-(`pretrained_use`). The card says so, and that the workflow's zero-shot (stage 0) rows encode it
+a sentence-transformers model keeps that model's pooling, similarity and length, as staging
+recorded them (`pretrained_use`). The card says so, and that the workflow's zero-shot (stage 0) rows encode it
 with the `finetune` knobs. Torch-free (projector.py, which needs torch, is imported only to write
 a projector's Dense module).
 """
@@ -127,27 +127,42 @@ def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, A
         tmp.write_text(render_card(card, retrieval, kind))
 
 
+def sentence_transformers_use(record: Mapping[str, Any]) -> dict[str, Any]:
+    """How a sentence-transformers base embeds, from what staging recorded of its files
+    (checkpoints.sentence_transformers_files): pooling (cls, mean, or None for a mode we do not
+    encode with), similarity (cosine when it normalises) and max_seq_length."""
+    flags = record.get("pooling") or {}
+    pooling = next((name for name, flag in POOLING_FLAGS.items() if flags.get(flag)), None)
+    return {"pooling": pooling,
+            "similarity": "cosine" if NORMALIZE in (record.get("modules") or []) else "dot",
+            "max_seq_length": record.get("max_seq_length")}
+
+
+def _recorded_use(checkpoint: Path) -> dict[str, Any] | None:
+    """The base's sentence-transformers settings as its staging manifest records them (None: not
+    a sentence-transformers model, or a folder staging did not write)."""
+    manifest = checkpoint / "manifest.json"
+    if not manifest.is_file():
+        return None
+    record = (json.loads(manifest.read_text()).get("stats") or {}).get("sentence_transformers")
+    return sentence_transformers_use(record) if record else None
+
+
 def pretrained_use(checkpoint: str | Path, objective: str) -> RetrievalSettings:
-    """How a not-yet-fine-tuned encoder is stated to be used (module docstring): the base's own
-    sentence-transformers settings for the `none` export of a sentence-transformers checkpoint,
+    """How a not-yet-fine-tuned encoder is stated to be used (module docstring): for the `none`
+    export of a sentence-transformers checkpoint, the base's own settings (recorded at staging),
     else [CLS] + dot product at the position limit (at most 512 tokens)."""
     checkpoint = Path(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
     limit = min(512, int(config.get("max_position_embeddings", 512)))
-    pooling_file = checkpoint / POOLING_DIR / "config.json"
-    if objective != "none" or not (checkpoint / "modules.json").is_file() or not pooling_file.is_file():
+    use = _recorded_use(checkpoint) if objective == "none" else None
+    if use is None:
         return RetrievalSettings(pooling="cls", similarity="dot", p_len=limit)
-    flags = json.loads(pooling_file.read_text())
-    pooling = next((name for name, flag in POOLING_FLAGS.items() if flags.get(flag)), None)
-    if pooling is None:
-        raise ValueError(f"{pooling_file}: a pooling we do not encode with (only cls or mean)")
-    types = [m.get("type") for m in json.loads((checkpoint / "modules.json").read_text())]
-    length = limit
-    if (checkpoint / "sentence_bert_config.json").is_file():
-        length = json.loads((checkpoint / "sentence_bert_config.json").read_text()).get(
-            "max_seq_length") or limit
-    return RetrievalSettings(pooling=pooling, similarity="cosine" if NORMALIZE in types else "dot",
-                             p_len=min(int(length), limit))
+    if use["pooling"] is None:
+        raise ValueError(f"{checkpoint}/manifest.json: its source's sentence-transformers pooling "
+                         "is one we do not encode with (only cls or mean)")
+    return RetrievalSettings(pooling=use["pooling"], similarity=use["similarity"],
+                             p_len=min(int(use["max_seq_length"] or limit), limit))
 
 
 # ---------------------------------------------------------------- what the card states ----------
