@@ -255,6 +255,34 @@ def test_a_hub_base_checkpoint_is_named_as_base_model(tmp_path):
     assert front["retrieval_pretraining"]["base_checkpoint"]["revision"] == "abc"
 
 
+def test_chained_pre_training_keeps_the_base_checkpoint_and_lists_the_earlier_stage(tmp_path):
+    """paper.yaml's bow-marco pre-trains from bow's encoder (`init: bow`): its card must still
+    name the Hub base and list bow's pre-training before its own."""
+    checkpoint = fx.tiny_checkpoint(tmp_path / "checkpoint")
+    (checkpoint / "manifest.json").write_text(json.dumps({"params": {
+        "name": "bert", "source": "hub", "location": "google-bert/bert-base-uncased"}}))
+    encoder = AutoModel.from_pretrained(checkpoint, local_files_only=True, add_pooling_layer=False)
+    first, second = tmp_path / "pretrain/bow/encoder", tmp_path / "pretrain/bow-marco/encoder"
+    bow = PRETRAIN_INFO | {"settings": PRETRAIN_INFO["settings"] | {"name": "bow"},
+                           "objective": "bow", "final_metrics": {"loss": 7.5}}
+    export_encoder(encoder, checkpoint, first, bow)
+    marco = PRETRAIN_INFO | {"settings": PRETRAIN_INFO["settings"] | {
+        "name": "bow-marco", "init": "bow", "corpora": [{"name": "msmarco"}]}, "steps": 5}
+    export_encoder(encoder, first, second, marco)
+
+    card = st_export.read_card(second)
+    block = card["retrieval_pretraining"]
+    assert card["base_model"] == "google-bert/bert-base-uncased"
+    assert block["base_checkpoint"]["name"] == "bert" and block["init"] == str(first)
+    (earlier,) = block["earlier_pretraining"]
+    assert (earlier["model"], earlier["objective"], earlier["steps"]) == ("bow", "bow", 3)
+    assert earlier["final"] == {"loss": 7.5} and block["pretraining"]["steps"] == 5
+    text = (second / "README.md").read_text()
+    first_line = text.index("- Pre-trained first as `bow` (objective `bow`): 3 steps")
+    assert first_line < text.index("- Pre-training: 5 steps") and "`msmarco`" in text
+    assert "| pre-training `bow`, last step | loss | 7.5000 |" in text
+
+
 @pytest.mark.parametrize("kind", ["pre-trained, cls + dot", "fine-tuned, mean + cosine",
                                   PROJECTED[0], PROJECTED[-1]])
 def test_audit_passes_the_folder_and_each_sentence_transformers_file(folders, kind, capsys):

@@ -22,8 +22,10 @@ folder is published whole with these files or not at all (contracts/models says 
   the workflow knew at export time (`retrieval_pretraining`: base checkpoint, objective,
   pre-training steps and corpus, fine-tuning data, the numbers the training runs measured). A
   fine-tuned encoder inherits its init encoder's block, so the card of stage 2 still names the
-  base checkpoint and the pre-training. Retrieval scores are measured after export
-  (results/metrics/); nothing is stated that the folder's own records do not hold.
+  base checkpoint and the pre-training; pre-training from another model's encoder (`init`)
+  inherits its base checkpoint and lists its pre-training (`earlier_pretraining`). Retrieval
+  scores are measured after export (results/metrics/); nothing is stated that the folder's own
+  records do not hold.
 
 A pre-trained encoder has not been fine-tuned for retrieval, so its files state a convention,
 never the fine-tuning config (that would make a change of `finetune.pooling` rerun pre-training):
@@ -192,15 +194,36 @@ def measured(record: Mapping[str, Any] | None) -> dict[str, float]:
             if k not in NOT_MEASURED and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _earlier_pretraining(inherited: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pre-training stages an init encoder's card lists, its own last (`none`: no stage)."""
+    stages = list(inherited.get("earlier_pretraining") or [])
+    if inherited.get("pretraining"):
+        stages.append({"model": inherited.get("model"), "objective": inherited.get("objective"),
+                       **inherited["pretraining"]})
+    return stages
+
+
 def pretrained_card(info: Mapping[str, Any], checkpoint: str | Path) -> dict[str, Any]:
-    """The card facts of a pre-trained encoder (or of the `none` export) from its training.json."""
+    """The card facts of a pre-trained encoder (or of the `none` export) from its training.json.
+
+    Pre-training that starts from another model's encoder (`init`) inherits that encoder's base
+    checkpoint and lists its pre-training under `earlier_pretraining`: the init's own manifest
+    names only the init model, not the checkpoint both descend from."""
     settings = info.get("settings", {})
     objective = info.get("objective", settings.get("objective"))
+    inherited = read_card(checkpoint).get(CARD_BLOCK) or {}
     facts: dict[str, Any] = {
         "encoder": "base checkpoint, not pre-trained" if objective == "none" else "pre-trained",
         "model": settings.get("name"), "objective": objective,
-        "base_checkpoint": base_checkpoint(checkpoint) or None, "use": PRETRAINED_USE,
+        "base_checkpoint": inherited.get("base_checkpoint") or base_checkpoint(checkpoint) or None,
+        "use": PRETRAINED_USE,
     }
+    if inherited:
+        facts["init"] = str(checkpoint)
+        if inherited.get("base_model"):
+            facts["base_model"] = inherited["base_model"]
+        if _earlier_pretraining(inherited):
+            facts["earlier_pretraining"] = _earlier_pretraining(inherited)
     if objective != "none":
         trainer = settings.get("trainer", {})
         facts["pretraining"] = {
@@ -297,6 +320,9 @@ def _title_rule(title: str) -> str:
 
 def _measured_rows(facts: Mapping[str, Any]) -> list[str]:
     rows = []
+    for stage in facts.get("earlier_pretraining") or []:
+        for key, value in sorted((stage.get("final") or {}).items()):
+            rows.append(f"| pre-training `{stage.get('model')}`, last step | {key} | {value:.4f} |")
     pretraining = facts.get("pretraining") or {}
     for key, value in sorted((pretraining.get("final") or {}).items()):
         rows.append(f"| pre-training, last step | {key} | {value:.4f} |")
@@ -358,8 +384,13 @@ def render_card(facts: Mapping[str, Any], retrieval: RetrievalSettings,
         where = f"{base.get('source', '')} `{base.get('location', base.get('path', ''))}`"
         layers = f", first {base['num_layers']} layers" if base.get("num_layers") else ""
         lines.append(f"- Base checkpoint: `{base.get('name', '?')}` ({where.strip()}{layers}).")
+    for stage in block.get("earlier_pretraining") or []:
+        lines.append(f"- Pre-trained first as `{stage.get('model')}` (objective "
+                     f"`{stage.get('objective')}`): {stage.get('steps')} steps, "
+                     f"{stage.get('tokens_seen')} tokens, on {_pretraining_data(stage)}.")
     if block.get("objective"):
-        lines.append(f"- Pre-training objective: `{block['objective']}`.")
+        then = " (continuing from the above)" if block.get("earlier_pretraining") else ""
+        lines.append(f"- Pre-training objective: `{block['objective']}`{then}.")
     pretraining = block.get("pretraining")
     if pretraining:
         lines.append(f"- Pre-training: {pretraining.get('steps')} steps, "
