@@ -4,6 +4,7 @@ never touch the network)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -67,6 +68,10 @@ def test_the_upload_creates_the_repository_and_sends_the_checked_files(encoder, 
     assert "uploaded: https://huggingface.co/me/enc/commit/1" in capsys.readouterr().out
 
 
+def _rewrite(path: Path, **changes) -> None:
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
 def _refused(argv, capsys) -> str:
     with pytest.raises(SystemExit) as stop:
         publish.main([str(a) for a in argv])
@@ -88,6 +93,21 @@ def test_offline_mode_is_named_before_any_request(encoder, monkeypatch, capsys):
     (lambda f: (f / "pytorch_model.bin").write_bytes(b"x"), "pickled files (pytorch_model.bin)"),
     (lambda f: (f / "README.md").write_text("# no front matter\n"), "no model card front matter"),
     (lambda f: (f / "model.safetensors").unlink(), "no *.safetensors weights"),
+    (lambda f: (f / "training.json").unlink(), "missing training.json"),
+    (lambda f: (f / "manifest.json").unlink(), "missing manifest.json"),
+    (lambda f: (f / "modules.json").write_text("[{"), "modules.json is not valid JSON"),
+    (lambda f: (f / "modules.json").write_text('{"path": ""}'), "modules.json is not a list"),
+    (lambda f: (f / "sentence_bert_config.json").write_text("{"),
+     "sentence_bert_config.json is not valid JSON"),
+    (lambda f: (f / "README.md").write_text("---\nlibrary_name: [x\n---\n"),
+     "README.md: its front matter is not YAML"),
+    (lambda f: _rewrite(f / "1_Pooling/config.json", pooling_mode_cls_token=True),
+     "fails audit's sentence-transformers check: pooling modes"),
+    (lambda f: _rewrite(f / "sentence_bert_config.json", max_seq_length=100000),
+     "fails audit's sentence-transformers check: max_seq_length 100000"),
+    (lambda f: (f / "modules.json").write_text(
+        json.dumps(json.loads((f / "modules.json").read_text())[:2])),
+     "fails audit's sentence-transformers check: modules"),
 ])
 @pytest.mark.parametrize("mode", [["--dry-run"], []], ids=["dry run", "upload"])
 def test_an_incomplete_folder_is_refused_naming_what_is_wrong(encoder, tmp_path, monkeypatch,

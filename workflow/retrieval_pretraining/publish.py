@@ -4,9 +4,11 @@
         --repo-id you/costa-scifact [--private] [--dry-run]
 
 The folder is checked first, and nothing is sent when a check fails: Hugging Face weights as
-safetensors and no pickle anywhere in it, the sentence-transformers files st_export.py writes
-(modules.json and every module folder it names, 1_Pooling, sentence_bert_config.json), and a
-model card whose YAML front matter holds the workflow's block. Every file of the folder is uploaded
+safetensors and no pickle anywhere in it, its records (training.json, manifest.json), the
+sentence-transformers files st_export.py writes (modules.json and every module folder it names,
+1_Pooling, sentence_bert_config.json) agreeing with each other, config.json and the card as
+`python -m retrieval_pretraining.audit` checks them, and a model card whose YAML front matter
+holds the workflow's block. Every file of the folder is uploaded
 (training.json and manifest.json are its records); `--dry-run` prints that list, the repository and
 its visibility, and never touches the network. A real upload needs a token (`hf auth login`, or
 HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs).
@@ -19,17 +21,24 @@ import json
 import os
 from pathlib import Path
 
+import yaml
+
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
 from .contracts.models import CARD_BLOCK, ST_FILES
+from .contracts.models.audit import sentence_transformers_view
 from .errors import BadInput, add_debug_option, command
 from .model_folder import PICKLE_PATTERNS, check_safetensors
 from .st_export import read_card
 
 REEXPORT = ("rerun the rule that wrote it (an encoder exported before the workflow wrote "
             "sentence-transformers files: delete the folder and rerun)")
+
+
+# The folder's own records: a published model without them cannot say how it was made.
+RECORDS = ("training.json", "manifest.json")
 
 
 class PublishError(BadInput, ValueError):
@@ -43,25 +52,64 @@ def folder_files(folder: Path) -> list[str]:
                                              for part in p.relative_to(folder).parts))
 
 
+def _read_json(folder: Path, name: str) -> object:
+    """A JSON file of the folder, or a one-line PublishError naming it."""
+    try:
+        return json.loads((folder / name).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PublishError(f"{folder}/{name} is not valid JSON ({error}); {REEXPORT}") from None
+
+
+def _module_paths(folder: Path) -> list[str]:
+    """The module folders modules.json names; PublishError when it is not a list of modules."""
+    modules = _read_json(folder, "modules.json")
+    if not isinstance(modules, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("path"), str) for m in modules):
+        raise PublishError(f"{folder}/modules.json is not a list of modules with a `path` each; "
+                           f"{REEXPORT}")
+    return [m["path"] for m in modules if m["path"]]
+
+
+def _card(folder: Path) -> dict:
+    try:
+        return read_card(folder)
+    except yaml.YAMLError as error:
+        problem = " ".join(str(error).split())  # one line: yaml's message spans several
+        raise PublishError(f"{folder}/README.md: its front matter is not YAML ({problem}); "
+                           f"{REEXPORT}") from None
+
+
 def check_folder(folder: str | Path) -> list[str]:
-    """The files to upload, once the folder is a complete encoder export; else PublishError."""
+    """The files to upload, once the folder is a complete encoder export that `audit` would pass
+    as a sentence-transformers model; else PublishError."""
     folder = check_safetensors(folder)  # config.json + safetensors; a pickle-only folder refused
     pickles = sorted({p.relative_to(folder).as_posix() for pattern in PICKLE_PATTERNS
                       for p in folder.rglob(pattern)})
     if pickles:
         raise PublishError(f"{folder} holds pickled files ({', '.join(pickles)}) besides its "
                            "safetensors; only safetensors are uploaded: remove them")
-    missing = [name for name in ST_FILES if not (folder / name).is_file()]
+    missing = [name for name in (*ST_FILES, *RECORDS) if not (folder / name).is_file()]
     if not missing:
-        modules = json.loads((folder / "modules.json").read_text())
-        missing = [m["path"] for m in modules if m["path"] and not (folder / m["path"]).is_dir()]
+        missing = [path for path in _module_paths(folder) if not (folder / path).is_dir()]
     if missing:
         raise PublishError(f"{folder} is not a complete sentence-transformers export (missing "
                            f"{', '.join(missing)}); {REEXPORT}")
-    card = read_card(folder)
+    # Every JSON file parsed here first, so that a broken one is named, not a traceback below.
+    for name in folder_files(folder):
+        if name.endswith(".json"):
+            _read_json(folder, name)
+    config = _read_json(folder, "config.json")
+    card = _card(folder)
     if not isinstance(card.get(CARD_BLOCK), dict) or card.get("library_name") is None:
         raise PublishError(f"{folder}/README.md has no model card front matter (YAML with "
                            f"library_name and {CARD_BLOCK}); {REEXPORT}")
+    try:
+        _, problems = sentence_transformers_view(folder, config)
+    except (AttributeError, KeyError, TypeError, ValueError) as error:  # a file of the wrong shape
+        problems = [f"its sentence-transformers files cannot be read ({error!r})"]
+    if problems:
+        raise PublishError(f"{folder} fails audit's sentence-transformers check: "
+                           f"{'; '.join(problems)}; {REEXPORT}")
     return folder_files(folder)
 
 
