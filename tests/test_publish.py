@@ -33,12 +33,18 @@ class NoNetwork:
 
 
 class FakeHub:
-    """Records what the command asks of the Hub."""
+    """Records what the command asks of the Hub; `existing`: repositories there already, with
+    whether each is private (create_repo leaves an existing one's visibility, as the Hub does)."""
 
     calls: list = []
+    existing: dict = {}
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(("create_repo", repo_id, kwargs))
+        self.existing.setdefault(repo_id, kwargs.get("private", False))
+
+    def repo_info(self, repo_id, **kwargs):
+        return type("ModelInfo", (), {"private": self.existing[repo_id]})()
 
     def upload_folder(self, **kwargs):
         self.calls.append(("upload_folder", kwargs))
@@ -59,13 +65,29 @@ def test_the_upload_creates_the_repository_and_sends_the_checked_files(encoder, 
                                                                          capsys):
     monkeypatch.setattr(publish, "HfApi", FakeHub)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    FakeHub.calls = []
+    FakeHub.calls, FakeHub.existing = [], {}
     assert publish.main(["--folder", str(encoder), "--repo-id", "me/enc", "--private"]) == 0
     (create, repo, options), (upload, sent) = FakeHub.calls
     assert (create, repo, options["private"]) == ("create_repo", "me/enc", True)
     assert upload == "upload_folder" and sent["repo_id"] == "me/enc"
     assert sent["allow_patterns"] == publish.folder_files(encoder)
+    # A re-upload replaces the repository's files: none of an earlier upload is left behind.
+    assert sent["delete_patterns"] == ["*"]
     assert "uploaded: https://huggingface.co/me/enc/commit/1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("existing, flag", [(False, ["--private"]), (True, [])],
+                         ids=["public repo, --private", "private repo, public upload"])
+def test_an_existing_repository_of_the_other_visibility_is_refused(encoder, monkeypatch, capsys,
+                                                                  existing, flag):
+    """create_repo(exist_ok=True) keeps an existing repository's visibility: `--private` must
+    never upload to a public one while saying "(private)"."""
+    monkeypatch.setattr(publish, "HfApi", FakeHub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    FakeHub.calls, FakeHub.existing = [], {"me/enc": existing}
+    line = _refused(["--folder", encoder, "--repo-id", "me/enc", *flag], capsys)
+    assert f"me/enc exists and is {'private' if existing else 'public'}" in line, line
+    assert [call[0] for call in FakeHub.calls] == ["create_repo"]  # nothing uploaded
 
 
 def _rewrite(path: Path, **changes) -> None:

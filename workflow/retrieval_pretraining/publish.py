@@ -10,7 +10,9 @@ sentence-transformers files st_export.py writes (modules.json and every module f
 `python -m retrieval_pretraining.audit` checks them, and a model card whose YAML front matter
 holds the workflow's block. Every file of the folder is uploaded
 (training.json and manifest.json are its records); `--dry-run` prints that list, the repository and
-its visibility, and never touches the network. A real upload needs a token (`hf auth login`, or
+its visibility, and never touches the network. An existing repository must already have the
+visibility asked for (`--private` or not); its files are replaced by the folder's (a file the
+folder lacks is deleted from it). A real upload needs a token (`hf auth login`, or
 HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs).
 """
 
@@ -121,16 +123,34 @@ def plan(folder: Path, files: list[str], repo_id: str, private: bool) -> str:
     return "\n".join(lines)
 
 
+def check_visibility(repo_id: str, is_private: bool, private: bool) -> None:
+    """PublishError when the repository's visibility is not the one asked for."""
+    if is_private == private:
+        return
+    state, asked = ("private", "public") if is_private else ("public", "private")
+    raise PublishError(f"{repo_id} exists and is {state}, but the upload was asked to be {asked} "
+                       f"(--private {'given' if private else 'absent'}); change its "
+                       "visibility on the Hub (Settings) or the flag, then rerun; nothing was sent")
+
+
 def upload(folder: Path, files: list[str], repo_id: str, private: bool, message: str) -> str:
-    """Create the repository if needed and upload the files in one commit; the commit's URL."""
+    """Create the repository if needed and upload the files in one commit; the commit's URL.
+
+    An existing repository keeps its visibility (create_repo ignores `private` then), so it is
+    compared with the request first. The commit replaces the repository's files: a file of an
+    earlier upload that this folder no longer has (a projector.safetensors, which this project's
+    loaders would attach) is deleted, not left beside the new ones."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise PublishError("HF_HUB_OFFLINE is set (the Makefile sets it for runs); unset it for "
                            "the upload: `HF_HUB_OFFLINE=0 python -m retrieval_pretraining.publish ...`")
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        check_visibility(repo_id, bool(api.repo_info(repo_id, repo_type="model").private),
+                         private)
         commit = api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="model",
-                                   allow_patterns=files, commit_message=message)
+                                   allow_patterns=files, delete_patterns=["*"],
+                                   commit_message=message)
     except LocalTokenNotFoundError as error:
         raise PublishError(f"no Hugging Face token to upload to {repo_id}; run `hf auth login` "
                            "or set HF_TOKEN") from error
