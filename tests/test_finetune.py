@@ -20,7 +20,7 @@ import torch
 
 from full_disk import files_under, full_disk, is_full_disk_error
 from host_reads import HostReads, counted
-from retrieval_pretraining import training
+from retrieval_pretraining import artifacts, training
 from retrieval_pretraining.checkpoints import package_folder
 from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.finetune import data as fdata
@@ -470,6 +470,34 @@ def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
     start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["positives_absent_from_corpus"] == 1
 
+
+
+def test_the_manifest_identifies_the_init_weights_and_its_own(tmp_path):
+    """Two inits of one architecture share config.json: the manifest must still tell them apart
+    (the init's weights file and its sha256), and record the sha256 of the weights it wrote."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    data = tiny_dataset(tmp_path / "data", n_queries=16)
+    first = tiny_encoder(tmp_path / "first")
+    second = shutil.copytree(first, tmp_path / "second")
+    weights = load_file(second / "model.safetensors")
+    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()},
+              second / "model.safetensors", metadata={"format": "pt"})
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1}
+    manifests = []
+    for init in (first, second):
+        out = tmp_path / f"encoder-{init.name}"
+        fine_tune(cfg, init, data, [data["bm25"]], seed=1, out=out,
+                  state_dir=tmp_path / f"state-{init.name}", metrics_path=tmp_path / "m.jsonl")
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["stats"]["weights"] == {
+            "model.safetensors": artifacts.sha256_file(out / "model.safetensors")}
+        assert manifest["inputs"]["init"]["sha256"] == artifacts.sha256_file(
+            init / "model.safetensors")
+        manifests.append(manifest)
+    assert manifests[0]["inputs"]["init"] != manifests[1]["inputs"]["init"]
 
 
 def _counted_losses(monkeypatch, nan_at_call: int | None = None) -> list:

@@ -88,7 +88,7 @@ def folders(tmp_path_factory) -> dict[str, tuple[Path, RetrievalSettings]]:
                     p.copy_(0.3 * torch.randn_like(p))
         attach_projector(encoder, projector)  # as fine-tuning with finetune.projector does
         folder = results / f"finetune/costa/scifact/stage1-{i}/encoder"
-        inputs = {"init": pretrained / "config.json",
+        inputs = {"init": pretrained / "model.safetensors",
                   "queries": "results/datasets/scifact/queries-train.parquet",
                   "negatives0": "results/bm25/scifact/negatives.parquet"}
         ftrain.export(encoder, tokenizer, folder, settings, 1, fdata.contrast_plan(settings, 1),
@@ -243,6 +243,19 @@ def test_the_model_card_states_what_the_records_know(folders):
     assert f"model.max_seq_length = {Q_LEN}" in text
     assert '"A title" + " [SEP] " + "The passage text."' in text  # its title mode
     assert "Retrieval scores" in text  # measured after export: said, not invented
+
+
+@pytest.mark.parametrize("kind", ["pre-trained, cls + dot", "none, mean + cosine",
+                                  "fine-tuned, cls + dot", PROJECTED[0]])
+def test_every_exporter_records_the_checksums_of_the_weights_it_wrote(folders, kind):
+    """config.json is the same for every encoder of one architecture: the weights' sha256 is
+    what identifies an encoder (the projector's too, when it embeds through one)."""
+    from retrieval_pretraining import artifacts
+
+    folder, _ = folders[kind]
+    names = ["model.safetensors", *(["projector.safetensors"] if kind in PROJECTED else [])]
+    stats = json.loads((folder / "manifest.json").read_text())["stats"]
+    assert stats["weights"] == {name: artifacts.sha256_file(folder / name) for name in names}
 
 
 def test_a_hub_base_checkpoint_is_named_as_base_model(tmp_path):

@@ -161,6 +161,17 @@ def manifest_path(artifact: str | os.PathLike) -> Path:
     return artifact.with_name(artifact.name.split(".")[0] + ".manifest.json")
 
 
+# The files that hold a model folder's weights (the encoder's; COSTA's projector when it has one).
+WEIGHT_FILES = ("model.safetensors", "projector.safetensors")
+
+
+def weights_checksums(folder: str | os.PathLike) -> dict[str, str]:
+    """sha256 of the model folder's weight files: what identifies its weights (config.json, the
+    same for every model of one architecture, does not)."""
+    return {name: sha256_once(Path(folder) / name) for name in WEIGHT_FILES
+            if (Path(folder) / name).is_file()}
+
+
 def write_manifest(
     path: str | os.PathLike,
     *,

@@ -55,7 +55,9 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     optimizer = training.build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay)
     scheduler = training.linear_schedule(optimizer, total_steps=total_steps,
                                          warmup_steps=math.ceil(s.warmup_ratio * total_steps))
-    inputs = {"init": init / "config.json", "queries": queries, "qrels": qrels,
+    # The init's weights file (its sha256 recorded), not its config.json: the config is the same
+    # for every encoder of one architecture and so does not say which weights fine-tuning began at.
+    inputs = {"init": init / "model.safetensors", "queries": queries, "qrels": qrels,
               **{f"negatives{i}": p for i, p in enumerate(negatives)},
               **({"heads": Path(heads)} if s.projector and heads else {})}
     job = {"settings": s.record(), "seed": seed,
@@ -219,7 +221,7 @@ def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
     provenance = {"config": config, "seed": seed, "plan": plan.record(), "steps": steps,
                   "inputs": {k: str(v) for k, v in inputs.items()},
                   "final_metrics": final_metrics or {}}
-    init = Path(inputs["init"])  # the init folder's config.json (train) or the folder itself
+    init = Path(inputs["init"])  # the init folder's model.safetensors (train) or the folder
     with artifacts.atomic_dir(out) as tmp:
         # An attached projector is not part of the Hugging Face model: it travels as its own file.
         encoder.save_pretrained(tmp, state_dict=encoder_state(encoder), safe_serialization=True)
@@ -232,4 +234,5 @@ def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
         st_export.write(tmp, settings.retrieval, st_export.finetuned_card(
             provenance, init if init.is_dir() else init.parent, stats), projector=projector)
         artifacts.write_manifest(tmp / "manifest.json", stage="finetune", params=config,
-                                 inputs=inputs, stats={**stats, **plan.record(), "steps": steps})
+                                 inputs=inputs, stats={**stats, **plan.record(), "steps": steps,
+                                                       "weights": artifacts.weights_checksums(tmp)})

@@ -62,7 +62,8 @@ def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, in
         artifacts.write_manifest(
             tmp / "manifest.json", stage="pretrain", params=info["settings"],
             inputs={"checkpoint_manifest": checkpoint / "manifest.json"},
-            stats={k: info[k] for k in ("steps", "tokens_seen") if k in info},
+            stats={**{k: info[k] for k in ("steps", "tokens_seen") if k in info},
+                   "weights": artifacts.weights_checksums(tmp)},
         )
 
 
@@ -82,7 +83,8 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
         card = st_export.pretrained_card(info, checkpoint)
         st_export.write(tmp, retrieval or st_export.pretrained_use(checkpoint, "none"), card)
         artifacts.write_manifest(tmp / "manifest.json", stage="pretrain", params=settings,
-                                 inputs={"checkpoint_manifest": Path(checkpoint) / "manifest.json"})
+                                 inputs={"checkpoint_manifest": Path(checkpoint) / "manifest.json"},
+                                 stats={"weights": artifacts.weights_checksums(tmp)})
     training.MetricsWriter(metrics)  # an empty metrics file: nothing was trained
     training.plot_losses(metrics, plot, title=f"{settings['name']}: base checkpoint, no training")
 
