@@ -7,7 +7,6 @@
 # Started by retrieval_pretraining.launch (1 process, torchrun, or srun + torchrun per node): it
 # execs, so SIGTERM/SIGUSR1 reach the trainer (torchrun and srun forward them to the workers).
 import re
-import shutil
 
 # torch-free: resolving settings at parse time must not import torch
 from retrieval_pretraining.pretrain import settings as pretrain_settings_lib
@@ -131,12 +130,16 @@ PRETRAIN_CODE = module_source("launch", "pretrain")
 # memory-mapped files named by their checksums, one copy for every model (paper.yaml's seven
 # Wikipedia models: ~43 GB once, not seven times). A cache, not a declared output: a file Snakemake
 # remade would rerun every model that reads it. The trainers convert what is missing; a run of the
-# workflow that succeeds deletes it (not a dry run, not the jobs' own Snakemake: --no-hooks).
+# workflow that succeeds deletes it (not a dry run, not the jobs' own Snakemake: --no-hooks)
+# unless a trainer reads it: another Snakemake run in this directory (other targets) may be
+# training from it (each trainer process leaves a marker in .readers/ while it runs).
 PRETRAIN_DATA = "results/state/pretrain-data"
 
 
 onsuccess:
-    shutil.rmtree(PRETRAIN_DATA, ignore_errors=True)
+    from retrieval_pretraining.pretrain import store as pretrain_store
+
+    print(pretrain_store.delete_unless_read(PRETRAIN_DATA)[1], file=sys.stderr)
 
 
 rule pretrain_model:

@@ -256,3 +256,62 @@ def test_padding_and_span_tensors(corpus, tmp_path, vocab):
         n = len(ds.store.get("span_start", r))
         assert batch["span_mask"][i].sum() == n
         assert batch["span_end"][i, :n].tolist() == ds.store.get("span_end", r).tolist()
+
+
+def test_the_store_is_kept_while_a_process_reads_it_and_deleted_after(corpus, tmp_path):
+    """The workflow's onsuccess (`delete_unless_read`): another Snakemake run in the same
+    directory may still train from the store when this one succeeds."""
+    chunks, spans = corpus
+    folder = tmp_path / "pretrain-data"
+    files = pstore.prepare_store(chunks, spans, folder)
+    with pstore.registered_reader(folder) as marker:
+        with pstore.registered_reader(folder):  # another process of the job, or another job
+            deleted, message = pstore.delete_unless_read(folder)
+            assert not deleted and "2 process(es) read it" in message
+            assert f"rm -r {folder}" in message  # a SIGKILLed reader's marker: what to do
+        assert not pstore.delete_unless_read(folder)[0] and marker.exists()
+        assert all(p.exists() for f in files for p in f.paths())
+    assert pstore.store_readers(folder) == [] and not (folder / pstore.READERS).exists()
+    deleted, message = pstore.delete_unless_read(folder)
+    assert deleted and not folder.exists() and "deleted" in message
+    assert pstore.delete_unless_read(folder)[0] is False  # nothing there: nothing to do
+
+
+def test_a_stop_signal_before_the_trainer_s_handlers_removes_the_marker(tmp_path):
+    """SIGTERM during the conversion (before training.StopFlag) ends the process as before, but
+    its marker goes first: a leftover marker would keep the store from deletion."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys, time\n"
+            "from retrieval_pretraining.pretrain import store\n"
+            "with store.registered_reader(sys.argv[1]) as marker:\n"
+            "    print(marker, flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout.strip() and not Path(done.stdout.strip()).exists()
+    assert pstore.store_readers(tmp_path) == []
+
+
+def test_a_trainer_is_a_reader_of_its_store_for_its_whole_run(tmp_path, monkeypatch):
+    from retrieval_pretraining.pretrain import train as ptrain
+
+    seen = []
+
+    def fake_train(settings, **kwargs):
+        seen.append(pstore.store_readers(kwargs["store_dir"] or kwargs["state_dir"] / "data"))
+        if settings.get("fail"):
+            raise RuntimeError("a failed run")
+        return 75
+
+    monkeypatch.setattr(ptrain, "_train", fake_train)
+    assert ptrain.train({}, state_dir=tmp_path / "state", store_dir=tmp_path / "store") == 75
+    with pytest.raises(RuntimeError):
+        ptrain.train({"fail": True}, state_dir=tmp_path / "state")
+    assert [len(readers) for readers in seen] == [1, 1]
+    assert pstore.store_readers(tmp_path / "store") == []
+    assert pstore.store_readers(tmp_path / "state" / "data") == []

@@ -9,8 +9,12 @@ manifest, every span inside its chunk). Files are named by the checksums of thei
 folder serves every model: in the workflow `results/state/pretrain-data/`, where the paper's seven
 Wikipedia models read one copy of its chunks and each COSTA span ablation adds only its span files
 (about a twentieth of a chunk file). The folder is a cache outside Snakemake's outputs: files
-appear whole (by rename), a changed shard gets new files, and deleting it costs a conversion
-(rules/pretrain.smk deletes it when a workflow run succeeds).
+appear whole (by rename), a changed shard gets new files, and deleting it costs a conversion.
+rules/pretrain.smk deletes it when a workflow run succeeds, unless a process reads it: each
+trainer process leaves a marker in `.readers/` for its whole run (`registered_reader`), since
+another Snakemake run in the same directory may be training from it. A marker whose process was
+killed outright (SIGKILL, a lost node) keeps the store: delete it by hand (`rm -r` the folder)
+once no trainer runs.
 
 The processes of a job convert the missing files between them (`prepare_store`'s `share`), then
 wait for the rest (`wait_for_store`): another job may be converting them at the same time, which
@@ -19,7 +23,15 @@ costs only the duplicate work.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +218,87 @@ def prepare_store(
     log.info("data store %s: %d files, %d converted by this process", cache_dir, len(work),
              converted)
     return out
+
+
+# ---------------------------------------------------------------- readers and deletion -----------
+READERS = ".readers"  # a marker per process that reads the folder: what keeps it from deletion
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _add_marker(readers: Path) -> Path:
+    marker = readers / f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    text = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
+    for _ in range(3):  # another reader may remove the (empty) folder between the two calls
+        readers.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            marker.write_text(text)
+            return marker
+    raise FileNotFoundError(f"could not create {marker}")
+
+
+@contextlib.contextmanager
+def registered_reader(folder: str | Path) -> Iterator[Path]:
+    """While the block runs, `folder`/.readers/<host>-<pid>-<random> says this process reads the
+    store, so that `delete_unless_read` (the workflow's onsuccess) keeps it. The trainer's whole
+    run is such a block: its DataLoader workers, when not forked, reopen the files by path.
+
+    The marker goes on any exit Python sees (return, exception, Ctrl-C) and on SIGTERM/SIGUSR1
+    before the trainer installs its own handlers (training.StopFlag), after which those signals
+    end the run by a return. A process killed outright (SIGKILL, a lost node) leaves its marker,
+    which keeps the store until someone deletes it by hand (`delete_unless_read` says how)."""
+    marker = _add_marker(Path(folder) / READERS)
+
+    def remove() -> None:
+        marker.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: another reader's marker is there
+            marker.parent.rmdir()
+
+    def end(signum: int, frame: object) -> None:
+        # The signal's default action (the process ends by it, as it would have), marker first.
+        remove()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS} if main else {}
+    for sig, handler in previous.items():
+        if handler == signal.SIG_DFL:
+            signal.signal(sig, end)
+    try:
+        yield marker
+    finally:
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is end:
+                signal.signal(sig, handler)
+        remove()
+
+
+def store_readers(folder: str | Path) -> list[str]:
+    """The reader markers in `folder` (`registered_reader`), sorted."""
+    readers = Path(folder) / READERS
+    return sorted(p.name for p in readers.iterdir()) if readers.is_dir() else []
+
+
+def delete_unless_read(folder: str | Path) -> tuple[bool, str]:
+    """Delete the store `folder` unless a process reads it; (deleted, what to log).
+
+    The workflow's onsuccess calls it: another Snakemake run in the same directory (other targets:
+    one run per model, a BM25 run, a table run) may still be training from the store when this
+    one succeeds, and deleting it would leave that run's processes waiting for files nobody writes
+    or failing to reopen them."""
+    folder = Path(folder)
+    readers = store_readers(folder)
+    if readers:
+        return False, (
+            f"kept the pre-training data store {folder}: {len(readers)} process(es) read it "
+            f"({', '.join(readers[:3])}{', ...' if len(readers) > 3 else ''}; "
+            f"{folder / READERS}/<host>-<pid>-<random>). A marker whose process was killed "
+            f"outright (SIGKILL, a lost node) also keeps it: once no trainer runs, delete it by "
+            f"hand: rm -r {folder}")
+    if not folder.exists():
+        return False, f"no pre-training data store {folder} to delete"
+    shutil.rmtree(folder, ignore_errors=True)
+    return True, f"deleted the pre-training data store {folder} (a cache: no trainer reads it)"
 
 
 # ---------------------------------------------------------------- reading -------------------------

@@ -121,7 +121,15 @@ def _tensorboard(log_dir: Path, start: int) -> training.TensorBoardLog:
     return training.TensorBoardLog(log_dir, purge_step=start + 1 if start else None)
 
 
-def train(
+def train(settings: dict[str, Any], *, state_dir: Path, store_dir: Path | None = None,
+          **kwargs: Any) -> int:
+    """`_train`, registered as a reader of the data store for its whole run, so that the workflow's
+    onsuccess does not delete the store under it (store.registered_reader)."""
+    with pstore.registered_reader(store_dir or Path(state_dir) / "data"):
+        return _train(settings, state_dir=state_dir, store_dir=store_dir, **kwargs)
+
+
+def _train(
     settings: dict[str, Any], *, chunks: Sequence, spans: Sequence | None,
     checkpoint: Path, encoder_out: Path, metrics_out: Path, plot_out: Path, state_dir: Path,
     init_heads: Path | None = None, retrieval: RetrievalSettings | None = None,
