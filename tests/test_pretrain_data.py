@@ -1,6 +1,8 @@
 """Chunk/span shards -> micro-batches: contract checks on bad inputs, deterministic order, the same
 micro-batches for any number of processes, padding."""
 
+import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,24 +83,31 @@ def test_models_on_one_corpus_share_its_chunk_files_and_a_span_set_adds_only_spa
         pstore.ChunkStore(without).get("span_start", 0)
 
 
-def test_a_job_s_processes_split_the_conversion_and_wait_for_each_other(corpus, tmp_path,
-                                                                         monkeypatch):
-    """prepare_store's `share`: each of a job's processes converts its part of the files, no file
-    twice; each then finds the others' files with wait_for_store."""
-    chunks, spans = corpus
+def _count_conversions(monkeypatch) -> list[Path]:
     written = []
     for name in ("write_chunk_file", "write_span_file"):
         original = getattr(pstore, name)
         monkeypatch.setattr(pstore, name, lambda *a, _f=original: written.append(Path(a[-1]))
                             or _f(*a))
+    return written
+
+
+def test_a_job_s_processes_split_the_conversion_and_wait_for_each_other(corpus, tmp_path,
+                                                                         monkeypatch):
+    """prepare_store's `share`: each of a job's processes converts its part of the files, no file
+    twice; each then waits for the others' files with wait_for_store, which converts those
+    nobody has claimed (here: rank 1 has not started yet)."""
+    chunks, spans = corpus
+    written = _count_conversions(monkeypatch)
     first = pstore.prepare_store(chunks, spans, tmp_path, share=(0, 2))
     assert len(written) == 2  # of the 4 files (2 chunk files, 2 span files)
-    with pytest.raises(pdata.DataError, match="was not written within"):
-        pstore.wait_for_store(first, timeout_s=0.1, poll_s=0.02)
+    pstore.wait_for_store(first, timeout_s=5)
     assert pstore.prepare_store(chunks, spans, tmp_path, share=(1, 2)) == first
     pstore.wait_for_store(first, timeout_s=1)
     assert sorted(written) == sorted(p for f in first for p in f.paths())
     assert pstore.prepare_store(chunks, spans, tmp_path) == first and len(written) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for f in first
+                                                                for p in f.paths())
 
 
 def test_span_outside_its_chunk_is_rejected_naming_row(corpus, tmp_path):
@@ -196,13 +205,107 @@ def test_a_process_waits_for_files_another_writes_on_the_filesystem(corpus, tmp_
 
     chunks, spans = corpus
     paths = pstore.store_paths(chunks, spans, tmp_path / "store")
-    with pytest.raises(pdata.DataError, match=r"not written within .*missing .*shard-0000-"):
+    claims = _claim_all(paths)  # another job has claimed every file and is converting it
+    with pytest.raises(pdata.DataError, match=r"not written within 0 s .*missing .*shard-0000-"):
         pstore.wait_for_store(paths, timeout_s=0.2, poll_s=0.05)
-    writer = threading.Timer(0.3, pstore.prepare_store, (chunks, spans, tmp_path / "store"))
+
+    def the_other_job():
+        for claim in claims:
+            claim.unlink()  # (a real writer publishes first, then removes its claim)
+        pstore.prepare_store(chunks, spans, tmp_path / "store")
+
+    writer = threading.Timer(0.3, the_other_job)
     writer.start()
     pstore.wait_for_store(paths, poll_s=0.05)  # returns once the other's files are there
     writer.join()
     assert pstore.prepare_store(chunks, spans, tmp_path / "store") == paths
+
+
+def _claim_all(files) -> list[Path]:
+    """Claims on every file of `files`, as a writer creates them (`<file>.claim`)."""
+    claims = [p.with_name(p.name + ".claim") for f in files for p in f.paths()]
+    claims[0].parent.mkdir(parents=True, exist_ok=True)
+    for claim in claims:
+        claim.write_text('{"host": "elsewhere", "pid": 1}')
+    return claims
+
+
+def test_a_store_deleted_under_a_waiting_process_is_converted_again(corpus, tmp_path):
+    """Rank 0 converted its share, then the folder was deleted (the audit's repro: another run's
+    onsuccess); rank 1 converts its share afterwards: rank 0 must not wait for files nobody
+    writes (12 h, every GPU idle) but convert them itself."""
+    chunks, spans = corpus
+    cache = tmp_path / "store"
+    files = pstore.prepare_store(chunks, spans, cache, share=(0, 2))
+    shutil.rmtree(cache)
+    pstore.prepare_store(chunks, spans, cache, share=(1, 2))
+    pstore.wait_for_store(files, timeout_s=5, poll_s=0.05)
+    assert all(p.exists() for f in files for p in f.paths())
+    store = pstore.ChunkStore(files)
+    assert len(store) == sum(pq.read_metadata(p).num_rows for p in chunks)
+
+
+def test_a_claim_whose_writer_is_gone_is_taken_over(corpus, tmp_path, monkeypatch):
+    """A writer killed mid-conversion leaves its claim and a partial temporary file: a waiting
+    process takes over once neither has changed for `stale_s`, and removes the leftovers; a
+    writer that shows progress is waited for."""
+    chunks, spans = corpus
+    files = pstore.store_paths(chunks, spans, tmp_path)
+    claims = _claim_all(files)
+    partial = tmp_path / f".{files[0].chunks.name}.deadhost-1-0000.tmp"
+    partial.write_bytes(b"ARROW1 half a file")
+    written = _count_conversions(monkeypatch)
+    with pytest.raises(pdata.DataError, match="claims"):  # within stale_s: waits
+        pstore.wait_for_store(files, timeout_s=0.3, poll_s=0.05, stale_s=60)
+    assert written == []
+    pstore.wait_for_store(files, timeout_s=5, poll_s=0.05, stale_s=0.2)
+    assert sorted(written) == sorted(p for f in files for p in f.paths())
+    assert not partial.exists() and not any(c.exists() for c in claims)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for f in files
+                                                                for p in f.paths())
+
+
+_JOB = """
+import json, os, sys, time
+from pathlib import Path
+from retrieval_pretraining.pretrain import store
+folder, go, chunks, spans = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:5], sys.argv[5:7]
+written = []
+for name in ("write_chunk_file", "write_span_file"):
+    original = getattr(store, name)
+    setattr(store, name, lambda *a, _f=original: written.append(Path(a[-1]).name) or _f(*a))
+(go.parent / f"ready-{os.getpid()}").touch()
+while not go.exists():  # both jobs start together
+    time.sleep(0.001)
+files = store.prepare_store(chunks, spans, folder)
+mapped = {p.name: os.stat(p).st_ino for f in files for p in f.paths() if p.exists()}
+store.wait_for_store(files, poll_s=0.02)
+print(json.dumps({"written": written, "mapped": mapped}))
+"""
+
+
+def test_jobs_that_start_together_convert_each_file_once_and_never_swap_one(corpus, tmp_path):
+    """Two jobs on one folder, released together: every file is converted by one of them, and a
+    file one has seen (and would have mapped) is never replaced by the other's copy."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    chunks, spans = corpus
+    go = tmp_path / "go"
+    command = [sys.executable, "-c", _JOB, str(tmp_path / "store"), str(go),
+               *map(str, chunks), *map(str, spans)]
+    jobs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    while len(list(tmp_path.glob("ready-*"))) < 2:  # both imported and polling
+        time.sleep(0.01)
+    go.touch()
+    results = [json.loads(job.communicate(timeout=60)[0]) for job in jobs]
+    final = {p.name: os.stat(p).st_ino for p in (tmp_path / "store").iterdir()}
+    assert len(final) == 4  # 2 chunk files, 2 span files, nothing else left behind
+    assert sorted(name for r in results for name in r["written"]) == sorted(final)
+    for r in results:
+        assert all(final[name] == inode for name, inode in r["mapped"].items())
 
 
 def test_same_micro_batches_for_one_or_two_processes(corpus, tmp_path, vocab):

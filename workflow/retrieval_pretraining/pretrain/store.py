@@ -17,13 +17,20 @@ killed outright (SIGKILL, a lost node) keeps the store: delete it by hand (`rm -
 once no trainer runs.
 
 The processes of a job convert the missing files between them (`prepare_store`'s `share`), then
-wait for the rest (`wait_for_store`): another job may be converting them at the same time, which
-costs only the duplicate work.
+wait for the rest (`wait_for_store`). Jobs that start together convert each file once: a process
+converts a file only after creating its claim `<file>.claim` (O_CREAT | O_EXCL, holding host, pid
+and time), and publishes it by hard link, which never replaces a file another process may have
+mapped. A waiting process converts a file nobody converts: one with no claim (the folder was
+deleted meanwhile) or whose writer has shown no progress (claim and temporary file unchanged) for
+`STALE_S` (15 min) of the waiter's own clock; a writer merely that slow loses its work, nothing is
+ever replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import logging
 import os
@@ -33,9 +40,9 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -53,10 +60,13 @@ SPAN_COLUMNS = ("span_start", "span_end", "granularity")
 
 @dataclass(frozen=True)
 class StoreFile:
-    """The store files of one shard: its chunk file and, for COSTA, its span file."""
+    """The store files of one shard: its chunk file and, for COSTA, its span file; and the shards
+    they are converted from (what lets `wait_for_store` convert a file nobody writes)."""
 
     chunks: Path
     spans: Path | None = None
+    chunk_source: Path | None = field(default=None, compare=False)
+    span_source: Path | None = field(default=None, compare=False)
 
     def paths(self) -> list[Path]:
         return [self.chunks] + ([self.spans] if self.spans is not None else [])
@@ -118,13 +128,47 @@ def check_spans(chunk_ids: pa.ChunkedArray, lengths: np.ndarray, spans: pa.Table
 BATCH_ROWS = 16_384  # rows a record batch: ~60 MB of a 512-token chunk file, the conversion's memory
 
 
+def _temp_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{socket.gethostname()}-{os.getpid()}-"
+                            f"{secrets.token_hex(4)}.tmp")
+
+
+def _temps(target: Path) -> list[Path]:
+    """The temporary files of `target`'s writers (`_temp_name`)."""
+    return sorted(target.parent.glob(f".{glob.escape(target.name)}.*.tmp"))
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """`tmp` as `target`, unless `target` exists. A link never replaces: a process that has mapped
+    `target` keeps the file it mapped (os.replace would swap it, and its pages, under it)."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        pass  # another process published it first: the same content (named by the shards' sums)
+    except FileNotFoundError:
+        # Our temporary file was removed: another process took this conversion over, judging us
+        # gone (`wait_for_store`); its copy is used.
+        log.warning("%s: the conversion was taken over by another process", target)
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        # A filesystem without hard links: a rename, unless the file is there (the claim makes
+        # two writers rare; the window is this check).
+        if not target.exists():
+            os.rename(tmp, target)
+
+
 def _write(batches: Iterator[pa.RecordBatch], schema: pa.Schema, target: Path) -> None:
-    """The batches as one IPC file, written whole by rename. Each batch stays a part of its own
-    when mapped (`_MappedColumns`), so nothing is ever combined in memory."""
-    with artifacts.atomic_path(target) as tmp:
+    """The batches as one IPC file, which appears whole (`_publish`). Each batch stays a part of
+    its own when mapped (`_MappedColumns`), so nothing is ever combined in memory."""
+    tmp = _temp_name(target)
+    try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             for batch in batches:
                 writer.write_batch(batch)
+        _publish(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_chunk_file(chunk_path: str | Path, target: str | Path) -> None:
@@ -172,23 +216,126 @@ def store_paths(chunk_paths: Sequence[str | Path], span_paths: Sequence[str | Pa
         if span_paths is not None:
             spans = Path(cache_dir) / (f"{chunk_path.stem}-{key}-"
                                        f"{artifacts.sha256_once(span_paths[i])[:16]}.spans.arrow")
-        out.append(StoreFile(Path(cache_dir) / f"{chunk_path.stem}-{key}.arrow", spans))
+        out.append(StoreFile(Path(cache_dir) / f"{chunk_path.stem}-{key}.arrow", spans,
+                             chunk_path, Path(span_paths[i]) if span_paths is not None else None))
     return out
 
 
+# ---------------------------------------------------------------- claims ------------------------
+# A process converts a file only after creating its claim, `<file>.claim` (O_EXCL: one process
+# wins), and removes the claim after publishing: jobs that start together convert each file once.
+STALE_S = 15 * 60  # a claim whose writer shows no progress this long is taken over
+Conversion = tuple[Path, Callable[[Path], None] | None]  # a store file, and what writes it
+
+
+def _claim_path(target: Path) -> Path:
+    return target.with_name(target.name + ".claim")
+
+
+def _conversions(files: Sequence[StoreFile]) -> list[Conversion]:
+    """Every store file with what writes it (None where its shards are unknown): the chunk files,
+    then the span files."""
+    out: list[Conversion] = [(f.chunks, None if f.chunk_source is None else
+                              lambda target, f=f: write_chunk_file(f.chunk_source, target))
+                             for f in files]
+    out += [(f.spans, None if f.span_source is None else
+             lambda target, f=f: write_span_file(f.chunk_source, f.span_source, target))
+            for f in files if f.spans is not None]
+    return out
+
+
+def _convert(target: Path, write: Callable[[Path], None]) -> bool:
+    """Write `target` unless it exists or another process has claimed it; True if this one did."""
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    claim = _claim_path(target)
+    text = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(),
+                       "token": secrets.token_hex(8)})
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    try:
+        if target.exists():  # published, and its claim removed, since the check above
+            return False
+        write(target)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            if claim.read_text() == text:  # still ours (not taken over by `wait_for_store`)
+                claim.unlink()
+
+
+def _writer_state(target: Path) -> tuple | None:
+    """What shows the progress of `target`'s writer: its claim and its temporary files (their
+    sizes and times); None when the file is not claimed."""
+    try:
+        claim = _claim_path(target).stat()
+    except FileNotFoundError:
+        return None
+    temps = []
+    for tmp in _temps(target):
+        with contextlib.suppress(FileNotFoundError):
+            info = tmp.stat()
+            temps.append((tmp.name, info.st_size, info.st_mtime_ns))
+    return (claim.st_ino, claim.st_mtime_ns), tuple(temps)
+
+
+def _take_over_if_stalled(target: Path, watched: dict, stale_s: float) -> None:
+    """Remove `target`'s claim (and its writer's temporary files) once its writer has shown no
+    progress for `stale_s` seconds of this process's clock (no clock of another host compared):
+    the writer is taken for gone (killed, node lost), and the next round converts the file. A
+    writer merely slow loses its work (`_publish`); a file is never converted wrong, only twice."""
+    state = _writer_state(target)
+    now = time.monotonic()
+    if state is None or watched.get(target, (None,))[0] != state:
+        watched[target] = (state, now)
+        return
+    if now - watched[target][1] < stale_s:
+        return
+    claim = _claim_path(target)
+    with contextlib.suppress(FileNotFoundError):
+        log.warning("taking over the conversion of %s: its writer (%s) showed no progress for %s",
+                    target, claim.read_text(), _duration(stale_s))
+        claim.unlink()
+    for tmp in _temps(target):
+        tmp.unlink(missing_ok=True)
+    watched.pop(target)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.3g} h"
+
+
 def wait_for_store(files: Sequence[StoreFile], timeout_s: float = 12 * 3600,
-                   poll_s: float = 0.5) -> None:
-    """Wait until every file of the store exists (each is written whole, by rename, by one of
-    this job's processes or another job's). The processes wait here rather than in a collective:
+                   poll_s: float = 0.5, stale_s: float = STALE_S) -> None:
+    """Wait until every file of the store exists, converting those nobody converts: unclaimed
+    (its claim's writer finished without publishing it, or the folder was deleted meanwhile) or
+    claimed by a writer that shows no progress for `stale_s`. Files appear whole (`_publish`), so
+    a duplicate conversion costs only time. The processes wait here rather than in a collective:
     converting Wikipedia's ~43 GB on a busy shared filesystem can outlast the process group's
     timeout. If a process fails instead, its launcher (torchrun) ends the others."""
-    paths = [path for file in files for path in file.paths()]
+    conversions = _conversions(files)
     deadline = time.monotonic() + timeout_s
-    while not all(path.exists() for path in paths):
+    watched: dict[Path, tuple] = {}  # file -> (its writer's state, when this process first saw it)
+    while True:
+        missing = [(target, write) for target, write in conversions if not target.exists()]
+        if not missing:
+            return
         if time.monotonic() > deadline:
-            missing = [str(p) for p in paths if not p.exists()]
-            raise DataError(f"the data store was not written within "
-                            f"{timeout_s / 3600:.0f} h (missing {missing[:3]})")
+            claims = [_claim_path(t).read_text() for t, _ in missing if _claim_path(t).exists()]
+            raise DataError(f"the data store was not written within {_duration(timeout_s)} "
+                            f"(missing {[str(t) for t, _ in missing[:3]]}; claims {claims[:3]})")
+        for target, write in missing:
+            if write is None or not _convert(target, write):
+                _take_over_if_stalled(target, watched, stale_s)
         time.sleep(poll_s)
 
 
@@ -199,22 +346,13 @@ def prepare_store(
     share: tuple[int, int] = (0, 1),
 ) -> list[StoreFile]:
     """Validate and convert the shards into store files under `cache_dir`, keeping those already
-    there. `share` = (r, n): this process takes every n-th file from the r-th (a job's n processes
-    split the work; each then waits for the others' files with `wait_for_store`)."""
+    there and those another process has claimed. `share` = (r, n): this process takes every n-th
+    file from the r-th (a job's n processes split the work; each then waits for the others' files
+    with `wait_for_store`, which converts what nobody converts)."""
     out = store_paths(chunk_paths, span_paths, cache_dir)
-    work = [(i, "chunks") for i in range(len(out))]
-    work += [(i, "spans") for i in range(len(out)) if out[i].spans is not None]
+    work = _conversions(out)
     rank, processes = share
-    converted = 0
-    for i, kind in work[rank::processes]:
-        target = getattr(out[i], kind)
-        if target.exists():
-            continue
-        if kind == "chunks":
-            write_chunk_file(chunk_paths[i], target)
-        else:
-            write_span_file(chunk_paths[i], span_paths[i], target)
-        converted += 1
+    converted = sum(_convert(target, write) for target, write in work[rank::processes])
     log.info("data store %s: %d files, %d converted by this process", cache_dir, len(work),
              converted)
     return out
