@@ -89,13 +89,28 @@ def test_one_corpus_loads_as_before(two_corpora):
     order = pdata.epoch_order(len(single.store), 3, 1)
     step = single.steps_per_epoch + 2
     assert np.array_equal(single.rows_for(step, 0), order[16:20])
-    # Masks: a row's generator is keyed by (seed, epoch, chunk_id, stream) alone, as before
-    # mixtures; a mixture's second corpus adds its index.
+    # Masks: a row's generator is keyed by (seed, epoch, chunk_id's low and high 32 bits, stream,
+    # corpus), 6 words whatever the values (corpus 0 without a mixture).
     for stream in (0, 1):
         ours = single._rng((2, 41, 0), stream).integers(0, 2**31, 8)
-        assert np.array_equal(ours, np.random.default_rng([3, 2, 41, stream]).integers(0, 2**31, 8))
+        assert np.array_equal(ours, np.random.default_rng([3, 2, 41, 0, stream, 0]).integers(
+            0, 2**31, 8))
     assert not np.array_equal(single._rng((2, 41, 1), 0).integers(0, 2**31, 8),
-                              np.random.default_rng([3, 2, 41, 0]).integers(0, 2**31, 8))
+                              np.random.default_rng([3, 2, 41, 0, 0, 0]).integers(0, 2**31, 8))
+
+
+def test_mask_keys_of_two_corpora_never_collide(two_corpora):
+    """NumPy splits a seed word >= 2**32 in two: with a key of variable length, page p of corpus
+    1 (view 1) and chunk (1 << 32) | p of corpus 0 (view 1) drew the same masks."""
+    a, _ = two_corpora
+    single = pdata.MicroBatches(a, vocab=pdata.Vocab.from_tokenizer(tokenizer()), seed=3,
+                                global_batch_size=8, micro_batch_size=4, rank=0, world_size=1,
+                                mask_rate=0.15, whole_word=False)
+    p = 41
+    draws = {key: single._rng(key, 1).integers(0, 2**31, 8).tolist()
+             for key in [(2, p, 1), (2, (1 << 32) | p, 0), (2, p, 0), (2, 1 << 32, 0),
+                         (2, 0, 1), (2, p << 32, 0)]}
+    assert len({tuple(v) for v in draws.values()}) == len(draws), draws
 
 
 def test_shard_groups_must_match_the_corpora():

@@ -4,8 +4,9 @@ dynamically padded micro-batches.
 * The data order is a permutation drawn from (seed, epoch); step s takes the s-th global batch
   of that order and splits it into micro-batches in a fixed way, micro-batch j going to rank
   j % world_size. The set of micro-batches is therefore the same for any number of processes.
-* Masking draws from a generator seeded by (seed, epoch, chunk_id, view): no dependence on worker
-  order, on the number of workers or on resumption.
+* Masking draws from a generator seeded by (seed, epoch, chunk_id, view, corpus), a key of fixed
+  width (`MicroBatches._rng`): no dependence on worker order, on the number of workers or on
+  resumption.
 * A mixture of corpora (`corpora` with proportions): every global batch holds a fixed quota of
   each corpus (the proportions times the batch, largest remainders rounded up, at least one each),
   the k-th step taking the k-th slice of each corpus's own (seed, epoch, corpus) order; the batch
@@ -232,8 +233,8 @@ class MicroBatches(torch.utils.data.Dataset):
         return [self.collate(rows[i:i + size], epoch=0) for i in range(0, len(rows), size)]
 
     def collate(self, rows: np.ndarray, epoch: int | np.ndarray) -> dict[str, torch.Tensor]:
-        """One padded batch of the given store rows, masked from (seed, epoch, chunk_id, view)
-        (+ the corpus, for rows of a mixture's corpus c > 0); `epoch` for all rows or per row."""
+        """One padded batch of the given store rows, masked from (seed, epoch, chunk_id, view,
+        corpus) (`_rng`); `epoch` for all rows or per row."""
         store = self.store
         originals = [store.get("input_ids", r) for r in rows]
         words = [store.get("word_starts", r) for r in rows]
@@ -285,9 +286,14 @@ class MicroBatches(torch.utils.data.Dataset):
 
     def _rng(self, key: tuple, stream: int) -> np.random.Generator:
         """A row's generator for one stream (a view's masking, coCondenser's segments, the
-        decoder's mask), from (seed, epoch, chunk_id, stream) (+ the corpus c of a mixture, c > 0)."""
+        decoder's mask), from (seed, epoch, chunk_id, stream, corpus of the mixture).
+
+        The key has a fixed width of 32-bit words: NumPy splits an int >= 2**32 into several words
+        and pads a key shorter than 4 with zeros, so a variable-length key made (corpus 1, chunk p,
+        view 1) and (corpus 0, chunk (1 << 32) | p, view 1) draw the same mask."""
         epoch, chunk_id, corpus = (int(k) for k in key)
-        return np.random.default_rng([self.seed, epoch, chunk_id, stream] + ([corpus] if corpus else []))
+        return np.random.default_rng([self.seed, epoch, chunk_id & 0xFFFFFFFF, chunk_id >> 32,
+                                      stream, corpus])
 
     def _decoder_inputs(self, originals, words, keys) -> dict[str, torch.Tensor]:
         """Enhanced decoding's targets (every inner token of the unmasked chunk) and each row's
