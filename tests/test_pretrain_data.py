@@ -418,3 +418,58 @@ def test_a_trainer_is_a_reader_of_its_store_for_its_whole_run(tmp_path, monkeypa
     assert [len(readers) for readers in seen] == [1, 1]
     assert pstore.store_readers(tmp_path / "store") == []
     assert pstore.store_readers(tmp_path / "state" / "data") == []
+
+
+def test_span_end_covering_the_final_sep_is_rejected(corpus, tmp_path):
+    chunks, spans = corpus
+    length = len(pq.read_table(chunks[0]).to_pylist()[0]["input_ids"])
+
+    def cover_sep(rows):
+        rows[0]["span_end"][0] = length  # [start, length) includes the final [SEP]
+
+    bad = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet", cover_sep)
+    with pytest.raises(pdata.DataError, match="row 0"):
+        pstore.prepare_store(chunks[:1], [bad], tmp_path / "cache")
+
+
+def test_two_views_are_masked_independently(corpus, tmp_path, vocab):
+    """CPDAE's two views of a chunk: different in every row, their masks independent draws (the
+    share of view 0's selection also selected in view 1 near the rate, not 1)."""
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8, views=2)
+    both = expected = selected = 0
+    for k in range(ds.steps_per_epoch):
+        batch = ds[k]
+        n = batch["input_ids"].shape[0] // 2
+        for i in range(n):
+            assert not torch.equal(batch["input_ids"][i], batch["input_ids"][n + i]), (k, i)
+        views = batch["labels"][:n] != -100, batch["labels"][n:] != -100
+        inner = batch["attention_mask"][:n].sum(1) - 2
+        both += int((views[0] & views[1]).sum())
+        selected += int(views[0].sum())
+        expected += float((views[0].sum(1) * views[1].sum(1) / inner).sum())
+    assert selected > 200
+    assert abs(both - expected) / selected < 0.05, (both, expected, selected)
+
+
+def test_batch_spans_and_bags_are_the_store_s_rows(corpus, tmp_path, vocab):
+    """span_start and span_end of every row are its store row's (padding a valid empty span
+    [1, 2), masked out); the bag is the original ids' (a masked token that occurs once stays)."""
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8, views=2)
+    masked_once = 0
+    for k in range(3):
+        batch = ds[k]
+        for i, r in enumerate(ds.rows_for(k, 0)):
+            starts, ends = ds.store.get("span_start", r), ds.store.get("span_end", r)
+            n = len(starts)
+            assert batch["span_start"][i, :n].tolist() == starts.tolist(), (k, i)
+            assert batch["span_end"][i, :n].tolist() == ends.tolist(), (k, i)
+            assert (batch["span_start"][i, n:] == 1).all() and (batch["span_end"][i, n:] == 2).all()
+            assert not batch["span_mask"][i, n:].any() and batch["span_mask"][i, :n].all()
+            original = ds.store.get("input_ids", r)
+            bag = batch["bag_ids"][i][batch["bag_mask"][i]].tolist()
+            assert sorted(bag) == sorted(set(original.tolist()) - set(vocab.excluded.tolist()))
+            ids, counts = np.unique(original, return_counts=True)
+            once = set(ids[counts == 1].tolist()) - set(vocab.excluded.tolist())
+            hidden = batch["input_ids"][i][: len(original)].numpy() == vocab.mask_id
+            masked_once += len(once & set(original[hidden].tolist()))
+    assert masked_once > 0  # the case the bag must survive happened

@@ -552,3 +552,51 @@ def test_gathered_cpdae_views_equal_the_full_batch(tmp_path):
         grads = [r[f"{name}.grad"] / 2 for r in ranks]  # DDP averages over the 2 ranks
         torch.testing.assert_close(torch.cat([grads[0][:2], grads[1][:2]]), full.grad[:4])
         torch.testing.assert_close(torch.cat([grads[0][2:], grads[1][2:]]), full.grad[4:])
+
+
+def _words(seed: int, n_inner: int) -> np.ndarray:
+    """Word starts of a chunk of `n_inner` tokens, most words one token long (as in text)."""
+    widths = np.random.default_rng(seed).choice([1, 1, 1, 2, 3], size=n_inner)
+    starts = 1 + np.concatenate([[0], np.cumsum(widths)[:-1]])
+    return starts[starts <= n_inner]
+
+
+def test_whole_word_masking_selects_the_budget_never_specials_and_80_10_10():
+    """Per sequence exactly round(rate * inner tokens) selected, in whole words; [CLS] and the
+    final [SEP] never predicted; [MASK] / random / kept 80/10/10 as in the token path."""
+    ids = np.arange(200, 330)  # [CLS] + 128 tokens + [SEP] stand-ins
+    ids[0], ids[-1] = 101, 102
+    counts = {"mask": 0, "random": 0, "kept": 0}
+    for seed in range(300):
+        word_starts = _words(seed, 128)
+        masked, labels = pdata.mask_tokens(ids, word_starts, np.random.default_rng(seed), VOCAB,
+                                           0.15, True)
+        chosen = np.flatnonzero(labels != -100)
+        assert len(chosen) == round(0.15 * 128), seed
+        assert labels[0] == -100 and labels[-1] == -100 and masked[-1] == 102 and masked[0] == 101
+        ends = np.append(word_starts[1:], len(ids) - 1)
+        selected = labels != -100
+        assert all(selected[s:e].all() or not selected[s:e].any()
+                   for s, e in zip(word_starts, ends))
+        counts["mask"] += (masked[chosen] == 103).sum()
+        counts["kept"] += (masked[chosen] == ids[chosen]).sum()
+        counts["random"] += ((masked[chosen] != 103) & (masked[chosen] != ids[chosen])).sum()
+    total = sum(counts.values())
+    assert counts["mask"] / total == pytest.approx(0.8, abs=0.02)
+    assert counts["random"] / total == pytest.approx(0.1, abs=0.02)
+    assert counts["kept"] / total == pytest.approx(0.1, abs=0.02)
+
+
+def test_an_inner_unk_can_be_masked_but_is_never_a_bag_target_or_replacement():
+    """As Google's BERT: [UNK] inside a text is a token like any other to mask and predict; it is
+    excluded (with the other special ids) from the bag and from random replacements."""
+    from pretrain_fixtures import tokenizer
+
+    tok = tokenizer()
+    vocab = pdata.Vocab.from_tokenizer(tok)
+    ids = np.array([tok.cls_token_id] + [tok.unk_token_id] * 20 + [tok.sep_token_id])
+    _, labels = pdata.mask_tokens(ids, np.arange(1, 21), np.random.default_rng(0), vocab, 0.15,
+                                  False)
+    assert (labels == tok.unk_token_id).sum() == 3
+    assert tok.unk_token_id not in pdata.bag_of_ids(ids, vocab)
+    assert tok.unk_token_id not in vocab.replacements
