@@ -43,7 +43,9 @@ def mask_tokens(
     rate: float, whole_word: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """BERT masking of one chunk: select ~rate of its inner tokens; 80% [MASK], 10% a random id
-    (never an excluded one: `Vocab.replacements`), 10% kept.
+    (never an excluded one: `Vocab.replacements`), 10% kept. Every inner token can be selected,
+    an [UNK] too (it is then predicted, as in Google's BERT), though [UNK] is excluded from the
+    bag (`bag_of_ids`) and from random replacements with the other special ids.
 
     Returns (masked ids, labels with -100 where nothing is predicted). With `whole_word`, whole
     words (from `word_starts`; a word ends where the next begins or at the final [SEP]) are
