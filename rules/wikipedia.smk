@@ -150,7 +150,7 @@ checkpoint fetch_dumpstatus:
         ),
     shell:
         "python -m retrieval_pretraining.download dumpstatus --config '{params.run}' "
-        "--mirror {resources.dump_mirror:q} --retries {resources.download_retries} "
+        "--mirror={resources.dump_mirror:q} --retries {resources.download_retries} "
         "--out {output.status} &> {log}"
 
 
@@ -173,7 +173,7 @@ rule download_dump_part:
         fetch=lambda wc: _fetch_flags(dump_part_entry(wc.part)),
     shell:
         "python -m retrieval_pretraining.download fetch {params.fetch} "
-        "--mirror {resources.dump_mirror:q} --retries {resources.download_retries} "
+        "--mirror={resources.dump_mirror:q} --retries {resources.download_retries} "
         "--out {output.dump} --manifest {output.manifest} &> {log}"
 
 
@@ -196,7 +196,7 @@ rule download_dump_index:
         fetch=lambda wc: _fetch_flags(_index_entry(wc.part), "index_"),
     shell:
         "python -m retrieval_pretraining.download fetch {params.fetch} "
-        "--mirror {resources.dump_mirror:q} --retries {resources.download_retries} "
+        "--mirror={resources.dump_mirror:q} --retries {resources.download_retries} "
         "--out {output.index} --manifest {output.manifest} &> {log}"
 
 

@@ -607,6 +607,10 @@ def test_snakemake_local_parts_with_a_multistream_index(tmp_path):
         "download_dump_index": 1,
         "download_dump": 1,
     }
+    # And run: local files pass no mirror (an empty one must still make a valid command line).
+    snakemake(project, "download_dump")
+    dump = project / "results" / "wikipedia" / "dump"
+    assert (dump / "elwikivoyage-multistream.index.txt.bz2").read_bytes() == MULTISTREAM_INDEX.read_bytes()
 
 
 def test_local_part_outside_the_project_is_refused(tmp_path):
