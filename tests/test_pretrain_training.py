@@ -241,7 +241,8 @@ def test_worker_init_ignores_the_stop_signals():
 
 
 def test_oom_message_names_the_config_key():
-    with pytest.raises(RuntimeError, match="lower 'micro_batch_size'.*global batch stays"):
+    with pytest.raises(RuntimeError, match="lower 'micro_batch_size'.*global batch stays"
+                                           ".*moved aside, not deleted"):
         with training.oom_guard(32):
             raise torch.OutOfMemoryError("CUDA out of memory")
 
@@ -369,7 +370,8 @@ def test_a_record_cut_short_by_a_full_disk_does_not_stop_the_resume(tmp_path):
 
 def test_a_resume_state_is_kept_for_its_own_job_only(tmp_path, caplog):
     """claim_state (both trainers): the same job resumes; other settings or inputs, or a state
-    that records no job, start afresh, and the log names what differs."""
+    that records no job, start afresh, the log names what differs, and the old state is moved
+    aside (named in the log), never deleted."""
     env = training.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     state = tmp_path / "state"
     job = {"settings": {"lr": 1e-4, "betas": (0.9, 0.99)}, "inputs": {"init": {"sha256": "a"}}}
@@ -379,10 +381,44 @@ def test_a_resume_state_is_kept_for_its_own_job_only(tmp_path, caplog):
     assert (state / "latest.json").exists(), "the same job must resume"
     changed = {**job, "settings": {"lr": 2e-4, "betas": (0.9, 0.99)}}
     with caplog.at_level("WARNING"):
-        training.claim_state(state, changed, env)
+        moved = training.claim_state(state, changed, env)
     assert not (state / "latest.json").exists() and "settings.lr" in caplog.text
     assert json.loads((state / "job.json").read_text())["settings"]["lr"] == 2e-4
+    assert moved.name.startswith("state.superseded-") and str(moved) in caplog.text
+    assert (moved / "latest.json").exists(), "the other job's state is kept aside"
+    assert json.loads((moved / "job.json").read_text())["settings"]["lr"] == 1e-4
     (state / "job.json").unlink()
     (state / "latest.json").write_text("{}")
-    training.claim_state(state, changed, env)
+    again = training.claim_state(state, changed, env)
     assert not (state / "latest.json").exists(), "a state that records no job must not resume"
+    assert again != moved and (again / "latest.json").exists()
+
+
+def test_changing_a_knob_that_cannot_change_the_weights_resumes_the_state(tmp_path):
+    """The loader's workers, when states are saved and what is logged are not the job: changing
+    them after a preemption resumes the saved state (both trainers); the learning rate is."""
+    from pretrain_fixtures import model_settings
+    from retrieval_pretraining.finetune.settings import FinetuneSettings
+    from retrieval_pretraining.finetune.train import resume_settings
+    from retrieval_pretraining.pretrain.train import resume_job
+
+    env = training.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    state = tmp_path / "state"
+    job = resume_job(model_settings("mlm", num_workers=0, checkpoint_every=None), {"a": "1"})
+    training.claim_state(state, job, env)
+    model, optimizer, scheduler = _fresh()
+    training.save_state(state, step=5, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={"step": 5})
+    rerun = resume_job(model_settings("mlm", num_workers=4, checkpoint_every=50, log_every=7,
+                                      probe_every=3, tensorboard=True), {"a": "1"})
+    assert training.claim_state(state, rerun, env) is None
+    assert (state / "latest.json").exists()
+    model, optimizer, scheduler = _fresh(seed=1)
+    assert training.load_state(state, model=model, optimizer=optimizer,
+                               scheduler=scheduler)["step"] == 5
+    assert resume_job(model_settings("mlm", lr=5e-4), {"a": "1"}) != job
+
+    plain = FinetuneSettings.from_config({})
+    logged = FinetuneSettings.from_config({"save_every_steps": 7, "log_every_steps": 3})
+    assert resume_settings(plain) == resume_settings(logged)
+    assert resume_settings(plain) != resume_settings(FinetuneSettings.from_config({"lr": 1e-5}))

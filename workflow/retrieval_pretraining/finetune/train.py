@@ -60,7 +60,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     inputs = {"init": init / "model.safetensors", "queries": queries, "qrels": qrels,
               **{f"negatives{i}": p for i, p in enumerate(negatives)},
               **({"heads": Path(heads)} if s.projector and heads else {})}
-    job = {"settings": s.record(), "seed": seed,
+    job = {"settings": resume_settings(s), "seed": seed,
            "inputs": _identities({**inputs, "init": init, "corpus": corpus})}
     training.claim_state(state_dir, job, env)
     # The passages once per job, memory-mapped by every process (finetune/passages.py). A resumed
@@ -198,6 +198,16 @@ def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSetting
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="finetune-inputs") as pool:
         yield from bounded_map(prepared, plans(), pool, in_flight=max(ahead, threads) + 1)
+
+
+# Settings that cannot change the trained weights (when to log, when to save): changing them keeps
+# a resumable state (training.claim_state).
+RESULT_NEUTRAL = ("save_every_steps", "log_every_steps")
+
+
+def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
+    """The settings a resumable state must match: all but RESULT_NEUTRAL."""
+    return {k: v for k, v in settings.record().items() if k not in RESULT_NEUTRAL}
 
 
 def _identities(inputs: dict[str, Path]) -> dict[str, Any]:

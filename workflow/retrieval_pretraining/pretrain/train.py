@@ -31,13 +31,18 @@ from .model import Pretrainer
 log = logging.getLogger(__name__)
 
 
-# Trainer keys that only change what is logged: toggling them keeps a resumable state.
-LOGGING_ONLY = ("tensorboard",)
+# Trainer keys that cannot change the trained weights, so changing them keeps a resumable state:
+# what is logged and when (log_every, probe_every: the probes run in eval mode on held-out
+# chunks and dropout is reseeded per micro-batch, tensorboard), when states are saved
+# (checkpoint_every: a save reads, never draws), and the loader's workers (num_workers: every
+# draw is keyed by (seed, epoch, chunk), data.py). micro_batch_size is not one: it changes
+# which items share a dropout seed, so a resume would match neither setting's run.
+RESULT_NEUTRAL = ("tensorboard", "log_every", "probe_every", "checkpoint_every", "num_workers")
 
 
 def resume_job(settings: dict[str, Any], checksums: dict[str, Any]) -> dict[str, Any]:
     """What a resumable state must match (training.claim_state): same settings, same data."""
-    trainer = {k: v for k, v in settings.get("trainer", {}).items() if k not in LOGGING_ONLY}
+    trainer = {k: v for k, v in settings.get("trainer", {}).items() if k not in RESULT_NEUTRAL}
     return {"settings": settings | {"trainer": trainer}, "data": checksums}
 
 
@@ -190,7 +195,9 @@ def _train(
     scheduler = training.linear_schedule(optimizer, warmup_steps=warmup, total_steps=total_steps,
                                          hold_steps=head_warmup)
     ckpt_dir = state_dir / "checkpoints"
-    training.claim_state(ckpt_dir, resume_job(settings, checksums), env)
+    # Another job's state is moved to `<state_dir>.superseded-<time>/`, outside the folder a
+    # finished run deletes.
+    training.claim_state(ckpt_dir, resume_job(settings, checksums), env, aside=state_dir)
     resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     tokens_seen = resumed["extra"].get("tokens_seen", 0) if resumed else 0

@@ -5,7 +5,7 @@ Both trainers (pretrain/train.py, finetune/train.py) are one loop of this shape,
     env = init_distributed(); seed_everything(seed)         # ranks, device; model init seeded
     ... data and model (the trainer's own) ...
     optimizer = build_optimizer(...); scheduler = linear_schedule(...)
-    claim_state(state, job, env)          # a state left by other settings or inputs is deleted
+    claim_state(state, job, env)          # a state of other settings or inputs: moved aside
     resumed = load_state(state, ...)      # the same job resumes where it saved
     metrics = MetricsWriter(..., history=state / "metrics.jsonl"); stop = StopFlag()
     for each step: micro-batches under autocast(), backward, their values kept on the device;

@@ -80,5 +80,6 @@ def oom_guard(micro_batch_size: int, hint: str = "micro_batch_size") -> Iterator
     except torch.OutOfMemoryError as error:
         raise RuntimeError(
             f"out of memory with {hint}={micro_batch_size}: lower '{hint}' (the global batch stays "
-            "the same: gradient accumulation grows to compensate), or shorten max_len"
+            "the same: gradient accumulation grows to compensate), or shorten max_len; either "
+            "restarts at step 0, the saved state moved aside, not deleted (training.claim_state)"
         ) from error

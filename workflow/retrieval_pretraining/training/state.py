@@ -4,7 +4,7 @@ Checkpoints: tensors go to safetensors files, everything else (optimizer and sch
 RNG states, the data position) to JSON, inside a folder `step-XXXXXXXX/` that is renamed into place
 (atomic); `latest.json` names the newest complete one. `claim_state` keeps a state only for the job
 that wrote it, so a rerun of the same command resumes and a run with other settings or inputs
-starts afresh.
+starts afresh (the old state set aside, not deleted).
 """
 
 from __future__ import annotations
@@ -29,28 +29,47 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- which job --------------------
-def claim_state(state_dir: str | os.PathLike, job: dict[str, Any], env: DistEnv) -> None:
-    """Resume only a run of the same job: a state left by other settings or inputs is deleted.
+def claim_state(state_dir: str | os.PathLike, job: dict[str, Any], env: DistEnv,
+                aside: str | os.PathLike | None = None) -> Path | None:
+    """Resume only a run of the same job: a state left by other settings or inputs is set aside.
 
-    `job` is what a resumable state must match (the trainer's settings, seed and inputs); it is
-    kept in `state_dir/job.json`. A folder whose job.json differs, or that has none (so nobody can
-    tell what wrote it), is removed before anything is loaded from it. The main rank decides;
-    every rank returns once it has. Call before load_state and before anything writes there.
+    `job` is what a resumable state must match (the trainer's settings, seed and inputs, without
+    the knobs that cannot change the result); it is kept in `state_dir/job.json`. A folder whose
+    job.json differs, or that has none (so nobody can tell what wrote it), is moved, never
+    deleted, to `<aside>.superseded-<time>/` (`aside` defaults to `state_dir`): days of training
+    are not lost to an edited setting, and the log names the folder and how to delete it. The
+    main rank decides; every rank returns once it has (the folder moved to, on the main rank).
+    Call before load_state and before anything writes there.
     """
     state_dir = Path(state_dir)
     marker = state_dir / "job.json"
+    moved = None
     if env.is_main:
         wanted = json.loads(json.dumps(job, sort_keys=True, default=str))  # as read back from disk
-        if state_dir.exists():
-            found = artifacts.read_json(marker) if marker.exists() else None
-            if found != wanted:
-                why = ("it records no job" if found is None
-                       else "it differs in " + ", ".join(_differences(found, wanted)))
-                log.warning("the resume state in %s was left by another job (%s): starting afresh",
-                            state_dir, why)
-                shutil.rmtree(state_dir)
+        found = artifacts.read_json(marker) if marker.exists() else None
+        if state_dir.exists() and found != wanted and any(state_dir.iterdir()):
+            why = ("it records no job" if found is None
+                   else "it differs in " + ", ".join(_differences(found, wanted)))
+            moved = _set_aside(state_dir, Path(aside or state_dir))
+            log.warning("the resume state in %s was left by another job (%s): starting afresh; "
+                        "the old state was moved to %s (delete it with `rm -r %s` once it is "
+                        "not needed, or move it back to resume it with its own settings)",
+                        state_dir, why, moved, moved)
         artifacts.write_json(marker, wanted)
     barrier(env)
+    return moved
+
+
+def _set_aside(state_dir: Path, aside: Path) -> Path:
+    """Rename `state_dir` to a new `<aside>.superseded-<UTC time>[-n]` (a rename: no copy)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    target = aside.with_name(f"{aside.name}.superseded-{stamp}")
+    n = 1
+    while target.exists():  # two jobs superseded within a second
+        target = aside.with_name(f"{aside.name}.superseded-{stamp}-{n}")
+        n += 1
+    state_dir.rename(target)
+    return target
 
 
 def _differences(found: Any, wanted: Any, path: str = "") -> list[str]:
