@@ -576,6 +576,40 @@ def test_a_nonfinite_fine_tuning_loss_stops_naming_the_step_and_queries(tmp_path
     assert not (tmp_path / "encoder").exists()
 
 
+def test_a_nonfinite_fine_tuning_gradient_stops_at_its_step_and_saves_no_broken_state(
+        tmp_path, monkeypatch):
+    """With the shipped settings (max_grad_norm null: no clipping) a finite loss whose gradient
+    is inf must stop the run at that step, naming it, before the weights take it; a saved state
+    never holds non-finite weights (a rerun would resume into the same failure)."""
+    from safetensors.torch import load_file
+
+    loss, calls = ftrain.micro_batch_loss, []
+
+    def infinite_slope_at_step_1(model, *args, **kwargs):
+        value = loss(model, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:  # step 1's micro-batch: the value is unchanged (sqrt(0)), the slope inf
+            weight = [p for n, p in model.named_parameters() if n.endswith("LayerNorm.weight")][-1]
+            value = value + (weight[0] - weight[0].detach()).sqrt()
+        return value
+
+    monkeypatch.setattr(ftrain, "micro_batch_loss", infinite_slope_at_step_1)
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+           "log_every_steps": 1, "save_every_steps": 1}
+    assert FinetuneSettings.from_config(cfg).max_grad_norm is None  # the shipped default
+    with pytest.raises(training.NonFiniteGradientError,
+                       match=r"gradient norm is (inf|nan) at step 1 for batch items \['\w+'"):
+        fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                  out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                  metrics_path=tmp_path / "metrics.jsonl")
+    saved = sorted((tmp_path / "state").glob("step-*"))
+    assert saved, "step 0's state was saved"
+    for folder in saved:
+        weights = load_file(folder / "model.safetensors")
+        assert all(torch.isfinite(w).all() for w in weights.values()), folder.name
+
+
 def test_a_full_disk_during_the_export_leaves_no_encoder_folder_and_a_rerun_recovers(tmp_path):
     """The encoder folder appears whole or not at all: a disk that fills while model.safetensors
     is written leaves no encoder/ (no config.json that looks like a model), and the export once

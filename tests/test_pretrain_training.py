@@ -186,6 +186,20 @@ def test_a_resume_with_fewer_visible_gpus_restores_the_states_it_can(monkeypatch
     assert restored == [(0, 0), (1, 1)]
 
 
+def test_a_state_with_nonfinite_weights_is_not_saved(tmp_path):
+    """Every resume would start from such weights and fail again: the last finite state stays."""
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=1, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"step 2: non-finite weights in \['weight'\]"):
+        training.save_state(tmp_path, step=2, model=model, optimizer=optimizer,
+                            scheduler=scheduler, data_position={})
+    assert json.loads((tmp_path / "latest.json").read_text())["checkpoint"] == "step-00000001"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "step-00000001"]
+
+
 def test_load_state_without_checkpoint_returns_none(tmp_path):
     assert training.load_state(tmp_path, **dict(zip(("model", "optimizer", "scheduler"), _fresh()))) is None
 

@@ -120,10 +120,11 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                 (loss / count).backward()
             losses.append(loss.detach().float().reshape(1))
         values = torch.stack(losses)  # [micro-batches, 1]
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm) \
-            if s.max_grad_norm else None
-        training.step_if_finite(optimizer, values, *([norm] if norm is not None else []),
-                                distributed=env.distributed)
+        # The norm even without clipping (max_norm inf scales by exactly 1): a finite loss can
+        # have an inf/NaN gradient, which must skip the step and stop the run, not reach the
+        # weights.
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm or math.inf)
+        training.step_if_finite(optimizer, values, norm, distributed=env.distributed)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         read = training.host_read(values, norm, tokens=tokens, stop=stop.requested, env=env)

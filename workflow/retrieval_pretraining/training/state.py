@@ -178,10 +178,11 @@ def save_state(
     # they would only hold space.
     for stale in state_dir.glob(".step-*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
+    model_sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    _refuse_nonfinite(model_sd, step)
     tmp = state_dir / f".{name}.tmp"
     tmp.mkdir()
     try:
-        model_sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         # Tied weights share storage; safetensors refuses shared tensors, so store clones.
         save_file({k: v.clone() for k, v in model_sd.items()}, tmp / "model.safetensors")
         tensors: dict[str, torch.Tensor] = {}
@@ -207,6 +208,16 @@ def save_state(
         shutil.rmtree(old, ignore_errors=True)
     log.info("saved resumable state at step %d -> %s", step, final)
     return final
+
+
+def _refuse_nonfinite(model_sd: dict[str, torch.Tensor], step: int) -> None:
+    """Raise before writing weights that hold NaN/inf: every resume would start from them and
+    fail again (a crash loop), while the last finite state is what a rerun needs."""
+    bad = [k for k, v in model_sd.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise FloatingPointError(
+            f"refusing to save the state of step {step}: non-finite weights in {bad[:5]}; the "
+            "previous saved state is kept (lower the learning rate, or use precision fp32)")
 
 
 def load_state(
