@@ -5,6 +5,7 @@ import copy
 import json
 import math
 import random
+import shutil
 import signal
 
 import numpy as np
@@ -169,6 +170,46 @@ def test_a_save_killed_part_way_is_never_resumed_and_its_folder_is_cleared(tmp_p
     _train_steps(model, optimizer, scheduler, 3)
     training.save_state(tmp_path, step=8, data_position={"step": 8}, **save)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "step-00000008"]
+
+def test_a_stale_later_state_never_makes_a_save_delete_itself(tmp_path, monkeypatch):
+    """A save whose latest.json update failed (full disk, kill) leaves a complete later folder;
+    the rerun resumes the earlier state and saves a step before it: that save must survive the
+    pruning (it is what latest.json names), and the stale later folder goes."""
+    from retrieval_pretraining.training import state as tstate
+
+    model, optimizer, scheduler = _fresh()
+    save = lambda step: training.save_state(tmp_path, step=step, model=model, optimizer=optimizer,
+                                            scheduler=scheduler, data_position={})
+    save(8)
+    write_json = tstate.artifacts.write_json
+
+    def full_disk_for_latest(path, obj):
+        if path.name == "latest.json":
+            raise OSError(28, "No space left on device")
+        return write_json(path, obj)
+
+    monkeypatch.setattr(tstate.artifacts, "write_json", full_disk_for_latest)
+    with pytest.raises(OSError):
+        save(10)
+    monkeypatch.setattr(tstate.artifacts, "write_json", write_json)
+    assert training.load_state(tmp_path, **dict(zip(("model", "optimizer", "scheduler"),
+                                                     _fresh())))["step"] == 8
+    save(9)  # the rerun stops at step 9
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000009"]
+    model2, optimizer2, scheduler2 = _fresh(seed=5)
+    assert training.load_state(tmp_path, model=model2, optimizer=optimizer2,
+                               scheduler=scheduler2)["step"] == 9
+
+
+def test_a_state_named_by_latest_json_but_missing_is_a_clear_error(tmp_path):
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    shutil.rmtree(tmp_path / "step-00000003")
+    with pytest.raises(FileNotFoundError, match=r"names the state step-00000003, which is missing"
+                                                r".*delete .* to start afresh"):
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+
 
 def test_a_resume_with_fewer_visible_gpus_restores_the_states_it_can(monkeypatch):
     """A state saved by a process that saw 8 GPUs, restored where 2 are visible (a run may resume

@@ -204,10 +204,23 @@ def save_state(
         if tmp.exists():  # the save failed part-way (a full disk): keep only complete states
             shutil.rmtree(tmp, ignore_errors=True)
     artifacts.write_json(latest, {"checkpoint": name, "step": step})
-    for old in sorted(state_dir.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(state_dir, name, keep)
     log.info("saved resumable state at step %d -> %s", step, final)
     return final
+
+
+def _prune(state_dir: Path, current: str, keep: int) -> None:
+    """Delete the states latest.json no longer needs: those after `current` (complete saves whose
+    latest.json update failed, never resumed now) and all but the newest `keep` up to it. The
+    state just named is never among them, even when such a stale later folder exists."""
+    older = []
+    for folder in state_dir.glob("step-*"):
+        if folder.name > current:  # zero-padded step numbers: name order is step order
+            shutil.rmtree(folder, ignore_errors=True)
+        elif folder.name < current:
+            older.append(folder)
+    for folder in sorted(older)[:max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _refuse_nonfinite(model_sd: dict[str, torch.Tensor], step: int) -> None:
@@ -235,6 +248,10 @@ def load_state(
     if not latest.exists():
         return None
     folder = Path(state_dir) / artifacts.read_json(latest)["checkpoint"]
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"{latest} names the state {folder.name}, which is missing from {state_dir}; delete "
+            f"{state_dir} to start afresh (its resumable progress is lost)")
     model.load_state_dict(load_file(folder / "model.safetensors"))
     tensors = load_file(folder / "state.safetensors")
     meta = json.loads((folder / "state.json").read_text())
