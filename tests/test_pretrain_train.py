@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer
 
 import pretrain_fixtures as fx
@@ -525,6 +525,58 @@ def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tm
     _assert_same_weights(_weights(tmp_path / "part"), _weights(tmp_path / "whole"), atol=0.0)
 
 
+
+
+def test_a_state_is_not_resumed_over_a_rebuilt_checkpoint_or_heads(setup, tmp_path, monkeypatch,
+                                                                    restore_stop_handlers):
+    """An `init` model rebuilt at the same path (other weights, same name) starts afresh: the
+    state holds updates to the old weights. So do other init_heads."""
+    checkpoint, chunks, spans = setup
+    upstream = fx.copy_tree(checkpoint, tmp_path / "upstream")
+    settings = fx.model_settings("mlm", max_steps=4)
+
+    def stopped_run(out, init_heads=None):
+        calls = []
+
+        def signal_at_step_1(model, batch):
+            calls.append(1)
+            if len(calls) == 3:  # first micro-batch of step 1: the run stops once step 1 is done
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Pretrainer, "forward", _forwarding(Pretrainer.forward, signal_at_step_1))
+            assert train(settings, chunks=chunks, spans=None, checkpoint=upstream,
+                         encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
+                         plot_out=out / "loss.png", state_dir=out / "state",
+                         init_heads=init_heads) == training.RESUME_EXIT_CODE
+
+    def resumed_from(out, init_heads=None):
+        assert train(settings, chunks=chunks, spans=None, checkpoint=upstream,
+                     encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
+                     plot_out=out / "loss.png", state_dir=out / "state",
+                     init_heads=init_heads) == 0
+        return json.loads((out / "encoder" / "training.json").read_text())["resumed_from_step"]
+
+    stopped_run(tmp_path / "same")
+    assert resumed_from(tmp_path / "same") == 2  # the control: nothing changed, it resumes
+    stopped_run(tmp_path / "rebuilt")
+    weights = load_file(upstream / "model.safetensors")
+    save_file({k: v + 0.5 for k, v in weights.items()}, str(upstream / "model.safetensors"))
+    assert resumed_from(tmp_path / "rebuilt") == 0
+    assert list(tmp_path.glob("rebuilt/state.superseded-*/latest.json"))  # set aside, not deleted
+
+    heads = {k: v for k, v in load_file(tmp_path / "same" / "heads.safetensors").items()}
+    save_file(heads, str(tmp_path / "heads.safetensors"))
+    stopped_run(tmp_path / "heads", init_heads=tmp_path / "heads.safetensors")
+    save_file({k: v + 0.5 for k, v in heads.items()}, str(tmp_path / "heads.safetensors"))
+    assert resumed_from(tmp_path / "heads", init_heads=tmp_path / "heads.safetensors") == 0
+
+
+def _forwarding(forward, before):
+    def wrapped(self, batch, progress=0.0, **kwargs):
+        before(self, batch)
+        return forward(self, batch, progress, **kwargs)
+    return wrapped
 
 
 def test_a_full_disk_during_a_state_save_leaves_no_state_or_encoder_and_a_rerun_recovers(

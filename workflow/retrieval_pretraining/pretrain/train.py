@@ -40,10 +40,23 @@ log = logging.getLogger(__name__)
 RESULT_NEUTRAL = ("tensorboard", "log_every", "probe_every", "checkpoint_every", "num_workers")
 
 
-def resume_job(settings: dict[str, Any], checksums: dict[str, Any]) -> dict[str, Any]:
-    """What a resumable state must match (training.claim_state): same settings, same data."""
+def resume_job(settings: dict[str, Any], checksums: dict[str, Any],
+               models: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a resumable state must match (training.claim_state): same settings, same data, same
+    starting weights (`models`: weights_identity of the checkpoint and of init_heads)."""
     trainer = {k: v for k, v in settings.get("trainer", {}).items() if k not in RESULT_NEUTRAL}
-    return {"settings": settings | {"trainer": trainer}, "data": checksums}
+    return {"settings": settings | {"trainer": trainer}, "data": checksums, "models": models or {}}
+
+
+def weights_identity(path: Path | None) -> dict[str, str] | None:
+    """The sha256 of each safetensors file of a model folder (or of one file): an `init` model
+    rebuilt at the same path has other weights, and a state trained from the old ones must not be
+    resumed over them. Hashed once per file version (artifacts.sha256_once)."""
+    if path is None:
+        return None
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    return {file.name: artifacts.sha256_once(file) for file in files}
 
 
 def _copy_tokenizer(checkpoint: Path, dest: Path) -> None:
@@ -197,7 +210,9 @@ def _train(
     ckpt_dir = state_dir / "checkpoints"
     # Another job's state is moved to `<state_dir>.superseded-<time>/`, outside the folder a
     # finished run deletes.
-    training.claim_state(ckpt_dir, resume_job(settings, checksums), env, aside=state_dir)
+    models = {"checkpoint": weights_identity(checkpoint),
+              "init_heads": weights_identity(init_heads)}
+    training.claim_state(ckpt_dir, resume_job(settings, checksums, models), env, aside=state_dir)
     resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     tokens_seen = resumed["extra"].get("tokens_seen", 0) if resumed else 0
