@@ -1,6 +1,7 @@
 # Pre-training: one encoder per `pretrain.models` entry (retrieval_pretraining.pretrain).
 # Trained objectives run `pretrain_model` (resumable: state in results/state/pretrain/{model}/, outside
-# the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, rerun or --retries resumes),
+# the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, 1 under torchrun; a rerun
+# or --retries resumes either way),
 # reading the data store shared by every model (PRETRAIN_DATA, below);
 # objective `none` is the cheap local rule `export_base_encoder`; an entry that reuses another's
 # pre-training (`reuse_pretraining`: it differs only in how it is fine-tuned) copies its outputs.

@@ -8,9 +8,11 @@ in-process stop + resume with dropout) equals an uninterrupted run, SIGTERM to t
 group (DataLoader worker included) saves and exits 75, 2 gloo processes equal 1 process at the same
 global batch, optional TensorBoard logging."""
 
+import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -679,6 +681,45 @@ def test_sigterm_to_the_process_group_with_a_worker_saves_and_exits_75(setup, tm
     assert proc.returncode == training.RESUME_EXIT_CODE, output[-3000:]
     assert (tmp_path / "state" / "checkpoints" / "latest.json").exists()
     assert "DataLoader worker" not in output
+
+
+def test_a_stop_signal_to_one_of_two_gloo_processes_stops_both_with_the_state_saved(setup,
+                                                                                     tmp_path):
+    """Under torchrun a signal may reach one worker first (or only one): the stop flag travels in
+    the step's all-reduce, so both ranks stop at the same step, the main rank saves, and both
+    exit 75. torchrun itself then exits 1 (it reports a failed worker, never 75): a retry reruns
+    the command on any failure, and the rerun resumes either way."""
+    checkpoint, chunks, _ = setup
+    settings = fx.model_settings("mlm", max_steps=10_000, log_every=1)
+    proc = fx.run_module(settings, checkpoint, chunks, None, tmp_path, nproc=2, wait=False,
+                         new_session=True)
+    workers: list[str] = []
+    try:
+        metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        assert len(workers) == 2, workers
+        os.kill(int(workers[-1]), signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *map(int, workers)]:  # hung: torchrun's workers lead own sessions
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the ranks did not stop together (one waited for the other)")
+    finally:
+        if proc.poll() is None:  # a failed assertion before the signal
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 1, output[-3000:]  # torchrun's own status for a failed worker
+    assert output.count("rerun the same command to resume") == 2, output[-3000:]
+    assert len(re.findall(r"exitcode\s*:\s*75\b", output)) >= 1, output[-3000:]
+    assert json.loads((tmp_path / "state" / "checkpoints" / "latest.json").read_text())["step"] > 0
 
 
 @pytest.mark.parametrize("max_steps", [3, 4])  # 4 steps = every item drawn from the loader

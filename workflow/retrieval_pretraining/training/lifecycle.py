@@ -1,8 +1,10 @@
 """How a trainer process stops and ends: stop signals, DataLoader workers, the exit itself.
 
 Slurm signals (SIGTERM, or USR1 with --signal) every process of a job step before a time-out or a
-preemption. The trainer saves its state at the next step boundary and exits RESUME_EXIT_CODE;
-Slurm's requeue or `snakemake --retries` reruns the same command, which resumes.
+preemption. The trainer saves its state at the next step boundary and exits RESUME_EXIT_CODE (75)
+when it runs as one process; under torchrun every worker exits 75 and torchrun itself exits 1 (it
+reports a failed worker). Slurm's requeue or `snakemake --retries` reruns the same command on any
+failure, which resumes either way.
 """
 
 from __future__ import annotations
