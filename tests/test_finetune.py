@@ -537,6 +537,27 @@ def test_a_fine_tuning_step_reads_its_values_on_the_host_once(tmp_path, monkeypa
     assert HostReads.count == 4 and all(math.isfinite(r["loss"]) for r in steps)
 
 
+def test_the_logged_lr_is_the_one_the_step_used(tmp_path, monkeypatch):
+    """Each record's lr is the optimiser's at that step's update, not the next step's."""
+    step_if_finite, used = training.step_if_finite, []
+
+    def spy(optimizer, *values, **kwargs):
+        used.append(optimizer.param_groups[0]["lr"])
+        return step_if_finite(optimizer, *values, **kwargs)
+
+    monkeypatch.setattr(training, "step_if_finite", spy)
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+           "log_every_steps": 1, "warmup_ratio": 0.5}
+    assert fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                     out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                     metrics_path=tmp_path / "metrics.jsonl") == 0
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["lr"] for r in records if "lr" in r]
+    assert len(used) == 4 and len(set(used)) > 1  # the schedule moves from step to step
+    assert logged == used
+
+
 def test_a_fine_tuning_step_makes_every_tensor_on_the_device_of_its_inputs(tmp_path, monkeypatch):
     """The micro-batch loss (encoding, pooling, the contrast-set loss) runs with torch's default
     device set to "meta": a tensor it made without a device would land there and fail at its

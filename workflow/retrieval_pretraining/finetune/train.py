@@ -124,6 +124,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         # have an inf/NaN gradient, which must skip the step and stop the run, not reach the
         # weights.
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm or math.inf)
+        lr = scheduler.get_last_lr()[0]  # this step's: scheduler.step() below moves to the next
         training.step_if_finite(optimizer, values, norm, distributed=env.distributed)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -134,7 +135,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         rate = bar.update(int(read.tokens), loss=loss_mean)
         if env.is_main and (done % s.log_every_steps == 0 or done == total_steps or done == 1):
             metrics.write({"step": done, "epoch": epoch, "loss": loss_mean,
-                           "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate,
+                           "lr": lr, "tokens_per_s": rate,
                            "negatives_per_query": plan.negatives_per_query})
         if env.is_main and done % s.save_every_steps == 0 and done < total_steps:
             save(done)
