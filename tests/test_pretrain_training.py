@@ -382,6 +382,45 @@ def test_a_nan_on_one_process_stops_every_process_with_the_weights_untouched(tmp
     assert "at step 7 on another process" in (tmp_path / "rank0.txt").read_text()
 
 
+def _start_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    env = training.DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"))
+    training.check_same_start(4, env)  # the same step: passes
+    try:
+        training.check_same_start(4 + rank, env)  # rank 1 read a later state
+        outcome = "passed"
+    except RuntimeError as error:
+        outcome = str(error)
+    (out_dir / f"rank{rank}.txt").write_text(outcome)
+    training.teardown_distributed()
+    training.exit_process(0)
+
+
+def test_ranks_that_resumed_at_different_steps_all_stop_naming_them(tmp_path):
+    torch.multiprocessing.spawn(_start_worker, args=(2, tmp_path / "init", tmp_path), nprocs=2)
+    for rank in range(2):
+        text = (tmp_path / f"rank{rank}.txt").read_text()
+        assert text.startswith("the processes resumed at different steps (4 to 5; this one at "
+                               f"{4 + rank})"), text
+
+
+def test_the_stop_signal_handler_only_sets_the_flag(caplog):
+    """Logging inside a signal handler can interrupt a log call holding its lock: the handler
+    records the signal; the trainer logs the stop at the step boundary."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        stop = training.StopFlag()
+        with caplog.at_level("DEBUG"):
+            signal.raise_signal(signal.SIGUSR1)
+        assert stop.requested and stop.signal_name == "SIGUSR1"
+        assert caplog.records == []
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 def test_launcher_uses_torchrun_only_for_several_visible_gpus():
     m = "retrieval_pretraining.pretrain"
     assert launch.command(m, 8, ["--x"], visible=0)[1:] == ["-m", "retrieval_pretraining.pretrain", "--x"]

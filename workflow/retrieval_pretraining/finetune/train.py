@@ -73,6 +73,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     data = data.with_passages(PassageStore(passages_file))
     resumed = training.load_state(state_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
+    training.check_same_start(start, env)
     ddp = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda"
                                   else None) if env.distributed else model
     metrics = training.MetricsWriter(metrics_path, resume_step=start, enabled=env.is_main,
@@ -143,7 +144,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             inputs_ahead.close()  # ends the prefetch thread
             bar.close()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done,
-                        stop.signal_name)
+                        stop.signal_name or "another process's signal")
             training.teardown_distributed()
             return training.RESUME_EXIT_CODE
     inputs_ahead.close()

@@ -215,6 +215,7 @@ def _train(
     training.claim_state(ckpt_dir, resume_job(settings, checksums, models), env, aside=state_dir)
     resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
+    training.check_same_start(start, env)
     tokens_seen = resumed["extra"].get("tokens_seen", 0) if resumed else 0
     log.info("objective %s: %d steps (%d per epoch over %d chunks, %d held out for the probes), "
              "global batch %d = %d x %d processes x %d accumulation, head warm-up %d (encoder "
@@ -358,7 +359,8 @@ def _train(
             save(done)
         if done < total_steps and training.run_or_resume_exit(read.stop, env, lambda: save(done)):
             close_outputs()
-            log.warning("stopped at step %d on %s; rerun the same command to resume", done, stop.signal_name)
+            log.warning("stopped at step %d on %s; rerun the same command to resume", done,
+                        stop.signal_name or "another process's signal")
             training.teardown_distributed()
             return training.RESUME_EXIT_CODE
     close_outputs()

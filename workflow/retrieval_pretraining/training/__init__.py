@@ -18,6 +18,7 @@ and the `python -m` entry ends with exit_process(main()).
 
 Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
+                 check_same_start (every rank resumed at one step),
                  host_read (a step's one reduction and read: means, tokens, stop flag), StepRead
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, fp32_scores,
                  upcast, seed_everything, seed_torch
@@ -35,6 +36,7 @@ from .distributed import (
     StepRead,
     all_gather_with_grad,
     barrier,
+    check_same_start,
     host_read,
     init_distributed,
     teardown_distributed,
@@ -78,6 +80,7 @@ from .state import claim_state, load_state, save_state
 
 __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
+    "check_same_start",
     "StepRead", "host_read",
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "fp32_scores",
     "seed_everything", "seed_torch", "upcast",

@@ -83,6 +83,21 @@ def barrier(env: DistEnv) -> None:
         dist.barrier()
 
 
+def check_same_start(step: int, env: DistEnv) -> None:
+    """Raise on every rank unless all resumed at the same step (one all-reduce of [step, -step]
+    with MAX): ranks that read different states (a state folder not shared between nodes) would
+    otherwise train on mismatched batches or wait for each other forever."""
+    if not env.distributed:
+        return
+    bounds = torch.tensor([step, -step], dtype=torch.int64, device=env.device)
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    highest, lowest = int(bounds[0]), -int(bounds[1])
+    if highest != lowest:
+        raise RuntimeError(
+            f"the processes resumed at different steps ({lowest} to {highest}; this one at "
+            f"{step}): every node must see the same state folder (a shared filesystem)")
+
+
 def all_gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate `tensor` from every rank (dim 0, rank order); gradients flow back to each owner.
 

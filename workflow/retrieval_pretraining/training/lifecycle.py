@@ -19,8 +19,6 @@ import torch.distributed as dist
 
 from .distributed import DistEnv, left_a_gloo_group
 
-log = logging.getLogger(__name__)
-
 # Exit status of a run that stopped on SIGTERM/SIGUSR1 after saving its state (EX_TEMPFAIL): a
 # scheduler (Slurm requeue, `snakemake --retries`) reruns the same command, which resumes.
 RESUME_EXIT_CODE = 75
@@ -30,7 +28,9 @@ class StopFlag:
     """SIGTERM / SIGUSR1 set `requested`; the loop saves its state at the next step and exits.
 
     Slurm sends SIGTERM (or the signal chosen with --signal, e.g. USR1) before a time-out or
-    preemption; the handler only sets a flag because saving inside a signal handler is unsafe.
+    preemption; the handler only sets a flag because saving, or even logging (its lock may be
+    held by the code interrupted), inside a signal handler is unsafe: the trainer logs the stop
+    at the step boundary.
     """
 
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)):
@@ -42,8 +42,6 @@ class StopFlag:
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
         self.signal_name = signal.Signals(signum).name
-        log.warning("received %s: will save state after this step and exit %d", self.signal_name,
-                    RESUME_EXIT_CODE)
 
 
 def run_or_resume_exit(requested: bool, env: DistEnv, save: Callable[[], None]) -> bool:
