@@ -251,9 +251,18 @@ def test_token_masking_rate_and_80_10_10():
         assert (labels[chosen] == ids[chosen]).all()
         untouched = np.setdiff1d(np.arange(len(ids)), chosen)
         assert (masked[untouched] == ids[untouched]).all()
-        counts["mask"] += (masked[chosen] == 103).sum()
-        counts["kept"] += (masked[chosen] == ids[chosen]).sum()
-        counts["random"] += ((masked[chosen] != 103) & (masked[chosen] != ids[chosen])).sum()
+        _tally_replacements(counts, masked, ids, chosen)
+    _assert_80_10_10(counts)
+
+
+def _tally_replacements(counts, masked, ids, chosen):
+    """What the selected tokens became: [MASK] (id 103), a random id, or themselves."""
+    counts["mask"] += (masked[chosen] == 103).sum()
+    counts["kept"] += (masked[chosen] == ids[chosen]).sum()
+    counts["random"] += ((masked[chosen] != 103) & (masked[chosen] != ids[chosen])).sum()
+
+
+def _assert_80_10_10(counts):
     total = sum(counts.values())
     assert counts["mask"] / total == pytest.approx(0.8, abs=0.02)
     assert counts["random"] / total == pytest.approx(0.1, abs=0.02)
@@ -578,13 +587,8 @@ def test_whole_word_masking_selects_the_budget_never_specials_and_80_10_10():
         selected = labels != -100
         assert all(selected[s:e].all() or not selected[s:e].any()
                    for s, e in zip(word_starts, ends))
-        counts["mask"] += (masked[chosen] == 103).sum()
-        counts["kept"] += (masked[chosen] == ids[chosen]).sum()
-        counts["random"] += ((masked[chosen] != 103) & (masked[chosen] != ids[chosen])).sum()
-    total = sum(counts.values())
-    assert counts["mask"] / total == pytest.approx(0.8, abs=0.02)
-    assert counts["random"] / total == pytest.approx(0.1, abs=0.02)
-    assert counts["kept"] / total == pytest.approx(0.1, abs=0.02)
+        _tally_replacements(counts, masked, ids, chosen)
+    _assert_80_10_10(counts)
 
 
 def test_an_inner_unk_can_be_masked_but_is_never_a_bag_target_or_replacement():
