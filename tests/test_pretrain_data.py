@@ -1,6 +1,7 @@
 """Chunk/span shards -> micro-batches: contract checks on bad inputs, deterministic order, the same
 micro-batches for any number of processes, padding."""
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pretrain_fixtures import SPAN_SCHEMA, build_corpus, tokenizer
+from pretrain_fixtures import ROOT, SPAN_SCHEMA, build_corpus, tokenizer
 from retrieval_pretraining import artifacts, wordpiece
 from retrieval_pretraining.pretrain import data as pdata
 from retrieval_pretraining.pretrain import store as pstore
@@ -265,6 +266,11 @@ def test_a_claim_whose_writer_is_gone_is_taken_over(corpus, tmp_path, monkeypatc
                                                                 for p in f.paths())
 
 
+# A child Python finds the package the way the rules' shells do (pytest's `pythonpath` setting
+# reaches only this process).
+_PACKAGE_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    filter(None, [str(ROOT / "workflow"), os.environ.get("PYTHONPATH")]))}
+
 _JOB = """
 import json, os, sys, time
 from pathlib import Path
@@ -296,8 +302,14 @@ def test_jobs_that_start_together_convert_each_file_once_and_never_swap_one(corp
     go = tmp_path / "go"
     command = [sys.executable, "-c", _JOB, str(tmp_path / "store"), str(go),
                *map(str, chunks), *map(str, spans)]
-    jobs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    jobs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=_PACKAGE_ENV)
+            for _ in range(2)]
+    deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("ready-*"))) < 2:  # both imported and polling
+        if time.monotonic() > deadline or any(job.poll() is not None for job in jobs):
+            for job in jobs:
+                job.kill()
+            pytest.fail("the two jobs did not both start (see their stderr above)")
         time.sleep(0.01)
     go.touch()
     results = [json.loads(job.communicate(timeout=60)[0]) for job in jobs]
@@ -394,7 +406,7 @@ def test_a_stop_signal_before_the_trainer_s_handlers_removes_the_marker(tmp_path
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(30)\n")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=_PACKAGE_ENV)
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert done.stdout.strip() and not Path(done.stdout.strip()).exists()
     assert pstore.store_readers(tmp_path) == []
