@@ -384,12 +384,17 @@ def registered_reader(folder: str | Path) -> Iterator[Path]:
     before the trainer installs its own handlers (training.StopFlag), after which those signals
     end the run by a return. A process killed outright (SIGKILL, a lost node) leaves its marker,
     which keeps the store until someone deletes it by hand (`delete_unless_read` says how)."""
-    marker = _add_marker(Path(folder) / READERS)
+    readers = Path(folder) / READERS
+    # The folders the marker brings into being go with it (a run that stops before reading
+    # anything leaves no trace); one that is not empty stays (another reader, or the store).
+    created = [d for d in (readers, *readers.parents) if not d.exists()]
+    marker = _add_marker(readers)
 
     def remove() -> None:
         marker.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # not empty: another reader's marker is there
-            marker.parent.rmdir()
+        for folder_ in created:
+            with contextlib.suppress(OSError):
+                folder_.rmdir()
 
     def end(signum: int, frame: object) -> None:
         # The signal's default action (the process ends by it, as it would have), marker first.
