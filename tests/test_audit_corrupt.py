@@ -2,6 +2,7 @@
 and passes the intact one: checks that read every row, not a sample."""
 
 import json
+import shutil
 import struct
 
 import numpy as np
@@ -70,6 +71,21 @@ def test_safetensors_with_a_nan_fail_whatever_the_float_type(results, capsys):
     bf16.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<2H", 0x3F80, 0x7FC0))
     assert "e.g. ['w']" in fails(bf16, "every value finite", capsys)
     passes(results / "pretrain/costa/heads.safetensors", "every value finite", capsys)
+
+
+def test_a_model_folder_with_a_nan_weight_fails(results, capsys):
+    """An encoder exported by a run that diverged loads without complaint: audit reads every
+    weight of every safetensors file in the folder."""
+    good = results / "pretrain/costa/encoder"
+    folder = results / "pretrain/diverged/encoder"
+    shutil.copytree(good, folder)
+    weights = np.zeros((10, 4), np.float32)
+    weights[9, 3] = np.nan
+    save_file({"embeddings.word_embeddings.weight": weights}, str(folder / "model.safetensors"))
+    out = fails(folder, "every weight finite", capsys)
+    assert "model.safetensors: embeddings.word_embeddings.weight" in out
+    # (the fixture's encoder lacks the sentence-transformers files: it fails other checks)
+    assert "PASS  every weight finite" in audited(good, capsys)[1]
 
 
 def write_negatives(results, monkeypatch, name, rows):

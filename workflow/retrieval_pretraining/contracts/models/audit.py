@@ -12,7 +12,7 @@ from ..base import (
     RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, json_kind, read_manifest,
     results_relative, short, show_manifest, show_snakemake_record,
 )
-from ..tensors.audit import safetensors_tensors
+from ..tensors.audit import safetensors_tensors, tensors_not_finite
 from . import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, DENSE_ACTIVATION, DENSE_KEYS, DENSE_WEIGHTS,
                MODULE_FOLDERS, POOLING_DIR, POOLING_FLAGS, PROJECTOR_FILE, ST_FILES, dense_config,
                module_dir, module_entries)
@@ -185,6 +185,10 @@ def audit_model(a: Audit, n: int) -> None:
         if heads:
             a.say(f"    heads: {heads[:8]}")
     a.check("weights stored as safetensors", bool(weights))
+    # A run that diverged exports such weights, and they load without complaint.
+    bad = [f"{w.name}: {name}" for w in weights for name in tensors_not_finite(w)]
+    detail = f"{len(bad)} tensors, e.g. {bad[:3]}" if bad else ""
+    a.check("every weight finite (no nan, inf)", not bad, detail)
     pickles = [p.name for p in a.path.iterdir() if p.suffix in (".bin", ".pt", ".pkl", ".pickle")]
     a.check("no pickled files", not pickles, ", ".join(pickles))
     a.check("tokenizer.json present", (a.path / "tokenizer.json").is_file())
