@@ -83,6 +83,27 @@ def test_mteb_gives_the_ndcg_the_workflow_stages_give(beir, encoder, tmp_path, c
     assert 0.2 < ours < 0.9, ours  # a real ranking, not an empty or constant one
 
 
+def test_knobs_left_out_of_the_config_come_from_the_encoders_card(encoder, tmp_path):
+    """A fine-tuned mean-pooled cosine encoder evaluated without --config is not scored as a
+    [CLS] dot-product one: its card's `use` block fills what the config leaves out."""
+    import shutil
+
+    import yaml
+
+    assert mteb_eval.with_card_settings(encoder, {}) == ({}, "defaults")  # no card
+    carded = tmp_path / "carded"
+    shutil.copytree(encoder, carded)
+    use = {"pooling": "mean", "similarity": "cosine", "q_len": 64, "p_len": 128,
+           "title": "space", "chosen_by": "the fine-tuning config"}
+    front = yaml.safe_dump({"retrieval_pretraining": {"use": use}})
+    (carded / "README.md").write_text(f"---\n{front}---\n# an encoder\n")
+    config, source = mteb_eval.with_card_settings(carded, {})
+    assert source == "card" and config == {k: use[k] for k in mteb_eval.CARD_KEYS}
+    assert mteb_eval.settings(config).pooling == "mean"
+    config, source = mteb_eval.with_card_settings(carded, {"q_len": 32, "dtype": "float32"})
+    assert source == "--config and card" and config["q_len"] == 32 and config["p_len"] == 128
+
+
 def test_a_folder_that_is_not_beir_is_one_error_line(tmp_path, encoder, capsys):
     with pytest.raises(SystemExit) as exit_info:
         mteb_eval.main(["--encoder", str(encoder), "--task", "SciFact", "--data", str(tmp_path)])

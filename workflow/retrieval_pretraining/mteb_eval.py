@@ -15,7 +15,11 @@ whole corpus and its scores. Only the data and the encoder are ours:
 - the encoder: any Hugging Face folder (safetensors) embedded by `encode.embed` with the
   retrieval knobs of `--config` (retrieval_settings.RetrievalSettings: pooling, similarity,
   q_len, p_len, title mode, query / passage prefixes), exactly as the workflow's encode and
-  dense-search stages embed it, so MTEB's number and the workflow's are the same model's.
+  dense-search stages embed it, so MTEB's number and the workflow's are the same model's. The
+  knobs `--config` leaves out come from the folder's model card where it states them (this
+  workflow's encoders: `retrieval_pretraining.use`), else RetrievalSettings' defaults: a
+  mean-pooled cosine encoder is not scored as a [CLS] dot-product one by omission. The result
+  records where they came from (`settings_from`).
 
 The scores (every measure MTEB computes, its main score first) are printed and written as JSON.
 """
@@ -134,21 +138,40 @@ def folder_encoder(folder: Path, knobs: RetrievalSettings):
     return FolderEncoder()
 
 
+CARD_KEYS = ("pooling", "similarity", "q_len", "p_len", "title")
+
+
+def with_card_settings(encoder: Path, config: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """`config` completed by the knobs the encoder's card states (`use`), and where the knobs
+    came from: "--config", "card", "--config and card" or "defaults"."""
+    from .st_export import CARD_BLOCK, read_card
+
+    use = (read_card(encoder).get(CARD_BLOCK) or {}).get("use") or {}
+    added = {k: use[k] for k in CARD_KEYS if k in use and k not in config}
+    given = any(k in config for k in CARD_KEYS)
+    source = {(True, True): "--config and card", (True, False): "--config",
+              (False, True): "card", (False, False): "defaults"}[(given, bool(added))]
+    return {**added, **config}, source
+
+
 def evaluate(encoder: Path, task_name: str, data: Path, split: str, config: dict[str, Any],
              ignore_identical_ids: bool | None = None) -> dict[str, Any]:
     """MTEB's scores of the encoder on the task's split read from `data`."""
     os.environ.update(OFFLINE)
-    knobs = settings(config)
     if not (Path(encoder) / "config.json").is_file():
         raise InputFileError(f"{encoder} is not a model folder (no config.json); give an encoder "
                              "folder, e.g. results/pretrain/<model>/encoder")
+    config, settings_from = with_card_settings(Path(encoder), config)
+    knobs = settings(config)
+    log.info("retrieval knobs from %s: %s", settings_from, knobs.record())
     task = local_task(task_name, Path(data), split)
     if ignore_identical_ids is not None:
         task.ignore_identical_ids = ignore_identical_ids
     scores = task.evaluate(folder_encoder(Path(encoder), knobs), split,
                            encode_kwargs={"batch_size": knobs.encode_batch_size})["default"]
     return {"task": task_name, "split": split, "data": str(data), "encoder": str(encoder),
-            "settings": knobs.record(), "ignore_identical_ids": task.ignore_identical_ids,
+            "settings": knobs.record(), "settings_from": settings_from,
+            "ignore_identical_ids": task.ignore_identical_ids,
             "main_score": scores["main_score"], "scores": scores}
 
 
