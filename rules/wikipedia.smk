@@ -100,17 +100,13 @@ def _local_file(url):
 def _dump_mirror():
     """The mirror the dump files are read from ('' for source=local: their URLs are whole)."""
     wikipedia = config["wikipedia"]
-    return wikipedia["mirror"].rstrip("/") if wikipedia["source"] == "dumps" else ""
+    return wikipedia["mirror"] if wikipedia["source"] == "dumps" else ""
 
 
 def _fetch_flags(entry, prefix=""):
     """The content-defining `download fetch` options of one file of a part (rerun when they change)."""
-    url, mirror = entry[f"{prefix}url"], _dump_mirror()
     # A dump file is named by its path on the mirror; the mirror itself comes as a resource.
-    flags = [
-        "--url",
-        url[len(mirror) :] if mirror and url.startswith(mirror + "/") else url,
-    ]
+    flags = ["--url", dump_fetch.path_on_mirror(entry[f"{prefix}url"], _dump_mirror())]
     # Only the strongest checksum given: fetch verifies that one (sha256 > sha1 > md5).
     for key in ("sha256", "sha1", "md5"):
         if entry.get(f"{prefix}{key}"):

@@ -35,7 +35,7 @@ from . import artifacts
 from .config import ConfigError, refuse_unknown, stage_parser
 from .dumpstatus import MULTISTREAM_JOB, fetch_dumpstatus, sha1sums_url, status_url
 from .errors import add_debug_option, command
-from .fetch import CHECKSUMS, fetch
+from .fetch import CHECKSUMS, fetch, mirrored_url
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,6 @@ log = logging.getLogger(__name__)
 def manifest_for(dest: str | os.PathLike) -> Path:
     dest = Path(dest)
     return dest.with_name(dest.name + ".manifest.json")
-
-
-def mirrored_url(mirror: str | None, url: str) -> str:
-    """`url` as given, or, for a mirror and a `/path`, that path on the mirror."""
-    if mirror and url.startswith("/"):
-        return mirror.rstrip("/") + url
-    return url
 
 
 def _cmd_fetch(args: argparse.Namespace) -> None:

@@ -160,13 +160,14 @@ def add_sha1sums(status: dict[str, Any], sums: dict[str, str], job: str = MULTIS
     return added
 
 
-def _with_sha1sums(status, mirror, wiki, date, retries, sleep) -> tuple[dict[str, Any], int]:
+def _add_published_sha1sums(status, mirror, wiki, date, retries, sleep) -> None:
+    """`add_sha1sums` from the run's sha1sums.txt on the mirror (a warning where it has none)."""
     try:
         text = read_url(sha1sums_url(mirror, wiki, date), retries=retries, sleep=sleep)
     except NotFound as error:
         log.warning("%s; the dump files are verified by their size only", error)
-        return status, 0
-    return status, add_sha1sums(status, parse_sha1sums(text.decode("utf-8", "replace")))
+        return
+    add_sha1sums(status, parse_sha1sums(text.decode("utf-8", "replace")))
 
 
 def status_url(mirror: str, wiki: str, date: str) -> str:
@@ -184,7 +185,7 @@ def fetch_dumpstatus(
     """(resolved date, status document, parts). `latest` = the newest run whose job is done.
     The document's missing sha1s are filled from the run's sha1sums.txt (module doc)."""
     date, status = _resolve(mirror, wiki, dump_date, retries, sleep)
-    status, _ = _with_sha1sums(status, mirror, wiki, date, retries, sleep)
+    _add_published_sha1sums(status, mirror, wiki, date, retries, sleep)
     return date, status, parse_dump_parts(status, mirror)
 
 

@@ -114,6 +114,22 @@ def _mismatch(digests: _Digests, expected: Expected) -> tuple[str, str] | None:
 # Fetching
 
 
+def path_on_mirror(url: str, mirror: str | None) -> str:
+    """A URL on `mirror` as its `/path` there (what the dump rules name a file by), else `url`;
+    `mirrored_url` turns it back."""
+    base = (mirror or "").rstrip("/")
+    if base and url.startswith(base + "/"):
+        return url[len(base) :]
+    return url
+
+
+def mirrored_url(mirror: str | None, url: str) -> str:
+    """`url` as given, or, for a mirror and a `/path`, that path on the mirror."""
+    if mirror and url.startswith("/"):
+        return mirror.rstrip("/") + url
+    return url
+
+
 def local_path(url: str) -> Path | None:
     """The local file a URL names (a plain path or a file:// URL), or None for an http(s) URL."""
     parsed = urllib.parse.urlparse(url)
