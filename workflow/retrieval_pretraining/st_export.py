@@ -222,8 +222,8 @@ def pretrained_card(info: Mapping[str, Any], checkpoint: str | Path) -> dict[str
         facts["init"] = str(checkpoint)
         if inherited.get("base_model"):
             facts["base_model"] = inherited["base_model"]
-        if _earlier_pretraining(inherited):
-            facts["earlier_pretraining"] = _earlier_pretraining(inherited)
+        if earlier := _earlier_pretraining(inherited):
+            facts["earlier_pretraining"] = earlier
     if objective != "none":
         trainer = settings.get("trainer", {})
         facts["pretraining"] = {
