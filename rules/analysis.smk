@@ -133,8 +133,9 @@ rule token_coverage:
             if config["report"]["analysis"]["coverage"]
             else []
         ),
-        # Coverage is measured on chunks of the corpus the models train on by default.
-        chunks=f"results/corpus/{config['pretrain']['corpus']}/chunks/shard-0000.parquet",
+        # Coverage is measured on chunks of the corpus the models train on by default: those
+        # every model held out of pre-training (training.json's held_out_chunks).
+        chunks=chunk_paths(config["pretrain"]["corpus"]),
         code=module_source("analysis"),
     output:
         figure=report(

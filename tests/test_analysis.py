@@ -59,9 +59,18 @@ def test_coverage_at_k_hand_example():
     assert got == {1: 0.25, 2: 0.25, 4: 1.0}
 
 
+def write_chunk_rows(path: Path, ids: list[list[int]], first_id: int = 0) -> Path:
+    """A chunks shard (chunk_id, input_ids) of these rows, ids counted from `first_id`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chunk_ids = pa.array(range(first_id, first_id + len(ids)), pa.int64())
+    pq.write_table(pa.table({"chunk_id": chunk_ids,
+                             "input_ids": pa.array(ids, pa.list_(pa.int32()))}), path)
+    return path
+
+
 def write_chunks(path: Path, tokenizer) -> list[list[int]]:
     ids = [tokenizer(t)["input_ids"] for t in TEXTS]
-    pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}), path)
+    write_chunk_rows(path, ids)
     return ids
 
 
@@ -96,7 +105,7 @@ def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
     result = coverage.coverage(
         {"with-head": heads.parent / "encoder", "plain": encoder_dir,
          "bow-paper": paper / "encoder"},
-        tmp_path / "shard-0000.parquet",
+        [tmp_path / "shard-0000.parquet"],
         [k, 1000],
         2,
         tmp_path / "coverage.png",
@@ -330,18 +339,72 @@ def test_coverage_converts_only_the_sampled_chunks(tmp_path):
     flat = np.random.default_rng(0).integers(1000, 30000, rows * width, dtype=np.int32)
     offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
     shard = tmp_path / "shard-0000.parquet"
-    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(offsets, pa.array(flat))}),
+    pq.write_table(pa.table({"chunk_id": pa.array(np.arange(rows)),
+                             "input_ids": pa.ListArray.from_arrays(offsets, pa.array(flat))}),
                    shard, row_group_size=20_000)
     tracemalloc.start()
     try:
-        got = coverage.first_chunks(shard, 3)
+        got = coverage.sample_chunks([shard], 3)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert got == flat[: 3 * width].reshape(3, width).tolist()
     assert peak < 2_000_000, f"{peak / 1e6:.0f} MB of Python objects to sample 3 chunks"
     # A shard shorter than `samples` gives what it has, across row groups.
-    assert len(coverage.first_chunks(shard, rows + 5)) == rows
+    assert len(coverage.sample_chunks([shard], rows + 5)) == rows
+
+
+def trained_on(folder: Path, shards: list[Path], held_out: dict | None) -> Path:
+    """`folder`'s training.json: pre-trained on `shards`, holding out `held_out` (None: no list,
+    as a run with probe_chunks 0 or from before the list existed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    info: dict = {"data": {str(p): {"sha256": "0"} for p in shards}}
+    if held_out is not None:
+        info["held_out_chunks"] = held_out
+    (folder / "training.json").write_text(json.dumps(info))
+    return folder
+
+
+def test_coverage_samples_only_the_chunks_every_model_held_out(encoder_dir, tokenizer, tmp_path,
+                                                                monkeypatch):
+    """Coverage is the quantity the BoW loss trains on: on chunks a model trained on it measures
+    memory. The sample is the chunks held out of every model that trained on the corpus, from
+    every shard; a model that never trained on it (a base checkpoint) constrains nothing."""
+    texts = [tokenizer(f"text {i} on glaciers and {i} moraines")["input_ids"] for i in range(8)]
+    chunks = tmp_path / "results" / "corpus" / "wiki" / "chunks"
+    shards = [write_chunk_rows(chunks / f"shard-{s:04d}.parquet", texts[4 * s:4 * s + 4], 4 * s)
+              for s in range(2)]
+    models = {"base": encoder_dir}
+    for name, held in (("a", [1, 5, 6]), ("b", [1, 5, 7])):
+        shutil.copytree(encoder_dir, tmp_path / name)
+        models[name] = trained_on(tmp_path / name, shards, {"wiki": held})
+    sampled = []
+    real = coverage.project_cls
+    monkeypatch.setattr(coverage, "project_cls",
+                        lambda e, p, ids, pad: (sampled.append(ids), real(e, p, ids, pad))[1])
+    result = coverage.coverage(models, shards, [1, 10], 10, tmp_path / "c.png", tmp_path / "c.json")
+    assert sampled == [[texts[1], texts[5]]] * 3
+    assert result["held_out"] and result["samples"] == 2
+
+
+def test_coverage_says_when_it_cannot_sample_held_out_chunks(tmp_path):
+    shards = [tmp_path / "results" / "corpus" / "wiki" / "chunks" / "shard-0000.parquet"]
+    other = [tmp_path / "results" / "corpus" / "books" / "chunks" / "shard-0000.parquet"]
+    listed = trained_on(tmp_path / "listed", shards, {"wiki": [3, 4]})
+    cases = {
+        "no list": ({"listed": listed, "old": trained_on(tmp_path / "old", shards, None)},
+                    "old names no held-out chunks"),
+        "disjoint": ({"listed": listed,
+                      "seed 2": trained_on(tmp_path / "seed2", shards, {"wiki": [5]})},
+                     "no chunk of wiki in common"),
+        "unseen corpus": ({"books": trained_on(tmp_path / "books", other, {"books": [1]}),
+                           "base": tmp_path / "base"}, "no model trained on wiki"),
+    }
+    for case, (models, why) in cases.items():
+        ids, sample = coverage.held_out_sample(models, "wiki")
+        assert ids is None and why in sample, case
+    assert coverage.held_out_sample({"listed": listed, "books": tmp_path / "books"}, "wiki") == (
+        {3, 4}, "chunks of wiki held out of every model's pre-training")
 
 
 # Texts of very different lengths, so that a padded batch differs from one text at a time.
@@ -414,8 +477,7 @@ def test_coverage_matches_one_text_at_a_time(
         "base": (base_with_mlm_head, "mlm_head"),
     }[model]
     ids = [tokenizer(t)["input_ids"] for t in LENGTHS]
-    shard = tmp_path / "shard-0000.parquet"
-    pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}), shard)
+    shard = write_chunk_rows(tmp_path / "shard-0000.parquet", ids)
     ranked = []
     real = coverage.coverage_at_k
     monkeypatch.setattr(
@@ -423,7 +485,7 @@ def test_coverage_matches_one_text_at_a_time(
     )
     ks = [1, 10, 100, 1000, 5000]
     result = coverage.coverage(
-        {model: folder}, shard, ks, len(ids), tmp_path / "c.png", tmp_path / "c.json"
+        {model: folder}, [shard], ks, len(ids), tmp_path / "c.png", tmp_path / "c.json"
     )
     assert result["models"][model]["projection"] == head
     excluded = set(coverage.excluded_ids(tokenizer))

@@ -20,6 +20,7 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -131,6 +132,23 @@ def test_export_loads_with_automodel_and_encodes(setup, tmp_path):
     assert {k.split(".")[0] for k in heads} == {"mlm_head", "projector"}
     assert not (tmp_path / "tensorboard").exists()  # TensorBoard logging is off by default
     assert folder.stat().st_mode & 0o777 == 0o755  # published from a 0700 temp folder, shared
+
+
+def test_training_json_names_the_chunks_the_probes_held_out(setup, tmp_path):
+    """The analyses compare models on text none trained on (analysis/coverage.py): the export
+    names, per corpus, the chunk ids of the rows held out, read here from the shards themselves."""
+    import pyarrow.parquet as pq
+
+    from retrieval_pretraining.pretrain.data import held_out_rows
+
+    settings = fx.model_settings("mlm", max_steps=1, probe_chunks=6)
+    assert _run(settings, setup, tmp_path)[0] == 0
+    info = json.loads((tmp_path / "encoder" / "training.json").read_text())
+    ids = np.concatenate([pq.read_table(p, columns=["chunk_id"])["chunk_id"].to_numpy()
+                          for p in setup[1]])
+    expected = sorted(ids[held_out_rows(ids, 6, settings["seed"])].tolist())
+    assert info["held_out_chunks"] == {setup[1][0].parent.parent.name: expected}
+    assert len(expected) == 6
 
 
 def test_none_objective_exports_the_base_checkpoint(setup, tmp_path):

@@ -4,7 +4,7 @@
     python -m retrieval_pretraining.analysis tsne --config '<JSON>' --model NAME=ENCODER,RUN ...
         --dataset-dir results/datasets/D --seed S --out PNG --json J
     python -m retrieval_pretraining.analysis coverage --config '<JSON>' --model NAME=ENCODER ...
-        --chunks shard-0000.parquet --out PNG --json J
+        --chunks SHARD ... --out PNG --json J
     python -m retrieval_pretraining.analysis cpdae-words --config '<JSON>' --model cpdae=ENCODER
         --out MD --html HTML
 """
@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         help="NAME=PATH (metrics.jsonl, encoder folder, or ENCODER,RUN for tsne); repeat",
     )
-    parser.add_argument("--chunks", type=Path, help="coverage: the chunks shard to sample")
+    parser.add_argument("--chunks", type=Path, nargs="+",
+                        help="coverage: the corpus's chunks shards, from which the chunks every "
+                        "model held out of pre-training are sampled")
     parser.add_argument("--dataset-dir", type=Path, help="tsne: results/datasets/<dataset>")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, required=True, help="PNG (or Markdown for cpdae-words)")

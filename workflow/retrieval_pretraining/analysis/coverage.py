@@ -94,18 +94,63 @@ def vocabulary_projector(encoder, head, form: str | None = None):
     return (lambda h: F.linear(h, embeddings.weight)), "embeddings"
 
 
-def first_chunks(chunks: Path, samples: int) -> list[list[int]]:
-    """The token ids of the shard's first `samples` chunks. Only those rows become Python lists:
-    a paper-scale shard (~70M tokens) converted whole takes ~3.7 GB, near a job's default memory."""
+def training_info(encoder_dir: Path) -> dict[str, Any]:
+    path = Path(encoder_dir) / "training.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def corpus_name(shard: Path | str) -> str:
+    """`<corpus>` of results/corpus/<corpus>/chunks/shard-NNNN.parquet."""
+    return Path(shard).parent.parent.name
+
+
+def held_out_sample(models: dict[str, Path], corpus: str) -> tuple[set[int] | None, str]:
+    """The chunk ids of `corpus` that no model trained on (None: any chunk will do), and why.
+
+    Coverage is what the BoW loss trains on, so measured on training chunks it favours BoW by
+    what that model memorised. Every model pre-trained on the corpus names the chunks its probes
+    held out (training.json's `held_out_chunks`); a model that never trained on the corpus (a base
+    checkpoint, another corpus's model) constrains nothing. Without such a list (probe_chunks 0,
+    a run from before the list existed) or with none in common (different seeds), the sample
+    falls back to chunks some model trained on, and says so."""
+    common: set[int] | None = None
+    for name, encoder_dir in models.items():
+        info = training_info(encoder_dir)
+        trained = any(Path(p).parent.name == "chunks" and corpus_name(p) == corpus
+                      for p in info.get("data") or {})
+        if not trained:
+            continue
+        held = (info.get("held_out_chunks") or {}).get(corpus)
+        if not held:
+            return None, f"training chunks: {name} names no held-out chunks of {corpus}"
+        common = set(held) if common is None else common & set(held)
+    if common is None:
+        return None, f"no model trained on {corpus}"
+    if not common:
+        return None, f"training chunks: the models held out no chunk of {corpus} in common"
+    return common, f"chunks of {corpus} held out of every model's pre-training"
+
+
+def sample_chunks(shards: Sequence[Path], samples: int,
+                  chunk_ids: set[int] | None = None) -> list[list[int]]:
+    """The token ids of the first `samples` chunks (of `chunk_ids` only, when given), in shard
+    order. Only those rows become Python lists: a paper-scale shard (~70M tokens) converted whole
+    takes ~3.7 GB, near a job's default memory."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    wanted = pa.array(sorted(chunk_ids), pa.int64()) if chunk_ids is not None else None
     rows: list[list[int]] = []
-    with reading(chunks, "a chunks Parquet file"):
-        shard = pq.ParquetFile(chunks)
-        for batch in shard.iter_batches(batch_size=samples, columns=["input_ids"]):
-            rows += batch.column(0).slice(0, samples - len(rows)).to_pylist()
-            if len(rows) >= samples:
-                break
+    for path in shards:
+        with reading(path, "a chunks Parquet file"):
+            for batch in pq.ParquetFile(path).iter_batches(columns=["chunk_id", "input_ids"]):
+                tokens = batch.column(1)
+                if wanted is not None:
+                    tokens = tokens.filter(pc.is_in(batch.column(0), value_set=wanted))
+                rows += tokens.slice(0, samples - len(rows)).to_pylist()
+                if len(rows) >= samples:
+                    return rows
     return rows
 
 
@@ -129,7 +174,7 @@ def project_cls(encoder, projector, input_ids: list[list[int]], pad_id: int, bat
 
 def coverage(
     models: dict[str, Path],
-    chunks: Path,
+    chunks: Sequence[Path],
     ks: Sequence[int],
     samples: int,
     out_png: Path,
@@ -140,10 +185,15 @@ def coverage(
 
     for encoder_dir in models.values():  # fail before any work on a missing or pickled encoder
         check_safetensors(encoder_dir)
-    input_ids = first_chunks(chunks, samples)
+    shards = [Path(c) for c in chunks]
+    held_out, sample = held_out_sample(models, corpus_name(shards[0]))
+    (log.info if held_out is not None else log.warning)("coverage sample: %s", sample)
+    input_ids = sample_chunks(shards, samples, held_out)
     if not input_ids:
-        raise InputFileError(f"{chunks} has no chunks to sample; build the corpus stage first")
-    result: dict[str, Any] = {"chunks": str(chunks), "samples": len(input_ids), "models": {}}
+        raise InputFileError(f"{shards[0].parent} has no chunks to sample; build the corpus "
+                             "stage first")
+    result: dict[str, Any] = {"chunks": [str(c) for c in shards], "samples": len(input_ids),
+                              "held_out": held_out is not None, "sample": sample, "models": {}}
     for name, encoder_dir in models.items():
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
         encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
@@ -170,6 +220,8 @@ def coverage(
     ax.set_xscale("log")
     ax.set_xlabel("k (top-k tokens of [CLS] projected to the vocabulary)")
     ax.set_ylabel("input-token coverage")
+    ax.set_title(f"{len(input_ids)} {'held-out' if held_out is not None else 'training (!)'} "
+                 "chunks", fontsize="small")
     ax.legend(fontsize="small")
     fig.tight_layout()
     save_figure(fig, out_png)
@@ -178,8 +230,8 @@ def coverage(
     write_manifest(
         out_png,
         "analysis.coverage",
-        {"ks": [int(k) for k in ks], "samples": samples},
-        {"chunks": Path(chunks)}
+        {"ks": [int(k) for k in ks], "samples": samples, "sample": sample},
+        {f"chunks_{i:04d}": Path(c) for i, c in enumerate(shards)}
         | {name: encoder_weights(path) for name, path in models.items()}
         | {
             f"{name}_heads": Path(path).parent / "heads.safetensors"

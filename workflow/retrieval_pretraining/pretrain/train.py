@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
@@ -63,6 +64,18 @@ def _copy_tokenizer(checkpoint: Path, dest: Path) -> None:
     for name in _TOKENIZER_FILES:
         if (checkpoint / name).exists():
             shutil.copy2(checkpoint / name, dest / name)
+
+
+def held_out_chunks(dataset: pdata.MicroBatches, chunks: list) -> dict[str, list[int]]:
+    """The probes' chunk ids per corpus (the `<corpus>` of results/corpus/<corpus>/chunks/...):
+    the text no step trained on, on which analyses compare models (analysis/coverage.py)."""
+    rows = dataset.holdout_rows
+    files = np.searchsorted(np.cumsum(dataset.store.file_rows), rows, side="right")
+    ids = dataset.store.chunk_ids(rows)
+    held: dict[str, list[int]] = {}
+    for file, chunk_id in zip(files, ids):
+        held.setdefault(Path(chunks[file]).parent.parent.name, []).append(int(chunk_id))
+    return {corpus: sorted(chunk_ids) for corpus, chunk_ids in held.items()}
 
 
 def export_encoder(encoder: torch.nn.Module, checkpoint: Path, out_dir: Path, info: dict[str, Any],
@@ -374,6 +387,7 @@ def _train(
             "steps_per_epoch": dataset.steps_per_epoch, "chunks": len(dataset.store),
             "head_warmup_steps": head_warmup, "fresh_mlm_head": model.fresh_head,
             "probe_chunks": len(dataset.holdout_rows),
+            "held_out_chunks": held_out_chunks(dataset, chunks),
             "chunk_files": len(chunks), "span_files": len(spans or []),
             "resumed_from_step": start, "train_seconds_this_run": round(time.perf_counter() - started, 1),
             "checkpoint": str(checkpoint), "init_heads": str(init_heads) if init_heads else None,
