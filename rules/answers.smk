@@ -18,6 +18,32 @@ def negative_filter(dataset):
     return chosen
 
 
+def answer_match(dataset):
+    """How the dataset's answers match text: its evaluate.splits entries' answer_match (regex for
+    CuratedTREC). The answers filter must match as Acc@k does, or the passages Acc@k counts as
+    answers become negatives."""
+    modes = {
+        entry.get("answer_match", "string")
+        for entry in config["evaluate"]["splits"]
+        if entry["dataset"] == dataset
+    }
+    if len(modes) > 1:
+        raise ValueError(
+            f"dataset '{dataset}': its evaluate.splits entries disagree on answer_match "
+            f"({', '.join(sorted(modes))}); its answers are of one kind"
+        )
+    return modes.pop() if modes else "string"
+
+
+def negative_filter_policy(dataset):
+    """The filter's keys for a negatives job: answer_match only with the answers filter (jobs
+    filtered by qrels keep their parameters)."""
+    chosen = negative_filter(dataset)
+    if chosen == "answers":
+        return {"negative_filter": chosen, "answer_match": answer_match(dataset)}
+    return {"negative_filter": chosen}
+
+
 def answer_files(dataset, split):
     folder = f"{DATASETS_DIR}/{dataset}"
     return {

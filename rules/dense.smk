@@ -41,7 +41,7 @@ def mining_argument(wildcards):
     knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
     knobs |= {k: v for k, v in mining.items() if k not in ("index", "keep_vectors")}
     knobs["use_gpu"] = mining["index"].get("use_gpu", "auto")
-    knobs["negative_filter"] = negative_filter(wildcards.dataset)
+    knobs |= negative_filter_policy(wildcards.dataset)
     return experiment_config.stage_argument(knobs)
 
 

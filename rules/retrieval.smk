@@ -260,7 +260,7 @@ def get_bm25_negatives_inputs(wildcards):
 def bm25_negatives_config(dataset):
     entry = bm25_negatives_entry(dataset)
     policy = {k: v for k, v in entry.items() if k not in ("dataset", "triples")}
-    policy |= {"seed": config["seed"], "negative_filter": negative_filter(dataset)}
+    policy |= {"seed": config["seed"]} | negative_filter_policy(dataset)
     return experiment_config.stage_argument(
         bm25_settings(dataset) | {"negatives": policy}
     )

@@ -366,6 +366,51 @@ def test_bm25_negatives_with_the_answers_filter(tmp_path):
     assert manifest["params"]["negative_filter"] == "answers"
 
 
+def test_the_answers_filter_matches_as_the_split_scores(tmp_path, monkeypatch):
+    """CuratedTREC's answers are regular expressions (answer_match: regex): a passage Acc@k counts
+    as an answer must not be a negative, for FAISS mining and BM25 negatives alike."""
+    import faiss
+
+    texts = {"d1": "the answer is 1,024 bytes", "d2": "a positive", "d3": "nothing here"}
+    index = faiss.IndexFlatIP(1)
+    index.add(np.array([[3], [2], [1]], dtype=np.float32))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(list(texts))))
+    monkeypatch.setattr(mine, "encode_queries",
+                        lambda encoder, queries, config: (["1"], np.array([[1]], np.float32)))
+    pl.DataFrame({"query_id": ["1"], "doc_id": ["d2"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    pl.DataFrame({"query_id": ["1"], "text": ["how big"]}).write_parquet(tmp_path / "q.parquet")
+    write_answers(tmp_path / "answers.parquet", {"1": [r"1,?024 bytes"]})
+    write_corpus(tmp_path / "corpus.parquet", texts)
+    files = {"answers": tmp_path / "answers.parquet", "corpus": tmp_path / "corpus.parquet"}
+    triples = tmp_path / "triples.tsv.gz"
+    with gzip.open(triples, "wt") as handle:
+        handle.write("1\td2\td1\n1\td2\td3\n")
+    mined, listed = {}, {}
+    for mode in answers.MATCH_MODES:
+        policy = {"depth": 3, "rank_window": None, "sample": "top", "num_negatives": None,
+                  "exclude_self": False, "use_gpu": "never", "negative_filter": "answers",
+                  "answer_match": mode}
+        mine.mine_to_file(tmp_path / "index", tmp_path / "enc", tmp_path / "q.parquet",
+                          tmp_path / "qrels.parquet", tmp_path / f"m-{mode}.parquet", policy,
+                          seed=0, **files)
+        mined[mode] = pl.read_parquet(tmp_path / f"m-{mode}.parquet")["negative_ids"][0].to_list()
+        config = {"negatives": {"source": "triples", "count": 30, "seed": 0,
+                                "negative_filter": "answers", "answer_match": mode}}
+        bm25.mine_negatives(tmp_path / "q.parquet", tmp_path / "qrels.parquet",
+                            tmp_path / f"n-{mode}.parquet", config, triples=triples, **files)
+        listed[mode] = pl.read_parquet(tmp_path / f"n-{mode}.parquet")["negative_ids"][0].to_list()
+    # The pattern is no token string: string matching finds nothing; regex drops d1.
+    assert mined == {"string": ["d1", "d3"], "regex": ["d3"]}
+    assert {m: sorted(n) for m, n in listed.items()} == {"string": ["d1", "d3"], "regex": ["d3"]}
+    manifest = json.loads((tmp_path / "n-regex.manifest.json").read_text())
+    assert manifest["params"]["answer_match"] == "regex"
+    with pytest.raises(answers.AnswerError, match="answer_match 'regexp' unknown"):
+        answers.answer_exclusions({"1": ["d1"]}, "answers", files["answers"], files["corpus"],
+                                  "regexp")
+
+
 # --- the workflow: an NQ-format dataset evaluated with Acc@20 (planned jobs only) ----------------
 
 
@@ -391,3 +436,34 @@ def test_a_dry_run_plans_an_nq_format_dataset_scored_by_answers(tmp_path):
     assert negatives["prepare_dataset_answers"] == 1  # the train split's answers filter them
     mined = planned_rules(project, "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
     assert mined["mine_hard_negatives"] == 1 and mined["prepare_dataset_answers"] == 1
+
+
+def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
+    """A dataset scored with answer_match: regex (CuratedTREC) has its negatives filtered with
+    regex matching too, by mining and BM25 alike; splits that disagree are refused."""
+    from workflow_harness import snakemake
+
+    splits = [{"dataset": "nq-sample", "split": "test", "measures": ["Acc@20"],
+               "answer_match": "regex"}]
+    overrides = {
+        "datasets": [NQ_SAMPLE | {"downloads": [
+            {"file": "nq-dev.qa.csv", "url": "https://dl.fbaipublicfiles.com/dpr/data/retriever/"
+             "nq-dev.qa.csv", "md5": None}]}],
+        "bm25": {"negatives": [{"dataset": "nq-sample", "split": "train", "source": "bm25",
+                                "depth": 200, "count": 30}]},
+        "finetune": {"datasets": [{"dataset": "nq-sample", "split": "train"}]},
+        "evaluate": {"splits": splits},
+        "report": {"tables": [{"name": "main", "rows": None, "columns": [
+            {"dataset": "nq-sample", "split": "test", "measure": "Acc@20"}]}]},
+    }
+    project = copy_project(tmp_path / "project", overrides)
+    targets = ("results/bm25/nq-sample/negatives.parquet",
+               "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
+    plan = snakemake(project, "--dry-run", "--printshellcmds", *targets)
+    commands = [line for line in (plan.stdout + plan.stderr).splitlines()
+                if "retrieval_pretraining.mine " in line or "bm25 negatives" in line]
+    assert len(commands) == 2 and all('"answer_match":"regex"' in c for c in commands), commands
+    splits.append(splits[0] | {"split": "dev", "answer_match": "string"})
+    project = copy_project(tmp_path / "disagree", overrides)
+    failed = snakemake(project, "--dry-run", targets[0], check=False)
+    assert failed.returncode != 0 and "disagree on answer_match" in failed.stdout + failed.stderr

@@ -173,9 +173,13 @@ def answer_exclusions(candidates: dict[str, list[str]], negative_filter: str,
                       mode: str = "string") -> dict[str, set[str]]:
     """Per query, the candidates that may not be negatives beyond its qrels positives: with
     `negative_filter: answers` (DPR's and Tevatron's policy for NQ/TriviaQA) every candidate whose
-    text has one of the query's answers; with `qrels`, none."""
+    text has one of the query's answers, matched as `mode` (the dataset's evaluate splits'
+    answer_match, so that no passage Acc@k counts as an answer becomes a negative); with `qrels`,
+    none."""
     if negative_filter not in NEGATIVE_FILTERS:
         raise AnswerError(f"negative_filter {negative_filter!r} unknown; use qrels or answers")
+    if mode not in MATCH_MODES:
+        raise AnswerError(f"answer_match {mode!r} unknown; use one of {', '.join(MATCH_MODES)}")
     if negative_filter == "qrels":
         return {}
     if answers_path is None or corpus is None:

@@ -67,7 +67,7 @@ DEFAULTS = {
     "batch_size": 10000,
 }
 NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42,
-                     "negative_filter": "qrels"}
+                     "negative_filter": "qrels", "answer_match": "string"}
 RUN_TAG = "bm25"
 COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCollection
 
@@ -76,7 +76,8 @@ def _settings(config: dict[str, Any]) -> dict[str, Any]:
     """The slice the BM25 rules pass (the section without `overrides`; `negatives`: one entry's
     policy and the seed), with defaults; an unknown key is refused."""
     section = section_schema("bm25")["properties"]
-    policy = set(section["negatives"]["items"]["properties"]) - {"dataset", "triples"} | {"seed", "negative_filter"}
+    policy = (set(section["negatives"]["items"]["properties"]) - {"dataset", "triples"}
+              | {"seed", "negative_filter", "answer_match"})
     keys = set(section) - {"overrides", "negatives"}
     refuse_unknown(config, closed(keys, negatives=closed(policy)), "bm25")
     return DEFAULTS | {k: v for k, v in config.items() if v is not None}
@@ -368,14 +369,14 @@ def mine_negatives(
         wanted = {q: positives[q] for q in queries["query_id"].to_list()}
         table, answered, listed_positives = triples_sample(
             Path(triples), wanted, neg["count"], neg["seed"], neg["negative_filter"], answers,
-            corpus)
+            corpus, neg["answer_match"])
         candidates = ((q, table.get(q, [])) for q in queries["query_id"].to_list())
     else:
         raise ConfigError(f"negatives source {neg['source']!r} unknown; use bm25 or triples")
     candidates = list(candidates)
     if neg["source"] == "bm25":
         answered = answer_exclusions({q: [d for d, _ in c] for q, c in candidates},
-                                     neg["negative_filter"], answers, corpus)
+                                     neg["negative_filter"], answers, corpus, neg["answer_match"])
     rows = {name: [] for name in NEGATIVES_SCHEMA.names}
     short = positives_removed = 0
     for qid, cands in candidates:
@@ -410,6 +411,8 @@ def mine_negatives(
         "exclude_query_id": exclude_query_id,
         "negative_filter": neg["negative_filter"],
     }
+    if neg["negative_filter"] == "answers":
+        policy["answer_match"] = neg["answer_match"]
     if neg["source"] == "bm25":
         policy |= {"k1": cfg["k1"], "b": cfg["b"], "title": cfg["title"]}
     inputs = {"queries": queries_path, "qrels": qrels_path}

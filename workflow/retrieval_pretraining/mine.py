@@ -8,7 +8,8 @@ code), so each is a named option recorded in the manifest:
   num_negatives    n per query; null keeps every candidate (Tevatron)
   negative_filter  qrels: only the query's qrels positives are removed | answers (NQ, TriviaQA:
                    DPR's and Tevatron's policy): also every candidate whose text contains one of
-                   the query's answers (answers.py's DPR match), counted as answer_passages_removed
+                   the query's answers (answers.py's DPR match, or regex where the dataset's
+                   evaluate splits say answer_match: regex), counted as answer_passages_removed
   positives_removed  own (default): each query's OWN positives are removed | first_query: the BoW
                    authors' miner, replicated on request: the first mined query's positives are
                    removed from every query, so a query's own gold passages can stay among its
@@ -38,7 +39,7 @@ import polars as pl
 import pyarrow as pa
 
 from . import artifacts, faiss_index
-from .answers import NEGATIVE_FILTERS, answer_exclusions
+from .answers import MATCH_MODES, NEGATIVE_FILTERS, answer_exclusions
 from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
 from .dense_search import encode_queries, fetch_depth, rank
@@ -54,6 +55,9 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "sample": "random",    # random | top
     "num_negatives": 30,   # null = keep all candidates
     "negative_filter": "qrels",  # qrels | answers (the rule resolves mining's `auto` per dataset)
+    # How answers match text under the answers filter: the dataset's evaluate splits' mode (the
+    # rule passes it), so that what Acc@k counts as an answer passage is never a negative.
+    "answer_match": "string",
     "positives_removed": "own",  # own | first_query (the BoW authors' miner's bug, on request)
 }
 POSITIVES_REMOVED = ("own", "first_query")
@@ -79,6 +83,7 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
     knobs["exclude_query_id"] = bool(config.get("exclude_self", EXCLUDE_QUERY_ID_DEFAULT))
     check_choice("mining.negative_filter", knobs["negative_filter"], NEGATIVE_FILTERS)
     check_choice("mining.positives_removed", knobs["positives_removed"], POSITIVES_REMOVED)
+    check_choice("answer_match", knobs["answer_match"], MATCH_MODES)
     if knobs["sample"] not in ("random", "top"):
         raise ConfigError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
     check_int("mining.depth", knobs["depth"], 1)
@@ -141,7 +146,7 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
     ranked = list(rank(index, doc_ids, [query_ids[i] for i in keep], vectors[keep],
                        knobs["depth"], exclude_self=knobs["exclude_query_id"]))
     answered = answer_exclusions({q: ids for q, ids, _, _ in ranked}, knobs["negative_filter"],
-                                 answers, corpus)
+                                 answers, corpus, knobs["answer_match"])
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     removed_positives = removed_answers = kept_positives = 0
     first = set(positives[ranked[0][0]]) if ranked else set()

@@ -188,6 +188,7 @@ def triples_sample(
     negative_filter: str,
     answers: Path | None,
     corpus: Path | None,
+    answer_match: str = "string",
 ) -> tuple[dict[str, list[tuple[str, int]]], dict[str, set[str]], int]:
     """triples_candidates with `negative_filter` applied before the sample, not after: (sample,
     answer passages met, candidate positives removed).
@@ -201,7 +202,7 @@ def triples_sample(
     while True:
         table, listed_positives = triples_candidates(path, None, positives, count, seed, excluded)
         found = answer_exclusions({q: [d for d, _ in c] for q, c in table.items()},
-                                  negative_filter, answers, corpus)
+                                  negative_filter, answers, corpus, answer_match)
         found = {q: docs for q, docs in found.items() if docs}
         if not found:
             return table, excluded, listed_positives
