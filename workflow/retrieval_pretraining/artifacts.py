@@ -30,6 +30,42 @@ _TRACKED_LIBRARIES = (
 )
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync(path: str | os.PathLike) -> None:
+    """Flush a file, or a folder and every file in it, to disk. A rename is only as durable as
+    the data it names: on file systems that do not order the two (XFS, and ext4 for a new file
+    without auto_da_alloc), a node crash soon after the rename leaves the final name on an empty
+    or short file, which a resume or a rerun would then trust as complete."""
+    path = Path(path)
+    if not path.is_dir():
+        _fsync(path)
+        return
+    for child in sorted(path.rglob("*")):
+        if child.is_symlink():
+            continue
+        if child.is_dir():
+            sync_folder(child)
+        elif child.is_file():
+            _fsync(child)
+    sync_folder(path)
+
+
+def sync_folder(path: str | os.PathLike) -> None:
+    """Flush a folder's entries (the names a rename changed). Some network file systems refuse
+    to fsync a folder; their renames are the server's to make durable, so that is let pass."""
+    try:
+        _fsync(Path(path))
+    except OSError:
+        pass
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
@@ -43,7 +79,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         # mkstemp creates 0600 files; artifacts are meant to be read by collaborators too.
         if tmp_path.exists():
             tmp_path.chmod(0o644)
+            sync(tmp_path)
         os.replace(tmp_path, path)
+        sync_folder(path.parent)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -62,9 +100,11 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         tmp.chmod(0o755)  # mkdtemp creates 0700 folders; artifacts are meant to be shared
+        sync(tmp)
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)
+        sync_folder(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from . import artifacts
 from .errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,10 @@ def _fetch_local(source: Path, dest: Path, expected: Expected, link: str) -> dic
     if link == "symlink":
         part.unlink(missing_ok=True)
         part.symlink_to(source.resolve())
+    else:
+        artifacts.sync(part)  # a verified copy: on disk before it takes the final name
     os.replace(part, dest)
+    artifacts.sync_folder(dest.parent)
     return {"attempts": 1, "resumed_bytes": 0, "digests": digests}
 
 
@@ -347,7 +351,9 @@ def _fetch_http(
                 "%s: attempt %d failed (%s); retrying in %.1f s", url, attempts, reason, delay
             )
             sleep(delay)
+    artifacts.sync(part)  # verified: on disk before it takes the final name
     os.replace(part, dest)
+    artifacts.sync_folder(dest.parent)
     # Bytes kept from an earlier run count as resumed only if they survived to the end.
     resumed_bytes = 0 if digests.restarted else resumed_bytes
     return {"attempts": attempts, "resumed_bytes": resumed_bytes, "digests": digests}

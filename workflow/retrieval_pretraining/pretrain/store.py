@@ -142,7 +142,9 @@ def _publish(tmp: Path, target: Path) -> None:
     """`tmp` as `target`, unless `target` exists. A link never replaces: a process that has mapped
     `target` keeps the file it mapped (os.replace would swap it, and its pages, under it)."""
     try:
+        artifacts.sync(tmp)  # the name may only appear on data that is on disk
         os.link(tmp, target)
+        artifacts.sync_folder(target.parent)
     except FileExistsError:
         pass  # another process published it first: the same content (named by the shards' sums)
     except FileNotFoundError:

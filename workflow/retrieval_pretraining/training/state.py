@@ -197,9 +197,11 @@ def save_state(
         }
         save_file(tensors, tmp / "state.safetensors")
         (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        artifacts.sync(tmp)  # before latest.json may name it: a crashed node leaves it whole
         if final.exists():  # complete, but latest.json never named it (killed before that)
             shutil.rmtree(final)
         tmp.rename(final)
+        artifacts.sync_folder(state_dir)
     finally:
         if tmp.exists():  # the save failed part-way (a full disk): keep only complete states
             shutil.rmtree(tmp, ignore_errors=True)
