@@ -70,11 +70,43 @@ def test_a_trainer_start_reads_each_shard_once_to_hash_it(setup, tmp_path, monke
     sha256_file = artifacts.sha256_file
     monkeypatch.setattr(artifacts, "sha256_file", lambda path, *a: hashed.append(Path(path).name)
                         or sha256_file(path, *a))
-    artifacts._recorded_sha256.cache_clear()  # earlier tests hashed the same files
+    monkeypatch.setattr(artifacts, "_SHA256", {})  # earlier tests hashed the same files
     checkpoint, chunks, spans = setup
     assert _run(fx.model_settings("costa", max_steps=1), setup, tmp_path)[0] == 0
     shards = [Path(p).name for p in [*chunks, *spans]]
     assert sorted(name for name in hashed if name in shards) == sorted(shards)
+
+
+def test_only_the_main_rank_reads_the_shards_to_hash_them(setup, tmp_path, monkeypatch):
+    """Every rank reading every shard at each start was ~13 GB a rank at paper scale, 8 to 64
+    times over from one shared file system: the main rank hashes, the others adopt its sums
+    (for the file versions they see) and read nothing; a file changed since is read again."""
+    import shutil
+
+    from retrieval_pretraining import artifacts
+    from retrieval_pretraining.pretrain.train import shared_checksums
+
+    paths = [shutil.copy(p, tmp_path / f"{i}-{Path(p).name}") for i, p in
+             enumerate([*setup[1], *setup[2]])]
+    sent = {}
+    monkeypatch.setattr(training, "from_main", lambda value, env: sent.setdefault("v", value)
+                        if env.is_main else sent["v"])
+    expected = shared_checksums(paths, types.SimpleNamespace(is_main=True))
+    hashed = []
+    sha256_file = artifacts.sha256_file
+    monkeypatch.setattr(artifacts, "sha256_file", lambda path, *a: hashed.append(Path(path).name)
+                        or sha256_file(path, *a))
+    monkeypatch.setattr(artifacts, "_SHA256", {})  # another process: nothing hashed yet
+    other = types.SimpleNamespace(is_main=False)
+    assert shared_checksums(paths, other) == expected
+    assert [artifacts.sha256_once(p) for p in paths] == [expected[str(p)]["sha256"] for p in paths]
+    assert hashed == []
+    stat = os.stat(paths[0])
+    os.utime(paths[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    monkeypatch.setattr(artifacts, "_SHA256", {})
+    shared_checksums(paths, other)
+    assert artifacts.sha256_once(paths[0]) == expected[str(paths[0])]["sha256"]
+    assert hashed == [Path(paths[0]).name]
 
 
 def test_a_model_on_a_store_another_model_made_converts_nothing_and_trains_the_same(

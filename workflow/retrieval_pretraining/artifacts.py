@@ -134,19 +134,33 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def sha256_once(path: str | os.PathLike) -> str:
-    """sha256_file, computed once per file version (path, size, modification time) in this
-    process: the trainer checks, caches and records the same shards (~13 GB of Wikipedia chunks)."""
+# sha256 per file version (resolved path, size, modification time) in this process.
+_SHA256: dict[tuple[str, int, int], str] = {}
+
+
+def file_version(path: str | os.PathLike) -> tuple[str, int, int]:
     path = Path(path)
     stat = path.stat()
-    return _recorded_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
-@functools.lru_cache(maxsize=4096)
-def _recorded_sha256(path: str, size: int, mtime_ns: int) -> str:
-    """sha256_file, once per file version: a sharded stage records the same inputs in every
-    shard's manifest (64 shards x every article part, ~20 GB, at paper scale)."""
-    return sha256_file(path)
+def sha256_once(path: str | os.PathLike) -> str:
+    """sha256_file, computed once per file version in this process: a sharded stage records the
+    same inputs in every shard's manifest (64 shards x every article part, ~20 GB, at paper
+    scale), and the trainer checks, caches and records the same shards (~13 GB of chunks)."""
+    version = file_version(path)
+    if version not in _SHA256:
+        _SHA256[version] = sha256_file(version[0])
+    return _SHA256[version]
+
+
+def adopt_sha256(path: str | os.PathLike, version: tuple[str, int, int], digest: str) -> None:
+    """Take `digest`, computed by another process for `version` of `path`, as this process's
+    sha256_once of it, if the file is still that version here (same size and modification time
+    on a shared file system); otherwise sha256_once will read the file itself."""
+    here = file_version(path)
+    if tuple(here[1:]) == tuple(version[1:]):
+        _SHA256[here] = digest
 
 
 def library_versions() -> dict[str, str]:

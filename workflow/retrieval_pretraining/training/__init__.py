@@ -18,7 +18,7 @@ and the `python -m` entry ends with exit_process(main()).
 
 Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
-                 check_same_start (every rank resumed at one step),
+                 check_same_start (every rank resumed at one step), from_main (rank 0's value),
                  host_read (a step's one reduction and read: means, tokens, stop flag), StepRead
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, fp32_scores,
                  upcast, seed_everything, seed_torch
@@ -37,6 +37,7 @@ from .distributed import (
     all_gather_with_grad,
     barrier,
     check_same_start,
+    from_main,
     host_read,
     init_distributed,
     teardown_distributed,

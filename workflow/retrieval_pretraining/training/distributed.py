@@ -83,6 +83,15 @@ def barrier(env: DistEnv) -> None:
         dist.barrier()
 
 
+def from_main(value, env: DistEnv):
+    """The main rank's `value` on every rank (picklable; the others pass anything, e.g. None)."""
+    if not env.distributed:
+        return value
+    box = [value if env.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def check_same_start(step: int, env: DistEnv) -> None:
     """Raise on every rank unless all resumed at the same step (one all-reduce of [step, -step]
     with MAX): ranks that read different states (a state folder not shared between nodes) would
