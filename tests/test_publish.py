@@ -5,6 +5,7 @@ never touch the network)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -20,10 +21,16 @@ from retrieval_pretraining.retrieval_settings import RetrievalSettings
 def encoder(tmp_path_factory) -> Path:
     """A `none` export of a tiny checkpoint: what the workflow writes for an encoder."""
     tmp = tmp_path_factory.mktemp("publish")
-    checkpoint = fx.tiny_checkpoint(tmp / "checkpoint")
-    export_base({"name": "base", "objective": "none", "seed": 1, "checkpoint": "x"}, checkpoint,
-                tmp / "encoder", tmp / "m.jsonl", tmp / "l.png",
-                RetrievalSettings(pooling="mean", similarity="cosine"))
+    fx.tiny_checkpoint(tmp / "checkpoint")
+    # As Snakemake runs it: from the project, with relative paths (records name no local path).
+    here = os.getcwd()
+    os.chdir(tmp)
+    try:
+        export_base({"name": "base", "objective": "none", "seed": 1, "checkpoint": "x"},
+                    Path("checkpoint"), Path("encoder"), Path("m.jsonl"), Path("l.png"),
+                    RetrievalSettings(pooling="mean", similarity="cosine"))
+    finally:
+        os.chdir(here)
     return tmp / "encoder"
 
 
@@ -148,3 +155,24 @@ def test_a_repository_id_that_is_not_one_is_refused(encoder, monkeypatch, capsys
     monkeypatch.setattr(publish, "HfApi", NoNetwork)
     line = _refused(["--folder", encoder, "--repo-id", repo_id, "--dry-run"], capsys)
     assert repr(repo_id) in line and "owner/name" in line
+
+
+def test_records_that_name_local_paths_are_published_only_when_allowed(encoder, tmp_path,
+                                                                       monkeypatch, capsys):
+    """A `source: local` corpus or an `init` folder given as an absolute path names where this
+    machine keeps files (user names included); URLs and relative paths are no such thing."""
+    monkeypatch.setattr(publish, "HfApi", FakeHub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    folder = shutil.copytree(encoder, tmp_path / "encoder")
+    info = json.loads((folder / "training.json").read_text())
+    info["settings"]["corpora"] = [{"source": "local", "path": "/home/alice/corpus/texts.jsonl"},
+                                   {"url": "https://huggingface.co/datasets/x/y/a.b"},
+                                   {"path": "results/corpus/wiki"}]
+    (folder / "training.json").write_text(json.dumps(info))
+    FakeHub.calls, FakeHub.existing = [], {}
+    line = _refused(["--folder", folder, "--repo-id", "me/enc"], capsys)
+    assert "training.json: /home/alice/corpus/texts.jsonl" in line and "--allow-local-paths" in line
+    assert "huggingface" not in line and "results/corpus" not in line and FakeHub.calls == []
+    assert publish.main(["--folder", str(folder), "--repo-id", "me/enc",
+                         "--allow-local-paths"]) == 0
+    assert [call[0] for call in FakeHub.calls] == ["create_repo", "upload_folder"]

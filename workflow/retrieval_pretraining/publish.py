@@ -12,7 +12,9 @@ holds the workflow's block. Every file of the folder is uploaded
 (training.json and manifest.json are its records); `--dry-run` prints that list, the repository and
 its visibility, and never touches the network. An existing repository must already have the
 visibility asked for (`--private` or not); its files are replaced by the folder's (a file the
-folder lacks is deleted from it). A real upload needs a token (`hf auth login`, or
+folder lacks is deleted from it). Records or a card that name absolute local paths (a `source:
+local` corpus location, an `init` folder: where this machine keeps files, user names included)
+are refused unless `--allow-local-paths` says to publish them as they are. A real upload needs a token (`hf auth login`, or
 HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs).
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -41,6 +44,11 @@ REEXPORT = ("rerun the rule that wrote it (an encoder exported before the workfl
 
 # The folder's own records: a published model without them cannot say how it was made.
 RECORDS = ("training.json", "manifest.json")
+
+
+# An absolute POSIX path in a record's text: a slash not preceded by a word character, a colon or
+# a slash (so URLs and relative paths do not count), then at least one named folder.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+-]+/)+[\w.@+-]*")
 
 
 class PublishError(BadInput, ValueError):
@@ -115,6 +123,28 @@ def check_folder(folder: str | Path) -> list[str]:
     return folder_files(folder)
 
 
+def local_paths(folder: Path) -> dict[str, list[str]]:
+    """The absolute paths each record and the card name, by file (none: {})."""
+    found = {}
+    for name in (*RECORDS, "README.md"):
+        paths = sorted(set(_ABSOLUTE_PATH.findall((folder / name).read_text(errors="replace"))))
+        if paths:
+            found[name] = paths
+    return found
+
+
+def check_local_paths(folder: Path, allow: bool) -> None:
+    """PublishError when the records name absolute local paths and `allow` is not given."""
+    found = local_paths(folder)
+    if not found or allow:
+        return
+    listed = "; ".join(f"{name}: {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
+                       for name, paths in found.items())
+    raise PublishError(f"{folder}'s records name absolute local paths ({listed}): where this "
+                       "machine keeps files, user names included. Rerun with --allow-local-paths "
+                       "to publish them as they are; nothing was sent")
+
+
 def plan(folder: Path, files: list[str], repo_id: str, private: bool) -> str:
     sizes = {name: (folder / name).stat().st_size for name in files}
     lines = [f"{len(files)} files, {sum(sizes.values()) / 1e6:.1f} MB, from {folder} to "
@@ -166,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="check the folder and print what would be uploaded; no network")
     parser.add_argument("--commit-message", default=None)
+    parser.add_argument("--allow-local-paths", action="store_true",
+                        help="publish records that name absolute local paths as they are")
     args = parser.parse_args(argv)
     try:
         validate_repo_id(args.repo_id)
@@ -175,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         raise PublishError(f"--repo-id {args.repo_id!r} is not a Hub repository id "
                            f"({error}); write owner/name") from error
     files = check_folder(args.folder)
+    check_local_paths(args.folder, args.allow_local_paths)
     print(("would upload " if args.dry_run else "uploading ")
           + plan(args.folder, files, args.repo_id, args.private), flush=True)
     if args.dry_run:
