@@ -1,5 +1,6 @@
 # Scoring: any TREC run of any system -> metrics JSON, with the measures configured for its split.
 # Systems: `bm25` (rules/retrieval.smk publishes its runs here), `{model}-stage1`, `{model}-stage2`.
+from retrieval_pretraining.evaluate import measure_cutoff
 
 
 def evaluate_entry(dataset, split):
@@ -10,6 +11,51 @@ def evaluate_entry(dataset, split):
         f"no evaluate.splits entry for dataset '{dataset}' split '{split}'; add one (with its "
         "measures) to config.yaml"
     )
+
+
+def run_depths(dataset):
+    """(config key, depth) of every run scored on `dataset`, overrides applied: BM25's, the dense
+    runs' (from the fine-tuning entry whose encoders search it) and the baselines' (shared
+    finetune.search_depth: rules/baselines.smk takes no override)."""
+    own = {}
+    for entry in config["finetune"]["datasets"]:
+        if entry["dataset"] == trained_on(dataset):
+            own = entry.get("overrides", {})
+    shared = config["finetune"]["search_depth"]
+    dense = own.get("search_depth", shared)
+    depths = [
+        ("bm25.depth", bm25_settings(dataset)["depth"]),
+        ("finetune.search_depth", dense),
+    ]
+    if config["evaluate"].get("baselines") and dense != shared:
+        depths.append(("finetune.search_depth (baselines)", shared))
+    return depths
+
+
+def check_run_depths():
+    """Fail at parse time when a run would be shallower than its split's deepest cutoff: R@1000
+    on a 100-deep run is R@100, which a table would show under R@1000's name (evaluate.py only
+    warns). Measures without a cutoff (AP, Bpref) impose nothing."""
+    problems = []
+    for entry in config["evaluate"]["splits"]:
+        cutoffs = {m: measure_cutoff(m) or 0 for m in entry["measures"]}
+        deepest = max(cutoffs, key=cutoffs.get)
+        for key, depth in run_depths(entry["dataset"]):
+            if depth < cutoffs[deepest]:
+                problems.append(
+                    f"{key} is {depth} for {entry['dataset']}, shallower than {deepest} of "
+                    f"its {entry['split']} split"
+                )
+    if problems:
+        raise ValueError(
+            "runs would be scored below their measures' cutoffs: "
+            + "; ".join(problems)
+            + ". Raise the depth to the deepest cutoff, or drop the measure from "
+            "evaluate.splits."
+        )
+
+
+check_run_depths()
 
 
 def get_metrics_targets(systems):

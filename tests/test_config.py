@@ -160,6 +160,30 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
 
 
 @pytest.mark.parametrize(
+    "key, value, measure, expected",
+    [
+        ("finetune", {"search_depth": 100}, "R@1000",
+         "finetune.search_depth is 100 for scifact, shallower than R@1000 of its test split"),
+        ("bm25", {"depth": 50}, "AP",  # AP reads the whole run: R@100 is the deepest cutoff
+         "bm25.depth is 50 for scifact, shallower than R@100 of its test split"),
+    ],
+)
+def test_a_run_depth_below_a_measured_cutoff_fails_the_dry_run(demo, tmp_path, key, value,
+                                                               measure, expected):
+    """A depth below a split's deepest cutoff stops the workflow before any job, naming the key
+    and the measure: R@1000 on the demo's 100-deep dense runs would be R@100 under R@1000's name."""
+    from workflow_harness import copy_project, snakemake
+
+    splits = copy.deepcopy(demo["evaluate"]["splits"])
+    splits[0]["measures"].append(measure)
+    project = copy_project(tmp_path / "project", {"evaluate": {"splits": splits}, key: value})
+    result = snakemake(project, "--dry-run", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert expected in output, output
+
+
+@pytest.mark.parametrize(
     "edit, expected",
     [
         (lambda c: c["corpus"]["corpora"][0].update(max_length=128),

@@ -288,3 +288,29 @@ def test_scoring_memory_does_not_grow_with_the_run_at_10x(tmp_path):
     bound = 12 * 1024  # the 180k more lines take ~50 MB as objects; a batch is 4,096 of them
     assert peak["grouped-10"] - peak["grouped-1"] <= bound, peak
     assert peak["interleaved"] - peak["grouped-1"] > 3 * bound, peak
+
+
+def test_a_run_shallower_than_a_cutoff_or_missing_queries_is_scored_with_warnings(tmp_path, caplog):
+    """R@1000 on a run of two hits per query is R@2: the score keeps trec_eval's value, but the
+    metrics record the run's depth and the log says which measures it cuts short and how many
+    qrels queries the run does not answer."""
+    (tmp_path / "qrels.txt").write_text(QRELS)
+    run = tmp_path / "run.trec"
+    lines = RUN.splitlines(keepends=True)
+    run.write_text("".join(lines[i] for i in (0, 1, 4, 5)))  # q1's first two hits, q2's two
+    with caplog.at_level("WARNING", logger="retrieval_pretraining.evaluate"):
+        result = evaluate.evaluate(run, tmp_path / "qrels.txt", None,
+                                   {"measures": ["R@1000", "nDCG@2", "AP"]})
+    assert result["run_depth"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("the cutoff of R@1000: " in w for w in warnings), warnings  # not nDCG@2, not AP
+    assert any("queries_missing_from_run = 2" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize(
+    "name, cutoff",
+    [("R@1000", 1000), ("R(rel=2)@1000", 1000), ("nDCG@10", 10), ("Acc@20", 20), ("AP", None),
+     ("Bpref", None), ("IPrec@0.1", None)],
+)
+def test_a_measures_cutoff_is_the_rank_it_reads_down_to(name, cutoff):
+    assert evaluate.measure_cutoff(name) == cutoff

@@ -4,7 +4,8 @@
         --out metrics/test.json --config '{"measures": ["nDCG@10", "R@100"], "relevance_level": 1}'
 
 Output (the scores contract): {"aggregate": {measure: value}, "per_query": {measure: {qid: value}},
-"run": path, "qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n}.
+"run": path, "qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n,
+"run_depth": the most hits any query of the run has}.
 
 Semantics, chosen to match the official evaluations:
 - Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c). The mean
@@ -20,6 +21,10 @@ Semantics, chosen to match the official evaluations:
   in run order = score descending, ties in file order) is scored against answers-{split}.parquet and
   the corpus (`--answers`, `--corpus`); every question of the answers file counts (0 when the run
   misses it). A split may mix it with qrels measures; `answer_match: regex` is CuratedTREC's mode.
+- A run shallower than a measure's cutoff (R@1000 on a run of depth 100 is R@100) and queries the
+  run does not answer are logged as warnings: the scores are still trec_eval's, but a table would
+  otherwise show them as what they name. The workflow refuses such a depth at parse time
+  (rules/evaluate.smk); a run scored by hand may still be one.
 - The run is streamed: each query's lines together (every run this workflow writes) are scored
   a batch of whole queries at a time (BATCH_LINES hits), so memory does not grow with the run's
   length; a run whose queries' lines are scattered is read whole first (legal TREC, a warning).
@@ -208,6 +213,28 @@ def stored_name(name: str, relevance_level: int = 1) -> str:
     return str(parse_measures([name], relevance_level)[0])
 
 
+def measure_cutoff(name: str) -> int | None:
+    """The rank measure `name` reads down to (R@1000: 1000, Acc@20: 20); None for one that reads
+    the whole run (AP, Bpref), which no run depth makes wrong."""
+    acc = answer_recall.acc_cutoffs([name])
+    if acc:
+        return acc[name]
+    return parse_measures([name])[0].params.get("cutoff")
+
+
+def _warn_if_shallow(result: dict[str, Any], names: list[str], run_name: str) -> None:
+    """Warn when a score is not what its name says: a cutoff below which the run has no hits, or
+    queries (questions) the run does not answer, which score 0."""
+    depth = result["run_depth"]
+    deeper = [n for n in names if (measure_cutoff(n) or 0) > depth]
+    if deeper:
+        log.warning("%s: at most %d hits per query, fewer than the cutoff of %s: these score the "
+                    "run to depth %d", run_name, depth, ", ".join(deeper), depth)
+    for key in ("queries_missing_from_run", "questions_missing_from_run"):
+        if result.get(key):
+            log.warning("%s: %s = %d (each scores 0)", run_name, key, result[key])
+
+
 def _batches(blocks: Iterable[Block], lines: int) -> Iterator[list[Block]]:
     """Whole queries, gathered until a batch holds at least `lines` hits."""
     batch, held = [], 0
@@ -296,15 +323,17 @@ def _score_run(blocks: Iterable[Block], qrels: Callable[[], list[Qrel]], measure
                answers: dict[str, list[str]], depth: int, run_name: str,
                batch_lines: int | None) -> tuple[dict[str, Any], dict[str, list[str]], int]:
     """One pass over the run's queries: the qrels measures, each question's top `depth` doc ids
-    (Acc@k) and how many queries the run answers. The run's first batch is parsed before the
+    (Acc@k) and how many queries the run answers (the result's `run_depth`: the most hits of
+    any query). The run's first batch is parsed before the
     qrels are read, so that a bad run line there is the error reported when both are wrong."""
     top: dict[str, list[str]] = {}
-    queries = 0
+    queries = run_depth = 0
 
     def noting_questions(blocks: Iterable[Block]) -> Iterator[Block]:
-        nonlocal queries
+        nonlocal queries, run_depth
         for qid, hits in blocks:
             queries += 1
+            run_depth = max(run_depth, len(hits))
             if qid in answers:
                 top[qid] = ranked(hits, depth)
             yield qid, hits
@@ -318,7 +347,7 @@ def _score_run(blocks: Iterable[Block], qrels: Callable[[], list[Qrel]], measure
     else:
         deque(passing, maxlen=0)  # Acc@k only: the pass is for `top`
         result = {"aggregate": {}, "per_query": {}}
-    return result, top, queries
+    return result | {"run_depth": run_depth}, top, queries
 
 
 def evaluate(
@@ -363,6 +392,7 @@ def evaluate(
         "qrels": str(qrels_path) if measures else None,
         "relevance_level": int(config.get("relevance_level", 1)),
     }
+    _warn_if_shallow(result, names, str(run_path))
     if out is not None:
         artifacts.write_json(out, result)
     log.info("%s: %s", run_path, {m: round(v, 4) for m, v in result["aggregate"].items()})

@@ -1,8 +1,8 @@
 """The scores contract (results/metrics/{dataset}/{system}/{split}.json, written by evaluate.py).
 
 {"aggregate": {measure: value}, "per_query": {measure: {query_id: value}}, "run": path,
-"qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n, ...}, with
-ir_measures' measure names; every qrels query is scored (0 when the run misses it), so each
-aggregate is the mean of its per-query values. The file carries its own statistics: it has no
+"qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n, "run_depth": n,
+...}, with ir_measures' measure names; every qrels query is scored (0 when the run misses it), so
+each aggregate is the mean of its per-query values; `run_depth` is the most hits of any query. The file carries its own statistics: it has no
 manifest beside it.
 """

@@ -55,7 +55,7 @@ def metrics_as_manifest(path: Path) -> dict[str, Any] | None:
         "stage": "score_run",
         "created": created.isoformat(timespec="seconds"),
         "stats": data["aggregate"]
-        | {k: data[k] for k in ("queries", "queries_missing_from_run") if k in data},
+        | {k: data[k] for k in ("queries", "queries_missing_from_run", "run_depth") if k in data},
     }
 
 
