@@ -130,7 +130,15 @@ BM25: dict[tuple[float, float], tuple[Published, ...]] = {
         Published("measured here (Pyserini 1.6.0)", "bm25", "scifact-test", "R@100", 0.9253),
         Published("measured here (Pyserini 1.6.0)", "bm25", "scifact-test", "R@1000", 0.9767),
     ),
-    (0.82, 0.68): (Published(_ANSERINI, "bm25", "msmarco-passage-dev", "RR@10", 0.1875),),
+    # Tuned BM25: the MS MARCO official eval script's MRR@10 (0.18741227770955546), which our
+    # RR@10 (ir_measures' MS MARCO implementation) reproduces; Anserini's 0.1875 is trec_eval's
+    # recip_rank@10, whose tie order differs, and showed an exact reproduction as Δ -0.001.
+    (0.82, 0.68): (
+        Published(
+            "MS MARCO official eval script, as Anserini/Pyserini's regression docs report it",
+            "bm25", "msmarco-passage-dev", "RR@10", 0.1874,
+        ),
+    ),
 }
 
 # Reference rows (not ours) that a table can list by name: published anchors for its data.
