@@ -683,3 +683,15 @@ def test_tuned_bm25_anchor_is_the_official_mrr_our_rr10_reproduces():
     cell = Cell(0.18741227770955546, published=published)
     assert render_cell(cell, 3) == "0.187 (0.187, Δ ±0.000)"
     assert "official eval script" in published.source
+
+
+def test_a_published_value_measured_here_is_marked_in_parentheses_too(synthetic, tmp_path):
+    """Beside our BM25 row, SciFact R@100 0.9253 was measured here with Pyserini, not published:
+    the parentheses mark it as the reference row does (0.925*), and the legend says what * is."""
+    results, _ = synthetic
+    make_tables(params(compare_published=True), results, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text()
+    bm25_row = next(line for line in text.splitlines() if line.startswith("| BM25 (k1=0.9"))
+    assert "(0.925*, Δ " in bm25_row, bm25_row
+    assert "(0.679, Δ" in bm25_row  # Anserini's published nDCG@10: no mark
+    assert "In parentheses: the published value (*: not published but measured" in text

@@ -28,7 +28,9 @@ def render_cell(cell: Cell, decimals: int) -> str:
         # The difference of the two numbers shown, so that a reader's own subtraction agrees.
         gap = None if value is None else shown(value, decimals) - shown(published, decimals)
         delta = "" if gap is None else f", Δ {signed(gap, decimals)}"
-        text += f" ({cell.published.value:.{decimals}f}{delta})"
+        # A number measured here, not published, is marked as a reference row marks it.
+        mark = MEASURED_MARK if cell.published.measured_here else ""
+        text += f" ({cell.published.value:.{decimals}f}{mark}{delta})"
     return text
 
 
@@ -93,9 +95,13 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
                 if c.published
             }
         )
+        measured = any(c.published and c.published.measured_here
+                       for g in groups for r in g.rows for c in r.cells)
         text += (
-            " In parentheses: the published value and our delta (ours − published); "
-            "sources: " + "; ".join(sources) + "."
+            " In parentheses: the published value"
+            + (f" ({MEASURED_MARK}: not published but measured on the same data)"
+               if measured else "")
+            + " and our delta (ours − published); sources: " + "; ".join(sources) + "."
         )
     if any(r.reference for g in groups for r in g.rows):
         text += " Reference rows are published numbers on the same data, not produced by this run"
