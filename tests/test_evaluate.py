@@ -314,3 +314,15 @@ def test_a_run_shallower_than_a_cutoff_or_missing_queries_is_scored_with_warning
 )
 def test_a_measures_cutoff_is_the_rank_it_reads_down_to(name, cutoff):
     assert evaluate.measure_cutoff(name) == cutoff
+
+
+def test_every_measure_with_a_relevance_threshold_takes_the_splits_level():
+    """At relevance level 2, each measure ir_measures gives a `rel` parameter counts grade 2 up
+    (Bpref and the Set family too, not only R/RR/AP/P), while graded ones keep their gains."""
+    names = ["Bpref", "infAP", "SetP", "SetR", "SetF", "SetAP", "IPrec@0.1", "R@100", "nDCG@10",
+             "nDCG", "ERR@10", "Judged@10", "R(rel=3)@100"]
+    got = [str(m) for m in evaluate.parse_measures(names, 2)]
+    assert got == ["Bpref(rel=2)", "infAP(rel=2)", "SetP(rel=2)", "SetR(rel=2)", "SetF(rel=2)",
+                   "SetAP(rel=2)", "IPrec(rel=2)@0.1", "R(rel=2)@100", "nDCG@10", "nDCG",
+                   "ERR@10", "Judged@10", "R(rel=3)@100"]
+    assert [str(m) for m in evaluate.parse_measures(names, 1)] == names

@@ -10,9 +10,11 @@ Output (the scores contract): {"aggregate": {measure: value}, "per_query": {meas
 Semantics, chosen to match the official evaluations:
 - Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c). The mean
   is over all qrels queries, and per-query scores are kept for significance tests.
-- `relevance_level` is the minimum grade counted relevant by binary measures (R, RR, AP, P,
-  Success): TREC DL counts grade >= 2 for recall/MRR/MAP, while nDCG always uses the graded gains.
-  A measure written with its own `rel=` keeps it.
+- `relevance_level` is the minimum grade counted relevant by binary measures, those ir_measures
+  gives a `rel` parameter (R, RR, AP, P, Success, Rprec, Bpref, infAP, SetP/R/F/AP, IPrec, ...):
+  TREC DL counts grade >= 2 for recall/MRR/MAP, while nDCG (and ERR) always use the graded gains.
+  A measure written with its own `rel=` keeps it (so does NumRelRet, ir_measures' alias for
+  NumRet(rel=1)).
 - RR@10 is computed by ir_measures' own implementation (the MS MARCO definition with its cutoff);
   the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR@k. Ties on
   score are ordered as each implementation orders them (this one by doc id ascending, trec_eval's
@@ -54,10 +56,6 @@ from .contracts.runs import utf8_lines
 from .errors import BadInput, command, reading
 
 log = logging.getLogger(__name__)
-
-# Measures whose relevance threshold is a parameter (`rel`) in ir_measures.
-_BINARY = {"R", "RR", "AP", "P", "Success", "Rprec", "NumRelRet"}
-
 
 class EvaluationError(BadInput, ValueError):
     """The run or qrels cannot be scored as given (the message says where and how to fix it)."""
@@ -197,7 +195,10 @@ def parse_measures(names: Iterable[str], relevance_level: int = 1) -> list:
             raise EvaluationError(
                 f"measure {name!r} is not an ir_measures measure ({error})"
             ) from None
-        if relevance_level != 1 and measure.NAME in _BINARY and "rel" not in measure.params:
+        # ir_measures' own word on which measures have a relevance threshold, so that none is
+        # left at rel=1 by a list kept here; nDCG and ERR have none (graded gains).
+        binary = "rel" in measure.SUPPORTED_PARAMS
+        if relevance_level != 1 and binary and "rel" not in measure.params:
             measure = measure(rel=relevance_level)
         measures.append(measure)
     return measures
