@@ -208,7 +208,7 @@ TABLES_MD = """# Results: experiment `toy`
 
 - experiment: `toy`
 - config hash (sha256 of the resolved config): `0123456789abcdef`
-- code version: `abc1234`
+- tables built with: `abc1234`
 - date: 2026-01-01T00:00:00+00:00
 - tables built on: host, Linux, 2 CPUs
 """

@@ -277,7 +277,7 @@ def test_tables_provenance_is_checked(results, capsys):
     assert status == 0, out
     for field in ("config hash", "code version", "date", "hardware"):
         assert f"PASS  provenance names the {field}" in out
-    (results / "tables.md").write_text(TABLES_MD.replace("- code version: `abc1234`\n", ""))
+    (results / "tables.md").write_text(TABLES_MD.replace("- tables built with: `abc1234`\n", ""))
     try:
         status, out, _ = run_audit(results / "tables.md", capsys)
     finally:

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from retrieval_pretraining import artifacts
 from tiny_experiment import DATASET, E2E_FINETUNED, E2E_MODELS, tiny_overrides, write_scifact_subset
 from workflow_harness import copy_project, plan_of, planned_rules, snakemake
 
@@ -348,7 +349,7 @@ def test_tables_provenance_names_every_field_and_existing_files(project, config)
     provenance = text.split("## Provenance", 1)[1]
     assert re.search(r"^- config hash \(sha256 of the resolved config\): `[0-9a-f]{16}`$",
                      provenance, re.M), provenance
-    assert re.search(r"^- code version: `[^`]+`$", provenance, re.M), provenance
+    assert re.search(r"^- tables built with: `[^`]+` ", provenance, re.M), provenance
     date = dt.datetime.fromisoformat(re.search(r"^- date: (\S+)$", provenance, re.M).group(1))
     written = dt.datetime.fromtimestamp((project / TABLES).stat().st_mtime, dt.timezone.utc)
     assert abs((written - date).total_seconds()) < 600, (date, written)
@@ -357,8 +358,11 @@ def test_tables_provenance_names_every_field_and_existing_files(project, config)
     rows = [r for r in _table_rows(provenance) if r[0] != "system"]
     assert sorted(r[0] for r in rows) == sorted(_systems(config)), rows
     objectives = {m["name"]: m["objective"] for m in config["pretrain"]["models"]}
-    for system, split, run, metrics, model, logs in rows:
+    for system, split, run, run_sha256, metrics, scored_with, model, logs in rows:
         assert split == f"{DATASET}/{SPLIT}"
+        digest = artifacts.sha256_file(project / run.strip("`"))[:16]
+        assert run_sha256 == f"`{digest}`", (run_sha256, digest)
+        assert re.fullmatch(r"`[^`]+` \(package `[0-9a-f]{12}`\)", scored_with), scored_with
         assert run == f"`results/runs/{DATASET}/{system}/{SPLIT}.trec`", run
         assert metrics == f"`results/metrics/{DATASET}/{system}/{SPLIT}.json`", metrics
         if system == "bm25":

@@ -326,3 +326,17 @@ def test_every_measure_with_a_relevance_threshold_takes_the_splits_level():
                    "SetAP(rel=2)", "IPrec(rel=2)@0.1", "R(rel=2)@100", "nDCG@10", "nDCG",
                    "ERR@10", "Judged@10", "R(rel=3)@100"]
     assert [str(m) for m in evaluate.parse_measures(names, 1)] == names
+
+
+def test_metrics_name_the_run_and_the_code_that_scored_it(files):
+    """A table built later (perhaps from another checkout) can say which run file and which code
+    gave each number: the run's sha256 and evaluate's code version are in the metrics."""
+    import hashlib
+
+    from retrieval_pretraining import artifacts
+
+    run, qrels = files
+    result = evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+    assert result["run_sha256"] == hashlib.sha256(run.read_bytes()).hexdigest()
+    assert result["code_version"] == artifacts.code_version()
+    assert set(result["code_version"]) == {"git", "package_sha256"}

@@ -706,3 +706,21 @@ def test_cocondensers_ms_marco_number_is_in_domain_and_its_nq_numbers_are_not():
                        in_domain=True).value == 0.382
     assert paper_value("cocondenser", "nq-test", "Acc@20", **final).value == 0.843
     assert paper_value("cocondenser", "nq-test", "Acc@20", **final, in_domain=True) is None
+
+
+def test_provenance_names_each_rows_run_digest_and_scoring_code(synthetic, tmp_path):
+    """Each provenance row says which run file (its sha256) and which code scored it, as the
+    metrics recorded them; the build-time version is labelled as the tables' own."""
+    results, _ = synthetic
+    path = results / "metrics" / "scifact" / "costa-stage2" / "test.json"
+    data = json.loads(path.read_text())
+    data |= {"run_sha256": "ab" * 32, "code_version": {"git": "v1-3-gdeadbee",
+                                                       "package_sha256": "cd" * 32}}
+    path.write_text(json.dumps(data))
+    make_tables(params(), results, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text().split("## Provenance", 1)[1]
+    assert "\n- tables built with: `" in text
+    costa = next(line for line in text.splitlines() if line.startswith("| costa-stage2 |"))
+    assert f"| `{'ab' * 8}` |" in costa and "| `v1-3-gdeadbee` (package `cdcdcdcdcdcd`) |" in costa
+    bert = next(line for line in text.splitlines() if line.startswith("| bert-stage2 |"))
+    assert bert.count("| – |") >= 2, bert  # metrics written before these were recorded

@@ -5,7 +5,8 @@
 
 Output (the scores contract): {"aggregate": {measure: value}, "per_query": {measure: {qid: value}},
 "run": path, "qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n,
-"run_depth": the most hits any query of the run has}.
+"run_depth": the most hits any query of the run has, "run_sha256": the run file's digest,
+"code_version": {"git", "package_sha256"} of the code that scored it}.
 
 Semantics, chosen to match the official evaluations:
 - Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c). The mean
@@ -392,6 +393,10 @@ def evaluate(
         "run": str(run_path),
         "qrels": str(qrels_path) if measures else None,
         "relevance_level": int(config.get("relevance_level", 1)),
+        # Which run and which code gave these numbers, for the tables' provenance: the tables
+        # are built later, perhaps from another checkout than the one that scored.
+        "run_sha256": artifacts.sha256_once(run_path),
+        "code_version": artifacts.code_version(),
     }
     _warn_if_shallow(result, names, str(run_path))
     if out is not None:

@@ -35,6 +35,8 @@ class Metrics:
     per_query: dict[str, dict[str, float]]
     run: str | None
     relevance_level: int = 1
+    run_sha256: str | None = None  # None in metrics written before evaluate recorded them
+    code_version: dict[str, str] | None = None
 
     def key(self, measure: str) -> str:
         """The name this file stores `measure` under (module docstring)."""
@@ -63,7 +65,8 @@ def load_metrics(path: Path) -> Metrics:
                 "aggregate, per_query, run, qrels, measures)"
             )
     return Metrics(path, data["aggregate"], data["per_query"], data.get("run"),
-                   int(data.get("relevance_level", 1)))
+                   int(data.get("relevance_level", 1)), data.get("run_sha256"),
+                   data.get("code_version"))
 
 
 class MetricsCache:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import artifacts
 from .layout import Group, Row
-from .metrics import MetricsCache, metrics_path
+from .metrics import Metrics, MetricsCache, metrics_path
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -57,7 +57,8 @@ def provenance(
         "",
         f"- experiment: `{params.get('experiment', 'unknown')}`",
         f"- config hash (sha256 of the resolved config): `{params.get('config_hash', 'unknown')}`",
-        f"- code version: `{artifacts.git_version()}`",
+        f"- tables built with: `{artifacts.git_version()}` (each row's scoring code: its "
+        "`scored with` column)",
         f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
     ]
     lines += [f"- {h}" for h in hardware(results, params["models"])]
@@ -66,8 +67,9 @@ def provenance(
     lines += missing_judged_documents(results, columns)
     lines += [
         "",
-        "| system | dataset/split | run file | metrics | model | training log |",
-        "|---|---|---|---|---|---|",
+        "| system | dataset/split | run file | run sha256 | metrics | scored with | model "
+        "| training log |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     seen = set()
     for spec, groups in tables:
@@ -88,7 +90,9 @@ def provenance(
                                 row.system,
                                 f"{c['dataset']}/{c['split']}",
                                 f"`{m.run}`" if m and m.run else "–",
+                                f"`{m.run_sha256[:16]}`" if m and m.run_sha256 else "–",
                                 f"`{metrics_path(results, c['dataset'], row.system, c['split'])}`",
+                                scored_with(m),
                                 model_location(results, row, c["dataset"], group, params),
                                 log_location(results, row, c["dataset"], group, c["split"], params),
                             ]
@@ -98,6 +102,14 @@ def provenance(
     if cache.missing:
         lines += ["", "Missing (shown as –): " + ", ".join(f"`{p}`" for p in cache.missing)]
     return "\n".join(lines) + "\n"
+
+
+def scored_with(m: Metrics | None) -> str:
+    """The code version evaluate.py recorded in a metrics file ("–" for one written before)."""
+    version = (m.code_version or {}) if m else {}
+    if not version:
+        return "–"
+    return f"`{version.get('git', '?')}` (package `{version.get('package_sha256', '?')[:12]}`)"
 
 
 def missing_judged_documents(results: Path, columns: list[tuple[str, str]]) -> list[str]:

@@ -3,6 +3,7 @@
 {"aggregate": {measure: value}, "per_query": {measure: {query_id: value}}, "run": path,
 "qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n, "run_depth": n,
 ...}, with ir_measures' measure names; every qrels query is scored (0 when the run misses it), so
-each aggregate is the mean of its per-query values; `run_depth` is the most hits of any query. The file carries its own statistics: it has no
-manifest beside it.
+each aggregate is the mean of its per-query values; `run_depth` is the most hits of any query,
+`run_sha256` and `code_version` name the run file and the code that scored it. The file carries
+its own statistics: it has no manifest beside it.
 """

@@ -24,7 +24,7 @@ FILES = [
 # What the provenance block of results/tables.md (tables.provenance) must name, and its line.
 PROVENANCE_FIELDS = {
     "config hash": "- config hash",
-    "code version": "- code version",
+    "code version": "- tables built with",
     "date": "- date",
     "hardware": "- tables built on",
 }
