@@ -6,6 +6,8 @@
 # encoder fine-tuned on its source dataset (`stage_encoder`).
 import re as _re
 
+from retrieval_pretraining.retrieval_settings import retrieval_keys
+
 _STAGE_RE = r"(n[0-9]+s[0-9]+-)?stage[0-9]+"
 
 
@@ -35,19 +37,32 @@ def reported_encoders():
     }
 
 
-def mining_argument(wildcards):
-    """mine.py's slice: the fine-tuning slice, the mining policy keys and use_gpu."""
-    mining = config["mining"]
+def retrieval_knobs(wildcards, *added):
+    """The retrieval knobs of the stage's fine-tuning slice and the slice keys `added`: not the
+    training knobs (lr...), so that changing one re-encodes nothing a training job did not change
+    (stage 0, an untrained stage-1 init encoder)."""
     knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
+    return only(knobs, retrieval_keys() | set(added))
+
+
+def mining_argument(wildcards):
+    """mine.py's slice: the retrieval knobs, exclude_self, the mining policy keys and use_gpu."""
+    mining = config["mining"]
+    knobs = retrieval_knobs(wildcards, "exclude_self")
     knobs |= {k: v for k, v in mining.items() if k not in ("index", "keep_vectors")}
     knobs["use_gpu"] = mining["index"].get("use_gpu", "auto")
     knobs |= negative_filter_policy(wildcards.dataset)
     return experiment_config.stage_argument(knobs)
 
 
+def encode_argument(wildcards):
+    """encode.py's slice: the retrieval knobs."""
+    return experiment_config.stage_argument(retrieval_knobs(wildcards))
+
+
 def search_argument(wildcards):
-    """encode.py's and dense_search.py's slice: the fine-tuning slice and use_gpu."""
-    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
+    """dense_search.py's slice: the retrieval knobs, search_depth, exclude_self and use_gpu."""
+    knobs = retrieval_knobs(wildcards, "search_depth", "exclude_self")
     knobs["use_gpu"] = config["mining"]["index"].get("use_gpu", "auto")
     return experiment_config.stage_argument(knobs)
 
@@ -130,7 +145,7 @@ rule encode_corpus_shard:
         conda_env("torch")
     threads: 2
     params:
-        encode=search_argument,
+        encode=encode_argument,
         shards=lambda wc: finetune_knobs(wc.dataset, wc.stage)["shards"],
     shell:
         ENCODE_SHELL

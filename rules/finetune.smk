@@ -2,10 +2,13 @@
 # index -> mine hard negatives) -> stage 2 on the mined negatives (-> more rounds for documents).
 #
 # {stage} is `stage<k>`, or `n<N>s<K>-stage<k>` for the low-resource mode (N sampled training
-# queries, sample K). Every fine-tuning and dense-retrieval job is handed the slice `finetune_knobs`
-# builds (retrieval_pretraining/retrieval_settings.py says which stage reads what of it).
-# Resume state of a training job lives in results/state/finetune/, outside the declared outputs.
+# queries, sample K). Every fine-tuning and dense-retrieval job is handed the part of the slice
+# `finetune_knobs` builds that it reads (retrieval_pretraining/retrieval_settings.py says which),
+# so that no other knob is a rerun trigger of it. Resume state of a training job lives in
+# results/state/finetune/, outside the declared outputs.
 import re as _re
+
+from retrieval_pretraining.finetune.settings import trainer_keys
 
 _FINETUNE_CODE = ("launch", "finetune")
 
@@ -78,11 +81,17 @@ def model_finetune_knobs(model):
     return named(config["pretrain"]["models"], model).get("finetune", {})
 
 
+def only(knobs, keys):
+    """The knobs named in `keys`: a job's params are its rerun trigger, so each gets what it reads."""
+    return {k: v for k, v in knobs.items() if k in keys}
+
+
 def finetune_argument(wildcards):
-    return experiment_config.stage_argument(
-        finetune_knobs(wildcards.dataset, wildcards.stage)
-        | model_finetune_knobs(wildcards.model)
-    )
+    """The trainer's slice: the keys it reads (shards, search_depth, encode_batch_size, rounds...
+    are left out, so that changing them reruns no fine-tuning job)."""
+    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
+    knobs |= model_finetune_knobs(wildcards.model)
+    return experiment_config.stage_argument(only(knobs, trainer_keys()))
 
 
 def heads_argument(wildcards, input):

@@ -84,6 +84,38 @@ def test_stage2_continues_from_stage1_on_its_mined_negatives(costa_plan):
     assert stage_config(stage2)["epochs"] == demo_config()["finetune"]["epochs_mined"]
 
 
+# Knobs edited in one go: what each job's --config may change under them is asserted below.
+EDITS = {"shards": 2, "search_depth": 150, "encode_batch_size": 8, "dtype": "float32",
+         "epochs_mined": 3, "stage2_negatives": "union", "lr": 1e-4, "temperature": 0.1}
+
+
+@pytest.fixture(scope="module")
+def edited_plan(tmp_path_factory) -> list[dict]:
+    """costa_plan's targets with EDITS applied to the finetune section."""
+    project = copy_project(tmp_path_factory.mktemp("edited") / "project",
+                           {"finetune": {"models": ["bert"], **EDITS}})
+    return planned_jobs(project, "results/runs/scifact/bert-stage2/test.trec")
+
+
+@pytest.mark.parametrize("rule, wildcards, changed", [
+    ("finetune_stage1", {"stage": "stage1"}, {"lr", "temperature"}),
+    ("finetune_stage2", {"stage": "stage2"}, {"lr", "temperature", "epochs"}),  # epochs_mined
+    ("encode_corpus_shard", {"stage": "stage1", "shard": "0000"}, {"encode_batch_size", "dtype"}),
+    ("mine_hard_negatives", {"stage": "stage1"}, {"encode_batch_size", "dtype"}),
+    ("dense_search", {"stage": "stage2"}, {"encode_batch_size", "dtype", "search_depth"}),
+])
+def test_a_job_s_slice_changes_only_with_the_knobs_it_reads(costa_plan, edited_plan, rule,
+                                                            wildcards, changed):
+    """Snakemake reruns a job whose params changed: a knob of encoding, search or the rules
+    (shards, a process count; search_depth; encode_batch_size, lowered after an out-of-memory
+    error) must leave every fine-tuning job's slice as it was, and a training knob (lr) every
+    encoding, mining and search job's (stage 0 and stage-1 init encoders are encoded unchanged)."""
+    before = stage_config(job(costa_plan, rule, **wildcards)["args"])
+    after = stage_config(job(edited_plan, rule, **wildcards)["args"])
+    differing = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert differing == changed
+
+
 @pytest.fixture(scope="module")
 def variant_plan(tmp_path_factory) -> list[dict]:
     """Restart + union for scifact (with a low-resource sample), and a paper-style document setup:

@@ -515,4 +515,7 @@ def test_changing_a_knob_that_cannot_change_the_weights_resumes_the_state(tmp_pa
     plain = FinetuneSettings.from_config({})
     logged = FinetuneSettings.from_config({"save_every_steps": 7, "log_every_steps": 3})
     assert resume_settings(plain) == resume_settings(logged)
+    # Encoding knobs (lowered after an out-of-memory error while encoding) are not the job either.
+    encoding = FinetuneSettings.from_config({"encode_batch_size": 8, "dtype": "float32"})
+    assert resume_settings(plain) == resume_settings(encoding)
     assert resume_settings(plain) != resume_settings(FinetuneSettings.from_config({"lr": 1e-5}))

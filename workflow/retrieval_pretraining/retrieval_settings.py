@@ -7,11 +7,13 @@ build them from the same slice, so training and retrieval can never disagree on 
 
 The slice: rules/finetune.smk builds one per dataset and stage (`finetune_knobs`): the `finetune`
 section's knobs (schemas/finetune.schema.yaml) with the dataset's overrides, plus the dataset's
-title mode (`title`) and query-id rule (`exclude_self`). Fine-tuning gets it as it is; corpus
-encoding and dense search get `use_gpu` besides, mining its policy keys and `use_gpu`. Each stage
-reads its own knobs and accepts the rest of the slice (so one slice can be handed around); a key
-outside it is refused, naming it and the known keys, since a misspelt knob would otherwise fall
-back to its default without a word. Torch-free.
+title mode (`title`) and query-id rule (`exclude_self`). Each job is handed only the part it reads,
+since Snakemake reruns a job whose params changed: fine-tuning its own knobs
+(finetune/settings.trainer_keys), corpus encoding the retrieval knobs (`retrieval_keys`), dense
+search those, its depth, `exclude_self` and `use_gpu`, mining those less the depth plus its policy
+keys. Each stage accepts the rest of the slice too (and ignores it); a key outside it is refused,
+naming it and the known keys, since a misspelt knob would otherwise fall back to its default
+without a word. Torch-free.
 """
 
 from __future__ import annotations
@@ -124,3 +126,9 @@ class RetrievalSettings:
         of our own encoders, which never have one, are what they were)."""
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if not (k in PREFIX_KEYS and v == "")}
+
+
+def retrieval_keys() -> frozenset[str]:
+    """The retrieval knobs of a fine-tuning slice: what encoding, search and mining read of it
+    (the prefixes are a baseline's, never in that slice)."""
+    return frozenset(f.name for f in dataclasses.fields(RetrievalSettings)) - set(PREFIX_KEYS)

@@ -1,8 +1,10 @@
 """The fine-tuning settings: the slice rules/finetune.smk passes (`finetune_knobs`), typed, checked.
 
-Torch-free. The slice holds every knob of the `finetune` section (with the dataset's overrides) and
-the dataset's title mode and query-id rule; the trainer reads the fields below and accepts the
-keys only the rules (or mining and search) read (`RULE_KEYS`). Anything else is refused.
+Torch-free. The slice `finetune_knobs` builds holds every knob of the `finetune` section (with the
+dataset's overrides) and the dataset's title mode and query-id rule; the fine-tuning rules pass the
+trainer only the keys it reads (`trainer_keys`). It accepts the keys only the rules (or encoding,
+mining and search) read (`RULE_KEYS`, encode_batch_size, dtype) and ignores them; anything else is
+refused.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ WITHOUT_NEGATIVES = ("pad", "drop")
 # many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
 RULE_KEYS = ("rounds", "epochs_mined", "stage1", "stage1_init", "stage2_init", "stage2_negatives",
              "shards", "search_depth", "exclude_self")
+# The retrieval knobs the trainer reads (how texts are cut, joined and pooled); the others
+# (encode_batch_size, dtype) say how a corpus is encoded and stored later, not what is trained.
+TRAINED_RETRIEVAL_KEYS = ("pooling", "similarity", "q_len", "p_len", "title")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +81,18 @@ class FinetuneSettings:
         return cls(retrieval=RetrievalSettings.from_config(config, stage="finetune"), **own)
 
     def record(self) -> dict[str, Any]:
-        """One flat dict, as the encoder's manifest and training.json record the settings."""
+        """One flat dict, as the encoder's manifest and training.json record the settings (and a
+        resume state must match): the keys the trainer reads (`trainer_keys`)."""
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "retrieval"}
-        return {**self.retrieval.record(), **own}
+        retrieval = {k: v for k, v in self.retrieval.record().items()
+                     if k in TRAINED_RETRIEVAL_KEYS}
+        return {**retrieval, **own}
+
+
+def trainer_keys() -> frozenset[str]:
+    """The slice keys the trainer reads: the slice rules/finetune.smk hands a fine-tuning job is cut
+    to them, so that no other knob (shards, search_depth, encode_batch_size...) is a rerun trigger
+    of fine-tuning (Snakemake reruns a job whose params changed)."""
+    own = {f.name for f in dataclasses.fields(FinetuneSettings) if f.name != "retrieval"}
+    return frozenset(own | set(TRAINED_RETRIEVAL_KEYS))
