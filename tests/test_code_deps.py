@@ -148,3 +148,11 @@ def test_third_party_imports_are_top_level_names():
     names = code_deps.third_party_imports("chunk")
     assert {"numpy", "pyarrow"} <= names
     assert not {n for n in names if "." in n} and "retrieval_pretraining" not in names
+
+
+def test_fine_tuning_does_not_run_the_mining_code():
+    """Fine-tuning shares mining's seeded generator (seeding.py), not mining itself: an edit to the
+    miner, dense search, FAISS or answer matching must not rerun every fine-tuning job."""
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("finetune")}
+    assert not {"mine.py", "dense_search.py", "faiss_index.py", "answers.py"} & files
+    assert "seeding.py" in files

@@ -172,3 +172,13 @@ def test_seeds_depend_on_seed_and_keys_only():
     a = mine.rng_for(3, "mine", "q1").integers(1 << 30, size=4)
     assert (a == mine.rng_for(3, "mine", "q1").integers(1 << 30, size=4)).all()
     assert not (a == mine.rng_for(3, "mine", "q2").integers(1 << 30, size=4)).all()
+
+
+def test_seeded_draws_are_those_mined_files_were_made_with():
+    """rng_for moved to seeding.py: its draws (negatives sampled, groups, epoch orders) must stay
+    the ones every existing mined file and fine-tuning run was made with (values of the old mine.py)."""
+    from retrieval_pretraining.seeding import rng_for
+
+    assert rng_for(3, "mine", "q1").integers(1 << 30, size=4).tolist() == [
+        180834457, 20505769, 22261559, 551067523]
+    assert rng_for(7, "group", 2, "q9").permutation(6).tolist() == [4, 1, 5, 3, 0, 2]

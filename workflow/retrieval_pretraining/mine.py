@@ -29,7 +29,6 @@ negatives schema plus scores; negatives in rank order) + manifest with the polic
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from .dense_search import encode_queries, fetch_depth, rank
 from .errors import command, reading
 from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, check_choice, check_int,
                                  refuse_unknown, slice_keys)
+from .seeding import rng_for
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +65,6 @@ POSITIVES_REMOVED = ("own", "first_query")
 EXCLUDE_QUERY_ID_DEFAULT = True
 # The slice the mine_hard_negatives rule passes (mining_argument): a fine-tuning slice plus these.
 MINING_KEYS = (*POLICY_DEFAULTS, *SEARCH_KEYS)
-
-
-def rng_for(seed: int, *keys: Any) -> np.random.Generator:
-    """A generator determined by (seed, keys) alone: keys are hashed, so string ids work too."""
-    words = [int(seed)]
-    for key in keys:
-        digest = hashlib.blake2b(str(key).encode(), digest_size=8).digest()
-        words.append(int.from_bytes(digest, "little"))
-    return np.random.default_rng(words)
 
 
 def policy(config: dict[str, Any]) -> dict[str, Any]:

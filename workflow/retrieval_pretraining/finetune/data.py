@@ -27,7 +27,7 @@ import polars as pl
 
 from .. import training
 from ..errors import InputFileError, reading
-from ..mine import rng_for
+from ..seeding import rng_for
 from .passages import PassageStore
 from .settings import FinetuneSettings
 
