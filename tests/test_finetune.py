@@ -288,6 +288,31 @@ def test_low_resource_samples_are_seeded_subsets(tmp_path):
     assert set(ids0) <= set(every) and len(every) == 40 and ids0 == sorted(ids0)
 
 
+def test_a_low_resource_sample_is_the_same_queries_at_every_stage_under_drop(tmp_path):
+    """With queries_without_negatives: drop, the N-query sample is drawn before the drop, so
+    stage 1 (BM25 negatives missing for some queries) and stage 2 (mined negatives for all) train
+    the same sample, stage 1 less the queries it drops (counted)."""
+    data = tiny_dataset(tmp_path, n_queries=40)
+    bm25 = pl.read_parquet(data["bm25"]).sort("query_id")
+    partial = tmp_path / "bm25-partial.parquet"
+    bm25.filter(pl.int_range(pl.len()) % 5 != 0).write_parquet(partial)  # every 5th: none
+    cfg = FinetuneSettings.from_config({"train_queries": 10, "train_sample": 0,
+                                        "queries_without_negatives": "drop"})
+
+    def load(negatives):
+        frame, counts = fdata.training_queries(data["queries"], data["qrels"], [negatives], cfg,
+                                               1, corpus=data["corpus"])
+        return set(frame["query_id"].to_list()), counts
+
+    stage1, counts1 = load(partial)
+    stage2, counts2 = load(data["bm25"])
+    without = set(bm25["query_id"].to_list()) - set(pl.read_parquet(partial)["query_id"].to_list())
+    assert len(stage2) == 10 and stage1 == stage2 - without
+    assert stage2 & without  # the sample holds some of them, so the drop is exercised
+    assert counts1["queries_without_negatives_dropped"] == len(stage2 & without)
+    assert counts1["train_queries_sampled"] == counts2["train_queries_sampled"] == 10
+
+
 def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(tmp_path):
     """datasets.py keeps qrels naming documents missing from the corpus; training drops them (and a
     query left without a positive), and drops or pads queries without negatives, counting each."""

@@ -3,9 +3,10 @@
 Training queries are the split's queries with a positive (relevance > 0) in the corpus: a qrel
 naming a document absent from the corpus is kept by datasets.py (it is an unretrievable relevant for
 scoring) but cannot be trained on, so it is dropped here, and a query left without positives is
-skipped; both are counted (log, metrics `start` event, encoder manifest). A query without negatives
-(MS MARCO's triples do not cover every judged query) is dropped or padded with random corpus
-documents (`queries_without_negatives`: drop | pad, Tevatron's padding), counted too. Padding draws
+skipped; both are counted (log, metrics `start` event, encoder manifest). A low-resource sample
+(`train_queries`) is drawn from the queries left. A query without negatives (MS MARCO's triples do
+not cover every judged query) is then dropped or padded with random corpus documents
+(`queries_without_negatives`: drop | pad, Tevatron's padding), counted too. Padding draws
 from a seeded pool of at most PAD_POOL documents (the whole corpus when smaller), so no process
 holds the whole corpus in memory.
 
@@ -113,9 +114,11 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
     per process (benchmarks/RESULTS.md, issue 17).
 
     Negatives of several files (e.g. mined + BM25) are unioned in file order, duplicates dropped.
-    With `corpus`, positives absent from it are dropped and queries left without one skipped; with
-    queries_without_negatives=drop, queries without negatives are skipped. Both happen before the
-    low-resource sample is drawn, so a sample of N queries holds N trainable queries.
+    With `corpus`, positives absent from it are dropped and queries left without one skipped,
+    before the low-resource sample is drawn; with queries_without_negatives=drop, queries without
+    negatives are skipped after it, from the sample. So the sample depends on the qrels and corpus
+    alone and every stage of a chain trains the same N queries (stage 1, whose BM25 negatives may
+    miss some, then trains fewer: `train_queries_sampled` and the dropped count say how many).
     """
     with reading(queries, "a queries Parquet file"):
         texts = pl.read_parquet(queries, columns=["query_id", "text"])
@@ -140,16 +143,24 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
              .join(texts, on="query_id", how="left")
              .join(merged_negatives(negative_files), on="query_id", how="left")
              .sort("query_id").select(list(QUERY_SCHEMA)))
+    if settings.train_queries is not None:
+        frame = low_resource_sample(frame, settings.train_queries, settings.train_sample, seed)
+        counts["train_queries_sampled"] = len(frame)
     if settings.queries_without_negatives == "drop":
         kept = frame.filter(pl.col("negatives").list.len().fill_null(0) > 0)
         counts["queries_without_negatives_dropped"] = len(frame) - len(kept)
         frame = kept
-    if settings.train_queries is not None and settings.train_queries < len(frame):
-        # Low-resource sample k of N queries: seeded by (seed, N, k), independent of anything else.
-        pick = rng_for(seed, "train-queries", settings.train_queries, settings.train_sample).choice(
-            len(frame), size=settings.train_queries, replace=False)
-        frame = frame[np.sort(pick)]
     return frame, counts
+
+
+def low_resource_sample(frame: pl.DataFrame, n: int, k: int, seed: int) -> pl.DataFrame:
+    """Sample k of n queries (rows of `frame`, sorted by query id: every query with a positive in
+    the corpus), seeded by (seed, n, k); all of them when there are at most n. Drawn before any
+    filter on negatives, which differ by stage: rows of a filtered frame would be other queries."""
+    if n >= len(frame):
+        return frame
+    pick = rng_for(seed, "train-queries", n, k).choice(len(frame), size=n, replace=False)
+    return frame[np.sort(pick)]
 
 
 def merged_negatives(paths: list[Path]) -> pl.DataFrame:

@@ -90,6 +90,9 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                  counts["queries_without_positive_in_corpus"], s.queries_without_negatives,
                  counts["queries_without_negatives_dropped"],
                  counts["queries_without_negatives_padded"])
+        if "train_queries_sampled" in counts:  # drop may leave fewer than the sample's N
+            log.info("low-resource sample %d of %d queries: %d of them trained", s.train_sample,
+                     counts["train_queries_sampled"], len(data.query_ids))
         metrics.write({"step": start, "event": "start", **plan.record(),
                        "train_queries": len(data.query_ids), **counts,
                        "world_size": env.world_size})
