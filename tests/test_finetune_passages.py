@@ -84,6 +84,27 @@ def test_a_negative_absent_from_the_corpus_is_named_and_nothing_is_written(tmp_p
     assert list(tmp_path.iterdir()) == [corpus]
 
 
+def test_partial_passage_files_of_interrupted_writes_are_removed(tmp_path, monkeypatch):
+    """A write killed part-way (OOM killer, time limit) leaves its temp file in the state folder,
+    ~20 GB at MS MARCO documents: the next write removes it; a failing write removes its own."""
+    corpus = _corpus(tmp_path / "corpus.parquet", 10)
+    state = tmp_path / "state"
+    state.mkdir()
+    stale = state / ".p.arrow.12345.tmp"  # the pid of a process that is gone
+    stale.write_bytes(b"partial")
+    write_passages(corpus, {"d1", "d2"}, state / "p.arrow")
+    assert sorted(p.name for p in state.iterdir()) == ["p.arrow"]
+
+    def full_disk(self, path, **kwargs):
+        Path(path).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pl.LazyFrame, "sink_ipc", full_disk)
+    with pytest.raises(Exception, match="No space"):  # `reading` words it as the corpus's
+        write_passages(corpus, {"d1", "d2"}, state / "q.arrow")
+    assert sorted(p.name for p in state.iterdir()) == ["p.arrow"]
+
+
 _MEASURE = """
 import numpy as np
 import polars as pl, pyarrow

@@ -39,19 +39,25 @@ def write_passages(corpus: Path, doc_ids: Iterable[str] | pl.Series, path: Path)
     ids = (doc_ids if isinstance(doc_ids, pl.Series) else pl.Series(list(doc_ids), dtype=pl.String)
            ).cast(pl.String).alias("doc_id").unique()
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A write killed part-way (OOM killer, time limit) leaves its temp file: ~20 GB at MS MARCO
+    # documents. Only this job's main process writes into its state folder, so any one is stale.
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with reading(corpus, "a corpus Parquet file"):
-        (pl.scan_parquet(corpus).select(COLUMNS)
-         .filter(pl.col("doc_id").is_in(ids.implode()))  # streams; a semi-join held the corpus
-         .with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
-         .sink_ipc(partial, compression=None, compat_level=pl.CompatLevel.oldest()))
-    written = pl.scan_ipc(partial).select("doc_id").collect()["doc_id"]
-    if len(written) != len(ids):
-        absent = sorted(set(ids.to_list()) - set(written.to_list()))
-        partial.unlink()
-        raise InputFileError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "
-                             f"{absent[:3]}); the negatives were built for another corpus")
-    partial.replace(path)
+    try:
+        with reading(corpus, "a corpus Parquet file"):
+            (pl.scan_parquet(corpus).select(COLUMNS)
+             .filter(pl.col("doc_id").is_in(ids.implode()))  # streams; a semi-join held the corpus
+             .with_columns(pl.col("title").fill_null(""), pl.col("text").fill_null(""))
+             .sink_ipc(partial, compression=None, compat_level=pl.CompatLevel.oldest()))
+        written = pl.scan_ipc(partial).select("doc_id").collect()["doc_id"]
+        if len(written) != len(ids):
+            absent = sorted(set(ids.to_list()) - set(written.to_list()))
+            raise InputFileError(f"{len(absent)} negative doc ids are not in {corpus} (e.g. "
+                                 f"{absent[:3]}); the negatives were built for another corpus")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)  # nothing left after a failure (a full disk, say)
     return len(ids)
 
 
