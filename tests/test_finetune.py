@@ -256,6 +256,17 @@ def test_group_sampling_is_a_function_of_seed_epoch_and_query():
     assert sorted(order) == list(range(10)) and (order == fdata.epoch_order(10, 7, 2)).all()
 
 
+def test_padding_on_a_tiny_corpus_draws_from_the_pool_less_positives_or_says_why_not():
+    """A query without negatives is padded from the pool: where the pool is nearly all its own
+    positives (a tiny corpus), the quick draw may find none; the pool less the positives is used,
+    and an empty one is a clear error, not numpy's."""
+    positives = [f"p{i}" for i in range(200)]
+    group = fdata.sample_group("q1", positives, [], [*positives, "d1"], 3, seed=7, epoch=0)
+    assert group[0] in positives and group[1:] == ["d1", "d1"]
+    with pytest.raises(ValueError, match="q1 has no negatives.*queries_without_negatives"):
+        fdata.sample_group("q1", ["p1"], [], ["p1"], 3, seed=7, epoch=0)
+
+
 def test_an_epoch_s_query_order_is_drawn_once_not_every_step(monkeypatch):
     """The loop asks for each step's queries; the epoch's permutation of all training queries is
     drawn once an epoch (at MS MARCO's 503k queries a draw costs a fifth of a step on 8 GPUs)."""

@@ -214,6 +214,12 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
         excluded = set(positives)
         pool = [d for d in (fallback[i] for i in rng.choice(len(fallback), 4 * group_size))
                 if d not in excluded]
+        if not pool:  # the draw hit positives only (a tiny corpus): the whole pool less them
+            pool = [d for d in fallback if d not in excluded]
+        if not pool and group_size > 1:
+            raise ValueError(f"query {qid} has no negatives and the corpus holds only its "
+                             f"positives to pad its group with; use finetune."
+                             f"queries_without_negatives: drop, or a larger corpus")
     need = group_size - 1
     if need:
         picks = rng.choice(len(pool), size=need, replace=len(pool) < need)
