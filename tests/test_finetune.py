@@ -496,7 +496,7 @@ def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
     # One query without negatives: padded from the corpus (pad), as Tevatron does.
     pl.read_parquet(data["bm25"]).filter(pl.col("query_id") != qid).write_parquet(data["bm25"])
     base = tiny_encoder(tmp_path / "base")
-    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 6, "epochs": 1,
            "log_every_steps": 1, "queries_without_negatives": "pad"}
     out = tmp_path / "encoder"
     fine_tune(cfg, base, data, [data["bm25"]], seed=1, out=out, state_dir=tmp_path / "state",
@@ -505,8 +505,11 @@ def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
     assert stats["positives_absent_from_corpus"] == 1 and stats["train_queries"] == 16
     assert stats["queries_without_negatives_padded"] == 1
     assert stats["queries_without_negatives_dropped"] == 0
+    # Two whole batches of 6 an epoch: 4 queries of each epoch's order do not train in it.
+    assert stats["queries_per_epoch"] == 12 and stats["queries_left_out_per_epoch"] == 4
     start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["positives_absent_from_corpus"] == 1
+    assert start["queries_left_out_per_epoch"] == 4
 
 
 

@@ -74,7 +74,12 @@ def contrast_plan(settings: FinetuneSettings, world_size: int) -> ContrastPlan:
 
 def step_queries(query_ids: pl.Series, seed: int, step: int, batch_size: int
                  ) -> tuple[int, list[str]]:
-    """(epoch, the batch's query ids) of optimiser step `step` (0-based)."""
+    """(epoch, the batch's query ids) of optimiser step `step` (0-based).
+
+    An epoch is len // batch_size whole batches of its own permutation: the last len % batch_size
+    queries of that order do not train in that epoch (other ones each epoch; the trainer records
+    queries_per_epoch and queries_left_out_per_epoch). Wrapping them into the next epoch would
+    change every existing run's batches."""
     steps_per_epoch = len(query_ids) // batch_size
     epoch, in_epoch = divmod(step, steps_per_epoch)
     order = epoch_order(len(query_ids), seed, epoch)

@@ -80,7 +80,11 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                                      history=state_dir / "metrics.jsonl")
     stop = training.StopFlag()
     bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc="finetune")
-    counts = data.counts
+    # Each epoch trains whole batches of a fresh permutation: its last len % batch_size queries
+    # wait for a later epoch's order (data.step_queries); recorded, as the papers do not say.
+    trained = steps_per_epoch * s.batch_size
+    counts = {**data.counts, "queries_per_epoch": trained,
+              "queries_left_out_per_epoch": len(data.query_ids) - trained}
     if env.is_main:
         log.info("%d training queries, %d steps; plan %s on %d process(es); %d positives absent "
                  "from the corpus dropped, %d queries left without a positive skipped; queries "
@@ -90,6 +94,10 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                  counts["queries_without_positive_in_corpus"], s.queries_without_negatives,
                  counts["queries_without_negatives_dropped"],
                  counts["queries_without_negatives_padded"])
+        if counts["queries_left_out_per_epoch"]:
+            log.info("%d queries an epoch (whole batches); the other %d, different ones each "
+                     "epoch, are not trained that epoch", trained,
+                     counts["queries_left_out_per_epoch"])
         if "train_queries_sampled" in counts:  # drop may leave fewer than the sample's N
             log.info("low-resource sample %d of %d queries: %d of them trained", s.train_sample,
                      counts["train_queries_sampled"], len(data.query_ids))
