@@ -168,6 +168,25 @@ def test_bad_policies_fail_with_the_fix():
         mine.policy({"rank_window": [5, 3]})
 
 
+@pytest.mark.parametrize("window,depth,says", [
+    ([150, None], 100, "starts at rank 150 but mining.depth is 100"),
+    ([101, 200], 100, "starts at rank 101"),
+    ([3, 500], 200, "raise depth to 499 or lower hi to 201"),
+])
+def test_a_rank_window_beyond_the_depth_is_refused_naming_both_keys(window, depth, says):
+    """A window that starts past the depth mines no negative for any query; one that ends past
+    it is cut to depth + 1. Both fail before anything is encoded, naming both keys."""
+    with pytest.raises(mine.ConfigError, match="rank_window") as error:
+        mine.policy({**POLICY, "depth": depth, "rank_window": window})
+    assert says in str(error.value) and "mining.depth" in str(error.value)
+
+
+@pytest.mark.parametrize("window,depth", [([3, None], 200), ([1, 201], 200), ([200, None], 200),
+                                          ([3, None], 3)])
+def test_windows_within_the_depth_pass(window, depth):
+    assert mine.policy({**POLICY, "depth": depth, "rank_window": window})["rank_window"] == window
+
+
 def test_seeds_depend_on_seed_and_keys_only():
     a = mine.rng_for(3, "mine", "q1").integers(1 << 30, size=4)
     assert (a == mine.rng_for(3, "mine", "q1").integers(1 << 30, size=4)).all()

@@ -80,12 +80,28 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
     check_int("mining.depth", knobs["depth"], 1)
     check_int("mining.num_negatives", knobs["num_negatives"], 1, nullable=True)
     check_choice("mining.index.use_gpu", config.get("use_gpu", "auto"), ("auto", "never"))
-    window = knobs["rank_window"]
-    if window is not None and (len(window) != 2 or window[0] < 1
-                               or (window[1] is not None and window[1] <= window[0])):
+    check_window(knobs["rank_window"], knobs["depth"])
+    return knobs
+
+
+def check_window(window: list | None, depth: int) -> None:
+    """[lo, hi) must be a window on ranks 1..depth: the search returns no rank beyond `depth`, so a
+    window past it would mine no negative (found only after a whole encode, index and search), and
+    a hi past it would be cut to depth + 1 without a word."""
+    if window is None:
+        return
+    if (len(window) != 2 or window[0] < 1
+            or (window[1] is not None and window[1] <= window[0])):
         raise ConfigError(f"mining.rank_window {window} must be [lo, hi) with 1 <= lo < hi "
                           "(hi may be null)")
-    return knobs
+    lo, hi = window
+    if lo > depth:
+        raise ConfigError(f"mining.rank_window starts at rank {lo} but mining.depth is {depth}: "
+                          "no query would get a negative; raise depth or lower the window's lo")
+    if hi is not None and hi - 1 > depth:
+        raise ConfigError(f"mining.rank_window [{lo}, {hi}) reaches past mining.depth {depth} "
+                          f"(ranks beyond it are never searched); raise depth to {hi - 1} or "
+                          f"lower hi to {depth + 1} (or null: up to depth)")
 
 
 def select_negatives(query_id: str, doc_ids: list[str], scores: np.ndarray, ranks: np.ndarray,
