@@ -231,6 +231,29 @@ def test_a_dense_run_asks_the_gpu_check_for_the_neighbours_it_searches(exclude_s
     assert asked == {"device": 2048 + exclude_self, "search": 2048 + exclude_self}
 
 
+def test_a_dense_run_records_the_candidates_an_ivf_search_reached(tmp_path, monkeypatch, caplog):
+    """nprobe 1 of 100 cells: each query sees about 40 of 4,000 vectors, not the 200 asked; the
+    run's manifest and log say so."""
+    import json
+
+    rng = np.random.default_rng(0)
+    index = faiss_index.build(rng.standard_normal((4000, 16)).astype(np.float32),
+                              {"type": "ivf", "nlist": 100, "nprobe": 1})
+    ids = pa.array([f"d{i}" for i in range(4000)])
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, ids))
+    monkeypatch.setattr(dense_search, "encode_queries", lambda encoder, queries, knobs: (
+        [f"q{i}" for i in range(10)], rng.standard_normal((10, 16)).astype(np.float32)))
+    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8, "title": "space",
+              "search_depth": 200, "exclude_self": False, "use_gpu": "never"}
+    stats = dense_search.dense_run(tmp_path / "index", tmp_path / "encoder",
+                                   tmp_path / "q.parquet", tmp_path / "run.trec", "x", config)
+    manifest = json.loads((tmp_path / "run.manifest.json").read_text())
+    assert manifest["stats"] == stats
+    assert stats["candidates_per_query_min"] < 200
+    assert stats["candidates_per_query_mean"] * 10 == stats["lines"]
+    assert "'nprobe': 1" in caplog.text
+
+
 @pytest.mark.parametrize("cores, threads", [(1, 2), (2, 2), (4, 3), (8, 7), (9, 8), (64, 8)])
 def test_a_gpu_encoder_tokenises_ahead_on_its_job_s_cores_but_one(cores, threads, monkeypatch):
     """On the first GPU run two tokenising threads set the encoder's pace, not the GPU: encoding

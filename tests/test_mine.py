@@ -201,3 +201,50 @@ def test_seeded_draws_are_those_mined_files_were_made_with():
     assert rng_for(3, "mine", "q1").integers(1 << 30, size=4).tolist() == [
         180834457, 20505769, 22261559, 551067523]
     assert rng_for(7, "group", 2, "q9").permutation(6).tolist() == [4, 1, 5, 3, 0, 2]
+
+
+def _mine_random(tmp_path, monkeypatch, index_config, depth, queries=30, rows=4000):
+    """Mine `queries` random queries against `rows` random vectors under `index_config`."""
+    import polars as pl
+
+    from retrieval_pretraining import faiss_index
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((rows, 16)).astype(np.float32)
+    index = faiss_index.build(vectors, index_config)
+    docs = pa.array([f"d{i}" for i in range(rows)])
+    qids = [f"q{i}" for i in range(queries)]
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
+    monkeypatch.setattr(mine, "encode_queries", lambda encoder, q, config: (
+        qids, rng.standard_normal((queries, 16)).astype(np.float32)))
+    pl.DataFrame({"query_id": qids, "doc_id": ["d0"] * queries, "relevance": [1] * queries},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    config = {**POLICY, "depth": depth, "num_negatives": 30, "use_gpu": "never"}
+    out = tmp_path / "hard-negatives.parquet"
+    stats = mine.mine_to_file(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                              tmp_path / "qrels.parquet", out, config, seed=0)
+    manifest = json.loads(out.with_name("hard-negatives.manifest.json").read_text())
+    return stats, manifest, pl.read_parquet(out)
+
+
+def test_mining_records_the_depth_an_approximate_index_reached_and_warns(tmp_path, monkeypatch,
+                                                                         caplog):
+    """IVF with nprobe 1 of 100 cells sees ~1% of 4,000 vectors: far fewer than 200 per query.
+    The manifest must say so (not only `depth: 200`), and the log must name the setting."""
+    stats, manifest, table = _mine_random(tmp_path, monkeypatch,
+                                          {"type": "ivf", "nlist": 100, "nprobe": 1}, depth=200)
+    deepest = max(max(r) for r in table["negative_ranks"].to_list())
+    assert stats["candidates_per_query_min"] < 200
+    assert stats["candidates_per_query_min"] <= deepest <= 200  # the ranks mined agree with it
+    assert manifest["stats"]["candidates_per_query_mean"] < 200
+    assert "fewer than the 200 candidates asked" in caplog.text
+    assert "'nprobe': 1" in caplog.text
+
+
+def test_an_exact_index_reaches_the_depth_without_a_warning(tmp_path, monkeypatch, caplog):
+    stats, _, _ = _mine_random(tmp_path, monkeypatch, {"type": "flat"}, depth=200)
+    assert stats["candidates_per_query_min"] == 200
+    assert stats["candidates_per_query_mean"] == 200.0
+    assert "candidates asked" not in caplog.text

@@ -94,6 +94,29 @@ def rank(index, doc_ids: pa.Array, query_ids: list[str], query_vectors: np.ndarr
         yield qid, ids, qscores, np.arange(1, len(ids) + 1, dtype=np.int32)
 
 
+def counting(rankings: Iterable[tuple], counts: list[int]) -> Iterable[tuple]:
+    """`rankings` passed through, each query's number of hits appended to `counts`."""
+    for ranking in rankings:
+        counts.append(len(ranking[1]))
+        yield ranking
+
+
+def depth_reached(counts: list[int], depth: int, index) -> dict[str, Any]:
+    """The candidates per query the search found, for the manifest; a warning naming the index's
+    settings where a query got fewer than `depth` (an IVF index's nprobe cells, or an HNSW
+    search's efSearch, can hold fewer), since a manifest that says `depth` would hide it."""
+    if not counts:
+        return {"candidates_per_query_min": 0, "candidates_per_query_mean": 0.0}
+    low = int(min(counts))
+    if low < depth:
+        short = sum(c < depth for c in counts)
+        log.warning("%d of %d queries got fewer than the %d candidates asked (min %d, mean %.1f) "
+                    "from the index %s; raise nprobe or ef_search in mining.index, or lower the "
+                    "depth", short, len(counts), depth, low, float(np.mean(counts)),
+                    faiss_index.search_knobs(index))
+    return {"candidates_per_query_min": low, "candidates_per_query_mean": float(np.mean(counts))}
+
+
 def write_trec(path: Path, rankings: Iterable[tuple[str, list[str], np.ndarray, np.ndarray]],
                tag: str) -> int:
     """Write a TREC run atomically; returns the number of lines. Scores keep 9 significant digits,
@@ -118,9 +141,11 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
     index = faiss_index.to_search_device(index, knobs.use_gpu,
                                          fetch_depth(knobs.search_depth, knobs.exclude_self))
     query_ids, vectors = encode_queries(encoder, queries, knobs.retrieval)
-    lines = write_trec(out, rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
-                                 knobs.exclude_self), tag)
-    stats = {"queries": len(query_ids), "lines": lines}
+    counts: list[int] = []
+    lines = write_trec(out, counting(rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
+                                          knobs.exclude_self), counts), tag)
+    stats = {"queries": len(query_ids), "lines": lines,
+             **depth_reached(counts, knobs.search_depth, index)}
     artifacts.write_manifest(
         out.with_name(out.name.split(".")[0] + ".manifest.json"), stage="dense_run",
         params={**knobs.retrieval.record(), "search_depth": knobs.search_depth,

@@ -258,7 +258,9 @@ def read_doc_ids(path: Path) -> pa.LargeStringArray:
 
 def search(index: faiss.Index, queries: np.ndarray, depth: int,
            batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Top-`depth` (scores, rows) per query, best first; rows are -1 where the index is smaller."""
+    """Top-`depth` (scores, rows) per query, best first. `depth` is clipped to the index's size;
+    rows are -1 where an approximate index found fewer neighbours than that (IVF / IVF-PQ see
+    only the vectors of their `nprobe` cells), which `dense_search.rank` drops."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     depth = min(depth, index.ntotal)
     scores = np.empty((len(queries), depth), dtype=np.float32)
@@ -268,6 +270,18 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
         s, r = index.search(queries[start:start + batch_size], depth)
         scores[start:start + batch_size], rows[start:start + batch_size] = s, r
     return scores, rows
+
+
+def search_knobs(index: faiss.Index) -> dict[str, Any]:
+    """What bounds the neighbours a search of `index` can find: its type and size, and the nlist
+    and nprobe of an IVF index or the efSearch of an HNSW one, as they are (not as asked)."""
+    knobs: dict[str, Any] = {"index": type(index).__name__, "ntotal": int(index.ntotal)}
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        knobs |= {"nlist": int(ivf.nlist), "nprobe": int(ivf.nprobe)}
+    if isinstance(index, faiss.IndexHNSW):
+        knobs["ef_search"] = int(index.hnsw.efSearch)
+    return knobs
 
 
 def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, Any]) -> dict:

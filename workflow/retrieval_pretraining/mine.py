@@ -24,7 +24,9 @@ ranks are then counted without it, as in the runs. Sampling is seeded from (seed
 the mined set does not depend on batch, shard or thread counts.
 
 Output: Parquet `query_id, positive_ids, negative_ids, negative_ranks, negative_scores` (the BM25
-negatives schema plus scores; negatives in rank order) + manifest with the policy and seed.
+negatives schema plus scores; negatives in rank order) + manifest with the policy and seed, and
+the candidates each query's search reached (`candidates_per_query_min` / `_mean`): an IVF or HNSW
+index can return fewer than `depth`, which is then logged as a warning naming its settings.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from . import artifacts, faiss_index
 from .answers import MATCH_MODES, NEGATIVE_FILTERS, answer_exclusions
 from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
-from .dense_search import encode_queries, fetch_depth, rank
+from .dense_search import depth_reached, encode_queries, fetch_depth, rank
 from .errors import command, reading
 from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, check_choice, check_int,
                                  refuse_unknown, slice_keys)
@@ -174,7 +176,8 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
              "positives_removed": removed_positives, "answer_passages_removed": removed_answers,
              "own_positives_kept": kept_positives,
              "negatives_per_query_mean": float(np.mean(counts)) if counts else 0.0,
-             "queries_with_no_negative": int(sum(c == 0 for c in counts))}
+             "queries_with_no_negative": int(sum(c == 0 for c in counts)),
+             **depth_reached([len(ids) for _, ids, _, _ in ranked], knobs["depth"], index)}
     return table, {**knobs, "seed": seed, "stats": stats}
 
 
