@@ -478,6 +478,30 @@ def _write_shards(folder, sizes, dim, seed=0, dtype=np.float16, random=True):
     return npy, ids
 
 
+@pytest.mark.parametrize("config, built", [
+    ({"type": "ivf", "nlist": 4096, "nprobe": 64}, {"index": "IndexIVFFlat", "nlist": 2000 // 39,
+                                                     "nprobe": 64}),
+    ({"type": "ivf", "nlist": 32, "nprobe": 8}, {"index": "IndexIVFFlat", "nlist": 32,
+                                                  "nprobe": 8}),
+    ({"type": "hnsw", "ef_search": 77}, {"index": "IndexHNSWFlat", "ef_search": 77}),
+    ({"type": "flat"}, {"index": "IndexFlatIP"}),
+])
+def test_the_index_manifest_records_the_settings_built_not_those_asked(tmp_path, caplog, config,
+                                                                        built):
+    """nlist is cut to rows // 39: 2,000 vectors get 51 cells, not 4,096, and then nprobe 64 visits
+    every cell (an exact search); the manifest's stats and the log must say so."""
+    import json
+
+    npy, ids = _write_shards(tmp_path, [1200, 800], 8)
+    stats = faiss_index.index_shards(npy, ids, tmp_path / "faiss", config)
+    manifest = json.loads((tmp_path / "faiss" / "manifest.json").read_text())
+    assert {k: manifest["stats"].get(k) for k in ("index", "nlist", "nprobe", "ef_search")} == (
+        {"nlist": None, "nprobe": None, "ef_search": None} | built)
+    assert manifest["stats"] == stats
+    every_cell = built.get("nprobe", 0) >= built.get("nlist", 1)
+    assert ("every IVF cell is searched" in caplog.text) == every_cell
+
+
 def test_float32_blocks_are_the_shards_in_order_across_block_boundaries(tmp_path):
     from retrieval_pretraining.contracts.embeddings import float32_blocks, open_shards
 

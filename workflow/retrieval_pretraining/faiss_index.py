@@ -75,6 +75,13 @@ def empty_index(dim: int, rows: int, knobs: dict[str, Any]) -> faiss.Index:
             index = faiss.IndexIVFPQ(quantizer, dim, nlist, knobs["pq_m"], 8,
                                      faiss.METRIC_INNER_PRODUCT)
         index.nprobe = knobs["nprobe"]
+        if nlist < knobs["nlist"]:
+            log.info("nlist %d cut to %d for %d vectors (at least 39 a cell)", knobs["nlist"],
+                     nlist, rows)
+        if index.nprobe >= nlist:
+            # Then every cell is visited: an exact search at IVF's cost, not the trade asked for.
+            log.warning("nprobe %d >= nlist %d: every IVF cell is searched; lower nprobe in "
+                        "mining.index for an approximate search", index.nprobe, nlist)
         return index
     raise ConfigError(f"index type '{kind}' is unknown; use flat, ivf, hnsw or ivfpq")
 
@@ -292,7 +299,9 @@ def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, 
         raise InputFileError(f"duplicate doc ids across {ids}; the corpus must have unique doc_id")
     dim = shards[0].shape[1]
     index = fill(empty_index(dim, len(doc_ids), params), shards)
-    stats = {"documents": len(doc_ids), "dim": int(dim), "faiss": faiss.__version__}
+    # The settings as built (nlist is cut to the corpus), not as asked: params keep those.
+    built = {k: v for k, v in search_knobs(index).items() if k != "ntotal"}
+    stats = {"documents": len(doc_ids), "dim": int(dim), "faiss": faiss.__version__, **built}
     with artifacts.atomic_dir(out) as tmp:
         save(tmp, index, doc_ids)
         artifacts.write_manifest(tmp / "manifest.json", stage="build_dense_index",
