@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from . import artifacts, faiss_index
 from .answers import MATCH_MODES, NEGATIVE_FILTERS, answer_exclusions
@@ -138,9 +140,17 @@ def positives_by_query(qrels: Path) -> dict[str, list[str]]:
     return dict(zip(frame["query_id"].to_list(), frame["doc_id"].to_list()))
 
 
-def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, config: dict[str, Any],
-         seed: int, answers: Path | None = None, corpus: Path | None = None
-         ) -> tuple[pa.Table, dict[str, Any]]:
+# Queries searched and mined at a time, their rows written before the next: a query's candidates
+# (200 ids, scores, ranks) are ~19 KB of Python objects, ~9.5 GB for MS MARCO's 503k if all were
+# held at once; a batch holds ~150 MB.
+QUERY_BATCH = 8192
+
+
+def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out: Path,
+         config: dict[str, Any], seed: int, answers: Path | None = None,
+         corpus: Path | None = None) -> dict[str, Any]:
+    """Mine the queries with a positive, writing `out` a batch of queries at a time; the policy,
+    seed and stats."""
     knobs = policy(config)
     retrieval = RetrievalSettings.from_config(config, added=MINING_KEYS, stage="mine")
     positives = positives_by_query(qrels)
@@ -150,42 +160,61 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, con
     index, doc_ids = faiss_index.load(index_dir)
     index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"),
                                          fetch_depth(knobs["depth"], knobs["exclude_query_id"]))
-    # With the dataset's exclude_query_id, the query's own id is dropped by the search and ranks are
-    # counted without it (as in the runs); without it (MS MARCO) a same-numbered passage stays.
-    ranked = list(rank(index, doc_ids, [query_ids[i] for i in keep], vectors[keep],
-                       knobs["depth"], exclude_self=knobs["exclude_query_id"]))
-    answered = answer_exclusions({q: ids for q, ids, _, _ in ranked}, knobs["negative_filter"],
-                                 answers, corpus, knobs["answer_match"])
+    first = set(positives[query_ids[keep[0]]]) if keep else set()
+    # The answers filter reads the whole corpus once per call: one batch (NQ and TriviaQA have
+    # ~60k training queries, not MS MARCO's 503k).
+    batch = QUERY_BATCH if knobs["negative_filter"] == "qrels" else max(len(keep), 1)
+    tally = {"positives_removed": 0, "answer_passages_removed": 0, "own_positives_kept": 0}
+    candidates: list[int] = []
+    negatives: list[int] = []
+    with artifacts.atomic_path(out) as tmp, \
+            pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
+        for start in range(0, len(keep), batch):
+            part = keep[start:start + batch]
+            # With the dataset's exclude_query_id, the query's own id is dropped by the search
+            # and ranks are counted without it (as in the runs); without it (MS MARCO) a
+            # same-numbered passage stays.
+            ranked = list(rank(index, doc_ids, [query_ids[i] for i in part], vectors[part],
+                               knobs["depth"], exclude_self=knobs["exclude_query_id"]))
+            answered = answer_exclusions({q: ids for q, ids, _, _ in ranked},
+                                         knobs["negative_filter"], answers, corpus,
+                                         knobs["answer_match"])
+            table = mine_batch(ranked, positives, first, answered, knobs, seed, tally)
+            writer.write_table(table)
+            candidates.extend(len(ids) for _, ids, _, _ in ranked)
+            negatives.extend(pc.list_value_length(table["negative_ids"]).to_pylist())
+            del ranked, answered, table  # before the next batch is searched: one held at a time
+    stats = {"queries": len(query_ids), "queries_mined": len(keep),
+             "queries_without_positives": len(query_ids) - len(keep), **tally,
+             "negatives_per_query_mean": float(np.mean(negatives)) if negatives else 0.0,
+             "queries_with_no_negative": int(sum(c == 0 for c in negatives)),
+             **depth_reached(candidates, knobs["depth"], index)}
+    return {**knobs, "seed": seed, "stats": stats}
+
+
+def mine_batch(ranked: list[tuple], positives: dict[str, list[str]], first: set[str],
+               answered: dict[str, set[str]], knobs: dict[str, Any], seed: int,
+               tally: dict[str, int]) -> pa.Table:
+    """The rows of a batch of ranked queries; the removals counted into `tally`. `first`: the
+    first mined query's positives (positives_removed: first_query)."""
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
-    removed_positives = removed_answers = kept_positives = 0
-    first = set(positives[ranked[0][0]]) if ranked else set()
     for qid, ids, scores, ranks in ranked:
         own = set(positives[qid])
         pos = own if knobs["positives_removed"] == "own" else first
-        removed_positives += sum(d in pos for d in ids)
-        removed_answers += len(answered.get(qid, set()) - pos)
+        tally["positives_removed"] += sum(d in pos for d in ids)
+        tally["answer_passages_removed"] += len(answered.get(qid, set()) - pos)
         neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks,
                                                       pos | answered.get(qid, set()), knobs, seed)
-        kept_positives += sum(d in own for d in neg)
+        tally["own_positives_kept"] += sum(d in own for d in neg)
         for name, value in zip(SCHEMA.names, (qid, positives[qid], neg, neg_ranks, neg_scores)):
             rows[name].append(value)
-    table = pa.table(rows, schema=SCHEMA)
-    counts = [len(n) for n in rows["negative_ids"]]
-    stats = {"queries": len(query_ids), "queries_mined": len(keep),
-             "queries_without_positives": len(query_ids) - len(keep),
-             "positives_removed": removed_positives, "answer_passages_removed": removed_answers,
-             "own_positives_kept": kept_positives,
-             "negatives_per_query_mean": float(np.mean(counts)) if counts else 0.0,
-             "queries_with_no_negative": int(sum(c == 0 for c in counts)),
-             **depth_reached([len(ids) for _, ids, _, _ in ranked], knobs["depth"], index)}
-    return table, {**knobs, "seed": seed, "stats": stats}
+    return pa.table(rows, schema=SCHEMA)
 
 
 def mine_to_file(index_dir: Path, encoder: Path, queries: Path, qrels: Path, out: Path,
                  config: dict[str, Any], seed: int, answers: Path | None = None,
                  corpus: Path | None = None) -> dict[str, Any]:
-    table, info = mine(index_dir, encoder, queries, qrels, config, seed, answers, corpus)
-    artifacts.write_parquet(out, table, SCHEMA)
+    info = mine(index_dir, encoder, queries, qrels, out, config, seed, answers, corpus)
     stats = info.pop("stats")
     artifacts.write_manifest(
         artifacts.manifest_path(out), stage="mine_hard_negatives",

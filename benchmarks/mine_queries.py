@@ -1,0 +1,77 @@
+"""Mining's memory and time as the number of training queries grows (MS MARCO mines 503k).
+
+Each count runs in a fresh process: a flat index over --docs random unit 384-d vectors, that many
+random queries (the encoder replaced: mining's cost after encoding does not depend on it), each
+with one positive, mined with the shipped policy (depth 200, 30 at random). Prints one JSON line
+per count: wall seconds of `mine_to_file` and the peak RSS it added (VmHWM after - RSS before).
+
+    PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 10000 40000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DIM = 384
+
+
+def status_kb(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def one(queries: int, docs: int) -> dict:
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+
+    from retrieval_pretraining import faiss_index, mine
+
+    rng = np.random.default_rng(0)
+
+    def unit(n: int) -> np.ndarray:
+        v = rng.standard_normal((n, DIM), dtype=np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    index = faiss_index.build(unit(docs))
+    ids = pa.array([f"d{i}" for i in range(docs)], pa.large_string())
+    qids = [f"q{i}" for i in range(queries)]
+    vectors = unit(queries)
+    mine.faiss_index.load = lambda folder: (index, ids)
+    mine.encode_queries = lambda encoder, path, knobs: (qids, vectors)
+    work = Path(tempfile.mkdtemp())
+    pl.DataFrame({"query_id": qids, "doc_id": [f"d{i % docs}" for i in range(queries)],
+                  "relevance": [1] * queries}).write_parquet(work / "qrels.parquet")
+    config = {"depth": 200, "sample": "random", "num_negatives": 30, "use_gpu": "never"}
+    before = status_kb("VmRSS")
+    start = time.perf_counter()
+    mine.mine_to_file(work / "index", work / "encoder", work / "q.parquet",
+                      work / "qrels.parquet", work / "negatives.parquet", config, seed=0)
+    return {"queries": queries, "docs": docs, "wall_s": round(time.perf_counter() - start, 1),
+            "peak_added_mb": round((status_kb("VmHWM") - before) / 1024)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, nargs="+", default=[10_000, 40_000])
+    parser.add_argument("--docs", type=int, default=20_000)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.queries[0], args.docs)))
+        return
+    for n in args.queries:  # a fresh process each, so one count's peak is not another's
+        subprocess.run([sys.executable, __file__, "--one", "--queries", str(n),
+                        "--docs", str(args.docs)], check=True)
+
+
+if __name__ == "__main__":
+    main()
