@@ -295,6 +295,25 @@ def test_validation_names_the_corrupted_row(default_run, checkpoint, corrupt, me
         validate(rows)
 
 
+@pytest.mark.parametrize("folder", ["checkpoint", "tokenizer"])
+def test_max_len_beyond_the_model_positions_is_refused_before_chunking(articles, checkpoint,
+                                                                      tmp_path, folder):
+    """max_len 1024 against a model of 512 positions: refused here, not hours later at the first
+    forward of pre-training. A checkpoint says so in its config.json, a staged tokenizer folder in
+    its manifest (stage_tokenizer records its source's)."""
+    if folder == "tokenizer":
+        source = {"name": "minilm-l2", "source": "local", "location": str(checkpoint)}
+        checkpoints.stage_tokenizer(source, tmp_path / "tokenizer",
+                                    data_root=str(checkpoint.parent))
+        assert not (tmp_path / "tokenizer" / "config.json").exists()
+        folder = tmp_path / "tokenizer"
+    else:
+        folder = checkpoint
+    with pytest.raises(ConfigError, match="max_len is 1024 tokens.*max_position_embeddings 512"):
+        run(articles, folder, tmp_path / "out", max_len=1024)
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
 def test_a_page_in_two_parts_is_named(checkpoint, tmp_path):
     a = write_articles(tmp_path / "a.parquet", [(7, "One sentence here.")])
     b = write_articles(tmp_path / "b.parquet", [(7, "Another one.")])

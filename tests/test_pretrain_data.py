@@ -173,6 +173,25 @@ def test_chunks_of_another_vocabulary_are_rejected(corpus, tmp_path):
                 pdata.check_tokenizer([chunk_copy], tok, tmp_path / "model")
 
 
+@pytest.mark.parametrize("max_len, ok", [(512, True), (1024, False)])
+def test_chunks_longer_than_the_model_positions_are_rejected(corpus, tmp_path, max_len, ok):
+    """A corpus chunked to 1024 tokens cannot feed a model of 512 positions: refused at start-up,
+    not at the first forward."""
+    chunk_copy = tmp_path / "chunks" / "shard-0000.parquet"
+    chunk_copy.parent.mkdir()
+    chunk_copy.write_bytes(corpus[0][0].read_bytes())
+    artifacts.write_manifest(artifacts.manifest_path(chunk_copy), stage="chunk_articles",
+                             params={"max_len": max_len}, stats={})
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "bert", "max_position_embeddings": 512}')
+    if ok:
+        pdata.check_positions([chunk_copy], model)
+    else:
+        with pytest.raises(pdata.DataError, match="up to 1024 tokens.*max_position_embeddings 512"):
+            pdata.check_positions([chunk_copy], model)
+
+
 def _dataset(corpus, cache, vocab, rank, world, micro, **kw):
     chunks, spans = corpus
     ds = pdata.MicroBatches(pstore.prepare_store(chunks, spans, cache), vocab=vocab, seed=3,

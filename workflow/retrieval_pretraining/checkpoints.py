@@ -30,6 +30,7 @@ from . import artifacts
 from .config import refuse_unknown, resolve_path, section_schema, stage_parser
 from .errors import command
 from .model_folder import load_model
+from .wordpiece import position_limit
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,9 @@ def stage_tokenizer(
         folder = source_folder(entry, download, data_root, patterns=("*.json", "*.txt"))
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
         tokenizer.save_pretrained(staged)
-        stats = {"tokenizer_class": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size}
+        stats = {"tokenizer_class": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size,
+                 # What the corpus stages check max_len against (no config.json is staged here).
+                 "max_position_embeddings": position_limit(folder)}
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_tokenizer", params=entry, stats=stats
         )

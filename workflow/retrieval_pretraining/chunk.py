@@ -39,7 +39,7 @@ from .corpora import SOURCE_KEYS
 from .config import ConfigError, stage_parser
 from .contracts.chunks import CHUNK_INDEX_BITS, SCHEMA, check_order, validate_chunks
 from .errors import InputFileError, command, reading
-from .wordpiece import tokenizer_info
+from .wordpiece import check_max_len, tokenizer_info
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +295,7 @@ def chunk_corpus(
     out_paths = [Path(p) for p in out_paths]
     if len(out_paths) != cfg.shards:
         raise ConfigError(f"{len(out_paths)} output paths given for corpus.shards={cfg.shards}")
+    check_max_len(cfg.max_len, checkpoint_dir, "corpus.max_len")
     info = tokenizer_info(checkpoint_dir)
     batches, inputs, total_articles = _sources(article_paths, corpus, data_root, downloads,
                                                batch_size)

@@ -33,6 +33,37 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike):
     return tokenizer
 
 
+# BertModel's default (transformers' BertConfig, bert.DEFAULTS) when config.json leaves it out.
+DEFAULT_POSITIONS = 512
+
+
+def position_limit(folder: str | os.PathLike) -> int | None:
+    """How many tokens the folder's model can encode (`max_position_embeddings`): from its
+    config.json (a checkpoint), else from its manifest (a staged tokenizer records its source's);
+    None when neither says (a tokenizer staged before it was recorded)."""
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        config = json.loads((folder / "config.json").read_text())
+        return int(config.get("max_position_embeddings", DEFAULT_POSITIONS))
+    if (folder / "manifest.json").is_file():
+        limit = artifacts.read_json(folder / "manifest.json").get("stats", {}).get(
+            "max_position_embeddings")
+        return None if limit is None else int(limit)
+    return None
+
+
+def check_max_len(max_len: int, folder: str | os.PathLike, what: str) -> None:
+    """Refuse chunks longer than the model can encode: they would pass every corpus stage, then
+    fail at pre-training's first forward (a device-side assert on CUDA), hours later."""
+    limit = position_limit(folder)
+    if limit is not None and max_len > limit:
+        raise ConfigError(
+            f"{what} is {max_len} tokens, but the checkpoint {folder} has max_position_embeddings "
+            f"{limit}: it cannot encode chunks that long; set corpus.max_len <= {limit} (or use a "
+            "checkpoint with more positions)"
+        )
+
+
 def tokens_by_id(vocab: dict[str, int]) -> list[str]:
     """The vocabulary (token -> id, added tokens included) as a list indexed by id."""
     tokens = [""] * (max(vocab.values()) + 1)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import artifacts
-from ..wordpiece import tokens_by_id, vocab_sha256
+from ..wordpiece import position_limit, tokens_by_id, vocab_sha256
 from . import views as cuts
 from .masking import Vocab, bag_of_ids, mask_tokens, with_positions  # noqa: F401 (also data.Vocab etc.)
 from .mixture import DataError, quotas
@@ -53,6 +53,26 @@ def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoin
                 f"{recorded['vocab_sha256'][:12]}...), but the model {checkpoint} has vocabulary "
                 f"{ours[:12]}...: set corpus.checkpoint and pretrain.checkpoint to checkpoints "
                 "with the same tokenizer"
+            )
+
+
+def check_positions(chunk_paths: Sequence[str | Path], checkpoint: Path) -> None:
+    """Raise DataError if the chunks may be longer than the model can encode.
+
+    The chunk manifests record `max_len`; a model with fewer positions would fail at the first
+    forward (a device-side assert on CUDA) after the data store is built, not here.
+    """
+    limit = position_limit(checkpoint)
+    for path in map(Path, chunk_paths):
+        manifest = artifacts.manifest_path(path)
+        if limit is None or not manifest.exists():
+            continue
+        max_len = artifacts.read_json(manifest).get("params", {}).get("max_len")
+        if max_len is not None and max_len > limit:
+            raise DataError(
+                f"{path} holds chunks of up to {max_len} tokens, but the model {checkpoint} has "
+                f"max_position_embeddings {limit}: re-chunk the corpus with corpus.max_len <= "
+                f"{limit}, or pre-train a checkpoint with more positions"
             )
 
 

@@ -200,6 +200,7 @@ def _train(
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     vocab = pdata.Vocab.from_tokenizer(tokenizer)
     pdata.check_tokenizer(chunks, tokenizer, checkpoint)
+    pdata.check_positions(chunks, checkpoint)
 
     # Data: converted into the shared store by this job's processes between them (those another
     # job has converted are kept), then memory-mapped by every process.
