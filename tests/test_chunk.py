@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -71,7 +72,7 @@ def articles(tmp_path_factory):
     ]
 
 
-def run(articles, checkpoint, out_dir, processes=1, **overrides):
+def run(articles, checkpoint, out_dir, processes=1, batch_size=16, **overrides):
     section = {
         "checkpoint": "minilm-l2",
         "max_len": 64,
@@ -81,7 +82,8 @@ def run(articles, checkpoint, out_dir, processes=1, **overrides):
     }
     cfg = chunker.ChunkConfig.from_dict(section)
     outs = [Path(out_dir) / f"shard-{i:04d}.parquet" for i in range(cfg.shards)]
-    stats = chunk.chunk_corpus(articles, checkpoint, outs, cfg, processes=processes, batch_size=16)
+    stats = chunk.chunk_corpus(articles, checkpoint, outs, cfg, processes=processes,
+                               batch_size=batch_size)
     return outs, stats
 
 
@@ -177,6 +179,40 @@ def test_result_independent_of_processes_and_shards(default_run, articles, check
     outs1, _ = run(articles, checkpoint, tmp_path / "s1", shards=1)
     key = lambda r: r["chunk_id"]  # noqa: E731
     assert sorted(read_all(outs1), key=key) == sorted(read_all(outs), key=key)
+
+
+def test_bytes_independent_of_the_batch_size(default_run, articles, checkpoint, tmp_path):
+    """--batch-size is speed only: the same shards from batches of 16 and of 1,024 articles."""
+    outs, stats = default_run
+    large, large_stats = run(articles, checkpoint, tmp_path / "b1024", batch_size=1024)
+    assert [p.read_bytes() for p in outs] == [p.read_bytes() for p in large]
+    assert stats == large_stats
+
+
+def test_a_row_group_is_the_same_bytes_from_small_or_large_runs(tmp_path):
+    """The runs phase 2 writes are the spilled batches, sized by --batch-size. A row group of
+    more than a data page (1 MB encoded) of token ids, written as the runs' chunks, had its pages
+    cut where the runs meet: here 3,000 chunks of 500-512 tokens (most chunks fill max_len) from
+    runs of 16 and of 1,024."""
+    rng = np.random.default_rng(0)
+    chunks = 3000
+    lengths = rng.integers(500, 513, chunks)
+    table = pa.table(
+        [pa.array(np.arange(chunks, dtype=np.int64) << 16), pa.array(np.arange(chunks)),
+         pa.array(np.zeros(chunks, np.int32)),
+         pa.array([rng.integers(1000, 30000, n, dtype=np.int32) for n in lengths],
+                  pa.list_(pa.int32())),
+         pa.array([np.arange(0, n, 2, dtype=np.int32) for n in lengths], pa.list_(pa.int32()))],
+        schema=contract.SCHEMA)
+    cfg = chunker.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 512, "min_tail_len": 8,
+                                         "shards": 1})
+    written = []
+    for rows in (16, 1024):
+        out = tmp_path / f"runs-{rows}.parquet"
+        chunk._write_shard(iter(table.to_batches(max_chunksize=rows)), out, cfg)
+        written.append(out.read_bytes())
+    assert pq.ParquetFile(tmp_path / "runs-16.parquet").metadata.num_row_groups == 1
+    assert written[0] == written[1]
 
 
 def text_lengths(outs):

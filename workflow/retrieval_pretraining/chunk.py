@@ -184,6 +184,10 @@ def _write_shard(runs: Iterator[pa.RecordBatch], out: Path, cfg: ChunkConfig) ->
 
     def flush(writer: pq.ParquetWriter, table: pa.Table) -> None:
         nonlocal rows, pages, last_page
+        # One contiguous chunk per column: the writer cuts data pages where a table's chunks meet,
+        # so a row group written as the spilled runs would depend on --batch-size. The copy is
+        # one row group (ROW_GROUP_ROWS at most), which phase 2 holds anyway.
+        table = table.combine_chunks()
         writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
         lengths[:] += np.bincount(pc.list_value_length(table["input_ids"]).to_numpy(
             zero_copy_only=False), minlength=cfg.max_len + 1)
