@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -362,3 +364,51 @@ def test_audit_artifacts(scifact_chunks, checkpoint, tmp_path):
     assert (tmp_path / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sample = (tmp_path / "sample.md").read_text()
     assert sample.count("| phrase |") == 15 and "## chunk" in sample
+
+
+
+# Run in a fresh process, so that Arrow's peak allocation is the audit's alone.
+_AUDIT_PEAK = """
+import sys
+import pyarrow as pa
+from retrieval_pretraining import span_audit
+from test_spans import span_config
+chunks, checkpoint, out, *span_paths = sys.argv[1:]
+span_audit.audit_spans([chunks], span_paths, checkpoint, span_config(), f"{out}/lengths.png",
+                       f"{out}/sample.md", max_chunks=500)
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_the_audit_reads_only_the_rows_it_shows(checkpoint, tmp_path):
+    """sample.md shows 3 chunks and the plot max_chunks: the audit holds the first row groups
+    only, not the whole first chunks shard (~0.7 GB at paper scale) or every span shard."""
+    rng = np.random.default_rng(0)
+    rows, tokens, spans_per_chunk = 20_000, 128, 60
+    ids = pa.array([rng.integers(1000, 30000, tokens, dtype=np.int32) for _ in range(rows)])
+    chunk_ids = pa.array(np.arange(rows, dtype=np.int64) << 16)
+    chunks = pa.table({"chunk_id": chunk_ids, "page_id": pa.array(np.arange(rows)),
+                       "chunk_index": pa.array(np.zeros(rows, np.int32)), "input_ids": ids,
+                       "word_starts": ids})
+    starts = [rng.integers(1, 60, spans_per_chunk, dtype=np.int32) for _ in range(rows)]
+    kinds = pa.array([np.full(spans_per_chunk, 1, np.int8)] * rows, pa.list_(pa.int8()))
+    span_table = pa.table([chunk_ids, pa.array(starts), pa.array([s + 4 for s in starts]), kinds],
+                          schema=contract.SCHEMA)
+    pq.write_table(chunks, tmp_path / "chunks.parquet", row_group_size=1000)
+    span_paths = [tmp_path / f"spans-{i}.parquet" for i in range(3)]
+    for path in span_paths:
+        pq.write_table(span_table, path, row_group_size=1000)
+    whole = chunks.nbytes + 3 * span_table.nbytes
+    assert whole > 50 << 20
+    path = os.pathsep.join([str(ROOT / "workflow"), str(ROOT / "tests")])
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", _AUDIT_PEAK, str(tmp_path / "chunks.parquet"),
+                           str(checkpoint), str(tmp_path), *map(str, span_paths)],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    peak = int(done.stdout.split()[-1])
+    assert peak < whole / 10, (peak, whole)
+    manifest = json.loads(artifacts.manifest_path(tmp_path / "sample.md").read_text())
+    assert manifest["stats"]["chunks_read"] == 500
+    assert manifest["stats"]["spans_plotted"]["phrase"] == 500 * spans_per_chunk
+    assert (tmp_path / "sample.md").read_text().count("## chunk") == 3

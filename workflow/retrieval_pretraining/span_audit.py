@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from scipy.stats import beta as beta_law
 
@@ -21,6 +22,26 @@ from .wordpiece import load_tokenizer
 
 if TYPE_CHECKING:
     from .spans import SpanConfig
+
+
+def _head(path: str | os.PathLike, rows: int, what: str,
+          columns: Sequence[str] | None = None) -> pa.Table:
+    """The first `rows` rows of a Parquet file, read a row group at a time and no further: a
+    chunks shard is ~0.7 GB at paper scale, and the audit shows a few of its rows. (pre_buffer,
+    the default, would read every row group's bytes before the first batch.)"""
+    batches: list[pa.RecordBatch] = []
+    held = 0
+    with reading(path, what):
+        handle = pq.ParquetFile(path, pre_buffer=False)
+        schema = pa.schema([handle.schema_arrow.field(c) for c in columns]) if columns \
+            else handle.schema_arrow
+        if rows > 0:
+            for batch in handle.iter_batches(batch_size=min(rows, 8192), columns=columns):
+                batches.append(batch.slice(0, rows - held))
+                held += batches[-1].num_rows
+                if held >= rows:
+                    break
+    return pa.Table.from_batches(batches, schema)
 
 
 def audit_spans(
@@ -42,9 +63,10 @@ def audit_spans(
     lengths = {g: [] for g in GRANULARITIES}
     seen = 0
     for path in span_paths:  # the first max_chunks chunks, shard by shard: deterministic
-        with reading(path, "a span index Parquet file"):
-            table = pq.read_table(path, columns=["span_start", "span_end", "granularity"])
-        table = table.slice(0, max_chunks - seen)
+        if seen >= max_chunks:
+            break
+        table = _head(path, max_chunks - seen, "a span index Parquet file",
+                      ["span_start", "span_end", "granularity"])
         seen += table.num_rows
         g, _ = flat(table["granularity"])
         ln = flat(table["span_end"])[0] - flat(table["span_start"])[0]
@@ -86,9 +108,8 @@ def audit_spans(
     plt.close(fig)
 
     tokenizer = load_tokenizer(checkpoint_dir)
-    with reading(chunk_paths[0], "a chunks Parquet file"):
-        chunks = pq.read_table(chunk_paths[0]).slice(0, sample_chunks).to_pylist()
-    spans = pq.read_table(span_paths[0]).slice(0, sample_chunks).to_pylist()
+    chunks = _head(chunk_paths[0], sample_chunks, "a chunks Parquet file").to_pylist()
+    spans = _head(span_paths[0], sample_chunks, "a span index Parquet file").to_pylist()
     lines = [
         f"# Span sample: spans={cfg.name}",
         "",
