@@ -269,6 +269,23 @@ def test_cuts_prefer_paragraph_then_sentence_starts(checkpoint, tmp_path):
     assert text_lengths(outs)[0] == 11
 
 
+@pytest.mark.parametrize("headings", [["Snow albedo"], ["Climate", "Snow albedo"]])
+def test_a_heading_stays_with_its_body(headings, checkpoint, tokenizer, tmp_path):
+    """A heading is its own paragraph (wikitext.py), so its start and its body's are both paragraph
+    starts; with both inside the slack window the cut must go before the heading (and before the
+    first of nested headings), not between the heading and its body."""
+    words = lambda k: " ".join(["cell"] * k)  # noqa: E731
+    text = "\n\n".join([f"{words(20)}.", *headings, f"{words(20)}."])
+    # the headings start at token 21 and end by token 25, inside the window (14, 30]
+    articles = [write_articles(tmp_path / "a.parquet", [(1, text)])]
+    outs, _ = run(articles, checkpoint, tmp_path / "out", max_len=32, min_tail_len=0, shards=1,
+                  boundary_slack=0.5)
+    first, second = [tokenizer.decode(r["input_ids"], skip_special_tokens=True)
+                     for r in sorted(read_all(outs), key=lambda r: r["chunk_id"])][:2]
+    assert first == f"{words(20)}."
+    assert second.startswith(" ".join(headings).lower() + " cell")
+
+
 def test_literal_special_tokens_and_overlong_words(checkpoint, tokenizer, tmp_path):
     long_word = "qzxv" * 12  # one word of many pieces, longer than a 14-token window
     assert len(tokenizer.encode(long_word, add_special_tokens=False).ids) > 14

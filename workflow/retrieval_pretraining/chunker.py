@@ -8,7 +8,9 @@ Rules (each one is a documented decision; see ARCHITECTURE.md):
 - Chunks are cut greedily: each chunk holds at most max_len - 2 text tokens ([CLS] and [SEP] added).
   The cut goes at the last paragraph start inside the final `boundary_slack * (max_len - 2)` tokens
   of the window, else at the last sentence start there (a word after ".", "!" or "?"), else at the
-  last word start.
+  last word start. A paragraph start right after a heading-like paragraph (at most HEADING_TOKENS
+  tokens, no sentence-final token) is no paragraph start: the heading's own start is, so a heading
+  begins the chunk of its body rather than ending the one before.
 - A word longer than the whole window (only possible with a tiny max_len: BERT turns words of more
   than 100 characters into one [UNK]) cannot be placed without splitting it: it is dropped and
   counted.
@@ -41,6 +43,10 @@ from .wordpiece import load_tokenizer, tokenizer_info
 
 SENTENCE_FINAL = (".", "!", "?")
 PARAGRAPH_SPLIT = re.compile(r"\n[ \t\r\f\v]*\n")
+# A paragraph of at most this many tokens with no sentence-final token reads as a heading (a
+# section title is its own paragraph: wikitext.py); the start of the paragraph after it is then no
+# paragraph cut, so a chunk does not end with a dangling heading (ARCHITECTURE.md).
+HEADING_TOKENS = 16
 # Paragraphs are tokenised about this many characters (~250k tokens) at a time (Chunker._token_ids).
 ENCODE_CHARS = 1 << 20
 
@@ -138,6 +144,7 @@ class Chunker:
         is_word = ~self.continues_word[flat]
         is_para = np.zeros(len(flat) + 1, bool)
         is_para[para_start] = True
+        is_para[_heading_ends(para_start, np.flatnonzero(self.sentence_final[flat]))] = False
         is_sent = np.zeros(len(flat), bool)
         is_sent[1:] = self.sentence_final[flat[:-1]] & is_word[1:]
         words, sents, paras = (
@@ -205,6 +212,18 @@ class Chunker:
             ],
             schema=SCHEMA,
         )
+
+
+def _heading_ends(para_start: np.ndarray, finals: np.ndarray) -> np.ndarray:
+    """Where the heading-like paragraphs end: the positions that must not count as paragraph
+    starts (`para_start`: each paragraph's first token, then the end; `finals`: the sorted
+    positions of sentence-final tokens). Short and without a sentence end is all a heading is told
+    by (the text carries no markup); a short paragraph that is no heading (a caption, a one-line
+    list) only moves the cut before it, to the paragraph start before it."""
+    length = np.diff(para_start)
+    inside = np.searchsorted(finals, para_start[1:]) - np.searchsorted(finals, para_start[:-1])
+    heading = (length > 0) & (length <= HEADING_TOKENS) & (inside == 0)
+    return para_start[1:][heading]
 
 
 def _last_in(positions: np.ndarray, lo: int, hi: int) -> int:
