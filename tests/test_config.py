@@ -338,3 +338,19 @@ def test_a_config_value_with_an_apostrophe_survives_the_single_quoted_command_li
     assert "'" not in argument
     assert json.loads(shlex.split(f"--config '{argument}'")[1]) == params
 
+
+
+def test_an_unpinned_hub_checkpoint_warns_where_its_commit_is_recorded(demo):
+    """revision null on a Hub entry is `main`, which moves: allowed, but the parse says where the
+    staged commit is recorded and how to pin it (a package source is fixed by its install)."""
+    paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
+    with pytest.warns(experiment_config.ConfigWarning) as caught:
+        experiment_config.validate(paper)
+    text = "\n".join(str(w.message) for w in caught)
+    assert "'bert-base-uncased'" in text and "'bge-base-en-v1.5'" in text
+    assert "all-minilm-l6-v2" not in text
+    assert "stats.resolved_revision" in text and "set revision" in text
+    pinned = copy.deepcopy(paper)
+    for entry in pinned["checkpoints"]:
+        entry["revision"] = "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a"
+    assert not experiment_config.advisories(pinned)

@@ -12,7 +12,8 @@ Weights are re-saved as safetensors (never pickles), and `num_layers` can trunca
 its first N layers so that the CPU demo trains in minutes with the same code as paper scale.
 A source that is a sentence-transformers model keeps no sentence-transformers files here; how it
 embeds (pooling, normalisation, length) is recorded in the manifest's stats, where the `none`
-export reads it (st_export.pretrained_use).
+export reads it (st_export.pretrained_use). A Hub source's manifest (checkpoint and tokenizer
+alike) records the commit it was staged from as stats.resolved_revision, whatever `revision` said.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -86,6 +88,27 @@ def source_folder(
             allow_patterns=list(patterns),
         )
     )
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def resolved_revision(entry: dict[str, Any], folder: Path) -> dict[str, str]:
+    """`{"resolved_revision": <commit>}` for a Hub source, else {}: the commit it was staged from.
+
+    An entry's `revision` may be null (the Hub's `main`), which names no fixed files;
+    snapshot_download returns `<cache>/snapshots/<commit>`, so the commit is kept from its name.
+    stage_tokenizer and stage_checkpoint download separately: this is what shows both staged the
+    same commit (pretrain.data.check_tokenizer refuses chunks of another one).
+    """
+    if entry["source"] != "hub":
+        return {}
+    if not _COMMIT.fullmatch(folder.name):
+        raise RuntimeError(
+            f"{entry['location']}: the Hub download {folder} is not a snapshots/<commit> folder, "
+            "so the commit it was staged from cannot be recorded; pin `revision` to a commit"
+        )
+    return {"resolved_revision": folder.name}
 
 
 MLM_HEAD_FILE = "mlm_head.safetensors"
@@ -189,7 +212,7 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
             # Only recorded: the staged folder is a plain checkpoint (audit would take
             # modules.json for an encoder's), but the `none` export keeps the source's embedding.
             "sentence_transformers": sentence_transformers_files(folder),
-        }
+        } | resolved_revision(entry, folder)
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_checkpoint", params=entry, stats=stats
         )
@@ -212,6 +235,7 @@ def stage_tokenizer(
         stats = {"tokenizer_class": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size,
                  # What the corpus stages check max_len against (no config.json is staged here).
                  "max_position_embeddings": position_limit(folder)}
+        stats |= resolved_revision(entry, folder)
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_tokenizer", params=entry, stats=stats
         )

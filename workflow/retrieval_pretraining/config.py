@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -35,6 +36,10 @@ def _read_yaml(path: str | Path) -> Any:
 
 class ConfigError(BadInput, ValueError):
     """A config value is missing, of the wrong type, or outside what the stage accepts."""
+
+
+class ConfigWarning(UserWarning):
+    """A config that runs, but whose meaning can change between runs (advisories)."""
 
 
 def section_schema(section: str) -> dict[str, Any]:
@@ -104,7 +109,25 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
         messages = cross_check(config)
     if messages:
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
+    for advice in advisories(config):
+        warnings.warn(advice, ConfigWarning, stacklevel=2)
     return config
+
+
+def advisories(config: dict[str, Any]) -> list[str]:
+    """What is allowed but worth a warning: a Hub checkpoint with `revision: null` is `main`,
+    which moves; the commit staged is recorded, so the run can be pinned afterwards."""
+    messages = []
+    for i, entry in enumerate(config.get("checkpoints") or []):
+        if entry["source"] == "hub" and entry.get("revision") is None:
+            name = entry["name"]
+            messages.append(
+                f"config key 'checkpoints.{i}.revision': '{name}' is fetched from the Hub's "
+                "`main`, which can move; the commit staged is recorded as stats.resolved_revision "
+                f"in results/checkpoints/{name}/manifest.json (and results/tokenizers/{name}/): "
+                "set revision to that 40-hex commit to pin it"
+            )
+    return messages
 
 
 def _names(entries: list[dict[str, Any]] | None) -> list[str]:

@@ -91,9 +91,10 @@ def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
     tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     tokenizer = load_tokenizer(checkpoint_dir)
     tokens = tokens_by_id(tokenizer.get_vocab(with_added_tokens=True))
-    source = {}
+    source, staged = {}, {}
     if (checkpoint_dir / "manifest.json").is_file():
-        source = artifacts.read_json(checkpoint_dir / "manifest.json").get("params", {})
+        manifest = artifacts.read_json(checkpoint_dir / "manifest.json")
+        source, staged = manifest.get("params", {}), manifest.get("stats", {})
     special = {
         name: tokenizer.token_to_id(tok_config.get(f"{name}_token") or default)
         for name, default in (
@@ -109,6 +110,9 @@ def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
     return {
         "name": f"{checkpoint_dir.name} ({tok_config.get('tokenizer_class', 'WordPiece')})",
         "source": source.get("location"),
+        # The Hub commit it was staged from (None: not from the Hub), compared by the pre-training
+        # stage with its checkpoint's: both are staged separately from `main` when unpinned.
+        "revision": staged.get("resolved_revision"),
         "vocab_size": len(tokens),
         "vocab_sha256": vocab_sha256(tokens),
         "continuation_prefix": spec["model"].get("continuing_subword_prefix") or "##",

@@ -47,6 +47,7 @@ def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoin
         if not manifest.exists():
             continue
         recorded = artifacts.read_json(manifest).get("stats", {}).get("tokenizer", {})
+        _check_commit(path, recorded, checkpoint)
         if recorded.get("vocab_sha256") not in (None, ours):
             raise DataError(
                 f"{path} was tokenised with {recorded.get('name')} (vocabulary "
@@ -74,6 +75,25 @@ def check_positions(chunk_paths: Sequence[str | Path], checkpoint: Path) -> None
                 f"max_position_embeddings {limit}: re-chunk the corpus with corpus.max_len <= "
                 f"{limit}, or pre-train a checkpoint with more positions"
             )
+
+
+def _check_commit(path: Path, recorded: dict[str, Any], checkpoint: Path) -> None:
+    """Raise DataError if the chunks' tokenizer was staged from another Hub commit of the same
+    repository than the checkpoint: an unpinned entry (`revision: null`) resolves `main` once in
+    stage_tokenizer and again in stage_checkpoint, which may fall on either side of an upload."""
+    manifest = Path(checkpoint) / "manifest.json"
+    if not manifest.is_file():
+        return
+    staged = artifacts.read_json(manifest)
+    location = staged.get("params", {}).get("location")
+    commit = staged.get("stats", {}).get("resolved_revision")
+    theirs = recorded.get("revision")
+    if recorded.get("source") == location and None not in (commit, theirs) and commit != theirs:
+        raise DataError(
+            f"{path} was tokenised with {location} at commit {theirs}, but the checkpoint "
+            f"{checkpoint} was staged from commit {commit}: pin the checkpoint entry's `revision` "
+            "to one commit and rerun stage_tokenizer and stage_checkpoint"
+        )
 
 
 def objective_inputs(settings: dict[str, Any]) -> dict[str, Any]:
