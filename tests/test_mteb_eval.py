@@ -90,7 +90,10 @@ def test_knobs_left_out_of_the_config_come_from_the_encoders_card(encoder, tmp_p
 
     import yaml
 
-    assert mteb_eval.with_card_settings(encoder, {}) == ({}, "defaults")  # no card
+    bare = tmp_path / "bare"  # no card, no manifest: nothing stated
+    bare.mkdir()
+    (bare / "config.json").write_text((encoder / "config.json").read_text())
+    assert mteb_eval.with_card_settings(bare, {}) == ({}, "defaults")
     carded = tmp_path / "carded"
     shutil.copytree(encoder, carded)
     use = {"pooling": "mean", "similarity": "cosine", "q_len": 64, "p_len": 128,
@@ -102,6 +105,30 @@ def test_knobs_left_out_of_the_config_come_from_the_encoders_card(encoder, tmp_p
     assert mteb_eval.settings(config).pooling == "mean"
     config, source = mteb_eval.with_card_settings(carded, {"q_len": 32, "dtype": "float32"})
     assert source == "--config and card" and config["q_len"] == 32 and config["p_len"] == 128
+
+
+def test_a_staged_checkpoint_is_scored_as_its_source_embeds(encoder, tmp_path):
+    """A staged sentence-transformers checkpoint has no card: its manifest records the source's
+    mean pooling, normalisation and max_seq_length (256), which must not fall back to [CLS], dot
+    product and 32/128 tokens."""
+    config, source = mteb_eval.with_card_settings(encoder, {})
+    assert source == "checkpoint manifest"
+    assert config == {"pooling": "mean", "similarity": "cosine", "q_len": 256, "p_len": 256}
+    config, source = mteb_eval.with_card_settings(encoder, {"p_len": 128})
+    assert source == "--config and checkpoint manifest" and config["p_len"] == 128
+
+    # A pooling encode.embed cannot do (max) is refused, not replaced by a default.
+    import shutil
+
+    maxed = tmp_path / "maxed"
+    shutil.copytree(encoder, maxed)
+    manifest = json.loads((maxed / "manifest.json").read_text())
+    pooling = manifest["stats"]["sentence_transformers"]["pooling"]
+    pooling.update(pooling_mode_mean_tokens=False, pooling_mode_max_tokens=True)
+    (maxed / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(mteb_eval.ConfigError, match="max or weighted mean"):
+        mteb_eval.with_card_settings(maxed, {})
+    assert mteb_eval.with_card_settings(maxed, {"pooling": "cls"})[0]["pooling"] == "cls"
 
 
 def test_a_folder_that_is_not_beir_is_one_error_line(tmp_path, encoder, capsys):

@@ -2,6 +2,7 @@
 
     python -m retrieval_pretraining.mteb_eval --encoder results/pretrain/costa/encoder \
         --task SciFact --data data/beir/scifact [--split test] [--out scores.json] \
+        [--ignore-identical-ids] \
         [--config '{"pooling": "mean", "similarity": "cosine", "q_len": 256, "p_len": 256}']
 
 MTEB (the `mteb` package, pinned in requirements.txt) runs its own retrieval evaluation: its task
@@ -17,9 +18,12 @@ whole corpus and its scores. Only the data and the encoder are ours:
   q_len, p_len, title mode, query / passage prefixes), exactly as the workflow's encode and
   dense-search stages embed it, so MTEB's number and the workflow's are the same model's. The
   knobs `--config` leaves out come from the folder's model card where it states them (this
-  workflow's encoders: `retrieval_pretraining.use`), else RetrievalSettings' defaults: a
-  mean-pooled cosine encoder is not scored as a [CLS] dot-product one by omission. The result
-  records where they came from (`settings_from`).
+  workflow's encoders: `retrieval_pretraining.use`), else from a staged checkpoint's manifest
+  (results/checkpoints/<name>/: a sentence-transformers source's pooling, similarity and
+  max_seq_length as q_len and p_len), else RetrievalSettings' defaults: a mean-pooled cosine
+  encoder is not scored as a [CLS] dot-product one by omission. The result records where they
+  came from (`settings_from`). `--ignore-identical-ids` should match the dataset's
+  `exclude_query_id` (the workflow drops a hit whose id is the query's only where it is set).
 
 The scores (every measure MTEB computes, its main score first) are printed and written as JSON.
 """
@@ -141,16 +145,43 @@ def folder_encoder(folder: Path, knobs: RetrievalSettings):
 CARD_KEYS = ("pooling", "similarity", "q_len", "p_len", "title")
 
 
-def with_card_settings(encoder: Path, config: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """`config` completed by the knobs the encoder's card states (`use`), and where the knobs
-    came from: "--config", "card", "--config and card" or "defaults"."""
-    from .st_export import CARD_BLOCK, read_card
+def stated_use(encoder: Path) -> tuple[dict[str, Any], str]:
+    """The knobs the folder states and where: its card's `use` block (this workflow's encoders),
+    else what staging recorded of a sentence-transformers source (a staged checkpoint,
+    results/checkpoints/<name>/, keeps no card: its manifest's stats.sentence_transformers)."""
+    from .st_export import CARD_BLOCK, read_card, recorded_use
 
     use = (read_card(encoder).get(CARD_BLOCK) or {}).get("use") or {}
-    added = {k: use[k] for k in CARD_KEYS if k in use and k not in config}
+    if use:
+        return use, "card"
+    recorded = recorded_use(encoder)
+    if recorded is None:
+        return {}, ""
+    stated = {"pooling": recorded["pooling"], "similarity": recorded["similarity"]}
+    if recorded["max_seq_length"]:
+        # The model's own length for queries and passages alike, within its position limit.
+        config = json.loads((encoder / "config.json").read_text())
+        limit = min(512, int(config.get("max_position_embeddings", 512)))
+        stated["q_len"] = stated["p_len"] = min(int(recorded["max_seq_length"]), limit)
+    return stated, "checkpoint manifest"
+
+
+def with_card_settings(encoder: Path, config: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """`config` completed by the knobs the encoder states (`stated_use`), and where the knobs came
+    from: "--config", "card", "checkpoint manifest", "--config and card", "--config and checkpoint
+    manifest" or "defaults"."""
+    stated, origin = stated_use(encoder)
+    added = {k: stated[k] for k in CARD_KEYS if k in stated and k not in config}
+    if "pooling" in added and added["pooling"] is None:
+        raise ConfigError(
+            f"{encoder}/manifest.json: its sentence-transformers source pools in a way "
+            "encode.embed cannot (max or weighted mean; only cls or mean), so MTEB would score "
+            "another model; "
+            "give --config '{\"pooling\": ...}' to score it with another pooling anyway"
+        )
     given = any(k in config for k in CARD_KEYS)
-    source = {(True, True): "--config and card", (True, False): "--config",
-              (False, True): "card", (False, False): "defaults"}[(given, bool(added))]
+    source = " and ".join(name for name, used in (("--config", given), (origin, bool(added)))
+                          if used) or "defaults"
     return {**added, **config}, source
 
 

@@ -140,7 +140,7 @@ def sentence_transformers_use(record: Mapping[str, Any]) -> dict[str, Any]:
             "max_seq_length": record.get("max_seq_length")}
 
 
-def _recorded_use(checkpoint: Path) -> dict[str, Any] | None:
+def recorded_use(checkpoint: Path) -> dict[str, Any] | None:
     """The base's sentence-transformers settings as its staging manifest records them (None: not
     a sentence-transformers model, or a folder staging did not write)."""
     manifest = checkpoint / "manifest.json"
@@ -157,7 +157,7 @@ def pretrained_use(checkpoint: str | Path, objective: str) -> RetrievalSettings:
     checkpoint = Path(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
     limit = min(512, int(config.get("max_position_embeddings", 512)))
-    use = _recorded_use(checkpoint) if objective == "none" else None
+    use = recorded_use(checkpoint) if objective == "none" else None
     if use is None:
         return RetrievalSettings(pooling="cls", similarity="dot", p_len=limit)
     if use["pooling"] is None:
