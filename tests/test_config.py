@@ -150,6 +150,24 @@ def test_missing_section_is_reported(demo):
             lambda c: c["report"]["tables"][-1].update(baseline_rows=["e5-base"]),
             r"baseline_rows.*'e5-base' is not an evaluate\.baselines entry",
         ),
+        # A baseline's published number is shown whatever compare_published says: it must name
+        # the full corpus (not the demo's 1,500-abstract sample), a split and a measure we score.
+        (
+            lambda c: c["evaluate"]["baselines"][0]["published"][0].update(dataset="scifact"),
+            r"evaluate\.baselines\.0\.published\.0\.dataset.*'scifact' is a sample",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"][0]["published"][0].update(dataset="scifact-ful"),
+            r"evaluate\.baselines\.0\.published\.0\.dataset.*'scifact-ful' is not a datasets",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"][0]["published"][0].update(split="dev"),
+            r"evaluate\.baselines\.0\.published\.0\.split.*'dev' is not a split",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"][0]["published"][0].update(measure="NDCG@10"),
+            r"evaluate\.baselines\.0\.published\.0\.measure.*'NDCG@10' is not measured",
+        ),
     ],
 )
 def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):

@@ -235,6 +235,8 @@ def _baseline_checks(config: dict[str, Any], must_name) -> list[str]:
                 )
         else:
             must_name(f"{key}.checkpoint", checkpoint, "checkpoints")
+        for j, item in enumerate(entry.get("published") or []):
+            messages += _published_mistakes(config, item, f"{key}.published.{j}")
     for table in config["report"]["tables"]:
         for name in table.get("baseline_rows") or []:
             if name not in names:
@@ -243,6 +245,33 @@ def _baseline_checks(config: dict[str, Any], must_name) -> list[str]:
                     f"an evaluate.baselines entry; known: {', '.join(names) or '(none)'}"
                 )
     return messages
+
+
+def _published_mistakes(config: dict[str, Any], item: dict[str, Any], key: str) -> list[str]:
+    """A baseline's published number must sit beside a value measured in its own setting: a
+    dataset entry without `subset` (a sample's score is not the full corpus's), one of its splits,
+    a measure evaluate.splits computes there. The table shows it whatever compare_published says,
+    so a wrong key would print a delta against another setting, a misspelt one lose the number."""
+    datasets = {d["name"]: d for d in config.get("datasets") or []}
+    dataset = datasets.get(item["dataset"])
+    if dataset is None:
+        return [f"config key '{key}.dataset': '{item['dataset']}' is not a datasets entry; "
+                f"known: {', '.join(datasets) or '(none)'}"]
+    if dataset.get("subset"):
+        return [f"config key '{key}.dataset': '{item['dataset']}' is a sample (`subset`), not the "
+                "setting a number is published for; name a datasets entry of the full corpus"]
+    splits = [s["name"] for s in dataset["splits"]]
+    if item["split"] not in splits:
+        return [f"config key '{key}.split': '{item['split']}' is not a split of "
+                f"'{item['dataset']}'; known: {', '.join(splits)}"]
+    measures = [m for s in config["evaluate"]["splits"]
+                if (s["dataset"], s["split"]) == (item["dataset"], item["split"])
+                for m in s["measures"]]
+    if item["measure"] not in measures:
+        return [f"config key '{key}.measure': '{item['measure']}' is not measured on "
+                f"{item['dataset']}/{item['split']}; evaluate.splits lists: "
+                f"{', '.join(measures) or '(no entry: add one)'}"]
+    return []
 
 
 def _corpus_mistakes(config: dict[str, Any], must_name) -> list[str]:
