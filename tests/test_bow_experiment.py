@@ -68,3 +68,13 @@ def test_a_dry_run_plans_every_bow_table(tmp_path):
             for row in table["rows"]:
                 assert any(d == column["dataset"] and s.startswith(row["model"] + "-") for d, s in scored), (
                     table["name"], column["dataset"], row["model"])
+
+
+@pytest.mark.parametrize("overlay", [(), ("bow.yaml",)])
+def test_condenser_and_cocondenser_mask_whole_words_as_their_code_does(overlay):
+    """The authors' CondenserCollator is a DataCollatorForWholeWordMask (CoCondenserCollator
+    inherits it): their rows mask whole words at the section's 15%, not single tokens."""
+    section = merged_configs(*(EXPERIMENTS / n for n in ("paper.yaml", *overlay)))["pretrain"]
+    for name in ("condenser", "cocondenser"):
+        assert resolve_model(section, name, seed=0)["mlm"] == {"mask_rate": 0.15,
+                                                               "whole_word": True}, name
