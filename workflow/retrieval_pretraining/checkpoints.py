@@ -12,8 +12,10 @@ Weights are re-saved as safetensors (never pickles), and `num_layers` can trunca
 its first N layers so that the CPU demo trains in minutes with the same code as paper scale.
 A source that is a sentence-transformers model keeps no sentence-transformers files here; how it
 embeds (pooling, normalisation, length) is recorded in the manifest's stats, where the `none`
-export reads it (st_export.pretrained_use). A Hub source's manifest (checkpoint and tokenizer
-alike) records the commit it was staged from as stats.resolved_revision, whatever `revision` said.
+export reads it (st_export.pretrained_use). A source whose embedding the staged folder cannot
+reproduce (a Dense module, a pooling other than cls or mean) is refused. A Hub source's manifest
+(checkpoint and tokenizer alike) records the commit it was staged from as stats.resolved_revision,
+whatever `revision` said.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import artifacts
-from .config import refuse_unknown, resolve_path, section_schema, stage_parser
+from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
 from .errors import command
 from .model_folder import load_model
 from .wordpiece import position_limit
@@ -161,6 +163,29 @@ def sentence_transformers_files(folder: Path) -> dict[str, Any] | None:
             "pooling": json.loads(pooling[0].read_text()), "max_seq_length": length}
 
 
+# sentence-transformers' Pooling flags our encoder reproduces (contracts.models.POOLING_FLAGS: not
+# imported, so that a contract edit does not rerun stage_tokenizer and the corpus after it).
+_POOLINGS_WE_ENCODE = ({"pooling_mode_cls_token"}, {"pooling_mode_mean_tokens"})
+
+
+def refuse_unencodable(folder: Path, record: dict[str, Any] | None) -> None:
+    """Refuse a sentence-transformers source whose embedding the staged folder cannot reproduce:
+    a Dense module (its projection is not staged, so the vectors would come from another model's
+    layer) or a pooling other than cls or mean (max, weighted mean, several at once)."""
+    if record is None:
+        return
+    if any(str(m).endswith(".Dense") for m in record["modules"]):
+        raise ConfigError(f"{folder}: the sentence-transformers model has a Dense module after its "
+                         "pooling, which staging does not keep; its embeddings cannot be "
+                         "reproduced from the staged folder. Use a model without one")
+    flags = {k for k, v in (record["pooling"] or {}).items() if k.startswith("pooling_mode_") and v
+             is True}
+    if flags not in _POOLINGS_WE_ENCODE:
+        raise ConfigError(f"{folder}: the sentence-transformers model pools with "
+                         f"{', '.join(sorted(flags)) or 'no mode'}; the encoder does cls or mean "
+                         "pooling only, so it would embed as another model")
+
+
 @contextlib.contextmanager
 def _staging(out_dir: Path) -> Iterator[tuple[Path, Path]]:
     """(download folder, staged folder), both in a temp folder beside `out_dir`; on success the
@@ -190,6 +215,8 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
         # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused. Read by
         # transformers itself (native=False): whatever the source's layout (a task model's prefix,
         # old tensor names), the staged folder is transformers' own BertModel files.
+        embedding = sentence_transformers_files(folder)
+        refuse_unencodable(folder, embedding)
         model = load_model(folder, native=False)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
         original_layers = model.config.num_hidden_layers
@@ -211,7 +238,7 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
             "mlm_head_tensors": head_tensors,
             # Only recorded: the staged folder is a plain checkpoint (audit would take
             # modules.json for an encoder's), but the `none` export keeps the source's embedding.
-            "sentence_transformers": sentence_transformers_files(folder),
+            "sentence_transformers": embedding,
         } | resolved_revision(entry, folder)
         artifacts.write_manifest(
             staged / "manifest.json", stage="stage_checkpoint", params=entry, stats=stats

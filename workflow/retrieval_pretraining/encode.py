@@ -13,6 +13,7 @@ Output of one shard: `shard-XXXX.npy` (float16 or float32, rows in corpus order)
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import weakref
@@ -30,6 +31,7 @@ from . import projector as text_projector
 from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
+from .contracts.models import NORMALIZE, POOLING_FLAGS
 from .errors import command, reading
 from .model_folder import load_model
 from .parallel import bounded_map
@@ -310,6 +312,37 @@ def shard_rows(num_rows: int, shard: int, shards: int) -> tuple[int, int]:
     return num_rows * shard // shards, num_rows * (shard + 1) // shards
 
 
+def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
+    """How `knobs` differ from what a staged checkpoint (a baseline's encoder) states: its source's
+    sentence-transformers pooling, normalisation and max_seq_length (stats.sentence_transformers),
+    and its position limit. A baseline's knobs are config values nothing else checks: cls on a
+    mean-pooled model encodes another model, silently."""
+    manifest = Path(encoder) / "manifest.json"
+    if not manifest.is_file():
+        return []
+    staged = artifacts.read_json(manifest)
+    if staged.get("stage") != "stage_checkpoint":
+        return []
+    limit = json.loads((Path(encoder) / "config.json").read_text()).get("max_position_embeddings")
+    lengths = {"q_len": knobs.q_len, "p_len": knobs.p_len}
+    messages = [f"{name} {value} is above the model's position limit {limit}"
+                for name, value in lengths.items() if limit and value > limit]
+    record = (staged.get("stats") or {}).get("sentence_transformers")
+    if not record:
+        return messages
+    flags = record.get("pooling") or {}
+    pooling = next((name for name, flag in POOLING_FLAGS.items() if flags.get(flag)), None)
+    similarity = "cosine" if NORMALIZE in (record.get("modules") or []) else "dot"
+    if pooling is not None and knobs.pooling != pooling:
+        messages.append(f"pooling {knobs.pooling}, but the source pools with {pooling}")
+    if knobs.similarity != similarity:
+        messages.append(f"similarity {knobs.similarity}, but the source's is {similarity}")
+    longest = record.get("max_seq_length")
+    messages += [f"{name} {value} is above the source's max_seq_length {longest}"
+                 for name, value in lengths.items() if longest and value > longest]
+    return messages
+
+
 def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, out_npy: Path,
                         out_ids: Path, config: dict[str, Any]) -> dict[str, Any]:
     import polars as pl  # here, not above: embedding imports without it (the bare GPU machine)
@@ -320,6 +353,9 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
         lo, hi = shard_rows(num_rows, shard, shards)
         frame = (pl.scan_parquet(corpus).slice(lo, hi - lo)
                  .select("doc_id", "title", "text").collect())
+    mismatches = use_mismatches(encoder, knobs)
+    for message in mismatches:
+        log.warning("%s: %s (the baseline's knobs in evaluate.baselines)", encoder, message)
     model, tokenizer = load_encoder(encoder)
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(),
                     titles=frame["title"].fill_null("").to_list(), max_len=knobs.p_len,
@@ -332,6 +368,8 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
     artifacts.write_parquet(out_ids, pa.table({"doc_id": frame["doc_id"].to_arrow()}), IDS_SCHEMA)
     stats = {"rows": hi - lo, "row_range": [lo, hi], "dim": int(vectors.shape[1]),
              "dtype": knobs.dtype}
+    if mismatches:  # kept where the vectors are, so a table's number can be traced to them
+        stats["use_mismatches"] = mismatches
     artifacts.write_manifest(artifacts.manifest_path(out_npy), stage="encode_corpus",
                              params=knobs.record(), inputs={"corpus": corpus, "encoder": encoder},
                              stats=stats)
