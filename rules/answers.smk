@@ -97,7 +97,7 @@ rule prepare_dataset_answers:
     conda:
         conda_env("torch")
     params:
-        args=lambda wc: dataset_arguments(wc.dataset),
+        args=lambda wc: split_arguments(wc.dataset, wc.split, allowances=False),
         out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
     shell:
         "python -m retrieval_pretraining.datasets answers --split {wildcards.split} "

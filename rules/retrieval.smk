@@ -1,10 +1,28 @@
 # Retrieval datasets and BM25: downloads (local rules), canonical datasets, Lucene index, BM25 runs,
 # BM25 negatives. Every evaluate.splits entry gets a BM25 run, published for scoring under
 # results/runs/{dataset}/bm25/{split}.trec like every other system.
-
+import json as _json
 
 DATASETS_DIR = "results/datasets"
 DATASET_DOWNLOADS = "results/downloads/datasets"
+# The keys of a datasets entry each job reads: its params hold only these, so that an edit
+# elsewhere in the entry (a new split, a larger allowance, a pinned checksum) reruns neither the
+# corpus nor what is built on it (BM25 index, corpus encodings, fine-tuning).
+CORPUS_KEYS = (
+    "name",
+    "format",
+    "path",
+    "corpus",
+    "titles",
+    "title",
+    "exclude_query_id",
+    "subset",
+)
+SPLIT_KEYS = ("name", "format", "path", "corpus", "title", "exclude_query_id")
+SPLIT_ALLOWANCES = ("max_missing_judged_documents",)
+# A checksum or size is a check on a download, not what it is: they travel as resources (no rerun
+# trigger), and a file fetched before one was pinned is checked against its manifest instead.
+DOWNLOAD_CHECKS = ("md5", "sha256", "size")
 
 
 def dataset_entry(name):
@@ -20,11 +38,39 @@ def _dataset_download(dataset, file):
     )
 
 
+def _check_fetched_download(dataset, download):
+    """Compare the checks pinned on a download with what its manifest recorded when it was
+    fetched (sha256 and bytes always, md5 when that was verified): no second 13 GB fetch.
+    """
+    manifest = Path(DATASET_DOWNLOADS, dataset, f"{download['file']}.manifest.json")
+    if not manifest.is_file():
+        return
+    stats = _json.loads(manifest.read_text()).get("stats", {})
+    verified = stats.get("verified") or {}
+    recorded = {"sha256": stats.get("sha256"), "size": stats.get("bytes")}
+    if verified.get("check") == "md5":
+        recorded["md5"] = verified.get("actual")
+    for key, value in recorded.items():
+        if (
+            download.get(key) is not None
+            and value is not None
+            and download[key] != value
+        ):
+            raise ValueError(
+                f"{manifest.parent / download['file']}: dataset '{dataset}' pins {key} "
+                f"{download[key]}, but the file fetched has {value} (its manifest); fix the pin, "
+                "or delete the file to fetch it again"
+            )
+
+
 def _ref_path(entry, ref):
     """The file a dataset config reference names (a project file or a download)."""
     if "path" in ref:
         return str(experiment_config.resolve_path(ref["path"], config["data_root"]))
-    _dataset_download(entry["name"], ref["download"])  # fails early, naming the fix
+    download = _dataset_download(
+        entry["name"], ref["download"]
+    )  # fails early, naming the fix
+    _check_fetched_download(entry["name"], download)
     return f"{DATASET_DOWNLOADS}/{entry['name']}/{ref['download']}"
 
 
@@ -64,10 +110,28 @@ def get_dataset_split_sources(wildcards):
     return sorted({_ref_path(entry, ref) for ref in refs})
 
 
-def dataset_arguments(dataset):
-    """`--config '<entry>' [--data-root D]` for retrieval_pretraining.datasets."""
-    entry = experiment_config.stage_argument(dataset_entry(dataset))
+def _dataset_options(dataset, entry):
+    """`--config '<slice>' --downloads D [--data-root R]` for retrieval_pretraining.datasets."""
+    entry = experiment_config.stage_argument(entry)
     return f"--config '{entry}' --downloads {DATASET_DOWNLOADS}/{dataset} {data_root_option()}"
+
+
+def corpus_arguments(dataset):
+    """The options of `datasets corpus`: the keys the corpus is built from."""
+    entry = dataset_entry(dataset)
+    read = {key: entry[key] for key in CORPUS_KEYS if key in entry}
+    if entry.get("subset"):  # the sample keeps every document a split's qrels judge
+        read["splits"] = [{"name": split["name"]} for split in entry["splits"]]
+    return _dataset_options(dataset, read)
+
+
+def split_arguments(dataset, split, allowances=True):
+    """The options of `datasets split` (allowances=False: `answers`): one split's entry alone."""
+    entry = dataset_entry(dataset)
+    keys = SPLIT_KEYS + (SPLIT_ALLOWANCES if allowances else ())
+    read = {key: entry[key] for key in keys if key in entry}
+    read["splits"] = [s for s in entry["splits"] if s["name"] == split]
+    return _dataset_options(dataset, read)
 
 
 def bm25_negatives_entry(dataset):
@@ -81,6 +145,17 @@ def bm25_negatives_entry(dataset):
 
 def exclude_query_id_flag(dataset):
     return "--exclude-query-id" if dataset_entry(dataset)["exclude_query_id"] else ""
+
+
+def _fetch_options(wildcards, keys):
+    """`--<key> <value>` of a download's `keys` that are set."""
+    download = _dataset_download(wildcards.dataset, wildcards.file)
+    return " ".join(
+        shlex.quote(flag)
+        for key in keys
+        if download.get(key) is not None
+        for flag in (f"--{key}", str(download[key]))
+    )
 
 
 def get_bm25_targets():
@@ -108,15 +183,13 @@ rule download_dataset_file:
     localrule: True
     conda:
         conda_env("torch")
+    resources:
+        fetch_checks=lambda wc: _fetch_options(wc, DOWNLOAD_CHECKS),
     params:
-        fetch=lambda wc: " ".join(
-            shlex.quote(flag)
-            for key, value in _dataset_download(wc.dataset, wc.file).items()
-            if key in ("url", "md5", "sha256", "size") and value is not None
-            for flag in (f"--{key}", str(value))
-        ),
+        fetch=lambda wc: _fetch_options(wc, ("url",)),
     shell:
-        "python -m retrieval_pretraining.download fetch {params.fetch} --out {output.file} &> {log}"
+        "python -m retrieval_pretraining.download fetch {params.fetch} {resources.fetch_checks} "
+        "--out {output.file} &> {log}"
 
 
 # The corpus in canonical form, and dataset.json (title mode, query-id rule, corpus quirks).
@@ -134,7 +207,7 @@ rule prepare_dataset:
     conda:
         conda_env("torch")
     params:
-        args=lambda wc: dataset_arguments(wc.dataset),
+        args=lambda wc: corpus_arguments(wc.dataset),
         out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
     shell:
         "python -m retrieval_pretraining.datasets corpus {params.args} --out {params.out} &> {log}"
@@ -157,7 +230,7 @@ rule prepare_dataset_split:
     conda:
         conda_env("torch")
     params:
-        args=lambda wc: dataset_arguments(wc.dataset),
+        args=lambda wc: split_arguments(wc.dataset, wc.split),
         out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
     shell:
         "python -m retrieval_pretraining.datasets split --split {wildcards.split} {params.args} "

@@ -263,7 +263,7 @@ def write_figures_pages_and_heads(res: Path, ckpt: Path, save_file) -> None:
     artifacts.write_json(
         res / "datasets/toy/dataset.json",
         {"name": "toy", "format": "beir", "title": "space", "exclude_query_id": True,
-         "splits": ["train"], "corpus": {"documents": 3, "empty_text": 0, "empty_title": 0}},
+         "corpus": {"documents": 3, "empty_text": 0, "empty_title": 0}},
     )
     download = res / "downloads/datasets/toy/queries.tsv"
     download.parent.mkdir(parents=True)

@@ -72,7 +72,7 @@ def dataset_dir(root: str | os.PathLike, dataset: str) -> Path:
 
 
 def read_info(folder: str | os.PathLike) -> dict[str, Any]:
-    """dataset.json of a prepared dataset: title mode, exclude_query_id, splits, quirks."""
+    """dataset.json of a prepared dataset: title mode, exclude_query_id, corpus quirks."""
     return artifacts.read_json(Path(folder) / "dataset.json")
 
 
@@ -162,7 +162,8 @@ def prepare_corpus(
         inputs=_small_inputs(inputs),
         stats=stats,
     )
-    info = _params(entry) | {"splits": [s["name"] for s in entry["splits"]], "corpus": stats}
+    # No split list: the corpus job is given none (a new split must not rebuild the corpus).
+    info = _params(entry) | {"corpus": stats}
     if subset is not None:
         info["subset"] = subset
     artifacts.write_json(Path(out_dir) / "dataset.json", info)

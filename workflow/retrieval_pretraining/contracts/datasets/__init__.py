@@ -5,7 +5,7 @@
     qrels-{split}.parquet     query_id string, doc_id string, relevance int32 (each pair once)
     answers-{split}.parquet   query_id string, answers list<string> (open-domain QA datasets,
                               format dpr: what Acc@k and the answers negative filter match)
-    dataset.json              title mode, query-id rule, splits, corpus quirks
+    dataset.json              title mode, query-id rule, corpus quirks
 
 Quirks are counted, never silently fixed (datasets.py's docstring says which and why): the counts
 are made by the checks the writer runs before publishing (checks.py, the one part that needs

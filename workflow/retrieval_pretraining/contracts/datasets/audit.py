@@ -19,7 +19,7 @@ from ..base import (
 from . import ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES
 
 FILES = [
-    ("datasets/*/dataset.json", "dataset info: title mode, query-id rule, splits, corpus quirks",
+    ("datasets/*/dataset.json", "dataset info: title mode, query-id rule, corpus quirks",
      "prepare_dataset"),
 ]
 
@@ -92,13 +92,16 @@ def audit_dataset_info(a: Audit, n: int) -> None:
     corpus = a.path.parent / "corpus.parquet"
     a.say(
         f"-- dataset {data.get('name')} ({data.get('format')}): title mode {data.get('title')!r}, "
-        f"exclude_query_id {data.get('exclude_query_id')}, splits {data.get('splits')}"
+        f"exclude_query_id {data.get('exclude_query_id')}"
     )
     a.say(f"  corpus quirks: {json.dumps(data.get('corpus'), sort_keys=True)}")
-    for split in data.get("splits") or []:
+    # The splits prepared so far (each is its own job, after the corpus): their files beside it.
+    splits = sorted(p.name.removeprefix("queries-").removesuffix(".parquet")
+                    for p in a.path.parent.glob("queries-*.parquet"))
+    for split in splits:
         files = [f"{kind}-{split}.parquet" for kind in ("queries", "qrels", "answers")]
         present = [f for f in files if (a.path.parent / f).is_file()]
-        a.say(f"  split {split}: {', '.join(present) or 'not prepared (no rule asked for it)'}")
+        a.say(f"  split {split}: {', '.join(present)}")
     a.say("-- written with corpus.parquet; its manifest:")
     show_manifest(a, read_manifest(corpus))
     show_snakemake_record(a, a.path)
@@ -134,7 +137,8 @@ KINDS = [
     ),
     json_kind(
         "dataset.json", RANK_JSON + 4,
-        lambda p: p.name == "dataset.json" and isinstance(p.data, dict) and "splits" in p.data,
+        lambda p: (p.name == "dataset.json" and isinstance(p.data, dict)
+                   and "exclude_query_id" in p.data),
         audit_dataset_info,
     ),
 ]
