@@ -19,7 +19,7 @@ CORPUS_KEYS = (
     "subset",
 )
 SPLIT_KEYS = ("name", "format", "path", "corpus", "title", "exclude_query_id")
-SPLIT_ALLOWANCES = ("max_missing_judged_documents",)
+SPLIT_ALLOWANCES = ("max_missing_judged_documents", "max_unknown_judged_queries")
 # A checksum or size is a check on a download, not what it is: they travel as resources (no rerun
 # trigger), and a file fetched before one was pinned is checked against its manifest instead.
 DOWNLOAD_CHECKS = ("md5", "sha256", "size")

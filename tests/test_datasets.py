@@ -91,9 +91,10 @@ def quirky_beir(tmp_path):
 
 
 def quirky_entry(folder):
-    # The one judged document absent from the corpus ("gone") is allowed.
+    # The one judged document absent from the corpus ("gone") and query absent from queries.jsonl
+    # ("q9") are allowed.
     return dict(SCIFACT, name="quirky", path=str(folder), splits=[{"name": "test"}],
-                max_missing_judged_documents=1)
+                max_missing_judged_documents=1, max_unknown_judged_queries=1)
 
 
 def test_outputs_follow_the_datasets_contract(quirky_beir, tmp_path):
@@ -406,3 +407,57 @@ def test_judged_documents_missing_within_the_allowance_are_counted_and_reported(
 
     [line] = missing_judged_documents(tmp_path / "results", [("tiny", "test")])
     assert line.endswith("tiny/test 2 (allowed: 2)")
+
+
+# --- qrels that judge queries the queries file does not hold ------------------------------------
+def _dl_entry(topics: str, qrels: str) -> dict:
+    """An msmarco entry over the shipped TREC DL topics and qrels (corpus: a stand-in)."""
+    folder = "data/msmarco-topics-qrels"
+    return {
+        "name": "dl", "format": "msmarco", "title": "none", "exclude_query_id": False,
+        "corpus": {"path": "unused"},
+        "splits": [{"name": "test", "queries": {"path": f"{folder}/{topics}"},
+                    "qrels": {"path": f"{folder}/{qrels}"}}],
+    }
+
+
+def test_topics_and_qrels_of_different_years_are_refused_naming_both_files(tmp_path):
+    """DL20 topics with DL19 qrels share no query id: every judgement names an unknown query, and
+    the split used to be published with 0 queries and 0 qrels (scoring then blamed retrieval)."""
+    entry = _dl_entry("topics.dl20.txt", "qrels.dl19-passage.txt")
+    pl.DataFrame({"doc_id": ["0"]}).write_parquet(tmp_path / "corpus.parquet")
+    with pytest.raises(DatasetError) as refused:
+        datasets.prepare_split(entry, "test", tmp_path, data_root=str(ROOT))
+    message = str(refused.value)
+    assert "topics.dl20.txt" in message and "qrels.dl19-passage.txt" in message, message
+    assert "43 queries judged" in message and "none of them" in message, message
+    assert "'19335'" in message, message  # an example unknown id (DL19's first query)
+    assert not list(tmp_path.glob("*-test.*"))
+
+
+def test_one_unknown_judged_query_is_refused_unless_allowed(quirky_beir, tmp_path):
+    """The quirky qrels judge q9, absent from queries.jsonl: refused under the default allowance,
+    written (its judgement dropped, counted) with `max_unknown_judged_queries: 1`."""
+    entry = dict(quirky_entry(quirky_beir))
+    del entry["max_unknown_judged_queries"]
+    out = tmp_path / "out"
+    datasets.prepare_corpus(entry, out, data_root=str(tmp_path))
+    queries, qrels = (re.escape(str(quirky_beir / n)) for n in ("queries.jsonl", "qrels/test.tsv"))
+    with pytest.raises(DatasetError, match=rf"1 queries judged in {qrels} are not in {queries} "
+                                           r".*'q9'.*`max_unknown_judged_queries: 1`.*\(now 0\)"):
+        datasets.prepare_split(entry, "test", out, data_root=str(tmp_path))
+    assert not list(out.glob("*-test.*"))
+    stats = datasets.prepare_split(dict(entry, max_unknown_judged_queries=1), "test", out,
+                                   data_root=str(tmp_path))
+    assert stats["judged_queries_unknown"] == 1 and stats["qrels_unknown_query"] == 1
+    manifest = json.loads((out / "qrels-test.manifest.json").read_text())
+    assert manifest["params"]["max_unknown_judged_queries"] == 1
+
+
+def test_a_split_whose_qrels_judge_nothing_is_refused(tmp_path):
+    folder = tmp_path / "tiny"
+    entry = tiny_beir(folder, ["d1"], [])
+    out = tmp_path / "out"
+    datasets.prepare_corpus(entry, out, data_root=str(tmp_path))
+    with pytest.raises(DatasetError, match=r"0 queries.*qrels/test\.tsv judges no query"):
+        datasets.prepare_split(entry, "test", out, data_root=str(tmp_path))

@@ -15,7 +15,10 @@ Quirks are counted (corpus: dataset.json; split: the queries/qrels manifests), n
 - qrels naming documents missing from the corpus (kept: they count as unretrievable relevants, as
   the official evaluation does), up to the entry's `max_missing_judged_documents` (default 0: a
   corpus of another dataset or version would otherwise score 0 everywhere without a word; BEIR
-  ArguAna lacks a few of its judged documents), qrels naming unknown queries (dropped, counted),
+  ArguAna lacks a few of its judged documents), qrels naming queries the queries file lacks
+  (dropped, counted) up to `max_unknown_judged_queries` (default 0: DL20 topics paired with DL19
+  qrels would publish an empty split); a split with no judged query is refused (except a dpr
+  `questions` split, scored by answers),
 - empty document texts / titles and empty queries (kept, counted).
 A split's queries are those that appear in its qrels (BEIR's convention; MS MARCO's 808k train
 queries include ~300k without any judgement, useless for training and evaluation), except for DPR's
@@ -193,10 +196,12 @@ def prepare_split(
     doc_ids = pl.read_parquet(out_dir / "corpus.parquet", columns=["doc_id"])
     every, (queries, qrels, stats) = queries, check_split(
         queries, qrels, doc_ids, f"{entry['name']} ({split})")
+    unknown_allowed = entry.get("max_unknown_judged_queries", 0)
+    check_judged_queries(entry, split, stats, unknown_allowed, inputs, every)
+    qrels_input = inputs.get("qrels") or next(iter(inputs.values()))
     if entry["format"] == "dpr":  # questions are scored by their answers: keep every one
         queries = every.with_columns(pl.col("text").fill_null(""))
         stats |= counts | {"queries": queries.height, "queries_without_qrels": 0}
-    qrels_input = inputs.get("qrels") or next(iter(inputs.values()))
     allowed = entry.get("max_missing_judged_documents", 0)
     if stats["judged_documents_missing"] > allowed:
         corpus = corpus_source(entry, data_root, downloads)
@@ -213,7 +218,8 @@ def prepare_split(
         artifacts.write_manifest(
             artifacts.manifest_path(path),
             stage="datasets.split",
-            params=_params(entry) | {"split": split, "max_missing_judged_documents": allowed},
+            params=_params(entry) | {"split": split, "max_missing_judged_documents": allowed,
+                                     "max_unknown_judged_queries": unknown_allowed},
             inputs=inputs,
             stats=stats,
         )
@@ -273,6 +279,46 @@ def missing_documents_message(
         "belong to; if the dataset itself lacks them (BEIR ArguAna lacks a few), allow them with "
         f"`max_missing_judged_documents: {missing}` in its datasets entry (now {allowed})"
     )
+
+
+def check_judged_queries(entry: dict[str, Any], split: str, stats: dict[str, Any], allowed: int,
+                         inputs: dict[str, Path], queries: pl.DataFrame) -> None:
+    """Refuse a split that judges no query of its queries, or more unknown queries than allowed.
+    A dpr `questions` split has no qrels by design: its questions are scored by their answers."""
+    empty = stats["queries"] == 0 and "questions" not in inputs
+    if empty or stats["judged_queries_unknown"] > allowed:
+        first = next(iter(inputs.values()))  # dpr: one file holds questions and positives
+        raise DatasetError(unknown_queries_message(
+            entry, split, stats, allowed, inputs.get("queries", first), inputs.get("qrels", first),
+            queries["query_id"].head(3).to_list()))
+
+
+def unknown_queries_message(
+    entry: dict[str, Any], split: str, stats: dict[str, Any], allowed: int, queries: Path,
+    qrels: Path, query_examples: list[str],
+) -> str:
+    """Why a split is refused: it judges no query of its queries file, or more unknown queries
+    than allowed (a wrong pairing such as DL20 topics with DL19 qrels would publish 0 queries, and
+    the failure would show only at scoring, blaming retrieval)."""
+    unknown, kept = stats["judged_queries_unknown"], stats["queries"]
+    where = f"dataset {entry['name']!r} split {split!r}"
+    listed = ", ".join(repr(q) for q in query_examples) or "none"
+    if unknown == 0:  # kept == 0: nothing judged at all
+        return (f"{where}: 0 queries; {qrels} judges no query of {queries} (which lists e.g. "
+                f"{listed}). Point the split at the qrels its queries belong to")
+    examples = ", ".join(repr(q) for q in stats["judged_queries_unknown_examples"])
+    if kept == 0:
+        what, effect = "none of them: the two files belong to different query sets", "empty"
+    else:
+        what, effect = f"it holds the other {kept}", "without their judgements"
+    message = (f"{where}: {unknown} queries judged in {qrels} are not in {queries} ({what}; "
+               f"unknown e.g. {examples}; the queries file lists e.g. {listed}), and the split "
+               f"would be published {effect}. Point the split at the queries file its qrels "
+               "belong to")
+    if kept:
+        message += (f"; if the dataset itself lacks them, allow them with "
+                    f"`max_unknown_judged_queries: {unknown}` in its datasets entry (now {allowed})")
+    return message
 
 
 def prepare(

@@ -44,6 +44,8 @@ def check_split(
     queries.jsonl holds every split, these are mostly the other splits' queries).
     judged_documents_missing: distinct documents the kept judgements name that the corpus lacks
     (qrels_missing_document counts the judgements); the writer refuses more than its entry allows.
+    judged_queries_unknown: distinct queries the qrels judge that the queries lack (their
+    judgements are dropped; qrels_unknown_query counts them); likewise refused beyond the allowance.
     """
     queries = queries.with_columns(pl.col("text").fill_null(""))
     check_unique(queries, "query_id", f"{what} queries")
@@ -58,6 +60,8 @@ def check_split(
     missing_docs = known.join(doc_ids, on="doc_id", how="anti")
     self_ids = judged.join(doc_ids.rename({"doc_id": "query_id"}), on="query_id", how="semi")
     missing_ids = missing_docs["doc_id"].unique(maintain_order=True)
+    unknown_ids = qrels.join(queries.select("query_id"), on="query_id", how="anti")[
+        "query_id"].unique(maintain_order=True)
     stats = {
         "queries": judged.height,
         "queries_without_qrels": queries.height - judged.height,
@@ -66,6 +70,8 @@ def check_split(
         "judged_documents_missing": missing_ids.len(),
         "judged_documents_missing_examples": missing_ids.head(5).to_list(),
         "qrels_unknown_query": qrels.height - known.height,
+        "judged_queries_unknown": unknown_ids.len(),
+        "judged_queries_unknown_examples": unknown_ids.head(5).to_list(),
         "qrels_missing_document": missing_docs.height,
         "qrels_missing_document_examples": [list(r) for r in missing_docs.head(5).rows()],
         "positive_qrels": known.filter(pl.col("relevance") > 0).height,
