@@ -4,6 +4,7 @@ and the workflow's plan for an NQ-format dataset."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -144,6 +145,22 @@ def test_question_files_parse_literals_safely(tmp_path):
     jsonl.write_text('{"question": "q1", "answer": ["A"]}\n{"id": "x7", "question": "q2", '
                      '"answers": ["B", "C"]}\n')
     assert list(dpr_files.read_questions(jsonl)) == [("0", "q1", ["A"]), ("x7", "q2", ["B", "C"])]
+
+
+def test_an_unquoted_field_that_starts_with_a_quote_reads_as_dpr_reads_it(tmp_path):
+    """DPR and Pyserini read qa.csv and psgs_w100.tsv with csv.reader's default (non-strict)
+    dialect: a field that opens with a quoted phrase and goes on is read, not refused (a strict
+    reader would stop a 21M-passage job hours in)."""
+    line = '"The Last Supper" is by whom?\t[\'Leonardo da Vinci\']'
+    qa = tmp_path / "nq-test.qa.csv"
+    qa.write_text(line + "\n")
+    question, answers = next(csv.reader([line], delimiter="\t"))  # as DPR's qa reader
+    assert list(dpr_files.read_questions(qa)) == [("0", question, ["Leonardo da Vinci"])]
+    passages = tmp_path / "psgs_w100.tsv"
+    passages.write_text(f"id\ttext\ttitle\n1\t{line.split(chr(9))[0]} It hangs in Milan.\tX\n")
+    [frame] = dpr_files.read_passages_batches(passages)
+    assert frame["text"].to_list() == [
+        next(csv.reader([passages.read_text().splitlines()[1]], delimiter="\t"))[1]]
 
 
 def test_the_sample_becomes_the_datasets_contract(nq):

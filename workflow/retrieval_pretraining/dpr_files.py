@@ -42,8 +42,10 @@ def _where(path: Path, member: str | None) -> str:
 
 
 def _tsv_rows(handle: IO[str]) -> Iterator[tuple[int, list[str]]]:
-    """(line number, fields) of a tab-separated, CSV-quoted text stream."""
-    reader = csv.reader(handle, delimiter="\t", quotechar='"', strict=True)
+    """(line number, fields) of a tab-separated, CSV-quoted text stream, read with csv's default
+    (non-strict) dialect as DPR and Pyserini read these files: a field that opens with a quoted
+    phrase and goes on ('"The Last Supper" is by whom?') is read as they read it, not refused."""
+    reader = csv.reader(handle, delimiter="\t", quotechar='"', strict=False)
     try:
         for row in reader:
             yield reader.line_num, row
