@@ -81,6 +81,13 @@ def test_the_json_list_reader_holds_one_element_and_one_step_at_a_time():
     assert i == len(records) - 1
 
 
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_a_number_split_by_a_read_step_is_read_whole(step):
+    """A number that ends where a read ends may go on in the next read: '33' of '333' decodes."""
+    text = "[1, 22, 333]"
+    assert list(dpr_files.iter_json_list(io.StringIO(text), "x.json", step=step)) == json.loads(text)
+
+
 @pytest.mark.parametrize("text,message", [
     ('{"question": "q"}', "expected a JSON list"),
     ('[{"question": "q", "answers": []}, {"question": "cut', "malformed or cut-short JSON"),

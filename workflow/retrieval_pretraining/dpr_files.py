@@ -186,7 +186,10 @@ def iter_json_list(handle: IO[str], where: str, step: int = JSON_READ_CHARS,
         while True:
             try:
                 value, end = decoder.raw_decode(buffer, pos)
-                break
+                # A value that ends with the buffer may be a number cut by the read ('33' of
+                # '333'): decode it again with more of the stream.
+                if end < len(buffer) or not fill():
+                    break
             except json.JSONDecodeError as error:
                 if len(buffer) - pos > limit:
                     raise DatasetError(f"{where}: no complete JSON value within {limit} characters "
