@@ -55,3 +55,28 @@ def test_titles_out_of_the_collections_order_are_refused_naming_the_record(tmp_p
     (tmp_path / "ordered.txt").write_text("0\tA\n1\tB\n2\tC\n")
     with pytest.raises(DatasetError, match="the collection lists id 1 after 2"):
         list(dataset_files._with_titles(_batches([2, 1], rows=2), tmp_path / "ordered.txt", None))
+
+
+def test_beir_qrels_split_on_tabs_whatever_their_ids_hold(tmp_path):
+    """A BEIR qrels line is `query-id <tab> corpus-id <tab> score`: an id holding a space stays
+    whole (split on any whitespace, the line had 4 fields and was read as TREC: wrong ids)."""
+    qrels = tmp_path / "test.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq 1\td1\t1\nq2\tdoc two\t2\n")
+    frame = dataset_files.read_qrels_file(qrels)
+    assert frame.rows() == [("q 1", "d1", 1), ("q2", "doc two", 2)]
+
+
+def test_the_qrels_format_is_decided_once_per_file(tmp_path):
+    """TREC qrels (spaces, as NIST ships them, or tabs, as MS MARCO) keep 4 fields on every line;
+    a line of another width is refused, naming it, not read as the other format."""
+    trec = tmp_path / "qrels.txt"
+    trec.write_text("19335 Q0 1017759 0\n19335 Q0 1082489 1\n")
+    assert dataset_files.read_qrels_file(trec).rows() == [
+        ("19335", "1017759", 0), ("19335", "1082489", 1)]
+    tabs = tmp_path / "qrels.train.tsv"
+    tabs.write_text("1185869\t0\t0\t1\n1185868\t0\t16\t1\n")
+    assert dataset_files.read_qrels_file(tabs).rows() == [("1185869", "0", 1), ("1185868", "16", 1)]
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("19335 Q0 1017759 0\n19335 1082489 1\n")
+    with pytest.raises(DatasetError, match=r"mixed.txt, line 2: 3 fields.*4"):
+        dataset_files.read_qrels_file(mixed)

@@ -138,24 +138,34 @@ def read_tsv_records(
 
 
 def read_qrels_file(path: Path, member: str | None = None) -> pl.DataFrame:
-    """Qrels in TREC format (`qid iter docid rel`, spaces or tabs) or BEIR's 3-column TSV with header."""
+    """Qrels in TREC format (`qid iter docid rel`, spaces or tabs) or BEIR's 3-column TSV with header.
+
+    The layout is decided once, on the first line: tab-separated if it holds a tab (BEIR; MS MARCO's
+    TREC qrels.train.tsv), else split on whitespace (NIST's TREC files); 3 fields (BEIR) or 4
+    (TREC). A later line of another width is refused, naming it: read per line, a BEIR id holding
+    a space made 4 fields and was taken for TREC, its ids shifted."""
     qids, dids, rels = [], [], []
+    sep: str | None = None
+    width = 0
     with open_text(path, member) as handle:
         for number, line in enumerate(handle, 1):
-            fields = line.split()
-            if not fields:
+            line = line.rstrip("\r\n")
+            if not line.strip():
                 continue
+            if not width:
+                sep = "\t" if "\t" in line else None
+            fields = line.split(sep)
             if number == 1 and fields[0] == "query-id":
                 continue  # BEIR header
-            if len(fields) == 4:
-                qid, _, did, rel = fields
-            elif len(fields) == 3:
-                qid, did, rel = fields
-            else:
+            width = width or len(fields)
+            if len(fields) != width or width not in (3, 4):
                 raise DatasetError(
-                    f"{_where(path, member)}, line {number}: {len(fields)} fields; qrels lines are "
-                    "`query_id iteration doc_id relevance` (TREC) or `query-id corpus-id score` (BEIR)"
+                    f"{_where(path, member)}, line {number}: {len(fields)} fields, the file's lines "
+                    f"have {width if width in (3, 4) else '3 or 4'}; qrels lines are "
+                    "`query_id iteration doc_id relevance` (TREC) or `query-id corpus-id score` "
+                    "(BEIR, tab-separated)"
                 )
+            qid, did, rel = (fields[0], fields[2], fields[3]) if width == 4 else fields
             try:
                 rels.append(int(rel))
             except ValueError:
