@@ -91,6 +91,10 @@ def test_missing_section_is_reported(demo):
             r"spans\.0\.granularities\.phrase.*min_len 20 > max_len 8",
         ),
         (lambda c: c["wikipedia"].update(source="local", parts=[]), r"wikipedia\.parts"),
+        (
+            lambda c: c["datasets"][0].update(titles={"path": "data/titles.tsv"}),
+            r"datasets\.0\.titles': a titles file is joined onto MS MARCO collections only",
+        ),
         (lambda c: c["corpus"].update(checkpoint="bert-large"), r"corpus\.checkpoint.*'bert-large'"),
         (
             lambda c: c["pretrain"]["models"][2].update(spans="costa-typo"),

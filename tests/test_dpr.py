@@ -491,3 +491,18 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
     project = copy_project(tmp_path / "disagree", overrides)
     failed = snakemake(project, "--dry-run", targets[0], check=False)
     assert failed.returncode != 0 and "disagree on answer_match" in failed.stdout + failed.stderr
+
+
+def test_biencoder_questions_without_positives_count_as_queries_without_qrels(tmp_path):
+    """Every question is kept (scored by answers); one with no positive passage has no qrels, and
+    the manifests say so (they used to report 0 queries without qrels)."""
+    records = [{"question": "q0", "answers": ["a"], "positive_ctxs": [{"passage_id": "1"}]},
+               {"question": "q1", "answers": ["b"], "positive_ctxs": []}]
+    (tmp_path / "train.json").write_text(json.dumps(records))
+    entry = {"name": "mini-qa", "format": "dpr", "title": "space", "exclude_query_id": False,
+             "corpus": {"path": str(tmp_path / "psgs.tsv")},
+             "splits": [{"name": "train", "biencoder": {"path": str(tmp_path / "train.json")}}]}
+    pl.DataFrame({"doc_id": ["1"]}).write_parquet(tmp_path / "corpus.parquet")
+    stats = datasets.prepare_split(entry, "train", tmp_path, data_root=str(tmp_path))
+    assert stats["queries"] == 2 and stats["questions_without_positives"] == 1
+    assert stats["queries_without_qrels"] == 1

@@ -148,6 +148,14 @@ def cross_check(config: dict[str, Any]) -> list[str]:
     for name in sorted({n for n in models if models.count(n) > 1}):
         messages.append(f"config key 'pretrain.models': the name '{name}' is used twice")
 
+    for i, entry in enumerate(config["datasets"]):
+        if entry.get("titles") and entry["format"] != "msmarco":
+            messages.append(
+                f"config key 'datasets.{i}.titles': a titles file is joined onto MS MARCO "
+                f"collections only (format msmarco; {entry['format']} corpora carry their own "
+                "titles, and it would be ignored); remove it"
+            )
+
     wikipedia = config["wikipedia"]
     if wikipedia["source"] == "local" and not wikipedia["parts"]:
         messages.append(

@@ -27,8 +27,8 @@ all are kept, and `answers` writes answers-{split}.parquet.
 
 MS MARCO collections (22 GB of documents) are streamed: read in batches of lines, written batch by
 batch into corpus.parquet (one row group per batch), counted on the way; unique ids are checked on
-the doc_id column read back, so memory holds one batch, the ids (and the passage titles), never
-the corpus.
+the doc_id column read back, so memory holds one batch and the ids, never the corpus (passage
+titles are merged as both files stream: dataset_files._with_titles).
 """
 
 from __future__ import annotations
@@ -201,7 +201,8 @@ def prepare_split(
     qrels_input = inputs.get("qrels") or next(iter(inputs.values()))
     if entry["format"] == "dpr":  # questions are scored by their answers: keep every one
         queries = every.with_columns(pl.col("text").fill_null(""))
-        stats |= counts | {"queries": queries.height, "queries_without_qrels": 0}
+        stats |= counts | {"queries": queries.height,
+                           "queries_without_qrels": queries.height - stats["queries"]}
     allowed = entry.get("max_missing_judged_documents", 0)
     if stats["judged_documents_missing"] > allowed:
         corpus = corpus_source(entry, data_root, downloads)

@@ -6,14 +6,17 @@
 - `{nq,trivia}-{train,dev,test}.qa.csv[.gz]`: `question <tab> answers`, answers a Python list
   literal (`['Tim Nazareth']`), CSV-quoted when it holds `"`. Parsed with ast.literal_eval (no code
   is run) and checked to be a list of strings. No header, no ids: a question's id is its 0-based
-  line number, as Pyserini numbers its `dpr-nq-test` / `dpr-trivia-test` topics.
+  record position (a CSV record may span lines), as Pyserini numbers its `dpr-nq-test` /
+  `dpr-trivia-test` topics.
 - The same questions as JSON lines: `{"question": ..., "answers" | "answer": [...]}` with an
   optional `id` (else the line number): EfficientQA's NQ-open files.
 - `biencoder-{nq,trivia}-{train,dev}.json[.gz]`: ONE top-level JSON list of objects
   `{question, answers, positive_ctxs, negative_ctxs, hard_negative_ctxs}` whose contexts carry
   `passage_id` (`psg_id` in some copies), `title`, `text`. Multi-GB: read by `iter_json_list`, an
   incremental reader for exactly this layout (a list of objects) that holds one object at a time
-  (ijson is not installed here). A question's id is its 0-based position in the list.
+  (ijson is not installed here). A question's id is its 0-based position in the list. Only the
+  positives are read: DPR's own negatives (`negative_ctxs`, `hard_negative_ctxs`) are parsed past,
+  unused (ARCHITECTURE.md, "NQ / TQA stage-1 negatives").
 
 Every malformed record raises DatasetError naming the file, the line (or byte offset) and the fix.
 """
