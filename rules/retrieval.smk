@@ -67,9 +67,8 @@ def _ref_path(entry, ref):
     """The file a dataset config reference names (a project file or a download)."""
     if "path" in ref:
         return str(experiment_config.resolve_path(ref["path"], config["data_root"]))
-    download = _dataset_download(
-        entry["name"], ref["download"]
-    )  # fails early, naming the fix
+    # Fails early, naming the fix (an unknown download, a pin its fetched file contradicts).
+    download = _dataset_download(entry["name"], ref["download"])
     _check_fetched_download(entry["name"], download)
     return f"{DATASET_DOWNLOADS}/{entry['name']}/{ref['download']}"
 
