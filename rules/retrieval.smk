@@ -115,7 +115,7 @@ def _dataset_options(dataset, entry):
     return f"--config '{entry}' --downloads {DATASET_DOWNLOADS}/{dataset} {data_root_option()}"
 
 
-def corpus_arguments(dataset):
+def dataset_corpus_arguments(dataset):
     """The options of `datasets corpus`: the keys the corpus is built from."""
     entry = dataset_entry(dataset)
     read = {key: entry[key] for key in CORPUS_KEYS if key in entry}
@@ -206,7 +206,7 @@ rule prepare_dataset:
     conda:
         conda_env("torch")
     params:
-        args=lambda wc: corpus_arguments(wc.dataset),
+        args=lambda wc: dataset_corpus_arguments(wc.dataset),
         out=lambda wc: f"{DATASETS_DIR}/{wc.dataset}",
     shell:
         "python -m retrieval_pretraining.datasets corpus {params.args} --out {params.out} &> {log}"

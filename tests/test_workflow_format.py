@@ -29,3 +29,20 @@ def test_every_stage_rule_is_defined():
         "mine_hard_negatives", "finetune_stage2", "dense_search", "score_run", "make_tables",
     }
     assert expected <= rules, expected - rules
+
+
+def test_no_top_level_name_is_defined_in_two_rule_files():
+    """Every rule file runs in the Snakefile's one namespace: a function or constant defined in two
+    files is silently replaced by the one included last (a `corpus_arguments` in the dataset rules
+    once replaced chunking's, and no target that needed chunks could be planned)."""
+    import re
+    from collections import defaultdict
+
+    defined = defaultdict(set)
+    for path in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))]:
+        for line in path.read_text().splitlines():
+            match = re.match(r"(?:def\s+(\w+)\s*\(|(\w+)\s*(?::[^=]*)?=(?!=))", line)
+            if match:
+                defined[match.group(1) or match.group(2)].add(path.name)
+    twice = {name: sorted(files) for name, files in defined.items() if len(files) > 1}
+    assert not twice, f"defined in more than one rule file: {twice}"
