@@ -67,6 +67,20 @@ def test_markup_constructs(source, expected):
     assert wt.clean(source) == expected
 
 
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # {{transl}}: the text is the last argument; the three-argument form puts the romanisation
+        # scheme second (the shipped dump's "Allah" article said "ALA" 34 times).
+        ("{{transl|ar|ALA|Allāh}}", "Allāh"),
+        ("{{transl|ar|al-Jazā'ir}}", "al-Jazā'ir"),
+        ("{{lang|fr|Bonjour}} and {{lang|de|Tag|italic=no}}", "Bonjour and Tag"),
+    ],
+)
+def test_templates_whose_text_is_not_the_first_argument(source, expected):
+    assert wt.clean(source) == expected
+
+
 def test_headings_paragraphs_and_lists():
     source = (
         "Intro line one\nstill intro.\n\nSecond paragraph.\n"

@@ -42,8 +42,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 # Inline templates whose output is the text of some positional arguments (1-based), joined by a
-# space: {{nowrap|x}} -> x, {{lang|fr|x}} -> x, {{convert|5|km}} -> 5 km. Names are normalised
-# (lowercase, "_" -> " "). Every other template is removed whole.
+# space: {{nowrap|x}} -> x, {{lang|fr|x}} -> x, {{convert|5|km}} -> 5 km. -1 is the last one:
+# {{transl|ar|x}} and {{transl|ar|ALA|x}} (the three-argument form puts the romanisation scheme
+# second) -> x. Names are normalised (lowercase, "_" -> " "). Every other template is removed whole.
 _INLINE_TEMPLATES = {
     **dict.fromkeys(
         _names(
@@ -53,7 +54,8 @@ _INLINE_TEMPLATES = {
         ),
         (1,),
     ),
-    **dict.fromkeys(("lang", "transl"), (2,)),
+    "lang": (2,),
+    "transl": (-1,),
     **dict.fromkeys(("convert", "cvt", "ship"), (1, 2)),
 }
 # Prefixes of inline templates that keep their first argument, e.g. {{lang-fr|Bonjour}}.
@@ -144,7 +146,8 @@ def _replace_template(match: re.Match) -> str:
     positional = _positional(body)
     if name in ("convert", "cvt") and len(positional) >= 4 and positional[1] in _RANGE_WORDS:
         keep = (1, 2, 3, 4)  # {{convert|10|to|20|km}} -> "10 to 20 km"
-    return " ".join(positional[i - 1] for i in keep if i <= len(positional))
+    keep = tuple(len(positional) if i == -1 else i for i in keep)
+    return " ".join(positional[i - 1] for i in keep if 1 <= i <= len(positional))
 
 
 def remove_templates(text: str) -> str:
