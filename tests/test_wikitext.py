@@ -75,6 +75,11 @@ def test_markup_constructs(source, expected):
         ("{{transl|ar|ALA|Allāh}}", "Allāh"),
         ("{{transl|ar|al-Jazā'ir}}", "al-Jazā'ir"),
         ("{{lang|fr|Bonjour}} and {{lang|de|Tag|italic=no}}", "Bonjour and Tag"),
+        # {{frac}}: the shipped dump's Alkane article said "cos−1(−3)" for cos⁻¹(−1/3)
+        ("{{frac|3}}", "1/3"),
+        ("{{frac|3|2}}", "3/2"),
+        ("{{frac|3|1|2}} cups", "3 1/2 cups"),
+        ("cos<sup>−1</sup>(−{{frac|3}})", "cos−1(−1/3)"),
     ],
 )
 def test_templates_whose_text_is_not_the_first_argument(source, expected):

@@ -44,13 +44,14 @@ def _names(text: str) -> tuple[str, ...]:
 # Inline templates whose output is the text of some positional arguments (1-based), joined by a
 # space: {{nowrap|x}} -> x, {{lang|fr|x}} -> x, {{convert|5|km}} -> 5 km. -1 is the last one:
 # {{transl|ar|x}} and {{transl|ar|ALA|x}} (the three-argument form puts the romanisation scheme
-# second) -> x. Names are normalised (lowercase, "_" -> " "). Every other template is removed whole.
+# second) -> x. Names are normalised (lowercase, "_" -> " "). Every other template is removed whole,
+# but for those standing for a character (_CHAR_TEMPLATES) and fractions (_fraction).
 _INLINE_TEMPLATES = {
     **dict.fromkeys(
         _names(
             """nowrap, nobr, nobreak, small, smaller, big, smallcaps, sc, sic, not a typo,
             visible anchor, vanchor, nihongo, abbr, em, strong, mvar, var, as written, w, keypress,
-            quote, gaps, ill, interlanguage link, hms, uss, sclass, frac"""
+            quote, gaps, ill, interlanguage link, hms, uss, sclass"""
         ),
         (1,),
     ),
@@ -132,11 +133,24 @@ def _positional(body: str) -> list[str]:
     return [a.replace("\x00", "|").strip() for a in args if "=" not in a.split("[[", 1)[0]]
 
 
+def _fraction(positional: list[str]) -> str:
+    """{{frac|d}} -> 1/d, {{frac|n|d}} -> n/d, {{frac|w|n|d}} -> w n/d (as MediaWiki shows them)."""
+    if len(positional) == 1:
+        return f"1/{positional[0]}"
+    if len(positional) == 2:
+        return "/".join(positional)
+    if len(positional) >= 3:
+        return f"{positional[0]} {positional[1]}/{positional[2]}"
+    return ""
+
+
 def _replace_template(match: re.Match) -> str:
     body = match.group(1)
     name = _template_name(body)
     if name in _CHAR_TEMPLATES:
         return _CHAR_TEMPLATES[name]
+    if name in ("frac", "sfrac"):
+        return _fraction(_positional(body))
     if name.startswith(_INLINE_PREFIXES):
         keep: tuple[int, ...] = (1,)
     else:
