@@ -56,6 +56,12 @@ ENWIKI = (
         ("x&nbsp;&ndash;&nbsp;y &amp; 5 &lt; 6", "x – y & 5 < 6"),
         ("a<br/>b <small>c</small> <span style='x'>d</span> 1 < 2 > 0", "a b c d 1 < 2 > 0"),
         ("Name ({{IPA|x}}; born 1900) and ( ) here", "Name (born 1900) and here"),
+        # two removed pronunciations (the shipped dump's Einstein, Asphalt, Adobe and Albania)
+        (
+            "X ({{IPAc-en|a}}; {{IPA-de|b}}; 14 March 1879 – 1955) was",
+            "X (14 March 1879 – 1955) was",
+        ),
+        ("A, ({{IPA|x}}), B", "A, B"),
         # tables (nested too) and table debris
         (
             "Before\n{| class=wikitable\n|-\n| a || b\n{|\n| inner\n|}\n| c\n|}\nAfter",

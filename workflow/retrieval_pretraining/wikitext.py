@@ -219,12 +219,15 @@ def _make_link_replacer(options: CleanerOptions):
 
 def _clean_line(line: str) -> str:
     line = _SPACES.sub(" ", line)
+    # Before the parenthesis rules, which strip one mark: "({{IPA|a}}; {{IPA|b}}; 1879)" left
+    # "(; ; 1879)", and then "(; 1879)".
+    line = _REPEATED_PUNCT.sub(r"\1", line)
     line = _LEADING_PUNCT_PARENS.sub("(", line)
     line = _DANGLING_PUNCT.sub(")", line)
     line = _EMPTY_PARENS.sub("", line)
     line = _SPACE_BEFORE_PUNCT.sub(r"\1", line)
     line = _SPACE_AFTER_OPEN.sub(r"\1", line)
-    line = _REPEATED_PUNCT.sub(r"\1", line)
+    line = _REPEATED_PUNCT.sub(r"\1", line)  # again: "A, (), B" is "A,, B" once "()" is gone
     return line.strip()
 
 
