@@ -1,11 +1,15 @@
 """dump_reader on its own: bytes in, pages and streams out, whatever the block boundaries."""
 
 import bz2
+from pathlib import Path
 
 import pytest
 
 from retrieval_pretraining import dump_reader
 
+SAMPLE = Path(__file__).resolve().parents[1] / "data/wikipedia/multistream-sample"
+SAMPLE_DUMP = SAMPLE / "pages-articles-p2566p2583.multistream.xml.bz2"
+SAMPLE_INDEX = SAMPLE / "pages-articles-p2566p2583.multistream-index.xml.bz2"
 HEADER = b"<mediawiki><siteinfo><sitename>t</sitename></siteinfo>\n"
 
 
@@ -55,6 +59,21 @@ def test_the_index_written_is_the_index_read_and_tasks_cover_it_in_order(tmp_pat
     assert read[-1].offset + read[-1].length == dump.stat().st_size
     tasks = dump_reader.plan_tasks(read, processes=2, dump_size=dump.stat().st_size)
     assert [s for task in tasks for s in task] == read
+
+
+def test_a_plain_text_index_reads_as_its_bz2_original(tmp_path):
+    """The index may be decompressed by hand (read_index's docstring: bz2 or plain); the dump's
+    format check refused it before, asking for a pages-articles dump."""
+    plain = tmp_path / "index.txt"
+    plain.write_bytes(bz2.decompress(SAMPLE_INDEX.read_bytes()))
+    size = SAMPLE_DUMP.stat().st_size
+    streams = dump_reader.read_index(SAMPLE_INDEX, size, SAMPLE_DUMP)
+    assert len(streams) == 4
+    assert dump_reader.read_index(plain, size, SAMPLE_DUMP) == streams
+    gzipped = tmp_path / "index.txt.gz"
+    gzipped.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
+    with pytest.raises(dump_reader.ExtractError, match="cannot read the index"):
+        dump_reader.read_index(gzipped, size, SAMPLE_DUMP)
 
 
 def test_an_index_past_the_end_blames_the_index_unless_the_dump_was_cut(tmp_path):

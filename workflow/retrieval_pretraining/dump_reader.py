@@ -185,9 +185,12 @@ def read_index(index_path: Path, dump_size: int, dump: Path | None = None) -> li
     With `dump`, an index naming streams past the dump's end tells a truncated dump (the streams
     inside the file start where the index says) from an index of another file.
     """
-    opener = bz2.open if detect_format(index_path) == "bz2" else open
     counts: dict[int, list[int]] = {}
     try:
+        # Not detect_format: that one is for dumps and refuses a plain-text index as not XML.
+        with open(index_path, "rb") as raw:
+            is_bz2 = raw.read(3) == b"BZh"
+        opener = bz2.open if is_bz2 else open
         with opener(index_path, "rt", encoding="utf-8") as handle:
             for line_no, line in enumerate(handle, 1):
                 if not line.strip():
@@ -203,7 +206,7 @@ def read_index(index_path: Path, dump_size: int, dump: Path | None = None) -> li
                 entry = counts.setdefault(offset, [0, 0])
                 entry[0] += 1
                 entry[1] += page_id
-    except (OSError, EOFError) as error:
+    except (OSError, EOFError, UnicodeDecodeError) as error:  # the last: neither bz2 nor text
         raise ExtractError(
             f"{index_path}: cannot read the index ({error}); re-download it"
         ) from None
