@@ -92,6 +92,32 @@ def test_templates_whose_text_is_not_the_first_argument(source, expected):
     assert wt.clean(source) == expected
 
 
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # the shipped dump's Alaska: "{{as of|2011}}, 50.7% of" became ", 50.7% of"
+        ("{{as of|2011}}, 50.7% of", "As of 2011, 50.7% of"),
+        ("Since then and {{as of|2010|lc=y}} it", "Since then and as of 2010 it"),
+        ("{{As of|2013|June|8}} and {{as of|2015|6|30|df=US}}", "As of 8 June 2013 and As of "
+         "June 30, 2015"),
+        ("{{As of|2008|7}} {{As of|2008|4|1|alt=as of the [[2009 election]]}}",
+         "As of July 2008 as of the 2009 election"),
+    ],
+)
+def test_as_of_gives_its_date(source, expected):
+    assert wt.clean(source) == expected
+
+
+def test_lines_without_a_letter_or_digit_are_dropped():
+    """What is left of a line once its math or chemistry is removed: the shipped dump's Ambiguity
+    had a paragraph ".", its Acid one "+ +\n+ +"."""
+    source = (
+        "Intro.\n:<math>x^2</math>.\n\n"
+        ":{{chem|H|2|O}} + {{chem|A}}\n:{{chem|B}} + {{chem|C}}\n\nThe rest: 1\n* 2\n"
+    )
+    assert wt.clean(source).split("\n\n") == ["Intro.", "The rest: 1", "2"]
+
+
 def test_headings_paragraphs_and_lists():
     source = (
         "Intro line one\nstill intro.\n\nSecond paragraph.\n"

@@ -7,11 +7,13 @@ extractor is tied to its own template machinery and drops list items and leaves 
 
 What is removed: HTML comments, <ref> and other non-prose tags (math, gallery, timeline, ...),
 templates (innermost first, so nested ones go too; a few inline templates whose argument IS prose,
-like {{lang-fr|...}} or {{nowrap|...}}, keep their text), tables ({| ... |} and <table>), file and
-image links (with their captions), category links, interlanguage links, magic words (__TOC__),
-bold/italic quotes and remaining HTML tags (their content kept). Links become their label,
-external links their anchor text. Kept: headings (each its own paragraph, only when their section
-has text), paragraphs (separated by "\\n\\n"), list items (one per line inside their paragraph).
+like {{lang-fr|...}} or {{nowrap|...}}, keep their text, and {{frac}} and {{As of}} are written as
+MediaWiki shows them), tables ({| ... |} and <table>), file and image links (with their captions),
+category links, interlanguage links, magic words (__TOC__), bold/italic quotes and remaining HTML
+tags (their content kept), and lines left with no letter or digit (what removed math or markup
+leaves). Links become their label, external links their anchor text. Kept: headings (each its own
+paragraph, only when their section has text), paragraphs (separated by "\\n\\n"), list items (one
+per line inside their paragraph).
 Sections whose heading is in `drop_sections` (See also, References, ...) are dropped whole.
 """
 
@@ -116,7 +118,12 @@ _LEADING_PUNCT_PARENS = re.compile(r"\(\s*[,;:]\s*")
 _DANGLING_PUNCT = re.compile(r"\s*[,;:]\s*\)")  # "(Dutch: {{audio|...}})" -> "(Dutch)"
 _REPEATED_PUNCT = re.compile(r"([,;])(?:\s*[,;])+")
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
-_LEFTOVER = re.compile(r"^[\s|!{}\[\]=*#:;-]*$")
+# A letter or digit: a line without one is what removed markup left ("+ +" of two {{chem}}, "."
+# after a <math> line, "|}" of a table), not prose.
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
+_MONTHS = (
+    "January February March April May June July August September October November December".split()
+)
 _REDIRECT = re.compile(r"^\s*#\s*redirect", re.I)
 
 
@@ -125,12 +132,43 @@ def _template_name(body: str) -> str:
     return _SPACES.sub(" ", name.replace("_", " ")).strip().lower()
 
 
-def _positional(body: str) -> list[str]:
-    """The positional arguments of a template body (named ones skipped), in order."""
+def _arguments(body: str) -> list[str]:
+    """The arguments of a template body, positional and named, in order."""
     # Pipes inside links ([[target|label]]) do not separate arguments: hide them while splitting.
     body = _LINK_PIPES.sub(lambda m: m.group(0).replace("|", "\x00"), body)
-    args = body.split("|")[1:]
-    return [a.replace("\x00", "|").strip() for a in args if "=" not in a.split("[[", 1)[0]]
+    return [a.replace("\x00", "|").strip() for a in body.split("|")[1:]]
+
+
+def _is_named(argument: str) -> bool:
+    return "=" in argument.split("[[", 1)[0]
+
+
+def _positional(body: str) -> list[str]:
+    """The positional arguments of a template body (named ones skipped), in order."""
+    return [a for a in _arguments(body) if not _is_named(a)]
+
+
+def _named(body: str) -> dict[str, str]:
+    pairs = (a.split("=", 1) for a in _arguments(body) if _is_named(a))
+    return {key.strip().lower(): value.strip() for key, value in pairs}
+
+
+def _as_of(body: str) -> str:
+    """{{As of|2008}} -> "As of 2008"; month and day as the template shows them (day first unless
+    df=US), "as of" with lc=..., the alt= text instead when given."""
+    named, date = _named(body), _positional(body)[:3]
+    if named.get("alt"):
+        return named["alt"]
+    if len(date) >= 2 and date[1].isdigit() and 1 <= int(date[1]) <= 12:
+        date[1] = _MONTHS[int(date[1]) - 1]
+    if len(date) == 3:
+        year, month, day = date
+        us = named.get("df", "").lower() == "us"
+        date = [f"{month} {day}, {year}"] if us else [day, month, year]
+    elif len(date) == 2:
+        date.reverse()
+    prefix = "as of" if named.get("lc") else "As of"
+    return " ".join([prefix, *date])
 
 
 def _fraction(positional: list[str]) -> str:
@@ -151,6 +189,8 @@ def _replace_template(match: re.Match) -> str:
         return _CHAR_TEMPLATES[name]
     if name in ("frac", "sfrac"):
         return _fraction(_positional(body))
+    if name == "as of":  # marks a dated statement, whose sentence begins with it
+        return _as_of(body)
     if name.startswith(_INLINE_PREFIXES):
         keep: tuple[int, ...] = (1,)
     else:
@@ -270,7 +310,7 @@ def _paragraphs(lines: list[str], options: CleanerOptions) -> list[tuple[int, st
         if raw.startswith("----"):
             text = raw.lstrip("-")
         text = _clean_line(text)
-        if not text or _LEFTOVER.match(text):
+        if not _LETTER_OR_DIGIT.search(text):
             continue
         if is_item != current_is_list:
             flush()
