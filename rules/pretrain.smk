@@ -21,27 +21,9 @@ def pretrain_settings(model):
 
 
 def loss_settings(model):
-    """What the provenance needs to state a model's loss reductions: its objective, micro-batch
-    and own option block (lambda, temperature, weights)."""
-    settings = pretrain_settings(model)
-    block = {
-        "costa": "costa",
-        "cpdae": "cpdae",
-        "cpdae_r": "cpdae",
-        "bow": "bow",
-        "cocondenser": "cocondenser",
-        "retromae": "retromae",
-        "ae_decoder": "ae_decoder",
-        "ar_decoder": "ar_decoder",
-    }
-    keep = {"objective": settings["objective"]}
-    if "trainer" in settings:
-        keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]
-    if settings["objective"] in block:
-        keep["options"] = settings[block[settings["objective"]]]
-    if settings["objective"] == "bow":  # the recipe's masking, stated beside its loss
-        keep["options"] = keep["options"] | settings["mlm"]
-    return keep
+    """What the provenance needs to state a model's loss reductions (its objective, micro- and
+    global batch, own option block): pretrain.settings.loss_settings."""
+    return pretrain_settings_lib.loss_settings(pretrain_settings(model))
 
 
 pretrain_settings_lib.check_entries(config["pretrain"], config["seed"])

@@ -493,6 +493,30 @@ def test_provenance_states_each_loss_reduction_and_the_effective_lambda(syntheti
     assert "mean cross-entropy over the micro-batch's masked tokens" in text
 
 
+def test_provenance_states_a_gathering_rows_contrast_set_as_its_global_batch():
+    """paper.yaml's CPDAE gathers its negatives (global batch 64, micro-batch 8): Eq. 5's InfoNCE
+    averages over the 128 views of the global batch, so its lambda 0.1 weighs as 0.1 / 128 would
+    on the sum, not 0.1 / 16; a row that does not gather still averages over its micro-batch."""
+    from retrieval_pretraining.pretrain import settings
+    from retrieval_pretraining.tables.provenance import loss_reductions
+    from workflow_harness import merged_configs
+
+    config = merged_configs(ROOT / "config.yaml", ROOT / "workflow" / "experiments" / "paper.yaml")
+    section = config["pretrain"]
+    section["models"] += [{"name": "costa-gathered", "objective": "costa", "spans": "costa",
+                           "costa": {"gather_negatives": True}}]
+    losses = {name: settings.loss_settings(settings.resolve_model(section, name, config["seed"]))
+              for name in ("cpdae", "costa", "cocondenser", "costa-gathered")}
+    lines = {line.split("`")[1]: line for line in loss_reductions(losses)}
+    assert "InfoNCE averaged over the 128 views of the global batch (gathered)" in lines["cpdae"]
+    assert "lambda = 0.00078" in lines["cpdae"] and "0.00625" not in lines["cpdae"]
+    assert "averaged over the 16 views of a micro-batch; L_CL" in lines["cpdae"]  # L_REC's mean
+    assert "averaged over the 512 segments of the global batch (gathered)" in lines["cocondenser"]
+    assert "averaged over the 32 texts of a micro-batch" in lines["costa"]
+    assert "lambda = 0.003125 would on the sum" in lines["costa"]
+    assert "averaged over the 256 texts of the global batch (gathered)" in lines["costa-gathered"]
+
+
 def test_provenance_states_the_decoder_baselines_losses():
     from retrieval_pretraining.tables.provenance import loss_reductions
 

@@ -101,6 +101,32 @@ def gather_block(settings: dict[str, Any]) -> str | None:
                  if "gather_negatives" in settings[block]), None)
 
 
+# The option block holding each objective's loss options (lambda, temperature, weights), for
+# `loss_settings`; objectives absent add no term of their own.
+LOSS_BLOCK = {
+    "costa": "costa", "cpdae": "cpdae", "cpdae_r": "cpdae", "bow": "bow",
+    "cocondenser": "cocondenser", "retromae": "retromae", "ae_decoder": "ae_decoder",
+    "ar_decoder": "ar_decoder",
+}
+
+
+def loss_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """What the tables' provenance needs to state resolved `settings`' loss reductions
+    (tables/provenance.loss_reductions): the objective, the micro- and global batch (a row that
+    gathers its negatives contrasts the whole global batch: contrast_cache.py) and the objective's
+    own option block, `gather_negatives` included."""
+    objective = settings["objective"]
+    keep: dict[str, Any] = {"objective": objective}
+    if "trainer" in settings:
+        keep["micro_batch_size"] = settings["trainer"]["micro_batch_size"]
+        keep["global_batch_size"] = settings["trainer"]["global_batch_size"]
+    if objective in LOSS_BLOCK:
+        keep["options"] = settings[LOSS_BLOCK[objective]]
+    if objective == "bow":  # the recipe's masking, stated beside its loss
+        keep["options"] = keep["options"] | settings["mlm"]
+    return keep
+
+
 def reused_source(section: dict[str, Any], name: str) -> str | None:
     """The entry whose pre-training model `name` reuses (`reuse_pretraining`), or None."""
     entries = {m["name"]: m for m in section["models"]}

@@ -139,6 +139,15 @@ def missing_judged_documents(results: Path, columns: list[tuple[str, str]]) -> l
 REDUCED = {"sum": "summed", "mean": "averaged"}
 
 
+def contrast_set(info: dict[str, Any], opts: dict[str, Any]) -> tuple[int, str]:
+    """(texts, where): the texts a model's contrastive term averages over. A row that gathers its
+    negatives contrasts the whole global batch (across processes, and across micro-batches through
+    contrast_cache.py), so its mean, and the lambda the papers' sum would need, are over that."""
+    if opts.get("gather_negatives"):
+        return info["global_batch_size"], "of the global batch (gathered)"
+    return info["micro_batch_size"], "of a micro-batch"
+
+
 def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
     """How each trained model's loss terms are reduced, and what that does to the papers' lambda
     (the papers write their contrastive terms as sums; we average, so results do not depend on
@@ -151,20 +160,19 @@ def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
             continue
         text = "MLM: mean cross-entropy over the micro-batch's masked tokens"
         if objective == "costa":
-            lam = opts["lambda"]
+            lam, (texts, where) = opts["lambda"], contrast_set(info, opts)
             text += (
-                f"; L_GWC: Eq. 8 averaged over the {n} texts of a micro-batch (the paper sums "
+                f"; L_GWC: Eq. 8 averaged over the {texts} texts {where} (the paper sums "
                 f"over them), so lambda = {lam:g} on the mean weighs it as lambda = "
-                f"{lam / n:.4g} would on the sum"
+                f"{lam / texts:.4g} would on the sum"
             )
         elif objective in ("cpdae", "cpdae_r"):
-            lam = opts["lambda"]
+            lam, (texts, where) = opts["lambda"], contrast_set(info, opts)
             text += (
                 f"; L_REC: BCE {REDUCED[opts['reconstruction']]} over the vocabulary, averaged "
-                f"over the "
-                f"{2 * n} views; L_CL: InfoNCE averaged over the {2 * n} views (Eq. 5 sums over "
-                f"them), so lambda = {lam:g} on the mean weighs it as lambda = {lam / (2 * n):.4g} "
-                "would on the sum"
+                f"over the {2 * n} views of a micro-batch; L_CL: InfoNCE averaged over the "
+                f"{2 * texts} views {where} (Eq. 5 sums over them), so lambda = {lam:g} on the "
+                f"mean weighs it as lambda = {lam / (2 * texts):.4g} would on the sum"
             )
         elif objective == "bow":
             schedule = (
@@ -186,9 +194,10 @@ def loss_reductions(losses: dict[str, dict[str, Any]]) -> list[str]:
         elif objective in ("condenser", "cocondenser"):
             text += "; the Condenser head's MLM loss the same mean, added with weight 1"
             if objective == "cocondenser":
+                texts, where = contrast_set(info, opts)
                 text += (
                     f"; span-pair InfoNCE over [CLS] dot products / {opts['temperature']:g}, "
-                    f"averaged over the {2 * n} segments, weight {opts['lambda']:g}"
+                    f"averaged over the {2 * texts} segments {where}, weight {opts['lambda']:g}"
                 )
         elif objective == "retromae":
             text += (
