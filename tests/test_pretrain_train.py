@@ -417,6 +417,31 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
         torch.testing.assert_close(positioned[key].float(), value.float(), msg=key)
 
 
+def test_costa_text_vector_stays_fp32_under_bf16_autocast(setup):
+    """The projector runs in fp32 under bf16 autocast: a bf16 text vector would have lost, before
+    fp32_scores, the precision those similarity scores are in fp32 for. The probe projects the
+    same way. Outside autocast it is the projector as before, bit for bit."""
+    from retrieval_pretraining.pretrain import probes
+
+    model = Pretrainer(setup[0], fx.model_settings("costa")).eval()
+    batch = _hand_batch(1)
+    with torch.no_grad():
+        hidden = model.hidden(batch)
+        want = model.projector(hidden[:, 0])
+        assert torch.equal(model.contrast_inputs(batch, hidden)["text"], want)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            text = model.contrast_inputs(batch)["text"]
+            bf16 = model.projector(hidden[:, 0])
+    assert bf16.dtype == torch.bfloat16  # what the old code compared: autocast does reach it
+    assert text.dtype == torch.float32
+    torch.testing.assert_close(text, want, rtol=0.02, atol=0.02)  # the bf16 encoder's states
+    projected = []
+    model.projector.register_forward_hook(lambda module, args, out: projected.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        probes.probe(model, batch)
+    assert projected == [torch.float32]
+
+
 @pytest.mark.parametrize("objective, varlen", [("costa", False), ("cpdae", False),
                                                 ("condenser", False), ("retromae", False),
                                                 ("costa", True), ("condenser", True)])

@@ -161,6 +161,14 @@ class Pretrainer(nn.Module):
             return cls @ self.encoder.get_input_embeddings().weight.T  # h_CLS . E^T
         return self.mlm_head(cls)  # the authors' code: the whole MLM head on [CLS]
 
+    def project_text(self, cls: torch.Tensor) -> torch.Tensor:
+        """COSTA's text vector: the projector on [CLS] in fp32, also inside a bf16 autocast region.
+        Its output is what fp32_scores compares with the spans; computed in bf16 it would already
+        have lost the precision those scores keep (BERT-size logits moved by up to ~0.45).
+        Outside autocast (fp32 on CPU) this is the plain projector, bit for bit."""
+        with torch.autocast(device_type=cls.device.type, enabled=False):
+            return self.projector(obj.upcast(cls))
+
     # ---- the contrast set: its inputs from a micro-batch, and its loss over one or many ----------
     # Split so that the trainer can cache the contrastive term's gradient (contrast_cache.py): the
     # inputs of every micro-batch of a step first, without gradients, then the loss over all of
@@ -181,7 +189,7 @@ class Pretrainer(nn.Module):
             source = hidden
             if self.settings["costa"]["span_pass"] == "unmasked":
                 source = self.hidden(batch, "original_ids")
-            return {"text": self.projector(cls),
+            return {"text": self.project_text(cls),
                     "spans": obj.span_means(source, batch["span_start"], batch["span_end"]),
                     "span_mask": batch["span_mask"]}
         return {"views": self.decoder(cls) if self.objective == "cpdae" else cls}

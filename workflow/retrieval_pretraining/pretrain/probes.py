@@ -76,7 +76,7 @@ def probe(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
             if model.settings["costa"]["span_pass"] == "unmasked":
                 source = model.hidden(batch, "original_ids")
             spans = obj.span_means(source, batch["span_start"], batch["span_end"])
-            text = model.projector(cls)
+            text = model.project_text(cls)  # in fp32, as training scores it
             scores = obj.fp32_scores(spans[batch["span_mask"]], text)  # [real spans, texts]
             owner = torch.arange(len(text), device=text.device).unsqueeze(1)
             owner = owner.expand_as(batch["span_mask"])
