@@ -26,6 +26,7 @@ def _overrides() -> dict:
         # The target is a second BEIR folder entry (the shipped SciFact again, test split only).
         "datasets": [demo_dataset, demo_dataset | {"name": TARGET, "splits": [{"name": "test"}]}],
         "evaluate": {
+            "baselines": [],  # the demo's is published on scifact-full, not configured here
             "splits": [
                 {"dataset": "scifact", "split": "test", "measures": ["nDCG@10"]},
                 test | {"measures": ["nDCG@10", "R@100"]},
