@@ -125,6 +125,18 @@ onsuccess:
     print(pretrain_store.delete_unless_read(PRETRAIN_DATA)[1], file=sys.stderr)
 
 
+def pretrain_argument(model):
+    """The model's settings less the trainer keys passed as `trainer_options` (the job's params)."""
+    settings, _ = pretrain_settings_lib.split_runtime(pretrain_settings(model))
+    return experiment_config.stage_argument(settings)
+
+
+def pretrain_runtime(model):
+    """`--trainer-options` of the model: its trainer keys that change no weights (JSON)."""
+    _, runtime = pretrain_settings_lib.split_runtime(pretrain_settings(model))
+    return experiment_config.stage_argument(runtime)
+
+
 rule pretrain_model:
     input:
         unpack(get_pretrain_inputs),
@@ -158,10 +170,10 @@ rule pretrain_model:
         nodes=1,
         mem_mb=8000,
         runtime=60,
+        # Not params: a worker count or a saving interval changes no weights (no rerun trigger).
+        trainer_options=lambda wc: pretrain_runtime(wc.model),
     params:
-        settings=lambda wc: experiment_config.stage_argument(
-            pretrain_settings(wc.model)
-        ),
+        settings=lambda wc: pretrain_argument(wc.model),
         data=lambda wc, input: data_options(input),
         state="results/state/pretrain/{model}",
         store=PRETRAIN_DATA,
@@ -169,7 +181,7 @@ rule pretrain_model:
         "TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 "
         "python -m retrieval_pretraining.launch --module retrieval_pretraining.pretrain "
         "--gpus {resources.gpu} --nodes {resources.nodes} -- "
-        "--config '{params.settings}' "
+        "--config '{params.settings}' --trainer-options '{resources.trainer_options}' "
         "--checkpoint {input.checkpoint} {params.data} "
         "--encoder {output.encoder} --metrics {output.metrics} --plot {output.plot} "
         "--state {params.state} --store {params.store} &> {log}"
@@ -197,9 +209,7 @@ rule export_base_encoder:
     conda:
         conda_env("torch")
     params:
-        settings=lambda wc: experiment_config.stage_argument(
-            pretrain_settings(wc.model)
-        ),
+        settings=lambda wc: pretrain_argument(wc.model),
     shell:
         "python -m retrieval_pretraining.pretrain --config '{params.settings}' "
         "--checkpoint {input.checkpoint} --encoder {output.encoder} "

@@ -144,3 +144,46 @@ def edit_config(project: Path, edit) -> str:
     edit(config)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return original
+
+
+def _params_main(project: str, argv: list[str], env: dict[str, str], out: str, err: str,
+                 dump: str):
+    """_snakemake_main, writing each planned job's params (as Snakemake compares them for its
+    `params` rerun trigger: the repr of each non-derived param) to `dump`, one JSON per line."""
+    import json
+
+    from snakemake import jobs
+
+    log_info = jobs.Job.log_info
+
+    def logged(job, *args, **kwargs):
+        record = {"rule": job.rule.name, "output": sorted(map(str, job.output)),
+                  "input": sorted(map(str, job.input)),
+                  # What the trigger compares (params computed from input or output excluded).
+                  "params": sorted(map(repr, job.non_derived_params)),
+                  "named": {name: repr(value) for name, value in job.params.items()}}
+        with open(dump, "a") as file:
+            file.write(json.dumps(record) + "\n")
+        return log_info(job, *args, **kwargs)
+
+    jobs.Job.log_info = logged
+    _snakemake_main(project, argv, env, out, err)
+
+
+def planned_params(project: Path, *targets: str) -> dict[tuple[str, str], dict]:
+    """Every job of a dry run (with --forceall: finished jobs too), keyed by (rule, its outputs
+    output): {"params": [what the trigger compares], "named": {name: repr},
+    "input": [paths]}. A job reruns when its params change."""
+    import json
+
+    argv = ["--cores", "2", "--dry-run", "--forceall", *targets]
+    with tempfile.TemporaryDirectory() as logs:
+        out, err, dump = (str(Path(logs, name)) for name in ("stdout", "stderr", "dump"))
+        run = _FORKS.Process(target=_params_main, args=(str(project), argv, _env(), out, err, dump))
+        run.start()
+        run.join()
+        if run.exitcode != 0:
+            output = Path(out).read_text() + "\n" + Path(err).read_text()
+            raise AssertionError(f"dry run failed:\n{output}")
+        records = [json.loads(line) for line in Path(dump).read_text().splitlines()]
+    return {(r["rule"], " ".join(r["output"])): r for r in records}

@@ -5,7 +5,7 @@
         [--chunks <a second corpus's shards> [--spans ...]] [--init-heads heads.safetensors] \
         --encoder results/pretrain/M/encoder --metrics .../metrics.jsonl --plot .../loss.png \
         --state results/state/pretrain/M [--store results/state/pretrain-data] \
-        [--retrieval '{"pooling": "mean", ...}']
+        [--retrieval '{"pooling": "mean", ...}'] [--trainer-options '{"num_workers": 2, ...}']
 Multi-GPU / multi-node: launch the same command under `torchrun`.
 Exit status 75 = stopped by SIGTERM/SIGUSR1 after saving state; rerun to resume.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from ..config import refuse_unknown, stage_parser
 from ..errors import command
 from ..retrieval_settings import RetrievalSettings
-from .settings import ENCODER_USE, check_resolved
+from .settings import ENCODER_USE, TRAINER_RUNTIME, check_resolved, merge_runtime
 
 
 @command
@@ -46,10 +46,14 @@ def main(argv: list[str] | None = None) -> int:
                              "p_len): written into its sentence-transformers files and card "
                              "(default: [CLS] + dot product; a sentence-transformers base exported "
                              "by `none` keeps its own; st_export.pretrained_use)")
+    parser.add_argument("--trainer-options", type=json.loads, default={},
+                        help="trainer keys that change neither the weights nor the metrics "
+                             f"({', '.join(TRAINER_RUNTIME)}), as JSON: merged into the "
+                             "settings' trainer block (kept out of the rule's params)")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    settings = args.config
+    settings = merge_runtime(args.config, args.trainer_options)
     check_resolved(settings)
     retrieval = None
     if args.retrieval is not None:

@@ -38,6 +38,33 @@ BOW_RECIPES = {
 ENCODER_USE = ("pooling", "similarity", "q_len", "p_len")
 
 
+# Trainer keys that change neither the weights nor metrics.jsonl (train.RESULT_NEUTRAL less
+# log_every and probe_every, which set its rows): the rules pass them with `--trainer-options`,
+# out of the job's params, so that editing one (a worker count, how often a state is saved)
+# reruns no pre-training nor what was built from it.
+TRAINER_RUNTIME = ("tensorboard", "checkpoint_every", "num_workers")
+
+
+def split_runtime(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(`settings` without the TRAINER_RUNTIME keys of its trainer block, those keys' values)."""
+    if "trainer" not in settings:
+        return settings, {}
+    trainer = settings["trainer"]
+    runtime = {k: trainer[k] for k in TRAINER_RUNTIME if k in trainer}
+    kept = {k: v for k, v in trainer.items() if k not in TRAINER_RUNTIME}
+    return settings | {"trainer": kept}, runtime
+
+
+def merge_runtime(settings: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with the `--trainer-options` values put back into its trainer block."""
+    from ..config import refuse_unknown
+
+    refuse_unknown(runtime, TRAINER_RUNTIME, "pretrain --trainer-options")
+    if not runtime:
+        return settings
+    return settings | {"trainer": settings.get("trainer", {}) | runtime}
+
+
 def check_resolved(settings: dict[str, Any]) -> None:
     """Refuse a key the resolved settings (what `resolve_model` returns) cannot hold, at any depth
     of the option blocks: a misspelt knob would otherwise train with its default."""

@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 # chunks and dropout is reseeded per micro-batch, tensorboard), when states are saved
 # (checkpoint_every: a save reads, never draws), and the loader's workers (num_workers: every
 # draw is keyed by (seed, epoch, chunk), data.py). micro_batch_size is not one: it changes
-# which items share a dropout seed, so a resume would match neither setting's run.
+# which items share a dropout seed, so a resume would match neither setting's run. Those of them
+# that change no output either (settings.TRAINER_RUNTIME) come outside the rule's params.
 RESULT_NEUTRAL = ("tensorboard", "log_every", "probe_every", "checkpoint_every", "num_workers")
 
 

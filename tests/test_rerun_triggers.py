@@ -1,0 +1,93 @@
+"""Which config edits rerun which jobs, read from the params Snakemake compares for its `params`
+rerun trigger (no profile narrows --rerun-triggers): a knob of speed, memory or logging that cannot
+change a job's outputs must not be in its params (it travels as a resource), or the edit reruns
+that job and, by modification time, everything after it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workflow_harness import copy_project, edit_config, planned_params
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return copy_project(tmp_path_factory.mktemp("rerun-triggers") / "project")
+
+
+@pytest.fixture(scope="module")
+def base(project) -> dict:
+    return planned_params(project, "all")
+
+
+def edited_plan(project: Path, edit) -> dict:
+    """The plan of `all` with `edit` (a function of the config dict) applied, then undone."""
+    original = edit_config(project, edit)
+    try:
+        return planned_params(project, "all")
+    finally:
+        (project / "config.yaml").write_text(original)
+
+
+def rerun_by_params(base: dict, edited: dict, rule: str) -> list[str]:
+    """The outputs of the jobs of `rule` whose params differ between the two plans."""
+    jobs = [key for key in base if key[0] == rule]
+    assert jobs, f"no {rule} job in the plan"
+    return [key[1] for key in jobs if base[key]["params"] != edited[key]["params"]]
+
+
+def _trainer(**values):
+    return lambda config: config["pretrain"]["trainer"].update(values)
+
+
+@pytest.mark.parametrize("knob, value", [("num_workers", 3), ("checkpoint_every", 7),
+                                         ("tensorboard", True)])
+def test_a_pretraining_knob_that_cannot_change_the_weights_reruns_no_pretraining(
+        project, base, knob, value):
+    assert rerun_by_params(base, edited_plan(project, _trainer(**{knob: value})),
+                           "pretrain_model") == []
+
+
+def test_a_pretraining_learning_rate_reruns_every_pretraining(project, base):
+    edited = edited_plan(project, _trainer(lr=3e-4))
+    assert len(rerun_by_params(base, edited, "pretrain_model")) == 4
+
+
+def test_the_trainer_still_receives_the_options_kept_out_of_the_params(project, monkeypatch):
+    """pretrain_model passes them with --trainer-options; the CLI puts them back in the trainer
+    block before anything reads them."""
+    import json
+
+    from retrieval_pretraining.pretrain import __main__ as cli
+    from retrieval_pretraining.config import ConfigError
+    from retrieval_pretraining.pretrain import train
+    from retrieval_pretraining.pretrain.settings import merge_runtime
+
+    received = {}
+    monkeypatch.setattr(train, "train", lambda settings, **kw: received.update(settings) or 0)
+    command = _pretrain_command(project, "mlm")
+    config = json.loads(command[command.index("--config") + 1])
+    options = json.loads(command[command.index("--trainer-options") + 1])
+    assert "num_workers" not in config["trainer"] and options["num_workers"] == 1
+    cli.main(["--config", json.dumps(config), "--trainer-options", json.dumps(options),
+              "--checkpoint", "c", "--chunks", "s.parquet", "--encoder", "e", "--metrics", "m",
+              "--plot", "p", "--state", "s"])
+    assert received["trainer"] == config["trainer"] | options
+    assert {"num_workers", "checkpoint_every"} <= received["trainer"].keys()
+    with pytest.raises(ConfigError, match="lr"):  # a weight-changing key stays in --config
+        merge_runtime(config, {"lr": 1})
+
+
+def _pretrain_command(project: Path, model: str) -> list[str]:
+    """pretrain_model's command line for `model`, from a dry run."""
+    import shlex
+
+    from workflow_harness import snakemake
+
+    out = snakemake(project, "--dry-run", "--printshellcmds", "--forceall",
+                    f"results/pretrain/{model}/encoder").stdout
+    line = next(line for line in out.splitlines() if "--trainer-options" in line)
+    return shlex.split(line.split("Shell command: ", 1)[-1])
