@@ -236,6 +236,26 @@ rule prepare_dataset_split:
         "--out {params.out} &> {log}"
 
 
+# Speed and memory of the BM25 jobs: passed with `bm25 --runtime`, outside the params, so that
+# editing one reruns no job (a rewritten negatives.parquet would rerun every fine-tuning).
+BM25_RUNTIME = ("threads", "index_threads", "batch_size", "java_heap")
+
+
+def bm25_runtime(dataset):
+    settings = bm25_settings(dataset)
+    return experiment_config.stage_argument(
+        {k: settings[k] for k in BM25_RUNTIME if k in settings}
+    )
+
+
+def bm25_slice(dataset, keys):
+    """The keys of the dataset's bm25 settings a job's results depend on (its params)."""
+    settings = bm25_settings(dataset)
+    return experiment_config.stage_argument(
+        {k: settings[k] for k in keys if k in settings}
+    )
+
+
 rule build_bm25_index:
     input:
         corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
@@ -249,16 +269,13 @@ rule build_bm25_index:
     conda:
         conda_env("pyserini")
     threads: config["bm25"]["index_threads"]
+    resources:
+        bm25_runtime=lambda wc: bm25_runtime(wc.dataset),
     params:
-        bm25=lambda wc: experiment_config.stage_argument(
-            {
-                k: v
-                for k, v in bm25_settings(wc.dataset).items()
-                if k in ("title", "index_threads", "java_heap")
-            }
-        ),
+        bm25=lambda wc: bm25_slice(wc.dataset, ("title",)),
     shell:
-        "python -m retrieval_pretraining.bm25 index --config '{params.bm25}' --corpus {input.corpus} "
+        "python -m retrieval_pretraining.bm25 index --config '{params.bm25}' "
+        "--runtime '{resources.bm25_runtime}' --corpus {input.corpus} "
         "--out {output.index} &> {log}"
 
 
@@ -279,11 +296,14 @@ rule bm25_search:
     conda:
         conda_env("pyserini")
     threads: config["bm25"]["threads"]
+    resources:
+        bm25_runtime=lambda wc: bm25_runtime(wc.dataset),
     params:
-        bm25=lambda wc: experiment_config.stage_argument(bm25_settings(wc.dataset)),
+        bm25=lambda wc: bm25_slice(wc.dataset, ("k1", "b", "depth", "title")),
         exclude=lambda wc: exclude_query_id_flag(wc.dataset),
     shell:
-        "python -m retrieval_pretraining.bm25 search --config '{params.bm25}' --index {input.index} "
+        "python -m retrieval_pretraining.bm25 search --config '{params.bm25}' "
+        "--runtime '{resources.bm25_runtime}' --index {input.index} "
         "--queries {input.queries} {params.exclude} --out {output.run} &> {log}"
 
 
@@ -333,8 +353,11 @@ def bm25_negatives_config(dataset):
     entry = bm25_negatives_entry(dataset)
     policy = {k: v for k, v in entry.items() if k not in ("dataset", "triples")}
     policy |= {"seed": config["seed"]} | negative_filter_policy(dataset)
+    # Negatives from a triples file read none of the BM25 scoring.
+    settings = bm25_settings(dataset)
+    scoring = ("k1", "b", "title") if entry["source"] == "bm25" else ()
     return experiment_config.stage_argument(
-        bm25_settings(dataset) | {"negatives": policy}
+        {k: settings[k] for k in scoring if k in settings} | {"negatives": policy}
     )
 
 
@@ -351,6 +374,8 @@ rule bm25_negatives:
     conda:
         conda_env("pyserini")
     threads: config["bm25"]["threads"]
+    resources:
+        bm25_runtime=lambda wc: bm25_runtime(wc.dataset),
     params:
         bm25=lambda wc: bm25_negatives_config(wc.dataset),
         exclude=lambda wc: exclude_query_id_flag(wc.dataset),
@@ -361,6 +386,7 @@ rule bm25_negatives:
         ),
         answers=lambda wc, input: input_options(input, "answers", "corpus"),
     shell:
-        "python -m retrieval_pretraining.bm25 negatives --config '{params.bm25}' {params.source} "
+        "python -m retrieval_pretraining.bm25 negatives --config '{params.bm25}' "
+        "--runtime '{resources.bm25_runtime}' {params.source} "
         "--queries {input.queries} --qrels {input.qrels} {params.exclude} {params.answers} "
         "--out {output.negatives} &> {log}"

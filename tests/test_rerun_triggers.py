@@ -91,3 +91,33 @@ def _pretrain_command(project: Path, model: str) -> list[str]:
                     f"results/pretrain/{model}/encoder").stdout
     line = next(line for line in out.splitlines() if "--trainer-options" in line)
     return shlex.split(line.split("Shell command: ", 1)[-1])
+
+
+def _bm25(**values):
+    return lambda config: config["bm25"].update(values)
+
+
+@pytest.mark.parametrize("knob, value", [("threads", 3), ("index_threads", 3),
+                                         ("java_heap", "2g"), ("batch_size", 50), ("depth", 500)])
+def test_a_bm25_speed_or_memory_knob_rebuilds_no_index_and_no_negatives(project, base, knob, value):
+    """A rewritten negatives.parquet reruns every fine-tuning; the top-level depth is the
+    evaluation runs' (the negatives have their own)."""
+    edited = edited_plan(project, _bm25(**{knob: value}))
+    assert rerun_by_params(base, edited, "build_bm25_index") == []
+    assert rerun_by_params(base, edited, "bm25_negatives") == []
+    assert len(rerun_by_params(base, edited, "bm25_search")) == (knob == "depth")
+
+
+def test_negatives_from_triples_do_not_rerun_with_the_bm25_scoring(project):
+    def triples(config):
+        config["bm25"]["negatives"][0].update(source="triples", triples={"download": "t.tsv.gz"})
+        scifact = next(d for d in config["datasets"] if d["name"] == "scifact")
+        scifact["downloads"] = [{"file": "t.tsv.gz", "url": "file:///nonexistent/t.tsv.gz"}]
+
+    def and_k1(config):
+        triples(config)
+        config["bm25"]["k1"] = 1.2
+
+    before, after = edited_plan(project, triples), edited_plan(project, and_k1)
+    assert rerun_by_params(before, after, "bm25_negatives") == []
+    assert len(rerun_by_params(before, after, "bm25_search")) == 1

@@ -68,6 +68,8 @@ DEFAULTS = {
 }
 NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42,
                      "negative_filter": "qrels", "answer_match": "string"}
+# Speed and memory: the rules pass them with --runtime, outside their params (no rerun trigger).
+RUNTIME_KEYS = ("threads", "index_threads", "batch_size", "java_heap")
 RUN_TAG = "bm25"
 COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCollection
 
@@ -441,8 +443,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answers", type=Path, help="answers-{split}.parquet (negative_filter answers)")
     parser.add_argument("--exclude-query-id", action="store_true",
                         help="drop a hit whose doc id equals the query id (Anserini's -removeQuery)")
+    parser.add_argument("--runtime", type=json.loads, default={},
+                        help=f"speed and memory settings ({', '.join(RUNTIME_KEYS)}) as JSON, "
+                             "merged into --config (the rules keep them out of their params)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    refuse_unknown(args.runtime, RUNTIME_KEYS, "bm25 --runtime")
+    args.config = args.config | args.runtime
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
