@@ -12,8 +12,9 @@
 # as inputs/params on purpose: what they produce is fixed by the run (wiki, date), the file's path
 # and its checksum, and an edit to download.py / fetch.py, to `retries` or to `mirror` must not
 # re-fetch 20 GB, nor resolve `dump_date: latest` again (a newer run would replace the dump under
-# every model). The retry count and the mirror travel as resources (no rerun trigger); the files'
-# URLs are given relative to the mirror (`download fetch --mirror`).
+# every model). The retry count, the mirror and `local_files` (copy or link a local file) travel
+# as resources (no rerun trigger); the files' URLs are given relative to the mirror
+# (`download fetch --mirror`).
 # dumps.wikimedia.org allows few connections per IP: each download job holds one
 # `dump_connections`, which the Slurm profile caps at 2 (`--resources dump_connections=2` elsewhere).
 import dataclasses
@@ -114,7 +115,6 @@ def _fetch_flags(entry, prefix=""):
             break
     if entry.get(f"{prefix}size") is not None:
         flags += ["--size", str(entry[f"{prefix}size"])]
-    flags += ["--link", config["wikipedia"]["local_files"]]
     return " ".join(shlex.quote(flag) for flag in flags)
 
 
@@ -165,12 +165,14 @@ rule download_dump_part:
         dump_connections=1,
         download_retries=config["wikipedia"]["retries"],
         dump_mirror=_dump_mirror(),
+        # Whether a local file is copied or linked: the same content either way.
+        dump_link=config["wikipedia"]["local_files"],
     params:
         fetch=lambda wc: _fetch_flags(dump_part_entry(wc.part)),
     shell:
         "python -m retrieval_pretraining.download fetch {params.fetch} "
         "--mirror={resources.dump_mirror:q} --retries {resources.download_retries} "
-        "--out {output.dump} --manifest {output.manifest} &> {log}"
+        "--link {resources.dump_link} --out {output.dump} --manifest {output.manifest} &> {log}"
 
 
 rule download_dump_index:
@@ -188,12 +190,14 @@ rule download_dump_index:
         dump_connections=1,
         download_retries=config["wikipedia"]["retries"],
         dump_mirror=_dump_mirror(),
+        # Whether a local file is copied or linked: the same content either way.
+        dump_link=config["wikipedia"]["local_files"],
     params:
         fetch=lambda wc: _fetch_flags(_index_entry(wc.part), "index_"),
     shell:
         "python -m retrieval_pretraining.download fetch {params.fetch} "
         "--mirror={resources.dump_mirror:q} --retries {resources.download_retries} "
-        "--out {output.index} --manifest {output.manifest} &> {log}"
+        "--link {resources.dump_link} --out {output.index} --manifest {output.manifest} &> {log}"
 
 
 rule download_dump:

@@ -121,3 +121,8 @@ def test_negatives_from_triples_do_not_rerun_with_the_bm25_scoring(project):
     before, after = edited_plan(project, triples), edited_plan(project, and_k1)
     assert rerun_by_params(before, after, "bm25_negatives") == []
     assert len(rerun_by_params(before, after, "bm25_search")) == 1
+
+
+def test_linking_local_dump_files_instead_of_copying_them_fetches_nothing_again(project, base):
+    edited = edited_plan(project, lambda config: config["wikipedia"].update(local_files="symlink"))
+    assert rerun_by_params(base, edited, "download_dump_part") == []
