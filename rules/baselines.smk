@@ -5,6 +5,8 @@
 # runs on its columns. The system is the baseline's name: results/runs/{dataset}/{baseline}/.
 import re as _re
 
+from retrieval_pretraining.retrieval_settings import PREFIX_KEYS
+
 BASELINE_DIR = "results/baselines"
 
 
@@ -46,6 +48,15 @@ def baseline_knobs(name, dataset):
 def baseline_argument(wildcards):
     return experiment_config.stage_argument(
         baseline_knobs(wildcards.baseline, wildcards.dataset)
+    )
+
+
+def baseline_encode_argument(wildcards):
+    """encode.py's slice: the retrieval knobs and prefixes alone, so that a search knob
+    (search_depth, exclude_self, use_gpu) re-encodes no corpus."""
+    knobs = baseline_knobs(wildcards.baseline, wildcards.dataset)
+    return experiment_config.stage_argument(
+        only(knobs, retrieval_keys() | set(PREFIX_KEYS))
     )
 
 
@@ -110,7 +121,7 @@ rule encode_baseline_shard:
         conda_env("torch")
     threads: 2
     params:
-        encode=baseline_argument,
+        encode=baseline_encode_argument,
         shards=config["finetune"]["shards"],
     shell:
         ENCODE_SHELL

@@ -126,3 +126,16 @@ def test_negatives_from_triples_do_not_rerun_with_the_bm25_scoring(project):
 def test_linking_local_dump_files_instead_of_copying_them_fetches_nothing_again(project, base):
     edited = edited_plan(project, lambda config: config["wikipedia"].update(local_files="symlink"))
     assert rerun_by_params(base, edited, "download_dump_part") == []
+
+
+@pytest.mark.parametrize("edit", [
+    lambda config: config["finetune"].update(search_depth=150),
+    lambda config: config["mining"]["index"].update(use_gpu="never"),
+    lambda config: [d.update(exclude_query_id=not d.get("exclude_query_id"))
+                    for d in config["datasets"]],
+], ids=["search_depth", "use_gpu", "exclude_query_id"])
+def test_a_search_knob_reencodes_no_baseline(project, base, edit):
+    """Each baseline re-encodes the whole corpus (8.8M passages at paper scale)."""
+    edited = edited_plan(project, edit)
+    assert rerun_by_params(base, edited, "encode_baseline_shard") == []
+    assert len(rerun_by_params(base, edited, "baseline_search")) == 1
