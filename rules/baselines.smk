@@ -141,7 +141,7 @@ rule build_baseline_index:
     conda:
         conda_env("faiss")
     params:
-        index=lambda wc: experiment_config.stage_argument(config["mining"]["index"]),
+        index=lambda wc: index_argument(),
     shell:
         INDEX_SHELL
 

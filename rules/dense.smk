@@ -45,6 +45,15 @@ def retrieval_knobs(wildcards, *added):
     return only(knobs, retrieval_keys() | set(added))
 
 
+def index_argument():
+    """faiss_index's slice: mining.index less use_gpu, which only the searches read (a job's
+    params are its rerun trigger: searching on the CPU must not rebuild the index)."""
+    index = config["mining"]["index"]
+    return experiment_config.stage_argument(
+        {k: v for k, v in index.items() if k != "use_gpu"}
+    )
+
+
 def mining_argument(wildcards):
     """mine.py's slice: the retrieval knobs, exclude_self, the mining policy keys and use_gpu."""
     mining = config["mining"]
@@ -165,7 +174,7 @@ rule build_dense_index:
     conda:
         conda_env("faiss")
     params:
-        index=lambda wc: experiment_config.stage_argument(config["mining"]["index"]),
+        index=lambda wc: index_argument(),
     shell:
         INDEX_SHELL
 

@@ -139,3 +139,10 @@ def test_a_search_knob_reencodes_no_baseline(project, base, edit):
     edited = edited_plan(project, edit)
     assert rerun_by_params(base, edited, "encode_baseline_shard") == []
     assert len(rerun_by_params(base, edited, "baseline_search")) == 1
+
+
+def test_searching_on_the_gpu_or_not_rebuilds_no_index(project, base):
+    """faiss_index reads use_gpu at search time only."""
+    edited = edited_plan(project, lambda config: config["mining"]["index"].update(use_gpu="never"))
+    assert rerun_by_params(base, edited, "build_dense_index") == []
+    assert rerun_by_params(base, edited, "build_baseline_index") == []
