@@ -123,6 +123,16 @@ rule tsne_candidates:
         "--json {output.json} &> {log}"
 
 
+def pretrain_heads(models):
+    """heads.safetensors beside each model's encoder, which the analyses read (none beside a base
+    checkpoint exported by objective `none`)."""
+    return [
+        f"results/pretrain/{m}/heads.safetensors"
+        for m in models
+        if pretrain_settings(m)["objective"] != "none"
+    ]
+
+
 rule token_coverage:
     input:
         encoders=(
@@ -132,6 +142,9 @@ rule token_coverage:
             )
             if config["report"]["analysis"]["coverage"]
             else []
+        ),
+        heads=pretrain_heads(
+            (config["report"]["analysis"]["coverage"] or {}).get("models", [])
         ),
         # Coverage is measured on chunks of the corpus the models train on by default: those
         # every model held out of pre-training (training.json's held_out_chunks).
@@ -165,6 +178,11 @@ rule cpdae_top_words:
     input:
         encoder=(
             f"results/pretrain/{config['report']['analysis']['cpdae_top_words']['model']}/encoder"
+            if config["report"]["analysis"]["cpdae_top_words"]
+            else []
+        ),
+        heads=pretrain_heads(
+            [(config["report"]["analysis"]["cpdae_top_words"] or {}).get("model")]
             if config["report"]["analysis"]["cpdae_top_words"]
             else []
         ),

@@ -146,3 +146,13 @@ def test_searching_on_the_gpu_or_not_rebuilds_no_index(project, base):
     edited = edited_plan(project, lambda config: config["mining"]["index"].update(use_gpu="never"))
     assert rerun_by_params(base, edited, "build_dense_index") == []
     assert rerun_by_params(base, edited, "build_baseline_index") == []
+
+
+@pytest.mark.parametrize("rule", ["token_coverage", "cpdae_top_words"])
+def test_the_analyses_declare_the_heads_they_read(project, base, rule):
+    """They read heads.safetensors beside each encoder: retraining a model must rerun them."""
+    job = next(job for key, job in base.items() if key[0] == rule)
+    encoders = [path for path in job["input"] if path.endswith("/encoder")]
+    assert encoders
+    for encoder in encoders:
+        assert encoder.removesuffix("encoder") + "heads.safetensors" in job["input"]
