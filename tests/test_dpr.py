@@ -10,6 +10,8 @@ import io
 import json
 import re
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -438,8 +440,10 @@ def test_the_answers_filter_matches_as_the_split_scores(tmp_path, monkeypatch):
 # --- the workflow: an NQ-format dataset evaluated with Acc@20 (planned jobs only) ----------------
 
 
-def test_a_dry_run_plans_an_nq_format_dataset_scored_by_answers(tmp_path):
-    project = copy_project(tmp_path / "project", {
+def nq_project(folder: Path, splits: list[dict]) -> Path:
+    """A project whose one dataset is the NQ sample: BM25 negatives and fine-tuning on its train
+    split, `splits` evaluated, a table of Acc@20."""
+    return copy_project(folder, {
         "datasets": [NQ_SAMPLE | {"downloads": [
             {"file": "nq-dev.qa.csv", "url": "https://dl.fbaipublicfiles.com/dpr/data/retriever/"
              "nq-dev.qa.csv", "md5": None}]}],
@@ -447,11 +451,15 @@ def test_a_dry_run_plans_an_nq_format_dataset_scored_by_answers(tmp_path):
                                 "depth": 200, "count": 30}]},
         "finetune": {"datasets": [{"dataset": "nq-sample", "split": "train"}]},
         # No baselines: theirs are published on SciFact, a dataset this project does not have.
-        "evaluate": {"baselines": [], "splits": [{"dataset": "nq-sample", "split": "test",
-                                 "measures": ["Acc@20", "Acc@100"]}]},
+        "evaluate": {"baselines": [], "splits": splits},
         "report": {"tables": [{"name": "main", "rows": None, "columns": [
             {"dataset": "nq-sample", "split": "test", "measure": "Acc@20"}]}]},
     })
+
+
+def test_a_dry_run_plans_an_nq_format_dataset_scored_by_answers(tmp_path):
+    project = nq_project(tmp_path / "project", [
+        {"dataset": "nq-sample", "split": "test", "measures": ["Acc@20", "Acc@100"]}])
     metrics = "results/metrics/nq-sample/bm25/test.json"
     assert planned_rules(project, metrics) == {
         "prepare_dataset": 1, "prepare_dataset_split": 1, "prepare_dataset_answers": 1,
@@ -470,18 +478,7 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
 
     splits = [{"dataset": "nq-sample", "split": "test", "measures": ["Acc@20"],
                "answer_match": "regex"}]
-    overrides = {
-        "datasets": [NQ_SAMPLE | {"downloads": [
-            {"file": "nq-dev.qa.csv", "url": "https://dl.fbaipublicfiles.com/dpr/data/retriever/"
-             "nq-dev.qa.csv", "md5": None}]}],
-        "bm25": {"negatives": [{"dataset": "nq-sample", "split": "train", "source": "bm25",
-                                "depth": 200, "count": 30}]},
-        "finetune": {"datasets": [{"dataset": "nq-sample", "split": "train"}]},
-        "evaluate": {"baselines": [], "splits": splits},
-        "report": {"tables": [{"name": "main", "rows": None, "columns": [
-            {"dataset": "nq-sample", "split": "test", "measure": "Acc@20"}]}]},
-    }
-    project = copy_project(tmp_path / "project", overrides)
+    project = nq_project(tmp_path / "project", splits)
     targets = ("results/bm25/nq-sample/negatives.parquet",
                "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
     plan = snakemake(project, "--dry-run", "--printshellcmds", *targets)
@@ -489,7 +486,7 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
                 if "retrieval_pretraining.mine " in line or "bm25 negatives" in line]
     assert len(commands) == 2 and all('"answer_match":"regex"' in c for c in commands), commands
     splits.append(splits[0] | {"split": "dev", "answer_match": "string"})
-    project = copy_project(tmp_path / "disagree", overrides)
+    project = nq_project(tmp_path / "disagree", splits)
     failed = snakemake(project, "--dry-run", targets[0], check=False)
     assert failed.returncode != 0 and "disagree on answer_match" in failed.stdout + failed.stderr
 
