@@ -33,8 +33,8 @@ def _head(path: str | os.PathLike, rows: int, what: str,
     held = 0
     with reading(path, what):
         handle = pq.ParquetFile(path, pre_buffer=False)
-        schema = pa.schema([handle.schema_arrow.field(c) for c in columns]) if columns \
-            else handle.schema_arrow
+        schema = handle.schema_arrow.empty_table().select(list(columns or [])).schema \
+            if columns else handle.schema_arrow
         if rows > 0:
             for batch in handle.iter_batches(batch_size=min(rows, 8192), columns=columns):
                 batches.append(batch.slice(0, rows - held))
