@@ -156,3 +156,15 @@ def test_the_analyses_declare_the_heads_they_read(project, base, rule):
     assert encoders
     for encoder in encoders:
         assert encoder.removesuffix("encoder") + "heads.safetensors" in job["input"]
+
+
+def test_the_rules_pass_bm25_the_runtime_keys_it_accepts():
+    """rules/retrieval.smk lists the BM25 knobs it sends as `--runtime` (not params) and bm25.py
+    the ones it accepts there: a key in one list only would be a trigger again, or refused."""
+    import re
+
+    from retrieval_pretraining import bm25
+
+    rules = (Path(__file__).resolve().parents[1] / "rules" / "retrieval.smk").read_text()
+    listed = re.search(r"^BM25_RUNTIME = \(([^)]*)\)", rules, re.M).group(1)
+    assert tuple(re.findall(r'"(\w+)"', listed)) == bm25.RUNTIME_KEYS
