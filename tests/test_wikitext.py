@@ -246,3 +246,21 @@ def test_keeps_the_prose_wikiextractor_keeps(handful):
         kept = [h for h in headings if h.lower() not in wt.DEFAULT_DROP_SECTIONS]
         assert sum(h in paragraphs for h in kept) >= 0.8 * len(kept) > 0, title
         assert not any(h in paragraphs for h in headings if h.lower() in wt.DEFAULT_DROP_SECTIONS)
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # MediaWiki closes a table whose `|}` was forgotten at the end of the page; dropping it
+        # whole dropped every section after it. It now ends at the next heading.
+        ("Before.\n{| class=wikitable\n| a\n\n== Next ==\nReal text of next section.",
+         "Before.\n\nNext\n\nReal text of next section."),
+        ("Before.\n{| class=wikitable\n| a\n{|\n| b\n|}\n== Next ==\nReal text.\n{|\n| c\n"
+         "== Last ==\nEnd.", "Before.\n\nNext\n\nReal text.\n\nLast\n\nEnd."),
+        # A closed table is dropped as before, a heading after it kept.
+        ("Before.\n{| class=wikitable\n| a\n|}\n\n== Next ==\nReal text.",
+         "Before.\n\nNext\n\nReal text."),
+    ],
+)
+def test_an_unclosed_table_ends_at_the_next_heading(source, expected):
+    assert wt.clean(source) == expected

@@ -213,11 +213,14 @@ def remove_templates(text: str) -> str:
 
 
 def remove_tables(lines: list[str]) -> list[str]:
-    """Drop wiki tables ({| ... |}, nested ones included) line by line."""
-    kept, depth = [], 0
-    for line in lines:
+    """Drop wiki tables ({| ... |}, nested ones included) line by line. A table still open at the
+    end of the page (its `|}` forgotten; MediaWiki closes it there) ends at the first section
+    heading after it, so the sections that follow are kept, not dropped with it."""
+    kept, depth, opened = [], 0, 0
+    for i, line in enumerate(lines):
         stripped = line.lstrip(" :")
         if stripped.startswith("{|"):
+            opened = i if depth == 0 else opened
             depth += 1
             continue
         if depth:
@@ -225,6 +228,11 @@ def remove_tables(lines: list[str]) -> list[str]:
                 depth -= 1
             continue
         kept.append(line)
+    if depth:
+        after = next((j for j in range(opened + 1, len(lines))
+                      if _HEADING.match(lines[j].strip())), None)
+        if after is not None:
+            kept += remove_tables(lines[after:])
     return kept
 
 
