@@ -82,7 +82,8 @@ def model_finetune_knobs(model):
 
 
 def only(knobs, keys):
-    """The knobs named in `keys`: a job's params are its rerun trigger, so each gets what it reads."""
+    """The knobs named in `keys`: a job's params are its rerun trigger, so each gets what it
+    reads."""
     return {k: v for k, v in knobs.items() if k in keys}
 
 

@@ -138,7 +138,8 @@ def read_tsv_records(
 
 
 def read_qrels_file(path: Path, member: str | None = None) -> pl.DataFrame:
-    """Qrels in TREC format (`qid iter docid rel`, spaces or tabs) or BEIR's 3-column TSV with header.
+    """Qrels in TREC format (`qid iter docid rel`, spaces or tabs) or BEIR's 3-column TSV with
+    header.
 
     The layout is decided once, on the first line: tab-separated if it holds a tab (BEIR; MS MARCO's
     TREC qrels.train.tsv), else split on whitespace (NIST's TREC files); 3 fields (BEIR) or 4
@@ -160,8 +161,8 @@ def read_qrels_file(path: Path, member: str | None = None) -> pl.DataFrame:
             width = width or len(fields)
             if len(fields) != width or width not in (3, 4):
                 raise DatasetError(
-                    f"{_where(path, member)}, line {number}: {len(fields)} fields, the file's lines "
-                    f"have {width if width in (3, 4) else '3 or 4'}; qrels lines are "
+                    f"{_where(path, member)}, line {number}: {len(fields)} fields, the file's "
+                    f"lines have {width if width in (3, 4) else '3 or 4'}; qrels lines are "
                     "`query_id iteration doc_id relevance` (TREC) or `query-id corpus-id score` "
                     "(BEIR, tab-separated)"
                 )

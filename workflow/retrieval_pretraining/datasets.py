@@ -317,8 +317,9 @@ def unknown_queries_message(
                f"would be published {effect}. Point the split at the queries file its qrels "
                "belong to")
     if kept:
-        message += (f"; if the dataset itself lacks them, allow them with "
-                    f"`max_unknown_judged_queries: {unknown}` in its datasets entry (now {allowed})")
+        message += ("; if the dataset itself lacks them, allow them with "
+                    f"`max_unknown_judged_queries: {unknown}` in its datasets entry "
+                    f"(now {allowed})")
     return message
 
 

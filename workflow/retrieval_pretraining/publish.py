@@ -14,8 +14,8 @@ its visibility, and never touches the network. An existing repository must alrea
 visibility asked for (`--private` or not); its files are replaced by the folder's (a file the
 folder lacks is deleted from it). Records or a card that name absolute local paths (a `source:
 local` corpus location, an `init` folder: where this machine keeps files, user names included)
-are refused unless `--allow-local-paths` says to publish them as they are. A real upload needs a token (`hf auth login`, or
-HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs).
+are refused unless `--allow-local-paths` says to publish them as they are. A real upload needs a
+token (`hf auth login`, or HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs).
 """
 
 from __future__ import annotations
