@@ -52,13 +52,15 @@ def coverage_at_k(
     return out
 
 
+def training_info(encoder_dir: Path) -> dict[str, Any]:
+    path = Path(encoder_dir) / "training.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def bow_form(encoder_dir: Path) -> str | None:
     """The BoW projection an encoder was pre-trained with (`bow.form` of its training.json:
     `code` = the MLM head on [CLS], `paper` = h_CLS . E^T), None for other objectives."""
-    path = Path(encoder_dir) / "training.json"
-    if not path.is_file():
-        return None
-    settings = json.loads(path.read_text()).get("settings") or {}
+    settings = training_info(encoder_dir).get("settings") or {}
     return (settings.get("bow") or {}).get("form") if settings.get("objective") == "bow" else None
 
 
@@ -92,11 +94,6 @@ def vocabulary_projector(encoder, head, form: str | None = None):
         return head, "mlm_head"
     embeddings = encoder.get_input_embeddings()
     return (lambda h: F.linear(h, embeddings.weight)), "embeddings"
-
-
-def training_info(encoder_dir: Path) -> dict[str, Any]:
-    path = Path(encoder_dir) / "training.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def corpus_name(shard: Path | str) -> str:
