@@ -264,3 +264,27 @@ def test_keeps_the_prose_wikiextractor_keeps(handful):
 )
 def test_an_unclosed_table_ends_at_the_next_heading(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # The shipped dump's Arthur Schopenhauer lost four quotations written with text=, and
+        # Anthropology its {{quotation}} of Geertz.
+        ("Thus:\n{{quote|text=It surprises me.|sign=Schopenhauer}}\nMore.",
+         "Thus:\n\nIt surprises me.\n\nMore."),
+        ("Geertz, {{quotation|\"anthropology is\"|Clifford Geertz}} more.",
+         'Geertz,\n\n"anthropology is"\n\nmore.'),
+        ("{{Blockquote|Fondly do we hope|Abraham Lincoln|Second inaugural}}", "Fondly do we hope"),
+        ("{{quote box|width=300px|quote=If I were not a physicist|source=Einstein}}",
+         "If I were not a physicist"),
+        ("{{cquote|1=Speed = distance / time}}", "Speed = distance / time"),
+        # A quotation is a block of its own, as MediaWiki shows it: the sentence after it is not
+        # part of it (Schopenhauer's "This follows Kant's reasoning.").
+        ("He said:\n{{quote|We came in [[peace]].}}\nThis follows.",
+         "He said:\n\nWe came in peace.\n\nThis follows."),
+        ("{{quote|text=}} Nothing quoted.", "Nothing quoted."),
+    ],
+)
+def test_quotations_keep_their_text(source, expected):
+    assert wt.clean(source) == expected

@@ -6,14 +6,17 @@ extractor is tied to its own template machinery and drops list items and leaves 
 "Alberta ()". Measured choice: see benchmarks/RESULTS.md ("Stage 2: extraction").
 
 What is removed: HTML comments, <ref> and other non-prose tags (math, gallery, timeline, ...),
-templates (innermost first, so nested ones go too; a few inline templates whose argument IS prose,
-like {{lang-fr|...}} or {{nowrap|...}}, keep their text, and {{frac}} and {{As of}} are written as
-MediaWiki shows them), tables ({| ... |} and <table>), file and image links (with their captions),
+templates (innermost first, so nested ones go too; those listed below give their text),
+tables ({| ... |} and <table>), file and image links (with their captions),
 category links, interlanguage links, magic words (__TOC__), bold/italic quotes and remaining HTML
 tags (their content kept), and lines left with no letter or digit (what removed math or markup
-leaves). Links become their label, external links their anchor text. Kept: headings (each its own
-paragraph, only when their section has text), paragraphs (separated by "\\n\\n"), list items (one
-per line inside their paragraph).
+leaves).
+Templates that give text, as MediaWiki shows it: inline ones whose argument IS prose, like
+{{lang-fr|...}} or {{nowrap|...}}; {{frac}} and {{As of}};
+quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own.
+Links become their label, external links their anchor text.
+Kept: headings (each its own paragraph, only when their section has text), paragraphs (separated
+by "\\n\\n"), list items (one per line inside their paragraph).
 Sections whose heading is in `drop_sections` (See also, References, ...) are dropped whole.
 """
 
@@ -53,7 +56,7 @@ _INLINE_TEMPLATES = {
         _names(
             """nowrap, nobr, nobreak, small, smaller, big, smallcaps, sc, sic, not a typo,
             visible anchor, vanchor, nihongo, abbr, em, strong, mvar, var, as written, w, keypress,
-            quote, gaps, ill, interlanguage link, hms, uss, sclass"""
+            gaps, ill, interlanguage link, hms, uss, sclass"""
         ),
         (1,),
     ),
@@ -65,6 +68,10 @@ _INLINE_TEMPLATES = {
 _INLINE_PREFIXES = ("lang-",)
 # {{convert|10|to|20|km}}: the second argument joins a range.
 _RANGE_WORDS = {"to", "-", "–", "and", "or", "by", "x", "×", "and(-)", "to(-)", "+/-", "±"}
+# Block quotations: their text is prose ({{quote}} is a redirect to {{blockquote}}).
+_QUOTE_TEMPLATES = frozenset(
+    _names("quote, blockquote, quotation, cquote, quote box, bq, block quote, centered pull quote")
+)
 # Inline templates that stand for a character.
 _CHAR_TEMPLATES = {
     "snd": " – ", "spaced ndash": " – ", "ndash": "–", "mdash": "—", "'": "'", "''": '"',
@@ -182,6 +189,16 @@ def _fraction(positional: list[str]) -> str:
     return ""
 
 
+def _quotation(body: str) -> str:
+    """The quoted text of {{quote}} and its kin, a paragraph of its own as MediaWiki's blockquote
+    is: text= (or quote=, 1=), else the first positional argument; the author and source after it
+    are not the quotation."""
+    named, positional = _named(body), _positional(body)
+    text = next((named[k] for k in ("text", "quote", "1") if named.get(k)), "")
+    text = text or (positional[0] if positional else "")
+    return f"\n\n{text}\n\n" if text else ""
+
+
 def _replace_template(match: re.Match) -> str:
     body = match.group(1)
     name = _template_name(body)
@@ -191,6 +208,8 @@ def _replace_template(match: re.Match) -> str:
         return _fraction(_positional(body))
     if name == "as of":  # marks a dated statement, whose sentence begins with it
         return _as_of(body)
+    if name in _QUOTE_TEMPLATES:
+        return _quotation(body)
     if name.startswith(_INLINE_PREFIXES):
         keep: tuple[int, ...] = (1,)
     else:
