@@ -288,3 +288,27 @@ def test_an_unclosed_table_ends_at_the_next_heading(source, expected):
 )
 def test_quotations_keep_their_text(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # The shipped dump's Ambiguity: three paragraphs began ", which ..." once their leading
+        # formula was removed.
+        ("<math>a/2b</math>, which arguably should mean", "which arguably should mean"),
+        ("* <math>x</math>; the first\n* <math>y</math>. The second", "the first\nThe second"),
+        # Analysis of variance: a formula on its own line left "is , where".
+        ("sample variance is\n<math>s^2</math>, where the\ndivisor",
+         "sample variance is, where the divisor"),
+        ("(and even its norm\n<math>x</math>) depend", "(and even its norm) depend"),
+        # "Thus, <math>x</math>." left "Thus,."
+        ("for all. Thus, <math>x</math>. In order", "for all. Thus. In order"),
+        # An ellipsis is the text's own: kept at a paragraph start, after a comma, on a new line.
+        ("...one ought rather", "...one ought rather"),
+        ("for love,... nothing", "for love,... nothing"),
+        ("farm:\n...I saw a little boy", "farm: ...I saw a little boy"),
+        (".NET and 3.5 and\n.5 percent", ".NET and 3.5 and .5 percent"),
+    ],
+)
+def test_punctuation_a_removed_formula_leaves_is_tidied(source, expected):
+    assert wt.clean(source) == expected

@@ -11,6 +11,8 @@ tables ({| ... |} and <table>), file and image links (with their captions),
 category links, interlanguage links, magic words (__TOC__), bold/italic quotes and remaining HTML
 tags (their content kept), and lines left with no letter or digit (what removed math or markup
 leaves).
+The punctuation such removal leaves is tidied: no paragraph or list item starts with "," ";" or
+". ", a line starting with one ends the line before ("is , where" -> "is, where"), ",." -> ".".
 Templates that give text, as MediaWiki shows it: inline ones whose argument IS prose, like
 {{lang-fr|...}} or {{nowrap|...}}; {{frac}} and {{As of}};
 quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own.
@@ -124,6 +126,12 @@ _EMPTY_PARENS = re.compile(r"\s*\((?:[\s,;:.–—-]|or|and)*\)")
 _LEADING_PUNCT_PARENS = re.compile(r"\(\s*[,;:]\s*")
 _DANGLING_PUNCT = re.compile(r"\s*[,;:]\s*\)")  # "(Dutch: {{audio|...}})" -> "(Dutch)"
 _REPEATED_PUNCT = re.compile(r"([,;])(?:\s*[,;])+")
+# What a removed formula leaves around its punctuation: "<math>x</math>, which" starts a paragraph
+# with ", which" (a ". . ." or "..." ellipsis is the text's own); "is\n<math>x</math>, where" joins
+# lines as "is , where"; "Thus, <math>x</math>." gives "Thus,." (",..." is an ellipsis).
+_LEADING_PUNCT = re.compile(r"^[,;.](?!\s*\.)\s+")
+_CLOSING_PUNCT = re.compile(r"[,;)]|\.(?!\s*\.)(?=\s|$)")  # not ".5" nor ".NET"
+_COMMA_BEFORE_STOP = re.compile(r"[,;]\s*\.(?![.\d])")
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
 # A letter or digit: a line without one is what removed markup left ("+ +" of two {{chem}}, "."
 # after a <math> line, "|}" of a table), not prose.
@@ -295,6 +303,7 @@ def _clean_line(line: str) -> str:
     line = _SPACE_BEFORE_PUNCT.sub(r"\1", line)
     line = _SPACE_AFTER_OPEN.sub(r"\1", line)
     line = _REPEATED_PUNCT.sub(r"\1", line)  # again: "A, (), B" is "A,, B" once "()" is gone
+    line = _COMMA_BEFORE_STOP.sub(".", line)
     return line.strip()
 
 
@@ -342,7 +351,12 @@ def _paragraphs(lines: list[str], options: CleanerOptions) -> list[tuple[int, st
         if is_item != current_is_list:
             flush()
             current_is_list = is_item
-        current.append(text)
+        if is_item or not current:  # punctuation cannot start a paragraph or a list item
+            current.append(_LEADING_PUNCT.sub("", text))
+        elif _CLOSING_PUNCT.match(text):  # "is\n<math>x</math>, where": it ends the line before
+            current[-1] += text
+        else:
+            current.append(text)
     flush()
     return blocks
 
