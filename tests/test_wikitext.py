@@ -312,3 +312,21 @@ def test_quotations_keep_their_text(source, expected):
 )
 def test_punctuation_a_removed_formula_leaves_is_tidied(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("{{USS|Enterprise|CV-6}} and {{HMS|Victory}}", "USS Enterprise (CV-6) and HMS Victory"),
+        # The display code adds 4 for the prefix, 2 for the name, 1 for the id: the shipped dump's
+        # Achilles said "alongside Ajax and Exeter" for {{HMS|Ajax|22|6}} and {{HMS|Exeter|68|6}}.
+        ("alongside {{HMS|Ajax|22|6}} and {{HMS|Exeter|68|6}}.",
+         "alongside HMS Ajax and HMS Exeter."),
+        ("{{USS|Hornet|CV-12|2}}, {{USS|Hornet|CV-12|3}}, {{USS|Hornet|CV-12|1}}",
+         "Hornet, Hornet (CV-12), CV-12"),
+        ("{{SS|Pedernales}} {{HNoMS|Eidsvold}} {{ship|USS|Hornet|CV-12}} {{Ship|RMS|Titanic}}",
+         "SS Pedernales HNoMS Eidsvold USS Hornet (CV-12) RMS Titanic"),
+    ],
+)
+def test_ship_templates_keep_their_prefix(source, expected):
+    assert wt.clean(source) == expected

@@ -15,7 +15,8 @@ The punctuation such removal leaves is tidied: no paragraph or list item starts 
 ". ", a line starting with one ends the line before ("is , where" -> "is, where"), ",." -> ".".
 Templates that give text, as MediaWiki shows it: inline ones whose argument IS prose, like
 {{lang-fr|...}} or {{nowrap|...}}; {{frac}} and {{As of}};
-quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own.
+quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own;
+ship-prefix templates ({{USS|Enterprise|CV-6}} -> USS Enterprise (CV-6)).
 Links become their label, external links their anchor text.
 Kept: headings (each its own paragraph, only when their section has text), paragraphs (separated
 by "\\n\\n"), list items (one per line inside their paragraph).
@@ -58,18 +59,27 @@ _INLINE_TEMPLATES = {
         _names(
             """nowrap, nobr, nobreak, small, smaller, big, smallcaps, sc, sic, not a typo,
             visible anchor, vanchor, nihongo, abbr, em, strong, mvar, var, as written, w, keypress,
-            gaps, ill, interlanguage link, hms, uss, sclass"""
+            gaps, ill, interlanguage link, sclass"""
         ),
         (1,),
     ),
     "lang": (2,),
     "transl": (-1,),
-    **dict.fromkeys(("convert", "cvt", "ship"), (1, 2)),
+    **dict.fromkeys(("convert", "cvt"), (1, 2)),
 }
 # Prefixes of inline templates that keep their first argument, e.g. {{lang-fr|Bonjour}}.
 _INLINE_PREFIXES = ("lang-",)
 # {{convert|10|to|20|km}}: the second argument joins a range.
 _RANGE_WORDS = {"to", "-", "–", "and", "or", "by", "x", "×", "and(-)", "to(-)", "+/-", "±"}
+# Ship-prefix templates: {{USS|Enterprise|CV-6}} -> "USS Enterprise (CV-6)"; {{ship|USS|...}}
+# takes the prefix as its first argument. Two-letter ones that name other templates ({{ns}}, ...)
+# are left out.
+_SHIP_PREFIXES = frozenset(
+    _names(
+        """uss, usns, uscgc, usrc, usat, hms, hmas, hmcs, hmnzs, hmsas, hmis, hmt, hmy, hmhs, ss,
+        rms, mv, sms, smu, hnlms, hnoms, hdms, hswms, ins, ara, roks, tcg, orp, bap, kri, jds"""
+    )
+)
 # Block quotations: their text is prose ({{quote}} is a redirect to {{blockquote}}).
 _QUOTE_TEMPLATES = frozenset(
     _names("quote, blockquote, quotation, cquote, quote box, bq, block quote, centered pull quote")
@@ -197,6 +207,17 @@ def _fraction(positional: list[str]) -> str:
     return ""
 
 
+def _ship(prefix: str, positional: list[str]) -> str:
+    """"USS Enterprise (CV-6)" from prefix, name, id and display code: the code (default 7) adds
+    4 for the prefix, 2 for the name, 1 for the id ({{HMS|Ajax|22|6}} -> "HMS Ajax")."""
+    name, ship_id, code = (positional + ["", "", ""])[:3]
+    shown = int(code) if code.isdigit() and 1 <= int(code) <= 7 else 7
+    parts = [prefix if shown & 4 else "", name if shown & 2 else ""]
+    if ship_id and shown & 1:
+        parts.append(f"({ship_id})" if shown & 2 else ship_id)
+    return " ".join(part for part in parts if part)
+
+
 def _quotation(body: str) -> str:
     """The quoted text of {{quote}} and its kin, a paragraph of its own as MediaWiki's blockquote
     is: text= (or quote=, 1=), else the first positional argument; the author and source after it
@@ -218,6 +239,12 @@ def _replace_template(match: re.Match) -> str:
         return _as_of(body)
     if name in _QUOTE_TEMPLATES:
         return _quotation(body)
+    if name in _SHIP_PREFIXES:
+        prefix = body.split("|", 1)[0].strip()  # as written: "HNoMS", not "hnoms"
+        return _ship(prefix, _positional(body))
+    if name == "ship":
+        positional = _positional(body)
+        return _ship(positional[0], positional[1:]) if positional else ""
     if name.startswith(_INLINE_PREFIXES):
         keep: tuple[int, ...] = (1,)
     else:
