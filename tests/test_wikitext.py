@@ -330,3 +330,26 @@ def test_punctuation_a_removed_formula_leaves_is_tidied(source, expected):
 )
 def test_ship_templates_keep_their_prefix(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # A lead sentence's dates: "(born {{birth date and age|...}})" gave "(born)". The age
+        # depends on the day the page is read: only the date is kept.
+        ("'''X''' (born {{birth date and age|1950|1|2}}) is", "X (born January 2, 1950) is"),
+        ("({{Birth date|df=yes|1879|3|14}} – {{Death date and age|df=yes|1955|4|18|1879|3|14}})",
+         "(March 14, 1879 – April 18, 1955)"),
+        ("{{birth date|mf=yes|1905|02|02}}", "February 2, 1905"),
+        ("Founded {{Start date and age|1918|05|14|paren=yes}}, in {{start date|1929|5}}.",
+         "Founded May 14, 1918, in May 1929."),
+        ("{{dts|1778|02|05}}, {{dts|2000|January|1}}, {{dts|1950}}",
+         "February 5, 1778, January 1, 2000, 1950"),
+        # a date written out is shown as written
+        ("{{start-date|July 16, 1969, 13:32:00|timezone=yes}}", "July 16, 1969, 13:32:00"),
+        ("(born {{birth year and age|1950}}; died {{death year and age|1993|1921}})",
+         "(born 1950; died 1993)"),
+    ],
+)
+def test_date_templates_give_their_date(source, expected):
+    assert wt.clean(source) == expected

@@ -16,7 +16,9 @@ The punctuation such removal leaves is tidied: no paragraph or list item starts 
 Templates that give text, as MediaWiki shows it: inline ones whose argument IS prose, like
 {{lang-fr|...}} or {{nowrap|...}}; {{frac}} and {{As of}};
 quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own;
-ship-prefix templates ({{USS|Enterprise|CV-6}} -> USS Enterprise (CV-6)).
+ship-prefix templates ({{USS|Enterprise|CV-6}} -> USS Enterprise (CV-6));
+date templates ({{birth date}}, {{death date and age}}, {{start date}}, {{dts}},
+...) as "January 2, 1950", without an age.
 Links become their label, external links their anchor text.
 Kept: headings (each its own paragraph, only when their section has text), paragraphs (separated
 by "\\n\\n"), list items (one per line inside their paragraph).
@@ -71,6 +73,16 @@ _INLINE_TEMPLATES = {
 _INLINE_PREFIXES = ("lang-",)
 # {{convert|10|to|20|km}}: the second argument joins a range.
 _RANGE_WORDS = {"to", "-", "–", "and", "or", "by", "x", "×", "and(-)", "to(-)", "+/-", "±"}
+# Date templates that show their date (year, month, day) as "January 2, 1950", their default;
+# df=/mf= are not read. "... and age" ones show an age after it, which depends on the day the page
+# is read (or, for a death, is left to the reader): only the date is kept.
+_DATE_TEMPLATES = frozenset(
+    _names(
+        """birth date, death date, birth date and age, death date and age, bda, dda,
+        start date, end date, start date and age, end date and age, start-date, end-date, dts,
+        date table sorting, birth year and age, death year and age, film date"""
+    )
+)
 # Ship-prefix templates: {{USS|Enterprise|CV-6}} -> "USS Enterprise (CV-6)"; {{ship|USS|...}}
 # takes the prefix as its first argument. Two-letter ones that name other templates ({{ns}}, ...)
 # are left out.
@@ -207,6 +219,21 @@ def _fraction(positional: list[str]) -> str:
     return ""
 
 
+def _date(positional: list[str]) -> str:
+    """{{birth date|1950|1|2}} -> "January 2, 1950", {{start date|1950|1}} -> "January 1950",
+    {{dts|1950}} -> "1950"; a date written out ({{start-date|July 16, 1969}}) is kept as written."""
+    year, month, day = (positional + ["", "", ""])[:3]
+    if not year.lstrip("-").isdigit():
+        return year
+    if month.isdigit() and 1 <= int(month) <= 12:
+        month = _MONTHS[int(month) - 1]
+    if day.isdigit():
+        day = str(int(day))  # "02" -> "2"
+    if month and day:
+        return f"{month} {day}, {year}"
+    return f"{month} {year}" if month else year
+
+
 def _ship(prefix: str, positional: list[str]) -> str:
     """"USS Enterprise (CV-6)" from prefix, name, id and display code: the code (default 7) adds
     4 for the prefix, 2 for the name, 1 for the id ({{HMS|Ajax|22|6}} -> "HMS Ajax")."""
@@ -239,6 +266,9 @@ def _replace_template(match: re.Match) -> str:
         return _as_of(body)
     if name in _QUOTE_TEMPLATES:
         return _quotation(body)
+    if name in _DATE_TEMPLATES:
+        # {{death year and age|1993|1921}}: the second year is the birth, not a month.
+        return _date(_positional(body)[: 1 if " year " in name else 3])
     if name in _SHIP_PREFIXES:
         prefix = body.split("|", 1)[0].strip()  # as written: "HNoMS", not "hnoms"
         return _ship(prefix, _positional(body))
