@@ -19,7 +19,8 @@ quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own;
 ship-prefix templates ({{USS|Enterprise|CV-6}} -> USS Enterprise (CV-6));
 date templates ({{birth date}}, {{death date and age}}, {{start date}}, {{dts}},
 ...) as "January 2, 1950", without an age.
-Links become their label, external links their anchor text.
+Links become their label, external links their anchor text, interwiki links
+([[wikt:word|label]], [[s:Title]]) their label or their target without the prefix.
 Kept: headings (each its own paragraph, only when their section has text), paragraphs (separated
 by "\\n\\n"), list items (one per line inside their paragraph).
 Sections whose heading is in `drop_sections` (See also, References, ...) are dropped whole.
@@ -155,6 +156,17 @@ _LEADING_PUNCT = re.compile(r"^[,;.](?!\s*\.)\s+")
 _CLOSING_PUNCT = re.compile(r"[,;)]|\.(?!\s*\.)(?=\s|$)")  # not ".5" nor ".NET"
 _COMMA_BEFORE_STOP = re.compile(r"[,;]\s*\.(?![.\d])")
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
+# Interwiki prefixes (sister projects and a few sites) of enwiki's interwiki map: a link to them is
+# text like any link, [[wikt:word|label]] -> label, [[s:Title]] -> Title. Several look like
+# language codes (mw, doi, hdl, voy), which an interlanguage link would drop.
+_INTERWIKI = frozenset(
+    _names(
+        """w, wikt, wiktionary, n, wikinews, b, wikibooks, q, wikiquote, s, wikisource, species,
+        wikispecies, v, wikiversity, voy, wikivoyage, c, commons, m, meta, metawikimedia, mw,
+        mediawikiwiki, d, wikidata, f, wikifunctions, foundation, wmf, incubator, outreach,
+        wikitech, phab, phabricator, doi, hdl, arxiv, rfc, pmid, iarchive, gutenberg, oeis"""
+    )
+)
 # A letter or digit: a line without one is what removed markup left ("+ +" of two {{chem}}, "."
 # after a <math> line, "|}" of a table), not prose.
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
@@ -320,6 +332,12 @@ def remove_tables(lines: list[str]) -> list[str]:
     return kept
 
 
+def _without_language(title: str) -> str:
+    """A sister project's title without its language: [[wikt:en:合]] links to "合"."""
+    code, colon, rest = title.partition(":")
+    return rest.strip() if colon and _INTERLANGUAGE.match(code) and rest[:1].strip() else title
+
+
 def _make_link_replacer(options: CleanerOptions):
     def replace(match: re.Match) -> str:
         body = match.group(1)
@@ -329,7 +347,10 @@ def _make_link_replacer(options: CleanerOptions):
         target = target.lstrip(":").strip()
         written, colon, rest = target.partition(":")
         prefix = written.strip().lower().replace("_", " ")
-        if colon and not visible:
+        if colon and prefix in _INTERWIKI and rest[:1].strip():
+            target = _without_language(rest.strip())
+            colon = ""  # what is left is shown like an ordinary link's target
+        elif colon and not visible:
             if prefix in options.file_prefixes or prefix in options.category_prefixes:
                 return ""
             # An interlanguage link is written [[de:Berlin]]: a lowercase code, then the title at
