@@ -372,3 +372,20 @@ def test_date_templates_give_their_date(source, expected):
 )
 def test_interwiki_links_keep_their_text(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # An external link ending a caption ended the file link one "]" early: "Text] More."
+        ("Text [[File:a.jpg|thumb|A photo, from [http://x.org the site]]] More.", "Text More."),
+        ("[[Image:b.png|thumb|[http://x.org Source]]]\nProse.", "Prose."),
+        ("[[Target|see [http://x.org here]]] now", "see here now"),
+        # Brackets that do not close inside the link are read as before.
+        ("[Done. S contains the [[greatest common divisor]]]: x", "[Done. S contains the greatest "
+         "common divisor]: x"),
+        ("[[File:a.jpg|thumb|[http://a b] and [http://c d]]]Z", "Z"),
+    ],
+)
+def test_a_caption_ending_in_an_external_link_leaves_no_bracket(source, expected):
+    assert wt.clean(source) == expected

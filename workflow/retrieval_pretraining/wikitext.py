@@ -134,7 +134,12 @@ _PAIRED = re.compile(rf"<({_DROP_TAGS})\b[^>]*+>[^<]*+(?:<(?!\1\b|/\1\b)[^<]*+)*
 _UNCLOSED_DROP = re.compile(rf"</?(?:{_DROP_TAGS})\b[^>]*+>", re.I)  # also stray closing tags
 _TEMPLATE = re.compile(r"\{\{((?:[^{}]++|\{(?!\{)|\}(?!\}))*+)\}\}")
 _LINK_PIPES = re.compile(r"\[\[[^\[\]]*+\]\]")
-_LINK = re.compile(r"\[\[((?:[^\[\]]++|\[(?!\[)|\](?!\]))*+)\]\]")
+# A label may hold a [bracketed] part, such as an external link, that ends right at the link's own
+# "]]" ("[[File:x.jpg|thumb|From [http://a.org the site]]]"): it is taken whole when the "]]" still
+# follows it, so the link does not end one "]" early and leave a stray "]".
+_LINK = re.compile(
+    r"\[\[((?:[^\[\]]++|\[[^\[\]\n]*+\](?=[^\[\]]*+\]\])|\[(?!\[)|\](?!\]))*+)\]\]"
+)
 _EXTERNAL = re.compile(r"\[(?:https?:|ftp:|mailto:|//)[^\s\]]*+(?:[ \t]+([^\]\n]*))?\]", re.I)
 _FORMAT_TAG = re.compile(rf"</?(?:{'|'.join(_FORMAT_TAGS)})\b[^>]*?/?>", re.I)
 _BR = re.compile(r"<br\s*/?>", re.I)
