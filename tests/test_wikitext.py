@@ -389,3 +389,19 @@ def test_interwiki_links_keep_their_text(source, expected):
 )
 def test_a_caption_ending_in_an_external_link_leaves_no_bracket(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # A table written with {{(!}} ... {{!)}} (inside templates, where "{|" would break them)
+        # left its cells as prose: "class=wikitable | a b\n\n| c".
+        ("Before\n{{(!}} class=wikitable\n{{!}} a {{!!}} b\n{{!-}}\n{{!}} c\n{{!)}}\nAfter",
+         "Before After"),
+        ("Before\n{{(!}}\n{{!}} a\n{{(!}}\n{{!}} inner\n{{!)}}\n{{!)}}\n\nAfter",
+         "Before\n\nAfter"),
+        ("{{(!}}\n{{!}} a\n\n== Next ==\nText.", "Next\n\nText."),  # unclosed, as "{|"
+    ],
+)
+def test_template_built_tables_are_dropped(source, expected):
+    assert wt.clean(source) == expected

@@ -7,7 +7,7 @@ extractor is tied to its own template machinery and drops list items and leaves 
 
 What is removed: HTML comments, <ref> and other non-prose tags (math, gallery, timeline, ...),
 templates (innermost first, so nested ones go too; those listed below give their text),
-tables ({| ... |} and <table>), file and image links (with their captions),
+tables ({| ... |}, {{(!}} ... {{!)}} and <table>), file and image links (with their captions),
 category links, interlanguage links, magic words (__TOC__), bold/italic quotes and remaining HTML
 tags (their content kept), and lines left with no letter or digit (what removed math or markup
 leaves).
@@ -97,10 +97,12 @@ _SHIP_PREFIXES = frozenset(
 _QUOTE_TEMPLATES = frozenset(
     _names("quote, blockquote, quotation, cquote, quote box, bq, block quote, centered pull quote")
 )
-# Inline templates that stand for a character.
+# Inline templates that stand for a character, and those that write table markup where a raw
+# "{|" would break the template around it ({{(!}} ... {{!)}}): given back as that markup, so the
+# table is dropped like any other.
 _CHAR_TEMPLATES = {
     "snd": " – ", "spaced ndash": " – ", "ndash": "–", "mdash": "—", "'": "'", "''": '"',
-    "okina": "ʻ", "!": "|", "=": "=",
+    "okina": "ʻ", "!": "|", "=": "=", "(!": "{|", "!)": "|}", "!-": "|-", "!!": "||",
 }  # fmt: skip
 
 DEFAULT_DISAMBIGUATION_TEMPLATES = _names(
