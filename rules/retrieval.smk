@@ -308,7 +308,8 @@ rule bm25_search:
 
 
 # The bm25 slice plus this dataset's negatives policy and the global seed.
-# The training split's queries and qrels, and the index (source=bm25) or triples file.
+# The training split's queries and qrels, and the index (source=bm25), the triples file
+# (source=triples) or the DPR training JSON the split was built from (source=dpr).
 # The BM25 run under results/runs/, where score_run finds every system's runs, with its manifest
 # beside it (as dense runs have theirs): its params.label names the k1/b this run used.
 rule publish_bm25_run:
@@ -339,6 +340,9 @@ def get_bm25_negatives_inputs(wildcards):
     }
     if entry["source"] == "bm25":
         inputs["index"] = f"results/bm25/{wildcards.dataset}/index"
+    elif entry["source"] == "dpr":
+        inputs["biencoder"] = _ref_path(dataset_entry(wildcards.dataset),
+                                        biencoder_ref(wildcards.dataset, entry["split"]))
     else:
         _dataset_download(wildcards.dataset, entry["triples"]["download"])
         inputs["triples"] = (
@@ -347,6 +351,23 @@ def get_bm25_negatives_inputs(wildcards):
     # answers + corpus when negatives are filtered by answers (rules/answers.smk).
     inputs |= negative_filter_inputs(wildcards.dataset, entry["split"])
     return inputs
+
+
+def biencoder_ref(dataset, split):
+    """The `biencoder` file reference of a dpr split (config.py checks that it has one)."""
+    return next(s for s in dataset_entry(dataset)["splits"] if s["name"] == split)["biencoder"]
+
+
+def negatives_source_options(wildcards, input):
+    """Where the negatives come from: --index, --triples or --biencoder [--biencoder-member]."""
+    if "index" in input.keys():
+        return f"--index {input.index}"
+    if "triples" in input.keys():
+        return f"--triples {input.triples}"
+    split = bm25_negatives_entry(wildcards.dataset)["split"]
+    member = biencoder_ref(wildcards.dataset, split).get("member")
+    return f"--biencoder {input.biencoder}" + (
+        f" --biencoder-member {shlex.quote(member)}" if member else "")
 
 
 def bm25_negatives_config(dataset):
@@ -379,11 +400,7 @@ rule bm25_negatives:
     params:
         bm25=lambda wc: bm25_negatives_config(wc.dataset),
         exclude=lambda wc: exclude_query_id_flag(wc.dataset),
-        source=lambda wc, input: (
-            f"--index {input.index}"
-            if "index" in input.keys()
-            else f"--triples {input.triples}"
-        ),
+        source=negatives_source_options,
         answers=lambda wc, input: input_options(input, "answers", "corpus"),
     shell:
         "python -m retrieval_pretraining.bm25 negatives --config '{params.bm25}' "

@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import re
+import shutil
 
 from pathlib import Path
 
@@ -437,18 +438,199 @@ def test_the_answers_filter_matches_as_the_split_scores(tmp_path, monkeypatch):
                                   "regexp")
 
 
+# --- DPR's own negatives (bm25.negatives source: dpr) --------------------------------------------
+
+TRAIN_JSON = ROOT / SAMPLE / "biencoder-nq-train.json"
+
+
+def naive_dpr_negatives(records, lists, corpus_texts=None, answer_lists=None):
+    """{question position: [passage ids]} straight from the JSON: the lists in order, first
+    occurrence kept, the question's positives dropped, and (given the corpus texts and answers)
+    every passage whose text holds an answer."""
+    table = {}
+    for position, record in enumerate(records):
+        positives = {c["passage_id"] for c in record["positive_ctxs"]}
+        ids = []
+        for name in lists:
+            for context in record.get(name) or []:
+                pid = context["passage_id"]
+                if pid in positives or pid in ids:
+                    continue
+                if answer_lists and answers.has_answer(corpus_texts[pid], answer_lists[position]):
+                    continue
+                ids.append(pid)
+        table[str(position)] = ids
+    return table
+
+
+def dpr_negatives(folder, out, biencoder, **policy):
+    config = {"negatives": {"source": "dpr", "count": 30, "seed": 0} | policy}
+    files = {}
+    if policy.get("negative_filter") == "answers":
+        files = {"answers": folder / "answers-train.parquet", "corpus": folder / "corpus.parquet"}
+    stats = bm25.mine_negatives(folder / "queries-train.parquet", folder / "qrels-train.parquet",
+                                out, config, biencoder=biencoder, **files)
+    return pl.read_parquet(out), stats
+
+
+@pytest.mark.parametrize("lists", [["hard_negative_ctxs"], ["negative_ctxs"],
+                                   ["hard_negative_ctxs", "negative_ctxs"]])
+def test_dpr_negatives_are_the_lists_of_the_training_json(nq, tmp_path, lists):
+    records = json.loads(TRAIN_JSON.read_text())
+    frame, stats = dpr_negatives(nq, tmp_path / "n.parquet", TRAIN_JSON, dpr_lists=lists)
+    expected = naive_dpr_negatives(records, lists)
+    assert dict(zip(frame["query_id"], frame["negative_ids"].to_list())) == expected
+    for row in frame.iter_rows(named=True):  # ranks: 1-based positions in the joined lists
+        joined = [c["passage_id"] for n in lists for c in records[int(row["query_id"])][n]]
+        assert [joined.index(d) + 1 for d in row["negative_ids"]] == row["negative_ranks"]
+        assert row["positive_ids"] == [c["passage_id"]
+                                       for c in records[int(row["query_id"])]["positive_ctxs"]]
+    manifest = json.loads((tmp_path / "n.manifest.json").read_text())
+    assert manifest["params"]["source"] == "dpr" and manifest["params"]["dpr_lists"] == lists
+    assert manifest["inputs"]["biencoder"]["path"] == str(TRAIN_JSON)
+    assert stats["negatives"] == sum(map(len, expected.values()))
+
+
+def test_the_default_dpr_list_is_the_hard_negatives(nq, tmp_path):
+    """Tevatron's coCondenser NQ recipe and the Bag-of-Word authors' converter train on DPR's
+    hard_negative_ctxs only."""
+    frame, _ = dpr_negatives(nq, tmp_path / "n.parquet", TRAIN_JSON)
+    expected = naive_dpr_negatives(json.loads(TRAIN_JSON.read_text()), ["hard_negative_ctxs"])
+    assert dict(zip(frame["query_id"], frame["negative_ids"].to_list())) == expected
+
+
+def test_dpr_negatives_are_sampled_by_seed_and_query_not_by_order(nq, tmp_path):
+    lists = ["hard_negative_ctxs", "negative_ctxs"]
+    pools = naive_dpr_negatives(json.loads(TRAIN_JSON.read_text()), lists)
+    samples = {}
+    for seed in range(8):
+        frame, stats = dpr_negatives(nq, tmp_path / f"s{seed}.parquet", TRAIN_JSON, count=2,
+                                     seed=seed, dpr_lists=lists)
+        samples[seed] = dict(zip(frame["query_id"], frame["negative_ids"].to_list()))
+        for qid, negatives in samples[seed].items():
+            # Two of the pool, shown in the lists' order.
+            assert len(negatives) == 2 and negatives == [d for d in pools[qid] if d in negatives]
+    assert len({tuple(map(tuple, s.values())) for s in samples.values()}) > 1  # seed matters
+    again, _ = dpr_negatives(nq, tmp_path / "again.parquet", TRAIN_JSON, count=2, seed=3,
+                             dpr_lists=lists)
+    assert dict(zip(again["query_id"], again["negative_ids"].to_list())) == samples[3]
+    # Another order of the split's queries, and a subset of them: each query's sample unchanged.
+    shuffled = tmp_path / "shuffled"
+    shuffled.mkdir()
+    queries = pl.read_parquet(nq / "queries-train.parquet")
+    queries.reverse().write_parquet(shuffled / "queries-train.parquet")
+    shutil.copy(nq / "qrels-train.parquet", shuffled / "qrels-train.parquet")
+    frame, _ = dpr_negatives(shuffled, tmp_path / "r.parquet", TRAIN_JSON, count=2, seed=3,
+                             dpr_lists=lists)
+    assert dict(zip(frame["query_id"], frame["negative_ids"].to_list())) == samples[3]
+    queries.filter(pl.col("query_id") == "2").write_parquet(shuffled / "queries-train.parquet")
+    frame, _ = dpr_negatives(shuffled, tmp_path / "one.parquet", TRAIN_JSON, count=2, seed=3,
+                             dpr_lists=lists)
+    assert frame.to_dicts()[0]["negative_ids"] == samples[3]["2"]
+
+
+def distinctive_word(text, others):
+    """The longest alphabetic word of `text` that none of `others` holds (ties: alphabetical)."""
+    seen = {w for other in others for w in answers.tokens(other)}
+    words = sorted({w for w in answers.tokens(text) if w.isalpha() and w not in seen},
+                   key=lambda w: (-len(w), w))
+    return words[0]
+
+
+def test_the_answers_filter_removes_dpr_negatives_that_hold_an_answer(tmp_path):
+    """The training JSON edited so that the answers name passages DPR lists as negatives: those
+    are removed (the naive reference agrees); a question left with none, or listed with none,
+    gets an empty row, counted, as a BM25 query without hits."""
+    records = json.loads(TRAIN_JSON.read_text())
+    texts = {r["doc_id"]: r["text"] for r in datasets_corpus()}
+    # Question 1: an answer only its second hard negative holds.
+    hard = [c["passage_id"] for c in records[1]["hard_negative_ctxs"]]
+    target = hard[1]
+    others = [texts[d] for d in hard if d != target]
+    others += [texts[c["passage_id"]] for c in records[1]["positive_ctxs"]]
+    records[1]["answers"] = records[1]["answers"] + [distinctive_word(texts[target], others)]
+    # Question 0: an answer in each of its listed passages; question 2: no list at all.
+    records[0]["answers"] = records[0]["answers"] + [
+        distinctive_word(texts[c["passage_id"]], []) for c in records[0]["hard_negative_ctxs"]]
+    records[2]["hard_negative_ctxs"] = []
+    edited = tmp_path / "train.json"
+    edited.write_text(json.dumps(records))
+    entry = NQ_SAMPLE | {"splits": [{"name": "train", "biencoder": {"path": str(edited)}}]}
+    folder = tmp_path / "nq"
+    datasets.prepare(entry, folder, data_root=str(tmp_path))
+    answer_lists = [r["answers"] for r in records]
+    found = {}
+    for policy in ("qrels", "answers"):
+        frame, stats = dpr_negatives(folder, tmp_path / f"{policy}.parquet", edited,
+                                     negative_filter=policy)
+        found[policy] = (dict(zip(frame["query_id"], frame["negative_ids"].to_list())), stats)
+    unfiltered = naive_dpr_negatives(records, ["hard_negative_ctxs"])
+    filtered = naive_dpr_negatives(records, ["hard_negative_ctxs"], texts, answer_lists)
+    assert found["qrels"][0] == unfiltered and found["answers"][0] == filtered
+    assert target in unfiltered["1"] and target not in filtered["1"]
+    assert filtered["0"] == [] and filtered["2"] == [] and unfiltered["0"]
+    removed = sum(len(unfiltered[q]) - len(filtered[q]) for q in unfiltered)
+    assert found["answers"][1]["answer_passages_removed"] == removed > 0
+    assert found["answers"][1]["queries_with_fewer_negatives"] == 3  # every one below 30
+    assert found["answers"][1]["queries"] == 3
+
+
+def datasets_corpus():
+    return [{"doc_id": i, "text": t} for i, t, _ in
+            csv.reader(open(ROOT / SAMPLE / "psgs_w100.tsv", encoding="utf-8"),
+                       delimiter="\t")][1:]
+
+
+def test_dpr_negatives_need_the_splits_biencoder_file(nq, tmp_path):
+    with pytest.raises(bm25.ConfigError, match="needs --biencoder"):
+        dpr_negatives(nq, tmp_path / "n.parquet", None)
+    # Another file (its questions in another order) would pair questions with others' lists.
+    records = json.loads(TRAIN_JSON.read_text())
+    (tmp_path / "other.json").write_text(json.dumps(records[::-1]))
+    with pytest.raises(bm25.ConfigError, match="file the split was built from"):
+        dpr_negatives(nq, tmp_path / "n.parquet", tmp_path / "other.json")
+    with pytest.raises(bm25.ConfigError, match="dpr_lists"):
+        dpr_negatives(nq, tmp_path / "n.parquet", TRAIN_JSON, dpr_lists=["positive_ctxs"])
+
+
+@pytest.mark.parametrize("negatives, expected", [
+    ({"dataset": "scifact", "split": "test", "source": "dpr", "count": 30},
+     r"bm25\.negatives\.1\.source.*'scifact' is format beir"),
+    ({"dataset": "nq-sample", "split": "test", "source": "dpr", "count": 30},
+     r"bm25\.negatives\.1\.split.*split 'test' of 'nq-sample' is a qa\.csv"),
+    ({"dataset": "nq-sample", "split": "train", "source": "bm25", "count": 30,
+      "dpr_lists": ["hard_negative_ctxs"]},
+     r"bm25\.negatives\.1\.dpr_lists.*read only by source dpr"),
+])
+def test_source_dpr_is_refused_where_no_dpr_training_file_lists_negatives(negatives, expected):
+    from retrieval_pretraining import config as experiment_config
+    import yaml
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["datasets"].append(NQ_SAMPLE)
+    config["bm25"]["negatives"].append(negatives)
+    with pytest.raises(experiment_config.ConfigError, match=expected):
+        experiment_config.validate(config)
+    config["bm25"]["negatives"][-1] = {"dataset": "nq-sample", "split": "train", "source": "dpr",
+                                       "count": 30, "dpr_lists": ["hard_negative_ctxs"]}
+    experiment_config.validate(config)
+
+
 # --- the workflow: an NQ-format dataset evaluated with Acc@20 (planned jobs only) ----------------
 
 
-def nq_project(folder: Path, splits: list[dict]) -> Path:
-    """A project whose one dataset is the NQ sample: BM25 negatives and fine-tuning on its train
-    split, `splits` evaluated, a table of Acc@20."""
+BM25_NEGATIVES = {"dataset": "nq-sample", "split": "train", "source": "bm25", "depth": 200,
+                  "count": 30}
+
+
+def nq_project(folder: Path, splits: list[dict], negatives: dict = BM25_NEGATIVES) -> Path:
+    """A project whose one dataset is the NQ sample: `negatives` (BM25 ones) and fine-tuning on its
+    train split, `splits` evaluated, a table of Acc@20."""
     return copy_project(folder, {
         "datasets": [NQ_SAMPLE | {"downloads": [
             {"file": "nq-dev.qa.csv", "url": "https://dl.fbaipublicfiles.com/dpr/data/retriever/"
              "nq-dev.qa.csv", "md5": None}]}],
-        "bm25": {"negatives": [{"dataset": "nq-sample", "split": "train", "source": "bm25",
-                                "depth": 200, "count": 30}]},
+        "bm25": {"negatives": [negatives]},
         "finetune": {"datasets": [{"dataset": "nq-sample", "split": "train"}]},
         # No baselines: theirs are published on SciFact, a dataset this project does not have.
         "evaluate": {"baselines": [], "splits": splits},
@@ -469,6 +651,25 @@ def test_a_dry_run_plans_an_nq_format_dataset_scored_by_answers(tmp_path):
     assert negatives["prepare_dataset_answers"] == 1  # the train split's answers filter them
     mined = planned_rules(project, "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
     assert mined["mine_hard_negatives"] == 1 and mined["prepare_dataset_answers"] == 1
+
+
+def test_a_dry_run_plans_dpr_negatives_from_the_splits_training_json(tmp_path):
+    """source: dpr reads the biencoder file the train split was built from: no BM25 index."""
+    from workflow_harness import plan_of, snakemake
+
+    negatives = {"dataset": "nq-sample", "split": "train", "source": "dpr", "count": 30}
+    project = nq_project(tmp_path / "project", [
+        {"dataset": "nq-sample", "split": "test", "measures": ["Acc@20"]}], negatives)
+    plan = snakemake(project, "--dry-run", "--printshellcmds",
+                     "results/bm25/nq-sample/negatives.parquet")
+    output = plan.stdout + plan.stderr
+    counts = plan_of(output)
+    assert counts["bm25_negatives"] == 1 and "build_bm25_index" not in counts
+    assert counts["prepare_dataset_answers"] == 1  # the answers filter (format dpr: auto)
+    commands = [line for line in output.splitlines() if "bm25 negatives" in line]
+    assert len(commands) == 1 and "--index" not in commands[0]
+    assert re.search(r"--biencoder \S*data/dpr-sample/biencoder-nq-train\.json ", commands[0])
+    assert '"source":"dpr"' in commands[0] and '"negative_filter":"answers"' in commands[0]
 
 
 def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):

@@ -5,6 +5,7 @@
         --out runs/test.trec --config JSON [--exclude-query-id]
     python -m retrieval_pretraining.bm25 negatives --index index/ --queries queries-train.parquet \
         --qrels qrels-train.parquet --out negatives.parquet --config JSON [--exclude-query-id]
+        (source triples: --triples F for --index; source dpr: --biencoder F [--biencoder-member M])
 
 Index: Anserini's IndexCollection over a JsonCollection (`{"id", "contents"}`), with positions,
 document vectors and raw documents stored (so the index serves `LuceneIndexReader` and RM3 too).
@@ -25,6 +26,11 @@ MS MARCO's official `qidpidtriples` file (what the COSTA authors used), same rem
 streamed (memory O(queries x count), not O(lines): 400M lines at MS MARCO scale): the `count`
 listed negatives of smallest hash key of (seed, query id, pid), a uniform sample without
 replacement like the bm25 source's, independent of the file's order (`triples_candidates`).
+Alternative source `dpr` (NQ, TriviaQA): the negatives DPR's biencoder-*.json lists for the
+question (`dpr_lists`, default `hard_negative_ctxs`: DPR's BM25 negatives, what the Bag-of-Word
+authors' and Tevatron's NQ/TQA recipes train on), read from the file the split was built from
+(streamed by dpr_files; ids are the file's passage ids and list positions, as the split's), their
+rank the 1-based position in the lists, then the bm25 source's removal and sampling.
 `negative_filter: answers` (NQ, TriviaQA) also removes every candidate containing an answer (answers.py).
 """
 
@@ -50,6 +56,7 @@ from tqdm import tqdm
 
 from . import artifacts, datasets
 from .answers import answer_exclusions
+from .dpr_files import NEGATIVE_LISTS, read_biencoder_negatives
 from .msmarco_triples import TRIPLES_SAMPLING, triples_sample
 from .config import ConfigError, closed, refuse_unknown, section_schema, stage_parser
 from .contracts.negatives import SCHEMA as NEGATIVES_SCHEMA
@@ -67,7 +74,9 @@ DEFAULTS = {
     "batch_size": 10000,
 }
 NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42,
-                     "negative_filter": "qrels", "answer_match": "string"}
+                     "negative_filter": "qrels", "answer_match": "string",
+                     "dpr_lists": ["hard_negative_ctxs"]}
+SOURCES = ("bm25", "triples", "dpr")
 # Speed and memory: the rules pass them with --runtime, outside their params (no rerun trigger).
 RUNTIME_KEYS = ("threads", "index_threads", "batch_size", "java_heap")
 RUN_TAG = "bm25"
@@ -336,6 +345,37 @@ def sample_negatives(
     return [d for d, _ in pool], [r for _, r in pool]
 
 
+def dpr_candidates(biencoder: Path, member: str | None, lists: list[str],
+                   queries: pl.DataFrame) -> dict[str, list[tuple[str, int]]]:
+    """Each query's (passage id, rank) in DPR's `lists`, rank = 1-based position in the lists
+    joined (a passage listed twice kept at its first), read from the biencoder file in one pass;
+    only the queries' lists are held. Each question must be the query of the same id: ids are
+    list positions, so a file other than the split's would pair questions with others' lists."""
+    if not lists or any(name not in NEGATIVE_LISTS for name in lists):
+        raise ConfigError(f"negatives dpr_lists {lists!r}: choose among "
+                          f"{', '.join(NEGATIVE_LISTS)}")
+    texts = dict(zip(queries["query_id"].to_list(), queries["text"].to_list()))
+    table: dict[str, list[tuple[str, int]]] = {}
+    for qid, question, ids in read_biencoder_negatives(biencoder, member, lists):
+        if qid not in texts:
+            continue
+        question = question or ""  # the split keeps a null question as ""
+        if question != texts[qid]:
+            raise ConfigError(
+                f"{biencoder}: question {qid} is {question[:60]!r}, but the split's query {qid} "
+                f"is {texts[qid][:60]!r}; pass the biencoder file the split was built from")
+        first: dict[str, int] = {}
+        for rank, doc in enumerate(ids, 1):
+            first.setdefault(doc, rank)
+        table[qid] = list(first.items())
+    missing = texts.keys() - table.keys()
+    if missing:
+        raise ConfigError(f"{biencoder}: {len(missing)} of the split's queries (e.g. "
+                          f"{sorted(missing)[0]}) are not in it; pass the file the split was "
+                          "built from")
+    return table
+
+
 def mine_negatives(
     queries_path: Path,
     qrels_path: Path,
@@ -345,6 +385,7 @@ def mine_negatives(
     triples: Path | None = None,
     exclude_query_id: bool = False,
     answers: Path | None = None, corpus: Path | None = None,
+    biencoder: Path | None = None, biencoder_member: str | None = None,
 ) -> dict[str, Any]:
     """Write the negatives Parquet (query_id, positive_ids, negative_ids, negative_ranks) + manifest."""
     cfg = _settings(config)
@@ -373,10 +414,16 @@ def mine_negatives(
             Path(triples), wanted, neg["count"], neg["seed"], neg["negative_filter"], answers,
             corpus, neg["answer_match"])
         candidates = ((q, table.get(q, [])) for q in queries["query_id"].to_list())
+    elif neg["source"] == "dpr":
+        if biencoder is None:
+            raise ConfigError("negatives source 'dpr' needs --biencoder: the DPR training JSON the "
+                              "split was built from (a format dpr dataset's `biencoder` split)")
+        table = dpr_candidates(Path(biencoder), biencoder_member, neg["dpr_lists"], queries)
+        candidates = ((q, table[q]) for q in queries["query_id"].to_list())
     else:
-        raise ConfigError(f"negatives source {neg['source']!r} unknown; use bm25 or triples")
+        raise ConfigError(f"negatives source {neg['source']!r} unknown; use {', '.join(SOURCES)}")
     candidates = list(candidates)
-    if neg["source"] == "bm25":
+    if neg["source"] != "triples":  # triples filters answers while it streams
         answered = answer_exclusions({q: [d for d, _ in c] for q, c in candidates},
                                      neg["negative_filter"], answers, corpus, neg["answer_match"])
     rows = {name: [] for name in NEGATIVES_SCHEMA.names}
@@ -417,9 +464,13 @@ def mine_negatives(
         policy["answer_match"] = neg["answer_match"]
     if neg["source"] == "bm25":
         policy |= {"k1": cfg["k1"], "b": cfg["b"], "title": cfg["title"]}
+    if neg["source"] == "dpr":
+        policy["dpr_lists"] = list(neg["dpr_lists"])
     inputs = {"queries": queries_path, "qrels": qrels_path}
     if index is not None and neg["source"] == "bm25":
         inputs["index_manifest"] = Path(index) / "manifest.json"
+    if neg["source"] == "dpr":
+        inputs["biencoder"] = biencoder
     artifacts.write_manifest(
         artifacts.manifest_path(out),
         stage="bm25.negatives",
@@ -441,6 +492,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--qrels", type=Path, help="qrels-{split}.parquet (negatives)")
     parser.add_argument("--triples", type=Path, help="MS MARCO qidpidtriples .tsv.gz (source=triples)")
     parser.add_argument("--answers", type=Path, help="answers-{split}.parquet (negative_filter answers)")
+    parser.add_argument("--biencoder", type=Path,
+                        help="DPR biencoder-*.json[.gz] the split was built from (source=dpr)")
+    parser.add_argument("--biencoder-member", help="its member in a tar archive, if it is one")
     parser.add_argument("--exclude-query-id", action="store_true",
                         help="drop a hit whose doc id equals the query id (Anserini's -removeQuery)")
     parser.add_argument("--runtime", type=json.loads, default={},
@@ -475,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
             triples=args.triples,
             exclude_query_id=args.exclude_query_id,
             answers=args.answers, corpus=args.corpus,
+            biencoder=args.biencoder, biencoder_member=args.biencoder_member,
         )
 
 

@@ -211,6 +211,38 @@ def cross_check(config: dict[str, Any]) -> list[str]:
                 "(which split, which measures)"
             )
     messages += _baseline_checks(config, must_name)
+    messages += _negatives_mistakes(config)
+    return messages
+
+
+def _negatives_mistakes(config: dict[str, Any]) -> list[str]:
+    """bm25.negatives `source: dpr` reads the lists of the DPR training JSON a split was built
+    from: only a format dpr dataset's `biencoder` split has one; `dpr_lists` only with it."""
+    messages = []
+    datasets = {entry["name"]: entry for entry in config["datasets"]}
+    for i, entry in enumerate(config["bm25"].get("negatives") or []):
+        key, dataset = f"bm25.negatives.{i}", datasets.get(entry["dataset"])
+        if entry["source"] != "dpr":
+            if "dpr_lists" in entry:
+                messages.append(f"config key '{key}.dpr_lists': read only by source dpr "
+                                f"(this entry's source is {entry['source']}); remove it")
+            continue
+        if dataset is None:  # must_name reports it
+            continue
+        if dataset["format"] != "dpr":
+            messages.append(
+                f"config key '{key}.source': dpr reads the negatives DPR's biencoder JSON lists, "
+                f"and '{dataset['name']}' is format {dataset['format']}; use bm25 (or triples)")
+            continue
+        split = next((s for s in dataset["splits"] if s["name"] == entry["split"]), None)
+        if split is not None and "biencoder" not in split:
+            messages.append(
+                f"config key '{key}.split': source dpr reads the split's biencoder JSON, and "
+                f"split '{entry['split']}' of '{dataset['name']}' is a qa.csv (`questions`, no "
+                "negatives listed); name a `biencoder` split or use source bm25")
+        elif split is None:
+            messages.append(f"config key '{key}.split': '{dataset['name']}' has no split "
+                            f"'{entry['split']}'")
     return messages
 
 

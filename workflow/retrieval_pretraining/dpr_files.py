@@ -14,9 +14,11 @@
   `{question, answers, positive_ctxs, negative_ctxs, hard_negative_ctxs}` whose contexts carry
   `passage_id` (`psg_id` in some copies), `title`, `text`. Multi-GB: read by `iter_json_list`, an
   incremental reader for exactly this layout (a list of objects) that holds one object at a time
-  (ijson is not installed here). A question's id is its 0-based position in the list. Only the
-  positives are read: DPR's own negatives (`negative_ctxs`, `hard_negative_ctxs`) are parsed past,
-  unused (ARCHITECTURE.md, "NQ / TQA stage-1 negatives").
+  (ijson is not installed here). A question's id is its 0-based position in the list.
+  `read_biencoder` reads the positives (the split's qrels); `read_biencoder_negatives` reads DPR's
+  own negatives, the lists named (`hard_negative_ctxs`: DPR's BM25 negatives; `negative_ctxs`:
+  random passages), for bm25.py's negatives `source: dpr` (ARCHITECTURE.md, "NQ / TQA stage-1
+  negatives").
 
 Every malformed record raises DatasetError naming the file, the line (or byte offset) and the fix.
 """
@@ -205,19 +207,22 @@ def iter_json_list(handle: IO[str], where: str, step: int = JSON_READ_CHARS,
         buffer, offset, pos = buffer[end:], offset + end, 0
 
 
-def _context_id(context: Any, where: str) -> str:
+NEGATIVE_LISTS = ("hard_negative_ctxs", "negative_ctxs")
+
+
+def _context_id(context: Any, where: str, kind: str = "positive") -> str:
     if not isinstance(context, dict):
         raise DatasetError(f"{where}: a context must be an object with passage_id, title, text")
     for key in ("passage_id", "psg_id", "id"):
         if context.get(key) not in (None, ""):
             return str(context[key])
-    raise DatasetError(f"{where}: a positive context has no passage_id; it cannot be judged "
+    raise DatasetError(f"{where}: a {kind} context has no passage_id; it cannot be judged "
                        "against psgs_w100 (use DPR's files that carry passage ids)")
 
 
-def read_biencoder(path: Path, member: str | None = None
-                   ) -> Iterator[tuple[str, str, list[str], list[str]]]:
-    """(query_id, question, answers, positive passage ids) of a biencoder-*.json file, streamed."""
+def _records(path: Path, member: str | None) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(query_id, record, where) of a biencoder file: ids are list positions, so every reader of
+    the same file numbers its questions alike (the split's queries and its DPR negatives)."""
     where = _where(path, member)
     with open_text(path, member) as handle:
         for index, record in enumerate(iter_json_list(handle, where)):
@@ -225,6 +230,32 @@ def read_biencoder(path: Path, member: str | None = None
             if not isinstance(record, dict) or "question" not in record or "answers" not in record:
                 raise DatasetError(f"{at}: a training record needs `question`, `answers` and "
                                    "`positive_ctxs`")
-            positives = [_context_id(c, at) for c in record.get("positive_ctxs") or []]
-            yield (str(index), record["question"], parse_answer_list(record["answers"], at),
-                   positives)
+            yield str(index), record, at
+
+
+def read_biencoder(path: Path, member: str | None = None
+                   ) -> Iterator[tuple[str, str, list[str], list[str]]]:
+    """(query_id, question, answers, positive passage ids) of a biencoder-*.json file, streamed."""
+    for qid, record, at in _records(path, member):
+        positives = [_context_id(c, at) for c in record.get("positive_ctxs") or []]
+        yield qid, record["question"], parse_answer_list(record["answers"], at), positives
+
+
+def read_biencoder_negatives(path: Path, member: str | None = None,
+                             lists: tuple[str, ...] | list[str] = ("hard_negative_ctxs",)
+                             ) -> Iterator[tuple[str, str, list[str]]]:
+    """(query_id, question, negative passage ids) of a biencoder-*.json file, streamed: the
+    contexts of `lists` (NEGATIVE_LISTS), list after list, each in the file's order. A list that
+    is absent or null is empty (DPR's own reader treats it so)."""
+    unknown = [name for name in lists if name not in NEGATIVE_LISTS]
+    if unknown or not lists:
+        raise DatasetError(f"DPR negative lists {list(lists)}: choose among "
+                           f"{', '.join(NEGATIVE_LISTS)}")
+    for qid, record, at in _records(path, member):
+        ids = []
+        for name in lists:
+            contexts = record.get(name) or []
+            if not isinstance(contexts, list):
+                raise DatasetError(f"{at}: `{name}` must be a list of contexts")
+            ids += [_context_id(c, f"{at}, {name}", "negative") for c in contexts]
+        yield qid, record["question"], ids
