@@ -341,8 +341,10 @@ def get_bm25_negatives_inputs(wildcards):
     if entry["source"] == "bm25":
         inputs["index"] = f"results/bm25/{wildcards.dataset}/index"
     elif entry["source"] == "dpr":
-        inputs["biencoder"] = _ref_path(dataset_entry(wildcards.dataset),
-                                        biencoder_ref(wildcards.dataset, entry["split"]))
+        inputs["biencoder"] = _ref_path(
+            dataset_entry(wildcards.dataset),
+            biencoder_ref(wildcards.dataset, entry["split"]),
+        )
     else:
         _dataset_download(wildcards.dataset, entry["triples"]["download"])
         inputs["triples"] = (
@@ -355,7 +357,9 @@ def get_bm25_negatives_inputs(wildcards):
 
 def biencoder_ref(dataset, split):
     """The `biencoder` file reference of a dpr split (config.py checks that it has one)."""
-    return next(s for s in dataset_entry(dataset)["splits"] if s["name"] == split)["biencoder"]
+    return next(s for s in dataset_entry(dataset)["splits"] if s["name"] == split)[
+        "biencoder"
+    ]
 
 
 def negatives_source_options(wildcards, input):
@@ -367,7 +371,8 @@ def negatives_source_options(wildcards, input):
     split = bm25_negatives_entry(wildcards.dataset)["split"]
     member = biencoder_ref(wildcards.dataset, split).get("member")
     return f"--biencoder {input.biencoder}" + (
-        f" --biencoder-member {shlex.quote(member)}" if member else "")
+        f" --biencoder-member {shlex.quote(member)}" if member else ""
+    )
 
 
 def bm25_negatives_config(dataset):
