@@ -319,3 +319,54 @@ def test_stage_statistics_read_a_metrics_file_itself(results, tmp_path):
     assert audit.main(["--stage-stats", str(out), str(results / "metrics/toy/bm25/test.json")]) == 0
     page = out.read_text()
     assert "score_run" in page and "nDCG@10=0.75" in page and "(no manifest)" not in page
+
+
+# Peak anonymous memory an audit of argv[2] grows by (sampled by a thread; memory_probe.py).
+_MEASURE_AUDIT = """
+import threading, time
+from retrieval_pretraining import audit
+from retrieval_pretraining.contracts import registry
+import faiss
+registry.kinds()  # every kind's module imported before measuring
+peak, done = [anon_kb()], threading.Event()
+def sample():
+    while not done.is_set():
+        peak.append(anon_kb())
+        time.sleep(0.002)
+before = peak[0]
+watcher = threading.Thread(target=sample, daemon=True)
+watcher.start()
+status = audit.main([sys.argv[2]])
+peak.append(anon_kb())
+done.set()
+watcher.join()
+print(json.dumps({"peak_kb": max(peak) - before, "status": status}))
+"""
+
+
+def audit_peak_mb(path: Path) -> tuple[float, int]:
+    """(MB of anonymous memory auditing `path` took at its peak, the exit status)."""
+    import memory_probe
+
+    measured = memory_probe.run(_MEASURE_AUDIT, path)
+    return measured["peak_kb"] / 1024, measured["status"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_a_faiss_folder_is_audited_without_reading_its_vectors_or_ids_into_memory(tmp_path):
+    """A FAISS index mapped (as faiss_index.load maps it) and its docid lines counted, not read:
+    read, the index (64 MB here, 27 GB for MS MARCO) and the ids as Python strings (~40 MB here)
+    were memory of the audit's own."""
+    import faiss
+
+    rows = 500_000
+    folder = tmp_path / "results/index/bert/big/stage1"
+    folder.mkdir(parents=True)
+    flat = faiss.IndexFlatIP(32)
+    flat.add(np.ones((rows, 32), np.float32))
+    faiss.write_index(flat, str(folder / "index"))
+    del flat
+    (folder / "docid").write_text("".join(f"d{i:07d}\n" for i in range(rows)))
+    peak, status = audit_peak_mb(folder)
+    assert status == 0
+    assert peak < 25, f"auditing the FAISS folder took {peak:.0f} MB"
