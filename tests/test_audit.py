@@ -370,3 +370,30 @@ def test_a_faiss_folder_is_audited_without_reading_its_vectors_or_ids_into_memor
     peak, status = audit_peak_mb(folder)
     assert status == 0
     assert peak < 25, f"auditing the FAISS folder took {peak:.0f} MB"
+
+
+def faiss_folder_with_manifest(results, name, documents):
+    """The fixture's FAISS folder with the manifest build_dense_index writes beside its files."""
+    good = results / "index/bert/toy/stage1"
+    folder = results / f"index/bert/toy/{name}"
+    folder.mkdir()
+    for file in ("index", "docid"):
+        shutil.copy(good / file, folder)
+    artifacts.write_manifest(
+        folder / "manifest.json", stage="build_dense_index", params={"type": "flat"},
+        inputs={"shard0": good / "shard-0000.npy"}, stats={"documents": documents, "dim": 4},
+    )
+    return folder
+
+
+def test_a_faiss_folder_is_checked_against_its_manifest(results, capsys):
+    """build_dense_index writes the folder's manifest.json; the audit looked for an
+    index.manifest.json beside `index`, never there, so neither was shown nor checked."""
+    folder = faiss_folder_with_manifest(results, "five", documents=5)
+    status, out, _ = run_audit(folder, capsys)
+    assert status == 1 and "FAIL  vectors equal the manifest's documents: 3 vs 5" in out, out
+    assert "stage: build_dense_index" in out
+    status, out, _ = run_audit(faiss_folder_with_manifest(results, "three", 3) / "index", capsys)
+    assert status == 0 and "PASS  vectors equal the manifest's documents" in out, out
+    assert "PASS  dimension equals the manifest's" in out
+    assert "PASS  input 'shard0' still has the recorded checksum" in out

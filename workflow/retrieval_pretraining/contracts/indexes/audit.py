@@ -1,13 +1,16 @@
 """How `audit` shows and checks index folders: a Lucene folder's segments, a FAISS index's size
-and metric with one docid line per vector; a file inside either is audited as its folder."""
+and metric with one docid line per vector, its vectors and dimension against the folder's manifest
+(and the manifest's inputs against their checksums); a file inside either is audited as its
+folder."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..base import (
     RANK_FOLDER, RANK_MEMBER, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin,
-    read_manifest, show_manifest, show_snakemake_record,
+    load_manifest, read_manifest, show_manifest, show_snakemake_record,
 )
 
 FILES = [
@@ -38,6 +41,30 @@ def first_docids(path: Path, n: int) -> list[str]:
         return [line.rstrip("\n") for line, _ in zip(f, range(n))]
 
 
+def index_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest of a FAISS index: build_dense_index writes it as its folder's manifest.json
+    (an `index.manifest.json` beside `index` it never writes)."""
+    manifest = read_manifest(path)
+    folder_manifest = path.parent / "manifest.json"
+    if manifest is None and path.name == "index" and folder_manifest.is_file():
+        return load_manifest(folder_manifest)
+    return manifest
+
+
+def check_against_manifest(a: Audit, index, manifest: dict[str, Any] | None) -> None:
+    """The vectors and their dimension as build_dense_index counted them (its stats)."""
+    stats = (manifest or {}).get("stats") or {}
+    if "documents" in stats:
+        a.check(
+            "vectors equal the manifest's documents",
+            stats["documents"] == index.ntotal,
+            f"{index.ntotal} vs {stats['documents']}",
+        )
+    if "dim" in stats:
+        a.check("dimension equals the manifest's", stats["dim"] == index.d,
+                f"{index.d} vs {stats['dim']}")
+
+
 def audit_faiss(a: Audit, n: int) -> None:
     import faiss
 
@@ -57,7 +84,9 @@ def audit_faiss(a: Audit, n: int) -> None:
         f"-- {type(index).__name__}: {index.ntotal} vectors, dim {index.d}, metric {metric}, "
         f"trained {index.is_trained}"
     )
-    show_manifest(a, read_manifest(a.path))
+    manifest = index_manifest(a.path)
+    show_manifest(a, manifest)
+    check_against_manifest(a, index, manifest)
     show_snakemake_record(a, a.path)
     docid = a.path.parent / "docid"
     if docid.is_file():
