@@ -160,3 +160,61 @@ def test_answers_a_writer_never_leaves_fail(results, answers, counted, check, ca
     kept = write_answers(results, "intact", [["Paris"], ["Rome", "Roma"], []], 1)
     passes(kept, "no answer blank", capsys)
     passes(kept, "questions without an answer: 1, as the manifest counts", capsys)
+
+
+def with_null(results, rel, column, name):
+    """A copy of the fixture's Parquet file at `rel` with its first `column` value null."""
+    table = pq.read_table(results / rel)
+    values = table[column].to_pylist()
+    values[0] = None
+    path = (results / rel).with_name(name)
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column,
+                                    pa.array(values, table.schema.field(column).type)), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "rel", ["wikipedia/articles/p1.parquet", "corpus/wikipedia/chunks/shard-0000.parquet"]
+)
+def test_a_null_in_a_column_the_contract_declares_not_null_fails(results, rel, capsys):
+    """Types alone passed a null page_id: to_numpy made it a NaN, which np.unique counts as one
+    more distinct id (articles), or the renderer's arithmetic raised (chunks)."""
+    bad = with_null(results, rel, "page_id", "null-page.parquet")
+    status = audit.main([str(bad), str(results / rel)])
+    out, err = capsys.readouterr()
+    assert status == 1 and "FAIL  column page_id has no null: 1 nulls" in out, out + err
+    assert "rows not shown" in out and not err
+    assert out.count("PASS  column page_id has no null") == 1  # the intact file, audited after
+
+
+def test_spans_longer_than_their_chunks_shard_fail(results, capsys):
+    good = results / "corpus/wikipedia/spans/costa/shard-0000.parquet"
+    table = pq.read_table(good)
+    longer = results / "corpus/wikipedia/spans/longer/shard-0000.parquet"
+    longer.parent.mkdir(parents=True)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), longer)
+    out = fails(longer, "row i describes chunk i", capsys)
+    assert "3 rows, the chunks shard 2" in out
+
+
+def test_an_audit_that_raises_names_its_path_and_the_others_are_audited(
+    results, monkeypatch, capsys
+):
+    """An error no check foresaw: one line naming the path, exit 3 (not 1, 'a check failed'),
+    and the other paths still audited; --debug shows the traceback."""
+    from retrieval_pretraining.contracts.runs import audit as run_audit
+
+    def broken(path):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(run_audit, "dataset_folder", broken)
+    run = results / "runs/toy/bm25/test.trec"
+    corpus = results / "datasets/toy/corpus.parquet"
+    status = audit.main([str(run), str(corpus)])
+    out, err = capsys.readouterr()
+    assert status == 3, out + err
+    assert err == f"audit: {run}: could not be audited (RuntimeError: boom); --debug shows the " \
+        "traceback\n"
+    assert f"== {corpus}  [corpus]" in out and "PASS  doc_id unique" in out
+    with pytest.raises(RuntimeError, match="boom"):
+        audit.main(["--debug", str(run)])

@@ -65,7 +65,9 @@ def test_a_file_with_a_contract_schema_is_recognised_as_that_contract(kind, tmp_
     assert audit.detect(path) is kind
     result = audit.audit(path)
     checks = [name for name, _, _ in result.checks if name.startswith("column ")]
-    assert checks == [f"column {f.name} is {f.type}" for f in kind.schema]
+    assert checks == [f"column {f.name} is {f.type}" for f in kind.schema] + [
+        f"column {f.name} has no null" for f in kind.schema if not f.nullable
+    ]
 
 
 def test_known_file_patterns_name_a_rule():

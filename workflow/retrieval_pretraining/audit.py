@@ -4,7 +4,9 @@ For every artifact: what it is, its manifest (stage, parameters, inputs and whet
 the recorded checksums), which Snakemake rule produced it (from .snakemake/metadata when present),
 its schema and size, a few rows rendered as text (token ids decoded with the checkpoint tokenizer
 named by the manifests, spans shown inside their chunk, negatives shown with their query), and the
-contract checks it passed. Exit status: 0 all checks passed, 1 a check failed, 2 not an artifact.
+contract checks it passed. Exit status (the highest over the paths, each audited whatever the
+others gave): 0 all checks passed, 1 a check failed, 2 not an artifact, 3 could not be audited (an
+error the audit did not foresee, shown as one line naming the path; `--debug` shows the traceback).
 
 This module only dispatches: each artifact type's contract is one folder of `contracts/` (its
 `__init__` holds the schema and, where there is one, the writer's validator, its `audit` module
@@ -34,7 +36,7 @@ from .contracts.base import (
     snakemake_metadata,
 )
 from .contracts.metrics.audit import metrics_as_manifest
-from .errors import add_debug_option, command
+from .errors import add_debug_option, command, one_line
 
 
 def not_a_job_record(path: Path, section: str) -> NotAnArtifact:
@@ -199,6 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         except NotAnArtifact as error:
             print(f"audit: {error}", file=sys.stderr)
             status = max(status, 2)
+            continue
+        except Exception as error:  # damage no check foresaw, or a bug in its kind's audit
+            if args.debug:
+                raise
+            sys.stdout.flush()
+            print(f"audit: {path}: could not be audited ({type(error).__name__}: "
+                  f"{one_line(error)}); --debug shows the traceback", file=sys.stderr, flush=True)
+            status = max(status, 3)
             continue
         print(result.render())
         if not result.passed:

@@ -35,10 +35,13 @@ def render_spans(a: Audit, t: pa.Table, manifest, n: int) -> None:
     if not a.check("matching chunks shard exists", chunks_path.is_file(), str(chunks_path)):
         return
     chunks = pq.read_table(chunks_path, columns=["chunk_id", "input_ids"])
-    a.check(
+    aligned = a.check(
         "row i describes chunk i (chunk_id equal row by row)",
         len(chunks) == len(t) and chunks["chunk_id"].equals(t["chunk_id"]),
+        f"{len(t)} rows, the chunks shard {len(chunks)}" if len(chunks) != len(t) else "",
     )
+    if not aligned:  # the spans of row i cannot be read against chunk i
+        return
     lengths = pc.list_value_length(chunks["input_ids"]).to_numpy()
     bad, counts = [], {}
     for i, (s, e, g) in enumerate(
