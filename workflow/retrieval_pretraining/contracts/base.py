@@ -124,11 +124,13 @@ def json_kind(name: str, rank: int, test: Callable[[Probe], bool], audit) -> Kin
 
 def parquet_kind(
     name: str, rank: int, schema: pa.Schema, recognise: Callable[[set[str]], bool], render,
-    shown_as: str | None = None,
+    shown_as: str | None = None, columns: list[str] | None = None,
 ) -> Kind:
     """A Parquet artifact, recognised by its column names: the manifest, the rule, the schema
     (checked against `schema`), the row count against the manifest's, then `render(audit, table,
-    manifest, rows)` for the rows and the kind's own checks."""
+    manifest, rows)` for the rows and the kind's own checks. `table` holds the `columns` its checks
+    read in full (all when None): a corpus's texts are most of its size, and checking its doc_ids
+    needs none of them (the rows shown are read by `head`)."""
 
     def audit(a: Audit, n: int) -> None:
         try:
@@ -141,13 +143,14 @@ def parquet_kind(
         show_snakemake_record(a, a.path)
         schema_summary(a, pf)
         sound = check_schema(a, pf.schema_arrow, schema)
-        sound = check_no_nulls(a, pf, schema) and sound
-        table = pf.read()
+        table = pf.read(columns=columns)
+        sound = check_no_nulls(a, pf, schema, table) and sound
+        rows = pf.metadata.num_rows
         if manifest and "rows" in (manifest.get("stats") or {}):
             a.check(
                 "row count equals the manifest's",
-                manifest["stats"]["rows"] == table.num_rows,
-                f"{table.num_rows} vs {manifest['stats']['rows']}",
+                manifest["stats"]["rows"] == rows,
+                f"{rows} vs {manifest['stats']['rows']}",
             )
         if not sound:  # a renderer reads the columns as the contract has them
             a.say("-- rows not shown, the kind's own checks not run: the schema checks failed")
@@ -348,9 +351,11 @@ def check_schema(a: Audit, schema: pa.Schema, expected: pa.Schema) -> bool:
     return sound
 
 
-def null_count(pf: pq.ParquetFile, name: str) -> int:
-    """The nulls of a column: from the row groups' statistics where every one has them (a flat
-    column), else read (that column alone)."""
+def null_count(pf: pq.ParquetFile, name: str, table: pa.Table) -> int:
+    """The nulls of a column: the read `table`'s, else from the row groups' statistics where
+    every one has them (a flat column), else read (that column alone)."""
+    if name in table.column_names:
+        return table[name].null_count
     if not pa.types.is_nested(pf.schema_arrow.field(name).type):
         index = pf.schema_arrow.get_field_index(name)
         stats = [pf.metadata.row_group(g).column(index).statistics
@@ -360,27 +365,35 @@ def null_count(pf: pq.ParquetFile, name: str) -> int:
     return pf.read(columns=[name]).column(name).null_count
 
 
-def check_no_nulls(a: Audit, pf: pq.ParquetFile, expected: pa.Schema) -> bool:
+def check_no_nulls(a: Audit, pf: pq.ParquetFile, expected: pa.Schema, table: pa.Table) -> bool:
     """No null in a column the contract declares not nullable: a check of types alone passed a
     null page_id (to_numpy makes it a NaN, which np.unique counts as distinct)."""
     sound = True
     for f in expected:
         if f.nullable or f.name not in pf.schema_arrow.names:
             continue
-        nulls = null_count(pf, f.name)
+        nulls = null_count(pf, f.name, table)
         sound = a.check(f"column {f.name} has no null", not nulls,
                         f"{nulls} nulls" if nulls else "") and sound
     return sound
 
 
+def head(path: Path, n: int) -> pa.Table:
+    """The first `n` rows, every column (read from the first row group, not the whole file)."""
+    batches = pq.ParquetFile(path).iter_batches(batch_size=max(n, 1))
+    first = next(batches, None)
+    return pa.Table.from_batches([first]).slice(0, n) if first is not None else pa.table({})
+
+
 def render_table_rows(key: str | None):
-    """A renderer for tables of ids and texts: `key` unique (when given), then a few rows."""
+    """A renderer for tables of ids and texts: `key` unique (when given), then a few rows (read by
+    `head`: the table may hold the key column alone)."""
 
     def render(a: Audit, t: pa.Table, manifest, n: int) -> None:
         if key is not None:
             a.check(f"{key} unique", len(pc.unique(t[key])) == len(t))
         a.say("-- rows")
-        for row in t.slice(0, n).to_pylist():
+        for row in head(a.path, n).to_pylist():
             a.say("  " + " | ".join(f"{k}={short(str(v), 120)}" for k, v in row.items()))
 
     return render
