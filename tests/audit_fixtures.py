@@ -51,14 +51,18 @@ def build_results(res: Path) -> Path:
         articles.SCHEMA,
     )
 
-    ids = [tok.encode(t).ids for t in TEXTS]  # [CLS] ... [SEP]
+    encodings = [tok.encode(t) for t in TEXTS]
+    ids = [e.ids for e in encodings]  # [CLS] ... [SEP]
+    # Every text token that is not a continuation piece ('al', not '##bedo'), as chunk.py writes.
+    starts = [[i for i, piece in enumerate(e.tokens[:-1]) if i and not piece.startswith("##")]
+              for e in encodings]
     chunk_rows = pa.table(
         {
             "chunk_id": [(12 << 16), (39 << 16)],
             "page_id": [12, 39],
             "chunk_index": [0, 0],
             "input_ids": ids,
-            "word_starts": [list(range(1, len(i) - 1)) for i in ids],
+            "word_starts": starts,
         }
     )
     chunk_path = res / "corpus/wikipedia/chunks/shard-0000.parquet"

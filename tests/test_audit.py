@@ -32,7 +32,7 @@ def test_chunks_are_decoded_with_the_manifest_tokenizer(results, capsys):
     assert status == 0, out
     assert "[chunks]" in out and "[CLS] the snow is white and very cold. [SEP]" in out
     assert "PASS  chunk_id == (page_id << 16) + chunk_index" in out
-    assert "PASS  every chunk starts with [CLS] and ends with [SEP]" in out
+    assert "PASS  every chunk as chunk.py checks it ([CLS] text [SEP]" in out
     assert "stage: chunk_articles" in out
 
 

@@ -218,3 +218,32 @@ def test_an_audit_that_raises_names_its_path_and_the_others_are_audited(
     assert f"== {corpus}  [corpus]" in out and "PASS  doc_id unique" in out
     with pytest.raises(RuntimeError, match="boom"):
         audit.main(["--debug", str(run)])
+
+
+def chunks_with(results, name, column, row, values):
+    """The fixture's chunks shard with `column` of `row` replaced, beside its manifest."""
+    good = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    table = pq.read_table(good)
+    lists = table[column].to_pylist()
+    lists[row] = values
+    path = results / f"corpus/wikipedia/{name}/shard-0000.parquet"
+    path.parent.mkdir(parents=True)
+    index = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(index, column, pa.array(lists, pa.list_(pa.int32()))), path)
+    shutil.copy(artifacts.manifest_path(good), artifacts.manifest_path(path))
+    return path
+
+
+def test_chunks_the_writer_would_refuse_fail(results, capsys):
+    """[SEP] inside a chunk's text, and word_starts naming a continuation piece ('##bedo' of
+    'albedo'): the sortedness and range checks passed both; chunk.py's validate_chunks does not."""
+    good = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    ids = pq.read_table(good)["input_ids"][0].as_py()
+    sep = chunks_with(results, "sep-inside", "input_ids", 0, ids[:3] + [102] + ids[3:])
+    check = "every chunk as chunk.py checks it"
+    assert "holds [CLS]/[SEP] inside its text" in fails(sep, check, capsys)
+    starts = pq.read_table(good)["word_starts"][1].as_py()  # the, al, of, ...: not ##bedo (3)
+    every = chunks_with(results, "every-token", "word_starts", 1, sorted(starts + [3]))
+    out = fails(every, check, capsys)
+    assert "not exactly its word-starting tokens" in out and "PASS  word_starts sorted" in out
+    passes(good, check, capsys)

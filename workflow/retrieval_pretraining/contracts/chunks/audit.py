@@ -1,6 +1,7 @@
 """How `audit` shows and checks a chunks shard: the text decoded with the tokenizer the manifests
-name, ids and lengths against the contract. `manifest_tokenizer` and `decode` also serve the spans'
-audit (spans are shown inside their chunk).
+name, ids and lengths against the contract, and every chunk through the writer's own check
+(validate_chunks, with that tokenizer's tables), a batch at a time. `manifest_tokenizer` and
+`decode` also serve the spans' audit (spans are shown inside their chunk).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..base import RANK_PARQUET, Audit, input_path, parquet_kind, results_root, short
-from . import CHUNK_INDEX_BITS, SCHEMA
+from ..columns import flat
+from . import CHUNK_INDEX_BITS, SCHEMA, validate_chunks
 
 
 def manifest_tokenizer(root: Path | None, *manifests: dict[str, Any] | None):
@@ -46,6 +48,49 @@ def decode(tokenizer, ids) -> str:
     return tokenizer.decode(list(map(int, ids)), skip_special_tokens=False)
 
 
+ROWS_PER_BATCH = 1 << 16  # chunks checked at a time: the flattened ids stay bounded
+
+
+def word_starts_in_text(batch: pa.RecordBatch) -> np.ndarray:
+    """The rows of a batch whose word_starts are not increasing positions inside the text tokens
+    (what can be checked without the tokenizer)."""
+    lengths = pc.list_value_length(batch.column("input_ids")).fill_null(0).to_numpy()
+    pos, off = flat(batch.column("word_starts"))
+    row = np.repeat(np.arange(len(lengths)), np.diff(off))
+    bad = (pos < 1) | (pos > lengths[row] - 2)
+    bad[1:] |= (row[1:] == row[:-1]) & (np.diff(pos) <= 0)
+    return np.unique(row[bad])
+
+
+def writer_check(tokenizer_file: Path | None, max_len: int | None):
+    """chunk.py's own check of a batch (validate_chunks: [CLS] text [SEP], no special token
+    inside the text, word_starts exactly the word-starting tokens) as `check(batch, where)`, with
+    the tokenizer's tables; None (and why) where the tokenizer cannot give them."""
+    from ...config import ConfigError
+    from ...wordpiece import tokenizer_info
+
+    if tokenizer_file is None:
+        return None, "no tokenizer found"
+    try:
+        info = tokenizer_info(tokenizer_file.parent)
+    except ConfigError as error:
+        return None, str(error)
+    prefix = info["continuation_prefix"]
+    continues_word = np.array([t.startswith(prefix) for t in info["tokens"]], dtype=bool)
+    special = (info["special_ids"]["cls"], info["special_ids"]["sep"])
+    limit = max_len or np.iinfo(np.int32).max
+
+    def check(batch: pa.RecordBatch, where: str) -> None:
+        ids = pc.list_flatten(batch.column("input_ids"))
+        low, high = pc.min_max(ids).values()
+        if len(ids) and (low.as_py() < 0 or high.as_py() >= len(continues_word)):
+            raise ValueError(f"{where}: a token id outside the vocabulary of "
+                             f"{len(continues_word)}")
+        validate_chunks(batch, limit, continues_word, special, where)
+
+    return check, ""
+
+
 def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
     tokenizer, source = manifest_tokenizer(results_root(a.path), manifest)
     a.say(f"-- tokenizer: {source or 'not found (ids shown raw)'}")
@@ -62,25 +107,30 @@ def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
             int(lengths.max(initial=0)) <= max_len,
             f"longest {lengths.max(initial=0)}",
         )
-    if tokenizer is not None:
-        cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-        rows = t["input_ids"].to_pylist()
-        first = np.array([r[0] if r else -1 for r in rows])
-        ends = np.array([r[-1] if r else -1 for r in rows])
-        a.check(
-            "every chunk starts with [CLS] and ends with [SEP]",
-            bool(np.all(first == cls) and np.all(ends == sep)),
-        )
-    bad = [
-        i
-        for i, (ws, ln) in enumerate(zip(t["word_starts"].to_pylist(), lengths))
-        if ws != sorted(set(ws)) or (ws and (ws[0] < 1 or ws[-1] > ln - 2))
-    ]
+    check, why = writer_check(source, max_len)
+    bad, offset, error = [], 0, None
+    for batch in t.to_batches(max_chunksize=ROWS_PER_BATCH):
+        bad += (word_starts_in_text(batch) + offset).tolist()
+        if check is not None and error is None:
+            try:
+                check(batch, a.path.name)
+            except ValueError as found:
+                error = str(found).removesuffix("; this is a bug in chunk.py")
+        offset += batch.num_rows
     a.check(
         "word_starts sorted, inside the text tokens",
         not bad,
         f"first bad row {bad[:1]}" if bad else "",
     )
+    if check is None:
+        a.say(f"-- chunk.py's check of every chunk not run: {why}")
+    else:
+        a.check(
+            "every chunk as chunk.py checks it ([CLS] text [SEP], no special token inside the "
+            "text, word_starts exactly the word-starting tokens)",
+            error is None,
+            error or "",
+        )
     if len(t):
         a.say(
             f"-- {len(t)} chunks, {int(lengths.sum())} tokens, length min/mean/max "
