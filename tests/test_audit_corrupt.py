@@ -88,6 +88,22 @@ def test_a_model_folder_with_a_nan_weight_fails(results, capsys):
     assert "PASS  every weight finite" in audited(good, capsys)[1]
 
 
+def test_a_model_folder_whose_weights_are_not_the_recorded_ones_fails(results, capsys):
+    """manifest.json records the sha256 of each weight file (artifacts.weights_checksums): a
+    model.safetensors swapped after the export is not the model its records describe."""
+    folder = results / "pretrain/swapped/encoder"
+    shutil.copytree(results / "pretrain/costa/encoder", folder)
+    artifacts.write_manifest(folder / "manifest.json", stage="pretrain", params={},
+                             stats={"weights": artifacts.weights_checksums(folder)})
+    assert "PASS  weights match the sha256 manifest.json records" in audited(folder, capsys)[1]
+    recorded = artifacts.sha256_file(folder / "model.safetensors")
+    save_file({"embeddings.word_embeddings.weight": np.ones((10, 4), np.float32)},
+              str(folder / "model.safetensors"))
+    out = fails(folder, "weights match the sha256 manifest.json records", capsys)
+    assert f"model.safetensors: sha256 {artifacts.sha256_file(folder / 'model.safetensors')}, " \
+           f"manifest.json records {recorded}" in out, out
+
+
 def write_negatives(results, monkeypatch, name, rows):
     """Negatives with the manifest bm25.py writes: its inputs relative to the project."""
     path = results / f"bm25/toy/{name}.parquet"

@@ -101,6 +101,21 @@ def _rewrite(path: Path, **changes) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | changes))
 
 
+def _rewrite_weights(folder: Path, change) -> None:
+    """model.safetensors with `change` applied to its first tensor, saved as the export saves it."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    name = sorted(weights)[0]
+    weights[name] = change(weights[name].copy())
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _nan_first(values):
+    values.flat[0] = float("nan")
+    return values
+
+
 def _refused(argv, capsys) -> str:
     with pytest.raises(SystemExit) as stop:
         publish.main([str(a) for a in argv])
@@ -137,6 +152,13 @@ def test_offline_mode_is_named_before_any_request(encoder, monkeypatch, capsys):
     (lambda f: (f / "modules.json").write_text(
         json.dumps(json.loads((f / "modules.json").read_text())[:2])),
      "fails audit's sentence-transformers check: modules"),
+    # A run that diverged exports nan weights, which load without complaint.
+    (lambda f: _rewrite_weights(f, _nan_first), "weights that are not finite (nan or inf: "
+     "model.safetensors: "),
+    # Weights swapped after the export: the card and records describe other ones.
+    (lambda f: _rewrite_weights(f, lambda v: v + 1), "weights are not the ones manifest.json "
+     "records (model.safetensors: sha256 "),
+    (lambda f: _rewrite(f / "manifest.json", stats={}), "records no weight checksums"),
 ])
 @pytest.mark.parametrize("mode", [["--dry-run"], []], ids=["dry run", "upload"])
 def test_an_incomplete_folder_is_refused_naming_what_is_wrong(encoder, tmp_path, monkeypatch,

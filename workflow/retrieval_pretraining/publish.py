@@ -7,7 +7,8 @@ The folder is checked first, and nothing is sent when a check fails: Hugging Fac
 safetensors and no pickle anywhere in it, its records (training.json, manifest.json), the
 sentence-transformers files st_export.py writes (modules.json and every module folder it names,
 1_Pooling, sentence_bert_config.json) agreeing with each other, config.json and the card as
-`python -m retrieval_pretraining.audit` checks them, and a model card whose YAML front matter
+`python -m retrieval_pretraining.audit` checks them, every weight finite and each weight file the
+one manifest.json's stats.weights records (its sha256), and a model card whose YAML front matter
 holds the workflow's block. Every file of the folder is uploaded
 (training.json and manifest.json are its records); `--dry-run` prints that list, the repository and
 its visibility, and never touches the network. An existing repository must already have the
@@ -33,7 +34,8 @@ from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
 from .contracts.models import CARD_BLOCK, ST_FILES
-from .contracts.models.audit import sentence_transformers_view
+from .contracts.models.audit import sentence_transformers_view, weights_mismatches
+from .contracts.tensors.audit import tensors_not_finite
 from .errors import BadInput, add_debug_option, command
 from .model_folder import PICKLE_PATTERNS, check_safetensors
 from .st_export import read_card
@@ -108,6 +110,7 @@ def check_folder(folder: str | Path) -> list[str]:
     for name in folder_files(folder):
         if name.endswith(".json"):
             _read_json(folder, name)
+    check_weights(folder)
     config = _read_json(folder, "config.json")
     card = _card(folder)
     if not isinstance(card.get(CARD_BLOCK), dict) or card.get("library_name") is None:
@@ -121,6 +124,25 @@ def check_folder(folder: str | Path) -> list[str]:
         raise PublishError(f"{folder} fails audit's sentence-transformers check: "
                            f"{'; '.join(problems)}; {REEXPORT}")
     return folder_files(folder)
+
+
+def check_weights(folder: Path) -> None:
+    """PublishError when a weight is nan or inf (a run that diverged exports such weights, and
+    they load without complaint) or a weight file is not the one manifest.json records (swapped
+    or rewritten after the export: the card and records would describe other weights)."""
+    bad = [f"{w.relative_to(folder).as_posix()}: {name}"
+           for w in sorted(folder.rglob("*.safetensors")) for name in tensors_not_finite(w)]
+    if bad:
+        raise PublishError(f"{folder} holds weights that are not finite (nan or inf: "
+                           f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); the run "
+                           "that trained them diverged: retrain, do not publish")
+    mismatches = weights_mismatches(folder)
+    if mismatches is None:
+        raise PublishError(f"{folder}/manifest.json records no weight checksums (stats.weights), "
+                           f"so the weights cannot be verified; {REEXPORT}")
+    if mismatches:
+        raise PublishError(f"{folder}'s weights are not the ones manifest.json records "
+                           f"({'; '.join(mismatches)}); {REEXPORT}")
 
 
 def local_paths(folder: Path) -> dict[str, list[str]]:

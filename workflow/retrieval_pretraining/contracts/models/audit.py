@@ -1,5 +1,6 @@
-"""How `audit` shows and checks model folders (config, weights as safetensors, no pickles, the
-tokenizer splitting a sample), the JSON files inside them, and staged tokenizers."""
+"""How `audit` shows and checks model folders (config, weights as safetensors, finite and the
+files whose sha256 the manifest records, no pickles, the tokenizer splitting a sample), the JSON
+files inside them, and staged tokenizers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import artifacts
 from ..base import (
     RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, json_kind, read_manifest,
     results_relative, short, show_manifest, show_snakemake_record,
@@ -165,6 +167,27 @@ def sentence_transformers_view(folder: Path, cfg: dict) -> tuple[str, list[str]]
     return view, problems
 
 
+def weights_mismatches(folder: Path) -> list[str] | None:
+    """How the folder's weight files differ from the sha256 its manifest.json records for them
+    (stats.weights, artifacts.weights_checksums): a file swapped or rewritten after the export
+    would otherwise pass for the trained one. None when the manifest records no checksums (a
+    staged checkpoint, or a folder exported before they were recorded)."""
+    recorded = ((read_manifest(folder) or {}).get("stats") or {}).get("weights")
+    if not isinstance(recorded, dict):
+        return None
+    present = {name for name in artifacts.WEIGHT_FILES if (folder / name).is_file()}
+    problems = [f"{name}: not recorded in manifest.json"
+                for name in sorted(present - set(recorded))]
+    for name, digest in sorted(recorded.items()):
+        if not (folder / name).is_file():
+            problems.append(f"{name}: recorded in manifest.json, missing from the folder")
+            continue
+        actual = artifacts.sha256_file(folder / name)
+        if actual != digest:
+            problems.append(f"{name}: sha256 {actual}, manifest.json records {digest}")
+    return problems
+
+
 def audit_model(a: Audit, n: int) -> None:
     a.kind = "model folder (Hugging Face)"
     cfg = json.loads((a.path / "config.json").read_text())
@@ -189,6 +212,10 @@ def audit_model(a: Audit, n: int) -> None:
     bad = [f"{w.name}: {name}" for w in weights for name in tensors_not_finite(w)]
     detail = f"{len(bad)} tensors, e.g. {bad[:3]}" if bad else ""
     a.check("every weight finite (no nan, inf)", not bad, detail)
+    mismatches = weights_mismatches(a.path)
+    if mismatches is not None:
+        a.check("weights match the sha256 manifest.json records", not mismatches,
+                "; ".join(mismatches))
     pickles = [p.name for p in a.path.iterdir() if p.suffix in (".bin", ".pt", ".pkl", ".pickle")]
     a.check("no pickled files", not pickles, ", ".join(pickles))
     a.check("tokenizer.json present", (a.path / "tokenizer.json").is_file())
