@@ -58,6 +58,47 @@ def test_embeddings_with_a_nan_past_the_first_rows_fail(results, capsys):
     passes(results / "index/bert/toy/stage1/shard-0000.npy", "finite values (every row)", capsys)
 
 
+def write_shard(results, name, vectors, ids, stats):
+    """An encoded shard of the toy corpus as encode.py leaves it: vectors, ids, manifest."""
+    shard = results / f"index/bert/toy/{name}/shard-0000.npy"
+    shard.parent.mkdir(parents=True)
+    np.save(shard, vectors)
+    pq.write_table(pa.table({"doc_id": ids}), shard.with_name("shard-0000.ids.parquet"))
+    artifacts.write_manifest(artifacts.manifest_path(shard), stage="encode_corpus", params={},
+                             inputs={"corpus": results / "datasets/toy/corpus.parquet"},
+                             stats=stats)
+    return shard
+
+
+def test_embeddings_unlike_their_manifest_or_corpus_fail(results, capsys):
+    """Vector i is corpus row lo + i: the index maps hits through the ids, so ids out of order
+    return the wrong documents, and an array unlike its manifest is not what was recorded."""
+    vectors = np.ones((3, 4), np.float16)
+    corpus_order = ["d2", "d3"]  # toy corpus rows 1..3
+    recorded = {"rows": 2, "row_range": [1, 3], "dim": 4, "dtype": "float16"}
+    intact = write_shard(results, "intact", vectors[:2], corpus_order, recorded)
+    passes(intact, "shape and dtype are the manifest's (rows, dim, dtype)", capsys)
+    passes(intact, "ids are corpus.parquet's doc_id rows 1..3, in order", capsys)
+    wrong = write_shard(results, "shape", vectors, ["d1", "d2", "d3"],
+                        {"rows": 3, "row_range": [0, 3], "dim": 768, "dtype": "float32"})
+    out = fails(wrong, "shape and dtype are the manifest's (rows, dim, dtype)", capsys)
+    assert "(3, 4) float16 vs (3, 768) float32" in out, out
+    swapped = write_shard(results, "order", vectors[:2], corpus_order[::-1], recorded)
+    out = fails(swapped, "ids are corpus.parquet's doc_id rows 1..3, in order", capsys)
+    assert "first difference at row 0: 'd3' vs 'd2'" in out, out
+
+
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_the_corpus_ids_of_a_row_range_are_read_across_batches(tmp_path, monkeypatch, batch):
+    from retrieval_pretraining.contracts.embeddings import audit as embeddings_audit
+
+    monkeypatch.setattr(embeddings_audit, "ROWS_PER_READ", batch)
+    ids = [f"d{i}" for i in range(10)]
+    pq.write_table(pa.table({"doc_id": ids, "text": ["t"] * 10}), tmp_path / "corpus.parquet")
+    for lo, hi in [(0, 10), (3, 8), (9, 10), (4, 4)]:
+        assert embeddings_audit.corpus_ids(tmp_path / "corpus.parquet", lo, hi) == ids[lo:hi]
+
+
 def test_safetensors_with_a_nan_fail_whatever_the_float_type(results, capsys):
     heads = results / "pretrain/nan/heads.safetensors"
     heads.parent.mkdir(parents=True)

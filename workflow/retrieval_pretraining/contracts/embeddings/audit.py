@@ -1,14 +1,17 @@
 """How `audit` shows and checks encoded corpus shards: the vectors (every row finite, their
-norms) and one id per vector."""
+norms, shape and dtype as the manifest records) and one id per vector, the ids being the corpus's
+doc ids over the shard's row range in order (vector i is corpus row lo + i)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from ..base import (
-    RANK_NAME, RANK_PARQUET, Audit, Kind, NotAnArtifact, parquet_kind, read_manifest,
-    render_table_rows, show_manifest, show_snakemake_record,
+    RANK_NAME, RANK_PARQUET, UNREADABLE, Audit, Kind, NotAnArtifact, input_path, parquet_kind,
+    read_manifest, render_table_rows, show_manifest, show_snakemake_record,
 )
 from . import IDS_SCHEMA
 
@@ -28,15 +31,68 @@ def rows_not_finite(x: np.ndarray) -> tuple[int, int | None]:
     return count, first
 
 
+def corpus_ids(corpus: Path, lo: int, hi: int) -> list[str]:
+    """corpus.parquet's doc_id rows lo..hi, read a batch at a time (the text column, most of the
+    file, is never read)."""
+    out: list[str] = []
+    start = 0
+    for batch in pq.ParquetFile(corpus).iter_batches(batch_size=ROWS_PER_READ, columns=["doc_id"]):
+        end = start + batch.num_rows
+        if end > lo:
+            out += batch.column(0).slice(max(lo - start, 0), hi - max(lo, start)).to_pylist()
+        if end >= hi:
+            break
+        start = end
+    return out
+
+
+def first_difference(found: list[str], expected: list[str]) -> str:
+    """Where two id lists first differ, as a check's detail ('' when they are equal)."""
+    if found == expected:
+        return ""
+    i = next((i for i, (f, e) in enumerate(zip(found, expected)) if f != e),
+             min(len(found), len(expected)))
+    here = found[i] if i < len(found) else None
+    there = expected[i] if i < len(expected) else None
+    return (f"{len(found)} ids vs {len(expected)} corpus rows; first difference at row {i}: "
+            f"{here!r} vs {there!r}")
+
+
+def check_against_manifest(a: Audit, x: np.ndarray, manifest: dict | None) -> None:
+    """The array is what encode.py recorded (rows, dim, dtype), and its ids are the corpus's doc
+    ids over the recorded row range, in order: the index maps vector i to ids[i], so ids shifted
+    or reordered would return the wrong documents for every hit, and a shard stale beside a
+    newer manifest would mix two encodings."""
+    if not manifest or UNREADABLE in manifest:
+        return
+    stats = manifest.get("stats") or {}
+    if {"rows", "dim", "dtype"} <= set(stats):
+        recorded = ((stats["rows"], stats["dim"]), str(stats["dtype"]))
+        a.check("shape and dtype are the manifest's (rows, dim, dtype)",
+                (x.shape, str(x.dtype)) == recorded,
+                f"{x.shape} {x.dtype} vs {recorded[0]} {recorded[1]}")
+    ids = a.path.with_name(a.path.name.removesuffix(".npy") + ".ids.parquet")
+    recorded_corpus = ((manifest.get("inputs") or {}).get("corpus") or {}).get("path", "")
+    corpus = input_path(recorded_corpus, a.path)
+    if "row_range" not in stats or not ids.is_file() or not corpus.is_file():
+        return
+    lo, hi = stats["row_range"]
+    found = pq.read_table(ids, columns=["doc_id"]).column("doc_id").to_pylist()
+    detail = first_difference(found, corpus_ids(corpus, lo, hi))
+    a.check(f"ids are {corpus.name}'s doc_id rows {lo}..{hi}, in order", not detail, detail)
+
+
 def audit_npy(a: Audit, n: int) -> None:
     a.kind = "embeddings (.npy)"
     try:
         x = np.load(a.path, mmap_mode="r", allow_pickle=False)
     except ValueError as error:
         raise NotAnArtifact(f"{a.path}: not a plain .npy array ({error})") from error
-    show_manifest(a, read_manifest(a.path))
+    manifest = read_manifest(a.path)
+    show_manifest(a, manifest)
     show_snakemake_record(a, a.path)
     a.say(f"-- shape {x.shape}, dtype {x.dtype}")
+    check_against_manifest(a, x, manifest)
     sample = np.asarray(x[: min(len(x), 10000)], dtype=np.float32)
     matrix = a.check("2-d float matrix", x.ndim == 2 and x.dtype.kind == "f")
     if matrix:
