@@ -189,6 +189,51 @@ def test_qrels_with_a_pair_judged_twice_fail(results, capsys):
     passes(results / "datasets/toy/qrels-train.parquet", "each (query_id, doc_id) pair", capsys)
 
 
+def write_split(results, name, queries, qrels, stats):
+    """queries-test and qrels-test beside the toy corpus, with the manifests datasets.py writes
+    (`stats` as its checks counted them)."""
+    folder = results / f"datasets/{name}"
+    folder.mkdir(parents=True)
+    shutil.copy(results / "datasets/toy/corpus.parquet", folder)
+    for kind, rows, schema in (("queries", queries, datasets.QUERIES_SCHEMA),
+                               ("qrels", qrels, datasets.QRELS_SCHEMA)):
+        path = folder / f"{kind}-test.parquet"
+        artifacts.write_parquet(path, pa.Table.from_pylist(rows, schema), schema)
+        artifacts.write_manifest(artifacts.manifest_path(path), stage="datasets.split", params={},
+                                 inputs={"corpus": folder / "corpus.parquet"}, stats=stats)
+    return folder
+
+
+def test_a_split_unlike_its_queries_corpus_or_manifest_fails(results, capsys):
+    """The writer keeps only judgements of the split's queries, counts the judged documents the
+    corpus lacks (refusing more than allowed) and records the counts: qrels or queries edited
+    after it fail."""
+    import polars as pl
+
+    from retrieval_pretraining.contracts.datasets.checks import check_split
+
+    queries = [{"query_id": "q1", "text": "snow"}, {"query_id": "q2", "text": "ice"}]
+    qrels = [{"query_id": "q1", "doc_id": "d1", "relevance": 1},
+             {"query_id": "q2", "doc_id": "d9", "relevance": 2}]  # d9: not in the corpus
+    corpus_ids = pl.read_parquet(results / "datasets/toy/corpus.parquet", columns=["doc_id"])
+    _, _, stats = check_split(pl.DataFrame(queries), pl.DataFrame(qrels), corpus_ids, "toy")
+    checks = ["every judged query is in queries-test.parquet",
+              "judged documents missing from corpus.parquet: 1, as the manifest counts",
+              "relevance levels and their counts are the manifest's",
+              "rows equal the manifest's qrels count"]
+    intact = write_split(results, "split-intact", queries, qrels, stats)
+    for check in checks:
+        passes(intact / "qrels-test.parquet", check, capsys)
+    passes(intact / "queries-test.parquet", "rows equal the manifest's queries count", capsys)
+    # An unknown query and another unknown document, under the same manifest.
+    edited = qrels + [{"query_id": "q7", "doc_id": "d8", "relevance": -1}]
+    bad = write_split(results, "split-edited", queries[:1], edited, stats)
+    for check in checks:
+        fails(bad / "qrels-test.parquet", check, capsys)
+    assert "2 unknown, e.g. ['q2', 'q7']" in audited(bad / "qrels-test.parquet", capsys)[1]
+    fails(bad / "queries-test.parquet", "rows equal the manifest's queries count", capsys)
+
+
 def write_answers(results, name, answers, without_answers):
     """An answers file with the manifest datasets.py writes (which counts the questions it left
     with no answer)."""

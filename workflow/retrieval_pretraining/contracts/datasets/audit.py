@@ -87,7 +87,56 @@ def render_qrels(a: Audit, t: pa.Table, manifest, n: int) -> None:
         pairs == len(t),
         f"{len(t) - pairs} repeated rows" if pairs != len(t) else "",
     )
+    check_qrels_against_split(a, t, manifest)
     render_table_rows(None)(a, t, manifest, n)
+
+
+def recorded_stats(manifest) -> dict:
+    """The manifest's stats ({} for none, or one that is not readable: show_manifest fails it)."""
+    return (manifest.get("stats") or {}) if isinstance(manifest, dict) else {}
+
+
+def check_qrels_against_split(a: Audit, t: pa.Table, manifest) -> None:
+    """What the writer (datasets.prepare_split, contracts/datasets/checks.py) guarantees across
+    files: every judged query is one of the split's queries (it drops the others), its counts
+    are the file's, and judged_documents_missing (which it refuses past the entry's allowance)
+    is the number of distinct judged documents corpus.parquet lacks. Relevance is any int32
+    (Touché grades -2, TREC Web 0-4): its levels must be the ones the manifest counted."""
+    stats = recorded_stats(manifest)
+    if "qrels" in stats:
+        a.check("rows equal the manifest's qrels count", stats["qrels"] == len(t),
+                f"{len(t)} rows vs {stats['qrels']}")
+    if "relevance_levels" in stats:
+        counts = t.group_by("relevance").aggregate([("relevance", "count")]).to_pylist()
+        levels = {str(r["relevance"]): r["relevance_count"] for r in counts}
+        a.check("relevance levels and their counts are the manifest's",
+                levels == stats["relevance_levels"], f"{levels} vs {stats['relevance_levels']}")
+    split = a.path.name.removeprefix("qrels-").removesuffix(".parquet")
+    queries = a.path.with_name(f"queries-{split}.parquet")
+    if a.path.name.startswith("qrels-") and queries.is_file():
+        known = pq.read_table(queries, columns=["query_id"]).column("query_id").combine_chunks()
+        judged = pc.unique(t["query_id"])
+        unknown = judged.filter(pc.invert(pc.is_in(judged, value_set=known)))
+        a.check(f"every judged query is in {queries.name}", not len(unknown),
+                f"{len(unknown)} unknown, e.g. {unknown.to_pylist()[:3]}" if len(unknown) else "")
+    corpus = a.path.with_name("corpus.parquet")
+    if "judged_documents_missing" in stats and corpus.is_file():
+        documents = pq.read_table(corpus, columns=["doc_id"]).column("doc_id").combine_chunks()
+        judged = pc.unique(t["doc_id"])
+        missing = judged.filter(pc.invert(pc.is_in(judged, value_set=documents)))
+        recorded = stats["judged_documents_missing"]
+        a.check(f"judged documents missing from corpus.parquet: {recorded}, as the manifest "
+                "counts", len(missing) == recorded,
+                f"found {len(missing)}, e.g. {missing.to_pylist()[:3]}" if len(missing) != recorded
+                else "")
+
+
+def render_queries(a: Audit, t: pa.Table, manifest, n: int) -> None:
+    stats = recorded_stats(manifest)
+    if "queries" in stats:
+        a.check("rows equal the manifest's queries count", stats["queries"] == len(t),
+                f"{len(t)} rows vs {stats['queries']}")
+    render_table_rows("query_id")(a, t, manifest, n)
 
 
 def render_answers(a: Audit, t: pa.Table, manifest, n: int) -> None:
@@ -152,8 +201,8 @@ KINDS = [
         "qrels", RANK_PARQUET + 6, QRELS_SCHEMA, _has(QRELS_SCHEMA), render_qrels
     ),
     parquet_kind(
-        "queries", RANK_PARQUET + 7, QUERIES_SCHEMA, _has(QUERIES_SCHEMA),
-        render_table_rows("query_id"), columns=["query_id"],
+        "queries", RANK_PARQUET + 7, QUERIES_SCHEMA, _has(QUERIES_SCHEMA), render_queries,
+        columns=["query_id"],
     ),
     parquet_kind(
         "answers", RANK_PARQUET + 9, ANSWERS_SCHEMA, _has(ANSWERS_SCHEMA), render_answers
