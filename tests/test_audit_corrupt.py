@@ -47,6 +47,42 @@ def test_a_run_with_a_score_that_is_not_finite_fails(results, scores, capsys):
     passes(results / "runs/toy/bm25/test.trec", "scores finite", capsys)
 
 
+def scored(results, name):
+    """A run of the toy dataset scored by evaluate.py (its metrics as the workflow writes them)."""
+    from retrieval_pretraining.evaluate import evaluate
+
+    run = results / f"runs/toy/{name}/test.trec"
+    run.parent.mkdir(parents=True)
+    run.write_text("q1 Q0 d1 1 9.5 x\nq1 Q0 d3 2 7.0 x\nq2 Q0 d2 1 3.0 x\n")
+    qrels = results / f"datasets/{name}/qrels-test.parquet"
+    rows = {"query_id": ["q1", "q2"], "doc_id": ["d2", "d2"], "relevance": [1, 1]}
+    artifacts.write_parquet(qrels, pa.table(rows), datasets.QRELS_SCHEMA)
+    metrics = results / f"metrics/toy/{name}/test.json"
+    evaluate(run, qrels, metrics, {"measures": ["nDCG@10", "R@100"]})
+    return run, metrics
+
+
+def edit_metrics(metrics, change):
+    data = json.loads(metrics.read_text())
+    change(data)
+    metrics.write_text(json.dumps(data))
+
+
+def test_metrics_unlike_their_run_or_queries_fail(results, capsys):
+    """evaluate.py scores each qrels query once, every score of these measures a fraction, and
+    records the sha256 of the run it scored."""
+    run, metrics = scored(results, "scored")
+    for check in ("nDCG@10: one per-query score per query (2)", "R@100: every per-query score in "
+                  "[0, 1]", "the run still has the recorded sha256 (run_sha256)"):
+        passes(metrics, check, capsys)
+    edit_metrics(metrics, lambda d: d["per_query"]["nDCG@10"].pop("q2"))
+    assert "1 scores" in fails(metrics, "nDCG@10: one per-query score per query (2)", capsys)
+    edit_metrics(metrics, lambda d: d["per_query"]["R@100"].update(q1=1.5))
+    assert "('q1', 1.5)" in fails(metrics, "R@100: every per-query score in [0, 1]", capsys)
+    run.write_text(run.read_text().replace("9.5", "1.5"))  # searched again, not scored again
+    fails(metrics, "the run still has the recorded sha256 (run_sha256)", capsys)
+
+
 def test_embeddings_with_a_nan_past_the_first_rows_fail(results, capsys):
     vectors = np.ones((70_001, 4), np.float16)  # past a first-rows sample and one read's rows
     vectors[70_000, 2] = np.nan

@@ -1,5 +1,7 @@
-"""How `audit` shows and checks a metrics file (each aggregate the mean of its per-query scores),
-and how the stage statistics page reads one (`metrics_as_manifest`: it has no manifest)."""
+"""How `audit` shows and checks a metrics file (each aggregate the mean of its per-query scores,
+one per-query score per query counted, each score in [0, 1] unless the measure is a count, the
+run scored still the one whose sha256 it records), and how the stage statistics page reads one
+(`metrics_as_manifest`: it has no manifest)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ..base import RANK_JSON, Audit, json_kind, read_manifest, show_manifest, show_snakemake_record
+from ... import artifacts
+from ...answers import acc_cutoffs
+from ..base import (
+    RANK_JSON, Audit, input_path, json_kind, read_manifest, show_manifest, show_snakemake_record,
+)
 
 KEYS = {"aggregate", "per_query"}  # what makes a JSON file a metrics file
 
@@ -37,6 +43,44 @@ def audit_metrics(a: Audit, n: int) -> None:
             )
     for measure in data.get("measures", []):
         a.check(f"measure {measure} present", measure in data["aggregate"])
+    check_per_query(a, data)
+    check_run_checksum(a, data)
+
+
+def bounded(measure: str) -> bool:
+    """Every measure the workflow scores is a fraction in [0, 1] (nDCG, R, P, RR, AP, Acc@k, ...)
+    except ir_measures' counts (NumQ, NumRet, NumRel, NumRelRet)."""
+    return not measure.startswith("Num")
+
+
+def check_per_query(a: Audit, data: dict) -> None:
+    """evaluate.py scores every qrels query (0 for one the run misses) and every question for
+    Acc@k: a per-query list of another length makes the aggregate a mean over other queries,
+    and the tables' paired tests would pair the wrong ones."""
+    for measure, values in data["per_query"].items():
+        counted = data.get("questions") if acc_cutoffs([measure]) else data.get("queries")
+        if counted is not None:
+            a.check(f"{measure}: one per-query score per query ({counted})",
+                    len(values) == counted, f"{len(values)} scores")
+        if bounded(measure):
+            outside = [q for q, v in values.items() if not 0 <= v <= 1]
+            a.check(f"{measure}: every per-query score in [0, 1]", not outside,
+                    f"{len(outside)} outside, e.g. "
+                    f"{[(q, values[q]) for q in outside[:3]]}" if outside else "")
+
+
+def check_run_checksum(a: Audit, data: dict) -> None:
+    """The run the scores came from is still the one scored: a run rewritten after scoring (a
+    search rerun whose scoring did not) leaves the tables citing numbers of another run."""
+    if "run_sha256" not in data or not data.get("run"):
+        return
+    run = input_path(data["run"], a.path)
+    if not run.is_file():
+        a.say(f"  (run {run} not here: its sha256 not compared)")
+        return
+    actual = artifacts.sha256_file(run)
+    a.check("the run still has the recorded sha256 (run_sha256)", actual == data["run_sha256"],
+            f"{run}: {actual} vs {data['run_sha256']}")
 
 
 def metrics_as_manifest(path: Path) -> dict[str, Any] | None:
