@@ -51,6 +51,19 @@ def test_range_violation_names_the_bound(demo):
         experiment_config.validate(bad)
 
 
+def test_a_split_name_with_a_dot_is_refused_saying_why(demo):
+    """A file's manifest is named by the part of its name before the first dot
+    (artifacts.manifest_path): splits `test` and `test.small` would share qrels-test.manifest.json,
+    and a run `dev.small.trec` would write dev.manifest.json, not the declared output."""
+    bad = copy.deepcopy(demo)
+    bad["datasets"][0]["splits"].append({"name": "test.small"})
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    message = str(error.value)
+    assert "datasets.0.splits" in message and "'test.small' does not match" in message, message
+    assert "no dots" in message and "test and test.small would share one" in message, message
+
+
 @pytest.mark.parametrize("section, key, value", [("corpus", "shards", 2.0), ("corpus", "max_len", 128.0),
                                                 ("finetune", "batch_size", 32.0)])
 def test_a_count_written_as_a_float_is_refused_at_parse_time(demo, section, key, value):

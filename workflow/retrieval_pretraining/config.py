@@ -96,6 +96,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         allowed = f"; {error.validator} is {error.validator_value}"
     elif error.validator == "additionalProperties" and "properties" in schema:
         allowed = f"; known keys: {', '.join(sorted(schema['properties']))}"
+    elif error.validator == "pattern" and "description" in schema:
+        allowed = f"; {schema['description']}"  # a regular expression alone says not why
     return f"config key '{key}': {error.message}{allowed}"
 
 
