@@ -10,7 +10,8 @@ import re as _re
 
 from retrieval_pretraining.finetune.settings import trainer_keys
 
-_FINETUNE_CODE = ("launch", "finetune")
+# torchrun: what the launcher execs for several processes (run, not imported by launch.py).
+_FINETUNE_CODE = ("launch", "torchrun", "finetune")
 
 
 def finetune_models():

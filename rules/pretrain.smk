@@ -1,7 +1,7 @@
 # Pre-training: one encoder per `pretrain.models` entry (retrieval_pretraining.pretrain).
 # Trained objectives run `pretrain_model` (resumable: state in results/state/pretrain/{model}/, outside
-# the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, 1 under torchrun; a rerun
-# or --retries resumes either way),
+# the declared outputs; exit 75 = stopped by SIGTERM/SIGUSR1 after saving, under torchrun too;
+# a rerun or --retries resumes),
 # reading the data store shared by every model (PRETRAIN_DATA, below);
 # objective `none` is the cheap local rule `export_base_encoder`; an entry that reuses another's
 # pre-training (`reuse_pretraining`: it differs only in how it is fine-tuned) copies its outputs.
@@ -107,7 +107,8 @@ def data_options(input):
     return " ".join(options)
 
 
-PRETRAIN_CODE = module_source("launch", "pretrain")
+# torchrun: what the launcher execs for several processes (run, not imported by launch.py).
+PRETRAIN_CODE = module_source("launch", "torchrun", "pretrain")
 
 # The pre-training data store (retrieval_pretraining/pretrain/store.py): the shards converted into
 # memory-mapped files named by their checksums, one copy for every model (paper.yaml's seven

@@ -144,7 +144,8 @@ def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, np
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "workflow"),
                                                         os.environ.get("PYTHONPATH")])),
                **(extra_env or {}))
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    # torchrun as the launcher runs it (exit 75 for a run stopped after saving)
+    launcher = [sys.executable, "-m", "retrieval_pretraining.torchrun", "--standalone",
                 f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
     cmd = [*launcher, "-m", "retrieval_pretraining.pretrain", "--config", json.dumps(settings),
            "--checkpoint", str(checkpoint), "--chunks", *map(str, chunks),

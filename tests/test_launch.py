@@ -23,7 +23,7 @@ def _torchrun_args(cmd):
     """What torchrun would understand from our command (its own parser, not ours)."""
     from torch.distributed.run import get_args_parser
 
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"], cmd
+    assert cmd[:3] == [sys.executable, "-m", "retrieval_pretraining.torchrun"], cmd
     return get_args_parser().parse_args(cmd[3:])
 
 
@@ -165,7 +165,7 @@ def test_the_launcher_reads_its_torch_s_torchrun_options_and_warns_of_a_missing_
          "--shutdown-timeout", "120", "--dry-run", "--", "--config", "{}"],
         env=env, capture_output=True, text=True, check=True)
     cmd = json.loads(out.stdout)
-    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert cmd[1:3] == ["-m", "retrieval_pretraining.torchrun"]
     assert not any(arg.startswith("--shutdown-timeout") for arg in cmd)
     assert f"--signals-to-handle={launch.FORWARDED_SIGNALS}" in cmd
     assert "no --shutdown-timeout" in out.stderr and "30 s" in out.stderr
@@ -388,6 +388,26 @@ def test_sigusr1_sent_to_the_launcher_reaches_every_torchrun_worker(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_torchrun_s_failure_is_75_only_for_a_stop_its_workers_marked(tmp_path):
+    """Workers that exit 75 without having written the stop marker (no state saved for a stop)
+    leave torchrun's own failure (1); the marker the trainer writes after its save makes it 75
+    (the trainer's side: test_pretrain_train.py's torchrun tests)."""
+    (tmp_path / "exits75.py").write_text(
+        "import os, sys\n"
+        "if sys.argv[1] == 'mark' and os.environ['LOCAL_RANK'] == '0':\n"
+        "    open(os.environ['RETRIEVAL_PRETRAINING_STOP_MARKER'], 'w').close()\n"
+        "sys.exit(75)\n")
+    codes = []
+    for mode in ("plain", "mark"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "retrieval_pretraining.launch", "--module", "exits75",
+             "--gpus", "2", "--", mode],
+            env=_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1"), capture_output=True, text=True,
+            timeout=120)
+        codes.append(proc.returncode)
+    assert codes == [1, 75], proc.stderr[-3000:]
 
 
 RANKS = """\

@@ -762,8 +762,8 @@ def test_a_stop_signal_to_one_of_two_gloo_processes_stops_both_with_the_state_sa
                                                                                      tmp_path):
     """Under torchrun a signal may reach one worker first (or only one): the stop flag travels in
     the step's all-reduce, so both ranks stop at the same step, the main rank saves, and both
-    exit 75. torchrun itself then exits 1 (it reports a failed worker, never 75): a retry reruns
-    the command on any failure, and the rerun resumes either way."""
+    exit 75. torchrun as the launcher runs it (retrieval_pretraining.torchrun) then exits 75 too,
+    where torchrun alone reports a failed worker (exit 1)."""
     checkpoint, chunks, _ = setup
     settings = fx.model_settings("mlm", max_steps=10_000, log_every=1)
     proc = fx.run_module(settings, checkpoint, chunks, None, tmp_path, nproc=2, wait=False,
@@ -791,9 +791,44 @@ def test_a_stop_signal_to_one_of_two_gloo_processes_stops_both_with_the_state_sa
         if proc.poll() is None:  # a failed assertion before the signal
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert proc.returncode == 1, output[-3000:]  # torchrun's own status for a failed worker
+    assert proc.returncode == training.RESUME_EXIT_CODE, output[-3000:]
     assert output.count("rerun the same command to resume") == 2, output[-3000:]
     assert len(re.findall(r"exitcode\s*:\s*75\b", output)) >= 1, output[-3000:]
+    assert json.loads((tmp_path / "state" / "checkpoints" / "latest.json").read_text())["step"] > 0
+
+
+def test_sigterm_to_the_launcher_of_two_gloo_workers_ends_the_job_with_75(setup, tmp_path):
+    """The launcher execs torchrun, which gets the signal, forwards it, waits for the workers to
+    save, and then fails on its own signal: the job must still end with 75, stopped after saving
+    (torchrun alone exits 1)."""
+    checkpoint, chunks, _ = setup
+    settings = fx.model_settings("mlm", max_steps=10_000, log_every=1)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="0,1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(fx.ROOT / "workflow"),
+                                                        os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "retrieval_pretraining.launch", "--module",
+           "retrieval_pretraining.pretrain", "--gpus", "2", "--", "--config",
+           json.dumps(settings), "--checkpoint", str(checkpoint), "--chunks", *map(str, chunks),
+           "--encoder", str(tmp_path / "encoder"), "--metrics", str(tmp_path / "metrics.jsonl"),
+           "--plot", str(tmp_path / "loss.png"), "--state", str(tmp_path / "state")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        proc.send_signal(signal.SIGTERM)  # to the launcher only: torchrun forwards it
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert "SignalException" in output, output[-3000:]  # torchrun itself got the signal
+    assert proc.returncode == training.RESUME_EXIT_CODE, output[-3000:]
     assert json.loads((tmp_path / "state" / "checkpoints" / "latest.json").read_text())["step"] > 0
 
 

@@ -426,7 +426,7 @@ def test_launcher_uses_torchrun_only_for_several_visible_gpus():
     assert launch.command(m, 8, ["--x"], visible=0)[1:] == ["-m", "retrieval_pretraining.pretrain", "--x"]
     assert launch.command(m, 1, ["--x"], visible=4)[1:3] == ["-m", "retrieval_pretraining.pretrain"]
     cmd = launch.command(m, 8, ["--x"], visible=4)
-    assert "torch.distributed.run" in cmd and "--nproc_per_node=4" in cmd and cmd[-1] == "--x"
+    assert "retrieval_pretraining.torchrun" in cmd and "--nproc_per_node=4" in cmd and cmd[-1] == "--x"
 
 
 def test_metrics_history_survives_the_deletion_of_the_declared_output(tmp_path):

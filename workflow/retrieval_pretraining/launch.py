@@ -30,6 +30,10 @@ to max(1, threads // workers), threads being the inherited OMP_NUM_THREADS (Snak
 the rule's threads, 64 for pre-training) or else the CPUs this process may use: torchrun lowers it
 only where it is unset, so each of 8 workers would otherwise run 64 intra-op threads.
 
+"torchrun" is torchrun's own code run by retrieval_pretraining.torchrun, which ends with 75 where
+torchrun alone would exit 1 after its workers stopped on a signal and saved (it reports their 75 as
+a failure): a stopped job's status says "stopped after saving, resubmit" on every path.
+
 Signals: because of exec, whatever signal reaches the launcher reaches the program it became: the
 trainer itself (SIGTERM/SIGUSR1: save state, exit 75); torchrun, told to forward
 SIGUSR1 too (`--signals-to-handle`) and to give workers `--shutdown-timeout` seconds to save before
@@ -62,7 +66,9 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 OPTIONAL_OPTIONS = ("--signals-to-handle", "--shutdown-timeout")
 # What torchrun gives workers after a signal without --shutdown-timeout (torch's PContext.close).
 TORCH_SHUTDOWN_SECONDS = 30
-TORCHRUN = ["-m", "torch.distributed.run"]  # after sys.executable
+# torchrun's main, with exit 75 for a run stopped after saving (torchrun's own exits 1); after
+# sys.executable.
+TORCHRUN = ["-m", "retrieval_pretraining.torchrun"]
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID.
 _DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
 

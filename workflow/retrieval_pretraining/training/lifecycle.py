@@ -2,9 +2,10 @@
 
 Slurm signals (SIGTERM, or USR1 with --signal) every process of a job step before a time-out or a
 preemption. The trainer saves its state at the next step boundary and exits RESUME_EXIT_CODE (75)
-when it runs as one process; under torchrun every worker exits 75 and torchrun itself exits 1 (it
-reports a failed worker). Slurm's requeue or `snakemake --retries` reruns the same command on any
-failure, which resumes either way.
+when it runs as one process; under torchrun every worker exits 75, and so does torchrun as the
+launcher starts it (retrieval_pretraining.torchrun: torchrun alone would exit 1, reporting a failed
+worker), told so by the marker file each node's first worker writes once the state is saved.
+Slurm's requeue or `snakemake --retries` reruns the same command on any failure, which resumes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from .distributed import DistEnv, left_a_gloo_group
 # Exit status of a run that stopped on SIGTERM/SIGUSR1 after saving its state (EX_TEMPFAIL): a
 # scheduler (Slurm requeue, `snakemake --retries`) reruns the same command, which resumes.
 RESUME_EXIT_CODE = 75
+# The file retrieval_pretraining.torchrun names for its workers: written (LOCAL_RANK 0) when they
+# stop after the state is saved, so that torchrun's failure is turned into RESUME_EXIT_CODE.
+STOP_MARKER_ENV = "RETRIEVAL_PRETRAINING_STOP_MARKER"
 
 
 class StopFlag:
@@ -48,13 +52,18 @@ def run_or_resume_exit(requested: bool, env: DistEnv, save: Callable[[], None]) 
     """If any rank got a stop signal: save (main rank), sync, return True (caller exits).
 
     `requested`: the verdict every rank agrees on, StopFlag.requested reduced over the ranks with
-    the step's values (host_read), so that all stop at the same step."""
+    the step's values (host_read), so that all stop at the same step. After the barrier every
+    node's first worker marks the stop for its torchrun (STOP_MARKER_ENV, where set)."""
     if not requested:
         return False
     if env.is_main:
         save()
     if env.distributed:
         dist.barrier()
+    marker = os.environ.get(STOP_MARKER_ENV)
+    if marker and env.local_rank == 0:  # past the barrier: the main rank's save is complete
+        with open(marker, "w") as file:
+            file.write(f"rank {env.rank} stopped after saving\n")
     return True
 
 
