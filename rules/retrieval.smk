@@ -3,6 +3,8 @@
 # results/runs/{dataset}/bm25/{split}.trec like every other system.
 import json as _json
 
+from retrieval_pretraining.bm25 import RUNTIME_KEYS as BM25_RUNTIME
+
 DATASETS_DIR = "results/datasets"
 DATASET_DOWNLOADS = "results/downloads/datasets"
 # The keys of a datasets entry each job reads: its params hold only these, so that an edit
@@ -237,10 +239,9 @@ rule prepare_dataset_split:
 
 
 # Speed and memory of the BM25 jobs: passed with `bm25 --runtime`, outside the params, so that
-# editing one reruns no job (a rewritten negatives.parquet would rerun every fine-tuning).
-BM25_RUNTIME = ("threads", "index_threads", "batch_size", "java_heap")
-
-
+# editing one reruns no job (a rewritten negatives.parquet would rerun every fine-tuning). The keys
+# are bm25.py's RUNTIME_KEYS (imported at the top), the ones it accepts there: a copy here could
+# drift (a key in one list only would be a rerun trigger again, or refused).
 def bm25_runtime(dataset):
     settings = bm25_settings(dataset)
     return experiment_config.stage_argument(

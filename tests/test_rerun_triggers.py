@@ -159,12 +159,22 @@ def test_the_analyses_declare_the_heads_they_read(project, base, rule):
 
 
 def test_the_rules_pass_bm25_the_runtime_keys_it_accepts():
-    """rules/retrieval.smk lists the BM25 knobs it sends as `--runtime` (not params) and bm25.py
-    the ones it accepts there: a key in one list only would be a trigger again, or refused."""
+    """The BM25 knobs the rules send as `--runtime` (not params) are the ones bm25.py accepts
+    there, from its one list: a key in a copy only would be a trigger again, or refused. No rule
+    file holds a list of runtime keys of its own (a tuple or list literal naming two or more), and
+    the one that sends them takes bm25.RUNTIME_KEYS."""
     import re
 
     from retrieval_pretraining import bm25
 
-    rules = (Path(__file__).resolve().parents[1] / "rules" / "retrieval.smk").read_text()
-    listed = re.search(r"^BM25_RUNTIME = \(([^)]*)\)", rules, re.M).group(1)
-    assert tuple(re.findall(r'"(\w+)"', listed)) == bm25.RUNTIME_KEYS
+    rules = Path(__file__).resolve().parents[1] / "rules"
+    literal = re.compile(r"[(\[]\s*((?:[\"']\w+[\"']\s*,\s*)+[\"']\w+[\"']\s*,?\s*)[)\]]")
+    for path in rules.glob("*.smk"):
+        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+        for names in literal.findall(code):
+            copied = set(re.findall(r"\w+", names)) & set(bm25.RUNTIME_KEYS)
+            assert len(copied) < 2, f"{path.name} lists BM25 runtime keys {sorted(copied)}"
+    retrieval = (rules / "retrieval.smk").read_text()
+    assert re.search(r"^from retrieval_pretraining\.bm25 import RUNTIME_KEYS as BM25_RUNTIME$",
+                     retrieval, re.M)
+    assert "for k in BM25_RUNTIME if k in settings" in retrieval  # what bm25_runtime sends

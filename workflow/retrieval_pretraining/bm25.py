@@ -77,7 +77,8 @@ NEGATIVE_DEFAULTS = {"source": "bm25", "depth": 200, "count": 30, "seed": 42,
                      "negative_filter": "qrels", "answer_match": "string",
                      "dpr_lists": ["hard_negative_ctxs"]}
 SOURCES = ("bm25", "triples", "dpr")
-# Speed and memory: the rules pass them with --runtime, outside their params (no rerun trigger).
+# Speed and memory: the rules pass them with --runtime, outside their params (no rerun trigger);
+# rules/retrieval.smk imports this list (its one home).
 RUNTIME_KEYS = ("threads", "index_threads", "batch_size", "java_heap")
 RUN_TAG = "bm25"
 COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCollection
