@@ -137,3 +137,24 @@ def test_a_folder_that_is_not_beir_is_one_error_line(tmp_path, encoder, capsys):
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith("error:") and "corpus.jsonl" in err and "BEIR folder" in err
+
+
+def test_evaluate_is_offline_when_the_hub_libraries_were_imported_first(tmp_path, monkeypatch):
+    """As a library, `evaluate` may run after huggingface_hub, datasets and transformers were
+    imported online: they read the offline variables at import, so setting only the environment
+    would leave them fetching. Checked through each library's own offline test."""
+    import datasets as hf_datasets
+    import huggingface_hub
+    import transformers.utils.hub
+
+    for name in mteb_eval.OFFLINE:
+        monkeypatch.delenv(name, raising=False)  # restored after the test
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_datasets.config, "HF_DATASETS_OFFLINE", False)
+    assert not transformers.utils.hub.is_offline_mode()  # as imported by an online caller
+    with pytest.raises(mteb_eval.InputFileError, match="not a model folder"):
+        mteb_eval.evaluate(tmp_path, "SciFact", tmp_path, "test", {})
+    assert huggingface_hub.constants.is_offline_mode()
+    assert transformers.utils.hub.is_offline_mode()
+    assert hf_datasets.config.HF_HUB_OFFLINE and hf_datasets.config.HF_DATASETS_OFFLINE

@@ -11,8 +11,9 @@ whole corpus and its scores. Only the data and the encoder are ours:
 
 - the data: MTEB's loader fetches a task's files from the Hugging Face Hub, so the task's
   `dataset` is filled here from a local BEIR folder (corpus.jsonl, queries.jsonl,
-  qrels/<split>.tsv; the BEIR layout MTEB's own Hub copies have) and marked loaded; the Hub and
-  `datasets` are set offline before mteb is imported, so nothing is ever fetched;
+  qrels/<split>.tsv; the BEIR layout MTEB's own Hub copies have) and marked loaded; the Hub,
+  `datasets` and transformers are set offline by `evaluate` before mteb is imported, so nothing
+  is ever fetched, also where the caller imported them first (`go_offline`);
 - the encoder: any Hugging Face folder (safetensors) embedded by `encode.embed` with the
   retrieval knobs of `--config` (retrieval_settings.RetrievalSettings: pooling, similarity,
   q_len, p_len, title mode, query / passage prefixes), exactly as the workflow's encode and
@@ -33,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,21 @@ log = logging.getLogger(__name__)
 
 # Nothing may be fetched: the Hub, `datasets` and transformers are offline before mteb loads.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def go_offline() -> None:
+    """Set OFFLINE, and its flags in the Hub's and `datasets`' modules already imported.
+
+    Both read the variables once, when imported (huggingface_hub.constants.HF_HUB_OFFLINE, which
+    transformers' is_offline_mode returns too; datasets.config.HF_HUB_OFFLINE): a library caller
+    that imported them before `evaluate` would otherwise stay online whatever the environment."""
+    os.environ.update(OFFLINE)
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:
+        hub.HF_HUB_OFFLINE = True
+    data = sys.modules.get("datasets.config")
+    if data is not None:
+        data.HF_HUB_OFFLINE = data.HF_DATASETS_OFFLINE = True
 
 
 def settings(config: dict[str, Any]) -> RetrievalSettings:
@@ -187,8 +204,8 @@ def with_card_settings(encoder: Path, config: dict[str, Any]) -> tuple[dict[str,
 
 def evaluate(encoder: Path, task_name: str, data: Path, split: str, config: dict[str, Any],
              ignore_identical_ids: bool | None = None) -> dict[str, Any]:
-    """MTEB's scores of the encoder on the task's split read from `data`."""
-    os.environ.update(OFFLINE)
+    """MTEB's scores of the encoder on the task's split read from `data` (offline: go_offline)."""
+    go_offline()
     if not (Path(encoder) / "config.json").is_file():
         raise InputFileError(f"{encoder} is not a model folder (no config.json); give an encoder "
                              "folder, e.g. results/pretrain/<model>/encoder")
