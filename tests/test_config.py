@@ -185,6 +185,19 @@ def test_missing_section_is_reported(demo):
             lambda c: c["evaluate"]["baselines"][0]["published"][0].update(measure="NDCG@10"),
             r"evaluate\.baselines\.0\.published\.0\.measure.*'NDCG@10' is not measured",
         ),
+        # A column's benchmark selects the published numbers beside it: a misspelt one would drop
+        # them all, another dataset's would print that benchmark's number beside our scores.
+        (
+            lambda c: c["report"]["tables"][0]["columns"][0].update(
+                benchmark="msmarco-pasage-dev"),
+            r"report\.tables\[main\]\.columns\.0\.benchmark': 'msmarco-pasage-dev' is not a "
+            r"known benchmark; known: msmarco-passage-dev",
+        ),
+        (
+            lambda c: c["report"]["tables"][0]["columns"][0].update(benchmark="dl19-passage"),
+            r"columns\.0\.benchmark': 'dl19-passage' is msmarco-passage/dl19, but the column "
+            r"scores scifact/test",
+        ),
     ],
 )
 def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
@@ -311,6 +324,16 @@ def test_the_ablation_overlay_on_the_paper_config_is_valid():
     experiment_config.validate(paper)
     names = [m["name"] for m in paper["pretrain"]["models"]]
     assert len(names) == len(set(names)) and len(names) > 5
+
+
+def test_every_published_number_names_a_benchmark_a_column_can_name():
+    """Else a column could never be given that number: BENCHMARKS must list each one."""
+    from retrieval_pretraining import paper_numbers
+
+    named = {p.benchmark for p in paper_numbers.PAPER}
+    named |= {p.benchmark for values in paper_numbers.BM25.values() for p in values}
+    named |= {p.benchmark for a in paper_numbers.ANCHORS.values() for p in a["values"]}
+    assert named <= set(paper_numbers.BENCHMARKS), named - set(paper_numbers.BENCHMARKS)
 
 
 def test_the_ablations_run_as_the_costa_paper_ran_them():

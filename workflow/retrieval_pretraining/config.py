@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import jsonschema
 import yaml
 
+from . import paper_numbers
 from .errors import BadInput, add_debug_option
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
@@ -214,6 +215,7 @@ def cross_check(config: dict[str, Any]) -> list[str]:
             )
     messages += _baseline_checks(config, must_name)
     messages += _negatives_mistakes(config)
+    messages += _benchmark_mistakes(config)
     return messages
 
 
@@ -245,6 +247,22 @@ def _negatives_mistakes(config: dict[str, Any]) -> list[str]:
         elif split is None:
             messages.append(f"config key '{key}.split': '{dataset['name']}' has no split "
                             f"'{entry['split']}'")
+    return messages
+
+
+def _benchmark_mistakes(config: dict[str, Any]) -> list[str]:
+    """A table column's `benchmark` selects the published numbers beside it: it must be one
+    paper_numbers knows, of the column's own dataset and split (paper_numbers.BENCHMARKS)."""
+    messages = []
+    for table in config["report"]["tables"]:
+        for i, column in enumerate(table["columns"]):
+            if "benchmark" not in column:
+                continue
+            why = paper_numbers.benchmark_mistake(column["benchmark"], column["dataset"],
+                                                  column["split"])
+            if why:
+                messages.append(f"config key 'report.tables[{table['name']}].columns.{i}"
+                                f".benchmark': {why}")
     return messages
 
 

@@ -125,6 +125,32 @@ PAPER: tuple[Published, ...] = (
     ),
 )
 
+# The dataset and split (as the configs name them) each benchmark is. A column's `benchmark` must be
+# one of these and match the column's own dataset and split (config.cross_check): a misspelt one
+# would silently drop every published number of the column, and another dataset's would print that
+# benchmark's number, with a delta, beside our scores of this one.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "msmarco-passage-dev": ("msmarco-passage", "dev"),
+    "dl19-passage": ("msmarco-passage", "dl19"),
+    "msmarco-doc-dev": ("msmarco-doc", "dev"),
+    "dl19-doc": ("msmarco-doc", "dl19"),
+    "scifact-test": ("scifact", "test"),
+    "nq-test": ("nq", "test"),
+    "trivia-test": ("trivia", "test"),
+}
+
+
+def benchmark_mistake(benchmark: str, dataset: str, split: str) -> str | None:
+    """Why a column of `dataset`/`split` cannot name `benchmark`; None when it can."""
+    if benchmark not in BENCHMARKS:
+        return f"'{benchmark}' is not a known benchmark; known: {', '.join(BENCHMARKS)}"
+    if BENCHMARKS[benchmark] != (dataset, split):
+        expected = "/".join(BENCHMARKS[benchmark])
+        return (f"'{benchmark}' is {expected}, but the column scores {dataset}/{split}; name the "
+                "benchmark of the column's own data, or none")
+    return None
+
+
 # BM25 depends on (k1, b): a row may only be compared with the number for its own parameters.
 BM25: dict[tuple[float, float], tuple[Published, ...]] = {
     (0.9, 0.4): (
