@@ -240,6 +240,19 @@ def test_missing_metrics_fail_with_the_fix_unless_allowed(synthetic, tmp_path):
     assert "Missing" in (tmp_path / "t.md").read_text()
 
 
+@pytest.mark.parametrize("allow_missing", [False, True])
+def test_a_non_finite_aggregate_fails_naming_the_file_and_measure(synthetic, tmp_path,
+                                                                  allow_missing):
+    """A NaN printed as "nan" and, in the first row, kept the column's best value from bold."""
+    results, _ = synthetic
+    path = results / "metrics" / "scifact" / "bert-stage1" / "test.json"
+    data = json.loads(path.read_text())
+    data["aggregate"]["R@100"] = float("nan")
+    path.write_text(json.dumps(data))  # JSON's NaN, as json.dumps writes it
+    with pytest.raises(MetricsError, match=r"bert-stage1/test\.json: aggregate 'R@100' is nan"):
+        make_tables(params(), results, tmp_path / "t.md", allow_missing=allow_missing)
+
+
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
     results, scores = synthetic
     rng = np.random.default_rng(5)

@@ -2,8 +2,9 @@
 
 Written by `evaluate.py` (rule score_run) under the scores contract: `aggregate` (measure -> mean),
 `per_query` (measure -> query id -> score), `run`, `qrels`, `measures`, `relevance_level`. A
-missing or malformed file fails with the command that builds it, unless partial tables were asked
-for (`MetricsCache`'s allow_missing: the cell then shows –). A column names its measure as its
+missing or malformed file (an aggregate that is not a finite number included) fails with the
+command that builds it, unless partial tables were asked for (`MetricsCache`'s allow_missing: a
+missing file's cell then shows –). A column names its measure as its
 split's `measures` list does (`R@1000`); a split scored at relevance level 2 stores it as
 `R(rel=2)@1000`, found here through `evaluate.stored_name`.
 """
@@ -11,6 +12,7 @@ split's `measures` list does (`R@1000`); a split scored at relevance level 2 sto
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,11 @@ class Metrics:
             return measure
 
 
+def _is_finite_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def load_metrics(path: Path) -> Metrics:
     if not path.is_file():
         raise MetricsError(
@@ -63,6 +70,13 @@ def load_metrics(path: Path) -> Metrics:
             raise MetricsError(
                 f"{path}: key '{key}' missing or not an object (scores contract: "
                 "aggregate, per_query, run, qrels, measures)"
+            )
+    for measure, value in data["aggregate"].items():
+        # A NaN would print as "nan" and, compared first, keep the column's best value unbolded.
+        if not _is_finite_number(value):
+            raise MetricsError(
+                f"{path}: aggregate {measure!r} is {value!r}, not a finite number; the scoring "
+                "went wrong: delete the file and rerun score_run"
             )
     return Metrics(path, data["aggregate"], data["per_query"], data.get("run"),
                    int(data.get("relevance_level", 1)), data.get("run_sha256"),
