@@ -583,6 +583,34 @@ def test_a_column_finds_a_measure_scored_at_relevance_level_2_by_its_papers_name
     assert set(tested) == {"bm25", "bert-stage1"} and all(0 <= t["p"] <= 1 for t in tested.values())
 
 
+def test_the_legend_states_a_binary_measures_relevance_threshold_where_it_is_not_1(tmp_path):
+    """paper.yaml scores DL19 passage at relevance level 2 and DL19 doc at 1, both columns read
+    plainly "DL19 R@..."; the legend says which grade counted, for recall (binary), not for nDCG
+    (graded gains whatever the level), and not for a level-1 column."""
+    rng = np.random.default_rng(5)
+    results = tmp_path / "results"
+    for system in ("bm25", "bert-stage1"):
+        for split, level in (("dl19", 2), ("dev", 1)):
+            recall = "R(rel=2)@100" if level == 2 else "R@100"
+            write_metrics(results, "msmarco", system, split,
+                          {"nDCG@10": rng.uniform(0, 1, len(QIDS)),
+                           recall: rng.uniform(0, 1, len(QIDS))})
+            path = results / "metrics" / "msmarco" / system / f"{split}.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), "relevance_level": level}))
+    p = params()
+    p["models"] = [{"name": "bert", "objective": "none"}]
+    p["report"]["stages"] = p["report"]["stages"][:1]
+    p["report"]["significance"]["baselines"] = []
+    p["report"]["tables"] = [{"name": "dl19", "columns": [
+        {"dataset": "msmarco", "split": split, "measure": m, "label": f"{split} {m}"}
+        for split in ("dl19", "dev") for m in ("nDCG@10", "R@100")]}]
+    make_tables(p, results, tmp_path / "t.md")
+    legend = next(line for line in (tmp_path / "t.md").read_text().splitlines()
+                  if line.startswith("Legend:"))
+    assert "dl19 R@100 counts grade ≥ 2 as relevant" in legend, legend
+    assert "nDCG@10 counts" not in legend and "dev R@100 counts" not in legend, legend
+
+
 def test_a_column_whose_measure_its_split_does_not_score_fails_at_parse_time(tmp_path):
     """Not after GPU-days of runs, at make_tables: the plan itself fails, naming each column."""
     from workflow_harness import copy_project, snakemake

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import paper_numbers
 from .layout import MEASURED_MARK, Cell, Group, Row, model_labels
-from .metrics import MetricsCache, MetricsError, measure_value
+from .metrics import Metrics, MetricsCache, MetricsError, measure_value
 from .significance import mark_best, mark_significance
 
 
@@ -46,6 +46,14 @@ def bm25_row_label(params: dict[str, Any], columns: list[dict[str, Any]]) -> str
     return f"BM25 ({'; '.join(parts)})"
 
 
+def measured_cell(m: Metrics | None, measure: str,
+                  published: paper_numbers.Published | None = None) -> Cell:
+    """Our value (None where the metrics file is missing) and the grade it counted relevant."""
+    if m is None:
+        return Cell(None, published=published)
+    return Cell(measure_value(m, measure), published=published, threshold=m.threshold(measure))
+
+
 def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCache) -> list[Group]:
     report = params["report"]
     models = params["models"]
@@ -76,7 +84,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
                 if compare
                 else None
             )
-            row.cells.append(Cell(measure_value(m, c["measure"]) if m else None, published=pub))
+            row.cells.append(measured_cell(m, c["measure"], pub))
         groups.append(Group("Sparse retrieval", [row]))
 
     for gi, stage in enumerate(stages if row_specs else []):
@@ -103,7 +111,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
                         in_domain=c["dataset"] in model.get("pretrained_on", ()),
                         zero_shot=c["dataset"] in (params.get("trained_on") or {}),
                     )
-                row.cells.append(Cell(measure_value(m, c["measure"]) if m else None, published=pub))
+                row.cells.append(measured_cell(m, c["measure"], pub))
             rows.append(row)
         groups.append(Group(stage["label"], rows, stage["suffix"]))
 
@@ -159,11 +167,6 @@ def baseline_group(spec: dict[str, Any], params: dict[str, Any], cache: MetricsC
         row = Row(info[name].get("label") or name, name, objective="baseline")
         for c in spec["columns"]:
             m = cache.get(c["dataset"], name, c["split"])
-            row.cells.append(
-                Cell(
-                    measure_value(m, c["measure"]) if m else None,
-                    published=baseline_published(info[name], c),
-                )
-            )
+            row.cells.append(measured_cell(m, c["measure"], baseline_published(info[name], c)))
         rows.append(row)
     return Group("Baseline encoders (zero-shot, not fine-tuned here)", rows)

@@ -39,6 +39,8 @@ class Cell:
     tests: dict[str, dict[str, float]] = field(default_factory=dict)
     # A reference row's value measured here rather than published: its source, shown in the legend.
     reference_source: str = ""
+    # The lowest grade the measure counted as relevant, where not 1 (Metrics.threshold).
+    threshold: int | None = None
 
 
 @dataclass

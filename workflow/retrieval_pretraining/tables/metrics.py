@@ -49,6 +49,14 @@ class Metrics:
         except EvaluationError:  # not a measure name at all: reported as missing by the caller
             return measure
 
+    def threshold(self, measure: str) -> int | None:
+        """The lowest grade `measure` counted as relevant where that is not 1 (a binary measure
+        of a split scored at relevance_level 2: R@1000 stored as R(rel=2)@1000); None for level
+        1 and for measures without a threshold (nDCG's graded gains, Acc@k's answers)."""
+        if self.relevance_level == 1 or self.key(measure) == measure:
+            return None
+        return self.relevance_level
+
 
 def _is_finite_number(value: object) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)

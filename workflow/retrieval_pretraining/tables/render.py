@@ -71,6 +71,19 @@ def method(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
     )
 
 
+def thresholds(spec: dict[str, Any], groups: list[Group]) -> str:
+    """Which grade a column's binary measure counted as relevant, where not 1 (TREC DL passage
+    recall at grade >= 2): the label alone ("DL19 R@1000") does not say."""
+    lines = []
+    for i, column in enumerate(spec["columns"]):
+        levels = sorted({r.cells[i].threshold for g in groups for r in g.rows
+                         if r.cells[i].threshold is not None})
+        if levels:
+            grades = " or ".join(f"≥ {n}" for n in levels)
+            lines.append(f" {column_label(column)} counts grade {grades} as relevant.")
+    return "".join(lines)
+
+
 def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
     parts = []
     for b in baselines_for(spec, params):
@@ -84,7 +97,7 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
         "significantly worse, a bare mark significantly better. "
         if parts
         else "no significance tests (the table names no baselines). "
-    ) + "Bold: best value of the column within its group."
+    ) + "Bold: best value of the column within its group." + thresholds(spec, groups)
     if any(c.published for g in groups for r in g.rows for c in r.cells):
         sources = sorted(
             {
