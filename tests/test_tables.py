@@ -1,6 +1,7 @@
 """results/tables.md from synthetic per-query scores with known significance outcomes."""
 
 import copy
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -87,7 +88,7 @@ def params(**report_overrides):
     report.update(report_overrides)
     return {
         "experiment": "test",
-        "config_hash": "abc",
+        "resolved_config": {"experiment": "test", "seed": 1},
         "report": report,
         "bm25": {"k1": 0.9, "b": 0.4},
         "models": [
@@ -357,6 +358,11 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
     snakemake(project, "-s", "Snakefile.report", "results/tables.md")
     text = (project / "results/tables.md").read_text()
     assert "BM25 (k1=0.9, b=0.4)" in text and "| COSTA |" in text and "config hash" in text
+    # The whole resolved config rides in the slice and is written: its hash is the one printed.
+    resolved = json.loads((project / "results/report/tables.json").read_text())["resolved_config"]
+    assert resolved["experiment"] == config["experiment"] and "pretrain" in resolved
+    digest = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode())
+    assert f"(sha256 of the resolved config): `{digest.hexdigest()[:16]}`" in text
     # Its row, with the published number and our delta beside its value, and the source named.
     assert f"| {baseline['label']} | 0.640 (0.645, Δ -0.005) | 0.640 |" in text, text
     assert "sources: MTEB (SciFact, main score)" in text
@@ -789,3 +795,18 @@ def test_provenance_names_each_rows_run_digest_and_scoring_code(synthetic, tmp_p
     assert f"| `{'ab' * 8}` |" in costa and "| `v1-3-gdeadbee` (package `cdcdcdcdcdcd`) |" in costa
     bert = next(line for line in text.splitlines() if line.startswith("| bert-stage2 |"))
     assert bert.count("| – |") >= 2, bert  # metrics written before these were recorded
+
+
+def test_the_printed_config_hash_is_the_hash_of_the_config_written_beside_the_tables(synthetic,
+                                                                                    tmp_path):
+    """"sha256 of the resolved config" could not be checked while the config was written nowhere:
+    tables.json holds it, and hashing it as the provenance block says gives the printed hash."""
+    results, _ = synthetic
+    p = params()
+    p["resolved_config"] = {"experiment": "test", "report": p["report"], "seed": 7, "title": "é'"}
+    make_tables(p, results, tmp_path / "t.md", tmp_path / "tables.json")
+    written = json.loads((tmp_path / "tables.json").read_text())["resolved_config"]
+    assert written == p["resolved_config"]
+    recomputed = hashlib.sha256(json.dumps(written, sort_keys=True).encode()).hexdigest()[:16]
+    text = (tmp_path / "t.md").read_text()
+    assert f"- config hash (sha256 of the resolved config): `{recomputed}`\n" in text

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 # What rules/report.smk `report_params` passes.
-SLICE_KEYS = ("experiment", "config_hash", "report", "models", "losses", "encoders", "bm25",
+SLICE_KEYS = ("experiment", "resolved_config", "report", "models", "losses", "encoders", "bm25",
               "bm25_by_dataset", "trained_on", "baselines")
 
 

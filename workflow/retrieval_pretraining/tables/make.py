@@ -73,6 +73,8 @@ def make_tables(
         },
         "low_resource": lowres_summary,
         "missing": [str(p) for p in cache.missing],
+        # The config whose hash the provenance block prints, so that the hash can be checked.
+        "resolved_config": params.get("resolved_config"),
     }
     if json_out is not None:
         artifacts.write_json(json_out, summary)

@@ -17,8 +17,14 @@ from .metrics import Metrics, MetricsCache, metrics_path
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """sha256 of a resolved config, as rules/report.smk computes it for `params["config_hash"]`."""
+    """sha256 of a resolved config as JSON with sorted keys, first 16 hex digits. The config is
+    written into tables.json (`resolved_config`), so a reader can recompute the hash printed."""
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def printed_hash(params: dict[str, Any]) -> str:
+    config = params.get("resolved_config")
+    return "unknown" if config is None else config_hash(config)
 
 
 def encoder_dataset(params: dict[str, Any], dataset: str) -> str:
@@ -56,7 +62,9 @@ def provenance(
         "## Provenance",
         "",
         f"- experiment: `{params.get('experiment', 'unknown')}`",
-        f"- config hash (sha256 of the resolved config): `{params.get('config_hash', 'unknown')}`",
+        f"- config hash (sha256 of the resolved config): `{printed_hash(params)}`",
+        "- the resolved config: `resolved_config` in results/report/tables.json; the hash is "
+        "sha256 of `json.dumps(resolved_config, sort_keys=True)`, its first 16 hex digits",
         f"- tables built with: `{artifacts.git_version()}` (each row's scoring code: its "
         "`scored with` column)",
         f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
