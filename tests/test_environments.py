@@ -209,6 +209,27 @@ def test_gpu_rules_ask_for_gpus_one_launcher_per_node_and_a_warning_signal():
         assert "--signal=TERM@" in resources[trainer].get("slurm_extra", ""), trainer
 
 
+# fp32 bert-base forward over one 512-token chunk on ONE fast core (the audit's measurement): the
+# token-coverage analysis's cost per (model, sample).
+COVERAGE_SECONDS_PER_CHUNK = 1.0
+
+
+def test_token_coverage_gets_the_time_the_shipped_experiments_samples_take():
+    """Default resources (60 min, 1 thread) timed out on bow.yaml's 5 models x 1000 chunks (~83
+    min on one core), retried and timed out again. The runtime covers every shipped experiment's
+    sample even if the threads gave no speed-up, with half again for a slower core."""
+    needs = _profile("profiles/default/config.yaml")["set-resources"]["token_coverage"]
+    threads = _profile("profiles/default/config.yaml")["set-threads"]["token_coverage"]
+    assert threads >= 8 and needs["mem_mb"] >= 8000, (threads, needs)
+    for path in sorted((ROOT / "workflow" / "experiments").glob("*.yaml")):
+        coverage = ((yaml.safe_load(path.read_text()).get("report") or {}).get("analysis")
+                    or {}).get("coverage")
+        if coverage:
+            chunks = len(coverage["models"]) * coverage["samples"]
+            minutes = 1.5 * chunks * COVERAGE_SECONDS_PER_CHUNK / 60
+            assert needs["runtime"] >= minutes, f"{path.name}: {chunks} chunks need ~{minutes:.0f}"
+
+
 def test_slurm_extra_and_partitions_are_accepted_by_the_plugin():
     from types import SimpleNamespace
 
