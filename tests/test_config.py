@@ -336,6 +336,19 @@ def test_every_published_number_names_a_benchmark_a_column_can_name():
     assert named <= set(paper_numbers.BENCHMARKS), named - set(paper_numbers.BENCHMARKS)
 
 
+def test_the_ablation_tables_name_the_data_their_columns_score():
+    """The titles of the Table 5-7 reproductions do not say which data their "MRR@10" is: each
+    column's label must name it, as the passage and document tables' labels do."""
+    overlay = yaml.safe_load((ROOT / "workflow" / "experiments" / "ablations.yaml").read_text())
+    names = {("msmarco-passage", "dev"): "MS MARCO dev", ("msmarco-passage", "dl19"): "DL19",
+             ("msmarco-doc", "dev"): "MS MARCO doc dev", ("msmarco-doc", "dl19"): "DL19 doc"}
+    for table in overlay["report"]["tables"]:
+        for column in table["columns"]:
+            label = column.get("label", "")
+            assert label.startswith(names[column["dataset"], column["split"]] + " "), (
+                table["name"], label)
+
+
 def test_the_ablations_run_as_the_costa_paper_ran_them():
     """COSTA section 5.3: every ablation model samples T = 3 spans per granularity, contrasts at
     temperature 1, pre-trains 3 epochs (half the schedule) with the projector on, and changes one of
