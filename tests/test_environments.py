@@ -230,6 +230,23 @@ def test_token_coverage_gets_the_time_the_shipped_experiments_samples_take():
             assert needs["runtime"] >= minutes, f"{path.name}: {chunks} chunks need ~{minutes:.0f}"
 
 
+def test_the_readme_names_every_rule_that_runs_on_the_login_node():
+    """Local rules bypass sbatch: README's cluster section must say which (score_run's ~175
+    jobs included, where it once said only that downloads run locally) and how to cap them."""
+    section = (ROOT / "README.md").read_text().split("## On a Slurm GPU cluster", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    local = set()
+    for smk in (ROOT / "rules").glob("*.smk"):
+        for block in re.split(r"^(?=(?:rule|checkpoint) )", smk.read_text(), flags=re.MULTILINE):
+            name = re.match(r"(?:rule|checkpoint) (\w+):", block)
+            if name and re.search(r"^\s+localrule: True", block, re.MULTILINE):
+                local.add(name.group(1))
+    assert "score_run" in local
+    unnamed = sorted(rule for rule in local if f"`{rule}`" not in section)
+    assert not unnamed, f"README's cluster section does not say these run locally: {unnamed}"
+    assert "--local-cores" in section
+
+
 def test_slurm_extra_and_partitions_are_accepted_by_the_plugin():
     from types import SimpleNamespace
 
