@@ -161,7 +161,8 @@ def get_report_metrics():
 
 def report_params():
     """The tables' config slice: the report section (minus analyses), the model list, BM25's k1/b,
-    and the whole resolved config (written beside the tables, its hash in the provenance block)."""
+    and the whole resolved config (written beside the tables, its hash in the provenance block).
+    """
     report_section = {k: v for k, v in config["report"].items() if k != "analysis"}
     # rows: null made explicit for the tables stage (table_rows).
     report_section["tables"] = [
