@@ -26,18 +26,17 @@ def analysis_config(key):
 
 
 def tsne_config():
-    """The t-SNE slice plus how the fine-tuned encoders embed text (pooling, similarity) and the
-    split's relevance level (its evaluate.splits entry): the figure marks as relevant what the
-    split's binary measures count (TREC DL passage: grade 2 up, not the related 1s)."""
+    """The t-SNE slice plus the retrieval knobs its runs were encoded and searched with (pooling,
+    similarity, q_len, p_len, title...: the dataset's and stage's `finetune_knobs`, overrides
+    included, as dense.smk `retrieval_knobs` hands them to encoding and search), so the figure
+    embeds what the runs ranked; and the split's relevance level (its evaluate.splits entry): the
+    figure marks as relevant what the split's binary measures count (TREC DL passage: grade 2 up,
+    not the related 1s). The block's own `pooling` (an explicit override) wins."""
     tsne = config["report"]["analysis"]["tsne"]
-    embedding = {
-        k: config["finetune"][k]
-        for k in ("pooling", "similarity")
-        if k in config.get("finetune", {})
-    }
+    knobs = only(finetune_knobs(tsne["dataset"], tsne["stage"]), retrieval_keys())
     entry = evaluate_entry(tsne["dataset"], tsne["split"])
     level = {"relevance_level": int(entry.get("relevance_level", 1))}
-    return experiment_config.stage_argument(embedding | tsne | level)
+    return experiment_config.stage_argument(knobs | tsne | level)
 
 
 rule loss_curves:
@@ -81,7 +80,6 @@ def tsne_inputs(wildcards):
             for m in cfg["models"]
         ],
         "corpus": f"results/datasets/{ds}/corpus.parquet",
-        "info": f"results/datasets/{ds}/dataset.json",
         "queries": f"results/datasets/{ds}/queries-{wildcards.split}.parquet",
         "qrels": f"results/datasets/{ds}/qrels-{wildcards.split}.parquet",
     }

@@ -233,7 +233,7 @@ def toy_tsne(encoder_dir, tmp_path, grades: list[int], cfg: dict) -> dict:
 
 
 def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
-    summary = toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 10, "max_len": 32})
+    summary = toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 10, "q_len": 16, "p_len": 32})
     # d11 has relevance 0 (not relevant); top-10 of a = d0..d9 holds d2, d5; of b = d11..d2 holds d5, d2.
     assert summary["relevant"] == ["d2", "d5"]
     assert summary["models"]["a"] == {
@@ -243,6 +243,31 @@ def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
     }
     assert summary["models"]["b"]["relevant_ranks"] == [7, 10]
     assert (tmp_path / "tsne.png").stat().st_size > 1000
+
+
+def test_tsne_embeds_as_the_runs_were_encoded(encoder_dir, tmp_path, monkeypatch):
+    """Queries at the slice's q_len, documents at its p_len with its title mode, pooled and
+    compared as the runs were (rules/analysis.smk passes the run's own retrieval knobs)."""
+    from retrieval_pretraining import encode
+
+    calls = []
+    embed = encode.embed
+
+    def recorded(model, tokenizer, texts, **kwargs):
+        calls.append({"texts": list(texts), **kwargs})
+        return embed(model, tokenizer, texts, **kwargs)
+
+    monkeypatch.setattr(encode, "embed", recorded)
+    cfg = {"depth": 10, "q_len": 12, "p_len": 40, "title": "none", "pooling": "mean",
+           "similarity": "cosine"}
+    toy_tsne(encoder_dir, tmp_path, [1, 1, 0], cfg)
+    queries = [c for c in calls if c.get("titles") is None]
+    documents = [c for c in calls if c.get("titles") is not None]
+    assert len(queries) == len(documents) == 2  # one of each per model
+    assert {c["max_len"] for c in queries} == {12}
+    assert {c["max_len"] for c in documents} == {40}
+    assert {c["title"] for c in documents} == {"none"}
+    assert {(c["pooling"], c["similarity"]) for c in calls} == {("mean", "cosine")}
 
 
 def drawn_figure(monkeypatch):
@@ -298,7 +323,7 @@ def test_loss_curves_tell_apart_more_runs_than_ten(tmp_path, monkeypatch):
 
 def test_tsne_marks_relevant_at_the_splits_relevance_level(encoder_dir, tmp_path):
     """TREC DL passage is evaluated at level 2: a grade-1 "related" passage is not relevant."""
-    cfg = {"depth": 10, "max_len": 32, "relevance_level": 2}
+    cfg = {"depth": 10, "q_len": 16, "p_len": 32, "relevance_level": 2}
     summary = toy_tsne(encoder_dir, tmp_path, [2, 1, 3], cfg)
     assert summary["relevant"] == ["d11", "d2"]
     assert summary["models"]["a"]["relevant_ranks"] == [3]  # d2; d5 (grade 1) is not marked
@@ -529,3 +554,49 @@ def test_loss_curves_at_paper_scale_smooth_and_fill_a_grid(tmp_path, monkeypatch
     raw, smooth = ax.get_lines()
     assert raw.get_alpha() < 1 and max(raw.get_xdata()) == 200_000
     assert max(abs(y - 1.0) for y in smooth.get_ydata()[10:]) < 1e-9
+
+
+def tsne_plan(tmp_path, overrides: dict, tsne_block: dict) -> dict:
+    """The planned jobs (workflow_harness.planned_params) of the t-SNE figure of `tsne_block`
+    under config.yaml with `overrides`."""
+    from workflow_harness import copy_project, planned_params
+
+    overrides = overrides | {"report": {"analysis": {"tsne": tsne_block}}}
+    project = copy_project(tmp_path / "project", overrides)
+    target = f"results/analysis/tsne/{tsne_block['dataset']}/{tsne_block['split']}.png"
+    return planned_params(project, target)
+
+
+def the_job(plan: dict, rule: str, output: str = "") -> dict:
+    [job] = [j for (r, out), j in plan.items() if r == rule and output in out]
+    return job
+
+
+def test_the_tsne_rule_embeds_with_the_runs_retrieval_knobs(tmp_path):
+    """A dataset's overrides (pooling, similarity, q_len, p_len) reach the figure as they reach
+    the dense search whose run it draws, not the top-level finetune knobs."""
+    import ast
+
+    import yaml
+
+    from retrieval_pretraining.retrieval_settings import retrieval_keys
+    from workflow_harness import ROOT
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    block = config["report"]["analysis"]["tsne"]
+    overridden = {"pooling": "cls", "similarity": "dot", "q_len": 24, "p_len": 40}
+    assert all(config["finetune"].get(k) != v for k, v in overridden.items())
+    datasets = [
+        e | {"overrides": e.get("overrides", {}) | overridden}
+        if e["dataset"] == block["dataset"] else e
+        for e in config["finetune"]["datasets"]
+    ]
+    plan = tsne_plan(tmp_path, {"finetune": {"datasets": datasets}}, block)
+    figure = json.loads(ast.literal_eval(the_job(plan, "tsne_candidates")["named"]["tsne"]))
+    for model in block["models"]:
+        run = f"results/runs/{block['dataset']}/{model}-{block['stage']}/{block['split']}.trec"
+        search = json.loads(ast.literal_eval(the_job(plan, "dense_search", run)["named"]["search"]))
+        assert {k: figure.get(k) for k in retrieval_keys()} == {
+            k: search.get(k) for k in retrieval_keys()
+        }
+    assert {k: figure[k] for k in overridden} == overridden

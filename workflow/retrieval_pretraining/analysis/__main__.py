@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..config import ConfigError, object_schema, refuse_unknown, section_schema, stage_parser
 from ..errors import command
+from ..retrieval_settings import retrieval_keys
 from .coverage import coverage
 from .cpdae_words import cpdae_top_words
 from .loss_curves import loss_curves
@@ -27,12 +28,14 @@ BLOCKS = {"tsne": "tsne", "coverage": "coverage", "cpdae-words": "cpdae_top_word
 
 
 def check_config(command: str, cfg: dict) -> None:
-    """Refuse a key the command's block does not have (t-SNE also gets the fine-tuning pooling
-    and similarity and the split's relevance level, rules/analysis.smk tsne_config), and a block
-    without its required keys."""
+    """Refuse a key the command's block does not have (t-SNE also gets the retrieval knobs its
+    runs were encoded with and the split's relevance level, rules/analysis.smk tsne_config), and
+    a block without its required keys."""
     blocks = section_schema("report")["properties"]["analysis"]["properties"]
     block = object_schema(blocks[BLOCKS[command]]) if command in BLOCKS else {"properties": {}}
-    known = set(block["properties"]) | ({"pooling", "similarity", "relevance_level"} if command == "tsne" else set())
+    known = set(block["properties"])
+    if command == "tsne":
+        known |= retrieval_keys() | {"relevance_level"}
     refuse_unknown(cfg, known, f"analysis {command}")
     missing = [key for key in block.get("required", []) if key not in cfg]
     if missing:

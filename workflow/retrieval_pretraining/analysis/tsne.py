@@ -12,6 +12,7 @@ from .. import artifacts
 from ..config import ConfigError
 from ..errors import InputFileError, reading
 from ..model_folder import check_safetensors
+from ..retrieval_settings import RetrievalSettings, retrieval_keys
 from ..contracts.runs import utf8_lines
 from .common import encoder_weights, pyplot, save_figure, write_manifest
 
@@ -58,6 +59,11 @@ def tsne_points(vectors: np.ndarray, seed: int) -> np.ndarray:
     ).fit_transform(vectors.astype(np.float32))
 
 
+def retrieval_settings(cfg: dict[str, Any]) -> RetrievalSettings:
+    """The retrieval knobs among the t-SNE slice's keys (defaults for those missing)."""
+    return RetrievalSettings(**{k: v for k, v in cfg.items() if k in retrieval_keys()})
+
+
 def tsne(
     models: dict[str, tuple[Path, Path]],
     dataset_dir: Path,
@@ -68,7 +74,9 @@ def tsne(
     out_json: Path,
 ) -> dict[str, Any]:
     """models: name -> (fine-tuned encoder folder, run file). A document is relevant when its
-    grade is at least `cfg["relevance_level"]` (the split's evaluate level; default 1)."""
+    grade is at least `cfg["relevance_level"]` (the split's evaluate level; default 1). Queries
+    and documents are embedded as the runs' encoding and search did: with the retrieval knobs in
+    `cfg` (pooling, similarity, q_len, p_len, title..., rules/analysis.smk tsne_config)."""
     import polars as pl
     import torch
 
@@ -77,8 +85,8 @@ def tsne(
     for encoder_dir, _ in models.values():  # fail before any work on a missing or pickled encoder
         check_safetensors(encoder_dir)
 
+    knobs = retrieval_settings(cfg)
     torch.manual_seed(seed)
-    info = datasets.read_info(dataset_dir)
     with reading(dataset_dir / f"qrels-{split}.parquet", "a qrels Parquet file"):
         # The split's own level: at 2 (TREC DL passage) a grade-1 "related" passage is not one.
         qrels = datasets.read_qrels(
@@ -109,18 +117,18 @@ def tsne(
     for ax, (name, (encoder_dir, _)) in zip(axes[0], models.items()):
         ids = runs[name][qid]
         model, tokenizer = encode.load_encoder(encoder_dir, torch.device("cpu"))
-        opts = {
-            "max_len": cfg.get("max_len", 128),
-            "pooling": cfg.get("pooling", "cls"),
-            "similarity": cfg.get("similarity", "dot"),
-        }
-        q_vec = encode.embed(model, tokenizer, [query], **opts)
+        opts = {"pooling": knobs.pooling, "similarity": knobs.similarity}
+        q_vec = encode.embed(
+            model, tokenizer, [query], max_len=knobs.q_len, prefix=knobs.query_prefix, **opts
+        )
         d_vec = encode.embed(
             model,
             tokenizer,
             [docs[d][1] for d in ids],
             titles=[docs[d][0] for d in ids],
-            title=info.get("title", "space"),
+            title=knobs.title,
+            max_len=knobs.p_len,
+            prefix=knobs.passage_prefix,
             **opts,
         )
         points = tsne_points(np.vstack([q_vec, d_vec]), seed)
