@@ -561,8 +561,11 @@ def tsne_plan(tmp_path, overrides: dict, tsne_block: dict) -> dict:
     under config.yaml with `overrides`."""
     from workflow_harness import copy_project, planned_params
 
-    overrides = overrides | {"report": {"analysis": {"tsne": tsne_block}}}
-    project = copy_project(tmp_path / "project", overrides)
+    report = overrides.get("report", {})
+    analysis = report.get("analysis", {}) | {"tsne": tsne_block}
+    project = copy_project(
+        tmp_path / "project", overrides | {"report": report | {"analysis": analysis}}
+    )
     target = f"results/analysis/tsne/{tsne_block['dataset']}/{tsne_block['split']}.png"
     return planned_params(project, target)
 
@@ -600,3 +603,57 @@ def test_the_tsne_rule_embeds_with_the_runs_retrieval_knobs(tmp_path):
             k: search.get(k) for k in retrieval_keys()
         }
     assert {k: figure[k] for k in overridden} == overridden
+
+
+def finetune_jobs(plan: dict) -> set[str]:
+    return {out for (rule, out) in plan if rule.startswith("finetune_")}
+
+
+def tsne_encoder_cases() -> dict[str, tuple[dict, dict]]:
+    """(config overrides, t-SNE block) of the stages whose encoder is not
+    results/finetune/{model}/{dataset}/{stage}: stage 1 `init` (a second SciFact fine-tuned from
+    the first one's stage 2), stage 0 (the pre-trained encoder), a zero-shot target."""
+    import yaml
+
+    import test_zero_shot
+    from workflow_harness import ROOT
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    block = config["report"]["analysis"]["tsne"] | {"models": ["costa"]}
+    scifact = next(d for d in config["datasets"] if d["name"] == "scifact")
+    init = {
+        "datasets": config["datasets"] + [scifact | {"name": "scifact2"}],
+        "finetune": {"datasets": config["finetune"]["datasets"] + [{
+            "dataset": "scifact2", "split": "train",
+            "overrides": {"stage1": "init", "stage1_init": "scifact/stage2", "rounds": 1},
+        }]},
+        "evaluate": {"splits": config["evaluate"]["splits"] + [
+            {"dataset": "scifact2", "split": "test", "measures": ["nDCG@10"]}
+        ]},
+        "bm25": {"negatives": config["bm25"]["negatives"] + [
+            config["bm25"]["negatives"][0] | {"dataset": "scifact2"}
+        ]},
+    }
+    zero_shot = test_zero_shot._overrides()
+    return {
+        "stage1 init": (init, block | {"dataset": "scifact2", "stage": "stage1"}),
+        "stage0": ({}, block | {"stage": "stage0"}),
+        "zero-shot target": (zero_shot, block | {"dataset": test_zero_shot.TARGET}),
+    }
+
+
+@pytest.mark.parametrize("case", ["stage1 init", "stage0", "zero-shot target"])
+def test_the_tsne_rule_reads_the_encoder_that_searched_its_runs(case, tmp_path):
+    """The figure's encoder is the one dense_search used for the same system, and drawing it
+    plans no fine-tuning job that the runs themselves do not need."""
+    from workflow_harness import copy_project, planned_params
+
+    overrides, block = tsne_encoder_cases()[case]
+    plan = tsne_plan(tmp_path, overrides, block)
+    run = f"results/runs/{block['dataset']}/costa-{block['stage']}/{block['split']}.trec"
+    search = the_job(plan, "dense_search", run)
+    [encoder] = [p for p in search["input"] if p.endswith("/encoder")]
+    models = the_job(plan, "tsne_candidates")["named"]["models"]
+    assert f"costa={encoder},{run}" in models
+    runs_only = planned_params(copy_project(tmp_path / "runs", overrides), run)
+    assert finetune_jobs(plan) == finetune_jobs(runs_only)
