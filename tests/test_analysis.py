@@ -184,6 +184,31 @@ def test_loss_curves_summarise_every_run(tmp_path):
         loss_curves.loss_curves({"bad": tmp_path / "bad.jsonl"}, tmp_path / "x.png")
 
 
+def test_loss_curves_plot_real_metrics_against_tokens_seen(tmp_path):
+    """Records shaped as pretrain/train.py writes them: a step-0 record of probes only (written
+    without tokens_seen before it carried it), then training steps that log tokens_seen. The
+    probe record draws no loss, so it must not cost the runs (batches of different sizes) their
+    common tokens-seen axis."""
+    for name, batch_tokens in (("mlm", 2048 * 512), ("cpdae", 64 * 512)):
+        records = [{"step": 0, "probe_mlm_accuracy": 0.1}]
+        records += [
+            {"step": s, "loss": 5 - s / 10, "loss_mlm": 4 - s / 10, "lr": 1e-4,
+             "tokens_seen": s * batch_tokens, "probe_mlm_accuracy": 0.2}
+            for s in range(1, 6)
+        ]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    loss_curves.loss_curves(
+        {n: tmp_path / f"{n}.jsonl" for n in ("mlm", "cpdae")}, tmp_path / "loss.png"
+    )
+    manifest = json.loads((tmp_path / "loss.manifest.json").read_text())
+    assert manifest["params"]["x_axis"] == "tokens_seen"
+    (tmp_path / "cpdae.jsonl").write_text('{"step": 1, "loss": 2.0}\n')  # one without: steps
+    loss_curves.loss_curves(
+        {n: tmp_path / f"{n}.jsonl" for n in ("mlm", "cpdae")}, tmp_path / "loss.png"
+    )
+    assert json.loads((tmp_path / "loss.manifest.json").read_text())["params"]["x_axis"] == "step"
+
+
 def test_pick_query_prefers_two_relevant_in_every_run():
     qrels = {"q1": {"d1"}, "q2": {"d1", "d2"}, "q3": {"d3", "d4"}}
     runs = {"a": {"q1": [], "q2": [], "q3": []}, "b": {"q1": [], "q3": []}}

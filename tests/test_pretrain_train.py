@@ -77,6 +77,20 @@ def test_a_trainer_start_reads_each_shard_once_to_hash_it(setup, tmp_path, monke
     assert sorted(name for name in hashed if name in shards) == sorted(shards)
 
 
+def test_the_step_0_probe_record_counts_tokens_so_loss_curves_use_them(setup, tmp_path):
+    """The probes before the first step are logged with tokens_seen (0), like every later record:
+    the loss curves plot runs of different batch sizes against tokens seen only when every record
+    logs it."""
+    from retrieval_pretraining.analysis import loss_curves
+
+    settings = fx.model_settings("mlm", max_steps=2, probe_chunks=4, probe_every=1, log_every=1)
+    code, records = _run(settings, setup, tmp_path)
+    assert code == 0 and records[0]["step"] == 0 and records[0]["tokens_seen"] == 0
+    assert any(key.startswith("probe_") for key in records[0])
+    assert all(isinstance(r["tokens_seen"], int) for r in records)
+    assert loss_curves.x_axis({"mlm": records}) == ("tokens_seen", "tokens seen")
+
+
 def test_only_the_main_rank_reads_the_shards_to_hash_them(setup, tmp_path, monkeypatch):
     """Every rank reading every shard at each start was ~13 GB a rank at paper scale, 8 to 64
     times over from one shared file system: the main rank hashes, the others adopt its sums

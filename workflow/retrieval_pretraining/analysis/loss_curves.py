@@ -3,7 +3,8 @@
 At paper scale (100k steps, a dozen runs and more) the raw values are a band of noise: each run
 is drawn as a trailing mean over a twentieth of its logged points, the raw values faint behind
 it, and the JSON records the smoothed last value beside the raw one. The x axis is tokens seen
-when every record logs it (CPDAE's batch differs from the others'), else the step.
+when every record with a loss term logs it (CPDAE's batch differs from the others'), else the
+step.
 """
 
 from __future__ import annotations
@@ -62,9 +63,16 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
+def loss_terms(record: dict[str, Any]) -> list[str]:
+    """The record's loss terms (loss, loss_mlm, ...): the values the panels draw."""
+    return [k for k, v in record.items() if k.startswith("loss") and isinstance(v, (int, float))]
+
+
 def x_axis(curves: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
-    """(record key, axis label): tokens seen when every logged step has it, else the step."""
-    steps = [r for recs in curves.values() for r in recs if "step" in r]
+    """(record key, axis label): tokens seen when every drawn point has it, else the step. A
+    record without a loss term (the step-0 probe record of a run written before it carried
+    tokens_seen) draws nothing, so it does not decide the axis."""
+    steps = [r for recs in curves.values() for r in recs if "step" in r and loss_terms(r)]
     if steps and all(isinstance(r.get("tokens_seen"), (int, float)) for r in steps):
         return "tokens_seen", "tokens seen"
     return "step", "step"
@@ -87,15 +95,7 @@ def loss_curves(
 ) -> dict[str, Any]:
     """One panel per loss term (loss, loss_mlm, loss_gwc, ...), one line per pre-training run."""
     curves = {name: read_jsonl(path) for name, path in runs.items()}
-    terms = sorted(
-        {
-            k
-            for recs in curves.values()
-            for r in recs
-            for k in r
-            if k.startswith("loss") and isinstance(r[k], (int, float))
-        }
-    )
+    terms = sorted({k for recs in curves.values() for r in recs for k in loss_terms(r)})
     plt = pyplot()
     fig, axes = panel_grid(plt, max(1, len(terms)))
     styles = run_styles(list(curves))

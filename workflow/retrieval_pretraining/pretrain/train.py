@@ -276,7 +276,9 @@ def _train(
                 {k: v.to(env.device) for k, v in b.items()} for b in held_out])
 
     if held_out and start == 0:
-        metrics.write({"step": 0, **probe_scores()})
+        # tokens_seen (0 here: a run resumed past step 0 writes no step-0 record) lets the loss
+        # curves keep their tokens-seen axis, which needs it on every record.
+        metrics.write({"step": 0, "tokens_seen": tokens_seen, **probe_scores()})
     stop = training.StopFlag()
     bar = training.Progress(total_steps, initial=start, enabled=env.is_main, desc=settings["name"])
     training.reap_workers_at_exit()  # workers ignore SIGTERM: never let the exit wait on them
