@@ -295,6 +295,30 @@ def test_tsne_embeds_as_the_runs_were_encoded(encoder_dir, tmp_path, monkeypatch
     assert {(c["pooling"], c["similarity"]) for c in calls} == {("mean", "cosine")}
 
 
+def test_the_tsne_legend_hides_no_point(encoder_dir, tmp_path, monkeypatch):
+    """One legend for the figure, outside every panel (a legend inside one could cover the query
+    or a candidate)."""
+    figures = []
+    save = tsne.save_figure
+    monkeypatch.setattr(
+        tsne, "save_figure", lambda fig, path: (figures.append(fig), save(fig, path))
+    )
+    toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 10})
+    (fig,) = figures
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # pyplot closed the figure, leaving it a canvas that cannot draw
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    assert len(legends) == 1
+    labels = [text.get_text() for text in legends[0].get_texts()]
+    assert labels == ["top-10 candidates", "relevant", "query"]
+    box = legends[0].get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+
+
 def drawn_figure(monkeypatch):
     """The figure loss_curves saves, kept open for inspection."""
     figures = []

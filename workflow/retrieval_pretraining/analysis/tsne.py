@@ -107,7 +107,9 @@ def tsne(
     )
     docs = dict(zip(corpus["doc_id"], zip(corpus["title"], corpus["text"])))
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(models), figsize=(4.2 * len(models), 4.4), squeeze=False, layout="constrained"
+    )
     summary: dict[str, Any] = {
         "query_id": qid,
         "query": query,
@@ -163,9 +165,10 @@ def tsne(
             "relevant_retrieved": int(relevant.sum()),
             "relevant_ranks": [i + 1 for i, r in enumerate(relevant) if r],
         }
-    axes[0][0].legend(fontsize="small", loc="best")
+    # Below the panels, not inside one: a legend in the axes may hide the query or a candidate.
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=3,
+               fontsize="small")
     fig.suptitle(f"query {qid}: {query[:80]}", fontsize="small")
-    fig.tight_layout()
     save_figure(fig, out_png)
     plt.close(fig)
     artifacts.write_json(out_json, summary)
