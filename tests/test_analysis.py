@@ -270,6 +270,24 @@ def test_tsne_marks_the_relevant_candidates(encoder_dir, tmp_path):
     assert (tmp_path / "tsne.png").stat().st_size > 1000
 
 
+def test_tsne_names_a_candidate_missing_from_the_corpus(encoder_dir, tmp_path):
+    """A run of another corpus: the error names the run, the doc id and the corpus file."""
+    from retrieval_pretraining.errors import InputFileError
+
+    original = tsne.read_run
+
+    def with_stranger(path, depth):  # run b ranks d99, which the toy corpus (d0..d11) lacks
+        ranked = original(path, depth)
+        if Path(path).name == "b.trec":
+            ranked["q1"] = ["d3", "d99"] + ranked["q1"][2:]
+        return ranked
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tsne, "read_run", with_stranger)
+        with pytest.raises(InputFileError, match=r"run 'b' ranks doc id 'd99'.*corpus\.parquet"):
+            toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 10})
+
+
 def test_tsne_embeds_as_the_runs_were_encoded(encoder_dir, tmp_path, monkeypatch):
     """Queries at the slice's q_len, documents at its p_len with its title mode, pooled and
     compared as the runs were (rules/analysis.smk passes the run's own retrieval knobs)."""

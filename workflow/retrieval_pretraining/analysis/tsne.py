@@ -20,8 +20,9 @@ from .common import encoder_weights, pyplot, save_figure, write_manifest
 def pick_query(
     qrels: dict[str, set[str]], runs: dict[str, dict[str, list[str]]], wanted: str | None
 ) -> str:
-    """The configured query, else the first query id (sorted) with >= 2 relevant docs in every
-    run."""
+    """The configured query, else the first query id (sorted) that is in every run and has >= 2
+    judged-relevant documents (whether the runs retrieved them or not), else the first judged
+    query in every run."""
     if wanted is not None:
         if wanted not in qrels or any(wanted not in r for r in runs.values()):
             raise ConfigError(
@@ -37,6 +38,21 @@ def pick_query(
             return qid
     raise InputFileError(f"no judged query appears in every run ({', '.join(runs)}); check "
                          "that the runs are of this dataset and split")
+
+
+def check_candidates(
+    runs: dict[str, dict[str, list[str]]], qid: str, docs: dict[str, Any], corpus: Path
+) -> None:
+    """Refuse a run whose candidates for `qid` name a document the corpus lacks (a run of
+    another dataset, or of a corpus prepared again since), naming the run, the id and the corpus."""
+    for name, run in runs.items():
+        missing = [d for d in run[qid] if d not in docs]
+        if missing:
+            raise InputFileError(
+                f"run {name!r} ranks doc id {missing[0]!r} for query {qid!r} ({len(missing)} "
+                f"missing in all), which is not in {corpus}; the run is of another corpus: rerun "
+                "its dense search"
+            )
 
 
 def read_run(path: Path, depth: int) -> dict[str, list[str]]:
@@ -106,6 +122,7 @@ def tsne(
         .collect()
     )
     docs = dict(zip(corpus["doc_id"], zip(corpus["title"], corpus["text"])))
+    check_candidates(runs, qid, docs, dataset_dir / "corpus.parquet")
     plt = pyplot()
     fig, axes = plt.subplots(
         1, len(models), figsize=(4.2 * len(models), 4.4), squeeze=False, layout="constrained"
