@@ -33,10 +33,11 @@ def baseline_encoder(name):
 
 def baseline_knobs(name, dataset):
     """encode.py's and dense_search.py's slice for a baseline on a dataset: its own pooling,
-    similarity, lengths and prefixes; finetune's batch size, dtype and search depth; the dataset's
-    title mode and query-id rule (as our models get them)."""
+    similarity, lengths and prefixes; finetune's dtype and search depth; the dataset's title mode
+    and query-id rule (as our models get them). finetune's encode_batch_size travels as
+    `--runtime` (dense.smk `retrieval_runtime`)."""
     entry, shared = baseline_entry(name), config["finetune"]
-    knobs = {k: shared[k] for k in ("encode_batch_size", "dtype", "search_depth")}
+    knobs = {k: shared[k] for k in ("dtype", "search_depth")}
     own = ("pooling", "similarity", "q_len", "p_len", "query_prefix", "passage_prefix")
     knobs |= {k: entry[k] for k in own if k in entry}
     data = named("datasets", dataset)
@@ -120,6 +121,8 @@ rule encode_baseline_shard:
     conda:
         conda_env("torch")
     threads: 2
+    resources:
+        retrieval_runtime=lambda wc: retrieval_runtime(config["finetune"]),
     params:
         encode=baseline_encode_argument,
         shards=config["finetune"]["shards"],
@@ -164,9 +167,12 @@ rule baseline_search:
         split="[A-Za-z0-9_.-]+",
     conda:
         conda_env("faiss")
+    resources:
+        retrieval_runtime=lambda wc: retrieval_runtime(config["finetune"]),
     params:
         search=baseline_argument,
     shell:
-        "python -m retrieval_pretraining.dense_search --config '{params.search}' --index {input.index} "
+        "python -m retrieval_pretraining.dense_search --config '{params.search}' "
+        "--runtime '{resources.retrieval_runtime}' --index {input.index} "
         "--encoder {input.encoder} --queries {input.queries} --tag {wildcards.baseline} "
         "--out {output.run} &> {log}"

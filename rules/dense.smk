@@ -6,6 +6,7 @@
 # encoder fine-tuned on its source dataset (`stage_encoder`).
 import re as _re
 
+from retrieval_pretraining.retrieval_settings import RUNTIME_KEYS as RETRIEVAL_RUNTIME
 from retrieval_pretraining.retrieval_settings import retrieval_keys
 
 _STAGE_RE = r"(n[0-9]+s[0-9]+-)?stage[0-9]+"
@@ -43,6 +44,17 @@ def retrieval_knobs(wildcards, *added):
     (stage 0, an untrained stage-1 init encoder)."""
     knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
     return only(knobs, retrieval_keys() | set(added))
+
+
+def retrieval_runtime(knobs):
+    """`--runtime` of encoding, mining and search: the RETRIEVAL_RUNTIME keys of `knobs` (JSON).
+    A resource, not params: lowering encode_batch_size after an out-of-memory error must not
+    re-encode the corpus and so re-mine and retrain every later stage."""
+    return experiment_config.stage_argument(only(knobs, RETRIEVAL_RUNTIME))
+
+
+def stage_runtime(wildcards):
+    return retrieval_runtime(finetune_knobs(wildcards.dataset, wildcards.stage))
 
 
 def index_argument():
@@ -125,7 +137,8 @@ def encoded_vectors(path):
 
 # The commands of corpus encoding and indexing, shared with the baselines (rules/baselines.smk).
 ENCODE_SHELL = (
-    "python -m retrieval_pretraining.encode --config '{params.encode}' --corpus {input.corpus} "
+    "python -m retrieval_pretraining.encode --config '{params.encode}' "
+    "--runtime '{resources.retrieval_runtime}' --corpus {input.corpus} "
     "--encoder {input.encoder} --shard {wildcards.shard} --shards {params.shards} "
     "--out-npy {output.npy} --out-ids {output.ids} &> {log}"
 )
@@ -153,6 +166,8 @@ rule encode_corpus_shard:
     conda:
         conda_env("torch")
     threads: 2
+    resources:
+        retrieval_runtime=stage_runtime,
     params:
         encode=encode_argument,
         shards=lambda wc: finetune_knobs(wc.dataset, wc.stage)["shards"],
@@ -195,6 +210,8 @@ rule mine_hard_negatives:
         stage=_STAGE_RE,
     conda:
         conda_env("faiss")
+    resources:
+        retrieval_runtime=stage_runtime,
     params:
         mining=mining_argument,
         seed=config["seed"],
@@ -202,7 +219,8 @@ rule mine_hard_negatives:
     shell:
         "python -m retrieval_pretraining.mine --config '{params.mining}' --index {input.index} "
         "--encoder {input.encoder} --queries {input.queries} --qrels {input.qrels} "
-        "--seed {params.seed} {params.answers} --out {output.negatives} &> {log}"
+        "--runtime '{resources.retrieval_runtime}' --seed {params.seed} {params.answers} "
+        "--out {output.negatives} &> {log}"
 
 
 # A split's queries against a stage's index, depth search_depth, as a TREC run. A zero-shot target
@@ -224,9 +242,12 @@ rule dense_search:
         split="[A-Za-z0-9_.-]+",
     conda:
         conda_env("faiss")
+    resources:
+        retrieval_runtime=stage_runtime,
     params:
         search=search_argument,
     shell:
-        "python -m retrieval_pretraining.dense_search --config '{params.search}' --index {input.index} "
+        "python -m retrieval_pretraining.dense_search --config '{params.search}' "
+        "--runtime '{resources.retrieval_runtime}' --index {input.index} "
         "--encoder {input.encoder} --queries {input.queries} --tag {wildcards.model}-{wildcards.stage} "
         "--out {output.run} &> {log}"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from retrieval_pretraining import dense_search, encode
-from retrieval_pretraining.retrieval_settings import RetrievalSettings
+from retrieval_pretraining.retrieval_settings import RetrievalSettings, with_runtime
 
 from anchors.make_scifact_minilm_vectors import KNOBS as ANCHOR_KNOBS
 from workflow_harness import ROOT, copy_project, snakemake
@@ -69,13 +69,19 @@ def test_the_demo_baseline_runs_the_stages_our_models_run_on_the_full_corpus(pla
     assert "subset" not in full and full["path"] == "data/beir/scifact"
 
 
+def _slice(command):
+    """What the stage reads: its --config with its --runtime merged in, as its CLI merges them."""
+    return with_runtime(json.loads(_option(command, "--config")),
+                        json.loads(_option(command, "--runtime")))
+
+
 def test_the_jobs_get_the_anchor_tests_settings_so_they_compute_its_number(plan):
     """Each stage accepts the slice its rule hands it, and the retrieval settings in it are the
     ones test_dense_anchor.py reproduces 0.6451 with (search depth aside: nDCG@10 reads 10)."""
     [enc] = _commands(plan, "encode")
     [search] = _commands(plan, "dense_search")
-    encode_knobs = encode.settings(json.loads(_option(enc, "--config")))
-    search_knobs = dense_search.SearchSettings.from_config(json.loads(_option(search, "--config")))
+    encode_knobs = encode.settings(_slice(enc))
+    search_knobs = dense_search.SearchSettings.from_config(_slice(search))
     anchor = RetrievalSettings.from_config(ANCHOR_KNOBS, added=("search_depth", "use_gpu"))
     assert encode_knobs == search_knobs.retrieval == anchor
     assert search_knobs.exclude_self and search_knobs.search_depth >= 10

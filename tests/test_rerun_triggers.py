@@ -178,3 +178,57 @@ def test_the_rules_pass_bm25_the_runtime_keys_it_accepts():
     assert re.search(r"^from retrieval_pretraining\.bm25 import RUNTIME_KEYS as BM25_RUNTIME$",
                      retrieval, re.M)
     assert "for k in BM25_RUNTIME if k in settings" in retrieval  # what bm25_runtime sends
+
+
+DENSE_RULES = ("encode_corpus_shard", "build_dense_index", "mine_hard_negatives", "dense_search",
+               "finetune_stage2", "encode_baseline_shard", "baseline_search")
+
+
+def test_an_encoding_batch_size_reencodes_mines_and_retrains_nothing(project, base):
+    """encode.py halves it itself after an out-of-memory error: lowering it by hand must not
+    re-encode a corpus, since new vectors rebuild the index, re-mine the hard negatives and so
+    rerun every fine-tuning stage trained on them (GPU-hours at paper scale)."""
+    edited = edited_plan(project, lambda config: config["finetune"].update(encode_batch_size=32))
+    for rule in DENSE_RULES:
+        assert rerun_by_params(base, edited, rule) == [], rule
+        assert all(base[key]["input"] == edited[key]["input"] for key in base if key[0] == rule)
+
+
+def test_a_vector_dtype_reencodes_every_corpus(project, base):
+    """float16 vectors rank differently from float32 ones: dtype stays a rerun trigger (the README
+    says to set it before the first run)."""
+    edited = edited_plan(project, lambda config: config["finetune"].update(dtype="float32"))
+    for rule in ("encode_corpus_shard", "encode_baseline_shard"):
+        assert len(rerun_by_params(base, edited, rule)) == sum(key[0] == rule for key in base)
+
+
+def test_encoding_still_receives_the_batch_size_kept_out_of_the_params(project, monkeypatch,
+                                                                      capsys):
+    """encode_corpus_shard passes it with --runtime; encode.py merges it into its slice, and
+    refuses a knob that decides the vectors there."""
+    import json
+    import shlex
+
+    import yaml
+    from workflow_harness import snakemake
+
+    from retrieval_pretraining import encode
+
+    out = snakemake(project, "--dry-run", "--printshellcmds", "--forceall",
+                    "all").stdout
+    line = next(line for line in out.splitlines() if "retrieval_pretraining.encode " in line)
+    command = shlex.split(line.split("Shell command: ", 1)[-1])
+    config = json.loads(command[command.index("--config") + 1])
+    runtime = json.loads(command[command.index("--runtime") + 1])
+    batch_size = yaml.safe_load((project / "config.yaml").read_text())["finetune"][
+        "encode_batch_size"]
+    assert "encode_batch_size" not in config and runtime == {"encode_batch_size": batch_size}
+    received = {}
+    monkeypatch.setattr(encode, "encode_corpus_shard", lambda *a: received.update(a[-1]) or {})
+    argv = command[command.index("retrieval_pretraining.encode") + 1:command.index("&>")]
+    encode.main(argv)
+    assert received == config | runtime
+    argv[argv.index("--runtime") + 1] = json.dumps({"dtype": "float32"})
+    with pytest.raises(SystemExit):  # a knob that decides the vectors belongs in the params
+        encode.main(argv)
+    assert "dtype" in capsys.readouterr().err

@@ -22,8 +22,8 @@ from . import artifacts, faiss_index
 from .config import stage_parser
 from .encode import embed, load_encoder
 from .errors import command, reading
-from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, check_bool,
-                                 check_choice, check_int)
+from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
+                                 check_bool, check_choice, check_int, with_runtime)
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +162,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=Path, required=True, help="canonical queries-{split}.parquet")
     parser.add_argument("--out", type=Path, required=True, help="TREC run file")
     parser.add_argument("--tag", required=True, help="run tag (the system name)")
-    args = parser.parse_args(argv)
+    args = add_runtime_option(parser).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stats = dense_run(args.index, args.encoder, args.queries, args.out, args.tag, args.config)
+    stats = dense_run(args.index, args.encoder, args.queries, args.out, args.tag,
+                      with_runtime(args.config, args.runtime))
     log.info("wrote %s -> %s", stats, args.out)
 
 

@@ -35,7 +35,8 @@ from .contracts.models import NORMALIZE, POOLING_FLAGS
 from .errors import command, reading
 from .model_folder import load_model
 from .parallel import bounded_map
-from .retrieval_settings import PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings
+from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
+                                 with_runtime)
 
 log = logging.getLogger(__name__)
 
@@ -385,10 +386,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shards", type=int, required=True)
     parser.add_argument("--out-npy", type=Path, required=True)
     parser.add_argument("--out-ids", type=Path, required=True)
-    args = parser.parse_args(argv)
+    args = add_runtime_option(parser).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stats = encode_corpus_shard(args.corpus, args.encoder, args.shard, args.shards, args.out_npy,
-                                args.out_ids, args.config)
+                                args.out_ids, with_runtime(args.config, args.runtime))
     log.info("encoded %s", stats)
 
 

@@ -47,8 +47,8 @@ from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
 from .dense_search import depth_reached, encode_queries, fetch_depth, rank
 from .errors import command, reading
-from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, check_choice, check_int,
-                                 refuse_unknown, slice_keys)
+from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, add_runtime_option, check_choice,
+                                 check_int, refuse_unknown, slice_keys, with_runtime)
 from .seeding import rng_for
 
 log = logging.getLogger(__name__)
@@ -235,10 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--corpus", type=Path, help="corpus.parquet (negative_filter answers)")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    args = add_runtime_option(parser).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stats = mine_to_file(args.index, args.encoder, args.queries, args.qrels, args.out, args.config,
-                         args.seed, args.answers, args.corpus)
+    stats = mine_to_file(args.index, args.encoder, args.queries, args.qrels, args.out,
+                         with_runtime(args.config, args.runtime), args.seed, args.answers,
+                         args.corpus)
     log.info("mined %s -> %s", stats, args.out)
 
 

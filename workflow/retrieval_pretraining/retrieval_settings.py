@@ -11,15 +11,17 @@ title mode (`title`) and query-id rule (`exclude_self`). Each job is handed only
 since Snakemake reruns a job whose params changed: fine-tuning its own knobs
 (finetune/settings.trainer_keys), corpus encoding the retrieval knobs (`retrieval_keys`), dense
 search those, its depth, `exclude_self` and `use_gpu`, mining those less the depth plus its policy
-keys. Each stage accepts the rest of the slice too (and ignores it); a key outside it is refused,
+keys. The batch size of encoding (RUNTIME_KEYS) reaches those three with `--runtime` instead. Each stage accepts the rest of the slice too (and ignores it); a key outside it is refused,
 naming it and the known keys, since a misspelt knob would otherwise fall back to its default
 without a word. Torch-free.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import json
 from typing import Any, Iterable, Mapping
 
 from .config import ConfigError, refuse_unknown, section_schema
@@ -35,6 +37,10 @@ SEARCH_KEYS = ("use_gpu",)
 # authors put before every query / passage (E5's "query: ", "passage: "). Fine-tuning never
 # receives them, so they stay "" there and in every slice of our own encoders.
 PREFIX_KEYS = ("query_prefix", "passage_prefix")
+# Speed and memory only: texts per forward pass (encode.py halves it itself after an out-of-memory
+# error; the vectors differ by rounding at most). The rules pass it with `--runtime`, outside their
+# params: lowering it must re-encode no corpus, and so re-mine and retrain nothing after it.
+RUNTIME_KEYS = ("encode_batch_size",)
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,6 +135,23 @@ class RetrievalSettings:
 
 
 def retrieval_keys() -> frozenset[str]:
-    """The retrieval knobs of a fine-tuning slice: what encoding, search and mining read of it
-    (the prefixes are a baseline's, never in that slice)."""
-    return frozenset(f.name for f in dataclasses.fields(RetrievalSettings)) - set(PREFIX_KEYS)
+    """The retrieval knobs of a fine-tuning slice that the encoding, search and mining jobs get as
+    params (their rerun trigger): all but the prefixes (a baseline's, never in that slice) and the
+    RUNTIME_KEYS (sent with `--runtime`)."""
+    fields = frozenset(f.name for f in dataclasses.fields(RetrievalSettings))
+    return fields - set(PREFIX_KEYS) - set(RUNTIME_KEYS)
+
+
+def add_runtime_option(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The `--runtime JSON` option of encoding, mining and search (RUNTIME_KEYS)."""
+    parser.add_argument("--runtime", type=json.loads, default={},
+                        help=f"speed and memory settings ({', '.join(RUNTIME_KEYS)}) as JSON, "
+                             "merged into --config (the rules keep them out of their params)")
+    return parser
+
+
+def with_runtime(config: dict[str, Any], runtime: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's --config slice with its --runtime keys merged in; any other key in --runtime is
+    refused (a knob that decides the vectors belongs in the params)."""
+    refuse_unknown(runtime, RUNTIME_KEYS, "--runtime")
+    return config | dict(runtime)
