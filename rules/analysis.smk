@@ -1,7 +1,7 @@
 # Analyses where a picture says more than a table: loss curves, t-SNE of candidates, input-token
 # coverage, CPDAE top words (python -m retrieval_pretraining.analysis <subcommand>). Driven by
 # `report.analysis`; each is optional (false or null skips it); `analysis_targets()` lists them.
-# Uses report_models() from rules/report.smk, which the Snakefile includes first.
+# Uses reached_models() from rules/report.smk, which the Snakefile includes first.
 
 
 def analysis_targets():
@@ -41,10 +41,9 @@ def tsne_config():
 
 rule loss_curves:
     input:
-        metrics=expand(
-            "results/pretrain/{model}/metrics.jsonl",
-            model=[m["name"] for m in report_models()],
-        ),
+        # Only the models the report reaches (reached_models): a curve must not pre-train a model
+        # that the overlay lists but tables nowhere.
+        metrics=expand("results/pretrain/{model}/metrics.jsonl", model=reached_models()),
         code=module_source("analysis"),
     output:
         figure=report(
@@ -60,8 +59,7 @@ rule loss_curves:
         conda_env("torch")
     params:
         models=lambda wc, input: " ".join(
-            f"--model {m['name']}={path}"
-            for m, path in zip(report_models(), input.metrics)
+            f"--model {m}={path}" for m, path in zip(reached_models(), input.metrics)
         ),
     shell:
         "python -m retrieval_pretraining.analysis loss-curves {params.models} "

@@ -97,37 +97,6 @@ def encoded_shards(wildcards):
     }
 
 
-def dense_run_cells():
-    """(dataset, model, stage, split) of every dense run: each fine-tuned model, stage (1 + rounds,
-    and stage 0 when reported) and evaluated split, in-domain and on every zero-shot target (with
-    its source's rounds).
-    """
-    sources = [(e["dataset"], e["dataset"]) for e in config["finetune"]["datasets"]]
-    sources += [
-        (e["dataset"], e["trained_on"])
-        for e in config["evaluate"].get("zero_shot") or []
-    ]
-    for dataset, trained in sources:
-        rounds = finetune_knobs(trained)["rounds"]
-        splits = [
-            e["split"] for e in config["evaluate"]["splits"] if e["dataset"] == dataset
-        ]
-        # Stage 0 (the pre-trained encoder, not fine-tuned) only where a table shows it.
-        first = 0 if "stage0" in reported_stages() else 1
-        for model in finetune_models():
-            for number in range(first, rounds + 2):
-                for split in splits:
-                    yield dataset, model, f"stage{number}", split
-
-
-def get_dense_run_targets():
-    """TREC runs of every fine-tuned model, stage and evaluated split (dense_run_cells)."""
-    return [
-        f"results/runs/{dataset}/{model}-{stage}/{split}.trec"
-        for dataset, model, stage, split in dense_run_cells()
-    ]
-
-
 def encoded_vectors(path):
     """An encoding job's output: kept, or with mining.keep_vectors false temporary (Snakemake
     deletes it once its index is built and does not rebuild it while the index stands; the index

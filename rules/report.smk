@@ -199,8 +199,11 @@ def report_params():
 
 
 def get_stage_artifacts():
-    """Artifacts whose manifests feed the per-stage statistics page."""
-    datasets = [d["name"] for d in config["datasets"]]
+    """Artifacts whose manifests feed the per-stage statistics page: those behind what the report
+    reads, not every configured model and dataset (an overlay repeats lists it tables in part)."""
+    # The datasets of the report's cells; those the dense runs train on come with their chains.
+    cells = [c for t in config["report"]["tables"] for c in report_systems(t)]
+    datasets = sorted({d for d, _, _ in cells + low_resource_systems()})
     return (
         get_all_articles()
         + chunk_paths(used_corpora())
@@ -214,41 +217,96 @@ def get_stage_artifacts():
                 shard=shard_ids(),
             )
         ]
-        + expand(
-            "results/pretrain/{model}/encoder",
-            model=[m["name"] for m in report_models()],
-        )
+        # Only the models the report reaches: an overlay's pretrain.models may list models that
+        # its tables leave out (bow.yaml keeps paper.yaml's costa and cpdae).
+        + expand("results/pretrain/{model}/encoder", model=reached_models())
         + expand("results/datasets/{dataset}/corpus.parquet", dataset=datasets)
-        + [
-            f"results/bm25/{n['dataset']}/negatives.parquet"
-            for n in config["bm25"]["negatives"]
-        ]
         + finetune_stage_artifacts()
         + baseline_artifacts()
     )
 
 
-def finetune_stage_artifacts():
-    """Every fine-tuning stage's encoder and mined hard negatives, the dense index behind every
-    dense run, the runs (BM25's own copy, which has the manifest) and the metrics the tables read
-    (a metrics JSON holds its own statistics)."""
-    encoders, negatives = [], []
-    for entry in config["finetune"]["datasets"]:
-        rounds = finetune_knobs(entry["dataset"])["rounds"]
-        for model in finetune_models():
-            base = f"results/finetune/{model}/{entry['dataset']}"
-            encoders += [
-                f"{base}/stage{k}/encoder" for k in trained_stages(entry["dataset"])
-            ]
-            negatives += [
-                f"{base}/stage{k}/hard-negatives.parquet" for k in range(1, rounds + 1)
-            ]
-    indexes = sorted(
-        {
-            f"results/index/{model}/{dataset}/{stage}/faiss"
-            for dataset, model, stage, _ in dense_run_cells()
-        }
+def dense_system(system):
+    """(model, stage) of a dense system `{model}-{stage}`, or None (BM25, a baseline)."""
+    for name in (m["name"] for m in config["pretrain"]["models"]):
+        stage = system.removeprefix(f"{name}-")
+        if stage != system and _re.fullmatch(_STAGE_RE, stage):
+            return name, stage
+    return None
+
+
+def reported_dense_cells():
+    """(dataset, model, stage, split) of every dense run the report reads: the tables' and the
+    low-resource figure's cells (get_report_metrics) and the t-SNE figure's runs."""
+    cells = [c for t in config["report"]["tables"] for c in report_systems(t)]
+    cells += low_resource_systems()
+    tsne = config["report"]["analysis"]["tsne"]
+    if tsne:
+        cells += [
+            (tsne["dataset"], f"{m}-{tsne['stage']}", tsne["split"]) for m in tsne["models"]
+        ]
+    found = {}
+    for dataset, system, split in cells:
+        if parsed := dense_system(system):
+            found[(dataset, *parsed, split)] = None
+    return list(found)
+
+
+def reached_models():
+    """The models the report reaches, in pretrain.models order: those of its dense runs and of the
+    analyses of pre-trained encoders (coverage, CPDAE top words)."""
+    named = {model for _, model, _, _ in reported_dense_cells()}
+    analysis = config["report"]["analysis"]
+    named |= set((analysis["coverage"] or {}).get("models", []))
+    if analysis["cpdae_top_words"]:
+        named.add(analysis["cpdae_top_words"]["model"])
+    return [m["name"] for m in config["pretrain"]["models"] if m["name"] in named]
+
+
+def stage_chain(model, dataset, stage):
+    """What system `{model}-{stage}` fine-tuned on `dataset` is built from, its encoder included:
+    the dataset's corpus, the BM25 negatives and the hard negatives and mining index of each stage
+    before it, back to the encoder its stage 1 starts from (the pre-trained one, or another
+    dataset's stage: stage1_init)."""
+    prefix, _, _, number = parse_stage(stage)
+    chain = [encoder_path(model, dataset, stage)]
+    if number == 0:
+        return chain
+    chain.append(f"results/datasets/{dataset}/corpus.parquet")
+    knobs = finetune_knobs(dataset, stage)
+    if (number == 1 and knobs["stage1"] == "bm25") or (
+        number > 1 and knobs["stage2_negatives"] == "union"
+    ):
+        chain.append(f"results/bm25/{dataset}/negatives.parquet")
+    if number == 1:
+        source = knobs["stage1_init"]
+        if source == "pretrained":
+            return chain + [f"results/pretrain/{model}/encoder"]
+        return chain + stage_chain(model, *source.split("/"))
+    previous = f"{prefix}stage{number - 1}"
+    return (
+        chain
+        + [
+            f"results/finetune/{model}/{dataset}/{previous}/hard-negatives.parquet",
+            f"results/index/{model}/{dataset}/{previous}/faiss",
+        ]
+        + stage_chain(model, dataset, previous)
     )
+
+
+def finetune_stage_artifacts():
+    """The dense runs the report reads (reported_dense_cells), each with its index and its stage
+    chain (encoders, mined negatives, mining indexes), the BM25 runs a table reads and the metrics
+    the tables read (a metrics JSON holds its own statistics). Derived from what the report reads,
+    not from finetune.models x finetune.datasets: a model an overlay tables on one dataset only
+    (ablations.yaml) must not be fine-tuned, mined and indexed on the others for this page."""
+    dense = set()
+    for dataset, model, stage, split in reported_dense_cells():
+        dense |= {
+            f"results/runs/{dataset}/{model}-{stage}/{split}.trec",
+            f"results/index/{model}/{dataset}/{stage}/faiss",
+            *stage_chain(model, trained_on(dataset), stage),
+        }
     bm25_runs = sorted(  # the BM25 runs a table reads
         {
             f"results/bm25/{d}/runs/{split}.trec"
@@ -257,8 +315,7 @@ def finetune_stage_artifacts():
             if system == "bm25"
         }
     )
-    runs = bm25_runs + get_dense_run_targets()
-    return encoders + negatives + indexes + runs + get_report_metrics()
+    return sorted(dense) + bm25_runs + get_report_metrics()
 
 
 def report_targets():

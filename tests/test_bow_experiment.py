@@ -70,6 +70,24 @@ def test_a_dry_run_plans_every_bow_table(tmp_path):
                     table["name"], column["dataset"], row["model"])
 
 
+@pytest.mark.timeout(600)
+def test_all_pre_trains_no_model_the_bow_report_leaves_out(tmp_path):
+    """`snakemake ... -- all` (tables, statistics page, loss curves, coverage) pre-trains and
+    fine-tunes only the models the BoW report reaches: not paper.yaml's COSTA and CPDAE, which the
+    overlay keeps in pretrain.models but tables nowhere."""
+    from test_finetune_rules import planned_jobs
+    from workflow_harness import copy_project, local_dump
+
+    project = copy_project(tmp_path / "project")
+    jobs = planned_jobs(project, "--configfile", str(EXPERIMENTS / "paper.yaml"),
+                        str(EXPERIMENTS / "bow.yaml"), str(local_dump(project)), "--", "all")
+    assert {"stage_statistics", "loss_curves"} <= {j["rule"] for j in jobs}
+    pretrained = {j["wildcards"]["model"] for j in jobs if j["rule"] == "pretrain_model"}
+    assert "bow" in pretrained and not pretrained & {"costa", "cpdae"}, sorted(pretrained)
+    finetuned = {j["wildcards"]["model"] for j in jobs if j["rule"].startswith("finetune_stage")}
+    assert not finetuned & {"costa", "cpdae"}, sorted(finetuned)
+
+
 @pytest.mark.parametrize("overlay", [(), ("bow.yaml",)])
 def test_condenser_and_cocondenser_mask_whole_words_as_their_code_does(overlay):
     """The authors' CondenserCollator is a DataCollatorForWholeWordMask (CoCondenserCollator

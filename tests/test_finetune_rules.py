@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflow_harness import ROOT, copy_project, snakemake
+from workflow_harness import ROOT, copy_project, local_dump, snakemake
 
 FT = "results/finetune/bert"
 BM25 = "results/bm25/{dataset}/negatives.parquet"
@@ -263,6 +263,37 @@ def test_the_ablation_overlay_fine_tunes_ablated_models_on_bm25_negatives_only(p
     span_configs = {j["wildcards"]["spans"] for j in jobs if j["rule"] == "sample_spans"}
     used = {m["spans"] for m in overlay["pretrain"]["models"] if m.get("spans")}
     assert span_configs == used
+
+
+@pytest.fixture(scope="module")
+def ablations_all_plan(tmp_path_factory) -> list[dict]:
+    """`all` for the paper with COSTA's ablations, the dump's parts known (local_dump)."""
+    project = copy_project(tmp_path_factory.mktemp("paper-all") / "project")
+    return planned_jobs(
+        project, "--configfile", str(EXPERIMENTS / "paper.yaml"),
+        str(EXPERIMENTS / "ablations.yaml"), str(local_dump(project)), "--", "all",
+    )
+
+
+def test_all_builds_for_the_ablation_overlay_only_what_its_tables_read(ablations_all_plan,
+                                                                      paper_plan):
+    """`all` adds the per-stage statistics page and the analyses to the tables; what they list
+    must be what the tables read, not every model fine-tuned on every dataset: an ablated model
+    is not mined with, fine-tuned again or taken to documents for them (GPU-days), and no GPU job
+    is planned beyond the tables'."""
+    ablated = {m["name"] for m in yaml.safe_load((EXPERIMENTS / "ablations.yaml").read_text())
+               ["pretrain"]["models"]} - {"bert", "mlm", "costa", "cpdae", "bow"}
+    for planned in ablations_all_plan:
+        if planned["wildcards"].get("model") in ablated:
+            assert planned["rule"] not in ("mine_hard_negatives", "finetune_stage2"), planned
+            assert planned["wildcards"].get("dataset") != "msmarco-doc", planned
+    gpu = ("pretrain_model", "finetune_stage1", "finetune_stage2", "mine_hard_negatives",
+           "encode_corpus_shard", "build_dense_index", "dense_search")
+
+    def counts(plan):
+        return {rule: sum(j["rule"] == rule for j in plan) for rule in gpu}
+
+    assert counts(ablations_all_plan) == counts(paper_plan)
 
 
 def _stage_settings():
