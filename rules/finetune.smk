@@ -100,6 +100,10 @@ def heads_argument(wildcards, input):
     return f"--heads {input.heads}" if "heads" in input.keys() else ""
 
 
+def sample_among_argument(wildcards, input):
+    return f"--sample-among {input.sample_among}" if "sample_among" in input.keys() else ""
+
+
 def train_split_files(wildcards):
     split = finetune_entry(wildcards.dataset)["split"]
     folder = f"results/datasets/{wildcards.dataset}"
@@ -151,6 +155,10 @@ def get_finetune_inputs(wildcards):
     }
     if model_finetune_knobs(model).get("projector"):  # the pre-trained COSTA projector
         inputs["heads"] = f"results/pretrain/{model}/heads.safetensors"
+    if prefix and knobs["queries_without_negatives"] == "drop" and knobs["stage1"] == "bm25":
+        # The low-resource sample is drawn among the queries stage 1 can train (those with BM25
+        # negatives), at every stage: N trained queries, the same at each (finetune/data.py).
+        inputs["sample_among"] = bm25
     if number == 1:
         init = stage1_init_encoder(model, dataset, wildcards.stage)
         return inputs | {"init": init, "negatives": [bm25]}
@@ -173,7 +181,8 @@ _FINETUNE_SHELL = (
     "--gpus {resources.gpu} -- --config '{params.finetune}' --init {input.init} "
     "--queries {input.queries} --qrels {input.qrels} --corpus {input.corpus} "
     "--negatives {input.negatives} --seed {params.seed} --out {output.encoder} "
-    "--state {params.state} --metrics {output.metrics} {params.heads} &> {log}"
+    "--state {params.state} --metrics {output.metrics} {params.heads} {params.sample_among} "
+    "&> {log}"
 )
 
 
@@ -209,6 +218,7 @@ rule finetune_stage1:
     params:
         finetune=finetune_argument,
         heads=heads_argument,
+        sample_among=sample_among_argument,
         seed=config["seed"],
         state="results/state/finetune/{model}/{dataset}/{stage}",
     shell:
@@ -247,6 +257,7 @@ rule finetune_stage2:
     params:
         finetune=finetune_argument,
         heads=heads_argument,
+        sample_among=sample_among_argument,
         seed=config["seed"],
         state="results/state/finetune/{model}/{dataset}/{stage}",
     shell:

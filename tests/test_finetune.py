@@ -299,29 +299,48 @@ def test_low_resource_samples_are_seeded_subsets(tmp_path):
     assert set(ids0) <= set(every) and len(every) == 40 and ids0 == sorted(ids0)
 
 
-def test_a_low_resource_sample_is_the_same_queries_at_every_stage_under_drop(tmp_path):
-    """With queries_without_negatives: drop, the N-query sample is drawn before the drop, so
-    stage 1 (BM25 negatives missing for some queries) and stage 2 (mined negatives for all) train
-    the same sample, stage 1 less the queries it drops (counted)."""
+def test_a_low_resource_sample_is_n_queries_stage_1_trains_the_same_at_every_stage(tmp_path):
+    """With queries_without_negatives: drop, the N-query sample is drawn among the queries with
+    stage 1's BM25 negatives (`sample_among`, passed at every stage): stage 1 (BM25 negatives
+    missing for some queries) and stage 2 (mined negatives for all) both train N queries, the same
+    ones. Drawn among all of them, the drop left stage 1 ~0.8 N with MS MARCO's ~20% uncovered."""
     data = tiny_dataset(tmp_path, n_queries=40)
     bm25 = pl.read_parquet(data["bm25"]).sort("query_id")
     partial = tmp_path / "bm25-partial.parquet"
     bm25.filter(pl.int_range(pl.len()) % 5 != 0).write_parquet(partial)  # every 5th: none
-    cfg = FinetuneSettings.from_config({"train_queries": 10, "train_sample": 0,
+    without = set(bm25["query_id"].to_list()) - set(pl.read_parquet(partial)["query_id"].to_list())
+    cfg = FinetuneSettings.from_config({"train_queries": 20, "train_sample": 0,
                                         "queries_without_negatives": "drop"})
 
     def load(negatives):
         frame, counts = fdata.training_queries(data["queries"], data["qrels"], [negatives], cfg,
-                                               1, corpus=data["corpus"])
+                                               1, corpus=data["corpus"], sample_among=[partial])
         return set(frame["query_id"].to_list()), counts
 
     stage1, counts1 = load(partial)
-    stage2, counts2 = load(data["bm25"])
-    without = set(bm25["query_id"].to_list()) - set(pl.read_parquet(partial)["query_id"].to_list())
-    assert len(stage2) == 10 and stage1 == stage2 - without
-    assert stage2 & without  # the sample holds some of them, so the drop is exercised
-    assert counts1["queries_without_negatives_dropped"] == len(stage2 & without)
-    assert counts1["train_queries_sampled"] == counts2["train_queries_sampled"] == 10
+    stage2, counts2 = load(data["bm25"])  # stands for the mined negatives: every query has some
+    assert len(stage1) == 20 and stage1 == stage2 and not stage1 & without
+    assert counts1["queries_without_negatives_dropped"] == 0
+    assert counts1["queries_outside_sample_pool"] == len(without)
+    assert counts1["train_queries_sampled"] == counts2["train_queries_sampled"] == 20
+
+
+def test_a_low_resource_sample_trains_n_queries_when_a_fifth_lack_negatives(tmp_path):
+    """The audit's case at scale: 1000 queries, 80% with BM25 negatives, N = 500: each of 3
+    samples trains 500 queries (~400 when drawn among all and dropped after: 395 / 408 / 400)."""
+    qids = [f"q{i:04d}" for i in range(1000)]
+    pl.DataFrame({"query_id": qids, "text": qids}).write_parquet(queries := tmp_path / "q.parquet")
+    pl.DataFrame({"query_id": qids, "doc_id": [f"d{q}" for q in qids],
+                  "relevance": [1] * 1000}).write_parquet(qrels := tmp_path / "qrels.parquet")
+    covered = qids[:800]
+    pl.DataFrame({"query_id": covered, "negative_ids": [["dx"]] * 800},
+                 schema={"query_id": pl.String, "negative_ids": pl.List(pl.String)}
+                 ).write_parquet(bm25 := tmp_path / "bm25.parquet")
+    for k in range(3):
+        cfg = FinetuneSettings.from_config({"train_queries": 500, "train_sample": k,
+                                            "queries_without_negatives": "drop"})
+        frame, _ = fdata.training_queries(queries, qrels, [bm25], cfg, 42, sample_among=[bm25])
+        assert len(frame) == 500 and set(frame["query_id"]) <= set(covered)
 
 
 def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(tmp_path):

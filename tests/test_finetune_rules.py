@@ -296,6 +296,19 @@ def test_all_builds_for_the_ablation_overlay_only_what_its_tables_read(ablations
     assert counts(ablations_all_plan) == counts(paper_plan)
 
 
+def test_a_low_resource_stage_samples_among_the_queries_with_bm25_negatives(paper_plan):
+    """Under paper.yaml's queries_without_negatives: drop, a low-resource stage draws its sample
+    among the queries stage 1 can train (--sample-among the BM25 negatives); a full stage has no
+    sample to draw."""
+    bm25 = BM25.format(dataset="msmarco-passage")
+    low = job(paper_plan, "finetune_stage1", model="costa", dataset="msmarco-passage",
+              stage="n500s0-stage1")["args"]
+    assert low[low.index("--sample-among") + 1] == bm25
+    full = job(paper_plan, "finetune_stage1", model="costa", dataset="msmarco-passage",
+               stage="stage1")["args"]
+    assert "--sample-among" not in full
+
+
 def _stage_settings():
     """rule -> the function its stage builds its settings with from the rule's --config slice."""
     from retrieval_pretraining import encode, mine

@@ -37,14 +37,16 @@ PREFETCH = 2  # micro-batches tokenised ahead of the step (prefetched_micro_batc
 
 def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path, corpus: Path,
           negatives: Sequence[Path], seed: int, out: Path, state_dir: Path,
-          metrics_path: Path, heads: Path | None = None) -> int:
+          metrics_path: Path, heads: Path | None = None,
+          sample_among: Sequence[Path] | None = None) -> int:
     """Fine-tune (or resume) one encoder; returns 0 when exported, RESUME_EXIT_CODE when stopped."""
     s, r = settings, settings.retrieval
     init, state_dir, metrics_path = Path(init), Path(state_dir), Path(metrics_path)
     env = training.init_distributed()
     training.seed_everything(seed)  # draws outside the steps (dropout: per micro-batch, below)
     plan = contrast_plan(s, env.world_size)
-    data = load_training_set(queries, qrels, corpus, list(negatives), s, seed)
+    among = list(sample_among) if sample_among else None
+    data = load_training_set(queries, qrels, corpus, list(negatives), s, seed, among)
     steps_per_epoch = len(data.query_ids) // s.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"{len(data.query_ids)} training queries are fewer than one batch of "
@@ -59,6 +61,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     # for every encoder of one architecture and so does not say which weights fine-tuning began at.
     inputs = {"init": init / "model.safetensors", "queries": queries, "qrels": qrels,
               **{f"negatives{i}": p for i, p in enumerate(negatives)},
+              **{f"sample_among{i}": p for i, p in enumerate(among or [])},
               **({"heads": Path(heads)} if s.projector and heads else {})}
     job = {"settings": resume_settings(s), "seed": seed,
            "inputs": _identities({**inputs, "init": init, "corpus": corpus})}
