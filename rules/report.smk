@@ -149,14 +149,16 @@ def low_resource_systems():
     ]
 
 
+def metrics_paths(cells):
+    return sorted({f"results/metrics/{d}/{system}/{split}.json" for d, system, split in cells})
+
+
 def get_report_metrics():
     """Every metrics JSON a table, a significance test or the low-resource figure reads."""
     cells = [
         c for t in config["report"]["tables"] for c in report_systems(t)
     ] + low_resource_systems()
-    return sorted(
-        {f"results/metrics/{d}/{system}/{split}.json" for d, system, split in cells}
-    )
+    return metrics_paths(cells)
 
 
 def report_params():
@@ -354,9 +356,10 @@ rule make_tables:
         "--out {output.tables} --html {output.html} --json {output.json} &> {log}"
 
 
+# The low-resource section alone (tables.md holds it too) and its figure, from its runs alone.
 rule low_resource_figure:
     input:
-        metrics=get_report_metrics(),
+        metrics=metrics_paths(low_resource_systems()),
         code=module_source("tables"),
     output:
         figure=report(
@@ -374,7 +377,7 @@ rule low_resource_figure:
         tables=lambda wildcards: report_params(),  # a function: its JSON holds braces
     shell:
         "python -m retrieval_pretraining.tables --config '{params.tables}' --results results "
-        "--out {output.tables} --figure {output.figure} &> {log}"
+        "--low-resource-only --out {output.tables} --figure {output.figure} &> {log}"
 
 
 rule stage_statistics:

@@ -309,6 +309,14 @@ def test_a_low_resource_stage_samples_among_the_queries_with_bm25_negatives(pape
     assert "--sample-among" not in full
 
 
+def test_the_low_resource_figure_writes_its_own_section(ablations_all_plan):
+    """low_resource_figure writes the low-resource section alone (tables --low-resource-only),
+    not a second copy of the whole tables document under results/analysis/low-resource.md."""
+    args = job(ablations_all_plan, "low_resource_figure")["args"]
+    assert "--low-resource-only" in args
+    assert values(args, "--out") == ["results/analysis/low-resource.md"]
+
+
 def _stage_settings():
     """rule -> the function its stage builds its settings with from the rule's --config slice."""
     from retrieval_pretraining import encode, mine

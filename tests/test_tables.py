@@ -254,6 +254,33 @@ def test_a_non_finite_aggregate_fails_naming_the_file_and_measure(synthetic, tmp
         make_tables(params(), results, tmp_path / "t.md", allow_missing=allow_missing)
 
 
+def test_the_low_resource_figure_s_document_is_its_section_from_its_metrics_alone(tmp_path):
+    """`--low-resource-only` (rule low_resource_figure): results/analysis/low-resource.md is the
+    low-resource section, not the whole tables document, and no other table's metrics are read
+    (none exist here)."""
+    from retrieval_pretraining.tables.__main__ import main
+
+    results = tmp_path / "results"
+    rng = np.random.default_rng(3)
+    for model in ("bert", "costa"):
+        for k in range(2):
+            write_metrics(results, "scifact", f"{model}-lr10-s{k}", "test",
+                          {"nDCG@10": rng.uniform(0, 1, len(QIDS))})
+    p = params()
+    p["report"]["low_resource"] = {
+        "title": "Low-resource", "dataset": "scifact", "split": "test", "measure": "nDCG@10",
+        "sizes": [10], "splits": 2, "models": ["bert", "costa"],
+        "system": "{model}-lr{size}-s{split}",
+    }
+    out, figure = tmp_path / "low-resource.md", tmp_path / "low-resource.png"
+    main(["--config", json.dumps(p), "--results", str(results), "--low-resource-only",
+          "--out", str(out), "--figure", str(figure)])
+    text = out.read_text()
+    assert text.startswith("### Low-resource") and "| N=10 |" in text
+    assert "# Results" not in text and "Provenance" not in text
+    assert figure.stat().st_size > 1000
+
+
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
     results, scores = synthetic
     rng = np.random.default_rng(5)

@@ -2,6 +2,8 @@
 
     python -m retrieval_pretraining.tables --config '<report slice JSON>' --results results \
         --out results/tables.md [--json J] [--html H] [--figure F] [--allow-missing]
+    python -m retrieval_pretraining.tables --config '<report slice JSON>' --results results \
+        --low-resource-only --out results/analysis/low-resource.md --figure F
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from ..config import ConfigError, closed, refuse_unknown, section_schema, stage_parser
 from ..errors import command
-from .make import make_tables
+from .make import make_low_resource, make_tables
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +56,18 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="render a missing metrics file as – instead of failing (partial tables)",
     )
+    parser.add_argument(
+        "--low-resource-only",
+        action="store_true",
+        help="write the low-resource section (and --figure) alone, from its runs' metrics alone",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     check_config(args.config)
+    if args.low_resource_only:
+        make_low_resource(args.config, args.results, args.out, args.figure, args.allow_missing)
+        log.info("wrote %s", args.out)
+        return
     make_tables(
         args.config, args.results, args.out, args.json, args.figure, args.allow_missing, args.html
     )

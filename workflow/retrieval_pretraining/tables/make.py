@@ -1,4 +1,5 @@
-"""tables.md (+ its JSON and HTML copies, + the low-resource figure) from the report config."""
+"""tables.md (+ its JSON and HTML copies, + the low-resource figure) from the report config; or the
+low-resource section alone with its figure (`make_low_resource`)."""
 
 from __future__ import annotations
 
@@ -78,4 +79,19 @@ def make_tables(
     }
     if json_out is not None:
         artifacts.write_json(json_out, summary)
+    return summary
+
+
+def make_low_resource(
+    params: dict[str, Any], results: Path, out: Path, figure: Path | None = None,
+    allow_missing: bool = False,
+) -> dict[str, Any]:
+    """Write the low-resource section alone (the same Markdown tables.md holds) and its figure,
+    reading only the low-resource runs' metrics: the figure's rule depends on nothing else."""
+    spec = params["report"].get("low_resource")
+    if not spec:
+        raise ValueError("the report has no low_resource section to write")
+    text, summary = low_resource(spec, params, MetricsCache(results, allow_missing), figure)
+    with artifacts.atomic_path(out) as tmp:
+        tmp.write_text(text)
     return summary
