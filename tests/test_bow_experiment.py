@@ -47,16 +47,22 @@ def test_the_bow_rows_are_the_papers_settings():
     assert same(settings["bow-mask15"]) | {"name": 0} == same(settings["bow"]) | {"name": 0}
 
 
-@pytest.mark.timeout(600)
-def test_a_dry_run_plans_every_bow_table(tmp_path):
-    """`snakemake -n --configfile paper.yaml bow.yaml -- results/tables.md` plans make_tables
-    with every table's rows trained, fine-tuned and scored (NQ / TriviaQA by answer accuracy)."""
+@pytest.fixture(scope="module")
+def tables_plan(tmp_path_factory) -> list[dict]:
+    """`snakemake -n --configfile paper.yaml bow.yaml -- results/tables.md`, job by job."""
     from test_finetune_rules import planned_jobs
     from workflow_harness import copy_project
 
-    project = copy_project(tmp_path / "project")
-    jobs = planned_jobs(project, "--configfile", str(EXPERIMENTS / "paper.yaml"),
+    project = copy_project(tmp_path_factory.mktemp("bow") / "project")
+    return planned_jobs(project, "--configfile", str(EXPERIMENTS / "paper.yaml"),
                         str(EXPERIMENTS / "bow.yaml"), "--", "results/tables.md")
+
+
+@pytest.mark.timeout(600)
+def test_a_dry_run_plans_every_bow_table(tables_plan):
+    """The tables' plan has make_tables with every table's rows trained, fine-tuned and scored
+    (NQ / TriviaQA by answer accuracy)."""
+    jobs = tables_plan
     rules = {j["rule"] for j in jobs}
     assert "make_tables" in rules, sorted(rules)
     pretrained = {j["wildcards"]["model"] for j in jobs if j["rule"] == "pretrain_model"}
@@ -68,6 +74,24 @@ def test_a_dry_run_plans_every_bow_table(tmp_path):
             for row in table["rows"]:
                 assert any(d == column["dataset"] and s.startswith(row["model"] + "-") for d, s in scored), (
                     table["name"], column["dataset"], row["model"])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dataset", ["nq", "trivia"])
+def test_the_qa_sets_restart_stage_2_from_the_pretrained_encoder_at_p_len_256(tables_plan,
+                                                                             dataset):
+    """coCondenser's and the BoW authors' stage 2 restarts from the pre-trained encoder, and
+    passages are title [SEP] text at 256 tokens (Tevatron's coCondenser NQ example; 128 cut 76%
+    of the DPR sample's passages); the job planned for NQ / TriviaQA gets both."""
+    from test_finetune_rules import job, stage_config, values
+
+    stage2 = job(tables_plan, "finetune_stage2", model="bow", dataset=dataset,
+                 stage="stage2")["args"]
+    assert values(stage2, "--init") == ["results/pretrain/bow/encoder"]
+    assert stage_config(stage2)["p_len"] == 256
+    encode = job(tables_plan, "encode_corpus_shard", model="bow", dataset=dataset,
+                 stage="stage2", shard="0000")["args"]
+    assert stage_config(encode)["p_len"] == 256
 
 
 @pytest.mark.timeout(600)
