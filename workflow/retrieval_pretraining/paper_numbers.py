@@ -91,14 +91,18 @@ PAPER: tuple[Published, ...] = (
     Published(_CPDAE, "cpdae", "msmarco-doc-dev", "RR@100", 0.408, None, "setting not stated"),
     Published(_CPDAE, "cpdae", "msmarco-doc-dev", "R@100", 0.907, None, "setting not stated"),
     # Bag-of-Word: fine-tuned with the authors' own recipe (not COSTA's): not like for like. Its
-    # MS MARCO model was pre-trained further on the MS MARCO passages (in-domain, 144 tokens).
+    # MS MARCO model was pre-trained further on the MS MARCO passages (in-domain, 144 tokens), at
+    # the 15% encoder masking the paper reports its gains at (Table 6), where paper.yaml's bow rows
+    # (bow-marco, which these sit beside, included) mask 30% whole words, the authors' code.
     Published(
         _BOW, "bow", "msmarco-passage-dev", "RR@10", 0.384, "bm25-negatives",
-        "authors' recipe, pre-trained on MS MARCO too", in_domain=True,
+        "authors' recipe, pre-trained on MS MARCO too, 15% masking (our row: 30% whole words)",
+        in_domain=True,
     ),
     Published(
         _BOW, "bow", "msmarco-passage-dev", "RR@10", 0.401, "hard-negatives",
-        "authors' recipe, pre-trained on MS MARCO too", in_domain=True,
+        "authors' recipe, pre-trained on MS MARCO too, 15% masking (our row: 30% whole words)",
+        in_domain=True,
     ),
     # The BoW paper's baselines as their own papers report them: their own fine-tuning recipes
     # (coCondenser: BM25 negatives, then mined ones with stage 2 restarted from the pre-trained
