@@ -69,7 +69,8 @@ rule loss_curves:
 def tsne_inputs(wildcards):
     """The runs of the configured stage and the encoders that searched them (dense.smk
     `stage_encoder`: stage 0's pre-trained encoder, a `stage1: init` stage's init encoder, a
-    zero-shot target's source encoder), so the figure asks for no encoder the runs did not use."""
+    zero-shot target's source encoder), so the figure asks for no encoder the runs did not use.
+    """
     cfg = config["report"]["analysis"]["tsne"]
     ds, stage = wildcards.dataset, cfg["stage"]
     return {

@@ -101,7 +101,9 @@ def heads_argument(wildcards, input):
 
 
 def sample_among_argument(wildcards, input):
-    return f"--sample-among {input.sample_among}" if "sample_among" in input.keys() else ""
+    return (
+        f"--sample-among {input.sample_among}" if "sample_among" in input.keys() else ""
+    )
 
 
 def train_split_files(wildcards):
@@ -155,7 +157,11 @@ def get_finetune_inputs(wildcards):
     }
     if model_finetune_knobs(model).get("projector"):  # the pre-trained COSTA projector
         inputs["heads"] = f"results/pretrain/{model}/heads.safetensors"
-    if prefix and knobs["queries_without_negatives"] == "drop" and knobs["stage1"] == "bm25":
+    if (
+        prefix
+        and knobs["queries_without_negatives"] == "drop"
+        and knobs["stage1"] == "bm25"
+    ):
         # The low-resource sample is drawn among the queries stage 1 can train (those with BM25
         # negatives), at every stage: N trained queries, the same at each (finetune/data.py).
         inputs["sample_among"] = bm25

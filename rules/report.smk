@@ -150,7 +150,9 @@ def low_resource_systems():
 
 
 def metrics_paths(cells):
-    return sorted({f"results/metrics/{d}/{system}/{split}.json" for d, system, split in cells})
+    return sorted(
+        {f"results/metrics/{d}/{system}/{split}.json" for d, system, split in cells}
+    )
 
 
 def get_report_metrics():
@@ -202,7 +204,8 @@ def report_params():
 
 def get_stage_artifacts():
     """Artifacts whose manifests feed the per-stage statistics page: those behind what the report
-    reads, not every configured model and dataset (an overlay repeats lists it tables in part)."""
+    reads, not every configured model and dataset (an overlay repeats lists it tables in part).
+    """
     # The datasets of the report's cells; those the dense runs train on come with their chains.
     cells = [c for t in config["report"]["tables"] for c in report_systems(t)]
     datasets = sorted({d for d, _, _ in cells + low_resource_systems()})
@@ -245,7 +248,8 @@ def reported_dense_cells():
     tsne = config["report"]["analysis"]["tsne"]
     if tsne:
         cells += [
-            (tsne["dataset"], f"{m}-{tsne['stage']}", tsne["split"]) for m in tsne["models"]
+            (tsne["dataset"], f"{m}-{tsne['stage']}", tsne["split"])
+            for m in tsne["models"]
         ]
     found = {}
     for dataset, system, split in cells:
@@ -301,7 +305,8 @@ def finetune_stage_artifacts():
     chain (encoders, mined negatives, mining indexes), the BM25 runs a table reads and the metrics
     the tables read (a metrics JSON holds its own statistics). Derived from what the report reads,
     not from finetune.models x finetune.datasets: a model an overlay tables on one dataset only
-    (ablations.yaml) must not be fine-tuned, mined and indexed on the others for this page."""
+    (ablations.yaml) must not be fine-tuned, mined and indexed on the others for this page.
+    """
     dense = set()
     for dataset, model, stage, split in reported_dense_cells():
         dense |= {
