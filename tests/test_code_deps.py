@@ -156,3 +156,14 @@ def test_fine_tuning_does_not_run_the_mining_code():
     files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files("finetune")}
     assert not {"mine.py", "dense_search.py", "faiss_index.py", "answers.py"} & files
     assert "seeding.py" in files
+
+
+@pytest.mark.parametrize("stage", ["extract", "chunk", "pretrain", "finetune", "encode", "download",
+                                   "checkpoints"])
+def test_a_published_number_is_no_code_input_of_a_stage_that_only_validates_with_it(stage):
+    """config.py checks a table column's benchmark against paper_numbers at parse time only:
+    correcting a published number must rerun the tables, not extraction or pre-training."""
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(stage)}
+    assert "config.py" in files and "paper_numbers.py" not in files
+    assert "paper_numbers.py" in {Path(f).relative_to(PACKAGE).as_posix()
+                                  for f in code_deps.source_files("tables")}

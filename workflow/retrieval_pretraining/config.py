@@ -18,7 +18,6 @@ from typing import Any, Iterable, Mapping
 import jsonschema
 import yaml
 
-from . import paper_numbers
 from .errors import BadInput, add_debug_option
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
@@ -253,6 +252,8 @@ def _negatives_mistakes(config: dict[str, Any]) -> list[str]:
 def _benchmark_mistakes(config: dict[str, Any]) -> list[str]:
     """A table column's `benchmark` selects the published numbers beside it: it must be one
     paper_numbers knows, of the column's own dataset and split (paper_numbers.BENCHMARKS)."""
+    from . import paper_numbers  # parse time only: code_deps.PARSE_TIME_IMPORTS
+
     messages = []
     for table in config["report"]["tables"]:
         for i, column in enumerate(table["columns"]):
