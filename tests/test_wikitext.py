@@ -317,6 +317,26 @@ def test_punctuation_a_removed_formula_leaves_is_tidied(source, expected):
 @pytest.mark.parametrize(
     "source, expected",
     [
+        # A dot that begins a word is no stop: the tidy must not eat the comma before it, nor
+        # the space (both fused "such as.uk.de.fr" and "Windows.NET").
+        ("Country codes such as .uk, .de, .fr; generic ones include .com, .org and .net.",
+         "Country codes such as .uk, .de, .fr; generic ones include .com, .org and .net."),
+        ("It runs on Windows, .NET and Linux.", "It runs on Windows, .NET and Linux."),
+        ("Files are saved as .docx; .xlsx files also open.",
+         "Files are saved as .docx; .xlsx files also open."),
+        ("Thus, <math>x</math>. Then", "Thus. Then"),  # a stop still ends the sentence
+        ("He left . Then", "He left. Then"),
+        ("65 years and older: .79 male(s)/female", "65 years and older: .79 male(s)/female"),
+        ('Knuth: ". . .we want"', 'Knuth: "...we want"'),  # a spaced ellipsis closes up
+    ],
+)
+def test_a_dot_that_begins_a_word_keeps_its_comma_and_space(source, expected):
+    assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
         ("{{USS|Enterprise|CV-6}} and {{HMS|Victory}}", "USS Enterprise (CV-6) and HMS Victory"),
         # The display code adds 4 for the prefix, 2 for the name, 1 for the id: the shipped dump's
         # Achilles said "alongside Ajax and Exeter" for {{HMS|Ajax|22|6}} and {{HMS|Exeter|68|6}}.

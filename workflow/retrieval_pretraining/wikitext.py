@@ -150,7 +150,9 @@ _QUOTES = re.compile(r"'{2,5}")
 _HEADING = re.compile(r"^(={1,6})\s*(.+?)\s*(={1,6})\s*$")  # unbalanced "== X ===" too
 _LIST = re.compile(r"^[*#:;]+\s*")
 _SPACES = re.compile(r"[ \t\u00a0\u2009\u200b]+")
-_SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)\]])")
+# Not a dot that begins a word (".NET", ".uk", ".docx"): only one that ends what precedes it.
+_SPACE_BEFORE_PUNCT = re.compile(r" +([,;:!?)\]]|\.(?!\w))")
+_SPACED_ELLIPSIS = re.compile(r"(?<=\.) +(?=\.)")  # ". . .we" -> "...we"
 _SPACE_AFTER_OPEN = re.compile(r"([(\[]) +")
 _EMPTY_PARENS = re.compile(r"\s*\((?:[\s,;:.–—-]|or|and)*\)")
 _LEADING_PUNCT_PARENS = re.compile(r"\(\s*[,;:]\s*")
@@ -161,7 +163,7 @@ _REPEATED_PUNCT = re.compile(r"([,;])(?:\s*[,;])+")
 # lines as "is , where"; "Thus, <math>x</math>." gives "Thus,." (",..." is an ellipsis).
 _LEADING_PUNCT = re.compile(r"^[,;.](?!\s*\.)\s+")
 _CLOSING_PUNCT = re.compile(r"[,;)]|\.(?!\s*\.)(?=\s|$)")  # not ".5" nor ".NET"
-_COMMA_BEFORE_STOP = re.compile(r"[,;]\s*\.(?![.\d])")
+_COMMA_BEFORE_STOP = re.compile(r"[,;]\s*\.(?=\s|$)")  # a stop, not ".NET" nor "..."
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
 # Interwiki prefixes (sister projects and a few sites) of enwiki's interwiki map: a link to them is
 # text like any link, [[wikt:word|label]] -> label, [[s:Title]] -> Title. Several look like
@@ -385,7 +387,7 @@ def _clean_line(line: str) -> str:
     line = _LEADING_PUNCT_PARENS.sub("(", line)
     line = _DANGLING_PUNCT.sub(")", line)
     line = _EMPTY_PARENS.sub("", line)
-    line = _SPACE_BEFORE_PUNCT.sub(r"\1", line)
+    line = _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACED_ELLIPSIS.sub("", line))
     line = _SPACE_AFTER_OPEN.sub(r"\1", line)
     line = _REPEATED_PUNCT.sub(r"\1", line)  # again: "A, (), B" is "A,, B" once "()" is gone
     line = _COMMA_BEFORE_STOP.sub(".", line)
