@@ -150,6 +150,15 @@ def test_held_out_chunks_are_never_trained_on(setup, tmp_path):
     assert not trained & held
     assert trained == set(range(len(dataset.store))) - held  # every other chunk does train
     assert [len(b["chunk_ids"]) for b in dataset.probe_batches()] == [4, 4, 4, 4]
+    # 10 held out in micro-batches of 4: 4, 3, 3, not 4, 4, 2 (span retrieval and view agreement
+    # among 2 candidates would be an easier task than among 4).
+    dataset = pdata.MicroBatches(store, vocab=pdata.Vocab.from_tokenizer(tokenizer), seed=7,
+                                 global_batch_size=8, micro_batch_size=4, rank=0, world_size=1,
+                                 mask_rate=0.15, whole_word=False, holdout=10)
+    batches = dataset.probe_batches()
+    assert [len(b["chunk_ids"]) for b in batches] == [4, 3, 3]
+    assert sorted(torch.cat([b["chunk_ids"] for b in batches]).tolist()) == sorted(
+        dataset.store.chunk_ids(dataset.holdout_rows).tolist())
 
 
 def test_head_warm_up_trains_the_fresh_heads_with_the_encoder_frozen(setup, tmp_path):

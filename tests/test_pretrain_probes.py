@@ -33,8 +33,8 @@ def checkpoint(tmp_path_factory):
     return fx.tiny_checkpoint(tmp_path_factory.mktemp("probes") / "checkpoint", initializer_range=0.5)
 
 
-def _batch(views: int) -> dict:
-    g = torch.Generator().manual_seed(3)
+def _batch(views: int, seed: int = 3) -> dict:
+    g = torch.Generator().manual_seed(seed)
     n, length = 4, 12
     original = torch.randint(1000, 3000, (n, length), generator=g)
     original[:, 0], original[:, -1] = 101, 102
@@ -118,3 +118,53 @@ def test_probes_equal_their_definitions(checkpoint, objective):
     for key, value in want.items():
         assert key.startswith("loss") or 0.0 <= got[key] <= 1.0 and not math.isnan(got[key])
         assert got[key] == pytest.approx(value, rel=1e-5), key
+
+
+def _item_sums(model, batch) -> dict:
+    """(sum, count) over one batch's items by plain loops: masked tokens for MLM accuracy and
+    loss, real spans for COSTA's span retrieval (among the batch's texts)."""
+    with torch.no_grad():
+        model.eval()
+        hidden = model.hidden(batch)
+        text = model.projector(hidden[:, 0])
+        sums = {"probe_mlm_accuracy": [0.0, 0], "loss_mlm_heldout": [0.0, 0],
+                "probe_span_retrieval": [0.0, 0]}
+        for b in range(hidden.shape[0]):
+            for t in range(hidden.shape[1]):
+                label = batch["labels"][b, t]
+                if label != -100:
+                    logits = model.mlm_head(hidden[b, t])
+                    sums["probe_mlm_accuracy"][0] += int(logits.argmax() == label)
+                    sums["loss_mlm_heldout"][0] += -logits.log_softmax(-1)[label].item()
+                    sums["probe_mlm_accuracy"][1] += 1
+                    sums["loss_mlm_heldout"][1] += 1
+            for s, e, real in zip(batch["span_start"][b], batch["span_end"][b], batch["span_mask"][b]):
+                if real:
+                    span = hidden[b, s:e].mean(0)
+                    best = max(range(len(text)), key=lambda j: (span @ text[j]).item())
+                    sums["probe_span_retrieval"][0] += int(best == b)
+                    sums["probe_span_retrieval"][1] += 1
+    model.train()
+    return sums
+
+
+def test_probe_batches_pool_over_all_tokens_and_spans(checkpoint):
+    """Two batches of different sizes: each figure is the share (mean) over all masked tokens or
+    all spans of both, not a mean of the batches' figures weighted by their chunks."""
+    model = Pretrainer(checkpoint, fx.model_settings("costa"))
+    first = _batch(1)
+    second = {k: v[:2] for k, v in _batch(1, seed=11).items()}  # 2 texts: 3 spans
+    # The second batch's masked tokens made the ones its head predicts (an untrained head names
+    # none of the real ones): the two batches' accuracies differ, 0 and 1.
+    with torch.no_grad():
+        model.eval()
+        predicted = model.mlm_head(model.hidden(second)).argmax(dim=-1)
+        model.train()
+    second["labels"] = torch.where(second["labels"] != -100, predicted, second["labels"])
+    got = probes.probe_batches(model, [first, second])
+    sums = [_item_sums(model, first), _item_sums(model, second)]
+    for key in sums[0]:
+        pooled = (sums[0][key][0] + sums[1][key][0]) / (sums[0][key][1] + sums[1][key][1])
+        by_chunks = (4 * sums[0][key][0] / sums[0][key][1] + 2 * sums[1][key][0] / sums[1][key][1]) / 6
+        assert got[key] == pytest.approx(pooled, rel=1e-5), key
+        assert abs(pooled - by_chunks) > 1e-3, key  # the batches tell the two averages apart

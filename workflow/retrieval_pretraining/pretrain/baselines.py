@@ -144,8 +144,11 @@ def _other(cls: torch.Tensor) -> torch.Tensor:
     return cls.roll(1, dims=0)
 
 
-def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor) -> dict[str, float]:
-    """What each baseline's head is for, on held-out chunks (the caller has set eval mode):
+def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor
+          ) -> dict[str, tuple[float, int]]:
+    """What each baseline's head is for, on held-out chunks (the caller has set eval mode), each
+    with the number of items it averages over (the labelled tokens; coCondenser's agreement: the
+    first segments), so that probes.probe_batches pools them over batches:
 
       probe_head_mlm_accuracy   Condenser / coCondenser: share of masked tokens the head predicts
       loss_head_mlm_heldout     (it sees the early layer's tokens and only the last layer's
@@ -175,7 +178,7 @@ def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor) -> d
         if model.objective == "cocondenser":
             m = len(hidden) // 2
             scores = obj.fp32_scores(cls[:m], cls[m:])
-            out["probe_view_agreement"] = float(
+            agreement = float(
                 (scores.argmax(dim=1) == torch.arange(m, device=cls.device)).float().mean())
     elif model.objective == "retromae":
         labels = batch["decoder_labels"]
@@ -188,6 +191,10 @@ def probe(model: Any, batch: dict[str, torch.Tensor], hidden: torch.Tensor) -> d
         _, loss_swapped = _scores(model, mae_decoders.decoded(model, _other(cls), batch)[0], labels)
         out |= {"probe_decoder_accuracy": accuracy, "loss_dec_heldout": loss}
     else:
-        return out
+        return {}
     out["probe_cls_reliance"] = loss_swapped - loss
-    return out
+    tokens = int((labels != -100).sum())
+    pooled = {key: (value, tokens) for key, value in out.items()}
+    if model.objective == "cocondenser":
+        pooled["probe_view_agreement"] = agreement, m
+    return pooled

@@ -267,10 +267,15 @@ class MicroBatches(torch.utils.data.Dataset):
         return self._order[corpus][1]
 
     def probe_batches(self) -> list[dict[str, torch.Tensor]]:
-        """The held-out chunks as micro-batches, masked as in epoch 0 (the same every time)."""
+        """The held-out chunks as batches of near-equal size (at most micro_batch_size), masked as
+        in epoch 0 (the same every time). Near-equal, not a remainder batch: span retrieval and
+        view agreement choose among their batch's texts, and 2 candidates (32 chunks in 10s) make
+        an easier task than 10."""
         rows = self.holdout_rows
-        size = self.micro_batch_size
-        return [self.collate(rows[i:i + size], epoch=0) for i in range(0, len(rows), size)]
+        if not len(rows):
+            return []
+        parts = -(-len(rows) // self.micro_batch_size)
+        return [self.collate(part, epoch=0) for part in np.array_split(rows, parts)]
 
     def collate(self, rows: np.ndarray, epoch: int | np.ndarray) -> dict[str, torch.Tensor]:
         """One padded batch of the given store rows, masked from (seed, epoch, chunk_id, view,
