@@ -181,13 +181,13 @@ def test_a_model_folder_whose_weights_are_not_the_recorded_ones_fails(results, c
            f"manifest.json records {recorded}" in out, out
 
 
-def write_negatives(results, monkeypatch, name, rows):
+def write_negatives(results, monkeypatch, name, rows, params=None):
     """Negatives with the manifest bm25.py writes: its inputs relative to the project."""
     path = results / f"bm25/toy/{name}.parquet"
     artifacts.write_parquet(path, pa.Table.from_pylist(rows, negatives.SCHEMA), negatives.SCHEMA)
     monkeypatch.chdir(results.parent)
     artifacts.write_manifest(
-        artifacts.manifest_path(path), stage="bm25.negatives", params={},
+        artifacts.manifest_path(path), stage="bm25.negatives", params=params or {},
         inputs={"queries": "results/datasets/toy/queries-train.parquet",
                 "qrels": "results/datasets/toy/qrels-train.parquet"},
     )
@@ -214,6 +214,47 @@ def test_negatives_a_writer_never_leaves_fail(
     bad = write_negatives(results, monkeypatch, "bad", [row(positives, negative_ids)])
     assert "e.g. ['q1']" in fails(bad, check, capsys)
     intact = write_negatives(results, monkeypatch, "intact", [row(["d1"], ["d2", "d3"])])
+    passes(intact, check, capsys)
+
+
+@pytest.mark.parametrize("ranks", [[5, 0], [3, 2], [2, 2], [-1, -1]])
+def test_negatives_out_of_rank_order_fail(results, monkeypatch, ranks, capsys):
+    """bm25.py and mine.py keep the sampled negatives in rank order, ranks counted from 1."""
+    misranked = row(["d1"], ["d2", "d3"]) | {"negative_ranks": ranks}
+    bad = write_negatives(results, monkeypatch, "misranked", [misranked])
+    assert "e.g. ['q1']" in fails(bad, "ranks increasing, each >= 1", capsys)
+    intact = write_negatives(results, monkeypatch, "ranked", [row(["d1"], ["d2", "d3"])])
+    passes(intact, "ranks increasing, each >= 1", capsys)
+
+
+def test_negatives_of_the_unranked_triples_source_have_ranks_minus_one(
+    results, monkeypatch, capsys
+):
+    triples = {"source": "triples"}
+    unranked = row(["d1"], ["d2", "d3"]) | {"negative_ranks": [-1, -1]}
+    passes(write_negatives(results, monkeypatch, "triples", [unranked], triples),
+           "ranks all -1 (triples: unranked)", capsys)
+    bad = write_negatives(results, monkeypatch, "triples-ranked", [row(["d1"], ["d2"])], triples)
+    fails(bad, "ranks all -1 (triples: unranked)", capsys)
+
+
+@pytest.mark.parametrize(
+    "lines, check",
+    [
+        ("q1 Q0 d1 1 2.0 x\nq1 Q0 d9 2 1.0 x\n", "every doc_id is in corpus.parquet"),
+        ("q1 Q0 d1 1 2.0 x\nq7 Q0 d2 1 1.0 x\n", "every query_id is in queries-train.parquet"),
+    ],
+)
+def test_a_run_naming_an_id_the_dataset_lacks_fails(results, lines, check, capsys):
+    """Every writer searches the split's queries in an index of the dataset's corpus."""
+    unknown = "d9" if "doc_id" in check else "q7"
+    bad = results / f"runs/toy/unknown-{unknown}/train.trec"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(lines)
+    assert f"1 unknown, e.g. ['{unknown}']" in fails(bad, check, capsys)
+    intact = results / f"runs/toy/known-{unknown}/train.trec"
+    intact.parent.mkdir(parents=True)
+    intact.write_text("q1 Q0 d1 1 2.0 x\nq1 Q0 d2 2 1.0 x\n")
     passes(intact, check, capsys)
 
 
@@ -385,3 +426,4 @@ def test_chunks_the_writer_would_refuse_fail(results, capsys):
     out = fails(every, check, capsys)
     assert "not exactly its word-starting tokens" in out and "PASS  word_starts sorted" in out
     passes(good, check, capsys)
+

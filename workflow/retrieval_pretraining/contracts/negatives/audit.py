@@ -1,7 +1,8 @@
 """How `audit` shows and checks negatives: no positive among a query's negatives (unless mined with
 `positives_removed: first_query`, which the manifest records), a positive for every query, no
-negative twice, one rank (and score) per negative, every negative a document of the corpus (where
-the manifest names the dataset), and a few queries shown with their positive and negatives as text.
+negative twice, one rank (and score) per negative, ranks as the writers leave them (increasing
+search ranks from 1; -1 throughout from the unranked `triples` source), every negative a document
+of the corpus (where the manifest names the dataset), and a few queries shown with their positive and negatives as text.
 The checks read the rows a batch at a time."""
 
 from __future__ import annotations
@@ -59,6 +60,21 @@ def rows_outside(column: pa.Array, ids: pa.Array) -> np.ndarray:
     return np.unique(pc.list_parent_indices(column).to_numpy()[where])
 
 
+def rows_misranked(ranks: pa.Array, unranked: bool) -> np.ndarray:
+    """The rows of a list column of ranks unlike what the writers leave: each sampler keeps its
+    negatives in rank order (bm25.sample_negatives, mine.select_negatives; DPR's positions and a
+    search's ranks count from 1), so a row's ranks rise from 1 at least; the `triples` source's
+    file is unranked, so its ranks are all -1 (msmarco_triples.triples_candidates)."""
+    flat = pc.fill_null(pc.list_flatten(ranks), 0).to_numpy()
+    parents = pc.list_parent_indices(ranks).to_numpy()
+    if unranked:
+        bad = flat != -1
+    else:
+        bad = flat < 1
+        bad[1:] |= (flat[1:] <= flat[:-1]) & (parents[1:] == parents[:-1])
+    return np.unique(parents[bad])
+
+
 def _lengths(column: pa.Array) -> np.ndarray:
     return pc.list_value_length(column).fill_null(0).to_numpy()
 
@@ -76,9 +92,11 @@ def corpus_ids(a: Audit, manifest) -> pa.Array | None:
     return None
 
 
-def find_problems(t: pa.Table, corpus: pa.Array | None) -> dict[str, list[int]]:
-    """Row numbers of the rows breaking each rule, read a batch at a time."""
-    names = ["leak", "repeat", "no positive", "ranks"]
+def find_problems(t: pa.Table, corpus: pa.Array | None, unranked: bool = False
+                  ) -> dict[str, list[int]]:
+    """Row numbers of the rows breaking each rule, read a batch at a time (`unranked`: negatives
+    from the triples source, whose ranks are -1)."""
+    names = ["leak", "repeat", "no positive", "ranks", "rank order"]
     names += ["scores"] * ("negative_scores" in t.schema.names) + ["corpus"] * (corpus is not None)
     found: dict[str, list[int]] = {name: [] for name in names}
     offset = 0
@@ -91,6 +109,7 @@ def find_problems(t: pa.Table, corpus: pa.Array | None) -> dict[str, list[int]]:
             "ranks": np.flatnonzero(
                 _lengths(batch.column("negative_ranks")) != _lengths(negatives)
             ),
+            "rank order": rows_misranked(batch.column("negative_ranks"), unranked),
         }
         if "negative_scores" in batch.schema.names:
             scores = _lengths(batch.column("negative_scores"))
@@ -115,8 +134,10 @@ def check_rows(a: Audit, t: pa.Table, name: str, rows: list[int]) -> None:
 def render_negatives(a: Audit, t: pa.Table, manifest, n: int) -> None:
     a.check("query_id unique", len(pc.unique(t["query_id"])) == len(t))
     corpus = corpus_ids(a, manifest)
-    found = find_problems(t, corpus)
-    policy = ((manifest or {}).get("params") or {}).get("policy") or {}
+    params = (manifest or {}).get("params") or {}
+    unranked = params.get("source") == "triples"  # bm25.py's params are its policy
+    found = find_problems(t, corpus, unranked)
+    policy = params.get("policy") or {}
     if policy.get("positives_removed") == "first_query":
         # Mined with the BoW authors' miner replicated on request (mine.py): leaks are its effect.
         a.say(
@@ -129,6 +150,8 @@ def render_negatives(a: Audit, t: pa.Table, manifest, n: int) -> None:
     check_rows(a, t, "every query has a positive", found["no positive"])
     check_rows(a, t, "no negative twice for a query", found["repeat"])
     check_rows(a, t, "one rank per negative", found["ranks"])
+    check_rows(a, t, "ranks all -1 (triples: unranked)" if unranked else
+               "ranks increasing, each >= 1", found["rank order"])
     if "scores" in found:
         check_rows(a, t, "one score per negative", found["scores"])
     if "corpus" in found:

@@ -1,9 +1,15 @@
 """How `audit` checks a TREC run (six fields a line; per query ranks 1..k, scores non-increasing,
-no document twice, scores finite) and shows its first query with its top documents as text."""
+no document twice, scores finite; every query one of its split's, every document one of the
+corpus's) and shows its first query with its top documents as text."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ..base import (
     RANK_NAME, Audit, Kind, NotAnArtifact, read_manifest, short, show_manifest,
@@ -11,6 +17,35 @@ from ..base import (
 )
 from ..datasets.audit import dataset_folder, lookup_text
 from . import utf8_lines
+
+
+ID_ROWS = 1 << 20  # ids of a dataset file read at a time
+
+
+def ids_absent(path: Path, column: str, ids: pa.Array) -> pa.Array:
+    """Those of the distinct `ids` that `path`'s `column` lacks: that column alone, read a batch at
+    a time (Wikipedia's 21M passage ids are never held at once)."""
+    found = [pa.array([], ids.type)]
+    for batch in pq.ParquetFile(path).iter_batches(ID_ROWS, columns=[column]):
+        known = batch.column(0).cast(ids.type)
+        found.append(known.filter(pc.is_in(known, value_set=ids)))
+    return ids.filter(pc.invert(pc.is_in(ids, value_set=pa.concat_arrays(found))))
+
+
+def check_ids_known(a: Audit, folder: Path | None, per_query: dict[str, list]) -> None:
+    """Every writer (bm25.py search, dense_search.py) searches queries-{split}.parquet in an index
+    of the dataset's corpus.parquet: a query or document id from elsewhere means a run of another
+    split or dataset, which evaluation would score against the wrong qrels."""
+    docs = sorted({d for hits in per_query.values() for *_, d in hits})
+    for name, column, ids in ((f"queries-{a.path.stem}.parquet", "query_id", list(per_query)),
+                              ("corpus.parquet", "doc_id", docs)):
+        path = folder / name if folder is not None else None
+        if path is None or not path.is_file():
+            a.say(f"-- {column}s not checked: no {name} in the dataset folder ({folder})")
+            continue
+        absent = ids_absent(path, column, pa.array(ids, pa.string()))
+        a.check(f"every {column} is in {name}", not len(absent),
+                f"{len(absent)} unknown, e.g. {absent.to_pylist()[:3]}" if len(absent) else "")
 
 
 def audit_run(a: Audit, n: int) -> None:
@@ -54,6 +89,7 @@ def audit_run(a: Audit, n: int) -> None:
         all(len({d for *_, d in v}) == len(v) for v in per_query.values()),
     )
     folder = dataset_folder(a.path)
+    check_ids_known(a, folder, per_query)
     first = list(per_query.items())[:1]
     for qid, hits in first:
         queries = lookup_text(folder, "queries-*.parquet", "query_id", [qid])
