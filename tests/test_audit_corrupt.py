@@ -427,3 +427,14 @@ def test_chunks_the_writer_would_refuse_fail(results, capsys):
     assert "not exactly its word-starting tokens" in out and "PASS  word_starts sorted" in out
     passes(good, check, capsys)
 
+
+def test_a_chunk_without_text_fails_without_the_tokenizer(results, capsys, monkeypatch):
+    """`[CLS][SEP]` (length 2, no text token): chunk.py never writes it, and the check of its
+    length needs no tokenizer (here none is found)."""
+    from retrieval_pretraining.contracts.chunks import audit as chunks_audit
+
+    monkeypatch.setattr(chunks_audit, "manifest_tokenizer", lambda *_: (None, None))
+    check = "every chunk >= 3 tokens ([CLS], a text token, [SEP])"
+    empty = chunks_with(results, "no-text", "input_ids", 0, [101, 102])
+    assert "shortest 2" in fails(empty, check, capsys)
+    passes(results / "corpus/wikipedia/chunks/shard-0000.parquet", check, capsys)

@@ -12,6 +12,9 @@ import numpy as np
 import pyarrow as pa
 
 CHUNK_INDEX_BITS = 16  # chunk_id = (page_id << 16) + chunk_index
+# [CLS], one text token, [SEP]: chunker.plan_chunks cuts only after a chunk's start and keeps no
+# empty tail, so every chunk holds a text token whatever short_tail says.
+MIN_LENGTH = 3
 SCHEMA = pa.schema(
     [
         pa.field("chunk_id", pa.int64(), nullable=False),
@@ -65,7 +68,8 @@ def validate_chunks(
     off -= off[0]
     flat = ids.flatten().to_numpy()
     lengths = np.diff(off)
-    fail((lengths < 3) | (lengths > max_len), f"has a length outside [3, max_len={max_len}]")
+    fail((lengths < MIN_LENGTH) | (lengths > max_len),
+         f"has a length outside [{MIN_LENGTH}, max_len={max_len}]")
     fail(flat[off[:-1]] != cls_id, "does not start with [CLS]")
     fail(flat[off[1:] - 1] != sep_id, "does not end with [SEP]")
     special_at = np.flatnonzero((flat == cls_id) | (flat == sep_id))

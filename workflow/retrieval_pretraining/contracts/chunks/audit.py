@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from ..base import RANK_PARQUET, Audit, input_path, parquet_kind, results_root, short
 from ..columns import flat
-from . import CHUNK_INDEX_BITS, SCHEMA, validate_chunks
+from . import CHUNK_INDEX_BITS, MIN_LENGTH, SCHEMA, validate_chunks
 
 
 def manifest_tokenizer(root: Path | None, *manifests: dict[str, Any] | None):
@@ -100,6 +100,14 @@ def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
     expected = (t["page_id"].to_numpy() << CHUNK_INDEX_BITS) + index
     a.check("chunk_id == (page_id << 16) + chunk_index", bool(np.array_equal(ids, expected)))
     lengths = pc.list_value_length(t["input_ids"]).to_numpy()
+    # Checked without the tokenizer too: `[CLS][SEP]` (no text) is otherwise caught only by
+    # chunk.py's check, which needs it.
+    shortest = int(lengths.min(initial=MIN_LENGTH))
+    a.check(
+        f"every chunk >= {MIN_LENGTH} tokens ([CLS], a text token, [SEP])",
+        shortest >= MIN_LENGTH,
+        f"shortest {shortest}" if len(lengths) else "",
+    )
     max_len = ((manifest or {}).get("params") or {}).get("max_len")
     if max_len:
         a.check(
