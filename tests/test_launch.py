@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -400,14 +401,81 @@ def test_torchrun_s_failure_is_75_only_for_a_stop_its_workers_marked(tmp_path):
         "    open(os.environ['RETRIEVAL_PRETRAINING_STOP_MARKER'], 'w').close()\n"
         "sys.exit(75)\n")
     codes = []
+    temp = tmp_path / "temp"
+    temp.mkdir()
     for mode in ("plain", "mark"):
         proc = subprocess.run(
             [sys.executable, "-m", "retrieval_pretraining.launch", "--module", "exits75",
              "--gpus", "2", "--", mode],
-            env=_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1"), capture_output=True, text=True,
-            timeout=120)
+            env=_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", TMPDIR=str(temp)),
+            capture_output=True, text=True, timeout=120)
         codes.append(proc.returncode)
     assert codes == [1, 75], proc.stderr[-3000:]
+    assert not list(temp.glob("retrieval-pretraining-stop*"))  # each run removed its marker
+
+
+class _WorkerFailed(Exception):
+    """Stands in for torchrun's ChildFailedError."""
+
+
+def _fake_torchrun(monkeypatch, tmp_path, jobs):
+    """torch's torchrun main replaced by `jobs[argv[0]](marker)`, each wrapper run's temp folder
+    in tmp_path; returns the markers the runs named, in order."""
+    from torch.distributed import run as torchrun_module
+
+    from retrieval_pretraining.training.lifecycle import STOP_MARKER_ENV
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(STOP_MARKER_ENV, raising=False)  # restored after the test
+    markers = []
+
+    def main(argv):
+        markers.append(Path(os.environ[STOP_MARKER_ENV]))
+        jobs[argv[0]](markers[-1])
+
+    monkeypatch.setattr(torchrun_module, "main", main)
+    return markers
+
+
+def test_another_job_s_stop_with_this_pid_does_not_make_a_failure_75(tmp_path, monkeypatch):
+    """A job in another PID namespace (a container sharing /tmp) or on a node sharing TMPDIR may
+    have this wrapper's PID; its stop marker must not turn this run's failed worker into 75."""
+    from retrieval_pretraining import torchrun
+
+    def fails_while_the_other_job_stops(marker):
+        # the marker a run with this PID was named before: another job with it stops now
+        Path(tempfile.gettempdir(), f"retrieval-pretraining-stopped-{os.getpid()}").write_text("")
+        raise _WorkerFailed("worker exited 1")
+
+    _fake_torchrun(monkeypatch, tmp_path, {"fails": fails_while_the_other_job_stops})
+    with pytest.raises(_WorkerFailed):
+        torchrun.run(["fails"])
+
+
+def test_concurrent_wrapper_runs_with_one_pid_keep_their_own_stop(tmp_path, monkeypatch):
+    """Two wrapper runs at once with the same PID (two PID namespaces): each names its own marker;
+    one's stop (75) stays the other's failure, and neither run's end removes the other's stop.
+    Each run's folder is gone after it."""
+    from retrieval_pretraining import torchrun
+
+    def fails(marker):
+        raise _WorkerFailed("worker exited 1")
+
+    outcomes = []
+
+    def stops_while_another_run_fails(marker):
+        marker.write_text("rank 0 stopped after saving\n")
+        with pytest.raises(_WorkerFailed):
+            torchrun.run(["fails"])
+        outcomes.append("other run failed")
+        raise _WorkerFailed("worker exited 75")
+
+    markers = _fake_torchrun(
+        monkeypatch, tmp_path, {"fails": fails, "stops": stops_while_another_run_fails})
+    assert torchrun.run(["stops"]) == 75
+    assert outcomes == ["other run failed"]
+    assert len(set(markers)) == 2, markers
+    assert list(tmp_path.iterdir()) == []
 
 
 RANKS = """\

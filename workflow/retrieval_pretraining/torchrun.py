@@ -7,17 +7,25 @@ stop signal reached it: a run whose workers all saved their state on SIGTERM/SIG
 would end with 1, and the job's status would no longer say "stopped after saving, resubmit".
 
 This runs torchrun's own `main` in this process: the launcher execs it, so the signals sent to the
-launcher land on torchrun's handlers as before. It names a marker file, new for this run (this
-PID, in the node's temp folder, any old one removed), in STOP_MARKER_ENV, which the workers
-inherit; the node's first worker (LOCAL_RANK 0) writes it once every rank has passed the barrier
-after the main rank's save (training.run_or_resume_exit). torchrun failing with the marker there
-ends with 75, after printing its error; without it, torchrun's error stands (exit 1). The marker is
-removed at exit. Where no marker is named (one process, no torchrun) nothing is written.
+launcher land on torchrun's handlers as before. It names a marker file in a folder made for this run
+alone (`tempfile.mkdtemp`: a name no other run can produce, where a PID is shared by jobs in other
+PID namespaces or on other nodes sharing TMPDIR) in STOP_MARKER_ENV, which the workers inherit; the
+node's first worker (LOCAL_RANK 0) writes it once every rank has passed the barrier after the main
+rank's save (training.run_or_resume_exit). torchrun failing with the marker there ends with 75,
+after printing its error; without it, torchrun's error stands (exit 1). Any failure after the
+marker is written (a worker crashing in its teardown, say) ends with 75 too: safe, as the state was
+saved before the marker, so a rerun resumes from it. The folder is removed at exit. Where no marker
+is named (one process, no torchrun) nothing is written.
+
+In a multi-node job, srun's `--kill-on-bad-exit` (launch.py) may kill the other nodes' torchruns
+(137) once one node exits 75, before they exit 75 themselves; the step then reports 137, a failure
+that a rerun also resumes from (not tested here: no multi-node cluster).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -25,16 +33,12 @@ from pathlib import Path
 from .training.lifecycle import RESUME_EXIT_CODE, STOP_MARKER_ENV
 
 
-def marker_path(pid: int) -> Path:
-    return Path(tempfile.gettempdir()) / f"retrieval-pretraining-stopped-{pid}"
-
-
 def run(argv: list[str]) -> int:
     """torchrun's main on `argv`; 0, RESUME_EXIT_CODE, or torchrun's own exception re-raised."""
     from torch.distributed import run as torchrun
 
-    marker = marker_path(os.getpid())
-    marker.unlink(missing_ok=True)  # a dead process's with this PID: not this run's stop
+    folder = Path(tempfile.mkdtemp(prefix="retrieval-pretraining-stop-"))
+    marker = folder / "stopped"
     os.environ[STOP_MARKER_ENV] = str(marker)
     try:
         torchrun.main(argv)
@@ -47,7 +51,7 @@ def run(argv: list[str]) -> int:
               "(a rerun resumes)", file=sys.stderr, flush=True)
         return RESUME_EXIT_CODE
     finally:
-        marker.unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:
