@@ -214,7 +214,7 @@ def get_stage_artifacts():
         + chunk_paths(used_corpora())
         + [
             path
-            for corpus, spans in span_indexes()
+            for corpus, spans in reported_span_indexes()
             for path in expand(
                 "results/corpus/{corpus}/spans/{spans}/shard-{shard}.parquet",
                 corpus=corpus,
@@ -267,6 +267,30 @@ def reached_models():
     if analysis["cpdae_top_words"]:
         named.add(analysis["cpdae_top_words"]["model"])
     return [m["name"] for m in config["pretrain"]["models"] if m["name"] in named]
+
+
+def reported_span_indexes():
+    """(corpus, spans) of the span indexes the report's models pre-train on, in pretrain.models
+    order: those of the reached models and of the models their pre-training starts from (`init`)
+    or reuses. Not span_indexes(): an index no reached model reads (bow.yaml's costa, paper.yaml's
+    ablation entries) would cost a sample_spans job per shard that the tables never need.
+    """
+    needed, todo = set(), list(reached_models())
+    while todo:
+        name = todo.pop()
+        if name and name not in needed:
+            needed.add(name)
+            todo += [
+                pretrain_settings(name).get("init"),
+                pretrain_settings_lib.reused_source(config["pretrain"], name),
+            ]
+    pairs = {}
+    for name in pretrain_models(trained=True):
+        settings = pretrain_settings(name)
+        if name in needed and settings["spans"]:
+            for corpus in settings["corpora"]:
+                pairs[(corpus["name"], settings["spans"])] = None
+    return list(pairs)
 
 
 def stage_chain(model, dataset, stage):

@@ -317,6 +317,40 @@ def test_the_low_resource_figure_writes_its_own_section(ablations_all_plan):
     assert values(args, "--out") == ["results/analysis/low-resource.md"]
 
 
+
+def _span_jobs(plan, rule):
+    return {tuple(j["wildcards"][k] for k in ("corpus", "spans", "shard") if k in j["wildcards"])
+            for j in plan if j["rule"] == rule}
+
+
+@pytest.fixture(scope="module")
+def overlay_plans(tmp_path_factory) -> dict[str, list[dict]]:
+    """Dry-run plans, the dump's parts known (local_dump): paper.yaml's `all` and tables, and
+    `all` with the BoW overlay."""
+    project = copy_project(tmp_path_factory.mktemp("spans") / "project")
+    dump = str(local_dump(project))
+    overlays = {"paper-all": (["paper.yaml"], "all"),
+                "paper-tables": (["paper.yaml"], "results/tables.md"),
+                "bow-all": (["paper.yaml", "bow.yaml"], "all")}
+    return {name: planned_jobs(project, "--configfile",
+                               *[str(EXPERIMENTS / f) for f in files], dump, "--", target)
+            for name, (files, target) in overlays.items()}
+
+
+def test_all_samples_and_audits_only_the_span_indexes_its_tables_read(overlay_plans):
+    """The statistics page and the span audits of `all` list the span indexes of the models the
+    report reaches, not every spans entry: bow.yaml reports no COSTA model (no span index at all),
+    paper.yaml's tables read costa's index only (its ablation entries: ablations.yaml)."""
+    assert _span_jobs(overlay_plans["bow-all"], "sample_spans") == set()
+    assert _span_jobs(overlay_plans["bow-all"], "audit_spans") == set()
+    sampled = _span_jobs(overlay_plans["paper-all"], "sample_spans")
+    assert sampled == _span_jobs(overlay_plans["paper-tables"], "sample_spans")
+    assert {spans for _, spans, _ in sampled} == {"costa"}
+    # each sampled index is audited (audit_spans reads all its shards)
+    audited = _span_jobs(overlay_plans["paper-all"], "audit_spans")
+    assert audited == {(corpus, spans) for corpus, spans, _ in sampled}
+
+
 def _stage_settings():
     """rule -> the function its stage builds its settings with from the rule's --config slice."""
     from retrieval_pretraining import encode, mine
