@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from retrieval_pretraining import mine
@@ -118,7 +119,9 @@ def test_the_bow_authors_miner_is_replicated_only_on_request(tmp_path, monkeypat
             .otherwise(pl.col("negative_ranks")).alias("negative_ranks"),
             pl.when(pl.col("query_id") == "q2").then(pl.lit([4.0, 2.0], dtype=pl.List(pl.Float32)))
             .otherwise(pl.col("negative_scores")).alias("negative_scores"))
-        table.write_parquet(out)
+        # Written with the writer's schema (polars writes large_list): only the content is
+        # corrupt, so the audit reaches its own checks.
+        pq.write_table(table.to_arrow().cast(pq.read_schema(out)), out)
         assert audit.main([str(out)]) != 0
         assert "FAIL  no query's own positive among its negatives" in capsys.readouterr().out
     else:  # q1's positive "a" removed from every query; q2 keeps its own "b" and "c"
