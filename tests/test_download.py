@@ -198,6 +198,53 @@ def test_a_part_file_that_is_not_a_prefix_of_the_file_is_not_trusted(mirror, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
 
 
+def test_a_second_fetch_of_the_same_file_fails_at_once_naming_the_first(mirror, tmp_path):
+    """A job fetching the file holds `<file>.part.lock` (here: this test, as another process
+    would); a second fetch of it (the same rule run from another terminal after `--unlock`) must
+    not write the .part too (the two downloads were spliced into a corrupt, "verified" file): it
+    fails before any request, naming the holder, and leaves the other's .part as it was."""
+    import fcntl
+
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    dest = tmp_path / "ms.bz2"
+    part = dest.with_name(dest.name + ".part")
+    part.write_bytes(data[:5000])
+    lock = dest.with_name(dest.name + ".part.lock")
+    with open(lock, "w") as held:
+        held.write("pid 4242 on elsewhere\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(fetch.DownloadError, match="already being fetched by pid 4242"):
+            _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data))
+    assert mirror.requests == [] and part.read_bytes() == data[:5000] and not dest.exists()
+    # Once the holder is gone the fetch runs, and leaves no lock file behind.
+    _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
+
+
+def test_bytes_written_to_the_part_by_someone_else_are_never_published(mirror, tmp_path):
+    """Something appends to the .part between two attempts (what a second writer did before the
+    lock): the resume then starts past the bytes received, and with no checksum the old code
+    published a file of the right length holding those foreign bytes. The .part must hold exactly
+    the bytes hashed, else it is discarded and the file fetched again."""
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("drop", 6000)]
+    dest = tmp_path / "ms.bz2"
+    part = dest.with_name(dest.name + ".part")
+    intruded = []
+
+    def other_writer(_delay):
+        if not intruded:
+            with open(part, "ab") as handle:
+                handle.write(b"X" * 1000)
+            intruded.append(True)
+
+    _fetch(mirror.url + "/ms.bz2", dest, sleep=other_writer)
+    assert intruded and dest.read_bytes() == data
+
+
 def test_a_bad_copy_on_a_flaky_mirror_fails_after_the_retries(mirror, tmp_path):
     """Every other answer is cut half-way, and every complete copy fails its checksum (the mirror
     serves another file, or the configured checksum is wrong). The resumes make progress, which

@@ -7,7 +7,9 @@
   the partial file and starts over; mismatches have their own count, which progress never resets
   (a mirror serving a bad copy must not be downloaded forever), and the final error names the file,
   the URL, the expected and the actual checksum. `P` only ever appears complete and verified
-  (rename at the end). The body is written as the server sent it: a `Content-Encoding: gzip` reply
+  (rename at the end), and only if `P.part` holds exactly the bytes that were hashed.
+- One fetch of `P` at a time: the whole fetch holds an exclusive lock on `P.part.lock`, and a
+  second one (the same job started in another terminal) fails at once naming the first. The body is written as the server sent it: a `Content-Encoding: gzip` reply
   to a `.gz` file is not decoded on the way to disk.
 - Local paths and file:// URLs are copied (default: results/ is then self-contained and a later
   change to the source cannot alter an artifact silently) or symlinked (`--link symlink`, for a
@@ -19,11 +21,14 @@ command line that writes it is `python -m retrieval_pretraining.download fetch` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import os
 import re
+import socket
 import sys
 import time
 import urllib.parse
@@ -109,6 +114,54 @@ def _mismatch(digests: _Digests, expected: Expected) -> tuple[str, str] | None:
     if name and digests.hexdigest(name) != getattr(expected, name).lower():
         return f"{name} {getattr(expected, name)}", f"{name} {digests.hexdigest(name)}"
     return None
+
+
+def _part_mismatch(part: Path, digests: _Digests) -> tuple[str, str] | None:
+    """(expected, actual) when `part` does not hold exactly the bytes hashed: something else
+    wrote to it (the lock keeps other fetches out; this catches what it cannot), so the checksum
+    or size verified would not be the file's."""
+    on_disk = part.stat().st_size if part.exists() else 0
+    if on_disk != digests.bytes:
+        return f"{digests.bytes} bytes in {part.name} (those received)", f"{on_disk} bytes"
+    return None
+
+
+@contextlib.contextmanager
+def _fetch_lock(dest: Path):
+    """Hold `dest.part.lock` for a whole fetch, or fail at once naming the holder.
+
+    Two fetches of one file (a user who runs the downloads and the experiment in two terminals,
+    following Snakemake's `--unlock` hint) would append to one `.part` together: the file would be
+    a splice of both, and each would verify only the bytes it received. flock is released by the
+    kernel when its holder dies, so a killed job leaves no stale lock.
+    """
+    lock = dest.with_name(dest.name + ".part.lock")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise DownloadError(
+                f"{dest} is already being fetched by {holder} (it holds {lock}); let that job "
+                "finish (its file is then reused) or stop it, then rerun"
+            ) from None
+        # The previous holder deletes the lock file on its way out: a lock taken on the file it
+        # deleted excludes nobody, so take the one now at that name instead.
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # while still held: no one can have taken it meanwhile
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,7 +384,7 @@ def _fetch_http(
                     ) from error
                 delay = min(backoff * 2 ** max(failures - 1, 0), 300.0)
             else:
-                bad = _mismatch(digests, expected)
+                bad = _part_mismatch(part, digests) or _mismatch(digests, expected)
                 if bad is None:
                     break
                 # A corrupt file cannot be repaired by resuming: drop it and start over.
@@ -384,19 +437,20 @@ def fetch(
         log.warning("%s: no checksum and no size given: the download cannot be verified", url)
     started = time.monotonic()
     source = local_path(url)
-    if source is not None:
-        result = _fetch_local(source, dest, expected, link)
-    else:
-        result = _fetch_http(
-            url,
-            dest,
-            expected,
-            retries=retries,
-            backoff=backoff,
-            timeout=timeout,
-            chunk_size=chunk_size,
-            sleep=sleep,
-        )
+    with _fetch_lock(dest):
+        if source is not None:
+            result = _fetch_local(source, dest, expected, link)
+        else:
+            result = _fetch_http(
+                url,
+                dest,
+                expected,
+                retries=retries,
+                backoff=backoff,
+                timeout=timeout,
+                chunk_size=chunk_size,
+                sleep=sleep,
+            )
     digests: _Digests = result.pop("digests")
     algorithm = expected.algorithm
     info = {
