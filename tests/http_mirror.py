@@ -4,6 +4,7 @@ tests (tests/test_download.py): `with serve() as mirror:` ... `mirror.url`."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import re
 import socket
@@ -18,13 +19,17 @@ class Mirror:
     ("corrupt", i) flips byte i of the body; ("header", name, value) adds a header to the answer
     (a misconfigured server's Content-Encoding); ("ignore-range",) answers 200 with the whole file
     whatever the Range header asked; ("status", code) answers that HTTP status (a loaded mirror's
-    503); None serves the request normally."""
+    503); ("replace", data) makes `data` the file from this request on (a new version published
+    between two GETs); None serves the request normally. With `etags`, every answer carries an
+    ETag (the content's sha1) and If-Range is honoured: the whole file (200) when it no longer
+    matches, as a web server does."""
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
         self.faults: dict[str, list] = {}
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.bytes_sent = 0
+        self.etags = False
 
 
 def _handler(mirror: Mirror):
@@ -47,14 +52,20 @@ def _handler(mirror: Mirror):
                 return self._send(200, body, {})
             if self.path not in mirror.files:
                 return self._send(404, b"not found", {})
-            data = mirror.files[self.path]
             faults = mirror.faults.get(self.path)
             fault = faults.pop(0) if faults else None
+            if fault and fault[0] == "replace":
+                mirror.files[self.path] = fault[1]
+            data = mirror.files[self.path]
             if fault and fault[0] == "status":
                 return self._send(fault[1], b"busy", {})
             start, status, headers = 0, 200, {}
             if fault and fault[0] == "header":
                 headers[fault[1]] = fault[2]
+            if mirror.etags:
+                headers["ETag"] = f'"{hashlib.sha1(data).hexdigest()}"'
+                if self.headers.get("If-Range", headers["ETag"]) != headers["ETag"]:
+                    range_header = None
             if range_header and fault != ("ignore-range",):
                 start = int(re.fullmatch(r"bytes=(\d+)-", range_header).group(1))
                 if start >= len(data):

@@ -274,15 +274,54 @@ def test_a_content_encoding_header_does_not_decode_the_file_on_disk(mirror, tmp_
 
 
 def test_a_part_longer_than_the_file_is_not_kept_without_a_checksum(mirror, tmp_path):
-    """The resume of a .part longer than the remote file gets 416 `bytes */N` with N short of the
-    part: with nothing to verify against, the part is dropped and the file fetched again."""
+    """A .part longer than the remote file, with nothing to verify against and no record of the
+    remote file it was started from: it is dropped and the file fetched again from byte 0."""
     data = MULTISTREAM.read_bytes()
     mirror.files["/ms.bz2"] = data
     dest = tmp_path / "ms.bz2"
     dest.with_name(dest.name + ".part").write_bytes(data + b"junk")
     info = _fetch(mirror.url + "/ms.bz2", dest)
     assert dest.read_bytes() == data and info["resumed_bytes"] == 0
-    assert mirror.requests == [("/ms.bz2", f"bytes={len(data) + 4}-"), ("/ms.bz2", None)]
+    assert mirror.requests == [("/ms.bz2", None)]
+
+
+@pytest.mark.parametrize("etags", [False, True], ids=["no validators", "etag"])
+@pytest.mark.parametrize("check", ["none", "size"])
+def test_a_file_replaced_between_two_gets_is_never_spliced(mirror, tmp_path, etags, check):
+    """The first GET is cut; before the resume the mirror publishes a new version of the file
+    (same length). With no checksum (the DPR/RocketQA files) or a size alone, the old resume
+    appended the new version's tail to the old one's head and published the mix. The result must
+    be the new file whole: the If-Range of the recorded ETag gets the whole file, and without
+    validators the part is not resumed at all."""
+    old = MULTISTREAM.read_bytes()
+    new = old[::-1]
+    mirror.etags = etags
+    mirror.files["/ms.bz2"] = old
+    mirror.faults["/ms.bz2"] = [("drop", 6000), ("replace", new)]
+    dest = tmp_path / "ms.bz2"
+    _fetch(mirror.url + "/ms.bz2", dest, **({"size": len(old)} if check == "size" else {}))
+    assert dest.read_bytes() == new
+    assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
+
+
+def test_a_part_whose_etag_still_matches_is_resumed_without_a_checksum(mirror, tmp_path):
+    """Resuming stays possible without a checksum where the server identifies its file: the run
+    killed after a cut left the part and its ETag, and the rerun asks only for the rest."""
+    data = MULTISTREAM.read_bytes()
+    mirror.etags = True
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("drop", 6000)]
+    dest = tmp_path / "ms.bz2"
+
+    def killed(_delay):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _fetch(mirror.url + "/ms.bz2", dest, sleep=killed)
+    kept = dest.with_name(dest.name + ".part").stat().st_size
+    info = _fetch(mirror.url + "/ms.bz2", dest)
+    assert dest.read_bytes() == data and info["resumed_bytes"] == kept > 0
+    assert mirror.requests[-1] == ("/ms.bz2", f"bytes={kept}-")
 
 
 def test_resumed_bytes_is_zero_when_the_server_ignored_the_range(mirror, tmp_path):

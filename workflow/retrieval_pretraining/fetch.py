@@ -1,7 +1,10 @@
 """Fetch one file to `P`, verified and resumable, from a local path, a file:// or http(s) URL.
 
 - http(s): the body streams into `P.part`; after a dropped connection the next attempt resumes it
-  with an HTTP Range request. Failures are retried with exponential back-off; an attempt that made
+  with an HTTP Range request. What identifies the remote file (ETag, Last-Modified, length) is
+  kept in `P.part.meta.json`: the resume sends If-Range and starts over from byte 0 when the file
+  changed since. Without a checksum, a part with no ETag or Last-Modified is never resumed: the
+  bytes appended could be of another version of the file. Failures are retried with exponential back-off; an attempt that made
   progress resets the count, so a flaky mirror cannot exhaust the retries on a 20 GB part.
 - The strongest checksum given is verified (sha256 > sha1 > md5, else the size). A mismatch deletes
   the partial file and starts over; mismatches have their own count, which progress never resets
@@ -264,6 +267,78 @@ class HTTPStatusError(DownloadError):
         self.retryable = status in (408, 425, 429) or status >= 500
 
 
+def _meta_path(part: Path) -> Path:
+    return part.with_name(part.name + ".meta.json")
+
+
+def _discard(part: Path) -> None:
+    part.unlink(missing_ok=True)
+    _meta_path(part).unlink(missing_ok=True)
+
+
+def _record_source(part: Path, url: str, response, total: int | None) -> None:
+    """Keep, beside a `.part` started from byte 0, what identifies the remote file it is a copy
+    of: a resume must not append another version of the file to it."""
+    artifacts.write_json(
+        _meta_path(part),
+        {
+            "url": url,
+            "etag": response.headers.get("ETag"),
+            "last_modified": response.headers.get("Last-Modified"),
+            "total": total,
+        },
+    )
+
+
+def _kept_part(part: Path, url: str, checked: bool) -> dict[str, Any] | None:
+    """What was recorded of the remote file `part` is a copy of, when `part` may be resumed;
+    None (and `part` deleted) when there is nothing to resume or nothing to resume it safely by.
+
+    A resume appends the remote file's current bytes to the kept ones. Without a checksum to
+    verify the result, only an ETag or Last-Modified recorded when the part was started shows
+    that those bytes are of the same version (the DPR and RocketQA files have no checksum).
+    """
+    if not part.exists():
+        return None
+    try:
+        meta = artifacts.read_json(_meta_path(part))
+    except (OSError, ValueError):
+        meta = {}
+    if not isinstance(meta, dict) or meta.get("url") != url:
+        meta = {}
+    if checked or meta.get("etag") or meta.get("last_modified"):
+        return meta
+    log.warning(
+        "%s: nothing shows the %d bytes kept in %s are of the file served now (no checksum "
+        "configured, no ETag or Last-Modified recorded); fetching it again from byte 0",
+        url,
+        part.stat().st_size,
+        part.name,
+    )
+    _discard(part)
+    return None
+
+
+def _if_range(meta: dict[str, Any]) -> dict[str, str]:
+    # If-Range takes a strong ETag or a date; a weak ETag (W/"...") may not be used there.
+    etag = meta.get("etag")
+    if etag and not etag.startswith("W/"):
+        return {"If-Range": etag}
+    return {"If-Range": meta["last_modified"]} if meta.get("last_modified") else {}
+
+
+def _changed_since(meta: dict[str, Any], response) -> str | None:
+    """Why a 206 reply is of another version of the file than the kept bytes, else None."""
+    total = re.fullmatch(r"bytes \d+-\d+/(\d+)", response.headers.get("Content-Range", ""))
+    if meta.get("total") is not None and total and int(total.group(1)) != meta["total"]:
+        return f"its length is now {total.group(1)} bytes, not {meta['total']}"
+    for key, header in (("etag", "ETag"), ("last_modified", "Last-Modified")):
+        now = response.headers.get(header)
+        if meta.get(key) and now and now != meta[key]:
+            return f"its {header} is now {now}, not {meta[key]}"
+    return None
+
+
 def _http_attempt(
     session,
     url: str,
@@ -271,23 +346,27 @@ def _http_attempt(
     digests: _Digests,
     timeout: float,
     chunk_size: int,
-    expected_size: int | None,
+    expected: Expected,
 ) -> None:
     """One GET that resumes `part` from its current length; raises on a transport or HTTP problem.
 
     `digests` covers the bytes already in `part` and is updated with what arrives.
     """
-    offset = part.stat().st_size if part.exists() else 0
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    meta = _kept_part(part, url, checked=expected.algorithm is not None)
+    if meta is None and digests.bytes:
+        digests.reset()
+    offset = part.stat().st_size if meta is not None else 0
+    headers = {"Range": f"bytes={offset}-", **_if_range(meta)} if offset else {}
     with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
         if response.status_code == 416 and offset:
             # Range not satisfiable: `part` is complete only if the server says the file has
-            # exactly its length (`Content-Range: bytes */N`). A longer part, or a reply that
-            # does not say, cannot be trusted without a checksum: start over from byte 0.
+            # exactly its length (`Content-Range: bytes */N`), the length it had when the part
+            # was started. A longer part, or a reply that does not say, cannot be trusted
+            # without a checksum: start over from byte 0.
             match = re.fullmatch(r"bytes \*/(\d+)", response.headers.get("Content-Range", ""))
-            if match and int(match.group(1)) == offset:
+            if match and int(match.group(1)) == offset and meta.get("total") in (None, offset):
                 return
-            part.unlink(missing_ok=True)
+            _discard(part)
             digests.reset()
             raise DownloadError(
                 f"GET {url}: the {offset} bytes kept in {part.name} do not match the remote file "
@@ -303,13 +382,25 @@ def _http_attempt(
                     f"GET {url}: asked for bytes {offset}- but got Content-Range "
                     f"{response.headers.get('Content-Range')!r}"
                 )
+            changed = _changed_since(meta, response)
+            if changed:
+                # (A server that honours If-Range answers 200 instead; this one did not.)
+                _discard(part)
+                digests.reset()
+                raise DownloadError(
+                    f"GET {url}: the remote file changed since {part.name} was started "
+                    f"({changed}); restarting from byte 0"
+                )
         elif offset:
-            # The server ignored the Range header: start over rather than append a second copy.
-            log.warning("%s: server ignored the Range request; restarting from byte 0", url)
+            # The server ignored the Range header, or If-Range said the file changed: start
+            # over rather than append a second copy.
+            log.warning("%s: the server sent the whole file; restarting from byte 0", url)
             offset = 0
             digests.reset()
         length = response.headers.get("Content-Length")
-        total = offset + int(length) if length is not None else expected_size
+        total = offset + int(length) if length is not None else expected.size
+        if not offset:
+            _record_source(part, url, response, int(length) if length is not None else None)
         with (
             open(part, "ab" if offset else "wb") as writer,
             _progress(total, offset, part.name.removesuffix(".part")) as bar,
@@ -343,12 +434,10 @@ def _fetch_http(
     # The body is read from urllib3's raw stream, whose errors requests does not wrap.
     transport_errors = (requests.RequestException, urllib3.exceptions.HTTPError, DownloadError)
     part = dest.with_name(dest.name + ".part")
-    # Resume what an interrupted earlier run left; its bytes are re-hashed, never trusted.
-    digests = (
-        _Digests.of_file(part, expected.algorithm)
-        if part.exists()
-        else _Digests(expected.algorithm)
-    )
+    # Resume what an interrupted earlier run left, where that is safe (_kept_part); its bytes are
+    # re-hashed, never trusted.
+    kept = _kept_part(part, url, checked=expected.algorithm is not None) is not None
+    digests = _Digests.of_file(part, expected.algorithm) if kept else _Digests(expected.algorithm)
     resumed_bytes = digests.bytes
     # failures: fruitless transport attempts in a row (progress resets them); corrupt: complete
     # files that failed verification (never reset: each one cost a whole download).
@@ -365,7 +454,7 @@ def _fetch_http(
             attempts += 1
             before = digests.bytes
             try:
-                _http_attempt(session, url, part, digests, timeout, chunk_size, expected.size)
+                _http_attempt(session, url, part, digests, timeout, chunk_size, expected)
             except transport_errors as error:
                 if not getattr(error, "retryable", True):
                     raise DownloadError(f"{dest}: {error}; check the URL") from error
@@ -388,7 +477,7 @@ def _fetch_http(
                 if bad is None:
                     break
                 # A corrupt file cannot be repaired by resuming: drop it and start over.
-                part.unlink(missing_ok=True)
+                _discard(part)
                 digests.reset()
                 corrupt += 1
                 reason = f"expected {bad[0]}, got {bad[1]}"
@@ -407,6 +496,7 @@ def _fetch_http(
     artifacts.sync(part)  # verified: on disk before it takes the final name
     os.replace(part, dest)
     artifacts.sync_folder(dest.parent)
+    _meta_path(part).unlink(missing_ok=True)
     # Bytes kept from an earlier run count as resumed only if they survived to the end.
     resumed_bytes = 0 if digests.restarted else resumed_bytes
     return {"attempts": attempts, "resumed_bytes": resumed_bytes, "digests": digests}
