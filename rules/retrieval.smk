@@ -1,9 +1,9 @@
 # Retrieval datasets and BM25: downloads (local rules), canonical datasets, Lucene index, BM25 runs,
 # BM25 negatives. Every evaluate.splits entry gets a BM25 run, published for scoring under
 # results/runs/{dataset}/bm25/{split}.trec like every other system.
-import json as _json
 
 from retrieval_pretraining.bm25 import RUNTIME_KEYS as BM25_RUNTIME
+from retrieval_pretraining.download import check_fetched
 
 DATASETS_DIR = "results/datasets"
 DATASET_DOWNLOADS = "results/downloads/datasets"
@@ -41,28 +41,11 @@ def _dataset_download(dataset, file):
 
 
 def _check_fetched_download(dataset, download):
-    """Compare the checks pinned on a download with what its manifest recorded when it was
-    fetched (sha256 and bytes always, md5 when that was verified): no second 13 GB fetch.
-    """
-    manifest = Path(DATASET_DOWNLOADS, dataset, f"{download['file']}.manifest.json")
-    if not manifest.is_file():
-        return
-    stats = _json.loads(manifest.read_text()).get("stats", {})
-    verified = stats.get("verified") or {}
-    recorded = {"sha256": stats.get("sha256"), "size": stats.get("bytes")}
-    if verified.get("check") == "md5":
-        recorded["md5"] = verified.get("actual")
-    for key, value in recorded.items():
-        if (
-            download.get(key) is not None
-            and value is not None
-            and download[key] != value
-        ):
-            raise ValueError(
-                f"{manifest.parent / download['file']}: dataset '{dataset}' pins {key} "
-                f"{download[key]}, but the file fetched has {value} (its manifest); fix the pin, "
-                "or delete the file to fetch it again"
-            )
+    """Fails at DAG build on a pin the fetched file contradicts (download.check_fetched)."""
+    try:
+        check_fetched(Path(DATASET_DOWNLOADS, dataset, download["file"]), download)
+    except ValueError as error:
+        raise ValueError(f"dataset '{dataset}': {error}") from None
 
 
 def _ref_path(entry, ref):

@@ -87,9 +87,9 @@ def _manifest_stat(project: Path, file: str, key: str):
     return json.loads(path.read_text())["stats"][key]
 
 
-@pytest.mark.parametrize("key", ["sha256", "size"])
+@pytest.mark.parametrize("key", ["sha256", "md5", "size"])
 def test_pinning_a_downloads_checksum_downloads_nothing_again(finished, key):
-    stat = "sha256" if key == "sha256" else "bytes"
+    stat = "bytes" if key == "size" else key
     original = _edited(finished, DPR, lambda e: _pin(
         e, key, lambda f: _manifest_stat(finished, f, stat)))
     try:
@@ -98,13 +98,25 @@ def test_pinning_a_downloads_checksum_downloads_nothing_again(finished, key):
         (finished / "config.yaml").write_text(original)
 
 
-def test_a_pinned_checksum_the_download_does_not_match_is_refused(finished):
-    """The existing file is checked against the newly pinned value (its manifest's record)."""
-    original = _edited(finished, DPR, lambda e: e["downloads"][0].update(sha256="0" * 64))
+@pytest.mark.parametrize("key,wrong", [("sha256", "0" * 64), ("md5", "0" * 32)])
+def test_a_pinned_checksum_the_download_does_not_match_is_refused(finished, key, wrong):
+    """The existing file is checked against the newly pinned value (its manifest's record; md5,
+    what MS MARCO publishes, is recorded even when nothing was verified). Once the file is deleted
+    as the error says, the stale manifest no longer refuses (the DAG builds; the file would be
+    fetched again where it is needed)."""
+    original = _edited(finished, DPR, lambda e: e["downloads"][0].update({key: wrong}))
+    download = finished / "results" / "downloads" / "datasets" / DPR / "psgs_w100.tsv"
+    aside = download.with_name("aside")  # moved back unchanged: later tests see no edit
     try:
         result = snakemake(finished, "--dry-run", DPR_TEST, check=False)
         assert result.returncode != 0
         out = result.stdout + result.stderr
-        assert "psgs_w100.tsv" in out and "sha256" in out and "0" * 64 in out, out
+        assert "psgs_w100.tsv" in out and key in out and wrong in out, out
+        download.rename(aside)
+        planned_rules(finished, DPR_TEST)  # (fails if the DAG build refuses)
+        fetch_again = str(download.relative_to(finished))
+        assert planned_rules(finished, fetch_again) == {"download_dataset_file": 1}
     finally:
         (finished / "config.yaml").write_text(original)
+        if aside.exists():
+            aside.replace(download)

@@ -426,6 +426,27 @@ def test_cli_fetch_writes_file_and_manifest(tmp_path):
     assert not (tmp_path / "bad.bz2").exists()
 
 
+@pytest.mark.parametrize("pin", ["md5", "sha256", "size"])
+def test_a_pin_added_after_an_unpinned_fetch_is_compared_until_the_file_is_deleted(tmp_path, pin):
+    """A dataset file fetched before its checksum was pinned (the rules check pins at DAG build,
+    download.check_fetched): a pin of another file is refused, naming the fix "delete the file";
+    md5, the checksum MS MARCO publishes, too (it was compared only when it had been verified).
+    Once the file is deleted, its stale manifest must not keep refusing (a dead end)."""
+    source = tmp_path / "qrels.src"
+    source.write_bytes(b"old contents\n")
+    out = tmp_path / "downloads" / "qrels.train.tsv"
+    download.main(["fetch", "--url", str(source), "--out", str(out)])
+
+    def value(data: bytes):
+        return len(data) if pin == "size" else hashlib.new(pin, data).hexdigest()
+
+    download.check_fetched(out, {pin: value(b"old contents\n")})
+    with pytest.raises(ValueError, match=f"pins {pin} .*delete the file"):
+        download.check_fetched(out, {pin: value(b"newer contents\n")})
+    out.unlink()
+    download.check_fetched(out, {pin: value(b"newer contents\n")})
+
+
 # ------------------------------------------------------------------------------------------------
 # dumpstatus.json
 

@@ -12,7 +12,8 @@ of the form `/path` is read from that mirror: the rules pass the dump mirror thi
 their rerun-triggering params, so that switching to another copy of the same files re-fetches
 nothing (the files are named by their path and checksum).
 
-Beside `P` it writes `P.manifest.json` (URL, bytes, verified checksum, sha256, attempts). The
+Beside `P` it writes `P.manifest.json` (URL, bytes, verified checksum, sha256 and md5, attempts).
+`check_fetched` compares checks pinned later with it (the rules call it when they build the DAG). The
 manifest name keeps the whole file name because downloads have multi-part extensions
 (`x.xml.bz2` and `x.index.txt.bz2` must not share a manifest).
 
@@ -43,6 +44,34 @@ log = logging.getLogger(__name__)
 def manifest_for(dest: str | os.PathLike) -> Path:
     dest = Path(dest)
     return dest.with_name(dest.name + ".manifest.json")
+
+
+def check_fetched(path: str | os.PathLike, pins: dict) -> None:
+    """Refuse a pin (md5, sha256, size in `pins`) that the fetched file at `path` contradicts,
+    compared with what its manifest recorded: a pin added after the fetch needs no second 13 GB
+    fetch. A file fetched before md5 was recorded is compared on what its manifest has.
+
+    Without the file there is nothing to compare: it was deleted to be fetched again (what the
+    error says to do) and its manifest is stale; the fetch verifies the pins itself.
+    """
+    path = Path(path)
+    manifest = manifest_for(path)
+    if not path.exists() or not manifest.is_file():
+        return
+    stats = artifacts.read_json(manifest).get("stats", {})
+    verified = stats.get("verified") or {}
+    recorded = {"sha256": stats.get("sha256"), "md5": stats.get("md5"), "size": stats.get("bytes")}
+    if verified.get("check") == "md5":
+        recorded["md5"] = verified.get("actual")
+    for key, value in recorded.items():
+        pinned = pins.get(key)
+        if pinned is None or value is None:
+            continue
+        if (pinned.lower() if isinstance(pinned, str) else pinned) != value:
+            raise ValueError(
+                f"{path}: the config pins {key} {pinned}, but the file fetched has {value} (its "
+                "manifest); fix the pin, or delete the file to fetch it again"
+            )
 
 
 def _cmd_fetch(args: argparse.Namespace) -> None:

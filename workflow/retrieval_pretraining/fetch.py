@@ -18,7 +18,8 @@
   change to the source cannot alter an artifact silently) or symlinked (`--link symlink`, for a
   multi-GB pre-downloaded dump on the same machine). Either way the checksum is verified first.
 
-`fetch` returns what the manifest records (URL, bytes, verified checksum, sha256, attempts); the
+`fetch` returns what the manifest records (URL, bytes, verified checksum, sha256 and md5,
+attempts); the
 command line that writes it is `python -m retrieval_pretraining.download fetch` (download.py).
 """
 
@@ -79,11 +80,17 @@ class Expected:
         return next((name for name in CHECKSUMS if getattr(self, name)), None)
 
 
+# Recorded in every manifest whatever is verified: md5 too (cheap beside sha256, in the same
+# pass), because the published MS MARCO checksums are md5s, and a pin added after an unpinned fetch
+# can then be compared with the fetched file without fetching it again (download.check_fetched).
+RECORDED = ("sha256", "md5")
+
+
 class _Digests:
-    """sha256 (recorded in every manifest) plus the algorithm being verified, fed in one pass."""
+    """The RECORDED digests plus the algorithm being verified, fed in one pass."""
 
     def __init__(self, algorithm: str | None):
-        self.names = ["sha256"] + ([algorithm] if algorithm and algorithm != "sha256" else [])
+        self.names = list(RECORDED) + ([algorithm] if algorithm not in (None, *RECORDED) else [])
         self.reset()
         self.restarted = False  # whether the bytes were ever thrown away after the start
 
@@ -548,6 +555,7 @@ def fetch(
         "path": str(dest),
         "bytes": digests.bytes,
         "sha256": digests.hexdigest("sha256"),
+        "md5": digests.hexdigest("md5"),
         "verified": {
             "check": algorithm or ("size" if size is not None else "none"),
             "expected": getattr(expected, algorithm) if algorithm else size,
