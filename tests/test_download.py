@@ -426,6 +426,36 @@ def test_cli_fetch_writes_file_and_manifest(tmp_path):
     assert not (tmp_path / "bad.bz2").exists()
 
 
+def test_a_manifest_that_cannot_be_written_keeps_the_verified_file_for_the_rerun(
+    mirror, tmp_path, monkeypatch
+):
+    """The disk fills while the manifest is written, after the file was verified. Renamed to its
+    final name first, the file was a failed job's output, which Snakemake deletes (a multi-GB
+    download lost). The manifest is written first: the job fails with no file, the verified
+    .part is kept, and the rerun with space downloads nothing again."""
+    import errno
+
+    from retrieval_pretraining import artifacts
+
+    data = MULTISTREAM.read_bytes()
+    mirror.files["/ms.bz2"] = data
+    out = tmp_path / "ms.bz2"
+    argv = ["fetch", "--url", mirror.url + "/ms.bz2", "--out", str(out), "--sha1", sha1(data)]
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(artifacts, "write_manifest", full)
+        with pytest.raises(OSError, match="No space"):
+            download.main(argv)
+    assert not out.exists() and not download.manifest_for(out).exists()
+    assert out.with_name(out.name + ".part").read_bytes() == data
+    download.main(argv)
+    assert out.read_bytes() == data and download.manifest_for(out).is_file()
+    assert mirror.requests[-1] == ("/ms.bz2", f"bytes={len(data)}-")  # (416: nothing to send)
+
+
 @pytest.mark.parametrize("pin", ["md5", "sha256", "size"])
 def test_a_pin_added_after_an_unpinned_fetch_is_compared_until_the_file_is_deleted(tmp_path, pin):
     """A dataset file fetched before its checksum was pinned (the rules check pins at DAG build,

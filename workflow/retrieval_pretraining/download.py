@@ -12,7 +12,8 @@ of the form `/path` is read from that mirror: the rules pass the dump mirror thi
 their rerun-triggering params, so that switching to another copy of the same files re-fetches
 nothing (the files are named by their path and checksum).
 
-Beside `P` it writes `P.manifest.json` (URL, bytes, verified checksum, sha256 and md5, attempts).
+Beside `P` it writes `P.manifest.json` (URL, bytes, verified checksum, sha256 and md5, attempts),
+before `P` takes its name.
 `check_fetched` compares checks pinned later with it (the rules call it when they build the DAG). The
 manifest name keeps the whole file name because downloads have multi-part extensions
 (`x.xml.bz2` and `x.index.txt.bz2` must not share a manifest).
@@ -77,16 +78,6 @@ def check_fetched(path: str | os.PathLike, pins: dict) -> None:
 def _cmd_fetch(args: argparse.Namespace) -> None:
     checks = {name: getattr(args, name) for name in CHECKSUMS if getattr(args, name)}
     args.url = mirrored_url(args.mirror, args.url)
-    info = fetch(
-        args.url,
-        args.out,
-        size=args.size,
-        retries=args.retries,
-        backoff=args.backoff,
-        timeout=args.timeout,
-        link=args.link,
-        **checks,
-    )
     params = {
         "url": args.url,
         "retries": args.retries,
@@ -94,8 +85,24 @@ def _cmd_fetch(args: argparse.Namespace) -> None:
         "size": args.size,
         **checks,
     }
-    artifacts.write_manifest(
-        args.manifest or manifest_for(args.out), stage="download", params=params, stats=info
+
+    def write_manifest(info: dict) -> None:
+        artifacts.write_manifest(
+            args.manifest or manifest_for(args.out), stage="download", params=params, stats=info
+        )
+
+    # The manifest first (fetch.fetch's on_verified): a failure writing it leaves the verified
+    # file as OUT.part for the rerun, not as OUT for Snakemake to delete.
+    fetch(
+        args.url,
+        args.out,
+        size=args.size,
+        retries=args.retries,
+        backoff=args.backoff,
+        timeout=args.timeout,
+        link=args.link,
+        on_verified=write_manifest,
+        **checks,
     )
 
 

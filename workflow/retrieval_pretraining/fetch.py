@@ -259,10 +259,6 @@ def _fetch_local(source: Path, dest: Path, expected: Expected, link: str) -> dic
     if link == "symlink":
         part.unlink(missing_ok=True)
         part.symlink_to(source.resolve())
-    else:
-        artifacts.sync(part)  # a verified copy: on disk before it takes the final name
-    os.replace(part, dest)
-    artifacts.sync_folder(dest.parent)
     return {"attempts": 1, "resumed_bytes": 0, "digests": digests}
 
 
@@ -500,13 +496,18 @@ def _fetch_http(
                 "%s: attempt %d failed (%s); retrying in %.1f s", url, attempts, reason, delay
             )
             sleep(delay)
-    artifacts.sync(part)  # verified: on disk before it takes the final name
-    os.replace(part, dest)
-    artifacts.sync_folder(dest.parent)
-    _meta_path(part).unlink(missing_ok=True)
     # Bytes kept from an earlier run count as resumed only if they survived to the end.
     resumed_bytes = 0 if digests.restarted else resumed_bytes
     return {"attempts": attempts, "resumed_bytes": resumed_bytes, "digests": digests}
+
+
+def _publish(part: Path, dest: Path) -> None:
+    """Give the verified `part` its final name `dest`."""
+    if not part.is_symlink():
+        artifacts.sync(part)  # verified: on disk before it takes the final name
+    os.replace(part, dest)
+    artifacts.sync_folder(dest.parent)
+    _meta_path(part).unlink(missing_ok=True)
 
 
 def fetch(
@@ -523,8 +524,14 @@ def fetch(
     link: str = "copy",
     chunk_size: int = 1 << 16,
     sleep: Callable[[float], None] = time.sleep,
+    on_verified: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Fetch `url` to `dest`, verified; return what the manifest records (see the module doc)."""
+    """Fetch `url` to `dest`, verified; return what the manifest records (see the module doc).
+
+    `on_verified(info)` runs before the file takes its name (to write its manifest): if it fails
+    (a full disk), no `dest` exists for Snakemake to delete as a failed job's output, and the
+    verified `dest.part` stays for the rerun, which then downloads nothing again.
+    """
     if link not in ("copy", "symlink"):
         raise ValueError(f"link must be 'copy' or 'symlink', not {link!r}")
     dest = Path(dest)
@@ -548,23 +555,26 @@ def fetch(
                 chunk_size=chunk_size,
                 sleep=sleep,
             )
-    digests: _Digests = result.pop("digests")
-    algorithm = expected.algorithm
-    info = {
-        "url": url,
-        "path": str(dest),
-        "bytes": digests.bytes,
-        "sha256": digests.hexdigest("sha256"),
-        "md5": digests.hexdigest("md5"),
-        "verified": {
-            "check": algorithm or ("size" if size is not None else "none"),
-            "expected": getattr(expected, algorithm) if algorithm else size,
-            "actual": digests.hexdigest(algorithm) if algorithm else digests.bytes,
-        },
-        "mode": ("symlink" if link == "symlink" else "copy") if source is not None else "http",
-        "seconds": round(time.monotonic() - started, 3),
-        **result,
-    }
+        digests: _Digests = result.pop("digests")
+        algorithm = expected.algorithm
+        info = {
+            "url": url,
+            "path": str(dest),
+            "bytes": digests.bytes,
+            "sha256": digests.hexdigest("sha256"),
+            "md5": digests.hexdigest("md5"),
+            "verified": {
+                "check": algorithm or ("size" if size is not None else "none"),
+                "expected": getattr(expected, algorithm) if algorithm else size,
+                "actual": digests.hexdigest(algorithm) if algorithm else digests.bytes,
+            },
+            "mode": ("symlink" if link == "symlink" else "copy") if source is not None else "http",
+            "seconds": round(time.monotonic() - started, 3),
+            **result,
+        }
+        if on_verified is not None:
+            on_verified(info)
+        _publish(dest.with_name(dest.name + ".part"), dest)
     log.info(
         "fetched %s -> %s (%d bytes, %s verified)",
         url,
