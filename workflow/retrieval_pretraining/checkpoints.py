@@ -65,11 +65,15 @@ TOKENIZER_KEYS = ("name", "source", "location", "revision")
 
 def source_folder(
     entry: dict[str, Any],
-    download_dir: Path,
     data_root: str | None = None,
     patterns: tuple[str, ...] = ("*.json", "*.txt", "*.safetensors"),
 ) -> Path:
-    """The folder holding the checkpoint's files, fetching `patterns` from the Hub (source=hub)."""
+    """The folder holding the checkpoint's files, fetching `patterns` from the Hub (source=hub).
+
+    Hub files go to the Hugging Face cache (HF_HOME / HF_HUB_CACHE), not a folder of this run: a
+    restage of the same revision (any edit of the code the rule depends on reruns it) then works
+    offline, with HF_HUB_OFFLINE=1 as the README exports it.
+    """
     source, location = entry["source"], entry["location"]
     if source == "package":
         return package_folder(location)
@@ -86,7 +90,6 @@ def source_folder(
         snapshot_download(
             location,
             revision=entry.get("revision"),
-            cache_dir=download_dir,
             allow_patterns=list(patterns),
         )
     )
@@ -187,14 +190,14 @@ def refuse_unencodable(folder: Path, record: dict[str, Any] | None) -> None:
 
 
 @contextlib.contextmanager
-def _staging(out_dir: Path) -> Iterator[tuple[Path, Path]]:
-    """(download folder, staged folder), both in a temp folder beside `out_dir`; on success the
-    staged folder replaces `out_dir`, so a failed run never leaves a half folder there."""
+def _staging(out_dir: Path) -> Iterator[Path]:
+    """The staged folder, in a temp folder beside `out_dir`; on success it replaces `out_dir`, so
+    a failed run never leaves a half folder there."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
         staged = Path(tmp) / "staged"
-        yield Path(tmp) / "download", staged
+        yield staged
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staged.rename(out_dir)
@@ -210,8 +213,8 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
     from transformers import AutoTokenizer
 
     check_entry(entry)
-    with _staging(out_dir) as (download, staged):
-        folder = source_folder(entry, download, data_root)
+    with _staging(out_dir) as staged:
+        folder = source_folder(entry, data_root)
         # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused. Read by
         # transformers itself (native=False): whatever the source's layout (a task model's prefix,
         # old tensor names), the staged folder is transformers' own BertModel files.
@@ -255,8 +258,8 @@ def stage_tokenizer(
 
     check_entry(entry)
     entry = {key: entry[key] for key in TOKENIZER_KEYS if key in entry}
-    with _staging(out_dir) as (download, staged):
-        folder = source_folder(entry, download, data_root, patterns=("*.json", "*.txt"))
+    with _staging(out_dir) as staged:
+        folder = source_folder(entry, data_root, patterns=("*.json", "*.txt"))
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
         tokenizer.save_pretrained(staged)
         stats = {"tokenizer_class": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size,
