@@ -18,8 +18,10 @@ before `P` takes its name.
 manifest name keeps the whole file name because downloads have multi-part extensions
 (`x.xml.bz2` and `x.index.txt.bz2` must not share a manifest).
 
-`dumpstatus` saves a dump run's dumpstatus.json verbatim, with a manifest recording the resolved
-date and the parts (config: wiki, dump_date, mirror; `--mirror` overrides the config's):
+`dumpstatus` saves a dump run's dumpstatus.json as Wikimedia published it, except that a sha1 the
+job's entry lacks is filled in from the run's sha1sums.txt (dumpstatus.py), with a manifest
+recording the resolved date and the parts (config: wiki, dump_date, mirror; `--mirror` overrides
+the config's):
 
     python -m retrieval_pretraining.download dumpstatus --config '<JSON>' --out P [--retries N] \
         [--mirror M]
