@@ -4,23 +4,25 @@
   with an HTTP Range request. What identifies the remote file (ETag, Last-Modified, length) is
   kept in `P.part.meta.json`: the resume sends If-Range and starts over from byte 0 when the file
   changed since. Without a checksum, a part with no ETag or Last-Modified is never resumed: the
-  bytes appended could be of another version of the file. Failures are retried with exponential back-off; an attempt that made
-  progress resets the count, so a flaky mirror cannot exhaust the retries on a 20 GB part.
+  bytes appended could be of another version of the file. Failures are retried with exponential
+  back-off; an attempt that made progress resets the count, so a flaky mirror cannot exhaust the
+  retries on a 20 GB part.
 - The strongest checksum given is verified (sha256 > sha1 > md5, else the size). A mismatch deletes
   the partial file and starts over; mismatches have their own count, which progress never resets
   (a mirror serving a bad copy must not be downloaded forever), and the final error names the file,
   the URL, the expected and the actual checksum. `P` only ever appears complete and verified
-  (rename at the end), and only if `P.part` holds exactly the bytes that were hashed.
+  (rename at the end), and only if `P.part` holds exactly the bytes that were hashed. The body is
+  written as the server sent it: a `Content-Encoding: gzip` reply to a `.gz` file is not decoded
+  on the way to disk.
 - One fetch of `P` at a time: the whole fetch holds an exclusive lock on `P.part.lock`, and a
-  second one (the same job started in another terminal) fails at once naming the first. The body is written as the server sent it: a `Content-Encoding: gzip` reply
-  to a `.gz` file is not decoded on the way to disk.
+  second one (the same job started in another terminal) fails at once naming the first.
 - Local paths and file:// URLs are copied (default: results/ is then self-contained and a later
   change to the source cannot alter an artifact silently) or symlinked (`--link symlink`, for a
   multi-GB pre-downloaded dump on the same machine). Either way the checksum is verified first.
 
 `fetch` returns what the manifest records (URL, bytes, verified checksum, sha256 and md5,
-attempts); the
-command line that writes it is `python -m retrieval_pretraining.download fetch` (download.py).
+attempts); the command line that writes it (before `P` takes its name) is
+`python -m retrieval_pretraining.download fetch` (download.py).
 """
 
 from __future__ import annotations
