@@ -14,8 +14,8 @@ nothing (the files are named by their path and checksum).
 
 Beside `P` it writes `P.manifest.json` (URL, bytes, verified checksum, sha256 and md5, attempts),
 before `P` takes its name; `check_fetched` compares checks pinned later with it (the rules call it
-when they build the DAG). The manifest name keeps the whole file name because downloads have multi-part extensions
-(`x.xml.bz2` and `x.index.txt.bz2` must not share a manifest).
+when they build the DAG). The manifest name keeps the whole file name because downloads have
+multi-part extensions (`x.xml.bz2` and `x.index.txt.bz2` must not share a manifest).
 
 `dumpstatus` saves a dump run's dumpstatus.json as Wikimedia published it, except that a sha1 the
 job's entry lacks is filled in from the run's sha1sums.txt (dumpstatus.py), with a manifest

@@ -11,9 +11,10 @@ title mode (`title`) and query-id rule (`exclude_self`). Each job is handed only
 since Snakemake reruns a job whose params changed: fine-tuning its own knobs
 (finetune/settings.trainer_keys), corpus encoding the retrieval knobs (`retrieval_keys`), dense
 search those, its depth, `exclude_self` and `use_gpu`, mining those less the depth plus its policy
-keys. The batch size of encoding (RUNTIME_KEYS) reaches those three with `--runtime` instead. Each stage accepts the rest of the slice too (and ignores it); a key outside it is refused,
-naming it and the known keys, since a misspelt knob would otherwise fall back to its default
-without a word. Torch-free.
+keys. The batch size of encoding (RUNTIME_KEYS) reaches those three with `--runtime` instead. Each
+stage accepts the rest of the slice too (and ignores it); a key outside it is refused, naming it and
+the known keys, since a misspelt knob would otherwise fall back to its default without a word.
+Torch-free.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ mined hard negatives (results/finetune/.../hard-negatives.parquet, mine.py).
 
 One row per training query: its positives, then its negatives in rank order with their 1-based
 search ranks (mined: and their scores; `source: dpr`: positions in DPR's listed negatives;
-`source: triples`: -1, the file being unranked). No query's own positive is ever one of its negatives,
-unless the mining policy is `positives_removed: first_query` (the BoW authors' miner, replicated on
-request: mine.py); the manifest records the policy and the seed.
+`source: triples`: -1, the file being unranked). No query's own positive is ever one of its
+negatives, unless the mining policy is `positives_removed: first_query` (the BoW authors' miner,
+replicated on request: mine.py); the manifest records the policy and the seed.
 """
 
 from __future__ import annotations

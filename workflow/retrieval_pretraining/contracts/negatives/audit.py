@@ -1,8 +1,9 @@
 """How `audit` shows and checks negatives: no positive among a query's negatives (unless mined with
 `positives_removed: first_query`, which the manifest records), a positive for every query, no
 negative twice, one rank (and score) per negative, ranks as the writers leave them (increasing
-search ranks from 1; -1 throughout from the unranked `triples` source), every negative a document
-of the corpus (where the manifest names the dataset), and a few queries shown with their positive and negatives as text.
+search ranks from 1; -1 throughout from the unranked `triples` source), every negative a document of
+the corpus (where the manifest names the dataset), and a few queries shown with their positive and
+negatives as text.
 The checks read the rows a batch at a time."""
 
 from __future__ import annotations
