@@ -12,13 +12,15 @@ masked views per text, so ~2x is inherent; `mlm_2x` (MLM on both views) separate
 own terms. On CUDA it also reports samples/s and the model FLOPs utilisation (MFU: 6 x parameters +
 attention FLOPs per token, against --peak-tflops, bf16 dense) of plain MLM. Every run ends with the
 projected wall time of the paper schedule (--epochs x --corpus-chunks on --gpus devices like this
-one). Inputs are SciFact abstracts tokenised into chunks (real token statistics, no Wikipedia
-needed); spans are random valid spans (COSTA: 4 granularities x 5). coCondenser's rows are the two
-half-chunk segments of each text (the same tokens as one chunk); enhanced decoding hides 50% per
-decoder row; the auto-encoding decoder reads a 15%-masked copy, the auto-regressive one the unmasked
-chunk (the config's ae_decoder / ar_decoder blocks). Each objective's settings, its masking
-included, are paper.yaml's entry for it: BoW (its authors' recipe) and RetroMAE mask 30% whole
-words, so their MLM head predicts twice the positions; the table's `masking` column says which.
+one). An objective that fails (being built or in its steps) is reported with its error and left out
+of the figures; the others run on, and the exit status is 1. Inputs are SciFact abstracts tokenised
+into chunks (real token statistics, no Wikipedia needed); spans are random valid spans (COSTA: 4
+granularities x 5). coCondenser's rows are the two half-chunk segments of each text (the same tokens
+as one chunk); enhanced decoding hides 50% per decoder row; the auto-encoding decoder reads a
+15%-masked copy, the auto-regressive one the unmasked chunk (the config's ae_decoder / ar_decoder
+blocks). Each objective's settings, its masking included, are paper.yaml's entry for it: BoW (its
+authors' recipe) and RetroMAE mask 30% whole words, so their MLM head predicts twice the positions;
+the table's `masking` column says which.
 """
 
 from __future__ import annotations
@@ -272,7 +274,7 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
+def main() -> int:
     args = arguments().parse_args()
     torch.set_num_threads(args.threads)
     if args.compile:
@@ -295,25 +297,39 @@ def main() -> None:
         vocab = pdata.Vocab.from_tokenizer(tokenizer)
         rows = make_batch(tokenizer, args.batch, args.max_len, np.random.default_rng(0))
         runs, described = {}, {}
+        failed = {}  # objective: its error, kept out of the figures below
+
+        def fail(objective: str, error: Exception) -> None:
+            # One objective's failure (a kernel the GPU lacks, a compilation error) is reported
+            # and the others go on: their figures and the summary are what the run is for.
+            failed[objective] = f"{type(error).__name__}: {error}"
+            print(f"{objective}: failed: {failed[objective]}", flush=True)
+            runs.pop(objective, None)  # its model and optimizer state freed for the next
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
         for objective in args.objectives:
-            loss_name = objective.removesuffix("_2x").removesuffix("_15").removesuffix("_cudnn")
-            entry = entries.get(loss_name, {"name": loss_name, "objective": loss_name})
-            section["models"] = [{**entry, "name": objective}]
-            settings = resolve_model(section, objective, seed=0)
-            masking = AT_MLM_MASKING if objective.endswith("_15") else settings["mlm"]
-            settings["trainer"]["unpad"] = args.unpad
-            torch.manual_seed(0)
-            attention = "sdpa_cudnn" if objective.endswith("_cudnn") else "sdpa"
-            model = Pretrainer(checkpoint, settings, attention).to(device).train()  # dropout on
-            optimizer = training.build_optimizer(model, lr=1e-5, weight_decay=0.01)
-            forward = torch.compile(model) if args.compile else model
-            views = 2 if objective.startswith("cpdae") or objective.endswith("_2x") else 1
-            batch = {k: v.to(device) for k, v in
-                     collate(rows, vocab, views, np.random.default_rng(1), args.max_len, loss_name,
-                             masking["mask_rate"], masking["whole_word"]).items()}
-            runs[objective] = (model, optimizer, forward, batch, [])
-            described[objective] = (f"{masking['mask_rate']:.0%}"
-                                    + (" whole words" if masking["whole_word"] else ""))
+            try:
+                loss_name = objective.removesuffix("_2x").removesuffix("_15").removesuffix("_cudnn")
+                entry = entries.get(loss_name, {"name": loss_name, "objective": loss_name})
+                section["models"] = [{**entry, "name": objective}]
+                settings = resolve_model(section, objective, seed=0)
+                masking = AT_MLM_MASKING if objective.endswith("_15") else settings["mlm"]
+                settings["trainer"]["unpad"] = args.unpad
+                torch.manual_seed(0)
+                attention = "sdpa_cudnn" if objective.endswith("_cudnn") else "sdpa"
+                model = Pretrainer(checkpoint, settings, attention).to(device).train()  # dropout on
+                optimizer = training.build_optimizer(model, lr=1e-5, weight_decay=0.01)
+                forward = torch.compile(model) if args.compile else model
+                views = 2 if objective.startswith("cpdae") or objective.endswith("_2x") else 1
+                rows_in = collate(rows, vocab, views, np.random.default_rng(1), args.max_len,
+                                  loss_name, masking["mask_rate"], masking["whole_word"])
+                batch = {k: v.to(device) for k, v in rows_in.items()}
+                runs[objective] = (model, optimizer, forward, batch, [])
+                described[objective] = (f"{masking['mask_rate']:.0%}"
+                                        + (" whole words" if masking["whole_word"] else ""))
+            except Exception as error:  # noqa: BLE001 (e.g. an attention the GPU lacks)
+                fail(objective, error)
 
         def step(objective: str) -> float:
             _, optimizer, forward, batch, _ = runs[objective]
@@ -332,12 +348,16 @@ def main() -> None:
         if args.order == "in-turn" or (args.order == "auto" and device.type == "cuda"):
             # Each objective's figure printed as it is known: a run cut short (a lent GPU's
             # minutes, a compiled objective's first step) keeps the ones before.
-            for objective, run in runs.items():
-                first = step(objective)  # with --compile: the compilation
-                for i in range(1, max(args.warmup, 1) + args.steps):
-                    seconds = step(objective)
-                    if i >= args.warmup:
-                        run[4].append(seconds)
+            for objective, run in list(runs.items()):
+                try:
+                    first = step(objective)  # with --compile: the compilation
+                    for i in range(1, max(args.warmup, 1) + args.steps):
+                        seconds = step(objective)
+                        if i >= args.warmup:
+                            run[4].append(seconds)
+                except Exception as error:  # noqa: BLE001
+                    fail(objective, error)
+                    continue
                 median = statistics.median(run[4])
                 print(f"{objective}: {median:.4f} s a step, {args.batch / median:.1f} samples/s "
                       f"(first step {first:.1f} s)", flush=True)
@@ -348,10 +368,17 @@ def main() -> None:
                         print(f"  profile failed: {type(error).__name__}: {error}", flush=True)
         else:
             for i in range(args.warmup + args.steps):
-                for objective, run in runs.items():
-                    seconds = step(objective)
+                for objective, run in list(runs.items()):
+                    try:
+                        seconds = step(objective)
+                    except Exception as error:  # noqa: BLE001
+                        fail(objective, error)
+                        continue
                     if i >= args.warmup:
                         run[4].append(seconds)
+        if not runs:
+            print("no objective ran")
+            return 1
         results = {objective: statistics.median(run[4]) for objective, run in runs.items()}
         model = next(iter(runs.values()))[0]
         params = sum(p.numel() for n, p in model.encoder.named_parameters() if "embeddings" not in n)
@@ -401,6 +428,10 @@ def main() -> None:
                       ", ".join(f"{k} {v}" for k, v in counts.items()))
             except Exception as error:  # noqa: BLE001
                 print(f"host synchronisations not counted: {type(error).__name__}: {error}")
+        if failed:
+            print("Failed (not in the figures above): "
+                  + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+        return 1 if failed else 0
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +59,39 @@ def refusal(monkeypatch, name: str, words: list[str]) -> int | None:
         except SystemExit as exit_:
             return exit_.code
     raise AssertionError(f"{name}.py's main() returned without parsing its arguments")
+
+
+
+@pytest.mark.parametrize("broken, order", [("steps", "in-turn"), ("steps", "round-robin"),
+                                           ("build", "in-turn")])
+def test_step_time_reports_a_failing_objective_and_times_the_rest(monkeypatch, capsys, broken,
+                                                                  order):
+    # An objective that fails (cuDNN's attention, a compiled graph: never run on a GPU before)
+    # must not take the later objectives and the summary with it on a lent GPU's minutes.
+    real = pretrain_step_time.Pretrainer
+
+    def pretrainer(checkpoint, settings, attention):
+        if settings["name"] == "costa" and broken == "build":
+            raise RuntimeError("no such attention")
+        model = real(checkpoint, settings, attention)
+        if settings["name"] == "costa":
+            def forward(*args, **kwargs):
+                raise RuntimeError("kernel not supported")
+            model.forward = forward
+        return model
+
+    monkeypatch.setattr(pretrain_step_time, "Pretrainer", pretrainer)
+    monkeypatch.setattr(sys, "argv", ["pretrain_step_time.py", "--steps", "1", "--warmup", "1",
+                                      "--max-len", "32", "--batch", "2", "--order", order,
+                                      "--objectives", "mlm", "costa", "bow"])
+    assert pretrain_step_time.main() == 1
+    out = capsys.readouterr().out
+    error = "no such attention" if broken == "build" else "kernel not supported"
+    assert f"costa: failed: RuntimeError: {error}" in out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
+    assert rows == ["objective", "mlm", "bow"]  # the table covers what ran
+    assert "  bow: " in out.split("Projected wall time")[1]
+    assert f"Failed (not in the figures above): costa: RuntimeError: {error}" in out
 
 
 # benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
