@@ -3,70 +3,111 @@
 #   bash benchmarks/gpu_carry.sh                 # here, once: builds .gpu-carry/ (needs pip)
 #   GPU_CHECKS_SECONDS=560 bash benchmarks/gpu_checks.sh [OUT_DIR] [PART..]   # there
 # A lent machine gives a session 15 device-minutes in all, its start included, and a command 10:
-# so one call, `carry: [".gpu-carry"]`, `timeout_s` 600, GPU_CHECKS_SECONDS a little under it.
-# The parts run in order, each under its cap and what is left of GPU_CHECKS_SECONDS (none: no
-# budget); a part cut short keeps what it printed, and machine.txt ends with each part's exit
-# status (124: cut) and end time. Parts, most needed first (what the first run, on an H200, left
-# open: benchmarks/gpu_runs/2026-11-26-h200/); default: all. [cap in s; what it took there]
-#   tests     [240; 125] tests/test_gpu.py on pytest-xdist workers where xdist is installed: fused
-#             AdamW vs the CPU update, the trainer on CUDA (fp32 and bf16, padded and unpadded)
-#             vs CPU, CPDAE's JS term vs float64, the trainer's waits for the GPU per step (one
-#             expected), flash attention under unpad (and one compiled graph), fine-tuning's
-#             steps on CUDA vs CPU and their waits, encoding through a real out-of-memory error.
-#   compiled  [200; not reached] the `steps` part's benchmark under torch.compile, for the
-#             paper's four objectives (each forward is one graph: tests/test_pretrain_train.py),
-#             MLM first, each one's figure printed when known (inductor compiled them on a 2-core
-#             CPU in 2.4 min). Right after the tests: the issue's 45% MFU target rests on it, and
-#             the first run never reached it (it did time the eager `steps` part).
-#   steps     [160; 122 for all 11] benchmarks/pretrain_step_time.py for bert-base, 512 tokens,
-#             32 per device, bf16: step time of the paper's objectives vs MLM (and MLM on two
-#             views, CPDAE's rows; MLM with cuDNN's attention first, attn_implementation
-#             sdpa_cudnn; BoW at its recipe's 30% whole-word masking and at MLM's 15%),
-#             samples/s, MFU, the projected paper schedule, the host synchronisations in one
-#             step of each (sync debug mode), the operations a step dispatches (autocast's casts
-#             among them), and a profiled step of each: its kernels, the GPU's busy share of the
-#             step (under 1: it waited for the host) and the costliest kernels.
+# so one call, `carry: [".gpu-carry"]`, `timeout_s` 600, GPU_CHECKS_SECONDS a little under it, and
+# if time is left a short second call (`second`, ~200 s). The parts run in order, each under its
+# cap and what is left of GPU_CHECKS_SECONDS (none: no budget); a part with under 15 s left is
+# skipped (exit 124), a part cut short keeps what it printed, and machine.txt ends with each part's
+# exit status (124: cut or skipped) and end time. The default parts' caps sum to 560 s, so with
+# GPU_CHECKS_SECONDS=560 every one starts; `second`'s sum to 200 s
+# (tests/test_benchmark_tools.py checks both, from GPU_CHECKS_PLAN=1's listing of the caps).
+#   [PART..] empty or `first`: tests (gloo beside) compiled steps js attn trainer   (560 s)
+#   `second`: unpadded trainer_more compiled_more                                   (200 s)
+#   `all`: every part, dense included (a CUDA node with no budget), the order below.
+# GPU_CHECKS_PLAN=1 prints the parts and caps a call would run, and runs nothing.
+# Parts, most needed first (what the first run, on an H200, left open:
+# benchmarks/gpu_runs/2026-11-26-h200/). [cap in s; what it took there]
+#   tests     [150; 125 for 20 tests, now 25] tests/test_gpu.py on pytest-xdist workers where xdist
+#             is installed: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and bf16,
+#             padded and unpadded) vs CPU, CPDAE's JS term vs float64, the trainer's waits for the
+#             GPU per step (one expected), flash attention under unpad (and one compiled graph),
+#             fine-tuning's steps on CUDA vs CPU and their waits, encoding through a real
+#             out-of-memory error.
+#   compiled  [120; not reached] the `steps` part's benchmark under torch.compile for MLM and COSTA
+#             (each forward is one graph: tests/test_pretrain_train.py), MLM first, each one's
+#             figure printed when known. Right after the tests: the issue's 45% MFU target rests on
+#             it, and the first run never reached it (it did time the eager `steps`).
+#             compiled_more [90] the same for CPDAE and BoW (`second`), appended to its file.
+#   steps     [90; 122 for 11 objectives, 25 steps each, with --ops]
+#             benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16, 10
+#             timed steps after 3: step time of the paper's objectives vs MLM (and MLM on two views,
+#             CPDAE's rows; MLM with cuDNN's attention first, attn_implementation sdpa_cudnn; BoW at
+#             its recipe's 30% whole-word masking and at MLM's 15%), samples/s, MFU, the projected
+#             paper schedule, the host synchronisations in one step of each (sync debug mode) and a
+#             profiled step of each: its kernels, the GPU's busy share of the step (under 1: it
+#             waited for the host) and the costliest kernels. Not --ops: the operations a step
+#             dispatches are the same on any device and are counted on the CPU (RESULTS.md).
 #             The baselines' rows (condenser ... ar_decoder) are in that run's step_time.txt: their
 #             code is unchanged.
-#   js        [40; new] benchmarks/cpdae_js.py: CPDAE's JS term forward + backward (its own
-#             backward since that run) against the formula through autograd, at one GPU's
-#             shapes and paper.yaml's, with peak memory; appended to step_time.txt.
-#   attn      [40; new] benchmarks/attention_kernels.py: bert-base's attention (32 x 512, padding as
+#   js        [30; new] benchmarks/cpdae_js.py: CPDAE's JS term forward + backward (its own backward
+#             since that run) against the formula through autograd, at one GPU's shapes and
+#             paper.yaml's, with peak memory; appended to step_time.txt.
+#   attn      [30; new] benchmarks/attention_kernels.py: bert-base's attention (32 x 512, padding as
 #             the trainer's chunks have it, dropout on) through the memory-efficient kernel the
-#             padded path's mask gets today, cuDNN's (which takes a mask, but torch's default
-#             order puts it after the math fallback), flash without a mask (the bound) and flash
-#             varlen over the real tokens (unpad), each checked against float64; appended to
-#             step_time.txt.
-#   unpadded  [90; 51] the `steps` part's benchmark with unpad: true, for the paper's four
-#             objectives: the batches have no padding, so what it measures is attention over the
-#             real tokens alone (flash attention's variable-length op, no mask) against the padded
-#             path's masked (memory-efficient) kernel, and the row selections around the layers.
-#   trainer   [300; padded variant ~100] benchmarks/trainer_throughput.py: the real trainer (data
-#             loader, workers, loop) on bert-base for 30 steps of paper.yaml's micro-batch per
-#             objective, on the chunks in .gpu-carry/corpus: its samples/s beside the model
-#             step's says whether the input pipeline or the loop starves the GPU; MLM and COSTA
-#             again with unpad: true (the layers skip the padding rows), MLM with compile: true,
-#             CPDAE with 2 micro-batches a step (its gathered contrast cached: the cache's cost).
-#   dense     [150; ~100] benchmarks/encode_and_search.py: bert-base encoding at 128 and 512
-#             tokens (bf16, as the stage runs), exact search over 1M x 768 vectors (faiss-gpu
-#             where installed; torch GEMM + top-k) against the same-shape cuBLAS GEMM in fp32 and
-#             bf16.
-#   gloo      [240; cut at 170 beside the tests] the multi-process trainer and launcher tests on
-#             the machine's CPU cores (gloo; CUDA hidden: two ranks cannot share its one GPU
-#             under NCCL), each test's name and outcome printed as it ends. Asked for with
-#             `tests`, it runs beside them on 4 of the other cores (it needs no GPU time) and is
-#             stopped when they end, before any timing starts. That run's 6 failures were the
-#             launcher's: torch 2.11's torchrun has no --shutdown-timeout (found with torch 2.11
-#             installed off the GPU, RESULTS.md; fixed): all should pass now.
+#             padded path's mask gets today, cuDNN's (which takes a mask, but torch's default order
+#             puts it after the math fallback), flash without a mask (the bound) and flash varlen
+#             over the real tokens (unpad), each checked against float64; appended to step_time.txt.
+#   unpadded  [40; 51 at 25 steps] the `steps` part's benchmark with unpad: true, for the paper's
+#             four objectives (`second`): the batches have no padding, so what it measures is
+#             attention over the real tokens alone (flash attention's variable-length op, no mask)
+#             against the padded path's masked (memory-efficient) kernel, and the row selections
+#             around the layers.
+#   trainer   [140; padded variant ~100 at 30 steps] benchmarks/trainer_throughput.py: the real
+#             trainer (data loader, workers, loop) on bert-base for 15 steps of paper.yaml's
+#             micro-batch per objective (5 untimed), on the chunks in .gpu-carry/corpus: its
+#             samples/s beside the model step's says whether the input pipeline or the loop starves
+#             the GPU; the four objectives padded, then MLM with unpad: true (the layers skip the
+#             padding rows). Most of each run is its start (model, workers), not its steps.
+#             trainer_more [70] (`second`): COSTA with unpad: true, CPDAE with 2 micro-batches a
+#             step (its gathered contrast cached: the cache's cost), MLM with compile: true.
+#   dense     [150; ~100 at 128 tokens, ~60 at 512] benchmarks/encode_and_search.py: bert-base
+#             encoding at 128 and 512 tokens (bf16, as the stage runs), exact search over 1M x 768
+#             vectors (faiss-gpu where installed; torch GEMM + top-k) against the same-shape cuBLAS
+#             GEMM in fp32 and bf16. Only in `all`: both lengths were timed in the first run (its
+#             dense.txt and dense_512.txt) and it does not fit beside `second` in ~200 s; a call of
+#             its own (`dense`) when a session has the time.
+#   gloo      [240; cut at 170 beside the tests; none of the budget beside them] the multi-process
+#             trainer and launcher tests on the machine's CPU cores (gloo; CUDA hidden: two ranks
+#             cannot share its one GPU under NCCL), each test's name and outcome printed as it ends.
+#             Asked for with `tests`, it runs beside them on 4 of the other cores (it needs no GPU
+#             time) and is stopped when they end, before any timing starts. That run's 6 failures
+#             were the launcher's: torch 2.11's torchrun has no --shutdown-timeout (found with torch
+#             2.11 installed off the GPU, RESULTS.md; fixed): all should pass now.
 # Output goes to OUT_DIR (default: $OUT, else results/gpu_checks), at most 8 files (what a lent
 # machine sends back); record it in RESULTS.md.
 # Nothing it imports may need a package the lent machine's image lacks (polars, faiss, snakemake,
 # pyserini ...): tests/test_environments.py checks that, with those imports blocked.
 # tests/test_benchmark_tools.py runs this script against a stand-in python3: every part in order,
-# each benchmark call parsed by the benchmark's own command line, the budget, the gloo tests stopped.
+# each benchmark call parsed by the benchmark's own command line, the budget, the gloo tests
+# stopped, the presets' caps against their budgets, the files each leaves.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Each part's cap (s): what the header says it takes, with some room. A preset's caps must sum
+# to at most its call's budget, or its last parts are cut or never start (the first run's were).
+declare -A cap=([tests]=150 [compiled]=120 [steps]=90 [js]=30 [attn]=30 [trainer]=140
+    [unpadded]=40 [trainer_more]=70 [compiled_more]=90 [dense]=150 [gloo]=240)
+first="tests compiled steps js attn trainer gloo"
+second="unpadded trainer_more compiled_more"
+all="tests compiled steps js attn unpadded trainer dense compiled_more trainer_more gloo"
 out=${1:-${OUT:-results/gpu_checks}}
+parts=${*:2}
+case $parts in
+"" | first) parts=$first ;;
+second) parts=$second ;;
+all) parts=$all ;;
+esac
+beside=""  # gloo beside the tests: in its own process group, stopped when they end
+[[ " $parts " == *" tests "* && " $parts " == *" gloo "* ]] && beside=yes
+if [ -n "${GPU_CHECKS_PLAN:-}" ]; then  # what would run, and the budget it needs
+    total=0
+    for part in $parts; do
+        seconds=${cap[$part]:-0}
+        [[ $part == gloo && -n $beside ]] && seconds=0  # on the CPU, while the tests run
+        echo "$part $seconds"
+        total=$((total + seconds))
+    done
+    echo "total $total"
+    exit 0
+fi
 mkdir -p "$out"
 if [ -d .gpu-carry ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -96,14 +137,14 @@ xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n $1 --dist $2"; }
 # capped SECONDS COMMAND...: the command under the smaller of its cap and what is left of the
 # budget; its status is the command's (124 when cut).
 capped() {
-    local cap=$1 left
+    local limit=$1 left
     shift
     if [ "$budget" -gt 0 ]; then
         left=$((budget - (SECONDS - started)))
         [ "$left" -lt 15 ] && return 124
-        [ "$left" -lt "$cap" ] && cap=$left
+        [ "$left" -lt "$limit" ] && limit=$left
     fi
-    timeout -k 5 "$cap" "$@"
+    timeout -k 5 "$limit" "$@"
 }
 
 # The gloo tests on the CPU (CUDA hidden), each test's name and outcome printed as it ends;
@@ -117,10 +158,6 @@ export -f gloo_tests xdist  # run by `bash -c` (beside the tests: in its own pro
 export out
 
 status=0
-parts=${*:2}
-parts=${parts:-tests compiled steps js attn unpadded trainer dense gloo}
-beside=""  # gloo beside the tests: in its own process group, stopped when they end
-[[ " $parts " == *" tests "* && " $parts " == *" gloo "* ]] && beside=yes
 for part in $parts; do
     case $part in
     tests)
@@ -132,7 +169,8 @@ for part in $parts; do
         # shellcheck disable=SC2046  # the options are words
         # --durations: which tests take the part's time (125 s on the H200, more than its parts'
         # checks need), so that a later run can spend it on the timings instead.
-        capped 240 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --durations=15 \
+        capped "${cap[tests]}" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
+            --durations=15 \
             $(xdist 8 load) tests/test_gpu.py 2>&1 | tee "$out/tests.txt"
         code=${PIPESTATUS[0]}
         if [ -n "$gloo_pid" ]; then
@@ -149,37 +187,51 @@ for part in $parts; do
             [ "$gloo_code" -eq 0 ] || status=1
         fi
         (exit "$code") ;;
-    steps|unpadded|compiled)
+    steps|unpadded|compiled|compiled_more)
         bench=(python3 benchmarks/pretrain_step_time.py --device cuda --arch bert-base
-            --max-len 512 --batch 32 --steps 20 --warmup 5 --peak-tflops 989 --profile)
+            --max-len 512 --batch 32 --steps 10 --warmup 3 --peak-tflops 989 --profile)
+        file=step_time_compiled.txt write=(tee)
         case $part in
-        steps) bench+=(--ops --objectives mlm mlm_2x mlm_cudnn costa cpdae cpdae_r bow bow_15)
-            file=step_time.txt cap=160 ;;
-        unpadded) bench+=(--unpad --objectives mlm costa cpdae bow) file=step_time_unpadded.txt cap=90 ;;
-        compiled) bench+=(--compile --objectives mlm costa cpdae bow) file=step_time_compiled.txt cap=200 ;;
+        steps) bench+=(--objectives mlm mlm_2x mlm_cudnn costa cpdae cpdae_r bow bow_15)
+            file=step_time.txt ;;
+        unpadded) bench+=(--unpad --objectives mlm costa cpdae bow) file=step_time_unpadded.txt ;;
+        compiled) bench+=(--compile --objectives mlm costa) ;;
+        compiled_more) bench+=(--compile --objectives cpdae bow) write=(tee -a) ;;
         esac
-        capped $cap "${bench[@]}" 2>&1 | grep --line-buffered -v "it/s" | tee "$out/$file" ;;
+        capped "${cap[$part]}" "${bench[@]}" 2>&1 | grep --line-buffered -v "it/s" \
+            | "${write[@]}" "$out/$file" ;;
     js)
-        capped 40 python3 benchmarks/cpdae_js.py --device cuda 2>&1 | tee -a "$out/step_time.txt" ;;
-    attn)
-        capped 40 python3 benchmarks/attention_kernels.py --device cuda 2>&1 \
+        capped "${cap[js]}" python3 benchmarks/cpdae_js.py --device cuda 2>&1 \
             | tee -a "$out/step_time.txt" ;;
-    trainer)
-        : > "$out/trainer.txt"
-        capped 300 bash -c 'code=0; for variant in "--objectives mlm costa bow cpdae" \
-                "--objectives mlm costa --unpad" "--objectives mlm --compile" \
-                "--objectives cpdae --accumulate 2"; do
+    attn)
+        capped "${cap[attn]}" python3 benchmarks/attention_kernels.py --device cuda 2>&1 \
+            | tee -a "$out/step_time.txt" ;;
+    trainer|trainer_more)
+        # One variant a line: a failing variant is recorded and the next still runs.
+        if [ "$part" = trainer ]; then
+            : > "$out/trainer.txt"
+            variants="--objectives mlm costa bow cpdae
+--objectives mlm --unpad"
+        else
+            variants="--objectives costa --unpad
+--objectives cpdae --accumulate 2
+--objectives mlm --compile"
+        fi
+        capped "${cap[$part]}" bash -c 'code=0; while read -r variant; do
+            # shellcheck disable=SC2086  # the options are words
             python3 benchmarks/trainer_throughput.py run --corpus .gpu-carry/corpus \
-                --arch bert-base --steps 30 $variant || code=1
-        done; exit $code' 2>&1 | grep --line-buffered -v "it/s" | tee -a "$out/trainer.txt" ;;
+                --arch bert-base --steps 15 $variant < /dev/null || code=1
+        done <<< "$1"; exit $code' _ "$variants" 2>&1 | grep --line-buffered -v "it/s" \
+            | tee -a "$out/trainer.txt" ;;
     dense)
-        capped 150 python3 benchmarks/encode_and_search.py --device cuda --archs bert-base \
-            --p-lens 128 512 --docs 8192 --batch 512 --corpus 1000000 --dim 768 \
-            --queries 8192 --repeats 3 2>&1 | grep --line-buffered -v "it/s" | tee "$out/dense.txt" ;;
+        capped "${cap[dense]}" python3 benchmarks/encode_and_search.py --device cuda \
+            --archs bert-base --p-lens 128 512 --docs 8192 --batch 512 --corpus 1000000 --dim 768 \
+            --queries 8192 --repeats 3 2>&1 | grep --line-buffered -v "it/s" \
+            | tee "$out/dense.txt" ;;
     gloo)
         [ -n "$beside" ] && continue  # ran beside the tests
-        capped 240 bash -c gloo_tests; (exit $?) ;;
-    *) echo "unknown part: $part (tests, compiled, steps, js, attn, unpadded, trainer, dense, gloo)" >&2
+        capped "${cap[gloo]}" bash -c gloo_tests; (exit $?) ;;
+    *) echo "unknown part: $part (${all// /, }; presets: first, second, all)" >&2
         exit 2 ;;
     esac
     code=${PIPESTATUS[0]}

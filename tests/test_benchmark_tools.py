@@ -97,7 +97,11 @@ def test_step_time_reports_a_failing_objective_and_times_the_rest(monkeypatch, c
 # benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
 # minutes must not go to a part that never starts (a benchmark refusing its arguments, a test file
 # renamed) or to a budget the script does not keep.
-ALL_PARTS = ["tests", "compiled", "steps", "js", "attn", "unpadded", "trainer", "dense"]
+ALL_PARTS = ["tests", "compiled", "steps", "js", "attn", "unpadded", "trainer", "dense",
+             "compiled_more", "trainer_more"]  # `all`; gloo beside the tests
+FIRST_PARTS = ["tests", "compiled", "steps", "js", "attn", "trainer"]  # the default; gloo beside
+SECOND_PARTS = ["unpadded", "trainer_more", "compiled_more"]
+OUTPUT_FILES = 8  # the most a lent machine sends back from $OUT
 
 # Records each call's arguments (one JSON list a line) and acts as the GPU machine's python3 would
 # enough for the script: xdist installed, pip and pytest succeeding after STUB_<kind>_SECONDS.
@@ -124,7 +128,7 @@ time.sleep(float(os.environ.get(f"STUB_{kind}_SECONDS", "0")))
 '''
 
 
-def run_gpu_checks(tmp_path, *parts, budget=300, **stub_seconds):
+def run_gpu_checks(tmp_path, *parts, budget=300, plan=False, **stub_seconds):
     """gpu_checks.sh copied into a bare tree (its .gpu-carry holding one wheel) and run there with
     the stand-ins first on PATH; returns (exit status, machine.txt lines, the calls, seconds)."""
     tree, bin_dir, out = tmp_path / "tree", tmp_path / "bin", tmp_path / "out"
@@ -138,13 +142,14 @@ def run_gpu_checks(tmp_path, *parts, budget=300, **stub_seconds):
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "GPU_CHECKS_SECONDS": str(budget),
+           "GPU_CHECKS_SECONDS": str(budget), **({"GPU_CHECKS_PLAN": "1"} if plan else {}),
            "STUB_LOG": str(tmp_path / "calls.jsonl"), "STUB_GLOO_PID": str(tmp_path / "gloo.pid"),
            **{f"STUB_{kind.upper()}": str(s) for kind, s in stub_seconds.items()}}
     started = time.monotonic()
     done = subprocess.run(["bash", "benchmarks/gpu_checks.sh", str(out), *parts], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=120)
-    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    log = tmp_path / "calls.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     machine_file = out / "machine.txt"
     machine = machine_file.read_text().splitlines() if machine_file.exists() else []
     return done, machine, calls, time.monotonic() - started
@@ -158,8 +163,9 @@ def part_status(machine):
 
 def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(tmp_path,
                                                                               monkeypatch):
-    done, machine, calls, _ = run_gpu_checks(tmp_path, tests_seconds=3)  # gloo ends first
+    done, machine, calls, _ = run_gpu_checks(tmp_path, "all", tests_seconds=3)  # gloo ends first
     assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "out").rglob("*"))) <= OUTPUT_FILES
     status = part_status(machine)
     assert status == {"gloo (beside the tests)": 0, **{part: 0 for part in ALL_PARTS}}
     assert [line.split(":")[0] for line in machine if " exit " in line][1:] == ALL_PARTS
@@ -186,6 +192,33 @@ def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(t
         assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
     # .gpu-carry's wheels installed
     assert ["-m", "pip"] == next(call for call in calls if "pip" in call)[:2]
+
+
+
+@pytest.mark.parametrize("preset, budget, parts", [((), 560, FIRST_PARTS),
+                                                   (("second",), 200, SECOND_PARTS)])
+def test_gpu_checks_presets_start_every_part_within_their_call_s_budget(tmp_path, preset, budget,
+                                                                        parts):
+    # A lent GPU's session: one 560-second call, then a second of ~200 s. The first run's parts'
+    # caps summed past its budget and its last parts were cut or never started.
+    done, _, calls, _ = run_gpu_checks(tmp_path, *preset, budget=budget, plan=True)
+    assert done.returncode == 0, done.stderr
+    assert not calls and not (tmp_path / "out").exists()  # a plan runs nothing
+    plan = dict(line.split() for line in done.stdout.splitlines())
+    total = int(plan.pop("total"))
+    caps = {part: int(seconds) for part, seconds in plan.items()}
+    assert [part for part in caps if part != "gloo"] == parts
+    assert total == sum(caps.values()) <= budget
+    # A part starts with 15 s left: every part does even when each before it runs to its cap.
+    assert all(seconds >= 15 for part, seconds in caps.items() if part != "gloo")
+    assert caps.get("gloo", 0) == 0  # beside the tests, on the CPU
+
+    done, machine, _, _ = run_gpu_checks(tmp_path / "run", *preset, budget=budget,
+                                         tests_seconds=3)
+    assert done.returncode == 0, done.stderr
+    ran = {part: code for part, code in part_status(machine).items() if "gloo" not in part}
+    assert ran == {part: 0 for part in parts}
+    assert len(list((tmp_path / "run/out").rglob("*"))) <= OUTPUT_FILES
 
 
 def test_gpu_checks_stops_the_gloo_tests_when_the_gpu_tests_end(tmp_path):
