@@ -261,6 +261,29 @@ def test_gpu_checks_refuses_an_unknown_part(tmp_path):
     assert "unknown part: stepz" in done.stderr
 
 
+
+def test_gpu_carry_keeps_the_old_carry_when_a_download_fails(tmp_path):
+    # Without network pip fails: the carry a lent GPU needs must not be deleted first.
+    tree = tmp_path / "tree"
+    (tree / "benchmarks").mkdir(parents=True)
+    (tree / ".venv/bin").mkdir(parents=True)
+    shutil.copy2(ROOT / "benchmarks/gpu_carry.sh", tree / "benchmarks")
+    (tree / "requirements.txt").write_text("jsonschema==4.0\ntransformers==5.0\ntokenizers==0.1\n")
+    (tree / "requirements-nodeps.txt").write_text("")
+    stub = tree / ".venv/bin/python"
+    stub.write_text("#!/bin/sh\necho 'no network' >&2\nexit 1\n")
+    stub.chmod(0o755)
+    (tree / ".gpu-carry/wheels").mkdir(parents=True)
+    (tree / ".gpu-carry/wheels/old-1-py3-none-any.whl").write_text("old")
+    done = subprocess.run(["bash", "benchmarks/gpu_carry.sh"], cwd=tree, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0
+    assert (tree / ".gpu-carry/wheels/old-1-py3-none-any.whl").read_text() == "old"
+    assert sorted(path.name for path in tree.iterdir()) == [".gpu-carry", ".venv", "benchmarks",
+                                                           "requirements-nodeps.txt",
+                                                           "requirements.txt"]  # no leftovers
+
+
 # benchmarks/attention_kernels.py: what it reports as each kernel's error must be the error.
 import attention_kernels  # noqa: E402
 
