@@ -170,6 +170,7 @@ def test_bm25_negatives_remove_each_querys_positives_and_are_reproducible(scifac
     )
     frame = pl.read_parquet(out)
     assert frame.height == 60 and stats["candidate_positives_removed"] > 0
+    assert 30 < stats["longest_candidate_list"] <= 200 and 0 < stats["queries_sampled"] <= 60
 
     # Positives straight from BEIR's qrels file (not from our conversion).
     raw = pl.read_csv(
@@ -346,7 +347,7 @@ def test_triples_source(tmp_path):
     )
     artifacts.write_parquet(tmp_path / "qrels.parquet", qrels, datasets.QRELS_SCHEMA)
     config = {"negatives": {"source": "triples", "count": 30, "seed": 0}}
-    bm25.mine_negatives(
+    stats = bm25.mine_negatives(
         tmp_path / "q.parquet",
         tmp_path / "qrels.parquet",
         tmp_path / "n.parquet",
@@ -357,6 +358,8 @@ def test_triples_source(tmp_path):
     # 11 is listed as a negative of query 1 but is one of its positives: removed.
     assert rows["1"] == (["10", "11"], ["20", "21"], [-1, -1])
     assert rows["2"] == (["30"], ["31"], [-1])
+    # Streamed to a sample of count: whole lists are never held, so not counted (not a false 0).
+    assert stats["queries_sampled"] is None and stats["longest_candidate_list"] is None
 
 
 def test_a_triples_file_that_names_no_query_is_refused(tmp_path):

@@ -529,6 +529,26 @@ def test_dpr_negatives_are_sampled_by_seed_and_query_not_by_order(nq, tmp_path):
     assert frame.to_dicts()[0]["negative_ids"] == samples[3]["2"]
 
 
+def test_the_dpr_negatives_manifest_says_whether_count_cut_any_list(tmp_path):
+    """queries_sampled counts the lists longer than count (after removals), so sampled down;
+    longest_candidate_list is the longest list read: what confirms that a count kept them all."""
+    records = json.loads(TRAIN_JSON.read_text())
+    for record, keep in zip(records, (3, 2, 1)):  # hard negatives per question
+        record["hard_negative_ctxs"] = record["hard_negative_ctxs"][:keep]
+    assert len({c["passage_id"] for c in records[0]["hard_negative_ctxs"]}) == 3
+    edited = tmp_path / "train.json"
+    edited.write_text(json.dumps(records))
+    entry = NQ_SAMPLE | {"splits": [{"name": "train", "biencoder": {"path": str(edited)}}]}
+    folder = tmp_path / "nq"
+    datasets.prepare(entry, folder, data_root=str(tmp_path))
+    _, stats = dpr_negatives(folder, tmp_path / "two.parquet", edited, count=2)
+    assert stats["queries_sampled"] == 1 and stats["longest_candidate_list"] == 3
+    _, stats = dpr_negatives(folder, tmp_path / "three.parquet", edited, count=3)
+    assert stats["queries_sampled"] == 0 and stats["longest_candidate_list"] == 3
+    manifest = json.loads((tmp_path / "three.manifest.json").read_text())
+    assert manifest["stats"]["queries_sampled"] == 0
+
+
 def distinctive_word(text, others):
     """The longest alphabetic word of `text` that none of `others` holds (ties: alphabetical)."""
     seen = {w for other in others for w in answers.tokens(other)}

@@ -428,13 +428,14 @@ def mine_negatives(
         answered = answer_exclusions({q: [d for d, _ in c] for q, c in candidates},
                                      neg["negative_filter"], answers, corpus, neg["answer_match"])
     rows = {name: [] for name in NEGATIVES_SCHEMA.names}
-    short = positives_removed = 0
+    short = positives_removed = sampled = 0
     for qid, cands in candidates:
         pos = positives[qid]
         positives_removed += sum(d in pos for d, _ in cands)
-        negs, ranks = sample_negatives(qid, cands, pos | answered.get(qid, set()), neg["count"],
-                                       neg["seed"])
+        removed = pos | answered.get(qid, set())
+        negs, ranks = sample_negatives(qid, cands, removed, neg["count"], neg["seed"])
         short += len(negs) < neg["count"]
+        sampled += sum(d not in removed for d, _ in cands) > neg["count"]
         rows["query_id"].append(qid)
         rows["positive_ids"].append(sorted(pos))
         rows["negative_ids"].append(negs)
@@ -449,6 +450,11 @@ def mine_negatives(
         "candidate_positives_removed": positives_removed,
         "answer_passages_removed": sum(len(v - positives[q]) for q, v in answered.items()),
         "negatives": sum(map(len, rows["negative_ids"])),
+        # Whether `count` cut any list (0 sampled: every candidate kept). Triples streams a sample
+        # of `count` and never holds a whole list, so neither is known there.
+        "queries_sampled": None if neg["source"] == "triples" else sampled,
+        "longest_candidate_list": None if neg["source"] == "triples" else
+        max((len(c) for _, c in candidates), default=0),
     }
     policy = {
         "source": neg["source"],
