@@ -172,6 +172,17 @@ def test_an_incomplete_folder_is_refused_naming_what_is_wrong(encoder, tmp_path,
     assert str(folder) in line and named in line, line
 
 
+def test_a_folder_without_weight_checksums_is_told_to_export_again(encoder, tmp_path, capsys):
+    """A folder exported before stats.weights was recorded: the message says what is missing and
+    that the folder must be exported again, not that it lacks sentence-transformers files."""
+    folder = shutil.copytree(encoder, tmp_path / "encoder")
+    _rewrite(folder / "manifest.json", stats={"steps": 3})
+    line = _refused(["--folder", folder, "--repo-id", "me/enc", "--dry-run"], capsys)
+    assert f"{folder}/manifest.json records no weight checksums (stats.weights" in line
+    assert "exported before the checksums were recorded" in line and "Delete it and rerun" in line
+    assert "sentence-transformers" not in line, line
+
+
 @pytest.mark.parametrize("repo_id", ["enc", "me/enc with space", "me/../enc"])
 def test_a_repository_id_that_is_not_one_is_refused(encoder, monkeypatch, capsys, repo_id):
     monkeypatch.setattr(publish, "HfApi", NoNetwork)

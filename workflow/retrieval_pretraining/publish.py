@@ -42,6 +42,14 @@ from .st_export import read_card
 
 REEXPORT = ("rerun the rule that wrote it (an encoder exported before the workflow wrote "
             "sentence-transformers files: delete the folder and rerun)")
+# No stats.weights: the folder predates the checksums, not the sentence-transformers files; only
+# a fresh export records them (checksums added by hand would vouch for weights nothing checked).
+NO_CHECKSUMS = ("records no weight checksums (stats.weights, the sha256 of each weight file that "
+                "the pretrain and finetune exports write), so its weights cannot be verified as "
+                "the ones its records describe: a folder exported before the checksums were "
+                "recorded must be exported again. Delete it and rerun the rule that wrote it "
+                "(pretrain_model, export_base_encoder, reuse_pretraining, finetune_stage1/2): "
+                "a trained encoder is trained again")
 
 
 # The folder's own records: a published model without them cannot say how it was made.
@@ -138,8 +146,7 @@ def check_weights(folder: Path) -> None:
                            "that trained them diverged: retrain, do not publish")
     mismatches = weights_mismatches(folder)
     if mismatches is None:
-        raise PublishError(f"{folder}/manifest.json records no weight checksums (stats.weights), "
-                           f"so the weights cannot be verified; {REEXPORT}")
+        raise PublishError(f"{folder}/manifest.json {NO_CHECKSUMS}")
     if mismatches:
         raise PublishError(f"{folder}'s weights are not the ones manifest.json records "
                            f"({'; '.join(mismatches)}); {REEXPORT}")
