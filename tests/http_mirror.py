@@ -22,7 +22,8 @@ class Mirror:
     503); ("replace", data) makes `data` the file from this request on (a new version published
     between two GETs); None serves the request normally. With `etags`, every answer carries an
     ETag (the content's sha1) and If-Range is honoured: the whole file (200) when it no longer
-    matches, as a web server does."""
+    matches, as a web server does, unless `if_range` is False (a server or proxy that sends ETags
+    but does not implement If-Range: the Range is served whatever If-Range says)."""
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
@@ -30,6 +31,7 @@ class Mirror:
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.bytes_sent = 0
         self.etags = False
+        self.if_range = True
 
 
 def _handler(mirror: Mirror):
@@ -64,7 +66,8 @@ def _handler(mirror: Mirror):
                 headers[fault[1]] = fault[2]
             if mirror.etags:
                 headers["ETag"] = f'"{hashlib.sha1(data).hexdigest()}"'
-                if self.headers.get("If-Range", headers["ETag"]) != headers["ETag"]:
+                stale = self.headers.get("If-Range", headers["ETag"]) != headers["ETag"]
+                if stale and mirror.if_range:
                     range_header = None
             if range_header and fault != ("ignore-range",):
                 start = int(re.fullmatch(r"bytes=(\d+)-", range_header).group(1))

@@ -324,6 +324,49 @@ def test_a_part_whose_etag_still_matches_is_resumed_without_a_checksum(mirror, t
     assert mirror.requests[-1] == ("/ms.bz2", f"bytes={kept}-")
 
 
+@pytest.mark.parametrize("change", ["same length", "longer"])
+def test_a_server_that_ignores_if_range_cannot_splice_a_changed_file(mirror, tmp_path, change):
+    """The server sends ETags but serves the Range whatever If-Range says: the resume's 206 is of
+    the new version. Its ETag (same length) or its Content-Range total (longer) shows the change:
+    the kept bytes are dropped and the file fetched again whole, never old head + new tail."""
+    old = MULTISTREAM.read_bytes()
+    new = old[::-1] if change == "same length" else old + old[:999]
+    mirror.etags, mirror.if_range = True, False
+    mirror.files["/ms.bz2"] = old
+    mirror.faults["/ms.bz2"] = [("drop", 6000), ("replace", new)]
+    dest = tmp_path / "ms.bz2"
+    info = _fetch(mirror.url + "/ms.bz2", dest)
+    assert dest.read_bytes() == new and info["resumed_bytes"] == 0
+    first, resume, again = mirror.requests
+    assert first[1] is None and resume[1].startswith("bytes=") and again[1] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
+
+
+@pytest.mark.parametrize("etags", [False, True], ids=["no validators", "etag"])
+@pytest.mark.parametrize("check", [None, "sha1"])
+def test_giving_up_says_what_a_rerun_does_with_the_kept_bytes(mirror, tmp_path, etags, check):
+    """Cut after 6000 bytes, then a busy mirror until the retries run out. The message says
+    whether a rerun resumes the kept bytes (a checksum or an ETag makes that safe) or starts from
+    byte 0, and the rerun does what it said."""
+    data = MULTISTREAM.read_bytes()
+    mirror.etags = etags
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("drop", 6000), ("status", 503), ("status", 503)]
+    dest = tmp_path / "ms.bz2"
+    pin = {"sha1": sha1(data)} if check else {}
+    with pytest.raises(fetch.DownloadError, match="giving up after 3 attempts") as error:
+        _fetch(mirror.url + "/ms.bz2", dest, retries=1, **pin)
+    message = str(error.value)
+    resumes = re.search(r"Rerun to resume from the (\d+) bytes kept in (\S+?\.part)\b", message)
+    assert bool(resumes) == (etags or check is not None), message
+    assert resumes or message.endswith("a rerun starts from byte 0."), message
+    if etags and not check:
+        assert "if the server's ETag is still the one recorded" in message
+    _fetch(mirror.url + "/ms.bz2", dest, **pin)
+    assert dest.read_bytes() == data
+    assert mirror.requests[-1][1] == (f"bytes={resumes.group(1)}-" if resumes else None)
+
+
 def test_resumed_bytes_is_zero_when_the_server_ignored_the_range(mirror, tmp_path):
     data = MULTISTREAM.read_bytes()
     mirror.files["/ms.bz2"] = data

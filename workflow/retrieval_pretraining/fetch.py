@@ -6,7 +6,7 @@
   changed since. Without a checksum, a part with no ETag or Last-Modified is never resumed: the
   bytes appended could be of another version of the file. Failures are retried with exponential
   back-off; an attempt that made progress resets the count, so a flaky mirror cannot exhaust the
-  retries on a 20 GB part.
+  retries on a 20 GB part. Giving up says whether a rerun resumes the bytes kept, and by what.
 - The strongest checksum given is verified (sha256 > sha1 > md5, else the size). A mismatch deletes
   the partial file and starts over; mismatches have their own count, which progress never resets
   (a mirror serving a bad copy must not be downloaded forever), and the final error names the file,
@@ -295,6 +295,21 @@ def _record_source(part: Path, url: str, response, total: int | None) -> None:
     )
 
 
+def _part_meta(part: Path, url: str) -> dict[str, Any]:
+    """What was recorded of the remote file `part` is a copy of ({}: nothing, or another URL's)."""
+    try:
+        meta = artifacts.read_json(_meta_path(part))
+    except (OSError, ValueError):
+        meta = {}
+    return meta if isinstance(meta, dict) and meta.get("url") == url else {}
+
+
+def _resumable(meta: dict[str, Any], checked: bool) -> bool:
+    """Whether kept bytes may be resumed: a checksum verifies the result, or a recorded ETag or
+    Last-Modified shows (by If-Range and the 206's headers) that the remote file is the same."""
+    return checked or bool(meta.get("etag") or meta.get("last_modified"))
+
+
 def _kept_part(part: Path, url: str, checked: bool) -> dict[str, Any] | None:
     """What was recorded of the remote file `part` is a copy of, when `part` may be resumed;
     None (and `part` deleted) when there is nothing to resume or nothing to resume it safely by.
@@ -305,13 +320,8 @@ def _kept_part(part: Path, url: str, checked: bool) -> dict[str, Any] | None:
     """
     if not part.exists():
         return None
-    try:
-        meta = artifacts.read_json(_meta_path(part))
-    except (OSError, ValueError):
-        meta = {}
-    if not isinstance(meta, dict) or meta.get("url") != url:
-        meta = {}
-    if checked or meta.get("etag") or meta.get("last_modified"):
+    meta = _part_meta(part, url)
+    if _resumable(meta, checked):
         return meta
     log.warning(
         "%s: nothing shows the %d bytes kept in %s are of the file served now (no checksum "
@@ -322,6 +332,22 @@ def _kept_part(part: Path, url: str, checked: bool) -> dict[str, Any] | None:
     )
     _discard(part)
     return None
+
+
+def _rerun_note(part: Path, url: str, kept: int, checked: bool) -> str:
+    """What a rerun will do with the `kept` bytes of `part`, by _kept_part's own test."""
+    if not kept or not part.exists():
+        return "Nothing was kept: a rerun starts from byte 0."
+    meta = _part_meta(part, url)
+    if not _resumable(meta, checked):
+        return (f"The {kept} bytes kept in {part} will not be resumed (no checksum configured, "
+                "and the server sent no ETag or Last-Modified to show that they are of the file "
+                "it serves then): a rerun starts from byte 0.")
+    if checked:
+        return f"Rerun to resume from the {kept} bytes kept in {part} (verified by the checksum)."
+    validator = "ETag" if meta.get("etag") else "Last-Modified"
+    return (f"Rerun to resume from the {kept} bytes kept in {part} if the server's {validator} "
+            "is still the one recorded; if the file changed, a rerun starts from byte 0.")
 
 
 def _if_range(meta: dict[str, Any]) -> dict[str, str]:
@@ -467,14 +493,10 @@ def _fetch_http(
                 failures = 0 if digests.bytes > before else failures + 1
                 reason = f"{type(error).__name__}: {error}"
                 if failures > retries:
-                    kept = (
-                        f"Rerun to resume from the {digests.bytes} bytes kept in {part}."
-                        if part.exists() and digests.bytes
-                        else "Nothing was kept."
-                    )
+                    rerun = _rerun_note(part, url, digests.bytes, expected.algorithm is not None)
                     raise DownloadError(
                         f"{dest} (from {url}): giving up after {attempts} attempts ({failures} "
-                        f"in a row without progress); last error: {reason}. {kept}"
+                        f"in a row without progress); last error: {reason}. {rerun}"
                     ) from error
                 delay = min(backoff * 2 ** max(failures - 1, 0), 300.0)
             else:
