@@ -284,6 +284,11 @@ def test_an_unclosed_table_ends_at_the_next_heading(source, expected):
         ("He said:\n{{quote|We came in [[peace]].}}\nThis follows.",
          "He said:\n\nWe came in peace.\n\nThis follows."),
         ("{{quote|text=}} Nothing quoted.", "Nothing quoted."),
+        # Inside a list item MediaWiki keeps the blockquote in the item: inline, so that the text
+        # after it stays part of the item and the list stays one.
+        ("* He said {{quote|Hello}} in a list\n* Next", "He said Hello in a list\nNext"),
+        ("# First\n#: {{quote|text=Two\nlines|sign=X}} after", "First\nTwo lines after"),
+        ("* {{quote|[[Peace]] now}}\nProse.", "Peace now\n\nProse."),
     ],
 )
 def test_quotations_keep_their_text(source, expected):

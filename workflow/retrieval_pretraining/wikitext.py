@@ -15,7 +15,8 @@ The punctuation such removal leaves is tidied: no paragraph or list item starts 
 ". ", a line starting with one ends the line before ("is , where" -> "is, where"), ",." -> ".".
 Templates that give text, as MediaWiki shows it: inline ones whose argument IS prose, like
 {{lang-fr|...}} or {{nowrap|...}}; {{frac}} and {{As of}};
-quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own;
+quotations ({{quote}}, {{blockquote}}, ...), each a paragraph of its own (inline in a list item,
+which stays one);
 ship-prefix templates ({{USS|Enterprise|CV-6}} -> USS Enterprise (CV-6));
 date templates ({{birth date}}, {{death date and age}}, {{start date}}, {{dts}},
 ...) as "January 2, 1950", without an age.
@@ -266,14 +267,24 @@ def _ship(prefix: str, positional: list[str]) -> str:
     return " ".join(part for part in parts if part)
 
 
-def _quotation(body: str) -> str:
+def _quotation(body: str, inline: bool) -> str:
     """The quoted text of {{quote}} and its kin, a paragraph of its own as MediaWiki's blockquote
     is: text= (or quote=, 1=), else the first positional argument; the author and source after it
-    are not the quotation."""
+    are not the quotation. `inline`: on one line, no paragraph breaks (inside a list item)."""
     named, positional = _named(body), _positional(body)
     text = next((named[k] for k in ("text", "quote", "1") if named.get(k)), "")
     text = text or (positional[0] if positional else "")
+    if inline:
+        return " ".join(text.split())
     return f"\n\n{text}\n\n" if text else ""
+
+
+def _in_list_item(match: re.Match) -> bool:
+    """Whether the template starts on a list item's line. MediaWiki keeps a blockquote there
+    inside the item; paragraph breaks would end the item, and the text after the quotation would
+    no longer be one."""
+    line_start = match.string.rfind("\n", 0, match.start()) + 1
+    return bool(_LIST.match(match.string[line_start : match.start()]))
 
 
 def _replace_template(match: re.Match) -> str:
@@ -286,7 +297,7 @@ def _replace_template(match: re.Match) -> str:
     if name == "as of":  # marks a dated statement, whose sentence begins with it
         return _as_of(body)
     if name in _QUOTE_TEMPLATES:
-        return _quotation(body)
+        return _quotation(body, inline=_in_list_item(match))
     if name in _DATE_TEMPLATES:
         # {{death year and age|1993|1921}}: the second year is the birth, not a month.
         return _date(_positional(body)[: 1 if " year " in name else 3])
