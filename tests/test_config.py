@@ -62,6 +62,10 @@ def test_a_split_name_with_a_dot_is_refused_saying_why(demo):
     message = str(error.value)
     assert "datasets.0.splits" in message and "'test.small' does not match" in message, message
     assert "no dots" in message and "test and test.small would share one" in message, message
+    # A BEIR user with qrels/test.small.tsv learns how to keep the file (a beir split reads only
+    # qrels/<name>.tsv: its `qrels:` key would not help).
+    assert "ln -s test.small.tsv qrels/test-small.tsv" in message, message
+    assert "a beir split reads only qrels/<name>.tsv" in message, message
 
 
 @pytest.mark.parametrize("section, key, value", [("corpus", "shards", 2.0), ("corpus", "max_len", 128.0),
