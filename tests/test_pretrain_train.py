@@ -499,7 +499,7 @@ def test_a_step_and_the_probes_make_every_tensor_on_the_device_of_their_inputs(
     use with the CPU's."""
     from retrieval_pretraining.pretrain import probes
 
-    forward, probe = Pretrainer.forward, probes.probe
+    forward, probe = Pretrainer.forward, probes.pooled_probe
     ran = []
 
     def on_meta(function):
@@ -510,10 +510,10 @@ def test_a_step_and_the_probes_make_every_tensor_on_the_device_of_their_inputs(
         return run
 
     monkeypatch.setattr(Pretrainer, "forward", on_meta(forward))
-    monkeypatch.setattr(probes, "probe", on_meta(probe))
+    monkeypatch.setattr(probes, "pooled_probe", on_meta(probe))
     code, records = _run(fx.model_settings(objective, max_steps=2, unpad=unpad, probe_chunks=4,
                                            probe_every=1), setup, tmp_path)
-    assert code == 0 and {"forward", "probe"} <= set(ran)
+    assert code == 0 and {"forward", "pooled_probe"} <= set(ran)
     assert any(key.startswith("probe_") for key in records[0])  # step 0's probes were written
 
 
