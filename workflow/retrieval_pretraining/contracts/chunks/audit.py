@@ -102,7 +102,7 @@ def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
     lengths = pc.list_value_length(t["input_ids"]).to_numpy()
     # Checked without the tokenizer too: `[CLS][SEP]` (no text) is otherwise caught only by
     # chunk.py's check, which needs it.
-    shortest = int(lengths.min(initial=MIN_LENGTH))
+    shortest = int(lengths.min()) if len(lengths) else MIN_LENGTH  # not min(initial=): it caps
     a.check(
         f"every chunk >= {MIN_LENGTH} tokens ([CLS], a text token, [SEP])",
         shortest >= MIN_LENGTH,
