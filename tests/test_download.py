@@ -424,6 +424,32 @@ def test_local_path_and_file_url(tmp_path, form, link):
     assert info["mode"] == link
 
 
+def test_a_symlinked_part_left_behind_is_never_written_through(tmp_path):
+    """A symlink-mode run whose manifest could not be written keeps its verified `.part`, a link
+    to the user's own file: a copy-mode rerun must replace the link, not truncate that file."""
+    source = tmp_path / "mine" / "ms.xml.bz2"
+    source.parent.mkdir()
+    source.write_bytes(MULTISTREAM.read_bytes())
+    dest = tmp_path / "results" / "ms.xml.bz2"
+    dest.parent.mkdir()
+    dest.with_name(dest.name + ".part").symlink_to(source)
+    fetch.fetch(str(source), dest, sha1="1cf40a366af6b4af2c924b9d58a3e9da0efdd28d", link="copy")
+    assert source.read_bytes() == MULTISTREAM.read_bytes()
+    assert dest.read_bytes() == MULTISTREAM.read_bytes() and not dest.is_symlink()
+
+
+def test_a_file_system_without_flock_fetches_unlocked_with_a_warning(tmp_path, monkeypatch,
+                                                                        caplog):
+    def no_flock(fd, operation):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(fetch.fcntl, "flock", no_flock)
+    dest = tmp_path / "ms.xml.bz2"
+    fetch.fetch(str(MULTISTREAM), dest, sha1="1cf40a366af6b4af2c924b9d58a3e9da0efdd28d")
+    assert dest.read_bytes() == MULTISTREAM.read_bytes()
+    assert "has no flock" in caplog.text and not list(tmp_path.glob("*.lock"))
+
+
 def test_local_checksum_mismatch_writes_nothing(tmp_path):
     with pytest.raises(fetch.ChecksumError, match="expected sha1 0{40}, got sha1 1cf40a36"):
         fetch.fetch(str(MULTISTREAM), tmp_path / "ms.bz2", sha1="0" * 40)

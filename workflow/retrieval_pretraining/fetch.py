@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import logging
@@ -138,6 +139,10 @@ def _part_mismatch(part: Path, digests: _Digests) -> tuple[str, str] | None:
     return None
 
 
+# flock's errors where the file system does not offer it (not "held by another process").
+_NO_FLOCK = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL})
+
+
 @contextlib.contextmanager
 def _fetch_lock(dest: Path):
     """Hold `dest.part.lock` for a whole fetch, or fail at once naming the holder.
@@ -145,7 +150,10 @@ def _fetch_lock(dest: Path):
     Two fetches of one file (a user who runs the downloads and the experiment in two terminals,
     following Snakemake's `--unlock` hint) would append to one `.part` together: the file would be
     a splice of both, and each would verify only the bytes it received. flock is released by the
-    kernel when its holder dies, so a killed job leaves no stale lock.
+    kernel when its holder dies, so a killed job leaves no stale lock. On a file system without
+    flock (Lustre mounted noflock, some FUSE and NFS mounts) the fetch goes on unlocked, with a
+    warning; on one whose flock is node-local (Lustre localflock, BeeGFS's default, NFS nolock) it
+    excludes only fetches on the same node.
     """
     lock = dest.with_name(dest.name + ".part.lock")
     while True:
@@ -159,6 +167,16 @@ def _fetch_lock(dest: Path):
                 f"{dest} is already being fetched by {holder} (it holds {lock}); let that job "
                 "finish (its file is then reused) or stop it, then rerun"
             ) from None
+        except OSError as error:
+            os.close(fd)
+            if error.errno not in _NO_FLOCK:
+                raise
+            # No flock on this file system: go on unlocked rather than refuse every download.
+            lock.unlink(missing_ok=True)
+            log.warning("%s: this file system has no flock (%s): fetching unlocked, so do not "
+                        "fetch this file from two jobs at once", dest, error.strerror)
+            yield
+            return
         # The previous holder deletes the lock file on its way out: a lock taken on the file it
         # deleted excludes nobody, so take the one now at that name instead.
         try:
@@ -566,6 +584,10 @@ def fetch(
     started = time.monotonic()
     source = local_path(url)
     with _fetch_lock(dest):
+        part = dest.with_name(dest.name + ".part")
+        if part.is_symlink():  # left by a symlink-mode run: writing through it would overwrite
+            part.unlink()      # the user's own file (a copy-mode or HTTP rerun opens it "wb"/"ab")
+            _meta_path(part).unlink(missing_ok=True)
         if source is not None:
             result = _fetch_local(source, dest, expected, link)
         else:
