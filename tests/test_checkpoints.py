@@ -243,6 +243,11 @@ def test_a_hub_checkpoint_restages_offline_from_the_cache(monkeypatch, tmp_path)
     online[0] = False
     assert checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt") == first
     checkpoints.stage_tokenizer(HUB_ENTRY, tmp_path / "tok")
+    # Not in the cache, offline: the error names the repository, the cache and what to run.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(FileNotFoundError, match=r"Hub checkpoint .* is not in the Hugging Face "
+                       r"cache .*run stage_checkpoint / stage_tokenizer once online"):
+        checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt2")
 
 
 def test_chunks_tokenised_at_another_commit_than_the_checkpoint_are_refused(monkeypatch, tmp_path):

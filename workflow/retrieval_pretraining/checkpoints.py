@@ -24,6 +24,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -85,14 +86,26 @@ def source_folder(
         return folder
     # Lazy import: only the download path needs huggingface_hub's network client.
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    return Path(
-        snapshot_download(
-            location,
-            revision=entry.get("revision"),
-            allow_patterns=list(patterns),
+    try:
+        return Path(
+            snapshot_download(location, revision=entry.get("revision"),
+                              allow_patterns=list(patterns))
         )
-    )
+    except LocalEntryNotFoundError as error:  # offline, and the cache lacks this revision
+        raise FileNotFoundError(
+            f"Hub checkpoint {location} (revision {entry.get('revision') or 'main'}) is not in "
+            f"the Hugging Face cache ({_hub_cache()}) and HF_HUB_OFFLINE forbids downloading it: "
+            "run stage_checkpoint / stage_tokenizer once online (README, Slurm step 2), or point "
+            "HF_HOME at the cache that holds it"
+        ) from error
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_CACHE") or str(constants.HF_HUB_CACHE)
 
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
