@@ -170,7 +170,6 @@ def tiny_overrides() -> dict:
                     "models": ["bert", "costa"],
                     "stage": "stage2",
                     "depth": 20,
-                    "max_len": 64,
                 },
                 "coverage": {
                     "models": ["costa", "cpdae"],
