@@ -1,7 +1,8 @@
 """Anonymous memory of a fresh Python process running a measurement script (Linux /proc).
 
 A test's script starts with PRELUDE: the package on sys.path (argv[1]), `status_kb(field)`, a
-field of this process's /proc status in kB, and `anon_kb()`, its RssAnon; the test's own arguments
+field of this process's /proc status in kB, `anon_kb()`, its RssAnon, and `peak_anon_kb(call)`,
+the most anonymous memory `call()` added at any moment (sampled every 2 ms); the test's own arguments
 follow from argv[2]. The script prints one JSON line last, which `run` returns. A fresh process,
 so nothing the test process already holds counts.
 """
@@ -28,6 +29,23 @@ def status_kb(field):  # VmRSS, VmHWM (peak RSS), RssAnon, ...
 
 def anon_kb():
     return status_kb("RssAnon")
+
+def peak_anon_kb(call):  # (the most RssAnon call() added while it ran, in kB; what it returned)
+    import threading, time
+    peak, done = [anon_kb()], threading.Event()
+    def sample():
+        while not done.is_set():
+            peak.append(anon_kb())
+            time.sleep(0.002)
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        result = call()
+        peak.append(anon_kb())
+    finally:
+        done.set()
+        watcher.join()
+    return max(peak) - peak[0], result
 """
 
 

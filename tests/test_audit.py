@@ -323,24 +323,12 @@ def test_stage_statistics_read_a_metrics_file_itself(results, tmp_path):
 
 # Peak anonymous memory an audit of argv[2] grows by (sampled by a thread; memory_probe.py).
 _MEASURE_AUDIT = """
-import threading, time
 from retrieval_pretraining import audit
 from retrieval_pretraining.contracts import registry
 import faiss
 registry.kinds()  # every kind's module imported before measuring
-peak, done = [anon_kb()], threading.Event()
-def sample():
-    while not done.is_set():
-        peak.append(anon_kb())
-        time.sleep(0.002)
-before = peak[0]
-watcher = threading.Thread(target=sample, daemon=True)
-watcher.start()
-status = audit.main([sys.argv[2]])
-peak.append(anon_kb())
-done.set()
-watcher.join()
-print(json.dumps({"peak_kb": max(peak) - before, "status": status}))
+peak_kb, status = peak_anon_kb(lambda: audit.main([sys.argv[2]]))
+print(json.dumps({"peak_kb": peak_kb, "status": status}))
 """
 
 

@@ -433,31 +433,21 @@ def test_triples_sample_is_uniform_over_the_listed_negatives(tmp_path):
 
 
 _MEASURE_TRIPLES = """
-import threading, time
 import numpy as np
 import polars as pl
 from retrieval_pretraining import msmarco_triples
 msmarco_triples.TRIPLES_BLOCK_BYTES, msmarco_triples.TRIPLES_MERGE_ROWS = 1 << 16, 20_000  # 64 KB reads
 path, kind, queries = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 positives = {f"q{i}": {f"p{i}"} for i in range(queries)}
-peak, done = [anon_kb()], threading.Event()
-def sample():
-    while not done.is_set():
-        peak.append(anon_kb())
-        time.sleep(0.002)
-before = peak[0]
-watcher = threading.Thread(target=sample, daemon=True)
-watcher.start()
-if kind == "stream":
-    held = msmarco_triples.triples_candidates(path, None, positives, 30, seed=0)
-else:  # the old way: every listed (query, negative) in memory before sampling
-    held = pl.read_csv(path, separator="\\t", has_header=False, new_columns=["q", "p", "n"],
-                       schema_overrides={"q": pl.String, "p": pl.String, "n": pl.String})
-    held = held.group_by("q").agg("n")
-peak.append(anon_kb())
-done.set()
-watcher.join()
-print(json.dumps({"peak_kb": max(peak) - before}))
+def hold():
+    if kind == "stream":
+        return msmarco_triples.triples_candidates(path, None, positives, 30, seed=0)
+    # the old way: every listed (query, negative) in memory before sampling
+    table = pl.read_csv(path, separator="\\t", has_header=False, new_columns=["q", "p", "n"],
+                        schema_overrides={"q": pl.String, "p": pl.String, "n": pl.String})
+    return table.group_by("q").agg("n")
+peak_kb, held = peak_anon_kb(hold)
+print(json.dumps({"peak_kb": peak_kb}))
 """
 
 

@@ -693,6 +693,16 @@ def test_a_full_disk_during_a_state_save_leaves_no_state_or_encoder_and_a_rerun_
     _assert_same_weights(_weights(part), _weights(tmp_path / "roomy"), atol=0.0)
 
 
+def _wait_until_training(proc, metrics: Path, seconds: float = 180) -> None:
+    """Until the run has logged two records (it is past its start and stepping), while it lives."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+
+
 def _untimed(records):
     """Metrics records without what depends on the machine's speed and memory."""
     return [{k: v for k, v in r.items()
@@ -784,12 +794,7 @@ def test_a_stop_signal_to_one_of_two_gloo_processes_stops_both_with_the_state_sa
                          new_session=True)
     workers: list[str] = []
     try:
-        metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 180
-        while time.time() < deadline and proc.poll() is None:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        _wait_until_training(proc, tmp_path / "metrics.jsonl")
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                  text=True).stdout.split()
         assert len(workers) == 2, workers
@@ -829,12 +834,7 @@ def test_sigterm_to_the_launcher_of_two_gloo_workers_ends_the_job_with_75(setup,
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 180
-        while time.time() < deadline and proc.poll() is None:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        _wait_until_training(proc, tmp_path / "metrics.jsonl")
         proc.send_signal(signal.SIGTERM)  # to the launcher only: torchrun forwards it
         output = proc.communicate(timeout=120)[0]
     finally:
