@@ -7,15 +7,17 @@
   bytes appended could be of another version of the file. Failures are retried with exponential
   back-off; an attempt that made progress resets the count, so a flaky mirror cannot exhaust the
   retries on a 20 GB part. Giving up says whether a rerun resumes the bytes kept, and by what.
-- The strongest checksum given is verified (sha256 > sha1 > md5, else the size). A mismatch deletes
-  the partial file and starts over; mismatches have their own count, which progress never resets
-  (a mirror serving a bad copy must not be downloaded forever), and the final error names the file,
-  the URL, the expected and the actual checksum. `P` only ever appears complete and verified
-  (rename at the end), and only if `P.part` holds exactly the bytes that were hashed. The body is
-  written as the server sent it: a `Content-Encoding: gzip` reply to a `.gz` file is not decoded
-  on the way to disk.
+- The strongest checksum given is verified (sha256 > sha1 > md5), and the size where one is given.
+  A mismatch deletes the partial file and starts over; mismatches have their own count, which
+  progress never resets (a mirror serving a bad copy must not be downloaded forever), and the final
+  error names the file, the URL, the expected and the actual checksum. `P` only ever appears
+  complete and verified (rename at the end), and only if `P.part` holds exactly the bytes that
+  were hashed. The body is written as the server sent it: a `Content-Encoding: gzip` reply to a
+  `.gz` file is not decoded on the way to disk.
 - One fetch of `P` at a time: the whole fetch holds an exclusive lock on `P.part.lock`, and a
-  second one (the same job started in another terminal) fails at once naming the first.
+  second one (the same job started in another terminal) fails at once naming the first. Where the
+  file system has no flock the fetch goes on unlocked, with a warning; a node-local flock excludes
+  only fetches on the same node.
 - Local paths and file:// URLs are copied (default: results/ is then self-contained and a later
   change to the source cannot alter an artifact silently) or symlinked (`--link symlink`, for a
   multi-GB pre-downloaded dump on the same machine). Either way the checksum is verified first.
@@ -71,7 +73,7 @@ class NotFound(DownloadError):
 
 @dataclasses.dataclass(frozen=True)
 class Expected:
-    """What a fetched file must match. Only the strongest available check is enforced."""
+    """What a fetched file must match: the strongest checksum given, and the size where given."""
 
     sha256: str | None = None
     sha1: str | None = None
@@ -572,7 +574,8 @@ def fetch(
 
     `on_verified(info)` runs before the file takes its name (to write its manifest): if it fails
     (a full disk), no `dest` exists for Snakemake to delete as a failed job's output, and the
-    verified `dest.part` stays for the rerun, which then downloads nothing again.
+    verified `dest.part` stays for the rerun, which then downloads nothing again where it may resume
+    it (a checksum, or the recorded ETag / Last-Modified).
     """
     if link not in ("copy", "symlink"):
         raise ValueError(f"link must be 'copy' or 'symlink', not {link!r}")

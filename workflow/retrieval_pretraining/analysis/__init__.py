@@ -1,6 +1,7 @@
 """Analyses where a picture says more than a table.
 
-- `loss-curves`: every pre-training run's loss terms (metrics.jsonl) on shared axes.
+- `loss-curves`: the given pre-training runs' loss terms (metrics.jsonl) on shared axes (the rule
+  passes the models the report reaches).
 - `tsne`: one query's top-k candidates under several fine-tuned models, relevant documents marked
   (COSTA Figure 3; sklearn t-SNE on the models' own embeddings).
 - `coverage`: input-token coverage of [CLS] projected to the vocabulary, top-k for several k, per

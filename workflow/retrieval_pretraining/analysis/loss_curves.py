@@ -1,4 +1,5 @@
-"""Every pre-training run's loss terms (metrics.jsonl) on shared axes, one panel per term.
+"""The given pre-training runs' loss terms (metrics.jsonl) on shared axes, one panel per term (the
+rule passes the models the report reaches).
 
 At paper scale (100k steps, a dozen runs and more) the raw values are a band of noise: each run
 is drawn as a trailing mean over a twentieth of its logged points, the raw values faint behind
