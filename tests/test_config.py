@@ -112,6 +112,11 @@ def test_missing_section_is_reported(demo):
             lambda c: c["datasets"][0].update(titles={"path": "data/titles.tsv"}),
             r"datasets\.0\.titles': a titles file is joined onto MS MARCO collections only",
         ),
+        (  # a beir split's files are its folder's: the key would be ignored without a word
+            lambda c: c["datasets"][0]["splits"][0].update(qrels={"path": "data/other.tsv"}),
+            r"datasets\.0\.splits\.0\.qrels': a beir split reads queries\.jsonl and "
+            r"qrels/train\.tsv of its folder",
+        ),
         (lambda c: c["corpus"].update(checkpoint="bert-large"), r"corpus\.checkpoint.*'bert-large'"),
         (
             lambda c: c["pretrain"]["models"][2].update(spans="costa-typo"),

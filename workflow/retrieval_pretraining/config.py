@@ -157,6 +157,16 @@ def cross_check(config: dict[str, Any]) -> list[str]:
                 f"collections only (format msmarco; {entry['format']} corpora carry their own "
                 "titles, and it would be ignored); remove it"
             )
+        if entry["format"] == "beir":  # a BEIR folder's layout names a split's files
+            for j, split in enumerate(entry.get("splits") or []):
+                for key in ("queries", "qrels"):
+                    if key in split:
+                        messages.append(
+                            f"config key 'datasets.{i}.splits.{j}.{key}': a beir split reads "
+                            f"queries.jsonl and qrels/{split['name']}.tsv of its folder, so this "
+                            "file would be ignored; remove the key (for another qrels file, link "
+                            f"it as qrels/{split['name']}.tsv)"
+                        )
 
     wikipedia = config["wikipedia"]
     if wikipedia["source"] == "local" and not wikipedia["parts"]:
