@@ -183,6 +183,16 @@ def test_a_folder_without_weight_checksums_is_told_to_export_again(encoder, tmp_
     assert "sentence-transformers" not in line, line
 
 
+def test_weights_changed_after_the_export_are_told_so(encoder, tmp_path, capsys):
+    """The cause is a weight file replaced after the export, not a missing sentence-transformers
+    file: the message says so, and what to do."""
+    folder = shutil.copytree(encoder, tmp_path / "encoder")
+    _rewrite_weights(folder, lambda v: v + 1)
+    line = _refused(["--folder", folder, "--repo-id", "me/enc", "--dry-run"], capsys)
+    assert "replaced or changed after the export" in line and "rerun the rule" in line, line
+    assert "sentence-transformers" not in line, line
+
+
 @pytest.mark.parametrize("repo_id", ["enc", "me/enc with space", "me/../enc"])
 def test_a_repository_id_that_is_not_one_is_refused(encoder, monkeypatch, capsys, repo_id):
     monkeypatch.setattr(publish, "HfApi", NoNetwork)

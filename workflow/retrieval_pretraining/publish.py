@@ -149,7 +149,9 @@ def check_weights(folder: Path) -> None:
         raise PublishError(f"{folder}/manifest.json {NO_CHECKSUMS}")
     if mismatches:
         raise PublishError(f"{folder}'s weights are not the ones manifest.json records "
-                           f"({'; '.join(mismatches)}); {REEXPORT}")
+                           f"({'; '.join(mismatches)}): a weight file was replaced or changed "
+                           "after the export, so the card and records describe other weights; "
+                           "delete the folder and rerun the rule that wrote it")
 
 
 def local_paths(folder: Path) -> dict[str, list[str]]:
