@@ -456,6 +456,13 @@ def test_local_checksum_mismatch_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["fetch", "--url", str(MULTISTREAM)], ["dumpstatus"]])
+def test_a_negative_retry_count_is_refused(command, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        download.main([*command, "--out", str(tmp_path / "x"), "--retries", "-1"])
+    assert stop.value.code == 2 and "-1 is negative" in capsys.readouterr().err
+
+
 def test_cli_fetch_writes_file_and_manifest(tmp_path):
     dest = tmp_path / "ms.xml.bz2"
     download.main(

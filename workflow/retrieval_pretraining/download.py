@@ -143,6 +143,14 @@ def _cmd_dumpstatus(args: argparse.Namespace) -> None:
 
 
 @command
+def _retries(text: str) -> int:
+    """A retry count: a whole number >= 0 (a negative one would give up before the first try)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: give 0 (no retry) or more")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     fetch_cmd.add_argument("--size", type=int, help="expected size in bytes (checked too)")
     fetch_cmd.add_argument(
-        "--retries", type=int, default=5, help="attempts after the first (default 5)"
+        "--retries", type=_retries, default=5, help="attempts after the first (default 5)"
     )
     fetch_cmd.add_argument(
         "--backoff", type=float, default=2.0, help="first retry delay in s, doubling"
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     status_cmd.add_argument("--out", required=True, type=Path, help="where to save dumpstatus.json")
     status_cmd.add_argument(
-        "--retries", type=int, default=5, help="attempts after the first (default 5)"
+        "--retries", type=_retries, default=5, help="attempts after the first (default 5)"
     )
     status_cmd.add_argument("--mirror", help="the mirror to read (overrides the config's)")
     status_cmd.set_defaults(run=_cmd_dumpstatus)
