@@ -142,7 +142,6 @@ def _cmd_dumpstatus(args: argparse.Namespace) -> None:
     log.info("%s %s: %d parts, %.1f GB", cfg["wiki"], date, len(parts), stats["bytes"] / 1e9)
 
 
-@command
 def _retries(text: str) -> int:
     """A retry count: a whole number >= 0 (a negative one would give up before the first try)."""
     value = int(text)
@@ -151,6 +150,7 @@ def _retries(text: str) -> int:
     return value
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
