@@ -117,11 +117,12 @@ def test_part_file_left_by_an_interrupted_run_is_resumed(mirror, tmp_path):
 
 
 def test_corrupt_byte_is_retried_then_fails_naming_file_and_checksums(mirror, tmp_path):
+    """Each copy damaged at another byte (damage on the way): retried `retries` times."""
     data = MULTISTREAM.read_bytes()
     mirror.files["/ms.bz2"] = data
-    mirror.faults["/ms.bz2"] = [("corrupt", 1234)] * 3
+    mirror.faults["/ms.bz2"] = [("corrupt", 1232), ("corrupt", 1233), ("corrupt", 1234)]
     dest = tmp_path / "ms.xml.bz2"
-    corrupt = data[:1234] + bytes([data[1234] ^ 0xFF]) + data[1235:]
+    corrupt = data[:1234] + bytes([data[1234] ^ 0xFF]) + data[1235:]  # the last copy
     with pytest.raises(fetch.ChecksumError) as error:
         _fetch(mirror.url + "/ms.bz2", dest, sha1=sha1(data), retries=2)
     message = str(error.value)
@@ -168,13 +169,36 @@ def test_a_server_returning_another_file_is_refused_and_nothing_is_kept(mirror, 
     if check != "size":
         expected[check] = hashlib.new(check, data).hexdigest()
     with pytest.raises(fetch.ChecksumError) as error:
-        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", retries=1, **expected)
+        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", retries=5, **expected)
     message = str(error.value)
     if len(other) != len(data):  # the size is compared first when it is given
         assert f"size {len(data)} bytes" in message and f"size {len(other)} bytes" in message
     else:
         assert expected[check] in message and hashlib.new(check, other).hexdigest() in message
+    # The second copy is the first again: no third download (test_two_identical_bad_copies_...).
+    assert f"same file (sha256 {hashlib.sha256(other).hexdigest()})" in message
     assert len(mirror.requests) == 2 and all(r is None for _, r in mirror.requests)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_identical_bad_copies_end_the_retries_saying_what_to_check(mirror, tmp_path):
+    """The mirror serves another file than the one pinned (a stale pin or dumpstatus.json, a
+    rebuilt dump): every complete copy has the same wrong sha1. Downloading a 20 GB part `retries`
+    more times cannot change that: the second identical copy (here the first was cut and resumed,
+    the second whole) ends the fetch, with an error that says so, names what was expected and
+    what arrived, and what to check."""
+    data = MULTISTREAM.read_bytes()
+    other = data[::-1]
+    mirror.files["/ms.bz2"] = other
+    mirror.faults["/ms.bz2"] = [("drop", len(other) // 2)]
+    with pytest.raises(fetch.ChecksumError) as error:
+        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", sha1=sha1(data), retries=5)
+    message = str(error.value)
+    assert "2 complete downloads failed verification, and two of them were the same file" in message
+    assert f"expected sha1 {sha1(data)}, got sha1 {sha1(other)} both times" in message
+    assert "dumpstatus.json" in message and "another mirror" in message
+    assert "re-download" not in message
+    assert [r is None for _, r in mirror.requests] == [True, False, True]  # cut, resumed, whole
     assert list(tmp_path.iterdir()) == []
 
 
@@ -246,15 +270,16 @@ def test_bytes_written_to_the_part_by_someone_else_are_never_published(mirror, t
 
 
 def test_a_bad_copy_on_a_flaky_mirror_fails_after_the_retries(mirror, tmp_path):
-    """Every other answer is cut half-way, and every complete copy fails its checksum (the mirror
-    serves another file, or the configured checksum is wrong). The resumes make progress, which
-    must not reset the count of bad copies: the job fails after `retries` more whole downloads
-    instead of downloading the file forever."""
+    """Every other answer is cut half-way, and every complete copy fails its checksum, each
+    damaged at another byte (so the copies differ: no two alike end the retries early). The
+    resumes make progress, which must not reset the count of bad copies: the job fails after
+    `retries` more whole downloads instead of downloading the file forever."""
     data = MULTISTREAM.read_bytes()
     mirror.files["/ms.bz2"] = data
-    mirror.faults["/ms.bz2"] = [("drop", len(data) // 2), None] * 50
+    cut = ("drop", len(data) // 2)
+    mirror.faults["/ms.bz2"] = [f for k in range(50) for f in (cut, ("corrupt", len(data) - 1 - k))]
     with pytest.raises(fetch.ChecksumError, match="checksum mismatch on 3 complete downloads"):
-        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", sha1="0" * 40, retries=2)
+        _fetch(mirror.url + "/ms.bz2", tmp_path / "ms.bz2", sha1=sha1(data), retries=2)
     assert len(mirror.requests) == 6  # three downloads, each cut once then resumed
     assert list(tmp_path.iterdir()) == []
 

@@ -10,10 +10,13 @@
 - The strongest checksum given is verified (sha256 > sha1 > md5), and the size where one is given.
   A mismatch deletes the partial file and starts over; mismatches have their own count, which
   progress never resets (a mirror serving a bad copy must not be downloaded forever), and the final
-  error names the file, the URL, the expected and the actual checksum. `P` only ever appears
-  complete and verified (rename at the end), and only if `P.part` holds exactly the bytes that
-  were hashed. The body is written as the server sent it: a `Content-Encoding: gzip` reply to a
-  `.gz` file is not decoded on the way to disk.
+  error names the file, the URL, the expected and the actual checksum. A second complete copy
+  identical to an earlier bad one (same sha256) ends the retries at once: the mirror serves
+  another file than the one pinned (a stale pin or dumpstatus.json, a rebuilt dump), which no
+  re-download changes; copies that differ (damage on the way) are retried as above. `P` only
+  ever appears complete and verified (rename at the end), and only if `P.part` holds exactly the
+  bytes that were hashed. The body is written as the server sent it: a `Content-Encoding: gzip`
+  reply to a `.gz` file is not decoded on the way to disk.
 - One fetch of `P` at a time: the whole fetch holds an exclusive lock on `P.part.lock`, and a
   second one (the same job started in another terminal) fails at once naming the first. Where the
   file system has no flock the fetch goes on unlocked, with a warning; a node-local flock excludes
@@ -129,6 +132,20 @@ def _mismatch(digests: _Digests, expected: Expected) -> tuple[str, str] | None:
     if name and digests.hexdigest(name) != getattr(expected, name).lower():
         return f"{name} {getattr(expected, name)}", f"{name} {digests.hexdigest(name)}"
     return None
+
+
+def _same_copy_error(dest: Path, url: str, copies: int, sha256: str, bad: tuple[str, str]):
+    """The error for a complete copy identical to an earlier one that failed verification."""
+    return ChecksumError(
+        f"{dest} (from {url}): {copies} complete downloads failed verification, and two of them "
+        f"were the same file (sha256 {sha256}): expected {bad[0]}, got {bad[1]} both times. The "
+        "mirror serves another file than the one pinned, not a copy damaged on the way, so "
+        "downloading it again would not help; the partial file was deleted. Check the pinned "
+        "checksum: for a dump file, compare the run's dumpstatus.json on the mirror now (its "
+        "'updated' date and this file's entry) with the one saved in results/wikipedia/ (the "
+        "mirror may have rebuilt or replaced the run since), or pick another mirror "
+        "(wikipedia.mirror); for a dataset file, fix its pin in the config."
+    )
 
 
 def _part_mismatch(part: Path, digests: _Digests) -> tuple[str, str] | None:
@@ -491,8 +508,10 @@ def _fetch_http(
     digests = _Digests.of_file(part, expected.algorithm) if kept else _Digests(expected.algorithm)
     resumed_bytes = digests.bytes
     # failures: fruitless transport attempts in a row (progress resets them); corrupt: complete
-    # files that failed verification (never reset: each one cost a whole download).
+    # files that failed verification (never reset: each one cost a whole download); bad_copies:
+    # their (bytes, sha256), to tell a file the mirror serves as it is from damage on the way.
     failures, corrupt, attempts = 0, 0, 0
+    bad_copies: set[tuple[int, str]] = set()
     with requests.Session() as session:
         # identity: the bytes on disk must be the bytes the checksum was computed on.
         session.headers.update(
@@ -520,14 +539,23 @@ def _fetch_http(
                     ) from error
                 delay = min(backoff * 2 ** max(failures - 1, 0), 300.0)
             else:
-                bad = _part_mismatch(part, digests) or _mismatch(digests, expected)
+                foreign = _part_mismatch(part, digests)
+                bad = foreign or _mismatch(digests, expected)
                 if bad is None:
                     break
+                # (A part someone else wrote to is not a copy the mirror served.)
+                copy = None if foreign else (digests.bytes, digests.hexdigest("sha256"))
                 # A corrupt file cannot be repaired by resuming: drop it and start over.
                 _discard(part)
                 digests.reset()
                 corrupt += 1
                 reason = f"expected {bad[0]}, got {bad[1]}"
+                if copy in bad_copies:
+                    # Damage on the way does not repeat itself byte for byte: this is the file
+                    # the mirror serves, and every further download would be this file again.
+                    raise _same_copy_error(dest, url, corrupt, copy[1], bad)
+                if copy is not None:
+                    bad_copies.add(copy)
                 if corrupt > retries:
                     raise ChecksumError(
                         f"{dest} (from {url}): checksum mismatch on {corrupt} complete downloads "
