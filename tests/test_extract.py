@@ -242,6 +242,115 @@ def test_truncated_multistream_with_its_index_is_named_truncated(tmp_path):
         assert_no_output(tmp_path)
 
 
+def _index_lines(index):
+    return bz2.decompress(index.read_bytes()).decode().splitlines()
+
+
+def _write_index(path, lines):
+    path.write_bytes(bz2.compress(("\n".join(lines) + "\n").encode()))
+    return path
+
+
+def assert_disagree(error, dump, index, offset):
+    """The index-and-dump message: both files, the offset, what to check; no "re-download"."""
+    message = str(error.value)
+    assert f"{dump} and its index {index} disagree at byte {offset}: " in message
+    assert "different dumps (another dump date" in message and "dumpstatus.json" in message
+    assert "damaged, re-download" not in message and "re-download the file" not in message
+    assert type(error.value).__name__ == "IndexMismatch"
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("moved", [718, 8475], ids=["first stream", "third stream"])
+def test_an_index_offset_inside_a_stream_names_both_files_and_the_offset(tmp_path, moved,
+                                                                         processes):
+    """The real sample's index with one stream put 100 bytes into the dump's stream (an index of
+    another dump, offsets that happen to fall inside the file). The stream before it then ends
+    inside a bz2 stream: this said the dump "ends at byte X" and to re-download it, which only
+    downloads the same two files again. Now: the two files disagree at that offset."""
+    lines = [
+        f"{int(offset) + 100}:{rest}" if int(offset) == moved else f"{offset}:{rest}"
+        for offset, rest in (line.split(":", 1) for line in _index_lines(MULTI_INDEX))
+    ]
+    index = _write_index(tmp_path / "moved.index.txt.bz2", lines)
+    with pytest.raises(ex.ExtractError) as error:
+        run(tmp_path, MULTI, {"processes": processes}, index=index)
+    assert_disagree(error, MULTI, index, moved + 100)
+    assert f"none does in the dump (the stream that starts at byte {moved} runs on" in str(
+        error.value
+    )
+    assert_no_output(tmp_path)
+
+
+def test_the_index_of_another_dump_date_names_where_they_part(tmp_path):
+    """The next dump of the same part: one page longer, so its streams after that page lie
+    elsewhere. The old index on the new dump agrees up to that page's stream, and the next
+    offset it names falls inside the new dump's longer stream."""
+    pages = simple_pages(9)
+    old, old_index = tmp_path / "old.xml.bz2", tmp_path / "old.index.txt.bz2"
+    dump_reader.write_multistream(header_xml(), pages, old, old_index, pages_per_stream=3)
+    edited = page_xml(5, "Title 5", "An edit that made this page much longer. " * 40)
+    new, new_index = tmp_path / "new.xml.bz2", tmp_path / "new.index.txt.bz2"
+    dump_reader.write_multistream(
+        header_xml(), pages[:4] + [edited] + pages[5:], new, new_index, pages_per_stream=3
+    )
+    offsets = sorted({int(line.split(":")[0]) for line in _index_lines(old_index)})
+    new_offsets = sorted({int(line.split(":")[0]) for line in _index_lines(new_index)})
+    assert offsets[:2] == new_offsets[:2] and offsets[2] < new_offsets[2]  # as described
+    with pytest.raises(ex.ExtractError) as error:
+        run(tmp_path, new, {"processes": 2}, index=old_index)
+    assert_disagree(error, new, old_index, offsets[2])
+    assert_no_output(tmp_path)
+
+
+def test_a_stream_boundary_inside_a_page_is_a_disagreement_not_damage(tmp_path):
+    """A dump whose second bz2 stream starts in the middle of page 4 (recompressed by a tool that
+    does not cut at pages), with an index of those streams: every stream decompresses, so no
+    byte is damaged; the first stream "ended inside the page (truncated); re-download"."""
+    pages = simple_pages(9)
+    body = b"".join(pages)
+    cut = len(b"".join(pages[:3])) + 40  # 40 bytes into page 4
+    streams = [bz2.compress(header_xml()), bz2.compress(body[:cut]), bz2.compress(body[cut:]),
+               bz2.compress(b"</mediawiki>\n")]
+    dump = write(tmp_path, "split.xml.bz2", b"".join(streams))
+    first, second = len(streams[0]), len(streams[0]) + len(streams[1])
+    index = _write_index(
+        tmp_path / "split.index.txt.bz2",
+        [f"{first}:{i}:Title {i}" for i in range(1, 5)]
+        + [f"{second}:{i}:Title {i}" for i in range(5, 10)],
+    )
+    with pytest.raises(ex.ExtractError) as error:
+        run(tmp_path, dump, index=index)
+    assert_disagree(error, dump, index, second)
+    page_4 = len(b"".join(pages[:3])) + pages[3].index(b"<page>")
+    assert (f"the stream at byte {first} ends there, but its page at decompressed byte {page_4} "
+            "runs on past that point: a page split across two streams") in str(error.value)
+    assert_no_output(tmp_path)
+
+
+def test_a_stream_cut_short_where_the_index_puts_the_next_is_damage(tmp_path):
+    """The streams start where the index says, but the first one is cut short before the second
+    (a splice of two copies): the dump itself is damaged, and the message says re-download it."""
+    pages = simple_pages(9)
+    streams = [bz2.compress(header_xml()), bz2.compress(b"".join(pages[:4])),
+               bz2.compress(b"".join(pages[4:])), bz2.compress(b"</mediawiki>\n")]
+    streams[1] = streams[1][: len(streams[1]) // 2]
+    dump = write(tmp_path, "spliced.xml.bz2", b"".join(streams))
+    first, second = len(streams[0]), len(streams[0]) + len(streams[1])
+    index = _write_index(
+        tmp_path / "spliced.index.txt.bz2",
+        [f"{first}:{i}:Title {i}" for i in range(1, 5)]
+        + [f"{second}:{i}:Title {i}" for i in range(5, 10)],
+    )
+    with pytest.raises(
+        ex.ExtractError,
+        match=rf"spliced\.xml\.bz2: the bz2 stream that starts at byte {first} is cut short at "
+        rf"byte {second}, where the next one starts .*the file is damaged, re-download it",
+    ):
+        run(tmp_path, dump, index=index)
+    assert_no_output(tmp_path)
+
+
 # --- bad input --------------------------------------------------------------------------------------
 def test_truncated_bz2_is_an_error_naming_the_offset(tmp_path):
     data = bz2.compress(dump_bytes(simple_pages(200)))
@@ -278,7 +387,10 @@ def test_corrupt_stream_in_indexed_multistream(tmp_path):
     data = bytearray(dump.read_bytes())
     data[offsets[1] + 40] ^= 0xFF
     dump.write_bytes(bytes(data))
-    with pytest.raises(ex.ExtractError, match=rf"stream starting at byte {offsets[1]}"):
+    # The streams are where the index says: the damage is the dump's own.
+    with pytest.raises(
+        ex.ExtractError, match=rf"stream starting at byte {offsets[1]} .*damaged, re-download it"
+    ):
         run(tmp_path, dump, {"processes": 2}, index=index)
     assert_no_output(tmp_path)
 

@@ -3,6 +3,11 @@ the XML into pages, and a multistream dump's `offset:pageid:title` index.
 
 What the pages say is extract.py's business; everything here works on bytes and names the file and
 the (compressed or decompressed) byte offset in its errors, so that a damaged download is found.
+With an index, an error reading one of its streams is first checked against the dump
+(`indexed_range_error`): where the index's offsets are not where the dump's streams start, or a
+stream it names begins or ends inside a page, the two files disagree (`IndexMismatch`, naming both
+and the offset), which says nothing about either being damaged: "re-download it" is said only
+where the streams are where the index says and the dump's own bytes are bad.
 `write_multistream` is the inverse of the index reader (tests and benchmarks build inputs with it).
 """
 
@@ -28,6 +33,36 @@ class ExtractError(BadInput, RuntimeError):
 
     The message names the file, the position and the fix.
     """
+
+
+class CorruptStream(ExtractError):
+    """bz2 data that does not decompress (`stream_start`: where its stream starts)."""
+
+    def __init__(self, message: str, stream_start: int = 0):
+        super().__init__(message)
+        self.stream_start = stream_start
+
+
+class CutStream(ExtractError):
+    """The data ends inside a bz2 stream (`stream_start`: where that stream starts)."""
+
+    def __init__(self, message: str, stream_start: int = 0):
+        super().__init__(message)
+        self.stream_start = stream_start
+
+
+class CutPage(ExtractError):
+    """Blocks of pages that start (`at_start`) or end inside a page (the one at decompressed byte
+    `page_at`)."""
+
+    def __init__(self, message: str, at_start: bool = False, page_at: int = 0):
+        super().__init__(message)
+        self.at_start = at_start
+        self.page_at = page_at
+
+
+class IndexMismatch(ExtractError):
+    """A multistream dump and its index do not describe the same file (neither known damaged)."""
 
 
 # --- bytes -> decompressed blocks -----------------------------------------------------------------
@@ -62,9 +97,10 @@ def decompress_bz2(data_blocks: Iterable[bytes], name: str, start: int = 0) -> I
             try:
                 out = decompressor.decompress(data, OUT_BLOCK)
             except OSError as error:
-                raise ExtractError(
+                raise CorruptStream(
                     f"{name}: corrupt bz2 data in the stream starting at byte {stream_start} "
-                    f"({error}); the file is damaged, re-download it"
+                    f"({error}); the file is damaged, re-download it",
+                    stream_start,
                 ) from None
             data = b""
             if out:
@@ -78,10 +114,11 @@ def decompress_bz2(data_blocks: Iterable[bytes], name: str, start: int = 0) -> I
             elif decompressor.needs_input:
                 break
     if not decompressor.eof and fed > stream_start:
-        raise ExtractError(
+        raise CutStream(
             f"{name}: the file ends at byte {fed} inside the bz2 stream that starts at byte "
             f"{stream_start} (truncated, or corrupt data hid the end of the stream); "
-            "re-download the file"
+            "re-download the file",
+            stream_start,
         )
 
 
@@ -106,11 +143,13 @@ def split_pages(
 
     `header`: the blocks start with the export's header (<mediawiki>, <siteinfo>), yielded first;
     `footer`: they must end with </mediawiki>. A complete export has both; a multistream stream
-    holds pages only, and the last one is followed by the footer.
+    holds pages only, and the last one is followed by the footer. Blocks that start or end inside
+    a page raise CutPage (in a multistream stream: a page split across two streams).
     """
     buf = b""
     base = 0  # decompressed offset of buf[0]
     header_done = not header
+    first = True  # no <page> found yet
     for block in blocks:
         buf += block
         pos = 0
@@ -122,6 +161,12 @@ def split_pages(
             if not header_done:
                 header_done = True
                 yield -1, between
+            elif first and not header and between.strip():
+                raise CutPage(
+                    f"{name}: {between.strip()[:40]!r} before the first <page>, at decompressed "
+                    "byte 0: these pages start inside a page",
+                    at_start=True,
+                )
             elif between.strip():
                 raise ExtractError(
                     f"{name}: malformed XML: unexpected content {between.strip()[:40]!r} between "
@@ -138,6 +183,7 @@ def split_pages(
                     "</page> before the next <page>; the file is damaged, re-download it"
                 )
             end += len(b"</page>")
+            first = False
             yield base + start, buf[start:end]
             pos = end
         # Keep only what may still be part of a page; a partial "<page" tag at the end stays too.
@@ -154,9 +200,11 @@ def split_pages(
     else:
         rest = buf
         if b"<page>" in rest:
-            raise ExtractError(
-                f"{name}: the XML ends inside the page at decompressed byte "
-                f"{base + rest.find(b'<page>')} (truncated); re-download the file"
+            page_at = base + rest.find(b"<page>")
+            raise CutPage(
+                f"{name}: the XML ends inside the page at decompressed byte {page_at} "
+                "(truncated); re-download the file",
+                page_at=page_at,
             )
     if footer and b"</mediawiki>" not in rest:
         raise ExtractError(
@@ -164,9 +212,10 @@ def split_pages(
             "(truncated); re-download the file"
         )
     if not footer and rest.strip() and rest.strip() != b"</mediawiki>":
-        raise ExtractError(
+        raise CutPage(
             f"{name}: malformed XML: unexpected content {rest.strip()[:40]!r} after the last page "
-            f"at decompressed byte {base}; the file is damaged, re-download it"
+            f"at decompressed byte {base}; the file is damaged, re-download it",
+            page_at=base,
         )
 
 
@@ -247,6 +296,59 @@ def streams_start_at(dump: Path, offsets: list[int]) -> bool:
             if head[:3] != b"BZh" or not head[3:4].isdigit() or head[4:] not in BZ2_BLOCK_MAGIC:
                 return False
     return True
+
+
+def index_mismatch(dump: Path, index: Path, offset: int, what: str) -> IndexMismatch:
+    """The error for a multistream dump and an index that disagree at byte `offset`."""
+    return IndexMismatch(
+        f"{dump} and its index {index} disagree at byte {offset}: {what}. Neither file is known "
+        "to be damaged: most likely they are of different dumps (another dump date, or another "
+        "part), or one of them is truncated. Check both against the sha1 and size that the "
+        "dump's dumpstatus.json (or sha1sums.txt) lists for them, and replace the one that differs"
+    )
+
+
+def indexed_range_error(
+    dump: Path, index: Path, start: int, end: int, error: ExtractError
+) -> ExtractError:
+    """What to report for `error`, raised reading the bytes `start`..`end` of `dump` that its
+    `index` says are whole bz2 streams of whole pages (`start` 0: the header before them).
+
+    Only where a stream starts at both ends, as the index says, and the pages are not cut there,
+    is the damage the dump's own; otherwise the index and the dump disagree at that offset.
+    """
+    size = dump.stat().st_size
+    for offset in (start, end):
+        if offset < size and not streams_start_at(dump, [offset]):
+            what = "the index says a bz2 stream starts there, but none does in the dump"
+            if isinstance(error, CutStream) and offset == end:
+                what += f" (the stream that starts at byte {error.stream_start} runs on past it)"
+            return index_mismatch(dump, index, offset, what)
+    if isinstance(error, CutPage) and error.at_start:
+        return index_mismatch(
+            dump, index, start,
+            "the index says a stream of whole pages starts there, but the dump's bz2 stream "
+            "there begins inside a page (text before its first <page>): a page split across two "
+            "streams, where a multistream dump's streams hold whole pages (a dump recompressed "
+            "by another tool has such streams)",
+        )
+    if isinstance(error, CutPage) and end < size:
+        return index_mismatch(
+            dump, index, end,
+            f"the index says the stream at byte {start} ends there, but its page at decompressed "
+            f"byte {error.page_at} runs on past that point: a page split across two streams, "
+            "where a multistream dump's streams hold whole pages (a dump recompressed by another "
+            "tool has such streams)",
+        )
+    if isinstance(error, CutStream) and end < size:
+        # The stream is cut where the next one starts: a splice of two copies, say.
+        return CutStream(
+            f"{dump}: the bz2 stream that starts at byte {error.stream_start} is cut short at "
+            f"byte {end}, where the next one starts (as its index says); the file is damaged, "
+            "re-download it",
+            error.stream_start,
+        )
+    return error
 
 
 def plan_tasks(streams: list[Stream], processes: int, dump_size: int) -> list[list[Stream]]:

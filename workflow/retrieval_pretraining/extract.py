@@ -11,6 +11,9 @@ Pages are cut at their <page> ... </page> tags (raw "<" cannot occur inside XML 
 is parsed on its own, so one bad page is named by its id and byte offset. Decisions on bad input:
 - truncated or corrupt bz2, malformed XML, a page without </page>, a missing </mediawiki>, an index
   that does not match the dump, a zero-byte file: error naming the file and byte offset (no output).
+  An index and a dump that disagree (an offset where no bz2 stream starts, a page split across two
+  of its streams, other page counts) are named both, with the offset, as of different dumps
+  rather than damaged: re-downloading would fetch the same two files (dump_reader.py).
 - a page that is not valid UTF-8: skipped, counted, its id listed in the manifest (one damaged page
   should not void a 20 GB part; the count makes it visible).
 - a page without text (no <text> or deleted text), a redirect, a disambiguation page, another
@@ -47,11 +50,16 @@ from . import artifacts, parallel, wikitext
 from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.articles import SCHEMA
 from .dump_reader import (
+    CorruptStream,
+    CutPage,
+    CutStream,
     ExtractError,
     Stream,
     batched,
     decompress_bz2,
     detect_format,
+    index_mismatch,
+    indexed_range_error,
     plan_tasks,
     read_blocks,
     read_index,
@@ -205,8 +213,12 @@ def parse_batch(
     return [parse_page(offset, raw, name, options) for offset, raw in pages]
 
 
+# Errors reading an indexed stream's bytes that may be the index's, not the dump's.
+_STREAM_ERRORS = (CorruptStream, CutStream, CutPage)
+
+
 def parse_streams(
-    path: Path, streams: list[Stream], last: bool, options: Options
+    path: Path, streams: list[Stream], last: bool, options: Options, index: Path
 ) -> tuple[list[tuple[str, Any]], int]:
     """Worker: decompress and parse a run of streams; check each against the index."""
     results: list[tuple[str, Any]] = []
@@ -222,16 +234,21 @@ def parse_streams(
         )
         is_last = last and i == len(streams) - 1  # the final stream is followed by </mediawiki>
         pages = ids = 0
-        for offset, raw in split_pages(blocks, name, header=False, footer=is_last):
-            pages += 1
-            found = _PAGE_ID.search(raw)
-            ids += int(found.group(1)) if found else 0
-            results.append(parse_page(offset, raw, name, options))
+        try:
+            for offset, raw in split_pages(blocks, name, header=False, footer=is_last):
+                pages += 1
+                found = _PAGE_ID.search(raw)
+                ids += int(found.group(1)) if found else 0
+                results.append(parse_page(offset, raw, name, options))
+        except _STREAM_ERRORS as error:
+            end = stream.offset + stream.length
+            raise indexed_range_error(path, index, stream.offset, end, error) from None
         decompressed += sum(sizes)
         if pages != stream.pages or ids != stream.id_sum:
-            raise ExtractError(
-                f"{name}: holds {pages} pages (id sum {ids}) but the index lists {stream.pages} "
-                f"(id sum {stream.id_sum}); the index does not belong to this dump"
+            raise index_mismatch(
+                path, index, stream.offset,
+                f"the dump's stream there holds {pages} pages (id sum {ids}) but the index "
+                f"lists {stream.pages} (id sum {stream.id_sum})",
             )
     return results, decompressed
 
@@ -278,17 +295,21 @@ def _indexed_results(path: Path, index: Path, options: Options, processes: int, 
     size = path.stat().st_size
     streams = read_index(index, size, path)
     stats["streams"] = len(streams)
-    header_chunks = list(decompress_bz2(read_blocks(path, 0, streams[0].offset), str(path)))
+    try:
+        header_chunks = list(decompress_bz2(read_blocks(path, 0, streams[0].offset), str(path)))
+    except _STREAM_ERRORS as error:
+        raise indexed_range_error(path, index, 0, streams[0].offset, error) from None
     header = b"".join(header_chunks)
     stats["decompressed_bytes"] += len(header)
     if b"<page>" in header:
-        raise ExtractError(
-            f"{index}: the dump has pages before the first indexed stream "
-            f"(byte {streams[0].offset}); the index belongs to another file"
+        raise index_mismatch(
+            path, index, streams[0].offset,
+            "the index says the first stream of pages starts there, but the dump has pages "
+            "before it",
         )
     options = site_options(header, str(path), options)
     tasks = plan_tasks(streams, processes, size)
-    calls = ((path, task, i == len(tasks) - 1, options) for i, task in enumerate(tasks))
+    calls = ((path, task, i == len(tasks) - 1, options, index) for i, task in enumerate(tasks))
     for results, decompressed in bounded_map(parse_streams, calls, processes):
         stats["decompressed_bytes"] += decompressed
         yield from results
