@@ -303,6 +303,7 @@ def test_acc_at_k_matches_pyserinis_dpr_evaluation_and_a_naive_loop(nq, tmp_path
 def test_acc_cli_writes_per_question_hits_and_misses_count_zero(nq, tmp_path, capsys):
     run = overlap_run(nq, tmp_path / "full.trec", depth=20)
     kept = [line for line in run.read_text().splitlines(True) if not line.startswith("3 ")]
+    kept.append("not-a-question Q0 x 1 1.0 t\n")  # not scored, but counted
     (tmp_path / "cut.trec").write_text("".join(kept))
     out = tmp_path / "metrics.json"
     evaluate.main(["--config", json.dumps({"measures": ["Acc@20", "Acc@5"]}), "--run",
@@ -311,6 +312,9 @@ def test_acc_cli_writes_per_question_hits_and_misses_count_zero(nq, tmp_path, ca
     metrics = json.loads(out.read_text())
     per = metrics["per_query"]["Acc@20"]
     assert len(per) == 12 and per["3"] == 0.0 and metrics["questions_missing_from_run"] == 1
+    assert metrics["questions_missing_from_run_examples"] == ["3"]
+    assert metrics["run_queries_without_answers"] == 1
+    assert metrics["run_queries_without_answers_examples"] == ["not-a-question"]
     assert metrics["aggregate"]["Acc@20"] == pytest.approx(np.mean(list(per.values())))
     assert all(per[q] >= metrics["per_query"]["Acc@5"][q] for q in per)
     with pytest.raises(SystemExit) as exit_:

@@ -94,6 +94,42 @@ def test_cli_writes_the_scores_contract(files, tmp_path):
     assert scores["run"] == str(run)
 
 
+def test_the_metrics_record_the_queries_the_run_and_qrels_do_not_share(files, tmp_path, capsys):
+    """q3 is judged but not in the run (scores 0), q0 and q9 are in the run but not judged (not
+    scored): a warning alone was lost once the log was; the metrics file counts both sides with
+    example ids, and its audit shows them."""
+    from retrieval_pretraining import audit
+
+    run, qrels = files
+    extra = tmp_path / "extra.trec"
+    extra.write_text(run.read_text() + "q9 Q0 d1 1 2.0 t\nq0 Q0 d3 1 1.0 t\n")
+    out = tmp_path / "metrics" / "test.json"
+    evaluate.main(["--run", str(extra), "--qrels", str(qrels), "--out", str(out),
+                   "--config", json.dumps({"measures": ["nDCG@10"]})])
+    scores = json.loads(out.read_text())
+    assert scores["queries_missing_from_run"] == 1
+    assert scores["queries_missing_from_run_examples"] == ["q3"]
+    assert scores["run_queries_without_qrels"] == 2
+    assert scores["run_queries_without_qrels_examples"] == ["q0", "q9"]  # sorted, not file order
+    assert set(scores["per_query"]["nDCG@10"]) == {"q1", "q2", "q3", "q4"}
+    capsys.readouterr()
+    assert audit.main([str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "qrels queries the run does not answer (each scores 0): 1, e.g. ['q3']" in shown
+    assert "run queries without qrels (not scored, as trec_eval): 2, e.g. ['q0', 'q9']" in shown
+
+
+def test_the_example_ids_are_capped(tmp_path):
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("".join(f"j{i:02d} 0 d1 1\n" for i in range(20)))
+    run = tmp_path / "run.trec"
+    run.write_text("j00 Q0 d1 1 1.0 t\n" + "".join(f"u{i:02d} Q0 d1 1 1.0 t\n" for i in range(30)))
+    scores = evaluate.evaluate(run, qrels, None, {"measures": ["R@1"]})
+    assert scores["queries_missing_from_run"] == 19 and scores["run_queries_without_qrels"] == 30
+    assert scores["queries_missing_from_run_examples"] == [f"j{i:02d}" for i in range(1, 6)]
+    assert scores["run_queries_without_qrels_examples"] == [f"u{i:02d}" for i in range(5)]
+
+
 @pytest.mark.parametrize(
     "line, message",
     [

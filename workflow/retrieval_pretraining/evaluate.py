@@ -5,12 +5,15 @@
 
 Output (the scores contract): {"aggregate": {measure: value}, "per_query": {measure: {qid: value}},
 "run": path, "qrels": path, "measures": [...], "queries": n, "queries_missing_from_run": n,
-"run_depth": the most hits any query of the run has, "run_sha256": the run file's digest,
-"code_version": {"git", "package_sha256"} of the code that scored it}.
+"run_queries_without_qrels": n, each with its "..._examples" (the first ids in sorted order, at
+most EXAMPLE_IDS), "run_depth": the most hits any query of the run has, "run_sha256": the run
+file's digest, "code_version": {"git", "package_sha256"} of the code that scored it}.
 
 Semantics, chosen to match the official evaluations:
 - Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c). The mean
-  is over all qrels queries, and per-query scores are kept for significance tests.
+  is over all qrels queries, and per-query scores are kept for significance tests. A run query
+  without qrels is not scored (trec_eval). Both are counted in the metrics, with example ids, so
+  that an audit of the file shows them (a split's queries file may hold unjudged queries: TREC DL).
 - `relevance_level` is the minimum grade counted relevant by binary measures, those ir_measures
   gives a `rel` parameter (R, RR, AP, P, Success, Rprec, Bpref, infAP, SetP/R/F/AP, IPrec, ...):
   TREC DL counts grade >= 2 for recall/MRR/MAP, while nDCG (and ERR) always use the graded gains.
@@ -23,7 +26,9 @@ Semantics, chosen to match the official evaluations:
 - `Acc@k` (open-domain QA answer recall, answers.py: DPR's has_answer on the top k passages' text,
   in run order = score descending, ties in file order) is scored against answers-{split}.parquet and
   the corpus (`--answers`, `--corpus`); every question of the answers file counts (0 when the run
-  misses it). A split may mix it with qrels measures; `answer_match: regex` is CuratedTREC's mode.
+  misses it: "questions_missing_from_run"; a run query that is no question is not scored:
+  "run_queries_without_answers", both with examples). A split may mix it with qrels measures;
+  `answer_match: regex` is CuratedTREC's mode.
 - A run shallower than a measure's cutoff (R@1000 on a run of depth 100 is R@100) and queries the
   run does not answer are logged as warnings: the scores are still trec_eval's, but a table would
   otherwise show them as what they name. The workflow refuses such a depth at parse time
@@ -66,6 +71,11 @@ class EvaluationError(BadInput, ValueError):
 # per-call set-up is noise, few enough that scoring holds ~100 MB whatever the run's length (a run
 # of 30M lines read whole held 11.7 GB as ScoredDoc objects; issue 17).
 BATCH_LINES = 262_144
+
+# Ids a metrics file names for each of its coverage counts (queries the run misses, run queries
+# not judged): enough to recognise another split or id format when auditing, few enough that a
+# run of another dataset does not fill the file with them.
+EXAMPLE_IDS = 5
 
 Block = tuple[str, list[ScoredDoc]]  # one query's hits, in file order
 
@@ -224,6 +234,11 @@ def measure_cutoff(name: str) -> int | None:
     return parse_measures([name])[0].params.get("cutoff")
 
 
+def coverage(key: str, ids: set[str]) -> dict[str, Any]:
+    """`{key: how many ids, key_examples: the first EXAMPLE_IDS, sorted}` for the metrics."""
+    return {key: len(ids), f"{key}_examples": sorted(ids)[:EXAMPLE_IDS]}
+
+
 def _warn_if_shallow(result: dict[str, Any], names: list[str], run_name: str) -> None:
     """Warn when a score is not what its name says: a cutoff below which the run has no hits, or
     queries (questions) the run does not answer, which score 0."""
@@ -234,7 +249,8 @@ def _warn_if_shallow(result: dict[str, Any], names: list[str], run_name: str) ->
                     "run to depth %d", run_name, depth, ", ".join(deeper), depth)
     for key in ("queries_missing_from_run", "questions_missing_from_run"):
         if result.get(key):
-            log.warning("%s: %s = %d (each scores 0)", run_name, key, result[key])
+            log.warning("%s: %s = %d (each scores 0), e.g. %s", run_name, key, result[key],
+                        result[f"{key}_examples"])
 
 
 def _batches(blocks: Iterable[Block], lines: int) -> Iterator[list[Block]]:
@@ -284,14 +300,16 @@ def score(
         for qid in [q for q in values if q not in judged]:
             del values[qid]  # queries without judgements are not scored (trec_eval)
     aggregate = {m: sum(v.values()) / len(qrels_queries) for m, v in per_query.items()}
-    return {
-        "aggregate": aggregate,
-        "per_query": {m: dict(sorted(v.items())) for m, v in per_query.items()},
-        "measures": [str(m) for m in measures],
-        "queries": len(qrels_queries),
-        "queries_missing_from_run": len(judged - run_queries),
-        "run_queries_without_qrels": len(run_queries - judged),
-    }
+    return (
+        {
+            "aggregate": aggregate,
+            "per_query": {m: dict(sorted(v.items())) for m, v in per_query.items()},
+            "measures": [str(m) for m in measures],
+            "queries": len(qrels_queries),
+        }
+        | coverage("queries_missing_from_run", judged - run_queries)
+        | coverage("run_queries_without_qrels", run_queries - judged)
+    )
 
 
 def query_blocks(run: Iterable[ScoredDoc]) -> list[Block]:
@@ -307,34 +325,36 @@ def ranked(hits: list[ScoredDoc], depth: int) -> list[str]:
     return [d.doc_id for d in sorted(hits, key=lambda d: -d.score)[:depth]]
 
 
-def score_answers(top: dict[str, list[str]], run_queries: int, answers: dict[str, list[str]],
-                  answers_path: Path, corpus: Path, cutoffs: dict[str, int], mode: str,
-                  run_name: str) -> dict[str, Any]:
+def score_answers(top: dict[str, list[str]], run_queries: set[str],
+                  answers: dict[str, list[str]], answers_path: Path, corpus: Path,
+                  cutoffs: dict[str, int], mode: str, run_name: str) -> dict[str, Any]:
     """Acc@k (answers.py) per question and aggregated, in the scores contract's shape; `top` holds
-    the ranked doc ids of every question the run answers."""
+    the ranked doc ids of every question the run answers, `run_queries` every query it has."""
     if not top:
-        raise EvaluationError(f"{run_name}: none of its {run_queries} queries are questions of "
-                              f"{answers_path}; wrong split or id format?")
+        raise EvaluationError(f"{run_name}: none of its {len(run_queries)} queries are questions "
+                              f"of {answers_path}; wrong split or id format?")
     per_query = answer_recall.top_k_accuracy(top, answers, corpus, cutoffs, mode)
-    return {"aggregate": {m: sum(v.values()) / len(answers) for m, v in per_query.items()},
-            "per_query": per_query, "questions": len(answers),
-            "questions_missing_from_run": len(set(answers) - set(top))}
+    return ({"aggregate": {m: sum(v.values()) / len(answers) for m, v in per_query.items()},
+             "per_query": per_query, "questions": len(answers)}
+            | coverage("questions_missing_from_run", set(answers) - set(top))
+            | coverage("run_queries_without_answers", run_queries - set(answers)))
 
 
 def _score_run(blocks: Iterable[Block], qrels: Callable[[], list[Qrel]], measures: list,
                answers: dict[str, list[str]], depth: int, run_name: str,
-               batch_lines: int | None) -> tuple[dict[str, Any], dict[str, list[str]], int]:
+               batch_lines: int | None) -> tuple[dict[str, Any], dict[str, list[str]], set[str]]:
     """One pass over the run's queries: the qrels measures, each question's top `depth` doc ids
-    (Acc@k) and how many queries the run answers (the result's `run_depth`: the most hits of
+    (Acc@k) and the queries the run answers (the result's `run_depth`: the most hits of
     any query). The run's first batch is parsed before the
     qrels are read, so that a bad run line there is the error reported when both are wrong."""
     top: dict[str, list[str]] = {}
-    queries = run_depth = 0
+    queries: set[str] = set()
+    run_depth = 0
 
     def noting_questions(blocks: Iterable[Block]) -> Iterator[Block]:
-        nonlocal queries, run_depth
+        nonlocal run_depth
         for qid, hits in blocks:
-            queries += 1
+            queries.add(qid)
             run_depth = max(run_depth, len(hits))
             if qid in answers:
                 top[qid] = ranked(hits, depth)

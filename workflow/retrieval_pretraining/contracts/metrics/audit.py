@@ -1,7 +1,8 @@
 """How `audit` shows and checks a metrics file (each aggregate the mean of its per-query scores,
 one per-query score per query counted, each score in [0, 1] unless the measure is a count, the
-run scored still the one whose sha256 it records), and how the stage statistics page reads one
-(`metrics_as_manifest`: it has no manifest)."""
+run scored still the one whose sha256 it records; shown: the queries the run and the qrels do not
+share, with example ids), and how the stage statistics page reads one (`metrics_as_manifest`: it
+has no manifest)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def audit_metrics(a: Audit, n: int) -> None:
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
     a.say(f"-- run {data.get('run')}  qrels {data.get('qrels')}")
+    show_coverage(a, data)
     for measure, value in data["aggregate"].items():
         scores = list((data["per_query"].get(measure) or {}).values())
         a.say(f"  {measure:12s} {value:.4f}  over {len(scores)} queries")
@@ -45,6 +47,26 @@ def audit_metrics(a: Audit, n: int) -> None:
         a.check(f"measure {measure} present", measure in data["aggregate"])
     check_per_query(a, data)
     check_run_checksum(a, data)
+
+
+# The coverage counts evaluate.py records, and what each means for the scores.
+COVERAGE = (
+    ("queries_missing_from_run", "qrels queries the run does not answer (each scores 0)"),
+    ("run_queries_without_qrels", "run queries without qrels (not scored, as trec_eval)"),
+    ("questions_missing_from_run", "questions the run does not answer (each scores 0)"),
+    ("run_queries_without_answers", "run queries that are no question (not scored)"),
+)
+
+
+def show_coverage(a: Audit, data: dict) -> None:
+    """The queries the run and the judgements do not share, as the file counts them with a few of
+    their ids: a score lowered by unanswered queries, or a run of another split, shows here."""
+    for key, what in COVERAGE:
+        if key not in data:
+            continue  # Acc@k only, qrels only, or a file scored before the count was kept
+        examples = data.get(f"{key}_examples")
+        named = f", e.g. {examples}" if data[key] and examples else ""
+        a.say(f"  {what}: {data[key]}{named}")
 
 
 def bounded(measure: str) -> bool:
@@ -99,7 +121,8 @@ def metrics_as_manifest(path: Path) -> dict[str, Any] | None:
         "stage": "score_run",
         "created": created.isoformat(timespec="seconds"),
         "stats": data["aggregate"]
-        | {k: data[k] for k in ("queries", "queries_missing_from_run", "run_depth") if k in data},
+        | {k: data[k] for k in ("queries", "queries_missing_from_run", "run_queries_without_qrels",
+                                "run_depth") if k in data},
     }
 
 
