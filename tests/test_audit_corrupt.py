@@ -258,6 +258,20 @@ def test_a_run_naming_an_id_the_dataset_lacks_fails(results, lines, check, capsy
     passes(intact, check, capsys)
 
 
+def test_a_run_with_several_unknown_ids_names_the_first_queries_in_file_order(results, capsys):
+    """The message of the id checks, pinned: the count, the first three unknown queries as the run
+    lists them and the first three unknown documents in sorted order (as when every document id
+    was sorted for the check; now only the unknown ones are)."""
+    bad = results / "runs/toy/unknown-several/train.trec"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("q9 Q0 d9 1 1.0 x\nq1 Q0 d1 1 1.0 x\nq1 Q0 d10 2 0.5 x\nq7 Q0 d2 1 1.0 x\n"
+                   "q8 Q0 d8 1 1.0 x\nq5 Q0 d11 1 1.0 x\nq5 Q0 d3 2 0.5 x\n")
+    out = fails(bad, "every query_id is in queries-train.parquet", capsys)
+    assert "every query_id is in queries-train.parquet: 4 unknown, e.g. ['q9', 'q7', 'q8']" in out
+    assert "every doc_id is in corpus.parquet: 4 unknown, e.g. ['d10', 'd11', 'd8']" in out
+    assert "PASS  ranks 1..k in order per query" in out
+
+
 def test_qrels_with_a_pair_judged_twice_fail(results, capsys):
     rows = {"query_id": ["q1", "q1", "q1"], "doc_id": ["d1", "d2", "d1"], "relevance": [1, 1, 2]}
     path = results / "datasets/twice/qrels-train.parquet"
