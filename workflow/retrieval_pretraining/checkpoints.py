@@ -73,7 +73,8 @@ def source_folder(
 
     Hub files go to the Hugging Face cache (HF_HOME / HF_HUB_CACHE), not a folder of this run: a
     restage of the same revision (any edit of the code the rule depends on reruns it) then works
-    offline, with HF_HUB_OFFLINE=1 as the README exports it.
+    offline, with HF_HUB_OFFLINE=1 as the README exports it. Offline, a cached snapshot without the
+    weights asked for (stage_tokenizer's) is refused saying so, with the command that fetches them.
     """
     source, location = entry["source"], entry["location"]
     if source == "package":
@@ -85,21 +86,58 @@ def source_folder(
             raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
         return folder
     # Lazy import: only the download path needs huggingface_hub's network client.
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(
-            snapshot_download(location, revision=entry.get("revision"),
-                              allow_patterns=list(patterns))
-        )
+        folder = Path(snapshot_download(location, revision=entry.get("revision"),
+                                        allow_patterns=list(patterns)))
     except LocalEntryNotFoundError as error:  # offline, and the cache lacks this revision
+        # An IncompleteSnapshotError names the snapshot it found (its cached file listing says
+        # files are missing): stage_tokenizer's, without the weights, is the usual one.
+        snapshot = getattr(error, "snapshot_path", None)
+        if snapshot is not None and _weights_missing(Path(snapshot), patterns):
+            raise _weights_not_cached(entry, Path(snapshot), patterns) from error
         raise FileNotFoundError(
             f"Hub checkpoint {location} (revision {entry.get('revision') or 'main'}) is not in "
             f"the Hugging Face cache ({_hub_cache()}) and HF_HUB_OFFLINE forbids downloading it: "
             "run stage_checkpoint / stage_tokenizer once online (README, Slurm step 2), or point "
             "HF_HOME at the cache that holds it"
         ) from error
+    # Offline, a snapshot is returned as cached whatever it lacks (when no file listing of it was
+    # cached): without this, the tokenizer's snapshot was refused as a model folder with "no
+    # *.safetensors weights", which reads as if the Hub revision had none.
+    if constants.is_offline_mode() and _weights_missing(folder, patterns):
+        raise _weights_not_cached(entry, folder, patterns)
+    return folder
+
+
+def _weights_missing(snapshot: Path, patterns: tuple[str, ...]) -> bool:
+    """The weights were asked for and the cached snapshot has none."""
+    return "*.safetensors" in patterns and not any(snapshot.glob("*.safetensors"))
+
+
+def _weights_not_cached(
+    entry: dict[str, Any], snapshot: Path, patterns: tuple[str, ...]
+) -> FileNotFoundError:
+    """Offline, the cache holds the repository's tokenizer (stage_tokenizer fetches only that)
+    but not its weights: say so, and how to fetch them at the snapshot's commit, so that the
+    weights match the tokenizer the corpus was chunked with."""
+    location = entry["location"]
+    held = sorted(p.name for p in snapshot.iterdir()) if snapshot.is_dir() else []
+    what = "tokenizer" if set(held) & set(_TOKENIZER_FILES) else "files"
+    commit = snapshot.name if _COMMIT.fullmatch(snapshot.name) else None
+    revision = commit or entry.get("revision") or "main"
+    include = " ".join(f"--include '{pattern}'" for pattern in patterns)
+    return FileNotFoundError(
+        f"Hub checkpoint {location} (revision {entry.get('revision') or 'main'}): the Hugging "
+        f"Face cache ({_hub_cache()}) has its {what} but not its weights (*.safetensors; the "
+        f"snapshot holds {', '.join(held) or 'nothing'}), and HF_HUB_OFFLINE forbids downloading "
+        "them: stage_tokenizer fetches the tokenizer alone. Fetch the weights once online: run "
+        "stage_checkpoint there (README, Slurm step 2), or on a machine with network and this "
+        "cache (HF_HOME / HF_HUB_CACHE pointing at it) "
+        f"`hf download {location} --revision {revision} {include}`"
+    )
 
 
 def _hub_cache() -> str:
