@@ -30,6 +30,19 @@ def test_each_query_loses_its_own_positives_and_only_those():
     assert out["q2"] == ["a", "c", "d", "f"]
 
 
+def test_a_judged_non_relevant_document_is_no_positive_and_stays_a_negative(tmp_path):
+    """Positives are the qrels rows with relevance > 0: a grade-0 row records a document judged
+    NOT relevant, a legitimate (even ideal) hard negative, which mining must not remove."""
+    pq.write_table(pa.table({"query_id": ["q1", "q1", "q2"], "doc_id": ["d1", "d2", "d3"],
+                             "relevance": pa.array([1, 0, 0], pa.int32())}),
+                   qrels := tmp_path / "qrels.parquet")
+    positives = mine.positives_by_query(qrels)
+    assert positives == {"q1": ["d1"]}  # q2 has only a grade-0 row: no positive, not mined
+    negs, _, _ = mine.select_negatives("q1", *ranked(["d2", "d3"]), set(positives["q1"]),
+                                       POLICY, 0)
+    assert negs == ["d2", "d3"]
+
+
 @pytest.mark.parametrize("exclude,expected", [
     (True, (["b", "d"], [2, 4])),        # BEIR: the query's own id is not a negative
     (False, (["b", "c", "d"], [2, 3, 4])),  # MS MARCO: passage "c" is unrelated to query "c"
