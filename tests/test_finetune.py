@@ -343,6 +343,20 @@ def test_a_low_resource_sample_trains_n_queries_when_a_fifth_lack_negatives(tmp_
         assert len(frame) == 500 and set(frame["query_id"]) <= set(covered)
 
 
+def test_a_judged_non_relevant_document_is_no_training_positive(tmp_path):
+    """Positives are the qrels rows with relevance > 0: a grade-0 row records a document judged
+    NOT relevant; training on it as a positive would pull the query towards it."""
+    pl.DataFrame({"query_id": ["q1", "q2"], "text": ["one", "two"]}).write_parquet(
+        queries := tmp_path / "queries.parquet")
+    pl.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["d1", "d2", "d3"],
+                  "relevance": [1, 0, 0]}, schema={"query_id": pl.String, "doc_id": pl.String,
+                                                   "relevance": pl.Int32}
+                 ).write_parquet(qrels := tmp_path / "qrels.parquet")
+    frame, _ = fdata.training_queries(queries, qrels, [], FinetuneSettings.from_config({}), 1)
+    # q2 has only a grade-0 row: no positive, so no training query.
+    assert frame.select("query_id", "positives").rows() == [("q1", ["d1"])]
+
+
 def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(tmp_path):
     """datasets.py keeps qrels naming documents missing from the corpus; training drops them (and a
     query left without a positive), and drops or pads queries without negatives, counting each."""
