@@ -55,6 +55,32 @@ def test_loss_matches_naive_loop(group_size, temperature, offset):
     assert got == pytest.approx(naive_loss(q, p, group_size, temperature, offset), rel=1e-6)
 
 
+class _FixedVectors(torch.nn.Module):
+    """Stands for the bi-encoder: returns the given query and passage vectors, whatever the input."""
+
+    def __init__(self, q: torch.Tensor, p: torch.Tensor):
+        super().__init__()
+        self.q, self.p = q, p
+
+    def forward(self, queries, passages):
+        return self.q, self.p
+
+
+def test_the_training_loss_divides_by_the_configured_temperature():
+    """finetune.temperature reaches the loss the training loop computes (micro_batch_loss), not
+    only contrastive_loss called directly: at 0.05 the loss is the naive loop's at 0.05."""
+    from retrieval_pretraining.finetune.model import micro_batch_loss
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, generator=gen, dtype=torch.float64)
+    p = torch.randn(4, 4, generator=gen, dtype=torch.float64)
+    settings = FinetuneSettings.from_config({"temperature": 0.05, "group_size": 2,
+                                             "precision": "fp32"})
+    got = micro_batch_loss(_FixedVectors(q, p), {}, {}, settings, torch.device("cpu")).item()
+    assert got == pytest.approx(naive_loss(q, p, 2, 0.05, 0), rel=1e-6)
+    assert got != pytest.approx(naive_loss(q, p, 2, 1.0, 0), rel=1e-2)  # the case tells them apart
+
+
 def test_the_loss_scores_in_fp32_under_bf16_autocast():
     """On a GPU the loss runs under bf16 autocast, and [CLS] dot products reach the hundreds, where
     bf16 resolves only steps of 1-2: a positive 1.5 above its negatives would tie with them. The
