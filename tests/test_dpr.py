@@ -324,6 +324,23 @@ def test_acc_cli_writes_per_question_hits_and_misses_count_zero(nq, tmp_path, ca
     assert not (tmp_path / "x.json").exists()
 
 
+def test_acc_at_k_ranks_a_run_out_of_score_order_by_score(tmp_path):
+    """A run whose lines are not in score order: Acc@1 reads the best-scored passage, not the
+    first line. q1's answer is in its second line, the higher score (Acc@1 = 1); q2's is in its
+    first line, the lower score (Acc@1 = 0); both are within the top 2."""
+    write_corpus(tmp_path / "corpus.parquet", {"d1": "Birmingham", "d2": "Montgomery is capital",
+                                               "d3": "Huntsville", "d4": "Mobile"})
+    write_answers(tmp_path / "answers.parquet", {"q1": ["Montgomery"], "q2": ["Huntsville"]})
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 1.0 t\nq1 Q0 d2 2 5.0 t\n"
+                                       "q2 Q0 d3 1 1.0 t\nq2 Q0 d4 2 2.0 t\n")
+    result = evaluate.evaluate(tmp_path / "run.trec", None, None,
+                               {"measures": ["Acc@1", "Acc@2"]}, tmp_path / "answers.parquet",
+                               tmp_path / "corpus.parquet")
+    assert result["per_query"]["Acc@1"] == {"q1": 1.0, "q2": 0.0}
+    assert result["per_query"]["Acc@2"] == {"q1": 1.0, "q2": 1.0}
+    assert result["aggregate"] == {"Acc@1": 0.5, "Acc@2": 1.0}
+
+
 # --- negatives filtered by answers ---------------------------------------------------------------
 
 

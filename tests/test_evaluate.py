@@ -343,6 +343,15 @@ def test_a_run_shallower_than_a_cutoff_or_missing_queries_is_scored_with_warning
     assert any("queries_missing_from_run = 2" in w for w in warnings), warnings
 
 
+def test_a_querys_top_docs_are_ranked_by_score_not_by_file_order():
+    """Acc@k reads each question's top k by score, descending (as ir_measures ranks for the qrels
+    measures), whatever order the run file lists them in; ties keep the file's order."""
+    hits = [evaluate.ScoredDoc("q", "a", 1.0), evaluate.ScoredDoc("q", "b", 5.0),
+            evaluate.ScoredDoc("q", "d", 3.0), evaluate.ScoredDoc("q", "c", 3.0)]
+    assert evaluate.ranked(hits, 1) == ["b"]
+    assert evaluate.ranked(hits, 10) == ["b", "d", "c", "a"]  # the tie in file order, not by id
+
+
 @pytest.mark.parametrize(
     "name, cutoff",
     [("R@1000", 1000), ("R(rel=2)@1000", 1000), ("nDCG@10", 10), ("Acc@20", 20), ("AP", None),
