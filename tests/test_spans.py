@@ -137,6 +137,25 @@ def test_starts_are_uniform_over_valid_starts(tokenizer, words):
     assert st.chisquare(counts[1:]).pvalue > 0.001
 
 
+def test_each_eligible_word_is_drawn_equally_often(tokenizer, words):
+    """A word span is a uniform draw among the chunk's eligible words, the last one included:
+    chunks "the cell the cell the cell" hold 3 eligible words (tokens 2, 4, 6; "the" is a stop
+    word), each drawn with probability 1/3."""
+    cls, sep, the, cell = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "the", "cell"))
+    n_chunks = 2000
+    batch = pa.RecordBatch.from_pydict({
+        "chunk_id": pa.array(np.arange(1000, 1000 + n_chunks), pa.int64()),
+        "input_ids": pa.array([[cls] + [the, cell] * 3 + [sep]] * n_chunks, pa.list_(pa.int32())),
+        "word_starts": pa.array([list(range(1, 7))] * n_chunks, pa.list_(pa.int32())),
+    })
+    out = spans.sample_batch(batch, span_config(only("word")), words, {})
+    got = spans_of(out, 0)
+    assert len(got) == 5 * n_chunks and all(e == s + 1 for _, s, e in got)
+    counts = np.bincount([s for _, s, _ in got], minlength=8)
+    assert counts[[0, 1, 3, 5, 7]].sum() == 0  # never [CLS], a stop word or [SEP]
+    assert st.chisquare(counts[[2, 4, 6]]).pvalue > 0.001, counts
+
+
 @pytest.fixture(scope="module")
 def scifact_chunks(checkpoint, tmp_path_factory):
     docs = [json.loads(line) for line in SCIFACT.open()][:300]
