@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -267,6 +268,24 @@ def test_cuts_prefer_paragraph_then_sentence_starts(checkpoint, tmp_path):
         boundary_slack=0.5,
     )
     assert text_lengths(outs)[0] == 11
+
+
+@pytest.mark.parametrize(("start", "first_cut", "kind"), [
+    (14, 14, "paragraph"), (13, 13, "paragraph"), (12, 12, "paragraph"),  # inside the slack
+    (11, 14, "word"), (10, 14, "word"), (9, 14, "word"),  # before it: the window's last word
+])
+def test_the_slack_window_is_the_windows_final_tokens(start, first_cut, kind):
+    """max_len 16: a window of 14 text tokens [0, 14); boundary_slack 0.2: int(0.2 * 14) = 2, its
+    final tokens 12 and 13. A paragraph (and sentence) start there, or at 14 (the window's end),
+    is the cut; one at 11 or before is not, and the cut falls at the last word start, 14.
+    Every token starts a word; 20 tokens: the rest after the cut fits one chunk."""
+    cfg = chunker.ChunkConfig(checkpoint="unused", max_len=16, min_tail_len=0,
+                              boundary_slack=0.2)
+    stats = Counter()
+    plan = chunker.plan_chunks(0, 20, np.arange(20), np.array([start]), np.array([start]), cfg,
+                               stats)
+    assert plan == [(0, first_cut), (first_cut, 20)]
+    assert stats == {f"cuts_at_{kind}": 1}
 
 
 @pytest.mark.parametrize("headings", [["Snow albedo"], ["Climate", "Snow albedo"]])
