@@ -591,6 +591,19 @@ def test_whole_word_masking_selects_the_budget_never_specials_and_80_10_10():
     _assert_80_10_10(counts)
 
 
+@pytest.mark.parametrize("whole_word", [False, True])
+@pytest.mark.parametrize(("n_inner", "rate", "budget"), [(10, 0.15, 2), (20, 0.13, 3)])
+def test_the_masking_budget_rounds_to_nearest_not_down(whole_word, n_inner, rate, budget):
+    """round(rate * inner tokens), as the docstring says: 0.15 * 10 = 1.5 -> 2 and 0.13 * 20 = 2.6
+    -> 3 (truncating would give 1 and 2). Every word one token: whole words fill it exactly."""
+    ids = np.arange(200, 202 + n_inner)
+    ids[0], ids[-1] = 101, 102
+    for seed in range(20):
+        _, labels = pdata.mask_tokens(ids, np.arange(1, n_inner + 1),
+                                      np.random.default_rng(seed), VOCAB, rate, whole_word)
+        assert (labels != -100).sum() == budget, seed
+
+
 def test_an_inner_unk_can_be_masked_but_is_never_a_bag_target_or_replacement():
     """As Google's BERT: [UNK] inside a text is a token like any other to mask and predict; it is
     excluded (with the other special ids) from the bag and from random replacements."""
