@@ -62,6 +62,21 @@ def test_permutation_test_approaches_the_exact_randomisation_p_value():
     assert math.isnan(permutation_test(a, a)[1])
 
 
+def test_the_observed_assignment_counts_once_so_p_is_never_below_one_over_n_plus_one():
+    """20 positive differences of distinct sizes: only the all-plus and all-minus sign patterns
+    (2 of 2^20) reach |mean d|, so 99 random ones find none: p = (0 + 1) / (99 + 1), exactly."""
+    a, b = np.arange(1.0, 21.0), np.zeros(20)
+    assert permutation_test(a, b, 99) == (10.5, 0.01)
+
+
+def test_sign_patterns_that_tie_with_the_observed_mean_count_as_extreme():
+    """Two queries, both differences 0.25: the patterns ++ and -- reach |mean d| = 0.25 (ties),
+    +- and -+ reach 0: the exact p is 2/4 = 0.5. Not counting ties would give ~1/20001."""
+    mean, p = permutation_test(np.array([0.5, 0.5]), np.array([0.25, 0.25]), 20000)
+    assert mean == 0.25
+    assert p == pytest.approx(0.5, abs=0.02)  # 0.5 +- 5.7 standard errors of 20,000 draws
+
+
 def test_permutation_and_t_test_agree_on_a_large_sample():
     rng = np.random.default_rng(2)
     a = rng.uniform(0, 1, 300)
