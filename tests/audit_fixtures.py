@@ -71,8 +71,8 @@ def build_results(res: Path) -> Path:
     artifacts.write_manifest(
         artifacts.manifest_path(chunk_path),
         stage="chunk_articles",
-        params={"checkpoint": "minilm", "max_len": 128},
-        stats={"rows": 2},
+        params={"checkpoint": "minilm", "max_len": 128, "shards": 1},
+        stats=shard_stats(0, chunk_rows, shards=1),
     )
     span_rows = pa.table(
         {
@@ -89,6 +89,7 @@ def build_results(res: Path) -> Path:
         stage="sample_spans",
         params={},
         inputs={"chunks": chunk_path},
+        stats={"chunks": len(span_rows)},
     )
 
     ds = res / "datasets/toy"
@@ -194,6 +195,16 @@ def build_results(res: Path) -> Path:
     )
     write_figures_pages_and_heads(res, ckpt, save_file)
     return res
+
+
+def shard_stats(shard: int, rows: pa.Table, shards: int) -> dict:
+    """What chunk.py records of a chunks shard (stats.shard, stats.sharding)."""
+    pages = len(set(rows["page_id"].to_pylist()))
+    tokens = sum(len(ids) for ids in rows["input_ids"].to_pylist())
+    return {
+        "shard": {"shard": shard, "chunks": len(rows), "pages": pages, "tokens": tokens},
+        "sharding": f"page_id % {shards}",
+    }
 
 
 def write_tokenizer_folder(folder: Path, tokenizer_json: Path) -> None:

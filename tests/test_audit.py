@@ -244,7 +244,7 @@ def test_stage_statistics_page_lists_each_manifest(results, tmp_path):
     assert status == 0 and "<table>" in page
     assert (
         "chunk_articles" in page
-        and "rows=2" in page
+        and "shard.chunks=2" in page
         and "sample_spans" in page
         and "(no manifest)" in page
     )

@@ -12,9 +12,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from retrieval_pretraining import artifacts, audit
-from retrieval_pretraining.contracts import datasets, negatives
+from retrieval_pretraining.contracts import chunks, datasets, negatives, spans
 
-from audit_fixtures import build_results
+from audit_fixtures import build_results, shard_stats
 
 
 @pytest.fixture(scope="module")
@@ -425,6 +425,53 @@ def chunks_with(results, name, column, row, values):
     pq.write_table(table.set_column(index, column, pa.array(lists, pa.list_(pa.int32()))), path)
     shutil.copy(artifacts.manifest_path(good), artifacts.manifest_path(path))
     return path
+
+
+def sharded_corpus(results, name):
+    """The fixture's chunks as two shards of `page_id % 2` (pages 12 and 14; page 39) and a span
+    shard of each, with the manifests chunk.py and spans.py write: [(chunks, spans)] by shard."""
+    fixture = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    page12, page39 = pq.read_table(fixture).to_pylist()
+    page14 = page12 | {"chunk_id": 14 << 16, "page_id": 14}
+    shards = []
+    for i, pages in enumerate(([page12, page14], [page39])):
+        rows = pa.Table.from_pylist(pages, schema=chunks.SCHEMA)
+        path = results / f"corpus/{name}/chunks/shard-{i:04d}.parquet"
+        artifacts.write_parquet(path, rows, chunks.SCHEMA)
+        artifacts.write_manifest(
+            artifacts.manifest_path(path), stage="chunk_articles",
+            params={"checkpoint": "minilm", "max_len": 128, "shards": 2},
+            stats=shard_stats(i, rows, shards=2),
+        )
+        span_rows = pa.table({"chunk_id": rows["chunk_id"], "span_start": [[1]] * len(rows),
+                              "span_end": [[2]] * len(rows), "granularity": [[0]] * len(rows)})
+        span_path = results / f"corpus/{name}/spans/costa/shard-{i:04d}.parquet"
+        artifacts.write_parquet(span_path, span_rows, spans.SCHEMA)
+        artifacts.write_manifest(
+            artifacts.manifest_path(span_path), stage="sample_spans", params={},
+            inputs={"chunks": path}, stats={"chunks": len(span_rows)},
+        )
+        shards.append((path, span_path))
+    return shards
+
+
+def test_a_shard_copied_over_another_fails_against_its_manifest(results, capsys):
+    """chunks/shard-0001.parquet copied over shard-0000.parquet passed all 18 checks: every row is
+    a sound chunk, but not of this shard's pages (page_id % 2 == 0) nor as many as recorded."""
+    (chunks0, spans0), (chunks1, spans1) = sharded_corpus(results, "swapped")
+    for number, (path, span_path) in enumerate(((chunks0, spans0), (chunks1, spans1))):
+        passes(path, f"every page_id % 2 == {number} (the manifest's sharding and shard number)",
+               capsys)
+        passes(path, "row count equals the manifest's", capsys)
+        passes(span_path, "row count equals the manifest's", capsys)
+    shutil.copy(chunks1, chunks0)
+    out = fails(chunks0, "row count equals the manifest's: 1 vs 2 (stats.shard.chunks)", capsys)
+    assert ("FAIL  every page_id % 2 == 0 (the manifest's sharding and shard number): 1 chunks of "
+            "other shards' pages, first page_id 39") in out
+    assert "FAIL  pages equal the manifest's (stats.shard.pages): 1 vs 2" in out
+    assert "FAIL  tokens equal the manifest's (stats.shard.tokens)" in out
+    shutil.copy(spans1, spans0)
+    fails(spans0, "row count equals the manifest's: 1 vs 2 (stats.chunks)", capsys)
 
 
 def test_chunks_the_writer_would_refuse_fail(results, capsys):

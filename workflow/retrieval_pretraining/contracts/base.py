@@ -125,12 +125,14 @@ def json_kind(name: str, rank: int, test: Callable[[Probe], bool], audit) -> Kin
 def parquet_kind(
     name: str, rank: int, schema: pa.Schema, recognise: Callable[[set[str]], bool], render,
     shown_as: str | None = None, columns: list[str] | None = None,
+    counted_by: tuple[str, ...] = ("rows",),
 ) -> Kind:
     """A Parquet artifact, recognised by its column names: the manifest, the rule, the schema
-    (checked against `schema`), the row count against the manifest's, then `render(audit, table,
-    manifest, rows)` for the rows and the kind's own checks. `table` holds the `columns` its checks
-    read in full (all when None): a corpus's texts are most of its size, and checking its doc_ids
-    needs none of them (the rows shown are read by `head`)."""
+    (checked against `schema`), the row count against the manifest's (its stats at the keys
+    `counted_by`: each writer names its count), then `render(audit, table, manifest, rows)` for
+    the rows and the kind's own checks. `table` holds the `columns` its checks read in full (all
+    when None): a corpus's texts are most of its size, and checking its doc_ids needs none of them
+    (the rows shown are read by `head`)."""
 
     def audit(a: Audit, n: int) -> None:
         try:
@@ -146,11 +148,12 @@ def parquet_kind(
         table = pf.read(columns=columns)
         sound = check_no_nulls(a, pf, schema, table) and sound
         rows = pf.metadata.num_rows
-        if manifest and "rows" in (manifest.get("stats") or {}):
+        recorded = recorded_stat(manifest, counted_by)
+        if recorded is not None:
             a.check(
                 "row count equals the manifest's",
-                manifest["stats"]["rows"] == rows,
-                f"{rows} vs {manifest['stats']['rows']}",
+                recorded == rows,
+                f"{rows} vs {recorded} (stats.{'.'.join(counted_by)})",
             )
         if not sound:  # a renderer reads the columns as the contract has them
             a.say("-- rows not shown, the kind's own checks not run: the schema checks failed")
@@ -161,6 +164,15 @@ def parquet_kind(
         return p.name.endswith(".parquet") and recognise(p.columns)
 
     return Kind(name, rank, "Parquet", matches, audit, schema)
+
+
+def recorded_stat(manifest: dict[str, Any] | None, keys: tuple[str, ...]) -> Any:
+    """The manifest's stats at the nested `keys` (("shard", "chunks"): stats.shard.chunks), or
+    None where it records none."""
+    value: Any = (manifest or {}).get("stats")
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 # ----------------------------------------------------------------------------- places

@@ -1,11 +1,14 @@
 """How `audit` shows and checks a chunks shard: the text decoded with the tokenizer the manifests
-name, ids and lengths against the contract, and every chunk through the writer's own check
-(validate_chunks, with that tokenizer's tables), a batch at a time. `manifest_tokenizer` and
-`decode` also serve the spans' audit (spans are shown inside their chunk).
+name, ids and lengths against the contract, every chunk through the writer's own check
+(validate_chunks, with that tokenizer's tables), a batch at a time, and the shard against its
+manifest (chunks, pages, tokens, every page in this shard by the recorded sharding).
+`manifest_tokenizer` and `decode` also serve the spans' audit (spans are shown inside their
+chunk).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,38 @@ def writer_check(tokenizer_file: Path | None, max_len: int | None):
     return check, ""
 
 
+SHARDING = re.compile(r"page_id % (\d+)")  # stats.sharding as chunk.py records it
+
+
+def check_shard(a: Audit, t: pa.Table, lengths: np.ndarray, manifest) -> None:
+    """The shard is the one its manifest describes (stats.shard: its number, chunks, pages and
+    tokens; stats.sharding: which pages a shard holds): another shard of the corpus copied over
+    it passes every row-level check, yet pre-training would read some pages twice and others
+    never. The row count is parquet_kind's."""
+    stats = (manifest or {}).get("stats") or {}
+    shard = stats.get("shard")
+    if not isinstance(shard, dict):
+        return
+    page_id = t["page_id"].to_numpy()
+    for key, found in (("pages", len(np.unique(page_id))), ("tokens", int(lengths.sum()))):
+        if key in shard:
+            a.check(f"{key} equal the manifest's (stats.shard.{key})", found == shard[key],
+                    f"{found} vs {shard[key]}")
+    rule = SHARDING.fullmatch(str(stats.get("sharding", "")))
+    if rule is None or "shard" not in shard:
+        a.say(f"-- pages not checked against the sharding: the manifest records "
+              f"{stats.get('sharding')!r}, shard {shard.get('shard')!r}")
+        return
+    shards, number = int(rule.group(1)), shard["shard"]
+    elsewhere = np.flatnonzero(page_id % shards != number)
+    a.check(
+        f"every page_id % {shards} == {number} (the manifest's sharding and shard number)",
+        not len(elsewhere),
+        f"{len(elsewhere)} chunks of other shards' pages, first page_id "
+        f"{page_id[elsewhere[0]]}" if len(elsewhere) else "",
+    )
+
+
 def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
     tokenizer, source = manifest_tokenizer(results_root(a.path), manifest)
     a.say(f"-- tokenizer: {source or 'not found (ids shown raw)'}")
@@ -108,6 +143,7 @@ def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
         shortest >= MIN_LENGTH,
         f"shortest {shortest}" if len(lengths) else "",
     )
+    check_shard(a, t, lengths, manifest)
     max_len = ((manifest or {}).get("params") or {}).get("max_len")
     if max_len:
         a.check(
@@ -156,6 +192,6 @@ def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
 KINDS = [
     parquet_kind(
         "chunks", RANK_PARQUET + 1, SCHEMA, lambda c: {"input_ids", "word_starts"} <= c,
-        render_chunks,
+        render_chunks, counted_by=("shard", "chunks"),
     ),
 ]

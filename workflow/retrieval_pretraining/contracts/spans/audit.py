@@ -84,5 +84,6 @@ KINDS = [
     parquet_kind(
         "spans", RANK_PARQUET + 2, SCHEMA,
         lambda c: {"span_start", "span_end", "granularity"} <= c, render_spans,
+        counted_by=("chunks",),
     ),
 ]
