@@ -181,6 +181,32 @@ def test_a_model_folder_whose_weights_are_not_the_recorded_ones_fails(results, c
            f"manifest.json records {recorded}" in out, out
 
 
+def test_an_encoder_whose_training_data_changed_since_fails(results, capsys):
+    """training.json records the sha256 of the shards the encoder trained on (`data`, paths as
+    the stage was given them: relative to the project); the audit checked only the checkpoint's
+    manifest, so a shard swapped after training passed. A shard deleted since is said, not
+    failed."""
+    shards = sharded_corpus(results, "trained")
+    folder = results / "pretrain/trained/encoder"
+    shutil.copytree(results / "pretrain/costa/encoder", folder)
+    relative = [str(p.relative_to(results.parent)) for pair in shards for p in pair]
+    gone = "results/corpus/trained/chunks/shard-0002.parquet"
+    data = {path: {"sha256": artifacts.sha256_file(results.parent / path),
+                   "manifest_sha256": "0" * 64} for path in relative}
+    data[gone] = {"sha256": "0" * 64}
+    (folder / "training.json").write_text(json.dumps({"objective": "costa", "data": data}))
+    check = "the files it trained on unchanged since training (sha256 in training.json data)"
+    out = audited(folder, capsys)[1]
+    assert f"PASS  {check}" in out, out
+    assert ("-- trained on 5 files (training.json data): 4 hashed now, 0 changed since training, "
+            "1 not found now") in out and f"not found now: {results.parent / gone}" in out
+    (chunks0, _), (chunks1, _) = shards
+    shutil.copy(chunks1, chunks0)
+    status, out = audited(folder, capsys)
+    assert status == 1 and (f"FAIL  {check}: 1 changed since training, e.g. ['{chunks0}']"
+                            in out), out
+
+
 def write_negatives(results, monkeypatch, name, rows, params=None):
     """Negatives with the manifest bm25.py writes: its inputs relative to the project."""
     path = results / f"bm25/toy/{name}.parquet"

@@ -12,8 +12,8 @@ import numpy as np
 
 from ... import artifacts
 from ..base import (
-    RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, json_kind, read_manifest,
-    results_relative, short, show_manifest, show_snakemake_record,
+    RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, input_path, json_kind,
+    read_manifest, results_relative, short, show_manifest, show_snakemake_record,
 )
 from ..tensors.audit import safetensors_tensors, tensors_not_finite
 from . import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, DENSE_ACTIVATION, DENSE_KEYS, DENSE_WEIGHTS,
@@ -189,6 +189,35 @@ def weights_mismatches(folder: Path) -> list[str] | None:
     return problems
 
 
+DATA_SHOWN = 3  # changed or missing trained-on files named by the check and the summary
+
+
+def check_training_data(a: Audit, data) -> None:
+    """The files training.json says the encoder trained on (`data`: path -> sha256; the chunk
+    and span shards) still hold what it trained on: a shard swapped after training passes its
+    own audit against its manifest untouched, and the encoder's checks covered its checkpoint's
+    manifest alone. Each file is hashed (no manifest records a shard's own sha256, and one
+    recorded at write time says nothing of the file now), once per audit run (sha256_once: the
+    encoders of one corpus share its shards). A file not found now is said, not failed: inputs
+    deleted after use are no damage to the encoder."""
+    if not isinstance(data, dict) or not data:
+        return
+    changed, missing = [], []
+    for recorded, entry in sorted(data.items()):
+        path = input_path(recorded, a.path)
+        if not path.is_file():
+            missing.append(str(path))
+        elif artifacts.sha256_once(path) != (entry or {}).get("sha256"):
+            changed.append(str(path))
+    a.say(f"-- trained on {len(data)} files (training.json data): {len(data) - len(missing)} "
+          f"hashed now, {len(changed)} changed since training, {len(missing)} not found now")
+    for path in missing[:DATA_SHOWN]:
+        a.say(f"  not found now: {path}")
+    a.check("the files it trained on unchanged since training (sha256 in training.json data)",
+            not changed, f"{len(changed)} changed since training, e.g. {changed[:DATA_SHOWN]}; "
+            "rerun pretrain_model on them, or restore the files" if changed else "")
+
+
 def audit_model(a: Audit, n: int) -> None:
     a.kind = "model folder (Hugging Face)"
     cfg = json.loads((a.path / "config.json").read_text())
@@ -233,6 +262,7 @@ def audit_model(a: Audit, n: int) -> None:
         for key in ("objective", "steps", "tokens_seen", "world_size", "device"):
             if key in info:
                 a.say(f"  {key}: {short(json.dumps(info[key]), 200)}")
+        check_training_data(a, info.get("data"))
     if (a.path / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
