@@ -207,6 +207,40 @@ def test_an_encoder_whose_training_data_changed_since_fails(results, capsys):
                             in out), out
 
 
+def test_a_run_whose_encoder_was_retrained_since_fails(results, capsys):
+    """Runs, vectors and mined negatives record their encoder's weights as its manifest has them
+    (encode.record_encoder_weights); audit compares them with the encoder's manifest now. Without
+    the field (manifests written before it) or without the encoder, it says so and passes."""
+    folder = results / "pretrain/retrained/encoder"
+    shutil.copytree(results / "pretrain/costa/encoder", folder)
+    artifacts.write_manifest(folder / "manifest.json", stage="pretrain", params={},
+                             stats={"weights": artifacts.weights_checksums(folder)})
+    run = results / "runs/toy/retrained/test.trec"
+    run.parent.mkdir(parents=True)
+    shutil.copy(results / "runs/toy/bm25/test.trec", run)
+    manifest = artifacts.write_manifest(
+        artifacts.manifest_path(run), stage="dense_run", params={}, inputs={"encoder": folder})
+    recorded = dict(manifest, inputs={"encoder": manifest["inputs"]["encoder"] | {
+        "weights": artifacts.weights_checksums(folder)}})
+    artifacts.write_json(artifacts.manifest_path(run), recorded)
+    check = "input 'encoder' still has the recorded weights (sha256 in its manifest.json)"
+    passes(run, check, capsys)
+    # Retrained: other weights (another size, so that no cached sha256 of the old file is used).
+    save_file({"embeddings.word_embeddings.weight": np.ones((12, 4), np.float32)},
+              str(folder / "model.safetensors"))
+    artifacts.write_manifest(folder / "manifest.json", stage="pretrain", params={},
+                             stats={"weights": artifacts.weights_checksums(folder)})
+    assert f"{folder}: changed since" in fails(run, check, capsys)
+    artifacts.write_json(artifacts.manifest_path(run), manifest)  # no weights recorded
+    status, out = audited(run, capsys)
+    assert status == 0 and check not in out, out
+    assert f"input encoder: {folder} (a folder; its weights' sha256 not recorded" in out
+    artifacts.write_json(artifacts.manifest_path(run), recorded)
+    shutil.rmtree(folder)
+    status, out = audited(run, capsys)
+    assert status == 0 and check not in out and f"input encoder: {folder} not found now" in out
+
+
 def write_negatives(results, monkeypatch, name, rows, params=None):
     """Negatives with the manifest bm25.py writes: its inputs relative to the project."""
     path = results / f"bm25/toy/{name}.parquet"

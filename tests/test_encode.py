@@ -254,6 +254,51 @@ def test_a_dense_run_records_the_candidates_an_ivf_search_reached(tmp_path, monk
     assert "'nprobe': 1" in caplog.text
 
 
+WEIGHTS = {"model.safetensors": "ab" * 32}
+
+
+def exported_encoder(folder: Path, weights: dict | None = WEIGHTS) -> Path:
+    """An encoder folder's manifest as its export writes it (stats.weights; a staged checkpoint's
+    has none)."""
+    folder.mkdir(parents=True)
+    artifacts.write_manifest(folder / "manifest.json", stage="finetune", params={},
+                             stats={"weights": weights} if weights else {})
+    return folder
+
+
+@pytest.mark.parametrize("weights", [WEIGHTS, None])
+def test_vectors_and_runs_record_their_encoder_s_weights_from_its_manifest(weights, tmp_path,
+                                                                          monkeypatch):
+    """A folder input has no sha256, so the encoder was recorded by its path alone: one
+    retrained there passed for the one the vectors came from. Its weights' sha256 is copied from
+    its own manifest (not rehashed); an encoder whose manifest records none gets its path."""
+    import json
+
+    import polars as pl
+
+    encoder = exported_encoder(tmp_path / "encoder", weights)
+    monkeypatch.setattr(encode, "load_encoder", lambda folder: (None, None))
+    monkeypatch.setattr(encode, "embed",
+                        lambda model, tok, texts, **_: np.ones((len(texts), 4), np.float32))
+    corpus = tmp_path / "corpus.parquet"
+    pl.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["one", "two"]}).write_parquet(
+        corpus)
+    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8,
+              "encode_batch_size": 8, "dtype": "float32"}
+    out = tmp_path / "shard.npy"
+    encode.encode_corpus_shard(corpus, encoder, 0, 1, out, tmp_path / "ids.parquet", config)
+    index = faiss_index.build(np.eye(4, dtype=np.float32))
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, pa.array(["a", "b", "c", "d"])))
+    monkeypatch.setattr(dense_search, "encode_queries",
+                        lambda encoder, queries, knobs: (["q"], np.eye(4, dtype=np.float32)[:1]))
+    dense_search.dense_run(tmp_path / "index", encoder, tmp_path / "q.parquet",
+                           tmp_path / "run.trec", "x", config | {"search_depth": 2,
+                                                                 "exclude_self": False})
+    expected = {"path": str(encoder)} | ({"weights": weights} if weights else {})
+    for manifest in (artifacts.manifest_path(out), tmp_path / "run.manifest.json"):
+        assert json.loads(manifest.read_text())["inputs"]["encoder"] == expected, manifest
+
+
 @pytest.mark.parametrize("cores, threads", [(1, 2), (2, 2), (4, 3), (8, 7), (9, 8), (64, 8)])
 def test_a_gpu_encoder_tokenises_ahead_on_its_job_s_cores_but_one(cores, threads, monkeypatch):
     """On the first GPU run two tokenising threads set the encoder's pace, not the GPU: encoding

@@ -87,6 +87,36 @@ def test_mining_honours_the_datasets_query_id_rule(tmp_path, monkeypatch, exclud
         assert row["negative_ids"] == ["7", "d1", "d3"] and row["negative_ranks"] == [1, 2, 4]
 
 
+def test_mined_negatives_record_their_encoder_s_weights_from_its_manifest(tmp_path, monkeypatch):
+    """The encoder a folder: its weights' sha256 copied from its manifest (stats.weights) into
+    the negatives' manifest, which named it by path alone (audit compares the two)."""
+    import faiss
+    import polars as pl
+
+    from retrieval_pretraining import artifacts
+
+    encoder = tmp_path / "encoder"
+    encoder.mkdir()
+    weights = {"model.safetensors": "cd" * 32}
+    artifacts.write_manifest(encoder / "manifest.json", stage="finetune", params={},
+                             stats={"weights": weights})
+    index = faiss.IndexFlatIP(2)
+    index.add(np.array([[2, 0], [1, 0]], dtype=np.float32))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(["a", "b"])))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
+    monkeypatch.setattr(mine, "encode_queries",
+                        lambda encoder, queries, config: (["q1"], np.array([[1, 0]], np.float32)))
+    pl.DataFrame({"query_id": ["q1"], "doc_id": ["a"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    out = tmp_path / "hard-negatives.parquet"
+    mine.mine_to_file(tmp_path / "index", encoder, tmp_path / "q.parquet",
+                      tmp_path / "qrels.parquet", out, {**POLICY, "depth": 2, "use_gpu": "never"},
+                      seed=0)
+    manifest = json.loads(out.with_name("hard-negatives.manifest.json").read_text())
+    assert manifest["inputs"]["encoder"] == {"path": str(encoder), "weights": weights}
+
+
 @pytest.mark.parametrize("removed", ["own", "first_query"])
 def test_the_bow_authors_miner_is_replicated_only_on_request(tmp_path, monkeypatch, capsys,
                                                              removed):

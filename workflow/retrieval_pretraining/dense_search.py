@@ -20,7 +20,7 @@ import torch
 
 from . import artifacts, faiss_index
 from .config import stage_parser
-from .encode import embed, load_encoder
+from .encode import embed, load_encoder, record_encoder_weights, recorded_weights
 from .errors import command, reading
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
                                  check_bool, check_choice, check_int, with_runtime)
@@ -140,17 +140,20 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
     index, doc_ids = faiss_index.load(index_dir)
     index = faiss_index.to_search_device(index, knobs.use_gpu,
                                          fetch_depth(knobs.search_depth, knobs.exclude_self))
+    weights = recorded_weights(encoder)
     query_ids, vectors = encode_queries(encoder, queries, knobs.retrieval)
     counts: list[int] = []
     lines = write_trec(out, counting(rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
                                           knobs.exclude_self), counts), tag)
     stats = {"queries": len(query_ids), "lines": lines,
              **depth_reached(counts, knobs.search_depth, index)}
-    artifacts.write_manifest(
-        out.with_name(out.name.split(".")[0] + ".manifest.json"), stage="dense_run",
+    manifest_file = out.with_name(out.name.split(".")[0] + ".manifest.json")
+    manifest = artifacts.write_manifest(
+        manifest_file, stage="dense_run",
         params={**knobs.retrieval.record(), "search_depth": knobs.search_depth,
                 "exclude_self": knobs.exclude_self},
         inputs={"queries": queries, "index": index_dir / "index", "encoder": encoder}, stats=stats)
+    record_encoder_weights(manifest_file, manifest, weights)
     return stats
 
 

@@ -344,6 +344,29 @@ def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
     return messages
 
 
+def recorded_weights(encoder: Path) -> dict[str, str] | None:
+    """The sha256 of the encoder's weight files as its own manifest records them (stats.weights,
+    artifacts.weights_checksums at export: pre-trained and fine-tuned encoders), read, not
+    rehashed; None where it records none (a staged checkpoint) or has no readable manifest."""
+    try:
+        manifest = artifacts.read_json(artifacts.manifest_path(encoder))
+    except (OSError, ValueError):
+        return None
+    weights = (manifest.get("stats") or {}).get("weights") if isinstance(manifest, dict) else None
+    return weights if isinstance(weights, dict) and weights else None
+
+
+def record_encoder_weights(manifest_file: Path, manifest: dict[str, Any],
+                           weights: dict[str, str] | None) -> None:
+    """Add `weights` (recorded_weights, read before the encoder was loaded) to the manifest's
+    `encoder` input: a folder has no sha256 of its own, so its path alone named the encoder, and
+    one retrained at that path passed for the one these outputs came from (`audit` compares them
+    with the encoder's manifest). The manifest is written again only when there are weights."""
+    if weights:
+        manifest["inputs"]["encoder"]["weights"] = weights
+        artifacts.write_json(manifest_file, manifest)
+
+
 def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, out_npy: Path,
                         out_ids: Path, config: dict[str, Any]) -> dict[str, Any]:
     import polars as pl  # here, not above: embedding imports without it (the bare GPU machine)
@@ -357,6 +380,7 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
     mismatches = use_mismatches(encoder, knobs)
     for message in mismatches:
         log.warning("%s: %s (the baseline's knobs in evaluate.baselines)", encoder, message)
+    weights = recorded_weights(encoder)
     model, tokenizer = load_encoder(encoder)
     vectors = embed(model, tokenizer, frame["text"].fill_null("").to_list(),
                     titles=frame["title"].fill_null("").to_list(), max_len=knobs.p_len,
@@ -371,9 +395,10 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
              "dtype": knobs.dtype}
     if mismatches:  # kept where the vectors are, so a table's number can be traced to them
         stats["use_mismatches"] = mismatches
-    artifacts.write_manifest(artifacts.manifest_path(out_npy), stage="encode_corpus",
-                             params=knobs.record(), inputs={"corpus": corpus, "encoder": encoder},
-                             stats=stats)
+    manifest = artifacts.write_manifest(
+        artifacts.manifest_path(out_npy), stage="encode_corpus", params=knobs.record(),
+        inputs={"corpus": corpus, "encoder": encoder}, stats=stats)
+    record_encoder_weights(artifacts.manifest_path(out_npy), manifest, weights)
     return stats
 
 

@@ -46,6 +46,7 @@ from .answers import MATCH_MODES, NEGATIVE_FILTERS, answer_exclusions
 from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
 from .dense_search import depth_reached, encode_queries, fetch_depth, rank
+from .encode import record_encoder_weights, recorded_weights
 from .errors import command, reading
 from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, add_runtime_option, check_choice,
                                  check_int, refuse_unknown, slice_keys, with_runtime)
@@ -214,13 +215,15 @@ def mine_batch(ranked: list[tuple], positives: dict[str, list[str]], first: set[
 def mine_to_file(index_dir: Path, encoder: Path, queries: Path, qrels: Path, out: Path,
                  config: dict[str, Any], seed: int, answers: Path | None = None,
                  corpus: Path | None = None) -> dict[str, Any]:
+    weights = recorded_weights(encoder)
     info = mine(index_dir, encoder, queries, qrels, out, config, seed, answers, corpus)
     stats = info.pop("stats")
-    artifacts.write_manifest(
+    manifest = artifacts.write_manifest(
         artifacts.manifest_path(out), stage="mine_hard_negatives",
         params={"policy": info, "retrieval": config},
         inputs={"queries": queries, "qrels": qrels, "index": index_dir / "index",
                 "encoder": encoder} | ({"answers": answers} if answers else {}), stats=stats)
+    record_encoder_weights(artifacts.manifest_path(out), manifest, weights)
     return stats
 
 

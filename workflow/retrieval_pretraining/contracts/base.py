@@ -277,12 +277,35 @@ def show_manifest(a: Audit, manifest: dict[str, Any] | None) -> None:
             same = artifacts.sha256_file(source) == entry["sha256"]
             status = "unchanged" if same else "CHANGED since"
             a.check(f"input '{name}' still has the recorded checksum", same, str(source))
+        elif "weights" in entry:
+            status = check_folder_weights(a, name, source, entry["weights"])
         elif "sha256" in entry:
             status = "not found now"
+        elif source.is_dir():
+            status = "(a folder; its weights' sha256 not recorded: not compared)"
         a.say(f"  input {name}: {source} {status}")
     versions = manifest.get("versions") or {}
     if versions:
         a.say("  versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+
+
+def check_folder_weights(a: Audit, name: str, folder: Path, recorded: Any) -> str:
+    """A model folder input recorded with its weights' sha256 (the encoder of embeddings, mined
+    negatives and dense runs: encode.record_encoder_weights, copied from the folder's manifest)
+    against what the folder's manifest records now; its status. The files themselves are the
+    folder's own audit's (weights match the sha256 manifest.json records)."""
+    if not folder.is_dir():
+        return "not found now"
+    current = (read_manifest(folder) or {}).get("stats") or {}
+    same = current.get("weights") == recorded
+    detail = "" if same else (
+        f"{folder}: changed since (its manifest.json records "
+        f"{current.get('weights') or 'no weights'}, this manifest {recorded}); rerun the rule "
+        "that wrote this with the encoder there now"
+    )
+    a.check(f"input '{name}' still has the recorded weights (sha256 in its manifest.json)", same,
+            detail or str(folder))
+    return "unchanged" if same else "CHANGED since"
 
 
 # ----------------------------------------------------------------------------- Snakemake records
