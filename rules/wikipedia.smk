@@ -87,15 +87,25 @@ def get_all_dump_files():
     return files
 
 
-def _local_file(url):
-    """The local file a part's URL names, as an input (checked to lie inside the project or
-    data_root), or [] for an http(s) URL."""
-    path = dump_fetch.local_path(url)
+# The checksums `download fetch` verifies, strongest first (it verifies the first one given).
+DUMP_CHECKSUMS = ("sha256", "sha1", "md5")
+
+
+def _local_file(entry, prefix=""):
+    """The local file a part's (prefix="index_": its index's) URL names, as an input (checked to
+    lie inside the project or data_root), or [] for an http(s) URL.
+
+    A pinned file is `ancient`: its content is fixed by the checksum the fetch verifies, so a newer
+    modification time (a cluster's anti-purge touch, `cp` without -p, a move to another file
+    system) must not fetch it again and rerun everything after it (~480 GPU-hours at paper
+    scale). An unpinned file keeps the time as its only sign of a replaced file."""
+    path = dump_fetch.local_path(entry[f"{prefix}url"])
     if path is None:
         return []
     # Raises, naming the fix, when the file lies outside the project and data_root.
     experiment_config.resolve_path(path, config["data_root"])
-    return str(path)
+    pinned = any(entry.get(f"{prefix}{key}") for key in DUMP_CHECKSUMS)
+    return ancient(str(path)) if pinned else str(path)
 
 
 def _dump_mirror():
@@ -109,7 +119,7 @@ def _fetch_flags(entry, prefix=""):
     # A dump file is named by its path on the mirror; the mirror itself comes as a resource.
     flags = ["--url", dump_fetch.path_on_mirror(entry[f"{prefix}url"], _dump_mirror())]
     # Only the strongest checksum given: fetch verifies that one (sha256 > sha1 > md5).
-    for key in ("sha256", "sha1", "md5"):
+    for key in DUMP_CHECKSUMS:
         if entry.get(f"{prefix}{key}"):
             flags += [f"--{key}", entry[f"{prefix}{key}"]]
             break
@@ -152,7 +162,7 @@ checkpoint fetch_dumpstatus:
 
 rule download_dump_part:
     input:
-        source=lambda wc: _local_file(dump_part_entry(wc.part)["url"]),
+        source=lambda wc: _local_file(dump_part_entry(wc.part)),
     output:
         dump=f"{DUMP_DIR}/{{part}}.xml.bz2",
         manifest=f"{DUMP_DIR}/{{part}}.xml.bz2.manifest.json",
@@ -177,7 +187,7 @@ rule download_dump_part:
 
 rule download_dump_index:
     input:
-        source=lambda wc: _local_file(_index_entry(wc.part)["index_url"]),
+        source=lambda wc: _local_file(_index_entry(wc.part), "index_"),
     output:
         index=f"{DUMP_DIR}/{{part}}.index.txt.bz2",
         manifest=f"{DUMP_DIR}/{{part}}.index.txt.bz2.manifest.json",

@@ -1,7 +1,8 @@
 """Which config edits rerun which jobs, read from the params Snakemake compares for its `params`
 rerun trigger (no profile narrows --rerun-triggers): a knob of speed, memory or logging that cannot
 change a job's outputs must not be in its params (it travels as a resource), or the edit reruns
-that job and, by modification time, everything after it.
+that job and, by modification time, everything after it. Likewise a local dump file's modification
+time, where a checksum fixes its content.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workflow_harness import copy_project, edit_config, planned_params
+from workflow_harness import copy_project, edit_config, planned_params, planned_rules
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +127,63 @@ def test_negatives_from_triples_do_not_rerun_with_the_bm25_scoring(project):
 def test_linking_local_dump_files_instead_of_copying_them_fetches_nothing_again(project, base):
     edited = edited_plan(project, lambda config: config["wikipedia"].update(local_files="symlink"))
     assert rerun_by_params(base, edited, "download_dump_part") == []
+
+
+DUMP_FILES = {("pinned", "part"): "results/wikipedia/dump/pinned.xml.bz2",
+              ("pinned", "index"): "results/wikipedia/dump/pinned.index.txt.bz2",
+              ("unpinned", "part"): "results/wikipedia/dump/unpinned.xml.bz2",
+              ("unpinned", "index"): "results/wikipedia/dump/unpinned.index.txt.bz2"}
+
+
+@pytest.fixture(scope="module")
+def fetched(tmp_path_factory) -> Path:
+    """A project copy whose dump files (a part pinned by sha1 and one not, each with an index of
+    its own, pinned or not as the part) have been fetched from local files."""
+    import shutil
+
+    import yaml
+    from workflow_harness import snakemake
+
+    project = copy_project(tmp_path_factory.mktemp("local-dump") / "project")
+    # The shipped sample (1.7 MB) is over Snakemake's checksum limit (1 MB), so its modification
+    # time decides, as a 20 GB part's would; each file here is a copy of it.
+    sample = yaml.safe_load((project / "config.yaml").read_text())["wikipedia"]["parts"][0]
+    parts = []
+    for name in ("pinned", "unpinned"):
+        entry = {"name": name}
+        for key, file in (("", f"{name}.xml.bz2"), ("index_", f"{name}.index.bz2")):
+            shutil.copyfile(project / sample["url"], project / "data" / "wikipedia" / file)
+            entry[f"{key}url"] = f"data/wikipedia/{file}"
+            if name == "pinned":
+                entry[f"{key}sha1"] = sample["sha1"]
+        parts.append(entry)
+    edit_config(project, lambda config: config["wikipedia"].update(parts=parts))
+    snakemake(project, *DUMP_FILES.values())
+    return project
+
+
+@pytest.mark.parametrize("pin", ["pinned", "unpinned"])
+@pytest.mark.parametrize("file", ["part", "index"])
+def test_a_touched_local_dump_file_is_fetched_again_only_when_no_checksum_pins_it(
+        fetched, pin, file):
+    """A cluster's anti-purge touch, `cp` without -p or a move to another file system makes a
+    local dump newer than its copy; fetching it again reruns extraction and everything after it
+    (~480 GPU-hours at paper scale). A pinned file's content is the checksum the fetch verifies;
+    an unpinned one's modification time is the only sign that it was replaced."""
+    import os
+
+    source = fetched / "data" / "wikipedia" / (f"{pin}.xml.bz2" if file == "part"
+                                               else f"{pin}.index.bz2")
+    before = source.stat()
+    later = (fetched / DUMP_FILES[pin, file]).stat().st_mtime + 60
+    os.utime(source, (later, later))
+    try:
+        plan = planned_rules(fetched, *DUMP_FILES.values())
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    rule = "download_dump_part" if file == "part" else "download_dump_index"
+    assert plan == ({} if pin == "pinned" else {rule: 1}), plan
+    assert planned_rules(fetched, *DUMP_FILES.values()) == {}
 
 
 @pytest.mark.parametrize("edit", [
