@@ -209,7 +209,9 @@ def get_stage_artifacts():
     # The datasets of the report's cells; those the dense runs train on come with their chains.
     cells = [c for t in config["report"]["tables"] for c in report_systems(t)]
     datasets = sorted({d for d, _, _ in cells + low_resource_systems()})
-    return (
+    # Each artifact once, in this order: a fine-tuning chain names the corpus and the pre-trained
+    # encoder that the lists before it name too (the page listed them twice).
+    listed = (
         get_all_articles()
         + chunk_paths(used_corpora())
         + [
@@ -229,6 +231,7 @@ def get_stage_artifacts():
         + finetune_stage_artifacts()
         + baseline_artifacts()
     )
+    return list(dict.fromkeys(listed))
 
 
 def dense_system(system):

@@ -250,6 +250,26 @@ def test_stage_statistics_page_lists_each_manifest(results, tmp_path):
     )
 
 
+def test_the_workflow_lists_each_artifact_once_on_the_statistics_page(tmp_path):
+    """A fine-tuning chain names the corpus and the pre-trained encoder that the lists before it
+    name too: the demo's page showed SciFact's corpus and the five encoders twice. The order is
+    the stages' (articles first)."""
+    import shlex
+
+    from workflow_harness import copy_project, snakemake
+
+    project = copy_project(tmp_path / "project")
+    out = snakemake(project, "--dry-run", "--printshellcmds", "--forceall",
+                    "results/report/stage-statistics.html").stdout
+    line = next(line for line in out.splitlines() if "--stage-stats" in line)
+    command = shlex.split(line.split("Shell command: ", 1)[-1])
+    listed = command[command.index("--stage-stats") + 2:command.index("&>")]
+    assert len(listed) == len(set(listed)), sorted(p for p in listed if listed.count(p) > 1)
+    assert "results/datasets/scifact/corpus.parquet" in listed
+    assert "results/pretrain/costa/encoder" in listed
+    assert listed[0].startswith("results/wikipedia/articles/"), listed[:3]
+
+
 def test_a_manifest_cut_short_fails_its_check_in_one_line(results, tmp_path, capsys):
     shard = results / "corpus/damaged/chunks/shard-0000.parquet"
     shard.parent.mkdir(parents=True)
