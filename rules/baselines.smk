@@ -71,7 +71,8 @@ def baseline_shards(wildcards):
 
 
 def baseline_report():
-    """What the tables need of each baseline a table lists: label, encoder, published numbers."""
+    """What the tables need of each baseline a table lists: label, encoder, published numbers,
+    and the shard count of its corpus encoding (its logs)."""
     listed = {
         n for t in config["report"]["tables"] for n in t.get("baseline_rows") or []
     }
@@ -80,6 +81,8 @@ def baseline_report():
             "label": b.get("label") or b["name"],
             "encoder": baseline_encoder(b["name"]),
             "published": b.get("published") or [],
+            # The tables' provenance names each encoded shard's log (encode_baseline_shard).
+            "shards": config["finetune"]["shards"],
         }
         for b in baselines()
         if b["name"] in listed

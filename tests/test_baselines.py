@@ -69,6 +69,14 @@ def test_the_demo_baseline_runs_the_stages_our_models_run_on_the_full_corpus(pla
     assert "subset" not in full and full["path"] == "data/beir/scifact"
 
 
+def test_the_tables_get_the_shard_count_that_names_the_baseline_s_encoding_logs(tmp_path):
+    """The provenance names one encode_baseline_shard log per shard (tables/provenance.py)."""
+    project = copy_project(tmp_path / "project", {"finetune": {"shards": 3}})
+    result = snakemake(project, "--dry-run", "--printshellcmds", "--forceall", "results/tables.md")
+    [tables] = _commands(result.stdout + result.stderr, "tables")
+    assert json.loads(_option(tables, "--config"))["baselines"]["all-minilm-l6-v2"]["shards"] == 3
+
+
 def _slice(command):
     """What the stage reads: its --config with its --runtime merged in, as its CLI merges them."""
     return with_runtime(json.loads(_option(command, "--config")),

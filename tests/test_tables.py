@@ -471,6 +471,24 @@ def test_a_reused_pre_training_points_to_its_copy_and_to_the_run_that_trained_it
         assert named == [str(tmp_path / "logs" / path) for path in expected], logs
 
 
+def test_a_baseline_row_names_the_log_file_of_each_of_its_jobs(tmp_path):
+    """rules/baselines.smk logs each encoded corpus shard, the index and the search to a file of
+    its own (their `log:` patterns, read here); the row named the shard logs' folder."""
+    import re
+
+    rules = (ROOT / "rules" / "baselines.smk").read_text()
+    encode, index, search = re.findall(r'^\s+"(results/logs/[^"]+)",$', rules, re.M)
+    names = {"baseline": "minilm", "dataset": "scifact", "split": "test"}
+    expected = [encode.format(shard=f"{shard:04d}", **names) for shard in range(2)]
+    expected += [index.format(**names), search.format(**names)]
+    row = Row("MiniLM", "minilm", objective="baseline")
+    p = {"baselines": {"minilm": {"label": "MiniLM", "encoder": "results/checkpoints/minilm",
+                                  "shards": 2}}}
+    logs = log_location(tmp_path / "results", row, "scifact", Group("x", [row]), "test", p)
+    assert [path.strip("`") for path in logs.split(", ")] == [
+        str(tmp_path / path) for path in expected], logs
+
+
 def test_fine_tuned_rows_are_tested_against_their_own_zero_shot_row(tmp_path):
     """A `stage` baseline compares each row with the same model at that stage (stage0: before
     fine-tuning), so the marks say what fine-tuning added; stage0's own group gets no such mark."""

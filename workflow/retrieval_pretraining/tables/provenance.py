@@ -254,9 +254,8 @@ def log_location(
     """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index and search, or the
     model's pre-training and this fine-tuning stage (on the zero-shot source, for a target)."""
     logs = results / "logs"
-    if row.objective == "baseline":  # rules/baselines.smk: its encoding and search jobs
-        paths = [logs / "encode_baseline_shard" / row.system / dataset]
-        paths += [logs / "baseline_search" / dataset / row.system / f"{split}.log"] if split else []
+    if row.objective == "baseline":
+        paths = baseline_logs(logs, row.system, dataset, split, params)
         return ", ".join(f"`{p}`" for p in paths)
     if row.model is None and row.system != "bm25":
         return "–"
@@ -280,3 +279,20 @@ def log_location(
             paths.append(logs / "finetune" / row.model / encoder_dataset(params or {}, dataset)
                          / f"{group.suffix}.log")
     return ", ".join(f"`{p}`" for p in paths)
+
+
+def baseline_logs(
+    logs: Path, baseline: str, dataset: str, split: str | None, params: dict[str, Any] | None
+) -> list[Path]:
+    """rules/baselines.smk's job logs behind a baseline's run: one per encoded corpus shard (the
+    rules pass the shard count as `baselines.<name>.shards`), its index's and its search's."""
+    shards = ((params or {}).get("baselines") or {}).get(baseline, {}).get("shards")
+    folder = logs / "encode_baseline_shard" / baseline / dataset
+    if shards is None:  # params without the count: the shard logs that are there
+        paths = sorted(folder.glob("*.log"))
+    else:
+        paths = [folder / f"{shard:04d}.log" for shard in range(shards)]
+    paths.append(logs / "build_baseline_index" / baseline / f"{dataset}.log")
+    if split:
+        paths.append(logs / "baseline_search" / dataset / baseline / f"{split}.log")
+    return paths
