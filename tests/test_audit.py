@@ -27,6 +27,19 @@ def run_audit(path, capsys):
     return status, captured.out, captured.err
 
 
+def test_help_lists_every_kind_audit_recognises_from_the_contracts(capsys):
+    from retrieval_pretraining.contracts import registry
+
+    with pytest.raises(SystemExit) as exit:
+        audit.main(["--help"])
+    assert exit.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    assert "Artifacts it recognises (contracts/): folders: a model" in out, out
+    for kind in registry.kinds():
+        assert kind.name in out, kind.name
+    assert out.count("negatives") == 1  # two Parquet kinds (BM25's and mined) share the name
+
+
 def test_chunks_are_decoded_with_the_manifest_tokenizer(results, capsys):
     status, out, _ = run_audit(results / "corpus/wikipedia/chunks/shard-0000.parquet", capsys)
     assert status == 0, out

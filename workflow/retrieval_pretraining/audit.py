@@ -96,6 +96,16 @@ def refusal(probe: Probe, kinds: list[Kind]) -> NotAnArtifact:
     )
 
 
+def known_kinds() -> str:
+    """What audit recognises, by form and in the order it tries them (`--help`): from the
+    contracts, so a new artifact type is listed once its folder is there."""
+    kinds, heading = registry.kinds(), {"folder": "folders", "file": "other files"}
+    forms = [(form, [k.name for k in kinds if k.form == form]) for form in FORMS]
+    listed = "; ".join(f"{heading.get(form, form)}: {', '.join(dict.fromkeys(names))}"
+                       for form, names in forms if names)
+    return f"Artifacts it recognises (contracts/): {listed}."
+
+
 def detect(path: Path) -> Kind:
     """The kind of artifact at `path` (the first, in rank order, that recognises it)."""
     if not path.exists():
@@ -177,7 +187,7 @@ def stage_statistics(paths: list[Path]) -> str:
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=known_kinds())
     parser.add_argument("paths", nargs="+", type=Path, help="artifacts to audit")
     parser.add_argument("--rows", type=int, default=3, help="rows to render as text")
     parser.add_argument(
