@@ -87,6 +87,24 @@ def test_approximate_indexes_find_exact_neighbours_of_stored_vectors(kind):
     assert hit >= (0.6 if kind == "ivfpq" else 0.95)
 
 
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_indexes_rank_by_inner_product_when_norms_differ(kind):
+    """Documents of unequal norms, queried by vectors outside the index: inner product and L2
+    order them differently, so a metric other than inner product shows in the neighbours."""
+    rng = np.random.default_rng(0)
+    docs = (rng.standard_normal((3000, 16)) * rng.uniform(0.5, 2, (3000, 1))).astype(np.float32)
+    queries = rng.standard_normal((50, 16)).astype(np.float32)
+    index = faiss_index.build(docs, {"type": kind, "nlist": 16, "nprobe": 16})
+    scores, rows = faiss_index.search(index, queries, 10)
+    brute = queries.astype(np.float64) @ docs.T.astype(np.float64)
+    best = np.argsort(-brute, axis=1)[:, :10]
+    recall = np.mean([len(set(r) & set(b)) / 10 for r, b in zip(rows, best)])
+    assert recall >= 0.95
+    np.testing.assert_allclose(scores, np.take_along_axis(brute, rows, axis=1), rtol=1e-4,
+                               atol=1e-4)
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)
+
+
 @pytest.mark.parametrize("last_newline", [True, False])
 def test_doc_ids_read_back_as_written_whatever_they_hold(tmp_path, last_newline):
     """The docid file's lines, as one Arrow array built from its bytes: ids with spaces, quotes,
