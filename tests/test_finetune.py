@@ -215,7 +215,7 @@ def test_settings_record_the_flat_knobs_the_manifest_always_held():
 _GATHER_WORKER = r"""
 import os, sys, torch, torch.distributed as dist
 from retrieval_pretraining import training
-from retrieval_pretraining.finetune.model import contrastive_loss
+from retrieval_pretraining.finetune.model import contrast_set_loss
 rank, world = int(sys.argv[1]), 2
 os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
 torch.set_num_threads(1)
@@ -226,8 +226,9 @@ xq = torch.randn(4, 6, generator=gen, dtype=torch.float64)         # 4 queries, 
 xp = torch.randn(4 * 3, 6, generator=gen, dtype=torch.float64)     # groups of 3 passages
 w = w.clone().requires_grad_(True)
 q = xq[2 * rank:2 * rank + 2] @ w
-p = training.all_gather_with_grad((xp[6 * rank:6 * rank + 6] @ w).contiguous())
-loss = contrastive_loss(q, p, 3, 0.5, query_offset=2 * rank)
+p = xp[6 * rank:6 * rank + 6] @ w                                 # this rank's share
+# What the training loop calls: it gathers the passages and offsets this rank's positives.
+loss = contrast_set_loss(q, p, group_size=3, temperature=0.5, gather=True, rank=rank)
 loss.backward()
 grad = w.grad.clone(); dist.all_reduce(grad); grad /= world        # what DDP does
 if rank == 0:
