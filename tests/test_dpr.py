@@ -735,14 +735,20 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
 
 def test_biencoder_questions_without_positives_count_as_queries_without_qrels(tmp_path):
     """Every question is kept (scored by answers); one with no positive passage has no qrels, and
-    the manifests say so (they used to report 0 queries without qrels)."""
-    records = [{"question": "q0", "answers": ["a"], "positive_ctxs": [{"passage_id": "1"}]},
+    the manifests say so (they used to report 0 queries without qrels). A question keeps every
+    positive it names, a repeat once."""
+    positives = [{"passage_id": "1"}, {"passage_id": "2"}, {"passage_id": "1"}]
+    records = [{"question": "q0", "answers": ["a"], "positive_ctxs": positives},
                {"question": "q1", "answers": ["b"], "positive_ctxs": []}]
     (tmp_path / "train.json").write_text(json.dumps(records))
     entry = {"name": "mini-qa", "format": "dpr", "title": "space", "exclude_query_id": False,
              "corpus": {"path": str(tmp_path / "psgs.tsv")},
              "splits": [{"name": "train", "biencoder": {"path": str(tmp_path / "train.json")}}]}
-    pl.DataFrame({"doc_id": ["1"]}).write_parquet(tmp_path / "corpus.parquet")
+    pl.DataFrame({"doc_id": ["1", "2"]}).write_parquet(tmp_path / "corpus.parquet")
     stats = datasets.prepare_split(entry, "train", tmp_path, data_root=str(tmp_path))
     assert stats["queries"] == 2 and stats["questions_without_positives"] == 1
     assert stats["queries_without_qrels"] == 1
+    assert stats["qrels"] == 2 and stats["repeated_positives"] == 1
+    qrels = pl.read_parquet(tmp_path / "qrels-train.parquet")
+    assert set(zip(qrels["query_id"], qrels["doc_id"])) == {("0", "1"), ("0", "2")}
+    assert qrels.height == 2
