@@ -169,6 +169,9 @@ def test_segment_pairs_are_disjoint_random_halves_of_the_chunk():
             body = segment[1:-1]
             assert np.array_equal(body, np.arange(body[0], body[0] + 12))  # contiguous
             assert ws[0] == 1 and set(ws[1:] + body[0] - 1) <= set(starts + 100)
+            # Exactly: [1] (the edge), then the chunk's word starts inside it, once each, in order.
+            s0 = body[0] - 100
+            assert ws.tolist() == [1] + [s - s0 + 1 for s in starts if s0 < s < s0 + 12]
             spans.append(set(body.tolist()))
         assert not spans[0] & spans[1]
         seen.add(min(pair[0][0][1], pair[1][0][1]) < pair[0][0][1])  # which comes first varies
@@ -195,6 +198,18 @@ def test_decoder_rows_never_see_themselves_always_see_cls_and_hide_the_rate():
     assert (word[:, 0] == word[:, 1]).all()
     again = views.decoder_visibility(length, starts, np.random.default_rng(1), 0.5, whole_word=True)
     assert np.array_equal(visible, again)
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_decoder_rows_hide_the_rate_of_inner_tokens_whole_words_or_not(whole_word):
+    """A rate other than 0.5: hiding with probability 1 - rate would pass a 0.5 check."""
+    length = 202
+    starts = np.concatenate([[1], np.arange(3, 201, 3)])
+    visible = views.decoder_visibility(length, starts, np.random.default_rng(1), 0.3,
+                                       whole_word=whole_word)
+    hidden = ~visible[1:-1, 1:-1]
+    off_diagonal = ~np.eye(len(hidden), dtype=bool)  # a row's own token is hidden whatever
+    assert 0.27 <= hidden[off_diagonal].mean() <= 0.33
 
 
 def test_collated_segments_and_decoder_inputs(tmp_path):
