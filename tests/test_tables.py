@@ -429,6 +429,58 @@ def test_published_lookup_by_fine_tuning_setting():
     assert paper_value("cocondenser", "nq-test", "Acc@20", "bm25-negatives") is None
 
 
+# The paper numbers of REFERENCE.md ("Paper numbers to place beside ours"), copied from there by
+# hand: (system, benchmark, measure, setting, value). "none" is the papers' BERT row.
+_REFERENCE_NUMBERS = {
+    "COSTA": [
+        ("costa", "msmarco-passage-dev", "RR@10", "bm25-negatives", 0.342),
+        ("costa", "msmarco-passage-dev", "R@1000", "bm25-negatives", 0.959),
+        ("costa", "msmarco-passage-dev", "RR@10", "hard-negatives", 0.366),
+        ("costa", "msmarco-passage-dev", "R@1000", "hard-negatives", 0.971),
+        ("none", "msmarco-passage-dev", "RR@10", "bm25-negatives", 0.316),
+        ("none", "msmarco-passage-dev", "R@1000", "bm25-negatives", 0.941),
+        ("none", "msmarco-passage-dev", "RR@10", "hard-negatives", 0.335),
+        ("none", "msmarco-passage-dev", "R@1000", "hard-negatives", 0.957),
+        ("costa", "dl19-passage", "nDCG@10", "bm25-negatives", 0.635),
+        ("costa", "dl19-passage", "nDCG@10", "hard-negatives", 0.704),
+        ("none", "dl19-passage", "nDCG@10", "bm25-negatives", 0.616),
+        ("none", "dl19-passage", "nDCG@10", "hard-negatives", 0.661),
+        ("costa", "msmarco-doc-dev", "RR@100", "round1", 0.395),
+        ("costa", "msmarco-doc-dev", "R@100", "round1", 0.894),
+        ("costa", "msmarco-doc-dev", "RR@100", "round2", 0.422),
+        ("costa", "msmarco-doc-dev", "R@100", "round2", 0.919),
+        ("none", "msmarco-doc-dev", "RR@100", "round1", 0.358),
+        ("none", "msmarco-doc-dev", "R@100", "round1", 0.869),
+        ("none", "msmarco-doc-dev", "RR@100", "round2", 0.389),
+        ("none", "msmarco-doc-dev", "R@100", "round2", 0.877),
+        ("costa", "dl19-doc", "nDCG@10", "round1", 0.582),
+        ("costa", "dl19-doc", "nDCG@10", "round2", 0.626),
+    ],
+    "CPDAE": [  # the notes do not say which fine-tuning setting
+        ("cpdae", "msmarco-passage-dev", "RR@10", None, 0.355),
+        ("cpdae", "msmarco-passage-dev", "R@1000", None, 0.968),
+        ("cpdae", "dl19-passage", "nDCG@10", None, 0.696),
+        ("cpdae", "msmarco-doc-dev", "RR@100", None, 0.408),
+        ("cpdae", "msmarco-doc-dev", "R@100", None, 0.907),
+    ],
+    "Bag-of-Word": [
+        ("bow", "msmarco-passage-dev", "RR@10", "bm25-negatives", 0.384),
+        ("bow", "msmarco-passage-dev", "RR@10", "hard-negatives", 0.401),
+    ],
+}
+
+
+@pytest.mark.parametrize("paper", sorted(_REFERENCE_NUMBERS))
+def test_every_published_number_of_a_paper_is_the_one_in_the_reference_notes(paper):
+    """Each of the paper's numbers, with its benchmark, measure and setting, and no other: a
+    mistyped value would print beside our rows with a wrong delta."""
+    from retrieval_pretraining.paper_numbers import PAPER
+
+    ours = [(p.system, p.benchmark, p.measure, p.group, p.value)
+            for p in PAPER if p.source.startswith(paper)]
+    assert sorted(ours, key=str) == sorted(_REFERENCE_NUMBERS[paper], key=str)  # None: no <
+
+
 def test_bm25_label_and_published_value_follow_each_datasets_own_k1_b():
     """bm25.overrides can give one dataset other k1/b: the label must say so, per dataset."""
     p = params() | {"bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68},
