@@ -84,7 +84,8 @@ def test_an_index_past_the_end_blames_the_index_unless_the_dump_was_cut(tmp_path
     small, small_index = tmp_path / "small.xml.bz2", tmp_path / "small.index.txt.bz2"
     dump_reader.write_multistream(HEADER, [page(i) for i in range(1, 10)], small, small_index, 3)
     size = small.stat().st_size
-    with pytest.raises(dump_reader.ExtractError, match="the index belongs to another file"):
+    with pytest.raises(dump_reader.ExtractError, match=rf"do not fit the dump \S+small\.xml\.bz2 "
+                       rf"of {size} bytes; the index belongs to another file"):
         dump_reader.read_index(big_index, size, small)
     cut = tmp_path / "cut.xml.bz2"
     cut.write_bytes(big.read_bytes()[:size])

@@ -142,6 +142,14 @@ def _cmd_dumpstatus(args: argparse.Namespace) -> None:
     log.info("%s %s: %d parts, %.1f GB", cfg["wiki"], date, len(parts), stats["bytes"] / 1e9)
 
 
+# The early stop is fetch's: two identical complete copies that fail verification are the file the
+# mirror serves, not damage on the way, and no further attempt would change them.
+RETRIES_HELP = (
+    "attempts after the first (default 5); a second complete copy identical to an earlier one "
+    "that failed its checksum stops at once"
+)
+
+
 def _retries(text: str) -> int:
     """A retry count: a whole number >= 0 (a negative one would give up before the first try)."""
     value = int(text)
@@ -171,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     fetch_cmd.add_argument("--size", type=int, help="expected size in bytes (checked too)")
     fetch_cmd.add_argument(
-        "--retries", type=_retries, default=5, help="attempts after the first (default 5)"
+        "--retries", type=_retries, default=5, help=RETRIES_HELP
     )
     fetch_cmd.add_argument(
         "--backoff", type=float, default=2.0, help="first retry delay in s, doubling"
@@ -194,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     status_cmd.add_argument("--out", required=True, type=Path, help="where to save dumpstatus.json")
     status_cmd.add_argument(
-        "--retries", type=_retries, default=5, help="attempts after the first (default 5)"
+        "--retries", type=_retries, default=5, help=RETRIES_HELP
     )
     status_cmd.add_argument("--mirror", help="the mirror to read (overrides the config's)")
     status_cmd.set_defaults(run=_cmd_dumpstatus)

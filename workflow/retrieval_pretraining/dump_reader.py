@@ -276,8 +276,10 @@ def read_index(index_path: Path, dump_size: int, dump: Path | None = None) -> li
                 "truncated, re-download it"
             )
         raise ExtractError(
-            f"{index_path}: stream offsets {offsets[0]}..{offsets[-1]} do not fit the dump of "
-            f"{dump_size} bytes; the index belongs to another file"
+            f"{index_path}: stream offsets {offsets[0]}..{offsets[-1]} do not fit the dump"
+            + (f" {dump}" if dump is not None else "")
+            + f" of {dump_size} bytes; the index belongs to another file (check both against "
+            "the dump's dumpstatus.json or sha1sums.txt)"
         )
     ends = offsets[1:] + [dump_size]
     return [Stream(o, e - o, *counts[o]) for o, e in zip(offsets, ends)]
