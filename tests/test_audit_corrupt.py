@@ -394,7 +394,7 @@ def write_answers(results, name, answers, without_answers):
     artifacts.write_parquet(path, table, datasets.ANSWERS_SCHEMA)
     artifacts.write_manifest(
         artifacts.manifest_path(path), stage="datasets.answers", params={},
-        stats={"questions_without_answers": without_answers, "rows": len(answers)},
+        stats={"questions_without_answers": without_answers, "questions": len(answers)},
     )
     return path
 
@@ -413,6 +413,9 @@ def test_answers_a_writer_never_leaves_fail(results, answers, counted, check, ca
     kept = write_answers(results, "intact", [["Paris"], ["Rome", "Roma"], []], 1)
     passes(kept, "no answer blank", capsys)
     passes(kept, "questions without an answer: 1, as the manifest counts", capsys)
+    passes(kept, "row count equals the manifest's: 3 vs 3 (stats.questions)", capsys)
+    pq.write_table(pq.read_table(kept).slice(0, 2), kept)  # a question lost, manifest unchanged
+    fails(kept, "row count equals the manifest's: 2 vs 3 (stats.questions)", capsys)
 
 
 def with_null(results, rel, column, name):
@@ -513,6 +516,30 @@ def sharded_corpus(results, name):
         )
         shards.append((path, span_path))
     return shards
+
+
+@pytest.mark.parametrize(
+    "rel, key",
+    [
+        ("wikipedia/articles/p1.parquet", "articles"),  # extract.py
+        ("datasets/toy/corpus.parquet", "documents"),  # datasets.py
+        ("bm25/toy/negatives.parquet", "queries"),  # bm25.py
+        ("finetune/bert/toy/stage1/hard-negatives.parquet", "queries_mined"),  # mine.py
+    ],
+)
+def test_a_file_with_a_row_removed_fails_against_its_writers_count(results, rel, key, capsys):
+    """The row count was read from stats.rows alone, which these writers do not record: a file
+    with rows lost (its manifest unchanged) passed."""
+    table = pq.read_table(results / rel)
+    path = (results / rel).with_name(f"counted-{key}.parquet")
+    pq.write_table(table, path)
+    artifacts.write_manifest(artifacts.manifest_path(path), stage="test", params={},
+                             stats={key: len(table)})
+    passes(path, f"row count equals the manifest's: {len(table)} vs {len(table)} (stats.{key})",
+           capsys)
+    pq.write_table(table.slice(0, len(table) - 1), path)
+    fails(path, f"row count equals the manifest's: {len(table) - 1} vs {len(table)} "
+          f"(stats.{key})", capsys)
 
 
 def test_a_shard_copied_over_another_fails_against_its_manifest(results, capsys):

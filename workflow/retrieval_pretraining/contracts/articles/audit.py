@@ -25,6 +25,7 @@ def render_articles(a: Audit, t: pa.Table, manifest, n: int) -> None:
 
 KINDS = [
     parquet_kind(
-        "articles", RANK_PARQUET + 0, SCHEMA, lambda c: set(SCHEMA.names) <= c, render_articles
+        "articles", RANK_PARQUET + 0, SCHEMA, lambda c: set(SCHEMA.names) <= c, render_articles,
+        counted_by=("articles",),  # extract.py: the pages kept, one row each
     ),
 ]

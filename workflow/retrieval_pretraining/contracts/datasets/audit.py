@@ -193,9 +193,10 @@ def _has(schema: pa.Schema):
 
 
 KINDS = [
+    # The counts datasets.py records (queries and qrels: their renderers check theirs).
     parquet_kind(
         "corpus", RANK_PARQUET + 5, CORPUS_SCHEMA, _has(CORPUS_SCHEMA), render_table_rows("doc_id"),
-        columns=["doc_id"],
+        columns=["doc_id"], counted_by=("documents",),
     ),
     parquet_kind(
         "qrels", RANK_PARQUET + 6, QRELS_SCHEMA, _has(QRELS_SCHEMA), render_qrels
@@ -205,7 +206,8 @@ KINDS = [
         columns=["query_id"],
     ),
     parquet_kind(
-        "answers", RANK_PARQUET + 9, ANSWERS_SCHEMA, _has(ANSWERS_SCHEMA), render_answers
+        "answers", RANK_PARQUET + 9, ANSWERS_SCHEMA, _has(ANSWERS_SCHEMA), render_answers,
+        counted_by=("questions",),
     ),
     json_kind(
         "dataset.json", RANK_JSON + 4,

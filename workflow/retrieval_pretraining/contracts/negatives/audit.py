@@ -182,8 +182,10 @@ KINDS = [
         "negatives", RANK_PARQUET + 3, MINED_SCHEMA,
         lambda c: {"negative_ids", "negative_scores"} <= c, render_negatives,
         shown_as="negatives (mined hard negatives)",
+        counted_by=("queries_mined",),  # mine.py: stats.queries counts those without a positive
     ),
     parquet_kind(
-        "negatives", RANK_PARQUET + 4, SCHEMA, lambda c: "negative_ids" in c, render_negatives
+        "negatives", RANK_PARQUET + 4, SCHEMA, lambda c: "negative_ids" in c, render_negatives,
+        counted_by=("queries",),  # bm25.py: one row per query kept
     ),
 ]
