@@ -124,6 +124,24 @@ def test_embeddings_unlike_their_manifest_or_corpus_fail(results, capsys):
     assert "first difference at row 0: 'd3' vs 'd2'" in out, out
 
 
+def test_embeddings_replaced_by_another_shard_s_array_fail(results, capsys):
+    """An array of the same shape and dtype (another shard's, its ids file untouched) passed
+    every check: encode.py records the .npy file's sha256, and audit compares it. A manifest
+    written before it recorded one is not compared."""
+    recorded = {"rows": 2, "row_range": [1, 3], "dim": 4, "dtype": "float16"}
+    old = write_shard(results, "unhashed", np.ones((2, 4), np.float16), ["d2", "d3"], recorded)
+    status, out = audited(old, capsys)
+    assert status == 0 and "sha256 not recorded" in out and "sha256 equals" not in out, out
+    shard = write_shard(results, "hashed", np.ones((2, 4), np.float16), ["d2", "d3"], recorded)
+    manifest = artifacts.read_json(artifacts.manifest_path(shard))
+    manifest["stats"]["sha256"] = artifacts.sha256_file(shard)
+    artifacts.write_json(artifacts.manifest_path(shard), manifest)
+    passes(shard, "sha256 equals the manifest's", capsys)
+    np.save(shard, np.full((2, 4), 2, np.float16))  # same shape and dtype, other vectors
+    out = fails(shard, "sha256 equals the manifest's: not the array encoded", capsys)
+    assert "PASS  shape and dtype are the manifest's" in out, out
+
+
 @pytest.mark.parametrize("batch", [1, 3, 64])
 def test_the_corpus_ids_of_a_row_range_are_read_across_batches(tmp_path, monkeypatch, batch):
     from retrieval_pretraining.contracts.embeddings import audit as embeddings_audit

@@ -317,6 +317,26 @@ def test_vectors_and_runs_record_their_encoder_s_weights_from_its_manifest(weigh
         assert json.loads(manifest.read_text())["inputs"]["encoder"] == expected, manifest
 
 
+def test_vectors_record_the_sha256_of_the_npy_written(tmp_path, monkeypatch):
+    """Shape and dtype alone passed another shard's array of the same shape in audit: the
+    manifest records the sha256 of the .npy file as written."""
+    import polars as pl
+
+    monkeypatch.setattr(encode, "load_encoder", lambda folder: (None, None))
+    monkeypatch.setattr(encode, "embed",
+                        lambda model, tok, texts, **_: np.ones((len(texts), 4), np.float32))
+    corpus = tmp_path / "corpus.parquet"
+    pl.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["one", "two"]}).write_parquet(
+        corpus)
+    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8,
+              "encode_batch_size": 8, "dtype": "float16"}
+    out = tmp_path / "shard.npy"
+    stats = encode.encode_corpus_shard(corpus, tmp_path / "encoder", 0, 1, out,
+                                       tmp_path / "ids.parquet", config)
+    recorded = artifacts.read_json(artifacts.manifest_path(out))["stats"]["sha256"]
+    assert recorded == stats["sha256"] == artifacts.sha256_file(out)
+
+
 @pytest.mark.parametrize("cores, threads", [(1, 2), (2, 2), (4, 3), (8, 7), (9, 8), (64, 8)])
 def test_a_gpu_encoder_tokenises_ahead_on_its_job_s_cores_but_one(cores, threads, monkeypatch):
     """On the first GPU run two tokenising threads set the encoder's pace, not the GPU: encoding

@@ -390,9 +390,12 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
     with artifacts.atomic_path(out_npy) as tmp:
         with open(tmp, "wb") as handle:  # np.save on a path would append ".npy" to the temp name
             np.save(handle, vectors.astype(knobs.dtype), allow_pickle=False)
+        # Shape and dtype alone pass another shard's array of the same shape; hashed from the file
+        # written (a second or two a shard, beside minutes of encoding).
+        digest = artifacts.sha256_file(tmp)
     artifacts.write_parquet(out_ids, pa.table({"doc_id": frame["doc_id"].to_arrow()}), IDS_SCHEMA)
     stats = {"rows": hi - lo, "row_range": [lo, hi], "dim": int(vectors.shape[1]),
-             "dtype": knobs.dtype}
+             "dtype": knobs.dtype, "sha256": digest}
     if mismatches:  # kept where the vectors are, so a table's number can be traced to them
         stats["use_mismatches"] = mismatches
     manifest = artifacts.write_manifest(

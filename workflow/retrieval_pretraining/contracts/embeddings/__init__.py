@@ -2,7 +2,8 @@
 
 shard-XXXX.npy holds one float vector per document of the shard's row range, in corpus order (a
 plain .npy array, never a pickle); shard-XXXX.ids.parquet holds their doc ids in the same order
-(row i = vector i); the manifest beside the .npy records the range, dimension and dtype.
+(row i = vector i); the manifest beside the .npy records the range, dimension, dtype and the
+.npy file's sha256.
 """
 
 from __future__ import annotations

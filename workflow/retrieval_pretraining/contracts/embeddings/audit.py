@@ -1,6 +1,6 @@
 """How `audit` shows and checks encoded corpus shards: the vectors (every row finite, their
-norms, shape and dtype as the manifest records) and one id per vector, the ids being the corpus's
-doc ids over the shard's row range in order (vector i is corpus row lo + i)."""
+norms, sha256, shape and dtype as the manifest records) and one id per vector, the ids being the
+corpus's doc ids over the shard's row range in order (vector i is corpus row lo + i)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from ... import artifacts
 from ..base import (
     RANK_NAME, RANK_PARQUET, UNREADABLE, Audit, Kind, NotAnArtifact, input_path, parquet_kind,
     read_manifest, render_table_rows, show_manifest, show_snakemake_record,
@@ -59,13 +60,19 @@ def first_difference(found: list[str], expected: list[str]) -> str:
 
 
 def check_against_manifest(a: Audit, x: np.ndarray, manifest: dict | None) -> None:
-    """The array is what encode.py recorded (rows, dim, dtype), and its ids are the corpus's doc
-    ids over the recorded row range, in order: the index maps vector i to ids[i], so ids shifted
-    or reordered would return the wrong documents for every hit, and a shard stale beside a
-    newer manifest would mix two encodings."""
+    """The array is what encode.py recorded (its sha256, rows, dim, dtype), and its ids are the
+    corpus's doc ids over the recorded row range, in order: the index maps vector i to ids[i], so
+    ids shifted or reordered would return the wrong documents for every hit, and a shard stale
+    beside a newer manifest would mix two encodings."""
     if not manifest or UNREADABLE in manifest:
         return
     stats = manifest.get("stats") or {}
+    if "sha256" in stats:  # another shard's array of the same shape passes every other check
+        same = artifacts.sha256_file(a.path) == stats["sha256"]
+        a.check("sha256 equals the manifest's", same, "" if same else
+                f"not the array encoded; rerun the job that encoded {a.path.name}")
+    else:
+        a.say("  sha256 not recorded (encoded before encode.py recorded it): not compared")
     if {"rows", "dim", "dtype"} <= set(stats):
         recorded = ((stats["rows"], stats["dim"]), str(stats["dtype"]))
         a.check("shape and dtype are the manifest's (rows, dim, dtype)",
