@@ -604,6 +604,17 @@ def test_the_masking_budget_rounds_to_nearest_not_down(whole_word, n_inner, rate
         assert (labels != -100).sum() == budget, seed
 
 
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_a_short_text_still_masks_one_token(whole_word):
+    """The budget is floored at 1, as the docstring says: 3 inner tokens at 0.15 round to 0
+    (0.45), and a chunk that predicts nothing would add no MLM signal."""
+    ids = np.array([101, 200, 201, 202, 102])
+    for seed in range(20):
+        _, labels = pdata.mask_tokens(ids, np.arange(1, 4), np.random.default_rng(seed), VOCAB,
+                                      0.15, whole_word)
+        assert (labels != -100).sum() == 1, seed
+
+
 def test_an_inner_unk_can_be_masked_but_is_never_a_bag_target_or_replacement():
     """As Google's BERT: [UNK] inside a text is a token like any other to mask and predict; it is
     excluded (with the other special ids) from the bag and from random replacements."""
