@@ -42,16 +42,14 @@ def mask_tokens(
     ids: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, vocab: Vocab,
     rate: float, whole_word: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT masking of one chunk: select ~rate of its inner tokens, the budget being
-    max(1, round(rate * inner tokens)) (at least one: 3 tokens at 0.15 round to 0, and a chunk
-    predicting nothing adds no MLM signal); 80% [MASK], 10% a random id (never an excluded one:
-    `Vocab.replacements`), 10% kept. Every inner token can be selected,
+    """BERT masking of one chunk: select ~rate of its inner tokens; 80% [MASK], 10% a random id
+    (never an excluded one: `Vocab.replacements`), 10% kept. Every inner token can be selected,
     an [UNK] too (it is then predicted, as in Google's BERT), though [UNK] is excluded from the
     bag (`bag_of_ids`) and from random replacements with the other special ids.
 
     Returns (masked ids, labels with -100 where nothing is predicted). With `whole_word`, whole
     words (from `word_starts`; a word ends where the next begins or at the final [SEP]) are
-    selected in random order while they fit in the budget.
+    selected in random order while they fit in the budget of round(rate * tokens) tokens.
     """
     ids = ids.astype(np.int64)
     n_inner = len(ids) - 2
