@@ -284,6 +284,24 @@ def exported_encoder(folder: Path, weights: dict | None = WEIGHTS) -> Path:
     return folder
 
 
+def _encode_two_documents(tmp_path, monkeypatch, encoder, dtype):
+    """encode_corpus_shard over a two-document corpus with the model stubbed (vectors of ones):
+    (the .npy written, its stats, the knobs)."""
+    import polars as pl
+
+    monkeypatch.setattr(encode, "load_encoder", lambda folder: (None, None))
+    monkeypatch.setattr(encode, "embed",
+                        lambda model, tok, texts, **_: np.ones((len(texts), 4), np.float32))
+    corpus = tmp_path / "corpus.parquet"
+    pl.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["one", "two"]}).write_parquet(
+        corpus)
+    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8,
+              "encode_batch_size": 8, "dtype": dtype}
+    out = tmp_path / "shard.npy"
+    stats = encode.encode_corpus_shard(corpus, encoder, 0, 1, out, tmp_path / "ids.parquet", config)
+    return out, stats, config
+
+
 @pytest.mark.parametrize("weights", [WEIGHTS, None])
 def test_vectors_and_runs_record_their_encoder_s_weights_from_its_manifest(weights, tmp_path,
                                                                           monkeypatch):
@@ -292,19 +310,8 @@ def test_vectors_and_runs_record_their_encoder_s_weights_from_its_manifest(weigh
     its own manifest (not rehashed); an encoder whose manifest records none gets its path."""
     import json
 
-    import polars as pl
-
     encoder = exported_encoder(tmp_path / "encoder", weights)
-    monkeypatch.setattr(encode, "load_encoder", lambda folder: (None, None))
-    monkeypatch.setattr(encode, "embed",
-                        lambda model, tok, texts, **_: np.ones((len(texts), 4), np.float32))
-    corpus = tmp_path / "corpus.parquet"
-    pl.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["one", "two"]}).write_parquet(
-        corpus)
-    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8,
-              "encode_batch_size": 8, "dtype": "float32"}
-    out = tmp_path / "shard.npy"
-    encode.encode_corpus_shard(corpus, encoder, 0, 1, out, tmp_path / "ids.parquet", config)
+    out, _, config = _encode_two_documents(tmp_path, monkeypatch, encoder, "float32")
     index = faiss_index.build(np.eye(4, dtype=np.float32))
     monkeypatch.setattr(faiss_index, "load", lambda folder: (index, pa.array(["a", "b", "c", "d"])))
     monkeypatch.setattr(dense_search, "encode_queries",
@@ -320,19 +327,7 @@ def test_vectors_and_runs_record_their_encoder_s_weights_from_its_manifest(weigh
 def test_vectors_record_the_sha256_of_the_npy_written(tmp_path, monkeypatch):
     """Shape and dtype alone passed another shard's array of the same shape in audit: the
     manifest records the sha256 of the .npy file as written."""
-    import polars as pl
-
-    monkeypatch.setattr(encode, "load_encoder", lambda folder: (None, None))
-    monkeypatch.setattr(encode, "embed",
-                        lambda model, tok, texts, **_: np.ones((len(texts), 4), np.float32))
-    corpus = tmp_path / "corpus.parquet"
-    pl.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["one", "two"]}).write_parquet(
-        corpus)
-    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8,
-              "encode_batch_size": 8, "dtype": "float16"}
-    out = tmp_path / "shard.npy"
-    stats = encode.encode_corpus_shard(corpus, tmp_path / "encoder", 0, 1, out,
-                                       tmp_path / "ids.parquet", config)
+    out, stats, _ = _encode_two_documents(tmp_path, monkeypatch, tmp_path / "encoder", "float16")
     recorded = artifacts.read_json(artifacts.manifest_path(out))["stats"]["sha256"]
     assert recorded == stats["sha256"] == artifacts.sha256_file(out)
 

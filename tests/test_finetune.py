@@ -56,7 +56,8 @@ def test_loss_matches_naive_loop(group_size, temperature, offset):
 
 
 class _FixedVectors(torch.nn.Module):
-    """Stands for the bi-encoder: returns the given query and passage vectors, whatever the input."""
+    """Stands for the bi-encoder: returns the given query and passage vectors, whatever the
+    input."""
 
     def __init__(self, q: torch.Tensor, p: torch.Tensor):
         super().__init__()
