@@ -35,20 +35,20 @@ class ExtractError(BadInput, RuntimeError):
     """
 
 
-class CorruptStream(ExtractError):
-    """bz2 data that does not decompress (`stream_start`: where its stream starts)."""
+class StreamError(ExtractError):
+    """An error inside the bz2 stream that starts at byte `stream_start`."""
 
     def __init__(self, message: str, stream_start: int = 0):
         super().__init__(message)
         self.stream_start = stream_start
 
 
-class CutStream(ExtractError):
-    """The data ends inside a bz2 stream (`stream_start`: where that stream starts)."""
+class CorruptStream(StreamError):
+    """bz2 data that does not decompress."""
 
-    def __init__(self, message: str, stream_start: int = 0):
-        super().__init__(message)
-        self.stream_start = stream_start
+
+class CutStream(StreamError):
+    """The data ends inside a bz2 stream."""
 
 
 class CutPage(ExtractError):
