@@ -87,10 +87,6 @@ def get_all_dump_files():
     return files
 
 
-# The checksums `download fetch` verifies, strongest first (it verifies the first one given).
-DUMP_CHECKSUMS = ("sha256", "sha1", "md5")
-
-
 def _local_file(entry, prefix=""):
     """The local file a part's (prefix="index_": its index's) URL names, as an input (checked to
     lie inside the project or data_root), or [] for an http(s) URL.
@@ -104,7 +100,7 @@ def _local_file(entry, prefix=""):
         return []
     # Raises, naming the fix, when the file lies outside the project and data_root.
     experiment_config.resolve_path(path, config["data_root"])
-    pinned = any(entry.get(f"{prefix}{key}") for key in DUMP_CHECKSUMS)
+    pinned = any(entry.get(f"{prefix}{key}") for key in dump_fetch.CHECKSUMS)
     return ancient(str(path)) if pinned else str(path)
 
 
@@ -119,7 +115,7 @@ def _fetch_flags(entry, prefix=""):
     # A dump file is named by its path on the mirror; the mirror itself comes as a resource.
     flags = ["--url", dump_fetch.path_on_mirror(entry[f"{prefix}url"], _dump_mirror())]
     # Only the strongest checksum given: fetch verifies that one (sha256 > sha1 > md5).
-    for key in DUMP_CHECKSUMS:
+    for key in dump_fetch.CHECKSUMS:
         if entry.get(f"{prefix}{key}"):
             flags += [f"--{key}", entry[f"{prefix}{key}"]]
             break
