@@ -77,6 +77,20 @@ def test_sign_patterns_that_tie_with_the_observed_mean_count_as_extreme():
     assert p == pytest.approx(0.5, abs=0.02)  # 0.5 +- 5.7 standard errors of 20,000 draws
 
 
+def test_a_tie_that_differs_from_the_observed_mean_only_by_rounding_still_counts():
+    """Differences 0.1, 0.5, 0.5, -1.0: flipping the 0.1 alone, or the 0.5, 0.5, -1.0 together
+    (their sum is exactly 0), or all of them or none, gives |mean| = 0.025, and every other pattern
+    at least 0.225: the exact p is 1. But 0.1 + 0.5 + 0.5 - 1.0 rounds differently in another order
+    (d.mean() gives 0.025000000000000022, the matrix product of a pattern a few ulps less, even for
+    the observed pattern itself), so an exact >= drops these ties: p ~0.77."""
+    a, b = np.array([0.1, 0.5, 0.5, 0.0]), np.array([0.0, 0.0, 0.0, 1.0])
+    mean, p = permutation_test(a, b, 999)
+    assert mean == pytest.approx(0.025)
+    assert p == 1.0
+    # A mean difference of exactly 0 (observed 0, the tolerance no help or harm): every pattern ties.
+    assert permutation_test(np.array([0.5, 0.0]), np.array([0.0, 0.5]), 999) == (0.0, 1.0)
+
+
 def test_permutation_and_t_test_agree_on_a_large_sample():
     rng = np.random.default_rng(2)
     a = rng.uniform(0, 1, 300)
