@@ -615,6 +615,24 @@ def test_a_short_text_still_masks_one_token(whole_word):
         assert (labels != -100).sum() == 1, seed
 
 
+def test_a_word_wider_than_the_whole_word_budget_is_skipped_as_in_bert():
+    """As Google's BERT (create_pretraining_data.py, do_whole_word_mask) and transformers'
+    DataCollatorForWholeWordMask: a word whose pieces would overflow the budget is skipped, neither
+    cut nor forced in (ARCHITECTURE.md). One 3-piece word at budget 1 (0.45 floored at 1) masks
+    nothing; beside a 1-piece word (budget round(0.6) = 1), that word is masked whichever of the
+    two the random order tries first."""
+    ids = np.array([101, 200, 201, 202, 102])
+    for seed in range(20):
+        masked, labels = pdata.mask_tokens(ids, np.array([1]), np.random.default_rng(seed), VOCAB,
+                                           0.15, True)
+        assert (labels == -100).all() and (masked == ids).all(), seed
+    ids = np.array([101, 200, 201, 202, 203, 102])  # words [1, 4) and [4, 5)
+    for seed in range(20):
+        _, labels = pdata.mask_tokens(ids, np.array([1, 4]), np.random.default_rng(seed), VOCAB,
+                                      0.15, True)
+        assert np.flatnonzero(labels != -100).tolist() == [4], seed
+
+
 def test_an_inner_unk_can_be_masked_but_is_never_a_bag_target_or_replacement():
     """As Google's BERT: [UNK] inside a text is a token like any other to mask and predict; it is
     excluded (with the other special ids) from the bag and from random replacements."""
