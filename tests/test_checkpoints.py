@@ -299,6 +299,71 @@ def test_offline_a_cache_with_the_tokenizer_alone_says_the_weights_are_missing(
     assert not (tmp_path / "ckpt").exists()
 
 
+def _hub_unreachable(monkeypatch, cache: Path) -> None:
+    """HF_HUB_OFFLINE unset, `cache` the Hugging Face cache, and no answer from the Hub to the
+    calls snapshot_download makes before it falls back to the cache."""
+    import httpx2
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    def network_down(*args, **kwargs):
+        raise httpx2.ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", network_down)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", network_down)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["no-file-listing", "file-listing"])
+def test_with_the_network_down_a_cache_with_the_tokenizer_alone_says_the_hub_was_not_reached(
+    monkeypatch, tmp_path, listed
+):
+    """As above, but HF_HUB_OFFLINE unset and the Hub unreachable: snapshot_download falls back to
+    the cache. Without a cached file listing it returns the tokenizer's snapshot as it is, which
+    was refused with "no *.safetensors weights" (as if the Hub revision had none); with one, the
+    error blamed HF_HUB_OFFLINE. It says the cache lacks the weights and the Hub was not reached."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    _tokenizer_only_cache(cache, listed)
+    _hub_unreachable(monkeypatch, cache)
+    with pytest.raises(FileNotFoundError) as error:
+        checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+    message = str(error.value)
+    assert (f"the Hugging Face cache ({cache}) has its tokenizer but not its weights "
+            "(*.safetensors; the snapshot holds config.json, ") in message
+    assert "the Hub could not be reached" in message and "HF_HUB_OFFLINE forbids" not in message
+    assert (f"`hf download sentence-transformers/x --revision {COMMIT} --include '*.json' "
+            "--include '*.txt' --include '*.safetensors'`") in message
+    # Nothing cached at all: not in the cache, and again not for HF_HUB_OFFLINE's sake.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(FileNotFoundError, match=r"is not in the Hugging Face cache .* and the Hub "
+                       r"could not be reached to download it"):
+        checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_hub_revision_whose_listing_has_no_safetensors_is_said_to_have_none(
+    monkeypatch, tmp_path
+):
+    """The Hub unreachable, but the cached file listing of the commit (the Hub's word on its
+    files) has no *.safetensors: the snapshot lacks nothing of the revision, so the model-folder
+    error (the revision has no safetensors) stands, not "the cache lacks the weights"."""
+    cache = tmp_path / "hf-cache"
+    _tokenizer_only_cache(cache, listed=True)
+    listing = cache / "models--sentence-transformers--x" / "trees" / f"{COMMIT}.json"
+    tree = json.loads(listing.read_text())
+    tree["files"] = {name: f for name, f in tree["files"].items()
+                     if not name.endswith(".safetensors")}
+    listing.write_text(json.dumps(tree))
+    _hub_unreachable(monkeypatch, cache)
+    with pytest.raises(ModelFolderError, match=r"has no \*\.safetensors weights"):
+        checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
+
+
 def test_chunks_tokenised_at_another_commit_than_the_checkpoint_are_refused(monkeypatch, tmp_path):
     """stage_tokenizer and stage_checkpoint resolve `main` separately: if an upload fell between
     them, the pre-training stage must refuse rather than mix the two commits."""

@@ -73,8 +73,9 @@ def source_folder(
 
     Hub files go to the Hugging Face cache (HF_HOME / HF_HUB_CACHE), not a folder of this run: a
     restage of the same revision (any edit of the code the rule depends on reruns it) then works
-    offline, with HF_HUB_OFFLINE=1 as the README exports it. Offline, a cached snapshot without the
-    weights asked for (stage_tokenizer's) is refused saying so, with the command that fetches them.
+    offline, with HF_HUB_OFFLINE=1 as the README exports it. Offline (or with the Hub unreachable),
+    a cached snapshot without the weights asked for (stage_tokenizer's) is refused saying so, with
+    the command that fetches them.
     """
     source, location = entry["source"], entry["location"]
     if source == "package":
@@ -92,7 +93,7 @@ def source_folder(
     try:
         folder = Path(snapshot_download(location, revision=entry.get("revision"),
                                         allow_patterns=list(patterns)))
-    except LocalEntryNotFoundError as error:  # offline, and the cache lacks this revision
+    except LocalEntryNotFoundError as error:  # offline or unreachable, and not in the cache
         # An IncompleteSnapshotError names the snapshot it found (its cached file listing says
         # files are missing): stage_tokenizer's, without the weights, is the usual one.
         snapshot = getattr(error, "snapshot_path", None)
@@ -100,16 +101,42 @@ def source_folder(
             raise _weights_not_cached(entry, Path(snapshot), patterns) from error
         raise FileNotFoundError(
             f"Hub checkpoint {location} (revision {entry.get('revision') or 'main'}) is not in "
-            f"the Hugging Face cache ({_hub_cache()}) and HF_HUB_OFFLINE forbids downloading it: "
-            "run stage_checkpoint / stage_tokenizer once online (README, Slurm step 2), or point "
+            f"the Hugging Face cache ({_hub_cache()}) and {_not_downloaded('it')}: run "
+            "stage_checkpoint / stage_tokenizer once online (README, Slurm step 2), or point "
             "HF_HOME at the cache that holds it"
         ) from error
-    # Offline, a snapshot is returned as cached whatever it lacks (when no file listing of it was
-    # cached): without this, the tokenizer's snapshot was refused as a model folder with "no
-    # *.safetensors weights", which reads as if the Hub revision had none.
-    if constants.is_offline_mode() and _weights_missing(folder, patterns):
+    # Offline or with the Hub unreachable, a snapshot is returned as cached whatever it lacks when
+    # no file listing of it was cached: without this, the tokenizer's snapshot was refused as a
+    # model folder with "no *.safetensors weights", which reads as if the Hub revision had none.
+    if _weights_missing(folder, patterns) and (
+        constants.is_offline_mode() or not _listing_cached(location, folder)
+    ):
         raise _weights_not_cached(entry, folder, patterns)
     return folder
+
+
+def _listing_cached(location: str, snapshot: Path) -> bool:
+    """Whether the cache holds the Hub's file listing of the snapshot's commit. snapshot_download
+    caches it whenever it reads the Hub, and refuses a snapshot that lacks a listed file when it
+    cannot: without a listing, the snapshot came from the cache alone, the Hub unread; with one, a
+    file the snapshot lacks is one the Hub revision lacks."""
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
+    try:
+        get_cached_repo_tree(location, revision=snapshot.name)
+    except CachedRepoTreeNotFoundError:
+        return False
+    return True
+
+
+def _not_downloaded(what: str) -> str:
+    """Why snapshot_download kept to the cache: HF_HUB_OFFLINE, or else a Hub it could not reach."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return f"HF_HUB_OFFLINE forbids downloading {what}"
+    return f"the Hub could not be reached to download {what} (HF_HUB_OFFLINE is not set)"
 
 
 def _weights_missing(snapshot: Path, patterns: tuple[str, ...]) -> bool:
@@ -120,9 +147,9 @@ def _weights_missing(snapshot: Path, patterns: tuple[str, ...]) -> bool:
 def _weights_not_cached(
     entry: dict[str, Any], snapshot: Path, patterns: tuple[str, ...]
 ) -> FileNotFoundError:
-    """Offline, the cache holds the repository's tokenizer (stage_tokenizer fetches only that)
-    but not its weights: say so, and how to fetch them at the snapshot's commit, so that the
-    weights match the tokenizer the corpus was chunked with."""
+    """Offline or with the Hub unreachable, the cache holds the repository's tokenizer
+    (stage_tokenizer fetches only that) but not its weights: say so, and how to fetch them at the
+    snapshot's commit, so that the weights match the tokenizer the corpus was chunked with."""
     location = entry["location"]
     held = sorted(p.name for p in snapshot.iterdir()) if snapshot.is_dir() else []
     what = "tokenizer" if set(held) & set(_TOKENIZER_FILES) else "files"
@@ -132,8 +159,8 @@ def _weights_not_cached(
     return FileNotFoundError(
         f"Hub checkpoint {location} (revision {entry.get('revision') or 'main'}): the Hugging "
         f"Face cache ({_hub_cache()}) has its {what} but not its weights (*.safetensors; the "
-        f"snapshot holds {', '.join(held) or 'nothing'}), and HF_HUB_OFFLINE forbids downloading "
-        "them: stage_tokenizer fetches the tokenizer alone. Fetch the weights once online: run "
+        f"snapshot holds {', '.join(held) or 'nothing'}), and {_not_downloaded('them')}: "
+        "stage_tokenizer fetches the tokenizer alone. Fetch the weights once online: run "
         "stage_checkpoint there (README, Slurm step 2), or on a machine with network and this "
         "cache (HF_HOME / HF_HUB_CACHE pointing at it) "
         f"`hf download {location} --revision {revision} {include}`"
