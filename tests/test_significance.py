@@ -27,6 +27,15 @@ R_BONFERRONI = [5.23656777208e-04, 2.8140506198e-03, 0.149877310796, 0.202732688
 R_HOLM = [5.23656777208e-04, 2.53264555782e-03, 0.1199018486368, 0.1419128821586] + [1.0] * 6
 
 
+def test_the_significance_defaults_are_the_documented_ones():
+    """report.schema.yaml: a t-test, 10,000 sign flips for the permutation test, no correction."""
+    from retrieval_pretraining.tables.significance import settings
+
+    got = settings({"report": {"significance": {"alpha": 0.05, "baselines": []}}})
+    assert got == {"test": "t-test", "permutations": 10000, "correction": "none", "alpha": 0.05,
+                   "baselines": []}
+
+
 def test_holm_on_a_hand_computed_case():
     # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.06
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
@@ -47,6 +56,8 @@ def test_an_untestable_comparison_stays_outside_the_family():
     adjusted = holm([0.01, math.nan, 0.02])
     assert math.isnan(adjusted[1]) and adjusted[0] == pytest.approx(0.02)
     assert adjusted[2] == pytest.approx(0.02)  # m = 2, not 3
+    assert bonferroni([0.01, math.nan, 0.02]) == pytest.approx([0.02, math.nan, 0.04],
+                                                               nan_ok=True)  # m = 2 there too
 
 
 def test_permutation_test_approaches_the_exact_randomisation_p_value():
@@ -179,3 +190,89 @@ def test_a_delta_that_rounds_to_nothing_is_shown_without_a_sign():
 
     assert signed(0.6450817 - 0.6451, 3) == "±0.000"  # the demo's all-MiniLM-L6-v2 row
     assert signed(0.012, 3) == "+0.012" and signed(-0.0051, 3) == "-0.005"
+
+
+def test_a_row_that_cannot_be_tested_leaves_its_columns_family_and_the_legend_says_the_largest(
+        tmp_path):
+    """bow scores exactly what BM25 does on R@100 (no evidence either way: p is NaN), so that
+    column's Holm family holds the two other rows, not three: its tests are corrected, and the cell
+    records, for m = 2; the legend names the largest family of the mark (nDCG@10's 3)."""
+    results = _family_of_three(tmp_path)
+    for system in ("bm25", "bert-stage1", "costa-stage1", "bow-stage1"):
+        path = results / "metrics" / "scifact" / system / "test.json"
+        data = json.loads(path.read_text())
+        scores = dict(data["per_query"]["nDCG@10"])
+        if system == "bow-stage1":
+            bm25 = json.loads((results / "metrics/scifact/bm25/test.json").read_text())
+            scores = dict(bm25["per_query"]["nDCG@10"])
+        data["per_query"]["R@100"] = scores
+        data["aggregate"]["R@100"] = float(np.mean(list(scores.values())))
+        path.write_text(json.dumps(data))
+    columns = [{"dataset": "scifact", "split": "test", "measure": m} for m in ("nDCG@10", "R@100")]
+    _, text = _build(tmp_path, results, {"correction": "holm"}, columns=columns)
+    summary = json.loads((tmp_path / "tables.json").read_text())
+    rows = {r["system"]: r["cells"] for g in summary["tables"]["t"] for r in g["rows"]}
+    assert math.isnan(rows["bow-stage1"][1]["tests"]["bm25"]["p"])
+    tested = ["bert-stage1", "costa-stage1"]
+    recall = [rows[system][1]["tests"]["bm25"] for system in tested]
+    for test, adjusted in zip(recall, holm([t["p"] for t in recall])):
+        assert test["family"] == 2 and test["p_adjusted"] == pytest.approx(adjusted)
+    assert all(rows[system][0]["tests"]["bm25"]["family"] == 3 for system in tested)
+    assert "† 3 tests" in text
+
+
+def test_a_p_value_equal_to_alpha_is_significant_as_the_legend_says(tmp_path):
+    """p ≤ alpha, not p < alpha: 40 positive differences of distinct sizes, 999 random sign
+    patterns of which none reaches |mean d|, give a randomisation p of exactly 1 / 1000."""
+    results = tmp_path / "results"
+    base = np.linspace(0.2, 0.4, len(QIDS))
+    write_metrics(results, "scifact", "bm25", "test", {"nDCG@10": base})
+    write_metrics(results, "scifact", "costa-stage1", "test",
+                  {"nDCG@10": base + np.linspace(0.01, 0.05, len(QIDS))})
+    cells, text = _build(tmp_path, results, {"alpha": 0.001, "test": "permutation",
+                                             "permutations": 999}, rows=[{"model": "costa"}])
+    assert cells["costa-stage1"]["tests"]["bm25"]["p"] == 0.001
+    assert cells["costa-stage1"]["marks"] == "†" and "p ≤ 0.001" in text
+
+
+def test_a_baseline_s_published_number_sits_only_beside_its_own_split(tmp_path):
+    """MiniLM's published SciFact *test* nDCG@10 (0.5) belongs beside that column alone, not
+    beside our dev split's nDCG@10 with a delta against it."""
+    results = _family_of_three(tmp_path)
+    rng = np.random.default_rng(8)
+    for system in ("bm25", "minilm"):
+        write_metrics(results, "scifact", system, "dev", {"nDCG@10": rng.uniform(0, 1, len(QIDS))})
+    write_metrics(results, "scifact", "minilm", "test", {"nDCG@10": np.full(len(QIDS), 0.55)})
+    columns = [{"dataset": "scifact", "split": split, "measure": "nDCG@10"}
+               for split in ("test", "dev")]
+    _build(tmp_path, results, {"correction": "holm"}, rows=[], baseline_rows=["minilm"],
+           columns=columns)
+    summary = json.loads((tmp_path / "tables.json").read_text())
+    minilm = next(r for g in summary["tables"]["t"] for r in g["rows"] if r["system"] == "minilm")
+    assert [cell["published"] for cell in minilm["cells"]] == [0.5, None]
+
+
+def test_queries_scored_for_one_system_only_are_left_out_of_the_paired_test(tmp_path, caplog):
+    """Metrics scored against different qrels (a stale file): ours lacks q0-q2, BM25's lacks
+    q3-q5; the pairs are the 34 queries both have, each with its own two scores, and a warning
+    says how many were dropped."""
+    from scipy import stats
+
+    rng = np.random.default_rng(9)
+    results = tmp_path / "results"
+    base, ours = rng.uniform(0.2, 0.6, len(QIDS)), rng.uniform(0.3, 0.7, len(QIDS))
+    write_metrics(results, "scifact", "bm25", "test", {"nDCG@10": base})
+    write_metrics(results, "scifact", "costa-stage1", "test", {"nDCG@10": ours})
+    for system, dropped in (("costa-stage1", QIDS[:3]), ("bm25", QIDS[3:6])):
+        path = results / "metrics" / "scifact" / system / "test.json"
+        data = json.loads(path.read_text())
+        data["per_query"]["nDCG@10"] = {q: v for q, v in data["per_query"]["nDCG@10"].items()
+                                        if q not in dropped}
+        path.write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="retrieval_pretraining.tables.significance"):
+        cells, _ = _build(tmp_path, results, {}, rows=[{"model": "costa"}])
+    test = cells["costa-stage1"]["tests"]["bm25"]
+    ref = stats.ttest_rel(ours[6:], base[6:])
+    assert test["n"] == 34 and test["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+    assert any("6 queries scored for only one system; testing the 34 common ones" in r.getMessage()
+               for r in caplog.records)
