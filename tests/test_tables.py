@@ -262,10 +262,12 @@ def test_the_low_resource_figure_s_document_is_its_section_from_its_metrics_alon
 
     results = tmp_path / "results"
     rng = np.random.default_rng(3)
+    means: dict[str, list[float]] = {}
     for model in ("bert", "costa"):
         for k in range(2):
-            write_metrics(results, "scifact", f"{model}-lr10-s{k}", "test",
-                          {"nDCG@10": rng.uniform(0, 1, len(QIDS))})
+            scores = rng.uniform(0, 1, len(QIDS))
+            write_metrics(results, "scifact", f"{model}-lr10-s{k}", "test", {"nDCG@10": scores})
+            means.setdefault(model, []).append(float(np.mean(scores)))
     p = params()
     p["report"]["low_resource"] = {
         "title": "Low-resource", "dataset": "scifact", "split": "test", "measure": "nDCG@10",
@@ -279,6 +281,18 @@ def test_the_low_resource_figure_s_document_is_its_section_from_its_metrics_alon
     assert text.startswith("### Low-resource") and "| N=10 |" in text
     assert "# Results" not in text and "Provenance" not in text
     assert figure.stat().st_size > 1000
+    # Each cell: the mean over the splits' values, then their sample sd (ddof 1).
+    for model, label in (("bert", "BERT"), ("costa", "COSTA")):
+        v = means[model]
+        assert f"| {label} | {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f} |" in text, text
+    # At the configured decimals, as the other tables print theirs.
+    from retrieval_pretraining.tables.low_resource import low_resource
+    from retrieval_pretraining.tables.metrics import MetricsCache
+
+    p["report"]["decimals"] = 4
+    text, _ = low_resource(p["report"]["low_resource"], p, MetricsCache(results), None)
+    v = means["costa"]
+    assert f"| COSTA | {np.mean(v):.4f} ± {np.std(v, ddof=1):.4f} |" in text, text
 
 
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
@@ -427,6 +441,10 @@ def test_published_lookup_by_fine_tuning_setting():
     assert paper_value("cocondenser", "nq-test", "Acc@5", **final).value == 0.758
     assert paper_value("cocondenser", "nq-test", "Acc@20", **final).value == 0.843
     assert paper_value("cocondenser", "nq-test", "Acc@20", "bm25-negatives") is None
+    # A final stage with no published counterpart (round2 of a passage table, a third stage)
+    # takes only a number whose setting is unknown, never another setting's.
+    for group in ("round2", None):
+        assert paper_value("costa", "msmarco-passage-dev", "RR@10", group, final_group=True) is None
 
 
 # The paper numbers of REFERENCE.md ("Paper numbers to place beside ours"), copied from there by
@@ -492,6 +510,22 @@ def test_bm25_label_and_published_value_follow_each_datasets_own_k1_b():
     assert label == "BM25 (msmarco-passage: k1=0.82, b=0.68; scifact: k1=0.9, b=0.4)", label
     assert bm25_settings(p, "msmarco-passage") == {"k1": 0.82, "b": 0.68}
     assert bm25_settings(p, "unlisted") == {"k1": 0.9, "b": 0.4}  # the shared values
+
+
+def test_the_bm25_rows_published_number_is_the_one_for_its_datasets_own_k1_b(tmp_path):
+    """MS MARCO searched with tuned BM25 (k1 0.82, b 0.68) while the shared values are Anserini's
+    flat 0.9 / 0.4: the number beside the row is the tuned run's 0.1874, not the flat 0.184."""
+    results = tmp_path / "results"
+    write_metrics(results, "msmarco-passage", "bm25", "dev",
+                  {"RR@10": np.linspace(0.1, 0.3, len(QIDS))})
+    p = params(compare_published=True) | {
+        "bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68}}}
+    p["report"]["tables"] = [{"name": "passage", "rows": [], "columns": [
+        {"dataset": "msmarco-passage", "split": "dev", "measure": "RR@10",
+         "benchmark": "msmarco-passage-dev"}]}]
+    summary = make_tables(p, results, tmp_path / "t.md")
+    [bm25] = [r for g in summary["tables"]["passage"] for r in g["rows"]]
+    assert bm25["label"] == "BM25 (k1=0.82, b=0.68)" and bm25["cells"][0]["published"] == 0.1874
 
 
 def test_zero_shot_provenance_names_the_encoder_it_used(tmp_path):
@@ -803,6 +837,33 @@ def test_what_a_cell_shows_agrees_with_itself():
     assert [r.cells[0].bold for r in group.rows] == [False, True]
 
 
+def test_bold_compares_the_values_at_the_configured_decimals(tmp_path):
+    """report.decimals 4: 0.5261 and 0.5264 print differently, so only the second is bold (at 3
+    decimals both would print 0.526, and both be bold)."""
+    results = tmp_path / "results"
+    for model, value in (("bert", 0.5261), ("costa", 0.5264)):
+        write_metrics(results, "scifact", f"{model}-stage1", "test",
+                      {"nDCG@10": np.full(len(QIDS), value)})
+    p = params(decimals=4, stages=REPORT["stages"][:1])
+    p["models"] = p["models"][:2]
+    p["report"]["tables"] = [{"name": "t", "bm25": False, "baselines": [], "columns": [
+        {"dataset": "scifact", "split": "test", "measure": "nDCG@10"}]}]
+    summary = make_tables(p, results, tmp_path / "t.md")
+    bold = {r["system"]: r["cells"][0]["bold"] for r in summary["tables"]["t"][0]["rows"]}
+    assert bold == {"bert-stage1": False, "costa-stage1": True}
+    assert "| BERT | 0.5261 |" in (tmp_path / "t.md").read_text()
+
+
+def test_a_group_of_one_row_has_no_best_to_bold():
+    """BM25's group holds its one row: bold there would read as the best of the table."""
+    from retrieval_pretraining.tables.layout import Cell
+    from retrieval_pretraining.tables.significance import mark_best
+
+    group = Group("Sparse retrieval", [Row("BM25", "bm25", cells=[Cell(0.7), Cell(None)])])
+    mark_best(group, 3)
+    assert [cell.bold for cell in group.rows[0].cells] == [False, False]
+
+
 def test_a_reference_value_measured_here_is_marked_as_not_published(synthetic, tmp_path):
     """The BM25 reference row is Anserini's published nDCG@10 (0.6789) and an R@100 measured here
     with Pyserini (0.9253): the table marks the second and its legend names the source."""
@@ -837,6 +898,11 @@ def test_a_zero_shot_column_is_not_compared_with_a_number_fine_tuned_on_its_data
 
     assert condenser_published({}) == 0.784
     assert condenser_published({"scifact": "msmarco-passage"}) is None
+    # compare_published: false shows no published number at all, BM25's (0.6789) included.
+    p["report"]["compare_published"] = False
+    summary = make_tables(p, results, tmp_path / "t.md")
+    assert [c["published"] for g in summary["tables"]["beir"] for r in g["rows"]
+            for c in r["cells"]] == [None] * 3
 
 
 def test_tuned_bm25_anchor_is_the_official_mrr_our_rr10_reproduces():
@@ -851,6 +917,16 @@ def test_tuned_bm25_anchor_is_the_official_mrr_our_rr10_reproduces():
     cell = Cell(0.18741227770955546, published=published)
     assert render_cell(cell, 3) == "0.187 (0.187, Δ ±0.000)"
     assert "official eval script" in published.source
+
+
+def test_a_bm25_number_is_published_only_for_both_of_its_parameters():
+    """k1 0.9 with b 0.68 is neither Anserini's flat run (0.9 / 0.4) nor the tuned one (0.82 /
+    0.68): no published number, rather than one of another configuration."""
+    from retrieval_pretraining.paper_numbers import bm25_value
+
+    assert bm25_value(0.9, 0.4, "msmarco-passage-dev", "RR@10").value == 0.1840
+    assert bm25_value(0.9, 0.68, "msmarco-passage-dev", "RR@10") is None
+    assert bm25_value(0.82, 0.4, "msmarco-passage-dev", "RR@10") is None
 
 
 def test_a_published_value_measured_here_is_marked_in_parentheses_too(synthetic, tmp_path):
