@@ -57,6 +57,9 @@ def test_coverage_at_k_hand_example():
     # text 1 (|T| = 1): top1 0, top2 0, top4 {3} -> 1/1
     got = coverage.coverage_at_k(ranked, bags, [1, 2, 4])
     assert got == {1: 0.25, 2: 0.25, 4: 1.0}
+    # A text with nothing to cover (only special ids) is left out of the mean, not a 0 or a 0/0.
+    assert coverage.coverage_at_k(ranked, [{5, 7}, set()], [1, 4]) == {1: 0.5, 4: 1.0}
+    assert all(map(np.isnan, coverage.coverage_at_k(ranked, [set(), set()], [1]).values()))
 
 
 def write_chunk_rows(path: Path, ids: list[list[int]], first_id: int = 0) -> Path:
