@@ -295,6 +295,69 @@ def test_the_low_resource_figure_s_document_is_its_section_from_its_metrics_alon
     assert f"| COSTA | {np.mean(v):.4f} ± {np.std(v, ddof=1):.4f} |" in text, text
 
 
+def lowres_spec(splits: int, sizes=(10, 20)) -> dict:
+    return {"dataset": "scifact", "split": "test", "measure": "nDCG@10", "sizes": list(sizes),
+            "splits": splits, "models": ["bert", "costa"], "system": "{model}-lr{size}-s{split}"}
+
+
+def write_lowres(results: Path, runs: dict[tuple[str, int], int], seed: int = 7) -> dict:
+    """Metrics for the first `runs[(model, N)]` splits of each (model, N); their aggregates."""
+    rng = np.random.default_rng(seed)
+    means: dict[tuple[str, int], list[float]] = {}
+    for (model, n), count in runs.items():
+        for k in range(count):
+            scores = rng.uniform(0, 1, len(QIDS))
+            write_metrics(results, "scifact", f"{model}-lr{n}-s{k}", "test", {"nDCG@10": scores})
+            means.setdefault((model, n), []).append(float(np.mean(scores)))
+    return means
+
+
+def test_a_low_resource_cell_over_fewer_splits_says_so_and_one_split_has_no_sd(tmp_path):
+    """With one split's metrics the cell printed "± 0.000", zero spread, where the sd of one value
+    is undefined; a cell over 2 of 3 splits looked like one over all 3."""
+    from retrieval_pretraining.tables.low_resource import low_resource
+    from retrieval_pretraining.tables.metrics import MetricsCache
+
+    results = tmp_path / "results"
+    means = write_lowres(results, {("bert", 10): 3, ("bert", 20): 2, ("costa", 10): 1,
+                                   ("costa", 20): 3})
+    p = params()
+    p["report"]["low_resource"] = lowres_spec(3)
+    figure = tmp_path / "low-resource.png"
+    text, summary = low_resource(lowres_spec(3), p, MetricsCache(results, True), figure)
+    row = {label: line for line in text.splitlines() for label in ("BERT", "COSTA")
+           if line.startswith(f"| {label} |")}
+    mean_sd = {key: f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" for key, v in means.items()
+               if len(v) > 1}
+    assert row["BERT"] == (f"| BERT | {mean_sd['bert', 10]} | "
+                           f"{mean_sd['bert', 20]} (2 of 3 splits) |"), text
+    assert row["COSTA"] == (f"| COSTA | {means['costa', 10][0]:.3f} ± n/a (1 of 3 splits) | "
+                            f"{mean_sd['costa', 20]} |"), text
+    assert "± 0.000" not in text and "over 3 sampled training-query splits" in text
+    legend = next(line for line in text.splitlines() if line.startswith("Legend: "))
+    assert "fewer than 3" in legend and "n/a" in legend, legend
+    # tables.json: no sd for one value, not 0.
+    assert summary["costa"][10] == {"mean": means["costa", 10][0], "std": None, "splits": 1}
+    assert summary["bert"][20]["splits"] == 2
+    # The figure draws no bar there (a bar of 0 would read as no spread), and says so.
+    assert "none on a point over one split" in text and figure.stat().st_size > 1000
+
+    # Every split present: the cells and the text as before, no legend to read.
+    full = tmp_path / "full"
+    means = write_lowres(full, {(m, n): 3 for m in ("bert", "costa") for n in (10, 20)})
+    text, _ = low_resource(lowres_spec(3), p, MetricsCache(full), None)
+    v = means["costa", 20]
+    assert f"| {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f} |" in text and "Legend" not in text
+
+    # One split configured: the mean alone, and the text says why there is no sd.
+    one = tmp_path / "one"
+    means = write_lowres(one, {(m, n): 1 for m in ("bert", "costa") for n in (10, 20)})
+    text, _ = low_resource(lowres_spec(1), p, MetricsCache(one), figure)
+    assert f"| COSTA | {means['costa', 10][0]:.3f} | {means['costa', 20][0]:.3f} |" in text, text
+    assert "±" not in text and "one sampled training-query split per size" in text
+    assert "no error bars" in text and "Legend" not in text
+
+
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
     results, scores = synthetic
     rng = np.random.default_rng(5)

@@ -33,7 +33,8 @@ def low_resource(
         model: {
             n: {
                 "mean": float(np.mean(v)),
-                "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+                # The sd of one value is undefined, not 0 (no spread): None in tables.json.
+                "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
                 "splits": len(v),
             }
             for n, v in per_n.items()
@@ -41,29 +42,57 @@ def low_resource(
         for model, per_n in data.items()
     }
     decimals = params["report"].get("decimals", 3)
+    k = spec["splits"]
+    over = (f"mean ± sd over {k} sampled training-query splits per size" if k > 1 else
+            "one sampled training-query split per size, so a mean without sd")
     lines = [
         f"### {spec.get('title') or 'Low-resource fine-tuning'}",
         "",
-        f"{spec['dataset']} {spec['split']} {spec['measure']}, mean ± sd over {spec['splits']} "
-        "sampled training-query splits per size.",
+        f"{spec['dataset']} {spec['split']} {spec['measure']}, {over}.",
         "",
         "| model | " + " | ".join(f"N={n}" for n in spec["sizes"]) + " |",
         "|---|" + "---:|" * len(spec["sizes"]),
     ]
     for model, per_n in summary.items():
-        cells = [
-            (
-                f"{per_n[n]['mean']:.{decimals}f} ± {per_n[n]['std']:.{decimals}f}"
-                if n in per_n
-                else "–"
-            )
-            for n in spec["sizes"]
-        ]
+        cells = [render_cell(per_n.get(n), k, decimals) for n in spec["sizes"]]
         lines.append(f"| {labels.get(model, model)} | " + " | ".join(cells) + " |")
+    found = [c for per_n in summary.values() for c in per_n.values()]
+    if any(c["splits"] < k for c in found):
+        lines += ["", legend(k, found)]
     if figure is not None:
         plot_low_resource(summary, spec, labels, figure)
-        lines += ["", f"Figure: `{figure}` (mean ± sd error bars)."]
+        if k == 1:
+            bars = "means of one split each, no error bars"
+        else:
+            bars = "mean ± sd error bars" + (
+                "; none on a point over one split" if any(c["std"] is None for c in found) else "")
+        lines += ["", f"Figure: `{figure}` ({bars})."]
     return "\n".join(lines) + "\n", summary
+
+
+def render_cell(cell: dict[str, Any] | None, splits: int, decimals: int) -> str:
+    """mean ± sd; "± n/a" where one split of several was found (the sd of one value is
+    undefined); how many splits, where fewer than the `splits` the text above the table states
+    (the others' metrics missing: partial tables); – where none was."""
+    if cell is None:
+        return "–"
+    text = f"{cell['mean']:.{decimals}f}"
+    if splits > 1:
+        sd = "n/a" if cell["std"] is None else f"{cell['std']:.{decimals}f}"
+        text += f" ± {sd}"
+    if cell["splits"] < splits:
+        text += f" ({cell['splits']} of {splits} splits)"
+    return text
+
+
+def legend(splits: int, found: list[dict[str, Any]]) -> str:
+    """What the marks on cells over fewer splits mean, as the main tables' legends explain
+    theirs; written only where such a cell is shown."""
+    text = (f"Legend: a cell over fewer than {splits} splits says how many were found; the "
+            "others' metrics files are missing (listed under Missing) and left out of its mean")
+    if any(c["std"] is None for c in found):
+        text += "; ± n/a: one split, whose sd is undefined"
+    return text + "."
 
 
 def plot_low_resource(summary, spec, labels, figure: Path) -> None:
@@ -78,7 +107,8 @@ def plot_low_resource(summary, spec, labels, figure: Path) -> None:
         ax.errorbar(
             ns,
             [per_n[n]["mean"] for n in ns],
-            yerr=[per_n[n]["std"] for n in ns],
+            # NaN draws no bar: a bar of 0 would read as no spread between splits.
+            yerr=[np.nan if per_n[n]["std"] is None else per_n[n]["std"] for n in ns],
             marker="o",
             capsize=3,
             label=labels.get(model, model),
