@@ -358,6 +358,32 @@ def test_a_low_resource_cell_over_fewer_splits_says_so_and_one_split_has_no_sd(t
     assert "no error bars" in text and "Legend" not in text
 
 
+def test_the_low_resource_section_written_alone_lists_the_metrics_it_went_without(tmp_path):
+    """`--low-resource-only --allow-missing` by hand: a cell could average fewer splits than the
+    text says with no Missing line (only tables.md's provenance listed the cache's missing files),
+    and a model none of whose runs was scored lost its row."""
+    from retrieval_pretraining.tables.__main__ import main
+
+    results = tmp_path / "results"
+    write_lowres(results, {("bert", 10): 2, ("bert", 20): 1})
+    p = params()
+    p["report"]["low_resource"] = lowres_spec(2)
+    out = tmp_path / "low-resource.md"
+    main(["--config", json.dumps(p), "--results", str(results), "--low-resource-only",
+          "--allow-missing", "--out", str(out)])
+    text = out.read_text()
+    assert "| COSTA | – | – |" in text, text
+    missing = [f"`{results}/metrics/scifact/{system}/test.json`" for system in
+               ("bert-lr20-s1", "costa-lr10-s0", "costa-lr10-s1", "costa-lr20-s0", "costa-lr20-s1")]
+    line = text.rstrip("\n").splitlines()[-1]
+    assert line.startswith("Missing (") and line.endswith(", ".join(missing)), text
+    # tables.md lists them in its provenance, saying what became of a low-resource cell.
+    make_tables(p, results, tmp_path / "t.md", allow_missing=True)
+    tables = (tmp_path / "t.md").read_text()
+    assert "| COSTA | – | – |" in tables and all(m in tables for m in missing)
+    assert "a low-resource cell averages the splits found" in tables
+
+
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
     results, scores = synthetic
     rng = np.random.default_rng(5)

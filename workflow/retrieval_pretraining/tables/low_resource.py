@@ -53,7 +53,9 @@ def low_resource(
         "| model | " + " | ".join(f"N={n}" for n in spec["sizes"]) + " |",
         "|---|" + "---:|" * len(spec["sizes"]),
     ]
-    for model, per_n in summary.items():
+    # Every configured model has its row: one whose runs were all missing shows – throughout.
+    for model in spec["models"]:
+        per_n = summary.get(model, {})
         cells = [render_cell(per_n.get(n), k, decimals) for n in spec["sizes"]]
         lines.append(f"| {labels.get(model, model)} | " + " | ".join(cells) + " |")
     found = [c for per_n in summary.values() for c in per_n.values()]

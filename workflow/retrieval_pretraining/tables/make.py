@@ -12,7 +12,7 @@ from .build import build_table
 from .layout import column_label
 from .low_resource import low_resource
 from .metrics import MetricsCache
-from .provenance import provenance
+from .provenance import missing_files, provenance
 from .render import render_table
 
 
@@ -91,7 +91,11 @@ def make_low_resource(
     spec = params["report"].get("low_resource")
     if not spec:
         raise ValueError("the report has no low_resource section to write")
-    text, summary = low_resource(spec, params, MetricsCache(results, allow_missing), figure)
+    cache = MetricsCache(results, allow_missing)
+    text, summary = low_resource(spec, params, cache, figure)
+    # What it went without, as tables.md's provenance lists it: else a cell could average fewer
+    # splits than the text says with no file named.
+    left_out = missing_files(cache, "left out of their cells' means; a size with none shows –")
     with artifacts.atomic_path(out) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text + "\n".join(left_out) + ("\n" if left_out else ""))
     return summary

@@ -107,9 +107,18 @@ def provenance(
                         )
                         + " |"
                     )
-    if cache.missing:
-        lines += ["", "Missing (shown as –): " + ", ".join(f"`{p}`" for p in cache.missing)]
+    shown = "shown as –" + ("; a low-resource cell averages the splits found, saying how many"
+                            if params["report"].get("low_resource") else "")
+    lines += missing_files(cache, shown)
     return "\n".join(lines) + "\n"
+
+
+def missing_files(cache: MetricsCache, shown: str) -> list[str]:
+    """The metrics files partial tables (`--allow-missing`) went without, and what their cells
+    show: the last line of tables.md, and of the low-resource section written alone."""
+    if not cache.missing:
+        return []
+    return ["", f"Missing ({shown}): " + ", ".join(f"`{p}`" for p in cache.missing)]
 
 
 def scored_with(m: Metrics | None) -> str:
