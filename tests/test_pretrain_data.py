@@ -140,6 +140,48 @@ def test_span_index_of_other_chunks_is_rejected(corpus, tmp_path):
         pstore.prepare_store(chunks[:1], spans[1:], tmp_path)
 
 
+def test_span_index_of_the_same_chunks_in_another_order_is_rejected(corpus, tmp_path):
+    """Row r of a span file describes row r of its chunk file: a span index as long as its chunks
+    but in another row order would attach every span to another chunk."""
+    chunks, spans = corpus
+    bad = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet",
+                         lambda rows: rows.reverse())
+    with pytest.raises(pdata.DataError, match="does not match chunk shard.*differing chunk_id at row 0"):
+        pstore.prepare_store(chunks[:1], [bad], tmp_path / "cache")
+
+
+def test_span_of_no_tokens_is_rejected(corpus, tmp_path):
+    """A span [s, s) holds no token: its pooled vector would divide by zero."""
+    chunks, spans = corpus
+
+    def empty_span(rows):
+        rows[2]["span_end"][1] = rows[2]["span_start"][1]
+
+    bad = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet", empty_span)
+    with pytest.raises(pdata.DataError, match=r"row 2 .*outside the chunk"):
+        pstore.prepare_store(chunks[:1], [bad], tmp_path / "cache")
+
+
+def test_two_span_indexes_of_one_chunk_shard_get_their_own_span_files(corpus, tmp_path):
+    """COSTA's span ablations sample other spans from the same chunks, into one store folder: each
+    span index gets its own span file (named by its checksum too), never the other's."""
+    chunks, spans = corpus
+
+    def shorter(rows):
+        for row in rows:
+            row["span_end"] = [s + 1 for s in row["span_start"]]
+
+    other = _rewrite_spans(spans[0], tmp_path / "spans" / "shard-0000.parquet", shorter)
+    first = pstore.prepare_store(chunks[:1], spans[:1], tmp_path / "cache")
+    second = pstore.prepare_store(chunks[:1], [other], tmp_path / "cache")
+    assert first[0].chunks == second[0].chunks and first[0].spans != second[0].spans
+    for files, source in ((first, spans[0]), (second, other)):
+        rows = pq.read_table(source).to_pylist()
+        store = pstore.ChunkStore(files)
+        assert [store.get("span_end", r).tolist() for r in range(len(rows))] == \
+            [row["span_end"] for row in rows]
+
+
 def test_span_manifest_checksum_mismatch_is_rejected(corpus, tmp_path):
     chunks, spans = corpus
     span_copy = tmp_path / "spans" / "shard-0000.parquet"
@@ -352,6 +394,38 @@ def test_same_micro_batches_for_one_or_two_processes(corpus, tmp_path, vocab):
                 assert torch.equal(a[key], b[key]), (step, key)
 
 
+def test_a_rank_s_micro_batch_is_the_one_the_trainer_seeds_its_dropout_for(corpus, tmp_path,
+                                                                          vocab):
+    """Rank r's micro-batch m of a step is global micro-batch j = m x world_size + r, the index
+    the trainer keys its dropout masks by (train.py's seed_micro): 2 processes accumulating 2
+    then train as 1 process accumulating 4, whatever the accumulation."""
+    single = _dataset(corpus, tmp_path, vocab, 0, 1, 2)
+    ranks = [_dataset(corpus, tmp_path, vocab, r, 2, 2) for r in range(2)]
+    assert single.accumulation == 4 and ranks[0].accumulation == 2
+    for step in range(single.total_steps):
+        for r, ds in enumerate(ranks):
+            for m in range(ds.accumulation):
+                j = m * 2 + r
+                assert np.array_equal(ds.rows_for(step, m), single.rows_for(step, j)), (step, r, m)
+                assert torch.equal(ds[step * 2 + m]["input_ids"],
+                                   single[step * 4 + j]["input_ids"]), (step, r, m)
+
+
+def test_every_step_takes_a_full_global_batch_of_chunks_not_held_out(corpus, tmp_path, vocab):
+    """With chunks held out for the probes, an epoch has as many steps as the chunks left fill:
+    counting the held-out ones too would end each epoch on batches cut short (or empty)."""
+    chunks, spans = corpus
+    n = len(pstore.ChunkStore(pstore.prepare_store(chunks, None, tmp_path)))
+    holdout = n % 8 + 1  # one more than the remainder: the held-out chunks cost a whole step
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8, holdout=holdout)
+    assert ds.steps_per_epoch == (n - holdout) // 8 == n // 8 - 1
+    for epoch in range(2):
+        steps = range(epoch * ds.steps_per_epoch, (epoch + 1) * ds.steps_per_epoch)
+        rows = np.concatenate([ds.global_batch(s)[0] for s in steps])
+        assert all(len(ds.global_batch(s)[0]) == 8 for s in steps)
+        assert len(set(rows.tolist())) == len(rows) and not np.isin(rows, ds.holdout_rows).any()
+
+
 def test_order_is_a_function_of_seed_and_epoch(corpus, tmp_path, vocab):
     ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8)
     spe = ds.steps_per_epoch
@@ -385,6 +459,8 @@ def test_padding_and_span_tensors(corpus, tmp_path, vocab):
     lengths = [len(ds.store.get("input_ids", r)) for r in rows]
     assert batch["input_ids"].shape == (16, max(lengths))  # two views, padded to the longest
     assert batch["attention_mask"][:8].sum(1).tolist() == lengths
+    # The tokens the step encodes (tokens_seen, the loss curves' axis): both views, no padding.
+    assert int(batch["n_tokens"]) == int(batch["attention_mask"].sum()) == 2 * sum(lengths)
     assert batch["span_start"].shape[1] == ds.store.max_spans
     for i, r in enumerate(rows):
         n = len(ds.store.get("span_start", r))
