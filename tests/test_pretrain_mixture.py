@@ -80,6 +80,23 @@ def test_a_resumed_loader_gives_the_batches_of_an_uninterrupted_one(two_corpora)
             assert torch.equal(later[key], items[k][key]), (k, key)
 
 
+def test_each_row_is_masked_in_its_own_corpus_s_epoch(two_corpora):
+    """Corpus b wraps before corpus a, so a step's rows are in two epochs: each row carries its own
+    corpus's epoch through the batch's shuffle, and its masks are drawn in that epoch."""
+    dataset = loader(two_corpora)
+    wraps = [s for s in range(60) if len({s // n for n in dataset.corpus_steps}) > 1]
+    assert wraps  # steps where the corpora are in different epochs
+    for step in wraps[:5] + wraps[-5:]:
+        rows, epochs = dataset.global_batch(step)
+        expected = np.array([step // dataset.corpus_steps[c] for c in dataset.corpus_of(rows)])
+        assert epochs.tolist() == expected.tolist(), step
+        for micro in range(dataset.accumulation):
+            mine = dataset._micro(rows, micro)
+            want = dataset.collate(mine, epoch=dataset._micro(expected, micro))
+            item = dataset[step * dataset.accumulation + micro]
+            assert torch.equal(item["input_ids"], want["input_ids"]), (step, micro)
+
+
 def test_one_corpus_loads_as_before(two_corpora):
     """Without a mixture the order and masks are those of a single store (seed, epoch) alone."""
     a, _ = two_corpora
