@@ -201,6 +201,37 @@ def test_a_stale_later_state_never_makes_a_save_delete_itself(tmp_path, monkeypa
                                scheduler=scheduler2)["step"] == 9
 
 
+def test_a_rerun_that_saves_the_step_of_a_stale_later_state_names_its_own(tmp_path, monkeypatch):
+    """The stale later folder of a save whose latest.json update failed is replaced, not taken
+    for this run's save, when the rerun reaches that step again: latest.json names the step and
+    the state it holds is the rerun's (a resume would otherwise go back to the earlier state)."""
+    from retrieval_pretraining.training import state as tstate
+
+    model, optimizer, scheduler = _fresh()
+    save = lambda step: training.save_state(tmp_path, step=step, model=model, optimizer=optimizer,
+                                            scheduler=scheduler, data_position={"step": step})
+    save(8)
+    write_json = tstate.artifacts.write_json
+
+    def full_disk_for_latest(path, obj):
+        if path.name == "latest.json":
+            raise OSError(28, "No space left on device")
+        return write_json(path, obj)
+
+    monkeypatch.setattr(tstate.artifacts, "write_json", full_disk_for_latest)
+    with pytest.raises(OSError):
+        save(10)
+    monkeypatch.setattr(tstate.artifacts, "write_json", write_json)
+    with torch.no_grad():
+        model.weight.add_(1.0)  # the rerun's step 10 differs from the stale folder's
+    save(10)
+    assert tstate.artifacts.read_json(tmp_path / "latest.json")["checkpoint"] == "step-00000010"
+    fresh = _fresh(seed=5)
+    resumed = training.load_state(tmp_path, model=fresh[0], optimizer=fresh[1], scheduler=fresh[2])
+    assert resumed["step"] == 10 and torch.equal(fresh[0].weight, model.weight)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000010"]
+
+
 def test_a_state_named_by_latest_json_but_missing_is_a_clear_error(tmp_path):
     model, optimizer, scheduler = _fresh()
     training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
