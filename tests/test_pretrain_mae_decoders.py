@@ -146,6 +146,11 @@ def test_the_auto_encoding_copy_is_masked_on_its_own_draw(tmp_path):
     assert not torch.equal(labels != -100, batch["labels"] != -100)  # not the encoder's mask
     assert torch.equal(data.collate(rows, epoch=0)["decoder_input_ids"], copy)  # deterministic
     assert np.isclose(data.copy_mask_rate, 0.5)
+    # At the encoder's own rate too: another draw, not the encoder's mask at another rate.
+    same_rate = pdata.MicroBatches(store, vocab=vocab, seed=3, global_batch_size=4,
+                                   micro_batch_size=4, rank=0, world_size=1, mask_rate=0.3,
+                                   whole_word=False, copy_mask_rate=0.3).collate(rows, epoch=0)
+    assert not torch.equal(same_rate["decoder_labels"] != -100, same_rate["labels"] != -100)
 
 
 @pytest.mark.parametrize("objective", mae_decoders.OBJECTIVES)
