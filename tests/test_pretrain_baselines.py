@@ -232,11 +232,14 @@ def test_collated_segments_and_decoder_inputs(tmp_path):
     decoder = pdata.MicroBatches(store, need_original=True, decoder_mask_rate=0.5, **common)
     batch = decoder.collate(rows, epoch=0)
     lengths = batch["attention_mask"].sum(1)
+    assert lengths.min() < batch["attention_mask"].shape[1]  # some row has padding rows
     for b, n in enumerate(lengths.tolist()):
         labels = batch["decoder_labels"][b]
         assert labels[0] == -100 and labels[n - 1] == -100 and (labels[n:] == -100).all()
         assert torch.equal(labels[1:n - 1], batch["original_ids"][b, 1:n - 1])
-        assert (batch["decoder_visible"][b, n:, 1:] == 0).all()  # padding rows see [CLS] only
+        # Padding rows see [CLS] only (an empty softmax row would be NaN); real rows see it too.
+        visible = batch["decoder_visible"][b]
+        assert (visible[n:, 1:] == 0).all() and visible[:, 0].all()
         assert not batch["decoder_visible"][b, :, n:].any()
 
 
