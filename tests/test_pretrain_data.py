@@ -4,6 +4,7 @@ micro-batches for any number of processes, padding."""
 import os
 import shutil
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -325,6 +326,50 @@ def test_a_claim_whose_writer_is_gone_is_taken_over(corpus, tmp_path, monkeypatc
     assert not partial.exists() and not any(c.exists() for c in claims)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for f in files
                                                                 for p in f.paths())
+
+
+def test_a_writer_whose_temporary_file_grows_is_never_taken_over(corpus, tmp_path, monkeypatch):
+    """A conversion may outlast `stale_s` (Wikipedia's ~43 GB on a busy filesystem): its claim is
+    written once, so the growth of its temporary file is what shows it alive. Each poll here
+    waits longer than stale_s (a clock of its own) while the writer writes on for 5 polls, then
+    dies: it is taken over after that, never while it wrote."""
+    chunks, spans = corpus
+    files = pstore.store_paths(chunks, spans, tmp_path)
+    _claim_all(files)
+    partial = tmp_path / f".{files[0].chunks.name}.slowhost-1-0000.tmp"
+    partial.write_bytes(b"ARROW1")
+    clock, polls, lost = [0.0], [0], []
+
+    def sleep(seconds):
+        clock[0] += 100.0
+        polls[0] += 1
+        if polls[0] <= 5:
+            if not partial.exists():
+                lost.append(polls[0])  # taken over while it wrote
+            else:
+                partial.write_bytes(partial.read_bytes() + b"x")
+
+    monkeypatch.setattr(pstore, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], sleep=sleep, time=time.time))
+    written = _count_conversions(monkeypatch)
+    pstore.wait_for_store(files, timeout_s=1e6, stale_s=60)
+    assert lost == [] and polls[0] > 5
+    assert sorted(written) == sorted(p for f in files for p in f.paths())
+    assert not partial.exists()
+
+
+def test_a_store_file_once_published_is_never_replaced(tmp_path):
+    """A second writer of a published file (one that took a conversion over, judging its first
+    writer gone) keeps the file there: a process may have it mapped (os.replace would swap its
+    pages under it). Both have the same content, named by the shards' checksums."""
+    schema = pa.schema([("x", pa.int64())])
+    target = tmp_path / "store.arrow"
+    pstore._write(iter([pa.record_batch([pa.array([1, 2, 3])], schema=schema)]), schema, target)
+    inode = target.stat().st_ino
+    pstore._write(iter([pa.record_batch([pa.array([4, 5])], schema=schema)]), schema, target)
+    assert target.stat().st_ino == inode
+    assert pa.ipc.open_file(pa.memory_map(str(target))).read_all()["x"].to_pylist() == [1, 2, 3]
+    assert [p.name for p in tmp_path.iterdir()] == ["store.arrow"]  # no temporary file left
 
 
 # A child Python finds the package the way the rules' shells do (pytest's `pythonpath` setting
