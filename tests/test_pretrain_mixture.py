@@ -40,6 +40,8 @@ def test_each_batch_holds_both_corpora_in_the_given_proportions(two_corpora):
     assert abs(np.mean(drawn < a_rows) - 0.75) < 1e-9
     # Both micro-batches of a step mix the corpora (the batch is shuffled), not a then b.
     assert any(0 < np.mean(dataset.rows_for(s, 1) < a_rows) < 1 for s in range(10))
+    # ... and shuffled anew each step (from (seed, step)): no micro-batch keeps a fixed mix.
+    assert len({int(np.sum(dataset.rows_for(s, 0) < a_rows)) for s in range(20)}) > 1
     # No held-out chunk is trained on; each corpus passes over its own chunks in turn.
     assert not np.isin(drawn, dataset.holdout_rows).any()
     steps_b = dataset.corpus_steps[1]
