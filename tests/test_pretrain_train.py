@@ -51,6 +51,15 @@ def dropout_setup(setup, tmp_path_factory):
     return checkpoint, setup[1], setup[2]
 
 
+@pytest.fixture(scope="module")
+def wide_checkpoint(tmp_path_factory):
+    """A checkpoint whose [CLS] depends on the input (initializer_range 0.5). At BERT's 0.02
+    every text's [CLS], hence every CPDAE view's word distribution, is nearly the same: the JS
+    contrast is then ~log(2m - 1) whatever its temperature, and views given each other's bags
+    lose the same."""
+    return fx.tiny_checkpoint(tmp_path_factory.mktemp("wide") / "checkpoint", initializer_range=0.5)
+
+
 def _run(settings, setup, out: Path, store_dir: Path | None = None):
     checkpoint, chunks, spans = setup
     code = train(settings, chunks=chunks, spans=spans if settings["objective"] == "costa" else None,
@@ -377,16 +386,21 @@ def _hand_batch(views: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("variant", ["mlm", "costa", "costa-unmasked", "cpdae", "cpdae_r", "bow", "bow-paper"])
-def test_pretrainer_forward_combines_the_terms(setup, variant):
-    """Each total = the objective's formula over terms computed here from the encoder's outputs."""
+@pytest.mark.parametrize("variant", ["mlm", "costa", "costa-unmasked", "cpdae", "cpdae-mean",
+                                     "cpdae_r", "bow", "bow-paper"])
+def test_pretrainer_forward_combines_the_terms(wide_checkpoint, variant):
+    """Each total = the objective's formula over terms computed here from the encoder's outputs,
+    with the settings' choices (CPDAE's reconstruction reduction; BoW's paper recipe: h_CLS . E^T,
+    summed over the bag, a constant weight)."""
     objective = variant.split("-")[0]
     settings = fx.model_settings(objective)
     if variant == "costa-unmasked":
         settings["costa"]["span_pass"] = "unmasked"
+    if variant == "cpdae-mean":
+        settings["cpdae"]["reconstruction"] = "mean"
     if variant == "bow-paper":
-        settings["bow"]["form"] = "paper"
-    model = Pretrainer(setup[0], settings).eval()
+        settings["bow"].update(form="paper", reduction="sum", weight_schedule="constant", weight=0.7)
+    model = Pretrainer(wide_checkpoint, settings).eval()
     batch = _hand_batch(2 if objective.startswith("cpdae") else 1)
     with torch.no_grad():
         out = model(batch, progress=0.25)
@@ -419,9 +433,13 @@ def test_pretrainer_forward_combines_the_terms(setup, variant):
                         "contrast_pool": torch.tensor(2 * 2 - 1)}  # 2 texts x 2 views, minus itself
         elif objective == "bow":
             opts = settings["bow"]
-            logits = model.mlm_head(cls) if variant == "bow" else cls @ model.encoder.embeddings.word_embeddings.weight.T
-            bow = obj.bow_loss(logits, batch["bag_ids"], batch["bag_mask"])
-            weight = opts["weight_end"] + (opts["weight"] - opts["weight_end"]) * 0.5 * (1 + math.cos(math.pi * 0.25))
+            if variant == "bow":  # the code recipe: MLM head, mean over the bag, cosine weight
+                bow = obj.bow_loss(model.mlm_head(cls), batch["bag_ids"], batch["bag_mask"], "mean")
+                weight = opts["weight_end"] + (opts["weight"] - opts["weight_end"]) * 0.5 * (
+                    1 + math.cos(math.pi * 0.25))
+            else:  # the paper recipe: h_CLS . E^T, summed over the bag, the constant weight
+                logits = cls @ model.encoder.embeddings.word_embeddings.weight.T
+                bow, weight = obj.bow_loss(logits, batch["bag_ids"], batch["bag_mask"], "sum"), 0.7
             expected = {"loss_mlm": mlm, "loss_bow": bow, "bow_weight": torch.tensor(weight), "loss": mlm + weight * bow}
         else:
             expected = {"loss_mlm": mlm, "loss": mlm}
