@@ -230,10 +230,19 @@ def test_bow_targets_are_the_input_ids_without_special_and_unused(tmp_path):
     assert target.sum() == 5 and all(target[0, i] == 1 for i in want)
 
 
-def test_cosine_weight_endpoints_and_midpoint():
-    assert obj.cosine_weight(0.0, 1.0, 0.1) == pytest.approx(1.0)
-    assert obj.cosine_weight(0.5, 1.0, 0.1) == pytest.approx(0.55)
-    assert obj.cosine_weight(1.0, 1.0, 0.1) == pytest.approx(0.1)
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_cosine_weight_endpoints_and_midpoint(as_tensor):
+    """Float progress, and the float64 tensor the trainer passes (its own arithmetic path)."""
+    def weight(progress):
+        if as_tensor:
+            progress = torch.tensor(progress, dtype=torch.float64)
+        return float(obj.cosine_weight(progress, 1.0, 0.1))
+
+    assert weight(0.0) == pytest.approx(1.0)
+    assert weight(0.25) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert weight(0.5) == pytest.approx(0.55)
+    assert weight(1.0) == pytest.approx(0.1)
+    assert weight(1.5) == pytest.approx(0.1)  # past the end: held at the end value
 
 
 VOCAB = pdata.Vocab(size=1000, mask_id=103, pad_id=0, excluded=np.array([0, 100, 101, 102, 103]))
