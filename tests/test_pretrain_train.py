@@ -2,8 +2,9 @@
 test_pretrain_learns.py): the export loads and encodes,
 a NaN loss or gradient stops the run naming the step and items (and never reaches the weights),
 a step reads its values on the host once and logs their micro-batch means, training runs with
-dropout on, Pretrainer.forward combines the terms as each objective says (and traces to one
-graph), runs that skip the padding or are compiled equal the padded eager ones, a real SIGUSR1 + restart (and an
+dropout on, Pretrainer builds the heads the papers and settings name and its forward combines
+the terms as each objective says (and traces to one graph), runs that skip the padding or are
+compiled equal the padded eager ones, a real SIGUSR1 + restart (and an
 in-process stop + resume with dropout) equals an uninterrupted run, SIGTERM to the whole process
 group (DataLoader worker included) saves and exits 75, 2 gloo processes equal 1 process at the same
 global batch, optional TensorBoard logging."""
@@ -472,6 +473,32 @@ def test_costa_text_vector_stays_fp32_under_bf16_autocast(setup):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         probes.probe(model, batch)
     assert projected == [torch.float32]
+
+
+@pytest.mark.parametrize("kind, layers", [("nonlinear", [torch.nn.Linear, torch.nn.Tanh]),
+                                          ("linear", [torch.nn.Linear]), ("none", [])])
+def test_costa_s_projector_is_the_one_the_settings_name(setup, kind, layers):
+    """COSTA's text projector is Tanh(Linear) on [CLS] (the paper's), and its Table 6 ablations
+    (Linear, none) must build what costa.projector names."""
+    settings = fx.model_settings("costa")
+    settings["costa"]["projector"] = kind
+    projector = Pretrainer(setup[0], settings).projector
+    modules = list(projector) if isinstance(projector, torch.nn.Sequential) else [projector]
+    assert [type(m) for m in modules if not isinstance(m, torch.nn.Identity)] == layers
+    cls = torch.randn(3, 32)
+    with torch.no_grad():
+        assert torch.equal(projector(cls), cls) == (kind == "none")
+
+
+def test_cpdae_decoder_is_two_ffn_blocks_to_the_vocabulary_starting_at_the_bag_prior(setup):
+    """CPDAE's MLP decoder on [CLS]: two FFN layers, each Linear, GELU, LayerNorm, then |V|
+    logits; with a bag prior (the data's word-set density) every sigmoid output starts there."""
+    model = Pretrainer(setup[0], fx.model_settings("cpdae"), bag_prior=0.05)
+    nn = torch.nn
+    assert [type(m) for m in model.decoder] == [nn.Linear, nn.GELU, nn.LayerNorm] * 2 + [nn.Linear]
+    assert [m.out_features for m in model.decoder if isinstance(m, nn.Linear)] == [32, 32, 30522]
+    torch.testing.assert_close(torch.sigmoid(model.decoder[-1].bias), torch.full((30522,), 0.05),
+                               rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("objective, varlen", [("costa", False), ("cpdae", False),
