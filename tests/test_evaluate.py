@@ -137,6 +137,11 @@ def test_the_example_ids_are_capped(tmp_path):
         ("q1 Q0 d1 one 3.0 t", "rank 'one'"),
         ("q1 Q0 d1 1 high t", "score 'high'"),
         ("q1 Q0 d1 1 nan t", "not finite"),
+        ("q1 Q0 d1 1 inf t", "not finite"),
+        ("q1 Q0 d1 1 -Infinity t", "not finite"),
+        # A doc id holding a space: its line has a field too many, it must not be read as
+        # another document nor fail as a bare unpacking error.
+        ("q1 Q0 my doc 1 3.0 t", "7 fields"),
     ],
 )
 def test_malformed_run_lines_fail_naming_the_line(tmp_path, files, line, message):
@@ -172,8 +177,49 @@ def test_malformed_qrels_and_unknown_measures_fail(tmp_path, files):
     qrels.write_text("q1 0 d1 yes\n")
     with pytest.raises(evaluate.EvaluationError, match="relevance 'yes'"):
         evaluate.evaluate(run, qrels, None, {"measures": ["nDCG@10"]})
+    # A fifth column (a doc id holding a space, or another format's extra field) would shift
+    # which field is read as the grade.
+    qrels.write_text("q1 0 d1 1\nq1 0 d 2 1\n")
+    with pytest.raises(evaluate.EvaluationError, match="bad-qrels.txt, line 2: 5 fields"):
+        evaluate.read_qrels(qrels)
+    qrels.write_text("\n")
+    with pytest.raises(evaluate.EvaluationError, match="bad-qrels.txt is empty"):
+        evaluate.read_qrels(qrels)
     with pytest.raises(evaluate.EvaluationError, match="nDGC@10"):
         evaluate.parse_measures(["nDGC@10"])
+
+
+def test_parquet_qrels_keep_their_grades_and_name_a_missing_column(files, tmp_path):
+    """The canonical qrels-{split}.parquet scores as the same judgements in TREC text do, graded
+    (nDCG's gains, a relevance level of 2), and one without a column fails naming it."""
+    import polars as pl
+
+    run, text = files
+    rows = [line.split() for line in QRELS.splitlines()]
+    frame = pl.DataFrame({"query_id": [r[0] for r in rows], "doc_id": [r[2] for r in rows],
+                          "relevance": [int(r[3]) for r in rows]},
+                         schema={"query_id": pl.String, "doc_id": pl.String,
+                                 "relevance": pl.Int32})
+    parquet = tmp_path / "qrels-test.parquet"
+    frame.write_parquet(parquet)
+    config = {"measures": ["nDCG@10", "R@2"], "relevance_level": 2}
+    from_text = evaluate.evaluate(run, text, None, config)
+    from_parquet = evaluate.evaluate(run, parquet, None, config)
+    assert from_parquet["per_query"] == from_text["per_query"]
+    assert from_parquet["per_query"]["R(rel=2)@2"] == {"q1": 0.0, "q2": 1.0, "q3": 0.0, "q4": 0.0}
+    frame.drop("relevance").write_parquet(parquet)
+    with pytest.raises(evaluate.EvaluationError, match=r"missing columns \['relevance'\]"):
+        evaluate.read_qrels(parquet)
+
+
+def test_the_run_depth_is_the_deepest_querys_wherever_it_stands(files, tmp_path):
+    """rules/evaluate.smk and the shallow-run warning read `run_depth`: the most hits of any
+    query, not of the last one read (q4's 11 hits come first here)."""
+    _, qrels = files
+    run = tmp_path / "run.trec"
+    lines = RUN.splitlines(keepends=True)
+    run.write_text("".join(lines[6:] + lines[:6]))  # q4, then q1 (4 hits), then q2 (2)
+    assert evaluate.evaluate(run, qrels, None, {"measures": ["R@100"]})["run_depth"] == 11
 
 
 def test_a_run_with_a_byte_that_is_not_utf8_fails_naming_the_line(tmp_path, files, capsys):
