@@ -1072,3 +1072,100 @@ def test_the_printed_config_hash_is_the_hash_of_the_config_written_beside_the_ta
     recomputed = hashlib.sha256(json.dumps(written, sort_keys=True).encode()).hexdigest()[:16]
     text = (tmp_path / "t.md").read_text()
     assert f"- config hash (sha256 of the resolved config): `{recomputed}`\n" in text
+
+
+def test_provenance_has_a_row_per_split_with_that_splits_run_metrics_and_digests(synthetic,
+                                                                                tmp_path):
+    """A table scoring one dataset on two splits: each system gets a provenance row per split,
+    naming that split's run file, metrics file, run digest and scoring code (the first 16 and 12
+    hex digits of what evaluate recorded), not the first split's twice or one row for both."""
+    results, scores = synthetic
+    for system, s in scores.items():
+        write_metrics(results, "scifact", system, "dev", {"nDCG@10": s})
+    recorded = {}
+    for split in ("dev", "test"):
+        path = results / "metrics" / "scifact" / "costa-stage2" / f"{split}.json"
+        run, package = (hashlib.sha256(f"{split} {what}".encode()).hexdigest()
+                        for what in ("run", "package"))
+        data = json.loads(path.read_text())
+        data |= {"run_sha256": run, "code_version": {"git": f"v1-{split}", "package_sha256": package}}
+        path.write_text(json.dumps(data))
+        recorded[split] = run, package
+    columns = [{"dataset": "scifact", "split": split, "measure": "nDCG@10", "label": split}
+               for split in ("dev", "test")]
+    p = params(tables=[{"name": "main", "title": "SciFact", "columns": columns, "rows": None}])
+    make_tables(p, results, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text().split("## Provenance", 1)[1]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines()
+            if line.startswith("| costa-stage2 |")]
+    assert [row[1] for row in rows] == ["scifact/dev", "scifact/test"], rows
+    for row, (split, (run, package)) in zip(rows, recorded.items()):
+        assert row[2] == f"`results/runs/scifact/costa-stage2/{split}.trec`"
+        assert row[3] == f"`{run[:16]}`"
+        assert row[4] == f"`{results / 'metrics' / 'scifact' / 'costa-stage2' / f'{split}.json'}`"
+        assert row[5] == f"`v1-{split}` (package `{package[:12]}`)"
+
+
+def test_the_bm25_and_baseline_rows_name_their_index_encoder_and_job_logs(tmp_path):
+    """BM25's row names its index and its two jobs' logs as rules/retrieval.smk writes them; a
+    baseline's encoder is the staged path from the project root (results/'s parent); params
+    without a baseline's shard count name the shard logs that are there."""
+    import re
+
+    rules = (ROOT / "rules" / "retrieval.smk").read_text()
+    [index] = re.findall(r'index=directory\("(results/bm25/[^"]+)"\)', rules)
+    [index_log] = re.findall(r'"(results/logs/build_bm25_index/[^"]+)"', rules)
+    [search_log] = re.findall(r'"(results/logs/bm25_search/[^"]+)"', rules)
+    names = {"dataset": "scifact", "split": "dev"}
+    results = tmp_path / "results"
+    bm25 = Row("BM25", "bm25", objective="bm25")
+    group = Group("Sparse retrieval", [bm25])
+    assert model_location(results, bm25, "scifact", group) == f"`{tmp_path / index.format(**names)}`"
+    logs = log_location(results, bm25, "scifact", group, "dev")
+    assert [path.strip("`") for path in logs.split(", ")] == [
+        str(tmp_path / index_log.format(**names)), str(tmp_path / search_log.format(**names))]
+
+    minilm = Row("MiniLM", "minilm", objective="baseline")
+    group = Group("Baseline encoders", [minilm])
+    p = {"baselines": {"minilm": {"encoder": "results/checkpoints/minilm"}}}
+    location = model_location(results, minilm, "scifact", group, p)
+    assert location == f"`{tmp_path / 'results' / 'checkpoints' / 'minilm'}`"
+    shards = results / "logs" / "encode_baseline_shard" / "minilm" / "scifact"
+    shards.mkdir(parents=True)
+    for shard in ("0001", "0000"):
+        (shards / f"{shard}.log").touch()
+    logs = log_location(results, minilm, "scifact", group, "dev", p)
+    assert [path.strip("`") for path in logs.split(", ")][:3] == [
+        str(shards / "0000.log"), str(shards / "0001.log"),
+        str(results / "logs" / "build_baseline_index" / "minilm" / "scifact.log")]
+
+
+def test_the_hardware_lines_name_what_each_pre_training_recorded(tmp_path):
+    from retrieval_pretraining.tables.provenance import hardware
+
+    training = tmp_path / "pretrain" / "costa" / "encoder" / "training.json"
+    training.parent.mkdir(parents=True)
+    training.write_text(json.dumps({"world_size": 4, "device": "cuda", "loss": 1.5}))
+    lines = hardware(tmp_path, [{"name": "costa"}, {"name": "bert"}])  # bert: not trained here
+    assert lines[1:] == ['pre-training `costa`: {"device": "cuda", "world_size": 4}']
+
+
+def test_judged_documents_missing_are_listed_once_per_split_with_any_allowance(tmp_path):
+    """Each scored split's count from its qrels manifest, 0 included (a split that lacks none is
+    worth saying), its allowance only beside a count that used it; a manifest written before
+    the count existed, or none at all, is left out."""
+    from retrieval_pretraining import artifacts
+    from retrieval_pretraining.tables.provenance import missing_judged_documents
+
+    def manifest(dataset: str, split: str, stats: dict, allowed: int) -> None:
+        path = artifacts.manifest_path(tmp_path / "datasets" / dataset / f"qrels-{split}.parquet")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        artifacts.write_json(path, {"stats": stats,
+                                    "params": {"max_missing_judged_documents": allowed}})
+
+    manifest("a", "test", {"judged_documents_missing": 0}, 2)
+    manifest("b", "dev", {"judged_documents_missing": 3}, 5)
+    manifest("c", "test", {}, 0)
+    columns = [("a", "test"), ("b", "dev"), ("a", "test"), ("c", "test"), ("d", "test")]
+    [line] = missing_judged_documents(tmp_path, columns)
+    assert line.endswith("as the official evaluations do): a/test 0; b/dev 3 (allowed: 5)"), line
