@@ -212,6 +212,29 @@ def test_parquet_qrels_keep_their_grades_and_name_a_missing_column(files, tmp_pa
         evaluate.read_qrels(parquet)
 
 
+def test_qrels_judging_a_pair_twice_fail_naming_the_line_or_row(files, tmp_path):
+    """trec_eval refuses qrels that judge a document twice for one query. Read as given, the
+    pair scored with its last grade in R@k and nDCG (pytrec_eval) and as relevant if any grade
+    is in RR@k (ir_measures' own), so one row of a table mixed two judgements; the datasets'
+    own qrels judge each pair once, a qrels file passed by hand need not."""
+    import polars as pl
+
+    run, _ = files
+    qrels = tmp_path / "twice.txt"
+    qrels.write_text("q1 0 d1 1\nq1 0 d3 1\n\nq1 0 d1 0\nq2 0 d2 2\n")
+    with pytest.raises(evaluate.EvaluationError,
+                       match=r"twice\.txt, line 4: document d1 is judged twice for query q1"):
+        evaluate.evaluate(run, qrels, None, {"measures": ["RR@10", "R@10"]})
+    parquet = tmp_path / "twice.parquet"
+    pl.DataFrame({"query_id": ["q1", "q2", "q1"], "doc_id": ["d1", "d1", "d1"],
+                  "relevance": [1, 1, 0]}).write_parquet(parquet)
+    with pytest.raises(evaluate.EvaluationError,
+                       match=r"twice\.parquet, row 3: document d1 is judged twice for query q1"):
+        evaluate.read_qrels(parquet)
+    qrels.write_text("q1 0 d1 1\nq2 0 d1 0\n")  # one document judged for two queries
+    assert len(evaluate.read_qrels(qrels)) == 2
+
+
 def test_the_run_depth_is_the_deepest_querys_wherever_it_stands(files, tmp_path):
     """rules/evaluate.smk and the shallow-run warning read `run_depth`: the most hits of any
     query, not of the last one read (q4's 11 hits come first here)."""

@@ -37,8 +37,8 @@ Semantics, chosen to match the official evaluations:
   a batch of whole queries at a time (BATCH_LINES hits), so memory does not grow with the run's
   length; a run whose queries' lines are scattered is read whole first (legal TREC, a warning).
 - A malformed run or qrels line (a byte that is not UTF-8 included), a duplicated (query, document)
-  pair in a run, an empty run, or a run sharing no query with the qrels raises with the file and
-  line: never a 0.0 for a parse error. The command prints it as one line and exits 1.
+  pair in a run or in the qrels, an empty run, or a run sharing no query with the qrels raises with
+  the file and line: never a 0.0 for a parse error. The command prints it as one line and exits 1.
 """
 
 from __future__ import annotations
@@ -170,12 +170,14 @@ def read_qrels(path: str | Path) -> list[Qrel]:
             raise EvaluationError(
                 f"{path}: missing columns {sorted(missing)}; expected the canonical qrels"
             )
-        qrels = [
-            Qrel(str(q), str(d), int(r))
-            for q, d, r in frame.select("query_id", "doc_id", "relevance").iter_rows()
+        numbered = [
+            (row, Qrel(str(q), str(d), int(r)))
+            for row, (q, d, r) in enumerate(
+                frame.select("query_id", "doc_id", "relevance").iter_rows(), 1)
         ]
+        unit = "row"
     else:
-        qrels = []
+        numbered, unit = [], "line"
         for number, line in utf8_lines(path, EvaluationError, "a TREC qrels file"):
             fields = line.split()
             if not fields:
@@ -186,14 +188,30 @@ def read_qrels(path: str | Path) -> list[Qrel]:
                     "(`query_id iteration doc_id relevance`)"
                 )
             try:
-                qrels.append(Qrel(fields[0], fields[2], int(fields[3])))
+                numbered.append((number, Qrel(fields[0], fields[2], int(fields[3]))))
             except ValueError:
                 raise EvaluationError(
                     f"{path}, line {number}: relevance {fields[3]!r} is not an integer"
                 ) from None
-    if not qrels:
+    if not numbered:
         raise EvaluationError(f"qrels file {path} is empty")
-    return qrels
+    return _judged_once(path, numbered, unit)
+
+
+def _judged_once(path: Path, numbered: list[tuple[int, Qrel]], unit: str) -> list[Qrel]:
+    """The qrels, refusing a (query, document) pair judged twice: trec_eval refuses it, and
+    ir_measures would score it with its last grade in R@k and nDCG (pytrec_eval) and as
+    relevant if any grade is in RR@k (its own implementation)."""
+    seen: set[tuple[str, str]] = set()
+    for number, qrel in numbered:
+        pair = (qrel.query_id, qrel.doc_id)
+        if pair in seen:
+            raise EvaluationError(
+                f"{path}, {unit} {number}: document {qrel.doc_id} is judged twice for query "
+                f"{qrel.query_id}; a qrels file judges each pair once"
+            )
+        seen.add(pair)
+    return [qrel for _, qrel in numbered]
 
 
 def parse_measures(names: Iterable[str], relevance_level: int = 1) -> list:
