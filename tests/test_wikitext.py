@@ -430,3 +430,43 @@ def test_a_caption_ending_in_an_external_link_leaves_no_bracket(source, expected
 )
 def test_template_built_tables_are_dropped(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # An unbalanced heading's level is its shorter side ("=== Legacy ==" is a level-2
+        # heading): it ends the dropped level-2 section before it.
+        ("== References ==\n* A ref.\n=== Legacy ==\nKept text.", "Legacy\n\nKept text."),
+        # A heading whose section holds only removed markup goes, whether a sibling heading or
+        # the page's end follows it (a gallery, a table, a {{Main}} line).
+        ("Intro.\n== A ==\n{{Main|X}}\n== B ==\nText.", "Intro.\n\nB\n\nText."),
+        ("Intro.\n== Gallery ==\n<gallery>\nFile:a.png|A\n</gallery>", "Intro."),
+        ("Para.\n=== Sub ===\nText.\n== Sec ==\n=== Empty ===\n{{reflist}}", "Para.\n\nSub\n\nText."),
+        # A dropped section's title may end in a colon; a heading with no title is no block.
+        ("Intro.\n== See also: ==\n* [[X]]\n== Next ==\nText.", "Intro.\n\nNext\n\nText."),
+        ("Intro.\n== ==\nText.", "Intro.\n\nText."),
+    ],
+)
+def test_headings_and_their_sections(source, expected):
+    assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # An indented table is a table.
+        ("Intro.\n:{| class=wikitable\n| cell\n|}\nAfter.", "Intro. After."),
+        # Interlanguage links with three-letter codes, at an article's end in older dumps.
+        ("Body [[nds:Berlin]] [[ast:Berlín]].", "Body."),
+        # "=" inside a link does not make a template's argument a named one.
+        ("{{nowrap|[[E=mc2|the equation]] holds}}", "the equation holds"),
+        # A horizontal rule's dashes are not text; an unbalanced "{{" leaves no braces.
+        ("Text.\n----Ruled text.", "Text. Ruled text."),
+        ("A {{broken\nB.", "A broken B."),
+        # {{!}} stands for the pipe: a link written with it keeps its label only.
+        ("[[A{{!}}B]] here", "B here"),
+    ],
+)
+def test_markup_that_only_these_rules_remove(source, expected):
+    assert wt.clean(source) == expected
