@@ -135,6 +135,7 @@ def test_the_example_ids_are_capped(tmp_path):
     [
         ("q1 Q0 d1 1 3.0", "5 fields"),
         ("q1 Q0 d1 one 3.0 t", "rank 'one'"),
+        ("q1 Q0 d1 1.5 3.0 t", "rank '1.5'"),
         ("q1 Q0 d1 1 high t", "score 'high'"),
         ("q1 Q0 d1 1 nan t", "not finite"),
         ("q1 Q0 d1 1 inf t", "not finite"),

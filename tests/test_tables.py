@@ -1072,6 +1072,11 @@ def test_the_printed_config_hash_is_the_hash_of_the_config_written_beside_the_ta
     recomputed = hashlib.sha256(json.dumps(written, sort_keys=True).encode()).hexdigest()[:16]
     text = (tmp_path / "t.md").read_text()
     assert f"- config hash (sha256 of the resolved config): `{recomputed}`\n" in text
+    # Params that carry no resolved config (an older slice) print no hash of nothing.
+    del p["resolved_config"]
+    make_tables(p, results, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text()
+    assert "- config hash (sha256 of the resolved config): `unknown`\n" in text
 
 
 def test_provenance_has_a_row_per_split_with_that_splits_run_metrics_and_digests(synthetic,
@@ -1088,7 +1093,8 @@ def test_provenance_has_a_row_per_split_with_that_splits_run_metrics_and_digests
         run, package = (hashlib.sha256(f"{split} {what}".encode()).hexdigest()
                         for what in ("run", "package"))
         data = json.loads(path.read_text())
-        data |= {"run_sha256": run, "code_version": {"git": f"v1-{split}", "package_sha256": package}}
+        data |= {"run_sha256": run,
+                 "code_version": {"git": f"v1-{split}", "package_sha256": package}}
         path.write_text(json.dumps(data))
         recorded[split] = run, package
     columns = [{"dataset": "scifact", "split": split, "measure": "nDCG@10", "label": split}
@@ -1120,7 +1126,8 @@ def test_the_bm25_and_baseline_rows_name_their_index_encoder_and_job_logs(tmp_pa
     results = tmp_path / "results"
     bm25 = Row("BM25", "bm25", objective="bm25")
     group = Group("Sparse retrieval", [bm25])
-    assert model_location(results, bm25, "scifact", group) == f"`{tmp_path / index.format(**names)}`"
+    location = model_location(results, bm25, "scifact", group)
+    assert location == f"`{tmp_path / index.format(**names)}`"
     logs = log_location(results, bm25, "scifact", group, "dev")
     assert [path.strip("`") for path in logs.split(", ")] == [
         str(tmp_path / index_log.format(**names)), str(tmp_path / search_log.format(**names))]

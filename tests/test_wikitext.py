@@ -442,7 +442,8 @@ def test_template_built_tables_are_dropped(source, expected):
         # the page's end follows it (a gallery, a table, a {{Main}} line).
         ("Intro.\n== A ==\n{{Main|X}}\n== B ==\nText.", "Intro.\n\nB\n\nText."),
         ("Intro.\n== Gallery ==\n<gallery>\nFile:a.png|A\n</gallery>", "Intro."),
-        ("Para.\n=== Sub ===\nText.\n== Sec ==\n=== Empty ===\n{{reflist}}", "Para.\n\nSub\n\nText."),
+        ("Para.\n=== Sub ===\nText.\n== Sec ==\n=== Empty ===\n{{reflist}}",
+         "Para.\n\nSub\n\nText."),
         # A dropped section's title may end in a colon; a heading with no title is no block.
         ("Intro.\n== See also: ==\n* [[X]]\n== Next ==\nText.", "Intro.\n\nNext\n\nText."),
         ("Intro.\n== ==\nText.", "Intro.\n\nText."),
@@ -466,6 +467,10 @@ def test_headings_and_their_sections(source, expected):
         ("A {{broken\nB.", "A broken B."),
         # {{!}} stands for the pipe: a link written with it keeps its label only.
         ("[[A{{!}}B]] here", "B here"),
+        # A protocol-relative external link is one too; parentheses that lose both of their
+        # pronunciations leave no "(or)".
+        ("See [//example.org/x the page] now.", "See the page now."),
+        ("Name ({{IPA|x}} or {{IPA|y}}) is", "Name is"),
     ],
 )
 def test_markup_that_only_these_rules_remove(source, expected):
