@@ -267,6 +267,40 @@ def test_query_id_exclusion_and_empty_documents(tmp_path):
     assert read_run(tmp_path / "drop.trec")["docid"].to_list() == ["d2"]
 
 
+def test_scores_and_negatives_follow_the_configured_k1_and_b(tmp_path):
+    """A dataset's k1/b override (0.82/0.68 for MS MARCO) reaches Lucene: the run's scores are
+    BM25's by hand (Lucene's form: idf * tf / (tf + k1 (1 - b + b dl/avgdl)), Anserini rounds to
+    4 decimals) for the configured values, not the defaults the label would then misname."""
+    docs = {"d1": "zork", "d2": "zork blip blip", "d3": "zork zork fnord fnord fnord fnord",
+            "d4": "blip fnord"}
+    corpus = pa.table({"doc_id": list(docs), "title": [""] * 4, "text": list(docs.values())})
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
+    pl.DataFrame({"query_id": ["q1"], "text": ["zork"]}).write_parquet(tmp_path / "q.parquet")
+    tf, length, avgdl = {"d1": 1, "d2": 1, "d3": 2}, {"d1": 1, "d2": 3, "d3": 6}, 12 / 4
+    idf = np.log(1 + (4 - 3 + 0.5) / (3 + 0.5))  # 4 documents, 3 hold "zork"
+    for k1, b in ((0.9, 0.4), (1.2, 0.75)):
+        run = tmp_path / f"k1-{k1}-b-{b}.trec"
+        bm25.search_run(tmp_path / "index", tmp_path / "q.parquet", run,
+                        SETTINGS | {"k1": k1, "b": b}, False)
+        scores = dict(read_run(run).select("docid", "score").iter_rows())
+        expected = {d: idf * tf[d] / (tf[d] + k1 * (1 - b + b * length[d] / avgdl)) for d in tf}
+        assert scores.keys() == expected.keys()
+        assert all(abs(scores[d] - expected[d]) < 1e-4 for d in tf), (k1, b, scores, expected)
+        assert artifacts.read_json(artifacts.manifest_path(run))["params"]["label"] == \
+            bm25.run_label(k1, b)
+    # Negatives too: b 0.9 puts the short d1 first, the defaults (b 0.4) the tf-2 d3.
+    qrels = pa.table({"query_id": ["q1"], "doc_id": ["d2"], "relevance": [1]})
+    artifacts.write_parquet(tmp_path / "qrels.parquet", qrels, datasets.QRELS_SCHEMA)
+    out = tmp_path / "negatives.parquet"
+    bm25.mine_negatives(tmp_path / "q.parquet", tmp_path / "qrels.parquet", out,
+                        SETTINGS | {"k1": 1.2, "b": 0.9, "negatives": {"count": 30}},
+                        index=tmp_path / "index")
+    row = pl.read_parquet(out).row(0, named=True)
+    assert (row["negative_ids"], row["negative_ranks"]) == (["d1", "d3"], [1, 2])
+    params = artifacts.read_json(artifacts.manifest_path(out))["params"]
+    assert (params["k1"], params["b"]) == (1.2, 0.9)
+
 
 @pytest.mark.parametrize("odd,indexed", [("\u00a0", 3), ("\x01\t", 2), ("\u3000", 3)])
 def test_empty_documents_are_counted_as_anserini_skips_them(tmp_path, odd, indexed):
