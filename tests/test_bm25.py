@@ -243,6 +243,19 @@ def test_sampling_policy():
     assert len(picks) == 48 and min(picks.values()) > 200 and max(picks.values()) < 300
 
 
+def test_sampled_negatives_are_the_draws_negatives_files_were_made_with(tmp_path):
+    """derive_rng and the triples keys decide every BM25-negatives file: a refactor that changes
+    a draw would change every fine-tuning run silently (values of the code that made them)."""
+    candidates = [(f"d{i}", i) for i in range(1, 21)]
+    assert bm25.sample_negatives("q1", candidates, set(), 4, seed=42)[1] == [4, 7, 12, 15]
+    assert bm25.sample_negatives("q2", candidates, set(), 4, seed=42)[1] == [7, 14, 15, 18]
+    lines = [(q, "p", f"n{i}") for q in ("q1", "q2") for i in range(20)]
+    table, _ = msmarco_triples.triples_candidates(
+        _write_triples(tmp_path / "t.tsv.gz", lines), None, {"q1": {"p"}, "q2": {"p"}}, 4, seed=42)
+    assert {q: [d for d, _ in c] for q, c in table.items()} == {
+        "q1": ["n7", "n13", "n15", "n16"], "q2": ["n2", "n11", "n16", "n19"]}
+
+
 def test_query_id_exclusion_and_empty_documents(tmp_path):
     corpus = pa.table(
         {
