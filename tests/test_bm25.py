@@ -501,6 +501,21 @@ print(json.dumps({"peak_kb": peak_kb}))
 def _peak_grew_kb(path: Path, kind: str, queries: int) -> int:
     return memory_probe.run(_MEASURE_TRIPLES, path, kind, queries)["peak_kb"]
 
+def test_a_triples_sample_does_not_depend_on_where_merges_fall(tmp_path, monkeypatch):
+    """Every query met once before the first merge holds one negative then: its key is no bound
+    on the rest yet (only a full sample's largest key is), or later negatives of smaller rank
+    than count would be dropped and the sample would depend on the file's order."""
+    queries = [f"q{i}" for i in range(60)]
+    lines = [(q, "p", "n0") for q in queries]  # one line each, all in the first blocks
+    lines += [(q, "p", f"n{i}") for i in range(1, 40) for q in queries]
+    path = _write_triples(tmp_path / "t.tsv.gz", lines)
+    positives = {q: {"p"} for q in queries}
+    whole, _ = msmarco_triples.triples_candidates(path, None, positives, 5, seed=1)
+    monkeypatch.setattr(msmarco_triples, "TRIPLES_BLOCK_BYTES", 256)
+    monkeypatch.setattr(msmarco_triples, "TRIPLES_MERGE_ROWS", 1)  # a merge after every block
+    merged, _ = msmarco_triples.triples_candidates(path, None, positives, 5, seed=1)
+    assert all(len(c) == 5 for c in merged.values()) and merged == whole
+
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_triples_memory_does_not_grow_with_the_file_at_10x(tmp_path):
