@@ -284,6 +284,25 @@ def test_group_sampling_is_a_function_of_seed_epoch_and_query():
     assert sorted(order) == list(range(10)) and (order == fdata.epoch_order(10, 7, 2)).all()
 
 
+def test_a_query_s_positive_is_drawn_among_all_its_positives():
+    """A query judged relevant to several passages (DL's and NQ's often are) trains on each in
+    turn: the group's positive is drawn from (seed, epoch, query id), uniformly, not always its
+    first (sorted) one."""
+    positives, negatives = ["p1", "p2", "p3"], [f"n{i}" for i in range(20)]
+    firsts = [fdata.sample_group("q1", positives, negatives, [], 4, seed=7, epoch=e)[0]
+              for e in range(300)]
+    # 100 each on average (sd ~8).
+    assert all(60 < firsts.count(p) < 140 for p in positives), firsts
+
+
+def test_a_query_with_exactly_the_negatives_its_group_needs_gets_each_once():
+    """Sampling with replacement is for too few negatives; n-1 of them fill the group once each."""
+    negatives = [f"n{i}" for i in range(7)]
+    for epoch in range(5):
+        group = fdata.sample_group("q1", ["p1"], negatives, [], 8, seed=7, epoch=epoch)
+        assert sorted(group[1:]) == negatives, group
+
+
 def test_padding_on_a_tiny_corpus_draws_from_the_pool_less_positives_or_says_why_not():
     """A query without negatives is padded from the pool: where the pool is nearly all its own
     positives (a tiny corpus), the quick draw may find none; the pool less the positives is used,
