@@ -372,15 +372,21 @@ def test_a_low_resource_sample_is_n_queries_stage_1_trains_the_same_at_every_sta
     assert counts1["train_queries_sampled"] == counts2["train_queries_sampled"] == 20
 
 
-def test_a_low_resource_sample_trains_n_queries_when_a_fifth_lack_negatives(tmp_path):
+@pytest.mark.parametrize("uncovered", ["absent", "empty", "null"])
+def test_a_low_resource_sample_trains_n_queries_when_a_fifth_lack_negatives(tmp_path, uncovered):
     """The audit's case at scale: 1000 queries, 80% with BM25 negatives, N = 500: each of 3
-    samples trains 500 queries (~400 when drawn among all and dropped after: 395 / 408 / 400)."""
+    samples trains 500 queries (~400 when drawn among all and dropped after: 395 / 408 / 400).
+    A query without negatives has no row, or (as bm25.mine_negatives writes a query whose
+    candidates were all positives, or one the triples file does not list) an empty list."""
     qids = [f"q{i:04d}" for i in range(1000)]
     pl.DataFrame({"query_id": qids, "text": qids}).write_parquet(queries := tmp_path / "q.parquet")
     pl.DataFrame({"query_id": qids, "doc_id": [f"d{q}" for q in qids],
                   "relevance": [1] * 1000}).write_parquet(qrels := tmp_path / "qrels.parquet")
     covered = qids[:800]
-    pl.DataFrame({"query_id": covered, "negative_ids": [["dx"]] * 800},
+    listed = covered if uncovered == "absent" else qids
+    none = {"empty": [], "null": None}.get(uncovered)
+    negatives = [["dx"]] * 800 + [none] * (len(listed) - 800)
+    pl.DataFrame({"query_id": listed, "negative_ids": negatives},
                  schema={"query_id": pl.String, "negative_ids": pl.List(pl.String)}
                  ).write_parquet(bm25 := tmp_path / "bm25.parquet")
     for k in range(3):
