@@ -561,6 +561,14 @@ def test_prefetched_micro_batches_are_the_ones_each_step_would_build(tmp_path, g
             assert list(a) == list(b) and all(torch.equal(a[key], b[key]) for key in b)
 
 
+def test_the_passages_a_training_set_needs_include_its_padding_pool():
+    """The main process writes only needed_passages: a padded group looks its documents up there."""
+    frame = pl.DataFrame({"query_id": ["q1"], "text": ["one"], "positives": [["p1"]],
+                          "negatives": [None]}, schema=fdata.QUERY_SCHEMA)
+    loaded = fdata.TrainingSet(queries=frame, padding=["d1", "d2"], counts={})
+    assert sorted(loaded.needed_passages().to_list()) == ["d1", "d2", "p1"]
+
+
 def test_padding_draws_from_a_seeded_pool_not_the_whole_corpus(tmp_path):
     data = tiny_dataset(tmp_path)
     every = pl.read_parquet(data["corpus"])["doc_id"].to_list()
