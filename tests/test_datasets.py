@@ -354,6 +354,18 @@ def tiny_beir(folder, corpus_ids, judged):
     return dict(SCIFACT, name="tiny", path=str(folder), splits=[{"name": "test"}])
 
 
+def test_a_subset_keeps_its_size_when_a_judged_document_is_missing(tmp_path):
+    """A judged document the corpus lacks (BEIR ArguAna's) takes no place in the sample: it still
+    holds `documents` documents, and `judged` counts the ones it holds."""
+    corpus_ids = [f"d{i}" for i in range(1, 9)]
+    entry = dict(tiny_beir(tmp_path / "tiny", corpus_ids, ["d1", "gone"]),
+                 subset={"documents": 4, "seed": 0})
+    info = datasets.prepare_corpus(entry, tmp_path / "out", data_root=str(tmp_path))
+    kept = pl.read_parquet(tmp_path / "out" / "corpus.parquet")["doc_id"].to_list()
+    assert len(kept) == 4 and "d1" in kept
+    assert info["subset"] == {"documents": 4, "seed": 0, "judged": 1, "full_corpus": 8}
+
+
 def test_a_corpus_of_another_dataset_stops_the_split_naming_both_files(tmp_path, capsys):
     """Every judged document absent: one error line naming the corpus and the qrels file, the
     count and examples, exit 1, and no split file (it used to pass, every score then 0)."""
