@@ -80,3 +80,21 @@ def test_the_qrels_format_is_decided_once_per_file(tmp_path):
     mixed.write_text("19335 Q0 1017759 0\n19335 1082489 1\n")
     with pytest.raises(DatasetError, match=r"mixed.txt, line 2: 3 fields.*4"):
         dataset_files.read_qrels_file(mixed)
+
+
+def test_beir_query_ids_are_read_as_strings(tmp_path):
+    """queries.jsonl may hold integer ids (as corpus.jsonl may): read as strings, as the qrels'
+    ids are, or the queries would not join their judgements."""
+    path = tmp_path / "queries.jsonl"
+    path.write_text('{"_id": 7, "text": "seven"}\n{"_id": "q8", "text": "eight"}\n')
+    assert dataset_files.read_jsonl(path, ("_id", "text"))["_id"] == ["7", "q8"]
+
+
+def test_crlf_lines_read_as_lf_lines(tmp_path):
+    """A TSV written on Windows ends its lines with CRLF: the last field must not keep the CR (a
+    query text or passage ending in it, a title file's last field)."""
+    lf, crlf = tmp_path / "lf.tsv", tmp_path / "crlf.tsv"
+    lf.write_text("1\twhat is one\n2\twhat is two\n")
+    crlf.write_bytes(lf.read_bytes().replace(b"\n", b"\r\n"))
+    assert dataset_files.read_queries_tsv(crlf).equals(dataset_files.read_queries_tsv(lf))
+    assert dataset_files.read_queries_tsv(crlf)["text"].to_list() == ["what is one", "what is two"]
