@@ -512,6 +512,28 @@ def test_dpr_negatives_are_the_lists_of_the_training_json(nq, tmp_path, lists):
     assert stats["negatives"] == sum(map(len, expected.values()))
 
 
+def test_a_passage_dpr_lists_twice_keeps_its_first_rank(tmp_path):
+    """A passage in both lists (or twice in one) is one candidate, ranked at its first place: the
+    ranks stay the 1-based positions the naive reference finds, in increasing order."""
+    records = json.loads(TRAIN_JSON.read_text())
+    hard = records[0]["hard_negative_ctxs"]
+    records[0]["negative_ctxs"] = [hard[0], *records[0]["negative_ctxs"], hard[1]]
+    records[1]["hard_negative_ctxs"] = [*records[1]["hard_negative_ctxs"],
+                                        records[1]["hard_negative_ctxs"][0]]
+    edited = tmp_path / "train.json"
+    edited.write_text(json.dumps(records))
+    entry = NQ_SAMPLE | {"splits": [{"name": "train", "biencoder": {"path": str(edited)}}]}
+    datasets.prepare(entry, tmp_path / "nq", data_root=str(tmp_path))
+    lists = ["hard_negative_ctxs", "negative_ctxs"]
+    frame, _ = dpr_negatives(tmp_path / "nq", tmp_path / "n.parquet", edited, dpr_lists=lists)
+    expected = naive_dpr_negatives(records, lists)
+    for row in frame.iter_rows(named=True):
+        joined = [c["passage_id"] for n in lists for c in records[int(row["query_id"])][n]]
+        assert row["negative_ids"] == expected[row["query_id"]]
+        assert row["negative_ranks"] == [joined.index(d) + 1 for d in row["negative_ids"]]
+        assert row["negative_ranks"] == sorted(row["negative_ranks"])
+
+
 def test_the_default_dpr_list_is_the_hard_negatives(nq, tmp_path):
     """Tevatron's coCondenser NQ recipe and the Bag-of-Word authors' converter train on DPR's
     hard_negative_ctxs only."""
