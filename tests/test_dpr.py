@@ -586,8 +586,10 @@ def test_the_dpr_negatives_manifest_says_whether_count_cut_any_list(tmp_path):
     datasets.prepare(entry, folder, data_root=str(tmp_path))
     _, stats = dpr_negatives(folder, tmp_path / "two.parquet", edited, count=2)
     assert stats["queries_sampled"] == 1 and stats["longest_candidate_list"] == 3
+    assert stats["queries_with_fewer_negatives"] == 1  # the list of 1; the list of 2 is full
     _, stats = dpr_negatives(folder, tmp_path / "three.parquet", edited, count=3)
     assert stats["queries_sampled"] == 0 and stats["longest_candidate_list"] == 3
+    assert stats["queries_with_fewer_negatives"] == 2
     manifest = json.loads((tmp_path / "three.manifest.json").read_text())
     assert manifest["stats"]["queries_sampled"] == 0
 
