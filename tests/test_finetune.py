@@ -346,6 +346,21 @@ def test_low_resource_samples_are_seeded_subsets(tmp_path):
     assert set(ids0) <= set(every) and len(every) == 40 and ids0 == sorted(ids0)
 
 
+def test_fine_tuning_draws_are_the_ones_existing_runs_were_made_with():
+    """The low-resource sample, the groups (padded too) and the epoch order are pure functions of
+    the seed: a refactor that changes a draw would change every low-resource point and run
+    without a test failing (test_mine pins rng_for; these pin what the trainer draws with it)."""
+    frame = pl.DataFrame({"query_id": [f"q{i:02d}" for i in range(20)]})
+    assert fdata.low_resource_sample(frame, 5, 0, seed=1)["query_id"].to_list() == [
+        "q01", "q04", "q10", "q12", "q18"]
+    negatives, pool = [f"n{i}" for i in range(10)], [f"d{i}" for i in range(10)]
+    assert fdata.sample_group("q1", ["p1", "p2"], negatives, [], 4, seed=7, epoch=1) == [
+        "p1", "n3", "n7", "n2"]
+    assert fdata.sample_group("q1", ["p1"], [], pool, 4, seed=7, epoch=1) == [
+        "p1", "d8", "d2", "d9"]
+    assert fdata.epoch_order(10, 7, 1).tolist() == [0, 6, 5, 3, 2, 8, 9, 1, 7, 4]
+
+
 def test_a_low_resource_sample_is_n_queries_stage_1_trains_the_same_at_every_stage(tmp_path):
     """With queries_without_negatives: drop, the N-query sample is drawn among the queries with
     stage 1's BM25 negatives (`sample_among`, passed at every stage): stage 1 (BM25 negatives
