@@ -171,15 +171,15 @@ def test_a_save_killed_part_way_is_never_resumed_and_its_folder_is_cleared(tmp_p
     training.save_state(tmp_path, step=8, data_position={"step": 8}, **save)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "step-00000008"]
 
-def test_a_stale_later_state_never_makes_a_save_delete_itself(tmp_path, monkeypatch):
-    """A save whose latest.json update failed (full disk, kill) leaves a complete later folder;
-    the rerun resumes the earlier state and saves a step before it: that save must survive the
-    pruning (it is what latest.json names), and the stale later folder goes."""
+
+def _saved_8_then_10_without_latest(tmp_path, monkeypatch, data_position):
+    """Saves step 8, then step 10 with its latest.json update failing (a full disk): the model
+    and the save function, for a rerun to go on from there."""
     from retrieval_pretraining.training import state as tstate
 
     model, optimizer, scheduler = _fresh()
     save = lambda step: training.save_state(tmp_path, step=step, model=model, optimizer=optimizer,
-                                            scheduler=scheduler, data_position={})
+                                            scheduler=scheduler, data_position=data_position(step))
     save(8)
     write_json = tstate.artifacts.write_json
 
@@ -192,6 +192,14 @@ def test_a_stale_later_state_never_makes_a_save_delete_itself(tmp_path, monkeypa
     with pytest.raises(OSError):
         save(10)
     monkeypatch.setattr(tstate.artifacts, "write_json", write_json)
+    return model, save
+
+
+def test_a_stale_later_state_never_makes_a_save_delete_itself(tmp_path, monkeypatch):
+    """A save whose latest.json update failed (full disk, kill) leaves a complete later folder;
+    the rerun resumes the earlier state and saves a step before it: that save must survive the
+    pruning (it is what latest.json names), and the stale later folder goes."""
+    model, save = _saved_8_then_10_without_latest(tmp_path, monkeypatch, lambda step: {})
     assert training.load_state(tmp_path, **dict(zip(("model", "optimizer", "scheduler"),
                                                      _fresh())))["step"] == 8
     save(9)  # the rerun stops at step 9
@@ -207,21 +215,8 @@ def test_a_rerun_that_saves_the_step_of_a_stale_later_state_names_its_own(tmp_pa
     the state it holds is the rerun's (a resume would otherwise go back to the earlier state)."""
     from retrieval_pretraining.training import state as tstate
 
-    model, optimizer, scheduler = _fresh()
-    save = lambda step: training.save_state(tmp_path, step=step, model=model, optimizer=optimizer,
-                                            scheduler=scheduler, data_position={"step": step})
-    save(8)
-    write_json = tstate.artifacts.write_json
-
-    def full_disk_for_latest(path, obj):
-        if path.name == "latest.json":
-            raise OSError(28, "No space left on device")
-        return write_json(path, obj)
-
-    monkeypatch.setattr(tstate.artifacts, "write_json", full_disk_for_latest)
-    with pytest.raises(OSError):
-        save(10)
-    monkeypatch.setattr(tstate.artifacts, "write_json", write_json)
+    model, save = _saved_8_then_10_without_latest(
+        tmp_path, monkeypatch, lambda step: {"step": step})
     with torch.no_grad():
         model.weight.add_(1.0)  # the rerun's step 10 differs from the stale folder's
     save(10)
