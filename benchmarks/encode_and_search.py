@@ -58,7 +58,7 @@ def encoding(archs: list[str], p_lens: list[int], docs: int, batch: int, repeats
         with tempfile.TemporaryDirectory() as tmp:
             model, tokenizer = encode.load_encoder(make_checkpoint(arch, Path(tmp) / "ckpt"), device)
         for p_len in p_lens:
-            # As the stage runs (on a GPU: tokenised ahead on encode.tokenizer_threads() threads);
+            # As the stage runs (on a GPU: tokenised ahead on encode.gpu_tokenizer_threads() threads);
             # on a GPU also tokenised in turn with the model, once: what tokenising ahead buys.
             for threads, times in [(None, repeats)] + ([(0, 1)] if device.type == "cuda" else []):
                 embed = lambda: encode.embed(  # noqa: E731
@@ -68,7 +68,7 @@ def encoding(archs: list[str], p_lens: list[int], docs: int, batch: int, repeats
                     embed()  # warm-up: CUDA kernels chosen and the allocator filled, not timed
                 seconds = best_of(embed, times, device)
                 tokenising = "in turn" if threads == 0 else (
-                    f"{encode.tokenizer_threads()} threads ahead" if device.type == "cuda" else "in turn")
+                    f"{encode.gpu_tokenizer_threads()} threads ahead" if device.type == "cuda" else "in turn")
                 rows.append({"arch": arch, "p_len": p_len, "passages": docs, "batch": batch,
                              "tokenising": tokenising, "passages_per_s": round(docs / seconds, 1)})
                 print(rows[-1], flush=True)

@@ -338,7 +338,59 @@ def test_a_gpu_encoder_tokenises_ahead_on_its_job_s_cores_but_one(cores, threads
     takes the cores its process may run on (a Slurm job's) but the one driving the GPU, at least
     the 2 the input pipeline is sized for, at most 8 (their GIL-held part bounds the gain)."""
     monkeypatch.setattr(encode.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    assert encode.tokenizer_threads() == threads
+    assert encode.gpu_tokenizer_threads() == threads
+
+
+def test_a_gpu_encoder_given_no_thread_count_tokenises_ahead_on_the_gpu_default(monkeypatch):
+    """On a GPU, embed's default (tokenizer_threads=None) is gpu_tokenizer_threads(). The parameter
+    once shadowed the function of that name, so every encoding on a GPU (shards, queries, mining)
+    failed with "'NoneType' object is not callable": the CPU path never calls it. The CUDA path's
+    orchestration runs here with stand-ins: a model whose parameters say CUDA, inputs whose
+    pinning is recorded, and an encoder that returns each text's number."""
+    import threading
+    from types import SimpleNamespace
+
+    class Pinnable:
+        def __init__(self, texts):
+            self.texts, self.pinned = texts, False
+
+        def pin_memory(self):
+            self.pinned = True
+            return self
+
+    class CudaModel:
+        config = SimpleNamespace(hidden_size=1)
+
+        def eval(self):
+            return self
+
+        def parameters(self):
+            return iter([SimpleNamespace(is_cuda=True)])
+
+    names, wanted = [], []
+
+    def tokenize(tokenizer, texts, max_len, titles, title, prefix):
+        names.append(threading.current_thread().name)
+        return {"input_ids": Pinnable(list(texts))}
+
+    def encode_fitting(model, batch, pooling, similarity, fits):
+        assert batch["input_ids"].pinned  # copied to the GPU without waiting for it
+        return np.array([[float(text.split()[1])] for text in batch["input_ids"].texts])
+
+    def safe_threads(tokenizer, threads, *max_lens):
+        wanted.append(threads)
+        return threads
+
+    monkeypatch.setattr(encode, "gpu_tokenizer_threads", lambda: 3)
+    monkeypatch.setattr(encode, "tokenize", tokenize)
+    monkeypatch.setattr(encode, "encode_fitting", encode_fitting)
+    monkeypatch.setattr(encode, "safe_threads", safe_threads)
+    texts = [f"text {i} " + "word " * (i % 4) for i in range(10)]
+    vectors = encode.embed(CudaModel(), None, texts, max_len=16, pooling="mean",
+                           similarity="cosine", batch_size=2)
+    assert wanted == [3]
+    assert len(names) == 5 and all(name.startswith("encode-inputs") for name in names)
+    np.testing.assert_array_equal(vectors[:, 0], np.arange(10))
 
 
 def test_embedding_order_survives_length_sorting_and_tokenising_ahead(monkeypatch):

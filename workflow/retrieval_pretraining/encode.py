@@ -233,7 +233,7 @@ TOKENIZER_THREADS = 2
 MAX_TOKENIZER_THREADS = 8
 
 
-def tokenizer_threads() -> int:
+def gpu_tokenizer_threads() -> int:
     """Threads that tokenise ahead of a GPU encoder: the cores this process may run on (a Slurm
     job's --cpus-per-task, the profile's 8 a GPU) but one, which drives the GPU; at least
     TOKENIZER_THREADS, at most MAX_TOKENIZER_THREADS."""
@@ -247,7 +247,7 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
           desc: str = "encode", prefix: str = "", tokenizer_threads: int | None = None) -> np.ndarray:
     """float32 vectors for `texts`, in order. Texts are length-sorted so padding is minimal.
     `tokenizer_threads`: threads tokenising the next batches while the model encodes one (0: in
-    turn with it); default tokenizer_threads() on a GPU, 0 on CPU."""
+    turn with it); default gpu_tokenizer_threads() on a GPU, 0 on CPU."""
     model.eval()
     order = np.argsort([-len(t) for t in texts], kind="stable")
     out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
@@ -260,7 +260,7 @@ def embed(model, tokenizer, texts: Sequence[str], *, max_len: int, pooling: str,
         return rows, {k: v.pin_memory() for k, v in batch.items()} if cuda else batch
 
     blocks = [(order[start:start + batch_size],) for start in range(0, len(texts), batch_size)]
-    threads = safe_threads(tokenizer, (tokenizer_threads() if cuda else 0)
+    threads = safe_threads(tokenizer, (gpu_tokenizer_threads() if cuda else 0)
                            if tokenizer_threads is None else tokenizer_threads, max_len)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="encode-inputs") if threads \
         else contextlib.nullcontext()
