@@ -313,6 +313,39 @@ def test_attention_kernels_agree_with_float64_attention_at_the_real_tokens():
         assert all(error < 1e-5 for error in errors), (name, rows[name])
 
 
+def test_the_timed_variable_length_call_is_the_kernel_alone(monkeypatch):
+    """The varlen row timed bert.varlen_attention and, beside it, a boolean gather of q, k and v
+    and a scatter back (four host waits, three copies on a GPU): 2.5 ms against the padded
+    kernels' 0.7-0.8 on an H200, where the unpadded layers, which never gather around attention,
+    made a step 5% slower in all. The timed call now dispatches the kernel's op and nothing else;
+    the gather and scatter around it (outside the timing) are each other's inverse."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    real = torch.arange(6)[None, :] < torch.tensor([6, 3, 4])[:, None]
+    q, k, v = (torch.randn(3, 2, 6, 4) for _ in range(3))
+    offsets = torch.tensor([0, 6, 9, 13], dtype=torch.int32)
+    rows = attention_kernels.Rows(real)
+    flat = [rows.gather(t) for t in (q, k, v)]
+    monkeypatch.setattr(attention_kernels, "varlen_attention",
+                        lambda q, k, v, offsets, longest, p: torch.ops.aten.mul(q, 1.0))
+    mask = real[:, None, None, :]
+    with Ops() as ops:
+        attention_kernels.real_tokens(*flat, mask, offsets, 0.0)
+    assert ops.names == ["mul"]
+    assert flat[0].shape == (13, 2, 4)
+    restored = rows.scatter(flat[0])
+    torch.testing.assert_close(restored * real[:, None, :, None], q * real[:, None, :, None])
+
+
 def test_the_attention_error_sees_a_wrong_row():
     real = torch.tensor([[True, True, False], [True, False, False]])
     reference = torch.randn(2, 1, 3, 4, dtype=torch.float64)
