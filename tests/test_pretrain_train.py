@@ -861,18 +861,34 @@ def test_a_stop_signal_to_one_of_two_gloo_processes_stops_both_with_the_state_sa
     assert json.loads((tmp_path / "state" / "checkpoints" / "latest.json").read_text())["step"] > 0
 
 
+# The trainer as `python -m retrieval_pretraining.pretrain` runs it, with CUDA hidden first (CUDA
+# reads CUDA_VISIBLE_DEVICES once, at its first call): a worker on the CPU, under gloo, whatever
+# GPUs the host has and whatever its launcher was told.
+CPU_TRAINER = """\
+import os, runpy
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+runpy.run_module("retrieval_pretraining.pretrain", run_name="__main__", alter_sys=True)
+"""
+
+
 def test_sigterm_to_the_launcher_of_two_gloo_workers_ends_the_job_with_75(setup, tmp_path):
     """The launcher execs torchrun, which gets the signal, forwards it, waits for the workers to
     save, and then fails on its own signal: the job must still end with 75, stopped after saving
-    (torchrun alone exits 1)."""
+    (torchrun alone exits 1).
+
+    The launcher is told of 2 GPUs (CUDA_VISIBLE_DEVICES=0,1), so it starts torchrun with 2
+    workers; they run the trainer through CPU_TRAINER. Given 0,1 themselves, on a host with one
+    real GPU (the H200 of benchmarks/gpu_checks.sh's gloo part) rank 1 asked for cuda:1 and the
+    job failed at its start."""
     checkpoint, chunks, _ = setup
     settings = fx.model_settings("mlm", max_steps=10_000, log_every=1)
+    (tmp_path / "cpu_trainer.py").write_text(CPU_TRAINER)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="0,1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(fx.ROOT / "workflow"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), str(fx.ROOT / "workflow"),
                                                         os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "retrieval_pretraining.launch", "--module",
-           "retrieval_pretraining.pretrain", "--gpus", "2", "--", "--config",
+           "cpu_trainer", "--gpus", "2", "--", "--config",
            json.dumps(settings), "--checkpoint", str(checkpoint), "--chunks", *map(str, chunks),
            "--encoder", str(tmp_path / "encoder"), "--metrics", str(tmp_path / "metrics.jsonl"),
            "--plot", str(tmp_path / "loss.png"), "--state", str(tmp_path / "state")]
