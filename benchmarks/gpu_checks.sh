@@ -34,7 +34,9 @@
 #             its recipe's 30% whole-word masking and at MLM's 15%), samples/s, MFU, the projected
 #             paper schedule, the host synchronisations in one step of each (sync debug mode) and a
 #             profiled step of each: its kernels, the GPU's busy share of the step (under 1: it
-#             waited for the host) and the costliest kernels. Not --ops: the operations a step
+#             waited for the host) and the costliest kernels; the profiles come after every
+#             objective is timed (CUPTI stays loaded after one and slows the launches that follow),
+#             then MLM is timed again to show what they cost. Not --ops: the operations a step
 #             dispatches are the same on any device and are counted on the CPU (RESULTS.md).
 #             The baselines' rows (condenser ... ar_decoder) are in that run's step_time.txt: their
 #             code is unchanged.
