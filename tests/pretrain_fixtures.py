@@ -136,9 +136,12 @@ def model_settings(objective: str, **trainer) -> dict:
 
 
 def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, nproc: int = 1,
-               wait: bool = True, extra_env: dict | None = None, new_session: bool = False):
+               wait: bool = True, extra_env: dict | None = None, new_session: bool = False,
+               entry: tuple[str, ...] = ("-m", "retrieval_pretraining.pretrain")):
     """Run `python -m retrieval_pretraining.pretrain` (under torchrun when nproc > 1); with
-    `new_session` in its own process group (signal it and its workers with os.killpg, as Slurm does)."""
+    `new_session` in its own process group (signal it and its workers with os.killpg, as Slurm does).
+    `entry`: what python runs in the module's place, given the same arguments (a script that
+    wraps the trainer's main: benchmarks/trainer_throughput.py's `trace`)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                # Kept after the package: a GPU machine's carried wheels live on PYTHONPATH.
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "workflow"),
@@ -147,7 +150,7 @@ def run_module(settings: dict, checkpoint: Path, chunks, spans, out: Path, *, np
     # torchrun as the launcher runs it (exit 75 for a run stopped after saving)
     launcher = [sys.executable, "-m", "retrieval_pretraining.torchrun", "--standalone",
                 f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
-    cmd = [*launcher, "-m", "retrieval_pretraining.pretrain", "--config", json.dumps(settings),
+    cmd = [*launcher, *entry, "--config", json.dumps(settings),
            "--checkpoint", str(checkpoint), "--chunks", *map(str, chunks),
            "--encoder", str(out / "encoder"), "--metrics", str(out / "metrics.jsonl"),
            "--plot", str(out / "loss.png"), "--state", str(out / "state")]

@@ -398,6 +398,152 @@ def test_the_attention_error_sees_a_wrong_row():
     assert attention_kernels.relative_error(wrong, reference, real) > 0.1
 
 
+# benchmarks/trainer_throughput.py --profile: where the real trainer's step loses time against the
+# model step's. Its GPU figures come from a lent GPU's trace alone, so their arithmetic is checked
+# here on a trace written by hand: one profiled step of 1,000 us (after a warm-up step), the host's
+# marked calls, a copy, a forward kernel, a backward kernel launched from autograd's thread and
+# the optimizer's kernel, with the idle stretches they leave worked out below.
+import trainer_throughput  # noqa: E402
+
+
+def _annotation(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": tid, "ts": ts,
+            "dur": dur}
+
+
+def _launched(cat, name, ts, dur, correlation, launch_ts, tid=1):
+    """A piece of device work and the runtime call that launched it."""
+    return [{"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+             "args": {"correlation": correlation}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+             "ts": launch_ts, "dur": 1, "args": {"correlation": correlation}}]
+
+
+def _op(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+
+HAND_TRACE = [
+    _annotation("trainer step", 0, 1000),  # the profiler's warm-up step: not counted
+    *_launched("kernel", "warm_up_gemm", 100, 500, 9, 50),
+    _annotation("trainer step", 1000, 1000),
+    _annotation("trainer:log", 1000, 10),
+    _annotation("trainer:fetch", 1010, 40),
+    # 1050-1060 unmarked between fetch and seed: "to device"
+    _annotation("trainer:seed", 1060, 10),
+    # 1070-1400 unmarked between seed and backward: "forward"
+    _annotation("trainer:backward", 1400, 300),
+    # 1700-1800 unmarked between backward and read: "loop"
+    _annotation("trainer:read", 1800, 200),
+    _op("aten::copy_", 1052, 6),
+    *_launched("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1100, 10, 1, 1055),
+    _op("aten::linear", 1075, 15), _op("aten::addmm", 1078, 7),
+    *_launched("kernel", "gemm", 1150, 240, 2, 1080),
+    _op("autograd::engine::evaluate_function: MmBackward0", 1405, 10, tid=2),
+    *_launched("kernel", "gemm_backward", 1420, 360, 3, 1410, tid=2),
+    *_launched("kernel", "adam", 1781, 9, 4, 1705),
+    {"ph": "X", "cat": "kernel", "name": "marker", "pid": 0, "tid": 7, "ts": 1795},  # no duration
+]
+
+
+def test_trainer_profile_charges_each_idle_stretch_to_the_host_region_that_ended_it():
+    found = trainer_throughput.gpu_summary(HAND_TRACE, steps=1)
+    # busy: copy 10 + gemm 240 + backward 360 + adam 9; idle: 100 before the copy, 40 before
+    # gemm, 30 before the backward kernel, 1 before adam, 210 after it.
+    assert found["steps"] == 1 and found["work_a_step"] == 4
+    assert (found["step_ms"], found["busy_ms"], found["idle_ms"]) == (1.0, 0.619, 0.381)
+    assert found["busy_share"] == 0.619
+    assert found["idle_before_first_work_ms"] == 0.1
+    assert found["idle_between_work_ms"] == 0.071
+    assert found["idle_after_last_work_ms"] == 0.21
+    assert found["gaps_of_20us_or_more_a_step"] == 2  # 40 and 30; not the lead, not adam's 1
+    assert found["idle_by_host_region_ms"] == {"after the last work": 0.21, "to device": 0.1,
+                                               "forward": 0.04, "backward": 0.03, "loop": 0.001}
+    assert found["largest_idle"][:3] == [
+        {"ms": 0.1, "host_region": "to device", "ended_by": "Memcpy HtoD (Pinned -> Device)",
+         "launched_by": "aten::copy_"},
+        {"ms": 0.04, "host_region": "forward", "ended_by": "gemm",
+         "launched_by": "aten::linear > aten::addmm"},
+        {"ms": 0.03, "host_region": "backward", "ended_by": "gemm_backward",
+         "launched_by": "autograd::engine::evaluate_function: MmBackward0"}]
+
+
+def test_trainer_profile_splits_a_step_into_its_host_regions():
+    windows, marks = trainer_throughput.trace_steps(HAND_TRACE, steps=1)
+    assert windows == [(1000, 2000)]
+    found = trainer_throughput.host_summary(marks, [1000, 2000], to_ms=1e-3)
+    assert found["steps"] == 1 and found["step_ms"] == 1.0
+    assert found["regions_ms"] == {"forward": 0.33, "backward": 0.3, "read": 0.2, "loop": 0.1,
+                                   "fetch": 0.04, "log": 0.01, "to device": 0.01, "seed": 0.01}
+
+
+def test_trainer_profile_prints_a_gpu_report(tmp_path, capsys):
+    """The readable lines of a CUDA run's report (written here from the hand trace)."""
+    report = tmp_path / "profile.json"
+    windows, marks = trainer_throughput.trace_steps(HAND_TRACE, steps=1)
+    report.write_text(json.dumps({
+        "host": {**trainer_throughput.host_summary(marks, [1000, 2000], to_ms=1e-3),
+                 "waits_for_gpu_a_step": 1.0, "wait_sites": {"distributed.py:151": 3}},
+        "gpu": trainer_throughput.gpu_summary(HAND_TRACE, steps=1)}))
+    trainer_throughput.print_profile("mlm", report, step_seconds=0.002)
+    lines = capsys.readouterr().out.splitlines()
+    assert json.loads(lines[0])["profile"]["gpu"]["busy_ms"] == 0.619
+    assert lines[1].endswith("waits for the GPU: 1 a step (distributed.py:151)")
+    assert "busy 0.6 ms (62%; 31% of the unprofiled 2.0 ms)" in lines[2]
+    assert "largest: 0.10 ms in to device, ended by Memcpy HtoD" in lines[2]
+
+
+def test_trainer_throughput_profile_runs_on_the_cpu_and_leaves_the_timed_steps_alone(
+        monkeypatch, tmp_path, capsys):
+    """--profile traces steps after the timed ones: the same timed steps and row as without it,
+    then its report (on the CPU: the host's regions, no GPU). At the trainer tests' size: their
+    tiny BERT for the benchmark's checkpoint, 40 SciFact abstracts in 48-token chunks,
+    micro-batches of 4."""
+    import pretrain_fixtures as fx
+
+    checkpoint = fx.tiny_checkpoint(tmp_path / "checkpoint")
+    chunks, spans = fx.build_corpus(tmp_path / "built", docs=40, max_len=48, shards=1)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for path, name in ((chunks[0], "chunks"), (spans[0], "spans")):
+        shutil.copy(path, corpus / f"{name}.parquet")
+        shutil.copy(path.with_suffix(".manifest.json"), corpus / f"{name}.manifest.json")
+    monkeypatch.setattr(pretrain_step_time, "make_checkpoint", lambda arch, folder: checkpoint)
+
+    def tiny(objective, steps, compile_=False, unpad=False, accumulate=1):
+        return fx.model_settings(objective, max_steps=steps, global_batch_size=4 * accumulate,
+                                 micro_batch_size=4, log_every=1)
+
+    monkeypatch.setattr(trainer_throughput, "settings_for", tiny)
+
+    def printed(*argv):
+        args = trainer_throughput.arguments().parse_args(
+            ["run", "--corpus", str(corpus), "--objectives", "mlm", "--steps", "7", *argv])
+        assert trainer_throughput.run(args) == 0
+        return capsys.readouterr().out.splitlines()
+
+    plain, profiled = printed(), printed("--profile", "--profile-steps", "2")
+    assert not any("profile" in line for line in plain), plain
+    rows = [json.loads(lines[0]) for lines in (plain, profiled)]
+    assert rows[0].keys() == rows[1].keys()
+    assert rows[0]["steps_timed"] == rows[1]["steps_timed"] == 7 - trainer_throughput.WARMUP_STEPS
+    table = [[line for line in lines if line.startswith("|")] for lines in (plain, profiled)]
+    assert len(table[0]) == len(table[1]) == 3 and table[0][:2] == table[1][:2]
+
+    report = json.loads(profiled[1])
+    assert report["objective"] == "mlm"
+    found = report["profile"]
+    assert "error" not in found and found["gpu"] is None  # no CUDA device here
+    host = found["host"]
+    assert host["steps"] == trainer_throughput.HOST_STEPS
+    assert {"fetch", "to device", "seed", "forward", "backward", "clip", "optimizer", "read",
+            "log"} <= host["regions_ms"].keys()
+    assert sum(host["regions_ms"].values()) == pytest.approx(host["step_ms"], rel=1e-3)
+    assert host["regions_ms"]["forward"] > 0 and host["regions_ms"]["backward"] > 0
+    assert found["profiled_host"]["steps"] == 2
+    assert any(line.startswith("  mlm host, 3 steps unprofiled:") for line in profiled), profiled
+
+
 # Every benchmark command the documents record (benchmarks/RESULTS.md, the README, the GPU runs'
 # notes, the benchmarks' own usage lines) still parses with that benchmark's command line: a
 # figure is only as good as the command that reproduces it.
