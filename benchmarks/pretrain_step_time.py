@@ -263,7 +263,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--profile", action="store_true",
                         help="once every objective is timed: one more step of each under "
                              "torch's profiler (kernels, the GPU's busy share of a step, the "
-                             "costliest kernels), then the first objective timed again")
+                             "costliest kernels; and the host's median time to queue a timed "
+                             "step's work), then the first objective timed again")
     parser.add_argument("--ops", action="store_true",
                         help="count the operations one step of each objective dispatches (eager)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100 SXM dense bf16")
@@ -332,6 +333,11 @@ def main() -> int:
             except Exception as error:  # noqa: BLE001 (e.g. an attention the GPU lacks)
                 fail(objective, error)
 
+        # Per objective, the time each step took the host to queue its work, up to the wait for
+        # it (on CUDA: what trainer_throughput.py --profile's host regions other than `read` sum
+        # to for the real trainer; on CPU the work itself).
+        queued: dict[str, list[float]] = {}
+
         def step(objective: str) -> float:
             _, optimizer, forward, batch, _ = runs[objective]
             if device.type == "cuda":
@@ -342,6 +348,7 @@ def main() -> int:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            queued.setdefault(objective, []).append(clock() - start)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             return clock() - start
@@ -383,9 +390,12 @@ def main() -> int:
             # came out 1.21x MLM at MLM's masking on an H200, its GPU idle ~10 ms a step; timed
             # without profiles (2026-11-26) and in the trainer (never profiled) it was 1.00x.
             for objective in runs:
+                # The host's time to queue the timed steps (the last --steps before the profile).
+                host = statistics.median(queued[objective][-args.steps:])
                 try:
                     print(f"  profile of {objective}: "
-                          f"{profiled(lambda: step(objective), results[objective])}", flush=True)
+                          f"{profiled(lambda: step(objective), results[objective])}; the host "
+                          f"queued a step in {host * 1e3:.1f} ms (median)", flush=True)
                 except Exception as error:  # noqa: BLE001 (the figures above are kept)
                     print(f"  profile of {objective} failed: {type(error).__name__}: {error}",
                           flush=True)

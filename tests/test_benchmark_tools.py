@@ -135,6 +135,23 @@ def test_step_time_profiles_only_after_every_objective_is_timed(monkeypatch, cap
     assert timed["mlm"] == 3 + 3  # and the re-timing's 1 + --steps
 
 
+def test_step_time_profile_gives_the_host_s_time_to_queue_a_step(monkeypatch, capsys):
+    """--profile's line ends with the host's median time to queue a timed step's work (the
+    figure the real trainer's host regions are set against, trainer_throughput.py --profile):
+    on the CPU the work itself, so at most the step."""
+    for order in ("in-turn", "round-robin"):
+        monkeypatch.setattr(sys, "argv", ["pretrain_step_time.py", "--steps", "2", "--warmup",
+                                          "1", "--max-len", "32", "--batch", "2", "--order", order,
+                                          "--profile", "--objectives", "mlm", "bow"])
+        assert pretrain_step_time.main() == 0
+        out = capsys.readouterr().out
+        for name in ("mlm", "bow"):
+            step = float(re.search(rf"\| {name} \| [^|]* \| ([0-9.]+) \|", out).group(1))
+            host = float(re.search(rf"  profile of {name}: .*; the host queued a step in "
+                                   r"([0-9.]+) ms \(median\)", out).group(1))
+            assert 0 < host <= step * 1e3 + 0.1, (order, name, out)
+
+
 # benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
 # minutes must not go to a part that never starts (a benchmark refusing its arguments, a test file
 # renamed) or to a budget the script does not keep.
