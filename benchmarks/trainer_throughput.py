@@ -112,6 +112,8 @@ def run(args) -> int:
         for objective in args.objectives:
             settings = settings_for(objective, args.steps + extra, args.compile, args.unpad,
                                     args.accumulate)
+            if args.workers is not None:  # result-neutral (train.RESULT_NEUTRAL)
+                settings["trainer"]["num_workers"] = args.workers
             micro = settings["trainer"]["micro_batch_size"]
             out = Path(tmp) / objective
             spans = [args.corpus / "spans.parquet"] if objective == "costa" else None
@@ -489,6 +491,10 @@ def arguments() -> argparse.ArgumentParser:
                         help="the trainer's unpad: true (the layers skip the padding rows)")
     runner.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches a step (a gathering row then caches its contrast)")
+    runner.add_argument("--workers", type=int,
+                        help="DataLoader workers (default paper.yaml's 4); 0: batches made and "
+                             "pinned in the loop's own thread, no worker processes or pinning "
+                             "thread beside it")
     runner.add_argument("--profile", action="store_true",
                         help=f"after the timed steps: {HOST_STEPS} steps timed by region on the "
                              "host (and the host's waits for the GPU), then --profile-steps under "

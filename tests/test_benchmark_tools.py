@@ -539,10 +539,11 @@ def test_trainer_throughput_profile_runs_on_the_cpu_and_leaves_the_timed_steps_a
         assert trainer_throughput.run(args) == 0
         return capsys.readouterr().out.splitlines()
 
-    plain, profiled = printed(), printed("--profile", "--profile-steps", "2")
+    plain, profiled = printed(), printed("--profile", "--profile-steps", "2", "--workers", "1")
     assert not any("profile" in line for line in plain), plain
     rows = [json.loads(lines[0]) for lines in (plain, profiled)]
     assert rows[0].keys() == rows[1].keys()
+    assert (rows[0]["workers"], rows[1]["workers"]) == (0, 1)  # the tiny settings', --workers
     assert rows[0]["steps_timed"] == rows[1]["steps_timed"] == 7 - trainer_throughput.WARMUP_STEPS
     table = [[line for line in lines if line.startswith("|")] for lines in (plain, profiled)]
     assert len(table[0]) == len(table[1]) == 3 and table[0][:2] == table[1][:2]
