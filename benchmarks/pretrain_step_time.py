@@ -50,7 +50,7 @@ from retrieval_pretraining.pretrain.settings import resolve_model  # noqa: E402
 # mlm_2x: plain MLM on both masked views of every text (CPDAE's row count), which separates the
 # cost of encoding two views from the cost of CPDAE's own terms (decoder, reconstruction, JS).
 # mlm_cudnn: MLM with attn_implementation sdpa_cudnn, cuDNN's attention first (it takes the
-# padding mask, which leaves torch's own order the memory-efficient kernel; bert.CUDNN_FIRST).
+# padding mask; bert.CUDNN_FIRST). On an H200 torch already picks it for sdpa: the same time.
 # bow_15: BoW at MLM's masking (15%): its own terms alone, the like-for-like of the BoW paper's
 # Table 4 (the paper reports its gains at 15%); `bow` masks as its recipe does (30% whole words).
 # condenser, cocondenser, retromae: the BoW paper's baselines (its Table 4 times MLM, BoW, the
