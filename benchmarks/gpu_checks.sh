@@ -10,70 +10,68 @@
 # exit status (124: cut or skipped) and end time. The default parts' caps sum to 560 s, so with
 # GPU_CHECKS_SECONDS=560 every one starts; `second`'s sum to 200 s
 # (tests/test_benchmark_tools.py checks both, from GPU_CHECKS_PLAN=1's listing of the caps).
-#   [PART..] empty or `first`: tests (gloo beside) compiled steps js attn trainer   (560 s)
-#   `second`: unpadded trainer_more compiled_more                                   (200 s)
-#   `all`: every part, dense included (a CUDA node with no budget), the order below.
+#   [PART..] empty or `first`: tests (gloo beside) trainer_more compiled_more        (560 s)
+#   `second`: steps attn dense                                                      (200 s)
+#   `all`: every part (a CUDA node with no budget), the order below.
 # GPU_CHECKS_PLAN=1 prints the parts and caps a call would run, and runs nothing.
-# Parts, most needed first (what the first run, on an H200, left open:
-# benchmarks/gpu_runs/2026-11-26-h200/). [cap in s; what it took there]
-#   tests     [150; 125 for 20 tests, now 25] tests/test_gpu.py on pytest-xdist workers where xdist
-#             is installed: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and bf16,
-#             padded and unpadded) vs CPU, CPDAE's JS term vs float64, the trainer's waits for the
-#             GPU per step (one expected), flash attention under unpad (and one compiled graph),
-#             fine-tuning's steps on CUDA vs CPU and their waits, encoding through a real
-#             out-of-memory error.
-#   compiled  [120; not reached] the `steps` part's benchmark under torch.compile for MLM and COSTA
-#             (each forward is one graph: tests/test_pretrain_train.py), MLM first, each one's
-#             figure printed when known. Right after the tests: the issue's 45% MFU target rests on
-#             it, and the first run never reached it (it did time the eager `steps`).
-#             compiled_more [90] the same for CPDAE and BoW (`second`), appended to its file.
-#   steps     [90; 122 for 11 objectives, 25 steps each, with --ops]
-#             benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device, bf16, 10
-#             timed steps after 3: step time of the paper's objectives vs MLM (and MLM on two views,
-#             CPDAE's rows; MLM with cuDNN's attention first, attn_implementation sdpa_cudnn; BoW at
-#             its recipe's 30% whole-word masking and at MLM's 15%), samples/s, MFU, the projected
-#             paper schedule, the host synchronisations in one step of each (sync debug mode) and a
-#             profiled step of each: its kernels, the GPU's busy share of the step (under 1: it
-#             waited for the host) and the costliest kernels; the profiles come after every
-#             objective is timed (CUPTI stays loaded after one and slows the launches that follow),
-#             then MLM is timed again to show what they cost. Not --ops: the operations a step
-#             dispatches are the same on any device and are counted on the CPU (RESULTS.md).
-#             The baselines' rows (condenser ... ar_decoder) are in that run's step_time.txt: their
-#             code is unchanged.
-#   js        [30; new] benchmarks/cpdae_js.py: CPDAE's JS term forward + backward (its own backward
-#             since that run) against the formula through autograd, at one GPU's shapes and
-#             paper.yaml's, with peak memory; appended to step_time.txt.
-#   attn      [30; new] benchmarks/attention_kernels.py: bert-base's attention (32 x 512, padding as
-#             the trainer's chunks have it, dropout on) through the memory-efficient kernel the
-#             padded path's mask gets today, cuDNN's (which takes a mask, but torch's default order
-#             puts it after the math fallback), flash without a mask (the bound) and flash varlen
-#             over the real tokens (unpad), each checked against float64; appended to step_time.txt.
-#   unpadded  [40; 51 at 25 steps] the `steps` part's benchmark with unpad: true, for the paper's
-#             four objectives (`second`): the batches have no padding, so what it measures is
-#             attention over the real tokens alone (flash attention's variable-length op, no mask)
-#             against the padded path's masked (memory-efficient) kernel, and the row selections
-#             around the layers.
-#   trainer   [140; padded variant ~100 at 30 steps] benchmarks/trainer_throughput.py: the real
-#             trainer (data loader, workers, loop) on bert-base for 15 steps of paper.yaml's
-#             micro-batch per objective (5 untimed), on the chunks in .gpu-carry/corpus: its
-#             samples/s beside the model step's says whether the input pipeline or the loop starves
-#             the GPU; the four objectives padded, then MLM with unpad: true (the layers skip the
-#             padding rows). Most of each run is its start (model, workers), not its steps.
-#             trainer_more [70] (`second`): COSTA with unpad: true, CPDAE with 2 micro-batches a
-#             step (its gathered contrast cached: the cache's cost), MLM with compile: true.
-#   dense     [150; ~100 at 128 tokens, ~60 at 512] benchmarks/encode_and_search.py: bert-base
-#             encoding at 128 and 512 tokens (bf16, as the stage runs), exact search over 1M x 768
-#             vectors (faiss-gpu where installed; torch GEMM + top-k) against the same-shape cuBLAS
-#             GEMM in fp32 and bf16. Only in `all`: both lengths were timed in the first run (its
-#             dense.txt and dense_512.txt) and it does not fit beside `second` in ~200 s; a call of
-#             its own (`dense`) when a session has the time.
-#   gloo      [240; cut at 170 beside the tests; none of the budget beside them] the multi-process
-#             trainer and launcher tests on the machine's CPU cores (gloo; CUDA hidden: two ranks
-#             cannot share its one GPU under NCCL), each test's name and outcome printed as it ends.
-#             Asked for with `tests`, it runs beside them on 4 of the other cores (it needs no GPU
-#             time) and is stopped when they end, before any timing starts. That run's 6 failures
-#             were the launcher's: torch 2.11's torchrun has no --shutdown-timeout (found with torch
-#             2.11 installed off the GPU, RESULTS.md; fixed): all should pass now.
+# Two runs so far, both on an H200 (benchmarks/gpu_runs/: 2026-11-26, 2026-11-28; RESULTS.md).
+# The presets hold what the second left open. [cap in s; what it took in the second run]
+#   tests     [150; 124 for 25 tests on 8 xdist workers] tests/test_gpu.py on pytest-xdist workers
+#             where xdist is installed: fused AdamW vs the CPU update, the trainer on CUDA (fp32 and
+#             bf16, padded and unpadded) vs CPU, the trainer's waits for the GPU per step (one
+#             expected), flash attention under unpad (and one compiled graph), sdpa's and cuDNN's
+#             attention, the contrast cache, fine-tuning's steps on CUDA vs CPU and their waits,
+#             encoding through a real out-of-memory error. The second run failed two, both fixed
+#             since (encoding on CUDA: e1ae105; the cuDNN test's premise: 5b410e6).
+#   trainer_more [210; cut at 70 after COSTA unpadded] the `trainer` part's benchmark with MLM
+#             under compile: true first (the compiled step was 20-26% faster: whether the real
+#             trainer gets it, with its variable batch shapes, decides paper.yaml's `compile`),
+#             then MLM with --profile (where its step loses ~9 ms against the model step's: the
+#             host's time per region, the GPU's idle time and what the host did meanwhile), then
+#             CPDAE with 2 micro-batches a step (its gathered contrast cached: the cache's cost);
+#             appended to trainer.txt.
+#   compiled_more [200; cut at 90 during BoW's compilation] the `steps` part's benchmark under
+#             torch.compile for MLM, BoW, MLM on 2x rows and CPDAE in one process (each target a
+#             ratio within it; each compilation ~40 s); appended to step_time_compiled.txt.
+#   steps     [90; 37] benchmarks/pretrain_step_time.py for bert-base, 512 tokens, 32 per device,
+#             bf16, 10 timed steps after 3: step time of the paper's objectives vs MLM (and MLM on
+#             two views, CPDAE's rows; MLM with cuDNN's attention first, attn_implementation
+#             sdpa_cudnn; BoW at its recipe's 30% whole-word masking and at MLM's 15%), samples/s,
+#             MFU, the projected paper schedule, the host synchronisations in one step of each (sync
+#             debug mode) and a profiled step of each: its kernels, the GPU's busy share of the step
+#             (under 1: it waited for the host) and the costliest kernels; the profiles come after
+#             every objective is timed (CUPTI stays loaded after one and, it seems, slowed the
+#             objectives timed after it in the second run: BoW 1.21x of MLM there), then MLM is
+#             timed again to show what they cost. Not --ops: the operations a step dispatches are
+#             the same on any device and are counted on the CPU (RESULTS.md). The baselines' rows
+#             (condenser ... ar_decoder) are in the first run's step_time.txt.
+#   attn      [30; 11] benchmarks/attention_kernels.py: bert-base's attention (32 x 512, padding as
+#             the trainer's chunks have it, dropout on) through the memory-efficient kernel, cuDNN's,
+#             torch's choice (cuDNN's on an H200), flash without a mask (the bound) and flash varlen
+#             over the real tokens (unpad; re-timed: its row timed a boolean gather beside the kernel
+#             until 7af0b7d), each checked against float64; appended to step_time.txt.
+#   dense     [80; 512 tokens ~60 in the first run] benchmarks/encode_and_search.py: bert-base
+#             encoding at 512 tokens (bf16, as the stage runs: tokenised ahead on
+#             encode.gpu_tokenizer_threads(), never yet timed, and in turn), exact search over
+#             1M x 768 vectors (faiss-gpu where installed; torch GEMM + top-k) against the
+#             same-shape cuBLAS GEMM in fp32 and bf16.
+#   Done in the second run, in `all` only:
+#   compiled  [120; 98] the `steps` benchmark under torch.compile for MLM and COSTA.
+#   js        [30; 11] benchmarks/cpdae_js.py: CPDAE's JS term (its own backward) against the
+#             formula through autograd, at one GPU's shapes and paper.yaml's, with peak memory.
+#   unpadded  [40; 26] the `steps` benchmark with unpad: true for the paper's four objectives on
+#             full rows (no padding to skip): flash's variable-length op against the padded kernel.
+#   trainer   [175; 139 without --profile] benchmarks/trainer_throughput.py: the real trainer
+#             (data loader, workers, loop) on bert-base for 15 steps of paper.yaml's micro-batch per
+#             objective (5 untimed), on the chunks in .gpu-carry/corpus, the four objectives padded
+#             (each profiled after its timed steps), then MLM with unpad: true; its samples/s and
+#             its share of time waiting for input beside the model step's.
+#   gloo      [240; stopped with the tests at 124, 140 passed] the multi-process trainer and
+#             launcher tests on the machine's CPU cores (gloo; CUDA hidden: two ranks cannot share
+#             its one GPU under NCCL), each test's name and outcome printed as it ends. Asked for
+#             with `tests`, it runs beside them on 4 of the other cores (it needs no GPU time) and is
+#             stopped when they end, before any timing starts. The second run's one failure was the
+#             test's (it gave its workers the GPU; fa87c9d).
 # Output goes to OUT_DIR (default: $OUT, else results/gpu_checks), at most 8 files (what a lent
 # machine sends back); record it in RESULTS.md.
 # Nothing it imports may need a package the lent machine's image lacks (polars, faiss, snakemake,
@@ -85,10 +83,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # Each part's cap (s): what the header says it takes, with some room. A preset's caps must sum
 # to at most its call's budget, or its last parts are cut or never start (the first run's were).
-declare -A cap=([tests]=150 [compiled]=120 [steps]=90 [js]=30 [attn]=30 [trainer]=140
-    [unpadded]=40 [trainer_more]=70 [compiled_more]=90 [dense]=150 [gloo]=240)
-first="tests compiled steps js attn trainer gloo"
-second="unpadded trainer_more compiled_more"
+declare -A cap=([tests]=150 [compiled]=120 [steps]=90 [js]=30 [attn]=30 [trainer]=175
+    [unpadded]=40 [trainer_more]=210 [compiled_more]=200 [dense]=80 [gloo]=240)
+# What the second run (2026-11-28) left open first: the fixes' GPU tests, the compiled trainer
+# and where the trainer's step loses time, the compiled objectives' ratios within one process;
+# then the eager steps re-timed with the profiles after them, the varlen kernel re-timed, and
+# encoding (broken on a GPU until e1ae105).
+first="tests trainer_more compiled_more gloo"
+second="steps attn dense"
 all="tests compiled steps js attn unpadded trainer dense compiled_more trainer_more gloo"
 out=${1:-${OUT:-results/gpu_checks}}
 parts=${*:2}
@@ -198,7 +200,8 @@ for part in $parts; do
             file=step_time.txt ;;
         unpadded) bench+=(--unpad --objectives mlm costa cpdae bow) file=step_time_unpadded.txt ;;
         compiled) bench+=(--compile --objectives mlm costa) ;;
-        compiled_more) bench+=(--compile --objectives cpdae bow) write=(tee -a) ;;
+        # MLM and MLM on 2x rows beside BoW and CPDAE: each target is a ratio within one process.
+        compiled_more) bench+=(--compile --objectives mlm bow mlm_2x cpdae) write=(tee -a) ;;
         esac
         capped "${cap[$part]}" "${bench[@]}" 2>&1 | grep --line-buffered -v "it/s" \
             | "${write[@]}" "$out/$file" ;;
@@ -212,12 +215,12 @@ for part in $parts; do
         # One variant a line: a failing variant is recorded and the next still runs.
         if [ "$part" = trainer ]; then
             : > "$out/trainer.txt"
-            variants="--objectives mlm costa bow cpdae
+            variants="--objectives mlm costa bow cpdae --profile
 --objectives mlm --unpad"
         else
-            variants="--objectives costa --unpad
---objectives cpdae --accumulate 2
---objectives mlm --compile"
+            variants="--objectives mlm --compile
+--objectives mlm --profile
+--objectives cpdae --accumulate 2"
         fi
         capped "${cap[$part]}" bash -c 'code=0; while read -r variant; do
             # shellcheck disable=SC2086  # the options are words
@@ -227,7 +230,7 @@ for part in $parts; do
             | tee -a "$out/trainer.txt" ;;
     dense)
         capped "${cap[dense]}" python3 benchmarks/encode_and_search.py --device cuda \
-            --archs bert-base --p-lens 128 512 --docs 8192 --batch 512 --corpus 1000000 --dim 768 \
+            --archs bert-base --p-lens 512 --docs 8192 --batch 512 --corpus 1000000 --dim 768 \
             --queries 8192 --repeats 3 2>&1 | grep --line-buffered -v "it/s" \
             | tee "$out/dense.txt" ;;
     gloo)
