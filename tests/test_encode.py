@@ -199,25 +199,60 @@ class _OnGpu:
         self.index = index
 
 
-@pytest.mark.parametrize("use_gpu, kind, k, where", [
-    ("auto", "flat", 2048, "gpu"),
-    ("auto", "flat", 2049, "cpu: 2049 neighbours a query"),  # faiss-gpu's k-selection limit
-    ("never", "flat", 10, "cpu"),
-    ("auto", "hnsw", 10, "cpu: faiss-gpu cannot hold this IndexHNSWFlat"),
-])
-def test_an_index_goes_to_the_gpus_only_where_faiss_gpu_can_search_it(use_gpu, kind, k, where,
-                                                                       monkeypatch, caplog):
-    """faiss-gpu (stood in for here: CI installs faiss-cpu) selects at most 2048 neighbours a
-    query and holds no HNSW graph: such a search stays on the CPU, saying why, instead of failing
-    after the index and the queries are loaded."""
-    def to_gpus(index):
-        if isinstance(index, faiss_index.faiss.IndexHNSWFlat):  # as faiss-gpu's cloner refuses it
-            raise RuntimeError("GpuCloner.cpp: This index type is not implemented on GPU.")
+def _faiss_gpu_cloner(gpus: int):
+    """faiss-gpu 1.15.1's index_cpu_to_all_gpus(index, co=None, ngpu=-1) on `gpus` visible GPUs,
+    as its GpuCloner.cpp decides: one GPU's cloner holds IndexFlat, IndexIVFFlat,
+    IndexIVFScalarQuantizer and IndexIVFPQ (whose fp32 lookup tables, M x 2^nbits floats, must
+    fit a block's 48 KiB of shared memory), and throws for any other type; with several GPUs
+    (ToGpuClonerMultiple) those four are replicated on each, and any other type is copied by the
+    CPU cloner (Cloner::clone_Index), without an error: it stays on the CPU, a copy in memory."""
+    import faiss
+
+    def to_gpus(index, co=None, ngpu=-1):
+        assert co is None and ngpu == -1  # every visible GPU, replicas, fp32: faiss's defaults
+        held = (faiss.IndexFlat, faiss.IndexIVFFlat, faiss.IndexIVFScalarQuantizer,
+                faiss.IndexIVFPQ)
+        if not isinstance(index, held):
+            if gpus > 1:
+                return faiss.clone_index(index)
+            raise RuntimeError("Error in virtual faiss::Index* faiss::gpu::ToGpuCloner::"
+                               "clone_Index(const faiss::Index*) at faiss/gpu/GpuCloner.cpp:253:"
+                               " This index type is not implemented on GPU.")
+        if isinstance(index, faiss.IndexIVFPQ) and index.pq.M * 4 << index.pq.nbits > 49152:
+            raise RuntimeError(f"Error: 'requiredSmemSize <= getMaxSharedMemPerBlock(config_."
+                               f"device)' failed: Device 0 has 49152 bytes of shared memory, "
+                               f"while {index.pq.nbits} bits per code and {index.pq.M} "
+                               f"sub-quantizers requires {index.pq.M * 4 << index.pq.nbits} "
+                               "bytes. Consider useFloat16LookupTables and/or reduce parameters")
         return _OnGpu(index)
 
-    monkeypatch.setattr(faiss_index.faiss, "index_cpu_to_all_gpus", to_gpus, raising=False)
-    monkeypatch.setattr(faiss_index.faiss, "get_num_gpus", lambda: 2)
-    index = faiss_index.empty_index(8, 100, faiss_index.index_settings({"type": kind}))
+    return to_gpus
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("use_gpu, knobs, k, where", [
+    ("auto", {"type": "flat"}, 2048, "gpu"),
+    ("auto", {"type": "flat"}, 2049, "cpu: 2049 neighbours a query"),  # faiss-gpu's k-selection
+    ("never", {"type": "flat"}, 10, "cpu"),
+    ("auto", {"type": "hnsw"}, 10, "cpu: faiss-gpu cannot hold this IndexHNSWFlat"),
+    ("auto", {"type": "ivfpq", "pq_m": 32, "nlist": 4, "nprobe": 1}, 10, "gpu"),
+    # The default pq_m, 64: 64 KiB of fp32 lookup tables (faiss-gpu's useFloat16 is off).
+    ("auto", {"type": "ivfpq", "nlist": 4, "nprobe": 1}, 10,
+     "cpu: faiss-gpu cannot hold this IndexIVFPQ"),
+])
+def test_an_index_goes_to_the_gpus_only_where_faiss_gpu_can_search_it(gpus, use_gpu, knobs, k,
+                                                                       where, monkeypatch,
+                                                                       caplog):
+    """faiss-gpu (stood in for here by its cloner's rules: CI installs faiss-cpu) selects at most
+    2048 neighbours a query and holds no HNSW graph: such a search stays on the CPU, saying why,
+    instead of failing after the index and the queries are loaded. With several GPUs faiss-gpu
+    does not refuse an HNSW index but copies it on the CPU: the search ran on the CPU from a
+    second copy of the index in memory (the mapped file's, read whole) under "searching on 2
+    GPU(s)"."""
+    monkeypatch.setattr(faiss_index.faiss, "index_cpu_to_all_gpus", _faiss_gpu_cloner(gpus),
+                        raising=False)
+    monkeypatch.setattr(faiss_index.faiss, "get_num_gpus", lambda: gpus)
+    index = faiss_index.empty_index(64, 400, faiss_index.index_settings(knobs))
     with caplog.at_level("WARNING", logger=faiss_index.__name__):
         placed = faiss_index.to_search_device(index, use_gpu, k)
     assert isinstance(placed, _OnGpu) == (where == "gpu")

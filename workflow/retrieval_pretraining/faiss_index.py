@@ -191,21 +191,31 @@ def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.In
 
 # The most neighbours faiss-gpu selects per query (its k-selection kernels; faiss issue 2103).
 GPU_MAX_K = 2048
+# The index types faiss-gpu's cloner holds (GpuCloner.cpp). One GPU's refuses any other; several
+# GPUs' (ToGpuClonerMultiple) copies any other on the CPU without a word.
+GPU_TYPES = (faiss.IndexFlat, faiss.IndexIVFFlat, faiss.IndexIVFScalarQuantizer, faiss.IndexIVFPQ)
 
 
 def to_search_device(index: faiss.Index, use_gpu: str = "auto", k: int = 0) -> faiss.Index:
     """Move the index to all visible GPUs when faiss-gpu is installed; otherwise keep it on CPU.
 
     `k`: the neighbours each query will ask for. The index stays on the CPU, with a warning that
-    says why, where faiss-gpu cannot search it: more than GPU_MAX_K neighbours, or an index type
-    it does not hold (HNSW; PQ layouts beyond its shared memory), which it reports as it converts.
-    Either would otherwise fail the job after the index and the queries are loaded."""
+    says why, where faiss-gpu cannot search it: more than GPU_MAX_K neighbours, an index type it
+    does not hold (HNSW: not offered to it, since with several GPUs it copies one on the CPU,
+    read whole from the mapped file, without an error), or what it reports as it converts (PQ
+    layouts beyond its shared memory, nprobe above GPU_MAX_K, too little GPU memory). These would
+    otherwise fail the job after the index and the queries are loaded, or search on the CPU from
+    a second copy of the index while the log said GPUs."""
     if (use_gpu == "never" or not hasattr(faiss, "index_cpu_to_all_gpus")
             or faiss.get_num_gpus() == 0):
         return index
     if k > GPU_MAX_K:
         log.warning("searching on CPU: %d neighbours a query, faiss-gpu selects at most %d "
                     "(set use_gpu: never to silence this)", k, GPU_MAX_K)
+        return index
+    if not isinstance(index, GPU_TYPES):
+        log.warning("searching on CPU: faiss-gpu cannot hold this %s (set use_gpu: never to "
+                    "silence this)", type(index).__name__)
         return index
     try:
         moved = faiss.index_cpu_to_all_gpus(index)
