@@ -328,3 +328,52 @@ def test_the_mined_file_does_not_depend_on_the_query_batch(tmp_path, monkeypatch
                                           depth=50)
     assert in_batches.equals(table) and len(table) == 30
     assert batched["stats"] == whole["stats"]
+
+
+def test_a_gpu_encoder_is_released_before_the_index_goes_to_the_gpu(tmp_path, monkeypatch):
+    """faiss-gpu allocates on its own: memory torch's allocator holds for the query encoder is
+    lost to the index. On a GPU, mining encodes the queries, drops the encoder and empties torch's
+    cache, then moves the index. Stand-ins for the CUDA path, which the CPU suite never takes: an
+    encoder whose parameters say CUDA, and torch.cuda.empty_cache recording whether the encoder
+    was still alive when it ran (emptied before the encoder is dropped, it frees nothing)."""
+    import weakref
+    from types import SimpleNamespace
+
+    import faiss
+    import polars as pl
+
+    from retrieval_pretraining import dense_search
+
+    class CudaEncoder:
+        def parameters(self):
+            return iter([SimpleNamespace(is_cuda=True)])
+
+    encoders, events = [], []
+
+    def load_encoder(folder):
+        encoder = CudaEncoder()
+        encoders.append(weakref.ref(encoder))
+        return encoder, None
+
+    def to_search_device(index, use_gpu, k):
+        events.append("index to the GPU")
+        return index
+
+    index = faiss.IndexFlatIP(2)
+    index.add(np.array([[2, 0], [1, 0]], dtype=np.float32))
+    monkeypatch.setattr(dense_search, "load_encoder", load_encoder)
+    monkeypatch.setattr(dense_search, "embed",
+                        lambda model, tokenizer, texts, **_: np.ones((len(texts), 2), np.float32))
+    monkeypatch.setattr(dense_search.torch.cuda, "empty_cache", lambda: events.append(
+        f"cache emptied, encoder {'alive' if encoders[0]() else 'released'}"))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(["a", "b"])))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", to_search_device)
+    pl.DataFrame({"query_id": ["q1"], "text": ["a query"]}).write_parquet(tmp_path / "q.parquet")
+    pl.DataFrame({"query_id": ["q1"], "doc_id": ["a"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    mine.mine(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+              tmp_path / "qrels.parquet", tmp_path / "hard-negatives.parquet",
+              {**POLICY, "depth": 2, "pooling": "cls", "similarity": "dot", "q_len": 8,
+               "p_len": 8}, seed=0)
+    assert events == ["cache emptied, encoder released", "index to the GPU"]
