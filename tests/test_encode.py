@@ -500,6 +500,44 @@ def test_a_batch_that_runs_out_of_gpu_memory_is_encoded_in_halves(monkeypatch, c
         encode.embed(model, tokenizer, texts[:2], **options)
 
 
+def test_on_a_gpu_the_cache_is_emptied_after_the_failed_batch_s_activations_are_freed(
+        monkeypatch):
+    """On CUDA, a batch that ran out of memory is retried in halves after torch's cache is
+    emptied, which returns only blocks nothing holds: the failed forward's activations, held by
+    the exception's frames until its handler ends, must be freed first. Stand-ins for the CUDA
+    path the CPU suite never takes: a model whose parameters say CUDA, a forward that holds an
+    activation when it fails, and torch.cuda.empty_cache recording whether any is still alive."""
+    import weakref
+    from types import SimpleNamespace
+
+    class CudaModel:
+        def parameters(self):
+            return iter([SimpleNamespace(is_cuda=True)])
+
+    class Activation:
+        pass
+
+    held, emptied = [], []
+
+    def encode_batch(model, batch, pooling, similarity):
+        activation = Activation()  # in this frame, which the traceback keeps
+        held.append(weakref.ref(activation))
+        rows = batch["input_ids"].shape[0]
+        if rows > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return batch["input_ids"][:, :1].float()
+
+    monkeypatch.setattr(encode, "encode_batch", encode_batch)
+    monkeypatch.setattr(encode.torch.cuda, "empty_cache",
+                        lambda: emptied.append(sum(ref() is not None for ref in held)))
+    fits = [8]
+    batch = {"input_ids": torch.arange(8).unsqueeze(1)}
+    vectors = encode.encode_fitting(CudaModel(), batch, "mean", "cosine", fits)
+    np.testing.assert_array_equal(vectors[:, 0], np.arange(8))
+    assert fits == [2]
+    assert emptied == [0, 0]  # after 8 rows failed, then 4: no activation left either time
+
+
 @pytest.mark.slow  # importing Pyserini starts a JVM: ~10-30 s on 2 busy cores
 def test_pyserini_faiss_searcher_loads_our_index(tmp_path):
     from retrieval_pretraining import pyserini_setup  # noqa: F401  (Java + JVM option fixes)
