@@ -360,6 +360,46 @@ def test_fine_tuning_steps_on_cuda_track_the_cpu_steps_and_wait_once(setup):
     assert [len(w) for w in waits] == [1] * 5, waits
 
 
+def test_ddp_hands_the_bi_encoder_the_pinned_host_inputs_on_cuda(setup, tmp_path):
+    """Several GPUs fine-tune through DDP (finetune.model.data_parallel). Given device_ids, DDP
+    copied each micro-batch's inputs to the GPU itself, a blocking copy: the host waited for the
+    GPU's queued work every micro-batch, what pinning and encode_batch's non_blocking copy are
+    for. The bi-encoder must get the pinned host tensors, and the loss be the one without DDP.
+    A one-process NCCL group: DDP treats the inputs alike at any number of processes."""
+    import torch.distributed as dist
+
+    from retrieval_pretraining.encode import tokenize
+    from retrieval_pretraining.finetune.model import (data_parallel, load_bi_encoder,
+                                                      micro_batch_loss)
+    from retrieval_pretraining.finetune.settings import FinetuneSettings
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    device = torch.device("cuda", 0)
+    settings = FinetuneSettings(retrieval=RetrievalSettings(q_len=16, p_len=24), group_size=2)
+    model, tokenizer = load_bi_encoder(setup[0], settings.retrieval, device)
+    model.eval()  # no dropout: the two losses below are one
+    queries, passages = ({k: v.pin_memory() for k, v in part.items()}
+                         for part in (tokenize(tokenizer, QUERIES, 16),
+                                      tokenize(tokenizer, PASSAGES, 24)))
+    plain = micro_batch_loss(model, queries, passages, settings, device)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.extend(
+        (t.device.type, t.is_pinned()) for part in args for t in part.values()))
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'group'}", rank=0,
+                            world_size=1, device_id=device)
+    try:
+        # The loop's env says several processes; the group holds this one.
+        ddp = data_parallel(model, training.DistEnv(rank=0, local_rank=0, world_size=2,
+                                                    device=device))
+        assert ddp is not model
+        loss = micro_batch_loss(ddp, queries, passages, settings, device)
+        loss.backward()
+    finally:
+        dist.destroy_process_group()
+    assert seen and set(seen) == {("cpu", True)}, seen
+    torch.testing.assert_close(loss.detach(), plain.detach())
+
+
 def test_encoding_that_runs_out_of_gpu_memory_halves_its_batches_on_cuda(setup, caplog):
     """A real CUDA out-of-memory error (the process held to ~0.3 GB) halves the batch until it
     fits; the vectors are those of batches that fit from the start (bf16: within its precision)."""
