@@ -576,6 +576,59 @@ def test_prefetched_micro_batches_are_the_ones_each_step_would_build(tmp_path, g
             assert list(a) == list(b) and all(torch.equal(a[key], b[key]) for key in b)
 
 
+def test_on_a_gpu_the_micro_batches_are_tokenised_ahead_on_its_threads_into_pinned_memory(
+        tmp_path, monkeypatch):
+    """The loop's CUDA input path, which neither the CPU runs nor the GPU checks take (those pin
+    their own inputs): given no thread count, a GPU process tokenises on encode.TOKENIZER_THREADS
+    threads (the CPU on one) and pins every tensor it hands the step, so that the step's copy
+    does not wait for the GPU; the values are the CPU path's. Run here with a device that says
+    CUDA and a pin_memory that records what it pinned (a CPU build of torch cannot pin)."""
+    import threading
+
+    from pretrain_fixtures import tokenizer as load_tokenizer
+    from retrieval_pretraining.encode import TOKENIZER_THREADS
+    from retrieval_pretraining.finetune.passages import PassageStore, write_passages
+
+    data = tiny_dataset(tmp_path, n_queries=12)
+    settings = FinetuneSettings.from_config({"batch_size": 4, "sub_batches": 2, "group_size": 3,
+                                             "q_len": 8, "p_len": 24})
+    loaded = fdata.load_training_set(data["queries"], data["qrels"], data["corpus"],
+                                     [data["bm25"]], settings, seed=5)
+    write_passages(data["corpus"], loaded.needed_passages(), tmp_path / "passages.arrow")
+    loaded = loaded.with_passages(PassageStore(tmp_path / "passages.arrow"))
+    plan = fdata.contrast_plan(settings, 1)
+    tokenizer = load_tokenizer()
+    wanted = []
+    safe_threads = ftrain.safe_threads
+    monkeypatch.setattr(ftrain, "safe_threads",
+                        lambda *a: wanted.append(a[1]) or safe_threads(*a))
+
+    def micro_batches(device: str) -> list[tuple]:
+        env = training.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device(device))
+        return list(ftrain.prefetched_micro_batches(loaded, plan, settings, 5, tokenizer, env, 0,
+                                                    6))
+
+    cpu = micro_batches("cpu")
+    pinned, threads = set(), set()
+
+    def pin_memory(tensor):
+        threads.add(threading.current_thread().name)
+        copy = tensor.clone()
+        pinned.add(id(copy))
+        return copy
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    gpu = micro_batches("cuda")
+    assert wanted == [1, TOKENIZER_THREADS]
+    assert len(gpu) == len(cpu) == 6 * plan.accumulation
+    for ours, theirs in zip(gpu, cpu):
+        assert ours[:4] == theirs[:4]
+        for a, b in zip(ours[4:], theirs[4:]):
+            assert list(a) == list(b) and all(torch.equal(a[key], b[key]) for key in b)
+            assert all(id(a[key]) in pinned for key in a)  # each tensor the step copies is pinned
+    assert threads and all(name.startswith("finetune-inputs") for name in threads)
+
+
 def test_the_passages_a_training_set_needs_include_its_padding_pool():
     """The main process writes only needed_passages: a padded group looks its documents up there."""
     frame = pl.DataFrame({"query_id": ["q1"], "text": ["one"], "positives": [["p1"]],
