@@ -1037,6 +1037,10 @@ from retrieval_pretraining.finetune.train import train
 rank = sys.argv[1]
 os.environ.update(RANK=rank, WORLD_SIZE="2", LOCAL_RANK=rank)
 torch.set_num_threads(1)
+if os.environ.get("STOP_RANK") == rank:  # a stop signal reaches this process alone, at its first step
+    class Stopped(training.StopFlag):
+        requested = property(lambda self: True, lambda self, value: None)
+    training.StopFlag = Stopped
 cfg, base, data, out = json.loads(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4]), Path(sys.argv[5])
 code = train(FinetuneSettings.from_config(cfg), init=base, queries=Path(data["queries"]),
              qrels=Path(data["qrels"]), corpus=Path(data["corpus"]), negatives=[Path(data["bm25"])],
@@ -1086,6 +1090,56 @@ def test_two_gloo_processes_fine_tune_as_one_process_with_dropout_on(tmp_path):
     for a, b in zip(one_losses, two_losses):
         assert (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=1e-5))
 
+
+@pytest.mark.slow
+def test_two_gloo_processes_gathering_fine_tune_as_one_process_across_a_stop(tmp_path):
+    """gather: each contrast set is split over the processes, its passages all-gathered with
+    gradients inside DDP (the multi-GPU loop's own path; the gradient alone is checked above). Two
+    processes, one stopped by a signal that reached the other alone at the first step (both exit
+    75, the main one's state saved) and then resumed, make the weights and losses of one process
+    that contrasts each whole set, dropout off: with gather a process draws the masks of its share
+    of a set, one process those of the whole set."""
+    from safetensors.torch import load_file
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps(
+        {**config, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    # Two contrast sets of 8 queries a step, 4 of each on a process: 2 steps.
+    cfg = {"q_len": 16, "p_len": 32, "group_size": 2, "batch_size": 16, "sub_batches": 2,
+           "gather": True, "epochs": 1, "lr": 1e-4, "log_every_steps": 1}
+    assert fine_tune(cfg, base, data, [data["bm25"]], seed=5, out=tmp_path / "one" / "encoder",
+                     state_dir=tmp_path / "one" / "state",
+                     metrics_path=tmp_path / "one" / "metrics.jsonl") == 0
+    script = tmp_path / "worker.py"
+    script.write_text(_TRAIN_WORKER)
+    args = [json.dumps(cfg), str(base), json.dumps({k: str(v) for k, v in data.items()}),
+            str(tmp_path / "two")]
+
+    def two_processes(**extra: str) -> list[int]:
+        env = _gloo_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), *args], env=env)
+                 for r in range(2)]
+        return [p.wait(timeout=300) for p in procs]
+
+    assert two_processes(STOP_RANK="1") == [training.RESUME_EXIT_CODE] * 2
+    state = tmp_path / "two" / "state"
+    assert json.loads((state / "latest.json").read_text())["step"] == 1
+    assert not (tmp_path / "two" / "encoder").exists()
+    assert two_processes() == [0, 0]
+    one = load_file(tmp_path / "one" / "encoder" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "encoder" / "model.safetensors")
+    start = load_file(base / "model.safetensors")
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-5)
+    losses = {name: {record["step"]: record["loss"] for record in map(json.loads, (
+        tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "loss" in record}
+        for name in ("one", "two")}
+    assert sorted(losses["two"]) == sorted(losses["one"]) == [1, 2]
+    for step, loss in losses["one"].items():
+        assert math.isclose(losses["two"][step], loss, rel_tol=1e-5)
 
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     """A stop signal after step 2 saves state and exits 75; the rerun ends where an uninterrupted run
