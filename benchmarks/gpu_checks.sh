@@ -21,8 +21,10 @@
 #             bf16, padded and unpadded) vs CPU, the trainer's waits for the GPU per step (one
 #             expected), flash attention under unpad (and one compiled graph), sdpa's and cuDNN's
 #             attention, the contrast cache, fine-tuning's steps on CUDA vs CPU and their waits,
-#             encoding through a real out-of-memory error. The second run failed two, both fixed
-#             since (encoding on CUDA: e1ae105; the cuDNN test's premise: 5b410e6).
+#             encoding through a real out-of-memory error, fine-tuning's DDP handing the encoder
+#             its pinned host inputs (one-process NCCL; new since the second run: 9fb8fdd). The
+#             second run failed two, both fixed since (encoding on CUDA: e1ae105; the cuDNN test's
+#             premise: 5b410e6).
 #   trainer_more [210; cut at 70 after COSTA unpadded] the `trainer` part's benchmark with MLM
 #             under compile: true first (the compiled step was 20-26% faster: whether the real
 #             trainer gets it, with its variable batch shapes, decides paper.yaml's `compile`),
