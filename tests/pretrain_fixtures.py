@@ -5,12 +5,14 @@ signal handlers an in-process trainer installs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,39 @@ SPAN_SCHEMA = pa.schema([
     ("chunk_id", pa.int64()), ("span_start", pa.list_(pa.int32())),
     ("span_end", pa.list_(pa.int32())), ("granularity", pa.list_(pa.int8())),
 ])
+
+
+@contextlib.contextmanager
+def gather_backward_as_on_nccl():
+    """The contrastive losses gather with torch.distributed.nn's all_gather, whose backward takes
+    the gradient back by backend: on NCCL (the GPUs) a reduce_scatter of every rank's share, on
+    gloo an all-to-all and a sum. Inside this block, in a gloo process, it takes NCCL's route
+    (gloo has a reduce_scatter too); yields the list of reduce_scatter calls made (each call's
+    input count), to show it did."""
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as functional
+
+    calls: list[int] = []
+
+    class AsOnNccl(types.ModuleType):  # torch.distributed, but the group's backend is "nccl"
+        def __getattr__(self, name):
+            return getattr(dist, name)
+
+        @staticmethod
+        def get_backend(group=None):
+            return dist.Backend.NCCL
+
+        @staticmethod
+        def reduce_scatter(output, inputs, *args, **kwargs):
+            calls.append(len(inputs))
+            return dist.reduce_scatter(output, inputs, *args, **kwargs)
+
+    real = functional.dist
+    functional.dist = AsOnNccl(dist.__name__)
+    try:
+        yield calls
+    finally:
+        functional.dist = real
 
 
 def tokenizer():

@@ -522,9 +522,13 @@ def test_contrast_pool_sizes_are_reported():
     assert stats["contrast_pool"] == 9
 
 
-def _views_gather_worker(rank, world, init_file, inputs, out_dir):
+def _views_gather_worker(rank, world, init_file, inputs, out_dir, route):
+    import contextlib
+
     import torch.distributed as dist
     from safetensors.torch import save_file
+
+    from pretrain_fixtures import gather_backward_as_on_nccl
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -537,10 +541,13 @@ def _views_gather_worker(rank, world, init_file, inputs, out_dir):
         # This rank's texts, both views, stacked [view 0; view 1] as the trainer lays them out.
         local = torch.cat([full[rank * m:(rank + 1) * m], full[half + rank * m:half + (rank + 1) * m]])
         local = local.clone().requires_grad_(True)
-        loss = fn(local)
-        loss.backward()
+        with (gather_backward_as_on_nccl() if route == "nccl" else contextlib.nullcontext([])) \
+                as calls:
+            loss = fn(local)
+            loss.backward()
         outputs[f"{name}.loss"] = loss.detach().reshape(1)
         outputs[f"{name}.grad"] = local.grad
+        outputs[f"{name}.reduce_scatters"] = torch.tensor([len(calls)])
     save_file(outputs, f"{out_dir}/rank{rank}.safetensors")
     # Leave gloo together and end as the trainer does (no interpreter clean-up: after gloo it
     # aborts now and then, "terminate called without an active exception").
@@ -548,17 +555,22 @@ def _views_gather_worker(rank, world, init_file, inputs, out_dir):
     training.exit_process(0)
 
 
-def test_gathered_cpdae_views_equal_the_full_batch(tmp_path):
+@pytest.mark.parametrize("route", ["gloo", "nccl"])
+def test_gathered_cpdae_views_equal_the_full_batch(route, tmp_path):
     """2 processes with 2 texts each and gathering on reproduce the 4-text batch's loss and (after
-    DDP's averaging) its gradient, for CPDAE (-JS) and CPDAE_R (cosine)."""
+    DDP's averaging) its gradient, for CPDAE (-JS) and CPDAE_R (cosine); the gradient taken back
+    through the gather by gloo's route and by the one it takes on GPUs (NCCL's reduce_scatter,
+    run here under gloo)."""
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(14)
     inputs = {"logits": torch.randn(8, 9, generator=g, dtype=torch.float64),
               "cls": torch.randn(8, 5, generator=g, dtype=torch.float64)}
-    torch.multiprocessing.spawn(_views_gather_worker, args=(2, tmp_path / "init", inputs, tmp_path),
-                                nprocs=2)
+    torch.multiprocessing.spawn(_views_gather_worker,
+                                args=(2, tmp_path / "init", inputs, tmp_path, route), nprocs=2)
     ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    for name in ("cpdae", "cpdae_r"):  # each view half gathered once: 2 reduce-scatters a rank
+        assert [int(r[f"{name}.reduce_scatters"]) for r in ranks] == [2 * (route == "nccl")] * 2
     for name, fn in (("cpdae", lambda x: obj.cpdae_contrastive(x, 1.0)),
                      ("cpdae_r", lambda x: obj.dense_contrastive(x, 0.1))):
         full = (inputs["logits"] if name == "cpdae" else inputs["cls"]).clone().requires_grad_(True)

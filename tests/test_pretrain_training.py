@@ -328,9 +328,13 @@ def test_oom_message_names_the_config_key():
             raise torch.OutOfMemoryError("CUDA out of memory")
 
 
-def _gather_worker(rank, world, init_file, inputs, out_dir):
+def _gather_worker(rank, world, init_file, inputs, out_dir, route):
+    import contextlib
+
     import torch.distributed as dist
     from safetensors.torch import save_file
+
+    from pretrain_fixtures import gather_backward_as_on_nccl
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -338,9 +342,11 @@ def _gather_worker(rank, world, init_file, inputs, out_dir):
     text = inputs["text"][rank * n:(rank + 1) * n].clone().requires_grad_(True)
     spans = inputs["spans"][rank * n:(rank + 1) * n].clone().requires_grad_(True)
     mask = inputs["mask"][rank * n:(rank + 1) * n]
-    loss = obj.costa_loss(text, spans, mask, temperature=0.1, gather=True)
-    loss.backward()
-    save_file({"loss": loss.detach().reshape(1), "text": text.grad, "spans": spans.grad},
+    with (gather_backward_as_on_nccl() if route == "nccl" else contextlib.nullcontext([])) as calls:
+        loss = obj.costa_loss(text, spans, mask, temperature=0.1, gather=True)
+        loss.backward()
+    save_file({"loss": loss.detach().reshape(1), "text": text.grad, "spans": spans.grad,
+               "reduce_scatters": torch.tensor([len(calls)])},
               f"{out_dir}/rank{rank}.safetensors")
     # Leave gloo together and end as the trainer does (no interpreter clean-up: after gloo it
     # aborts now and then, "terminate called without an active exception").
@@ -348,17 +354,23 @@ def _gather_worker(rank, world, init_file, inputs, out_dir):
     training.exit_process(0)
 
 
-def test_gathered_costa_gradients_equal_the_full_batch(tmp_path):
+@pytest.mark.parametrize("route", ["gloo", "nccl"])
+def test_gathered_costa_gradients_equal_the_full_batch(route, tmp_path):
     """2 processes, each with half the batch and gathering on, reproduce the full-batch loss and
-    (after DDP's averaging) its gradient: the gather passes other ranks' gradients back."""
+    (after DDP's averaging) its gradient: the gather passes other ranks' gradients back, by gloo's
+    route and by the one it takes on GPUs (NCCL's reduce_scatter, run here under gloo)."""
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(0)
     inputs = {"text": torch.randn(4, 6, generator=g, dtype=torch.float64),
               "spans": torch.randn(4, 3, 6, generator=g, dtype=torch.float64),
               "mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)}
-    torch.multiprocessing.spawn(_gather_worker, args=(2, tmp_path / "init", inputs, tmp_path), nprocs=2)
+    torch.multiprocessing.spawn(_gather_worker,
+                                args=(2, tmp_path / "init", inputs, tmp_path, route), nprocs=2)
     ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    # text, spans and the mask are gathered; the gradients of text and spans come back by one
+    # reduce_scatter each (the mask has none)
+    assert [int(r["reduce_scatters"]) for r in ranks] == ([2, 2] if route == "nccl" else [0, 0])
     text = inputs["text"].clone().requires_grad_(True)
     spans = inputs["spans"].clone().requires_grad_(True)
     full = obj.costa_loss(text, spans, inputs["mask"], temperature=0.1)
