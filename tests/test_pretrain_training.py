@@ -459,6 +459,42 @@ def test_the_stop_signal_handler_only_sets_the_flag(caplog):
             signal.signal(sig, handler)
 
 
+def test_each_worker_on_a_node_of_several_gpus_joins_nccl_on_the_gpu_of_its_local_rank(
+        monkeypatch):
+    """torchrun's worker of global rank 5 of 8, the second on its node (LOCAL_RANK 1), with CUDA
+    stood in for: it selects GPU 1 (not 5, which a node of 4 GPUs lacks), before it joins an nccl
+    group bound to that GPU (its collectives and barriers then use it), and trains there. The
+    calls are checked against torch's own signatures."""
+    import datetime
+    import inspect
+
+    import torch.distributed as dist
+
+    calls = []
+
+    def standing_in_for(real):
+        def call(*args, **kwargs):
+            inspect.signature(real).bind(*args, **kwargs)  # a name torch does not take fails
+            calls.append((real.__name__, args, kwargs))
+        return call
+
+    for key, value in {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", standing_in_for(torch.cuda.set_device))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", standing_in_for(dist.init_process_group))
+    env = training.init_distributed(timeout_minutes=7)
+    gpu = torch.device("cuda", 1)
+    assert env == training.DistEnv(rank=5, local_rank=1, world_size=8, device=gpu)
+    assert not env.is_main and env.distributed
+    assert calls == [
+        ("set_device", (1,), {}),
+        ("init_process_group", (), {"backend": "nccl", "device_id": gpu,
+                                    "timeout": datetime.timedelta(minutes=7)}),
+    ]
+
+
 def test_launcher_uses_torchrun_only_for_several_visible_gpus():
     m = "retrieval_pretraining.pretrain"
     assert launch.command(m, 8, ["--x"], visible=0)[1:] == ["-m", "retrieval_pretraining.pretrain", "--x"]
