@@ -253,6 +253,34 @@ def test_a_resume_with_fewer_visible_gpus_restores_the_states_it_can(monkeypatch
     assert restored == [(0, 0), (1, 1)]
 
 
+def test_a_state_saved_on_a_gpu_node_restores_each_gpu_s_generator(tmp_path, monkeypatch):
+    """Saved where 2 GPUs are visible (CUDA stood in for, its calls bound to torch's own
+    signatures), the state file keeps each GPU generator's state (bytes, not a pickle) and the
+    resume sets each on its own GPU, as uint8 tensors on the host as torch's set_rng_state takes."""
+    import inspect
+
+    gpu_states = [torch.arange(16, dtype=torch.uint8) * (i + 1) for i in range(2)]
+    restored = []
+
+    def set_rng_state(*args, **kwargs):
+        inspect.signature(torch.cuda.set_rng_state).bind(*args, **kwargs)
+        restored.append(args)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in gpu_states])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=2, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    assert training.load_state(tmp_path, model=model, optimizer=optimizer,
+                               scheduler=scheduler)["step"] == 2
+    assert [index for _, index in restored] == [0, 1]
+    for (state, _), want in zip(restored, gpu_states):
+        assert state.dtype == torch.uint8 and state.device.type == "cpu"
+        assert torch.equal(state, want)
+
+
 def test_a_state_with_nonfinite_weights_is_not_saved(tmp_path):
     """Every resume would start from such weights and fail again: the last finite state stays."""
     model, optimizer, scheduler = _fresh()
