@@ -1036,3 +1036,36 @@ def test_two_gloo_processes_equal_one_process(dropout_setup, tmp_path):
     assert info["world_size"] == 2 and info["accumulation"] == 1
     _assert_same_weights(_weights(tmp_path / "two"), _weights(tmp_path / "one"), atol=1e-5)
 
+
+COMPILED_TRAINER = """\
+import functools, runpy, torch
+torch.compile = functools.partial(torch.compile, backend="aot_eager")
+runpy.run_module("retrieval_pretraining.pretrain", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_compiled_gloo_processes_equal_one_eager_process(setup, tmp_path):
+    """`compile: true` under DDP, as on several GPUs: two processes compile the DDP-wrapped model
+    (aot_eager, as the compiled test above) and accumulate 2 micro-batches of 2 each (no_sync
+    before the last) with CPDAE's gathered contrast cached; they train the weights of one eager
+    process accumulating the 4 (the same micro-batches and dropout seeds)."""
+    checkpoint, chunks, _ = setup
+    settings = fx.model_settings("cpdae", max_steps=3, micro_batch_size=2, compile=True)
+    settings["cpdae"]["gather_negatives"] = True
+    (tmp_path / "compiled_trainer.py").write_text(COMPILED_TRAINER)
+    two = fx.run_module(settings, checkpoint, chunks, None, tmp_path / "two", nproc=2, wait=False,
+                        entry=(str(tmp_path / "compiled_trainer.py"),))
+    eager = settings | {"trainer": settings["trainer"] | {"compile": False}}
+    one = fx.run_module(eager, checkpoint, chunks, None, tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.wait(timeout=300) == 0, two.communicate()[0][-3000:]
+    info = json.loads((tmp_path / "two" / "encoder" / "training.json").read_text())
+    assert (info["world_size"], info["accumulation"], info["contrast_cache"]) == (2, 2, True)
+    assert info["settings"]["trainer"]["compile"]
+    losses = {n: [json.loads(line)["loss"]
+                  for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+              for n in ("one", "two")}
+    torch.testing.assert_close(losses["two"], losses["one"], rtol=1e-5, atol=1e-5)
+    _assert_same_weights(_weights(tmp_path / "two"), _weights(tmp_path / "one"), atol=1e-5)
+
