@@ -1,6 +1,7 @@
-"""The CUDA paths of pre-training (fused AdamW, bf16 autocast, the trainer on a GPU, unpadded
-layers with flash attention) and of fine-tuning's steps against the CPU fp32 path that the rest
-of the suite checks, and encoding's fallback from a real out-of-memory error.
+"""The CUDA paths of pre-training (fused AdamW, its resumable state saved and resumed across
+devices, bf16 autocast, the trainer on a GPU, unpadded layers with flash attention) and of
+fine-tuning's steps against the CPU fp32 path that the rest of the suite checks, and encoding's
+fallback from a real out-of-memory error.
 
 CI has no GPU, so these skip there. `benchmarks/gpu_checks.sh` runs them, and the step-time
 benchmark, on a lent GPU in one command.
@@ -47,6 +48,53 @@ def test_fused_adamw_on_cuda_makes_the_cpu_update(setup):
         gpu_opt.step()
     for (name, a), b in zip(cpu_model.named_parameters(), gpu_model.parameters()):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("saved_on, resumed_on", [("cuda", "cuda"), ("cuda", "cpu"),
+                                                  ("cpu", "cuda")])
+def test_a_state_saved_on_one_device_resumes_on_another(saved_on, resumed_on, tmp_path):
+    """training.save_state / load_state with the weights and fused AdamW's moments and step
+    counts on a GPU (the trainer saves them at checkpoint_every and on a stop signal): the resume,
+    on the GPU or on the CPU (a rerun that sees no GPU), or from a CPU's state onto the GPU, puts
+    every optimiser tensor on its parameter's device (fused AdamW's step count in float32), and
+    its steps continue the saved run's, to its weights. The GPU's generator is restored too."""
+    def fresh(device, seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.LayerNorm(4)).to(device)
+        optimizer = training.build_optimizer(model, lr=1e-2, weight_decay=0.01)
+        return model, optimizer, training.linear_schedule(optimizer, warmup_steps=2, total_steps=20)
+
+    generator = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(8, 6, generator=generator) for _ in range(6)]
+
+    def train_on(model, optimizer, scheduler, batches):
+        device = next(model.parameters()).device
+        for x in batches:
+            loss = (model(x.to(device)) - 1).square().mean()
+            loss.backward()
+            training.step_if_finite(optimizer, loss.detach().reshape(1, 1))  # as the trainer steps
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    model, optimizer, scheduler = fresh(saved_on, seed=0)
+    train_on(model, optimizer, scheduler, inputs[:3])
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    drawn = torch.rand(5, device="cuda")  # what the GPU's generator gives next
+    train_on(model, optimizer, scheduler, inputs[3:])  # the uninterrupted run
+
+    resumed = fresh(resumed_on, seed=99)  # other weights; the generators moved on
+    assert training.load_state(tmp_path, model=resumed[0], optimizer=resumed[1],
+                               scheduler=resumed[2])["step"] == 3
+    assert torch.equal(torch.rand(5, device="cuda"), drawn)
+    for parameter in resumed[0].parameters():
+        state = resumed[1].state[parameter]
+        assert {t.device for t in state.values()} == {parameter.device}
+        assert state["step"].dtype == torch.float32 and int(state["step"]) == 3
+    train_on(*resumed, inputs[3:])
+    for (name, a), b in zip(model.named_parameters(), resumed[0].parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach().cpu(), atol=1e-6, rtol=1e-5,
+                                   msg=name)
 
 
 def test_cpdae_js_term_on_cuda_under_bf16_autocast_matches_float64():
