@@ -401,10 +401,9 @@ def main() -> int:
                           flush=True)
             first = next(iter(results))
             try:  # what the profiles cost the steps after them, measured (the first objective)
-                again = [step(first) for _ in range(1 + args.steps)][1:]
-                print(f"  {first} timed again after the profiles: {statistics.median(again):.4f} s "
-                      f"a step ({statistics.median(again) / results[first]:.2f}x its figure)",
-                      flush=True)
+                again = statistics.median([step(first) for _ in range(1 + args.steps)][1:])
+                print(f"  {first} timed again after the profiles: {again:.4f} s a step "
+                      f"({again / results[first]:.2f}x its figure)", flush=True)
             except Exception as error:  # noqa: BLE001
                 print(f"  {first} not timed again: {type(error).__name__}: {error}", flush=True)
         model = next(iter(runs.values()))[0]
