@@ -30,8 +30,10 @@
 #             trainer gets it, with its variable batch shapes, decides paper.yaml's `compile`),
 #             then MLM with --profile (where its step loses ~9 ms against the model step's: the
 #             host's time per region, the GPU's idle time and what the host did meanwhile), then
-#             CPDAE with 2 micro-batches a step (its gathered contrast cached: the cache's cost);
-#             appended to trainer.txt.
+#             MLM with --read-at-once (each step read at its end, as before a step's values were
+#             taken after the next is queued: against the --profile row, what that lag buys),
+#             then CPDAE with 2 micro-batches a step (its gathered contrast cached: the cache's
+#             cost); appended to trainer.txt.
 #   compiled_more [200; cut at 90 during BoW's compilation] the `steps` part's benchmark under
 #             torch.compile for MLM, BoW, MLM on 2x rows and CPDAE in one process (each target a
 #             ratio within it; each compilation ~40 s); appended to step_time_compiled.txt.
@@ -222,6 +224,7 @@ for part in $parts; do
         else
             variants="--objectives mlm --compile
 --objectives mlm --profile
+--objectives mlm --read-at-once
 --objectives cpdae --accumulate 2"
         fi
         capped "${cap[$part]}" bash -c 'code=0; while read -r variant; do

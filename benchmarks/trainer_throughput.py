@@ -25,7 +25,8 @@ this script's `trace`: the trainer's own main, with the calls train.py makes eac
 (Tracer.marked: fetch, seed, backward, clip, optimizer, schedule, zero_grad, read, check, log; the
 stretch from the fetch to the seed is "to device", from the seed to the backward call "forward",
 any other unmarked one "loop"). First HOST_STEPS steps timed region by region on the host, no
-profiler: `read` is host_read's wait for the GPU, i.e. how far the host ran ahead of it; on CUDA
+profiler: `read` is the wait for a step's values (QueuedRead.take, after the next step is queued),
+i.e. how far the host ran ahead of the GPU; on CUDA
 also the host's waits for the GPU a step (torch's sync debug mode, with the line that asked).
 Then one step under torch's profiler (its warm-up) and `--profile-steps` profiled ones: the GPU's
 busy time a step against the profiled and the unprofiled step, its idle time cut into the stretch
@@ -33,6 +34,10 @@ before the step's first work, the gaps between work and the stretch after the la
 stretch charged to the host region in which the work that ended it was launched, the largest named
 with that work and the operations that launched it. Idle charged to `forward` or `backward` is the
 GPU waiting for kernel launches; to `loop`, `log`, `fetch` or `to device`, the loop's own work.
+
+`--read-at-once` runs the trainer with each step's values read at its own end (train.py's
+READ_A_STEP_LATE off), as before the read came a step late: its samples/s against the default's
+is what that lag buys (with --profile, the GPU's idle time it removes).
 """
 
 from __future__ import annotations
@@ -117,10 +122,11 @@ def run(args) -> int:
             micro = settings["trainer"]["micro_batch_size"]
             out = Path(tmp) / objective
             spans = [args.corpus / "spans.parquet"] if objective == "costa" else None
-            traced = {}
+            traced, spec = {}, {"read_at_once": args.read_at_once}
             if args.profile:
-                spec = {"after": args.steps, "steps": args.profile_steps,
-                        "report": str(out / "profile.json")}
+                spec |= {"after": args.steps, "steps": args.profile_steps,
+                         "report": str(out / "profile.json")}
+            if args.profile or args.read_at_once:
                 traced["entry"] = (str(Path(__file__).resolve()), "trace", json.dumps(spec))
             result = fx.run_module(settings, checkpoint, [args.corpus / "chunks.parquet"], spans,
                                    out, **traced)
@@ -135,6 +141,7 @@ def run(args) -> int:
             tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
             variant = [name for name, on in (
                 ("compiled", args.compile), ("unpadded", args.unpad),
+                ("read at once", args.read_at_once),
                 (f"{args.accumulate} micro-batches a step", args.accumulate > 1)) if on]
             rows.append({"objective": objective + (f" ({', '.join(variant)})" if variant else ""),
                          "micro_batch": micro,
@@ -289,9 +296,9 @@ class Tracer:
     """Inside the traced trainer (`trace`): train.py's calls marked where it looks them up (the
     `training` package's functions, torch's classes), a no-op but for a flag test until `after`
     steps are done; then HOST_STEPS steps timed on the host, then a profiler warm-up step and
-    `steps` profiled ones. A step ends when host_read returns (its one wait for the GPU: nothing
-    is queued after it), so each window holds the loop's work after that read, the next fetch and
-    the whole step. The report goes to `report` as JSON; a failure of its own is written there
+    `steps` profiled ones. A step ends when its values are taken (QueuedRead.take: its one wait
+    for the GPU, made once the next step is queued, or at once with --read-at-once), so each
+    window holds the loop's work after that read and one step's queueing. The report goes to `report` as JSON; a failure of its own is written there
     too, and the training goes on."""
 
     def __init__(self, after: int, steps: int, report: str):
@@ -318,7 +325,7 @@ class Tracer:
             (training, "step_if_finite", "optimizer"),
             (torch.optim.lr_scheduler.LRScheduler, "step", "schedule"),
             (torch.optim.Optimizer, "zero_grad", "zero_grad"),
-            (training, "host_read", "read"),
+            (training.QueuedRead, "take", "read"),
             (training, "check_finite_step", "check"),
             (training.Progress, "update", "log"),
             (training.MetricsWriter, "write", "log"),
@@ -329,11 +336,11 @@ class Tracer:
 
         for owner, attribute, region in self.marked():
             setattr(owner, attribute, self._mark(getattr(owner, attribute), region))
-        read = training.host_read
+        take = training.QueuedRead.take
 
-        @functools.wraps(read)
-        def host_read(*args, **kwargs):
-            values = read(*args, **kwargs)
+        @functools.wraps(take)
+        def taken(*args, **kwargs):
+            values = take(*args, **kwargs)
             try:
                 self.step_done()
             except Exception as error:  # noqa: BLE001 (the training goes on, untraced)
@@ -343,7 +350,7 @@ class Tracer:
                     self.report.write_text(json.dumps(self.result))
             return values
 
-        training.host_read = host_read
+        training.QueuedRead.take = taken
 
     def abandon(self) -> None:
         """Stop tracing after a failure of its own: the marks pass calls through again."""
@@ -429,11 +436,18 @@ class Tracer:
 
 
 def trace(spec: dict, trainer_args: list[str]) -> None:
-    """The trainer's `python -m retrieval_pretraining.pretrain` with its steps traced (Tracer)."""
+    """The trainer's `python -m retrieval_pretraining.pretrain`, its steps traced (Tracer) where
+    `spec` names a report, each step's values read at its end with `read_at_once`."""
     from retrieval_pretraining import training
+    from retrieval_pretraining.pretrain import train as ptrain
     from retrieval_pretraining.pretrain.__main__ import main as pretrain_main
 
-    Tracer(spec["after"], spec["steps"], spec["report"]).install()
+    if spec.get("read_at_once"):
+        ptrain.READ_A_STEP_LATE = False
+    if "report" in spec:
+        tracer = Tracer(spec["after"], spec["steps"], spec["report"])
+        tracer.result["read_a_step_late"] = ptrain.READ_A_STEP_LATE
+        tracer.install()
     training.exit_process(pretrain_main(trainer_args))
 
 
@@ -502,10 +516,14 @@ def arguments() -> argparse.ArgumentParser:
                              "host was doing): the module docstring")
     runner.add_argument("--profile-steps", type=lambda text: max(1, int(text)), default=3,
                         help="steps profiled with --profile (after one warm-up step)")
+    runner.add_argument("--read-at-once", action="store_true",
+                        help="each step's values read at its own end, not once the next step is "
+                             "queued (train.py's READ_A_STEP_LATE off): what the lag buys")
     tracer = commands.add_parser(
-        "trace", help="(started by run --profile) the trainer's main, its steps traced")
+        "trace", help="(started by run --profile or --read-at-once) the trainer's main")
     tracer.add_argument("spec", type=json.loads,
-                        help='{"after": timed steps, "steps": profiled steps, "report": JSON path}')
+                        help='{"read_at_once": bool, and with --profile "after": timed steps, '
+                             '"steps": profiled steps, "report": JSON path}')
     tracer.add_argument("trainer_args", nargs=argparse.REMAINDER,
                         help="python -m retrieval_pretraining.pretrain's arguments")
     return parser

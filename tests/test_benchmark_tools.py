@@ -560,6 +560,13 @@ def test_trainer_throughput_profile_runs_on_the_cpu_and_leaves_the_timed_steps_a
     assert host["regions_ms"]["forward"] > 0 and host["regions_ms"]["backward"] > 0
     assert found["profiled_host"]["steps"] == 2
     assert any(line.startswith("  mlm host, 3 steps unprofiled:") for line in profiled), profiled
+    assert found["read_a_step_late"] is True
+
+    # --read-at-once: the same trainer with train.py's READ_A_STEP_LATE off inside it (the report
+    # says so from there), its row named for it.
+    at_once = printed("--read-at-once", "--profile", "--profile-steps", "1")
+    assert json.loads(at_once[0])["objective"] == "mlm (read at once)"
+    assert json.loads(at_once[1])["profile"]["read_a_step_late"] is False
 
 
 # Every benchmark command the documents record (benchmarks/RESULTS.md, the README, the GPU runs'

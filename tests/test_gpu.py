@@ -7,6 +7,7 @@ CI has no GPU, so these skip there. `benchmarks/gpu_checks.sh` runs them, and th
 benchmark, on a lent GPU in one command.
 """
 
+import contextlib
 import copy
 import json
 import math
@@ -286,30 +287,84 @@ def test_unpadded_attention_traces_to_one_graph_on_cuda(setup):
     assert [r.reason for r in found.break_reasons] == [] and found.graph_count == 1
 
 
-def _host_read_line() -> str:
-    """Where a training step's one wait is asked for: host_read's copy of the step's values."""
+@contextlib.contextmanager
+def host_waits():
+    """The list of places (file:line of the Python caller) where the host waits for the GPU inside
+    it: every operation torch's sync debug mode warns of, and every CUDA event waited on (which
+    that mode does not see: QueuedRead.take's wait for a step's values)."""
+    import inspect
+    import warnings
+
+    sites: list[str] = []
+    synchronize = torch.cuda.Event.synchronize
+
+    def counted(event):
+        caller = inspect.stack()[1]
+        sites.append(f"{caller.filename}:{caller.lineno}")
+        return synchronize(event)
+
+    with warnings.catch_warnings(record=True) as caught, \
+            pytest.MonkeyPatch.context() as patch:
+        warnings.simplefilter("always")
+        patch.setattr(torch.cuda.Event, "synchronize", counted)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            sites += [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+
+
+def _step_read_line() -> str:
+    """Where a training step's one wait is asked for: QueuedRead.take's wait for the copy."""
     import inspect
 
     from retrieval_pretraining.training import distributed
 
-    lines, first = inspect.getsourcelines(distributed.host_read)
-    (offset,) = [i for i, line in enumerate(lines) if ".tolist()" in line]
+    lines, first = inspect.getsourcelines(distributed.QueuedRead.take)
+    (offset,) = [i for i, line in enumerate(lines) if ".synchronize()" in line]
     return f"{inspect.getsourcefile(distributed)}:{first + offset}"
+
+
+def test_the_wait_recorder_sees_a_read_and_an_event():
+    """host_waits' control: it catches both kinds of wait it claims to."""
+    with host_waits() as sites:
+        torch.ones(1, device="cuda").item()
+        torch.cuda.Event().synchronize()
+    assert len(sites) == 2 and all(Path(site.rsplit(":", 1)[0]) == Path(__file__) for site in sites)
+
+
+def test_a_queued_read_waits_for_its_step_not_for_work_queued_after_it():
+    """The trainer takes step s's values after queueing step s+1 (pretrain/train.py): the take
+    must wait for step s's kernels only. Seconds of matmuls queued after the read must still be
+    running when it returns, and the values must be the step's."""
+    env = training.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cuda"))
+    terms = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
+    queued = training.queue_read(terms, torch.tensor(2.5, device="cuda"), tokens=7, stop=True,
+                                 env=env)
+    big = torch.randn(8192, 8192, device="cuda")
+    for _ in range(50):  # 55 TFLOP in fp32: most of a second on any current GPU
+        big = big @ big / 8192 ** 0.5
+    later = torch.cuda.Event()
+    later.record()
+    read = queued.take()
+    still_running = not later.query()
+    torch.cuda.synchronize()
+    assert still_running
+    assert read.terms == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and read.grad_norm == 2.5
+    assert read.means == [1.5, 2.5, 3.5] and read.tokens == 7 and read.stop is True
 
 
 @pytest.mark.parametrize("objective, unpad", [(o, False) for o in OBJECTIVES]
                          + [("mlm", True), ("costa", True), ("cpdae-gathered", False)])
 def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_path,
                                                    restore_stop_handlers):
-    """torch's sync debug mode warns at every operation that makes the host wait for the GPU. Runs
-    of 2 and 4 steps differ by 2 steps: that difference must hold 2 waits, the step's one read of
-    its values (host_read); one-off waits (set-up, export) are the same in both runs. A 1-step run
-    first takes the process's own one-offs (CUDA's lazy set-up: on the first lent GPU, under
-    xdist, they fell in the 2-step run alone). With unpad, the variable-length attention must
-    not add one (its longest row is given, not measured); nor may a gathering row's cached
-    contrast (2 micro-batches a step: contrast_cache.py)."""
-    import warnings
-
+    """Runs of 2 and 4 steps differ by 2 steps: that difference must hold 2 waits (host_waits),
+    the step's one read of its values (QueuedRead.take); one-off waits (set-up, export) are the
+    same in both runs. A 1-step run first takes the process's own one-offs (CUDA's lazy set-up:
+    on the first lent GPU, under xdist, they fell in the 2-step run alone). With unpad, the
+    variable-length attention must not add one (its longest row is given, not measured); nor
+    may a gathering row's cached contrast (2 micro-batches a step: contrast_cache.py)."""
     from retrieval_pretraining.pretrain.train import train
 
     checkpoint, chunks, spans = setup
@@ -320,22 +375,15 @@ def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_
         settings = fx.model_settings(objective, max_steps=steps, unpad=unpad)
         if gathered:
             settings[objective]["gather_negatives"] = True
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                code = train(settings, chunks=chunks,
-                             spans=spans if objective == "costa" else None, checkpoint=checkpoint,
-                             encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
-                             plot_out=out / "loss.png", state_dir=out / "state")
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+        with host_waits() as waits[steps]:
+            code = train(settings, chunks=chunks,
+                         spans=spans if objective == "costa" else None, checkpoint=checkpoint,
+                         encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
+                         plot_out=out / "loss.png", state_dir=out / "state")
         assert code == 0
-        # Where each wait was asked for (the Python line that called the operation).
-        waits[steps] = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
     extra = Counter(waits[4])
     extra.subtract(waits[2])
-    assert +extra == Counter({_host_read_line(): 2}), (waits[2], waits[4])
+    assert +extra == Counter({_step_read_line(): 2}), (waits[2], waits[4])
 
 
 QUERIES = ["what lowers blood pressure", "how do bacteria resist antibiotics",
@@ -351,8 +399,6 @@ def _fine_tuning_steps(checkpoint: Path, device: torch.device, precision: str, s
     pinned inputs on CUDA, dropout seeded per micro-batch, micro_batch_loss, step_if_finite, the
     step's one host_read); with
     `waits`, the host's waits for the GPU of each step after the first."""
-    import warnings
-
     from retrieval_pretraining.encode import tokenize
     from retrieval_pretraining.finetune.model import load_bi_encoder, micro_batch_loss
     from retrieval_pretraining.finetune.settings import FinetuneSettings
@@ -371,24 +417,16 @@ def _fine_tuning_steps(checkpoint: Path, device: torch.device, precision: str, s
         queries, passages = ({k: v.pin_memory() if device.type == "cuda" else v
                               for k, v in part.items()} for part in inputs)
         counting = waits is not None and step > 0
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if counting:
-                torch.cuda.set_sync_debug_mode("warn")
-            try:
-                training.seed_torch(0, step, 0)
-                loss = micro_batch_loss(model, queries, passages, settings, device)
-                loss.backward()
-                values = loss.detach().float().reshape(1, 1)
-                training.step_if_finite(optimizer, values)
-                optimizer.zero_grad(set_to_none=True)
-                read = training.host_read(values, None, tokens=0, stop=False, env=env)
-            finally:
-                if counting:
-                    torch.cuda.set_sync_debug_mode("default")
+        with host_waits() if counting else contextlib.nullcontext([]) as sites:
+            training.seed_torch(0, step, 0)
+            loss = micro_batch_loss(model, queries, passages, settings, device)
+            loss.backward()
+            values = loss.detach().float().reshape(1, 1)
+            training.step_if_finite(optimizer, values)
+            optimizer.zero_grad(set_to_none=True)
+            read = training.host_read(values, None, tokens=0, stop=False, env=env)
         if counting:
-            waits.append([f"{w.filename}:{w.lineno}" for w in caught
-                          if "synchroniz" in str(w.message)])
+            waits.append(sites)
         losses.append(read.means[0])
     return losses
 

@@ -302,6 +302,54 @@ def test_a_step_reads_its_values_on_the_host_once(objective, setup, tmp_path, mo
     assert HostReads.count == 3  # 3 steps of 2 micro-batches, each with 3-5 values
 
 
+def _read_order(monkeypatch, settings, setup, out: Path) -> tuple[list[str], list[dict]]:
+    """A run's order of events: q<step> when a step's first micro-batch is queued (forward in
+    training mode), r<step> when its values are taken to the host, P a probe, S a state save."""
+    from retrieval_pretraining.pretrain import train as ptrain
+
+    events, forwards = [], []
+
+    def queued(model, batch):
+        if model.training:
+            forwards.append(1)
+            if len(forwards) % 2 == 1:  # 2 micro-batches a step
+                events.append(f"q{len(forwards) // 2}")
+
+    with monkeypatch.context() as patch:
+        _wrap_forward(patch, before=queued)
+        take, probe, save = training.QueuedRead.take, ptrain.probes.probe_batches, training.save_state
+        patch.setattr(training.QueuedRead, "take", lambda self: (
+            events.append(f"r{len([e for e in events if e[0] == 'r'])}"), take(self))[1])
+        patch.setattr(ptrain.probes, "probe_batches", lambda *a, **k: (events.append("P"),
+                                                                        probe(*a, **k))[1])
+        patch.setattr(training, "save_state", lambda *a, **k: (events.append("S"), save(*a, **k))[1])
+        code, records = _run(settings, setup, out)
+    assert code == 0
+    return events, records
+
+
+def test_a_step_is_read_after_the_next_is_queued_unless_its_weights_are_read_next(
+        setup, tmp_path, monkeypatch):
+    """A step's values are taken to the host once the next step is queued (on a GPU the read then
+    waits for its own kernels while the next step's run), except a step whose weights are read
+    next: before the probes (every 3 steps and the last), a state save (step 5) and the export.
+    Read a step late or at once, a run logs the same values (timings aside)."""
+    from retrieval_pretraining.pretrain import train as ptrain
+
+    settings = fx.model_settings("mlm", max_steps=7, probe_chunks=4, probe_every=3,
+                                 checkpoint_every=5, log_every=1)
+    late, late_records = _read_order(monkeypatch, settings, setup, tmp_path / "late")
+    assert late == ["P", "q0", "q1", "r0", "q2", "r1", "r2", "P", "q3", "q4", "r3", "r4", "S",
+                    "q5", "r5", "P", "q6", "r6", "P"]
+    monkeypatch.setattr(ptrain, "READ_A_STEP_LATE", False)
+    at_once, records = _read_order(monkeypatch, settings, setup, tmp_path / "at_once")
+    assert at_once == ["P", "q0", "r0", "q1", "r1", "q2", "r2", "P", "q3", "r3", "q4", "r4", "S",
+                       "q5", "r5", "P", "q6", "r6", "P"]
+    timing = {"tokens_per_s", "input_wait_share", "memory_mb"}
+    assert [{k: v for k, v in r.items() if k not in timing} for r in late_records] == \
+        [{k: v for k, v in r.items() if k not in timing} for r in records]
+
+
 def test_logged_values_are_the_micro_batch_means(setup, tmp_path, monkeypatch):
     seen, tokens = [], []
 
@@ -648,12 +696,12 @@ def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tm
 
     def signal_at_step_1(model, batch):
         calls.append(1)
-        if len(calls) == 3:  # first micro-batch of step 1: the run stops once step 1 is done
-            os.kill(os.getpid(), signal.SIGUSR1)
+        if len(calls) == 3:  # first micro-batch of step 1: its values (and the stop) are read
+            os.kill(os.getpid(), signal.SIGUSR1)  # once step 2 is queued, so it stops after 2
 
     _wrap_forward(monkeypatch, before=signal_at_step_1)
     code, records = _run(settings, dropout_setup, tmp_path / "part")
-    assert code == training.RESUME_EXIT_CODE and [r["step"] for r in records] == [1, 2]
+    assert code == training.RESUME_EXIT_CODE and [r["step"] for r in records] == [1, 2, 3]
     monkeypatch.undo()
     code, records = _run(settings, dropout_setup, tmp_path / "part")
     assert code == 0 and [r["step"] for r in records] == [1, 2, 3, 4, 5]
@@ -676,8 +724,8 @@ def test_a_state_is_not_resumed_over_a_rebuilt_checkpoint_or_heads(setup, tmp_pa
 
         def signal_at_step_1(model, batch):
             calls.append(1)
-            if len(calls) == 3:  # first micro-batch of step 1: the run stops once step 1 is done
-                os.kill(os.getpid(), signal.SIGUSR1)
+            if len(calls) == 3:  # first micro-batch of step 1: read once step 2 is queued,
+                os.kill(os.getpid(), signal.SIGUSR1)  # so the run stops after step 2
 
         with monkeypatch.context() as patch:
             patch.setattr(Pretrainer, "forward", _forwarding(Pretrainer.forward, signal_at_step_1))
@@ -694,7 +742,7 @@ def test_a_state_is_not_resumed_over_a_rebuilt_checkpoint_or_heads(setup, tmp_pa
         return json.loads((out / "encoder" / "training.json").read_text())["resumed_from_step"]
 
     stopped_run(tmp_path / "same")
-    assert resumed_from(tmp_path / "same") == 2  # the control: nothing changed, it resumes
+    assert resumed_from(tmp_path / "same") == 3  # the control: nothing changed, it resumes
     stopped_run(tmp_path / "rebuilt")
     weights = load_file(upstream / "model.safetensors")
     save_file({k: v + 0.5 for k, v in weights.items()}, str(upstream / "model.safetensors"))

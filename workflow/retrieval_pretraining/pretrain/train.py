@@ -13,7 +13,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -40,6 +40,23 @@ log = logging.getLogger(__name__)
 # which items share a dropout seed, so a resume would match neither setting's run. Those of them
 # that change no output either (settings.TRAINER_RUNTIME) come outside the rule's params.
 RESULT_NEUTRAL = ("tensorboard", "log_every", "probe_every", "checkpoint_every", "num_workers")
+
+# A step's values are read on the host after the next step is queued (the loop in _train). False
+# reads each at its own end, as a GPU then idles while the host reads, logs and fetches:
+# benchmarks/trainer_throughput.py --read-at-once sets it to measure what the lag buys.
+READ_A_STEP_LATE = True
+
+
+class QueuedStep(NamedTuple):
+    """A step queued on the device whose values have not been read yet."""
+
+    step: int
+    keys: list[str]  # the names of its values, in order
+    item_ids: list[list[int]]  # per micro-batch: its chunks, named if a value is not finite
+    lr: float  # the learning rate it stepped with
+    read: training.QueuedRead
+    started: float  # perf_counter() when its queueing began
+    waited: float  # seconds of it spent waiting for the DataLoader
 
 
 def resume_job(settings: dict[str, Any], checksums: dict[str, Any],
@@ -300,10 +317,11 @@ def _train(
 
     started = time.perf_counter()
     record: dict[str, Any] = {}  # the last step's record: what the encoder's card states
-    # Seconds the loop waited for the DataLoader since the last record, over the wall seconds: after
-    # a step's read nothing is queued on a GPU, so this is the share of time an input pipeline left
-    # it idle (at most; a wait between micro-batches overlaps the previous one's kernels).
-    waited, interval_start = 0.0, time.perf_counter()
+    # The seconds the steps since the last record waited for the DataLoader, over the wall seconds
+    # from the first one's start to the next one's (or the read's, with none queued): at most the
+    # share of time an input pipeline left a GPU idle (a wait overlaps the kernels of the step or
+    # micro-batch queued before it).
+    waited, interval_start = 0.0, None
 
     def fetch() -> tuple[dict[str, torch.Tensor], list[int], int, float]:
         """The next micro-batch on the device, its chunk ids (on the host: no read), its real
@@ -324,11 +342,10 @@ def _train(
         with training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
             yield
 
-    model.train()  # dropout on (from_pretrained loads in eval mode)
-    for step in range(start, total_steps):
-        # Nothing in the step reads a value on the host: the losses, the gradient norm and the
-        # token count stay on the device until the one read at the step's end (host_read), so a
-        # GPU never idles while Python waits for it (each read would drain the queue of kernels).
+    def queue_step(step: int) -> QueuedStep:
+        """Step `step`, queued on the device: its micro-batches, the update, the read of its values
+        on their way to the host (nothing here waits for the GPU)."""
+        started, waited = time.perf_counter(), 0.0
         terms: list[torch.Tensor] = []  # per micro-batch: its output values, in `keys` order
         keys: list[str] = []
         item_ids: list[list[int]] = []  # per micro-batch: its chunks, named if a value is not finite
@@ -362,34 +379,70 @@ def _train(
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
         lr = scheduler.get_last_lr()[0]
         values = torch.stack(terms)
-        # Skipped on every process if one's values are NaN/inf (raised at the read below).
+        # Skipped on every process if one's values are NaN/inf (raised when they are read).
         training.step_if_finite(optimizer, values, grad_norm, distributed=env.distributed)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        read = training.host_read(values, grad_norm, tokens=tokens, stop=stop.requested, env=env)
-        training.check_finite_step(read, keys, step=step, item_ids=item_ids)
+        read = training.queue_read(values, grad_norm, tokens=tokens, stop=stop.requested, env=env)
+        return QueuedStep(step, keys, item_ids, lr, read, started, waited)
+
+    def probe_due(done: int) -> bool:
+        return bool(held_out) and (done % tr["probe_every"] == 0 or done == total_steps)
+
+    def save_due(done: int) -> bool:
+        return bool(tr["checkpoint_every"]) and done % tr["checkpoint_every"] == 0 and done < total_steps
+
+    def finish(queued: QueuedStep, next_started: float | None) -> bool:
+        """Read a queued step's values and log them; True if a stop signal reached a process (the
+        verdict every process reads in the same step). `next_started`: when the step queued after
+        it began (None: none is)."""
+        nonlocal tokens_seen, record, waited, interval_start
+        step, keys = queued.step, queued.keys
+        read = queued.read.take()
+        until = time.perf_counter() if next_started is None else next_started
+        waited += queued.waited
+        interval_start = queued.started if interval_start is None else interval_start
+        training.check_finite_step(read, keys, step=step, item_ids=queued.item_ids)
         tokens_seen += int(read.tokens)
         record = dict(zip(keys, read.means))
         rate = bar.update(int(read.tokens), loss=record["loss"])
-        last = step + 1 == total_steps
-        probe_now = bool(held_out) and ((step + 1) % tr["probe_every"] == 0 or last)
-        if env.is_main and ((step + 1) % tr["log_every"] == 0 or last or probe_now):
+        done = step + 1
+        if env.is_main and (done % tr["log_every"] == 0 or done == total_steps or probe_due(done)):
             record |= {
-                "step": step + 1, "lr": lr, "grad_norm": read.grad_norm, "tokens_per_s": rate,
+                "step": done, "lr": queued.lr, "grad_norm": read.grad_norm, "tokens_per_s": rate,
                 "tokens_seen": tokens_seen, "memory_mb": training.memory_mb(env.device),
                 "encoder_frozen": step < head_warmup,
-                "input_wait_share": round(waited / (time.perf_counter() - interval_start), 4),
+                "input_wait_share": round(waited / (until - interval_start), 4),
             }
-            if probe_now:
+            if probe_due(done):  # the weights step `step` left: no later step is queued
                 record |= probe_scores()
             metrics.write(record)
             if board is not None:
                 board.write(record)
-            waited, interval_start = 0.0, time.perf_counter()  # the probes' time not counted
+            waited, interval_start = 0.0, None  # the probes' time not counted
+        return read.stop
+
+    model.train()  # dropout on (from_pretrained loads in eval mode)
+    # Nothing in a step reads a value on the host: the losses, the gradient norm and the token
+    # count stay on the device until its one read (queue_read), taken after the next step is
+    # queued, so a GPU never idles while Python waits for the values, logs them and fetches the
+    # next batch. A step whose weights are read next (the probes, a save, the export) or after
+    # which the run stops is read at once instead, with nothing queued after it.
+    pending: QueuedStep | None = None
+    for step in range(start, total_steps):
+        queued = queue_step(step)
+        stopping = finish(pending, queued.started) if pending is not None else False
+        pending = queued
         done = step + 1
-        if env.is_main and tr["checkpoint_every"] and done % tr["checkpoint_every"] == 0 and done < total_steps:
+        if READ_A_STEP_LATE and not (stopping or probe_due(done) or save_due(done)
+                                     or done == total_steps):
+            continue
+        pending = None
+        # A stop seen at the step before is seen here too (a process's flag never clears).
+        stopping = finish(queued, None) or stopping
+        if env.is_main and save_due(done):
             save(done)
-        if done < total_steps and training.run_or_resume_exit(read.stop, env, lambda: save(done)):
+        if done < total_steps and training.run_or_resume_exit(stopping, env, lambda: save(done)):
             close_outputs()
             log.warning("stopped at step %d on %s; rerun the same command to resume", done,
                         stop.signal_name or "another process's signal")

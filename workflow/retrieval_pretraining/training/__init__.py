@@ -10,7 +10,8 @@ Both trainers (pretrain/train.py, finetune/train.py) are one loop of this shape,
     metrics = MetricsWriter(..., history=state / "metrics.jsonl"); stop = StopFlag()
     for each step: micro-batches under autocast(), backward, their values kept on the device;
         clip; step_if_finite(optimizer, values, norm); scheduler.step();
-        read = host_read(values, norm, ...)   # the step's one device-to-host read
+        read = host_read(values, norm, ...)   # the step's one device-to-host read (or
+            # queue_read(...) now and .take() after the next step is queued: pretrain/train.py)
         check_finite_step(read, ...); metrics.write(...); save_state(...) every N steps;
         if run_or_resume_exit(read.stop, env, save): teardown_distributed(); return RESUME_EXIT_CODE
     export the encoder, plot_losses(), delete the state; teardown_distributed(); return 0
@@ -19,7 +20,8 @@ and the `python -m` entry ends with exit_process(main()).
 Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
                  check_same_start (every rank resumed at one step), from_main (rank 0's value),
-                 host_read (a step's one reduction and read: means, tokens, stop flag), StepRead
+                 host_read (a step's one reduction and read: means, tokens, stop flag), StepRead,
+                 queue_read / QueuedRead (the same read, taken later)
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, fp32_scores,
                  upcast, seed_everything, seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
@@ -33,6 +35,7 @@ Modules (the trainers import only this package, `training.X`):
 
 from .distributed import (
     DistEnv,
+    QueuedRead,
     StepRead,
     all_gather_with_grad,
     barrier,
@@ -40,6 +43,7 @@ from .distributed import (
     from_main,
     host_read,
     init_distributed,
+    queue_read,
     teardown_distributed,
 )
 from .guards import (
@@ -82,7 +86,7 @@ from .state import claim_state, load_state, save_state
 __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
     "check_same_start",
-    "StepRead", "host_read",
+    "StepRead", "host_read", "QueuedRead", "queue_read",
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "fp32_scores",
     "seed_everything", "seed_torch", "upcast",
     "save_state", "load_state", "claim_state",

@@ -134,9 +134,40 @@ class StepRead:
     stop: bool  # a stop signal reached some process: all stop at this step
 
 
-def host_read(terms: torch.Tensor, grad_norm: torch.Tensor | None, *, tokens: int, stop: bool,
-              env: DistEnv) -> StepRead:
-    """The step's values, reduced over processes, in one device-to-host copy.
+class QueuedRead:
+    """A step's values on their way to the host (queue_read); `take()` returns them as a StepRead.
+
+    On CUDA the copy goes into pinned memory behind the step's kernels, and an event marks its
+    end: `take` waits for that event alone, so it can come after the next step is queued without
+    waiting for the next step's kernels (a `.tolist()` then would queue its copy behind them, and
+    the GPU would idle while the host caught up). Elsewhere the values are already computed."""
+
+    def __init__(self, values: torch.Tensor, micro: int, width: int, has_norm: bool):
+        self._shape = (micro, width, int(has_norm))
+        self._copied = None
+        if values.device.type == "cuda":
+            self._values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._values.copy_(values, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        else:
+            self._values = values
+
+    def take(self) -> StepRead:
+        """The values, once the step's kernels (only they) are done: the step's one wait."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        values = self._values.tolist()
+        micro, width, has_norm = self._shape
+        flat, rest = values[:micro * width], values[micro * width:]
+        return StepRead(terms=[flat[i * width:(i + 1) * width] for i in range(micro)],
+                        grad_norm=rest[0] if has_norm else None, means=rest[has_norm:-2],
+                        tokens=rest[-2], stop=rest[-1] > 0)
+
+
+def queue_read(terms: torch.Tensor, grad_norm: torch.Tensor | None, *, tokens: int, stop: bool,
+               env: DistEnv) -> QueuedRead:
+    """The step's values, reduced over processes, queued for one device-to-host copy.
 
     `terms` [micro-batches, values] on the device. The token count and the stop flag are known on
     the host; they travel in the same all-reduce as the means (written on the device by fill
@@ -148,9 +179,11 @@ def host_read(terms: torch.Tensor, grad_norm: torch.Tensor | None, *, tokens: in
         dist.all_reduce(reduced)
         reduced = torch.cat([reduced[:-2] / env.world_size, reduced[-2:]])
     norm = [] if grad_norm is None else [grad_norm.detach().float().reshape(1)]
-    values = torch.cat([terms.flatten(), *norm, reduced]).tolist()
     micro, width = terms.shape
-    flat, rest = values[:micro * width], values[micro * width:]
-    return StepRead(terms=[flat[i * width:(i + 1) * width] for i in range(micro)],
-                    grad_norm=rest[0] if norm else None, means=rest[len(norm):-2],
-                    tokens=rest[-2], stop=rest[-1] > 0)
+    return QueuedRead(torch.cat([terms.flatten(), *norm, reduced]), micro, width, bool(norm))
+
+
+def host_read(terms: torch.Tensor, grad_norm: torch.Tensor | None, *, tokens: int, stop: bool,
+              env: DistEnv) -> StepRead:
+    """queue_read's values, taken at once: a read at the step's end, with nothing queued after."""
+    return queue_read(terms, grad_norm, tokens=tokens, stop=stop, env=env).take()
