@@ -40,14 +40,15 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 PREFIX = "bert."  # BertForMaskedLM / BertForPreTraining keep the encoder under it
 # The devices on which unpadded layers (`token_positions`) attend over the real tokens alone, as
 # variable-length sequences: on CUDA in bf16/fp16, flash attention's varlen kernel, dropout
-# included (the padded path's mask rules flash out and runs the memory-efficient kernel). On CPU
-# attention stays padded: `varlen_attention`'s CPU stand-in exists for the tests.
+# included (the padded path's mask rules flash out). On CPU attention stays padded:
+# `varlen_attention`'s CPU stand-in exists for the tests.
 VARLEN_DEVICES = ("cuda",)
-# How attention is computed: "sdpa" in torch's own kernel order (flash, memory-efficient, math,
-# then cuDNN, which the math fallback always pre-empts: a padding mask rules flash out, so the
-# padded path runs the memory-efficient kernel); "sdpa_cudnn" with cuDNN's kernel first, which
-# takes the mask (where it cannot run the inputs, torch's order follows: on CPU the same kernels
-# as "sdpa"); "eager" the softmax written out, as transformers' eager path.
+# How attention is computed: "sdpa" in torch's own choice (a padding mask rules flash out: on
+# sm90/sm100 cards with a recent cuDNN torch's CUDA dispatch tries cuDNN's kernel first,
+# check_prefer_cudnn_attention, elsewhere the memory-efficient kernel runs); "sdpa_cudnn" with
+# cuDNN's kernel first on any card, which takes the mask (where it cannot run the inputs, torch's
+# order follows: on CPU the same kernels as "sdpa"); "eager" the softmax written out, as
+# transformers' eager path.
 IMPLEMENTATIONS = ("sdpa", "sdpa_cudnn", "eager")
 CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
