@@ -350,6 +350,40 @@ def test_a_step_is_read_after_the_next_is_queued_unless_its_weights_are_read_nex
         [{k: v for k, v in r.items() if k not in timing} for r in records]
 
 
+@pytest.mark.parametrize("where", ["forward", "backward", "optimizer step"])
+def test_out_of_memory_in_a_step_names_the_micro_batch_size_that_fixes_it(where, setup, tmp_path,
+                                                                         monkeypatch):
+    """A micro-batch's forward and backward, and the optimiser step (whose first call allocates
+    AdamW's state beside the weights), are where a step runs out of GPU memory: each says to
+    lower micro_batch_size, which gradient accumulation compensates."""
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError(f"CUDA out of memory (simulated, {where})")
+
+    if where == "forward":
+        _wrap_forward(monkeypatch, before=out_of_memory)
+    elif where == "backward":
+        _wrap_forward(monkeypatch, after=lambda model, batch, out: out | {
+            "loss": OutOfMemoryInBackward.apply(out["loss"])})
+    else:
+        monkeypatch.setattr(training, "step_if_finite", out_of_memory)
+    with pytest.raises(RuntimeError, match=r"out of memory with micro_batch_size=4: lower "
+                                           r"'micro_batch_size' \(the global batch stays") as raised:
+        _run(fx.model_settings("mlm", max_steps=2), setup, tmp_path)
+    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
+
+
+class OutOfMemoryInBackward(torch.autograd.Function):
+    """The identity, whose backward runs out of memory."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated, backward)")
+
+
 def test_logged_values_are_the_micro_batch_means(setup, tmp_path, monkeypatch):
     seen, tokens = [], []
 

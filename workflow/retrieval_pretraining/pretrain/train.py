@@ -376,11 +376,14 @@ def _train(
         if step < head_warmup:  # only the heads learn: the encoder's gradients are dropped
             for parameter in model.encoder.parameters():
                 parameter.grad = None
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
+        # The optimiser's first step allocates AdamW's state (twice the weights) in what the
+        # micro-batches left free: out of memory there, a smaller micro-batch is the fix too.
+        with training.oom_guard(tr["micro_batch_size"]):
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["max_grad_norm"])
+            values = torch.stack(terms)
+            # Skipped on every process if one's values are NaN/inf (raised when they are read).
+            training.step_if_finite(optimizer, values, grad_norm, distributed=env.distributed)
         lr = scheduler.get_last_lr()[0]
-        values = torch.stack(terms)
-        # Skipped on every process if one's values are NaN/inf (raised when they are read).
-        training.step_if_finite(optimizer, values, grad_norm, distributed=env.distributed)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         read = training.queue_read(values, grad_norm, tokens=tokens, stop=stop.requested, env=env)
