@@ -834,6 +834,106 @@ def test_a_nonfinite_fine_tuning_gradient_stops_at_its_step_and_saves_no_broken_
         assert all(torch.isfinite(w).all() for w in weights.values()), folder.name
 
 
+class _OutOfMemoryInBackward(torch.autograd.Function):
+    """The identity, whose backward runs out of memory (a stand-in for CUDA's on the CPU)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated, backward)")
+
+
+def _out_of_memory_at(monkeypatch, where: str, call: int) -> None:
+    """Make fine-tuning's `call`-th (0-based) model forward, its backward, or optimiser step run
+    out of memory, as CUDA would."""
+    from retrieval_pretraining.finetune import model as fmodel
+
+    calls = []
+    forward, step = fmodel.BiEncoder.forward, torch.optim.AdamW.step
+
+    def forward_then(self, *args):
+        calls.append(1)
+        q, p = forward(self, *args)
+        if len(calls) - 1 != call:
+            return q, p
+        if where == "forward":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated, forward)")
+        return _OutOfMemoryInBackward.apply(q), p
+
+    def step_then(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) - 1 == call:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated, AdamW's state)")
+        return step(self, *args, **kwargs)
+
+    if where == "optimizer":
+        monkeypatch.setattr(torch.optim.AdamW, "step", step_then)
+    else:
+        monkeypatch.setattr(fmodel.BiEncoder, "forward", forward_then)
+
+
+def _named_keys(message: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"'finetune\.(\w+)'", message))
+
+
+@pytest.mark.parametrize("where", ["forward", "backward", "optimizer"])
+def test_a_fine_tuning_step_out_of_memory_names_the_key_that_lowers_the_micro_batch(
+        tmp_path, monkeypatch, where):
+    """Fine-tuning's micro-batch is a contrast set (batch_size / sub_batches queries), set by no
+    key of its own: an out-of-memory error in a micro-batch's forward or backward, or in the
+    optimiser step's first call (AdamW's state), names finetune.sub_batches, a key of the config
+    schema the trainer reads, and says what raising it costs (fewer negatives), not pre-training's
+    promise that only the accumulation changes."""
+    import yaml
+
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "sub_batches": 2,
+           "epochs": 1}
+    _out_of_memory_at(monkeypatch, where, call=0)
+    with pytest.raises(RuntimeError) as error:
+        fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                  out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                  metrics_path=tmp_path / "metrics.jsonl")
+    message = str(error.value)
+    assert isinstance(error.value.__cause__, torch.OutOfMemoryError)
+    assert message.startswith("out of memory with micro_batch=4: ")
+    assert "Raise 'finetune.sub_batches'" in message and "(now 7)" in message  # 4 x 2 - 1
+    assert "global batch stays the same" not in message
+    assert "restarts at step 0, the saved state moved aside, not deleted" in message
+    assert ("AdamW's state" in message) == (where == "optimizer")
+    schema = ROOT / "workflow" / "retrieval_pretraining" / "schemas" / "finetune.schema.yaml"
+    knobs = yaml.safe_load(schema.read_text())["$defs"]["knobs"]
+    from retrieval_pretraining.finetune.settings import trainer_keys
+    assert _named_keys(message) == {"sub_batches", "group_size", "p_len", "gather"}
+    assert _named_keys(message) <= set(knobs) & trainer_keys()
+
+
+def test_following_the_out_of_memory_message_restarts_and_keeps_the_old_state(
+        tmp_path, monkeypatch):
+    """The message says a raised sub_batches restarts at step 0 with the saved state moved
+    aside, not deleted: a run that saved step 1 and then ran out of memory, rerun so, does."""
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+           "save_every_steps": 1}
+    run = dict(seed=1, out=tmp_path / "encoder", state_dir=tmp_path / "state",
+               metrics_path=tmp_path / "metrics.jsonl")
+    with monkeypatch.context() as patch, pytest.raises(RuntimeError, match="sub_batches"):
+        _out_of_memory_at(patch, "forward", call=1)  # step 1's micro-batch, after step 1's save
+        fine_tune(cfg, base, data, [data["bm25"]], **run)
+    assert json.loads((tmp_path / "state" / "latest.json").read_text())["step"] == 1
+    assert fine_tune({**cfg, "sub_batches": 2}, base, data, [data["bm25"]], **run) == 0
+    start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["event"] == "start" and start["step"] == 0 and start["micro_batch"] == 4
+    [aside] = tmp_path.glob("state.superseded-*")
+    assert json.loads((aside / "latest.json").read_text())["step"] == 1
+
+
 def test_a_full_disk_during_the_export_leaves_no_encoder_folder_and_a_rerun_recovers(tmp_path):
     """The encoder folder appears whole or not at all: a disk that fills while model.safetensors
     is written leaves no encoder/ (no config.json that looks like a model), and the export once

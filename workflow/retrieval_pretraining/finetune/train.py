@@ -110,6 +110,10 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         training.save_state(state_dir, step=step, model=model, optimizer=optimizer,
                             scheduler=scheduler, data_position={"step": step})
 
+    # What an out-of-memory error names: in a micro-batch, and in the optimiser step, whose first
+    # call allocates AdamW's state.
+    oom_fix = out_of_memory_fix(s, plan, env.world_size)
+    step_oom_fix = out_of_memory_fix(s, plan, env.world_size, adamw_state_bytes(optimizer))
     model.train()  # dropout on (from_pretrained loads in eval mode)
     inputs_ahead = prefetched_micro_batches(data, plan, s, seed, tokenizer, env, start, total_steps)
     for step in range(start, total_steps):
@@ -128,7 +132,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             # RNG state alone), and any number of processes those of one.
             training.seed_torch(seed, step, micro_batch_index(plan, s.gather, env.rank,
                                                               env.world_size, k))
-            with sync:
+            with sync, training.oom_guard(plan.micro_batch, "micro_batch", fix=oom_fix):
                 loss = micro_batch_loss(ddp, qb, pb, s, env.device, env.rank)
                 (loss / count).backward()
             losses.append(loss.detach().float().reshape(1))
@@ -136,9 +140,10 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         # The norm even without clipping (max_norm inf scales by exactly 1): a finite loss can
         # have an inf/NaN gradient, which must skip the step and stop the run, not reach the
         # weights.
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm or math.inf)
-        lr = scheduler.get_last_lr()[0]  # this step's: scheduler.step() below moves to the next
-        training.step_if_finite(optimizer, values, norm, distributed=env.distributed)
+        with training.oom_guard(plan.micro_batch, "micro_batch", fix=step_oom_fix):
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm or math.inf)
+            lr = scheduler.get_last_lr()[0]  # this step's: scheduler.step() below moves to the next
+            training.step_if_finite(optimizer, values, norm, distributed=env.distributed)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         read = training.host_read(values, norm, tokens=tokens, stop=stop.requested, env=env)
@@ -213,6 +218,42 @@ def prefetched_micro_batches(data, plan: ContrastPlan, settings: FinetuneSetting
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="finetune-inputs") as pool:
         yield from bounded_map(prepared, plans(), pool, in_flight=max(ahead, threads) + 1)
+
+
+def out_of_memory_fix(settings: FinetuneSettings, plan: ContrastPlan, world_size: int,
+                      adamw_bytes: int | None = None) -> str:
+    """What an out-of-memory error in a step tells the user (training.oom_guard's `fix`; with
+    `adamw_bytes`, the error was in the optimiser step). No key lowers the micro-batch alone, as
+    pre-training's micro_batch_size does: without gathering it is a whole contrast set, so a
+    smaller one contrasts each query with fewer negatives. Any setting changed starts afresh
+    (resume_settings): claim_state sets the old state aside."""
+    s = settings
+    split = f"batch_size {s.batch_size} / sub_batches {s.sub_batches}"
+    if s.gather:
+        split += f" / {world_size} GPU(s)"
+    spread = ("train on more GPUs: gather splits each contrast set over them (the saved state "
+              "resumes: the GPU count is no setting)" if s.gather else
+              "set 'finetune.gather' true and train on several GPUs: a contrast set is then split "
+              "over them (a changed setting: step 0 too)")
+    where = "" if adamw_bytes is None else (
+        f"in the optimiser step, whose first call allocates AdamW's state "
+        f"({adamw_bytes / 2**30:.2f} GiB) beside the weights and their gradients, in the memory "
+        "the micro-batches left free; ")
+    return (f"{where}a micro-batch is {plan.micro_batch} queries ({split}) x group_size "
+            f"{s.group_size} passages of p_len {s.retrieval.p_len} tokens. Raise "
+            "'finetune.sub_batches' (a divisor of batch_size; for one dataset: its overrides): a "
+            "step still trains batch_size queries, by gradient accumulation, but each query's "
+            f"in-batch negatives shrink with its contrast set (now {plan.negatives_per_query}), "
+            "which changes what is trained; or lower 'finetune.group_size' or 'finetune.p_len'. "
+            "Any of these restarts at step 0, the saved state moved aside, not deleted "
+            f"(training.claim_state). Or, keeping the negatives, {spread}")
+
+
+def adamw_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of AdamW's two moments, one copy of each parameter it updates (made at its first
+    step)."""
+    return 2 * sum(p.numel() * p.element_size()
+                   for group in optimizer.param_groups for p in group["params"])
 
 
 # Settings that cannot change the trained weights (when to log, when to save): changing them keeps

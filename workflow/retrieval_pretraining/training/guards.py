@@ -73,13 +73,17 @@ def step_if_finite(optimizer: torch.optim.Optimizer, *values: torch.Tensor,
 
 
 @contextlib.contextmanager
-def oom_guard(micro_batch_size: int, hint: str = "micro_batch_size") -> Iterator[None]:
-    """Turn an out-of-memory error into a message naming the config change that fixes it."""
+def oom_guard(micro_batch_size: int, hint: str = "micro_batch_size", *,
+              fix: str | None = None) -> Iterator[None]:
+    """Turn an out-of-memory error into a message naming the config change that fixes it: by
+    default lowering `hint`, the key that sets the micro-batch, which gradient accumulation
+    compensates (pre-training). `fix` replaces that advice where no one key does so (fine-tuning's
+    micro-batch is a contrast set: finetune/train.out_of_memory_fix)."""
     try:
         yield
     except torch.OutOfMemoryError as error:
-        raise RuntimeError(
-            f"out of memory with {hint}={micro_batch_size}: lower '{hint}' (the global batch stays "
-            "the same: gradient accumulation grows to compensate), or shorten max_len; either "
-            "restarts at step 0, the saved state moved aside, not deleted (training.claim_state)"
-        ) from error
+        fix = fix or (
+            f"lower '{hint}' (the global batch stays the same: gradient accumulation grows to "
+            "compensate), or shorten max_len; either restarts at step 0, the saved state moved "
+            "aside, not deleted (training.claim_state)")
+        raise RuntimeError(f"out of memory with {hint}={micro_batch_size}: {fix}") from error
