@@ -4,6 +4,7 @@ against brute-force search and Pyserini's loader layout, TREC run format."""
 from __future__ import annotations
 
 import hashlib
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -192,41 +193,74 @@ def test_scores_printed_in_a_run_keep_the_order_searched(tmp_path):
                                       )[ir_measures.P @ 1] == 1.0
 
 
-class _OnGpu:
-    """What faiss-gpu's index_cpu_to_all_gpus returns, as far as these tests look."""
-
-    def __init__(self, index):
-        self.index = index
-
-
-def _faiss_gpu_cloner(gpus: int):
-    """faiss-gpu 1.15.1's index_cpu_to_all_gpus(index, co=None, ngpu=-1) on `gpus` visible GPUs,
-    as its GpuCloner.cpp decides: one GPU's cloner holds IndexFlat, IndexIVFFlat,
+class _FaissGpu:
+    """faiss-gpu 1.15.1 on `gpus` visible GPUs, as far as to_search_device uses it, by its
+    GpuCloner.cpp. index_cpu_to_gpu (ToGpuCloner) copies IndexFlat, IndexIVFFlat,
     IndexIVFScalarQuantizer and IndexIVFPQ (whose fp32 lookup tables, M x 2^nbits floats, must
-    fit a block's 48 KiB of shared memory), and throws for any other type; with several GPUs
-    (ToGpuClonerMultiple) those four are replicated on each, and any other type is copied by the
-    CPU cloner (Cloner::clone_Index), without an error: it stays on the CPU, a copy in memory."""
-    import faiss
+    fit a block's 48 KiB of shared memory) onto one GPU, and throws for any other type, or where
+    the GPU (one in `full`) has no memory left for the copy; a copy here is a CPU clone, which an
+    IndexReplicas can hold. index_cpu_to_all_gpus (ToGpuClonerMultiple) makes the copies a GPU at
+    a time into an IndexReplicas held by a bare pointer: a throw frees neither, so the copies
+    made are `leaked`; with several GPUs it copies any other type on the CPU (Cloner::
+    clone_Index), without an error."""
 
-    def to_gpus(index, co=None, ngpu=-1):
-        assert co is None and ngpu == -1  # every visible GPU, replicas, fp32: faiss's defaults
-        held = (faiss.IndexFlat, faiss.IndexIVFFlat, faiss.IndexIVFScalarQuantizer,
-                faiss.IndexIVFPQ)
-        if not isinstance(index, held):
-            if gpus > 1:
-                return faiss.clone_index(index)
+    HELD = (faiss_index.faiss.IndexFlat, faiss_index.faiss.IndexIVFFlat,
+            faiss_index.faiss.IndexIVFScalarQuantizer, faiss_index.faiss.IndexIVFPQ)
+
+    def __init__(self, gpus: int, full: tuple[int, ...] = ()):
+        self.gpus, self.full = gpus, full
+        self.copies: list[weakref.ref] = []  # every copy made, in order
+        self.leaked: list = []
+
+    def live(self) -> list:
+        """The copies still held (their GPU memory not freed)."""
+        return [c for c in (ref() for ref in self.copies) if c is not None]
+
+    def index_cpu_to_gpu(self, resources, device, index, options=None):
+        assert options is None  # fp32, faiss's defaults
+        if not isinstance(index, self.HELD):
             raise RuntimeError("Error in virtual faiss::Index* faiss::gpu::ToGpuCloner::"
                                "clone_Index(const faiss::Index*) at faiss/gpu/GpuCloner.cpp:253:"
                                " This index type is not implemented on GPU.")
-        if isinstance(index, faiss.IndexIVFPQ) and index.pq.M * 4 << index.pq.nbits > 49152:
+        tables = index.pq.M * 4 << index.pq.nbits if hasattr(index, "pq") else 0
+        if isinstance(index, faiss_index.faiss.IndexIVFPQ) and tables > 49152:
             raise RuntimeError(f"Error: 'requiredSmemSize <= getMaxSharedMemPerBlock(config_."
-                               f"device)' failed: Device 0 has 49152 bytes of shared memory, "
-                               f"while {index.pq.nbits} bits per code and {index.pq.M} "
-                               f"sub-quantizers requires {index.pq.M * 4 << index.pq.nbits} "
+                               f"device)' failed: Device {device} has 49152 bytes of shared "
+                               f"memory, while {index.pq.nbits} bits per code and {index.pq.M} "
+                               f"sub-quantizers requires {tables} "
                                "bytes. Consider useFloat16LookupTables and/or reduce parameters")
-        return _OnGpu(index)
+        if device in self.full:
+            raise RuntimeError(f"Error: 'err == cudaSuccess' failed: StandardGpuResources: alloc "
+                               f"fail type FlatData dev {device} space Device stream 0x0 size "
+                               "27033600000 bytes (cudaMalloc error out of memory [2])")
+        copy = faiss_index.faiss.clone_index(index)
+        self.copies.append(weakref.ref(copy))
+        return copy
 
-    return to_gpus
+    def index_cpu_to_all_gpus(self, index, co=None, ngpu=-1):
+        assert co is None and ngpu == -1  # every visible GPU, replicas, fp32: faiss's defaults
+        if self.gpus > 1 and not isinstance(index, self.HELD):
+            return faiss_index.faiss.clone_index(index)
+        made = []
+        try:
+            for gpu in range(self.gpus):
+                made.append(self.index_cpu_to_gpu(None, gpu, index))
+        except RuntimeError:
+            self.leaked.extend(made)
+            raise
+        if self.gpus == 1:
+            return made[0]
+        replicas = faiss_index.faiss.IndexReplicas()
+        for copy in made:
+            replicas.addIndex(copy)
+        return replicas
+
+    def install(self, monkeypatch) -> "_FaissGpu":
+        for name in ("index_cpu_to_gpu", "index_cpu_to_all_gpus"):
+            monkeypatch.setattr(faiss_index.faiss, name, getattr(self, name), raising=False)
+        monkeypatch.setattr(faiss_index.faiss, "StandardGpuResources", object, raising=False)
+        monkeypatch.setattr(faiss_index.faiss, "get_num_gpus", lambda: self.gpus)
+        return self
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
@@ -249,16 +283,37 @@ def test_an_index_goes_to_the_gpus_only_where_faiss_gpu_can_search_it(gpus, use_
     does not refuse an HNSW index but copies it on the CPU: the search ran on the CPU from a
     second copy of the index in memory (the mapped file's, read whole) under "searching on 2
     GPU(s)"."""
-    monkeypatch.setattr(faiss_index.faiss, "index_cpu_to_all_gpus", _faiss_gpu_cloner(gpus),
-                        raising=False)
-    monkeypatch.setattr(faiss_index.faiss, "get_num_gpus", lambda: gpus)
+    faiss_gpu = _FaissGpu(gpus).install(monkeypatch)
     index = faiss_index.empty_index(64, 400, faiss_index.index_settings(knobs))
     with caplog.at_level("WARNING", logger=faiss_index.__name__):
         placed = faiss_index.to_search_device(index, use_gpu, k)
-    assert isinstance(placed, _OnGpu) == (where == "gpu")
-    assert (placed.index if where == "gpu" else placed) is index
+    copies = faiss_gpu.live()
+    if where == "gpu":  # a copy a GPU, searched together where there are several
+        assert len(copies) == gpus
+        assert (placed is copies[0]) if gpus == 1 else (placed.count() == gpus)
+    else:
+        assert placed is index and not copies
     reason = where.partition(": ")[2]  # the warning's words; none when nothing stops it
     assert (reason in caplog.text) if reason else not caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("gpus", [2, 3])
+def test_copies_on_earlier_gpus_are_released_when_a_later_one_fails(gpus, monkeypatch, caplog):
+    """Out of memory on the last GPU: faiss's multi-GPU cloner never freed the copies it had made
+    on the GPUs before it, so each kept a whole index (and its resources) while the search went
+    on from the CPU. They are released before the search falls back, and the warning says why."""
+    faiss_gpu = _FaissGpu(gpus, full=(gpus - 1,)).install(monkeypatch)
+    index = faiss_index.build(np.eye(4, dtype=np.float32))
+    held_at_fallback = []
+    warning = faiss_index.log.warning
+    monkeypatch.setattr(faiss_index.log, "warning", lambda *args: (
+        held_at_fallback.append(len(faiss_gpu.live())), warning(*args)))
+    with caplog.at_level("WARNING", logger=faiss_index.__name__):
+        placed = faiss_index.to_search_device(index, "auto", 10)
+    assert placed is index
+    assert len(faiss_gpu.copies) == gpus - 1  # made, then released
+    assert held_at_fallback == [0] and not faiss_gpu.leaked
+    assert f"dev {gpus - 1}" in caplog.text and "out of memory" in caplog.text, caplog.text
 
 
 @pytest.mark.parametrize("exclude_self", [True, False])

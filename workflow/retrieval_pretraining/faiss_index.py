@@ -206,7 +206,7 @@ def to_search_device(index: faiss.Index, use_gpu: str = "auto", k: int = 0) -> f
     layouts beyond its shared memory, nprobe above GPU_MAX_K, too little GPU memory). These would
     otherwise fail the job after the index and the queries are loaded, or search on the CPU from
     a second copy of the index while the log said GPUs."""
-    if (use_gpu == "never" or not hasattr(faiss, "index_cpu_to_all_gpus")
+    if (use_gpu == "never" or not hasattr(faiss, "StandardGpuResources")
             or faiss.get_num_gpus() == 0):
         return index
     if k > GPU_MAX_K:
@@ -218,13 +218,38 @@ def to_search_device(index: faiss.Index, use_gpu: str = "auto", k: int = 0) -> f
                     "silence this)", type(index).__name__)
         return index
     try:
-        moved = faiss.index_cpu_to_all_gpus(index)
+        moved = replicate_on_gpus(index, faiss.get_num_gpus())
     except RuntimeError as error:  # faiss's C++ exceptions arrive as RuntimeError
         log.warning("searching on CPU: faiss-gpu cannot hold this %s (%s)",
                     type(index).__name__, str(error).strip().splitlines()[-1][:300])
         return index
     log.info("searching on %d GPU(s)", faiss.get_num_gpus())
     return moved
+
+
+def replicate_on_gpus(index: faiss.Index, gpus: int) -> faiss.Index:
+    """A copy of `index` on each of GPUs 0..gpus-1, searched together (an IndexReplicas; the copy
+    itself on one GPU): what faiss.index_cpu_to_all_gpus builds, made here a GPU at a time.
+
+    faiss's multi-GPU cloner (ToGpuClonerMultiple) adds each copy to an IndexReplicas it holds by
+    a bare pointer: when a later copy fails (out of memory on GPU 1), neither that IndexReplicas
+    nor the copies already made are ever freed, so the earlier GPUs kept a whole index each (and
+    their resources' memory) while the search fell back to the CPU. Here a failure releases them
+    before it is raised."""
+    copies = []
+    try:
+        for gpu in range(gpus):
+            # A GPU index holds its resources itself (a shared_ptr), as faiss's own wrapper assumes.
+            copies.append(faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, index))
+    except BaseException:
+        copies.clear()  # the traceback keeps this frame's list alive until the error is handled
+        raise
+    if gpus == 1:
+        return copies[0]
+    replicas = faiss.IndexReplicas()
+    for copy in copies:
+        replicas.addIndex(copy)  # faiss's wrapper keeps each copy alive with the replicas
+    return replicas
 
 
 def save(folder: Path, index: faiss.Index, doc_ids: Sequence[str]) -> None:
