@@ -339,6 +339,38 @@ def test_a_dense_run_asks_the_gpu_check_for_the_neighbours_it_searches(exclude_s
     assert asked == {"device": 2048 + exclude_self, "search": 2048 + exclude_self}
 
 
+@pytest.mark.parametrize("encoder_loads", [True, False])
+def test_a_dense_run_copies_the_index_to_the_gpus_only_after_encoding_its_queries(
+        encoder_loads, tmp_path, monkeypatch):
+    """The index went to the GPUs first: its copies held the memory the query encoder then loaded
+    into, and an encoder that failed to load left them made for nothing. The encoder (loaded,
+    run and freed by encode_queries) comes first; the index moves after it, or not at all."""
+    steps = []
+    index = faiss_index.build(np.eye(4, dtype=np.float32))
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, pa.array(["a", "b", "c", "d"])))
+
+    def encode_queries(encoder, queries, knobs):
+        steps.append("encode queries")
+        if not encoder_loads:
+            raise OSError(f"{encoder}: no model weights")
+        return ["q"], np.eye(4, dtype=np.float32)[:1]
+
+    monkeypatch.setattr(dense_search, "encode_queries", encode_queries)
+    monkeypatch.setattr(faiss_index, "to_search_device",
+                        lambda index, use_gpu, k: steps.append("index to GPUs") or index)
+    config = {"pooling": "cls", "similarity": "dot", "q_len": 8, "p_len": 8, "title": "space",
+              "search_depth": 2, "exclude_self": False, "use_gpu": "auto"}
+    run = (tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+           tmp_path / "run.trec", "x", config)
+    if encoder_loads:
+        dense_search.dense_run(*run)
+        assert steps == ["encode queries", "index to GPUs"]
+    else:
+        with pytest.raises(OSError, match="no model weights"):
+            dense_search.dense_run(*run)
+        assert steps == ["encode queries"]
+
+
 def test_a_dense_run_records_the_candidates_an_ivf_search_reached(tmp_path, monkeypatch, caplog):
     """nprobe 1 of 100 cells: each query sees about 40 of 4,000 vectors, not the 200 asked; the
     run's manifest and log say so."""

@@ -64,8 +64,8 @@ def encode_queries(encoder: Path | tuple, queries: Path, knobs: RetrievalSetting
                     batch_size=knobs.encode_batch_size, desc="encode queries",
                     prefix=knobs.query_prefix)
     if loaded and next(model.parameters()).is_cuda:
-        # torch's allocator keeps the encoder's memory cached; faiss-gpu, which mining loads an
-        # index into next, allocates on its own and cannot use it.
+        # torch's allocator keeps the encoder's memory cached; faiss-gpu, which mining and dense
+        # search load an index into next, allocates on its own and cannot use it.
         del model
         torch.cuda.empty_cache()
     return frame["query_id"].to_list(), vectors
@@ -137,11 +137,14 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
               config: dict[str, Any]) -> dict[str, int]:
     """Encode `queries`, search the saved index, write the TREC run and its manifest."""
     knobs = SearchSettings.from_config(config)
+    # The index mapped, not read: a bad index folder fails before the queries are encoded.
     index, doc_ids = faiss_index.load(index_dir)
-    index = faiss_index.to_search_device(index, knobs.use_gpu,
-                                         fetch_depth(knobs.search_depth, knobs.exclude_self))
     weights = recorded_weights(encoder)
     query_ids, vectors = encode_queries(encoder, queries, knobs.retrieval)
+    # Only now, the encoder gone from the GPU, is the index copied there: a copy made first held
+    # the GPU memory the encoder loads into, and was wasted where the encoder failed to load.
+    index = faiss_index.to_search_device(index, knobs.use_gpu,
+                                         fetch_depth(knobs.search_depth, knobs.exclude_self))
     counts: list[int] = []
     lines = write_trec(out, counting(rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
                                           knobs.exclude_self), counts), tag)
