@@ -195,14 +195,14 @@ def test_scores_printed_in_a_run_keep_the_order_searched(tmp_path):
 
 class _FaissGpu:
     """faiss-gpu 1.15.1 on `gpus` visible GPUs, as far as to_search_device uses it, by its
-    GpuCloner.cpp. index_cpu_to_gpu (ToGpuCloner) copies IndexFlat, IndexIVFFlat,
-    IndexIVFScalarQuantizer and IndexIVFPQ (whose fp32 lookup tables, M x 2^nbits floats, must
-    fit a block's 48 KiB of shared memory) onto one GPU, and throws for any other type, or where
-    the GPU (one in `full`) has no memory left for the copy; a copy here is a CPU clone, which an
-    IndexReplicas can hold. index_cpu_to_all_gpus (ToGpuClonerMultiple) makes the copies a GPU at
-    a time into an IndexReplicas held by a bare pointer: a throw frees neither, so the copies
-    made are `leaked`; with several GPUs it copies any other type on the CPU (Cloner::
-    clone_Index), without an error."""
+    GpuCloner.cpp (errors worded as faiss words them). index_cpu_to_gpu (ToGpuCloner) copies
+    IndexFlat, IndexIVFFlat, IndexIVFScalarQuantizer and IndexIVFPQ (whose fp32 lookup tables,
+    M x 2^nbits floats, must fit a block's 48 KiB of shared memory) onto one GPU, and throws for
+    any other type, or where the GPU (one in `full`) has no memory left for the copy; a copy here
+    is a CPU clone, which an IndexReplicas can hold. index_cpu_to_all_gpus (ToGpuClonerMultiple)
+    makes the copies a GPU at a time into an IndexReplicas held by a bare pointer: a throw frees
+    neither, so the copies made are `leaked`; with several GPUs it copies any other type on the
+    CPU (Cloner::clone_Index), without an error."""
 
     HELD = (faiss_index.faiss.IndexFlat, faiss_index.faiss.IndexIVFFlat,
             faiss_index.faiss.IndexIVFScalarQuantizer, faiss_index.faiss.IndexIVFPQ)
@@ -220,18 +220,23 @@ class _FaissGpu:
         assert options is None  # fp32, faiss's defaults
         if not isinstance(index, self.HELD):
             raise RuntimeError("Error in virtual faiss::Index* faiss::gpu::ToGpuCloner::"
-                               "clone_Index(const faiss::Index*) at faiss/gpu/GpuCloner.cpp:253:"
-                               " This index type is not implemented on GPU.")
+                               "clone_Index(const faiss::Index*) at /project/faiss/faiss/gpu/"
+                               "GpuCloner.cpp:253: This index type is not implemented on GPU.")
         tables = index.pq.M * 4 << index.pq.nbits if hasattr(index, "pq") else 0
         if isinstance(index, faiss_index.faiss.IndexIVFPQ) and tables > 49152:
-            raise RuntimeError(f"Error: 'requiredSmemSize <= getMaxSharedMemPerBlock(config_."
+            raise RuntimeError(f"Error in void faiss::gpu::GpuIndexIVFPQ::verifyPQSettings_() "
+                               f"const at /project/faiss/faiss/gpu/GpuIndexIVFPQ.cu:607: "
+                               f"Error: 'requiredSmemSize <= getMaxSharedMemPerBlock(config_."
                                f"device)' failed: Device {device} has 49152 bytes of shared "
                                f"memory, while {index.pq.nbits} bits per code and {index.pq.M} "
                                f"sub-quantizers requires {tables} "
                                "bytes. Consider useFloat16LookupTables and/or reduce parameters")
         if device in self.full:
-            raise RuntimeError(f"Error: 'err == cudaSuccess' failed: StandardGpuResources: alloc "
-                               f"fail type FlatData dev {device} space Device stream 0x0 size "
+            raise RuntimeError(f"Error in virtual void* faiss::gpu::StandardGpuResourcesImpl::"
+                               f"allocMemory(const faiss::gpu::AllocRequest&) at /project/faiss/"
+                               f"faiss/gpu/StandardGpuResources.cpp:452: Error: 'err == "
+                               f"cudaSuccess' failed: StandardGpuResources: alloc fail type "
+                               f"FlatData dev {device} space Device stream 0x7effcc5f47a0 size "
                                "27033600000 bytes (cudaMalloc error out of memory [2])")
         copy = faiss_index.faiss.clone_index(index)
         self.copies.append(weakref.ref(copy))
@@ -314,6 +319,25 @@ def test_copies_on_earlier_gpus_are_released_when_a_later_one_fails(gpus, monkey
     assert len(faiss_gpu.copies) == gpus - 1  # made, then released
     assert held_at_fallback == [0] and not faiss_gpu.leaked
     assert f"dev {gpus - 1}" in caplog.text and "out of memory" in caplog.text, caplog.text
+
+
+def test_an_ivf_pq_index_faiss_gpu_refuses_stays_on_the_cpu_with_faiss_s_reason(monkeypatch,
+                                                                              caplog):
+    """The default pq_m, 64, needs 64 KiB of fp32 lookup tables where a GPU block has 48 KiB of
+    shared memory: faiss-gpu refuses it and suggests its float16 tables, which would change the
+    scores. The warning says the search stays on the CPU, faiss's reason in full (not the C++
+    frame it puts first) and why its suggestion is not taken."""
+    _FaissGpu(1).install(monkeypatch)
+    knobs = faiss_index.index_settings({"type": "ivfpq", "nlist": 4, "nprobe": 1})
+    index = faiss_index.empty_index(64, 400, knobs)
+    with caplog.at_level("WARNING", logger=faiss_index.__name__):
+        assert faiss_index.to_search_device(index, "auto", 10) is index
+    assert caplog.messages == [
+        "searching on CPU: faiss-gpu cannot hold this IndexIVFPQ (Device 0 has 49152 bytes of "
+        "shared memory, while 8 bits per code and 64 sub-quantizers requires 65536 bytes. "
+        "Consider useFloat16LookupTables and/or reduce parameters; float16 lookup tables are not "
+        "used, since they would change the scores: lower pq_m in mining.index to search this "
+        "index on the GPU)"]
 
 
 @pytest.mark.parametrize("exclude_self", [True, False])

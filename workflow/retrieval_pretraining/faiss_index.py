@@ -15,6 +15,7 @@ sample of faiss's own size.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -221,10 +222,24 @@ def to_search_device(index: faiss.Index, use_gpu: str = "auto", k: int = 0) -> f
         moved = replicate_on_gpus(index, faiss.get_num_gpus())
     except RuntimeError as error:  # faiss's C++ exceptions arrive as RuntimeError
         log.warning("searching on CPU: faiss-gpu cannot hold this %s (%s)",
-                    type(index).__name__, str(error).strip().splitlines()[-1][:300])
+                    type(index).__name__, gpu_refusal(error))
         return index
     log.info("searching on %d GPU(s)", faiss.get_num_gpus())
     return moved
+
+
+def gpu_refusal(error: RuntimeError) -> str:
+    """faiss-gpu's reason for refusing an index, for the log: without the C++ function, source
+    line and failed condition faiss puts first (some 200 characters, which pushed the end of the
+    reason past the 300-character cut: "cudaMalloc error out of memory" on a full GPU); where
+    faiss suggests float16 lookup tables, why they are not used."""
+    reason = str(error).strip().splitlines()[-1]
+    reason = re.sub(r"^Error in .*? at \S+:\d+: ", "", reason)
+    reason = re.sub(r"^Error: '.*?' failed: ", "", reason)[:300]
+    if "useFloat16LookupTables" in reason:
+        reason += ("; float16 lookup tables are not used, since they would change the scores: "
+                   "lower pq_m in mining.index to search this index on the GPU")
+    return reason
 
 
 def replicate_on_gpus(index: faiss.Index, gpus: int) -> faiss.Index:
