@@ -384,6 +384,30 @@ def test_the_low_resource_section_written_alone_lists_the_metrics_it_went_withou
     assert "a low-resource cell averages the splits found" in tables
 
 
+def test_tables_json_lists_every_low_resource_cell_the_markdown_shows(tmp_path):
+    """A model none of whose runs was scored kept its Markdown row of – but was left out of
+    tables.json's low_resource, as was a size none of a model's splits was scored at: the two
+    outputs disagreed on which models and sizes the section holds."""
+    results = tmp_path / "results"
+    means = write_lowres(results, {("bert", 10): 2})
+    p = params()
+    p["report"]["tables"] = []
+    p["report"]["low_resource"] = lowres_spec(2)
+    out, json_out = tmp_path / "t.md", tmp_path / "tables.json"
+    make_tables(p, results, out, json_out, allow_missing=True)
+    lowres = json.loads(json_out.read_text())["low_resource"]
+    v = means["bert", 10]
+    assert lowres == {
+        "bert": {"10": {"mean": pytest.approx(np.mean(v)),
+                        "std": pytest.approx(np.std(v, ddof=1)), "splits": 2}, "20": None},
+        "costa": {"10": None, "20": None},
+    }
+    rows = {line.split(" | ")[0]: line for line in out.read_text().splitlines()
+            if line.startswith(("| BERT |", "| COSTA |"))}
+    assert rows == {"| BERT": f"| BERT | {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f} | – |",
+                    "| COSTA": "| COSTA | – | – |"}
+
+
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
     results, scores = synthetic
     rng = np.random.default_rng(5)

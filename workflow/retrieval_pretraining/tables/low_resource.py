@@ -29,17 +29,11 @@ def low_resource(
                     data.setdefault(model, {}).setdefault(n, []).append(
                         measure_value(m, spec["measure"])
                     )
+    # Every configured model and size, None where no split was scored (partial tables): the
+    # Markdown's – and tables.json's null, as a main table's missing cell is a null value.
     summary = {
-        model: {
-            n: {
-                "mean": float(np.mean(v)),
-                # The sd of one value is undefined, not 0 (no spread): None in tables.json.
-                "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
-                "splits": len(v),
-            }
-            for n, v in per_n.items()
-        }
-        for model, per_n in data.items()
+        model: {n: summarise(data.get(model, {}).get(n)) for n in spec["sizes"]}
+        for model in spec["models"]
     }
     decimals = params["report"].get("decimals", 3)
     k = spec["splits"]
@@ -55,14 +49,13 @@ def low_resource(
     ]
     # Every configured model has its row: one whose runs were all missing shows – throughout.
     for model in spec["models"]:
-        per_n = summary.get(model, {})
-        cells = [render_cell(per_n.get(n), k, decimals) for n in spec["sizes"]]
+        cells = [render_cell(summary[model][n], k, decimals) for n in spec["sizes"]]
         lines.append(f"| {labels.get(model, model)} | " + " | ".join(cells) + " |")
-    found = [c for per_n in summary.values() for c in per_n.values()]
+    found = [c for per_n in summary.values() for c in per_n.values() if c is not None]
     if any(c["splits"] < k for c in found):
         lines += ["", legend(k, found)]
     if figure is not None:
-        plot_low_resource(summary, spec, labels, figure)
+        plot_low_resource(points(summary), spec, labels, figure)
         if k == 1:
             bars = "means of one split each, no error bars"
         else:
@@ -70,6 +63,26 @@ def low_resource(
                 "; none on a point over one split" if any(c["std"] is None for c in found) else "")
         lines += ["", f"Figure: `{figure}` ({bars})."]
     return "\n".join(lines) + "\n", summary
+
+
+def summarise(values: list[float] | None) -> dict[str, Any] | None:
+    """Mean, sd and count of one (model, N)'s split values; None where none was found."""
+    if not values:
+        return None
+    return {
+        "mean": float(np.mean(values)),
+        # The sd of one value is undefined, not 0 (no spread): None in tables.json.
+        "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+        "splits": len(values),
+    }
+
+
+def points(summary: dict[str, dict[int, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """The cells the figure can draw: a size without a value has no point, a model without any
+    no line (nor a legend entry)."""
+    drawn = {model: {n: c for n, c in per_n.items() if c is not None}
+             for model, per_n in summary.items()}
+    return {model: per_n for model, per_n in drawn.items() if per_n}
 
 
 def render_cell(cell: dict[str, Any] | None, splits: int, decimals: int) -> str:
