@@ -408,6 +408,29 @@ def test_tables_json_lists_every_low_resource_cell_the_markdown_shows(tmp_path):
                     "| COSTA": "| COSTA | – | – |"}
 
 
+def test_each_usage_line_names_every_option_its_mode_reads(capsys):
+    """The module docstring's usage lines are what a user running the tables by hand reads: the
+    low-resource-only line left out --allow-missing, which that mode honours (missing runs shown
+    as –, listed under Missing). --debug, which every stage takes, is left to --help."""
+    import re
+
+    from retrieval_pretraining.tables import __main__ as tables_main
+
+    with pytest.raises(SystemExit):
+        tables_main.main(["--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    accepted = set(re.findall(r"\[(--[a-z-]+)", usage)) - {"--debug"}
+    lines = [" ".join(line.strip(" \\") for line in command.splitlines())
+             for command in tables_main.__doc__.split("python -m ")[1:]]
+    # What each mode does not read: the full tables never write the low-resource section alone;
+    # that section alone has no JSON or HTML copy.
+    ignored = {False: {"--low-resource-only"}, True: {"--json", "--html"}}
+    assert [("--low-resource-only" in line) for line in lines] == [False, True], lines
+    for line in lines:
+        named = set(re.findall(r"--[a-z-]+", line))
+        assert named == accepted - ignored["--low-resource-only" in line], line
+
+
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
     results, scores = synthetic
     rng = np.random.default_rng(5)
