@@ -198,6 +198,43 @@ def test_significantly_worse_is_marked_as_worse(tmp_path):
     assert bert["marks"] == "†" + WORSE
 
 
+def test_a_mark_compares_only_with_a_baseline_the_table_shows_with_scores(synthetic, tmp_path):
+    """A table without a BM25 row (bm25: false), or without BERT among its rows, still marked its
+    cells † and ‡ against those runs' scores, and its legend named them: a reader had no number
+    to check a mark against. A baseline row whose scores are missing (partial tables) is no
+    baseline either."""
+    results, _ = synthetic
+    p = params()
+    main = p["report"]["tables"][0]
+    p["report"]["tables"] = [{**main, "name": "no-bm25", "bm25": False},
+                             {**main, "name": "neither", "bm25": False,
+                              "rows": [{"model": "costa"}, {"model": "bow"}]}]
+    out = tmp_path / "t.md"
+    summary = make_tables(p, results, out)
+    legends = [line for line in out.read_text().splitlines() if line.startswith("Legend:")]
+
+    def tested(table):
+        cells = [c for g in summary["tables"][table] for r in g["rows"] if r["system"]
+                 for c in r["cells"]]
+        return ({base for c in cells for base in c["tests"]},
+                {mark for c in cells for mark in c["marks"]})
+
+    # BERT's rows are there: ‡ against them alone, and BM25 named nowhere in the legend.
+    assert tested("no-bm25") == ({"bert-stage1", "bert-stage2"}, {"‡"})
+    assert "‡ significantly different from BERT" in legends[0] and "BM25" not in legends[0]
+    # Neither baseline is a row: no tests, no marks, and the legend says why.
+    assert tested("neither") == (set(), set())
+    assert "BM25" not in legends[1] and "BERT" not in legends[1]
+    assert "no significance tests (none of the baselines it names is a row here" in legends[1]
+
+    # A BM25 row without scores: no † and no BM25 in the legend.
+    (results / "metrics" / "scifact" / "bm25" / "test.json").unlink()
+    p["report"]["tables"] = [main]
+    summary = make_tables(p, results, out, allow_missing=True)
+    legend = next(line for line in out.read_text().splitlines() if line.startswith("Legend:"))
+    assert tested("main")[1] == {"‡"} and "from BM25" not in legend, legend
+
+
 def test_published_values_beside_ours_at_paper_scale(tmp_path):
     results = tmp_path / "results"
     base = np.linspace(0.2, 0.5, len(QIDS))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .layout import MEASURED_MARK, Cell, Group, column_label, shown
-from .significance import CORRECTIONS, TESTS, WORSE, baselines_for, family_sizes, settings
+from .significance import (CORRECTIONS, TESTS, WORSE, baselines_for, family_sizes, settings,
+                           tested_baselines)
 
 
 def fmt(value: float | None, decimals: int) -> str:
@@ -84,9 +85,16 @@ def thresholds(spec: dict[str, Any], groups: list[Group]) -> str:
     return "".join(lines)
 
 
+def untested(spec: dict[str, Any], params: dict[str, Any]) -> str:
+    """Why a table has no marks: it names no baselines, or none of them is a scored row of it."""
+    if not baselines_for(spec, params):
+        return "the table names no baselines"
+    return "none of the baselines it names is a row here with scores"
+
+
 def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) -> str:
     parts = []
-    for b in baselines_for(spec, params):
+    for b in tested_baselines(spec, groups, params):
         who = b.get("label") or b.get("system") or (
             f"{b['model']} (same fine-tuning stage)" if "model" in b
             else f"the same model at {b['stage']}"
@@ -96,7 +104,7 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
         f"{'; '.join(parts)} ({method(spec, groups, params)}); a mark followed by {WORSE} means "
         "significantly worse, a bare mark significantly better. "
         if parts
-        else "no significance tests (the table names no baselines). "
+        else f"no significance tests ({untested(spec, params)}). "
     ) + "Bold: best value of the column within its group." + thresholds(spec, groups)
     if any(c.published for g in groups for r in g.rows for c in r.cells):
         sources = sorted(

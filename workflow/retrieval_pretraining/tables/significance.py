@@ -125,6 +125,26 @@ def baseline_system(baseline: dict[str, Any], row: Row, suffix: str | None) -> s
     return f"{row.model}-{baseline['stage']}"
 
 
+def table_systems(groups: list[Group]) -> set[str]:
+    """The systems the table has a row of: the only ones a mark may compare with, since a
+    reader checks a mark against the baseline's number beside it (a table without a BM25 or a
+    BERT row has no † or ‡)."""
+    return {row.system for group in groups for row in group.rows
+            if row.system is not None and not row.reference}
+
+
+def tested_baselines(
+    spec: dict[str, Any], groups: list[Group], params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The table's baselines some row was tested against (their row shown, with scores): the
+    ones its legend names."""
+    return [
+        b for b in baselines_for(spec, params)
+        if any(baseline_system(b, row, group.suffix) in cell.tests
+               for group in groups for row in group.rows for cell in row.cells)
+    ]
+
+
 def _test(ours, base, measure: str, label: str, sig: dict[str, Any]) -> tuple[float, float, int]:
     a, b, unmatched = paired_scores(ours, base, measure)
     if unmatched:
@@ -142,10 +162,11 @@ def _test(ours, base, measure: str, label: str, sig: dict[str, Any]) -> tuple[fl
 def mark_significance(
     groups: list[Group], spec: dict[str, Any], params: dict[str, Any], cache: MetricsCache
 ) -> None:
-    """Test every row of the table against each baseline, correct each family (one baseline, one
-    column), and mark the cells whose adjusted p is <= alpha."""
+    """Test every row of the table against each baseline that is a row of it too, correct each
+    family (one baseline, one column), and mark the cells whose adjusted p is <= alpha."""
     sig = settings(params)
     key = "t" if sig["test"] == "t-test" else "mean_difference"
+    in_table = table_systems(groups)
     for baseline in baselines_for(spec, params):
         for j, c in enumerate(spec["columns"]):
             family = []
@@ -153,6 +174,8 @@ def mark_significance(
                 for row in group.rows:
                     base_system = baseline_system(baseline, row, group.suffix)
                     if row.reference or base_system in (None, row.system):
+                        continue
+                    if base_system not in in_table:
                         continue
                     ours = cache.get(c["dataset"], row.system, c["split"])
                     base = cache.get(c["dataset"], base_system, c["split"])
