@@ -368,7 +368,8 @@ def test_tables_provenance_names_every_field_and_existing_files(project, config)
         if system == "bm25":
             assert model == f"`results/bm25/{DATASET}/index`", model
             expected_logs = [
-                f"build_bm25_index/{DATASET}.log", f"bm25_search/{DATASET}/{SPLIT}.log"
+                f"build_bm25_index/{DATASET}.log", f"bm25_search/{DATASET}/{SPLIT}.log",
+                f"publish_bm25_run/{DATASET}/{SPLIT}.log",
             ]
         else:
             name, stage = system.rsplit("-", 1)

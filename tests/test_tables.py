@@ -1197,7 +1197,8 @@ def test_provenance_has_a_row_per_split_with_that_splits_run_metrics_and_digests
 
 
 def test_the_bm25_and_baseline_rows_name_their_index_encoder_and_job_logs(tmp_path):
-    """BM25's row names its index and its two jobs' logs as rules/retrieval.smk writes them; a
+    """BM25's row names its index and its three jobs' logs as rules/retrieval.smk writes them
+    (publish_bm25_run, which copies the run the row's run file names, was left out); a
     baseline's encoder is the staged path from the project root (results/'s parent); params
     without a baseline's shard count name the shard logs that are there."""
     import re
@@ -1206,6 +1207,7 @@ def test_the_bm25_and_baseline_rows_name_their_index_encoder_and_job_logs(tmp_pa
     [index] = re.findall(r'index=directory\("(results/bm25/[^"]+)"\)', rules)
     [index_log] = re.findall(r'"(results/logs/build_bm25_index/[^"]+)"', rules)
     [search_log] = re.findall(r'"(results/logs/bm25_search/[^"]+)"', rules)
+    [publish_log] = re.findall(r'"(results/logs/publish_bm25_run/[^"]+)"', rules)
     names = {"dataset": "scifact", "split": "dev"}
     results = tmp_path / "results"
     bm25 = Row("BM25", "bm25", objective="bm25")
@@ -1214,7 +1216,8 @@ def test_the_bm25_and_baseline_rows_name_their_index_encoder_and_job_logs(tmp_pa
     assert location == f"`{tmp_path / index.format(**names)}`"
     logs = log_location(results, bm25, "scifact", group, "dev")
     assert [path.strip("`") for path in logs.split(", ")] == [
-        str(tmp_path / index_log.format(**names)), str(tmp_path / search_log.format(**names))]
+        str(tmp_path / index_log.format(**names)), str(tmp_path / search_log.format(**names)),
+        str(tmp_path / publish_log.format(**names))]
 
     minilm = Row("MiniLM", "minilm", objective="baseline")
     group = Group("Baseline encoders", [minilm])

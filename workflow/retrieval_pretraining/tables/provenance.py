@@ -260,7 +260,8 @@ def log_location(
     split: str | None = None,
     params: dict[str, Any] | None = None,
 ) -> str:
-    """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index and search, or the
+    """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index, search and the copy
+    of its run to results/runs/ (publish_bm25_run, as a reused pre-training names its copy), or the
     model's pre-training and this fine-tuning stage (on the zero-shot source, for a target)."""
     logs = results / "logs"
     if row.objective == "baseline":
@@ -270,7 +271,9 @@ def log_location(
         return "–"
     if row.model is None:
         paths = [logs / "build_bm25_index" / f"{dataset}.log"]
-        paths += [logs / "bm25_search" / dataset / f"{split}.log"] if split else []
+        if split:
+            paths += [logs / "bm25_search" / dataset / f"{split}.log",
+                      logs / "publish_bm25_run" / dataset / f"{split}.log"]
     else:
         entry = next((m for m in (params or {}).get("models", []) if m["name"] == row.model), {})
         if row.objective == "none":
