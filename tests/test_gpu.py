@@ -447,7 +447,7 @@ def test_fine_tuning_steps_on_cuda_track_the_cpu_steps_and_wait_once(setup):
 
 
 def test_ddp_hands_the_bi_encoder_the_pinned_host_inputs_on_cuda(setup, tmp_path):
-    """Several GPUs fine-tune through DDP (finetune.model.data_parallel). Given device_ids, DDP
+    """Several GPUs fine-tune through DDP (training.data_parallel). Given device_ids, DDP
     copied each micro-batch's inputs to the GPU itself, a blocking copy: the host waited for the
     GPU's queued work every micro-batch, what pinning and encode_batch's non_blocking copy are
     for. The bi-encoder must get the pinned host tensors, and the loss be the one without DDP.
@@ -455,8 +455,7 @@ def test_ddp_hands_the_bi_encoder_the_pinned_host_inputs_on_cuda(setup, tmp_path
     import torch.distributed as dist
 
     from retrieval_pretraining.encode import tokenize
-    from retrieval_pretraining.finetune.model import (data_parallel, load_bi_encoder,
-                                                      micro_batch_loss)
+    from retrieval_pretraining.finetune.model import load_bi_encoder, micro_batch_loss
     from retrieval_pretraining.finetune.settings import FinetuneSettings
     from retrieval_pretraining.retrieval_settings import RetrievalSettings
 
@@ -475,8 +474,8 @@ def test_ddp_hands_the_bi_encoder_the_pinned_host_inputs_on_cuda(setup, tmp_path
                             world_size=1, device_id=device)
     try:
         # The loop's env says several processes; the group holds this one.
-        ddp = data_parallel(model, training.DistEnv(rank=0, local_rank=0, world_size=2,
-                                                    device=device))
+        ddp = training.data_parallel(model, training.DistEnv(rank=0, local_rank=0, world_size=2,
+                                                             device=device))
         assert ddp is not model
         loss = micro_batch_loss(ddp, queries, passages, settings, device)
         loss.backward()

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
 from .. import projector as text_projector
 from .. import training
@@ -49,16 +48,6 @@ def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.de
             f"{folder} embeds through a text projector ({text_projector.FILE}), but "
             "the model's finetune.projector is off (pretrain.models[].finetune); set it to true")
     return BiEncoder(encoder, retrieval.pooling, retrieval.similarity), tokenizer
-
-
-def data_parallel(model: torch.nn.Module, env: training.DistEnv) -> torch.nn.Module:
-    """DDP around `model` when several processes train (else the model itself), on a GPU too
-    without device_ids: given them, DDP copies each micro-batch's inputs to the GPU itself, and a
-    copy from host memory without non_blocking makes the host wait for all the GPU's queued work
-    (every micro-batch: the loop could not queue the next one ahead). Without them the inputs
-    reach the bi-encoder as the pinned host tensors the loop made, and encode_batch copies them
-    asynchronously."""
-    return DistributedDataParallel(model) if env.distributed else model
 
 
 def contrastive_loss(q: torch.Tensor, p: torch.Tensor, group_size: int, temperature: float = 1.0,

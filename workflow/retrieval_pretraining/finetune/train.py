@@ -25,7 +25,7 @@ from ..encode import (TOKENIZER_THREADS, encoder_state, projector_of, safe_threa
 from ..parallel import bounded_map
 from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batch_index,
                    micro_batches_of_rank, step_queries)
-from .model import data_parallel, load_bi_encoder, micro_batch_loss
+from .model import load_bi_encoder, micro_batch_loss
 from .passages import PassageStore, write_passages
 from .settings import FinetuneSettings
 
@@ -76,7 +76,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     resumed = training.load_state(state_dir, model=model, optimizer=optimizer, scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     training.check_same_start(start, env)
-    ddp = data_parallel(model, env)
+    ddp = training.data_parallel(model, env)
     metrics = training.MetricsWriter(metrics_path, resume_step=start, enabled=env.is_main,
                                      history=state_dir / "metrics.jsonl")
     stop = training.StopFlag()

@@ -271,7 +271,7 @@ def _train(
              len(dataset.holdout_rows), tr["global_batch_size"], tr["micro_batch_size"],
              env.world_size, accumulation, head_warmup, warmup, start)
 
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if env.distributed else model
+    ddp = training.data_parallel(model, env)
     forward = torch.compile(ddp) if tr["compile"] else ddp
     loader = torch.utils.data.DataLoader(
         torch.utils.data.Subset(dataset, range(start * accumulation, total_steps * accumulation)),

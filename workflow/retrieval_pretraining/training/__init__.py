@@ -19,6 +19,7 @@ and the `python -m` entry ends with exit_process(main()).
 
 Modules (the trainers import only this package, `training.X`):
     distributed  DistEnv, init_distributed, teardown_distributed, barrier, all_gather_with_grad,
+                 data_parallel (DDP without device_ids, or the model alone),
                  check_same_start (every rank resumed at one step), from_main (rank 0's value),
                  host_read (a step's one reduction and read: means, tokens, stop flag), StepRead,
                  queue_read / QueuedRead (the same read, taken later)
@@ -40,6 +41,7 @@ from .distributed import (
     all_gather_with_grad,
     barrier,
     check_same_start,
+    data_parallel,
     from_main,
     host_read,
     init_distributed,
@@ -85,7 +87,7 @@ from .state import claim_state, load_state, save_state
 
 __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
-    "check_same_start",
+    "check_same_start", "data_parallel",
     "StepRead", "host_read", "QueuedRead", "queue_read",
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "fp32_scores",
     "seed_everything", "seed_torch", "upcast",

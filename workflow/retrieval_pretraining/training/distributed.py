@@ -107,6 +107,16 @@ def check_same_start(step: int, env: DistEnv) -> None:
             f"{step}): every node must see the same state folder (a shared filesystem)")
 
 
+def data_parallel(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+    """DDP around `model` when several processes train (else the model itself), on a GPU too
+    without device_ids: given them, DDP copies each micro-batch's inputs to the GPU itself, and a
+    copy from host memory without non_blocking makes the host wait for all the GPU's queued work
+    (every micro-batch: the loop could not queue the next one ahead). Without them the inputs
+    reach the model as the loop moved them (pre-training: on the device, non_blocking; fine-
+    tuning: as pinned host tensors, which encode_batch copies asynchronously)."""
+    return torch.nn.parallel.DistributedDataParallel(model) if env.distributed else model
+
+
 def all_gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate `tensor` from every rank (dim 0, rank order); gradients flow back to each owner.
 
