@@ -142,7 +142,7 @@ def test_the_auto_encoding_copy_is_masked_on_its_own_draw(tmp_path):
         restored = torch.where(labels[b, :n] == -100, copy[b, :n], labels[b, :n])
         assert restored.tolist() == chunk.tolist()
         assert (labels[b, n:] == -100).all() and labels[b, 0] == -100 and labels[b, n - 1] == -100
-        assert int((labels[b] != -100).sum()) == round(0.5 * (n - 2))
+        assert int((labels[b] != -100).sum()) == round(0.5 * n)  # [CLS], [SEP] counted as BERT
     assert not torch.equal(labels != -100, batch["labels"] != -100)  # not the encoder's mask
     assert torch.equal(data.collate(rows, epoch=0)["decoder_input_ids"], copy)  # deterministic
     assert np.isclose(data.copy_mask_rate, 0.5)

@@ -255,7 +255,7 @@ def test_token_masking_rate_and_80_10_10():
     for seed in range(300):
         masked, labels = pdata.mask_tokens(ids, np.arange(1, 129), np.random.default_rng(seed), VOCAB, 0.15, False)
         chosen = np.flatnonzero(labels != -100)
-        assert len(chosen) == round(0.15 * 128)
+        assert len(chosen) == round(0.15 * 130)  # of all 130 tokens, as BERT counts them
         assert labels[0] == -100 and labels[-1] == -100
         assert (labels[chosen] == ids[chosen]).all()
         untouched = np.setdiff1d(np.arange(len(ids)), chosen)
@@ -286,7 +286,7 @@ def test_whole_word_masking_masks_whole_words():
     for seed in range(50):
         _, labels = pdata.mask_tokens(ids, word_starts, np.random.default_rng(seed), VOCAB, 0.3, True)
         selected = labels != -100
-        assert 0 < selected.sum() <= round(0.3 * 40)
+        assert 0 < selected.sum() <= round(0.3 * 42)
         for s, e in zip(word_starts, ends):
             assert selected[s:e].all() or not selected[s:e].any(), f"word [{s},{e}) partly masked"
 
@@ -592,8 +592,9 @@ def _words(seed: int, n_inner: int) -> np.ndarray:
 
 
 def test_whole_word_masking_selects_the_budget_never_specials_and_80_10_10():
-    """Per sequence exactly round(rate * inner tokens) selected, in whole words; [CLS] and the
-    final [SEP] never predicted; [MASK] / random / kept 80/10/10 as in the token path."""
+    """Per sequence exactly round(rate * tokens) selected, in whole words; [CLS] and the final
+    [SEP] never predicted (though counted in the tokens, as BERT counts them); [MASK] / random /
+    kept 80/10/10 as in the token path."""
     ids = np.arange(200, 330)  # [CLS] + 128 tokens + [SEP] stand-ins
     ids[0], ids[-1] = 101, 102
     counts = {"mask": 0, "random": 0, "kept": 0}
@@ -602,7 +603,7 @@ def test_whole_word_masking_selects_the_budget_never_specials_and_80_10_10():
         masked, labels = pdata.mask_tokens(ids, word_starts, np.random.default_rng(seed), VOCAB,
                                            0.15, True)
         chosen = np.flatnonzero(labels != -100)
-        assert len(chosen) == round(0.15 * 128), seed
+        assert len(chosen) == round(0.15 * 130), seed
         assert labels[0] == -100 and labels[-1] == -100 and masked[-1] == 102 and masked[0] == 101
         ends = np.append(word_starts[1:], len(ids) - 1)
         selected = labels != -100
@@ -615,7 +616,7 @@ def test_whole_word_masking_selects_the_budget_never_specials_and_80_10_10():
 @pytest.mark.parametrize("whole_word", [False, True])
 @pytest.mark.parametrize(("n_inner", "rate", "budget"), [(10, 0.15, 2), (20, 0.13, 3)])
 def test_the_masking_budget_rounds_to_nearest_not_down(whole_word, n_inner, rate, budget):
-    """round(rate * inner tokens), as the docstring says: 0.15 * 10 = 1.5 -> 2 and 0.13 * 20 = 2.6
+    """round(rate * tokens), [CLS] and [SEP] counted: 0.15 * 12 = 1.8 -> 2 and 0.13 * 22 = 2.86
     -> 3 (truncating would give 1 and 2). Every word one token: whole words fill it exactly."""
     ids = np.arange(200, 202 + n_inner)
     ids[0], ids[-1] = 101, 102
@@ -627,21 +628,52 @@ def test_the_masking_budget_rounds_to_nearest_not_down(whole_word, n_inner, rate
 
 @pytest.mark.parametrize("whole_word", [False, True])
 def test_a_short_text_still_masks_one_token(whole_word):
-    """The budget is floored at 1, as the docstring says: 3 inner tokens at 0.15 round to 0
-    (0.45), and a chunk that predicts nothing would add no MLM signal."""
+    """The budget is floored at 1, as the docstring says: 5 tokens at 0.05 round to 0 (0.25),
+    and a chunk that predicts nothing would add no MLM signal."""
     ids = np.array([101, 200, 201, 202, 102])
     for seed in range(20):
         _, labels = pdata.mask_tokens(ids, np.arange(1, 4), np.random.default_rng(seed), VOCAB,
-                                      0.15, whole_word)
+                                      0.05, whole_word)
         assert (labels != -100).sum() == 1, seed
+
+
+@pytest.mark.parametrize(("rate", "budget"), [(0.15, 77), (0.3, 154)])
+def test_a_512_token_chunk_masks_what_bert_masks(rate, budget):
+    """The budget counts [CLS] and [SEP], as Google's BERT (create_pretraining_data.py:
+    round(len(tokens) x masked_lm_prob)) and transformers' DataCollatorForWholeWordMask
+    (round(len(input_tokens) x mlm_probability)) do: 512 tokens at 15% predict 77 pieces (76.8),
+    at 30% 154 (153.6), not the 76 and 153 of the 510 inner tokens. Whole words never exceed it."""
+    ids = np.arange(200, 712)
+    ids[0], ids[-1] = 101, 102
+    for seed in range(10):
+        _, labels = pdata.mask_tokens(ids, np.arange(1, 511), np.random.default_rng(seed), VOCAB,
+                                      rate, False)
+        assert (labels != -100).sum() == budget, seed
+        _, labels = pdata.mask_tokens(ids, _words(seed, 510), np.random.default_rng(seed), VOCAB,
+                                      rate, True)
+        assert 0 < (labels != -100).sum() <= budget, seed
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+@pytest.mark.parametrize("rate", [0.9, 1.0])
+def test_a_high_rate_on_a_tiny_chunk_masks_at_most_its_inner_tokens(whole_word, rate):
+    """7 tokens at 0.9 round to 6 (6.3), at 1.0 to 7: more than the 5 inner tokens there are to
+    select. The budget stops at them (the references stop when their candidates run out), so
+    sampling without replacement is never asked for more than it has."""
+    ids = np.array([101, 200, 201, 202, 203, 204, 102])
+    for seed in range(20):
+        _, labels = pdata.mask_tokens(ids, np.array([1, 2, 4]), np.random.default_rng(seed),
+                                      VOCAB, rate, whole_word)
+        selected = np.flatnonzero(labels != -100)
+        assert selected.tolist() == [1, 2, 3, 4, 5], seed
 
 
 def test_a_word_wider_than_the_whole_word_budget_is_skipped_as_in_bert():
     """As Google's BERT (create_pretraining_data.py, do_whole_word_mask) and transformers'
     DataCollatorForWholeWordMask: a word whose pieces would overflow the budget is skipped, neither
-    cut nor forced in (ARCHITECTURE.md). One 3-piece word at budget 1 (0.45 floored at 1) masks
-    nothing; beside a 1-piece word (budget round(0.6) = 1), that word is masked whichever of the
-    two the random order tries first."""
+    cut nor forced in (ARCHITECTURE.md). One 3-piece word at budget 1 (5 tokens: round(0.75))
+    masks nothing; beside a 1-piece word (budget round(0.9) = 1), that word is masked whichever
+    of the two the random order tries first."""
     ids = np.array([101, 200, 201, 202, 102])
     for seed in range(20):
         masked, labels = pdata.mask_tokens(ids, np.array([1]), np.random.default_rng(seed), VOCAB,

@@ -42,21 +42,21 @@ def mask_tokens(
     ids: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, vocab: Vocab,
     rate: float, whole_word: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT masking of one chunk: select ~rate of its inner tokens; 80% [MASK], 10% a random id
-    (never an excluded one: `Vocab.replacements`), 10% kept. Every inner token can be selected,
-    an [UNK] too (it is then predicted, as in Google's BERT), though [UNK] is excluded from the
-    bag (`bag_of_ids`) and from random replacements with the other special ids.
+    """BERT masking of one chunk: select `masking_budget` of its inner tokens; 80% [MASK], 10% a
+    random id (never an excluded one: `Vocab.replacements`), 10% kept. Every inner token can be
+    selected, an [UNK] too (it is then predicted, as in Google's BERT), though [UNK] is excluded
+    from the bag (`bag_of_ids`) and from random replacements with the other special ids.
 
     Returns (masked ids, labels with -100 where nothing is predicted). With `whole_word`, whole
     words (from `word_starts`; a word ends where the next begins or at the final [SEP]) are
-    selected in random order while they fit in the budget of round(rate * tokens) tokens.
+    selected in random order while they fit in the budget.
     """
     ids = ids.astype(np.int64)
     n_inner = len(ids) - 2
     labels = np.full(len(ids), -100, dtype=np.int64)
     if n_inner <= 0:
         return ids.copy(), labels
-    budget = max(1, int(round(rate * n_inner)))
+    budget = masking_budget(len(ids), rate)
     if whole_word and len(word_starts):
         ends = np.append(word_starts[1:], len(ids) - 1)
         chosen: list[int] = []
@@ -78,6 +78,15 @@ def mask_tokens(
     # A random [CLS]/[SEP]/[PAD]/[unusedN] would be a corruption BERT never sees at fine-tuning.
     masked[random_pos] = vocab.replacements[rng.integers(0, len(vocab.replacements), size=len(random_pos))]
     return masked, labels
+
+
+def masking_budget(length: int, rate: float) -> int:
+    """Tokens to select in a chunk of `length` tokens, [CLS] and [SEP] included: round(rate x
+    length), at least 1, as Google's BERT (`create_pretraining_data.py`) and transformers'
+    `DataCollatorForWholeWordMask` count it (512 tokens at 15%: 77), though neither ever selects
+    [CLS] or [SEP]. At most the inner tokens: a high rate on a tiny chunk selects them all, where
+    the references stop when the candidates run out."""
+    return min(length - 2, max(1, int(round(rate * length))))
 
 
 def bag_of_ids(ids: np.ndarray, vocab: Vocab) -> np.ndarray:
