@@ -150,6 +150,34 @@ def test_enhanced_decoding_matches_the_per_row_loop(checkpoint):
         torch.testing.assert_close(out[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
+@pytest.mark.parametrize("objective", ["mlm", "bow", "condenser", "cocondenser", "retromae",
+                                       "ae_decoder"])
+def test_a_micro_batch_that_predicts_nothing_adds_a_zero_mlm_term(checkpoint, objective):
+    """Whole-word masking can leave every chunk of a micro-batch unmasked (ARCHITECTURE.md: a word
+    wider than the budget). Its MLM terms (the encoder's, Condenser's head's, the AE decoder's
+    copy masked the same way) are then 0 with no gradient, the rest of the step as it was, as the
+    trainer gets it (masking.with_positions: no predicted row to select)."""
+    batch = _batch(2 if objective == "cocondenser" else 1)
+    batch["labels"] = torch.full_like(batch["labels"], -100)
+    if objective == "ae_decoder":
+        batch |= {"decoder_input_ids": batch["input_ids"], "decoder_labels": batch["labels"]}
+    if objective == "bow":  # the real ids as the bag: only that the step stays finite matters
+        batch |= {"bag_ids": batch["original_ids"], "bag_mask": batch["attention_mask"].bool()}
+    batch = pdata.with_positions(batch)
+    assert len(batch["label_positions"]) == 0
+    model = Pretrainer(checkpoint, fx.model_settings(objective))
+    out = model(batch)
+    zero = {"loss_mlm", "loss_head_mlm"} | ({"loss_dec"} if objective == "ae_decoder" else set())
+    for key in zero & out.keys():
+        assert out[key].item() == 0.0, key
+    assert all(torch.isfinite(value).all() for value in out.values())
+    out["loss"].backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    if objective in ("mlm", "condenser"):  # nothing else in the loss: no gradient anywhere
+        assert all(not g.any() for g in grads)
+
+
 def test_early_layer_is_half_the_depth_unless_set_and_must_exist():
     assert baselines.early_layer(None, 12) == 6 and baselines.early_layer(None, 1) == 0
     assert baselines.early_layer(3, 12) == 3

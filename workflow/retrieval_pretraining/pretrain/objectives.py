@@ -1,7 +1,7 @@
 """The pre-training losses as pure tensor functions (tested against plain-loop references).
 
 Reductions (our choices where the papers are silent): every contrastive loss is a mean over its
-anchors; the MLM loss is the mean over the micro-batch's predicted tokens.
+anchors; the MLM loss is the mean over the micro-batch's predicted tokens (0 if it has none).
 
 Similarity logits are computed in fp32 even under bf16 autocast (`fp32_scores`): a bf16 dot
 product keeps ~3 significant digits, which at tau = 0.1 moves a logit by several tenths.
@@ -26,8 +26,15 @@ def _gathering(gather: bool) -> bool:
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the positions whose label is not -100 (the ignored index)."""
-    return F.cross_entropy(upcast(logits), labels, ignore_index=-100)
+    """Mean cross-entropy over the positions whose label is not -100 (the ignored index); 0, with
+    a zero gradient, where there is none.
+
+    None happens: whole-word masking skips a word wider than the budget, so a micro-batch of
+    short chunks can predict nothing (ARCHITECTURE.md), and cross-entropy's own mean is then
+    0 / 0, a NaN that stops the run as a non-finite step. The count is a device tensor (of the
+    rows given, when the caller selected the predicted ones): nothing waits for the device."""
+    total = F.cross_entropy(upcast(logits), labels, ignore_index=-100, reduction="sum")
+    return total / (labels != -100).sum().clamp(min=1)
 
 
 # ---------------------------------------------------------------- COSTA --------------------------
