@@ -943,6 +943,45 @@ def test_a_stop_signal_to_one_of_two_gloo_processes_stops_both_with_the_state_sa
     assert json.loads((tmp_path / "state" / "checkpoints" / "latest.json").read_text())["step"] > 0
 
 
+# The trainer as `python -m retrieval_pretraining.pretrain` runs it, rank 1 sending itself a
+# SIGUSR1 as it queues step 1 (whose values the next probes' step reads).
+SIGNAL_ON_RANK_1_AT_STEP_1 = """\
+import os, runpy, signal
+from retrieval_pretraining.pretrain.model import Pretrainer
+forward = Pretrainer.forward
+def signalled(self, batch, *args, **kwargs):
+    if os.environ["RANK"] == "1" and self.training and int(batch["step"]) == 1:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return forward(self, batch, *args, **kwargs)
+Pretrainer.forward = signalled
+runpy.run_module("retrieval_pretraining.pretrain", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_two_gloo_processes_stop_at_the_same_step_where_only_the_main_one_probes(setup, tmp_path):
+    """Only the main rank holds the probes' batches, yet every rank must read the step before the
+    probes at once: a rank that read it a step late saw the stop one step after the main rank,
+    which had stopped (saving, then at the barrier) while it queued the next step's reductions."""
+    checkpoint, chunks, _ = setup
+    settings = fx.model_settings("mlm", max_steps=4, probe_chunks=4, probe_every=2, log_every=1)
+    (tmp_path / "signalled.py").write_text(SIGNAL_ON_RANK_1_AT_STEP_1)
+    proc = fx.run_module(settings, checkpoint, chunks, None, tmp_path, nproc=2, wait=False,
+                         new_session=True, entry=(str(tmp_path / "signalled.py"),))
+    try:
+        output = proc.communicate(timeout=180)[0]
+    except subprocess.TimeoutExpired:
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        for pid in [proc.pid, *map(int, workers)]:  # torchrun's workers lead own sessions
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the ranks did not stop together (one waited for the other)")
+    assert proc.returncode == training.RESUME_EXIT_CODE, output[-3000:]
+    assert output.count("stopped at step 2 on") == 2, output[-3000:]
+    assert json.loads((tmp_path / "state" / "checkpoints" / "latest.json").read_text())["step"] == 2
+
+
 # The trainer as `python -m retrieval_pretraining.pretrain` runs it, with CUDA hidden first (CUDA
 # reads CUDA_VISIBLE_DEVICES once, at its first call): a worker on the CPU, under gloo, whatever
 # GPUs the host has and whatever its launcher was told.

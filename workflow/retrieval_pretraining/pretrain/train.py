@@ -390,7 +390,10 @@ def _train(
         return QueuedStep(step, keys, item_ids, lr, read, started, waited)
 
     def probe_due(done: int) -> bool:
-        return bool(held_out) and (done % tr["probe_every"] == 0 or done == total_steps)
+        # The held-out rows, not `held_out` (the main rank's alone): every rank reads the step
+        # before the probes at once, so all take a stop from the same step's values.
+        probed = len(dataset.holdout_rows) > 0
+        return probed and (done % tr["probe_every"] == 0 or done == total_steps)
 
     def save_due(done: int) -> bool:
         return bool(tr["checkpoint_every"]) and done % tr["checkpoint_every"] == 0 and done < total_steps
