@@ -111,7 +111,9 @@ def run(args) -> int:
 
     rows, failed = [], []
     # --profile: the steps after the timed ones, traced (Tracer); the timed ones run as without it.
-    extra = HOST_STEPS + 1 + args.profile_steps if args.profile else 0
+    # One more after them: the last step is read at once (nothing queued after it), so a window
+    # ending with its read would hold no step's queueing.
+    extra = HOST_STEPS + 1 + args.profile_steps + 1 if args.profile else 0
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = make_checkpoint(args.arch, Path(tmp) / "ckpt")
         for objective in args.objectives:

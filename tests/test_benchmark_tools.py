@@ -562,6 +562,11 @@ def test_trainer_throughput_profile_runs_on_the_cpu_and_leaves_the_timed_steps_a
     assert any(line.startswith("  mlm host, 3 steps unprofiled:") for line in profiled), profiled
     assert found["read_a_step_late"] is True
 
+    # Each profiled window holds one step's queueing, the last one too: the trainer's last step
+    # (read at once, nothing queued after it) comes after the profiled ones.
+    one = json.loads(printed("--profile", "--profile-steps", "1")[1])["profile"]
+    assert {"fetch", "forward", "backward", "read"} <= one["profiled_host"]["regions_ms"].keys()
+
     # --read-at-once: the same trainer with train.py's READ_A_STEP_LATE off inside it (the report
     # says so from there), its row named for it.
     at_once = printed("--read-at-once", "--profile", "--profile-steps", "1")
