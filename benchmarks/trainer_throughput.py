@@ -27,7 +27,8 @@ stretch from the fetch to the seed is "to device", from the seed to the backward
 any other unmarked one "loop"). First HOST_STEPS steps timed region by region on the host, no
 profiler: `read` is the wait for a step's values (QueuedRead.take, after the next step is queued),
 i.e. how far the host ran ahead of the GPU; on CUDA
-also the host's waits for the GPU a step (torch's sync debug mode, with the line that asked).
+also the host's waits for the GPU a step (torch's sync debug mode, and the CUDA events waited on,
+which that mode does not see: the take's own wait), with the line that asked.
 Then one step under torch's profiler (its warm-up) and `--profile-steps` profiled ones: the GPU's
 busy time a step against the profiled and the unprofiled step, its idle time cut into the stretch
 before the step's first work, the gaps between work and the stretch after the last, each idle
@@ -310,6 +311,8 @@ class Tracer:
         self.bounds: list[float] = []  # host steps: their ends, and the first one's start
         self.result: dict = {}
         self.window = self.profiler = self.caught = self._warnings = None
+        self.event_waits: list[str] = []  # host steps: where a CUDA event was waited on
+        self._synchronize = None  # torch.cuda.Event.synchronize while it is counted
 
     def marked(self):
         """(owner, attribute, region) of each call marked: what train.py calls once or more a
@@ -361,11 +364,30 @@ class Tracer:
         self.phase = None
         for stop in (lambda: self.profiler.stop(),
                      lambda: torch.cuda.set_sync_debug_mode("default"),
-                     lambda: self._warnings.__exit__(None, None, None)):
+                     lambda: self._warnings.__exit__(None, None, None),
+                     lambda: self._count_event_waits(False)):
             try:
                 stop()
             except Exception:  # noqa: BLE001 (not started, or already stopped)
                 pass
+
+    def _count_event_waits(self, on: bool) -> None:
+        """Start (on) or stop recording where the host waits on a CUDA event: QueuedRead.take's
+        wait for a step's values, which torch's sync debug mode does not warn of."""
+        import torch
+
+        if not on:
+            if self._synchronize is not None:
+                torch.cuda.Event.synchronize, self._synchronize = self._synchronize, None
+            return
+        synchronize = self._synchronize = torch.cuda.Event.synchronize
+
+        def counted(event):
+            caller = sys._getframe(1)
+            self.event_waits.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}")
+            return synchronize(event)
+
+        torch.cuda.Event.synchronize = counted
 
     def _mark(self, call, region: str):
         from torch.profiler import record_function
@@ -403,13 +425,16 @@ class Tracer:
                 self.caught = self._warnings.__enter__()
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
+                self._count_event_waits(True)
         elif past == HOST_STEPS:
             self.result["host"] = host_summary(self.marks, self.bounds)
             if cuda:
                 torch.cuda.set_sync_debug_mode("default")
                 self._warnings.__exit__(None, None, None)
+                self._count_event_waits(False)
                 sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in self.caught
                                 if "synchroniz" in str(w.message))
+                sites.update(self.event_waits)
                 self.result["host"] |= {"waits_for_gpu_a_step": sum(sites.values()) / HOST_STEPS,
                                         "wait_sites": dict(sites.most_common())}
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

@@ -510,6 +510,37 @@ def test_trainer_profile_prints_a_gpu_report(tmp_path, capsys):
     assert "largest: 0.10 ms in to device, ended by Memcpy HtoD" in lines[2]
 
 
+def test_trainer_profile_counts_the_cuda_events_the_host_waits_on(monkeypatch, tmp_path):
+    """QueuedRead.take waits for a step's values on a CUDA event, which torch's sync debug mode
+    does not warn of: the host steps' waits for the GPU count each such wait, at its line. (CUDA
+    stood in for: only the Tracer's accounting runs here.)"""
+    import torch
+
+    class Profiler:
+        def __init__(self, activities):
+            pass
+
+        start = stop = lambda self: None
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda event: None)
+    monkeypatch.setattr(torch.profiler, "profile", Profiler)
+    tracer = trainer_throughput.Tracer(after=1, steps=1, report=str(tmp_path / "profile.json"))
+    torch.cuda.Event.synchronize(None)  # a step before the host steps: not counted
+    tracer.step_done()
+    for _ in range(trainer_throughput.HOST_STEPS):
+        torch.cuda.Event.synchronize(None)  # as QueuedRead.take waits for the step's copy
+        tracer.step_done()
+    tracer.abandon()
+    torch.cuda.Event.synchronize(None)  # after them: not counted, the method put back
+    host = tracer.result["host"]
+    assert host["waits_for_gpu_a_step"] == 1
+    [(site, count)] = host["wait_sites"].items()
+    assert site.startswith("test_benchmark_tools.py:") and count == trainer_throughput.HOST_STEPS
+    assert torch.cuda.Event.synchronize.__name__ == "<lambda>"
+
+
 def test_trainer_throughput_profile_runs_on_the_cpu_and_leaves_the_timed_steps_alone(
         monkeypatch, tmp_path, capsys):
     """--profile traces steps after the timed ones: the same timed steps and row as without it,
