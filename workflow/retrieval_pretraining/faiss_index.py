@@ -192,8 +192,9 @@ def build(vectors: np.ndarray, config: dict[str, Any] | None = None) -> faiss.In
 
 # The most neighbours faiss-gpu selects per query (its k-selection kernels; faiss issue 2103).
 GPU_MAX_K = 2048
-# The index types faiss-gpu's cloner holds (GpuCloner.cpp). One GPU's refuses any other; several
-# GPUs' (ToGpuClonerMultiple) copies any other on the CPU without a word.
+# The index types faiss-gpu's cloner holds (GpuCloner.cpp). One GPU's refuses any other; faiss's
+# own several-GPU cloner (ToGpuClonerMultiple, which replicate_on_gpus replaces) copies any other
+# on the CPU without a word.
 GPU_TYPES = (faiss.IndexFlat, faiss.IndexIVFFlat, faiss.IndexIVFScalarQuantizer, faiss.IndexIVFPQ)
 
 
@@ -202,8 +203,9 @@ def to_search_device(index: faiss.Index, use_gpu: str = "auto", k: int = 0) -> f
 
     `k`: the neighbours each query will ask for. The index stays on the CPU, with a warning that
     says why, where faiss-gpu cannot search it: more than GPU_MAX_K neighbours, an index type it
-    does not hold (HNSW: not offered to it, since with several GPUs it copies one on the CPU,
-    read whole from the mapped file, without an error), or what it reports as it converts (PQ
+    does not hold (HNSW: not offered to it, which names the reason plainly; faiss's own
+    several-GPU cloner copied one on the CPU, read whole from the mapped file, without an
+    error), or what it reports as it converts (PQ
     layouts beyond its shared memory, nprobe above GPU_MAX_K, too little GPU memory). These would
     otherwise fail the job after the index and the queries are loaded, or search on the CPU from
     a second copy of the index while the log said GPUs."""
