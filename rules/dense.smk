@@ -38,6 +38,14 @@ def reported_encoders():
     }
 
 
+def reported_shards():
+    """{dataset: corpus shard count} of every dataset a dense system may be reported on: the
+    tables' provenance names each encode_corpus_shard log (a dataset's overrides may change it)."""
+    datasets = [e["dataset"] for e in config["finetune"]["datasets"]]
+    datasets += [e["dataset"] for e in config["evaluate"].get("zero_shot") or []]
+    return {dataset: finetune_knobs(dataset)["shards"] for dataset in datasets}
+
+
 def retrieval_knobs(wildcards, *added):
     """The retrieval knobs of the stage's fine-tuning slice and the slice keys `added`: not the
     training knobs (lr...), so that changing one re-encodes nothing a training job did not change

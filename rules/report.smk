@@ -183,6 +183,8 @@ def report_params():
             "losses": {m["name"]: loss_settings(m["name"]) for m in report_models()},
             # The encoder behind each reported dense system, per dataset (provenance).
             "encoders": reported_encoders(),
+            # Each dataset's corpus shard count: the encoding logs behind a dense row (provenance).
+            "dense_shards": reported_shards(),
             "bm25": {
                 k: config["bm25"][k] for k in ("k1", "b") if k in config.get("bm25", {})
             },

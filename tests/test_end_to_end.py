@@ -380,6 +380,11 @@ def test_tables_provenance_names_every_field_and_existing_files(project, config)
             else:
                 assert model == f"`results/finetune/{name}/{DATASET}/{stage}/encoder`", model
                 expected_logs.append(f"finetune/{name}/{DATASET}/{stage}.log")
+            # Then the jobs that made its run: each corpus shard's encoding, the index, the search.
+            expected_logs += [f"encode_corpus_shard/{name}/{DATASET}/{stage}/{shard:04d}.log"
+                              for shard in range(config["finetune"].get("shards", 1))]
+            expected_logs += [f"build_dense_index/{name}/{DATASET}/{stage}.log",
+                              f"dense_search/{DATASET}/{system}/{SPLIT}.log"]
         assert re.findall(r"`([^`]+)`", logs) == [f"results/logs/{p}" for p in expected_logs]
         for cell in (run, metrics, model, logs):
             for path in re.findall(r"`([^`]+)`", cell):

@@ -748,6 +748,40 @@ def test_a_baseline_row_names_the_log_file_of_each_of_its_jobs(tmp_path):
         str(tmp_path / path) for path in expected], logs
 
 
+def test_a_dense_row_names_the_logs_of_the_jobs_that_made_its_run(tmp_path):
+    """After its training logs, a dense row names rules/dense.smk's encoding (one log per corpus
+    shard, `dense_shards` per dataset), index and search logs (their `log:` patterns, read here),
+    under the target's name for a zero-shot target; the row named only its training logs.
+    Params without the shard count name the shard logs that are there."""
+    import re
+
+    rules = (ROOT / "rules" / "dense.smk").read_text()
+    [encode] = re.findall(r'"(results/logs/encode_corpus_shard/[^"]+)"', rules)
+    [index] = re.findall(r'"(results/logs/build_dense_index/[^"]+)"', rules)
+    [search] = re.findall(r'"(results/logs/dense_search/[^"]+)"', rules)
+    names = {"model": "costa", "dataset": "scifact", "stage": "stage2", "split": "test"}
+    expected = [f"results/logs/pretrain_model/{names['model']}.log",
+                "results/logs/finetune/costa/msmarco-passage/stage2.log"]
+    expected += [encode.format(shard=f"{shard:04d}", **names) for shard in range(3)]
+    expected += [index.format(**names), search.format(**names)]
+    row = Row("COSTA", "costa-stage2", "costa", "costa")
+    group = Group("hard negatives", [row], suffix="stage2")
+    p = {"trained_on": {"scifact": "msmarco-passage"},
+         "dense_shards": {"scifact": 3, "msmarco-passage": 8}}
+    logs = log_location(tmp_path / "results", row, "scifact", group, "test", p)
+    assert [path.strip("`") for path in logs.split(", ")] == [
+        str(tmp_path / path) for path in expected], logs
+
+    del p["dense_shards"]
+    shards = tmp_path / encode.format(shard="0000", **names)
+    shards.parent.mkdir(parents=True)
+    for shard in ("0001", "0000"):
+        (shards.parent / f"{shard}.log").touch()
+    logs = log_location(tmp_path / "results", row, "scifact", group, "test", p)
+    assert [path.strip("`") for path in logs.split(", ")][2:4] == [
+        str(shards.parent / "0000.log"), str(shards.parent / "0001.log")], logs
+
+
 def test_fine_tuned_rows_are_tested_against_their_own_zero_shot_row(tmp_path):
     """A `stage` baseline compares each row with the same model at that stage (stage0: before
     fine-tuning), so the marks say what fine-tuning added; stage0's own group gets no such mark."""

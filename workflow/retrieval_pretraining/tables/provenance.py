@@ -262,7 +262,8 @@ def log_location(
 ) -> str:
     """The Snakemake job logs behind a row (rules/*.smk `log:`): BM25's index, search and the copy
     of its run to results/runs/ (publish_bm25_run, as a reused pre-training names its copy), or the
-    model's pre-training and this fine-tuning stage (on the zero-shot source, for a target)."""
+    model's pre-training and this fine-tuning stage (on the zero-shot source, for a target), then
+    the encoding, index and search that made the row's run (dense_logs)."""
     logs = results / "logs"
     if row.objective == "baseline":
         paths = baseline_logs(logs, row.system, dataset, split, params)
@@ -290,6 +291,7 @@ def log_location(
         elif not encoder:
             paths.append(logs / "finetune" / row.model / encoder_dataset(params or {}, dataset)
                          / f"{group.suffix}.log")
+        paths += dense_logs(logs, row.model, str(group.suffix), dataset, split, params)
     return ", ".join(f"`{p}`" for p in paths)
 
 
@@ -307,4 +309,23 @@ def baseline_logs(
     paths.append(logs / "build_baseline_index" / baseline / f"{dataset}.log")
     if split:
         paths.append(logs / "baseline_search" / dataset / baseline / f"{split}.log")
+    return paths
+
+
+def dense_logs(
+    logs: Path, model: str, stage: str, dataset: str, split: str | None,
+    params: dict[str, Any] | None,
+) -> list[Path]:
+    """rules/dense.smk's job logs behind a dense row's run: one per encoded corpus shard (the
+    rules pass each dataset's shard count as `dense_shards`), its index's and its search's. A
+    zero-shot target's corpus is encoded, indexed and searched under the target's name."""
+    shards = ((params or {}).get("dense_shards") or {}).get(dataset)
+    folder = logs / "encode_corpus_shard" / model / dataset / stage
+    if shards is None:  # params without the count: the shard logs that are there
+        paths = sorted(folder.glob("*.log"))
+    else:
+        paths = [folder / f"{shard:04d}.log" for shard in range(shards)]
+    paths.append(logs / "build_dense_index" / model / dataset / f"{stage}.log")
+    if split:
+        paths.append(logs / "dense_search" / dataset / f"{model}-{stage}" / f"{split}.log")
     return paths
