@@ -468,6 +468,23 @@ def test_each_usage_line_names_every_option_its_mode_reads(capsys):
         assert named == accepted - ignored["--low-resource-only" in line], line
 
 
+@pytest.mark.parametrize("copies", [["--json"], ["--html"], ["--json", "--html"]])
+def test_the_low_resource_section_alone_refuses_a_json_or_html_copy(tmp_path, capsys, copies):
+    """`--low-resource-only` writes no JSON or HTML copy: asking for one is a usage error (exit 2,
+    one error line naming the conflict), not a copy silently left unwritten; nothing is written."""
+    from retrieval_pretraining.tables.__main__ import main
+
+    out = tmp_path / "low-resource.md"
+    paths = [arg for flag in copies for arg in (flag, str(tmp_path / f"t{flag[2:]}"))]
+    with pytest.raises(SystemExit) as stopped:
+        main(["--config", json.dumps(params()), "--results", str(tmp_path / "results"),
+              "--low-resource-only", "--out", str(out), *paths])
+    assert stopped.value.code == 2
+    [error] = [line for line in capsys.readouterr().err.splitlines() if "error: " in line]
+    assert "--low-resource-only" in error and all(flag in error for flag in copies), error
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_path):
     results, scores = synthetic
     rng = np.random.default_rng(5)

@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> None:
         help="write the low-resource section (and --figure) alone, from its runs' metrics alone",
     )
     args = parser.parse_args(argv)
+    if args.low_resource_only and (args.json or args.html):
+        # That section alone has no JSON or HTML copy: a copy asked for would silently not be
+        # written (or a stale one left in place).
+        given = " and ".join(f for f, v in (("--json", args.json), ("--html", args.html)) if v)
+        parser.error(f"--low-resource-only writes the low-resource section alone, with no "
+                     f"JSON or HTML copy: drop {given} (or drop --low-resource-only to write "
+                     "the whole tables and their copies)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     check_config(args.config)
     if args.low_resource_only:
