@@ -40,7 +40,8 @@ def reported_encoders():
 
 def reported_shards():
     """{dataset: corpus shard count} of every dataset a dense system may be reported on: the
-    tables' provenance names each encode_corpus_shard log (a dataset's overrides may change it)."""
+    tables' provenance names each encode_corpus_shard log (a dataset's overrides may change it).
+    """
     datasets = [e["dataset"] for e in config["finetune"]["datasets"]]
     datasets += [e["dataset"] for e in config["evaluate"].get("zero_shot") or []]
     return {dataset: finetune_knobs(dataset)["shards"] for dataset in datasets}
