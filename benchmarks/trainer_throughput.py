@@ -310,9 +310,8 @@ class Tracer:
         self.marks: list[tuple[str, float, float]] = []  # host steps: (region, start, end)
         self.bounds: list[float] = []  # host steps: their ends, and the first one's start
         self.result: dict = {}
-        self.window = self.profiler = self.caught = self._warnings = None
-        self.event_waits: list[str] = []  # host steps: where a CUDA event was waited on
-        self._synchronize = None  # torch.cuda.Event.synchronize while it is counted
+        self.window = self.profiler = None
+        self.waits = None  # host steps on CUDA: a CudaHostWaits (tests/host_reads.py)
 
     def marked(self):
         """(owner, attribute, region) of each call marked: what train.py calls once or more a
@@ -359,35 +358,13 @@ class Tracer:
 
     def abandon(self) -> None:
         """Stop tracing after a failure of its own: the marks pass calls through again."""
-        import torch
-
         self.phase = None
         for stop in (lambda: self.profiler.stop(),
-                     lambda: torch.cuda.set_sync_debug_mode("default"),
-                     lambda: self._warnings.__exit__(None, None, None),
-                     lambda: self._count_event_waits(False)):
+                     lambda: self.waits.__exit__(None, None, None)):
             try:
                 stop()
             except Exception:  # noqa: BLE001 (not started, or already stopped)
                 pass
-
-    def _count_event_waits(self, on: bool) -> None:
-        """Start (on) or stop recording where the host waits on a CUDA event: QueuedRead.take's
-        wait for a step's values, which torch's sync debug mode does not warn of."""
-        import torch
-
-        if not on:
-            if self._synchronize is not None:
-                torch.cuda.Event.synchronize, self._synchronize = self._synchronize, None
-            return
-        synchronize = self._synchronize = torch.cuda.Event.synchronize
-
-        def counted(event):
-            caller = sys._getframe(1)
-            self.event_waits.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}")
-            return synchronize(event)
-
-        torch.cuda.Event.synchronize = counted
 
     def _mark(self, call, region: str):
         from torch.profiler import record_function
@@ -418,23 +395,17 @@ class Tracer:
             self.bounds.append(time.perf_counter())
         if past == 0:
             self.phase = "host"
-            if cuda:  # each wait of the host for the GPU warns, naming the line that asked
-                import warnings
+            if cuda:  # each wait of the host for the GPU, with the line that asked
+                from host_reads import CudaHostWaits
 
-                self._warnings = warnings.catch_warnings(record=True)
-                self.caught = self._warnings.__enter__()
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                self._count_event_waits(True)
+                self.waits = CudaHostWaits().__enter__()
         elif past == HOST_STEPS:
             self.result["host"] = host_summary(self.marks, self.bounds)
             if cuda:
-                torch.cuda.set_sync_debug_mode("default")
-                self._warnings.__exit__(None, None, None)
-                self._count_event_waits(False)
-                sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in self.caught
-                                if "synchroniz" in str(w.message))
-                sites.update(self.event_waits)
+                waits, self.waits = self.waits, None
+                waits.__exit__(None, None, None)
+                sites = Counter(f"{Path(file).name}:{line}"
+                                for file, line in (site.rsplit(":", 1) for site in waits.sites))
                 self.result["host"] |= {"waits_for_gpu_a_step": sum(sites.values()) / HOST_STEPS,
                                         "wait_sites": dict(sites.most_common())}
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

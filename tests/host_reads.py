@@ -49,3 +49,38 @@ class HostWaits(Dispatched):
     def __init__(self):
         super().__init__(self.OPS)
         self.waits = self.ops
+
+
+class CudaHostWaits:
+    """Inside it, `sites` lists where (file:line of the Python caller) the host waited for a GPU:
+    every operation torch's sync debug mode warns of, and every CUDA event waited on, which that
+    mode does not see (QueuedRead.take's wait for a step's values). Event waits are listed as
+    they happen, the mode's warnings at the exit. Used by tests/test_gpu.py and by
+    benchmarks/trainer_throughput.py's --profile."""
+
+    def __enter__(self):
+        import sys
+        import warnings
+
+        self.sites: list[str] = []
+        self._warnings = warnings.catch_warnings(record=True)
+        self._caught = self._warnings.__enter__()
+        warnings.simplefilter("always")
+        synchronize = self._synchronize = torch.cuda.Event.synchronize
+
+        def counted(event):
+            caller = sys._getframe(1)
+            self.sites.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
+            return synchronize(event)
+
+        torch.cuda.Event.synchronize = counted
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.Event.synchronize = self._synchronize
+        self._warnings.__exit__(*exc)
+        self.sites += [f"{w.filename}:{w.lineno}" for w in self._caught
+                       if "synchroniz" in str(w.message)]
+        return False

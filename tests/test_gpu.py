@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import pretrain_fixtures as fx
+from host_reads import CudaHostWaits
 from pretrain_fixtures import restore_stop_handlers  # noqa: F401 (a fixture)
 from retrieval_pretraining import training
 from retrieval_pretraining.pretrain.model import Pretrainer
@@ -287,34 +288,6 @@ def test_unpadded_attention_traces_to_one_graph_on_cuda(setup):
     assert [r.reason for r in found.break_reasons] == [] and found.graph_count == 1
 
 
-@contextlib.contextmanager
-def host_waits():
-    """The list of places (file:line of the Python caller) where the host waits for the GPU inside
-    it: every operation torch's sync debug mode warns of, and every CUDA event waited on (which
-    that mode does not see: QueuedRead.take's wait for a step's values)."""
-    import inspect
-    import warnings
-
-    sites: list[str] = []
-    synchronize = torch.cuda.Event.synchronize
-
-    def counted(event):
-        caller = inspect.stack()[1]
-        sites.append(f"{caller.filename}:{caller.lineno}")
-        return synchronize(event)
-
-    with warnings.catch_warnings(record=True) as caught, \
-            pytest.MonkeyPatch.context() as patch:
-        warnings.simplefilter("always")
-        patch.setattr(torch.cuda.Event, "synchronize", counted)
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield sites
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            sites += [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
-
-
 def _step_read_line() -> str:
     """Where a training step's one wait is asked for: QueuedRead.take's wait for the copy."""
     import inspect
@@ -327,10 +300,11 @@ def _step_read_line() -> str:
 
 
 def test_the_wait_recorder_sees_a_read_and_an_event():
-    """host_waits' control: it catches both kinds of wait it claims to."""
-    with host_waits() as sites:
+    """CudaHostWaits' control: it catches both kinds of wait it claims to."""
+    with CudaHostWaits() as waits:
         torch.ones(1, device="cuda").item()
         torch.cuda.Event().synchronize()
+    sites = waits.sites
     assert len(sites) == 2 and all(Path(site.rsplit(":", 1)[0]) == Path(__file__) for site in sites)
 
 
@@ -359,7 +333,7 @@ def test_a_queued_read_waits_for_its_step_not_for_work_queued_after_it():
                          + [("mlm", True), ("costa", True), ("cpdae-gathered", False)])
 def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_path,
                                                    restore_stop_handlers):
-    """Runs of 2 and 4 steps differ by 2 steps: that difference must hold 2 waits (host_waits),
+    """Runs of 2 and 4 steps differ by 2 steps: that difference must hold 2 waits (CudaHostWaits),
     the step's one read of its values (QueuedRead.take); one-off waits (set-up, export) are the
     same in both runs. A 1-step run first takes the process's own one-offs (CUDA's lazy set-up:
     on the first lent GPU, under xdist, they fell in the 2-step run alone). With unpad, the
@@ -375,11 +349,12 @@ def test_the_trainer_waits_for_the_gpu_once_a_step(objective, unpad, setup, tmp_
         settings = fx.model_settings(objective, max_steps=steps, unpad=unpad)
         if gathered:
             settings[objective]["gather_negatives"] = True
-        with host_waits() as waits[steps]:
+        with CudaHostWaits() as recorded:
             code = train(settings, chunks=chunks,
                          spans=spans if objective == "costa" else None, checkpoint=checkpoint,
                          encoder_out=out / "encoder", metrics_out=out / "metrics.jsonl",
                          plot_out=out / "loss.png", state_dir=out / "state")
+        waits[steps] = recorded.sites
         assert code == 0
     extra = Counter(waits[4])
     extra.subtract(waits[2])
@@ -417,7 +392,7 @@ def _fine_tuning_steps(checkpoint: Path, device: torch.device, precision: str, s
         queries, passages = ({k: v.pin_memory() if device.type == "cuda" else v
                               for k, v in part.items()} for part in inputs)
         counting = waits is not None and step > 0
-        with host_waits() if counting else contextlib.nullcontext([]) as sites:
+        with CudaHostWaits() if counting else contextlib.nullcontext() as recorded:
             training.seed_torch(0, step, 0)
             loss = micro_batch_loss(model, queries, passages, settings, device)
             loss.backward()
@@ -426,7 +401,7 @@ def _fine_tuning_steps(checkpoint: Path, device: torch.device, precision: str, s
             optimizer.zero_grad(set_to_none=True)
             read = training.host_read(values, None, tokens=0, stop=False, env=env)
         if counting:
-            waits.append(sites)
+            waits.append(recorded.sites)
         losses.append(read.means[0])
     return losses
 
