@@ -301,11 +301,7 @@ def baseline_logs(
     """rules/baselines.smk's job logs behind a baseline's run: one per encoded corpus shard (the
     rules pass the shard count as `baselines.<name>.shards`), its index's and its search's."""
     shards = ((params or {}).get("baselines") or {}).get(baseline, {}).get("shards")
-    folder = logs / "encode_baseline_shard" / baseline / dataset
-    if shards is None:  # params without the count: the shard logs that are there
-        paths = sorted(folder.glob("*.log"))
-    else:
-        paths = [folder / f"{shard:04d}.log" for shard in range(shards)]
+    paths = shard_logs(logs / "encode_baseline_shard" / baseline / dataset, shards)
     paths.append(logs / "build_baseline_index" / baseline / f"{dataset}.log")
     if split:
         paths.append(logs / "baseline_search" / dataset / baseline / f"{split}.log")
@@ -320,12 +316,16 @@ def dense_logs(
     rules pass each dataset's shard count as `dense_shards`), its index's and its search's. A
     zero-shot target's corpus is encoded, indexed and searched under the target's name."""
     shards = ((params or {}).get("dense_shards") or {}).get(dataset)
-    folder = logs / "encode_corpus_shard" / model / dataset / stage
-    if shards is None:  # params without the count: the shard logs that are there
-        paths = sorted(folder.glob("*.log"))
-    else:
-        paths = [folder / f"{shard:04d}.log" for shard in range(shards)]
+    paths = shard_logs(logs / "encode_corpus_shard" / model / dataset / stage, shards)
     paths.append(logs / "build_dense_index" / model / dataset / f"{stage}.log")
     if split:
         paths.append(logs / "dense_search" / dataset / f"{model}-{stage}" / f"{split}.log")
     return paths
+
+
+def shard_logs(folder: Path, shards: int | None) -> list[Path]:
+    """The encoding jobs' logs in `folder`, one per corpus shard (`shards` as the rules pass it);
+    params without the count: the shard logs that are there."""
+    if shards is None:
+        return sorted(folder.glob("*.log"))
+    return [folder / f"{shard:04d}.log" for shard in range(shards)]
