@@ -276,6 +276,60 @@ def test_a_run_with_a_byte_that_is_not_utf8_fails_naming_the_line(tmp_path, file
         evaluate.read_qrels(qrels_text)
 
 
+# Ids holding a character Python's str.split() takes for whitespace and trec_eval (C's isspace:
+# space, \t, \n, \v, \f, \r) does not: a no-break space, an ideographic space, a file separator.
+UNICODE_SPACED = ["d\u00a0nbsp", "d\u3000ideo", "d\x1cfs"]
+
+
+def test_ids_holding_unicode_spaces_round_trip_through_both_run_writers_and_every_reader(tmp_path):
+    """trec_eval reads a run's and qrels' fields between ASCII whitespace, so a doc id holding
+    U+00A0 or U+3000 is one id to it; str.split() made it two fields, and a legal run that both
+    writers write (BM25's ids from Anserini, dense ids from the index) failed as malformed in
+    scoring, the audit and t-SNE. Each reader gets back the ids written, scored as trec_eval
+    scores them."""
+    import numpy as np
+
+    from retrieval_pretraining import audit, bm25, dense_search
+    from retrieval_pretraining.analysis import tsne
+
+    ids = UNICODE_SPACED + ["d4"]
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("".join(f"q\u00a0{i} 0 {d} 1\n" for i, d in enumerate(UNICODE_SPACED)),
+                     encoding="utf-8")
+    # Query i ranks UNICODE_SPACED[i] at rank i + 1 (after the other ids, in list order).
+    rankings = [(f"q\u00a0{i}", [d for d in ids if d != ids[i]][:i] + [ids[i]]
+                 + [d for d in ids if d != ids[i]][i:]) for i in range(len(UNICODE_SPACED))]
+    dense_run, bm25_run = tmp_path / "dense.trec", tmp_path / "bm25.trec"
+    dense_search.write_trec(dense_run, [
+        (q, docs, np.linspace(1, 0, len(docs), dtype=np.float32), np.arange(1, len(docs) + 1))
+        for q, docs in rankings], "dense")
+    bm25.write_run(bm25_run, [(q, [(d, 10.0 - r) for r, d in enumerate(docs)])
+                              for q, docs in rankings])
+    for run in (dense_run, bm25_run):
+        result = evaluate.evaluate(run, qrels, None, {"measures": ["RR@10", "R@1"]})
+        assert result["per_query"]["RR@10"] == {"q\u00a00": 1.0, "q\u00a01": 0.5,
+                                                "q\u00a02": pytest.approx(1 / 3)}
+        assert result["queries_missing_from_run"] == result["run_queries_without_qrels"] == 0
+        assert tsne.read_run(run, depth=10) == dict(rankings)
+        checked = audit.audit(run)
+        assert checked.passed, checked.render()
+    assert [q.doc_id for q in evaluate.read_qrels(qrels)] == UNICODE_SPACED
+
+
+def test_trec_fields_split_where_c_isspace_does_and_nowhere_else():
+    """Every code point against bytes.split(), which splits on C's isspace in the C locale
+    (space, \\t, \\n, \\v, \\f, \\r): what trec_eval's parser splits a line on."""
+    from retrieval_pretraining.contracts.runs import trec_fields
+
+    for point in range(0x110000):
+        if 0xD800 <= point < 0xE000:
+            continue  # surrogates: no UTF-8 file holds them
+        char = chr(point)
+        line = f" a{char}b\tc{char}\n"
+        expected = [f.decode() for f in line.encode().split()]
+        assert trec_fields(line) == expected, hex(point)
+
+
 def test_scoring_time_grows_linearly_with_the_queries():
     """8x the queries costs ~8x the time: the per-query clean-up once rebuilt the set of judged
     queries for every scored query (O(queries^2): 112 s for 30,000 queries, issue 17)."""

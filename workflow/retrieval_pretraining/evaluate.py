@@ -58,7 +58,7 @@ from ir_measures import Qrel, ScoredDoc
 from . import answers as answer_recall
 from . import artifacts
 from .config import refuse_unknown, stage_parser
-from .contracts.runs import utf8_lines
+from .contracts.runs import trec_fields, utf8_lines
 from .errors import BadInput, command, reading
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _hits(path: Path) -> Iterator[tuple[int, str, str, float]]:
     if not path.is_file():
         raise EvaluationError(f"run file {path} does not exist")
     for number, line in utf8_lines(path, EvaluationError):
-        fields = line.split()
+        fields = trec_fields(line)
         if not fields:
             continue
         if len(fields) != 6:
@@ -179,7 +179,7 @@ def read_qrels(path: str | Path) -> list[Qrel]:
     else:
         numbered, unit = [], "line"
         for number, line in utf8_lines(path, EvaluationError, "a TREC qrels file"):
-            fields = line.split()
+            fields = trec_fields(line)
             if not fields:
                 continue
             if len(fields) != 4:

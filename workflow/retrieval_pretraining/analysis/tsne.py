@@ -13,7 +13,7 @@ from ..config import ConfigError
 from ..errors import InputFileError, reading
 from ..model_folder import check_safetensors
 from ..retrieval_settings import RetrievalSettings, retrieval_keys
-from ..contracts.runs import utf8_lines
+from ..contracts.runs import trec_fields, utf8_lines
 from .common import encoder_weights, pyplot, save_figure, write_manifest
 
 
@@ -58,7 +58,7 @@ def check_candidates(
 def read_run(path: Path, depth: int) -> dict[str, list[str]]:
     ranked: dict[str, list[tuple[int, str]]] = {}
     for number, line in utf8_lines(path, InputFileError):
-        parts = line.split()
+        parts = trec_fields(line)
         if len(parts) != 6:
             raise InputFileError(f"{path}:{number}: expected 'qid Q0 docid rank score tag'")
         ranked.setdefault(parts[0], []).append((int(parts[3]), parts[2]))

@@ -16,7 +16,7 @@ from ..base import (
     show_snakemake_record,
 )
 from ..datasets.audit import dataset_folder, lookup_text
-from . import utf8_lines
+from . import trec_fields, utf8_lines
 
 
 ID_ROWS = 1 << 20  # ids of a dataset file read at a time
@@ -61,7 +61,7 @@ def audit_run(a: Audit, n: int) -> None:
     not_finite: list[int] = []  # line numbers: float() reads 'nan' and 'inf' as scores
     for number, line in utf8_lines(a.path, NotAnArtifact):
         line = line.rstrip("\r\n")
-        parts = line.split()
+        parts = trec_fields(line)
         if len(parts) != 6:
             raise NotAnArtifact(
                 f"{a.path}:{number}: expected 6 fields 'qid Q0 docid rank score tag', "
