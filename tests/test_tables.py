@@ -468,6 +468,38 @@ def test_each_usage_line_names_every_option_its_mode_reads(capsys):
         assert named == accepted - ignored["--low-resource-only" in line], line
 
 
+def test_each_usage_line_brackets_exactly_the_options_its_mode_can_do_without(monkeypatch):
+    """An option the parser defaults to None or False (an extra output, a switch) is one a mode
+    can do without: its usage line shows it in brackets, and brackets nothing else (the line's
+    own mode switch, --low-resource-only, is what that line needs). The low-resource line showed
+    `--figure F` bare, though without it that mode writes the section and no figure."""
+    import argparse
+    import re
+
+    from retrieval_pretraining.tables import __main__ as tables_main
+
+    parse_args = argparse.ArgumentParser.parse_args
+    built = []
+
+    def capture(parser, *args, **kwargs):
+        built.append(parser)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        tables_main.main([])
+    defaults = vars(parse_args(built[0], []))
+    optional = {"--" + dest.replace("_", "-") for dest, value in defaults.items()
+                if value is None or value is False}
+    lines = [" ".join(line.strip(" \\") for line in command.splitlines())
+             for command in tables_main.__doc__.split("python -m ")[1:]]
+    assert len(lines) == 2, lines
+    for line in lines:
+        named = set(re.findall(r"--[a-z-]+", line))
+        bracketed = set(re.findall(r"\[(--[a-z-]+)[^\]]*\]", line))
+        assert bracketed == (named & optional) - {"--low-resource-only"}, line
+
+
 @pytest.mark.parametrize("copies", [["--json"], ["--html"], ["--json", "--html"]])
 def test_the_low_resource_section_alone_refuses_a_json_or_html_copy(tmp_path, capsys, copies):
     """`--low-resource-only` writes no JSON or HTML copy: asking for one is a usage error (exit 2,

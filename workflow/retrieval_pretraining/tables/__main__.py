@@ -3,7 +3,7 @@
     python -m retrieval_pretraining.tables --config '<report slice JSON>' --results results \
         --out results/tables.md [--json J] [--html H] [--figure F] [--allow-missing]
     python -m retrieval_pretraining.tables --config '<report slice JSON>' --results results \
-        --low-resource-only --out results/analysis/low-resource.md --figure F [--allow-missing]
+        --low-resource-only --out results/analysis/low-resource.md [--figure F] [--allow-missing]
 """
 
 from __future__ import annotations
