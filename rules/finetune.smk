@@ -144,13 +144,27 @@ def trained_stages(dataset):
     return range(first, knobs["rounds"] + 2)
 
 
+def bm25_negatives_path(dataset):
+    """The BM25 negatives a fine-tuning stage of `dataset` reads, refused when its bm25.negatives
+    entry names another split than finetune.datasets trains on: negatives are keyed by query id,
+    so another split's would name no training query, and each group would be padded with random
+    corpus documents (queries_without_negatives: pad) without an error."""
+    trained = finetune_entry(dataset)["split"]
+    built = bm25_negatives_entry(dataset)["split"]
+    if built != trained:
+        raise ValueError(
+            f"bm25.negatives names split '{built}' for {dataset}, but finetune.datasets trains "
+            f"on its split '{trained}'; build the negatives of split '{trained}'"
+        )
+    return f"results/bm25/{dataset}/negatives.parquet"
+
+
 def get_finetune_inputs(wildcards):
     """Init encoder and negatives of a stage: stage 1 = its init encoder + BM25 negatives;
     stage k > 1 = stage k-1's encoder (or the pre-trained one) + negatives mined with stage k-1.
     """
     prefix, _, _, number = parse_stage(wildcards.stage)
     model, dataset = wildcards.model, wildcards.dataset
-    bm25 = f"results/bm25/{dataset}/negatives.parquet"
     knobs = finetune_knobs(dataset, wildcards.stage)
     inputs = train_split_files(wildcards) | {
         "corpus": f"results/datasets/{dataset}/corpus.parquet"
@@ -164,19 +178,23 @@ def get_finetune_inputs(wildcards):
     ):
         # The low-resource sample is drawn among the queries stage 1 can train (those with BM25
         # negatives), at every stage: N trained queries, the same at each (finetune/data.py).
-        inputs["sample_among"] = bm25
+        inputs["sample_among"] = bm25_negatives_path(dataset)
     if number == 1:
         init = stage1_init_encoder(model, dataset, wildcards.stage)
-        return inputs | {"init": init, "negatives": [bm25]}
+        return inputs | {"init": init, "negatives": [bm25_negatives_path(dataset)]}
     previous = f"{prefix}stage{number - 1}"
-    mined = [f"results/finetune/{model}/{dataset}/{previous}/hard-negatives.parquet"]
+    negatives = [
+        f"results/finetune/{model}/{dataset}/{previous}/hard-negatives.parquet"
+    ]
+    if knobs["stage2_negatives"] == "union":
+        negatives.append(bm25_negatives_path(dataset))
     return inputs | {
         "init": (
             encoder_path(model, dataset, previous)
             if knobs["stage2_init"] == "previous"
             else f"results/pretrain/{model}/encoder"
         ),
-        "negatives": mined + ([bm25] if knobs["stage2_negatives"] == "union" else []),
+        "negatives": negatives,
     }
 
 

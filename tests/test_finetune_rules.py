@@ -84,6 +84,25 @@ def test_stage2_continues_from_stage1_on_its_mined_negatives(costa_plan):
     assert stage_config(stage2)["epochs"] == demo_config()["finetune"]["epochs_mined"]
 
 
+
+@pytest.mark.parametrize("finetune", [{}, {"stage1": "init", "stage1_init": "pretrained",
+                                           "stage2_negatives": "union"}])
+def test_bm25_negatives_of_another_split_than_the_training_one_are_refused(tmp_path, finetune):
+    """The BM25 negatives a stage trains on (stage 1, or stage 2's union) are keyed by query id:
+    built for another split (here scifact's test queries), they name no training query, and under
+    the demo's queries_without_negatives: pad every group was silently padded with random corpus
+    documents: a random-negatives stage published as a BM25-negatives one."""
+    negatives = {"dataset": "scifact", "split": "test", "source": "bm25", "depth": 200,
+                 "count": 30}
+    project = copy_project(tmp_path / "project", {"finetune": {"models": ["bert"], **finetune},
+                                                  "bm25": {"negatives": [negatives]}})
+    result = snakemake(project, "--dry-run", "results/runs/scifact/bert-stage2/test.trec",
+                       check=False)
+    assert result.returncode != 0
+    assert ("bm25.negatives names split 'test' for scifact, but finetune.datasets trains on "
+            "its split 'train'") in " ".join((result.stdout + result.stderr).split())
+
+
 # Knobs edited in one go: what each job's --config may change under them is asserted below.
 EDITS = {"shards": 2, "search_depth": 150, "encode_batch_size": 8, "dtype": "float32",
          "epochs_mined": 3, "stage2_negatives": "union", "lr": 1e-4, "temperature": 0.1}
