@@ -8,9 +8,9 @@ extractor is tied to its own template machinery and drops list items and leaves 
 What is removed: HTML comments, <ref> and other non-prose tags (math, gallery, timeline, ...),
 templates (innermost first, so nested ones go too; those listed below give their text),
 tables ({| ... |}, {{(!}} ... {{!)}} and <table>), file and image links (with their captions),
-category links, interlanguage links, magic words (__TOC__), bold/italic quotes and remaining HTML
-tags (their content kept), and lines left with no letter or digit (what removed math or markup
-leaves).
+category links, interlanguage links, magic words (__TOC__), bold/italic quotes (the apostrophes
+MediaWiki shows as text kept: "''Iliad'''s" -> "Iliad's") and remaining HTML tags (their content
+kept), and lines left with no letter or digit (what removed math or markup leaves).
 The punctuation such removal leaves is tidied: no paragraph or list item starts with "," ";" or
 ". ", a line starting with one ends the line before ("is , where" -> "is, where"), ",." -> ".".
 Templates that give text, as MediaWiki shows it: inline ones whose argument IS prose, like
@@ -147,7 +147,12 @@ _EXTERNAL = re.compile(r"\[(?:https?:|ftp:|mailto:|//)[^\s\]]*+(?:[ \t]+([^\]\n]
 _FORMAT_TAG = re.compile(rf"</?(?:{'|'.join(_FORMAT_TAGS)})\b[^>]*?/?>", re.I)
 _BR = re.compile(r"<br\s*/?>", re.I)
 _MAGIC = re.compile(r"__[A-Z]{3,}__")
-_QUOTES = re.compile(r"'{2,5}")
+_QUOTE_RUN = re.compile(r"('{2,})")
+# Until quotes are read: a link's apostrophes (_link_text), and what MediaWiki shows where the
+# cleaner leaves nothing (a removed template's output, a <ref>'s marker, an image) or a link ends:
+# no space and no apostrophe, so quote runs on either side stay apart, as they do in MediaWiki
+# (''{{flag|Azores}}'' is no run of 4).
+_LINK_APOSTROPHE, _SHOWN = "\x02", "\x03"
 _HEADING = re.compile(r"^(={1,6})\s*(.+?)\s*(={1,6})\s*$")  # unbalanced "== X ===" too
 _LIST = re.compile(r"^[*#:;]+\s*")
 _SPACES = re.compile(r"[ \t\u00a0\u2009\u200b]+")
@@ -312,7 +317,7 @@ def _replace_template(match: re.Match) -> str:
     else:
         keep = _INLINE_TEMPLATES.get(name, ())
     if not keep:
-        return ""
+        return _SHOWN
     positional = _positional(body)
     if name in ("convert", "cvt") and len(positional) >= 4 and positional[1] in _RANGE_WORDS:
         keep = (1, 2, 3, 4)  # {{convert|10|to|20|km}} -> "10 to 20 km"
@@ -334,7 +339,7 @@ def remove_tables(lines: list[str]) -> list[str]:
     heading after it, so the sections that follow are kept, not dropped with it."""
     kept, depth, opened = [], 0, 0
     for i, line in enumerate(lines):
-        stripped = line.lstrip(" :")
+        stripped = line.lstrip(" :" + _SHOWN)
         if stripped.startswith("{|"):
             opened = i if depth == 0 else opened
             depth += 1
@@ -358,6 +363,49 @@ def _without_language(title: str) -> str:
     return rest.strip() if colon and _INTERLANGUAGE.match(code) and rest[:1].strip() else title
 
 
+def _remove_quotes(text: str) -> str:
+    """Drop bold/italic markup line by line, keeping the apostrophes MediaWiki shows as text
+    (Parser::doQuotes): of a run of 4, the first ("''''x''''" -> "'x'"); of a run longer than 5,
+    all but the last 5; and, when a line has an odd number of both bold and italic marks, one of a
+    bold mark, which then reads "'" + italic: the first after a one-letter word ("l'''Homme"), else
+    the first after a longer word ("''Iliad'''s" -> "Iliad's"), else the first after a space."""
+    if "''" not in text:
+        return text
+    lines = text.split("\n")
+    for n, line in enumerate(lines):
+        if "''" not in line:
+            continue
+        parts = _QUOTE_RUN.split(line)  # text, run, text, run, ..., text
+        texts, runs = parts[0::2], [len(run) for run in parts[1::2]]
+        for i, run in enumerate(runs):  # texts[i] is the text before runs[i]
+            if run == 4 or run > 5:
+                markup = 3 if run == 4 else 5
+                texts[i] += "'" * (run - markup)
+                runs[i] = markup
+        bold = sum(run in (3, 5) for run in runs)
+        italic = sum(run in (2, 5) for run in runs)
+        bolds = [i for i, run in enumerate(runs) if run == 3]
+        if bold % 2 and italic % 2 and bolds:
+
+            def rank(i: int) -> int:
+                before = texts[i]
+                if before.endswith(" "):
+                    return 2
+                # Parser.php compares bytes: a one-letter word's letter is one byte (ASCII).
+                return 0 if before[-2:-1] == " " and before[-1].isascii() else 1
+
+            texts[min(bolds, key=lambda i: (rank(i), i))] += "'"
+        lines[n] = "".join(texts)
+    return "\n".join(lines)
+
+
+def _link_text(shown: str) -> str:
+    """A link's text as MediaWiki's quote pass sees the link, a placeholder: none of its
+    apostrophes is markup of the line around it (a label's quotes are read on the label alone, a
+    title's are text), and it ends in no space, so a "'''" after it follows a word."""
+    return shown.replace("'", _LINK_APOSTROPHE) + _SHOWN if shown else ""
+
+
 def _make_link_replacer(options: CleanerOptions):
     def replace(match: re.Match) -> str:
         body = match.group(1)
@@ -371,7 +419,9 @@ def _make_link_replacer(options: CleanerOptions):
             target = _without_language(rest.strip())
             colon = ""  # what is left is shown like an ordinary link's target
         elif colon and not visible:
-            if prefix in options.file_prefixes or prefix in options.category_prefixes:
+            if prefix in options.file_prefixes:
+                return _SHOWN
+            if prefix in options.category_prefixes:
                 return ""
             # An interlanguage link is written [[de:Berlin]]: a lowercase code, then the title at
             # once. [[CSI: Miami]] or [[Ben-Hur: A Tale of the Christ|Ben-Hur]] is an article.
@@ -381,11 +431,11 @@ def _make_link_replacer(options: CleanerOptions):
             label = label.strip()
             if label:
                 # Extra pipes only occur in file links (removed above); MediaWiki shows the rest.
-                return label
+                return _link_text(_remove_quotes(label))
             # Pipe trick: [[Paris, Texas|]] -> "Paris", [[Foo (bar)|]] -> "Foo".
             shown = rest if colon else target
-            return re.sub(r"\s*\(.*\)\s*$", "", shown.split(",")[0]).strip()
-        return target
+            return _link_text(re.sub(r"\s*\(.*\)\s*$", "", shown.split(",")[0]).strip())
+        return _link_text(target)
 
     return replace
 
@@ -480,8 +530,8 @@ def _drop_empty_headings(blocks: list[tuple[int, str]]) -> list[str]:
 def clean(wikitext: str, options: CleanerOptions = CleanerOptions()) -> str:
     """Clean plain text of one article: paragraphs separated by a blank line, headings their own."""
     text = _COMMENT.sub("", wikitext)
-    text = _SELF_CLOSING.sub("", text)
-    text = _PAIRED.sub("", text)
+    text = _SELF_CLOSING.sub(_SHOWN, text)
+    text = _PAIRED.sub(_SHOWN, text)
     text = _UNCLOSED_DROP.sub("", text)  # an unclosed <ref ...> whose content we cannot delimit
     text = remove_templates(text)
     text = text.replace("{{", "").replace("}}", "")  # unbalanced leftovers
@@ -492,11 +542,13 @@ def clean(wikitext: str, options: CleanerOptions = CleanerOptions()) -> str:
         text, count = _LINK.subn(replace_link, text)
         if not count:
             break
+    # Quotes are read where MediaWiki reads them: after internal links, before external links and
+    # HTML tags.
+    text = _remove_quotes(text).replace(_LINK_APOSTROPHE, "'").replace(_SHOWN, "")
     text = _EXTERNAL.sub(lambda m: m.group(1) or "", text)
     text = _BR.sub(" ", text)
     text = _FORMAT_TAG.sub("", text)
     text = _MAGIC.sub("", text)
-    text = _QUOTES.sub("", text)
     text = html.unescape(text)
     blocks = _paragraphs(text.split("\n"), options)
     return "\n\n".join(_drop_empty_headings(blocks))
