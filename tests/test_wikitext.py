@@ -518,3 +518,18 @@ def test_markup_that_only_these_rules_remove(source, expected):
 )
 def test_apostrophes_mediawiki_shows_as_text_are_kept(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # A <ref> inside a <ref> is no nesting in MediaWiki: the first </ref> closes the first
+        # ref, whose text the page never shows ("two" was left in the body).
+        ("A<ref>two <ref>three</ref> B", "A B"),
+        # A <ref> left open ends at the next ref's </ref>, as the rendered page shows it.
+        ("A.<ref>Left open. B. <ref>x</ref> C.", "A. C."),
+        ("A.<REF name=a>x</Ref > B<ref>y</ref>C", "A. BC"),
+    ],
+)
+def test_a_ref_ends_at_the_first_closing_tag(source, expected):
+    assert wt.clean(source) == expected

@@ -132,8 +132,11 @@ class CleanerOptions:
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 _DROP_TAGS = "|".join(_DROP_CONTENT_TAGS)
 _SELF_CLOSING = re.compile(rf"<(?:{_DROP_TAGS})\b[^>]*?/>", re.I)
-# Content may not hold another opening of the same tag, so an unclosed <ref> eats nothing beyond it.
-_PAIRED = re.compile(rf"<({_DROP_TAGS})\b[^>]*+>[^<]*+(?:<(?!\1\b|/\1\b)[^<]*+)*+</\1\s*>", re.I)
+# Content runs to the first closing tag of its name, as MediaWiki's preprocessor reads it: a <ref>
+# inside a <ref> is no nesting ("<ref>a <ref>b</ref>" is one ref, whose text the page never shows),
+# and a <ref> left open ends at the next ref's </ref>. One with no closing tag after it is removed
+# alone (_UNCLOSED_DROP; MediaWiki shows it as text).
+_PAIRED = re.compile(rf"<({_DROP_TAGS})\b[^>]*+>[^<]*+(?:<(?!/\1\s*>)[^<]*+)*+</\1\s*>", re.I)
 _UNCLOSED_DROP = re.compile(rf"</?(?:{_DROP_TAGS})\b[^>]*+>", re.I)  # also stray closing tags
 _TEMPLATE = re.compile(r"\{\{((?:[^{}]++|\{(?!\{)|\}(?!\}))*+)\}\}")
 _LINK_PIPES = re.compile(r"\[\[[^\[\]]*+\]\]")
