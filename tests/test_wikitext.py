@@ -533,3 +533,22 @@ def test_apostrophes_mediawiki_shows_as_text_are_kept(source, expected):
 )
 def test_a_ref_ends_at_the_first_closing_tag(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # {{!}} and {{=}} are a literal "|" and "=" in a template's argument, as in MediaWiki,
+        # which splits arguments before expanding them: "{{nowrap|a{{!}}b}}" gave "a", and
+        # "{{nowrap|E{{=}}mc2}}" nothing (read as a named argument).
+        ("x {{nowrap|a{{!}}b}} y", "x a|b y"),
+        ("{{nowrap|{{lang|fr|a{{!}}b}} c}}", "a|b c"),
+        ("{{nowrap|E{{=}}mc2}} and {{quote|text=a{{=}}b}}", "E=mc2 and\n\na=b"),
+        # {{'}} is an apostrophe of the text, no quote markup
+        ("''x''{{'}}''y'' and '''x'''{{'}}'''y'''", "x'y and x'y"),
+        # Outside templates they are markup as before.
+        ("[[A{{!}}B]] here", "B here"),
+    ],
+)
+def test_character_templates_are_text_in_arguments(source, expected):
+    assert wt.clean(source) == expected

@@ -151,11 +151,16 @@ _FORMAT_TAG = re.compile(rf"</?(?:{'|'.join(_FORMAT_TAGS)})\b[^>]*?/?>", re.I)
 _BR = re.compile(r"<br\s*/?>", re.I)
 _MAGIC = re.compile(r"__[A-Z]{3,}__")
 _QUOTE_RUN = re.compile(r"('{2,})")
-# Until quotes are read: a link's apostrophes (_link_text), and what MediaWiki shows where the
-# cleaner leaves nothing (a removed template's output, a <ref>'s marker, an image) or a link ends:
-# no space and no apostrophe, so quote runs on either side stay apart, as they do in MediaWiki
-# (''{{flag|Azores}}'' is no run of 4).
-_LINK_APOSTROPHE, _SHOWN = "\x02", "\x03"
+# Characters that are text, not markup, held as placeholders until the step that would read them
+# as markup is done: "|" and "=" of {{!}}, {{=}} or a link in a template's argument separate and
+# name no argument (until templates are removed); "'" of {{'}} or of a link's text is no quote
+# markup (until quotes are read).
+_PIPE, _EQUALS, _APOSTROPHE = "\x00", "\x01", "\x02"
+_LITERAL = str.maketrans({"|": _PIPE, "=": _EQUALS, "'": _APOSTROPHE})
+# Until quotes are read: what MediaWiki shows where the cleaner leaves nothing (a removed
+# template's output, a <ref>'s marker, an image) or a link ends: no space and no apostrophe, so
+# quote runs on either side stay apart, as in MediaWiki (''{{flag|Azores}}'' is no run of 4).
+_SHOWN = "\x03"
 _HEADING = re.compile(r"^(={1,6})\s*(.+?)\s*(={1,6})\s*$")  # unbalanced "== X ===" too
 _LIST = re.compile(r"^[*#:;]+\s*")
 _SPACES = re.compile(r"[ \t\u00a0\u2009\u200b]+")
@@ -202,8 +207,10 @@ def _template_name(body: str) -> str:
 def _arguments(body: str) -> list[str]:
     """The arguments of a template body, positional and named, in order."""
     # Pipes inside links ([[target|label]]) do not separate arguments: hide them while splitting.
-    body = _LINK_PIPES.sub(lambda m: m.group(0).replace("|", "\x00"), body)
-    return [a.replace("\x00", "|").strip() for a in body.split("|")[1:]]
+    # They stay hidden, as {{!}}'s do, until all templates are removed (remove_templates), so the
+    # template around this one does not split what this one gives back.
+    body = _LINK_PIPES.sub(lambda m: m.group(0).replace("|", _PIPE), body)
+    return [a.strip() for a in body.split("|")[1:]]
 
 
 def _is_named(argument: str) -> bool:
@@ -298,8 +305,8 @@ def _in_list_item(match: re.Match) -> bool:
 def _replace_template(match: re.Match) -> str:
     body = match.group(1)
     name = _template_name(body)
-    if name in _CHAR_TEMPLATES:
-        return _CHAR_TEMPLATES[name]
+    if name in _CHAR_TEMPLATES:  # a character as text: {{nowrap|a{{!}}b}} -> "a|b"
+        return _CHAR_TEMPLATES[name].translate(_LITERAL)
     if name in ("frac", "sfrac"):
         return _fraction(_positional(body))
     if name == "as of":  # marks a dated statement, whose sentence begins with it
@@ -333,7 +340,7 @@ def remove_templates(text: str) -> str:
     while True:
         text, count = _TEMPLATE.subn(_replace_template, text)
         if not count:
-            return text
+            return text.replace(_PIPE, "|").replace(_EQUALS, "=")
 
 
 def remove_tables(lines: list[str]) -> list[str]:
@@ -406,7 +413,7 @@ def _link_text(shown: str) -> str:
     """A link's text as MediaWiki's quote pass sees the link, a placeholder: none of its
     apostrophes is markup of the line around it (a label's quotes are read on the label alone, a
     title's are text), and it ends in no space, so a "'''" after it follows a word."""
-    return shown.replace("'", _LINK_APOSTROPHE) + _SHOWN if shown else ""
+    return shown.replace("'", _APOSTROPHE) + _SHOWN if shown else ""
 
 
 def _make_link_replacer(options: CleanerOptions):
@@ -547,7 +554,7 @@ def clean(wikitext: str, options: CleanerOptions = CleanerOptions()) -> str:
             break
     # Quotes are read where MediaWiki reads them: after internal links, before external links and
     # HTML tags.
-    text = _remove_quotes(text).replace(_LINK_APOSTROPHE, "'").replace(_SHOWN, "")
+    text = _remove_quotes(text).replace(_APOSTROPHE, "'").replace(_SHOWN, "")
     text = _EXTERNAL.sub(lambda m: m.group(1) or "", text)
     text = _BR.sub(" ", text)
     text = _FORMAT_TAG.sub("", text)
