@@ -387,9 +387,10 @@ def test_date_templates_give_their_date(source, expected):
         ("See [[mw:Help:Links|the help]] and [[doi:10.1126/x|the paper]].",
          "See the help and the paper."),
         ("A [[hdl:10050/00-0000|handle]] and [[voy:Paris|a guide]].", "A handle and a guide."),
-        # No label: the target without its prefix (and a sister project's language), as a link.
+        # No label: the target as written, prefix and all, as MediaWiki shows it (the pipe trick,
+        # expanded on save, drops the first prefix).
         ("[[wikt:word]], [[s:Government (Schopenhauer)]], [[:s:On Will|]] and [[wikt:en:合]]",
-         "word, Government (Schopenhauer), On Will and 合"),
+         "wikt:word, s:Government (Schopenhauer), On Will and wikt:en:合"),
         ("[[Wikt:pro forma|pro-forma]] and [[w:Charles Lyell|Lyell's]]", "pro-forma and Lyell's"),
         # An article whose title merely starts with such a word, and a real interlanguage link.
         ("[[C: The Contra Adventure]] [[de:Berlin]]", "C: The Contra Adventure"),

@@ -21,7 +21,8 @@ ship-prefix templates ({{USS|Enterprise|CV-6}} -> USS Enterprise (CV-6));
 date templates ({{birth date}}, {{death date and age}}, {{start date}}, {{dts}},
 ...) as "January 2, 1950", without an age.
 Links become their label, external links their anchor text, interwiki links
-([[wikt:word|label]], [[s:Title]]) their label or their target without the prefix.
+([[wikt:word|label]], [[s:Title]]) their label or, as MediaWiki shows them, their target with its
+prefix ("s:Title").
 Kept: headings (each its own paragraph, only when their section has text), paragraphs (separated
 by "\\n\\n"), list items (one per line inside their paragraph).
 Sections whose heading is in `drop_sections` (See also, References, ...) are dropped whole.
@@ -180,7 +181,7 @@ _CLOSING_PUNCT = re.compile(r"[,;)]|\.(?!\s*\.)(?=\s|$)")  # not ".5" nor ".NET"
 _COMMA_BEFORE_STOP = re.compile(r"[,;]\s*\.(?=\s|$)")  # a stop, not ".NET" nor "..."
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
 # Interwiki prefixes (sister projects and a few sites) of enwiki's interwiki map: a link to them is
-# text like any link, [[wikt:word|label]] -> label, [[s:Title]] -> Title. Several look like
+# text like any link, [[wikt:word|label]] -> label, [[s:Title]] -> s:Title. Several look like
 # language codes (mw, doi, hdl, voy), which an interlanguage link would drop.
 _INTERWIKI = frozenset(
     _names(
@@ -367,12 +368,6 @@ def remove_tables(lines: list[str]) -> list[str]:
     return kept
 
 
-def _without_language(title: str) -> str:
-    """A sister project's title without its language: [[wikt:en:合]] links to "合"."""
-    code, colon, rest = title.partition(":")
-    return rest.strip() if colon and _INTERLANGUAGE.match(code) and rest[:1].strip() else title
-
-
 def _remove_quotes(text: str) -> str:
     """Drop bold/italic markup line by line, keeping the apostrophes MediaWiki shows as text
     (Parser::doQuotes): of a run of 4, the first ("''''x''''" -> "'x'"); of a run longer than 5,
@@ -425,10 +420,10 @@ def _make_link_replacer(options: CleanerOptions):
         target = target.lstrip(":").strip()
         written, colon, rest = target.partition(":")
         prefix = written.strip().lower().replace("_", " ")
-        if colon and prefix in _INTERWIKI and rest[:1].strip():
-            target = _without_language(rest.strip())
-            colon = ""  # what is left is shown like an ordinary link's target
-        elif colon and not visible:
+        # An interwiki link is shown as written, prefix and all, when it has no label: MediaWiki
+        # shows [[wikt:word]] as "wikt:word".
+        interwiki = prefix in _INTERWIKI and bool(rest[:1].strip())
+        if colon and not visible and not interwiki:
             if prefix in options.file_prefixes:
                 return _SHOWN
             if prefix in options.category_prefixes:
