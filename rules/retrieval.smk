@@ -330,9 +330,9 @@ def get_bm25_negatives_inputs(wildcards):
             biencoder_ref(wildcards.dataset, entry["split"]),
         )
     else:
-        _dataset_download(wildcards.dataset, entry["triples"]["download"])
-        inputs["triples"] = (
-            f"{DATASET_DOWNLOADS}/{wildcards.dataset}/{entry['triples']['download']}"
+        # _ref_path checks a pin against the fetched file's manifest, as for every dataset file.
+        inputs["triples"] = _ref_path(
+            dataset_entry(wildcards.dataset), entry["triples"]
         )
     # answers + corpus when negatives are filtered by answers (rules/answers.smk).
     inputs |= negative_filter_inputs(wildcards.dataset, entry["split"])

@@ -120,3 +120,41 @@ def test_a_pinned_checksum_the_download_does_not_match_is_refused(finished, key,
         (finished / "config.yaml").write_text(original)
         if aside.exists():
             aside.replace(download)
+
+
+def test_a_pin_the_fetched_triples_file_contradicts_is_refused(tmp_path):
+    """The negatives' triples file is a download like the corpus and the splits: a checksum pinned
+    after it was fetched (or changed since) is compared with its manifest when the DAG is built,
+    as every other dataset file's is, instead of the old file being sampled from unchecked (the
+    download job does not rerun for a pin: checks travel as resources)."""
+    from retrieval_pretraining import download
+
+    project = copy_project(tmp_path / "project")
+    source = tmp_path / "t.tsv"
+    source.write_text("1\t2\t3\n")
+    fetched = project / "results" / "downloads" / "datasets" / "scifact" / "t.tsv.gz"
+    download.main(["fetch", "--url", str(source), "--out", str(fetched)])
+    negatives = "results/bm25/scifact/negatives.parquet"
+
+    def triples(md5):
+        def edit(config):
+            config["bm25"]["negatives"][0].update(source="triples",
+                                                  triples={"download": "t.tsv.gz"})
+            scifact = next(d for d in config["datasets"] if d["name"] == "scifact")
+            scifact["downloads"] = [{"file": "t.tsv.gz", "url": source.as_uri(), "md5": md5}]
+        return edit
+
+    edit_config(project, triples(_manifest_md5(fetched)))
+    planned_rules(project, negatives)  # the pin the file has: the DAG builds
+    wrong = "0" * 32
+    edit_config(project, triples(wrong))
+    result = snakemake(project, "--dry-run", negatives, check=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "t.tsv.gz" in out and wrong in out and "delete the file" in out, out
+
+
+def _manifest_md5(path: Path) -> str:
+    from retrieval_pretraining import download
+
+    return json.loads(download.manifest_for(path).read_text())["stats"]["md5"]
