@@ -82,6 +82,19 @@ def test_the_qrels_format_is_decided_once_per_file(tmp_path):
         dataset_files.read_qrels_file(mixed)
 
 
+def test_trec_qrels_ids_holding_unicode_spaces_stay_whole(tmp_path):
+    """NIST's whitespace-separated qrels split as trec_eval splits them (C's isspace): an id
+    holding U+00A0 or U+3000 is one field (str.split() made a 3-field line of 4, read as TREC
+    with shifted ids, or refused a legal file)."""
+    trec = tmp_path / "qrels.txt"
+    trec.write_text("q1 0 d\u00a0a 1\nq1 0 d\u3000b 2\n", encoding="utf-8")
+    assert dataset_files.read_qrels_file(trec).rows() == [
+        ("q1", "d\u00a0a", 1), ("q1", "d\u3000b", 2)]
+    spaced = tmp_path / "three.txt"
+    spaced.write_text("q1 d\u00a0a 1\n", encoding="utf-8")
+    assert dataset_files.read_qrels_file(spaced).rows() == [("q1", "d\u00a0a", 1)]
+
+
 def test_beir_query_ids_are_read_as_strings(tmp_path):
     """queries.jsonl may hold integer ids (as corpus.jsonl may): read as strings, as the qrels'
     ids are, or the queries would not join their judgements."""

@@ -21,6 +21,7 @@ import polars as pl
 
 from .config import resolve_path
 from .contracts.datasets import DatasetError
+from .contracts.runs import trec_fields
 
 DOWNLOAD_DIR = "results/downloads/datasets"
 # A corpus batch ends at this many documents or characters (MS MARCO documents average ~7k).
@@ -155,7 +156,8 @@ def read_qrels_file(path: Path, member: str | None = None) -> pl.DataFrame:
                 continue
             if not width:
                 sep = "\t" if "\t" in line else None
-            fields = line.split(sep)
+            # Whitespace as trec_eval splits on: str.split() also split an id at U+00A0 or U+3000.
+            fields = line.split(sep) if sep else trec_fields(line)
             if number == 1 and fields[0] == "query-id":
                 continue  # BEIR header
             width = width or len(fields)
