@@ -88,6 +88,21 @@ def test_approximate_indexes_find_exact_neighbours_of_stored_vectors(kind):
     assert hit >= (0.6 if kind == "ivfpq" else 0.95)
 
 
+@pytest.mark.parametrize("kind", ["ivf", "ivfpq"])
+def test_ivf_cells_are_unit_centroids_chosen_by_inner_product(kind):
+    """IVF's cells come from spherical k-means (faiss sets cp.spherical for inner product) and a
+    vector goes to the cell of largest inner product: right for unnormalised (dot) vectors, the
+    same cells as L2 would choose for unit ones (ARCHITECTURE.md, "IVF's coarse quantizer")."""
+    rng = np.random.default_rng(0)
+    docs = (rng.standard_normal((2000, 16)) * rng.uniform(0.5, 2, (2000, 1))).astype(np.float32)
+    index = faiss_index.build(docs, {"type": kind, "nlist": 16, "nprobe": 1, "pq_m": 8})
+    assert index.cp.spherical
+    centroids = index.quantizer.reconstruct_n(0, index.nlist)
+    np.testing.assert_allclose(np.linalg.norm(centroids, axis=1), 1, rtol=1e-5)
+    _, cells = index.quantizer.search(docs, 1)
+    np.testing.assert_array_equal(cells[:, 0], np.argmax(docs @ centroids.T, axis=1))
+
+
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
 def test_indexes_rank_by_inner_product_when_norms_differ(kind):
     """Documents of unequal norms, queried by vectors outside the index: inner product and L2
