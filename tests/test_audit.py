@@ -495,3 +495,25 @@ def test_a_run_shows_its_documents_from_row_groups_past_the_first(big_corpus, ca
     status, out, _ = run_audit(big_corpus / "runs/big/bm25/test.trec", capsys)
     assert status == 0 and "query q1: what is snow" in out
     assert "d3  T: snow snow" in out and "d150001  T: snow snow" in out, out
+
+
+def test_a_count_measure_s_aggregate_is_checked_as_the_total_evaluate_writes(tmp_path, capsys):
+    """evaluate.py sums ir_measures' counts (NumRet, NumRelRet, ...) over the queries, as trec_eval
+    and ir_measures report them; audit checks that total, not a mean, and a mean under a
+    count's name fails."""
+    from retrieval_pretraining import evaluate
+
+    (tmp_path / "qrels.txt").write_text("q1 0 d1 1\nq2 0 d2 1\n")
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d1 1 2.0 t\nq1 Q0 d9 2 1.0 t\nq2 Q0 d2 1 1.0 t\n")
+    out = tmp_path / "metrics.json"
+    evaluate.evaluate(run, tmp_path / "qrels.txt", out, {"measures": ["NumRet", "R@10"]})
+    status, text, _ = run_audit(out, capsys)
+    assert status == 0, text
+    assert "PASS  NumRet aggregate = total of per-query scores" in text
+    assert "PASS  R@10 aggregate = mean of per-query scores" in text
+    data = json.loads(out.read_text())
+    data["aggregate"]["NumRet"] = 1.5  # the mean over the two queries
+    out.write_text(json.dumps(data))
+    status, text, _ = run_audit(out, capsys)
+    assert status == 1 and "FAIL  NumRet aggregate = total of per-query scores" in text, text

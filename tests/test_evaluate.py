@@ -509,3 +509,26 @@ def test_metrics_name_the_run_and_the_code_that_scored_it(files):
     assert result["run_sha256"] == hashlib.sha256(run.read_bytes()).hexdigest()
     assert result["code_version"] == artifacts.code_version()
     assert set(result["code_version"]) == {"git", "package_sha256"}
+
+
+def test_count_measures_are_summed_over_the_queries_as_trec_eval_and_ir_measures_do(files):
+    """NumRet, NumRel, NumRelRet and NumQ are totals in trec_eval's summary and in ir_measures'
+    own aggregate (SumAgg): a mean over the queries would report 2 relevant documents retrieved
+    where the run retrieved 5 of them. Every other measure stays a mean."""
+    import ir_measures
+
+    run, qrels = files
+    names = ["NumRet", "NumRelRet", "NumRel", "R@100"]
+    result = evaluate.evaluate(run, qrels, None, {"measures": names})
+    for key, values in result["per_query"].items():
+        total = sum(values.values())
+        expected = total if key.startswith("Num") else total / result["queries"]
+        assert result["aggregate"][key] == pytest.approx(expected), key
+    # q1 retrieves 2 of its relevant documents, q2 2, q4 1; q3, not in the run, adds 0 to each
+    # count, its judgement included (trec_eval -c and ir_measures alike).
+    assert result["aggregate"]["NumRet(rel=1)"] == 5
+    assert result["aggregate"]["NumRet"] == 17 and result["aggregate"]["NumRel"] == 5
+    measures = evaluate.parse_measures(names)
+    reference = ir_measures.calc_aggregate(
+        measures, evaluate.read_qrels(qrels), ir_measures.read_trec_run(str(run)))
+    assert {str(m): v for m, v in reference.items()} == pytest.approx(result["aggregate"])

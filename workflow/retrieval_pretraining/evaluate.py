@@ -11,7 +11,8 @@ file's digest, "code_version": {"git", "package_sha256"} of the code that scored
 
 Semantics, chosen to match the official evaluations:
 - Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c). The mean
-  is over all qrels queries, and per-query scores are kept for significance tests. A run query
+  is over all qrels queries (ir_measures' counts, NumRet and the like, are totals, as there),
+  and per-query scores are kept for significance tests. A run query
   without qrels is not scored (trec_eval). Both are counted in the metrics, with example ids, so
   that an audit of the file shows them (a split's queries file may hold unjudged queries: TREC DL).
 - `relevance_level` is the minimum grade counted relevant by binary measures, those ir_measures
@@ -317,7 +318,7 @@ def score(
             values.setdefault(qid, 0.0)
         for qid in [q for q in values if q not in judged]:
             del values[qid]  # queries without judgements are not scored (trec_eval)
-    aggregate = {m: sum(v.values()) / len(qrels_queries) for m, v in per_query.items()}
+    aggregate = {str(m): _aggregate(m, per_query[str(m)].values()) for m in measures}
     return (
         {
             "aggregate": aggregate,
@@ -328,6 +329,16 @@ def score(
         | coverage("queries_missing_from_run", judged - run_queries)
         | coverage("run_queries_without_qrels", run_queries - judged)
     )
+
+
+def _aggregate(measure, values: Iterable[float]) -> float:
+    """The measure's value over the queries as ir_measures and trec_eval aggregate it: the mean
+    (over every qrels query: `values` holds one per query), or the total for the counts (NumQ,
+    NumRet, NumRel, NumRelRet), which a mean would report per query under the total's name."""
+    aggregator = measure.aggregator()
+    for value in values:
+        aggregator.add(value)
+    return float(aggregator.result())
 
 
 def query_blocks(run: Iterable[ScoredDoc]) -> list[Block]:

@@ -1,8 +1,8 @@
 """How `audit` shows and checks a metrics file (each aggregate the mean of its per-query scores,
-one per-query score per query counted, each score in [0, 1] unless the measure is a count, the
-run scored still the one whose sha256 it records; shown: the queries the run and the qrels do not
-share, with example ids), and how the stage statistics page reads one (`metrics_as_manifest`: it
-has no manifest)."""
+the total for ir_measures' counts, one per-query score per query counted, each score in [0, 1]
+unless the measure is a count, the run scored still the one whose sha256 it records; shown: the
+queries the run and the qrels do not share, with example ids), and how the stage statistics page
+reads one (`metrics_as_manifest`: it has no manifest)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,13 @@ def audit_metrics(a: Audit, n: int) -> None:
         scores = list((data["per_query"].get(measure) or {}).values())
         a.say(f"  {measure:12s} {value:.4f}  over {len(scores)} queries")
         if scores:
+            # evaluate.py aggregates as ir_measures does: counts are totals, the rest means.
+            how, expected = ("mean", float(np.mean(scores))) if bounded(measure) else (
+                "total", float(np.sum(scores)))
             a.check(
-                f"{measure} aggregate = mean of per-query scores",
-                math.isclose(value, float(np.mean(scores)), abs_tol=1e-4),
-                f"{value:.4f} vs {np.mean(scores):.4f}",
+                f"{measure} aggregate = {how} of per-query scores",
+                math.isclose(value, expected, abs_tol=1e-4),
+                f"{value:.4f} vs {expected:.4f}",
             )
     for measure in data.get("measures", []):
         a.check(f"measure {measure} present", measure in data["aggregate"])
