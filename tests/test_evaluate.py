@@ -532,3 +532,16 @@ def test_count_measures_are_summed_over_the_queries_as_trec_eval_and_ir_measures
     reference = ir_measures.calc_aggregate(
         measures, evaluate.read_qrels(qrels), ir_measures.read_trec_run(str(run)))
     assert {str(m): v for m, v in reference.items()} == pytest.approx(result["aggregate"])
+
+
+def test_a_measure_whose_rel_is_optional_keeps_its_meaning_at_relevance_level_2(files):
+    """NumRet counts every document retrieved and RBP uses graded gains unless given a `rel`
+    (ir_measures' default for both is NOT_PROVIDED, not 1): trec_eval -l 2 leaves num_ret alone,
+    so at level 2 they keep their names and meanings, where NumRet(rel=2) would count only the
+    grade-2 documents retrieved under the count of all of them."""
+    assert [str(m) for m in evaluate.parse_measures(["NumRet", "RBP", "R@10"], 2)] == [
+        "NumRet", "RBP", "R(rel=2)@10"]
+    assert evaluate.stored_name("NumRet", 2) == "NumRet"
+    run, qrels = files
+    result = evaluate.evaluate(run, qrels, None, {"measures": ["NumRet"], "relevance_level": 2})
+    assert result["per_query"]["NumRet"] == {"q1": 4, "q2": 2, "q3": 0, "q4": 11}

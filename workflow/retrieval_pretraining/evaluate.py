@@ -19,7 +19,8 @@ Semantics, chosen to match the official evaluations:
   gives a `rel` parameter (R, RR, AP, P, Success, Rprec, Bpref, infAP, SetP/R/F/AP, IPrec, ...):
   TREC DL counts grade >= 2 for recall/MRR/MAP, while nDCG (and ERR) always use the graded gains.
   A measure written with its own `rel=` keeps it (so does NumRelRet, ir_measures' alias for
-  NumRet(rel=1)).
+  NumRet(rel=1)); one whose `rel` is optional keeps its meaning unset (NumRet: every document
+  retrieved, as trec_eval -l 2 counts num_ret; RBP: graded gains).
 - RR@10 is computed by ir_measures' own implementation (the MS MARCO definition with its cutoff);
   the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR@k. Ties on
   score are ordered as each implementation orders them (this one by doc id ascending, trec_eval's
@@ -226,8 +227,11 @@ def parse_measures(names: Iterable[str], relevance_level: int = 1) -> list:
                 f"measure {name!r} is not an ir_measures measure ({error})"
             ) from None
         # ir_measures' own word on which measures have a relevance threshold, so that none is
-        # left at rel=1 by a list kept here; nDCG and ERR have none (graded gains).
-        binary = "rel" in measure.SUPPORTED_PARAMS
+        # left at rel=1 by a list kept here; nDCG and ERR have none (graded gains). A `rel` whose
+        # default is no level (NumRet: every document retrieved; RBP: graded gains) is optional:
+        # setting it would turn the measure into another one under a similar name.
+        rel = measure.SUPPORTED_PARAMS.get("rel")
+        binary = rel is not None and isinstance(rel.default, int)
         if relevance_level != 1 and binary and "rel" not in measure.params:
             measure = measure(rel=relevance_level)
         measures.append(measure)
