@@ -111,3 +111,18 @@ def test_crlf_lines_read_as_lf_lines(tmp_path):
     crlf.write_bytes(lf.read_bytes().replace(b"\n", b"\r\n"))
     assert dataset_files.read_queries_tsv(crlf).equals(dataset_files.read_queries_tsv(lf))
     assert dataset_files.read_queries_tsv(crlf)["text"].to_list() == ["what is one", "what is two"]
+
+
+@pytest.mark.parametrize("line", ['"the _id and text are here"', '["_id", "text"]', "7", "null"])
+def test_a_jsonl_line_that_is_not_an_object_is_refused_naming_it(tmp_path, line):
+    """A line holding a JSON string passed `"_id" in record` as a substring test (a list as
+    membership) and then failed on `record["_id"]` with a bare traceback naming no file."""
+    path = tmp_path / "queries.jsonl"
+    path.write_text(f'{{"_id": "q1", "text": "one"}}\n{line}\n')
+    with pytest.raises(DatasetError, match=r"queries\.jsonl, line 2: a JSON (string|array|number"
+                                           r"|null), not an object"):
+        dataset_files.read_jsonl(path, ("_id", "text"))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(f'{{"_id": "d1", "text": "one"}}\n{line}\n')
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl, line 2: a JSON .*, not an object"):
+        list(dataset_files.read_jsonl_corpus_batches(corpus))

@@ -71,6 +71,13 @@ def json_lines(handle: Iterable[str], where: str) -> Iterator[tuple[int, Any]]:
             raise DatasetError(f"{where}, line {number}: not valid JSON ({error})") from None
 
 
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    names = {str: "string", list: "array", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def read_jsonl(
     path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, list]:
@@ -78,6 +85,11 @@ def read_jsonl(
     columns: dict[str, list] = {f: [] for f in fields + optional}
     with open_text(path) as handle:
         for number, record in json_lines(handle, str(path)):
+            if not isinstance(record, dict):  # a string passed `field in record` as a substring
+                raise DatasetError(
+                    f"{path}, line {number}: a JSON {_json_type(record)}, not an object; each line "
+                    f"of a BEIR file is one object with {', '.join(fields)}"
+                )
             for field in fields:
                 if field not in record:
                     raise DatasetError(
@@ -103,7 +115,10 @@ def read_jsonl_corpus_batches(
     size = position = 0
     with open_text(path) as handle:
         for number, record in json_lines(handle, str(path)):
-            missing = [f for f in fields if not isinstance(record, dict) or f not in record]
+            if not isinstance(record, dict):
+                raise DatasetError(f"{path}, line {number}: a JSON {_json_type(record)}, not an "
+                                   f"object; each line is one object with {', '.join(fields)}")
+            missing = [f for f in fields if f not in record]
             if missing:
                 raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "
                                    f"line needs {', '.join(fields)} (title optional)")
