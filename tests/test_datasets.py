@@ -473,3 +473,67 @@ def test_a_split_whose_qrels_judge_nothing_is_refused(tmp_path):
     datasets.prepare_corpus(entry, out, data_root=str(tmp_path))
     with pytest.raises(DatasetError, match=r"0 queries.*qrels/test\.tsv judges no query"):
         datasets.prepare_split(entry, "test", out, data_root=str(tmp_path))
+
+
+@pytest.mark.parametrize("bad", ["d 4", "d\t4", "d\v4", "d\f4", "d\r4", "d\n4", ""])
+def test_a_doc_id_no_trec_run_line_can_hold_is_refused_at_preparation(
+        quirky_beir, tmp_path, monkeypatch, bad):
+    """A TREC run line's fields end at C's whitespace (contracts.runs.TREC_WHITESPACE): a doc id
+    holding one (or an empty one) can never be written as one field, and the failure showed only
+    at evaluation, after the whole corpus was encoded and searched. Refused while the corpus is
+    prepared, naming the file, the record (counted across batches) and the id."""
+    monkeypatch.setattr(dataset_files, "CORPUS_BATCH_ROWS", 2)
+    records = (quirky_beir / "corpus.jsonl").read_text().splitlines(keepends=True)
+    records.insert(3, json.dumps({"_id": bad, "text": "a document"}) + "\n")
+    (quirky_beir / "corpus.jsonl").write_text("".join(records))
+    out = tmp_path / "out"
+    where = re.escape(f"{quirky_beir / 'corpus.jsonl'}, record 4: doc id {bad!r}")
+    with pytest.raises(DatasetError, match=where) as refused:
+        datasets.prepare_corpus(quirky_entry(quirky_beir), out, data_root=str(tmp_path))
+    assert "\n" not in str(refused.value) and "rename" in str(refused.value)
+    assert not (out / "corpus.parquet").exists()
+
+
+def test_query_and_judged_doc_ids_no_trec_line_can_hold_are_refused(quirky_beir, tmp_path):
+    """A query id holding a space cannot head a run line; a judged doc id holding one (here one
+    the corpus lacks) cannot be a TREC qrels field. Each is refused naming its file and record;
+    a query no qrels judge is not published, so its id is not refused."""
+    entry = quirky_entry(quirky_beir)
+    out = tmp_path / "out"
+    write_jsonl(quirky_beir / "queries.jsonl", [
+        {"_id": "q1", "text": "first"}, {"_id": "q2", "text": "second"},
+        {"_id": "q3", "text": ""}, {"_id": "never judged", "text": "unjudged"}])
+    datasets.prepare(entry, out, data_root=str(tmp_path))  # the unjudged id is not published
+    qrels = quirky_beir / "qrels" / "test.tsv"
+    qrels.write_text(qrels.read_text().replace("q1\tgone", "q1\tgone\x0cdoc"))
+    with pytest.raises(DatasetError, match=re.escape(f"{qrels}, record 2: doc id 'gone\\x0cdoc'")):
+        datasets.prepare_split(entry, "test", out, data_root=str(tmp_path))
+    qrels.write_text(qrels.read_text().replace("gone\x0cdoc", "gone").replace("q2\t", "q 2\t"))
+    write_jsonl(quirky_beir / "queries.jsonl", [
+        {"_id": "q1", "text": "first"}, {"_id": "q 2", "text": "second"},
+        {"_id": "q3", "text": ""}])
+    queries = quirky_beir / "queries.jsonl"
+    with pytest.raises(DatasetError, match=re.escape(f"{queries}, record 2: query id 'q 2'")):
+        datasets.prepare_split(entry, "test", out, data_root=str(tmp_path))
+
+
+def test_ids_holding_unicode_spaces_are_prepared_whole(tmp_path):
+    """trec_eval keeps U+00A0, U+3000, U+2028, U+0085 and \\x1c inside a field, and so do our run
+    readers (contracts.runs.trec_fields): such ids are legal and kept as they are."""
+    ids = ["d\u00a0a", "d\u3000b", "d\u2028c", "d\u0085e", "d\x1cf"]
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / "collection.tsv").write_text(
+        "".join(f"{d}\ttext {n}\n" for n, d in enumerate(ids)), encoding="utf-8")
+    (downloads / "queries.tsv").write_text("q\u00a01\tquestion\n", encoding="utf-8")
+    (downloads / "qrels.txt").write_text(
+        "".join(f"q\u00a01 0 {d} 1\n" for d in ids), encoding="utf-8")
+    entry = {"name": "spaces", "format": "msmarco", "title": "none", "exclude_query_id": False,
+             "corpus": {"download": "collection.tsv"},
+             "splits": [{"name": "dev", "queries": {"download": "queries.tsv"},
+                         "qrels": {"download": "qrels.txt"}}]}
+    out = tmp_path / "out"
+    datasets.prepare(entry, out, data_root=str(tmp_path), downloads=downloads)
+    assert pl.read_parquet(out / "corpus.parquet")["doc_id"].to_list() == ids
+    assert pl.read_parquet(out / "qrels-dev.parquet")["doc_id"].to_list() == ids
+    assert pl.read_parquet(out / "queries-dev.parquet")["query_id"].to_list() == ["q\u00a01"]

@@ -20,6 +20,8 @@ Quirks are counted (corpus: dataset.json; split: the queries/qrels manifests), n
   qrels would publish an empty split); a split with no judged query is refused (except a dpr
   `questions` split, scored by answers),
 - empty document texts / titles and empty queries (kept, counted).
+An id no TREC run line can hold as one field (empty, or holding C's whitespace) is refused, not
+counted: every run naming it would fail evaluation, after encoding and search (check_trec_ids).
 A split's queries are those that appear in its qrels (BEIR's convention; MS MARCO's 808k train
 queries include ~300k without any judgement, useless for training and evaluation), except for DPR's
 open-domain QA files (`format: dpr`, dpr_dataset.py), whose questions are scored by their answers:
@@ -49,6 +51,7 @@ from .contracts.datasets import (
     ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError,
 )
 from .contracts.datasets.checks import check_corpus_batch, check_split, check_unique
+from .contracts.runs import TREC_WHITESPACE
 from .dataset_files import corpus_batches, corpus_source, load_split
 from .errors import command, reading
 
@@ -143,6 +146,46 @@ def corpus_subset(
                   "full_corpus": len(corpus_ids)}, files
 
 
+# An id holding one of these characters is two fields of a TREC run or qrels line (trec_eval
+# splits on C's isspace); as a regex class, written out as escapes.
+_TREC_BREAK = "[" + "".join(f"\\x{ord(c):02x}" for c in TREC_WHITESPACE) + "]"
+
+
+def check_trec_ids(ids: pl.Series, where: str, kind: str, listed: pl.Series | None = None,
+                   before: int = 0) -> None:
+    """Refuse an id no TREC run or qrels line can hold as one field: an empty one, or one holding
+    TREC_WHITESPACE (space, tab, \\n, \\v, \\f, \\r). Evaluation would refuse every run ranking
+    it, after the corpus had been encoded and searched; Unicode spaces (U+00A0, U+3000) stay
+    inside a field for trec_eval and for our readers, and are legal. `listed`: the ids in the
+    order `where` lists them (default `ids`), after `before` other records; the record named is
+    the id's first. One vectorised pass: 25-40 ms per million ids, ~2% of reading them from a TSV.
+    (Here, not in contracts/datasets/checks.py, which `audit` imports: editing it reruns every
+    audit.)"""
+    bad = ids.str.contains(_TREC_BREAK) | (ids == "")
+    if not bad.any():
+        return
+    value = ids.filter(bad)[0]
+    record = before + (ids if listed is None else listed).index_of(value) + 1
+    found = [c for c in value if c in TREC_WHITESPACE][:1]
+    what = f"holds {found[0]!r}" if found else "is empty"
+    raise DatasetError(
+        f"{where}, record {record}: {kind} id {value!r} {what}, which a TREC run line cannot hold "
+        "as one field (its fields are split on whitespace: evaluation would refuse the run after "
+        "the corpus was encoded and searched); rename the id in that file and wherever the "
+        "dataset's other files name it (e.g. whitespace as '_'), then prepare the dataset again"
+    )
+
+
+def _trec_doc_ids(batches: Iterator[pl.DataFrame], where: str) -> Iterator[pl.DataFrame]:
+    """The batches, each doc_id checked as a TREC field (check_trec_ids) as it streams past, so
+    an id no run line can hold stops the corpus here, not evaluation after encoding and search."""
+    before = 0
+    for batch in batches:
+        check_trec_ids(batch["doc_id"], where, "doc", before=before)
+        before += batch.height
+        yield batch
+
+
 def prepare_corpus(
     entry: dict[str, Any],
     out_dir: Path,
@@ -151,6 +194,7 @@ def prepare_corpus(
 ) -> dict[str, Any]:
     """Write corpus.parquet (+ manifest) and dataset.json (title mode, query-id rule, corpus quirks)."""
     batches, inputs = corpus_batches(entry, data_root, downloads)
+    batches = _trec_doc_ids(batches, corpus_source(entry, data_root, downloads))
     subset = None
     if entry.get("subset"):
         keep, subset, qrels_files = corpus_subset(entry, data_root, downloads)
@@ -194,8 +238,14 @@ def prepare_split(
     else:
         (queries, qrels, inputs), counts = load_split(entry, split, data_root, downloads), {}
     doc_ids = pl.read_parquet(out_dir / "corpus.parquet", columns=["doc_id"])
-    every, (queries, qrels, stats) = queries, check_split(
+    every, all_qrels, (queries, qrels, stats) = queries, qrels, check_split(
         queries, qrels, doc_ids, f"{entry['name']} ({split})")
+    first = next(iter(inputs.values()))  # dpr: one file holds questions and positives
+    published = every if entry["format"] == "dpr" else queries
+    # Only what is published: a query no qrels judge never heads a run line.
+    check_trec_ids(published["query_id"], str(inputs.get("queries", first)), "query",
+                   every["query_id"])
+    check_trec_ids(qrels["doc_id"], str(inputs.get("qrels", first)), "doc", all_qrels["doc_id"])
     unknown_allowed = entry.get("max_unknown_judged_queries", 0)
     check_judged_queries(entry, split, stats, unknown_allowed, inputs, every)
     qrels_input = inputs.get("qrels") or next(iter(inputs.values()))
