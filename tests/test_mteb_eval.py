@@ -158,3 +158,24 @@ def test_evaluate_is_offline_when_the_hub_libraries_were_imported_first(tmp_path
     assert huggingface_hub.constants.is_offline_mode()
     assert transformers.utils.hub.is_offline_mode()
     assert hf_datasets.config.HF_HUB_OFFLINE and hf_datasets.config.HF_DATASETS_OFFLINE
+
+
+def test_qrels_lines_end_at_newlines_only_as_the_workflow_reads_them(tmp_path):
+    """str.splitlines() also broke a qrels line at U+2028, U+2029, U+0085 and \\x1c-\\x1e, legal
+    inside an id: MTEB was handed ids cut in two (or the line failed to unpack) where the
+    workflow's reader keeps them whole. Lines end at \\n (a CRLF's \\r dropped), as there."""
+    from retrieval_pretraining import dataset_files
+
+    ids = ["d\u2028a", "d\u2029b", "d\u0085c", "d\x1cd", "d\x1de", "d\x1ef"]
+    (tmp_path / "qrels").mkdir()
+    qrels = tmp_path / "qrels" / "test.tsv"
+    lines = ["query-id\tcorpus-id\tscore"] + [f"q\x1c1\t{d}\t{n % 3}" for n, d in enumerate(ids)]
+    qrels.write_bytes("\r\n".join(lines + [""]).encode())
+    (tmp_path / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": d, "title": "", "text": "t"}) + "\n" for d in ids))
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q\x1c1", "text": "q"}) + "\n")
+    _, queries, read = mteb_eval.read_beir(tmp_path, "test")
+    workflow = dataset_files.read_qrels_file(qrels)
+    assert read == {"q\x1c1": {d: n % 3 for n, d in enumerate(ids)}}
+    assert read == {"q\x1c1": dict(zip(workflow["doc_id"], workflow["relevance"]))}
+    assert [q["id"] for q in queries] == ["q\x1c1"]

@@ -79,7 +79,10 @@ def read_beir(folder: Path, split: str) -> tuple[list[dict], list[dict], dict[st
                                  "(corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
     qrels: dict[str, dict[str, int]] = {}
     with reading(qrels_file, "a BEIR qrels TSV"):
-        lines = qrels_file.read_text(encoding="utf-8").splitlines()
+        # Lines end at \n alone, as the workflow's readers end them: splitlines() also broke a line
+        # at U+2028, U+0085 or \x1c-\x1e, which an id may hold.
+        with open(qrels_file, encoding="utf-8", newline="\n") as handle:
+            lines = [line.rstrip("\r\n") for line in handle]
         for line in lines[1:] if lines and lines[0].startswith("query-id") else lines:
             if line.strip():
                 query, doc, grade = line.split("\t")[:3]
