@@ -185,13 +185,16 @@ def report_params():
             "encoders": reported_encoders(),
             # Each dataset's corpus shard count: the encoding logs behind a dense row (provenance).
             "dense_shards": reported_shards(),
+            # k1, b and the indexed text (title): what a published BM25 number must match.
             "bm25": {
-                k: config["bm25"][k] for k in ("k1", "b") if k in config.get("bm25", {})
+                k: config["bm25"][k]
+                for k in ("k1", "b", "title")
+                if k in config.get("bm25", {})
             },
             # Per dataset, with bm25.overrides applied: what each BM25 run really used.
             "bm25_by_dataset": {
                 e["dataset"]: {
-                    k: bm25_settings(e["dataset"]).get(k) for k in ("k1", "b")
+                    k: bm25_settings(e["dataset"]).get(k) for k in ("k1", "b", "title")
                 }
                 for e in config["evaluate"]["splits"]
             },

@@ -90,7 +90,7 @@ def params(**report_overrides):
         "experiment": "test",
         "resolved_config": {"experiment": "test", "seed": 1},
         "report": report,
-        "bm25": {"k1": 0.9, "b": 0.4},
+        "bm25": {"k1": 0.9, "b": 0.4, "title": "space"},
         "models": [
             {"name": "bert", "objective": "none"},
             {"name": "costa", "objective": "costa"},
@@ -245,6 +245,8 @@ def test_published_values_beside_ours_at_paper_scale(tmp_path):
                 results, "msmarco-passage", f"{model}-{stage}", "dev", {"RR@10": base + 0.1}
             )
     p = params(compare_published=True)
+    # paper.yaml's override: Anserini's passage runs index the text alone.
+    p["bm25_by_dataset"] = {"msmarco-passage": {"k1": 0.9, "b": 0.4, "title": "none"}}
     p["models"] = [{"name": "bert", "objective": "none"}, {"name": "costa", "objective": "costa"}]
     p["report"]["tables"] = [
         {
@@ -731,7 +733,7 @@ def test_bm25_label_and_published_value_follow_each_datasets_own_k1_b():
     label = bm25_row_label(p, both)
     assert label == "BM25 (msmarco-passage: k1=0.82, b=0.68; scifact: k1=0.9, b=0.4)", label
     assert bm25_settings(p, "msmarco-passage") == {"k1": 0.82, "b": 0.68}
-    assert bm25_settings(p, "unlisted") == {"k1": 0.9, "b": 0.4}  # the shared values
+    assert bm25_settings(p, "unlisted") == {"k1": 0.9, "b": 0.4, "title": "space"}  # shared
 
 
 def test_the_bm25_rows_published_number_is_the_one_for_its_datasets_own_k1_b(tmp_path):
@@ -741,7 +743,7 @@ def test_the_bm25_rows_published_number_is_the_one_for_its_datasets_own_k1_b(tmp
     write_metrics(results, "msmarco-passage", "bm25", "dev",
                   {"RR@10": np.linspace(0.1, 0.3, len(QIDS))})
     p = params(compare_published=True) | {
-        "bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68}}}
+        "bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68, "title": "none"}}}
     p["report"]["tables"] = [{"name": "passage", "rows": [], "columns": [
         {"dataset": "msmarco-passage", "split": "dev", "measure": "RR@10",
          "benchmark": "msmarco-passage-dev"}]}]
@@ -1169,7 +1171,7 @@ def test_tuned_bm25_anchor_is_the_official_mrr_our_rr10_reproduces():
     from retrieval_pretraining.tables.layout import Cell
     from retrieval_pretraining.tables.render import render_cell
 
-    published = bm25_value(0.82, 0.68, "msmarco-passage-dev", "RR@10")
+    published = bm25_value(0.82, 0.68, "none", "msmarco-passage-dev", "RR@10")
     cell = Cell(0.18741227770955546, published=published)
     assert render_cell(cell, 3) == "0.187 (0.187, Δ ±0.000)"
     assert "official eval script" in published.source
@@ -1180,9 +1182,38 @@ def test_a_bm25_number_is_published_only_for_both_of_its_parameters():
     0.68): no published number, rather than one of another configuration."""
     from retrieval_pretraining.paper_numbers import bm25_value
 
-    assert bm25_value(0.9, 0.4, "msmarco-passage-dev", "RR@10").value == 0.1840
-    assert bm25_value(0.9, 0.68, "msmarco-passage-dev", "RR@10") is None
-    assert bm25_value(0.82, 0.4, "msmarco-passage-dev", "RR@10") is None
+    assert bm25_value(0.9, 0.4, "none", "msmarco-passage-dev", "RR@10").value == 0.1840
+    assert bm25_value(0.9, 0.68, "none", "msmarco-passage-dev", "RR@10") is None
+    assert bm25_value(0.82, 0.4, "none", "msmarco-passage-dev", "RR@10") is None
+
+
+def test_a_bm25_number_is_published_only_for_the_title_indexing_it_used():
+    """BM25 scores depend on the indexed text too: Anserini's MS MARCO passage runs index the
+    passage alone (bm25.title none), its BEIR flat runs title + " " + text (space). A run of the
+    other setting (one override of `title` alone) gets no published number, rather than a wrong
+    one; every BM25 number records its setting, or it would never be shown."""
+    from retrieval_pretraining.paper_numbers import BM25, bm25_value
+
+    assert {p.bm25_title for values in BM25.values() for p in values} == {"none", "space"}
+    assert bm25_value(0.9, 0.4, "none", "dl19-passage", "nDCG@10").value == 0.5058
+    assert bm25_value(0.9, 0.4, "space", "msmarco-passage-dev", "RR@10") is None
+    assert bm25_value(0.82, 0.68, "space", "msmarco-passage-dev", "RR@10") is None
+    assert bm25_value(0.9, 0.4, "space", "scifact-test", "nDCG@10").value == 0.6789
+    assert bm25_value(0.9, 0.4, "none", "scifact-test", "nDCG@10") is None
+    assert bm25_value(0.9, 0.4, None, "scifact-test", "nDCG@10") is None  # not recorded
+
+
+@pytest.mark.parametrize("title, published", [("space", [0.6789, 0.9253]), ("none", [None, None])])
+def test_the_bm25_rows_published_numbers_follow_its_datasets_own_title_setting(
+        synthetic, tmp_path, title, published):
+    """bm25.overrides may change SciFact's title setting alone: the row beside it then shows no
+    published number (0.6789 indexed title + text), while k1/b still match."""
+    results, _ = synthetic
+    p = params(compare_published=True) | {
+        "bm25_by_dataset": {"scifact": {"k1": 0.9, "b": 0.4, "title": title}}}
+    summary = make_tables(p, results, tmp_path / "t.md")
+    bm25 = next(r for g in summary["tables"]["main"] for r in g["rows"] if r["system"] == "bm25")
+    assert [c["published"] for c in bm25["cells"]] == published
 
 
 def test_a_published_value_measured_here_is_marked_in_parentheses_too(synthetic, tmp_path):
@@ -1346,3 +1377,23 @@ def test_judged_documents_missing_are_listed_once_per_split_with_any_allowance(t
     columns = [("a", "test"), ("b", "dev"), ("a", "test"), ("c", "test"), ("d", "test")]
     [line] = missing_judged_documents(tmp_path, columns)
     assert line.endswith("as the official evaluations do): a/test 0; b/dev 3 (allowed: 5)"), line
+
+
+def test_the_tables_job_gets_each_datasets_bm25_title_setting(tmp_path):
+    """What places a published BM25 number (paper_numbers.bm25_value) reaches the tables stage:
+    report_params passes each dataset's title setting with its k1/b (bm25.overrides applied)."""
+    import shlex
+
+    from workflow_harness import copy_project, snakemake
+
+    project = copy_project(tmp_path / "project", {"bm25": {"overrides": [
+        {"dataset": "scifact", "title": "none"}]}})
+    result = snakemake(project, "--dry-run", "--printshellcmds", "--forceall", "results/tables.md")
+    lines = (line.strip().removeprefix("Shell command: ")
+             for line in (result.stdout + result.stderr).splitlines())
+    [tables] = [shlex.split(line) for line in lines
+                if line.startswith("python -m retrieval_pretraining.tables ")]
+    sliced = json.loads(tables[tables.index("--config") + 1])
+    assert sliced["bm25"] == {"k1": 0.9, "b": 0.4, "title": "space"}
+    assert sliced["bm25_by_dataset"]["scifact"] == {"k1": 0.9, "b": 0.4, "title": "none"}
+    assert sliced["bm25_by_dataset"]["scifact-full"]["title"] == "space"

@@ -29,7 +29,8 @@ def bm25_label(bm25: dict[str, Any] | None) -> str:
 
 
 def bm25_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
-    """The k1/b BM25 ran with on `dataset` (bm25.overrides applied), else the shared values."""
+    """The k1/b (and title setting) BM25 ran with on `dataset` (bm25.overrides applied), else the
+    shared values."""
     return (params.get("bm25_by_dataset") or {}).get(dataset) or params.get("bm25") or {}
 
 
@@ -79,7 +80,8 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
             bm25 = bm25_settings(params, c["dataset"])
             pub = (
                 paper_numbers.bm25_value(
-                    bm25.get("k1"), bm25.get("b"), c.get("benchmark", ""), c["measure"]
+                    bm25.get("k1"), bm25.get("b"), bm25.get("title"), c.get("benchmark", ""),
+                    c["measure"],
                 )
                 if compare
                 else None
