@@ -372,6 +372,32 @@ def test_out_of_memory_in_a_step_names_the_micro_batch_size_that_fixes_it(where,
     assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
 
 
+@pytest.mark.parametrize("nan", [True, False])
+def test_a_nonfinite_step_read_late_is_reported_before_the_next_steps_error(nan, setup, tmp_path,
+                                                                          monkeypatch):
+    """Step s's values are read after step s+1 is queued: when queueing s+1 fails (out of memory
+    here), step s's NaN loss, what a user must fix first, is still the error raised, with the
+    later one as its context (on the traceback too), not lost with the unread values. A finite
+    step s leaves the later error as it was."""
+    def nan_at_step_0(model, batch, out):
+        return out | {"loss": out["loss"] * math.nan} if nan and int(batch["step"]) == 0 else out
+
+    def out_of_memory_at_step_1(model, batch):
+        if int(batch["step"]) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated, step 1)")
+
+    _wrap_forward(monkeypatch, before=out_of_memory_at_step_1, after=nan_at_step_0)
+    with pytest.raises(Exception) as raised:
+        _run(fx.model_settings("mlm", max_steps=3), setup, tmp_path)
+    later = raised.value.__context__ if nan else raised.value
+    if nan:
+        assert isinstance(raised.value, training.NonFiniteLossError)
+        assert re.match(r"loss term 'loss' is nan at step 0 for batch items \[\d+",
+                        str(raised.value))
+    assert type(later) is RuntimeError and "out of memory with micro_batch_size" in str(later)
+    assert isinstance(later.__cause__, torch.OutOfMemoryError)
+
+
 class OutOfMemoryInBackward(torch.autograd.Function):
     """The identity, whose backward runs out of memory."""
 

@@ -59,6 +59,18 @@ class QueuedStep(NamedTuple):
     waited: float  # seconds of it spent waiting for the DataLoader
 
 
+def raise_if_nonfinite(queued: QueuedStep) -> None:
+    """A queued step's non-finite report (check_finite_step), if it has one: for when queueing
+    the step after it failed, so that step s's NaN, read a step late, is not lost under the error
+    of step s + 1 (called while that error is handled: the traceback shows both). A read that
+    fails itself (the device lost) adds nothing to the error already raised."""
+    try:
+        read = queued.read.take()
+    except Exception:
+        return
+    training.check_finite_step(read, queued.keys, step=queued.step, item_ids=queued.item_ids)
+
+
 def resume_job(settings: dict[str, Any], checksums: dict[str, Any],
                models: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a resumable state must match (training.claim_state): same settings, same data, same
@@ -436,7 +448,12 @@ def _train(
     # which the run stops is read at once instead, with nothing queued after it.
     pending: QueuedStep | None = None
     for step in range(start, total_steps):
-        queued = queue_step(step)
+        try:
+            queued = queue_step(step)
+        except Exception:
+            if pending is not None:  # its NaN, if any, first: this error may follow from it
+                raise_if_nonfinite(pending)
+            raise
         stopping = finish(pending, queued.started) if pending is not None else False
         pending = queued
         done = step + 1
