@@ -4,7 +4,8 @@ whether a step is one micro-batch a process or several.
 Checked three ways: the layout of joined micro-batches by hand; the cached step's gradient against
 one autograd pass over the joined contrast set (same model, same micro-batches, dropout on); and
 the trainer on one process (accumulating, cached) against two gloo processes (one micro-batch
-each, gathered), which must train the same weights."""
+each, gathered), which must train the same weights. Out of memory in what a caching step holds at
+once names what shrinks it (not micro_batch_size)."""
 
 import json
 
@@ -170,3 +171,54 @@ def test_a_gathering_row_trains_the_same_on_one_process_as_on_two(objective, mic
     one_w, two_w = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     worst = max((one_w[k] - two_w[k]).abs().max().item() for k in one_w)
     assert worst <= 1e-5, f"largest weight difference {worst}"
+
+
+class _OutOfMemoryInBackward(torch.autograd.Function):
+    """The identity, whose backward runs out of memory (a stand-in for CUDA's on the CPU)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated, the cache's gradient)")
+
+
+@pytest.mark.parametrize("where", ["fetch", "loss", "gradient"])
+def test_out_of_memory_in_the_cached_pass_names_what_shrinks_it(where, setup, tmp_path,
+                                                                 monkeypatch):
+    """A caching step holds this process's whole share of the global batch at once: its
+    micro-batches' inputs (fetched before the first), then the contrastive loss over all of them
+    and its gradient. Out of memory there, lowering micro_batch_size (a micro-batch's advice)
+    would shrink none of it: the error names the global batch and more GPUs instead."""
+    from retrieval_pretraining.pretrain.train import train
+
+    if where == "fetch":  # the trainer's one non-blocking copy: a micro-batch to the device
+        to = torch.Tensor.to
+
+        def to_then(self, *args, **kwargs):
+            if kwargs.get("non_blocking"):
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated, fetch)")
+            return to(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", to_then)
+    else:  # only the cache calls contrast_loss in a caching run
+        contrast_loss = Pretrainer.contrast_loss
+
+        def loss_then(self, inputs, stats):
+            if where == "loss":
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated, joined loss)")
+            return _OutOfMemoryInBackward.apply(contrast_loss(self, inputs, stats))
+
+        monkeypatch.setattr(Pretrainer, "contrast_loss", loss_then)
+    checkpoint, chunks, _ = setup
+    with pytest.raises(RuntimeError) as raised:
+        train(gathering("cpdae", max_steps=1), chunks=chunks, spans=None, checkpoint=checkpoint,
+              encoder_out=tmp_path / "encoder", metrics_out=tmp_path / "metrics.jsonl",
+              plot_out=tmp_path / "loss.png", state_dir=tmp_path / "state")
+    message = str(raised.value)
+    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
+    assert message.startswith("out of memory with global_batch_size=8: ")
+    assert "8 texts of this process" in message and "lower 'micro_batch_size'" not in message
+    assert "more GPUs" in message and "lower 'global_batch_size'" in message

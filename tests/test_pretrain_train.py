@@ -350,16 +350,27 @@ def test_a_step_is_read_after_the_next_is_queued_unless_its_weights_are_read_nex
         [{k: v for k, v in r.items() if k not in timing} for r in records]
 
 
-@pytest.mark.parametrize("where", ["forward", "backward", "optimizer step"])
+@pytest.mark.parametrize("where", ["forward", "backward", "optimizer step", "fetch", "probes"])
 def test_out_of_memory_in_a_step_names_the_micro_batch_size_that_fixes_it(where, setup, tmp_path,
                                                                          monkeypatch):
     """A micro-batch's forward and backward, and the optimiser step (whose first call allocates
     AdamW's state beside the weights), are where a step runs out of GPU memory: each says to
-    lower micro_batch_size, which gradient accumulation compensates."""
+    lower micro_batch_size, which gradient accumulation compensates. So do a micro-batch's copy
+    to the device and the probes (batches of at most micro_batch_size held-out chunks). A
+    caching step's own: test_pretrain_contrast_cache.py."""
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError(f"CUDA out of memory (simulated, {where})")
 
-    if where == "forward":
+    settings = fx.model_settings("mlm", max_steps=2, probe_chunks=4 if where == "probes" else 0)
+    if where == "fetch":  # the trainer's one non-blocking copy: a micro-batch to the device
+        to = torch.Tensor.to
+        monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: out_of_memory()
+                            if k.get("non_blocking") else to(self, *a, **k))
+    elif where == "probes":
+        from retrieval_pretraining.pretrain import train as ptrain
+
+        monkeypatch.setattr(ptrain.probes, "probe_batches", out_of_memory)
+    elif where == "forward":
         _wrap_forward(monkeypatch, before=out_of_memory)
     elif where == "backward":
         _wrap_forward(monkeypatch, after=lambda model, batch, out: out | {
@@ -368,7 +379,7 @@ def test_out_of_memory_in_a_step_names_the_micro_batch_size_that_fixes_it(where,
         monkeypatch.setattr(training, "step_if_finite", out_of_memory)
     with pytest.raises(RuntimeError, match=r"out of memory with micro_batch_size=4: lower "
                                            r"'micro_batch_size' \(the global batch stays") as raised:
-        _run(fx.model_settings("mlm", max_steps=2), setup, tmp_path)
+        _run(settings, setup, tmp_path)
     assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
 
 

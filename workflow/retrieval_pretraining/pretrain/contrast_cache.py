@@ -67,14 +67,29 @@ def split(joined: dict[str, torch.Tensor], texts: Sequence[int]) -> list[dict[st
     return parts
 
 
+def out_of_memory_fix(global_batch_size: int, world_size: int) -> str:
+    """What an out-of-memory error tells the user where a caching step holds this process's whole
+    share of the global batch at once (training.oom_guard's `fix`): its micro-batches' inputs,
+    fetched before the first, and part 2. Lowering micro_batch_size, a micro-batch's advice,
+    shrinks none of it: gradient accumulation grows to hold the same texts."""
+    return (f"a caching step holds {global_batch_size // world_size} texts of this process at "
+            f"once, their inputs, then the contrastive loss against the {global_batch_size} "
+            "gathered and its gradient (pretrain/contrast_cache.py), whatever micro_batch_size "
+            "is: train on more GPUs (each then holds fewer), or lower 'global_batch_size', which "
+            "contrasts each text with fewer negatives, so changes what is trained, and restarts "
+            "at step 0, the saved state moved aside, not deleted (training.claim_state)")
+
+
 def cached_contrast(model: Any, batches: Sequence[dict[str, torch.Tensor]],
                     seed: Callable[[int], None],
                     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                    guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                     ) -> list[dict[str, Any]]:
     """Parts 1 and 2 above for one step's micro-batches: per micro-batch, the `cached` argument of
     its forward pass (the loss's value, its gradient with respect to that micro-batch's inputs,
     the statistics). `seed(i)` seeds micro-batch i's dropout as its training pass will;
-    `context()` is the pass's autocast (and memory guard)."""
+    `context()` is a micro-batch pass's autocast (and memory guard); `guard()` part 2's memory
+    guard, whose advice is not a micro-batch's (out_of_memory_fix)."""
     parts, texts = [], []
     with torch.no_grad():
         for i, batch in enumerate(batches):
@@ -83,14 +98,15 @@ def cached_contrast(model: Any, batches: Sequence[dict[str, torch.Tensor]],
                 inputs = model.contrast_inputs(batch)
             parts.append(inputs)
             texts.append(len(inputs["text"]) if "text" in inputs else len(inputs["views"]) // 2)
-    # fp32 leaves: the losses compute in fp32 anyway (fp32_scores, upcast), and so does the
-    # gradient kept for part 3.
-    joined = {key: value.float().requires_grad_() if value.is_floating_point() else value
-              for key, value in join(parts).items()}
-    stats: dict[str, Any] = {}
-    with context():
-        loss = model.contrast_loss(joined, stats)
-    leaves = [key for key, value in joined.items() if value.requires_grad]
-    grads = dict(zip(leaves, torch.autograd.grad(loss, [joined[key] for key in leaves])))
-    value = loss.detach().float()
-    return [{"value": value, "stats": stats, "grads": part} for part in split(grads, texts)]
+    with guard():
+        # fp32 leaves: the losses compute in fp32 anyway (fp32_scores, upcast), and so does the
+        # gradient kept for part 3.
+        joined = {key: value.float().requires_grad_() if value.is_floating_point() else value
+                  for key, value in join(parts).items()}
+        stats: dict[str, Any] = {}
+        with context(), guard():  # inside `context`'s guard: the error gets this one's advice
+            loss = model.contrast_loss(joined, stats)
+        leaves = [key for key, value in joined.items() if value.requires_grad]
+        grads = dict(zip(leaves, torch.autograd.grad(loss, [joined[key] for key in leaves])))
+        value = loss.detach().float()
+        return [{"value": value, "stats": stats, "grads": part} for part in split(grads, texts)]

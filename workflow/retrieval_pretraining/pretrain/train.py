@@ -300,7 +300,9 @@ def _train(
 
     def probe_scores() -> dict[str, float]:
         """The objective's probes on the held-out chunks (main rank; nothing when none)."""
-        with training.autocast(env.device, tr["precision"]):
+        # A probe batch is at most micro_batch_size chunks (data.probe_batches), without gradients.
+        with training.oom_guard(tr["micro_batch_size"]), \
+                training.autocast(env.device, tr["precision"]):
             return probes.probe_batches(model, [
                 {k: v.to(env.device) for k, v in b.items()} for b in held_out])
 
@@ -354,6 +356,11 @@ def _train(
         with training.oom_guard(tr["micro_batch_size"]), training.autocast(env.device, tr["precision"]):
             yield
 
+    cache_fix = contrast_cache.out_of_memory_fix(tr["global_batch_size"], env.world_size)
+
+    def cache_guarded():  # what a caching step holds at once is no micro-batch's memory
+        return training.oom_guard(tr["global_batch_size"], "global_batch_size", fix=cache_fix)
+
     def queue_step(step: int) -> QueuedStep:
         """Step `step`, queued on the device: its micro-batches, the update, the read of its values
         on their way to the host (nothing here waits for the GPU)."""
@@ -365,12 +372,15 @@ def _train(
         # A tensor, not a float: compiled, a float's value would be guarded (see Pretrainer.forward).
         progress = torch.full((), step / total_steps, dtype=torch.float64, device=env.device)
         # Caching the contrastive gradient needs every micro-batch of the step before the first.
-        fetched = [fetch() for _ in range(accumulation)] if cache else []
+        with cache_guarded():
+            fetched = [fetch() for _ in range(accumulation)] if cache else []
         cached = contrast_cache.cached_contrast(
             model, [f[0] for f in fetched], lambda micro: seed_micro(step, micro), guarded,
+            cache_guarded,
         ) if cache else None
         for micro in range(accumulation):
-            batch, ids, n_tokens, wait = fetched[micro] if cache else fetch()
+            with training.oom_guard(tr["micro_batch_size"]):
+                batch, ids, n_tokens, wait = fetched[micro] if cache else fetch()
             item_ids.append(ids)
             tokens += n_tokens
             waited += wait
