@@ -934,6 +934,42 @@ def test_following_the_out_of_memory_message_restarts_and_keeps_the_old_state(
     assert json.loads((aside / "latest.json").read_text())["step"] == 1
 
 
+@pytest.mark.parametrize("where", ["encoder", "resumed state"])
+def test_out_of_memory_before_any_step_names_the_gpu_not_a_micro_batch_key(tmp_path, monkeypatch,
+                                                                           where):
+    """Loading the encoder onto the GPU, or a resumed optimiser state (AdamW's, twice the
+    weights), comes before any micro-batch: out of memory there, no finetune key helps (the
+    weights, their gradients and AdamW's state are the same whatever the micro-batch), so the
+    message names what does, the GPU's other tenants and its size, not sub_batches."""
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+           "save_every_steps": 1}
+    run = dict(seed=1, out=tmp_path / "encoder", state_dir=tmp_path / "state",
+               metrics_path=tmp_path / "metrics.jsonl")
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError(f"CUDA out of memory (simulated, {where})")
+
+    if where == "resumed state":
+        with monkeypatch.context() as patch, pytest.raises(RuntimeError, match="sub_batches"):
+            _out_of_memory_at(patch, "forward", call=1)  # after step 1's save
+            fine_tune(cfg, base, data, [data["bm25"]], **run)
+        monkeypatch.setattr(torch.optim.AdamW, "load_state_dict", out_of_memory)
+    else:
+        monkeypatch.setattr(ftrain, "load_bi_encoder", out_of_memory)
+    with pytest.raises(RuntimeError) as error:
+        fine_tune(cfg, base, data, [data["bm25"]], **run)
+    message = str(error.value)
+    assert isinstance(error.value.__cause__, torch.OutOfMemoryError)
+    loaded = "the encoder" if where == "encoder" else "the resumed optimiser state"
+    assert message.startswith(f"out of memory with micro_batch=8: loading {loaded} onto ")
+    assert _named_keys(message) == set() and "sub_batches" not in message
+    assert "nvidia-smi" in message and "gpu_model" in message
+    if where == "resumed state":  # kept for the rerun on a GPU with room
+        assert json.loads((tmp_path / "state" / "latest.json").read_text())["step"] == 1
+
+
 def test_a_full_disk_during_the_export_leaves_no_encoder_folder_and_a_rerun_recovers(tmp_path):
     """The encoder folder appears whole or not at all: a disk that fills while model.safetensors
     is written leaves no encoder/ (no config.json that looks like a model), and the export once
