@@ -383,6 +383,44 @@ def test_out_of_memory_in_a_step_names_the_micro_batch_size_that_fixes_it(where,
     assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
 
 
+@pytest.mark.parametrize("where", ["model", "resumed state"])
+def test_out_of_memory_before_any_step_names_the_gpu_not_the_micro_batch_size(where, setup,
+                                                                              tmp_path,
+                                                                              monkeypatch):
+    """Moving the model onto the GPU and loading a resumed optimiser state (AdamW's, twice the
+    weights) come before any micro-batch: out of memory there, lowering micro_batch_size (the
+    steps' advice) changes nothing, so the message names what does, the GPU's other tenants and
+    its size (pre-training's rule, not fine-tuning's), and a saved state survives for the rerun."""
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError(f"CUDA out of memory (simulated, {where})")
+
+    settings = fx.model_settings("mlm", max_steps=4, checkpoint_every=1)
+    latest = tmp_path / "state" / "checkpoints" / "latest.json"
+    if where == "resumed state":
+        with monkeypatch.context() as patch, pytest.raises(RuntimeError, match="micro_batch_size"):
+            _wrap_forward(patch, before=lambda model, batch: out_of_memory()
+                          if int(batch["step"]) == 2 else None)
+            _run(settings, setup, tmp_path)
+        saved = json.loads(latest.read_text())
+        assert saved["step"] > 0
+        monkeypatch.setattr(torch.optim.AdamW, "load_state_dict", out_of_memory)
+    else:
+        monkeypatch.setattr(Pretrainer, "to", out_of_memory)
+    with pytest.raises(RuntimeError) as raised:
+        _run(settings, setup, tmp_path)
+    message = str(raised.value)
+    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
+    doing = {"model": "loading the model onto ",
+             "resumed state": "loading the resumed optimiser state onto "}[where]
+    assert message.startswith(f"out of memory with micro_batch_size=4: {doing}")
+    assert "lower 'micro_batch_size'" not in message and "finetune" not in message
+    assert "no pretrain trainer key lowers this" in message
+    assert "nvidia-smi" in message and "gpu_model on pretrain_model in" in message
+    if where == "resumed state":  # kept, whole, for the rerun on a GPU with room
+        assert json.loads(latest.read_text()) == saved
+        assert (latest.parent / saved["checkpoint"] / "state.safetensors").is_file()
+
+
 @pytest.mark.parametrize("nan", [True, False])
 def test_a_nonfinite_step_read_late_is_reported_before_the_next_steps_error(nan, setup, tmp_path,
                                                                           monkeypatch):

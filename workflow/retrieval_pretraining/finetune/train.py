@@ -32,6 +32,9 @@ from .settings import FinetuneSettings
 log = logging.getLogger(__name__)
 
 PREFETCH = 2  # micro-batches tokenised ahead of the step (prefetched_micro_batches)
+# Out of memory before any micro-batch (training.loading_out_of_memory_fix): fine-tuning's keys
+# and GPU rules.
+GPU_ADVICE = {"keys": "finetune key", "rules": "finetune_stage1 and finetune_stage2"}
 
 
 def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path, corpus: Path,
@@ -52,8 +55,8 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                          f"{s.batch_size}; lower finetune.batch_size")
     total_steps = steps_per_epoch * s.epochs
 
-    with training.oom_guard(plan.micro_batch, "micro_batch",
-                            fix=loading_out_of_memory_fix("the encoder", env.device)):
+    with training.oom_guard(plan.micro_batch, "micro_batch", fix=training.loading_out_of_memory_fix(
+            "the encoder", env.device, **GPU_ADVICE)):
         model, tokenizer = load_bi_encoder(init, r, env.device, projector=s.projector, heads=heads)
     optimizer = training.build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay)
     scheduler = training.linear_schedule(optimizer, total_steps=total_steps,
@@ -76,8 +79,8 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     training.barrier(env)
     data = data.with_passages(PassageStore(passages_file))
     # A resumed state brings AdamW's moments (twice the weights) onto the GPU, before any step.
-    with training.oom_guard(plan.micro_batch, "micro_batch", fix=loading_out_of_memory_fix(
-            "the resumed optimiser state", env.device)):
+    with training.oom_guard(plan.micro_batch, "micro_batch", fix=training.loading_out_of_memory_fix(
+            "the resumed optimiser state", env.device, **GPU_ADVICE)):
         resumed = training.load_state(state_dir, model=model, optimizer=optimizer,
                                       scheduler=scheduler)
     start = resumed["step"] if resumed else 0
@@ -253,19 +256,6 @@ def out_of_memory_fix(settings: FinetuneSettings, plan: ContrastPlan, world_size
             "which changes what is trained; or lower 'finetune.group_size' or 'finetune.p_len'. "
             "Any of these restarts at step 0, the saved state moved aside, not deleted "
             f"(training.claim_state). Or, keeping the negatives, {spread}")
-
-
-def loading_out_of_memory_fix(what: str, device: torch.device) -> str:
-    """What an out-of-memory error outside a step tells the user (training.oom_guard's `fix`):
-    `what` did not fit before any micro-batch ran, so no key that shrinks a micro-batch
-    (out_of_memory_fix) helps: the weights, their gradients and AdamW's state take the same memory
-    whatever the micro-batch. What helps is the GPU: what else holds its memory, or its size."""
-    return (f"loading {what} onto {device}, before any micro-batch: the GPU holds the weights, "
-            "their gradients and AdamW's state (twice the weights) whatever the micro-batch, so "
-            "no finetune key lowers this. Check that no other process holds its memory "
-            "(nvidia-smi), or train on a GPU with more memory (slurm/config.yaml's GPU "
-            "partitions; one GPU model: gpu_model on finetune_stage1 and finetune_stage2 in "
-            "profiles/default/config.yaml). A saved state is kept: the same command resumes it")
 
 
 def adamw_state_bytes(optimizer: torch.optim.Optimizer) -> int:

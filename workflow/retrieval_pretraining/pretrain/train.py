@@ -46,6 +46,10 @@ RESULT_NEUTRAL = ("tensorboard", "log_every", "probe_every", "checkpoint_every",
 # benchmarks/trainer_throughput.py --read-at-once sets it to measure what the lag buys.
 READ_A_STEP_LATE = True
 
+# Out of memory before any micro-batch (training.loading_out_of_memory_fix): pre-training's keys
+# and GPU rule.
+GPU_ADVICE = {"keys": "pretrain trainer key", "rules": "pretrain_model"}
+
 
 class QueuedStep(NamedTuple):
     """A step queued on the device whose values have not been read yet."""
@@ -255,8 +259,10 @@ def _train(
     warmup = int(round(tr["warmup_ratio"] * schedule_steps))
 
     bag_prior = dataset.mean_bag_size() / vocab.size if objective in ("cpdae", "cpdae_r") else None
-    model = Pretrainer(checkpoint, settings, tr["attn_implementation"], bag_prior,
-                       init_heads=init_heads).to(env.device)
+    with training.oom_guard(tr["micro_batch_size"], fix=training.loading_out_of_memory_fix(
+            "the model", env.device, **GPU_ADVICE)):
+        model = Pretrainer(checkpoint, settings, tr["attn_implementation"], bag_prior,
+                           init_heads=init_heads).to(env.device)
     head_warmup = head_warmup_steps(tr["head_warmup_steps"], model.fresh_head, warmup)
     total_steps = head_warmup + schedule_steps
     dataset.total_steps = total_steps
@@ -272,7 +278,11 @@ def _train(
     models = {"checkpoint": weights_identity(checkpoint),
               "init_heads": weights_identity(init_heads)}
     training.claim_state(ckpt_dir, resume_job(settings, checksums, models), env, aside=state_dir)
-    resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
+    # A resumed state brings AdamW's moments (twice the weights) onto the GPU, before any step.
+    with training.oom_guard(tr["micro_batch_size"], fix=training.loading_out_of_memory_fix(
+            "the resumed optimiser state", env.device, **GPU_ADVICE)):
+        resumed = training.load_state(ckpt_dir, model=model, optimizer=optimizer,
+                                      scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     training.check_same_start(start, env)
     tokens_seen = resumed["extra"].get("tokens_seen", 0) if resumed else 0

@@ -87,3 +87,21 @@ def oom_guard(micro_batch_size: int, hint: str = "micro_batch_size", *,
             "compensate), or shorten max_len; either restarts at step 0, the saved state moved "
             "aside, not deleted (training.claim_state)")
         raise RuntimeError(f"out of memory with {hint}={micro_batch_size}: {fix}") from error
+
+
+def loading_out_of_memory_fix(what: str, device: torch.device, *, keys: str, rules: str) -> str:
+    """What an out-of-memory error loading `what` onto `device` before any micro-batch tells the
+    user (oom_guard's `fix`), in both trainers: no key that shrinks a micro-batch helps, as the
+    weights, their gradients and AdamW's state take the same memory whatever the micro-batch; what
+    helps is the GPU (_gpu_fix). `keys`: the trainer's keys that do not help ("finetune key");
+    `rules`: its GPU rules in profiles/default/config.yaml."""
+    return (f"loading {what} onto {device}, before any micro-batch: the GPU holds the weights, "
+            "their gradients and AdamW's state (twice the weights) whatever the micro-batch, so "
+            f"no {keys} lowers this. {_gpu_fix(rules)}")
+
+
+def _gpu_fix(rules: str) -> str:
+    return ("Check that no other process holds its memory (nvidia-smi), or train on a GPU with "
+            "more memory (slurm/config.yaml's GPU partitions; one GPU model: gpu_model on "
+            f"{rules} in profiles/default/config.yaml). A saved state is kept: the same command "
+            "resumes it")
