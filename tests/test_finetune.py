@@ -934,11 +934,12 @@ def test_following_the_out_of_memory_message_restarts_and_keeps_the_old_state(
     assert json.loads((aside / "latest.json").read_text())["step"] == 1
 
 
-@pytest.mark.parametrize("where", ["encoder", "resumed state"])
+@pytest.mark.parametrize("where", ["encoder", "resumed state", "DDP"])
 def test_out_of_memory_before_any_step_names_the_gpu_not_a_micro_batch_key(tmp_path, monkeypatch,
                                                                            where):
     """Loading the encoder onto the GPU, or a resumed optimiser state (AdamW's, twice the
-    weights), comes before any micro-batch: out of memory there, no finetune key helps (the
+    weights), or wrapping the model in DDP (gradient buffers the size of the weights, with several
+    processes) comes before any micro-batch: out of memory there, no finetune key helps (the
     weights, their gradients and AdamW's state are the same whatever the micro-batch), so the
     message names what does, the GPU's other tenants and its size, not sub_batches."""
     data = tiny_dataset(tmp_path / "data")
@@ -956,16 +957,21 @@ def test_out_of_memory_before_any_step_names_the_gpu_not_a_micro_batch_key(tmp_p
             _out_of_memory_at(patch, "forward", call=1)  # after step 1's save
             fine_tune(cfg, base, data, [data["bm25"]], **run)
         monkeypatch.setattr(torch.optim.AdamW, "load_state_dict", out_of_memory)
+    elif where == "DDP":  # DDP's constructor, where its gradient buffers are allocated
+        monkeypatch.setattr(training, "data_parallel", out_of_memory)
     else:
         monkeypatch.setattr(ftrain, "load_bi_encoder", out_of_memory)
     with pytest.raises(RuntimeError) as error:
         fine_tune(cfg, base, data, [data["bm25"]], **run)
     message = str(error.value)
     assert isinstance(error.value.__cause__, torch.OutOfMemoryError)
-    loaded = "the encoder" if where == "encoder" else "the resumed optimiser state"
-    assert message.startswith(f"out of memory with micro_batch=8: loading {loaded} onto ")
+    doing = {"encoder": "loading the encoder onto ", "DDP": "wrapping the model in DDP on ",
+             "resumed state": "loading the resumed optimiser state onto "}[where]
+    assert message.startswith(f"out of memory with micro_batch=8: {doing}")
+    if where == "DDP":
+        assert "DDP's gradient buffers" in message and "nor do more GPUs" in message
     assert _named_keys(message) == set() and "sub_batches" not in message
-    assert "nvidia-smi" in message and "gpu_model" in message
+    assert "nvidia-smi" in message and "gpu_model on finetune_stage1" in message
     if where == "resumed state":  # kept for the rerun on a GPU with room
         assert json.loads((tmp_path / "state" / "latest.json").read_text())["step"] == 1
 

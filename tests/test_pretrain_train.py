@@ -383,12 +383,13 @@ def test_out_of_memory_in_a_step_names_the_micro_batch_size_that_fixes_it(where,
     assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
 
 
-@pytest.mark.parametrize("where", ["model", "resumed state"])
+@pytest.mark.parametrize("where", ["model", "resumed state", "DDP"])
 def test_out_of_memory_before_any_step_names_the_gpu_not_the_micro_batch_size(where, setup,
                                                                               tmp_path,
                                                                               monkeypatch):
-    """Moving the model onto the GPU and loading a resumed optimiser state (AdamW's, twice the
-    weights) come before any micro-batch: out of memory there, lowering micro_batch_size (the
+    """Moving the model onto the GPU, loading a resumed optimiser state (AdamW's, twice the
+    weights) and wrapping the model in DDP (gradient buffers the size of the weights, with several
+    processes) come before any micro-batch: out of memory there, lowering micro_batch_size (the
     steps' advice) changes nothing, so the message names what does, the GPU's other tenants and
     its size (pre-training's rule, not fine-tuning's), and a saved state survives for the rerun."""
     def out_of_memory(*args, **kwargs):
@@ -404,18 +405,22 @@ def test_out_of_memory_before_any_step_names_the_gpu_not_the_micro_batch_size(wh
         saved = json.loads(latest.read_text())
         assert saved["step"] > 0
         monkeypatch.setattr(torch.optim.AdamW, "load_state_dict", out_of_memory)
+    elif where == "DDP":  # DDP's constructor, where its gradient buffers are allocated
+        monkeypatch.setattr(training, "data_parallel", out_of_memory)
     else:
         monkeypatch.setattr(Pretrainer, "to", out_of_memory)
     with pytest.raises(RuntimeError) as raised:
         _run(settings, setup, tmp_path)
     message = str(raised.value)
     assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
-    doing = {"model": "loading the model onto ",
+    doing = {"model": "loading the model onto ", "DDP": "wrapping the model in DDP on ",
              "resumed state": "loading the resumed optimiser state onto "}[where]
     assert message.startswith(f"out of memory with micro_batch_size=4: {doing}")
     assert "lower 'micro_batch_size'" not in message and "finetune" not in message
     assert "no pretrain trainer key lowers this" in message
     assert "nvidia-smi" in message and "gpu_model on pretrain_model in" in message
+    if where == "DDP":
+        assert "DDP's gradient buffers" in message and "nor do more GPUs" in message
     if where == "resumed state":  # kept, whole, for the rerun on a GPU with room
         assert json.loads(latest.read_text()) == saved
         assert (latest.parent / saved["checkpoint"] / "state.safetensors").is_file()

@@ -85,7 +85,9 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                                       scheduler=scheduler)
     start = resumed["step"] if resumed else 0
     training.check_same_start(start, env)
-    ddp = training.data_parallel(model, env)
+    with training.oom_guard(plan.micro_batch, "micro_batch",
+                            fix=training.data_parallel_out_of_memory_fix(env.device, **GPU_ADVICE)):
+        ddp = training.data_parallel(model, env)
     metrics = training.MetricsWriter(metrics_path, resume_step=start, enabled=env.is_main,
                                      history=state_dir / "metrics.jsonl")
     stop = training.StopFlag()

@@ -293,7 +293,9 @@ def _train(
              len(dataset.holdout_rows), tr["global_batch_size"], tr["micro_batch_size"],
              env.world_size, accumulation, head_warmup, warmup, start)
 
-    ddp = training.data_parallel(model, env)
+    with training.oom_guard(tr["micro_batch_size"],
+                            fix=training.data_parallel_out_of_memory_fix(env.device, **GPU_ADVICE)):
+        ddp = training.data_parallel(model, env)
     forward = torch.compile(ddp) if tr["compile"] else ddp
     loader = torch.utils.data.DataLoader(
         torch.utils.data.Subset(dataset, range(start * accumulation, total_steps * accumulation)),

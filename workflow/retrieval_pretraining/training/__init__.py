@@ -28,8 +28,8 @@ Modules (the trainers import only this package, `training.X`):
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
     guards       check_finite_step, check_finite_grad_norm, step_if_finite,
                  NonFiniteLossError, NonFiniteGradientError, oom_guard,
-                 loading_out_of_memory_fix (oom_guard's advice before any micro-batch, both
-                 trainers')
+                 loading_out_of_memory_fix, data_parallel_out_of_memory_fix (oom_guard's
+                 advice before any micro-batch, both trainers')
     observe      MetricsWriter, Progress, plot_losses, require_tensorboard, TensorBoardLog,
                  memory_mb
     lifecycle    StopFlag, RESUME_EXIT_CODE, run_or_resume_exit, ignore_stop_signals,
@@ -55,6 +55,7 @@ from .guards import (
     NonFiniteLossError,
     check_finite_grad_norm,
     check_finite_step,
+    data_parallel_out_of_memory_fix,
     loading_out_of_memory_fix,
     oom_guard,
     step_if_finite,
@@ -97,7 +98,7 @@ __all__ = [
     "save_state", "load_state", "claim_state",
     "check_finite_grad_norm", "check_finite_step", "step_if_finite",
     "NonFiniteLossError", "NonFiniteGradientError",
-    "oom_guard", "loading_out_of_memory_fix",
+    "oom_guard", "loading_out_of_memory_fix", "data_parallel_out_of_memory_fix",
     "MetricsWriter", "Progress", "plot_losses", "require_tensorboard", "TensorBoardLog",
     "memory_mb",
     "StopFlag", "RESUME_EXIT_CODE", "run_or_resume_exit", "ignore_stop_signals",

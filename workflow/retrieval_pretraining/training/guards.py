@@ -100,6 +100,18 @@ def loading_out_of_memory_fix(what: str, device: torch.device, *, keys: str, rul
             f"no {keys} lowers this. {_gpu_fix(rules)}")
 
 
+def data_parallel_out_of_memory_fix(device: torch.device, *, keys: str, rules: str) -> str:
+    """What an out-of-memory error wrapping the model in DDP (training.data_parallel, several
+    processes) tells the user: DDP allocates gradient buffers about the size of the weights beside
+    them on every process, whatever the batch, so no batch key helps, nor more GPUs (each holds the
+    whole model); what helps is the GPU (_gpu_fix). `keys`, `rules`: as in
+    loading_out_of_memory_fix."""
+    return (f"wrapping the model in DDP on {device}, before any micro-batch: the weights (with a "
+            "resumed state, AdamW's too: twice the weights) and DDP's gradient buffers (about the "
+            "size of the weights) do not fit, and every process holds them whatever the batch, so "
+            f"no {keys} lowers this, nor do more GPUs. {_gpu_fix(rules)}")
+
+
 def _gpu_fix(rules: str) -> str:
     return ("Check that no other process holds its memory (nvidia-smi), or train on a GPU with "
             "more memory (slurm/config.yaml's GPU partitions; one GPU model: gpu_model on "
