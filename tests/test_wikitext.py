@@ -553,3 +553,30 @@ def test_a_ref_ends_at_the_first_closing_tag(source, expected):
 )
 def test_character_templates_are_text_in_arguments(source, expected):
     assert wt.clean(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # MediaWiki shows <nowiki> content as written: no link, template, quote or tag in it is
+        # read ("[[A]]" gave "A", "''x''" gave "x"), only its character references are decoded.
+        ("<nowiki>[[A]]</nowiki> and <nowiki>''x''</nowiki>", "[[A]] and ''x''"),
+        ("<nowiki>{{x}} <b>y</b> &amp; &lt;i&gt; __TOC__</nowiki>", "{{x}} <b>y</b> & <i> __TOC__"),
+        # A "|" or "=" in it separates and names no template argument; a link label may be one
+        # (the shipped dump's ASCII: "[[Vertical bar|<nowiki>|</nowiki>]]").
+        ("{{nowrap|a <nowiki>|</nowiki> b<nowiki>=</nowiki>c}}", "a | b=c"),
+        ("or [[Vertical bar|<nowiki>|</nowiki>]] and", "or | and"),
+        # It ends a character reference before it: the page shows "&amp;" (Help:Nowiki).
+        ("<nowiki>&</nowiki>amp;", "&amp;"),
+        # An empty one keeps quote runs apart, as MediaWiki's strip marker does.
+        ("''a''<nowiki/>''b'' and '''a'''<nowiki />'s", "ab and a's"),
+        # It is read in one scan with comments, as MediaWiki's preprocessor reads both.
+        ("a <nowiki><!--</nowiki> b --> c", "a <!-- b --> c"),
+        ("a <!-- <nowiki> --> b [[c]]</nowiki>", "a b c"),
+        # <pre> is read as <nowiki> is (CoreTagHooks::pre), its own <nowiki> tags removed.
+        ("<pre>[[A]] ''x'' <nowiki>{{y}}</nowiki></pre>", "[[A]] ''x'' {{y}}"),
+    ],
+)
+def test_nowiki_content_is_text(source, expected):
+    assert wt.clean(source) == expected
+

@@ -23,6 +23,8 @@ date templates ({{birth date}}, {{death date and age}}, {{start date}}, {{dts}},
 Links become their label, external links their anchor text, interwiki links
 ([[wikt:word|label]], [[s:Title]]) their label or, as MediaWiki shows them, their target with its
 prefix ("s:Title").
+<nowiki> and <pre> content is text, as MediaWiki shows it: no markup in it is read ("[[A]]" stays),
+its character references are decoded.
 Kept: headings (each its own paragraph, only when their section has text), paragraphs (separated
 by "\\n\\n"), list items (one per line inside their paragraph).
 Sections whose heading is in `drop_sections` (See also, References, ...) are dropped whole.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import html
 import re
+import string
 from dataclasses import dataclass, field
 
 # Tags whose content is not prose: removed with their content.
@@ -130,7 +133,17 @@ class CleanerOptions:
 
 
 # --- regular expressions (compiled once; possessive quantifiers keep them linear) -----------------
-_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+# <nowiki> and <pre> content is text, not markup: MediaWiki shows it as written, only its character
+# references decoded (and a <pre>'s own <nowiki> tags removed: CoreTagHooks). Read in one scan with
+# comments, as MediaWiki's preprocessor reads both: "<nowiki><!--</nowiki>" shows "<!--".
+_COMMENT_OR_NOWIKI = re.compile(
+    r"<!--.*?(?:-->|\Z)"
+    r"|<(nowiki|pre)\b(?:[^>]*?/>|[^>]*+>([^<]*+(?:<(?!/\1\s*>)[^<]*+)*+)</\1\s*>)",
+    re.S | re.I,
+)
+# Its ASCII punctuation is held as character references, which html.unescape gives back as text
+# once every markup pass is done: no markup these passes read is made of letters, digits or spaces.
+_AS_REFERENCES = str.maketrans({c: f"&#{ord(c)};" for c in string.punctuation})
 _DROP_TAGS = "|".join(_DROP_CONTENT_TAGS)
 _SELF_CLOSING = re.compile(rf"<(?:{_DROP_TAGS})\b[^>]*?/>", re.I)
 # Content runs to the first closing tag of its name, as MediaWiki's preprocessor reads it: a <ref>
@@ -336,6 +349,17 @@ def _replace_template(match: re.Match) -> str:
     return " ".join(positional[i - 1] for i in keep if 1 <= i <= len(positional))
 
 
+def _comment_or_nowiki(match: re.Match) -> str:
+    """Nothing for a comment; <nowiki> or <pre> content as text no pass reads, then _SHOWN: an
+    empty one keeps quote runs apart ("''a''<nowiki/>''b''"), as MediaWiki's strip marker does."""
+    tag, content = match.group(1), match.group(2) or ""
+    if not tag:
+        return ""
+    if tag.lower() == "pre":
+        content = re.sub(r"<nowiki>(.*?)</nowiki>", r"\1", content, flags=re.S | re.I)
+    return html.unescape(content).translate(_AS_REFERENCES) + _SHOWN
+
+
 def remove_templates(text: str) -> str:
     """Remove templates innermost first, so a template inside another template's argument goes too."""
     while True:
@@ -534,7 +558,7 @@ def _drop_empty_headings(blocks: list[tuple[int, str]]) -> list[str]:
 
 def clean(wikitext: str, options: CleanerOptions = CleanerOptions()) -> str:
     """Clean plain text of one article: paragraphs separated by a blank line, headings their own."""
-    text = _COMMENT.sub("", wikitext)
+    text = _COMMENT_OR_NOWIKI.sub(_comment_or_nowiki, wikitext)
     text = _SELF_CLOSING.sub(_SHOWN, text)
     text = _PAIRED.sub(_SHOWN, text)
     text = _UNCLOSED_DROP.sub("", text)  # an unclosed <ref ...> whose content we cannot delimit
