@@ -580,3 +580,22 @@ def test_character_templates_are_text_in_arguments(source, expected):
 def test_nowiki_content_is_text(source, expected):
     assert wt.clean(source) == expected
 
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # An HTML table nests, as HTML does: the inner table's </table> ended the outer one, whose
+        # tail ("tail") was left as prose.
+        ("A <table><tr><td><table><tr><td>in</td></tr></table> tail</td></tr></TABLE> B", "A B"),
+        ("Before\n<table class=x><tr><td>\n<table><tr><td>\n{|\n| in\n|}\n</td></tr></table>\n"
+         "tail</td></tr></table>\nAfter", "Before\n\nAfter"),
+        # ... and through a wiki table: a <table> in a {| |} in a <table> ended the outer one
+        # there, leaving the wiki table's cells after it as prose ("| cell").
+        ("Before\n<table><tr><td>\n{|\n| <table><tr><td>in</td></tr></table>\n| cell\n|}\n"
+         "</td></tr></table>\nAfter", "Before\n\nAfter"),
+        # A stray closing tag after them is still removed alone.
+        ("A <table><tr><td><table></table></td></tr></table></table> B", "A B"),
+    ],
+)
+def test_nested_html_tables_are_dropped_whole(source, expected):
+    assert wt.clean(source) == expected

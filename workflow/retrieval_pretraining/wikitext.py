@@ -152,6 +152,9 @@ _SELF_CLOSING = re.compile(rf"<(?:{_DROP_TAGS})\b[^>]*?/>", re.I)
 # alone (_UNCLOSED_DROP; MediaWiki shows it as text).
 _PAIRED = re.compile(rf"<({_DROP_TAGS})\b[^>]*+>[^<]*+(?:<(?!/\1\s*>)[^<]*+)*+</\1\s*>", re.I)
 _UNCLOSED_DROP = re.compile(rf"</?(?:{_DROP_TAGS})\b[^>]*+>", re.I)  # also stray closing tags
+# A <table> is HTML, no extension tag: tables nest, so they are removed innermost first, before
+# _PAIRED (which would end the outer table at the inner one's </table> and leave its tail as text).
+_HTML_TABLE = re.compile(r"<table\b[^>]*+>[^<]*+(?:<(?!/?table\b)[^<]*+)*+</table\s*>", re.I)
 _TEMPLATE = re.compile(r"\{\{((?:[^{}]++|\{(?!\{)|\}(?!\}))*+)\}\}")
 _LINK_PIPES = re.compile(r"\[\[[^\[\]]*+\]\]")
 # A label may hold a [bracketed] part, such as an external link, that ends right at the link's own
@@ -560,6 +563,10 @@ def clean(wikitext: str, options: CleanerOptions = CleanerOptions()) -> str:
     """Clean plain text of one article: paragraphs separated by a blank line, headings their own."""
     text = _COMMENT_OR_NOWIKI.sub(_comment_or_nowiki, wikitext)
     text = _SELF_CLOSING.sub(_SHOWN, text)
+    while True:  # innermost first
+        text, count = _HTML_TABLE.subn(_SHOWN, text)
+        if not count:
+            break
     text = _PAIRED.sub(_SHOWN, text)
     text = _UNCLOSED_DROP.sub("", text)  # an unclosed <ref ...> whose content we cannot delimit
     text = remove_templates(text)
