@@ -972,6 +972,8 @@ def test_out_of_memory_before_any_step_names_the_gpu_not_a_micro_batch_key(tmp_p
         assert "DDP's gradient buffers" in message and "nor do more GPUs" in message
     assert _named_keys(message) == set() and "sub_batches" not in message
     assert "nvidia-smi" in message and "gpu_model on finetune_stage1" in message
+    # Multi-node pre-training asks for its GPUs through gres (gpu: 0): the model goes there.
+    assert "where the rule sets gres instead" in message and "gres, e.g. gpu:a100:8" in message
     if where == "resumed state":  # kept for the rerun on a GPU with room
         assert json.loads((tmp_path / "state" / "latest.json").read_text())["step"] == 1
 

@@ -419,6 +419,8 @@ def test_out_of_memory_before_any_step_names_the_gpu_not_the_micro_batch_size(wh
     assert "lower 'micro_batch_size'" not in message and "finetune" not in message
     assert "no pretrain trainer key lowers this" in message
     assert "nvidia-smi" in message and "gpu_model on pretrain_model in" in message
+    # Multi-node pre-training asks for its GPUs through gres (gpu: 0): the model goes there.
+    assert "where the rule sets gres instead" in message and "gres, e.g. gpu:a100:8" in message
     if where == "DDP":
         assert "DDP's gradient buffers" in message and "nor do more GPUs" in message
     if where == "resumed state":  # kept, whole, for the rerun on a GPU with room

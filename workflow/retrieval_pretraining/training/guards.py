@@ -113,7 +113,10 @@ def data_parallel_out_of_memory_fix(device: torch.device, *, keys: str, rules: s
 
 
 def _gpu_fix(rules: str) -> str:
+    # A rule that asks for its GPUs through `gres` (multi-node pre-training: gpu: 0) names the
+    # model there: gpu_model qualifies `gpu`, which the Slurm plugin refuses beside `gres`.
     return ("Check that no other process holds its memory (nvidia-smi), or train on a GPU with "
             "more memory (slurm/config.yaml's GPU partitions; one GPU model: gpu_model on "
-            f"{rules} in profiles/default/config.yaml). A saved state is kept: the same command "
-            "resumes it")
+            f"{rules} in profiles/default/config.yaml, or, where the rule sets gres instead "
+            "(multi-node pre-training, gpu: 0), the model in gres, e.g. gpu:a100:8). A saved state "
+            "is kept: the same command resumes it")
