@@ -74,22 +74,35 @@ def tokenizer():
 
 
 def tiny_checkpoint(folder: Path, seed: int = 0, dropout: float = 0.0,
-                    initializer_range: float = 0.02) -> Path:
+                    initializer_range: float = 0.02, vocab_size: int = 30522) -> Path:
     """A randomly initialised BertModel (2 layers, hidden 32; no dropout unless asked) + the MiniLM
     tokenizer. BERT's own checkpoints train with dropout 0.1. With BERT's initializer_range of
     0.02 a random model's [CLS] is nearly the same for every input; a wider one (0.5) gives
-    input-dependent representations, as a pre-trained checkpoint has."""
+    input-dependent representations, as a pre-trained checkpoint has. `vocab_size`: the word
+    embeddings' rows (the tokenizer has 30,522 ids; more rows: a padded table)."""
     import torch
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout, initializer_range=initializer_range)
     BertModel(config).save_pretrained(folder, safe_serialization=True)
     tokenizer().save_pretrained(folder)
     artifacts.write_manifest(folder / "manifest.json", stage="test", params={"tiny": True})
     return folder
+
+
+def add_tokens(checkpoint: Path, *tokens: str) -> Path:
+    """`checkpoint` with `tokens` added to its tokenizer and not to its model: ids past the
+    word embeddings' rows (the mismatch the trainers refuse at start)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    tok.add_tokens(list(tokens))
+    tok.save_pretrained(checkpoint)
+    return checkpoint
 
 
 def build_corpus(folder: Path, *, docs: int = 40, max_len: int = 48, shards: int = 2,

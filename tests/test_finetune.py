@@ -1441,6 +1441,25 @@ def test_an_exported_projector_folder_encodes_as_the_model_embedded_while_traini
         load_bi_encoder(out, settings.retrieval, torch.device("cpu"))
 
 
+def test_an_encoder_whose_tokenizer_has_ids_past_its_embeddings_is_refused(tmp_path):
+    """A token added to the tokenizer and not to the encoder would fail the embedding lookup at
+    the first text holding it (a device-side assert on CUDA): refused as the encoder loads,
+    naming both sizes and the folder. A table padded past the tokenizer's ids is fine."""
+    import pretrain_fixtures as fx
+    from retrieval_pretraining.finetune.model import load_bi_encoder
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    r = FinetuneSettings.from_config({}).retrieval
+    added = fx.add_tokens(fx.tiny_checkpoint(tmp_path / "added"), "zzqword")
+    with pytest.raises(ModelFolderError) as raised:
+        load_bi_encoder(added, r, torch.device("cpu"))
+    assert f"the tokenizer of {added} has 30523 tokens (ids up to 30522)" in str(raised.value)
+    assert "word embeddings have 30522 rows" in str(raised.value)
+    padded = fx.tiny_checkpoint(tmp_path / "padded", vocab_size=30528)
+    model, tokenizer = load_bi_encoder(padded, r, torch.device("cpu"))
+    assert model.encoder.get_input_embeddings().num_embeddings == 30528 and len(tokenizer) == 30522
+
+
 def test_the_projector_knob_is_checked(tmp_path):
     """Projector needs [CLS] pooling, a heads file that holds a projector, and a COSTA model
     pre-trained with one (pretrain.models[].finetune, checked when the workflow is parsed)."""

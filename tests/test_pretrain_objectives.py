@@ -1,5 +1,6 @@
 """Each pre-training loss against a plain-loop statement of its formula (values and gradients)."""
 
+import json
 import math
 
 import numpy as np
@@ -267,6 +268,28 @@ def test_bow_targets_are_the_input_ids_without_special_and_unused(tmp_path):
     assert len(want) == 5  # the, cat, sat, on, mat
     target = obj.multi_hot(torch.tensor([sorted(want)]), torch.ones(1, 5, dtype=torch.bool), vocab.size)
     assert target.sum() == 5 and all(target[0, i] == 1 for i in want)
+
+
+def test_random_replacements_are_the_tokenizers_own_ids(tmp_path):
+    """Masking's random ids are the ids the tokenizer has, less the excluded ones: in a
+    vocabulary with a gap (an id below the highest that names no token) the gap is none, and
+    the highest id is one (not range(len(vocabulary)), which would hold the gap and miss it)."""
+    from pretrain_fixtures import tokenizer
+    from transformers import AutoTokenizer
+
+    tokenizer().save_pretrained(tmp_path)
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    words = spec["model"]["vocab"]
+    gap = next(token for token, i in words.items() if i == 2000)
+    del words[gap]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    tok = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    ids = set(tok.get_vocab().values())
+    assert 2000 not in ids and max(ids) == 30521 and len(ids) == 30521
+    vocab = pdata.Vocab.from_tokenizer(tok)
+    assert 2000 not in vocab.replacements and 30521 in vocab.replacements
+    assert set(vocab.replacements.tolist()) == ids - set(vocab.excluded.tolist())
+    assert vocab.size == 30522  # every id is below it
 
 
 @pytest.mark.parametrize("as_tensor", [False, True])

@@ -428,6 +428,35 @@ def test_out_of_memory_before_any_step_names_the_gpu_not_the_micro_batch_size(wh
         assert (latest.parent / saved["checkpoint"] / "state.safetensors").is_file()
 
 
+def test_a_tokenizer_with_ids_past_the_embedding_table_is_refused_before_any_work(setup,
+                                                                                   tmp_path):
+    """A token added to the tokenizer and not to the model is an id the word embeddings have no
+    row for: the first text, or random replacement, holding it fails the lookup (a device-side
+    assert on CUDA) hours in. Refused before the data store is built, naming both sizes and the
+    checkpoint."""
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    checkpoint = fx.add_tokens(fx.tiny_checkpoint(tmp_path / "checkpoint"), "zzqword")
+    with pytest.raises(ModelFolderError) as raised:
+        _run(fx.model_settings("mlm", max_steps=2), (checkpoint, *setup[1:]), tmp_path / "out")
+    message = str(raised.value)
+    assert f"the tokenizer of {checkpoint} has 30523 tokens (ids up to 30522)" in message
+    assert "word embeddings have 30522 rows" in message and "'zzqword'" in message
+    assert not (tmp_path / "out" / "state").exists()  # no data store, no state: nothing began
+
+
+def test_an_embedding_table_padded_past_the_tokenizer_pre_trains(setup, tmp_path):
+    """A table with more rows than the tokenizer has ids (padded to a multiple of 64) is fine: the
+    extra rows are never looked up, and the heads' outputs (MLM, CPDAE's bag) span the table."""
+    checkpoint = fx.tiny_checkpoint(tmp_path / "checkpoint", vocab_size=30528)
+    settings = fx.model_settings("cpdae", max_steps=2)
+    code, records = _run(settings, (checkpoint, *setup[1:]), tmp_path / "out")
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert code == 0 and len(losses) == 2 and all(math.isfinite(v) for v in losses)
+    encoder = AutoModel.from_pretrained(tmp_path / "out" / "encoder")
+    assert encoder.get_input_embeddings().num_embeddings == 30528
+
+
 @pytest.mark.parametrize("nan", [True, False])
 def test_a_nonfinite_step_read_late_is_reported_before_the_next_steps_error(nan, setup, tmp_path,
                                                                           monkeypatch):

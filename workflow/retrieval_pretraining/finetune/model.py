@@ -37,6 +37,7 @@ def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.de
     fine-tuned with it) or else the one pre-training left in `heads`. Without it, a folder that
     embeds through a projector is refused: the stage would silently change what a vector is."""
     encoder, tokenizer = load_encoder(folder, device)
+    training.check_vocabulary(tokenizer, encoder.get_input_embeddings().num_embeddings, folder)
     if projector and projector_of(encoder) is None:
         if heads is None:
             raise text_projector.ProjectorError(

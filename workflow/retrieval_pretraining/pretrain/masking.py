@@ -18,18 +18,24 @@ import torch
 class Vocab:
     """What masking and bag-of-words targets need to know about the tokenizer."""
 
-    size: int
+    size: int  # one past the highest id the tokenizer has
     mask_id: int
     pad_id: int
     excluded: np.ndarray  # ids never used as bag targets or random replacements ([CLS], [unused12], ...)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> "Vocab":
+        """The tokenizer's ids, added tokens included (training.check_vocabulary has checked that
+        each is a row of the model's word embeddings)."""
         vocab = tokenizer.get_vocab()
         excluded = set(tokenizer.all_special_ids)
         # The BoW authors' filter: special ids and BERT's [unusedN] placeholders.
         excluded |= {i for tok, i in vocab.items() if tok.startswith("[unused")}
-        return cls(size=len(vocab), mask_id=tokenizer.mask_token_id, pad_id=tokenizer.pad_token_id,
+        # An id below the highest that the tokenizer lacks names no token: no text holds it, so
+        # it is no replacement either (a BERT vocabulary has no such gap).
+        size = max(vocab.values()) + 1
+        excluded |= set(range(size)) - set(vocab.values())
+        return cls(size=size, mask_id=tokenizer.mask_token_id, pad_id=tokenizer.pad_token_id,
                    excluded=np.array(sorted(excluded), dtype=np.int64))
 
     @functools.cached_property

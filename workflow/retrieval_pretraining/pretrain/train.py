@@ -232,6 +232,9 @@ def _train(
     chunks = [path for group in groups for path in group]
     spans = [path for group in span_groups for path in group] if span_groups else None
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    # Before the data store and the model: masking draws random ids from the tokenizer's.
+    training.check_vocabulary(
+        tokenizer, artifacts.read_json(checkpoint / "config.json")["vocab_size"], checkpoint)
     vocab = pdata.Vocab.from_tokenizer(tokenizer)
     pdata.check_tokenizer(chunks, tokenizer, checkpoint)
     pdata.check_positions(chunks, checkpoint)
