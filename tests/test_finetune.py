@@ -913,16 +913,22 @@ def test_a_fine_tuning_step_out_of_memory_names_the_key_that_lowers_the_micro_ba
     assert _named_keys(message) <= set(knobs) & trainer_keys()
 
 
-def test_following_the_out_of_memory_message_restarts_and_keeps_the_old_state(
-        tmp_path, monkeypatch):
-    """The message says a raised sub_batches restarts at step 0 with the saved state moved
-    aside, not deleted: a run that saved step 1 and then ran out of memory, rerun so, does."""
+def _saving_run(tmp_path):
+    """A tiny fine-tuning run that saves its state every step: (data, base, cfg, run keywords)."""
     data = tiny_dataset(tmp_path / "data")
     base = tiny_encoder(tmp_path / "base")
     cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
            "save_every_steps": 1}
     run = dict(seed=1, out=tmp_path / "encoder", state_dir=tmp_path / "state",
                metrics_path=tmp_path / "metrics.jsonl")
+    return data, base, cfg, run
+
+
+def test_following_the_out_of_memory_message_restarts_and_keeps_the_old_state(
+        tmp_path, monkeypatch):
+    """The message says a raised sub_batches restarts at step 0 with the saved state moved
+    aside, not deleted: a run that saved step 1 and then ran out of memory, rerun so, does."""
+    data, base, cfg, run = _saving_run(tmp_path)
     with monkeypatch.context() as patch, pytest.raises(RuntimeError, match="sub_batches"):
         _out_of_memory_at(patch, "forward", call=1)  # step 1's micro-batch, after step 1's save
         fine_tune(cfg, base, data, [data["bm25"]], **run)
@@ -942,12 +948,7 @@ def test_out_of_memory_before_any_step_names_the_gpu_not_a_micro_batch_key(tmp_p
     processes) comes before any micro-batch: out of memory there, no finetune key helps (the
     weights, their gradients and AdamW's state are the same whatever the micro-batch), so the
     message names what does, the GPU's other tenants and its size, not sub_batches."""
-    data = tiny_dataset(tmp_path / "data")
-    base = tiny_encoder(tmp_path / "base")
-    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
-           "save_every_steps": 1}
-    run = dict(seed=1, out=tmp_path / "encoder", state_dir=tmp_path / "state",
-               metrics_path=tmp_path / "metrics.jsonl")
+    data, base, cfg, run = _saving_run(tmp_path)
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError(f"CUDA out of memory (simulated, {where})")
