@@ -403,6 +403,30 @@ def test_a_split_unlike_its_queries_corpus_or_manifest_fails(results, capsys):
     fails(bad / "queries-test.parquet", "rows equal the manifest's queries count", capsys)
 
 
+TREC_FIELD = "one TREC field (not empty, no space, tab, \\n, \\v, \\f or \\r)"
+
+
+@pytest.mark.parametrize("name, bad", [("space", "d 2"), ("vtab", "d\x0b2"), ("empty", "")])
+def test_a_published_id_no_trec_line_can_hold_fails(results, capsys, name, bad):
+    """datasets.py refuses such an id at preparation (checks.check_trec_ids); a dataset prepared
+    before it did is flagged by `audit`: every run naming the id would fail evaluation, after the
+    corpus was encoded and searched. Its corpus, queries and qrels are each checked; Unicode
+    spaces are one field to trec_eval and pass."""
+    passes(results / "datasets/toy/corpus.parquet", f"every doc_id {TREC_FIELD}", capsys)
+    corpus = results / f"datasets/untrec-{name}/corpus.parquet"
+    rows = {"doc_id": ["d1", bad, "d\u00a03"], "title": ["a", "b", "c"], "text": ["x", "y", "z"]}
+    artifacts.write_parquet(corpus, pa.table(rows), datasets.CORPUS_SCHEMA)
+    out = fails(corpus, f"every doc_id {TREC_FIELD}", capsys)
+    assert f": 1 rows, e.g. row 1: {bad!r} " in out, out
+    queries = [{"query_id": "q1", "text": "snow"}, {"query_id": bad, "text": "ice"}]
+    qrels = [{"query_id": "q1", "doc_id": "d1", "relevance": 1},
+             {"query_id": bad, "doc_id": "d2", "relevance": 1}]
+    split = write_split(results, f"untrec-split-{name}", queries, qrels, {})
+    fails(split / "queries-test.parquet", f"every query_id {TREC_FIELD}", capsys)
+    out = fails(split / "qrels-test.parquet", f"every query_id {TREC_FIELD}", capsys)
+    assert f"PASS  every doc_id {TREC_FIELD}" in out, out
+
+
 def write_answers(results, name, answers, without_answers):
     """An answers file with the manifest datasets.py writes (which counts the questions it left
     with no answer)."""

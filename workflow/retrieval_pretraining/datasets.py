@@ -50,8 +50,9 @@ from .config import refuse_unknown, section_schema, stage_parser
 from .contracts.datasets import (
     ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES, DatasetError,
 )
-from .contracts.datasets.checks import check_corpus_batch, check_split, check_unique
-from .contracts.runs import TREC_WHITESPACE
+from .contracts.datasets.checks import (
+    check_corpus_batch, check_split, check_trec_ids, check_unique,
+)
 from .dataset_files import corpus_batches, corpus_source, load_split
 from .errors import command, reading
 
@@ -144,36 +145,6 @@ def corpus_subset(
     keep = sorted(present) + others[: max(0, spec["documents"] - len(present))]
     return keep, {"documents": spec["documents"], "seed": spec["seed"], "judged": len(present),
                   "full_corpus": len(corpus_ids)}, files
-
-
-# An id holding one of these characters is two fields of a TREC run or qrels line (trec_eval
-# splits on C's isspace); as a regex class, written out as escapes.
-_TREC_BREAK = "[" + "".join(f"\\x{ord(c):02x}" for c in TREC_WHITESPACE) + "]"
-
-
-def check_trec_ids(ids: pl.Series, where: str, kind: str, listed: pl.Series | None = None,
-                   before: int = 0) -> None:
-    """Refuse an id no TREC run or qrels line can hold as one field: an empty one, or one holding
-    TREC_WHITESPACE (space, tab, \\n, \\v, \\f, \\r). Evaluation would refuse every run ranking
-    it, after the corpus had been encoded and searched; Unicode spaces (U+00A0, U+3000) stay
-    inside a field for trec_eval and for our readers, and are legal. `listed`: the ids in the
-    order `where` lists them (default `ids`), after `before` other records; the record named is
-    the id's first. One vectorised pass: 25-40 ms per million ids, ~2% of reading them from a TSV.
-    (Here, not in contracts/datasets/checks.py, which `audit` imports: editing it reruns every
-    audit.)"""
-    bad = ids.str.contains(_TREC_BREAK) | (ids == "")
-    if not bad.any():
-        return
-    value = ids.filter(bad)[0]
-    record = before + (ids if listed is None else listed).index_of(value) + 1
-    found = [c for c in value if c in TREC_WHITESPACE][:1]
-    what = f"holds {found[0]!r}" if found else "is empty"
-    raise DatasetError(
-        f"{where}, record {record}: {kind} id {value!r} {what}, which a TREC run line cannot hold "
-        "as one field (its fields are split on whitespace: evaluation would refuse the run after "
-        "the corpus was encoded and searched); rename the id in that file and wherever the "
-        "dataset's other files name it (e.g. whitespace as '_'), then prepare the dataset again"
-    )
 
 
 def _trec_doc_ids(batches: Iterator[pl.DataFrame], where: str) -> Iterator[pl.DataFrame]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -17,6 +18,7 @@ from ..base import (
     render_table_rows, results_root, show_manifest, show_snakemake_record,
 )
 from . import ANSWERS_SCHEMA, CORPUS_SCHEMA, QRELS_SCHEMA, QUERIES_SCHEMA, TITLE_MODES
+from .checks import untrec_ids, why_untrec
 
 FILES = [
     ("datasets/*/dataset.json", "dataset info: title mode, query-id rule, corpus quirks",
@@ -75,11 +77,34 @@ def lookup_text(folder: Path | None, pattern: str, key: str, ids: list[str]) -> 
     return found
 
 
+def check_trec_ids(a: Audit, t: pa.Table, column: str) -> None:
+    """Each id of `column` is one field of a TREC run or qrels line (checks.untrec_ids), as
+    datasets.py checks at preparation: a dataset prepared before it refused the others may hold
+    one, and every run naming it fails evaluation, after the corpus was encoded and searched."""
+    ids = pl.from_arrow(t[column])
+    bad = untrec_ids(ids)
+    count = int(bad.sum())
+    detail = ""
+    if count:
+        row = int(bad.arg_true()[0])
+        detail = (f"{count} rows, e.g. row {row}: {ids[row]!r} {why_untrec(ids[row])}; prepare the "
+                  "dataset again (datasets now refuses such an id, naming its input record)")
+    a.check(f"every {column} one TREC field (not empty, no space, tab, \\n, \\v, \\f or \\r)",
+            not count, detail)
+
+
+def render_corpus(a: Audit, t: pa.Table, manifest, n: int) -> None:
+    check_trec_ids(a, t, "doc_id")
+    render_table_rows("doc_id")(a, t, manifest, n)
+
+
 def render_qrels(a: Audit, t: pa.Table, manifest, n: int) -> None:
     a.say(
         f"-- {len(pc.unique(t['query_id']))} queries, relevance levels "
         f"{sorted(pc.unique(t['relevance']).to_pylist())}"
     )
+    check_trec_ids(a, t, "query_id")
+    check_trec_ids(a, t, "doc_id")
     # The writer refuses a pair judged twice (checks.check_split): evaluation would count it twice.
     pairs = t.group_by(["query_id", "doc_id"]).aggregate([]).num_rows
     a.check(
@@ -136,6 +161,7 @@ def render_queries(a: Audit, t: pa.Table, manifest, n: int) -> None:
     if "queries" in stats:
         a.check("rows equal the manifest's queries count", stats["queries"] == len(t),
                 f"{len(t)} rows vs {stats['queries']}")
+    check_trec_ids(a, t, "query_id")
     render_table_rows("query_id")(a, t, manifest, n)
 
 
@@ -193,9 +219,10 @@ def _has(schema: pa.Schema):
 
 
 KINDS = [
-    # The counts datasets.py records (queries and qrels: their renderers check theirs).
+    # The counts datasets.py records (queries and qrels: their renderers check theirs), and the
+    # ids each file publishes as TREC fields.
     parquet_kind(
-        "corpus", RANK_PARQUET + 5, CORPUS_SCHEMA, _has(CORPUS_SCHEMA), render_table_rows("doc_id"),
+        "corpus", RANK_PARQUET + 5, CORPUS_SCHEMA, _has(CORPUS_SCHEMA), render_corpus,
         columns=["doc_id"], counted_by=("documents",),
     ),
     parquet_kind(
