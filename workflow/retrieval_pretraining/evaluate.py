@@ -10,8 +10,9 @@ most EXAMPLE_IDS), "run_depth": the most hits any query of the run has, "run_sha
 file's digest, "code_version": {"git", "package_sha256"} of the code that scored it}.
 
 Semantics, chosen to match the official evaluations:
-- Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c). The mean
-  is over all qrels queries (ir_measures' counts, NumRet and the like, are totals, as there),
+- Every query of the qrels counts: one the run does not answer scores 0 (trec_eval -c), but in
+  NumQ (1) and NumRel (its relevant documents), as trec_eval -c counts it. The mean is over all
+  qrels queries (ir_measures' counts, NumRet and the like, are totals, as there),
   and per-query scores are kept for significance tests. A run query
   without qrels is not scored (trec_eval). Both are counted in the metrics, with example ids, so
   that an audit of the file shows them (a split's queries file may hold unjudged queries: TREC DL).
@@ -294,9 +295,10 @@ def score(
     batch_lines: int | None = None,
 ) -> dict[str, Any]:
     """Aggregate and per-query values of a run given as (query id, hits) blocks, each query once;
-    qrels queries absent from the run score 0 (trec_eval -c). ir_measures scores `batch_lines`
-    hits at a time with the qrels of those queries only: every measure is per query, so the values
-    are those of one call over the whole run (tests/test_evaluate.py checks it)."""
+    qrels queries absent from the run score as trec_eval -c scores them (_unanswered). ir_measures
+    scores `batch_lines` hits at a time with the qrels of those queries only: every measure is per
+    query, so the values are those of one call over the whole run (tests/test_evaluate.py checks
+    it)."""
     by_query: dict[str, list[Qrel]] = {}
     for qrel in qrels:
         by_query.setdefault(qrel.query_id, []).append(qrel)
@@ -317,9 +319,11 @@ def score(
             f"{run_name}: none of its {len(run_queries)} queries appear in the qrels "
             f"({len(qrels_queries)} queries, e.g. {qrels_queries[:3]}); wrong split or id format?"
         )
-    for values in per_query.values():
+    for measure in measures:
+        values = per_query[str(measure)]
         for qid in qrels_queries:
-            values.setdefault(qid, 0.0)
+            if qid not in values:
+                values[qid] = _unanswered(measure, by_query[qid])
         for qid in [q for q in values if q not in judged]:
             del values[qid]  # queries without judgements are not scored (trec_eval)
     aggregate = {str(m): _aggregate(m, per_query[str(m)].values()) for m in measures}
@@ -333,6 +337,20 @@ def score(
         | coverage("queries_missing_from_run", judged - run_queries)
         | coverage("run_queries_without_qrels", run_queries - judged)
     )
+
+
+def _unanswered(measure, judgements: list[Qrel]) -> float:
+    """A measure's value for a qrels query the run does not answer, as trec_eval -c scores it (an
+    empty ranking): NumQ 1 (the query counts), NumRel the query's relevant documents at the
+    measure's level (the qrels' count, whatever was retrieved), every other measure 0, NumRet
+    and NumRelRet included. So the totals of NumQ and NumRel are trec_eval -c's num_q and num_rel
+    (a 0 dropped the query and its relevant documents), and no mean changes."""
+    if measure.NAME == "NumQ":
+        return 1.0
+    if measure.NAME == "NumRel":
+        level = measure.params.get("rel", measure.SUPPORTED_PARAMS["rel"].default)
+        return float(sum(qrel.relevance >= level for qrel in judgements))
+    return 0.0
 
 
 def _aggregate(measure, values: Iterable[float]) -> float:
