@@ -32,6 +32,7 @@ Sections whose heading is in `drop_sections` (See also, References, ...) are dro
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 import string
@@ -136,10 +137,9 @@ class CleanerOptions:
 # <nowiki> and <pre> content is text, not markup: MediaWiki shows it as written, only its character
 # references decoded (and a <pre>'s own <nowiki> tags removed: CoreTagHooks). Read in one scan with
 # comments, as MediaWiki's preprocessor reads both: "<nowiki><!--</nowiki>" shows "<!--".
+# Its element runs to the first closing tag of its name (_elements: group "open" set).
 _COMMENT_OR_NOWIKI = re.compile(
-    r"<!--.*?(?:-->|\Z)"
-    r"|<(nowiki|pre)\b(?:[^>]*?/>|[^>]*+>([^<]*+(?:<(?!/\1\s*>)[^<]*+)*+)</\1\s*>)",
-    re.S | re.I,
+    r"<!--.*?(?:-->|\Z)|<(nowiki|pre)\b(?:[^>]*?/>|[^>]*+(?P<open>>))", re.S | re.I
 )
 # Its ASCII punctuation is held as character references, which html.unescape gives back as text
 # once every markup pass is done: no markup these passes read is made of letters, digits or spaces.
@@ -150,7 +150,7 @@ _SELF_CLOSING = re.compile(rf"<(?:{_DROP_TAGS})\b[^>]*?/>", re.I)
 # inside a <ref> is no nesting ("<ref>a <ref>b</ref>" is one ref, whose text the page never shows),
 # and a <ref> left open ends at the next ref's </ref>. One with no closing tag after it is removed
 # alone (_UNCLOSED_DROP; MediaWiki shows it as text).
-_PAIRED = re.compile(rf"<({_DROP_TAGS})\b[^>]*+>[^<]*+(?:<(?!/\1\s*>)[^<]*+)*+</\1\s*>", re.I)
+_PAIRED = re.compile(rf"<({_DROP_TAGS})\b[^>]*+(?P<open>>)", re.I)  # the opening (_elements)
 _UNCLOSED_DROP = re.compile(rf"</?(?:{_DROP_TAGS})\b[^>]*+>", re.I)  # also stray closing tags
 # A <table> is HTML, no extension tag: tables nest, so they are removed innermost first, before
 # _PAIRED (which would end the outer table at the inner one's </table> and leave its tail as text).
@@ -352,10 +352,41 @@ def _replace_template(match: re.Match) -> str:
     return " ".join(positional[i - 1] for i in keep if 1 <= i <= len(positional))
 
 
-def _comment_or_nowiki(match: re.Match) -> str:
+def _elements(opening: re.Pattern, text: str, replace) -> str:
+    """Each match of `opening`, left to right, replaced by replace(match, content): a match whose
+    group "open" is set opens an element that runs through the first closing tag named as its
+    group 1 after it (`content` what lies between); any other match is whole (`content` None).
+    An opening no closing tag follows is no element, and the scan goes on from its next character,
+    as a regex's would. Once a name's closing tag is not found it is not looked for again
+    (MediaWiki's preprocessor: noMoreClosingTag): a regex searched to the page's end from every
+    such opening (O(n^2): 200 kB of "<ref>" took 23 s)."""
+    out, done, at, unclosed = [], 0, 0, set()
+    while (match := opening.search(text, at)) is not None:
+        start, end = match.span()
+        content = None
+        if match.group("open") is not None:
+            name = match.group(1).lower()
+            closing = None if name in unclosed else _closing_tag(name).search(text, end)
+            if closing is None:
+                unclosed.add(name)
+                at = start + 1
+                continue
+            content, end = text[end:closing.start()], closing.end()
+        out += (text[done:start], replace(match, content))
+        done = at = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+@functools.cache
+def _closing_tag(name: str) -> re.Pattern:
+    return re.compile(rf"</{re.escape(name)}\s*>", re.I)
+
+
+def _comment_or_nowiki(match: re.Match, content: str | None) -> str:
     """Nothing for a comment; <nowiki> or <pre> content as text no pass reads, then _SHOWN: an
     empty one keeps quote runs apart ("''a''<nowiki/>''b''"), as MediaWiki's strip marker does."""
-    tag, content = match.group(1), match.group(2) or ""
+    tag, content = match.group(1), content or ""
     if not tag:
         return ""
     if tag.lower() == "pre":
@@ -561,13 +592,13 @@ def _drop_empty_headings(blocks: list[tuple[int, str]]) -> list[str]:
 
 def clean(wikitext: str, options: CleanerOptions = CleanerOptions()) -> str:
     """Clean plain text of one article: paragraphs separated by a blank line, headings their own."""
-    text = _COMMENT_OR_NOWIKI.sub(_comment_or_nowiki, wikitext)
+    text = _elements(_COMMENT_OR_NOWIKI, wikitext, _comment_or_nowiki)
     text = _SELF_CLOSING.sub(_SHOWN, text)
     while True:  # innermost first
         text, count = _HTML_TABLE.subn(_SHOWN, text)
         if not count:
             break
-    text = _PAIRED.sub(_SHOWN, text)
+    text = _elements(_PAIRED, text, lambda match, content: _SHOWN)
     text = _UNCLOSED_DROP.sub("", text)  # an unclosed <ref ...> whose content we cannot delimit
     text = remove_templates(text)
     text = text.replace("{{", "").replace("}}", "")  # unbalanced leftovers
