@@ -1,6 +1,6 @@
 # Scoring: any TREC run of any system -> metrics JSON, with the measures configured for its split.
 # Systems: `bm25` (rules/retrieval.smk publishes its runs here), `{model}-stage1`, `{model}-stage2`.
-from retrieval_pretraining.evaluate import measure_cutoff
+from retrieval_pretraining.evaluate import check_computable, measure_cutoff
 
 
 def evaluate_entry(dataset, split):
@@ -55,7 +55,15 @@ def check_run_depths():
         )
 
 
+def check_measures_computable():
+    """Fail at parse time on a measure no ir_measures provider computes at its split's
+    relevance level (NumRel at level 2), instead of in every scoring job."""
+    for entry in config["evaluate"]["splits"]:
+        check_computable(entry["measures"], int(entry.get("relevance_level", 1)))
+
+
 check_run_depths()
+check_measures_computable()
 
 
 def get_metrics_targets(systems):

@@ -434,3 +434,18 @@ def test_an_unpinned_hub_checkpoint_warns_where_its_commit_is_recorded(demo):
     for entry in pinned["checkpoints"]:
         entry["revision"] = "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a"
     assert not experiment_config.advisories(pinned)
+
+
+def test_a_measure_no_provider_computes_fails_the_dry_run(demo, tmp_path):
+    """NumRel on a split scored at relevance level 2 stops the workflow before any job, naming
+    the measure (evaluate.check_computable), not in each scoring job after the runs were built."""
+    from workflow_harness import copy_project, snakemake
+
+    splits = copy.deepcopy(demo["evaluate"]["splits"])
+    splits[0]["measures"].append("NumRel")
+    splits[0]["relevance_level"] = 2
+    project = copy_project(tmp_path / "project", {"evaluate": {"splits": splits}})
+    result = snakemake(project, "--dry-run", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "'NumRel' at relevance_level 2 is NumRel(rel=2)" in output, output

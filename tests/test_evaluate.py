@@ -578,3 +578,15 @@ def test_a_query_the_run_misses_counts_in_num_q_and_num_rel_as_trec_eval_c_count
     judged = evaluate.read_qrels(qrels)
     assert evaluate._unanswered(at_2, [q for q in judged if q.query_id == "q3"]) == 0
     assert evaluate._unanswered(at_2, [q for q in judged if q.query_id == "q2"]) == 1
+
+
+def test_a_measure_no_provider_computes_at_the_split_s_level_is_refused_before_scoring():
+    """NumRel at level 2 becomes NumRel(rel=2), which ir_measures parses but no provider computes:
+    refused by name (the rules call this at parse time), where scoring failed in every job with
+    ir_measures' bare ValueError. The paper's measures at both levels pass."""
+    evaluate.check_computable(["nDCG@10", "R@1000", "RR@10", "AP", "NumRel", "Acc@20"], 1)
+    evaluate.check_computable(["nDCG@10", "R@1000", "RR@10", "NumRet", "NumRelRet"], 2)
+    evaluate.check_computable(["NumRel(rel=1)"], 2)
+    with pytest.raises(evaluate.EvaluationError,
+                       match=r"'NumRel' at relevance_level 2 is NumRel\(rel=2\), which no"):
+        evaluate.check_computable(["nDCG@10", "NumRel"], 2)

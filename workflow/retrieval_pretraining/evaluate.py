@@ -249,6 +249,27 @@ def stored_name(name: str, relevance_level: int = 1) -> str:
     return str(parse_measures([name], relevance_level)[0])
 
 
+def check_computable(names: Iterable[str], relevance_level: int = 1) -> None:
+    """Refuse a measure that no ir_measures provider computes at `relevance_level`, before any
+    job: NumRel at level 2 becomes NumRel(rel=2), which parses but which no provider offers, so
+    scoring failed with ir_measures' bare ValueError after every run was built. Each measure is
+    scored once on a one-document toy run (a few ms)."""
+    toy_qrels = [ir_measures.Qrel("q", "d", max(relevance_level, 1))]
+    toy_run = [ir_measures.ScoredDoc("q", "d", 1.0)]
+    for name in names:
+        if answer_recall.acc_cutoffs([name]):
+            continue
+        [measure] = parse_measures([name], relevance_level)
+        try:
+            ir_measures.calc_aggregate([measure], toy_qrels, toy_run)
+        except Exception as error:  # ir_measures: ValueError "Unsupported measures {...}"
+            raise EvaluationError(
+                f"measure {name!r} at relevance_level {relevance_level} is {measure}, which no "
+                f"ir_measures provider computes ({error}); drop it from that split's measures, or "
+                "give it its own rel= (e.g. NumRel(rel=1))"
+            ) from None
+
+
 def measure_cutoff(name: str) -> int | None:
     """The rank measure `name` reads down to (R@1000: 1000, Acc@20: 20); None for one that reads
     the whole run (AP, Bpref), which no run depth makes wrong."""
