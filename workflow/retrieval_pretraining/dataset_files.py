@@ -78,18 +78,24 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def json_objects(handle: Iterable[str], where: str, fields: tuple[str, ...]
+                 ) -> Iterator[tuple[int, dict]]:
+    """json_lines whose every value must be an object (one with `fields`, the message says): a
+    JSON string would pass `field in record` as a substring test, and fail later unnamed."""
+    for number, record in json_lines(handle, where):
+        if not isinstance(record, dict):
+            raise DatasetError(f"{where}, line {number}: a JSON {_json_type(record)}, not an "
+                               f"object; each line is one object with {', '.join(fields)}")
+        yield number, record
+
+
 def read_jsonl(
     path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, list]:
     """Columns `fields` (+ `optional`, default "") of a JSON-lines file; ids are read as strings."""
     columns: dict[str, list] = {f: [] for f in fields + optional}
     with open_text(path) as handle:
-        for number, record in json_lines(handle, str(path)):
-            if not isinstance(record, dict):  # a string passed `field in record` as a substring
-                raise DatasetError(
-                    f"{path}, line {number}: a JSON {_json_type(record)}, not an object; each line "
-                    f"of a BEIR file is one object with {', '.join(fields)}"
-                )
+        for number, record in json_objects(handle, str(path), fields):
             for field in fields:
                 if field not in record:
                     raise DatasetError(
@@ -114,10 +120,7 @@ def read_jsonl_corpus_batches(
     columns: dict[str, list[str]] = {"doc_id": [], "title": [], "text": []}
     size = position = 0
     with open_text(path) as handle:
-        for number, record in json_lines(handle, str(path)):
-            if not isinstance(record, dict):
-                raise DatasetError(f"{path}, line {number}: a JSON {_json_type(record)}, not an "
-                                   f"object; each line is one object with {', '.join(fields)}")
+        for number, record in json_objects(handle, str(path), fields):
             missing = [f for f in fields if f not in record]
             if missing:
                 raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "
