@@ -121,6 +121,49 @@ def test_indexes_rank_by_inner_product_when_norms_differ(kind):
     assert np.all(np.diff(scores, axis=1) <= 1e-6)
 
 
+@pytest.mark.parametrize("batch_size", [4096, 7])
+def test_exact_search_is_numpy_s_matmul_and_argsort(batch_size):
+    """The flat index's top k is numpy's: queries x documents, sorted descending, row for row.
+    45 queries take faiss's BLAS path (20 or more a call; the round trip above takes the other);
+    batch_size 7 splits them into batches with a short last one; a k above the corpus size gives
+    the whole corpus, ranked. Only two documents whose scores differ by less than float32's
+    rounding may come in either order (their scores then agree all the same)."""
+    rng = np.random.default_rng(3)
+    docs = rng.standard_normal((300, 24)).astype(np.float32)
+    queries = rng.standard_normal((45, 24)).astype(np.float32)
+    brute = queries.astype(np.float64) @ docs.T.astype(np.float64)
+    order = np.argsort(-brute, axis=1)
+    ranked = np.take_along_axis(brute, order, axis=1)
+    close = np.abs(np.diff(ranked, axis=1)) < 1e-5
+    near = np.pad(close, ((0, 0), (1, 0))) | np.pad(close, ((0, 0), (0, 1)))
+    assert near.mean() < 0.01
+    index = faiss_index.build(docs)
+    for k in (10, 300, 500):
+        scores, rows = faiss_index.search(index, queries, k, batch_size=batch_size)
+        top = min(k, len(docs))
+        assert rows.shape == scores.shape == (len(queries), top)
+        clear = ~near[:, :top]
+        np.testing.assert_array_equal(rows[clear], order[:, :top][clear])
+        np.testing.assert_allclose(np.take_along_axis(brute, rows, axis=1), ranked[:, :top],
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(scores, ranked[:, :top], rtol=1e-5, atol=1e-5)
+
+
+def test_tied_documents_rank_as_numpy_s_scores_each_once():
+    """Duplicate passages (MS MARCO has many) score alike: whichever of them faiss puts first,
+    the scores by rank are numpy's sorted scores and no row comes twice."""
+    rng = np.random.default_rng(4)
+    docs = rng.standard_normal((100, 16)).astype(np.float32)
+    docs[50:60] = docs[0]  # 11 copies of one vector
+    queries = rng.standard_normal((30, 16)).astype(np.float32)
+    brute = queries.astype(np.float64) @ docs.T.astype(np.float64)
+    scores, rows = faiss_index.search(faiss_index.build(docs), queries, 40)
+    np.testing.assert_allclose(scores, -np.sort(-brute, axis=1)[:, :40], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(scores, np.take_along_axis(brute, rows, axis=1), rtol=1e-5,
+                               atol=1e-5)
+    assert all(len(set(r)) == len(r) for r in rows)
+
+
 @pytest.mark.parametrize("last_newline", [True, False])
 def test_doc_ids_read_back_as_written_whatever_they_hold(tmp_path, last_newline):
     """The docid file's lines, as one Arrow array built from its bytes: ids with spaces, quotes,
