@@ -157,6 +157,32 @@ def test_question_files_parse_literals_safely(tmp_path):
     assert list(dpr_files.read_questions(jsonl)) == [("0", "q1", ["A"]), ("x7", "q2", ["B", "C"])]
 
 
+@pytest.mark.parametrize("line,message", [
+    ('["q1", ["A"]]', "line 2: a JSON array, not an object"),
+    ('"q1"', "line 2: a JSON string, not an object"),
+    ('{"question": 7, "answers": ["A"]}', "line 2: the question must be a string, got 7"),
+    ('{"question": null, "answers": ["A"]}', "line 2: the question must be a string, got None"),
+])
+def test_a_malformed_json_lines_question_is_named_with_its_line(tmp_path, line, message):
+    """Each line of NQ-open's JSON-lines files is one object whose question is a string: another
+    value failed unnamed (an AttributeError, or polars' type error when the split was written)."""
+    jsonl = tmp_path / "NQ-open.dev.jsonl"
+    jsonl.write_text('{"question": "q0", "answer": ["A"]}\n' + line + "\n")
+    with pytest.raises(DatasetError, match=re.escape(f"NQ-open.dev.jsonl, {message}")):
+        list(dpr_files.read_questions(jsonl))
+
+
+@pytest.mark.parametrize("question", [7, None, ["q"]])
+def test_a_training_record_whose_question_is_not_a_string_is_named(tmp_path, question):
+    """A biencoder record's question that is no string stopped the split in polars, unnamed."""
+    path = tmp_path / "biencoder-nq-dev.json"
+    path.write_text(json.dumps([{"question": "q0", "answers": ["A"], "positive_ctxs": []},
+                                {"question": question, "answers": ["A"], "positive_ctxs": []}]))
+    with pytest.raises(DatasetError, match=re.escape(
+            f"biencoder-nq-dev.json, question 1: the question must be a string, got {question}")):
+        list(dpr_files.read_biencoder(path))
+
+
 def test_an_unquoted_field_that_starts_with_a_quote_reads_as_dpr_reads_it(tmp_path):
     """DPR and Pyserini read qa.csv and psgs_w100.tsv with csv.reader's default (non-strict)
     dialect: a field that opens with a quoted phrase and goes on is read, not refused (a strict

@@ -34,7 +34,7 @@ from typing import IO, Any, Iterator
 import polars as pl
 
 from .contracts.datasets import DatasetError
-from .dataset_files import CORPUS_BATCH_CHARS, CORPUS_BATCH_ROWS, json_lines, open_text
+from .dataset_files import CORPUS_BATCH_CHARS, CORPUS_BATCH_ROWS, json_objects, open_text
 
 PASSAGES_HEADER = ["id", "text", "title"]
 JSON_READ_CHARS = 1 << 20    # characters read per step by iter_json_list
@@ -139,14 +139,24 @@ def read_questions(path: Path, member: str | None = None) -> Iterator[tuple[str,
             raise
 
 
+def _question(record: dict[str, Any], where: str) -> str:
+    """The record's question, which must be a string (another value would stop the split later,
+    in polars, without naming the file)."""
+    question = record["question"]
+    if not isinstance(question, str):
+        raise DatasetError(f"{where}: the question must be a string, got {str(question)[:80]}")
+    return question
+
+
 def _questions_jsonl(handle: IO[str], where: str) -> Iterator[tuple[str, str, list[str]]]:
-    for number, record in json_lines(handle, where):
+    for number, record in json_objects(handle, where, ("question", "answers")):
         answers = record.get("answers", record.get("answer"))
-        if not isinstance(record, dict) or "question" not in record or answers is None:
+        if "question" not in record or answers is None:
             raise DatasetError(f"{where}, line {number}: a question line needs `question` and "
                                "`answers` (or `answer`)")
         qid = str(record.get("id", number - 1))
-        yield qid, record["question"], parse_answer_list(answers, f"{where}, line {number}")
+        at = f"{where}, line {number}"
+        yield qid, _question(record, at), parse_answer_list(answers, at)
 
 
 def iter_json_list(handle: IO[str], where: str, step: int = JSON_READ_CHARS,
@@ -238,7 +248,7 @@ def read_biencoder(path: Path, member: str | None = None
     """(query_id, question, answers, positive passage ids) of a biencoder-*.json file, streamed."""
     for qid, record, at in _records(path, member):
         positives = [_context_id(c, at) for c in record.get("positive_ctxs") or []]
-        yield qid, record["question"], parse_answer_list(record["answers"], at), positives
+        yield qid, _question(record, at), parse_answer_list(record["answers"], at), positives
 
 
 def read_biencoder_negatives(path: Path, member: str | None = None,
