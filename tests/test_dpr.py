@@ -8,8 +8,11 @@ import csv
 import gzip
 import io
 import json
+import random
 import re
 import shutil
+import sys
+import unicodedata
 
 from pathlib import Path
 
@@ -256,6 +259,68 @@ def test_regex_mode_is_curated_trecs():
     assert not answers.has_answer("Born in Kentucky", ["(unclosed"], mode="regex")
     with pytest.raises(answers.AnswerError, match="string, regex"):
         answers.has_answer("x", ["x"], mode="fuzzy")
+
+
+def naive_tokens(text):
+    """DPR's SimpleTokenizer as its documentation states it, one character at a time: NFD, a run
+    of letters, digits and marks is one token, any other character that is no separator (Z*) or
+    other (C*) is a token alone; tokens lower-cased."""
+    out, run = [], ""
+    for char in unicodedata.normalize("NFD", text):
+        kind = unicodedata.category(char)[0]
+        if kind in "LNM":
+            run += char
+            continue
+        if run:
+            out.append(run.lower())
+            run = ""
+        if kind not in "ZC":
+            out.append(char.lower())
+    return out + ([run.lower()] if run else [])
+
+
+def naive_has_answer(text, answer_list):
+    """DPR's loop: an answer's token list equal to a slice of the text's (a token-less answer
+    skipped, as answers.py documents)."""
+    words = naive_tokens(text)
+    for answer in answer_list:
+        needle = naive_tokens(answer)
+        if needle and any(words[i:i + len(needle)] == needle for i in range(len(words))):
+            return True
+    return False
+
+
+def test_tokens_agree_with_a_naive_character_walk_over_every_code_point():
+    """Every code point (in runs of 64, so that each meets its neighbours' categories), and the
+    sample's passages, tokenised as DPR's documentation states: no Pyserini needed."""
+    points = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    texts = ["".join(points[i:i + 64]) for i in range(0, len(points), 64)]
+    texts += [line.split("\t")[1] for line in
+              (ROOT / SAMPLE / "psgs_w100.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    assert [answers.tokens(t) for t in texts] == [naive_tokens(t) for t in texts]
+
+
+def test_has_answer_agrees_with_a_naive_loop_on_answer_lists():
+    """Lists of answers (any one found is enough: phrases of any passage, a passage's own first
+    or last words, accents, punctuation, token-less ones) over the sample's passages, against
+    DPR's loop restated naively."""
+    rng = random.Random(7)
+    passages = [line.split("\t")[1] for line in
+                (ROOT / SAMPLE / "psgs_w100.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    pool = ["Ahärôn", "Aha\u0308ro\u0302n", "U.S.", "u.s", "1,000", "", "!!", "the", "of the"]
+    for passage in passages:
+        words = passage.split()
+        for _ in range(4):
+            start = rng.randrange(len(words))
+            pool.append(" ".join(words[start:start + rng.randint(1, 3)]))
+    for passage in passages:
+        words = passage.split()
+        edges = [" ".join(words[:rng.randint(1, 3)]), " ".join(words[-rng.randint(1, 3):])]
+        for _ in range(6):
+            answer_list = rng.sample(pool, rng.randint(1, 4)) + rng.sample(edges, rng.randint(0, 1))
+            assert answers.has_answer(passage, answer_list) == naive_has_answer(
+                passage, answer_list), (answer_list, passage[:80])
+    assert not answers.has_answer("anything", [])
 
 
 def test_tokens_agree_with_pyserinis_dpr_tokenizer():
