@@ -10,7 +10,9 @@ layout (the `bert.` prefix, old LayerNorm names, a head) loads as AutoModel load
 from __future__ import annotations
 
 import json
+import shutil
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -267,6 +269,56 @@ def test_load_model_uses_transformers_for_what_this_module_does_not_reproduce(ti
     assert bert.unsupported(bert.Config.from_folder(tmp_path))
     model = load_model(tmp_path, add_pooling_layer=False)
     assert type(model).__name__ == "BertModel" and not isinstance(model, bert.BertModel)
+
+
+def _half_folder(source, folder, half, key):
+    """`source` re-saved as a half-precision checkpoint: its tensors and its config's `key`."""
+    shutil.copytree(source, folder)
+    tensors = load_file(source / "model.safetensors")
+    save_file({k: v.to(half) for k, v in tensors.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in ("dtype", "torch_dtype")}
+    config[key] = str(half).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(config))
+    return tensors
+
+
+@pytest.mark.parametrize("half, key", [(torch.float16, "dtype"), (torch.bfloat16, "torch_dtype")])
+def test_a_half_precision_folder_loads_in_float32_through_every_loader(half, key, tmp_path):
+    """transformers 5 loads a checkpoint in its config's dtype; ours load float32 whatever the
+    folder stores: training keeps fp32 master weights (AdamW at lr 5e-6 moves an fp16 weight by
+    less than its rounding, and bf16 autocast expects fp32 parameters) and CPU encoding computes
+    in fp32. The values are the file's: a float32 folder of the rounded values gives the same
+    parameters and the same vectors."""
+    from pretrain_fixtures import tiny_checkpoint
+
+    from retrieval_pretraining import encode
+
+    full = tiny_checkpoint(tmp_path / "full", initializer_range=0.2)
+    tensors = _half_folder(full, tmp_path / "half", half, key)
+    rounded = tmp_path / "rounded"  # the half folder's values, stored in float32
+    shutil.copytree(full, rounded)
+    save_file({k: v.to(half).float() for k, v in tensors.items()}, rounded / "model.safetensors",
+              metadata={"format": "pt"})
+    texts = ["a half precision checkpoint", "loads in float32", "on every path"]
+    loaders = {"native": lambda f: load_model(f, add_pooling_layer=False),
+               "transformers": lambda f: load_model(f, native=False, add_pooling_layer=False),
+               "load_encoder": lambda f: encode.load_encoder(f, torch.device("cpu"))[0]}
+    tokenizer = encode.load_encoder(full, torch.device("cpu"))[1]
+    for name, load in loaders.items():
+        model, reference = load(tmp_path / "half"), load(rounded)
+        dtypes = {p.dtype for p in model.parameters()}
+        assert dtypes == {torch.float32}, (name, dtypes)
+        expected = reference.state_dict()
+        for tensor, value in model.state_dict().items():
+            assert torch.equal(value, expected[tensor]), (name, tensor)
+        vectors = [encode.embed(m, tokenizer, texts, max_len=16, pooling="cls",
+                                similarity="cosine") for m in (model, reference, load(full))]
+        np.testing.assert_array_equal(vectors[0], vectors[1], err_msg=name)
+        # ... and the fp32 original's to the half type's rounding
+        np.testing.assert_allclose(vectors[0], vectors[2], err_msg=name,
+                                   atol=0.02 if half == torch.bfloat16 else 0.002)
 
 
 def test_loading_draws_nothing_from_torch_s_generator_as_transformers_does_not(tiny, tmp_path):

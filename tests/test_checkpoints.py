@@ -93,6 +93,32 @@ def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
     torch.testing.assert_close(head["cls.predictions.transform.dense.weight"], expected)
 
 
+def test_a_half_precision_source_is_staged_in_float32(tmp_path):
+    """The staged folder is what every trainer starts from, and is re-saved from the loaded model
+    anyway (no pin hashes its bytes: a Hub source is pinned by the commit it came from): a float16
+    source is staged with the same values in float32, its config saying so."""
+    from safetensors.torch import load_file
+
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    source = tmp_path / "source"
+    torch.manual_seed(0)
+    AutoModel.from_config(config).half().save_pretrained(source, safe_serialization=True)
+    assert json.loads((source / "config.json").read_text())["dtype"] == "float16"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
+
+    out = tmp_path / "staged"
+    entry = {"name": "tiny", "source": "local", "location": str(source)}
+    checkpoints.stage(entry, out, data_root=str(tmp_path))
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    staged, original = load_file(out / "model.safetensors"), load_file(source / "model.safetensors")
+    assert staged.keys() == original.keys()
+    for name, value in original.items():
+        assert staged[name].dtype == torch.float32 and torch.equal(staged[name], value.float())
+
+
 def _legacy_layernorm_names(folder):
     """Rewrite a folder's weights with bert-base-uncased's Hub names (LayerNorm.gamma / .beta)."""
     from safetensors.torch import load_file, save_file

@@ -371,19 +371,11 @@ def _own_name(key: str) -> str:
     return legacy_layernorm_name(key.removeprefix(PREFIX))
 
 
-def _auto_dtype(config: Config, tensors: dict[str, torch.Tensor]) -> torch.dtype:
-    """transformers' dtype="auto": the config's dtype, else the weights' own."""
-    named = config.raw.get("dtype") or config.raw.get("torch_dtype")
-    if isinstance(named, str) and isinstance(getattr(torch, named, None), torch.dtype):
-        return getattr(torch, named)
-    floats = [t.dtype for t in tensors.values() if t.is_floating_point()]
-    return floats[0] if floats else torch.float32
-
-
 def load(folder: str | Path, add_pooling_layer: bool = True,
          attn_implementation: str = "sdpa") -> BertModel:
     """A BertModel from a folder's config.json and safetensors weights, in eval mode (as
-    transformers' from_pretrained returns it). Loading leaves torch's random generator as it found
+    transformers' from_pretrained returns it), its parameters float32 whatever the files store
+    (see `model_folder.load_model`). Loading leaves torch's random generator as it found
     it, as transformers' does: a seeded run initialises its heads the same either way. (Not built
     on the meta device: its initialisers import torch._dynamo, ~1 s.) A missing pooler is
     initialised as transformers initialises one (normal, std initializer_range; zero bias) from its
@@ -399,7 +391,6 @@ def load(folder: str | Path, add_pooling_layer: bool = True,
             for key in handle.keys():
                 if (name := _own_name(key)) in wanted:
                     tensors[name] = handle.get_tensor(key)
-    dtype = _auto_dtype(config, tensors)
     missing = sorted(set(wanted) - set(tensors))
     if add_pooling_layer and set(missing) == {"pooler.dense.weight", "pooler.dense.bias"}:
         generator = torch.Generator().manual_seed(0)
@@ -412,5 +403,5 @@ def load(folder: str | Path, add_pooling_layer: bool = True,
         raise ModelFolderError(f"model folder {folder}: its weights lack {', '.join(missing[:5])}"
                                f"{' ...' if len(missing) > 5 else ''}; rebuild it with the stage "
                                "that writes it")
-    model.to(dtype).load_state_dict(tensors, strict=True)
+    model.load_state_dict(tensors, strict=True)  # copied into the float32 parameters
     return model.eval()

@@ -50,17 +50,24 @@ def load_model(folder: str | Path, *, native: bool = True, **kwargs: Any):
     """The encoder of a local folder's safetensors (no download, no remote code, no pickle): a
     BERT checkpoint as `bert.BertModel` (transformers' computation without its ~1.4 CPU-s import),
     any other architecture, or `native=False`, through transformers' AutoModel. kwargs:
-    add_pooling_layer, attn_implementation."""
+    add_pooling_layer, attn_implementation.
+
+    Parameters come out float32 whatever the folder stores (transformers 5 would load a config's
+    float16 / bfloat16): training keeps fp32 master weights (at lr 5e-6 most AdamW updates to an
+    fp16 weight round away; bf16 autocast assumes fp32 parameters), CPU encoding computes in fp32,
+    and mixed precision is autocast's job. Staging (checkpoints.py) therefore writes float32."""
     folder = check_safetensors(folder)
     if native:
         from . import bert
 
         if bert.unsupported(bert.Config.from_folder(folder)) is None and bert.weight_files(folder):
             return bert.load(folder, **kwargs)
+    import torch
     from transformers import AutoModel
 
     if kwargs.get("attn_implementation") == "sdpa_cudnn":  # bert.py's kernel order: ours alone
         kwargs["attn_implementation"] = "sdpa"
     return AutoModel.from_pretrained(
-        folder, local_files_only=True, trust_remote_code=False, use_safetensors=True, **kwargs
+        folder, local_files_only=True, trust_remote_code=False, use_safetensors=True,
+        dtype=torch.float32, **kwargs
     )
