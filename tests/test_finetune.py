@@ -119,6 +119,23 @@ def test_contrast_plan_reproduces_the_reference_negatives():
         plan(1, sub_batches=3)
 
 
+def test_the_paper_fine_tuning_optimiser_is_the_costa_scripts():
+    """The COSTA authors' scripts (scripts/msmarco-*-ranking/run.sh, train_hn.sh) set the lr and
+    the epochs alone; everything else is transformers' Trainer default (their
+    DenseTrainingArguments changes only warmup_ratio, to 0.1). The Trainer clips the gradient norm
+    at its max_grad_norm, 1.0, unless told otherwise: the reference clips."""
+    import yaml
+    from transformers import TrainingArguments
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
+    settings = FinetuneSettings.from_config(
+        {k: v for k, v in paper["finetune"].items() if k not in ("models", "datasets")})
+    assert (settings.lr, settings.warmup_ratio, settings.epochs) == (5e-6, 0.1, 3)
+    assert settings.weight_decay == defaults["weight_decay"] == 0.0
+    assert settings.max_grad_norm == defaults["max_grad_norm"] == 1.0
+
+
 @pytest.mark.parametrize("gather,world_size", [(False, 1), (False, 2), (True, 2), (True, 4)])
 def test_every_micro_batch_of_a_step_is_computed_by_exactly_one_rank(gather, world_size):
     """Ranks split a batch into the plan's micro-batches; gathering splits each contrast set over

@@ -41,7 +41,7 @@ class FinetuneSettings:
     lr: float = 5e-6
     warmup_ratio: float = 0.1
     weight_decay: float = 0.0
-    max_grad_norm: float | None = None  # Tevatron / the COSTA scripts do not clip
+    max_grad_norm: float | None = None  # none; the COSTA scripts clip at 1.0 (paper.yaml)
     epochs: int = 3
     precision: str = "auto"         # auto (bf16 on CUDA) | fp32
     train_queries: int | None = None  # low-resource mode / demo: N sampled training queries
