@@ -1355,6 +1355,37 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
         torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7)
 
 
+def test_an_init_stored_in_half_precision_fine_tunes_as_its_float32_copy(tmp_path):
+    """An encoder folder may store its weights in bfloat16 (config.json's dtype; a Hub checkpoint,
+    staged as transformers loads it). Fine-tuning keeps fp32 weights and AdamW moments, as the
+    reference (transformers' Trainer on an fp32 model) did: in bf16, an update of lr 5e-6 is below
+    half a unit in the last place of almost every weight, and the run would end where it began.
+    So it fine-tunes exactly as the fp32 copy of the same values does, and exports fp32."""
+    from safetensors.torch import load_file
+    from transformers import AutoModel, AutoTokenizer
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    stored = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        model = AutoModel.from_pretrained(base, local_files_only=True, dtype=torch.float32)
+        model = model.to(torch.bfloat16).to(dtype)  # fp32: the exact values of the bf16 copy
+        model.save_pretrained(tmp_path / name, safe_serialization=True)
+        AutoTokenizer.from_pretrained(base, local_files_only=True).save_pretrained(tmp_path / name)
+        stored[name] = json.loads((tmp_path / name / "config.json").read_text()).get("dtype")
+    assert stored == {"bf16": "bfloat16", "fp32": "float32"}
+    cfg = {"q_len": 16, "p_len": 32, "group_size": 2, "batch_size": 8, "epochs": 1, "lr": 1e-5}
+    weights = {}
+    for name in ("bf16", "fp32"):
+        assert fine_tune(cfg, tmp_path / name, data, [data["bm25"]], seed=5,
+                         out=tmp_path / f"{name}-ft", state_dir=tmp_path / f"{name}-state",
+                         metrics_path=tmp_path / f"{name}.jsonl") == 0
+        weights[name] = load_file(tmp_path / f"{name}-ft" / "model.safetensors")
+    assert {t.dtype for t in weights["bf16"].values()} == {torch.float32}
+    for key, value in weights["fp32"].items():
+        torch.testing.assert_close(weights["bf16"][key], value, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------- the COSTA projector -----------
 def _heads_with_projector(path: Path, dim: int, kind: str = "nonlinear", seed: int = 0) -> Path:
     """A pre-training heads file as COSTA's leaves it (keys `projector.0.*` for Tanh(Linear),
