@@ -819,7 +819,7 @@ def test_a_nonfinite_fine_tuning_loss_stops_naming_the_step_and_queries(tmp_path
 
 def test_a_nonfinite_fine_tuning_gradient_stops_at_its_step_and_saves_no_broken_state(
         tmp_path, monkeypatch):
-    """With the shipped settings (max_grad_norm null: no clipping) a finite loss whose gradient
+    """With the default settings (max_grad_norm null: no clipping) a finite loss whose gradient
     is inf must stop the run at that step, naming it, before the weights take it; a saved state
     never holds non-finite weights (a rerun would resume into the same failure)."""
     from safetensors.torch import load_file
