@@ -555,6 +555,31 @@ def test_a_new_pretrainer_is_in_training_mode(dropout_setup):
         assert torch.equal(model.hidden(batch), model.hidden(batch))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_checkpoint_trains_fp32_weights(setup, tmp_path, dtype):
+    """A checkpoint saved in bf16 or fp16 (config.json's dtype) is pre-trained in fp32, through
+    the trainer end to end (model_folder.load_model upcasts; its own tests cover the loaders):
+    in its own dtype the encoder's weights were half precision beside fp32 heads, where an
+    lr-5e-5 AdamW update (~1e-3 of a weight) is under half bf16's spacing and rounds away (on a
+    GPU, silently, under autocast; on the CPU the fp32 MLM head refused the bf16 states)."""
+    checkpoint = tmp_path / "half"
+    BertModel = type(AutoModel.from_pretrained(setup[0], local_files_only=True))
+    BertModel.from_pretrained(setup[0], local_files_only=True, dtype=dtype).save_pretrained(checkpoint)
+    AutoTokenizer.from_pretrained(setup[0], local_files_only=True).save_pretrained(checkpoint)
+    stored = load_file(checkpoint / "model.safetensors")
+    model = Pretrainer(checkpoint, fx.model_settings("mlm"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    for key, value in model.encoder.state_dict().items():  # the stored values, upcast exactly
+        if key in stored and value.is_floating_point():
+            assert stored[key].dtype == dtype and torch.equal(value, stored[key].float()), key
+    code, _ = _run(fx.model_settings("mlm", max_steps=2), (checkpoint, *setup[1:]), tmp_path / "run")
+    assert code == 0
+    exported = load_file(tmp_path / "run" / "encoder" / "model.safetensors")
+    assert {v.dtype for v in exported.values() if v.is_floating_point()} == {torch.float32}
+    config = json.loads((tmp_path / "run" / "encoder" / "config.json").read_text())
+    assert config["dtype"] == "float32"  # what loads it (dtype "auto") reads
+
+
 def _hand_batch(views: int) -> dict:
     """Two texts (the second padded), masked by hand; `views` stacks differently masked copies."""
     original = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 102],
