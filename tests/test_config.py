@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import references
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,6 +215,84 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
     edit(bad)
     with pytest.raises(experiment_config.ConfigError, match=expected):
         experiment_config.validate(bad)
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda c: c["report"]["stages"][2].update(suffix="stgae2"),
+            r"report\.stages\.2\.suffix': 'stgae2' is not a fine-tuning stage",
+        ),
+        (
+            lambda c: c["report"]["stages"].append({"suffix": "stage3", "label": "round 2"}),
+            r"report\.stages\.3\.suffix': 'stage3' on 'scifact' would train mining round 2, "
+            r"and finetune\.rounds is 1 there",
+        ),
+        (
+            lambda c: c["report"]["analysis"]["tsne"].update(stage="stage 2"),
+            r"report\.analysis\.tsne\.stage': 'stage 2' is not a fine-tuning stage",
+        ),
+        (
+            lambda c: c["report"]["significance"]["baselines"][0].update(system="BM25"),
+            r"report\.significance\.baselines\.0\.system': 'BM25' is no system the workflow "
+            r"builds: bm25, an evaluate\.baselines name \(all-minilm-l6-v2\)",
+        ),
+        (
+            lambda c: c["report"]["tables"][0]["columns"][1].update(dataset="scifact-full"),
+            r"report\.tables\[main\]\.columns\.1\.dataset': our models' runs on "
+            r"'scifact-full' .* neither fine-tuned on nor an evaluate\.zero_shot target",
+        ),
+        (
+            lambda c: c["finetune"].update(stage1_init="scifcat/stage2"),
+            r"finetune\.stage1_init': 'scifcat' in 'scifcat/stage2' is not another "
+            r"finetune\.datasets entry",
+        ),
+        (
+            lambda c: c["report"].update(low_resource={
+                "dataset": "scifact", "split": "test", "measure": "nDCG@10", "sizes": [100],
+                "splits": 2, "models": ["costa"], "system": "{model}-stage1"}),
+            r"report\.low_resource\.system': '\{model\}-stage1' gives 'costa-stage1' for model "
+            r"costa, size 100, split 0",
+        ),
+    ],
+)
+def test_a_stage_nothing_builds_is_refused_naming_the_key(demo, edit, expected):
+    """The report names runs by stage: a misspelt stage or system stopped the dry run at a missing
+    run naming no key, and a stage past `rounds` trained mining rounds no config key asked for."""
+    bad = copy.deepcopy(demo)
+    edit(bad)
+    experiment_config.validate(bad)  # a stage reference is no schema or cross-check matter
+    with pytest.raises(experiment_config.ConfigError, match=expected):
+        references.check(bad)
+
+
+def test_a_system_of_a_model_whose_name_extends_another_is_its_own(demo):
+    """`costa-x-stage1` is model costa-x's stage1, not costa's stage `x-stage1`."""
+    config = copy.deepcopy(demo)
+    costa = next(m for m in config["pretrain"]["models"] if m["name"] == "costa")
+    config["pretrain"]["models"].append(costa | {"name": "costa-x"})
+    config["report"]["significance"]["baselines"].append(
+        {"system": "costa-x-stage1", "mark": "*"})
+    references.check(config)
+
+
+@pytest.mark.parametrize("section, edit, expected", [
+    ("report", lambda c: c["stages"][1].update(suffix="stage-1"),
+     "config key 'report.stages.1.suffix': 'stage-1' is not a fine-tuning stage"),
+])
+def test_a_misspelt_stage_fails_the_dry_run_naming_the_key(demo, tmp_path, section, edit,
+                                                          expected):
+    """The check runs when the workflow parses, before the DAG: the dry run names the key."""
+    from workflow_harness import copy_project, snakemake
+
+    block = copy.deepcopy(demo[section])
+    edit(block)
+    project = copy_project(tmp_path / "project", {section: block})
+    result = snakemake(project, "--dry-run", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert expected in output, output
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,184 @@
+"""The config's references the rules resolve into files, checked when the workflow parses
+(rules/common.smk calls `check`, after config.validate): the report's stage suffixes, significance
+baselines, t-SNE stage and low-resource systems, and finetune's `stage1_init`.
+
+The rules build whatever a target names, so a misspelt stage stopped the dry run at a missing run
+or an input function's error that named no config key, and a stage past a dataset's `rounds`
+trained mining rounds the config does not list. No stage imports this module: what it checks
+changes no result, so editing it is no job's code input (config.py is every job's).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .config import ConfigError
+
+
+def _names(entries: list[dict[str, Any]] | None) -> list[str]:
+    return [entry["name"] for entry in entries or []]
+
+
+def check(config: dict[str, Any]) -> None:
+    """Raise ConfigError naming every stage reference nothing builds (config.validate first)."""
+    messages = list(dict.fromkeys(stage1_init_mistakes(config) + report_stage_mistakes(config)))
+    if messages:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
+
+
+# A fine-tuning stage as the rules name it (rules/finetune.smk parse_stage).
+STAGE = re.compile(r"(n[0-9]+s[0-9]+-)?stage([0-9]+)")
+
+
+def _rounds(config: dict[str, Any]) -> dict[str, int]:
+    """{dataset: mining rounds} of every dataset a fine-tuned encoder searches: a finetune.datasets
+    entry's (its overrides applied), a zero-shot target's source's."""
+    shared = config["finetune"]["rounds"]
+    rounds = {entry["dataset"]: entry.get("overrides", {}).get("rounds", shared)
+              for entry in config["finetune"]["datasets"]}
+    for entry in config["evaluate"].get("zero_shot") or []:
+        if entry["trained_on"] in rounds:
+            rounds.setdefault(entry["dataset"], rounds[entry["trained_on"]])
+    return rounds
+
+
+def _stage_mistake(key: str, stage: str, dataset: str, rounds: dict[str, int]) -> str | None:
+    """Why `stage` names no system the rules build on `dataset` (one of `rounds`), or None. A
+    dataset's stages are stage0 (the pre-trained encoder) to stage<rounds + 1>: the rules build
+    whatever stage is asked for, so a later one would train mining rounds the config does not
+    list."""
+    match = STAGE.fullmatch(stage)
+    if not match:
+        return (f"config key '{key}': '{stage}' is not a fine-tuning stage; write stage<k> "
+                "(stage0: not fine-tuned, stage1: BM25 negatives, stage<k+1>: mining round k) or "
+                "n<N>s<K>-stage<k> (N sampled training queries, sample K)")
+    last = rounds[dataset] + 1
+    if int(match.group(2)) > last:
+        return (f"config key '{key}': '{stage}' on '{dataset}' would train mining round "
+                f"{int(match.group(2)) - 1}, and finetune.rounds is {rounds[dataset]} there "
+                f"(stages up to stage{last}); raise rounds (finetune.datasets overrides) or name "
+                "a stage it has")
+    return None
+
+
+def _dense_dataset_mistake(key: str, dataset: str, rounds: dict[str, int]) -> str | None:
+    """Why our models have no runs on `dataset`: each takes its encoder and retrieval knobs from
+    the dataset's fine-tuning entry, or a zero-shot target's source's."""
+    if dataset in rounds:
+        return None
+    return (f"config key '{key}': our models' runs on '{dataset}' take their encoders and knobs "
+            f"from its finetune.datasets entry, and '{dataset}' is neither fine-tuned on nor an "
+            "evaluate.zero_shot target; add it to one of them")
+
+
+def stage1_init_mistakes(config: dict[str, Any]) -> list[str]:
+    """finetune `stage1_init: <dataset>/<stage>` must name another fine-tuned dataset's stage."""
+    messages, rounds = [], _rounds(config)
+    finetuned = [entry["dataset"] for entry in config["finetune"]["datasets"]]
+    for i, entry in enumerate(config["finetune"]["datasets"]):
+        own = entry.get("overrides", {})
+        key = (f"finetune.datasets.{i}.overrides.stage1_init" if "stage1_init" in own
+               else "finetune.stage1_init")
+        source = own.get("stage1_init", config["finetune"]["stage1_init"])
+        if source == "pretrained":
+            continue
+        dataset, stage = source.split("/")
+        if dataset not in finetuned or dataset == entry["dataset"]:
+            messages.append(
+                f"config key '{key}': '{dataset}' in '{source}' is not another finetune.datasets "
+                f"entry than '{entry['dataset']}'; known: {', '.join(finetuned)}")
+            continue
+        if mistake := _stage_mistake(key, stage, dataset, rounds):
+            messages.append(mistake)
+    return messages
+
+
+def report_stage_mistakes(config: dict[str, Any]) -> list[str]:
+    """The report's stage suffixes, significance baselines, t-SNE stage and low-resource systems
+    must name runs the rules build: else the dry run stops at a missing run that names no key,
+    or (a stage past `rounds`) trains mining rounds nothing asked for."""
+    report, rounds = config["report"], _rounds(config)
+    uses: list[tuple[str, str, str]] = []  # (key, stage, dataset)
+    datasets: list[tuple[str, str]] = []  # (key, dataset) our models have runs on
+    messages = []
+    for table in report["tables"]:
+        where = f"report.tables[{table['name']}]"
+        columns = [(f"{where}.columns.{i}.dataset", c["dataset"])
+                   for i, c in enumerate(table["columns"])]
+        own = table.get("baselines")
+        baselines = report["significance"]["baselines"] if own is None else own
+        prefix = f"{where}.baselines" if own is not None else "report.significance.baselines"
+        stages = []  # (key, stage) of this table's dense systems
+        for i, baseline in enumerate(baselines):
+            if "system" in baseline:
+                key, stage = f"{prefix}.{i}.system", _system_stage(config, baseline["system"])
+                if stage is None:
+                    messages.append(_unknown_system(config, key, baseline["system"]))
+                elif stage:
+                    stages.append((key, stage))
+        if table.get("rows") != []:  # rows: [] = no model rows, so no stages or stage baselines
+            groups = table.get("groups")
+            stages += ([(f"{where}.groups.{i}.suffix", g["suffix"]) for i, g in enumerate(groups)]
+                       if groups else
+                       [(f"report.stages.{i}.suffix", g["suffix"])
+                        for i, g in enumerate(report["stages"])])
+            stages += [(f"{prefix}.{i}.stage", b["stage"]) for i, b in enumerate(baselines)
+                       if "stage" in b]
+        if stages:
+            datasets += columns
+            uses += [(key, stage, d) for key, stage in stages for _, d in columns]
+    tsne = report["analysis"]["tsne"]
+    if tsne:
+        datasets.append(("report.analysis.tsne.dataset", tsne["dataset"]))
+        uses.append(("report.analysis.tsne.stage", tsne["stage"], tsne["dataset"]))
+    if report["low_resource"]:
+        datasets.append(("report.low_resource.dataset", report["low_resource"]["dataset"]))
+    messages += _low_resource_mistakes(report["low_resource"], uses)
+    messages += [m for key, d in datasets if (m := _dense_dataset_mistake(key, d, rounds))]
+    messages += [m for key, stage, d in uses
+                 if d in rounds and (m := _stage_mistake(key, stage, d, rounds))]
+    return messages
+
+
+def _system_stage(config: dict[str, Any], system: str) -> str | None:
+    """A significance baseline's fixed `system`: "" for bm25 or a baseline encoder, the stage of
+    one of our <model>-<stage> systems, None for a name nothing builds."""
+    if system == "bm25" or system in _names(config["evaluate"].get("baselines")):
+        return ""
+    # The longest model name first: `costa-abl-stage1` is costa-abl's stage1, not costa's.
+    for model in sorted(_names(config["pretrain"]["models"]), key=len, reverse=True):
+        if system.startswith(f"{model}-"):
+            return system.removeprefix(f"{model}-")
+    return None
+
+
+def _unknown_system(config: dict[str, Any], key: str, system: str) -> str:
+    fixed = _names(config["evaluate"].get("baselines"))
+    return (f"config key '{key}': '{system}' is no system the workflow builds: bm25, an "
+            f"evaluate.baselines name ({', '.join(fixed) or 'none'}) or <model>-<stage> of a "
+            "pretrain.models entry")
+
+
+def _low_resource_mistakes(spec: dict[str, Any] | None, uses: list) -> list[str]:
+    """The low-resource figure's `system` pattern must name, for each size N and split K, that
+    sample's own run (<model>-nNsK-stage<k>); its stages join `uses`."""
+    if not spec:
+        return []
+    key, stages = "report.low_resource.system", []
+    for model in spec["models"]:
+        for size in spec["sizes"]:
+            for split in range(spec["splits"]):
+                try:
+                    system = spec["system"].format(model=model, size=size, split=split)
+                except (KeyError, IndexError, ValueError) as error:
+                    return [f"config key '{key}': '{spec['system']}' does not format with "
+                            f"{{model}}, {{size}} and {{split}} ({error!r})"]
+                stage = system.removeprefix(f"{model}-")
+                if not stage.startswith(f"n{size}s{split}-"):
+                    return [f"config key '{key}': '{spec['system']}' gives '{system}' for model "
+                            f"{model}, size {size}, split {split}; write "
+                            "'{model}-n{size}s{split}-stage<k>', each sample's own runs"]
+                stages.append(stage)
+    uses.append((key, stages[0], spec["dataset"]))  # one stage number for every sample
+    return []
