@@ -10,7 +10,7 @@ from retrieval_pretraining import config as experiment_config  # noqa: E402
 from retrieval_pretraining import references as config_references  # noqa: E402
 
 experiment_config.validate(config)
-# The stages the sections name (a module no stage imports: no job's code input).
+# The splits and stages the sections name (a module no stage imports: no job's code input).
 config_references.check(config)
 
 # Every `python -m retrieval_pretraining.<stage>` runs the code of this checkout, whatever is installed.

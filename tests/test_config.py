@@ -221,6 +221,23 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
     "edit, expected",
     [
         (
+            lambda c: c["finetune"]["datasets"][0].update(split="trian"),
+            r"finetune\.datasets\.0\.split': 'trian' is not a split of 'scifact'; its splits: "
+            r"train, test",
+        ),
+        (
+            lambda c: c["evaluate"]["splits"][0].update(split="dev"),
+            r"evaluate\.splits\.0\.split': 'dev' is not a split of 'scifact'",
+        ),
+        (
+            lambda c: c["bm25"]["negatives"][0].update(split="Train"),
+            r"bm25\.negatives\.0\.split': 'Train' is not a split of 'scifact'",
+        ),
+        (
+            lambda c: c["report"]["analysis"]["tsne"].update(split="train"),
+            r"report\.analysis\.tsne\.split': no evaluate\.splits entry scores scifact train",
+        ),
+        (
             lambda c: c["report"]["stages"][2].update(suffix="stgae2"),
             r"report\.stages\.2\.suffix': 'stgae2' is not a fine-tuning stage",
         ),
@@ -257,9 +274,10 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
         ),
     ],
 )
-def test_a_stage_nothing_builds_is_refused_naming_the_key(demo, edit, expected):
-    """The report names runs by stage: a misspelt stage or system stopped the dry run at a missing
-    run naming no key, and a stage past `rounds` trained mining rounds no config key asked for."""
+def test_a_split_or_stage_nothing_builds_is_refused_naming_the_key(demo, edit, expected):
+    """The rules build what a section names: a misspelt split or stage stopped the dry run at a
+    missing file or an input function's error naming no key (a training split: the bm25.negatives
+    one), and a stage past `rounds` trained mining rounds no config key asked for."""
     bad = copy.deepcopy(demo)
     edit(bad)
     experiment_config.validate(bad)  # a stage reference is no schema or cross-check matter
@@ -280,10 +298,13 @@ def test_a_system_of_a_model_whose_name_extends_another_is_its_own(demo):
 @pytest.mark.parametrize("section, edit, expected", [
     ("report", lambda c: c["stages"][1].update(suffix="stage-1"),
      "config key 'report.stages.1.suffix': 'stage-1' is not a fine-tuning stage"),
+    ("evaluate", lambda c: c["splits"][0].update(split="tset"),
+     "config key 'evaluate.splits.0.split': 'tset' is not a split of 'scifact'"),
 ])
-def test_a_misspelt_stage_fails_the_dry_run_naming_the_key(demo, tmp_path, section, edit,
-                                                          expected):
-    """The check runs when the workflow parses, before the DAG: the dry run names the key."""
+def test_a_misspelt_stage_or_split_fails_the_dry_run_naming_the_key(demo, tmp_path, section,
+                                                                    edit, expected):
+    """The check runs when the workflow parses, before the DAG: the dry run names the key (a
+    misspelt evaluate split was reported as columns that no evaluate.splits entry scores)."""
     from workflow_harness import copy_project, snakemake
 
     block = copy.deepcopy(demo[section])

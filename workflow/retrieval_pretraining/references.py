@@ -1,11 +1,13 @@
 """The config's references the rules resolve into files, checked when the workflow parses
-(rules/common.smk calls `check`, after config.validate): the report's stage suffixes, significance
-baselines, t-SNE stage and low-resource systems, and finetune's `stage1_init`.
+(rules/common.smk calls `check`, after config.validate): the splits that finetune, evaluate, bm25
+negatives and the t-SNE figure name, the report's stage suffixes, significance baselines, t-SNE
+stage and low-resource systems, and finetune's `stage1_init`.
 
-The rules build whatever a target names, so a misspelt stage stopped the dry run at a missing run
-or an input function's error that named no config key, and a stage past a dataset's `rounds`
-trained mining rounds the config does not list. No stage imports this module: what it checks
-changes no result, so editing it is no job's code input (config.py is every job's).
+The rules build whatever a target names, so a misspelt split or stage stopped the dry run at a
+missing file or an input function's error that named no config key (or named the wrong one), and
+a stage past a dataset's `rounds` trained mining rounds the config does not list. No stage imports
+this module: what it checks changes no result, so editing it is no job's code input (config.py is
+every job's).
 """
 
 from __future__ import annotations
@@ -22,9 +24,35 @@ def _names(entries: list[dict[str, Any]] | None) -> list[str]:
 
 def check(config: dict[str, Any]) -> None:
     """Raise ConfigError naming every stage reference nothing builds (config.validate first)."""
-    messages = list(dict.fromkeys(stage1_init_mistakes(config) + report_stage_mistakes(config)))
+    messages = split_mistakes(config) + stage1_init_mistakes(config)
+    messages = list(dict.fromkeys(messages + report_stage_mistakes(config)))
     if messages:
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
+
+
+def split_mistakes(config: dict[str, Any]) -> list[str]:
+    """Each split a section names must be one its dataset lists (a dataset no entry names is
+    config.validate's to report; a dpr negatives split is config._negatives_mistakes')."""
+    splits = {entry["name"]: [s["name"] for s in entry["splits"]] for entry in config["datasets"]}
+    named = [(f"finetune.datasets.{i}.split", e["dataset"], e["split"])
+             for i, e in enumerate(config["finetune"]["datasets"])]
+    named += [(f"evaluate.splits.{i}.split", e["dataset"], e["split"])
+              for i, e in enumerate(config["evaluate"]["splits"])]
+    named += [(f"bm25.negatives.{i}.split", e["dataset"], e["split"])
+              for i, e in enumerate(config["bm25"].get("negatives") or [])
+              if e["source"] != "dpr"]
+    messages = [f"config key '{key}': '{split}' is not a split of '{dataset}'; its splits: "
+                f"{', '.join(splits[dataset])}"
+                for key, dataset, split in named
+                if dataset in splits and split not in splits[dataset]]
+    tsne = config["report"]["analysis"]["tsne"]
+    scored = {(e["dataset"], e["split"]) for e in config["evaluate"]["splits"]}
+    if tsne and (tsne["dataset"], tsne["split"]) not in scored:
+        messages.append(
+            f"config key 'report.analysis.tsne.split': no evaluate.splits entry scores "
+            f"{tsne['dataset']} {tsne['split']} (the figure marks what its measures count "
+            "relevant); add one, or name a split it scores")
+    return messages
 
 
 # A fine-tuning stage as the rules name it (rules/finetune.smk parse_stage).
