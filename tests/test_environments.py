@@ -499,6 +499,32 @@ def test_slurm_profile_dry_run_plans_the_paper_experiment(tmp_path):
     assert re.search(r"resources: .*\bnodes=1\b", pretrain), pretrain  # all 8 on one node
 
 
+def test_the_readmes_overlay_command_for_the_slurm_profile_plans_paper_and_overlay(tmp_path):
+    """A `--configfile` typed after `--profile slurm` replaces the profile's paper.yaml: the README
+    gives the overlay command with paper.yaml named again, and that command, as written, plans
+    the ablation models on the paper experiment (dry run, no sbatch)."""
+    import os
+    import shlex
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import workflow_harness
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    [command] = re.findall(r"`(snakemake --profile slurm [^`]*--configfile [^`]*)`", text)
+    words = shlex.split(command)
+    files = words[words.index("--configfile") + 1:words.index("--")]
+    assert files == ["workflow/experiments/paper.yaml", "workflow/experiments/ablations.yaml"]
+    project = workflow_harness.copy_project(tmp_path / "project")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    assert words[0] == "snakemake"
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", *words[1:]],  # dry run
+                            cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "results/pretrain/costa-abl-no-word/encoder" in output  # an ablation, on paper.yaml
+
+
 # The project's imports that the lent GPU machine's image (PyTorch, numpy, pyarrow, tokenizers,
 # matplotlib, ...: /work/.library/device/KINDS.md where lent) lacks and benchmarks/gpu_carry.sh
 # does not carry (its 64 MiB limit holds jsonschema, transformers and tokenizers, not polars'
