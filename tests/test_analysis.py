@@ -727,3 +727,29 @@ def test_the_tsne_rule_reads_the_encoder_that_searched_its_runs(case, tmp_path):
     assert f"costa={encoder},{run}" in models
     runs_only = planned_params(copy_project(tmp_path / "runs", overrides), run)
     assert finetune_jobs(plan) == finetune_jobs(runs_only)
+
+
+def test_the_coverage_figure_draws_each_model_over_increasing_k_as_its_json_says(
+    encoder_dir, tokenizer, tmp_path, monkeypatch
+):
+    """ks in any config order: each model's line goes left to right over the distinct k (a
+    config's [100, 1, 10] drew 100 -> 1 -> 10, a line doubling back on the log axis), and its
+    points are the coverage.json numbers."""
+    ids = write_chunks(tmp_path / "shard-0000.parquet", tokenizer)
+    drawn = []
+    real = coverage.save_figure
+
+    def keep_lines(fig, path):
+        drawn.extend((line.get_xdata().tolist(), line.get_ydata().tolist())
+                     for ax in fig.axes for line in ax.get_lines())
+        real(fig, path)
+
+    monkeypatch.setattr(coverage, "save_figure", keep_lines)
+    result = coverage.coverage({"plain": encoder_dir}, [tmp_path / "shard-0000.parquet"],
+                               [100, 1, 10, 1], len(ids), tmp_path / "c.png", tmp_path / "c.json")
+    saved = json.loads((tmp_path / "c.json").read_text())["models"]["plain"]["coverage"]
+    assert [int(k) for k in saved] == [1, 10, 100]
+    [(xs, ys)] = drawn
+    assert xs == [1, 10, 100]
+    assert ys == [saved[str(k)] for k in xs] == [result["models"]["plain"]["coverage"][k]
+                                                  for k in xs]

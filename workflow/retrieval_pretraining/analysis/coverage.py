@@ -182,6 +182,9 @@ def coverage(
 
     for encoder_dir in models.values():  # fail before any work on a missing or pickled encoder
         check_safetensors(encoder_dir)
+    # The figure draws each model's line through the ks in this order: increasing and distinct,
+    # whatever the config's order, or a line doubles back on the log axis.
+    ks = sorted({int(k) for k in ks})
     shards = [Path(c) for c in chunks]
     held_out, sample = held_out_sample(models, corpus_name(shards[0]))
     (log.info if held_out is not None else log.warning)("coverage sample: %s", sample)
