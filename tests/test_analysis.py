@@ -753,3 +753,31 @@ def test_the_coverage_figure_draws_each_model_over_increasing_k_as_its_json_says
     assert xs == [1, 10, 100]
     assert ys == [saved[str(k)] for k in xs] == [result["models"]["plain"]["coverage"][k]
                                                   for k in xs]
+
+
+def test_coverage_calls_chunks_training_chunks_only_where_a_model_trained_on_them(
+    encoder_dir, tokenizer, tmp_path, monkeypatch
+):
+    """Chunks of a corpus no model pre-trained on (base checkpoints alone) are unseen by every
+    model, as held-out chunks are: not "training (!)" chunks. A model that trained on the corpus
+    without naming held-out chunks does make them training chunks."""
+    texts = [tokenizer(t)["input_ids"] for t in TEXTS]
+    shard = write_chunk_rows(tmp_path / "results" / "corpus" / "wiki" / "chunks"
+                             / "shard-0000.parquet", texts)
+    titles = []
+    real = coverage.save_figure
+
+    def keep_title(fig, path):
+        titles.append(fig.axes[0].get_title())
+        real(fig, path)
+
+    monkeypatch.setattr(coverage, "save_figure", keep_title)
+    old = trained_on(tmp_path / "old", [shard], None)
+    shutil.copytree(encoder_dir, old, dirs_exist_ok=True)
+    cases = {"base only": ({"base": encoder_dir}, True),
+             "trained, no list": ({"base": encoder_dir, "old": old}, False)}
+    for case, (models, unseen) in cases.items():
+        result = coverage.coverage(models, [shard], [1, 10], 2, tmp_path / "c.png",
+                                   tmp_path / "c.json")
+        assert result["held_out"] is unseen, case
+        assert ("training (!)" in titles[-1]) is not unseen, (case, titles[-1])

@@ -101,6 +101,12 @@ def corpus_name(shard: Path | str) -> str:
     return Path(shard).parent.parent.name
 
 
+def trained_on_corpus(encoder_dir: Path, corpus: str) -> bool:
+    """Whether the encoder was pre-trained on chunks of `corpus` (training.json's `data`)."""
+    return any(Path(p).parent.name == "chunks" and corpus_name(p) == corpus
+               for p in training_info(encoder_dir).get("data") or {})
+
+
 def held_out_sample(models: dict[str, Path], corpus: str) -> tuple[set[int] | None, str]:
     """The chunk ids of `corpus` that no model trained on (None: any chunk will do), and why.
 
@@ -112,12 +118,9 @@ def held_out_sample(models: dict[str, Path], corpus: str) -> tuple[set[int] | No
     falls back to chunks some model trained on, and says so."""
     common: set[int] | None = None
     for name, encoder_dir in models.items():
-        info = training_info(encoder_dir)
-        trained = any(Path(p).parent.name == "chunks" and corpus_name(p) == corpus
-                      for p in info.get("data") or {})
-        if not trained:
+        if not trained_on_corpus(encoder_dir, corpus):
             continue
-        held = (info.get("held_out_chunks") or {}).get(corpus)
+        held = (training_info(encoder_dir).get("held_out_chunks") or {}).get(corpus)
         if not held:
             return None, f"training chunks: {name} names no held-out chunks of {corpus}"
         common = set(held) if common is None else common & set(held)
@@ -186,14 +189,18 @@ def coverage(
     # whatever the config's order, or a line doubles back on the log axis.
     ks = sorted({int(k) for k in ks})
     shards = [Path(c) for c in chunks]
-    held_out, sample = held_out_sample(models, corpus_name(shards[0]))
-    (log.info if held_out is not None else log.warning)("coverage sample: %s", sample)
+    corpus = corpus_name(shards[0])
+    held_out, sample = held_out_sample(models, corpus)
+    # Chunks no model trained on: a corpus none of them pre-trained on (base checkpoints) is as
+    # unseen as held-out chunks; only chunks some model trained on are "training (!)" chunks.
+    unseen = held_out is not None or not any(trained_on_corpus(p, corpus) for p in models.values())
+    (log.info if unseen else log.warning)("coverage sample: %s", sample)
     input_ids = sample_chunks(shards, samples, held_out)
     if not input_ids:
         raise InputFileError(f"{shards[0].parent} has no chunks to sample; build the corpus "
                              "stage first")
     result: dict[str, Any] = {"chunks": [str(c) for c in shards], "samples": len(input_ids),
-                              "held_out": held_out is not None, "sample": sample, "models": {}}
+                              "held_out": unseen, "sample": sample, "models": {}}
     for name, encoder_dir in models.items():
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
         encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
@@ -220,7 +227,7 @@ def coverage(
     ax.set_xscale("log")
     ax.set_xlabel("k (top-k tokens of [CLS] projected to the vocabulary)")
     ax.set_ylabel("input-token coverage")
-    ax.set_title(f"{len(input_ids)} {'held-out' if held_out is not None else 'training (!)'} "
+    ax.set_title(f"{len(input_ids)} {'held-out' if unseen else 'training (!)'} "
                  "chunks", fontsize="small")
     ax.legend(fontsize="small")
     fig.tight_layout()
