@@ -15,6 +15,7 @@ import torch
 from full_disk import files_under, full_disk, is_full_disk_error
 from retrieval_pretraining import training
 from retrieval_pretraining import launch
+from retrieval_pretraining.errors import BadInput, one_line
 from retrieval_pretraining.pretrain import objectives as obj
 
 torch.set_num_threads(1)
@@ -234,6 +235,38 @@ def test_a_state_named_by_latest_json_but_missing_is_a_clear_error(tmp_path):
     shutil.rmtree(tmp_path / "step-00000003")
     with pytest.raises(FileNotFoundError, match=r"names the state step-00000003, which is missing"
                                                 r".*delete .* to start afresh"):
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+
+
+@pytest.mark.parametrize("damaged", ["latest.json", "step-00000003/state.json",
+                                     "step-00000003/state.safetensors",
+                                     "step-00000003/model.safetensors"])
+def test_a_damaged_state_file_is_a_clear_error_that_keeps_the_state(tmp_path, damaged):
+    """A file cut short (the disk, not a save: saves are atomic) failed every requeue with a raw
+    JSONDecodeError or SafetensorError naming neither the file nor the fix. The error names the
+    file and the state folder to move; nothing is discarded (the file may be restorable)."""
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    path = tmp_path / damaged
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    before = files_under(tmp_path)
+    with pytest.raises(BadInput) as error:
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert one_line(error.value).startswith(f"{path}: the resumable state cannot be read (")
+    assert f"restore the file, or move or delete {tmp_path} to start afresh" in str(error.value)
+    assert files_under(tmp_path) == before
+
+
+def test_a_hand_edited_state_file_without_its_keys_is_a_clear_error(tmp_path):
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    (tmp_path / "latest.json").write_text('{"step": 3}')
+    with pytest.raises(BadInput, match=r"latest\.json: .*ValueError: no checkpoint\); restore"):
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+    (tmp_path / "latest.json").write_text("[]")
+    with pytest.raises(BadInput, match=r"latest\.json: .*not a JSON object but list"):
         training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
 
 

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .. import artifacts
+from ..errors import InputFileError, one_line
 from .distributed import DistEnv, barrier
 
 log = logging.getLogger(__name__)
@@ -249,14 +250,17 @@ def load_state(
     latest = Path(state_dir) / "latest.json"
     if not latest.exists():
         return None
-    folder = Path(state_dir) / artifacts.read_json(latest)["checkpoint"]
+    name = _read(latest, state_dir, lambda path: _keys(artifacts.read_json(path), "checkpoint"))
+    folder = Path(state_dir) / name["checkpoint"]
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{latest} names the state {folder.name}, which is missing from {state_dir}; delete "
             f"{state_dir} to start afresh (its resumable progress is lost)")
-    model.load_state_dict(load_file(folder / "model.safetensors"))
-    tensors = load_file(folder / "state.safetensors")
-    meta = json.loads((folder / "state.json").read_text())
+    model.load_state_dict(_read(folder / "model.safetensors", state_dir, load_file))
+    tensors = _read(folder / "state.safetensors", state_dir, load_file)
+    meta = _read(folder / "state.json", state_dir, lambda path: _keys(
+        artifacts.read_json(path), "step", "data_position", "extra", "optimizer", "scheduler",
+        "rng"))
     optimizer.load_state_dict(_unflatten(meta["optimizer"], tensors))
     sched = _unflatten(meta["scheduler"], tensors)
     # The schedule function is rebuilt from config; LambdaLR stores None for plain functions.
@@ -265,3 +269,30 @@ def load_state(
     set_rng_state(_unflatten(meta["rng"], tensors))
     log.info("resumed from %s (step %d)", folder, meta["step"])
     return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
+
+
+def _read(path: Path, state_dir: str | os.PathLike, read: Any) -> Any:
+    """`read(path)`, or InputFileError naming the file, what is wrong and the fix. Saves are
+    atomic, so a damaged file comes from the disk or a hand edit: the raw parse error named
+    neither, and every requeue of the job failed the same way. The state is never set aside
+    here: it may be restorable, and it holds the job's progress."""
+    try:
+        return read(path)
+    except PermissionError:
+        raise  # names the path; the fix is its permissions, not the state
+    except Exception as error:  # json's, safetensors' (SafetensorError), an I/O error (EIO)
+        what = error.strerror if isinstance(error, OSError) and error.strerror else one_line(error)
+        raise InputFileError(
+            f"{path}: the resumable state cannot be read ({type(error).__name__}: {what}); "
+            f"restore the file, or move or delete {state_dir} to start afresh (its resumable "
+            "progress is lost)") from error
+
+
+def _keys(record: Any, *keys: str) -> dict[str, Any]:
+    """`record` if it is an object holding `keys` (a hand-edited file may not be)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"not a JSON object but {type(record).__name__}")
+    missing = [key for key in keys if key not in record]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)}")
+    return record
