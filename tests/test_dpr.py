@@ -160,6 +160,16 @@ def test_question_files_parse_literals_safely(tmp_path):
     assert list(dpr_files.read_questions(jsonl)) == [("0", "q1", ["A"]), ("x7", "q2", ["B", "C"])]
 
 
+def test_a_null_json_lines_question_id_is_its_line_as_an_absent_one(tmp_path):
+    """`"id": null` is no id, as DPR's JsonlQASrc reads it: the question takes its line's id, as
+    one without `id` does, where str(None) made every such question the query id "None"."""
+    jsonl = tmp_path / "NQ-open.dev.jsonl"
+    jsonl.write_text('{"id": null, "question": "q1", "answer": ["A"]}\n'
+                     '{"id": "x7", "question": "q2", "answer": ["B"]}\n'
+                     '{"id": null, "question": "q3", "answer": ["C"]}\n')
+    assert [qid for qid, _, _ in dpr_files.read_questions(jsonl)] == ["0", "x7", "2"]
+
+
 @pytest.mark.parametrize("line,message", [
     ('["q1", ["A"]]', "line 2: a JSON array, not an object"),
     ('"q1"', "line 2: a JSON string, not an object"),

@@ -9,7 +9,8 @@
   record position (a CSV record may span lines), as Pyserini numbers its `dpr-nq-test` /
   `dpr-trivia-test` topics.
 - The same questions as JSON lines: `{"question": ..., "answers" | "answer": [...]}` with an
-  optional `id` (else the line number): EfficientQA's NQ-open files.
+  optional `id` (else the line number; a null `id` is none, as DPR's JsonlQASrc reads it):
+  EfficientQA's NQ-open files.
 - `biencoder-{nq,trivia}-{train,dev}.json[.gz]`: ONE top-level JSON list of objects
   `{question, answers, positive_ctxs, negative_ctxs, hard_negative_ctxs}` whose contexts carry
   `passage_id` (`psg_id` in some copies), `title`, `text`. Multi-GB: read by `iter_json_list`, an
@@ -154,7 +155,8 @@ def _questions_jsonl(handle: IO[str], where: str) -> Iterator[tuple[str, str, li
         if "question" not in record or answers is None:
             raise DatasetError(f"{where}, line {number}: a question line needs `question` and "
                                "`answers` (or `answer`)")
-        qid = str(record.get("id", number - 1))
+        # A null id is no id (DPR's JsonlQASrc reads both as None), not the query id "None".
+        qid = str(number - 1 if record.get("id") is None else record["id"])
         at = f"{where}, line {number}"
         yield qid, _question(record, at), parse_answer_list(answers, at)
 
