@@ -530,6 +530,9 @@ def test_an_unpinned_hub_checkpoint_warns_where_its_commit_is_recorded(demo):
     assert "'bert-base-uncased'" in text and "'bge-base-en-v1.5'" in text
     assert "all-minilm-l6-v2" not in text
     assert "stats.resolved_revision" in text and "set revision" in text
+    # the pin changes the staging rules' params only: the same bytes must not rerun GPU-days
+    cleanup = "`snakemake --cleanup-metadata results/checkpoints/{0} results/tokenizers/{0}`"
+    assert all(cleanup.format(name) in text for name in ("bert-base-uncased", "bge-base-en-v1.5"))
     pinned = copy.deepcopy(paper)
     for entry in pinned["checkpoints"]:
         entry["revision"] = "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a"

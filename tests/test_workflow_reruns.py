@@ -4,9 +4,12 @@ Users rerun the workflow after changing one stage; these tests pin down that exa
 and what depends on it reruns, and nothing upstream (issues 2 and 3, "done when").
 """
 
+import re
+import shutil
 from pathlib import Path
 
 import pytest
+from retrieval_pretraining import config as experiment_config
 
 from workflow_harness import copy_project, edit_config, planned_rules, snakemake
 
@@ -109,6 +112,37 @@ def test_changing_the_tokenizer_source_reruns_the_corpus_stages(finished):
         assert set(plan) == {"stage_tokenizer", "chunk_articles", "sample_spans"}, plan
     finally:
         (finished / "config.yaml").write_text(original)
+
+
+def test_pinning_the_staged_commit_as_the_config_warning_says_reruns_nothing(finished, tmp_path):
+    """A Hub checkpoint on `main` warns: set revision to the staged commit, then clean the staging
+    folders' metadata. The pin changes the staging rules' params, not their bytes; without the
+    cleanup it restages them and reruns every job after them. Fails if a Snakemake upgrade keeps
+    old params through --cleanup-metadata, or a later rule puts the revision in its own params."""
+    unpinned = {"name": "minilm-l1", "source": "hub", "location": "x/y", "revision": None}
+    [advice] = experiment_config.advisories({"checkpoints": [unpinned]})
+    [command] = re.findall(r"`snakemake (--cleanup-metadata [^`]*)`", advice)
+    # Not a copy of the project (its code inputs are absolute paths): the fixture's own metadata,
+    # put back afterwards for the tests that need its recorded params.
+    metadata = finished / ".snakemake" / "metadata"
+    shutil.copytree(metadata, tmp_path / "metadata")
+    original = edit_config(finished, lambda c: c["checkpoints"][0].update(revision="a" * 40))
+    try:
+        pinned = {"stage_tokenizer", "chunk_articles", "sample_spans"}
+        assert set(planned_rules(finished, SPANS_TARGET)) == pinned
+        cleanup = snakemake(finished, *command.split(), check=False)
+        # The demo chunks with the tokenizer alone: the weights folder was never staged, so
+        # Snakemake says it has no metadata (exit 1) and still cleans the tokenizer's.
+        assert cleanup.returncode == 1
+        unknown = cleanup.stderr.split("Files:")[-1]
+        assert "results/checkpoints/minilm-l1" in unknown
+        assert "results/tokenizers/minilm-l1" not in unknown
+        assert planned_rules(finished, SPANS_TARGET) == {}
+    finally:
+        (finished / "config.yaml").write_text(original)
+        shutil.rmtree(metadata)
+        shutil.copytree(tmp_path / "metadata", metadata)
+    assert planned_rules(finished, SPANS_TARGET) == {}
 
 
 @pytest.mark.parametrize("section", ["extract", "corpus"])

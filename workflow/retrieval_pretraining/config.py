@@ -118,7 +118,8 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
 
 def advisories(config: dict[str, Any]) -> list[str]:
     """What is allowed but worth a warning: a Hub checkpoint with `revision: null` is `main`,
-    which moves; the commit staged is recorded, so the run can be pinned afterwards."""
+    which moves; the commit staged is recorded, so the run can be pinned afterwards (with its
+    staging metadata cleaned: pinning changes the staging rules' params, not their bytes)."""
     messages = []
     for i, entry in enumerate(config.get("checkpoints") or []):
         if entry["source"] == "hub" and entry.get("revision") is None:
@@ -127,7 +128,10 @@ def advisories(config: dict[str, Any]) -> list[str]:
                 f"config key 'checkpoints.{i}.revision': '{name}' is fetched from the Hub's "
                 "`main`, which can move; the commit staged is recorded as stats.resolved_revision "
                 f"in results/checkpoints/{name}/manifest.json (and results/tokenizers/{name}/): "
-                "set revision to that 40-hex commit to pin it"
+                "set revision to that 40-hex commit to pin it, then run `snakemake "
+                f"--cleanup-metadata results/checkpoints/{name} results/tokenizers/{name}` so "
+                "that the changed params of the same bytes do not restage them and rerun every "
+                "job after them"
             )
     return messages
 
