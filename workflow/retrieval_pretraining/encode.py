@@ -26,7 +26,7 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
-from . import artifacts
+from . import artifacts, gpu_check
 from . import projector as text_projector
 from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
@@ -48,7 +48,10 @@ def settings(config: dict[str, Any]) -> RetrievalSettings:
 
 
 def device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    gpu_check.refuse_unusable_gpus()  # a Slurm job granted GPUs must not encode on the CPU
+    return torch.device("cpu")
 
 
 # Where a loaded encoder keeps its folder's text projector (a registered submodule, so it moves,

@@ -51,12 +51,13 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
+
+from .gpu_check import parse_visible_devices
 
 # torchrun forwards these to its workers; its default list lacks SIGUSR1, on which torchrun would
 # otherwise just die (default action) and leave the workers unsaved.
@@ -69,21 +70,6 @@ TORCH_SHUTDOWN_SECONDS = 30
 # torchrun's main, with exit 75 for a run stopped after saving (torchrun's own exits 1); after
 # sys.executable.
 TORCHRUN = ["-m", "retrieval_pretraining.torchrun"]
-# A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID.
-_DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
-
-
-def parse_visible_devices(value: str) -> int:
-    """GPUs a CUDA_VISIBLE_DEVICES value exposes. CUDA enumerates the list up to its first invalid
-    entry, so "0,1,-1,2" is 2 GPUs and "" / "-1" / Slurm's "NoDevFiles" are none."""
-    count = 0
-    for entry in value.split(","):
-        if not _DEVICE.match(entry.strip()):
-            break
-        count += 1
-    return count
-
-
 def visible_gpus(env: Mapping[str, str] = os.environ) -> int:
     if "CUDA_VISIBLE_DEVICES" in env:
         return parse_visible_devices(env["CUDA_VISIBLE_DEVICES"])

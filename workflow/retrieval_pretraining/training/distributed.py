@@ -13,6 +13,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..gpu_check import refuse_unusable_gpus
+
 
 @dataclasses.dataclass(frozen=True)
 class DistEnv:
@@ -42,6 +44,7 @@ def init_distributed(timeout_minutes: int = 30) -> DistEnv:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
+        refuse_unusable_gpus()  # a Slurm job granted GPUs must not train on the CPU
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         # device_id binds the group to this process's GPU: NCCL's barriers and collectives then
