@@ -288,6 +288,8 @@ def test_each_node_runs_one_torchrun_meeting_at_the_first_host(tmp_path, monkeyp
     # Every node derives the same port from the job id.
     other = launch.command(MODULE, 0, [], visible=8, env={**env, "SLURM_NODEID": "0"}, on_node=True)
     assert _torchrun_args(other).rdzv_endpoint == ns.rdzv_endpoint
+    # Node 0 (the first host) hosts the rendezvous store, the others connect: no guessing.
+    assert (_torchrun_args(other).rdzv_conf, ns.rdzv_conf) == ("is_host=1", "is_host=0")
     # --gpus N still caps the workers per node.
     capped = launch.command(MODULE, 4, [], visible=8, env=env, on_node=True)
     assert _torchrun_args(capped).nproc_per_node == "4"
@@ -518,13 +520,17 @@ def test_torchrun_workers_see_omp_num_threads_divided_by_their_count(tmp_path):
     assert "OMP_NUM_THREADS=32 for each of 2 workers" in dry.stderr, dry.stderr
 
 
-def test_two_on_node_launchers_meet_at_the_rendezvous(tmp_path):
-    """Two 'nodes' on this machine (node ids 0 and 1, scontrol naming localhost first) run the
+# "0.0.0.0" stands for a first host whose name torch does not take for this machine (one that
+# resolves to a secondary NIC's address, say): connecting to it reaches this machine, but torch's
+# own is_host guess says no, and the rendezvous then had no host at all.
+@pytest.mark.parametrize("first_host", ["localhost", "0.0.0.0"])
+def test_two_on_node_launchers_meet_at_the_rendezvous(tmp_path, first_host):
+    """Two 'nodes' on this machine (node ids 0 and 1, scontrol naming `first_host` first) run the
     per-node torchrun commands for real: they must agree on one world of 2 ranks."""
     import socket
 
     (tmp_path / "rankrecorder.py").write_text(RANKS)
-    _fake_tool(tmp_path, "scontrol", "printf 'localhost\\nlocalhost\\n'\n")
+    _fake_tool(tmp_path, "scontrol", f"printf '{first_host}\\n{first_host}\\n'\n")
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

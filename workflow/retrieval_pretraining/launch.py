@@ -13,7 +13,9 @@ id removed. The launcher then *replaces itself* (exec, same PID) by one of:
 - n = min(N, visible GPUs) > 1: `torchrun --standalone --nproc_per_node=n -m <module> <args>`;
 - K > 1, inside a Slurm job (resources `nodes: K` + `mpi: "srun"`): `srun` starting one task per
   node, each running this launcher with `--on-node`, which execs one torchrun per node
-  (`--nnodes K --node_rank $SLURM_NODEID`, c10d rendezvous at the job's first host). Per node it
+  (`--nnodes K --node_rank $SLURM_NODEID`, c10d rendezvous at the job's first host, which node 0
+  hosts: torch's own guess compares the name with this machine's and, missing a name that
+  resolves to a secondary NIC's address, left every node a client until it timed out). Per node it
   starts min(N, visible GPUs) workers, or all visible GPUs when N is 0 (`gres: "gpu:8"` per node).
 
 Fewer GPUs visible than N: a warning. A Slurm job that asked for GPUs (N > 0, or any node of a
@@ -186,7 +188,8 @@ def command(module: str, gpus: int, args: list[str], *, visible: int,
         endpoint = f"{hostname(env['SLURM_JOB_NODELIST'])}:{rendezvous_port(env, port)}"
         return [*_torchrun(nproc, shutdown_timeout, torchrun_options), f"--nnodes={nodes}",
                 f"--node_rank={env['SLURM_NODEID']}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={endpoint}", f"--rdzv_id={env['SLURM_JOB_ID']}", *target]
+                f"--rdzv_endpoint={endpoint}", f"--rdzv_id={env['SLURM_JOB_ID']}",
+                f"--rdzv_conf=is_host={int(env['SLURM_NODEID'] == '0')}", *target]
     if gpus == 0 and visible > 1:
         raise SystemExit(f"launch: --gpus 0 with {visible} GPUs visible on one node: give the "
                          "GPU count (the rule's `gpu` resource); a multi-node job with `gpu: 0` "
