@@ -21,6 +21,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from retrieval_pretraining import answers, audit, bm25, datasets, dpr_files, evaluate, mine
 from retrieval_pretraining.contracts.datasets import ANSWERS_SCHEMA, DatasetError
@@ -800,8 +801,9 @@ def nq_project(folder: Path, splits: list[dict], negatives: dict = BM25_NEGATIVE
         "finetune": {"datasets": [{"dataset": "nq-sample", "split": "train"}]},
         # No baselines: theirs are published on SciFact, a dataset this project does not have.
         "evaluate": {"baselines": [], "splits": splits},
-        "report": {"tables": [{"name": "main", "rows": None, "columns": [
-            {"dataset": "nq-sample", "split": "test", "measure": "Acc@20"}]}]},
+        # No t-SNE: the demo's is of SciFact, which this project does not have.
+        "report": {"analysis": {"tsne": None}, "tables": [{"name": "main", "rows": None,
+                   "columns": [{"dataset": "nq-sample", "split": "test", "measure": "Acc@20"}]}]},
     })
 
 
@@ -854,6 +856,10 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
     assert len(commands) == 2 and all('"answer_match":"regex"' in c for c in commands), commands
     splits.append(splits[0] | {"split": "dev", "answer_match": "string"})
     project = nq_project(tmp_path / "disagree", splits)
+    config = yaml.safe_load((project / "config.yaml").read_text())  # a dev split to disagree on
+    config["datasets"][0]["splits"].append(
+        {"name": "dev", "questions": {"download": "nq-dev.qa.csv"}})
+    (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     failed = snakemake(project, "--dry-run", targets[0], check=False)
     assert failed.returncode != 0 and "disagree on answer_match" in failed.stdout + failed.stderr
 
