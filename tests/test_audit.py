@@ -517,3 +517,40 @@ def test_a_count_measure_s_aggregate_is_checked_as_the_total_evaluate_writes(tmp
     out.write_text(json.dumps(data))
     status, text, _ = run_audit(out, capsys)
     assert status == 1 and "FAIL  NumRet aggregate = total of per-query scores" in text, text
+
+
+def test_an_input_shared_by_many_artifacts_is_hashed_once_per_audit(results, monkeypatch, capsys):
+    # Every shard's manifest records the same inputs (each chunks shard all the article parts,
+    # ~20 GB at paper scale; each vectors shard the whole corpus): hashing them again for every
+    # shard made auditing a results tree quadratic in its size.
+    spans = results / "corpus/wikipedia/spans/costa/shard-0000.parquet"
+    shared = results / "corpus/wikipedia/shared-input.txt"
+    shared.write_text("what every shard was made from\n")
+    copies = []
+    for name in ("again-1", "again-2"):
+        copy = spans.parent.parent / name / spans.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(spans, copy)
+        artifacts.write_manifest(artifacts.manifest_path(copy), stage="sample_spans",
+                                 params={}, inputs={"source": shared})
+        copies.append(copy)
+    read = []
+    hash_file = artifacts.sha256_file
+    monkeypatch.setattr(artifacts, "sha256_file",
+                        lambda path, *a: read.append(Path(path).resolve()) or hash_file(path, *a))
+    artifacts._SHA256.clear()  # as in a fresh audit process
+    try:
+        status = audit.main([str(c) for c in copies])
+        out = capsys.readouterr().out
+        assert status == 0, out
+        assert out.count("PASS  input 'source' still has the recorded checksum") == 2, out
+        assert read.count(shared.resolve()) == 1, read
+        # ... and a file changed since is still caught (its version is not the one hashed).
+        with open(shared, "a") as handle:
+            handle.write("and a line more\n")
+        assert audit.main([str(copies[0])]) == 1
+        assert "FAIL  input 'source' still has the recorded checksum" in capsys.readouterr().out
+    finally:
+        shared.unlink()
+        for copy in copies:
+            shutil.rmtree(copy.parent)
