@@ -336,6 +336,28 @@ def test_a_run_naming_an_id_the_dataset_lacks_fails(results, lines, check, capsy
     passes(intact, check, capsys)
 
 
+@pytest.mark.parametrize(
+    "last, check",
+    [
+        ("q1 Q0 d1 3 0.5 x", "no document twice for a query"),
+        ("q1 Q0 d3 4 0.5 x", "ranks 1..k in order per query"),
+        ("q1 Q0 d3 3 3.0 x", "scores non-increasing by rank"),
+    ],
+)
+def test_a_run_breaking_its_order_fails_naming_the_line(results, last, check, capsys):
+    """A failing run check names the file's line that breaks it, not only that some query
+    does: a run has millions of lines. The query's lines are interleaved with another's."""
+    bad = results / f"runs/toy/order-{check.split()[0]}/train.trec"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(f"q2 Q0 d2 1 1.0 x\nq1 Q0 d1 1 2.0 x\nq2 Q0 d3 2 0.9 x\n"
+                   f"q1 Q0 d2 2 1.0 x\n{last}\n")
+    out = fails(bad, check, capsys)
+    assert f"FAIL  {check}: 1 queries, first query q1 at line 5: '{last}'" in out
+    others = {"no document twice for a query", "ranks 1..k in order per query",
+              "scores non-increasing by rank"} - {check}
+    assert all(f"PASS  {other}" in out for other in others), out
+
+
 def test_a_run_with_several_unknown_ids_names_the_first_queries_in_file_order(results, capsys):
     """The message of the id checks, pinned: the count, the first three unknown queries as the run
     lists them and the first three unknown documents in sorted order (as when every document id

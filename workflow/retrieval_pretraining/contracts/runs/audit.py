@@ -55,6 +55,39 @@ def check_ids_known(a: Audit, folder: Path | None, per_query: dict[str, list]) -
                 f"{len(absent)} unknown, e.g. {named[:3]}" if absent else "")
 
 
+def _rank_out_of_order(hits: list) -> int | None:
+    return next((i for i, (rank, _, _) in enumerate(hits) if rank != i + 1), None)
+
+
+def _score_above_previous(hits: list) -> int | None:
+    # `not >=`, so that a nan score breaks the order too
+    return next((i for i in range(1, len(hits)) if not hits[i - 1][1] >= hits[i][1]), None)
+
+
+def _document_again(hits: list) -> int | None:
+    seen: set[str] = set()
+    for i, (_, _, doc) in enumerate(hits):
+        if doc in seen:
+            return i
+        seen.add(doc)
+    return None
+
+
+def _where(path: Path, bad: list[tuple[str, int]]) -> str:
+    """Which line breaks a check: the first failing query's (in file order) first bad hit, found
+    by reading the file again (a failing audit only; hits are not stored with their lines)."""
+    qid, index = bad[0]
+    seen = 0
+    for number, line in utf8_lines(path, NotAnArtifact):
+        fields = trec_fields(line)
+        if fields and fields[0] == qid:
+            if seen == index:
+                return (f"{len(bad)} queries, first query {qid} at line {number}: "
+                        f"{line.rstrip()!r}")
+            seen += 1
+    return f"{len(bad)} queries, first query {qid}"
+
+
 def audit_run(a: Audit, n: int) -> None:
     a.kind = "TREC run"
     per_query: dict[str, list[tuple[int, float, str]]] = {}
@@ -83,18 +116,11 @@ def audit_run(a: Audit, n: int) -> None:
         not not_finite,
         f"{len(not_finite)} lines, first {not_finite[:3]}" if not_finite else "",
     )
-    a.check(
-        "ranks 1..k in order per query",
-        all([r for r, _, _ in v] == list(range(1, len(v) + 1)) for v in per_query.values()),
-    )
-    a.check(
-        "scores non-increasing by rank",
-        all(all(x[1] >= y[1] for x, y in zip(v, v[1:])) for v in per_query.values()),
-    )
-    a.check(
-        "no document twice for a query",
-        all(len({d for *_, d in v}) == len(v) for v in per_query.values()),
-    )
+    for name, first_bad in (("ranks 1..k in order per query", _rank_out_of_order),
+                            ("scores non-increasing by rank", _score_above_previous),
+                            ("no document twice for a query", _document_again)):
+        bad = [(qid, i) for qid, hits in per_query.items() if (i := first_bad(hits)) is not None]
+        a.check(name, not bad, _where(a.path, bad) if bad else "")
     folder = dataset_folder(a.path)
     check_ids_known(a, folder, per_query)
     first = list(per_query.items())[:1]
