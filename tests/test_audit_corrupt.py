@@ -654,3 +654,45 @@ def test_a_chunk_without_text_fails_without_the_tokenizer(results, capsys, monke
     # The figure it states is the shard's own, not the bound.
     shortest = min(map(len, pq.read_table(good, columns=["input_ids"])["input_ids"].to_pylist()))
     assert shortest > 3 and f"{check}: shortest {shortest}" in audited(good, capsys)[1]
+
+
+def snakemake_output(project, rel, rule):
+    """Snakemake's record of `rel` as an output of a job of `rule` (.snakemake/metadata)."""
+    import base64
+
+    meta = project / ".snakemake/metadata"
+    meta.mkdir(parents=True, exist_ok=True)
+    (meta / base64.urlsafe_b64encode(rel.encode()).decode()).write_text(json.dumps({"rule": rule}))
+
+
+def test_a_damaged_file_the_workflow_wrote_fails_rather_than_is_refused(
+    results, tmp_path, capsys
+):
+    """Cut short (a full disk, a copy interrupted), an artifact no longer reads as its kind; its
+    manifest or Snakemake's record says the workflow wrote it, so it is a failed check (exit 1),
+    not 'not an artifact' (exit 2), which a tree's audit then reported over every failure."""
+    source = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    shard = results / "corpus/cut/chunks/shard-0000.parquet"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(source.read_bytes()[:-100])
+    shutil.copy(artifacts.manifest_path(source), artifacts.manifest_path(shard))
+    run = tmp_path / "results/runs/toy/bm25/test.trec"
+    run.parent.mkdir(parents=True)
+    run.write_text("q1 Q0 d1 1 9.5 bm25\nq1 Q0 d3")
+    snakemake_output(tmp_path, "results/runs/toy/bm25/test.trec", "publish_bm25_run")
+    status, out = audited(shard, capsys)
+    assert status == 1, out
+    assert (f"FAIL  reads as the artifact this workflow wrote: {shard} is not a readable Parquet "
+            "file") in out and "stage: chunk_artic" in out
+    assert "rerun the rule that wrote it" in out
+    status = audit.main([str(run), str(results / "runs/toy/bm25/test.trec")])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert (f"FAIL  reads as the artifact this workflow wrote: {run}:2: expected 6 fields") in out
+    assert "rule publish_bm25_run" in out
+    # The same bytes that nothing says the workflow wrote are still refused as what they are.
+    stray = tmp_path / "stray/test.trec"
+    stray.parent.mkdir()
+    shutil.copy(run, stray)
+    status, out = audited(stray, capsys)
+    assert status == 2, out

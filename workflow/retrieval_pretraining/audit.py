@@ -5,8 +5,10 @@ the recorded checksums), which Snakemake rule produced it (from .snakemake/metad
 its schema and size, a few rows rendered as text (token ids decoded with the checkpoint tokenizer
 named by the manifests, spans shown inside their chunk, negatives shown with their query), and the
 contract checks it passed. Exit status (the highest over the paths, each audited whatever the
-others gave): 0 all checks passed, 1 a check failed, 2 not an artifact, 3 could not be audited (an
-error the audit did not foresee, shown as one line naming the path; `--debug` shows the traceback).
+others gave): 0 all checks passed, 1 a check failed (a file with a manifest beside it, or that
+Snakemake records as a job's output, which no longer reads as its artifact included), 2 not an
+artifact, 3 could not be audited (an error the audit did not foresee, shown as one line naming the
+path; `--debug` shows the traceback).
 
 This module only dispatches: each artifact type's contract is one folder of `contracts/` (its
 `__init__` holds the schema and, where there is one, the writer's validator, its `audit` module
@@ -33,7 +35,7 @@ from . import artifacts
 from .contracts import registry
 from .contracts.base import (
     UNREADABLE, Audit, Kind, NotAnArtifact, Probe, load_manifest, read_manifest, results_relative,
-    snakemake_metadata,
+    show_manifest, show_snakemake_record, snakemake_metadata, snakemake_record,
 )
 from .contracts.metrics.audit import metrics_as_manifest
 from .errors import add_debug_option, command, one_line
@@ -125,10 +127,39 @@ def detect(path: Path) -> Kind:
     raise refusal(probe, kinds)
 
 
+def written_by_the_workflow(path: Path) -> bool:
+    """Whether a manifest beside the file, or Snakemake's record of it as a job's output, says
+    this workflow wrote it (its name or place alone does not: random bytes named like an
+    artifact are refused as what they are)."""
+    if not path.is_file():
+        return False
+    if read_manifest(path) is not None:
+        return True
+    found, record = snakemake_metadata(path), snakemake_record(path)
+    return record is not None and record[0] == str(path.resolve().relative_to(found[0]))
+
+
+def damaged(path: Path, error: NotAnArtifact) -> Audit:
+    """A file the workflow wrote that no longer reads as its artifact (cut short, overwritten):
+    a failed check (exit 1) naming what is wrong, with its manifest and rule; refused as 'not an
+    artifact' (exit 2), a script telling the two apart passed it by."""
+    result = Audit(path, kind="damaged artifact")
+    show_manifest(result, read_manifest(path))
+    show_snakemake_record(result, path)
+    result.check("reads as the artifact this workflow wrote", False,
+                 f"{one_line(error)}; rerun the rule that wrote it")
+    return result
+
+
 def audit(path: str | Path, rows: int = 3) -> Audit:
     path = Path(path)
     result = Audit(path)
-    detect(path).audit(result, rows)
+    try:
+        detect(path).audit(result, rows)
+    except NotAnArtifact as error:
+        if not written_by_the_workflow(path):
+            raise
+        return damaged(path, error)
     return result
 
 
