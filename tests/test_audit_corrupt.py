@@ -696,3 +696,43 @@ def test_a_damaged_file_the_workflow_wrote_fails_rather_than_is_refused(
     shutil.copy(run, stray)
     status, out = audited(stray, capsys)
     assert status == 2, out
+
+
+@pytest.mark.parametrize(
+    "rel, column",
+    [
+        ("wikipedia/articles/p1.parquet", "page_id"),
+        ("bm25/toy/negatives.parquet", "query_id"),
+        ("index/bert/toy/stage1/shard-0000.ids.parquet", "doc_id"),
+        ("corpus/wikipedia/chunks/shard-0000.parquet", "chunk_id"),
+    ],
+)
+def test_an_id_twice_fails_naming_the_id_and_its_rows(results, rel, column, capsys):
+    """An id check that fails names the id and the rows holding it (the file has millions)."""
+    table = pq.read_table(results / rel)
+    rows = pa.concat_tables([table, table.slice(0, 1)])
+    path = (results / rel).with_name(f"twice-{column}.parquet")
+    pq.write_table(rows, path)
+    first = table[column][0].as_py()
+    if column == "chunk_id":
+        out = fails(path, "chunk_id sorted and unique", capsys)
+        last = len(table)
+        assert (f"FAIL  chunk_id sorted and unique: 1 rows, first row {last}: chunk_id {first} "
+                f"after {table[column][last - 1].as_py()}") in out
+    else:
+        out = fails(path, f"{column} unique", capsys)
+        assert (f"FAIL  {column} unique: 1 values repeated; first {first!r} at rows "
+                f"[0, {len(table)}]") in out
+
+
+def test_a_chunk_id_unlike_its_page_and_index_fails_naming_the_row(results, capsys):
+    table = pq.read_table(results / "corpus/wikipedia/chunks/shard-0000.parquet")
+    ids = table["chunk_id"].to_pylist()
+    path = results / "corpus/wikipedia/chunks/off-by-one.parquet"
+    pq.write_table(table.set_column(0, "chunk_id", pa.array([ids[0], ids[1] + 1], pa.int64())),
+                   path)
+    page, index = table["page_id"][1].as_py(), table["chunk_index"][1].as_py()
+    assert table.schema.names[0] == "chunk_id"
+    out = fails(path, "chunk_id == (page_id << 16) + chunk_index", capsys)
+    assert (f"chunk_index: 1 rows, first row 1: chunk_id {ids[1] + 1}, page_id {page}, "
+            f"chunk_index {index}") in out

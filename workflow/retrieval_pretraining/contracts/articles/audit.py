@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..base import RANK_PARQUET, Audit, parquet_kind, short
+from ..base import RANK_PARQUET, Audit, check_unique, parquet_kind, short
 from . import SCHEMA
 
 
 def render_articles(a: Audit, t: pa.Table, manifest, n: int) -> None:
-    ids = t["page_id"].to_numpy()
-    a.check("page_id unique", len(np.unique(ids)) == len(ids))
+    check_unique(a, "page_id", t["page_id"])
     empty = int(pc.sum(pc.equal(pc.utf8_length(t["text"]), 0)).as_py() or 0)
     a.check("no empty text", empty == 0, f"{empty} empty")
     a.say("-- rows")

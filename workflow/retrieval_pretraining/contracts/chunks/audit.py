@@ -130,10 +130,17 @@ def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
     tokenizer, source = manifest_tokenizer(results_root(a.path), manifest)
     a.say(f"-- tokenizer: {source or 'not found (ids shown raw)'}")
     ids = t["chunk_id"].to_numpy()
-    a.check("chunk_id sorted and unique", bool(np.all(np.diff(ids) > 0)))
+    back = np.flatnonzero(np.diff(ids) <= 0) + 1  # rows not above the row before them
+    a.check("chunk_id sorted and unique", not len(back),
+            f"{len(back)} rows, first row {back[0]}: chunk_id {ids[back[0]]} after "
+            f"{ids[back[0] - 1]}" if len(back) else "")
     index = t["chunk_index"].to_numpy().astype(np.int64)
     expected = (t["page_id"].to_numpy() << CHUNK_INDEX_BITS) + index
-    a.check("chunk_id == (page_id << 16) + chunk_index", bool(np.array_equal(ids, expected)))
+    wrong = np.flatnonzero(ids != expected)
+    a.check("chunk_id == (page_id << 16) + chunk_index", not len(wrong),
+            f"{len(wrong)} rows, first row {wrong[0]}: chunk_id {ids[wrong[0]]}, page_id "
+            f"{t['page_id'][int(wrong[0])].as_py()}, chunk_index {index[wrong[0]]}"
+            if len(wrong) else "")
     lengths = pc.list_value_length(t["input_ids"]).to_numpy()
     # Checked without the tokenizer too: `[CLS][SEP]` (no text) is otherwise caught only by
     # chunk.py's check, which needs it.

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..base import RANK_PARQUET, Audit, input_path, parquet_kind, short
+from ..base import RANK_PARQUET, Audit, check_unique, input_path, parquet_kind, short
 from ..datasets.audit import dataset_folder, lookup_text
 from . import MINED_SCHEMA, SCHEMA
 
@@ -133,7 +133,7 @@ def check_rows(a: Audit, t: pa.Table, name: str, rows: list[int]) -> None:
 
 
 def render_negatives(a: Audit, t: pa.Table, manifest, n: int) -> None:
-    a.check("query_id unique", len(pc.unique(t["query_id"])) == len(t))
+    check_unique(a, "query_id", t["query_id"])
     corpus = corpus_ids(a, manifest)
     params = (manifest or {}).get("params") or {}
     unranked = params.get("source") == "triples"  # bm25.py's params are its policy
