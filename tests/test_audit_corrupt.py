@@ -696,6 +696,17 @@ def test_a_damaged_file_the_workflow_wrote_fails_rather_than_is_refused(
     shutil.copy(run, stray)
     status, out = audited(stray, capsys)
     assert status == 2, out
+    # Nor is a file inside a folder output (Snakemake records the folder), nor a job log.
+    marker = tmp_path / "results/bm25/toy/index/.snakemake_timestamp"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("")
+    snakemake_output(tmp_path, "results/bm25/toy/index", "build_bm25_index")
+    log = tmp_path / "results/logs/publish_bm25_run/toy/test.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("done\n")
+    for path in (marker, log):
+        assert audit.main([str(path)]) == 2
+        assert "not an artifact" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
