@@ -39,7 +39,29 @@ def module_source(*entries):
     # Plain paths, not workflow.source_path(): Snakemake records a source-cache path for those
     # whose temp folder changes every invocation, so reverting an edit would still rerun the rule.
     # config.py is run by every stage (argument parsing, path resolution), so it is always declared.
-    return code_deps.source_files(*entries, "config")
+    files = code_deps.source_files(*entries, "config")
+    return [str(workdir_relative(path)) for path in files]
+
+
+def workdir_relative(path):
+    """An absolute `path` relative to the working directory (the project root) where it lies
+    inside it, else unchanged: what a rule declares as an input. Snakemake records each job's
+    input paths as written and reruns the job when they differ, so an absolute path into the
+    project changed with every move or copy of it and every job reran ("Set of input files has
+    changed"). A path outside (a data_root elsewhere; the code, when --directory names another
+    folder) does not move with the working directory, so it stays absolute.
+    """
+    # Snakemake parses the workflow in the working directory (--directory's, when given).
+    try:
+        return Path(path).relative_to(Path.cwd())
+    except ValueError:
+        return Path(path)
+
+
+def config_path(path):
+    """A path from the config, resolved inside the project or data_root (refused elsewhere:
+    config.resolve_path), as a rule input (workdir_relative)."""
+    return workdir_relative(experiment_config.resolve_path(path, config["data_root"]))
 
 
 def data_root_option():

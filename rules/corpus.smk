@@ -88,7 +88,7 @@ def get_corpus_texts(wildcards):
             SimpleNamespace(dataset=settings["dataset"]["name"])
         )
     path = settings["dataset"]["path"] if source == "dataset" else settings["path"]
-    path = experiment_config.resolve_path(path, config["data_root"])
+    path = config_path(path)
     return [str(path / "corpus.jsonl" if source in ("dataset", "beir") else path)]
 
 

@@ -51,7 +51,7 @@ def _check_fetched_download(dataset, download):
 def _ref_path(entry, ref):
     """The file a dataset config reference names (a project file or a download)."""
     if "path" in ref:
-        return str(experiment_config.resolve_path(ref["path"], config["data_root"]))
+        return str(config_path(ref["path"]))
     # Fails early, naming the fix (an unknown download, a pin its fetched file contradicts).
     download = _dataset_download(entry["name"], ref["download"])
     _check_fetched_download(entry["name"], download)
@@ -62,7 +62,7 @@ def get_dataset_corpus_sources(wildcards):
     """The files the corpus is read from (BEIR corpus.jsonl; the MS MARCO collection and titles)."""
     entry = dataset_entry(wildcards.dataset)
     if entry["format"] == "beir":
-        folder = experiment_config.resolve_path(entry["path"], config["data_root"])
+        folder = config_path(entry["path"])
         sources = [str(folder / "corpus.jsonl")]
         # A subset keeps every judged document: it reads the qrels too.
         if entry.get("subset"):
@@ -84,7 +84,7 @@ def get_dataset_split_sources(wildcards):
             f"(splits: {', '.join(splits)}); fix the target or datasets[].splits"
         )
     if entry["format"] == "beir":
-        folder = experiment_config.resolve_path(entry["path"], config["data_root"])
+        folder = config_path(entry["path"])
         return [
             str(folder / "queries.jsonl"),
             str(folder / "qrels" / f"{wildcards.split}.tsv"),

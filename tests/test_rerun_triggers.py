@@ -40,6 +40,18 @@ def rerun_by_params(base: dict, edited: dict, rule: str) -> list[str]:
     return [key[1] for key in jobs if base[key]["params"] != edited[key]["params"]]
 
 
+def test_no_job_records_where_the_project_lies(project, base):
+    """Snakemake reruns a job whose recorded input paths, params or code differ from the current
+    ones: one naming the project's folder changes when the project is moved or copied (results
+    from scratch to project space), and every job reran ("Set of input files has changed": the
+    code inputs were absolute paths). The shell prefix's PYTHONPATH is no part of the code."""
+    folders = {str(project), str(project.resolve())}
+    named = sorted({(rule, value) for (rule, _), job in base.items()
+                    for value in (*job["input"], *job["params"], job["code"] or "")
+                    if any(folder in value for folder in folders)})
+    assert named == [], named[:5]
+
+
 def _trainer(**values):
     return lambda config: config["pretrain"]["trainer"].update(values)
 

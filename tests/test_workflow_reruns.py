@@ -29,6 +29,23 @@ def test_a_finished_run_has_nothing_to_do(finished):
     assert planned_rules(finished, SPANS_TARGET) == {}
 
 
+@pytest.mark.parametrize("how", ["move", "copy"])
+def test_a_moved_or_copied_project_has_nothing_to_do(finished, tmp_path, how):
+    """Results trees get moved or copied (scratch to project space, a colleague's copy): with
+    the code inputs recorded as absolute paths, either reran every job ("Set of input files has
+    changed")."""
+    elsewhere = tmp_path / "elsewhere"
+    if how == "copy":  # `cp -a`: times kept, links copied as links
+        shutil.copytree(finished, elsewhere, symlinks=True)
+        assert planned_rules(elsewhere, SPANS_TARGET) == {}
+        return
+    finished.rename(elsewhere)  # `mv`: the same files, times and metadata
+    try:
+        assert planned_rules(elsewhere, SPANS_TARGET) == {}
+    finally:
+        elsewhere.rename(finished)
+
+
 def test_editing_the_extraction_code_reruns_extraction_and_what_depends_on_it(finished):
     module = finished / "workflow" / "retrieval_pretraining" / "extract.py"
     original = module.read_text()
@@ -122,7 +139,7 @@ def test_pinning_the_staged_commit_as_the_config_warning_says_reruns_nothing(fin
     unpinned = {"name": "minilm-l1", "source": "hub", "location": "x/y", "revision": None}
     [advice] = experiment_config.advisories({"checkpoints": [unpinned]})
     [command] = re.findall(r"`snakemake (--cleanup-metadata [^`]*)`", advice)
-    # Not a copy of the project (its code inputs are absolute paths): the fixture's own metadata,
+    # Not a copy of the project (its results would be copied too): the fixture's own metadata,
     # put back afterwards for the tests that need its recorded params.
     metadata = finished / ".snakemake" / "metadata"
     shutil.copytree(metadata, tmp_path / "metadata")

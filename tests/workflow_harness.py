@@ -172,6 +172,8 @@ def _params_main(project: str, argv: list[str], env: dict[str, str], out: str, e
                   "input": sorted(map(str, job.input)),
                   # What the trigger compares (params computed from input or output excluded).
                   "params": sorted(map(repr, job.non_derived_params)),
+                  # What the `code` trigger compares (a shell rule's command as written).
+                  "code": job.dag.workflow.persistence._code(job.rule),
                   "named": {name: repr(value) for name, value in job.params.items()}}
         with open(dump, "a") as file:
             file.write(json.dumps(record) + "\n")
@@ -184,7 +186,8 @@ def _params_main(project: str, argv: list[str], env: dict[str, str], out: str, e
 def planned_params(project: Path, *targets: str) -> dict[tuple[str, str], dict]:
     """Every job of a dry run (with --forceall: finished jobs too), keyed by (rule, its outputs
     output): {"params": [what the trigger compares], "named": {name: repr},
-    "input": [paths]}. A job reruns when its params change."""
+    "input": [paths], "code": what the code trigger compares}. A job reruns when its params
+    change."""
     import json
 
     argv = ["--cores", "2", "--dry-run", "--forceall", *targets]
