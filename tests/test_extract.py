@@ -174,6 +174,44 @@ def test_the_code_digest_follows_the_package_source(tmp_path, monkeypatch):
         artifacts.code_version.cache_clear()
 
 
+def test_the_manifest_names_the_code_the_process_started_with(tmp_path):
+    """A stage that runs for days records the code it ran, not code edited under it: a `git pull`
+    in the project during the run (an edited module, a new commit) must not change the manifest's
+    code version, which is taken as the process imports its modules, not at the first manifest."""
+    import shutil
+
+    root = tmp_path / "project"
+    package = shutil.copytree(artifacts.PACKAGE_DIR, root / "workflow" / "retrieval_pretraining",
+                              ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root)]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "ran"]):
+        subprocess.run([*git, *args], check=True)
+    env = {**os.environ, "PYTHONPATH": str(root / "workflow")}
+    version = "import json; from retrieval_pretraining import artifacts as a; " \
+              "print(json.dumps(a.code_version()))"
+
+    def code_version() -> dict[str, str]:
+        out = subprocess.run([sys.executable, "-c", version], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out)
+
+    ran = code_version()
+    stage = (
+        "import subprocess, sys\n"
+        "from retrieval_pretraining import artifacts\n"
+        "edited = artifacts.PACKAGE_DIR / 'extract.py'\n"  # the pull, while the stage runs
+        "edited.write_text(edited.read_text() + '\\n# pulled during the run\\n')\n"
+        f"subprocess.run({git!r} + ['commit', '-qam', 'pulled'], check=True)\n"
+        "artifacts.write_manifest(sys.argv[1], stage='test', params={})\n"
+    )
+    subprocess.run([sys.executable, "-c", stage, str(tmp_path / "out.manifest.json")], env=env,
+                   check=True)
+    pulled = code_version()
+    assert pulled["git"] != ran["git"] and pulled["package_sha256"] != ran["package_sha256"]
+    assert json.loads((tmp_path / "out.manifest.json").read_text())["code"] == ran
+    assert (package / "extract.py").read_text().endswith("# pulled during the run\n")
+
+
 def test_processes_and_compression_do_not_change_output(tmp_path):
     plain = write(tmp_path, "tables.xml", bz2.decompress(TABLES.read_bytes()))
     a, _, _ = run(tmp_path, TABLES, {"processes": 1}, name="a")

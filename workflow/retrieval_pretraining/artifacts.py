@@ -198,6 +198,7 @@ def code_version() -> dict[str, str]:
     """Which code wrote an artifact: the git version and a digest of the package's source files.
 
     The digest identifies the code even outside git (a copied project, a cluster node's copy).
+    Taken once per process, when this module is imported (below), not at the first manifest.
     """
     digest = hashlib.sha256()
     for path in sorted(PACKAGE_DIR.rglob("*")):
@@ -205,6 +206,12 @@ def code_version() -> dict[str, str]:
             digest.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0")
             digest.update(path.read_bytes())
     return {"git": git_version(), "package_sha256": digest.hexdigest()}
+
+
+# Now, as the stage starts (every stage imports this module with its own modules), not when its
+# first manifest is written: that can be the end of a days-long job, after a `git pull` in the
+# project, and the manifest would then name code that did not run.
+code_version()
 
 
 def manifest_path(artifact: str | os.PathLike) -> Path:
