@@ -171,7 +171,7 @@ rule audit_spans:
             shard=shard_ids(),
         ),
         tokenizer=lambda wc: corpus_tokenizer(wc.corpus),
-        code=module_source("spans"),
+        code=module_source("span_audit"),
     output:
         plot=report(
             "results/corpus/{corpus}/spans/{spans}/lengths.png",
@@ -188,6 +188,6 @@ rule audit_spans:
     params:
         spans=lambda wc: span_params(wc.spans),
     shell:
-        "python -m retrieval_pretraining.spans audit --config '{params.spans}' --chunks {input.chunks} "
+        "python -m retrieval_pretraining.span_audit --config '{params.spans}' --chunks {input.chunks} "
         "--spans {input.spans} --checkpoint {input.tokenizer} --plot {output.plot} "
         "--sample {output.sample} &> {log}"

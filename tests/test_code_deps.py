@@ -20,7 +20,8 @@ from retrieval_pretraining import code_deps
 
 PACKAGE = code_deps.PACKAGE_DIR
 STAGES = ["chunk", "spans", "extract", "download", "datasets", "bm25", "encode", "mine",
-          "dense_search", "faiss_index", "evaluate", "tables", "audit", "checkpoints", "launch"]
+          "dense_search", "faiss_index", "evaluate", "tables", "audit", "checkpoints", "launch",
+          "span_audit"]
 
 
 def _loaded_by_import(module: str, then: str = "") -> set[Path]:
@@ -66,6 +67,19 @@ def _rule_code_entries(smk: str, rule: str) -> list[str]:
     call = re.search(r"code=module_source\(([^)]*)\)", text.split("\nrule ", 1)[0])
     return [*ast.literal_eval(f"({call.group(1)},)"), "config"]  # module_source adds config
 
+
+def test_editing_the_span_audit_reruns_the_audit_and_no_span_sampling():
+    """sample_spans' shards are what every pre-training reads: an edit to the audit's plot or
+    sample (span_audit.py, rule audit_spans) must rerun the audit alone, not every sampling job
+    (64 per index at paper scale) and, by their new modification times, every pre-training."""
+    def code(rule: str) -> set[Path]:
+        return {Path(f) for f in code_deps.source_files(*_rule_code_entries("corpus.smk", rule))}
+
+    assert PACKAGE / "span_audit.py" not in code("sample_spans")
+    assert {PACKAGE / "span_audit.py", PACKAGE / "spans.py"} <= code("audit_spans")
+    shell = (PACKAGE.parents[1] / "rules" / "corpus.smk").read_text().split(
+        "rule audit_spans:", 1)[1].split("\nrule ", 1)[0]
+    assert "python -m retrieval_pretraining.span_audit " in shell  # the module it declares runs
 
 def test_stage_statistics_declares_the_contract_audits_its_registry_imports_by_name():
     """contracts/registry.py loads every contracts/<type>/audit.py with importlib, which `ast`

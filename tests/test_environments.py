@@ -29,7 +29,7 @@ PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
 # Which stage modules each environment runs (entry points; their package imports are followed).
 ENV_MODULES = {
     "torch": [
-        "download", "extract", "checkpoints", "chunk", "spans", "datasets", "encode",
+        "download", "extract", "checkpoints", "chunk", "spans", "span_audit", "datasets", "encode",
         "finetune", "pretrain", "evaluate", "tables", "analysis", "audit", "launch",
         "contracts",  # audit loads every type's audit module at run time (contracts/registry.py)
     ],

@@ -31,8 +31,10 @@ COSTA = {
 }
 
 
-def span_config(granularities=COSTA, **overrides):
-    entry = {
+def span_entry(granularities=COSTA, **overrides):
+    """A `spans` config entry with the global seed: the slice rules sample_spans and audit_spans
+    pass their module as --config."""
+    return {
         "name": "t",
         "seed": 7,
         "spans_per_granularity": 5,
@@ -42,7 +44,10 @@ def span_config(granularities=COSTA, **overrides):
         "granularities": granularities,
         **overrides,
     }
-    return spans.SpanConfig.from_dict(entry)
+
+
+def span_config(granularities=COSTA, **overrides):
+    return spans.SpanConfig.from_dict(span_entry(granularities, **overrides))
 
 
 def only(name, min_len=None, max_len=None):
@@ -372,14 +377,16 @@ def test_validation_fails_loudly_on_a_bad_span(tokenizer, words):
 
 
 def test_audit_artifacts(scifact_chunks, checkpoint, tmp_path):
+    """Through span_audit's own entry, as rule audit_spans runs it."""
     cfg = span_config()
     outs = []
     for i, path in enumerate(scifact_chunks[3]):
         outs.append(tmp_path / f"shard-{i:04d}.parquet")
         spans.sample_shard(path, checkpoint, outs[-1], cfg)
-    span_audit.audit_spans(
-        scifact_chunks[3], outs, checkpoint, cfg, tmp_path / "lengths.png", tmp_path / "sample.md"
-    )
+    span_audit.main([str(a) for a in (
+        "--config", json.dumps(span_entry()), "--chunks", *scifact_chunks[3], "--spans", *outs,
+        "--checkpoint", checkpoint, "--plot", tmp_path / "lengths.png",
+        "--sample", tmp_path / "sample.md")])
     assert (tmp_path / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sample = (tmp_path / "sample.md").read_text()
     assert sample.count("| phrase |") == 15 and "## chunk" in sample

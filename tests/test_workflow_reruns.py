@@ -78,6 +78,17 @@ def test_editing_how_audit_shows_chunks_reruns_nothing_but_their_schema_reruns_c
             module.write_text(original)
 
 
+def test_editing_the_span_audit_reruns_no_span_index(finished):
+    """The audit's plot and sample are rule audit_spans' alone: the shards pre-training reads stay
+    (no new modification time, so no pre-training reruns either)."""
+    module = finished / "workflow" / "retrieval_pretraining" / "span_audit.py"
+    original = module.read_text()
+    module.write_text(original + "\n# an edit\n")
+    try:
+        assert planned_rules(finished, SPANS_TARGET) == {}
+    finally:
+        module.write_text(original)
+
 def test_changing_an_extraction_parameter_reruns_extraction_only_upstream(finished):
     original = edit_config(finished, lambda c: c["extract"].update(min_chars=50))
     try:

@@ -1,13 +1,16 @@
 """The span index's own audit (rule audit_spans): lengths.png, the sampled span lengths per
 granularity against the scaled Beta density they are drawn from, and sample.md, the first chunks
-decoded with their spans. `python -m retrieval_pretraining.spans audit` runs it.
+decoded with their spans. `python -m retrieval_pretraining.span_audit` runs it; spans.py does not
+import it, so that editing the audit reruns this rule alone, not every sample_spans job and the
+pre-trainings that read their shards.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -15,13 +18,12 @@ import pyarrow.parquet as pq
 from scipy.stats import beta as beta_law
 
 from . import artifacts
+from .config import stage_parser
 from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES
-from .errors import reading
+from .errors import command, reading
+from .spans import SpanConfig
 from .wordpiece import load_tokenizer
-
-if TYPE_CHECKING:
-    from .spans import SpanConfig
 
 
 def _head(path: str | os.PathLike, rows: int, what: str,
@@ -145,3 +147,27 @@ def audit_spans(
             inputs=inputs,
             stats={"chunks_read": seen, "spans_plotted": counts},
         )
+
+
+@command
+def main(argv: list[str] | None = None) -> None:
+    parser = stage_parser("The span index's audit: lengths.png and sample.md.")
+    parser.add_argument("--chunks", type=Path, nargs="+", required=True, help="chunks shards")
+    parser.add_argument("--spans", type=Path, nargs="+", required=True,
+                        help="the span index shards")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="tokenizer folder (rule stage_tokenizer) or a checkpoint folder",
+    )
+    parser.add_argument("--plot", type=Path, required=True, help="lengths.png to write")
+    parser.add_argument("--sample", type=Path, required=True, help="sample.md to write")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    audit_spans(args.chunks, args.spans, args.checkpoint, SpanConfig.from_dict(args.config),
+                args.plot, args.sample)
+
+
+if __name__ == "__main__":
+    main()

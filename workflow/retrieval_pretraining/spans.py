@@ -22,8 +22,8 @@ Rules (each one is a documented decision; see ARCHITECTURE.md):
   and a whole batch of chunks is sampled with NumPy array operations.
 
 Every batch is checked against these rules by the span index contract's validator
-(contracts/spans/) before the shard is written. `spans audit` draws lengths.png and sample.md
-(span_audit.py).
+(contracts/spans/) before the shard is written. lengths.png and sample.md are span_audit.py's (rule
+audit_spans), which this module does not import: editing the audit reruns no span sampling.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from scipy.stats import beta as beta_law
 from tqdm import tqdm
 
-from . import artifacts, span_audit
+from . import artifacts
 from .config import ConfigError, refuse_unknown, section_schema, stage_parser
 from .contracts.chunks import word_extents
 from .contracts.columns import flat
@@ -382,31 +382,21 @@ def sample_shard(
 @command
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["sample", "audit"])
-    parser.add_argument("--chunks", type=Path, nargs="+", required=True, help="chunks shard(s)")
+    parser.add_argument("command", choices=["sample"])
+    parser.add_argument("--chunks", type=Path, nargs="+", required=True, help="chunks shard")
     parser.add_argument(
         "--checkpoint",
         type=Path,
         required=True,
         help="tokenizer folder (rule stage_tokenizer) or a checkpoint folder",
     )
-    parser.add_argument("--out", type=Path, help="sample: the span index shard to write")
-    parser.add_argument("--spans", type=Path, nargs="+", help="audit: the span index shards")
-    parser.add_argument("--plot", type=Path, help="audit: lengths.png to write")
-    parser.add_argument("--sample", type=Path, help="audit: sample.md to write")
+    parser.add_argument("--out", type=Path, help="the span index shard to write")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     cfg = SpanConfig.from_dict(args.config)
-    if args.command == "sample":
-        if len(args.chunks) != 1 or args.out is None:
-            parser.error("sample takes one --chunks shard and --out")
-        sample_shard(args.chunks[0], args.checkpoint, args.out, cfg)
-    else:
-        if not (args.spans and args.plot and args.sample):
-            parser.error("audit needs --spans, --plot and --sample")
-        span_audit.audit_spans(
-            args.chunks, args.spans, args.checkpoint, cfg, args.plot, args.sample
-        )
+    if len(args.chunks) != 1 or args.out is None:
+        parser.error("sample takes one --chunks shard and --out")
+    sample_shard(args.chunks[0], args.checkpoint, args.out, cfg)
 
 
 if __name__ == "__main__":
