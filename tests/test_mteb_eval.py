@@ -107,6 +107,28 @@ def test_knobs_left_out_of_the_config_come_from_the_encoders_card(encoder, tmp_p
     assert source == "--config and card" and config["q_len"] == 32 and config["p_len"] == 128
 
 
+def test_an_ms_marco_encoder_s_title_mode_is_not_put_on_a_beir_task(encoder, tmp_path):
+    """A card's `title` is its fine-tuning dataset's mode (MS MARCO: `sep`). The workflow encodes
+    the zero-shot SciFact target with SciFact's own mode (`space`, title + " " + text, as MTEB
+    joins them), so mteb_eval must too, unless --config names a title mode."""
+    import shutil
+
+    import yaml
+
+    carded = tmp_path / "msmarco-finetuned"
+    shutil.copytree(encoder, carded)
+    use = {"pooling": "cls", "similarity": "dot", "q_len": 32, "p_len": 128, "title": "sep",
+           "chosen_by": "the fine-tuning config"}
+    front = yaml.safe_dump({"retrieval_pretraining": {"use": use}})
+    (carded / "README.md").write_text(f"---\n{front}---\n# an encoder\n")
+    config, source = mteb_eval.with_card_settings(carded, {})
+    knobs = mteb_eval.settings(config)
+    assert source == "card" and (knobs.pooling, knobs.q_len) == ("cls", 32)
+    assert knobs.title == "space"
+    config, _ = mteb_eval.with_card_settings(carded, {"title": "sep"})
+    assert mteb_eval.settings(config).title == "sep"  # asked for, it is used
+
+
 def test_a_staged_checkpoint_is_scored_as_its_source_embeds(encoder, tmp_path):
     """A staged sentence-transformers checkpoint has no card: its manifest records the source's
     mean pooling, normalisation and max_seq_length (256), which must not fall back to [CLS], dot

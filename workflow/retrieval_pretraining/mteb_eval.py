@@ -19,12 +19,15 @@ whole corpus and its scores. Only the data and the encoder are ours:
   q_len, p_len, title mode, query / passage prefixes), exactly as the workflow's encode and
   dense-search stages embed it, so MTEB's number and the workflow's are the same model's. The
   knobs `--config` leaves out come from the folder's model card where it states them (this
-  workflow's encoders: `retrieval_pretraining.use`), else from a staged checkpoint's manifest
-  (results/checkpoints/<name>/: a sentence-transformers source's pooling, similarity and
-  max_seq_length as q_len and p_len), else RetrievalSettings' defaults: a mean-pooled cosine
-  encoder is not scored as a [CLS] dot-product one by omission. The result records where they
-  came from (`settings_from`). `--ignore-identical-ids` should match the dataset's
-  `exclude_query_id` (the workflow drops a hit whose id is the query's only where it is set).
+  workflow's encoders: `retrieval_pretraining.use`; not its title mode, which is its fine-tuning
+  dataset's, e.g. MS MARCO's `sep`: a BEIR document is title + " " + text, as MTEB joins it and
+  the workflow's BEIR entries do, unless `--config` gives `title`), else from a staged
+  checkpoint's manifest (results/checkpoints/<name>/: a sentence-transformers source's pooling,
+  similarity and max_seq_length as q_len and p_len), else RetrievalSettings' defaults: a
+  mean-pooled cosine encoder is not scored as a [CLS] dot-product one by omission. The result
+  records where they came from (`settings_from`). `--ignore-identical-ids` should match the
+  dataset's `exclude_query_id` (the workflow drops a hit whose id is the query's only where it is
+  set).
 
 The scores (every measure MTEB computes, its main score first) are printed and written as JSON.
 """
@@ -162,7 +165,11 @@ def folder_encoder(folder: Path, knobs: RetrievalSettings):
     return FolderEncoder()
 
 
-CARD_KEYS = ("pooling", "similarity", "q_len", "p_len", "title")
+# What the card's `use` block states of the encoder itself. Not its `title`: that is the title
+# mode of the dataset it was fine-tuned on (MS MARCO's `sep`), and the workflow encodes a zero-shot
+# BEIR target with the target's own mode (`space`, as MTEB joins title and text), so taking it
+# from the card scored SciFact's abstracts as "title [SEP] text", another number than both.
+CARD_KEYS = ("pooling", "similarity", "q_len", "p_len")
 
 
 def stated_use(encoder: Path) -> tuple[dict[str, Any], str]:
