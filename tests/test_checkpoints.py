@@ -73,21 +73,29 @@ def test_the_tokenizer_alone_is_the_checkpoint_tokenizer(staged_minilm, tmp_path
     assert (out / "tokenizer.json").read_bytes() == (staged_minilm / "tokenizer.json").read_bytes()
 
 
-def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
-    from safetensors.torch import load_file
+TINY_BERT = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32}
 
-    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
+
+def _stage_tiny(tmp_path, model) -> Path:
+    """Save `model` with a 64-word tokenizer as the local source tmp_path/source, stage it, and
+    return the staged folder."""
     source = tmp_path / "source"
-    mlm = BertForMaskedLM(config)
-    mlm.save_pretrained(source, safe_serialization=True)
+    model.save_pretrained(source, safe_serialization=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
-
     out = tmp_path / "staged"
     entry = {"name": "tiny", "source": "local", "location": str(source)}
     checkpoints.stage(entry, out, data_root=str(tmp_path))
+    return out
+
+
+def test_a_pretrained_mlm_head_is_kept_beside_the_encoder(tmp_path):
+    from safetensors.torch import load_file
+
+    mlm = BertForMaskedLM(BertConfig(**TINY_BERT))
+    out = _stage_tiny(tmp_path, mlm)
     head = load_file(out / checkpoints.MLM_HEAD_FILE)
     expected = mlm.cls.predictions.transform.dense.weight.detach()
     torch.testing.assert_close(head["cls.predictions.transform.dense.weight"], expected)
@@ -99,19 +107,10 @@ def test_a_half_precision_source_is_staged_in_float32(tmp_path):
     source is staged with the same values in float32, its config saying so."""
     from safetensors.torch import load_file
 
-    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
-    source = tmp_path / "source"
     torch.manual_seed(0)
-    AutoModel.from_config(config).half().save_pretrained(source, safe_serialization=True)
+    out = _stage_tiny(tmp_path, AutoModel.from_config(BertConfig(**TINY_BERT)).half())
+    source = tmp_path / "source"
     assert json.loads((source / "config.json").read_text())["dtype"] == "float16"
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
-
-    out = tmp_path / "staged"
-    entry = {"name": "tiny", "source": "local", "location": str(source)}
-    checkpoints.stage(entry, out, data_root=str(tmp_path))
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
     staged, original = load_file(out / "model.safetensors"), load_file(source / "model.safetensors")
     assert staged.keys() == original.keys()
