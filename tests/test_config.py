@@ -272,6 +272,15 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
             r"report\.low_resource\.system': '\{model\}-stage1' gives 'costa-stage1' for model "
             r"costa, size 100, split 0",
         ),
+        # Patterns str.format refuses with an AttributeError or a TypeError (an attribute or an
+        # index of a field): the same one-line refusal, not a traceback at parse time.
+        *[(
+            lambda c, system=system: c["report"].update(low_resource={
+                "dataset": "scifact", "split": "test", "measure": "nDCG@10", "sizes": [100],
+                "splits": 2, "models": ["costa"], "system": system}),
+            r"report\.low_resource\.system': '.*' does not format with \{model\}, \{size\} "
+            r"and \{split\}",
+        ) for system in ("{model.x}-n{size}s{split}-stage1", "{model[x]}-n{size}s{split}-stage1")],
     ],
 )
 def test_a_split_or_stage_nothing_builds_is_refused_naming_the_key(demo, edit, expected):

@@ -199,7 +199,8 @@ def _low_resource_mistakes(spec: dict[str, Any] | None, uses: list) -> list[str]
             for split in range(spec["splits"]):
                 try:
                     system = spec["system"].format(model=model, size=size, split=split)
-                except (KeyError, IndexError, ValueError) as error:
+                # {model.x} raises AttributeError, {model[x]} TypeError: refused alike
+                except (KeyError, IndexError, ValueError, AttributeError, TypeError) as error:
                     return [f"config key '{key}': '{spec['system']}' does not format with "
                             f"{{model}}, {{size}} and {{split}} ({error!r})"]
                 stage = system.removeprefix(f"{model}-")
