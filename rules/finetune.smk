@@ -6,8 +6,6 @@
 # `finetune_knobs` builds that it reads (retrieval_pretraining/retrieval_settings.py says which),
 # so that no other knob is a rerun trigger of it. Resume state of a training job lives in
 # results/state/finetune/, outside the declared outputs.
-import re as _re
-
 from retrieval_pretraining.finetune.settings import trainer_keys
 
 # torchrun: what the launcher execs for several processes (run, not imported by launch.py).
@@ -49,7 +47,7 @@ def trained_on(dataset):
 
 def parse_stage(stage):
     """`n500s0-stage2` -> ("n500s0-", 500, 0, 2); `stage1` -> ("", None, None, 1)."""
-    match = _re.fullmatch(r"(?:n([0-9]+)s([0-9]+)-)?stage([0-9]+)", stage)
+    match = config_references.STAGE.fullmatch(stage)
     if not match:
         raise ValueError(f"stage '{stage}' is not stage<k> or n<N>s<K>-stage<k>")
     n, k, number = match.groups()

@@ -55,8 +55,10 @@ def split_mistakes(config: dict[str, Any]) -> list[str]:
     return messages
 
 
-# A fine-tuning stage as the rules name it (rules/finetune.smk parse_stage).
-STAGE = re.compile(r"(n[0-9]+s[0-9]+-)?stage([0-9]+)")
+# A fine-tuning stage as the rules name it: stage<k>, or n<N>s<K>-stage<k> (N sampled training
+# queries, sample K). rules/finetune.smk's parse_stage reads the {stage} wildcard with it, so a
+# stage this check accepts is one the rules parse.
+STAGE = re.compile(r"(?:n(?P<size>[0-9]+)s(?P<sample>[0-9]+)-)?stage(?P<number>[0-9]+)")
 
 
 def _rounds(config: dict[str, Any]) -> dict[str, int]:
@@ -82,9 +84,9 @@ def _stage_mistake(key: str, stage: str, dataset: str, rounds: dict[str, int]) -
                 "(stage0: not fine-tuned, stage1: BM25 negatives, stage<k+1>: mining round k) or "
                 "n<N>s<K>-stage<k> (N sampled training queries, sample K)")
     last = rounds[dataset] + 1
-    if int(match.group(2)) > last:
+    if int(match["number"]) > last:
         return (f"config key '{key}': '{stage}' on '{dataset}' would train mining round "
-                f"{int(match.group(2)) - 1}, and finetune.rounds is {rounds[dataset]} there "
+                f"{int(match['number']) - 1}, and finetune.rounds is {rounds[dataset]} there "
                 f"(stages up to stage{last}); raise rounds (finetune.datasets overrides) or name "
                 "a stage it has")
     return None
