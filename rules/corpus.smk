@@ -188,6 +188,7 @@ rule audit_spans:
     params:
         spans=lambda wc: span_params(wc.spans),
     shell:
-        "python -m retrieval_pretraining.span_audit --config '{params.spans}' --chunks {input.chunks} "
-        "--spans {input.spans} --checkpoint {input.tokenizer} --plot {output.plot} "
+        "python -m retrieval_pretraining.span_audit --config '{params.spans}' "
+        "--chunks {input.chunks} --spans {input.spans} --checkpoint {input.tokenizer} "
+        "--plot {output.plot} "
         "--sample {output.sample} &> {log}"

@@ -81,6 +81,7 @@ def test_editing_the_span_audit_reruns_the_audit_and_no_span_sampling():
         "rule audit_spans:", 1)[1].split("\nrule ", 1)[0]
     assert "python -m retrieval_pretraining.span_audit " in shell  # the module it declares runs
 
+
 def test_stage_statistics_declares_the_contract_audits_its_registry_imports_by_name():
     """contracts/registry.py loads every contracts/<type>/audit.py with importlib, which `ast`
     cannot follow: editing a contract's audit must still rerun stage_statistics."""

@@ -564,7 +564,8 @@ def test_a_half_precision_checkpoint_trains_fp32_weights(setup, tmp_path, dtype)
     GPU, silently, under autocast; on the CPU the fp32 MLM head refused the bf16 states)."""
     checkpoint = tmp_path / "half"
     BertModel = type(AutoModel.from_pretrained(setup[0], local_files_only=True))
-    BertModel.from_pretrained(setup[0], local_files_only=True, dtype=dtype).save_pretrained(checkpoint)
+    half = BertModel.from_pretrained(setup[0], local_files_only=True, dtype=dtype)
+    half.save_pretrained(checkpoint)
     AutoTokenizer.from_pretrained(setup[0], local_files_only=True).save_pretrained(checkpoint)
     stored = load_file(checkpoint / "model.safetensors")
     model = Pretrainer(checkpoint, fx.model_settings("mlm"))
@@ -572,7 +573,8 @@ def test_a_half_precision_checkpoint_trains_fp32_weights(setup, tmp_path, dtype)
     for key, value in model.encoder.state_dict().items():  # the stored values, upcast exactly
         if key in stored and value.is_floating_point():
             assert stored[key].dtype == dtype and torch.equal(value, stored[key].float()), key
-    code, _ = _run(fx.model_settings("mlm", max_steps=2), (checkpoint, *setup[1:]), tmp_path / "run")
+    settings = fx.model_settings("mlm", max_steps=2)
+    code, _ = _run(settings, (checkpoint, *setup[1:]), tmp_path / "run")
     assert code == 0
     exported = load_file(tmp_path / "run" / "encoder" / "model.safetensors")
     assert {v.dtype for v in exported.values() if v.is_floating_point()} == {torch.float32}

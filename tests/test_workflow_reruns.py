@@ -89,6 +89,7 @@ def test_editing_the_span_audit_reruns_no_span_index(finished):
     finally:
         module.write_text(original)
 
+
 def test_changing_an_extraction_parameter_reruns_extraction_only_upstream(finished):
     original = edit_config(finished, lambda c: c["extract"].update(min_chars=50))
     try:
