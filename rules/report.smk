@@ -2,16 +2,22 @@
 # statistics. Everything here is driven by the `report` config section; `report_targets()` lists
 # what to build. The analyses (`report.analysis`) have their rules in rules/analysis.smk.
 
+from retrieval_pretraining import paper_numbers
+
 
 def report_models():
-    """Each model's name and objective, the entry it copies, and the datasets whose own corpus
-    it was pre-trained on (which published numbers may sit beside it)."""
+    """Each model's name and objective, the entry it copies, the datasets whose own corpus
+    it was pre-trained on and the checkpoint its pre-training started from (which published
+    numbers may sit beside it)."""
     return [
         {k: m[k] for k in ("name", "objective", "reuse_pretraining") if k in m}
         | {
             "pretrained_on": corpora_lib.pretraining_datasets(
                 config["pretrain"], config["corpus"], m["name"]
-            )
+            ),
+            "base": paper_numbers.pretraining_base(
+                config["pretrain"], config["checkpoints"], m["name"]
+            ),
         }
         for m in config["pretrain"]["models"]
     ]

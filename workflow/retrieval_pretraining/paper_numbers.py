@@ -18,6 +18,11 @@ Keys:
   BoW paper's MS MARCO rows). Such a number sits only beside a model pre-trained on that column's
   dataset (`corpora.pretraining_datasets`), and a number for a model pre-trained elsewhere only
   beside one that was not: a Wikipedia-only row is not compared with an in-domain one.
+- `base`: the checkpoint the published model's pre-training started from, as the Hub names it
+  (every number in PAPER: bert-base-uncased). Such a number sits only beside a row whose
+  pre-training chain (`init`, `reuse_pretraining`) starts from that checkpoint, whole
+  (`pretraining_base`): a Condenser pre-trained from MiniLM or BGE is not compared with BERT-base's
+  Condenser. BM25 numbers and reference rows do not read it.
 - `zero_shot`: the published model never trained on the benchmark's own training data. A column
   on a zero-shot target (`evaluate.zero_shot`: rows fine-tuned on another dataset) takes only such
   numbers, and every other column only the others: Tevatron's Condenser, fine-tuned on SciFact
@@ -33,6 +38,10 @@ Keys:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+# The checkpoint every number in PAPER was pre-trained from (`Published.base`).
+BERT_BASE = "google-bert/bert-base-uncased"
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class Published:
     in_domain: bool = False
     zero_shot: bool = False
     bm25_title: str | None = None
+    base: str = BERT_BASE
 
     @property
     def measured_here(self) -> bool:
@@ -206,18 +216,58 @@ ANCHORS: dict[str, dict] = {
 }
 
 
+# The Hub's legacy ids of the checkpoints PAPER's numbers start from: the same repositories.
+_HUB_ALIASES = {"bert-base-uncased": BERT_BASE}
+
+
+def checkpoint_identity(entry: dict[str, Any]) -> str:
+    """What a `checkpoints` entry stages, comparable with `Published.base`: its Hub id (legacy
+    ids resolved); a truncated one (`num_layers`) or a package or local folder is another model,
+    which no published number here started from."""
+    if entry["source"] == "hub":
+        identity = _HUB_ALIASES.get(entry["location"], entry["location"])
+    else:
+        identity = f"{entry['source']}:{entry['location']}"
+    if entry.get("num_layers") is not None:
+        identity += f" (first {entry['num_layers']} layers)"
+    return identity
+
+
+def pretraining_base(
+    pretrain: dict[str, Any], checkpoints: list[dict[str, Any]], name: str
+) -> str:
+    """The checkpoint model `name`'s pre-training chain starts from (`checkpoint_identity`):
+    through `reuse_pretraining` (the entry it copies) and `init` (the model it continues) to
+    the first model of the chain, whose own `checkpoint` or the section's it is."""
+    models = {m["name"]: m for m in pretrain["models"]}
+    model = models[name]
+    seen = {name}
+    following = model.get("reuse_pretraining") or model.get("init")
+    while following is not None and following not in seen:
+        seen.add(following)
+        model = models[following]
+        following = model.get("reuse_pretraining") or model.get("init")
+    chosen = model.get("checkpoint", pretrain["checkpoint"])
+    return checkpoint_identity(next(c for c in checkpoints if c["name"] == chosen))
+
+
 def paper_value(
     system: str, benchmark: str, measure: str, group: str | None, final_group: bool = False,
     in_domain: bool = False, zero_shot: bool = False,
+    base: str | None = BERT_BASE,
 ) -> Published | None:
     """The published number for an objective in a fine-tuning setting, if the papers report one,
-    for a model pre-trained on the benchmark's own collection or not (`in_domain`) and for a
-    column the rows were or were not fine-tuned for (`zero_shot`; module docstring).
+    for a model pre-trained on the benchmark's own collection or not (`in_domain`), for a
+    column the rows were or were not fine-tuned for (`zero_shot`) and for a model pre-trained
+    from `base` (`pretraining_base`; None, unknown: no number; module docstring). The default
+    `base` is the papers' own start; the tables pass each row's.
 
     A number whose setting is unknown (group None) is matched only in the final group, where a
     paper's headline model would sit; an exact group match always wins.
     """
-    candidates = [p for p in PAPER if (p.in_domain, p.zero_shot) == (in_domain, zero_shot)]
+    candidates = [
+        p for p in PAPER if (p.in_domain, p.zero_shot, p.base) == (in_domain, zero_shot, base)
+    ]
     if group is not None:  # a stage with no published counterpart never takes a group-less number
         exact = [
             p

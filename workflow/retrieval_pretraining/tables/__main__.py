@@ -27,8 +27,10 @@ SLICE_KEYS = ("experiment", "resolved_config", "report", "models", "losses", "en
 def check_config(params: dict) -> None:
     """Refuse an unknown key (in `report` and `models` too) and a slice without `report`."""
     models = copy.deepcopy(section_schema("pretrain")["properties"]["models"])
-    # report_models adds what the tables place published numbers by (corpora.pretraining_datasets).
+    # report_models adds what the tables place published numbers by (corpora.pretraining_datasets,
+    # paper_numbers.pretraining_base).
     models["items"]["properties"]["pretrained_on"] = {"type": "array", "items": {"type": "string"}}
+    models["items"]["properties"]["base"] = {"type": "string"}
     schema = closed(SLICE_KEYS, report=section_schema("report"), models=models)
     refuse_unknown(params, schema, "tables")
     if "report" not in params:

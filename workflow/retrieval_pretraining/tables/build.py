@@ -112,6 +112,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
                         final_group=final,
                         in_domain=c["dataset"] in model.get("pretrained_on", ()),
                         zero_shot=c["dataset"] in (params.get("trained_on") or {}),
+                        base=model.get("base"),
                     )
                 row.cells.append(measured_cell(m, c["measure"], pub))
             rows.append(row)
