@@ -736,6 +736,19 @@ def test_an_id_twice_fails_naming_the_id_and_its_rows(results, rel, column, caps
                 f"[0, {len(table)}]") in out
 
 
+def test_a_repeated_null_id_is_named_as_null_with_its_rows(tmp_path):
+    """A null repeated in an id column read "first None at rows []": equal() to null is null,
+    never true, so its rows were not found."""
+    from retrieval_pretraining.contracts.base import Audit, check_unique
+
+    a = Audit(tmp_path / "t.parquet")
+    ids = pa.chunked_array([["b", None], ["a", None, "a", None]])
+    assert not check_unique(a, "query_id", ids)
+    assert a.checks[-1][2] == "2 values repeated; first null at rows [1, 3, 5]"
+    assert not check_unique(a, "query_id", pa.array(["a", "b", "a"]))
+    assert a.checks[-1][2] == "1 values repeated; first 'a' at rows [0, 2]"
+
+
 def test_a_chunk_id_unlike_its_page_and_index_fails_naming_the_row(results, capsys):
     table = pq.read_table(results / "corpus/wikipedia/chunks/shard-0000.parquet")
     ids = table["chunk_id"].to_pylist()

@@ -424,9 +424,13 @@ def check_unique(a: Audit, name: str, column: pa.Array | pa.ChunkedArray) -> boo
         return a.check(f"{name} unique", True)
     counts = pc.value_counts(column)  # in the order the values first appear
     again = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
-    rows = np.flatnonzero(pc.fill_null(pc.equal(column, again[0]), False).to_numpy())
+    # A null equals nothing (equal() is null), so a repeated null's rows are its null rows.
+    first = again[0]
+    same = pc.equal(column, first) if first.is_valid else pc.is_null(column)
+    rows = np.flatnonzero(pc.fill_null(same, False).to_numpy(zero_copy_only=False))
     return a.check(f"{name} unique", False,
-                   f"{len(again)} values repeated; first {again[0].as_py()!r} at rows "
+                   f"{len(again)} values repeated; first "
+                   f"{repr(first.as_py()) if first.is_valid else 'null'} at rows "
                    f"{rows[:5].tolist()}{' ...' if len(rows) > 5 else ''}")
 
 
