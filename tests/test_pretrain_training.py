@@ -270,6 +270,31 @@ def test_a_hand_edited_state_file_without_its_keys_is_a_clear_error(tmp_path):
         training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
 
 
+@pytest.mark.parametrize("checkpoint, kind", [("null", "NoneType"), ("3", "int")])
+def test_a_hand_edited_latest_json_naming_no_folder_is_a_clear_error(tmp_path, checkpoint, kind):
+    """A "checkpoint" that is not a folder name raised a raw TypeError joining it to the path."""
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    (tmp_path / "latest.json").write_text(f'{{"checkpoint": {checkpoint}, "step": 3}}')
+    with pytest.raises(BadInput, match=rf"latest\.json: .*ValueError: checkpoint is not a str "
+                                       rf"but {kind}\); restore"):
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+
+
+def test_a_state_json_naming_a_tensor_its_tensors_file_lacks_is_a_clear_error(tmp_path):
+    """A reference without its tensor (a hand edit, or the two files of different saves) raised
+    a raw KeyError naming the tensor alone."""
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    meta = tmp_path / "step-00000003" / "state.json"
+    meta.write_text(meta.read_text().replace('"__tensor__": "rng.torch"', '"__tensor__": "gone"'))
+    with pytest.raises(BadInput, match=r"state\.json: .*ValueError: it names the tensor 'gone', "
+                                       r"which state\.safetensors lacks\); restore"):
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+
+
 def test_a_resume_with_fewer_visible_gpus_restores_the_states_it_can(monkeypatch):
     """A state saved by a process that saw 8 GPUs, restored where 2 are visible (a run may resume
     on another process count): the first 2 GPU generators are set, the others skipped (torch's

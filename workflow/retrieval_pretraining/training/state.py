@@ -112,6 +112,9 @@ def _flatten(prefix: str, obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, dict):
         if "__tensor__" in obj:
+            if obj["__tensor__"] not in tensors:  # a hand edit, or the files of two saves
+                raise ValueError(f"it names the tensor {obj['__tensor__']!r}, which "
+                                 "state.safetensors lacks")
             tensor = tensors[obj["__tensor__"]]
             return tensor.numpy() if obj.get("__numpy__") else tensor
         if "__dict__" in obj:
@@ -250,7 +253,7 @@ def load_state(
     latest = Path(state_dir) / "latest.json"
     if not latest.exists():
         return None
-    name = _read(latest, state_dir, lambda path: _keys(artifacts.read_json(path), "checkpoint"))
+    name = _read(latest, state_dir, lambda path: _keys(artifacts.read_json(path), checkpoint=str))
     folder = Path(state_dir) / name["checkpoint"]
     if not folder.is_dir():
         raise FileNotFoundError(
@@ -258,15 +261,15 @@ def load_state(
             f"{state_dir} to start afresh (its resumable progress is lost)")
     model.load_state_dict(_read(folder / "model.safetensors", state_dir, load_file))
     tensors = _read(folder / "state.safetensors", state_dir, load_file)
-    meta = _read(folder / "state.json", state_dir, lambda path: _keys(
+    meta = _read(folder / "state.json", state_dir, lambda path: _restored(_keys(
         artifacts.read_json(path), "step", "data_position", "extra", "optimizer", "scheduler",
-        "rng"))
-    optimizer.load_state_dict(_unflatten(meta["optimizer"], tensors))
-    sched = _unflatten(meta["scheduler"], tensors)
+        "rng"), tensors))
+    optimizer.load_state_dict(meta["optimizer"])
+    sched = meta["scheduler"]
     # The schedule function is rebuilt from config; LambdaLR stores None for plain functions.
     sched["lr_lambdas"] = [None] * len(sched.get("lr_lambdas") or [None])
     scheduler.load_state_dict(sched)
-    set_rng_state(_unflatten(meta["rng"], tensors))
+    set_rng_state(meta["rng"])
     log.info("resumed from %s (step %d)", folder, meta["step"])
     return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
 
@@ -288,11 +291,22 @@ def _read(path: Path, state_dir: str | os.PathLike, read: Any) -> Any:
             "progress is lost)") from error
 
 
-def _keys(record: Any, *keys: str) -> dict[str, Any]:
-    """`record` if it is an object holding `keys` (a hand-edited file may not be)."""
+def _keys(record: Any, *keys: str, **typed: type) -> dict[str, Any]:
+    """`record` if it is an object holding `keys`, and `typed`'s keys with values of their types
+    (a hand-edited file may not be)."""
     if not isinstance(record, dict):
         raise ValueError(f"not a JSON object but {type(record).__name__}")
-    missing = [key for key in keys if key not in record]
+    missing = [key for key in (*keys, *typed) if key not in record]
     if missing:
         raise ValueError(f"no {', '.join(missing)}")
+    for key, kind in typed.items():
+        if not isinstance(record[key], kind):
+            raise ValueError(f"{key} is not a {kind.__name__} but {type(record[key]).__name__}")
     return record
+
+
+def _restored(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """`meta` with the optimizer, scheduler and RNG states rebuilt from `tensors` (inside `_read`:
+    a reference to a tensor the file lacks is the state's damage, named as such)."""
+    return {**meta, **{key: _unflatten(meta[key], tensors)
+                       for key in ("optimizer", "scheduler", "rng")}}
