@@ -669,6 +669,25 @@ def test_a_resume_state_is_kept_for_its_own_job_only(tmp_path, caplog):
     assert again != moved and (again / "latest.json").exists()
 
 
+def test_a_state_whose_job_json_cannot_be_read_is_moved_aside(tmp_path, caplog):
+    """A job.json cut short (the disk) or edited into non-JSON raised a raw JSONDecodeError on the
+    main rank, the others waiting at the barrier: nobody can tell what wrote the state, so it
+    follows the rule for a state that records no job (moved aside, named in the log)."""
+    env = training.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    state = tmp_path / "state"
+    job = {"settings": {"lr": 1e-4}, "seed": 1}
+    training.claim_state(state, job, env)
+    (state / "latest.json").write_text("{}")
+    marker = state / "job.json"
+    marker.write_bytes(marker.read_bytes()[:len(marker.read_bytes()) // 2])
+    with caplog.at_level("WARNING"):
+        moved = training.claim_state(state, job, env)
+    assert "its job.json cannot be read (JSONDecodeError: " in caplog.text
+    assert str(moved) in caplog.text and (moved / "latest.json").exists()
+    assert not (state / "latest.json").exists()
+    assert json.loads(marker.read_text()) == json.loads(json.dumps(job))
+
+
 def test_changing_a_knob_that_cannot_change_the_weights_resumes_the_state(tmp_path):
     """The loader's workers, when states are saved and what is logged are not the job: changing
     them after a preemption resumes the saved state (both trainers); the learning rate is."""

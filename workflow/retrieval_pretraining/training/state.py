@@ -36,10 +36,11 @@ def claim_state(state_dir: str | os.PathLike, job: dict[str, Any], env: DistEnv,
 
     `job` is what a resumable state must match (the trainer's settings, seed and inputs, without
     the knobs that cannot change the result); it is kept in `state_dir/job.json`. A folder whose
-    job.json differs, or that has none (so nobody can tell what wrote it), is moved, never
-    deleted, to `<aside>.superseded-<time>/` (`aside` defaults to `state_dir`): days of training
-    are not lost to an edited setting, and the log names the folder and how to delete it. The
-    main rank decides; every rank returns once it has (the folder moved to, on the main rank).
+    job.json differs, or that has none or one that is not JSON (so nobody can tell what wrote
+    it), is moved, never deleted, to `<aside>.superseded-<time>/` (`aside` defaults to
+    `state_dir`): days of training are not lost to an edited setting, and the log names the
+    folder and how to delete it. The main rank decides; every rank returns once it has (the
+    folder moved to, on the main rank).
     Call before load_state and before anything writes there.
     """
     state_dir = Path(state_dir)
@@ -47,10 +48,10 @@ def claim_state(state_dir: str | os.PathLike, job: dict[str, Any], env: DistEnv,
     moved = None
     if env.is_main:
         wanted = json.loads(json.dumps(job, sort_keys=True, default=str))  # as read back from disk
-        found = artifacts.read_json(marker) if marker.exists() else None
+        found, unreadable = _recorded_job(marker)
         if state_dir.exists() and found != wanted and any(state_dir.iterdir()):
-            why = ("it records no job" if found is None
-                   else "it differs in " + ", ".join(_differences(found, wanted)))
+            why = unreadable or ("it records no job" if found is None
+                                 else "it differs in " + ", ".join(_differences(found, wanted)))
             moved = _set_aside(state_dir, Path(aside or state_dir))
             log.warning("the resume state in %s was left by another job (%s): starting afresh; "
                         "the old state was moved to %s (delete it with `rm -r %s` once it is "
@@ -59,6 +60,19 @@ def claim_state(state_dir: str | os.PathLike, job: dict[str, Any], env: DistEnv,
         artifacts.write_json(marker, wanted)
     barrier(env)
     return moved
+
+
+def _recorded_job(marker: Path) -> tuple[Any, str | None]:
+    """The job `marker` records (None without one), and why it cannot be read where it cannot.
+    Raising there would fail the main rank while the others wait at claim_state's barrier, and
+    every rerun the same way; a job.json cut short by the disk or edited into non-JSON tells no
+    more than a missing one, so its state is set aside as one that records no job."""
+    if not marker.exists():
+        return None, None
+    try:
+        return artifacts.read_json(marker), None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        return None, f"its job.json cannot be read ({type(error).__name__}: {one_line(error)})"
 
 
 def _set_aside(state_dir: Path, aside: Path) -> Path:
