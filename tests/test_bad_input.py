@@ -275,6 +275,38 @@ def test_every_loader_refuses_a_folder_holding_only_a_pickle(loader, pickled_ber
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 
 
+# ---------------------------------------------------------------- tokenizer past the table -----
+# Every path that loads an encoder folder through encode.load_encoder, and export_base's copy.
+VOCABULARY_LOADERS = ["encode --encoder", "fine-tuning init", "pre-training none (export)",
+                      "dense search and mining"]
+
+
+@pytest.mark.parametrize("loader", VOCABULARY_LOADERS)
+def test_every_encoder_loader_refuses_a_tokenizer_with_ids_past_the_embeddings(loader, tmp_path):
+    """Added tokens the table has no row for: refused at load, naming the folder and the fix,
+    not an IndexError (a device-side assert on CUDA) at the first text that holds one, mid-corpus;
+    export_base copies nothing. A table padded past the tokenizer's ids loads."""
+    import polars as pl
+    import pretrain_fixtures as fx
+
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    pl.DataFrame({"query_id": ["q"], "text": ["a b"]}).write_parquet(tmp_path / "queries.parquet")
+    # MiniLM's tokenizer (30,522 ids) with two added tokens, and a table of 30,522 rows.
+    folder = fx.add_tokens(fx.tiny_checkpoint(tmp_path / "short"), "zzqword", "zzqother")
+    with pytest.raises(ModelFolderError) as refused:
+        _loaders(folder, tmp_path)[loader]()
+    message = str(refused.value)
+    assert str(folder) in message and "\n" not in message
+    assert "has 30524 tokens (ids up to 30523), but its model's word embeddings have 30522 rows" \
+        in message
+    assert "resize the embeddings to at least 30524 rows" in message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+    padded = fx.tiny_checkpoint(tmp_path / "padded", vocab_size=30592)  # a multiple of 64
+    _loaders(fx.add_tokens(padded, "zzqword"), tmp_path)[loader]()
+
+
 # ---------------------------------------------------------------- unknown config keys ----------
 def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
     value = copy.deepcopy(SLICES[slice_name])

@@ -390,22 +390,22 @@ def test_check_finite_grad_norm_names_step_and_items():
 def test_check_vocabulary_needs_a_row_for_every_id_the_tokenizer_has():
     """Ids 0..9 and an added token at 12 (a gap at 10, 11): 13 rows are needed, more are fine (a
     padded table), 12 are refused, naming both sizes, the folder and the tokens with no row."""
-    from retrieval_pretraining.model_folder import ModelFolderError
+    from retrieval_pretraining.model_folder import ModelFolderError, check_vocabulary
 
     class Tokenizer:
         def get_vocab(self):
             return {**{f"w{i}": i for i in range(10)}, "added": 12}
 
     for rows in (13, 64):
-        training.check_vocabulary(Tokenizer(), rows, "ckpt")
+        check_vocabulary(Tokenizer(), rows, "ckpt")
     with pytest.raises(ModelFolderError) as raised:
-        training.check_vocabulary(Tokenizer(), 12, "ckpt")
+        check_vocabulary(Tokenizer(), 12, "ckpt")
     assert str(raised.value).startswith(
         "the tokenizer of ckpt has 11 tokens (ids up to 12), but its model's word embeddings have "
         "12 rows (config.json vocab_size): 1 token(s) have no embedding ('added'); ")
     with pytest.raises(ModelFolderError, match=r"8 token\(s\) have no embedding "
                                                r"\('w3', 'w4', 'w5', 'w6', 'w7', \.\.\.\)"):
-        training.check_vocabulary(Tokenizer(), 3, "ckpt")
+        check_vocabulary(Tokenizer(), 3, "ckpt")
 
 
 def test_seed_torch_depends_on_the_key_not_on_earlier_draws():

@@ -33,7 +33,7 @@ from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
 from .errors import command, reading
-from .model_folder import load_model
+from .model_folder import check_folder_vocabulary, load_model
 from .parallel import bounded_map
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
                                  with_runtime)
@@ -63,12 +63,15 @@ def load_encoder(folder: str | Path, dev: torch.device | None = None):
     """A Hugging Face encoder + fast tokenizer from a local folder (never downloads, no remote code).
 
     A folder holding `projector.safetensors` (a model fine-tuned through COSTA's projector) comes
-    with its projector attached as `model.text_projector`: every consumer embeds through it."""
+    with its projector attached as `model.text_projector`: every consumer embeds through it. A
+    tokenizer with ids past the model's word embeddings is refused here, before any text: the
+    first one holding such an id would fail mid-corpus (a device-side assert on CUDA)."""
     from transformers import AutoTokenizer
 
     model = load_model(folder, add_pooling_layer=False)  # safetensors only: a pickle is refused
     attach_projector(model, text_projector.load(Path(folder)))
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+    check_folder_vocabulary(folder, tokenizer)
     return model.to(dev or device()), tokenizer
 
 

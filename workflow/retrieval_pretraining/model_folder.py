@@ -4,10 +4,15 @@ A `pytorch_model.bin` (or `.pt`, `.pth`, `.ckpt`) is a pickle: loading it runs w
 file holds. Every loader in the package goes through `load_model` (or `check_safetensors` before
 copying a folder), which refuses a folder whose weights are only pickled, naming the folder and the
 fix, whatever torch's or transformers' defaults happen to be. Imports no torch until it loads.
+
+`check_folder_vocabulary` refuses a folder whose tokenizer has ids its word embeddings have no
+row for: encode.load_encoder (every encoding, search, mining, fine-tuning init) and the copy of a
+base encoder (pretrain/train.export_base) call it, as does pre-training at start.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,35 @@ def check_safetensors(folder: str | Path) -> Path:
         f"model folder {folder} has no *.safetensors weights; rebuild it with the stage that "
         "writes it (from the Hub: a revision that has safetensors)"
     )
+
+
+def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
+    """Raise ModelFolderError, before any work, if `tokenizer` has ids the model's word embeddings
+    have no row for (`rows`: the table's, config.json's vocab_size): tokens added to the tokenizer
+    and not to the table. The first text holding one, or a masked position replaced by one at
+    random, would fail the embedding lookup (IndexError on the CPU, a device-side assert on CUDA)
+    hours into a run. A table with more rows than the tokenizer has ids (padded to a multiple of
+    64 or 128, common) is fine: the rows no id names are never looked up."""
+    vocab = tokenizer.get_vocab()  # added tokens included
+    top = max(vocab.values())
+    if top >= rows:
+        beyond = sorted((i, token) for token, i in vocab.items() if i >= rows)
+        named = ", ".join(repr(token) for _, token in beyond[:5])
+        raise ModelFolderError(
+            f"the tokenizer of {checkpoint} has {len(vocab)} tokens (ids up to {top}), but its "
+            f"model's word embeddings have {rows} rows (config.json vocab_size): {len(beyond)} "
+            f"token(s) have no embedding ({named}{', ...' if len(beyond) > 5 else ''}); use the "
+            "tokenizer the checkpoint was trained with, or resize the embeddings to at least "
+            f"{top + 1} rows (transformers: resize_token_embeddings) and save the model")
+
+
+def check_folder_vocabulary(folder: str | Path, tokenizer: Any) -> None:
+    """check_vocabulary of `folder`'s tokenizer against the table its config.json declares (the
+    rows every loader builds: a weight of another shape fails to load). A config without a
+    vocab_size (no architecture this package loads) has nothing to check against."""
+    rows = json.loads((Path(folder) / "config.json").read_text()).get("vocab_size")
+    if isinstance(rows, int):
+        check_vocabulary(tokenizer, rows, folder)
 
 
 def load_model(folder: str | Path, *, native: bool = True, **kwargs: Any):

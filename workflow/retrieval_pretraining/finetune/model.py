@@ -36,8 +36,7 @@ def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.de
     With `projector`, [CLS] is embedded through COSTA's text projector: the folder's own (a stage
     fine-tuned with it) or else the one pre-training left in `heads`. Without it, a folder that
     embeds through a projector is refused: the stage would silently change what a vector is."""
-    encoder, tokenizer = load_encoder(folder, device)
-    training.check_vocabulary(tokenizer, encoder.get_input_embeddings().num_embeddings, folder)
+    encoder, tokenizer = load_encoder(folder, device)  # refuses ids past the embeddings
     if projector and projector_of(encoder) is None:
         if heads is None:
             raise text_projector.ProjectorError(

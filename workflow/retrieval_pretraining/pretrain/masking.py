@@ -25,8 +25,8 @@ class Vocab:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> "Vocab":
-        """The tokenizer's ids, added tokens included (training.check_vocabulary has checked that
-        each is a row of the model's word embeddings)."""
+        """The tokenizer's ids, added tokens included (model_folder.check_vocabulary has checked
+        that each is a row of the model's word embeddings)."""
         vocab = tokenizer.get_vocab()
         excluded = set(tokenizer.all_special_ids)
         # The BoW authors' filter: special ids and BERT's [unusedN] placeholders.

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from .. import artifacts, st_export, training
 from ..checkpoints import _TOKENIZER_FILES
-from ..model_folder import check_safetensors
+from ..model_folder import check_folder_vocabulary, check_safetensors
 from ..retrieval_settings import RetrievalSettings
 from . import data as pdata
 from . import contrast_cache, mixture, probes
@@ -153,6 +153,9 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
     sentence-transformers files of `retrieval`, default st_export.pretrained_use: the source's own
     pooling when it is a sentence-transformers model)."""
     check_safetensors(checkpoint)  # copied as it is: a pickle must not pass through
+    # Nor a tokenizer with ids past the embeddings: every encoding of the copy would fail on them.
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    check_folder_vocabulary(checkpoint, tokenizer)
     with artifacts.atomic_dir(out_dir) as tmp:
         for file in Path(checkpoint).iterdir():
             if file.is_file() and file.name != "manifest.json":
@@ -233,8 +236,7 @@ def _train(
     spans = [path for group in span_groups for path in group] if span_groups else None
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     # Before the data store and the model: masking draws random ids from the tokenizer's.
-    training.check_vocabulary(
-        tokenizer, artifacts.read_json(checkpoint / "config.json")["vocab_size"], checkpoint)
+    check_folder_vocabulary(checkpoint, tokenizer)
     vocab = pdata.Vocab.from_tokenizer(tokenizer)
     pdata.check_tokenizer(chunks, tokenizer, checkpoint)
     pdata.check_positions(chunks, checkpoint)

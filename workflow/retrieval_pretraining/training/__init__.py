@@ -26,8 +26,7 @@ Modules (the trainers import only this package, `training.X`):
     optim        accumulation_steps, build_optimizer, linear_schedule, autocast, fp32_scores,
                  upcast, seed_everything, seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
-    guards       check_vocabulary (the tokenizer's ids all embedding rows: both trainers, at
-                 start), check_finite_step, check_finite_grad_norm, step_if_finite,
+    guards       check_finite_step, check_finite_grad_norm, step_if_finite,
                  NonFiniteLossError, NonFiniteGradientError, oom_guard,
                  loading_out_of_memory_fix, data_parallel_out_of_memory_fix (oom_guard's
                  advice before any micro-batch, both trainers')
@@ -56,7 +55,6 @@ from .guards import (
     NonFiniteLossError,
     check_finite_grad_norm,
     check_finite_step,
-    check_vocabulary,
     data_parallel_out_of_memory_fix,
     loading_out_of_memory_fix,
     oom_guard,
@@ -98,7 +96,7 @@ __all__ = [
     "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "fp32_scores",
     "seed_everything", "seed_torch", "upcast",
     "save_state", "load_state", "claim_state",
-    "check_vocabulary", "check_finite_grad_norm", "check_finite_step", "step_if_finite",
+    "check_finite_grad_norm", "check_finite_step", "step_if_finite",
     "NonFiniteLossError", "NonFiniteGradientError",
     "oom_guard", "loading_out_of_memory_fix", "data_parallel_out_of_memory_fix",
     "MetricsWriter", "Progress", "plot_losses", "require_tensorboard", "TensorBoardLog",

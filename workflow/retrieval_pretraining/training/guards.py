@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-
-from ..model_folder import ModelFolderError
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -19,26 +16,6 @@ class NonFiniteLossError(FloatingPointError):
 class NonFiniteGradientError(NonFiniteLossError):
     """The losses were finite but the gradient norm is NaN/inf (raised before the optimiser
     step)."""
-
-
-def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
-    """Raise ModelFolderError, before any work, if `tokenizer` has ids the model's word embeddings
-    have no row for (`rows`: the table's, config.json's vocab_size): tokens added to the tokenizer
-    and not to the table. The first text holding one, or a masked position replaced by one at
-    random, would fail the embedding lookup (IndexError on the CPU, a device-side assert on CUDA)
-    hours into a run. A table with more rows than the tokenizer has ids (padded to a multiple of
-    64 or 128, common) is fine: the rows no id names are never looked up."""
-    vocab = tokenizer.get_vocab()  # added tokens included
-    top = max(vocab.values())
-    if top >= rows:
-        beyond = sorted((i, token) for token, i in vocab.items() if i >= rows)
-        named = ", ".join(repr(token) for _, token in beyond[:5])
-        raise ModelFolderError(
-            f"the tokenizer of {checkpoint} has {len(vocab)} tokens (ids up to {top}), but its "
-            f"model's word embeddings have {rows} rows (config.json vocab_size): {len(beyond)} "
-            f"token(s) have no embedding ({named}{', ...' if len(beyond) > 5 else ''}); use the "
-            "tokenizer the checkpoint was trained with, or resize the embeddings to at least "
-            f"{top + 1} rows (transformers: resize_token_embeddings) and save the model")
 
 
 def _ids(item_ids: Any) -> list:
