@@ -9,7 +9,7 @@ import re as _re
 from retrieval_pretraining.retrieval_settings import RUNTIME_KEYS as RETRIEVAL_RUNTIME
 from retrieval_pretraining.retrieval_settings import retrieval_keys
 
-_STAGE_RE = r"(n[0-9]+s[0-9]+-)?stage[0-9]+"
+_STAGE_RE = experiment_config.STAGE_PATTERN  # a wildcard constraint: no named groups
 
 
 def stage_encoder(wildcards):

@@ -47,10 +47,10 @@ def trained_on(dataset):
 
 def parse_stage(stage):
     """`n500s0-stage2` -> ("n500s0-", 500, 0, 2); `stage1` -> ("", None, None, 1)."""
-    match = config_references.STAGE.fullmatch(stage)
+    match = experiment_config.STAGE.fullmatch(stage)
     if not match:
         raise ValueError(f"stage '{stage}' is not stage<k> or n<N>s<K>-stage<k>")
-    n, k, number = match.groups()
+    n, k, number = match["size"], match["sample"], match["number"]
     prefix = f"n{n}s{k}-" if n else ""
     return prefix, (int(n) if n else None), (int(k) if k else None), int(number)
 

@@ -304,6 +304,24 @@ def test_a_system_of_a_model_whose_name_extends_another_is_its_own(demo):
     references.check(config)
 
 
+def test_the_schema_s_stage1_init_pattern_restates_the_one_stage_pattern():
+    """A JSON-Schema pattern is a literal in YAML: held equal to config.STAGE_PATTERN, or the
+    schema refuses a stage1_init stage the rules build (or admits one they cannot parse)."""
+    schema = experiment_config.section_schema("finetune")["properties"]["stage1_init"]
+    assert schema["pattern"] == (
+        "^(pretrained|[A-Za-z0-9_.-]+/" + experiment_config.STAGE_PATTERN + ")$")
+
+
+def test_the_stage_pattern_is_written_once():
+    """The rules' {stage} constraint, the system names and the checks read config.STAGE: a copy
+    written out elsewhere can drift, so the check accepts a stage the rules cannot parse."""
+    root = Path(__file__).resolve().parents[1]
+    code = [root / "Snakefile", *sorted((root / "rules").glob("*.smk")),
+            *sorted((root / "workflow").rglob("*.py"))]
+    assert [str(p.relative_to(root)) for p in code if "stage[0-9]" in p.read_text()] == []
+    assert "stage(?P<number>[0-9]+)" in experiment_config.STAGE.pattern
+
+
 @pytest.mark.parametrize("section, edit, expected", [
     ("report", lambda c: c["stages"][1].update(suffix="stage-1"),
      "config key 'report.stages.1.suffix': 'stage-1' is not a fine-tuning stage"),

@@ -23,6 +23,16 @@ from .errors import BadInput, add_debug_option
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
+# A fine-tuning stage as the rules name it: stage<k>, or n<N>s<K>-stage<k> (N sampled training
+# queries, sample K). The one definition (here, as references.py imports this module): the system
+# names below, references' checks, finetune.smk's parse_stage and dense.smk's {stage} constraint
+# read it, so they accept the same stages; the schema's stage1_init pattern restates STAGE_PATTERN
+# (tests/test_config.py holds them equal).
+STAGE = re.compile(r"(n(?P<size>[0-9]+)s(?P<sample>[0-9]+)-)?stage(?P<number>[0-9]+)")
+# Without its named groups: a wildcard constraint (Snakemake would take them for wildcards), or
+# part of a longer pattern.
+STAGE_PATTERN = re.sub(r"\(\?P<\w+>([^()]*)\)", r"\1", STAGE.pattern)
+
 
 # libyaml's safe loader where PyYAML was built with it (its wheels are): the Snakefile reads the
 # schema's eleven files on every parse of the workflow, ten times faster than in pure Python.
@@ -291,7 +301,7 @@ def _baseline_checks(config: dict[str, Any], must_name) -> list[str]:
     for name in sorted({n for n in names if names.count(n) > 1}):
         messages.append(f"config key 'evaluate.baselines': the name '{name}' is used twice")
     ours = re.compile(
-        "(" + "|".join(map(re.escape, models)) + r")-(n[0-9]+s[0-9]+-)?stage[0-9]+"
+        "(" + "|".join(map(re.escape, models)) + ")-" + STAGE_PATTERN
     )
     for i, entry in enumerate(baselines):
         key, name = f"evaluate.baselines.{i}", entry["name"]

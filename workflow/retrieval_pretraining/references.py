@@ -12,10 +12,9 @@ every job's).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from .config import ConfigError
+from .config import STAGE, ConfigError
 
 
 def _names(entries: list[dict[str, Any]] | None) -> list[str]:
@@ -53,12 +52,6 @@ def split_mistakes(config: dict[str, Any]) -> list[str]:
             f"{tsne['dataset']} {tsne['split']} (the figure marks what its measures count "
             "relevant); add one, or name a split it scores")
     return messages
-
-
-# A fine-tuning stage as the rules name it: stage<k>, or n<N>s<K>-stage<k> (N sampled training
-# queries, sample K). rules/finetune.smk's parse_stage reads the {stage} wildcard with it, so a
-# stage this check accepts is one the rules parse.
-STAGE = re.compile(r"(?:n(?P<size>[0-9]+)s(?P<sample>[0-9]+)-)?stage(?P<number>[0-9]+)")
 
 
 def _rounds(config: dict[str, Any]) -> dict[str, int]:
