@@ -13,14 +13,7 @@ _FINETUNE_CODE = ("launch", "torchrun", "finetune")
 
 
 def finetune_models():
-    names = [m["name"] for m in config["pretrain"]["models"]]
-    chosen = config["finetune"]["models"]
-    unknown = sorted(set(chosen or []) - set(names))
-    if unknown:
-        raise ValueError(
-            f"finetune.models names {unknown}, not in pretrain.models ({names})"
-        )
-    return chosen or names
+    return config_references.finetune_models(config)
 
 
 def finetune_entry(dataset):

@@ -108,51 +108,15 @@ check_report_measures()
 
 
 def table_rows(table):
-    """A table's model rows: its own, or (rows: null) the models fine-tuned and evaluated
-    (finetune.models); [] = none (a table of baselines alone)."""
-    rows = table.get("rows")
-    return [{"model": m} for m in finetune_models()] if rows is None else rows
+    return config_references.table_rows(config, table)
 
 
 def report_systems(table):
-    """(dataset, system, split) of every cell of one configured table."""
-    stages = table.get("groups") or config["report"]["stages"]
-    models = [r["model"] for r in table_rows(table)]
-    systems = (["bm25"] if table.get("bm25", True) else []) + [
-        f"{m}-{s['suffix']}" for s in stages for m in models
-    ]
-    systems += table.get("baseline_rows") or []  # rules/baselines.smk
-    own = table.get("baselines")  # [] = no tests (tables/significance.baselines_for)
-    for baseline in (
-        config["report"]["significance"]["baselines"] if own is None else own
-    ):
-        if "system" in baseline:
-            systems.append(baseline["system"])
-        elif "model" in baseline and models:
-            systems += [f"{baseline['model']}-{s['suffix']}" for s in stages]
-        else:  # each row's own model at that stage (e.g. stage0, before fine-tuning)
-            systems += [f"{m}-{baseline['stage']}" for m in models]
-    return [
-        (c["dataset"], system, c["split"])
-        for c in table["columns"]
-        for system in systems
-    ]
+    return config_references.report_systems(config, table)
 
 
 def low_resource_systems():
-    spec = config["report"]["low_resource"]
-    if not spec:
-        return []
-    return [
-        (
-            spec["dataset"],
-            spec["system"].format(model=m, size=n, split=k),
-            spec["split"],
-        )
-        for m in spec["models"]
-        for n in spec["sizes"]
-        for k in range(spec["splits"])
-    ]
+    return config_references.low_resource_systems(config)
 
 
 def metrics_paths(cells):

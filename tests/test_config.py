@@ -272,6 +272,16 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
             r"report\.low_resource\.system': '\{model\}-stage1' gives 'costa-stage1' for model "
             r"costa, size 100, split 0",
         ),
+        # Each sample's stage is checked, not the first one's alone: stage{split} reads
+        # n100s3-stage3, mining round 2 of a one-round dataset.
+        (
+            lambda c: c["report"].update(low_resource={
+                "dataset": "scifact", "split": "test", "measure": "nDCG@10", "sizes": [100],
+                "splits": 4, "models": ["costa"],
+                "system": "{model}-n{size}s{split}-stage{split}"}),
+            r"report\.low_resource\.system': 'n100s3-stage3' on 'scifact' would train mining "
+            r"round 2",
+        ),
         # Patterns str.format refuses with an AttributeError or a TypeError (an attribute or an
         # index of a field): the same one-line refusal, not a traceback at parse time.
         *[(
@@ -292,6 +302,36 @@ def test_a_split_or_stage_nothing_builds_is_refused_naming_the_key(demo, edit, e
     experiment_config.validate(bad)  # a stage reference is no schema or cross-check matter
     with pytest.raises(experiment_config.ConfigError, match=expected):
         references.check(bad)
+
+
+def test_the_check_and_the_rules_read_one_list_of_a_table_s_systems(demo):
+    """rules/report.smk builds the cells of references.report_systems, and the check covers
+    table_systems, the same list with the key each system comes from: each baseline kind
+    (a fixed system, a model at the table's stages, each row's model at a stage) included."""
+    config = copy.deepcopy(demo)
+    table = config["report"]["tables"][0]  # rows: null, the significance baselines
+    table["rows"] = [{"model": "costa"}]
+    systems = references.table_systems(config, table)
+    assert systems == [
+        ("report.tables[main].bm25", "bm25", ""),
+        *[(f"report.stages.{i}.suffix", f"costa-stage{i}", f"stage{i}") for i in range(3)],
+        ("report.significance.baselines.0.system", "bm25", ""),
+        *[(f"report.stages.{i}.suffix", f"bert-stage{i}", f"stage{i}") for i in range(3)],
+        ("report.significance.baselines.2.stage", "costa-stage0", "stage0"),
+    ]
+    assert references.report_systems(config, table) == [
+        ("scifact", system, "test") for _ in table["columns"] for _, system, _ in systems]
+    table["rows"] = []  # no model rows: no model baselines either
+    assert references.table_systems(config, table) == systems[:1] + systems[4:5]
+
+
+def test_a_fine_tuned_model_nothing_pre_trains_is_refused_where_the_report_lists_its_rows(demo):
+    """A table's rows: null reads finetune.models through finetune_models, which refuses a name
+    pretrain.models lacks: else the report planned runs of it that nothing builds."""
+    config = copy.deepcopy(demo)
+    config["finetune"]["models"] = ["nope"]
+    with pytest.raises(ValueError, match=r"finetune\.models names \['nope'\], not in pretrain"):
+        references.report_systems(config, config["report"]["tables"][0])
 
 
 def test_a_system_of_a_model_whose_name_extends_another_is_its_own(demo):

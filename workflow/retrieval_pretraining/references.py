@@ -7,7 +7,8 @@ The rules build whatever a target names, so a misspelt split or stage stopped th
 missing file or an input function's error that named no config key (or named the wrong one), and
 a stage past a dataset's `rounds` trained mining rounds the config does not list. No stage imports
 this module: what it checks changes no result, so editing it is no job's code input (config.py is
-every job's).
+every job's). The systems a report reads are listed here too (table_systems, low_resource_systems):
+rules/report.smk builds what they list and the check covers the same list.
 """
 
 from __future__ import annotations
@@ -117,6 +118,69 @@ def stage1_init_mistakes(config: dict[str, Any]) -> list[str]:
     return messages
 
 
+def finetune_models(config: dict[str, Any]) -> list[str]:
+    """The models fine-tuned and evaluated: finetune.models, or (null) every pretrain.models entry.
+    Raises here, as every reader of the list (the rules' and table_rows) comes through it."""
+    names, chosen = _names(config["pretrain"]["models"]), config["finetune"]["models"]
+    unknown = sorted(set(chosen or []) - set(names))
+    if unknown:
+        raise ValueError(f"finetune.models names {unknown}, not in pretrain.models ({names})")
+    return chosen or names
+
+
+def table_rows(config: dict[str, Any], table: dict[str, Any]) -> list[dict[str, Any]]:
+    """A table's model rows: its own, or (rows: null) the fine-tuned models; [] = none (a table of
+    baselines alone)."""
+    rows = table.get("rows")
+    return [{"model": m} for m in finetune_models(config)] if rows is None else rows
+
+
+def table_systems(config: dict[str, Any],
+                  table: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(config key, system, stage) of every system one table reads on each of its columns: BM25,
+    the rows' models at each stage suffix, the baseline rows and the significance baselines. The
+    stage is "" for BM25 or a baseline encoder, None for a `system` nothing builds. The one source
+    of what a table reads: rules/report.smk builds these cells, report_stage_mistakes checks them.
+    """
+    report, where = config["report"], f"report.tables[{table['name']}]"
+    groups = table.get("groups")
+    stages = ([(f"{where}.groups.{i}.suffix", g["suffix"]) for i, g in enumerate(groups)]
+              if groups else
+              [(f"report.stages.{i}.suffix", g["suffix"]) for i, g in enumerate(report["stages"])])
+    models = [row["model"] for row in table_rows(config, table)]
+    systems = [(f"{where}.bm25", "bm25", "")] if table.get("bm25", True) else []
+    systems += [(key, f"{m}-{suffix}", suffix) for key, suffix in stages for m in models]
+    systems += [(f"{where}.baseline_rows", name, "") for name in table.get("baseline_rows") or []]
+    own = table.get("baselines")  # [] = no tests (tables/significance.baselines_for)
+    prefix = f"{where}.baselines" if own is not None else "report.significance.baselines"
+    for i, baseline in enumerate(report["significance"]["baselines"] if own is None else own):
+        if "system" in baseline:
+            system = baseline["system"]
+            systems.append((f"{prefix}.{i}.system", system, _system_stage(config, system)))
+        elif "model" in baseline and models:
+            systems += [(key, f"{baseline['model']}-{suffix}", suffix) for key, suffix in stages]
+        else:  # each row's own model at that stage (e.g. stage0, before fine-tuning)
+            systems += [(f"{prefix}.{i}.stage", f"{m}-{baseline['stage']}", baseline["stage"])
+                        for m in models]
+    return systems
+
+
+def report_systems(config: dict[str, Any], table: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(dataset, system, split) of every cell of one configured table."""
+    systems = [system for _, system, _ in table_systems(config, table)]
+    return [(c["dataset"], system, c["split"]) for c in table["columns"] for system in systems]
+
+
+def low_resource_systems(config: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(dataset, system, split) of the low-resource figure's runs: its `system` pattern formatted
+    for each model, size N and sample K, in that order."""
+    spec = config["report"]["low_resource"]
+    if not spec:
+        return []
+    return [(spec["dataset"], spec["system"].format(model=m, size=n, split=k), spec["split"])
+            for m in spec["models"] for n in spec["sizes"] for k in range(spec["splits"])]
+
+
 def report_stage_mistakes(config: dict[str, Any]) -> list[str]:
     """The report's stage suffixes, significance baselines, t-SNE stage and low-resource systems
     must name runs the rules build: else the dry run stops at a missing run that names no key,
@@ -126,28 +190,14 @@ def report_stage_mistakes(config: dict[str, Any]) -> list[str]:
     datasets: list[tuple[str, str]] = []  # (key, dataset) our models have runs on
     messages = []
     for table in report["tables"]:
-        where = f"report.tables[{table['name']}]"
-        columns = [(f"{where}.columns.{i}.dataset", c["dataset"])
+        columns = [(f"report.tables[{table['name']}].columns.{i}.dataset", c["dataset"])
                    for i, c in enumerate(table["columns"])]
-        own = table.get("baselines")
-        baselines = report["significance"]["baselines"] if own is None else own
-        prefix = f"{where}.baselines" if own is not None else "report.significance.baselines"
         stages = []  # (key, stage) of this table's dense systems
-        for i, baseline in enumerate(baselines):
-            if "system" in baseline:
-                key, stage = f"{prefix}.{i}.system", _system_stage(config, baseline["system"])
-                if stage is None:
-                    messages.append(_unknown_system(config, key, baseline["system"]))
-                elif stage:
-                    stages.append((key, stage))
-        if table.get("rows") != []:  # rows: [] = no model rows, so no stages or stage baselines
-            groups = table.get("groups")
-            stages += ([(f"{where}.groups.{i}.suffix", g["suffix"]) for i, g in enumerate(groups)]
-                       if groups else
-                       [(f"report.stages.{i}.suffix", g["suffix"])
-                        for i, g in enumerate(report["stages"])])
-            stages += [(f"{prefix}.{i}.stage", b["stage"]) for i, b in enumerate(baselines)
-                       if "stage" in b]
+        for key, system, stage in table_systems(config, table):
+            if stage is None:
+                messages.append(_unknown_system(config, key, system))
+            elif stage:
+                stages.append((key, stage))
         if stages:
             datasets += columns
             uses += [(key, stage, d) for key, stage in stages for _, d in columns]
@@ -157,7 +207,7 @@ def report_stage_mistakes(config: dict[str, Any]) -> list[str]:
         uses.append(("report.analysis.tsne.stage", tsne["stage"], tsne["dataset"]))
     if report["low_resource"]:
         datasets.append(("report.low_resource.dataset", report["low_resource"]["dataset"]))
-    messages += _low_resource_mistakes(report["low_resource"], uses)
+    messages += _low_resource_mistakes(config, uses)
     messages += [m for key, d in datasets if (m := _dense_dataset_mistake(key, d, rounds))]
     messages += [m for key, stage, d in uses
                  if d in rounds and (m := _stage_mistake(key, stage, d, rounds))]
@@ -183,26 +233,28 @@ def _unknown_system(config: dict[str, Any], key: str, system: str) -> str:
             "pretrain.models entry")
 
 
-def _low_resource_mistakes(spec: dict[str, Any] | None, uses: list) -> list[str]:
+def _low_resource_mistakes(config: dict[str, Any], uses: list) -> list[str]:
     """The low-resource figure's `system` pattern must name, for each size N and split K, that
-    sample's own run (<model>-nNsK-stage<k>); its stages join `uses`."""
+    sample's own run (<model>-nNsK-stage<k>); the stage of each system it reads joins `uses`."""
+    spec = config["report"]["low_resource"]
     if not spec:
         return []
-    key, stages = "report.low_resource.system", []
-    for model in spec["models"]:
-        for size in spec["sizes"]:
-            for split in range(spec["splits"]):
-                try:
-                    system = spec["system"].format(model=model, size=size, split=split)
-                # {model.x} raises AttributeError, {model[x]} TypeError: refused alike
-                except (KeyError, IndexError, ValueError, AttributeError, TypeError) as error:
-                    return [f"config key '{key}': '{spec['system']}' does not format with "
-                            f"{{model}}, {{size}} and {{split}} ({error!r})"]
-                stage = system.removeprefix(f"{model}-")
-                if not stage.startswith(f"n{size}s{split}-"):
-                    return [f"config key '{key}': '{spec['system']}' gives '{system}' for model "
-                            f"{model}, size {size}, split {split}; write "
-                            "'{model}-n{size}s{split}-stage<k>', each sample's own runs"]
-                stages.append(stage)
-    uses.append((key, stages[0], spec["dataset"]))  # one stage number for every sample
+    key = "report.low_resource.system"
+    try:
+        cells = low_resource_systems(config)
+    # {model.x} raises AttributeError, {model[x]} TypeError: refused alike
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as error:
+        return [f"config key '{key}': '{spec['system']}' does not format with "
+                f"{{model}}, {{size}} and {{split}} ({error!r})"]
+    samples = [(m, n, k) for m in spec["models"] for n in spec["sizes"]
+               for k in range(spec["splits"])]  # low_resource_systems' order
+    stages: dict[str, str] = {}  # what follows n<N>s<K>-: its first sample's stage
+    for (model, size, split), (_, system, _) in zip(samples, cells):
+        stage = system.removeprefix(f"{model}-")
+        if not stage.startswith(f"n{size}s{split}-"):
+            return [f"config key '{key}': '{spec['system']}' gives '{system}' for model "
+                    f"{model}, size {size}, split {split}; write "
+                    "'{model}-n{size}s{split}-stage<k>', each sample's own runs"]
+        stages.setdefault(stage.removeprefix(f"n{size}s{split}-"), stage)
+    uses += [(key, stage, spec["dataset"]) for stage in stages.values()]
     return []
