@@ -81,24 +81,31 @@ def model_corpora(pretrain: dict[str, Any], model: dict[str, Any]) -> list[dict[
     return [{"name": c["name"], "proportion": float(c["proportion"])} for c in chosen]
 
 
+def pretraining_chain(pretrain: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """Model `name`'s entry and those its weights come through, in order: the entry it copies
+    (`reuse_pretraining`) or else the model it continues (`init`), to the first of the chain
+    (a cycle ends it)."""
+    models = {m["name"]: m for m in pretrain["models"]}
+    chain: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while name is not None and name not in seen:
+        seen.add(name)
+        chain.append(models[name])
+        name = chain[-1].get("reuse_pretraining") or chain[-1].get("init")
+    return chain
+
+
 def pretraining_datasets(pretrain: dict[str, Any], section: dict[str, Any], name: str) -> list[str]:
     """The `datasets` entries whose own corpus model `name` was pre-trained on: its corpora's and,
     through `init` and `reuse_pretraining`, those of the pre-training it continues or copies. The
     results tables place a number published for a model pre-trained in-domain (the BoW paper's
     MS MARCO rows) only beside a model pre-trained on that benchmark's own collection."""
-    models = {m["name"]: m for m in pretrain["models"]}
     found: set[str] = set()
-    seen: set[str] = set()
-    while name is not None and name not in seen:
-        seen.add(name)
-        model = models[name]
-        if model.get("reuse_pretraining"):
-            name = model["reuse_pretraining"]
-            continue
-        if model["objective"] != "none":
-            for corpus in model_corpora(pretrain, model):
-                own = entry(section, corpus["name"])
-                if own["source"] == "dataset":
-                    found.add(own["dataset"])
-        name = model.get("init")
+    for model in pretraining_chain(pretrain, name):
+        if model.get("reuse_pretraining") or model["objective"] == "none":
+            continue  # a copy trains nothing itself; nor does the base
+        for corpus in model_corpora(pretrain, model):
+            own = entry(section, corpus["name"])
+            if own["source"] == "dataset":
+                found.add(own["dataset"])
     return sorted(found)

@@ -40,6 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .corpora import pretraining_chain
+
 # The checkpoint every number in PAPER was pre-trained from (`Published.base`).
 BERT_BASE = "google-bert/bert-base-uncased"
 
@@ -239,15 +241,8 @@ def pretraining_base(
     """The checkpoint model `name`'s pre-training chain starts from (`checkpoint_identity`):
     through `reuse_pretraining` (the entry it copies) and `init` (the model it continues) to
     the first model of the chain, whose own `checkpoint` or the section's it is."""
-    models = {m["name"]: m for m in pretrain["models"]}
-    model = models[name]
-    seen = {name}
-    following = model.get("reuse_pretraining") or model.get("init")
-    while following is not None and following not in seen:
-        seen.add(following)
-        model = models[following]
-        following = model.get("reuse_pretraining") or model.get("init")
-    chosen = model.get("checkpoint", pretrain["checkpoint"])
+    first = pretraining_chain(pretrain, name)[-1]
+    chosen = first.get("checkpoint", pretrain["checkpoint"])
     return checkpoint_identity(next(c for c in checkpoints if c["name"] == chosen))
 
 
