@@ -23,7 +23,9 @@ class Mirror:
     between two GETs); None serves the request normally. With `etags`, every answer carries an
     ETag (the content's sha1) and If-Range is honoured: the whole file (200) when it no longer
     matches, as a web server does, unless `if_range` is False (a server or proxy that sends ETags
-    but does not implement If-Range: the Range is served whatever If-Range says)."""
+    but does not implement If-Range: the Range is served whatever If-Range says). With
+    `range_cap` = n, a Range is answered with at most n bytes (a 206 of a shorter range than asked,
+    as servers and CDNs that cap range replies send: its Content-Range says which bytes)."""
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
@@ -32,6 +34,7 @@ class Mirror:
         self.bytes_sent = 0
         self.etags = False
         self.if_range = True
+        self.range_cap: int | None = None
 
 
 def _handler(mirror: Mirror):
@@ -74,7 +77,10 @@ def _handler(mirror: Mirror):
                 if start >= len(data):
                     return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
                 status = 206
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                end = len(data) if mirror.range_cap is None else min(len(data),
+                                                                    start + mirror.range_cap)
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+                data = data[:end]
             body = data[start:]
             if fault and fault[0] == "corrupt":
                 i = fault[1] - start

@@ -392,6 +392,27 @@ def test_giving_up_says_what_a_rerun_does_with_the_kept_bytes(mirror, tmp_path, 
     assert mirror.requests[-1][1] == (f"bytes={resumes.group(1)}-" if resumes else None)
 
 
+@pytest.mark.parametrize("check", ["none", "sha256"])
+def test_a_range_reply_shorter_than_asked_is_resumed_to_the_end(mirror, tmp_path, check):
+    """A server that caps its 206 replies (Content-Range `bytes 6000-9999/N`) sends fewer bytes
+    than the Range asked. The fetch was complete when the reply's own Content-Length was: without
+    a checksum (the DPR/RocketQA files, resumed by their ETag) the truncated file was published,
+    with one it was thrown away and fetched again from byte 0. It must resume until byte N."""
+    data = MULTISTREAM.read_bytes()
+    mirror.etags, mirror.range_cap = True, 4000
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("drop", 6000)]
+    dest = tmp_path / "ms.bz2"
+    pin = {"sha256": hashlib.sha256(data).hexdigest()} if check == "sha256" else {}
+    delays = []
+    info = _fetch(mirror.url + "/ms.bz2", dest, sleep=delays.append, **pin)
+    assert dest.read_bytes() == data
+    assert len(delays) == 1  # the cut connection's back-off; a short reply is no failure
+    assert mirror.requests[0][1] is None and all(r for _, r in mirror.requests[1:])
+    assert mirror.bytes_sent == 6000 + len(data) - int(mirror.requests[1][1][6:-1])
+    assert info["attempts"] == len(mirror.requests) > 2
+
+
 def test_resumed_bytes_is_zero_when_the_server_ignored_the_range(mirror, tmp_path):
     data = MULTISTREAM.read_bytes()
     mirror.files["/ms.bz2"] = data

@@ -1,12 +1,14 @@
 """Fetch one file to `P`, verified and resumable, from a local path, a file:// or http(s) URL.
 
 - http(s): the body streams into `P.part`; after a dropped connection the next attempt resumes it
-  with an HTTP Range request. What identifies the remote file (ETag, Last-Modified, length) is
-  kept in `P.part.meta.json`: the resume sends If-Range and starts over from byte 0 when the file
-  changed since. Without a checksum, a part with no ETag or Last-Modified is never resumed: the
-  bytes appended could be of another version of the file. Failures are retried with exponential
-  back-off; an attempt that made progress resets the count, so a flaky mirror cannot exhaust the
-  retries on a 20 GB part. Giving up says whether a rerun resumes the bytes kept, and by what.
+  with an HTTP Range request; a 206 shorter than asked (a server capping its range replies) is
+  continued at once the same way, up to the length its Content-Range gives. What identifies the
+  remote file (ETag, Last-Modified, length) is kept in `P.part.meta.json`: the resume sends
+  If-Range and starts over from byte 0 when the file changed since. Without a checksum, a part
+  with no ETag or Last-Modified is never resumed: the bytes appended could be of another version
+  of the file. Failures are retried with exponential back-off; an attempt that made progress
+  resets the count, so a flaky mirror cannot exhaust the retries on a 20 GB part. Giving up says
+  whether a rerun resumes the bytes kept, and by what.
 - The strongest checksum given is verified (sha256 > sha1 > md5), and the size where one is given.
   A mismatch deletes the partial file and starts over; mismatches have their own count, which
   progress never resets (a mirror serving a bad copy must not be downloaded forever), and the final
@@ -407,6 +409,11 @@ def _changed_since(meta: dict[str, Any], response) -> str | None:
     return None
 
 
+class _ShortRange(DownloadError):
+    """A 206 reply that ended where it said, before the file's end: no failure, the next GET
+    asks for the rest at once."""
+
+
 def _http_attempt(
     session,
     url: str,
@@ -443,8 +450,10 @@ def _http_attempt(
             )
         if response.status_code not in (200, 206):
             raise HTTPStatusError(url, response.status_code, response.reason)
+        whole = None  # the file's length as a 206's Content-Range gives it
         if response.status_code == 206:
-            match = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+            content_range = response.headers.get("Content-Range", "")
+            match = re.match(r"bytes (\d+)-(?:\d+/(\d+))?", content_range)
             if not match or int(match.group(1)) != offset:
                 raise DownloadError(
                     f"GET {url}: asked for bytes {offset}- but got Content-Range "
@@ -459,6 +468,7 @@ def _http_attempt(
                     f"GET {url}: the remote file changed since {part.name} was started "
                     f"({changed}); restarting from byte 0"
                 )
+            whole = int(match.group(2)) if match.group(2) else None
         elif offset:
             # The server ignored the Range header, or If-Range said the file changed: start
             # over rather than append a second copy.
@@ -466,7 +476,10 @@ def _http_attempt(
             offset = 0
             digests.reset()
         length = response.headers.get("Content-Length")
-        total = offset + int(length) if length is not None else expected.size
+        sent = offset + int(length) if length is not None else None
+        # A 206 may hold fewer bytes than asked (a server capping its range replies): the file
+        # ends at its Content-Range length, not where this reply does.
+        total = whole or (sent if sent is not None else expected.size)
         if not offset:
             _record_source(part, url, response, int(length) if length is not None else None)
         with (
@@ -480,6 +493,8 @@ def _http_attempt(
                 digests.update(block)
                 bar.update(len(block))
         if total is not None and digests.bytes < total:
+            if digests.bytes == sent:
+                raise _ShortRange(f"GET {url}: the reply ended at byte {sent} of {total}")
             raise DownloadError(
                 f"GET {url}: connection closed after {digests.bytes} of {total} bytes"
             )
@@ -530,6 +545,8 @@ def _fetch_http(
                     raise DownloadError(f"{dest}: {error}; check the URL") from error
                 # Progress resets the count: only fruitless attempts in a row exhaust the retries.
                 failures = 0 if digests.bytes > before else failures + 1
+                if isinstance(error, _ShortRange) and not failures:
+                    continue
                 reason = f"{type(error).__name__}: {error}"
                 if failures > retries:
                     rerun = _rerun_note(part, url, digests.bytes, expected.algorithm is not None)
