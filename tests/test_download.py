@@ -729,6 +729,23 @@ def test_a_status_with_sizes_only_gets_the_sha1s_of_the_runs_sha1sums(mirror, tm
     assert [p.data.sha1 for p in parts] == [None, None] and parts[0].data.size == len(bodies[0])
 
 
+def test_files_the_runs_sha1sums_does_not_list_yet_are_named_in_a_warning(mirror, caplog):
+    """A run still in progress publishes its sha1sums.txt before every job's files are in it:
+    the files it lacks were verified by their size alone without a word (a missing
+    sha1sums.txt says so)."""
+    bodies = _publish_sizes_only(mirror, "20260101")
+    path = "/testwiki/20260101/testwiki-20260101-sha1sums.txt"
+    lines = mirror.files[path].decode().splitlines(keepends=True)
+    mirror.files[path] = "".join(l for l in lines if "multistream2" not in l).encode()
+    with caplog.at_level("WARNING", logger="retrieval_pretraining.dumpstatus"):
+        _, _, parts = dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "20260101",
+                                                  sleep=lambda s: None)
+    assert [p.data.sha1 for p in parts] == [sha1(bodies[0]), None]
+    warned = [r.getMessage() for r in caplog.records if "no sha1" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("1 of the 4 'articlesmultistreamdump' files")
+    assert "multistream2.xml-p2584p30302.bz2" in warned[0] and "size only" in warned[0]
+
+
 def test_a_sha1sums_entry_that_contradicts_the_status_is_refused():
     status = {"jobs": {"articlesmultistreamdump": {"status": "done", "files": {
         "w-20260101-pages-articles-multistream.xml.bz2": {"size": 1, "sha1": "a" * 40}}}}}

@@ -11,7 +11,8 @@ done (`fetch_dumpstatus`).
 In practice the job lists sizes only (the enwiki 20230301 capture: 128 files, no checksum), while
 every run publishes `{wiki}-{date}-sha1sums.txt` beside it. `fetch_dumpstatus` fills each file's
 missing `sha1` from there (`add_sha1sums`), so a 20 GB download is verified by its sha1, not its
-size alone; a run without that file keeps its sizes, with a warning.
+size alone; a run without that file keeps its sizes, with a warning, and so do the files it does
+not list yet (a run still in progress).
 """
 
 from __future__ import annotations
@@ -168,6 +169,15 @@ def _add_published_sha1sums(status, mirror, wiki, date, retries, sleep) -> None:
         log.warning("%s; the dump files are verified by their size only", error)
         return
     add_sha1sums(status, parse_sha1sums(text.decode("utf-8", "replace")))
+    # A run still in progress may publish a sha1sums.txt without this job's files yet.
+    files = ((status.get("jobs") or {}).get(MULTISTREAM_JOB, {}).get("files") or {})
+    unsummed = sorted(name for name, meta in files.items() if not meta.get("sha1"))
+    if unsummed:
+        log.warning(
+            "%d of the %d '%s' files have no sha1 in dumpstatus.json nor in %s (e.g. %s): they "
+            "are verified by their size only (a run still in progress lists the rest when it is "
+            "done)", len(unsummed), len(files), MULTISTREAM_JOB, sha1sums_url(mirror, wiki, date),
+            unsummed[0])
 
 
 def status_url(mirror: str, wiki: str, date: str) -> str:
