@@ -42,3 +42,15 @@ def test_a_standalone_page_with_an_escaped_title():
     page = markdown_to_html("text", "a <b> & c")
     assert page.startswith("<!DOCTYPE html><html><head><meta charset='utf-8'>")
     assert "<title>a &lt;b&gt; &amp; c</title>" in page and page.endswith("</html>\n")
+
+
+def test_a_lone_asterisk_before_a_space_closes_no_italics():
+    """The legend of a table with both a measured published value and a measured reference row
+    (paper.yaml's SciFact table) holds "(*: not published ...)" and later "; * marks a value":
+    Markdown closes emphasis only at a `*` after a non-space, so neither is italics; pairing them
+    dropped both asterisks and set the text between in italics in the report's HTML."""
+    legend = ("the published value (*: not published but measured on the same data) and our "
+              "delta; * marks a value not published but measured on the same data (Pyserini).")
+    body = markdown_to_html(legend, "t").split("<body>\n", 1)[1]
+    assert body.splitlines()[0] == f"<p>{legend}</p>"
+    assert markdown_to_html("*a b* and ( *c* )", "t").count("<i>") == 2

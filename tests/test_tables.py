@@ -1272,12 +1272,17 @@ def test_a_published_value_measured_here_is_marked_in_parentheses_too(synthetic,
     """Beside our BM25 row, SciFact R@100 0.9253 was measured here with Pyserini, not published:
     the parentheses mark it as the reference row does (0.925*), and the legend says what * is."""
     results, _ = synthetic
-    make_tables(params(compare_published=True), results, tmp_path / "t.md")
+    make_tables(params(compare_published=True), results, tmp_path / "t.md",
+                html_out=tmp_path / "t.html")
     text = (tmp_path / "t.md").read_text()
     bm25_row = next(line for line in text.splitlines() if line.startswith("| BM25 (k1=0.9"))
     assert "(0.925*, Δ " in bm25_row, bm25_row
     assert "(0.679, Δ" in bm25_row  # Anserini's published nDCG@10: no mark
     assert "In parentheses: the published value (*: not published but measured" in text
+    # The report's HTML keeps both of the legend's lone asterisks (this one and the reference
+    # rows' "; * marks"): no italics between them.
+    page = (tmp_path / "t.html").read_text()
+    assert "the published value (*: not published" in page and "; * marks a value" in page
 
 
 def test_cocondensers_ms_marco_number_is_in_domain_and_its_nq_numbers_are_not():

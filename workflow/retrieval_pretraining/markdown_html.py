@@ -14,7 +14,9 @@ def _inline(text: str) -> str:
     """Bold, italics and code spans inside one line (after escaping the text)."""
     text = html.escape(text, quote=False)
     text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
-    text = re.sub(r"(?<![*\w])\*([^*]+?)\*(?![*\w])", r"<i>\1</i>", text)
+    # Emphasis opens at a `*` before a non-space and closes at one after a non-space (as
+    # Markdown's flanking rules): a legend's "(*: measured ...)" and "; * marks" are no pair.
+    text = re.sub(r"(?<![*\w])\*([^*\s](?:[^*]*?[^*\s])?)\*(?![*\w])", r"<i>\1</i>", text)
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
