@@ -590,3 +590,76 @@ def test_a_measure_no_provider_computes_at_the_split_s_level_is_refused_before_s
     with pytest.raises(evaluate.EvaluationError,
                        match=r"'NumRel' at relevance_level 2 is NumRel\(rel=2\), which no"):
         evaluate.check_computable(["nDCG@10", "NumRel"], 2)
+
+
+def _trec_eval_c(qrels, run, level, cutoffs):
+    """Every measure of the property test below for every qrels query, as trec_eval -c gives it,
+    from trec_eval's own code (pytrec_eval): a query the run misses is given as an empty ranking;
+    RR@k, which trec_eval lacks, by hand in ir_measures' MS MARCO order (score descending, doc id
+    ascending: ARCHITECTURE.md, "documents tied on score")."""
+    import pytrec_eval
+
+    ndcg, recall, rr = cutoffs
+    run = {q: run.get(q, {}) for q in qrels}
+    graded = pytrec_eval.RelevanceEvaluator(qrels, {f"ndcg_cut.{ndcg}", "num_q", "num_rel_ret"})
+    binary = pytrec_eval.RelevanceEvaluator(
+        qrels, {f"recall.{recall}", "recip_rank", "map", "P.5", "num_ret"}, relevance_level=level)
+    by_graded, by_binary = graded.evaluate(run), binary.evaluate(run)
+    expected = {}
+    for qid in qrels:
+        g, b = by_graded[qid], by_binary[qid]
+        top = sorted(run[qid].items(), key=lambda hit: (-hit[1], hit[0]))[:rr]
+        first = next((i for i, (doc, _) in enumerate(top, 1) if qrels[qid].get(doc, -9) >= level),
+                     None)
+        expected[qid] = {
+            f"nDCG@{ndcg}": g[f"ndcg_cut_{ndcg}"], f"R@{recall}": b[f"recall_{recall}"],
+            "RR": b["recip_rank"], "AP": b["map"], "P@5": b["P_5"], f"RR@{rr}": 1 / first if first
+            else 0.0, "NumQ": g["num_q"], "NumRet": b["num_ret"], "NumRelRet": g["num_rel_ret"],
+        }
+    return expected
+
+
+def test_every_measure_equals_trec_eval_c_on_random_runs_and_qrels(tmp_path):
+    """Random qrels (grades -1..3, judged-negative documents, queries with no relevant one) and
+    runs (many ties, documents no qrels judge, queries the run misses or the qrels lack, queries
+    with more relevant documents than a cutoff), at relevance levels 1 and 2, the measures in a
+    random order (ir_measures shares pytrec_eval calls between them), streamed in small batches:
+    every per-query value and mean within 1e-9 of trec_eval's own code. NumRelRet is
+    ir_measures' NumRet(rel=1), so it counts grade >= 1 at any level (evaluate's docstring)."""
+    import random
+
+    rng = random.Random(11)
+    for trial in range(150):
+        docs = [f"d{rng.randint(0, 30)}" for _ in range(rng.randint(1, 15))]
+        qrels, run = {}, {}
+        for q in (f"q{i}" for i in range(rng.randint(1, 6))):
+            if rng.random() < 0.85:
+                qrels[q] = {d: rng.choice([-1, 0, 0, 1, 2, 3]) for d in rng.sample(docs, len(docs))[
+                    :rng.randint(1, len(docs))]}
+            if rng.random() < 0.85:
+                pool = docs + [f"x{i}" for i in range(5)]
+                run[q] = {d: float(rng.choice([1, 2, 3, rng.random()]))
+                          for d in rng.sample(pool, rng.randint(1, len(docs)))}
+        if not set(qrels) & set(run):
+            continue
+        level, cutoffs = rng.choice([1, 2]), tuple(rng.choice([1, 2, 3, 5, 10]) for _ in range(3))
+        names = [f"nDCG@{cutoffs[0]}", f"R@{cutoffs[1]}", "RR", "AP", "P@5", f"RR@{cutoffs[2]}",
+                 "NumQ", "NumRet", "NumRelRet"]
+        rng.shuffle(names)
+        (tmp_path / "qrels.txt").write_text("".join(
+            f"{q} 0 {d} {g}\n" for q, judged in qrels.items() for d, g in judged.items()))
+        (tmp_path / "run.trec").write_text("".join(
+            f"{q} Q0 {d} {r} {s!r} t\n" for q, hits in run.items()
+            for r, (d, s) in enumerate(hits.items(), 1)))
+        result = evaluate.evaluate(tmp_path / "run.trec", tmp_path / "qrels.txt", None,
+                                   {"measures": names, "relevance_level": level},
+                                   batch_lines=rng.randint(1, 20))
+        expected = _trec_eval_c(qrels, run, level, cutoffs)
+        for name in names:
+            stored = evaluate.stored_name(name, level)
+            want = {q: values[name] for q, values in expected.items()}
+            got = result["per_query"][stored]
+            assert got.keys() == want.keys(), (trial, name)
+            assert all(abs(got[q] - want[q]) <= 1e-9 for q in want), (trial, name, got, want)
+            total = sum(want.values()) / (1 if name.startswith("Num") else len(want))
+            assert abs(result["aggregate"][stored] - total) <= 1e-9, (trial, name)
