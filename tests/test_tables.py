@@ -1454,3 +1454,27 @@ def test_the_tables_job_gets_each_datasets_bm25_title_setting(tmp_path):
     assert sliced["bm25"] == {"k1": 0.9, "b": 0.4, "title": "space"}
     assert sliced["bm25_by_dataset"]["scifact"] == {"k1": 0.9, "b": 0.4, "title": "none"}
     assert sliced["bm25_by_dataset"]["scifact-full"]["title"] == "space"
+
+
+def test_a_label_holding_a_pipe_stays_one_cell_in_markdown_and_html(synthetic, tmp_path):
+    """Labels are free text (a column "DL19 R@1000 | grade >= 2", a row or group label): a `|`
+    in one ended its cell, so the row had a cell too many and every value stood under the next
+    column's header, in tables.md and in the report's HTML. It is written as Markdown's `\\|`."""
+    results, _ = synthetic
+    p = params()
+    table = p["report"]["tables"][0]
+    table["columns"][0]["label"] = "SciFact | nDCG@10"
+    table["rows"] = [{"model": "costa", "label": "COSTA | T=5"}, {"model": "bert"}]
+    p["report"]["stages"][0]["label"] = "stage 1 | BM25 negatives"
+    make_tables(p, results, tmp_path / "t.md", html_out=tmp_path / "t.html")
+    lines = (tmp_path / "t.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| system |"))
+    assert header == "| system | SciFact \\| nDCG@10 | SciFact R@100 |"
+    costa = next(line for line in lines if line.startswith("| COSTA"))
+    assert costa.startswith("| COSTA \\| T=5 | ") and costa.replace("\\|", "").count("|") == 4
+    assert "| *stage 1 \\| BM25 negatives* | | |" in lines
+    page = (tmp_path / "t.html").read_text()
+    assert "<th>SciFact | nDCG@10</th><th>SciFact R@100</th></tr>" in page
+    assert "<tr><td><i>stage 1 | BM25 negatives</i></td><td></td><td></td></tr>" in page
+    row = next(line for line in page.splitlines() if line.startswith("<tr><td>COSTA | T=5</td>"))
+    assert row.count("<td>") == 3, row

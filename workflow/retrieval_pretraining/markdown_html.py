@@ -26,7 +26,9 @@ def markdown_to_html(markdown: str, title: str) -> str:
     for line in markdown.splitlines() + [""]:
         stripped = line.strip()
         if stripped.startswith("|"):
-            cells = [c.strip() for c in stripped.strip("|").split("|")]
+            # A cell's own `|` is written `\\|` (tables/render.py), as in GitHub's tables.
+            cells = [c.strip().replace("\\|", "|")
+                     for c in re.split(r"(?<!\\)\|", stripped.strip("|"))]
             if all(set(c) <= set("-:") and c for c in cells):
                 continue  # the header separator row
             if table is None:

@@ -9,6 +9,11 @@ from .significance import (CORRECTIONS, TESTS, WORSE, baselines_for, family_size
                            tested_baselines)
 
 
+def escaped(label: str) -> str:
+    """A free-text label as one Markdown table cell: a `|` in it would end the cell."""
+    return label.replace("|", "\\|")
+
+
 def fmt(value: float | None, decimals: int) -> str:
     return "–" if value is None else f"{value:.{decimals}f}"
 
@@ -41,14 +46,15 @@ def render_table(spec: dict[str, Any], groups: list[Group], params: dict[str, An
     lines = [
         f"### {spec.get('title') or spec['name']}",
         "",
-        "| system | " + " | ".join(column_label(c) for c in cols) + " |",
+        "| system | " + " | ".join(escaped(column_label(c)) for c in cols) + " |",
         "|---|" + "---:|" * len(cols),
     ]
     for group in groups:
-        lines.append(f"| *{group.label}* |" + " |" * len(cols))
+        lines.append(f"| *{escaped(group.label)}* |" + " |" * len(cols))
         for row in group.rows:
             lines.append(
-                f"| {row.label} | " + " | ".join(render_cell(c, decimals) for c in row.cells) + " |"
+                f"| {escaped(row.label)} | "
+                + " | ".join(render_cell(c, decimals) for c in row.cells) + " |"
             )
     lines += ["", legend(spec, groups, params), ""]
     return "\n".join(lines)
