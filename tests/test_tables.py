@@ -1478,3 +1478,32 @@ def test_a_label_holding_a_pipe_stays_one_cell_in_markdown_and_html(synthetic, t
     assert "<tr><td><i>stage 1 | BM25 negatives</i></td><td></td><td></td></tr>" in page
     row = next(line for line in page.splitlines() if line.startswith("<tr><td>COSTA | T=5</td>"))
     assert row.count("<td>") == 3, row
+
+
+def test_tables_json_is_standard_json_where_a_test_is_undefined_or_its_t_infinite(tmp_path):
+    """Identical per-query scores leave a t-test undefined (t and p NaN) and a constant
+    difference makes t infinite: json.dumps wrote NaN and -Infinity, which no standard JSON
+    reader (JavaScript, jq, RFC 8259) accepts, in the machine-readable copy of the tables.
+    Such a value is null; the p of a constant difference (0.0) and the marks stay."""
+    results = tmp_path / "results"
+    # Multiples of 1/1024: bm25 - bert is exactly 0.25 on every query, not 0.25 up to rounding.
+    base = np.round(np.random.default_rng(3).uniform(0.3, 0.7, len(QIDS)) * 1024) / 1024
+    write_metrics(results, "d", "bm25", "test", {"nDCG@10": base + 0.25})  # constant difference
+    for stage in ("stage1", "stage2"):
+        for model in ("bert", "bow"):  # bow's scores are bert's: no test is defined
+            write_metrics(results, "d", f"{model}-{stage}", "test", {"nDCG@10": base})
+    p = params()
+    p["models"] = [{"name": "bert", "objective": "none"}, {"name": "bow", "objective": "bow"}]
+    p["report"]["tables"] = [
+        {"name": "t", "columns": [{"dataset": "d", "split": "test", "measure": "nDCG@10"}]}
+    ]
+    make_tables(p, results, tmp_path / "t.md", tmp_path / "t.json")
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    data = json.loads((tmp_path / "t.json").read_text(), parse_constant=refuse)
+    bow = data["tables"]["t"][1]["rows"][1]["cells"][0]
+    assert bow["tests"]["bert-stage1"]["t"] is None and bow["tests"]["bert-stage1"]["p"] is None
+    assert bow["tests"]["bm25"]["t"] is None and bow["tests"]["bm25"]["p"] == 0.0
+    assert bow["marks"] == "†" + WORSE

@@ -3,6 +3,7 @@ low-resource section alone with its figure (`make_low_resource`)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def make_tables(
                                     "value": cell.value,
                                     "marks": cell.marks,
                                     "bold": cell.bold,
-                                    "tests": cell.tests,
+                                    "tests": json_tests(cell.tests),
                                     "published": cell.published.value if cell.published else None,
                                 }
                                 for c, cell in zip(spec["columns"], r.cells)
@@ -80,6 +81,17 @@ def make_tables(
     if json_out is not None:
         artifacts.write_json(json_out, summary)
     return summary
+
+
+def json_tests(tests: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
+    """A cell's tests with null for a value that is not a finite number: identical scores leave
+    t and p undefined (NaN) and a constant difference makes t infinite, which json.dumps would
+    write as NaN and Infinity, not JSON to any reader but Python's."""
+    return {
+        base: {k: v if not isinstance(v, float) or math.isfinite(v) else None
+               for k, v in test.items()}
+        for base, test in tests.items()
+    }
 
 
 def make_low_resource(
