@@ -235,7 +235,9 @@ def test_a_mark_compares_only_with_a_baseline_the_table_shows_with_scores(synthe
     assert tested("main")[1] == {"‡"} and "from BM25" not in legend, legend
 
 
-def test_published_values_beside_ours_at_paper_scale(tmp_path):
+# MRR@10: the papers' name, which ir_measures reads as RR@10, the published numbers' key.
+@pytest.mark.parametrize("measure", ["RR@10", "MRR@10"])
+def test_published_values_beside_ours_at_paper_scale(tmp_path, measure):
     results = tmp_path / "results"
     base = np.linspace(0.2, 0.5, len(QIDS))
     write_metrics(results, "msmarco-passage", "bm25", "dev", {"RR@10": base})
@@ -256,7 +258,7 @@ def test_published_values_beside_ours_at_paper_scale(tmp_path):
                 {
                     "dataset": "msmarco-passage",
                     "split": "dev",
-                    "measure": "RR@10",
+                    "measure": measure,
                     "benchmark": "msmarco-passage-dev",
                 }
             ],
@@ -1507,3 +1509,21 @@ def test_tables_json_is_standard_json_where_a_test_is_undefined_or_its_t_infinit
     assert bow["tests"]["bert-stage1"]["t"] is None and bow["tests"]["bert-stage1"]["p"] is None
     assert bow["tests"]["bm25"]["t"] is None and bow["tests"]["bm25"]["p"] == 0.0
     assert bow["marks"] == "†" + WORSE
+
+
+def test_a_column_naming_its_measure_by_another_ir_measures_name_gets_its_published_numbers(
+        synthetic, tmp_path):
+    """ir_measures reads NDCG@10, Recall@100 and the papers' MRR@10 as nDCG@10, R@100 and RR@10,
+    and evaluate scores them so; the published numbers are keyed by those names. A column
+    written the other way showed its values but no published number beside them, and its
+    reference rows –, with no word why."""
+    results, _ = synthetic
+    p = params(compare_published=True)
+    columns = p["report"]["tables"][0]["columns"]
+    columns[0]["measure"], columns[1]["measure"] = "NDCG@10", "Recall@100"
+    make_tables(p, results, tmp_path / "t.md")
+    lines = (tmp_path / "t.md").read_text().splitlines()
+    bm25_row = next(line for line in lines if line.startswith("| BM25 (k1=0.9"))
+    assert "(0.679, Δ" in bm25_row and "(0.925*, Δ" in bm25_row, bm25_row
+    anserini = next(line for line in lines if line.startswith("| BM25 k1=0.9 b=0.4 (Anserini"))
+    assert anserini.endswith("| 0.679 | 0.925* |"), anserini

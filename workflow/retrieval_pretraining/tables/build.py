@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import paper_numbers
 from .layout import MEASURED_MARK, Cell, Group, Row, model_labels
-from .metrics import Metrics, MetricsCache, MetricsError, measure_value
+from .metrics import Metrics, MetricsCache, MetricsError, measure_name, measure_value
 from .significance import mark_best, mark_significance
 
 
@@ -81,7 +81,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
             pub = (
                 paper_numbers.bm25_value(
                     bm25.get("k1"), bm25.get("b"), bm25.get("title"), c.get("benchmark", ""),
-                    c["measure"],
+                    measure_name(c["measure"]),
                 )
                 if compare
                 else None
@@ -107,7 +107,7 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
                     pub = paper_numbers.paper_value(
                         model["objective"],
                         c["benchmark"],
-                        c["measure"],
+                        measure_name(c["measure"]),
                         stage.get("paper_group"),
                         final_group=final,
                         in_domain=c["dataset"] in model.get("pretrained_on", ()),
@@ -128,7 +128,8 @@ def build_table(spec: dict[str, Any], params: dict[str, Any], cache: MetricsCach
     ]
     for name, row in zip(spec.get("reference_rows") or [], refs):
         for c in columns:
-            p = paper_numbers.anchor_value(name, c.get("benchmark", ""), c["measure"])
+            p = paper_numbers.anchor_value(name, c.get("benchmark", ""),
+                                           measure_name(c["measure"]))
             measured = p is not None and p.measured_here
             row.cells.append(Cell(p.value if p else None, marks=MEASURED_MARK if measured else "",
                                   reference_source=p.source if measured else ""))
@@ -145,8 +146,8 @@ def baseline_published(
 ) -> paper_numbers.Published | None:
     """The baseline's published number for exactly this column's dataset, split and measure."""
     for p in entry.get("published") or []:
-        if (p["dataset"], p["split"], p["measure"]) == (
-            column["dataset"], column["split"], column["measure"]
+        if (p["dataset"], p["split"], measure_name(p["measure"])) == (
+            column["dataset"], column["split"], measure_name(column["measure"])
         ):
             return paper_numbers.Published(
                 p["source"], "baseline", f"{p['dataset']}/{p['split']}", p["measure"],

@@ -58,6 +58,16 @@ class Metrics:
         return self.relevance_level
 
 
+def measure_name(measure: str) -> str:
+    """ir_measures' own name of `measure`, as evaluate stores it at relevance level 1 and as the
+    published numbers are keyed (paper_numbers.py): a column may write one that ir_measures
+    reads as another (NDCG@10, Recall@100, the papers' MRR@10 are nDCG@10, R@100, RR@10)."""
+    try:
+        return stored_name(measure)
+    except EvaluationError:  # not a measure: no published number has it either
+        return measure
+
+
 def _is_finite_number(value: object) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
