@@ -3,6 +3,28 @@
 from retrieval_pretraining.evaluate import check_computable, measure_cutoff
 
 
+def check_splits_listed_once():
+    """Fail at parse time on a (dataset, split) that evaluate.splits lists twice: it has one
+    metrics file, which scoring fills with the first entry's measures (evaluate_entry) while
+    the report's check reads the last one's, so a column passed the plan and failed at the
+    end, after every run."""
+    first, twice = {}, []
+    for i, entry in enumerate(config["evaluate"]["splits"]):
+        key = (entry["dataset"], entry["split"])
+        if key in first:
+            twice.append(
+                f"evaluate.splits.{i} lists {key[0]} {key[1]} again "
+                f"(evaluate.splits.{first[key]})"
+            )
+        first.setdefault(key, i)
+    if twice:
+        raise ValueError(
+            "; ".join(twice)
+            + ": a split is scored once, into one metrics file; put all its measures "
+            "in one entry"
+        )
+
+
 def evaluate_entry(dataset, split):
     for entry in config["evaluate"]["splits"]:
         if entry["dataset"] == dataset and entry["split"] == split:
@@ -62,6 +84,7 @@ def check_measures_computable():
         check_computable(entry["measures"], int(entry.get("relevance_level", 1)))
 
 
+check_splits_listed_once()
 check_run_depths()
 check_measures_computable()
 

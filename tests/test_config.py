@@ -619,3 +619,20 @@ def test_a_measure_no_provider_computes_fails_the_dry_run(demo, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "'NumRel' at relevance_level 2 is NumRel(rel=2)" in output, output
+
+
+def test_a_split_listed_twice_in_evaluate_splits_fails_the_dry_run(demo, tmp_path):
+    """One metrics file per (dataset, split): scoring read the first entry's measures, the
+    report's parse-time check the last one's, so a column naming a measure of the second entry
+    passed the plan and failed make_tables after every run, its metrics lacking the measure."""
+    from workflow_harness import copy_project, snakemake
+
+    splits = copy.deepcopy(demo["evaluate"]["splits"])
+    splits.append({**splits[0], "measures": ["P@5"]})
+    project = copy_project(tmp_path / "project", {"evaluate": {"splits": splits}})
+    result = snakemake(project, "--dry-run", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    expected = (f"evaluate.splits.{len(splits) - 1} lists {splits[0]['dataset']} "
+                f"{splits[0]['split']} again (evaluate.splits.0)")
+    assert expected in output, output
