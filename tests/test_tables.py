@@ -981,7 +981,9 @@ def test_a_column_finds_a_measure_scored_at_relevance_level_2_by_its_papers_name
     assert set(tested) == {"bm25", "bert-stage1"} and all(0 <= t["p"] <= 1 for t in tested.values())
 
 
-def test_the_legend_states_a_binary_measures_relevance_threshold_where_it_is_not_1(tmp_path):
+# NDCG@10: another name ir_measures reads as nDCG@10 (graded too), which was said to count grade 2.
+@pytest.mark.parametrize("ndcg", ["nDCG@10", "NDCG@10"])
+def test_the_legend_states_a_binary_measures_relevance_threshold_where_it_is_not_1(tmp_path, ndcg):
     """paper.yaml scores DL19 passage at relevance level 2 and DL19 doc at 1, both columns read
     plainly "DL19 R@..."; the legend says which grade counted, for recall (binary), not for nDCG
     (graded gains whatever the level), and not for a level-1 column."""
@@ -1001,12 +1003,12 @@ def test_the_legend_states_a_binary_measures_relevance_threshold_where_it_is_not
     p["report"]["significance"]["baselines"] = []
     p["report"]["tables"] = [{"name": "dl19", "columns": [
         {"dataset": "msmarco", "split": split, "measure": m, "label": f"{split} {m}"}
-        for split in ("dl19", "dev") for m in ("nDCG@10", "R@100")]}]
+        for split in ("dl19", "dev") for m in (ndcg, "R@100")]}]
     make_tables(p, results, tmp_path / "t.md")
     legend = next(line for line in (tmp_path / "t.md").read_text().splitlines()
                   if line.startswith("Legend:"))
     assert "dl19 R@100 counts grade ≥ 2 as relevant" in legend, legend
-    assert "nDCG@10 counts" not in legend and "dev R@100 counts" not in legend, legend
+    assert f"{ndcg} counts" not in legend and "dev R@100 counts" not in legend, legend
 
 
 def test_a_column_whose_measure_its_split_does_not_score_fails_at_parse_time(tmp_path):

@@ -52,8 +52,9 @@ class Metrics:
     def threshold(self, measure: str) -> int | None:
         """The lowest grade `measure` counted as relevant where that is not 1 (a binary measure
         of a split scored at relevance_level 2: R@1000 stored as R(rel=2)@1000); None for level
-        1 and for measures without a threshold (nDCG's graded gains, Acc@k's answers)."""
-        if self.relevance_level == 1 or self.key(measure) == measure:
+        1 and for measures without a threshold (nDCG's graded gains, Acc@k's answers): those
+        keep at the split's level the name they have at level 1 (NDCG@10 is nDCG@10 at both)."""
+        if self.relevance_level == 1 or self.key(measure) == measure_name(measure):
             return None
         return self.relevance_level
 
