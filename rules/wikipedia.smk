@@ -95,13 +95,30 @@ def _local_file(entry, prefix=""):
     modification time (a cluster's anti-purge touch, `cp` without -p, a move to another file
     system) must not fetch it again and rerun everything after it (~480 GPU-hours at paper
     scale). An unpinned file keeps the time as its only sign of a replaced file."""
-    path = dump_fetch.local_path(entry[f"{prefix}url"])
+    url = entry[f"{prefix}url"]
+    path = dump_fetch.local_path(url)
     if path is None:
         return []
     # Raises, naming the fix, when the file lies outside the project and data_root.
     experiment_config.resolve_path(path, config["data_root"])
+    path = dump_fetch.local_path(_in_project(url))
     pinned = any(entry.get(f"{prefix}{key}") for key in dump_fetch.CHECKSUMS)
     return ancient(str(path)) if pinned else str(path)
+
+
+def _in_project(url):
+    """`url`, or for a relative path the project's file it names, as the working directory sees
+    it (workdir_relative): a relative config path is relative to the project (config.resolve_path),
+    and under `--directory <elsewhere>` the working directory is not the project, so the input and
+    the fetch looked for the dump there. Run in the project, `url` itself, as written: the path
+    is not resolved (unlike config_path) so that a symlinked dump, and the input and the --url
+    recorded by existing runs, stay what they were (a change reruns the download and everything
+    after it)."""
+    path = dump_fetch.local_path(url)
+    if path is None or path.is_absolute():
+        return url
+    anchored = workdir_relative(experiment_config.PROJECT_ROOT / path)
+    return url if anchored == path else str(anchored)
 
 
 def _dump_mirror():
@@ -113,7 +130,10 @@ def _dump_mirror():
 def _fetch_flags(entry, prefix=""):
     """The content-defining `download fetch` options of one file of a part (rerun when they change)."""
     # A dump file is named by its path on the mirror; the mirror itself comes as a resource.
-    flags = ["--url", dump_fetch.path_on_mirror(entry[f"{prefix}url"], _dump_mirror())]
+    flags = [
+        "--url",
+        dump_fetch.path_on_mirror(_in_project(entry[f"{prefix}url"]), _dump_mirror()),
+    ]
     # Only the strongest checksum given: fetch verifies that one (sha256 > sha1 > md5).
     for key in dump_fetch.CHECKSUMS:
         if entry.get(f"{prefix}{key}"):

@@ -889,6 +889,24 @@ def test_snakemake_local_parts_with_a_multistream_index(tmp_path):
     assert (dump / "elwikivoyage-multistream.index.txt.bz2").read_bytes() == MULTISTREAM_INDEX.read_bytes()
 
 
+def test_local_parts_are_read_from_the_project_when_run_in_another_directory(tmp_path):
+    """`snakemake --directory <elsewhere>` keeps the results there, but a relative part path names
+    a file in the project, as every config path does (config.resolve_path): it was looked up in
+    the working directory, so the plan failed ("Missing input files") and the fetch would have
+    opened the wrong file. The part and the index (plain paths) and the file:// part all arrive."""
+    project = tmp_path / "project"
+    copy_project(project, multistream_local_config(project))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.yaml").write_text((project / "config.yaml").read_text())
+    snakemake(project, "--directory", str(work), "download_dump")
+    dump = work / "results" / "wikipedia" / "dump"
+    assert (dump / "enwiki-sample.xml.bz2").read_bytes() == ENWIKI_SAMPLE.read_bytes()
+    assert (dump / "elwikivoyage-multistream.index.txt.bz2").read_bytes() == (
+        MULTISTREAM_INDEX.read_bytes())
+    assert not (project / "results").exists()
+
+
 def test_local_part_outside_the_project_is_refused(tmp_path):
     outside = tmp_path / "elsewhere.xml.bz2"
     outside.write_bytes(b"x")
