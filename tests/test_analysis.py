@@ -162,6 +162,46 @@ def test_cpdae_top_words_come_from_the_decoder(encoder_dir, tokenizer, tmp_path)
     assert "No decoder weights" in text
 
 
+@pytest.fixture
+def outgrown(encoder_dir, tmp_path):
+    """A copy of encoder_dir whose tokenizer gained a token its embeddings have no row for, with
+    CPDAE heads (so cpdae_words reaches the encoder)."""
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.pretrain.model import cpdae_decoder
+
+    folder = tmp_path / "outgrown" / "encoder"
+    shutil.copytree(encoder_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["glacierology"])  # id 30522: past the 30522 rows
+    tokenizer.save_pretrained(folder)
+    decoder = cpdae_decoder(32, 30522, 1e-12)
+    save_file({f"decoder.{k}": v.contiguous() for k, v in decoder.state_dict().items()},
+              str(folder.parent / "heads.safetensors"))
+    return folder
+
+
+def test_coverage_refuses_a_tokenizer_with_ids_past_the_embeddings(outgrown, tokenizer, tmp_path):
+    """As every other stage loading an encoder does (model_folder.check_folder_vocabulary): the
+    analysis failed on such an id (an IndexError, a device-side assert on CUDA) or ran without
+    naming the mismatch."""
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    write_chunks(tmp_path / "shard-0000.parquet", tokenizer)
+    with pytest.raises(ModelFolderError, match="'glacierology'.*resize"):
+        coverage.coverage({"outgrown": outgrown}, [tmp_path / "shard-0000.parquet"], [1], 2,
+                          tmp_path / "c.png", tmp_path / "c.json")
+    assert not (tmp_path / "c.png").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_cpdae_words_refuse_a_tokenizer_with_ids_past_the_embeddings(outgrown, tmp_path):
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    with pytest.raises(ModelFolderError, match="'glacierology'.*resize"):
+        cpdae_words.cpdae_top_words(outgrown, [TEXTS[0]], 3, tmp_path / "words.md")
+    assert not (tmp_path / "words.md").exists()
+
+
 def test_loss_curves_summarise_every_run(tmp_path):
     for name, losses in (("mlm", [3.0, 2.0, 1.5]), ("costa", [4.0, 3.0, 2.5])):
         (tmp_path / f"{name}.jsonl").write_text(

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import artifacts
 from ..errors import InputFileError, reading
-from ..model_folder import check_safetensors, load_model
+from ..model_folder import check_folder_vocabulary, check_safetensors, load_model
 from .common import (
     encoder_weights,
     excluded_ids,
@@ -183,8 +183,10 @@ def coverage(
     import torch
     from transformers import AutoTokenizer
 
-    for encoder_dir in models.values():  # fail before any work on a missing or pickled encoder
-        check_safetensors(encoder_dir)
+    for encoder_dir in models.values():  # fail before any work on a missing or pickled encoder,
+        check_safetensors(encoder_dir)   # or one whose tokenizer has ids past its embeddings
+        check_folder_vocabulary(
+            encoder_dir, AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True))
     # The figure draws each model's line through the ks in this order: increasing and distinct,
     # whatever the config's order, or a line doubles back on the log axis.
     ks = sorted({int(k) for k in ks})

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from .. import artifacts
 from ..markdown_html import markdown_to_html
-from ..model_folder import check_safetensors, load_model
+from ..model_folder import check_folder_vocabulary, check_safetensors, load_model
 from .common import encoder_weights, excluded_ids, load_heads, write_manifest
 
 
@@ -33,6 +33,7 @@ def cpdae_top_words(
         from ..pretrain.model import cpdae_decoder
 
         tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
+        check_folder_vocabulary(encoder_dir, tokenizer)  # an id past the embeddings fails them
         encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
         decoder = cpdae_decoder(
             encoder.config.hidden_size, encoder.config.vocab_size, encoder.config.layer_norm_eps
