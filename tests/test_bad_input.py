@@ -276,9 +276,10 @@ def test_every_loader_refuses_a_folder_holding_only_a_pickle(loader, pickled_ber
 
 
 # ---------------------------------------------------------------- tokenizer past the table -----
-# Every path that loads an encoder folder through encode.load_encoder, and export_base's copy.
+# Every path that loads an encoder folder through encode.load_encoder, export_base's copy and
+# staging (the analyses coverage and cpdae-words: tests/test_analysis.py).
 VOCABULARY_LOADERS = ["encode --encoder", "fine-tuning init", "pre-training none (export)",
-                      "dense search and mining"]
+                      "dense search and mining", "checkpoints (staging)"]
 
 
 @pytest.mark.parametrize("loader", VOCABULARY_LOADERS)

@@ -212,6 +212,25 @@ def test_a_pickled_checkpoint_is_never_loaded(tmp_path):
     assert not (tmp_path / "staged").exists()
 
 
+def test_a_tokenizer_with_ids_past_the_embeddings_is_refused_before_anything_is_staged(tmp_path):
+    """Staging is the earliest place to catch tokens added to the tokenizer and not to the
+    table: staged, the corpus would be chunked with those ids and the trainers refuse it only
+    after that (every consumer checks: model_folder.check_folder_vocabulary). Both staging
+    commands refuse, and leave neither a folder nor a temp folder behind."""
+    source = tmp_path / "source"
+    _tiny_bert(source, safe_serialization=True)  # 64 rows
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+    # (vocab=, not vocab_file=: transformers 5 builds a vocab file's tokenizer with 5 tokens.)
+    tokenizer = BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)})
+    tokenizer.add_tokens(["[NEW]"])  # id 64: no row for it
+    tokenizer.save_pretrained(source)
+    entry = {"name": "tiny", "source": "local", "location": str(source)}
+    for stage, out in ((checkpoints.stage, "staged"), (checkpoints.stage_tokenizer, "tok")):
+        with pytest.raises(ModelFolderError, match=r"have 64 rows.*'\[NEW\]'.*resize"):
+            stage(entry, tmp_path / out, data_root=str(tmp_path))
+    assert [path.name for path in tmp_path.iterdir()] == ["source"]
+
+
 COMMIT = "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a"
 
 

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 from . import artifacts
 from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
 from .errors import command
-from .model_folder import load_model
+from .model_folder import check_folder_vocabulary, load_model
 from .wordpiece import position_limit
 
 log = logging.getLogger(__name__)
@@ -298,8 +298,10 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
         # old tensor names), the staged folder is transformers' own BertModel files.
         embedding = sentence_transformers_files(folder)
         refuse_unencodable(folder, embedding)
-        model = load_model(folder, native=False)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+        # Before anything is written: ids past the embeddings would fail every stage after this.
+        check_folder_vocabulary(folder, tokenizer)
+        model = load_model(folder, native=False)
         original_layers = model.config.num_hidden_layers
         num_layers = entry.get("num_layers")
         if num_layers is not None and num_layers < original_layers:
@@ -339,6 +341,8 @@ def stage_tokenizer(
     with _staging(out_dir) as staged:
         folder = source_folder(entry, data_root, patterns=("*.json", "*.txt"))
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+        if (folder / "config.json").is_file():  # the earliest check: the corpus is chunked with it
+            check_folder_vocabulary(folder, tokenizer)
         tokenizer.save_pretrained(staged)
         stats = {"tokenizer_class": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size,
                  # What the corpus stages check max_len against (no config.json is staged here).
