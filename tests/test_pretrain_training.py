@@ -282,6 +282,44 @@ def test_a_hand_edited_latest_json_naming_no_folder_is_a_clear_error(tmp_path, c
         training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
 
 
+@pytest.mark.parametrize("checkpoint", ["", ".", "../step-00000003", "/tmp"])
+def test_a_latest_json_naming_no_state_folder_is_a_clear_error(tmp_path, checkpoint):
+    """An empty "checkpoint" named the state folder itself, so the resume failed on a
+    model.safetensors missing there, a file no save writes; a path read another folder's
+    (/tmp/model.safetensors). Refused naming latest.json and the fix, nothing deleted."""
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    (tmp_path / "latest.json").write_text(json.dumps({"checkpoint": checkpoint, "step": 3}))
+    before = files_under(tmp_path)
+    with pytest.raises(BadInput) as error:
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+    message = one_line(error.value)
+    assert message.startswith(f"{tmp_path / 'latest.json'}: the resumable state cannot be read (")
+    assert f"checkpoint is not a state folder's name (step-NNNNNNNN) but {checkpoint!r}" in message
+    assert f"restore the file, or move or delete {tmp_path} to start afresh" in message
+    assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("step", ['"3"', "-1", "true", "2.5", "null"])
+def test_a_state_json_whose_step_is_no_step_count_is_a_clear_error(tmp_path, step):
+    """A hand-edited step: a string failed later in the trainer's arithmetic, a negative one
+    resumed and trained steps the run never had. Refused naming state.json and the fix."""
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    meta = tmp_path / "step-00000003" / "state.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "step": json.loads(step)}))
+    before = files_under(tmp_path)
+    with pytest.raises(BadInput) as error:
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+    message = one_line(error.value)
+    assert message.startswith(f"{meta}: the resumable state cannot be read (ValueError: step is "
+                              f"not a step count (an integer >= 0) but {json.loads(step)!r}); ")
+    assert f"restore the file, or move or delete {tmp_path} to start afresh" in message
+    assert files_under(tmp_path) == before
+
+
 def test_a_state_json_naming_a_tensor_its_tensors_file_lacks_is_a_clear_error(tmp_path):
     """A reference without its tensor (a hand edit, or the two files of different saves) raised
     a raw KeyError naming the tensor alone."""

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -267,7 +268,8 @@ def load_state(
     latest = Path(state_dir) / "latest.json"
     if not latest.exists():
         return None
-    name = _read(latest, state_dir, lambda path: _keys(artifacts.read_json(path), checkpoint=str))
+    name = _read(latest, state_dir, lambda path: _state_name(
+        _keys(artifacts.read_json(path), checkpoint=str)))
     folder = Path(state_dir) / name["checkpoint"]
     if not folder.is_dir():
         raise FileNotFoundError(
@@ -275,9 +277,9 @@ def load_state(
             f"{state_dir} to start afresh (its resumable progress is lost)")
     model.load_state_dict(_read(folder / "model.safetensors", state_dir, load_file))
     tensors = _read(folder / "state.safetensors", state_dir, load_file)
-    meta = _read(folder / "state.json", state_dir, lambda path: _restored(_keys(
+    meta = _read(folder / "state.json", state_dir, lambda path: _restored(_step_count(_keys(
         artifacts.read_json(path), "step", "data_position", "extra", "optimizer", "scheduler",
-        "rng"), tensors))
+        "rng")), tensors))
     optimizer.load_state_dict(meta["optimizer"])
     sched = meta["scheduler"]
     # The schedule function is rebuilt from config; LambdaLR stores None for plain functions.
@@ -317,6 +319,25 @@ def _keys(record: Any, *keys: str, **typed: type) -> dict[str, Any]:
         if not isinstance(record[key], kind):
             raise ValueError(f"{key} is not a {kind.__name__} but {type(record[key]).__name__}")
     return record
+
+
+def _state_name(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` (latest.json) if its checkpoint is a state folder's name, as save_state writes
+    it: "" named the state folder itself and a path another folder, so the resume failed on a
+    model.safetensors missing there, naming neither latest.json nor the fix."""
+    if not re.fullmatch(r"step-[0-9]{8,}", record["checkpoint"]):
+        raise ValueError("checkpoint is not a state folder's name (step-NNNNNNNN) but "
+                         f"{record['checkpoint']!r}")
+    return record
+
+
+def _step_count(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` (state.json) if its step is an integer >= 0: a hand-edited string failed later in
+    the trainer's arithmetic, a negative step resumed into steps the run never had."""
+    step = meta["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step is not a step count (an integer >= 0) but {step!r}")
+    return meta
 
 
 def _restored(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
