@@ -380,6 +380,20 @@ def test_the_tsne_legend_hides_no_point(encoder_dir, tmp_path, monkeypatch):
         assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
 
 
+@pytest.mark.parametrize("points", [2, 3, 4])
+def test_tsne_places_a_query_with_one_candidate_or_two(points):
+    """The perplexity must stay below the point count (sklearn): the floor of 2 refused a query
+    with one candidate (2 points)."""
+    vectors = np.random.default_rng(0).normal(size=(points, 8))
+    placed = tsne.tsne_points(vectors, 0)
+    assert placed.shape == (points, 2) and np.isfinite(placed).all()
+
+
+def test_tsne_of_runs_with_one_candidate_draws_them(encoder_dir, tmp_path):
+    summary = toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 1})
+    assert {info["candidates"] for info in summary["models"].values()} == {1}
+
+
 def drawn_figure(monkeypatch):
     """The figure loss_curves saves, kept open for inspection."""
     figures = []

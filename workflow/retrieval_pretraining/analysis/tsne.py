@@ -66,10 +66,16 @@ def read_run(path: Path, depth: int) -> dict[str, list[str]]:
 
 
 def tsne_points(vectors: np.ndarray, seed: int) -> np.ndarray:
-    """2-d t-SNE; perplexity capped for small sets (sklearn requires perplexity < n)."""
+    """2-d t-SNE; perplexity capped for small sets (sklearn requires perplexity < n: the floor
+    of 2 alone refused a query with one candidate, 2 points; a query is never drawn alone).
+
+    Cosine distance for every run, dot-product ones too: t-SNE needs a dissimilarity, and the
+    inner product is none (a vector need not be its own nearest neighbour under it). The angle
+    is what a cosine run ranks by; a dot-product run also weighs the norms, which the figure
+    leaves out. Which metric COSTA's Figure 3 used is not recorded (ARCHITECTURE.md)."""
     from sklearn.manifold import TSNE
 
-    perplexity = float(min(30.0, max(2.0, (len(vectors) - 1) / 3)))
+    perplexity = float(min(30.0, max(2.0, (len(vectors) - 1) / 3), len(vectors) - 1))
     return TSNE(
         n_components=2, perplexity=perplexity, init="pca", random_state=seed, metric="cosine"
     ).fit_transform(vectors.astype(np.float32))
