@@ -394,6 +394,32 @@ def test_tsne_of_runs_with_one_candidate_draws_them(encoder_dir, tmp_path):
     assert {info["candidates"] for info in summary["models"].values()} == {1}
 
 
+def test_the_tsne_legend_and_titles_give_each_panels_own_candidate_count(
+        encoder_dir, tmp_path, monkeypatch):
+    """Run b holds 4 candidates for the query, run a 10: the legend said "top-10" (the first
+    panel's) for both. Counts that differ go in each panel's title; a count every panel shares
+    stays in the legend."""
+    figures = []
+    save = tsne.save_figure
+    monkeypatch.setattr(
+        tsne, "save_figure", lambda fig, path: (figures.append(fig), save(fig, path))
+    )
+    original = tsne.read_run
+
+    def shorter_b(path, depth):
+        ranked = original(path, depth)
+        if Path(path).name == "b.trec":
+            ranked["q1"] = ranked["q1"][:4]
+        return ranked
+
+    monkeypatch.setattr(tsne, "read_run", shorter_b)
+    toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 10})
+    (fig,) = figures
+    labels = [text.get_text() for text in fig.legends[0].get_texts()]
+    assert labels == ["candidates", "relevant", "query"]
+    assert [ax.get_title() for ax in fig.axes] == ["a (top 10)", "b (top 4)"]
+
+
 def drawn_figure(monkeypatch):
     """The figure loss_curves saves, kept open for inspection."""
     figures = []

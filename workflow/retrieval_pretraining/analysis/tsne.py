@@ -139,6 +139,10 @@ def tsne(
         "relevant": sorted(qrels[qid]),
         "models": {},
     }
+    # Each panel's own candidate count: in the legend when every panel shares it, else in each
+    # title (the legend, drawn once, gave the first panel's count for every panel).
+    counts = {name: len(runs[name][qid]) for name in models}
+    shared = len(set(counts.values())) == 1
     for ax, (name, (encoder_dir, _)) in zip(axes[0], models.items()):
         ids = runs[name][qid]
         model, tokenizer = encode.load_encoder(encoder_dir, torch.device("cpu"))
@@ -159,9 +163,8 @@ def tsne(
         points = tsne_points(np.vstack([q_vec, d_vec]), seed)
         relevant = np.array([d in qrels[qid] for d in ids])
         others = points[1:][~relevant]
-        ax.scatter(
-            others[:, 0], others[:, 1], s=12, c="lightgray", label=f"top-{len(ids)} candidates"
-        )
+        ax.scatter(others[:, 0], others[:, 1], s=12, c="lightgray",
+                   label=f"top-{len(ids)} candidates" if shared else "candidates")
         ax.scatter(
             points[1:][relevant, 0],
             points[1:][relevant, 1],
@@ -180,7 +183,7 @@ def tsne(
                 fontsize="x-small",
                 color="tab:red",
             )
-        ax.set_title(name)
+        ax.set_title(name if shared else f"{name} (top {len(ids)})")
         ax.set_xticks([])
         ax.set_yticks([])
         summary["models"][name] = {
