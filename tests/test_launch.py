@@ -520,6 +520,32 @@ def test_torchrun_workers_see_omp_num_threads_divided_by_their_count(tmp_path):
     assert "OMP_NUM_THREADS=32 for each of 2 workers" in dry.stderr, dry.stderr
 
 
+# What Snakemake's shell sets to the rule's threads (snakemake/shell.py).
+SNAKEMAKE_THREAD_VARIABLES = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                              "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def test_torchrun_workers_get_their_share_of_every_thread_variable_snakemake_sets(tmp_path):
+    """Snakemake's shell sets MKL_NUM_THREADS (and the BLAS variables) to the rule's threads too,
+    and torch's intra-op pool takes MKL_NUM_THREADS over OMP_NUM_THREADS: with OMP alone
+    divided, each of 8 workers ran 64 intra-op threads on 64 cores, and numpy's OpenBLAS 64 more."""
+    (tmp_path / "torchthreads.py").write_text(
+        "import json, os, sys\nfrom pathlib import Path\nimport torch\n"
+        f"names = {list(SNAKEMAKE_THREAD_VARIABLES)!r}\n"
+        "Path(sys.argv[1], 'threads-' + os.environ['RANK']).write_text(json.dumps(\n"
+        "    [torch.get_num_threads(), {name: os.environ[name] for name in names}]))\n")
+    snakemake = {name: "2" for name in SNAKEMAKE_THREAD_VARIABLES}  # a rule with `threads: 2`
+    env = _env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", **snakemake)
+    out = subprocess.run(
+        [sys.executable, "-m", "retrieval_pretraining.launch", "--module", "torchthreads",
+         "--gpus", "2", "--", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    for rank in (0, 1):
+        intra_op, variables = json.loads((tmp_path / f"threads-{rank}").read_text())
+        assert intra_op == 1 and set(variables.values()) == {"1"}, (intra_op, variables)
+
+
 # "0.0.0.0" stands for a first host whose name torch does not take for this machine (one that
 # resolves to a secondary NIC's address, say): connecting to it reaches this machine, but torch's
 # own is_host guess says no, and the rendezvous then had no host at all.

@@ -30,7 +30,9 @@ The global batch is in the stage's config, so the process count changes only the
 accumulation. Threads: where it starts torchrun, the launcher sets OMP_NUM_THREADS for the workers
 to max(1, threads // workers), threads being the inherited OMP_NUM_THREADS (Snakemake sets it to
 the rule's threads, 64 for pre-training) or else the CPUs this process may use: torchrun lowers it
-only where it is unset, so each of 8 workers would otherwise run 64 intra-op threads.
+only where it is unset, so each of 8 workers would otherwise run 64 intra-op threads. The same
+share goes to every thread variable Snakemake sets (THREAD_VARIABLES): torch's intra-op pool takes
+MKL_NUM_THREADS over OMP_NUM_THREADS, and numpy's OpenBLAS reads OPENBLAS_NUM_THREADS.
 
 "torchrun" is torchrun's own code run by retrieval_pretraining.torchrun, which ends with 75 where
 torchrun alone would exit 1 after its workers stopped on a signal and saved (it reports their 75 as
@@ -72,6 +74,11 @@ TORCH_SHUTDOWN_SECONDS = 30
 # torchrun's main, with exit 75 for a run stopped after saving (torchrun's own exits 1); after
 # sys.executable.
 TORCHRUN = ["-m", "retrieval_pretraining.torchrun"]
+# What Snakemake's shell sets to the rule's threads, each read by some library a worker loads
+# (torch's intra-op pool takes MKL_NUM_THREADS over OMP_NUM_THREADS): all get the worker's share.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "GOTO_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
 def visible_gpus(env: Mapping[str, str] = os.environ) -> int:
     if "CUDA_VISIBLE_DEVICES" in env:
         return parse_visible_devices(env["CUDA_VISIBLE_DEVICES"])
@@ -272,9 +279,10 @@ def main() -> None:
             print(warning, file=sys.stderr, flush=True)
         # exec keeps os.environ: torchrun and its workers inherit the share.
         workers = torchrun_workers(cmd)
-        os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(workers, os.environ))
-        print(f"launch: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} for each of {workers} "
-              "workers", file=sys.stderr, flush=True)
+        share = str(threads_per_worker(workers, os.environ))
+        os.environ.update(dict.fromkeys(THREAD_VARIABLES, share))
+        print(f"launch: OMP_NUM_THREADS={share} for each of {workers} workers (and "
+              f"{', '.join(THREAD_VARIABLES[1:])})", file=sys.stderr, flush=True)
     if ns.dry_run:
         print(json.dumps(cmd))
         return
