@@ -295,6 +295,43 @@ def test_each_node_runs_one_torchrun_meeting_at_the_first_host(tmp_path, monkeyp
     assert _torchrun_args(capped).nproc_per_node == "4"
 
 
+def _port(job, **ports):
+    return launch.rendezvous_port({"SLURM_JOB_ID": str(job)}, 0, **ports)
+
+
+@pytest.mark.skipif(not Path("/proc/sys/net/ipv4/ip_local_port_range").exists(), reason="Linux")
+def test_the_rendezvous_port_is_outside_this_machine_s_ephemeral_range():
+    """Outgoing connections take their source ports from net.ipv4.ip_local_port_range: a
+    rendezvous port in it (20000 + job id % 20000 was, for 36% of job ids) may already be held
+    on the first node, and the rendezvous host then cannot bind it."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {job: _port(job) for job in range(1, 100_000, 7)}
+    assert not {job: p for job, p in ports.items() if low <= p <= high}
+    assert all(1024 <= p <= 65535 for p in ports.values())
+    # Jobs 20000 apart, once the same port, now differ; nearby jobs never share one.
+    assert _port(12345) != _port(32345)
+    assert len({_port(job) for job in range(50_000, 60_000)}) == 10_000
+
+
+@pytest.mark.parametrize("ephemeral, free", [
+    ("32768\t60999\n", "20000-32767, 61000-65535"),  # Linux's default
+    ("15000 65000", "1024-14999, 65001-65535"),  # too little above 20000: from 1024 up
+    ("1024 65535", "20000-65535"),  # every port is ephemeral: none can be avoided
+    (None, "20000-32767, 61000-65535"),  # no such file (not Linux): Linux's default range
+])
+def test_the_rendezvous_port_avoids_the_ephemeral_range_read_from_proc(tmp_path, ephemeral, free):
+    path = tmp_path / "ip_local_port_range"
+    if ephemeral is not None:
+        path.write_text(ephemeral)
+    allowed = set()
+    for span in free.split(", "):
+        first, last = map(int, span.split("-"))
+        allowed |= set(range(first, last + 1))
+    # Every job takes an allowed port, and the jobs use the whole window.
+    assert {_port(job, ephemeral_range=path) for job in range(100_000)} == allowed
+    assert launch.rendezvous_port({"SLURM_JOB_ID": "5"}, 4321, ephemeral_range=path) == 4321
+
+
 def test_srun_chain_end_to_end_with_fake_srun_and_scontrol(tmp_path):
     """The launcher execs srun (same PID); srun's task (node 1) runs the launcher again, which
     builds that node's torchrun. The fake srun drops its options and runs the task in --dry-run."""

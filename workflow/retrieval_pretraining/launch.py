@@ -17,6 +17,8 @@ id removed. The launcher then *replaces itself* (exec, same PID) by one of:
   hosts: torch's own guess compares the name with this machine's and, missing a name that
   resolves to a secondary NIC's address, left every node a client until it timed out). Per node it
   starts min(N, visible GPUs) workers, or all visible GPUs when N is 0 (`gres: "gpu:8"` per node).
+  The rendezvous port (`--port`, else from the job id) lies outside the ephemeral range, where an
+  outgoing connection may hold it (rendezvous_port); `--standalone` binds a port the kernel picks.
 
 Fewer GPUs visible than N: a warning. A Slurm job that asked for GPUs (N > 0, or any node of a
 multi-node job) and sees none stops with an error: broken GRES would otherwise pre-train on the
@@ -51,6 +53,7 @@ steps. With `B:` only the batch shell gets the signal and nothing below it does,
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -74,6 +77,8 @@ TORCH_SHUTDOWN_SECONDS = 30
 # torchrun's main, with exit 75 for a run stopped after saving (torchrun's own exits 1); after
 # sys.executable.
 TORCHRUN = ["-m", "retrieval_pretraining.torchrun"]
+# Where Linux says which ports outgoing connections take (net.ipv4.ip_local_port_range).
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 # What Snakemake's shell sets to the rule's threads, each read by some library a worker loads
 # (torch's intra-op pool takes MKL_NUM_THREADS over OMP_NUM_THREADS): all get the worker's share.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -108,12 +113,42 @@ def slurm_nodes(env: Mapping[str, str]) -> int:
     return int(env.get("SLURM_NNODES", "1") or 1)
 
 
-def rendezvous_port(env: Mapping[str, str], port: int) -> int:
-    # Derived from the job id (same on every node) so two jobs sharing a first node do not collide.
+def ephemeral_ports(path: Path = EPHEMERAL_RANGE) -> range:
+    """The ports this machine's outgoing connections take theirs from (Linux's default where
+    `path` cannot be read)."""
+    try:
+        low, high = map(int, path.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+@functools.lru_cache
+def rendezvous_ports(ephemeral: range) -> tuple[int, ...]:
+    """The ports a rendezvous may take: outside `ephemeral`, from 20000 up (more registered
+    services sit below), or from 1024 up where that leaves fewer than 1024; where the ephemeral
+    range covers every port, any from 20000 up (none avoids it)."""
+    for floor in (20000, 1024):
+        ports = tuple(p for p in range(floor, 65536) if p not in ephemeral)
+        if len(ports) >= 1024:
+            return ports
+    return ports or tuple(range(20000, 65536))
+
+
+def rendezvous_port(env: Mapping[str, str], port: int,
+                    ephemeral_range: Path = EPHEMERAL_RANGE) -> int:
+    """`port`, or one derived from the job id outside the ephemeral range, where an outgoing
+    connection may hold it. Read by the batch step (the first node, which hosts the rendezvous)
+    and passed to every node with --port. Consecutive ids take consecutive ports, so two jobs
+    sharing a first node collide only where their ids differ by a multiple of the window (17,304
+    ports for Linux's default range)."""
     if port:
         return port
     job = env.get("SLURM_JOB_ID", "")
-    return 20000 + int(job) % 20000 if job.isdigit() else 29500
+    if not job.isdigit():
+        return 29500
+    ports = rendezvous_ports(ephemeral_ports(ephemeral_range))
+    return ports[int(job) % len(ports)]
 
 
 def known_options(run_source: str) -> frozenset[str]:
@@ -252,7 +287,8 @@ def main() -> None:
                         help="nodes of the job (the rule's `nodes` resource; default: "
                         "SLURM_NNODES, which an `mpi` job's rule shell lacks)")
     parser.add_argument("--port", type=int, default=0,
-                        help="multi-node rendezvous port (default: 20000 + SLURM_JOB_ID %% 20000)")
+                        help="multi-node rendezvous port (default: from SLURM_JOB_ID, outside "
+                        "net.ipv4.ip_local_port_range)")
     parser.add_argument("--shutdown-timeout", type=int, default=300,
                         help="seconds torchrun gives workers to save after a signal before SIGKILL")
     # Set by the srun step of a multi-node job: this is one node's launcher, build its torchrun.
