@@ -617,3 +617,70 @@ def test_two_on_node_launchers_meet_at_the_rendezvous(tmp_path, first_host):
     assert {r["WORLD_SIZE"] for r in ranks} == {2}
     assert sorted(r["GROUP_RANK"] for r in ranks) == [0, 1]  # one node each
     assert {r["LOCAL_RANK"] for r in ranks} == {0}
+
+
+DEVICE_RECORDER = """\
+import os, sys, time
+from pathlib import Path
+
+folder = Path(sys.argv[1])
+name = sys.argv[2]
+(folder / f"{name}.devices").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+while not (folder / "release").exists():
+    time.sleep(0.1)
+"""
+
+
+def test_local_jobs_without_a_scheduler_each_claim_their_own_gpus(tmp_path):
+    """Snakemake's local executor with `--resources gpu=2` runs two one-GPU jobs side by side and
+    sets no CUDA_VISIBLE_DEVICES: both computed on GPU 0. Each now claims a GPU (a lock under the
+    lock folder), a third waits for one, and a crashed job's GPU is free again."""
+    (tmp_path / "devicerecorder.py").write_text(DEVICE_RECORDER)
+    _fake_tool(tmp_path, "nvidia-smi", """\
+        echo "GPU 0: NVIDIA H100 (UUID: GPU-a)"
+        echo "GPU 1: NVIDIA H100 (UUID: GPU-b)"
+    """)
+    env = _env(tmp_path, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+               RETRIEVAL_PRETRAINING_GPU_LOCKS=str(tmp_path / "locks"))
+
+    def job(name):
+        return subprocess.Popen(
+            [sys.executable, "-m", "retrieval_pretraining.launch", "--module", "devicerecorder",
+             "--gpus", "1", "--", str(tmp_path), name],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def devices(name, proc):
+        _wait_for([tmp_path / f"{name}.devices"], proc)
+        return (tmp_path / f"{name}.devices").read_text()
+
+    procs = {name: job(name) for name in ("a", "b")}
+    try:
+        assert sorted(devices(n, p) for n, p in procs.items()) == ["0", "1"]
+        procs["c"] = job("c")  # both GPUs taken: it waits
+        time.sleep(3)
+        assert procs["c"].poll() is None and not (tmp_path / "c.devices").exists()
+        procs["a"].kill()  # a crash: the kernel drops its lock
+        procs["a"].wait()
+        assert devices("c", procs["c"]) == (tmp_path / "a.devices").read_text()
+    finally:
+        (tmp_path / "release").write_text("")
+        outputs = {n: p.communicate(timeout=60)[0] for n, p in procs.items()}
+    assert procs["b"].returncode == procs["c"].returncode == 0, outputs
+    assert "waiting for 1 of the 2 GPUs" in outputs["c"], outputs["c"]
+
+
+def test_a_claim_is_all_or_nothing_and_only_where_no_scheduler_chose(tmp_path):
+    from retrieval_pretraining import gpu_claim
+
+    held = gpu_claim.try_claim(tmp_path, 1, 3)
+    assert list(held) == [0]
+    assert gpu_claim.try_claim(tmp_path, 3, 3) is None  # two free of three: none kept
+    other = gpu_claim.try_claim(tmp_path, 2, 3)
+    assert sorted(other) == [1, 2]
+    for fd in [*held.values(), *other.values()]:
+        os.close(fd)
+    assert sorted(gpu_claim.try_claim(tmp_path, 3, 3)) == [0, 1, 2]  # closed: free again
+    assert gpu_claim.needs_claim(1, 2, {})
+    assert not gpu_claim.needs_claim(1, 2, {"SLURM_JOB_ID": "7"})  # Slurm chose them
+    assert not gpu_claim.needs_claim(1, 2, {"CUDA_VISIBLE_DEVICES": "1"})  # someone chose them
+    assert not gpu_claim.needs_claim(1, 0, {}) and not gpu_claim.needs_claim(0, 2, {})

@@ -20,6 +20,11 @@ id removed. The launcher then *replaces itself* (exec, same PID) by one of:
   The rendezvous port (`--port`, else from the job id) lies outside the ephemeral range, where an
   outgoing connection may hold it (rendezvous_port); `--standalone` binds a port the kernel picks.
 
+Outside Slurm with CUDA_VISIBLE_DEVICES unset (a local run: Snakemake's local executor names no
+GPUs), the launcher claims the min(N, visible) GPUs it uses with a lock each, held until the job
+ends, a crash included, and names them in CUDA_VISIBLE_DEVICES (gpu_claim): local jobs running
+side by side each get GPUs of their own, not all the first one.
+
 Fewer GPUs visible than N: a warning. A Slurm job that asked for GPUs (N > 0, or any node of a
 multi-node job) and sees none stops with an error: broken GRES would otherwise pre-train on the
 CPU for the whole time limit.
@@ -64,6 +69,7 @@ import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
+from . import gpu_claim
 from .gpu_check import parse_visible_devices
 
 # torchrun forwards these to its workers; its default list lacks SIGUSR1, on which torchrun would
@@ -304,6 +310,12 @@ def main() -> None:
         parser.error(f"--nodes {ns.nodes}: must be >= 1 (the rule's `nodes` resource)")
     known = installed_torchrun_options()
     visible = visible_gpus()
+    if gpu_claim.needs_claim(ns.gpus, visible, os.environ):  # no scheduler chose our GPUs
+        devices = gpu_claim.claim(min(ns.gpus, visible), visible, os.environ)
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+        print(f"launch: CUDA_VISIBLE_DEVICES={devices} (claimed: no scheduler named this job's "
+              "GPUs)", file=sys.stderr, flush=True)
+        visible = visible_gpus()
     cmd = command(ns.module, ns.gpus, args, visible=visible, env=os.environ,
                   on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout,
                   torchrun_options=known, nodes=ns.nodes)
