@@ -315,6 +315,59 @@ def test_scores_and_negatives_follow_the_configured_k1_and_b(tmp_path):
     assert (params["k1"], params["b"]) == (1.2, 0.9)
 
 
+def test_a_batch_search_call_is_bounded_by_hits_not_only_by_queries(monkeypatch):
+    """Each Anserini hit holds its Lucene document (raw JSON included), so a call's heap is hits x
+    document length: batch_size alone (10,000 x 1,000 deep) let MS MARCO documents need ~70 GB."""
+    calls = []
+
+    def fake_batch(search, texts, qids, k, threads):
+        calls.append((len(qids), k))
+        return {q: [(f"{q}-d{i}", 1.0 - i / k) for i in range(k)] for q in qids}
+
+    monkeypatch.setattr(bm25, "_batch", fake_batch)
+    monkeypatch.setattr(bm25, "HITS_PER_CALL", 1000, raising=False)
+    queries = pl.DataFrame({"query_id": [f"q{i}" for i in range(50)], "text": ["x"] * 50})
+    ranked = list(bm25.batch_search(None, queries, 99, 2, True, batch_size=10000))
+    assert [q for q, _ in ranked] == queries["query_id"].to_list()
+    assert all(len(hits) == 99 for _, hits in ranked)
+    assert calls == [(10, 100)] * 5  # 1,000 hits a call at k = depth + 1
+    calls.clear()
+    list(bm25.batch_search(None, queries, 5000, 4, False, batch_size=10000))
+    assert calls == [(4, 5000)] * 12 + [(2, 5000)]  # never fewer queries than threads
+    calls.clear()
+    list(bm25.batch_search(None, queries, 10, 2, False, batch_size=20))
+    assert calls == [(20, 10), (20, 10), (10, 10)]  # batch_size still caps a call
+
+
+def test_a_search_whose_hits_outgrow_the_heap_finishes_in_bounded_calls(tmp_path):
+    """The JVM's heap (here 128 MB) holds one call's documents, not the whole search's: before,
+    20,000 hits of ~20 KB documents were held at once, the search threads died of OutOfMemoryError
+    and batch_search waited forever."""
+    n = 100
+    texts = [f"common d{i} " + " ".join(f"w{(7 * i + j) % 5000}" for j in range(3000))
+             for i in range(n)]
+    corpus = pa.table({"doc_id": [f"d{i}" for i in range(n)], "title": [""] * n, "text": texts})
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
+    queries = {"query_id": [f"q{i}" for i in range(200)],
+               "text": [f"common w{i}" for i in range(200)]}
+    pl.DataFrame(queries).write_parquet(tmp_path / "q.parquet")
+    run = tmp_path / "run.trec"
+    script = ("import sys; from retrieval_pretraining import bm25; bm25.HITS_PER_CALL = 1000; "
+              "bm25.main(sys.argv[1:])")
+    config = json.dumps(SETTINGS | {"depth": 100})
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "workflow"), JAVA_TOOL_OPTIONS="-Xmx128m")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script, "search", "--index", str(tmp_path / "index"),
+             "--queries", str(tmp_path / "q.parquet"), "--config", config, "--out", str(run)],
+            env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the search hung (the JVM ran out of heap in a search thread)")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_run(run).height == 200 * 100
+
+
 @pytest.mark.parametrize("odd,indexed", [("\u00a0", 3), ("\x01\t", 2), ("\u3000", 3)])
 def test_empty_documents_are_counted_as_anserini_skips_them(tmp_path, odd, indexed):
     """Anserini skips a document whose contents are empty after Java's trim (code points up to

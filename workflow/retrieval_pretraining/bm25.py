@@ -81,6 +81,11 @@ SOURCES = ("bm25", "triples", "dpr")
 # rules/retrieval.smk imports this list (its one home).
 RUNTIME_KEYS = ("threads", "index_threads", "batch_size", "java_heap")
 RUN_TAG = "bm25"
+# Hits one batch_search call may return. Anserini's ScoredDoc holds each hit's Lucene document,
+# stored raw JSON included, so a call's heap grows with hits x document length, not with queries:
+# 10,000 queries x 1,000 hits of MS MARCO documents (~7 KB) is ~70 GB. Past the heap the JVM's
+# search threads die and batch_search waits forever (a job hung to its time limit, no error).
+HITS_PER_CALL = 100_000
 COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCollection
 
 
@@ -248,12 +253,16 @@ def batch_search(
     exclude_query_id: bool,
     batch_size: int = 10000,
 ) -> Iterable[tuple[str, list[tuple[str, float]]]]:
-    """Yield (query id, [(doc id, score), ...]) in the order of `queries`, `depth` hits each."""
+    """Yield (query id, [(doc id, score), ...]) in the order of `queries`, `depth` hits each.
+
+    A call searches at most `batch_size` queries and HITS_PER_CALL hits (never fewer queries than
+    `threads`): each query is searched alone, so the split changes no result, only the heap."""
     k = depth + 1 if exclude_query_id else depth
+    step = max(1, min(batch_size, max(threads, HITS_PER_CALL // k)))
     ids, texts = queries["query_id"].to_list(), queries["text"].to_list()
     with tqdm(total=len(ids), desc="bm25 search", unit="q", mininterval=5) as bar:
-        for start in range(0, len(ids), batch_size):
-            qids, qtexts = ids[start : start + batch_size], texts[start : start + batch_size]
+        for start in range(0, len(ids), step):
+            qids, qtexts = ids[start : start + step], texts[start : start + step]
             results = _batch(search, qtexts, qids, k, threads)
             for qid in qids:
                 hits = results.get(qid, [])
