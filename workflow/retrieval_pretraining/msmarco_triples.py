@@ -5,9 +5,10 @@ whatever the file's length or order (400M lines at MS MARCO scale; benchmarks/RE
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import polars as pl
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from .answers import answer_exclusions
 from .config import ConfigError
-from .errors import InputFileError, reading
+from .errors import InputFileError, one_line, reading
 
 TRIPLES_BLOCK_BYTES = 16 << 20  # qidpidtriples text per read (a block is ~800k lines)
 TRIPLES_MERGE_ROWS = 1 << 20  # candidate rows held before they are merged into the kept sample
@@ -49,6 +50,48 @@ def _fnv1a64(strings: pl.Series) -> np.ndarray:
         rows = np.flatnonzero(lengths > j)
         hashes[rows] = (hashes[rows] ^ data[starts[rows] + j].astype(np.uint64)) * _FNV_PRIME
     return hashes
+
+
+def triples_blocks(path: Path) -> Iterator[pa.RecordBatch]:
+    """The file's (query_id, pos, neg) string columns, a block at a time. A malformed line is
+    named by its number (pyarrow's parse error quotes its text only: one of 400M lines)."""
+    import pyarrow.csv as pacsv
+
+    try:
+        yield from pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(
+                column_names=["query_id", "pos", "neg"], block_size=TRIPLES_BLOCK_BYTES
+            ),
+            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types={c: pa.string() for c in ("query_id", "pos", "neg")}
+            ),
+        )
+    except pa.ArrowInvalid as error:
+        raise malformed_line(path, error) or error
+
+
+def malformed_line(path: Path, error: Exception) -> InputFileError | None:
+    """The error naming the first line that is not three tab-separated UTF-8 fields, found by
+    reading the file again (only after a parse error); None if every line is well formed."""
+    opener = gzip.open if Path(path).suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            line = raw.rstrip(b"\r\n")
+            if not line:  # pyarrow skips empty lines
+                continue
+            try:
+                line.decode("utf-8")
+                fields = line.count(b"\t") + 1
+                wrong = f"{fields} fields, expected 3" if fields != 3 else None
+            except UnicodeDecodeError:
+                wrong = "not UTF-8"
+            if wrong:
+                return InputFileError(
+                    f"{path}, line {number}: {wrong} ({one_line(error)}); qidpidtriples lines are "
+                    "qid <tab> positive pid <tab> negative pid: download the file again")
+    return None
 
 
 def query_salts(seed: int, query_ids: Iterable[str]) -> pl.DataFrame:
@@ -100,8 +143,6 @@ def triples_candidates(
     order; the sample depends on (seed, qid, pid) alone, never on line order or repeats. The file
     is unranked, so ranks are -1; the kept negatives are listed in order of first appearance.
     """
-    import pyarrow.csv as pacsv
-
     if member is not None:
         raise ConfigError(
             "read qidpidtriples from the .tsv.gz download itself, not from an archive member"
@@ -124,17 +165,7 @@ def triples_candidates(
         pending, pending_rows = [], 0
 
     with reading(path, "an MS MARCO qidpidtriples file (qid, positive pid, negative pid)"):
-        reader = pacsv.open_csv(
-            path,
-            read_options=pacsv.ReadOptions(
-                column_names=["query_id", "pos", "neg"], block_size=TRIPLES_BLOCK_BYTES
-            ),
-            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
-            convert_options=pacsv.ConvertOptions(
-                column_types={c: pa.string() for c in ("query_id", "pos", "neg")}
-            ),
-        )
-        for batch in tqdm(reader, desc="qidpidtriples", unit="block", mininterval=10):
+        for batch in tqdm(triples_blocks(path), desc="qidpidtriples", unit="block", mininterval=10):
             frame = (
                 pl.from_arrow(pa.Table.from_batches([batch]))
                 .select("query_id", "neg",
