@@ -315,6 +315,24 @@ def test_scores_and_negatives_follow_the_configured_k1_and_b(tmp_path):
     assert (params["k1"], params["b"]) == (1.2, 0.9)
 
 
+def test_a_query_of_more_than_1024_distinct_terms_is_searched(tmp_path):
+    """Lucene's default limit of 1,024 clauses made batch_search fail the whole job, naming no
+    query; a long query is scored like any other (its matching term decides the ranking)."""
+    words = [f"w{i}" for i in range(1500)]
+    corpus = pa.table({"doc_id": ["d1", "d2", "d3"], "title": [""] * 3,
+                       "text": [" ".join(words), "zork w7", "fnord"]})
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
+    pl.DataFrame({"query_id": ["long", "short"], "text": [" ".join(words), "zork"]}).write_parquet(
+        tmp_path / "q.parquet")
+    stats = bm25.search_run(tmp_path / "index", tmp_path / "q.parquet", tmp_path / "run.trec",
+                            SETTINGS, False)
+    assert stats["queries_without_hits"] == 0
+    run = read_run(tmp_path / "run.trec")
+    assert run.filter(pl.col("qid") == "long")["docid"].to_list() == ["d1", "d2"]
+    assert run.filter(pl.col("qid") == "short")["docid"].to_list() == ["d2"]
+
+
 def test_a_batch_search_call_is_bounded_by_hits_not_only_by_queries(monkeypatch):
     """Each Anserini hit holds its Lucene document (raw JSON included), so a call's heap is hits x
     document length: batch_size alone (10,000 x 1,000 deep) let MS MARCO documents need ~70 GB."""

@@ -239,7 +239,14 @@ def index_size(index: Path) -> int:
 
 
 def searcher(index: Path, k1: float, b: float):
-    """Anserini's SimpleSearcher (what pyserini's LuceneSearcher wraps) with BM25(k1, b)."""
+    """Anserini's SimpleSearcher (what pyserini's LuceneSearcher wraps) with BM25(k1, b).
+
+    A query is one clause per distinct analysed term; Lucene refuses more than 1,024 clauses by
+    default (a process-wide limit), and batch_search then fails the whole job with no query named
+    ("queryCount = n is not equal to completedTaskCount = n - 1"). A passage or an argument as the
+    query (ArguAna-like data) can hold more terms, so the limit is lifted: no shorter query's
+    score changes."""
+    _autoclass("org.apache.lucene.search.IndexSearcher").setMaxClauseCount(2**31 - 1)
     search = _autoclass("io.anserini.search.SimpleSearcher")(str(index))
     search.set_bm25(float(k1), float(b))
     return search
