@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from retrieval_pretraining import artifacts, bm25, datasets, evaluate, msmarco_triples
-from retrieval_pretraining.errors import InputFileError
+from retrieval_pretraining.errors import BadInput, InputFileError
 
 import memory_probe
 from full_disk import files_under, full_disk, is_full_disk_error
@@ -396,6 +396,17 @@ def test_empty_documents_are_counted_as_anserini_skips_them(tmp_path, odd, index
     artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
     stats = bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
     assert stats == stats | {"documents": 3, "empty_documents": 3 - indexed, "indexed": indexed}
+
+
+def test_a_corpus_with_a_repeated_doc_id_is_refused_before_indexing(tmp_path):
+    """Anserini indexes a repeated id as a second document, so a run would list it twice and
+    negatives would hold it twice; datasets.py refuses repeats, but `bm25 index` takes any file."""
+    corpus = pa.table({"doc_id": ["d1", "d2", "d1"], "title": [""] * 3,
+                       "text": ["alpha", "beta", "alpha again"]})
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    with pytest.raises(BadInput, match=r"corpus.parquet: 1 duplicated doc_ids \(e.g. \['d1'\]\)"):
+        bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
+    assert not (tmp_path / "index").exists()
 
 
 def test_a_full_disk_during_the_index_build_leaves_no_index_and_a_rerun_recovers(tmp_path):

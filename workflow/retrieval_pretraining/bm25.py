@@ -60,6 +60,7 @@ from .dpr_files import NEGATIVE_LISTS, read_biencoder_negatives
 from .msmarco_triples import TRIPLES_SAMPLING, triples_sample
 from .config import ConfigError, closed, refuse_unknown, section_schema, stage_parser
 from .contracts.negatives import SCHEMA as NEGATIVES_SCHEMA
+from .contracts.datasets.checks import check_unique
 from .errors import command, reading
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,9 @@ def write_json_collection(corpus: Path, folder: Path, title: str, files: int) ->
     folder.mkdir(parents=True, exist_ok=True)
     with reading(corpus, "a corpus Parquet file"):
         source = pq.ParquetFile(corpus)
+        # Anserini adds a repeated id as another document: runs would list it twice for a query,
+        # and negatives hold it twice. datasets.py refuses repeats; a corpus made by hand is not.
+        check_unique(pl.read_parquet(corpus, columns=["doc_id"]), "doc_id", f"{corpus}")
     total = source.metadata.num_rows
     bounds = np.linspace(0, total, files + 1).astype(int)
     written = empty = part = 0
