@@ -57,6 +57,60 @@ def test_spans_are_shown_inside_their_chunk(results, capsys):
     assert "PASS  row i describes chunk i" in out
 
 
+def _span_checks_per_row(t, lengths):
+    """The audit's span checks restated a row at a time, as the audit first wrote them."""
+    from retrieval_pretraining.contracts.spans import GRANULARITIES
+    from retrieval_pretraining.contracts.spans.audit import granularity_name
+
+    bad, counts = [], {}
+    for i, (s, e, g) in enumerate(zip(t["span_start"].to_pylist(), t["span_end"].to_pylist(),
+                                      t["granularity"].to_pylist())):
+        ok = len(s) == len(e) == len(g) and all(1 <= x < y <= lengths[i] - 1 for x, y in zip(s, e))
+        if not (ok and all(0 <= k < len(GRANULARITIES) for k in g)):
+            bad.append(i)
+        for k, x, y in zip(g, s, e):
+            counts.setdefault(granularity_name(k), []).append(y - x)
+    return bad, counts
+
+
+def test_the_vectorised_span_checks_are_the_per_row_ones():
+    """span_checks (whole columns at once) flags the same rows and counts the same lengths, in
+    the same order, as a row-at-a-time restatement, on random shards with every defect it checks:
+    spans over [CLS]/[SEP] or past the chunk, empty or reversed spans, lists of unequal length
+    (paired up to the shortest), unknown granularity codes, a granularity first seen late."""
+    from retrieval_pretraining.contracts import spans as contract
+    from retrieval_pretraining.contracts.spans.audit import span_checks
+
+    rng = np.random.default_rng(3)
+    names, flagged = set(), 0
+    for trial in range(20):
+        rows = int(rng.integers(0, 60))
+        lengths = rng.integers(3, 40, rows).astype(np.int32)
+        starts, ends, kinds = [], [], []
+        for n in lengths:
+            k = int(rng.integers(0, 8))
+            s = rng.integers(0 if trial % 2 else 1, n - 1, k)
+            e = s + rng.integers(-1 if trial % 3 == 0 else 1, 6, k)
+            g = rng.choice([2, 1, 0, 3] if trial % 4 else [3, 2, -1, 4, 0], k)
+            cut = [k, k, k]
+            if rng.random() < 0.1:
+                cut[int(rng.integers(0, 3))] = int(rng.integers(0, k + 1))
+            starts.append(s[:cut[0]]), ends.append(e[:cut[1]]), kinds.append(g[:cut[2]])
+        t = pa.table([pa.array(np.arange(rows, dtype=np.int64)),
+                      pa.array(starts, pa.list_(pa.int32())), pa.array(ends, pa.list_(pa.int32())),
+                      pa.array(kinds, pa.list_(pa.int8()))], schema=contract.SCHEMA)
+        bad, counts = span_checks(t.slice(rows // 3), lengths[rows // 3:])
+        want_bad, want = _span_checks_per_row(t.slice(rows // 3), lengths[rows // 3:])
+        assert bad == want_bad, trial
+        assert list(counts) == list(want), trial
+        for name, ls in want.items():
+            assert counts[name].tolist() == ls and f"{np.mean(counts[name]):.1f}" == \
+                f"{np.mean(ls):.1f}", (trial, name)
+        names |= set(want)
+        flagged += len(want_bad)
+    assert names == {"word", "phrase", "sentence", "paragraph", -1, 4} and flagged > 20
+
+
 def test_span_covering_sep_fails(results, tmp_path, capsys):
     bad = results / "corpus/wikipedia/spans/bad/shard-0000.parquet"
     t = pq.read_table(results / "corpus/wikipedia/spans/costa/shard-0000.parquet")
