@@ -334,6 +334,58 @@ def test_has_answer_agrees_with_a_naive_loop_on_answer_lists():
     assert not answers.has_answer("anything", [])
 
 
+def naive_regex_has_answer(text, patterns):
+    """CuratedTREC's rule a pair at a time: each NFD pattern compiled case-insensitively (one
+    that does not compile never matches), searched in the NFD text."""
+    for pattern in patterns:
+        try:
+            compiled = re.compile(unicodedata.normalize("NFD", pattern),
+                                  re.IGNORECASE | re.UNICODE | re.MULTILINE)
+        except re.error:
+            continue
+        if compiled.search(unicodedata.normalize("NFD", text)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("mode", answers.MATCH_MODES)
+def test_matching_pairs_is_has_answer_on_every_pair(mode, tmp_path):
+    """matching_pairs tokenises (or compiles) each question's answers once and each passage once,
+    however many questions share it: the pairs it finds are exactly those a pair-at-a-time
+    restatement of DPR's rule (CuratedTREC's, in regex mode) finds, on the sample's passages with
+    answer lists of their own phrases in other cases, accents composed and decomposed,
+    punctuation, token-less answers and patterns that do not compile, passages shared by many
+    questions, and a question the answers file lacks."""
+    rng = random.Random(11)
+    lines = (ROOT / SAMPLE / "psgs_w100.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    texts = {f"d{i}": line.split("\t")[1] for i, line in enumerate(lines)}
+    texts["decomposed"] = "a prophet (Aha\u0308ro\u0302n) of old, born in the U.S. in 1809"
+    texts["composed"] = "a prophet (Ah\u00e4r\u00f4n) of old"  # matched only after NFD, both
+    pool = ["Ahärôn", "Aha\u0308ro\u0302n", "U.S.", "u.s", "1,000", "", "!!", "the", "of the",
+            "18\\d\\d", "(unclosed", "KENTUCKY", "[a-z]+ of old"]
+    for text in texts.values():
+        words = text.split()
+        for _ in range(2):
+            start = rng.randrange(len(words))
+            phrase = " ".join(words[start:start + rng.randint(1, 4)])
+            pool.append(rng.choice([str, str.lower, str.upper])(phrase))
+    docs = sorted(texts)
+    gold = {f"q{q}": rng.sample(pool, rng.randint(1, 15)) for q in range(60)}
+    gold["accented"] = ["Ah\u00e4r\u00f4n"]
+    pairs = {q: set(rng.sample(docs, rng.randint(1, 40))) for q in [*gold, "absent"]}
+    pairs["accented"] |= {"composed", "decomposed"}
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"doc_id": docs, "title": docs, "text": [texts[d] for d in docs]}),
+                   corpus)
+    found = answers.matching_pairs(pairs, gold, corpus, mode)
+    rule = naive_regex_has_answer if mode == "regex" else naive_has_answer
+    expected = {q: {d for d in ds if rule(texts[d], gold.get(q, ()))} for q, ds in pairs.items()}
+    assert found == expected
+    assert expected["accented"] >= {"composed", "decomposed"} and expected["absent"] == set()
+    hits, tried = sum(map(len, expected.values())), sum(map(len, pairs.values()))
+    assert 200 < hits < tried - 200  # hits and misses both common: either way is tested
+
+
 def test_tokens_agree_with_pyserinis_dpr_tokenizer():
     pyserini_eval = pytest.importorskip("pyserini.eval.evaluate_dpr_retrieval")
     tokenizer = pyserini_eval.SimpleTokenizer()
