@@ -198,6 +198,66 @@ def test_random_sampling_is_seeded_per_query_and_keeps_rank_order():
     assert max(ranks) > 60
 
 
+def _naive_selection(qid, docs, ranks, positives, window, exclude_own):
+    """The (doc, rank) pairs a policy may keep, restated: ranks in [lo, hi), the query's positives
+    and (exclude_own) its own id out, in rank order."""
+    lo, hi = window or (1, None)
+    return [(d, int(r)) for d, r in zip(docs, ranks)
+            if lo <= r and (hi is None or r < hi) and d not in positives
+            and not (exclude_own and d == qid)]
+
+
+def test_the_selection_equals_a_naive_restatement_on_random_policies():
+    """Random lists, positives (some not retrieved), own ids, windows, counts and samplers: `top`
+    keeps the head of the naive candidate list, `random` a subset of it in rank order, n of them
+    (every one when there are at most n), each with its own rank and score."""
+    rng = np.random.default_rng(5)
+    for case in range(400):
+        qid, depth = f"q{case}", int(rng.integers(1, 60))
+        docs = [f"d{i}" for i in rng.permutation(100)[:depth]]
+        if rng.random() < 0.3:
+            docs[int(rng.integers(depth))] = qid
+        positives = {str(d) for d in rng.choice([*docs, "x1", "x2"], size=int(rng.integers(0, 5)))}
+        lo = int(rng.integers(1, 6))
+        window = None if rng.random() < 0.3 else [lo, [None, lo + int(rng.integers(1, 40))][
+            int(rng.integers(2))]]
+        n = [None, 1, 5, 30][int(rng.integers(4))]
+        knobs = {**POLICY, "rank_window": window, "num_negatives": n,
+                 "sample": ["random", "top"][int(rng.integers(2))],
+                 "exclude_query_id": bool(rng.integers(2))}
+        _, scores, ranks = ranked(docs)
+        negs, neg_ranks, neg_scores = mine.select_negatives(qid, docs, scores, ranks, positives,
+                                                            knobs, seed=3)
+        expected = _naive_selection(qid, docs, ranks, positives, window,
+                                    knobs["exclude_query_id"])
+        kept = list(zip(negs, neg_ranks))
+        assert neg_scores == [float(scores[docs.index(d)]) for d in negs]
+        if n is None or len(expected) <= n:
+            assert kept == expected, (case, knobs)
+        elif knobs["sample"] == "top":
+            assert kept == expected[:n], (case, knobs)
+        else:
+            assert len(kept) == n and kept == [c for c in expected if c in kept], (case, knobs)
+
+
+def test_random_sampling_draws_every_candidate_of_the_window_equally_often():
+    """COSTA's 30 at random from the top 200 less the positives: over many queries each remaining
+    candidate is kept about 30/198 of the time, whatever its rank (a draw from the head only, or
+    one that counted the positives among the 30, fails this)."""
+    docs = [f"d{i}" for i in range(200)]
+    _, scores, ranks = ranked(docs)
+    knobs = {**POLICY, "num_negatives": 30}
+    counts = dict.fromkeys(docs, 0)
+    for q in range(3000):
+        negs, _, _ = mine.select_negatives(f"q{q}", docs, scores, ranks, {"d0", "d57"}, knobs, 11)
+        assert len(negs) == 30
+        for d in negs:
+            counts[d] += 1
+    assert counts["d0"] == counts["d57"] == 0
+    # Expected 3000 * 30 / 198 = 454.5 each, sd ~19.6: all within 6 sd.
+    assert all(336 < c < 573 for d, c in counts.items() if d not in ("d0", "d57")), counts
+
+
 def test_top_policy_takes_the_best_n_and_short_lists_keep_everything():
     docs = [f"d{i}" for i in range(1, 11)]
     top = mine.select_negatives("q", *ranked(docs), {"d1"}, {**POLICY, "sample": "top",
