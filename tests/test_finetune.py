@@ -312,6 +312,23 @@ def test_a_query_s_positive_is_drawn_among_all_its_positives():
     assert all(60 < firsts.count(p) < 140 for p in positives), firsts
 
 
+def test_a_group_s_negatives_are_a_fresh_uniform_draw_of_all_its_negatives_each_epoch():
+    """The reference's 7 of 30 a step: over many epochs each of the 30 is in a group about 7/30 of
+    the time, whatever its place in the list, never twice in one group; consecutive epochs draw
+    anew (a draw from the head of the list, or one group reused, fails this)."""
+    negatives = [f"n{i:02d}" for i in range(30)]
+    counts = dict.fromkeys(negatives, 0)
+    groups = [fdata.sample_group("q1", ["p1"], negatives, [], 8, seed=3, epoch=e)
+              for e in range(3000)]
+    for group in groups:
+        assert len(set(group[1:])) == 7 and set(group[1:]) <= set(negatives)
+        for d in group[1:]:
+            counts[d] += 1
+    # Expected 3000 * 7 / 30 = 700 each, sd ~23: all within 6 sd.
+    assert all(560 < c < 840 for c in counts.values()), counts
+    assert sum(a == b for a, b in zip(groups, groups[1:])) < 5
+
+
 def test_a_query_with_exactly_the_negatives_its_group_needs_gets_each_once():
     """Sampling with replacement is for too few negatives; n-1 of them fill the group once each."""
     negatives = [f"n{i}" for i in range(7)]
@@ -329,6 +346,45 @@ def test_padding_on_a_tiny_corpus_draws_from_the_pool_less_positives_or_says_why
     assert group[0] in positives and group[1:] == ["d1", "d1"]
     with pytest.raises(ValueError, match="q1 has no negatives.*queries_without_negatives"):
         fdata.sample_group("q1", ["p1"], [], ["p1"], 3, seed=7, epoch=0)
+
+
+def test_a_passage_is_title_sep_body_cut_at_p_len_as_the_reference_tokenises_it():
+    """A micro-batch's inputs restated from the tokenizer's own word pieces: the COSTA authors'
+    (Tevatron's) passage is title + the tokenizer's [SEP] + body as ONE segment: the separator is
+    the [SEP] id itself (not the pieces of a literal "[SEP]"), the body is no second segment
+    (token type 0 throughout: a pair encoding would give it 1), and a query or passage is cut to
+    q_len / p_len tokens with [CLS] and the closing [SEP] counted. A passage without a title is
+    its body alone (contracts/datasets.join_title; Tevatron would keep a leading [SEP])."""
+    from pretrain_fixtures import tokenizer as load_tokenizer
+
+    tok = load_tokenizer()
+    settings = FinetuneSettings.from_config({"title": "sep", "q_len": 8, "p_len": 16,
+                                             "group_size": 2})
+    queries = ["what do cats eat at night, and why?", "cats"]
+    titles = ["Cats", "", "Dog food (brands)", "T"]
+    bodies = ["They purr and sleep. " * 10, "No title here.", "Dogs eat it.", ""]
+
+    class Batch:  # what TrainingSet.micro_batch hands the trainer: texts, group by group
+        def micro_batch(self, chunk, group_size, seed, epoch):
+            return queries, titles, bodies
+
+    q, p = ftrain.micro_batch_inputs(Batch(), settings, 0, tok, 0, ["q1", "q2"])
+
+    def pieces(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    def reference(ids, max_len):
+        return [tok.cls_token_id, *ids[:max_len - 2], tok.sep_token_id]
+
+    def rows(inputs):
+        return [ids[mask.bool()].tolist() for ids, mask in zip(inputs["input_ids"],
+                                                                inputs["attention_mask"])]
+
+    assert rows(q) == [reference(pieces(text), 8) for text in queries]
+    assert rows(p) == [reference([*pieces(t), tok.sep_token_id, *pieces(b)] if t else pieces(b),
+                                 16) for t, b in zip(titles, bodies)]
+    assert p["input_ids"].shape[1] == 16 and not p["token_type_ids"].any()
+    assert not q["token_type_ids"].any()
 
 
 def test_an_epoch_s_query_order_is_drawn_once_not_every_step(monkeypatch):
