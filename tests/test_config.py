@@ -83,6 +83,20 @@ def test_a_count_written_as_a_float_is_refused_at_parse_time(demo, section, key,
     experiment_config.validate(good)
 
 
+def test_a_rank_window_without_its_first_rank_is_refused_at_parse_time(demo):
+    """mining.rank_window is [lo, hi) with hi null for "up to the depth"; a null lo passed the
+    schema and stopped the mining job with Python's "'<' not supported between NoneType and int"."""
+    bad = copy.deepcopy(demo)
+    bad["mining"]["rank_window"] = [None, 100]
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    assert "mining.rank_window" in str(error.value), str(error.value)
+    for window in ([3, None], [1, 100], None):
+        good = copy.deepcopy(demo)
+        good["mining"]["rank_window"] = window
+        experiment_config.validate(good)
+
+
 def test_a_typo_inside_a_block_that_may_be_null_names_the_key(demo):
     bad = copy.deepcopy(demo)
     bad["report"]["analysis"]["tsne"]["querry"] = None
