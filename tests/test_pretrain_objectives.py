@@ -353,6 +353,80 @@ def test_whole_word_masking_masks_whole_words():
             assert selected[s:e].all() or not selected[s:e].any(), f"word [{s},{e}) partly masked"
 
 
+def _actions(masked, ids, positions):
+    """What each selected position became: 0 [MASK] (id 103), 1 a random id, 2 itself."""
+    kept = masked[positions] == ids[positions]
+    return np.where(masked[positions] == 103, 0, np.where(kept, 2, 1))
+
+
+def test_token_masking_restated_over_100k_positions():
+    """BERT's masking (Google's create_pretraining_data.py) restated over ~115,000 selected
+    positions with fixed seeds: every inner position equally likely to be selected and [CLS] /
+    [SEP] never; [MASK] 80%, a random id 10%, kept 10%, each share within 0.004 (~4.5 standard
+    deviations); the random ids spread over every allowed id alike and never an excluded one. A
+    random id equal to the original (1 in 995 here) counts as kept, so the random share is
+    0.1 x 994/995."""
+    ids = np.arange(200, 712)  # [CLS] + 510 tokens + [SEP] stand-ins
+    ids[0], ids[-1] = 101, 102
+    draws = 1500
+    selected = np.zeros(len(ids))
+    actions = np.zeros(3)
+    replaced = np.zeros(VOCAB.size)
+    for seed in range(draws):
+        masked, labels = pdata.mask_tokens(ids, np.arange(1, 511), np.random.default_rng(seed),
+                                           VOCAB, 0.15, False)
+        chosen = np.flatnonzero(labels != -100)
+        assert len(chosen) == 77 and (labels[chosen] == ids[chosen]).all()
+        selected[chosen] += 1
+        act = _actions(masked, ids, chosen)
+        actions += np.bincount(act, minlength=3)
+        np.add.at(replaced, masked[chosen[act == 1]], 1)
+    total = actions.sum()
+    assert total == draws * 77
+    assert abs(actions[0] / total - 0.8) < 0.004
+    assert abs(actions[1] / total - 0.1 * 994 / 995) < 0.004
+    assert abs(actions[2] / total - (0.1 + 0.1 / 995)) < 0.004
+    # Each inner position: Binomial(1500, 77/510), mean 226.5, sd 13.9; within 5 sd.
+    assert selected[0] == selected[-1] == 0
+    expected = draws * 77 / 510
+    assert np.abs(selected[1:-1] - expected).max() < 5 * math.sqrt(expected * (1 - 77 / 510))
+    # ~11,500 random ids over the 995 allowed: ~11.6 each; none excluded, (almost) all drawn.
+    assert replaced[VOCAB.excluded].sum() == 0
+    allowed = replaced[np.setdiff1d(np.arange(1000), [0, 100, 101, 102, 103])]  # not .replacements
+    assert (allowed > 0).mean() > 0.99 and allowed.max() < 40
+
+
+def test_whole_word_masking_draws_80_10_10_per_piece_and_every_word_alike():
+    """As Google's BERT and transformers' DataCollatorForWholeWordMask: whole words are selected,
+    each word of a chunk alike (the first and the last too), and what a selected piece becomes is
+    drawn per piece, not per word: the three pieces of a word all took the same action with
+    probability 0.8^3 + 0.1^3 + 0.1^3 = 0.514 (per word it would be 1)."""
+    ids = np.arange(200, 712)
+    ids[0], ids[-1] = 101, 102
+    starts = np.arange(1, 511, 3)  # 170 words of 3 pieces; budget 77 -> 25 words
+    draws = 2000
+    picked = np.zeros(len(starts))
+    alike = words = 0
+    actions = np.zeros(3)
+    for seed in range(draws):
+        masked, labels = pdata.mask_tokens(ids, starts, np.random.default_rng(seed), VOCAB,
+                                           0.15, True)
+        chosen = np.flatnonzero(labels != -100)
+        assert len(chosen) == 75  # 25 whole words: a 26th would pass 77
+        act = _actions(masked, ids, chosen).reshape(-1, 3)  # chosen is sorted: a word a row
+        assert ((chosen.reshape(-1, 3) - chosen.reshape(-1, 3)[:, :1]) == [0, 1, 2]).all()
+        picked[np.searchsorted(starts, chosen[::3])] += 1
+        alike += int((act == act[:, :1]).all(axis=1).sum())
+        words += len(act)
+        actions += np.bincount(act.ravel(), minlength=3)
+    assert abs(alike / words - 0.514) < 0.015
+    total = actions.sum()
+    assert abs(actions[0] / total - 0.8) < 0.004 and abs(actions[1] / total - 0.1) < 0.004
+    # Each word: Binomial(2000, 25/170), mean 294, sd 15.8; within 5 sd.
+    expected = draws * 25 / 170
+    assert np.abs(picked - expected).max() < 5 * math.sqrt(expected * (1 - 25 / 170))
+
+
 def test_random_replacements_are_never_excluded_ids():
     # 40 of the 50 ids are excluded: drawing from the whole vocabulary would hit them ~80% of the time.
     vocab = pdata.Vocab(size=50, mask_id=3, pad_id=0, excluded=np.arange(40))
