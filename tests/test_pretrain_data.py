@@ -625,3 +625,36 @@ def test_batch_spans_and_bags_are_the_store_s_rows(corpus, tmp_path, vocab):
             hidden = batch["input_ids"][i][: len(original)].numpy() == vocab.mask_id
             masked_once += len(once & set(original[hidden].tolist()))
     assert masked_once > 0  # the case the bag must survive happened
+
+
+def test_a_two_view_batch_restated_from_the_store_row_by_row(corpus, tmp_path, vocab):
+    """CPDAE's micro-batch written out by hand: rows [view 0 of the m chunks; view 1 of them] (the
+    layout the model's `bag.repeat(2, 1)` and its positives assume), view v of chunk c masked
+    (whole words) from its own generator (seed, epoch, chunk_id's two halves, v, corpus 0), padded
+    with [PAD] and attention 0, its bag the unmasked chunk's ids less the excluded ones, across an
+    epoch boundary."""
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 4, views=2)
+    ds.whole_word = True
+    for k in (0, 3, 2 * ds.steps_per_epoch + 1):
+        batch, step = ds[k], k // ds.accumulation
+        epoch = step // ds.steps_per_epoch
+        rows = ds.rows_for(step, k % ds.accumulation)
+        m = len(rows)
+        assert batch["input_ids"].shape[0] == 2 * m
+        for i, r in enumerate(rows):
+            ids, words = ds.store.get("input_ids", r), ds.store.get("word_starts", r)
+            chunk = int(ds.store.chunk_ids([r])[0])
+            n = len(ids)
+            for v in range(2):
+                rng = np.random.default_rng([3, epoch, chunk & 0xFFFFFFFF, chunk >> 32, v, 0])
+                masked, labels = pdata.mask_tokens(ids, words, rng, vocab, 0.15, True)
+                row = v * m + i
+                assert batch["input_ids"][row, :n].tolist() == masked.tolist(), (k, i, v)
+                assert batch["labels"][row, :n].tolist() == labels.tolist(), (k, i, v)
+                assert (batch["input_ids"][row, n:] == vocab.pad_id).all()
+                assert (batch["labels"][row, n:] == -100).all()
+                assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (
+                    batch["attention_mask"].shape[1] - n)
+            bag = batch["bag_ids"][i][batch["bag_mask"][i]].tolist()
+            assert bag == sorted(set(ids.tolist()) - set(vocab.excluded.tolist())), (k, i)
+        assert batch["chunk_ids"].tolist() == ds.store.chunk_ids(rows).tolist()
