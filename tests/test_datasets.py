@@ -206,7 +206,7 @@ def test_msmarco_layout_from_archives_gzip_and_titles(tmp_path):
     corpus = pl.read_parquet(tmp_path / "out" / "corpus.parquet")
     assert corpus.rows() == [
         ("0", "Zero", "passage zero"),
-        ("1", "", "passage one"),
+        ("1", "-", "passage one"),  # RocketQA's "no title", fed as written (as the COSTA authors)
         ("2", "", "passage two"),
     ]
     assert info["split_stats"]["dev"]["queries"] == 2

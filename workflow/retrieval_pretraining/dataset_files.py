@@ -334,11 +334,12 @@ def load_split(
 
 def _with_titles(batches: Iterator[pl.DataFrame], path: Path, member: str | None
                  ) -> Iterator[pl.DataFrame]:
-    """The collection's batches with the titles of a `pid <tab> title` file ("-" = none), merged
-    as both are read: a title file of 8.8M lines is never held whole. Both files list integer ids
-    in ascending order (MS MARCO's collection and RocketQA's para.title.txt do); a passage the
-    title file skips keeps its own title, a title of a passage the collection lacks is ignored,
-    and ids out of that order are refused, naming the line."""
+    """The collection's batches with the titles of a `pid <tab> title` file, merged as both are
+    read: a title file of 8.8M lines is never held whole. A title is kept as written, RocketQA's
+    "-" (no title) too: the COSTA authors' Tevatron scripts fed "-" [SEP] body (ARCHITECTURE.md).
+    Both files list integer ids in ascending order (MS MARCO's collection and RocketQA's
+    para.title.txt do); a passage the title file skips keeps its own title, a title of a passage
+    the collection lacks is ignored, and ids out of that order are refused, naming the line."""
     where = _where(path, member)
     records = enumerate(read_tsv_records(path, member, (1, 2)), 1)
     pending: tuple[int, int, str] | None = None  # (line, pid, title) read but not yet matched
@@ -352,7 +353,7 @@ def _with_titles(batches: Iterator[pl.DataFrame], path: Path, member: str | None
                 raise DatasetError(f"{where}, record {number}: id {pid} after {last_title}; the "
                                    "titles must list ascending ids, in the collection's order")
             last_title = pid
-            return number, pid, fields[1] if len(fields) == 2 and fields[1] != "-" else ""
+            return number, pid, fields[1] if len(fields) == 2 else ""
         return None
 
     pending = next_title()
