@@ -108,7 +108,7 @@ rule encode_baseline_shard:
     input:
         encoder=lambda wc: baseline_encoder(wc.baseline),
         corpus="results/datasets/{dataset}/corpus.parquet",
-        code=module_source("encode"),
+        code=module_source("claim_run", "encode"),
     output:
         npy=encoded_vectors(
             f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/shard-{{shard}}.npy"
@@ -125,6 +125,7 @@ rule encode_baseline_shard:
         conda_env("torch")
     threads: 2
     resources:
+        gpu=1,
         retrieval_runtime=lambda wc: retrieval_runtime(config["finetune"]),
     params:
         encode=baseline_encode_argument,
@@ -158,7 +159,7 @@ rule baseline_search:
         index=f"{BASELINE_DIR}/{{baseline}}/{{dataset}}/faiss",
         encoder=lambda wc: baseline_encoder(wc.baseline),
         queries="results/datasets/{dataset}/queries-{split}.parquet",
-        code=module_source("dense_search"),
+        code=module_source("claim_run", "dense_search"),
     output:
         run="results/runs/{dataset}/{baseline}/{split}.trec",
     log:
@@ -171,11 +172,13 @@ rule baseline_search:
     conda:
         conda_env("faiss")
     resources:
+        gpu=1,
         retrieval_runtime=lambda wc: retrieval_runtime(config["finetune"]),
     params:
         search=baseline_argument,
     shell:
-        "python -m retrieval_pretraining.dense_search --config '{params.search}' "
+        "python -m retrieval_pretraining.claim_run --gpus {resources.gpu} "
+        "--module retrieval_pretraining.dense_search -- --config '{params.search}' "
         "--runtime '{resources.retrieval_runtime}' --index {input.index} "
         "--encoder {input.encoder} --queries {input.queries} --tag {wildcards.baseline} "
         "--out {output.run} &> {log}"

@@ -114,8 +114,11 @@ def encoded_vectors(path):
 
 
 # The commands of corpus encoding and indexing, shared with the baselines (rules/baselines.smk).
+# The GPU stages (encoding here, mining and searches below) start through claim_run: on a
+# local run it claims the rule's `gpu` GPUs for the job, as the trainers' launcher does.
 ENCODE_SHELL = (
-    "python -m retrieval_pretraining.encode --config '{params.encode}' "
+    "python -m retrieval_pretraining.claim_run --gpus {resources.gpu} "
+    "--module retrieval_pretraining.encode -- --config '{params.encode}' "
     "--runtime '{resources.retrieval_runtime}' --corpus {input.corpus} "
     "--encoder {input.encoder} --shard {wildcards.shard} --shards {params.shards} "
     "--out-npy {output.npy} --out-ids {output.ids} &> {log}"
@@ -131,7 +134,7 @@ rule encode_corpus_shard:
     input:
         encoder=stage_encoder,
         corpus="results/datasets/{dataset}/corpus.parquet",
-        code=module_source("encode"),
+        code=module_source("claim_run", "encode"),
     output:
         npy=encoded_vectors("results/index/{model}/{dataset}/{stage}/shard-{shard}.npy"),
         ids=encoded_vectors(
@@ -145,6 +148,7 @@ rule encode_corpus_shard:
         conda_env("torch")
     threads: 2
     resources:
+        gpu=1,
         retrieval_runtime=stage_runtime,
     params:
         encode=encode_argument,
@@ -179,7 +183,7 @@ rule mine_hard_negatives:
         unpack(mining_filter_inputs),
         index="results/index/{model}/{dataset}/{stage}/faiss",
         encoder=lambda wc: encoder_path(wc.model, wc.dataset, wc.stage),
-        code=module_source("mine"),
+        code=module_source("claim_run", "mine"),
     output:
         negatives="results/finetune/{model}/{dataset}/{stage}/hard-negatives.parquet",
     log:
@@ -189,13 +193,15 @@ rule mine_hard_negatives:
     conda:
         conda_env("faiss")
     resources:
+        gpu=1,
         retrieval_runtime=stage_runtime,
     params:
         mining=mining_argument,
         seed=config["seed"],
         answers=lambda wc, input: input_options(input, "answers", "corpus"),
     shell:
-        "python -m retrieval_pretraining.mine --config '{params.mining}' --index {input.index} "
+        "python -m retrieval_pretraining.claim_run --gpus {resources.gpu} "
+        "--module retrieval_pretraining.mine -- --config '{params.mining}' --index {input.index} "
         "--encoder {input.encoder} --queries {input.queries} --qrels {input.qrels} "
         "--runtime '{resources.retrieval_runtime}' --seed {params.seed} {params.answers} "
         "--out {output.negatives} &> {log}"
@@ -208,7 +214,7 @@ rule dense_search:
         index="results/index/{model}/{dataset}/{stage}/faiss",
         encoder=stage_encoder,
         queries="results/datasets/{dataset}/queries-{split}.parquet",
-        code=module_source("dense_search"),
+        code=module_source("claim_run", "dense_search"),
     output:
         run="results/runs/{dataset}/{model}-{stage}/{split}.trec",
     log:
@@ -221,11 +227,13 @@ rule dense_search:
     conda:
         conda_env("faiss")
     resources:
+        gpu=1,
         retrieval_runtime=stage_runtime,
     params:
         search=search_argument,
     shell:
-        "python -m retrieval_pretraining.dense_search --config '{params.search}' "
+        "python -m retrieval_pretraining.claim_run --gpus {resources.gpu} "
+        "--module retrieval_pretraining.dense_search -- --config '{params.search}' "
         "--runtime '{resources.retrieval_runtime}' --index {input.index} "
         "--encoder {input.encoder} --queries {input.queries} --tag {wildcards.model}-{wildcards.stage} "
         "--out {output.run} &> {log}"

@@ -28,12 +28,14 @@ METRICS = "results/metrics/scifact-full/all-minilm-l6-v2/test.json"
 
 
 def _commands(output: str, module: str) -> list[list[str]]:
-    """The planned shell commands that run `python -m retrieval_pretraining.<module>`, split."""
+    """The planned shell commands that run `python -m retrieval_pretraining.<module>`, directly
+    or through claim_run (the GPU stages), split."""
     lines = (line.strip().removeprefix("Shell command: ") for line in output.splitlines())
+    claimed = r"claim_run --gpus \d+ --module retrieval_pretraining\."
     return [
         shlex.split(line)
         for line in lines
-        if line.startswith(f"python -m retrieval_pretraining.{module} ")
+        if re.match(rf"python -m retrieval_pretraining\.({claimed})?{module} ", line)
     ]
 
 

@@ -30,10 +30,10 @@ PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
 ENV_MODULES = {
     "torch": [
         "download", "extract", "checkpoints", "chunk", "spans", "span_audit", "datasets", "encode",
-        "finetune", "pretrain", "evaluate", "tables", "analysis", "audit", "launch",
+        "finetune", "pretrain", "evaluate", "tables", "analysis", "audit", "launch", "claim_run",
         "contracts",  # audit loads every type's audit module at run time (contracts/registry.py)
     ],
-    "faiss": ["encode", "faiss_index", "mine", "dense_search"],
+    "faiss": ["encode", "faiss_index", "mine", "dense_search", "claim_run"],
     "pyserini": ["bm25", "pyserini_setup"],
 }  # fmt: skip
 
@@ -397,7 +397,8 @@ with SnakemakeApi(OutputSettings()) as api:
     )._workflow
     rules = {
         r.name: {"conda": r.conda_env, "local": r.name in workflow._localrules,
-                 "shell": r.shellcmd or ""}
+                 "shell": r.shellcmd or "",
+                 "gpu": getattr(r.resources.get("gpu"), "value", None)}
         for r in workflow.rules
     }
 print("RULES=" + json.dumps(rules))
@@ -408,6 +409,23 @@ print("RULES=" + json.dumps(rules))
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("RULES=")), None)
     assert line, f"parsing the workflow failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return json.loads(line.removeprefix("RULES="))
+
+
+def test_every_gpu_stage_starts_through_a_claim_of_its_gpus():
+    """Each GPU rule starts its stage through the launcher (trainers) or claim_run (one process:
+    encoding, mining, search), given the rule's `gpu`, which the rule itself declares (no profile
+    sets it for a local run). Started directly, a local run's encoding, mining and search jobs
+    claimed nothing: torch computed on GPU 0 and FAISS on every GPU, beside the trainers' GPUs."""
+    rules = _rules_as_parsed()
+    problems = []
+    for name in sorted(GPU_RULES):
+        shell, gpu = rules[name]["shell"], rules[name]["gpu"]
+        first = re.search(r"python -m retrieval_pretraining\.(\w+)", shell)
+        if not (first and first.group(1) in ("launch", "claim_run")):
+            problems.append(f"{name}: starts {first and first.group(1)}, not launch or claim_run")
+        if "--gpus {resources.gpu} " not in shell or not isinstance(gpu, int) or gpu < 1:
+            problems.append(f"{name}: no --gpus {{resources.gpu}} or no gpu in the rule ({gpu})")
+    assert not problems, "\n".join(problems)
 
 
 def test_every_rule_running_project_code_names_a_conda_env_that_serves_it():

@@ -684,3 +684,48 @@ def test_a_claim_is_all_or_nothing_and_only_where_no_scheduler_chose(tmp_path):
     assert not gpu_claim.needs_claim(1, 2, {"SLURM_JOB_ID": "7"})  # Slurm chose them
     assert not gpu_claim.needs_claim(1, 2, {"CUDA_VISIBLE_DEVICES": "1"})  # someone chose them
     assert not gpu_claim.needs_claim(1, 0, {}) and not gpu_claim.needs_claim(0, 2, {})
+
+
+def test_one_process_gpu_stages_claim_their_own_gpus_where_no_scheduler_chose(tmp_path):
+    """claim_run, which starts encoding, mining and search: started directly, two local one-GPU
+    jobs side by side both saw every GPU (torch computed on GPU 0, FAISS on both). Each now gets a
+    GPU of its own, held after the exec (a third waits); on a CPU, in a Slurm job, with
+    CUDA_VISIBLE_DEVICES set or with `gpu` 0 the stage starts as before."""
+    (tmp_path / "devicerecorder.py").write_text(DEVICE_RECORDER)
+    gpus, cpu = tmp_path / "gpus", tmp_path / "cpu"
+    gpus.mkdir(), cpu.mkdir()
+    _fake_tool(gpus, "nvidia-smi", """\
+        echo "GPU 0: NVIDIA H100 (UUID: GPU-a)"
+        echo "GPU 1: NVIDIA H100 (UUID: GPU-b)"
+    """)
+    _fake_tool(cpu, "nvidia-smi", "exit 9\n")  # no driver: the stage runs on the CPU
+
+    def job(name, tools=gpus, count=1, **extra):
+        env = _env(tmp_path, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}",
+                   RETRIEVAL_PRETRAINING_GPU_LOCKS=str(tmp_path / "locks"), **extra)
+        return subprocess.Popen(
+            [sys.executable, "-m", "retrieval_pretraining.claim_run", "--gpus", str(count),
+             "--module", "devicerecorder", "--", str(tmp_path), name],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def devices(name, proc):
+        _wait_for([tmp_path / f"{name}.devices"], proc)
+        return (tmp_path / f"{name}.devices").read_text()
+
+    procs = {name: job(name) for name in ("a", "b")}
+    try:
+        assert sorted(devices(n, p) for n, p in procs.items()) == ["0", "1"]
+        procs["c"] = job("c")  # the stages hold both GPUs' locks: it waits
+        time.sleep(3)
+        assert procs["c"].poll() is None and not (tmp_path / "c.devices").exists()
+    finally:
+        (tmp_path / "release").write_text("")
+        outputs = {n: p.communicate(timeout=60)[0] for n, p in procs.items()}
+    assert all(p.returncode == 0 for p in procs.values()), outputs
+    assert devices("c", procs["c"]) in ("0", "1")
+    unchanged = {"cpu": job("cpu", tools=cpu), "slurm": job("slurm", SLURM_JOB_ID="7"),
+                 "chosen": job("chosen", CUDA_VISIBLE_DEVICES="1"), "none": job("none", count=0)}
+    for name, proc in unchanged.items():
+        assert proc.wait(timeout=60) == 0, proc.communicate()[0]
+    assert {n: devices(n, p) for n, p in unchanged.items()} == {
+        "cpu": "unset", "slurm": "unset", "chosen": "1", "none": "unset"}

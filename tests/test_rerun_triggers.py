@@ -295,7 +295,8 @@ def test_encoding_still_receives_the_batch_size_kept_out_of_the_params(project, 
     assert "encode_batch_size" not in config and runtime == {"encode_batch_size": batch_size}
     received = {}
     monkeypatch.setattr(encode, "encode_corpus_shard", lambda *a: received.update(a[-1]) or {})
-    argv = command[command.index("retrieval_pretraining.encode") + 1:command.index("&>")]
+    start = command.index("--", command.index("retrieval_pretraining.encode"))  # claim_run's
+    argv = command[start + 1:command.index("&>")]
     encode.main(argv)
     assert received == config | runtime
     argv[argv.index("--runtime") + 1] = json.dumps({"dtype": "float32"})
