@@ -1,18 +1,20 @@
-"""GPUs of its own for each GPU job the launcher starts where no scheduler assigns them.
+"""GPUs of its own for each GPU job where no scheduler assigns them: the trainers' launcher
+(launch.py) and the one-process GPU stages' wrapper (claim_run.py) claim them here.
 
 Snakemake's local executor with `--resources gpu=N` runs GPU jobs side by side but sets no
 CUDA_VISIBLE_DEVICES: every job sees every GPU, so one-GPU jobs all compute on the first and a
 torchrun job on all of them, on top of the others. Slurm names each job's GPUs in
-CUDA_VISIBLE_DEVICES; where nothing does (no Slurm job, the variable unset), the launcher claims
-the GPUs it will use here and names them itself.
+CUDA_VISIBLE_DEVICES; where nothing does (no Slurm job, the variable unset), the job claims the
+GPUs it will use here and names them itself.
 
 A claim is an exclusive `flock` on `gpu-<index>.lock` in one folder per machine (LOCK_FOLDER_ENV,
 default `<temp folder>/retrieval-pretraining-gpus-<host>`). Its descriptor stays open across the
-launcher's exec, so the program it becomes (the trainer, torchrun) holds it, and so do the
-DataLoader workers the trainer forks; the kernel drops it when the last of them exits, a crash or
-SIGKILL included: nothing is left to clean up. A job that finds fewer free GPUs than it needs
-(another Snakemake run on this machine, say) holds none and waits: claims are made one at a time
-(`claim.lock`) and all at once, so two jobs never hold half of what each needs. Indices are CUDA's,
+launcher's (or claim_run's) exec, so the program it becomes (the trainer, torchrun, the stage)
+holds it, and so do the DataLoader workers the trainer forks; the kernel drops it when the last
+of them exits, a crash or SIGKILL included: nothing is left to clean up. A job that finds fewer
+free GPUs than it needs (another Snakemake run on this machine, say) holds none and waits: claims
+are made one at a time (`claim.lock`) and all at once, so two jobs never hold half of what each
+needs. Indices are CUDA's,
 so jobs that claim side by side must share CUDA_DEVICE_ORDER (one Snakemake run's jobs do).
 
 Imports no torch.
@@ -89,7 +91,7 @@ def claim(count: int, total: int, env: Mapping[str, str]) -> str:
     said = False
     while (held := try_claim(folder, count, total)) is None:
         if not said:
-            print(f"launch: waiting for {count} of the {total} GPUs to be free (the others' "
+            print(f"gpu_claim: waiting for {count} of the {total} GPUs to be free (the others' "
                   f"jobs hold their locks in {folder})", file=sys.stderr, flush=True)
             said = True
         time.sleep(POLL_SECONDS)
