@@ -1,5 +1,5 @@
-"""Acc@k's answer matching (answers.top_k_accuracy) at TriviaQA's test size: wall and CPU seconds,
-and a hash of every per-question score, so that two versions of the code can be compared.
+"""Acc@k's answer matching (answer_accuracy.top_k_accuracy) at TriviaQA's test size: wall and CPU
+seconds, and a hash of every per-question score, so that two versions of the code can be compared.
 
     PYTHONPATH=workflow .venv/bin/python benchmarks/answer_matching.py [--questions 11313]
 
@@ -30,7 +30,7 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from retrieval_pretraining import answers
+    from retrieval_pretraining import answer_accuracy, answers
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=11_313)
@@ -61,8 +61,9 @@ def main() -> None:
         pq.write_table(pa.table({"doc_id": ids, "title": ids, "text": texts}), corpus)
         del texts
         t0, c0 = time.perf_counter(), time.process_time()
-        scores = answers.top_k_accuracy(ranked, gold, corpus,
-                                        {"Acc@5": 5, "Acc@20": 20, "Acc@100": 100}, args.mode)
+        scores = answer_accuracy.top_k_accuracy(ranked, gold, corpus,
+                                                {"Acc@5": 5, "Acc@20": 20, "Acc@100": 100},
+                                                args.mode)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     digest = hashlib.sha256(json.dumps(scores, sort_keys=True).encode()).hexdigest()
     print(json.dumps({"questions": args.questions, "depth": args.depth, "corpus": args.corpus,

@@ -1,7 +1,7 @@
 # Open-domain QA datasets (datasets[].format dpr: Natural Questions, TriviaQA): answer lists,
 # answer-recall scoring (Acc@k, rules/evaluate.smk) and the answers negative filter (BM25
 # negatives in rules/retrieval.smk, FAISS mining in rules/dense.smk).
-from retrieval_pretraining.answers import acc_cutoffs
+from retrieval_pretraining.answer_accuracy import acc_cutoffs
 
 
 def negative_filter(dataset):

@@ -182,3 +182,26 @@ def test_a_published_number_is_no_code_input_of_a_stage_that_only_validates_with
     assert "config.py" in files and "paper_numbers.py" not in files
     assert "paper_numbers.py" in {Path(f).relative_to(PACKAGE).as_posix()
                                   for f in code_deps.source_files("tables")}
+
+
+def _defining(function: str) -> set[str]:
+    """The package files that define a top-level function `function`."""
+    return {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+            if any(isinstance(node, ast.FunctionDef) and node.name == function
+                   for node in ast.parse(path.read_text()).body)}
+
+
+@pytest.mark.parametrize("entries", [("launch", "torchrun", "finetune"), ("mine",), ("bm25",),
+                                     ("datasets",)])
+def test_editing_acc_at_k_scoring_reruns_no_negatives_and_no_fine_tuning(entries):
+    """Acc@k's scoring (top_k_accuracy, the measure names) lives apart from the answer rule that
+    dataset preparation, the answers negative filter and so every fine-tuning share: an edit to
+    scoring must rerun score_run and the tables, not GPU-days of fine-tuning. The scoring files are
+    found by what they define, so moving scoring back into a shared module fails here too."""
+    scoring = _defining("top_k_accuracy") | _defining("acc_cutoffs")
+    assert scoring
+    for entry in ("evaluate", "tables"):
+        files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(entry)}
+        assert scoring <= files
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(*entries)}
+    assert not scoring & files

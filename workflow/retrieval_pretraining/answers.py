@@ -1,4 +1,4 @@
-"""Answer matching as DPR scores open-domain QA retrieval: has_answer, top-k accuracy, filters.
+"""Answer matching as DPR scores open-domain QA retrieval: has_answer, the answers filter.
 
 A passage answers a question when one of the question's answer strings occurs in it after DPR's
 normalisation (DPR `dpr/data/qa_validation.py`, Pyserini `pyserini.eval.evaluate_dpr_retrieval`;
@@ -16,9 +16,8 @@ the facts are restated here, the code is ours):
 - An answer with no token would match every passage in DPR's loop; the dataset stage drops such
   answers (counted), so here an empty token sequence never matches.
 
-Top-k accuracy (`Acc@k`): a question scores 1 when any of its first k retrieved passages (in run
-order: score descending) has an answer, else 0; questions missing from the run score 0; the mean
-is over every question of the answers file.
+Top-k accuracy (`Acc@k`) is scored in answer_accuracy.py, apart from this rule: dataset
+preparation, BM25 negatives and mining run this file, so an edit here reruns every fine-tuning.
 
 Passage texts are read from corpus.parquet in record batches, keeping only the passages a run or a
 candidate list names, so the 21M-passage corpus is never held in memory; each needed passage is
@@ -42,7 +41,6 @@ import pyarrow.parquet as pq
 from .errors import BadInput, reading
 
 MATCH_MODES = ("string", "regex")
-ACC_RE = re.compile(r"^Acc@([1-9][0-9]*)$")
 CORPUS_READ_ROWS = 65_536
 
 
@@ -126,11 +124,6 @@ def has_answer(text: str, answers: Iterable[str], mode: str = "string") -> bool:
     return any(_contains(words, tokens(a)) for a in answers)
 
 
-def acc_cutoffs(measures: Iterable[str]) -> dict[str, int]:
-    """{"Acc@20": 20, ...} for the answer-recall measures among `measures`."""
-    return {m: int(match.group(1)) for m in measures if (match := ACC_RE.match(m))}
-
-
 def read_answers(path: str | Path) -> dict[str, list[str]]:
     """{query_id: [answer, ...]} from an answers-{split}.parquet file (datasets contract)."""
     with reading(path, "an answers Parquet file"):
@@ -194,19 +187,6 @@ def _passage_matches(passage: list[str] | str, answers: list, mode: str) -> bool
     if mode == "regex":
         return any(pattern.search(passage) is not None for pattern in answers)
     return any(_contains(passage, needle) for needle in answers)
-
-
-def top_k_accuracy(ranked: dict[str, list[str]], answers: dict[str, list[str]], corpus: Path,
-                   cutoffs: dict[str, int], mode: str = "string") -> dict[str, dict[str, float]]:
-    """{measure: {query_id: 0.0 | 1.0}} over every question of `answers` (module docstring);
-    `ranked` holds each query's doc ids in rank order."""
-    depth = max(cutoffs.values())
-    top = {q: docs[:depth] for q, docs in ranked.items() if q in answers}
-    hits = matching_pairs({q: set(d) for q, d in top.items()}, answers, corpus, mode)
-    first_hit = {q: next((i for i, d in enumerate(docs) if d in hits[q]), depth)
-                 for q, docs in top.items()}
-    return {name: {q: float(first_hit.get(q, depth) < k) for q in sorted(answers)}
-            for name, k in cutoffs.items()}
 
 
 NEGATIVE_FILTERS = ("qrels", "answers")

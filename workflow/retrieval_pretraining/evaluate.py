@@ -26,12 +26,12 @@ Semantics, chosen to match the official evaluations:
   the pytrec_eval backend would silently ignore the cutoff, so it is never used for RR@k. Ties on
   score are ordered as each implementation orders them (this one by doc id ascending, trec_eval's
   by doc id descending; ARCHITECTURE.md, "documents tied on score").
-- `Acc@k` (open-domain QA answer recall, answers.py: DPR's has_answer on the top k passages' text,
-  in run order = score descending, ties in file order) is scored against answers-{split}.parquet and
-  the corpus (`--answers`, `--corpus`); every question of the answers file counts (0 when the run
-  misses it: "questions_missing_from_run"; a run query that is no question is not scored:
-  "run_queries_without_answers", both with examples). A split may mix it with qrels measures;
-  `answer_match: regex` is CuratedTREC's mode.
+- `Acc@k` (open-domain QA answer recall, answer_accuracy.py: DPR's has_answer on the top k
+  passages' text, in run order = score descending, ties in file order) is scored against
+  answers-{split}.parquet and the corpus (`--answers`, `--corpus`); every question of the answers
+  file counts (0 when the run misses it: "questions_missing_from_run"; a run query that is no
+  question is not scored: "run_queries_without_answers", both with examples). A split may mix it
+  with qrels measures; `answer_match: regex` is CuratedTREC's mode.
 - A run shallower than a measure's cutoff (R@1000 on a run of depth 100 is R@100) and queries the
   run does not answer are logged as warnings: the scores are still trec_eval's, but a table would
   otherwise show them as what they name. The workflow refuses such a depth at parse time
@@ -58,8 +58,9 @@ import ir_measures
 import polars as pl
 from ir_measures import Qrel, ScoredDoc
 
-from . import answers as answer_recall
+from . import answer_accuracy as answer_recall
 from . import artifacts
+from .answers import read_answers
 from .config import refuse_unknown, stage_parser
 from .contracts.runs import trec_fields, utf8_lines
 from .errors import BadInput, command, reading
@@ -400,8 +401,9 @@ def ranked(hits: list[ScoredDoc], depth: int) -> list[str]:
 def score_answers(top: dict[str, list[str]], run_queries: set[str],
                   answers: dict[str, list[str]], answers_path: Path, corpus: Path,
                   cutoffs: dict[str, int], mode: str, run_name: str) -> dict[str, Any]:
-    """Acc@k (answers.py) per question and aggregated, in the scores contract's shape; `top` holds
-    the ranked doc ids of every question the run answers, `run_queries` every query it has."""
+    """Acc@k (answer_accuracy.py) per question and aggregated, in the scores contract's shape;
+    `top` holds the ranked doc ids of every question the run answers, `run_queries` every query it
+    has."""
     if not top:
         raise EvaluationError(f"{run_name}: none of its {len(run_queries)} queries are questions "
                               f"of {answers_path}; wrong split or id format?")
@@ -461,7 +463,7 @@ def evaluate(
         raise EvaluationError(f"{', '.join(cutoffs)} need --answers (answers-<split>.parquet) and "
                               "--corpus (the dataset's corpus.parquet): a format dpr dataset")
     qrels = cache(lambda: read_qrels(qrels_path))  # read once, after the run's first batch
-    questions = answer_recall.read_answers(answers) if cutoffs else {}
+    questions = read_answers(answers) if cutoffs else {}
     if cutoffs and not questions:
         raise EvaluationError(f"answers file {answers} is empty")
     depth = max(cutoffs.values(), default=0)

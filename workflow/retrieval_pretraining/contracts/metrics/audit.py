@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ... import artifacts
-from ...answers import acc_cutoffs
+from ...answer_accuracy import acc_cutoffs
 from ..base import (
     RANK_JSON, Audit, input_path, json_kind, read_manifest, show_manifest, show_snakemake_record,
 )
