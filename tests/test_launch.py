@@ -686,6 +686,33 @@ def test_a_claim_is_all_or_nothing_and_only_where_no_scheduler_chose(tmp_path):
     assert not gpu_claim.needs_claim(1, 0, {}) and not gpu_claim.needs_claim(0, 2, {})
 
 
+def test_another_users_lock_files_can_be_locked(tmp_path, monkeypatch):
+    """The lock folder is shared by every user's jobs. A lock file made under a umask of 077
+    (0600) could not be opened by a second user's job, and with fs.protected_regular (systemd's
+    default) an O_CREAT open of another user's file in the sticky folder fails even where its
+    mode allows: either way the second user's job crashed instead of claiming a GPU. A lock file
+    is made readable by all, and one that exists is opened without O_CREAT."""
+    from retrieval_pretraining import gpu_claim
+
+    old_umask = os.umask(0o077)
+    try:
+        for fd in gpu_claim.try_claim(tmp_path, 2, 2).values():
+            os.close(fd)
+    finally:
+        os.umask(old_umask)
+    for name in ("claim.lock", "gpu-0.lock", "gpu-1.lock"):
+        assert (tmp_path / name).stat().st_mode & 0o444 == 0o444, name
+    real_open = os.open
+
+    def protected_regular(path, flags, *mode):  # as the kernel answers the second user
+        if flags & os.O_CREAT and Path(path).exists():
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(os, "open", protected_regular)
+    assert sorted(gpu_claim.try_claim(tmp_path, 2, 2)) == [0, 1]
+
+
 def test_one_process_gpu_stages_claim_their_own_gpus_where_no_scheduler_chose(tmp_path):
     """claim_run, which starts encoding, mining and search: started directly, two local one-GPU
     jobs side by side both saw every GPU (torch computed on GPU 0, FAISS on both). Each now gets a

@@ -53,9 +53,27 @@ def _open_folder(folder: Path) -> None:
         pass
 
 
+def _open_lock_file(path: Path) -> int:
+    """`path` opened read-only (a flock needs no more), made readable by all where this makes it.
+    The umask would leave a file another user's job cannot open (077: 0600), hence the fchmod;
+    and an existing file is opened without O_CREAT: in a sticky folder the kernel refuses
+    O_CREAT on another user's file even where its mode allows (fs.protected_regular)."""
+    while True:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:  # another job made it between the two opens
+            continue
+        os.fchmod(fd, 0o666)
+        return fd
+
+
 def _lock(path: Path, blocking: bool = False) -> int | None:
     """An open descriptor holding an exclusive flock on `path`; None where another holds it."""
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)  # read-only: any user may lock it
+    fd = _open_lock_file(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
     except BlockingIOError:
