@@ -713,6 +713,17 @@ def test_another_users_lock_files_can_be_locked(tmp_path, monkeypatch):
     assert sorted(gpu_claim.try_claim(tmp_path, 2, 2)) == [0, 1]
 
 
+def test_a_lock_folder_that_cannot_be_made_names_its_variable(tmp_path):
+    """A temp folder the job cannot write (read-only, say) stopped every local GPU job with a
+    bare OSError, naming neither the folder's variable nor why a GPU job wants a folder."""
+    from retrieval_pretraining import gpu_claim
+
+    (tmp_path / "file").write_text("")  # a folder below a file cannot be made, even by root
+    env = {gpu_claim.LOCK_FOLDER_ENV: str(tmp_path / "file" / "locks")}
+    with pytest.raises(SystemExit, match=f"cannot lock .* set {gpu_claim.LOCK_FOLDER_ENV} to"):
+        gpu_claim.claim(1, 2, env)
+
+
 def test_one_process_gpu_stages_claim_their_own_gpus_where_no_scheduler_chose(tmp_path):
     """claim_run, which starts encoding, mining and search: started directly, two local one-GPU
     jobs side by side both saw every GPU (torch computed on GPU 0, FAISS on both). Each now gets a

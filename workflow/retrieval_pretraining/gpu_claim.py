@@ -102,12 +102,25 @@ def try_claim(folder: Path, count: int, total: int) -> dict[int, int] | None:
         os.close(guard)
 
 
+def _try_claim_in(folder: Path, count: int, total: int) -> dict[int, int] | None:
+    """try_claim, stopping with the fix where the folder cannot hold locks (a read-only or
+    another user's temp folder): a bare OSError named neither the folder's variable nor why a
+    GPU job wants a folder at all."""
+    try:
+        return try_claim(folder, count, total)
+    except OSError as error:
+        raise SystemExit(
+            f"gpu_claim: cannot lock this job's GPUs in {folder} ({error}): set "
+            f"{LOCK_FOLDER_ENV} to a folder of this machine's that every user's jobs can write "
+            "(or run under Slurm, or set CUDA_VISIBLE_DEVICES)") from error
+
+
 def claim(count: int, total: int, env: Mapping[str, str]) -> str:
     """CUDA_VISIBLE_DEVICES for `count` GPUs of `total` claimed for the life of this process and
     what it execs (waiting while fewer are free)."""
     folder = lock_folder(env)
     said = False
-    while (held := try_claim(folder, count, total)) is None:
+    while (held := _try_claim_in(folder, count, total)) is None:
         if not said:
             print(f"gpu_claim: waiting for {count} of the {total} GPUs to be free (the others' "
                   f"jobs hold their locks in {folder})", file=sys.stderr, flush=True)
