@@ -634,3 +634,116 @@ def test_triples_memory_does_not_grow_with_the_file_at_10x(tmp_path):
     # stream's own growth from 1.4 to 7 MB inside the parallel suite; the old reader grows by
     # about the control's size.
     assert grown[10] - grown[1] <= held / 10, (held, grown)
+
+
+def _stand_in_search(search, queries, depth, threads, exclude_query_id, batch_size=10000):
+    """batch_search without Lucene: `depth` hits a query, fresh id strings (as the JVM's are; long
+    enough that 3,000 queries' ids pass Parquet's 1 MB dictionary page), query i's positive p{i}
+    among them when i % 4 == 0; q3's hits are all its positives, and q5 has fewer hits than the
+    count."""
+    for qid in queries["query_id"].to_list():
+        i = int(qid[1:])
+        if qid == "q3":
+            yield qid, [("p3", 2.0), ("p3b", 1.0)]
+            continue
+        hits = [(f"d{i}-{j}-" + "x" * 100, 1.0 / (j + 1)) for j in range(depth)]
+        if i % 4 == 0:
+            hits[i % depth] = (f"p{i}", 5.0)
+        yield qid, hits[:3] if qid == "q5" else hits
+
+
+def _stand_in_negatives(folder: Path, queries: int) -> tuple[Path, Path]:
+    """queries q0..q{n-1} and their qrels (q1 has none: skipped); (queries, qrels) paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    qids = [f"q{i}" for i in range(queries)]
+    pl.DataFrame({"query_id": qids, "text": ["x"] * queries}).write_parquet(folder / "q.parquet")
+    pairs = [(q, f"p{i}") for i, q in enumerate(qids) if q != "q1"] + [("q3", "p3b")]
+    artifacts.write_parquet(folder / "qrels.parquet", pa.table(
+        {"query_id": [q for q, _ in pairs], "doc_id": [d for _, d in pairs],
+         "relevance": [1] * len(pairs)}), datasets.QRELS_SCHEMA)
+    return folder / "q.parquet", folder / "qrels.parquet"
+
+
+@pytest.mark.parametrize("queries", [23, 3000])
+def test_bm25_negatives_are_the_same_bytes_whatever_the_rows_batch(tmp_path, monkeypatch,
+                                                                   queries):
+    """Rows become Arrow a batch of queries at a time (memory: count a query, not depth); the file
+    and its stats must be those of the whole split built at once, as before, byte for byte: a
+    batch whose every list is empty (q3) must not change a column's type, nor (3,000 queries: more
+    than a Parquet page) where the batches end change the pages."""
+    monkeypatch.setattr(bm25, "searcher", lambda index, k1, b: None)
+    monkeypatch.setattr(bm25, "batch_search", _stand_in_search)
+    n = queries
+    queries, qrels = _stand_in_negatives(tmp_path, n)
+    config = {"negatives": {"source": "bm25", "depth": 40, "count": 5, "seed": 3}}
+    files, stats = {}, {}
+    for batch in (1, 7, 10_000):
+        monkeypatch.setattr(bm25, "NEGATIVE_ROWS_BATCH", batch)
+        out = tmp_path / f"n-{batch}.parquet"
+        stats[batch] = bm25.mine_negatives(queries, qrels, out, config, index=tmp_path)
+        files[batch] = out.read_bytes()
+    # The whole split held and built at once (the code before batching), restated.
+    positives = datasets.read_qrels(qrels, min_relevance=1)
+    frame = pl.read_parquet(queries).filter(pl.col("query_id").is_in(list(positives)))
+    held = list(_stand_in_search(None, frame, 40, 1, False))
+    rows = {name: [] for name in bm25.NEGATIVES_SCHEMA.names}
+    for qid, hits in held:
+        negs, ranks = bm25.sample_negatives(
+            qid, [(d, r) for r, (d, _) in enumerate(hits, 1)], positives[qid], 5, 3)
+        for name, value in zip(rows, (qid, sorted(positives[qid]), negs, ranks)):
+            rows[name].append(value)
+    artifacts.write_parquet(tmp_path / "held.parquet", pa.table(rows), bm25.NEGATIVES_SCHEMA)
+    assert files[1] == files[7] == files[10_000] == (tmp_path / "held.parquet").read_bytes()
+    assert stats[1] == stats[7] == stats[10_000]
+    assert stats[1] == {
+        "queries": n - 1, "queries_without_positive_skipped": 1, "queries_with_fewer_negatives": 2,
+        "candidate_positives_removed": 2 + sum(i % 4 == 0 for i in range(n) if i != 3),
+        "answer_passages_removed": 0, "negatives": (n - 3) * 5 + 3, "queries_sampled": n - 3,
+        "longest_candidate_list": 40}
+    assert pl.read_parquet(tmp_path / "n-1.parquet").row(2, named=True) == {
+        "query_id": "q3", "positive_ids": ["p3", "p3b"], "negative_ids": [], "negative_ranks": []}
+
+
+_MEASURE_NEGATIVES = """
+import polars as pl
+from retrieval_pretraining import bm25
+folder, kind, queries = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+bm25.NEGATIVE_ROWS_BATCH = 250
+
+def search(search, frame, depth, threads, exclude_query_id, batch_size=10000):
+    # `depth` fresh hit ids a query, as batch_search yields; q{i}'s positive p{i} ranked first
+    for i, qid in enumerate(frame["query_id"].to_list()):
+        yield qid, [(f"p{i}", 9.0)] + [(f"d{i}-{j}", 1.0) for j in range(depth - 1)]
+
+bm25.searcher, bm25.batch_search = (lambda index, k1, b: None), search
+def mine():
+    if kind == "held":  # the control: every query's hit list held, as the old code did
+        frame = pl.read_parquet(folder / "q.parquet")
+        return [(q, [(d, r) for r, (d, _) in enumerate(hits, 1)])
+                for q, hits in search(None, frame, 400, 1, False)]
+    config = {"negatives": {"source": "bm25", "depth": 400, "count": 30, "seed": 0}}
+    return bm25.mine_negatives(folder / "q.parquet", folder / "qrels.parquet",
+                               folder / "n.parquet", config, index=folder)
+peak_kb, _ = peak_anon_kb(mine)
+print(json.dumps({"peak_kb": peak_kb}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_bm25_negatives_memory_does_not_grow_with_the_queries_at_10x(tmp_path):
+    """MS MARCO document's 367k training queries x 200 hits held before sampling were ~10 GB.
+    Peak anonymous memory of mining 500 queries, then 5,000 (400 hits each, 30 kept): sampled as
+    the hits arrive, 10x the queries costs the rows kept (30 ids a query) and each query's own
+    entries (text, qrels: ~4 KB a query here), not the hits; the control (5,000 queries' hit
+    lists held, as the old code did: ~270 MB) sets the scale."""
+    grown = {}
+    for scale in (1, 10):
+        folder = tmp_path / f"{scale}x"
+        _stand_in_negatives(folder, 500 * scale)
+        grown[scale] = memory_probe.run(_MEASURE_NEGATIVES, folder, "mine", 500 * scale,
+                                        env=memory_probe.HELD_ONLY)["peak_kb"]
+    held = memory_probe.run(_MEASURE_NEGATIVES, tmp_path / "10x", "held", 5000,
+                            env=memory_probe.HELD_ONLY)["peak_kb"]
+    assert held >= 5000 * 400 * 64 // 1024, (held, grown)  # >= 64 bytes a held hit
+    # The old code grows by more than the control; the stream by ~20 MB.
+    assert grown[10] - grown[1] <= held / 5, (held, grown)

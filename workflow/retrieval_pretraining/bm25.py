@@ -21,7 +21,9 @@ used for BEIR, where some datasets reuse ids); we search one hit deeper so the r
 Negatives: per query, the top-`depth` hits minus ALL of that query's own positives
 (relevance >= 1 in the split's qrels), then `count` sampled uniformly without replacement by a
 generator seeded from (seed, query id), so the sample is independent of thread count, batch order
-or which other queries exist. Alternative source `triples`: the negatives listed for the query in
+or which other queries exist. A query's hits are sampled as the search yields them, then dropped
+(memory O(queries x count), not O(queries x depth); `negative_filter: answers` holds them for its
+one pass over the corpus). Alternative source `triples`: the negatives listed for the query in
 MS MARCO's official `qidpidtriples` file (what the COSTA authors used), same removal, the file
 streamed (memory O(queries x count), not O(lines): 400M lines at MS MARCO scale): the `count`
 listed negatives of smallest hash key of (seed, query id, pid), a uniform sample without
@@ -88,6 +90,7 @@ RUN_TAG = "bm25"
 # search threads die and batch_search waits forever (a job hung to its time limit, no error).
 HITS_PER_CALL = 100_000
 COLLECTION_BATCH_ROWS = 10_000  # corpus rows per read while writing the JsonCollection
+NEGATIVE_ROWS_BATCH = 10_000  # negatives rows built as Python lists before they become Arrow
 
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -397,6 +400,42 @@ def dpr_candidates(biencoder: Path, member: str | None, lists: list[str],
     return table
 
 
+def _negative_rows(
+    candidates: Iterable[tuple[str, list[tuple[str, int]]]],
+    positives: dict[str, set[str]],
+    answered: dict[str, set[str]],
+    count: int,
+    seed: int,
+) -> tuple[pa.Table, dict[str, int]]:
+    """Each query's row (query_id, positive_ids, negative_ids, negative_ranks), in the order of
+    `candidates`, and the counts the manifest reports, taking one query's list at a time: a list
+    is dropped once sampled, and rows become Arrow every NEGATIVE_ROWS_BATCH queries. Memory is
+    O(queries x count), not O(queries x depth): MS MARCO's 367k document queries x 200 BM25 hits
+    held as Python tuples were ~10 GB."""
+    batches, rows = [], {name: [] for name in NEGATIVES_SCHEMA.names}
+    counts = dict.fromkeys(("short", "positives_removed", "sampled", "longest", "negatives"), 0)
+    for qid, cands in candidates:
+        pos = positives[qid]
+        counts["positives_removed"] += sum(d in pos for d, _ in cands)
+        removed = pos | answered.get(qid, set())
+        negs, ranks = sample_negatives(qid, cands, removed, count, seed)
+        counts["short"] += len(negs) < count
+        counts["sampled"] += sum(d not in removed for d, _ in cands) > count
+        counts["longest"] = max(counts["longest"], len(cands))
+        counts["negatives"] += len(negs)
+        rows["query_id"].append(qid)
+        rows["positive_ids"].append(sorted(pos))
+        rows["negative_ids"].append(negs)
+        rows["negative_ranks"].append(ranks)
+        if len(rows["query_id"]) == NEGATIVE_ROWS_BATCH:
+            batches.append(pa.table(rows, schema=NEGATIVES_SCHEMA))
+            rows = {name: [] for name in NEGATIVES_SCHEMA.names}
+    batches.append(pa.table(rows, schema=NEGATIVES_SCHEMA))
+    # One chunk a column, as a table built at once: chunk ends would move where the writer cuts
+    # dictionary and data pages (the same rows, other bytes than before batching).
+    return pa.concat_tables(batches).combine_chunks(), counts
+
+
 def mine_negatives(
     queries_path: Path,
     qrels_path: Path,
@@ -443,38 +482,32 @@ def mine_negatives(
         candidates = ((q, table[q]) for q in queries["query_id"].to_list())
     else:
         raise ConfigError(f"negatives source {neg['source']!r} unknown; use {', '.join(SOURCES)}")
-    candidates = list(candidates)
-    if neg["source"] != "triples":  # triples filters answers while it streams
+    if neg["negative_filter"] == "answers" and neg["source"] != "triples":
+        # One corpus scan matches every query's candidates, so they are held for it; a scan per
+        # batch of queries would re-read a 21M-passage corpus once a batch. (Triples filters
+        # answers while it streams.)
+        candidates = list(candidates)
         answered = answer_exclusions({q: [d for d, _ in c] for q, c in candidates},
                                      neg["negative_filter"], answers, corpus, neg["answer_match"])
-    rows = {name: [] for name in NEGATIVES_SCHEMA.names}
-    short = positives_removed = sampled = 0
-    for qid, cands in candidates:
-        pos = positives[qid]
-        positives_removed += sum(d in pos for d, _ in cands)
-        removed = pos | answered.get(qid, set())
-        negs, ranks = sample_negatives(qid, cands, removed, neg["count"], neg["seed"])
-        short += len(negs) < neg["count"]
-        sampled += sum(d not in removed for d, _ in cands) > neg["count"]
-        rows["query_id"].append(qid)
-        rows["positive_ids"].append(sorted(pos))
-        rows["negative_ids"].append(negs)
-        rows["negative_ranks"].append(ranks)
+    elif neg["source"] != "triples":  # qrels: nothing to match; an unknown filter is refused
+        answered = answer_exclusions({}, neg["negative_filter"], answers, corpus,
+                                     neg["answer_match"])
+    table, counts = _negative_rows(candidates, positives, answered, neg["count"], neg["seed"])
+    positives_removed = counts["positives_removed"]
     if neg["source"] == "triples":  # removed while streaming: the sample holds none
         positives_removed = listed_positives
-    artifacts.write_parquet(out, pa.table(rows), NEGATIVES_SCHEMA)
+    artifacts.write_parquet(out, table, NEGATIVES_SCHEMA)
     stats = {
-        "queries": len(rows["query_id"]),
+        "queries": table.num_rows,
         "queries_without_positive_skipped": without_positive,
-        "queries_with_fewer_negatives": short,
+        "queries_with_fewer_negatives": counts["short"],
         "candidate_positives_removed": positives_removed,
         "answer_passages_removed": sum(len(v - positives[q]) for q, v in answered.items()),
-        "negatives": sum(map(len, rows["negative_ids"])),
+        "negatives": counts["negatives"],
         # Whether `count` cut any list (0 sampled: every candidate kept). Triples streams a sample
         # of `count` and never holds a whole list, so neither is known there.
-        "queries_sampled": None if neg["source"] == "triples" else sampled,
-        "longest_candidate_list": None if neg["source"] == "triples" else
-        max((len(c) for _, c in candidates), default=0),
+        "queries_sampled": None if neg["source"] == "triples" else counts["sampled"],
+        "longest_candidate_list": None if neg["source"] == "triples" else counts["longest"],
     }
     policy = {
         "source": neg["source"],
