@@ -406,6 +406,12 @@ def _wait_for(paths, proc, timeout=90):
         time.sleep(0.05)
 
 
+def _recorded_devices(tmp_path, name, proc):
+    """The CUDA_VISIBLE_DEVICES the job `name` recorded (DEVICE_RECORDER), once it has."""
+    _wait_for([tmp_path / f"{name}.devices"], proc)
+    return (tmp_path / f"{name}.devices").read_text()
+
+
 def test_sigusr1_sent_to_the_launcher_reaches_the_single_process_trainer(tmp_path):
     proc = _launch_recorder(tmp_path, gpus=1, devices="0")
     _wait_for([tmp_path / "ready-0"], proc)
@@ -649,19 +655,15 @@ def test_local_jobs_without_a_scheduler_each_claim_their_own_gpus(tmp_path):
              "--gpus", "1", "--", str(tmp_path), name],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def devices(name, proc):
-        _wait_for([tmp_path / f"{name}.devices"], proc)
-        return (tmp_path / f"{name}.devices").read_text()
-
     procs = {name: job(name) for name in ("a", "b")}
     try:
-        assert sorted(devices(n, p) for n, p in procs.items()) == ["0", "1"]
+        assert sorted(_recorded_devices(tmp_path, n, p) for n, p in procs.items()) == ["0", "1"]
         procs["c"] = job("c")  # both GPUs taken: it waits
         time.sleep(3)
         assert procs["c"].poll() is None and not (tmp_path / "c.devices").exists()
         procs["a"].kill()  # a crash: the kernel drops its lock
         procs["a"].wait()
-        assert devices("c", procs["c"]) == (tmp_path / "a.devices").read_text()
+        assert _recorded_devices(tmp_path, "c", procs["c"]) == (tmp_path / "a.devices").read_text()
     finally:
         (tmp_path / "release").write_text("")
         outputs = {n: p.communicate(timeout=60)[0] for n, p in procs.items()}
@@ -746,13 +748,9 @@ def test_one_process_gpu_stages_claim_their_own_gpus_where_no_scheduler_chose(tm
              "--module", "devicerecorder", "--", str(tmp_path), name],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def devices(name, proc):
-        _wait_for([tmp_path / f"{name}.devices"], proc)
-        return (tmp_path / f"{name}.devices").read_text()
-
     procs = {name: job(name) for name in ("a", "b")}
     try:
-        assert sorted(devices(n, p) for n, p in procs.items()) == ["0", "1"]
+        assert sorted(_recorded_devices(tmp_path, n, p) for n, p in procs.items()) == ["0", "1"]
         procs["c"] = job("c")  # the stages hold both GPUs' locks: it waits
         time.sleep(3)
         assert procs["c"].poll() is None and not (tmp_path / "c.devices").exists()
@@ -760,10 +758,10 @@ def test_one_process_gpu_stages_claim_their_own_gpus_where_no_scheduler_chose(tm
         (tmp_path / "release").write_text("")
         outputs = {n: p.communicate(timeout=60)[0] for n, p in procs.items()}
     assert all(p.returncode == 0 for p in procs.values()), outputs
-    assert devices("c", procs["c"]) in ("0", "1")
+    assert _recorded_devices(tmp_path, "c", procs["c"]) in ("0", "1")
     unchanged = {"cpu": job("cpu", tools=cpu), "slurm": job("slurm", SLURM_JOB_ID="7"),
                  "chosen": job("chosen", CUDA_VISIBLE_DEVICES="1"), "none": job("none", count=0)}
     for name, proc in unchanged.items():
         assert proc.wait(timeout=60) == 0, proc.communicate()[0]
-    assert {n: devices(n, p) for n, p in unchanged.items()} == {
+    assert {n: _recorded_devices(tmp_path, n, p) for n, p in unchanged.items()} == {
         "cpu": "unset", "slurm": "unset", "chosen": "1", "none": "unset"}
