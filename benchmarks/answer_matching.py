@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT / "workflow"))
 def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from retrieval_pretraining import answer_accuracy, answers
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

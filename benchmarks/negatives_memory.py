@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import memory_probe  # noqa: E402
+import memory_probe
 
 MEASURE = """
 import hashlib, types

@@ -46,7 +46,6 @@ def synthetic_shards(folder: Path, rows: int, tokens: int, per: int, seed: int =
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from retrieval_pretraining.contracts import spans as contract
 
     rng = np.random.default_rng(seed)
@@ -103,7 +102,6 @@ def main() -> None:
 
     import numpy as np
     from matplotlib.axes import Axes
-
     from retrieval_pretraining import audit, span_audit, spans
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

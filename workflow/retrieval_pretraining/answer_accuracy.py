@@ -13,8 +13,8 @@ is run only by scoring (score_run), the tables and the audit, so an edit to Acc@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .answers import matching_pairs
 
