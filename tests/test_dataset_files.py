@@ -1,5 +1,6 @@
 """Reading a dataset's source files: a malformed line is named with its file and line."""
 
+import json
 from collections.abc import Iterator
 
 import polars as pl
@@ -147,3 +148,36 @@ def test_a_jsonl_line_that_is_not_an_object_is_refused_naming_it(tmp_path, line)
     corpus.write_text(f'{{"_id": "d1", "text": "one"}}\n{line}\n')
     with pytest.raises(DatasetError, match=r"corpus\.jsonl, line 2: a JSON .*, not an object"):
         list(dataset_files.read_jsonl_corpus_batches(corpus))
+
+
+@pytest.mark.parametrize("name", ["queries.jsonl", "corpus.jsonl"])
+def test_an_empty_beir_file_is_refused_naming_it(tmp_path, name):
+    """An empty queries.jsonl failed as a polars SchemaError on a join (its columns typed null),
+    naming no file; an empty corpus.jsonl made an empty corpus, every judged document missing."""
+    path = tmp_path / name
+    path.write_text("\n")
+    with pytest.raises(DatasetError, match=rf"{name}: no records \(the file is empty\)"):
+        if name == "queries.jsonl":
+            dataset_files.read_jsonl(path, ("_id", "text"))
+        else:
+            list(dataset_files.read_jsonl_corpus_batches(path))
+
+
+@pytest.mark.parametrize("field, value, kind", [("text", 7, "number"), ("text", ["a"], "array"),
+                                                ("title", 3, "number"), ("title", [], "array")])
+def test_a_beir_title_or_text_that_is_not_a_string_is_refused_naming_the_line(
+        tmp_path, field, value, kind):
+    """A number or list as a text or title failed as a TypeError naming no file (or a query's
+    number was cast to a string as if it were its text); null stays an empty text."""
+    good = '{"_id": "1", "text": "one", "title": null}\n'
+    record = {"_id": "2", "text": "two", "title": "", field: value}
+    message = rf"\.jsonl, line 2: '{field}' is a JSON {kind}, not a string"
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(good + json.dumps(record) + "\n")
+    with pytest.raises(DatasetError, match=message):
+        list(dataset_files.read_jsonl_corpus_batches(corpus))
+    if field == "text":
+        queries = tmp_path / "queries.jsonl"
+        queries.write_text(good + json.dumps(record) + "\n")
+        with pytest.raises(DatasetError, match=message):
+            dataset_files.read_jsonl(queries, ("_id", "text"))

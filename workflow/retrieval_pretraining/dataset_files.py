@@ -89,6 +89,22 @@ def json_objects(handle: Iterable[str], where: str, fields: tuple[str, ...]
         yield number, record
 
 
+def _text(record: dict, field: str, where: str, number: int) -> str | None:
+    """`field` of a BEIR record as written: a string, or None (null, read as an empty text). A
+    number or a list is refused, naming the line: it failed later with a TypeError naming no
+    file, or was cast to a string as if it were text."""
+    value = record.get(field)
+    if value is None or isinstance(value, str):
+        return value
+    raise DatasetError(f"{where}, line {number}: {field!r} is a JSON {_json_type(value)}, not a "
+                       "string; a title or text is a JSON string (or null)")
+
+
+def _no_records(path: Path) -> DatasetError:
+    return DatasetError(f"{path}: no records (the file is empty); it holds one JSON object per "
+                        "line: download the dataset again, or fix `path`")
+
+
 def read_jsonl(
     path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, list]:
@@ -102,9 +118,12 @@ def read_jsonl(
                         f"{path}, line {number}: missing field {field!r}; BEIR files need "
                         f"{', '.join(fields)}"
                     )
-                columns[field].append(str(record[field]) if field == "_id" else record[field])
+                columns[field].append(str(record[field]) if field == "_id"
+                                      else _text(record, field, str(path), number))
             for field in optional:
-                columns[field].append(record.get(field) or "")
+                columns[field].append(_text(record, field, str(path), number) or "")
+    if not columns[fields[0]]:  # polars then failed on a join of a null-typed column
+        raise _no_records(path)
     return columns
 
 
@@ -126,8 +145,8 @@ def read_jsonl_corpus_batches(
                 raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "
                                    f"line needs {', '.join(fields)} (title optional)")
             columns["doc_id"].append(str(record.get("_id", position)))
-            columns["title"].append(record.get("title") or "")
-            columns["text"].append(record["text"])
+            columns["title"].append(_text(record, "title", str(path), number) or "")
+            columns["text"].append(_text(record, "text", str(path), number))
             position += 1
             size += len(columns["text"][-1] or "") + len(columns["title"][-1])
             if len(columns["doc_id"]) >= rows or size >= chars:
@@ -136,6 +155,8 @@ def read_jsonl_corpus_batches(
                 size = 0
     if columns["doc_id"]:
         yield pl.DataFrame(columns, schema=dict.fromkeys(columns, pl.String))
+    elif not position:  # an empty corpus: its splits failed later on every judged document
+        raise _no_records(path)
 
 
 def read_tsv_records(
