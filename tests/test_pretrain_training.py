@@ -320,6 +320,26 @@ def test_a_state_json_whose_step_is_no_step_count_is_a_clear_error(tmp_path, ste
     assert files_under(tmp_path) == before
 
 
+@pytest.mark.parametrize("step", [0, 5])
+def test_a_state_json_of_another_step_than_its_folder_is_a_clear_error(tmp_path, step):
+    """A state.json copied from another save (or a step edited by hand) resumed the schedule and
+    the data position at one step with the weights of another. Refused naming the file and the
+    fix, nothing deleted."""
+    model, optimizer, scheduler = _fresh()
+    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                        data_position={})
+    meta = tmp_path / "step-00000003" / "state.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "step": step}))
+    before = files_under(tmp_path)
+    with pytest.raises(BadInput) as error:
+        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
+    message = one_line(error.value)
+    assert message.startswith(f"{meta}: the resumable state cannot be read (ValueError: step is "
+                              f"{step}, but the state's folder step-00000003 was saved at step 3)")
+    assert f"restore the file, or move or delete {tmp_path} to start afresh" in message
+    assert files_under(tmp_path) == before
+
+
 def test_a_state_json_naming_a_tensor_its_tensors_file_lacks_is_a_clear_error(tmp_path):
     """A reference without its tensor (a hand edit, or the two files of different saves) raised
     a raw KeyError naming the tensor alone."""

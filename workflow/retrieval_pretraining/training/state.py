@@ -279,7 +279,7 @@ def load_state(
     tensors = _read(folder / "state.safetensors", state_dir, load_file)
     meta = _read(folder / "state.json", state_dir, lambda path: _restored(_step_count(_keys(
         artifacts.read_json(path), "step", "data_position", "extra", "optimizer", "scheduler",
-        "rng")), tensors))
+        "rng"), folder.name), tensors))
     optimizer.load_state_dict(meta["optimizer"])
     sched = meta["scheduler"]
     # The schedule function is rebuilt from config; LambdaLR stores None for plain functions.
@@ -331,12 +331,17 @@ def _state_name(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def _step_count(meta: dict[str, Any]) -> dict[str, Any]:
-    """`meta` (state.json) if its step is an integer >= 0: a hand-edited string failed later in
-    the trainer's arithmetic, a negative step resumed into steps the run never had."""
+def _step_count(meta: dict[str, Any], folder: str) -> dict[str, Any]:
+    """`meta` (state.json) if its step is an integer >= 0 and the step its folder is named for:
+    a hand-edited string failed later in the trainer's arithmetic, a negative step resumed into
+    steps the run never had, and another step (a state.json copied from another save, a hand
+    edit) resumed the schedule and data at one step with the weights of another."""
     step = meta["step"]
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step is not a step count (an integer >= 0) but {step!r}")
+    if step != int(folder.removeprefix("step-")):
+        raise ValueError(f"step is {step}, but the state's folder {folder} was saved at step "
+                         f"{int(folder.removeprefix('step-'))}")
     return meta
 
 
