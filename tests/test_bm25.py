@@ -522,6 +522,23 @@ def test_a_malformed_triples_line_is_named_by_its_number(tmp_path, monkeypatch, 
         msmarco_triples.triples_candidates(triples, None, {"1": {"11"}}, 2, seed=0)
 
 
+@pytest.mark.parametrize("block", [64, 16 << 20])
+@pytest.mark.parametrize("damage", ["cut", "flipped byte"])
+def test_a_cut_or_damaged_triples_gz_is_named_as_a_download_to_fetch_again(tmp_path, monkeypatch,
+                                                                           block, damage):
+    """A qidpidtriples.tsv.gz cut short (or with a damaged byte) is a download, but got the
+    generic hint "rebuild it with the stage that writes it": no stage writes it."""
+    data = gzip.compress(b"".join(b"%d\t1%d\t2%d\n" % (i, i, i) for i in range(1, 400)))
+    middle = len(data) // 2
+    triples = tmp_path / "qidpidtriples.tsv.gz"
+    triples.write_bytes(data[:middle] if damage == "cut" else
+                        data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    monkeypatch.setattr(msmarco_triples, "TRIPLES_BLOCK_BYTES", block)
+    with pytest.raises(InputFileError, match=f"{triples}: the compressed file is cut short or "
+                                             r"damaged \(.*\); download the file again$"):
+        msmarco_triples.triples_candidates(triples, None, {"1": {"11"}}, 2, seed=0)
+
+
 # --- the triples source streamed (issue 17): the sample's law, and memory at 1x and 10x ---------
 
 

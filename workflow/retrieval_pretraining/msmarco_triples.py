@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 from .answers import answer_exclusions
 from .config import ConfigError
-from .errors import InputFileError, one_line, reading
+from .errors import FILE_ERRORS, InputFileError, one_line, reading
 
 TRIPLES_BLOCK_BYTES = 16 << 20  # qidpidtriples text per read (a block is ~800k lines)
 TRIPLES_MERGE_ROWS = 1 << 20  # candidate rows held before they are merged into the kept sample
@@ -54,7 +55,8 @@ def _fnv1a64(strings: pl.Series) -> np.ndarray:
 
 def triples_blocks(path: Path) -> Iterator[pa.RecordBatch]:
     """The file's (query_id, pos, neg) string columns, a block at a time. A malformed line is
-    named by its number (pyarrow's parse error quotes its text only: one of 400M lines)."""
+    named by its number (pyarrow's parse error quotes its text only: one of 400M lines); a .gz
+    cut short or damaged is named as a download to fetch again."""
     import pyarrow.csv as pacsv
 
     try:
@@ -70,28 +72,48 @@ def triples_blocks(path: Path) -> Iterator[pa.RecordBatch]:
         )
     except pa.ArrowInvalid as error:
         raise malformed_line(path, error) or error
+    except OSError as error:  # pyarrow's "Truncated compressed stream", a bad gzip header
+        if isinstance(error, FILE_ERRORS) or Path(path).suffix != ".gz":
+            raise
+        raise damaged_gzip(path, error) from error
+
+
+def damaged_gzip(path: Path, error: Exception) -> InputFileError:
+    """A compressed stream cut short or corrupt: a download, so the fix is to fetch it again (the
+    generic hint, "rebuild it with the stage that writes it", names no stage that can)."""
+    return InputFileError(f"{path}: the compressed file is cut short or damaged "
+                          f"({type(error).__name__}: {one_line(error)}); download the file again")
 
 
 def malformed_line(path: Path, error: Exception) -> InputFileError | None:
     """The error naming the first line that is not three tab-separated UTF-8 fields, found by
     reading the file again (only after a parse error); None if every line is well formed."""
-    opener = gzip.open if Path(path).suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            line = raw.rstrip(b"\r\n")
-            if not line:  # pyarrow skips empty lines
-                continue
-            try:
-                line.decode("utf-8")
-                fields = line.count(b"\t") + 1
-                wrong = f"{fields} fields, expected 3" if fields != 3 else None
-            except UnicodeDecodeError:
-                wrong = "not UTF-8"
-            if wrong:
-                return InputFileError(
-                    f"{path}, line {number}: {wrong} ({one_line(error)}); qidpidtriples lines are "
-                    "qid <tab> positive pid <tab> negative pid: download the file again")
+    for number, raw in enumerate(_raw_lines(path), 1):
+        line = raw.rstrip(b"\r\n")
+        if not line:  # pyarrow skips empty lines
+            continue
+        try:
+            line.decode("utf-8")
+            fields = line.count(b"\t") + 1
+            wrong = f"{fields} fields, expected 3" if fields != 3 else None
+        except UnicodeDecodeError:
+            wrong = "not UTF-8"
+        if wrong:
+            return InputFileError(
+                f"{path}, line {number}: {wrong} ({one_line(error)}); qidpidtriples lines are "
+                "qid <tab> positive pid <tab> negative pid: download the file again")
     return None
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The file's lines (a .gz decompressed); a .gz cut short or corrupt is damaged_gzip (pyarrow
+    may first meet its cut as a partial line)."""
+    opener = gzip.open if Path(path).suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as handle:
+            yield from handle
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise damaged_gzip(path, error) from error
 
 
 def query_salts(seed: int, query_ids: Iterable[str]) -> pl.DataFrame:
