@@ -383,7 +383,9 @@ def dpr_candidates(biencoder: Path, member: str | None, lists: list[str],
     for qid, question, ids in read_biencoder_negatives(biencoder, member, lists):
         if qid not in texts:
             continue
-        question = question or ""  # the split keeps a null question as ""
+        # read_biencoder refused a non-string question when the split was built: a null one here
+        # is another file's, compared as "" (refused below unless the split's query is empty).
+        question = question or ""
         if question != texts[qid]:
             raise ConfigError(
                 f"{biencoder}: question {qid} is {question[:60]!r}, but the split's query {qid} "
