@@ -301,30 +301,9 @@ def test_a_latest_json_naming_no_state_folder_is_a_clear_error(tmp_path, checkpo
     assert files_under(tmp_path) == before
 
 
-@pytest.mark.parametrize("step", ['"3"', "-1", "true", "2.5", "null"])
-def test_a_state_json_whose_step_is_no_step_count_is_a_clear_error(tmp_path, step):
-    """A hand-edited step: a string failed later in the trainer's arithmetic, a negative one
-    resumed and trained steps the run never had. Refused naming state.json and the fix."""
-    model, optimizer, scheduler = _fresh()
-    training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
-                        data_position={})
-    meta = tmp_path / "step-00000003" / "state.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "step": json.loads(step)}))
-    before = files_under(tmp_path)
-    with pytest.raises(BadInput) as error:
-        training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
-    message = one_line(error.value)
-    assert message.startswith(f"{meta}: the resumable state cannot be read (ValueError: step is "
-                              f"not a step count (an integer >= 0) but {json.loads(step)!r}); ")
-    assert f"restore the file, or move or delete {tmp_path} to start afresh" in message
-    assert files_under(tmp_path) == before
-
-
-@pytest.mark.parametrize("step", [0, 5])
-def test_a_state_json_of_another_step_than_its_folder_is_a_clear_error(tmp_path, step):
-    """A state.json copied from another save (or a step edited by hand) resumed the schedule and
-    the data position at one step with the weights of another. Refused naming the file and the
-    fix, nothing deleted."""
+def _refused_with_state_step(tmp_path, step):
+    """(state.json, the one-line refusal) after saving at step 3 and writing `step` into its
+    state.json; the refusal deletes nothing."""
     model, optimizer, scheduler = _fresh()
     training.save_state(tmp_path, step=3, model=model, optimizer=optimizer, scheduler=scheduler,
                         data_position={})
@@ -333,11 +312,29 @@ def test_a_state_json_of_another_step_than_its_folder_is_a_clear_error(tmp_path,
     before = files_under(tmp_path)
     with pytest.raises(BadInput) as error:
         training.load_state(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
-    message = one_line(error.value)
+    assert files_under(tmp_path) == before
+    return meta, one_line(error.value)
+
+
+@pytest.mark.parametrize("step", ['"3"', "-1", "true", "2.5", "null"])
+def test_a_state_json_whose_step_is_no_step_count_is_a_clear_error(tmp_path, step):
+    """A hand-edited step: a string failed later in the trainer's arithmetic, a negative one
+    resumed and trained steps the run never had. Refused naming state.json and the fix."""
+    meta, message = _refused_with_state_step(tmp_path, json.loads(step))
+    assert message.startswith(f"{meta}: the resumable state cannot be read (ValueError: step is "
+                              f"not a step count (an integer >= 0) but {json.loads(step)!r}); ")
+    assert f"restore the file, or move or delete {tmp_path} to start afresh" in message
+
+
+@pytest.mark.parametrize("step", [0, 5])
+def test_a_state_json_of_another_step_than_its_folder_is_a_clear_error(tmp_path, step):
+    """A state.json copied from another save (or a step edited by hand) resumed the schedule and
+    the data position at one step with the weights of another. Refused naming the file and the
+    fix, nothing deleted."""
+    meta, message = _refused_with_state_step(tmp_path, step)
     assert message.startswith(f"{meta}: the resumable state cannot be read (ValueError: step is "
                               f"{step}, but the state's folder step-00000003 was saved at step 3)")
     assert f"restore the file, or move or delete {tmp_path} to start afresh" in message
-    assert files_under(tmp_path) == before
 
 
 def test_a_state_json_naming_a_tensor_its_tensors_file_lacks_is_a_clear_error(tmp_path):
