@@ -5,12 +5,14 @@ from retrieval_pretraining.answer_accuracy import acc_cutoffs
 
 
 def negative_filter(dataset):
-    """mining.negative_filter for one dataset: auto = answers for format dpr, else qrels."""
-    chosen = config["mining"].get("negative_filter", "auto")
+    """mining.negative_filter for one dataset (its mining.overrides entry applied): auto =
+    answers for format dpr, else qrels."""
+    chosen = mining_settings(dataset).get("negative_filter", "auto")
     is_dpr = dataset_entry(dataset)["format"] == "dpr"
     if chosen == "answers" and not is_dpr:
         raise ValueError(
-            f"mining.negative_filter is answers, but dataset '{dataset}' has no answer lists "
+            f"mining.negative_filter (or its mining.overrides entry) is answers, but dataset "
+            f"'{dataset}' has no answer lists "
             "(only format dpr datasets do); set it to auto"
         )
     if chosen == "auto":

@@ -110,6 +110,12 @@ def bm25_settings(dataset):
     return settings
 
 
+def mining_settings(dataset):
+    """The mining policy for one dataset: the section's policy keys with its `overrides` entry
+    applied (references.mining_policy, the one the parse-time check validates)."""
+    return config_references.mining_policy(config, dataset)
+
+
 def shard_ids():
     return [f"{i:04d}" for i in range(config["corpus"]["shards"])]
 

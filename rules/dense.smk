@@ -76,11 +76,11 @@ def index_argument():
 
 
 def mining_argument(wildcards):
-    """mine.py's slice: the retrieval knobs, exclude_self, the mining policy keys and use_gpu."""
-    mining = config["mining"]
+    """mine.py's slice: the retrieval knobs, exclude_self, the dataset's mining policy (its
+    mining.overrides entry applied) and use_gpu."""
     knobs = retrieval_knobs(wildcards, "exclude_self")
-    knobs |= {k: v for k, v in mining.items() if k not in ("index", "keep_vectors")}
-    knobs["use_gpu"] = mining["index"].get("use_gpu", "auto")
+    knobs |= mining_settings(wildcards.dataset)
+    knobs["use_gpu"] = config["mining"]["index"].get("use_gpu", "auto")
     knobs |= negative_filter_policy(wildcards.dataset)
     return experiment_config.stage_argument(knobs)
 

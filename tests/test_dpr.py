@@ -916,6 +916,27 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
     assert failed.returncode != 0 and "disagree on answer_match" in failed.stdout + failed.stderr
 
 
+def test_a_dataset_s_mining_override_sets_its_negative_filter_for_mining_and_bm25_alike(tmp_path):
+    """mining.overrides may give one dataset another negative_filter (qrels on NQ, to measure
+    the answers filter): its BM25 negatives and mining jobs both get it, and read no answers."""
+    from workflow_harness import plan_of, snakemake
+
+    project = nq_project(tmp_path / "project", [
+        {"dataset": "nq-sample", "split": "test", "measures": ["Acc@20"]}])
+    config = yaml.safe_load((project / "config.yaml").read_text())
+    config["mining"]["overrides"] = [{"dataset": "nq-sample", "negative_filter": "qrels"}]
+    (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    targets = ("results/bm25/nq-sample/negatives.parquet",
+               "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
+    plan = snakemake(project, "--dry-run", "--printshellcmds", *targets)
+    output = plan.stdout + plan.stderr
+    commands = [line for line in output.splitlines()
+                if "retrieval_pretraining.mine " in line or "bm25 negatives" in line]
+    assert len(commands) == 2, commands
+    assert all('"negative_filter":"qrels"' in c and "--answers" not in c for c in commands)
+    assert "prepare_dataset_answers" not in plan_of(output)
+
+
 def test_biencoder_questions_without_positives_count_as_queries_without_qrels(tmp_path):
     """Every question is kept (scored by answers); one with no positive passage has no qrels, and
     the manifests say so (they used to report 0 queries without qrels). A question keeps every

@@ -1,7 +1,8 @@
 """The config's references the rules resolve into files, checked when the workflow parses
 (rules/common.smk calls `check`, after config.validate): the splits that finetune, evaluate, bm25
 negatives and the t-SNE figure name, the report's stage suffixes, significance baselines, t-SNE
-stage and low-resource systems, and finetune's `stage1_init`.
+stage and low-resource systems, and finetune's `stage1_init`; and each fine-tuned dataset's mining
+policy (`mining.overrides` applied: mining_policy, which the rules pass too).
 
 The rules build whatever a target names, so a misspelt split or stage stopped the dry run at a
 missing file or an input function's error that named no config key (or named the wrong one), and
@@ -24,7 +25,7 @@ def _names(entries: list[dict[str, Any]] | None) -> list[str]:
 
 def check(config: dict[str, Any]) -> None:
     """Raise ConfigError naming every stage reference nothing builds (config.validate first)."""
-    messages = split_mistakes(config) + stage1_init_mistakes(config)
+    messages = split_mistakes(config) + stage1_init_mistakes(config) + mining_mistakes(config)
     messages = list(dict.fromkeys(messages + report_stage_mistakes(config)))
     if messages:
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
@@ -115,6 +116,77 @@ def stage1_init_mistakes(config: dict[str, Any]) -> list[str]:
             continue
         if mistake := _stage_mistake(key, stage, dataset, rounds):
             messages.append(mistake)
+    return messages
+
+
+# mining's keys that are no policy of a dataset's own: one index per stage serves its mining and
+# its dense runs (schemas/mining.schema.yaml, `overrides`).
+MINING_SHARED = ("index", "keep_vectors", "overrides")
+
+
+def mining_policy(config: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """The mining policy of `dataset`: the section's policy keys, its `mining.overrides` entry
+    applied (rules/dense.smk mining_argument passes it, rules/answers.smk reads its
+    negative_filter). A dataset without an entry gets exactly the section's keys, so its jobs'
+    params, their rerun trigger, are what they were before overrides existed."""
+    mining = config["mining"]
+    policy = {key: value for key, value in mining.items() if key not in MINING_SHARED}
+    for override in mining.get("overrides") or []:
+        if override["dataset"] == dataset:
+            policy |= {key: value for key, value in override.items() if key != "dataset"}
+    return policy
+
+
+def window_mistake(window: list | None, depth: int) -> str | None:
+    """Why rank_window [lo, hi) is no window on ranks 1..depth, or None: what mine.check_window
+    refuses when the job starts (after a whole encode and index build), said at parse time. Kept
+    equal to it by tests/test_mining_overrides.py (mine.py imports torch and faiss, too slow and
+    heavy for a parse; moving the check there would rerun every mining job)."""
+    if window is None:
+        return None
+    lo, hi = window
+    if hi is not None and hi <= lo:
+        return f"[{lo}, {hi}) is empty: it must be [lo, hi) with lo < hi (hi may be null)"
+    if lo > depth:
+        return (f"starts at rank {lo} but depth is {depth}: no query would get a negative; raise "
+                "depth or lower the window's lo")
+    if hi is not None and hi - 1 > depth:
+        return (f"[{lo}, {hi}) reaches past depth {depth} (ranks beyond it are never searched); "
+                f"raise depth to {hi - 1} or lower hi to {depth + 1} (or null: up to depth)")
+    return None
+
+
+def mining_mistakes(config: dict[str, Any]) -> list[str]:
+    """A mining.overrides entry must name a fine-tuned dataset, once; every fine-tuned dataset's
+    policy (its entry merged into the section's) must have a rank_window within its depth."""
+    messages, seen, twice = [], {}, set()
+    datasets = _names(config["datasets"])
+    finetuned = [entry["dataset"] for entry in config["finetune"]["datasets"]]
+    overrides = config["mining"].get("overrides") or []
+    for i, entry in enumerate(overrides):
+        key, dataset = f"mining.overrides.{i}.dataset", entry["dataset"]
+        if dataset not in datasets:
+            messages.append(f"config key '{key}': '{dataset}' is not a datasets entry; known: "
+                            f"{', '.join(datasets)}")
+        elif dataset not in finetuned:
+            messages.append(f"config key '{key}': '{dataset}' is not fine-tuned on, so nothing "
+                            f"mines it and this policy would be ignored; finetune.datasets has: "
+                            f"{', '.join(finetuned)}")
+        elif dataset in seen:
+            messages.append(f"config key '{key}': '{dataset}' has an entry already "
+                            f"(mining.overrides.{seen[dataset]}); give it one, with every key")
+            twice.add(dataset)
+        seen.setdefault(dataset, i)
+    for dataset in [d for d in dict.fromkeys(finetuned) if d not in twice]:
+        policy = mining_policy(config, dataset)
+        why = window_mistake(policy["rank_window"], policy["depth"])
+        if why is None:
+            continue
+        own = seen.get(dataset)
+        named = [f"mining.overrides.{own}.{name}" if own is not None and name in overrides[own]
+                 else f"mining.{name}" for name in ("rank_window", "depth")]
+        where = f" on '{dataset}' (depth from {named[1]})" if own is not None else ""
+        messages.append(f"config key '{named[0]}':{where} the window {why}")
     return messages
 
 
