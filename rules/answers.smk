@@ -94,7 +94,7 @@ rule prepare_dataset_answers:
     log:
         "results/logs/prepare_dataset_answers/{dataset}/{split}.log",
     wildcard_constraints:
-        dataset="[A-Za-z0-9_.-]+",
+        dataset=prepared_pattern(),
         split="[A-Za-z0-9_.-]+",
     conda:
         conda_env("torch")

@@ -7,9 +7,15 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from retrieval_pretraining import code_deps  # noqa: E402
 from retrieval_pretraining import config as experiment_config  # noqa: E402
+from retrieval_pretraining import dataset_aliases  # noqa: E402
 from retrieval_pretraining import references as config_references  # noqa: E402
 
 experiment_config.validate(config)
+# A dataset alias ({name, same_as}) is its source's entry under its own name from here on, so every
+# rule reads it as a full entry; DATASET_ALIASES ({alias: source}) says whose files it copies
+# (rules/retrieval.smk `alias_dataset_file`) and what sees through it (in-domain checks).
+DATASET_ALIASES = dataset_aliases.sources(config["datasets"])
+config["datasets"] = dataset_aliases.resolve(config["datasets"])
 # The splits and stages the sections name (a module no stage imports: no job's code input).
 config_references.check(config)
 

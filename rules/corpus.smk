@@ -100,7 +100,11 @@ def corpus_arguments(corpus, texts):
         return "--articles " + " ".join(texts)
     options = data_root_option()
     if settings["source"] == "dataset":
-        options += f" --downloads {DATASET_DOWNLOADS}/{settings['dataset']['name']}"
+        # An alias's downloads are its source's (datasets[].same_as): fetched once, there.
+        dataset = dataset_aliases.collection(
+            settings["dataset"]["name"], DATASET_ALIASES
+        )
+        options += f" --downloads {DATASET_DOWNLOADS}/{dataset}"
     return options
 
 

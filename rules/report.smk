@@ -12,8 +12,12 @@ def report_models():
     return [
         {k: m[k] for k in ("name", "objective", "reuse_pretraining") if k in m}
         | {
-            "pretrained_on": corpora_lib.pretraining_datasets(
-                config["pretrain"], config["corpus"], m["name"]
+            # An alias (datasets[].same_as) is its source's collection: in-domain too.
+            "pretrained_on": dataset_aliases.same_collection(
+                corpora_lib.pretraining_datasets(
+                    config["pretrain"], config["corpus"], m["name"]
+                ),
+                DATASET_ALIASES,
             ),
             "base": paper_numbers.pretraining_base(
                 config["pretrain"], config["checkpoints"], m["name"]

@@ -2,6 +2,8 @@
 # BM25 negatives. Every evaluate.splits entry gets a BM25 run, published for scoring under
 # results/runs/{dataset}/bm25/{split}.trec like every other system.
 
+import re
+
 from retrieval_pretraining.bm25 import RUNTIME_KEYS as BM25_RUNTIME
 from retrieval_pretraining.download import check_fetched
 
@@ -31,6 +33,22 @@ def dataset_entry(name):
     return named("datasets", name)
 
 
+# Dataset aliases (datasets[].same_as, rules/common.smk DATASET_ALIASES): their prepared files
+# are copies (alias_dataset_file), so the rules that prepare a dataset never match an alias's.
+def alias_pattern(names=None):
+    """A wildcard constraint matching one of `names` (the aliases) alone; none: nothing."""
+    names = DATASET_ALIASES if names is None else names
+    return "|".join(map(re.escape, names)) or "(?!)"
+
+
+def prepared_pattern(names=None):
+    """A wildcard constraint matching any dataset name but one of `names` (the aliases)."""
+    names = DATASET_ALIASES if names is None else names
+    if not names:
+        return "[A-Za-z0-9_.-]+"
+    return f"(?!(?:{alias_pattern(names)})(?![A-Za-z0-9_.-]))[A-Za-z0-9_.-]+"
+
+
 def _dataset_download(dataset, file):
     for download in dataset_entry(dataset).get("downloads", []):
         if download["file"] == file:
@@ -52,10 +70,12 @@ def _ref_path(entry, ref):
     """The file a dataset config reference names (a project file or a download)."""
     if "path" in ref:
         return str(config_path(ref["path"]))
+    # An alias's downloads are its source's files, fetched once under the source's name.
+    dataset = dataset_aliases.collection(entry["name"], DATASET_ALIASES)
     # Fails early, naming the fix (an unknown download, a pin its fetched file contradicts).
-    download = _dataset_download(entry["name"], ref["download"])
-    _check_fetched_download(entry["name"], download)
-    return f"{DATASET_DOWNLOADS}/{entry['name']}/{ref['download']}"
+    download = _dataset_download(dataset, ref["download"])
+    _check_fetched_download(dataset, download)
+    return f"{DATASET_DOWNLOADS}/{dataset}/{ref['download']}"
 
 
 def get_dataset_corpus_sources(wildcards):
@@ -187,7 +207,7 @@ rule prepare_dataset:
     log:
         "results/logs/prepare_dataset/{dataset}.log",
     wildcard_constraints:
-        dataset="[A-Za-z0-9_.-]+",
+        dataset=prepared_pattern(),
     conda:
         conda_env("torch")
     params:
@@ -209,7 +229,7 @@ rule prepare_dataset_split:
     log:
         "results/logs/prepare_dataset_split/{dataset}/{split}.log",
     wildcard_constraints:
-        dataset="[A-Za-z0-9_.-]+",
+        dataset=prepared_pattern(),
         split="[A-Za-z0-9_.-]+",
     conda:
         conda_env("torch")
@@ -219,6 +239,34 @@ rule prepare_dataset_split:
     shell:
         "python -m retrieval_pretraining.datasets split --split {wildcards.split} {params.args} "
         "--out {params.out} &> {log}"
+
+
+# A dataset alias's prepared file (corpus, dataset.json, a split's queries, qrels or answers):
+# a copy of its source's, manifest and all, so the alias downloads and parses nothing.
+rule alias_dataset_file:
+    input:
+        file=lambda wc: f"{DATASETS_DIR}/{DATASET_ALIASES[wc.dataset]}/{wc.file}",
+    output:
+        file=f"{DATASETS_DIR}/{{dataset}}/{{file}}",
+    log:
+        "results/logs/alias_dataset_file/{dataset}/{file}.log",
+    wildcard_constraints:
+        dataset=alias_pattern(),
+        file=r"(corpus|(queries|qrels|answers)-[A-Za-z0-9_-]+)\.parquet|dataset\.json",
+    localrule: True
+    params:
+        manifest=lambda wc, input, output: copied_manifest(input.file, output.file),
+    shell:
+        "({params.manifest}cp {input.file} {output.file}) &> {log}"
+
+
+def copied_manifest(source, copy):
+    """`cp <source's manifest> <copy's> && ` (artifacts.manifest_path's name: `x.parquet` ->
+    `x.manifest.json`); "" for dataset.json, which has none."""
+    if Path(source).name == "dataset.json":
+        return ""
+    name = Path(source).name.split(".")[0] + ".manifest.json"
+    return f"cp {Path(source).with_name(name)} {Path(copy).with_name(name)} && "
 
 
 # Speed and memory of the BM25 jobs: passed with `bm25 --runtime`, outside the params, so that
@@ -240,6 +288,17 @@ def bm25_slice(dataset, keys):
     )
 
 
+def copied_bm25_indexes():
+    """The aliases whose BM25 index is a copy of their source's: an index is its corpus (the
+    same bytes) and the indexed text (`title`) alone, so one whose bm25 settings index the same
+    text is the same index; another `title` (bm25.overrides) is built."""
+    return [
+        alias
+        for alias, source in DATASET_ALIASES.items()
+        if bm25_slice(alias, ("title",)) == bm25_slice(source, ("title",))
+    ]
+
+
 rule build_bm25_index:
     input:
         corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
@@ -249,7 +308,7 @@ rule build_bm25_index:
     log:
         "results/logs/build_bm25_index/{dataset}.log",
     wildcard_constraints:
-        dataset="[A-Za-z0-9_.-]+",
+        dataset=prepared_pattern(copied_bm25_indexes()),
     conda:
         conda_env("pyserini")
     threads: config["bm25"]["index_threads"]
@@ -261,6 +320,23 @@ rule build_bm25_index:
         "python -m retrieval_pretraining.bm25 index --config '{params.bm25}' "
         "--runtime '{resources.bm25_runtime}' --corpus {input.corpus} "
         "--out {output.index} &> {log}"
+
+
+# An alias's BM25 index when it indexes the text its source's does: the source's, copied (an
+# 8.8M-passage MS MARCO index takes an hour of 8 cores to build, seconds to copy).
+rule alias_bm25_index:
+    input:
+        index=lambda wc: f"results/bm25/{DATASET_ALIASES[wc.dataset]}/index",
+    output:
+        index=directory("results/bm25/{dataset}/index"),
+    log:
+        "results/logs/alias_bm25_index/{dataset}.log",
+    wildcard_constraints:
+        dataset=alias_pattern(copied_bm25_indexes()),
+    localrule: True
+    shell:
+        "(rm -rf {output.index}.tmp && cp -r {input.index} {output.index}.tmp && "
+        "mv {output.index}.tmp {output.index}) &> {log}"
 
 
 rule bm25_search:

@@ -24,10 +24,10 @@ PACKAGE = PACKAGE_DIR.name
 DYNAMIC_IMPORTS = {"contracts.registry": ("contracts",)}
 # Imports that serve only to validate a whole experiment config, which the Snakefile does at parse
 # time and no stage does at run time (config.validate -> cross_check): what they check (a published
-# number's benchmark, a corpus entry's keys) changes no stage's result, so through config they are
+# number's benchmark, a corpus entry's keys, a dataset alias) changes no stage's result, so through config they are
 # no rule's code input. Correcting a published number would otherwise rerun extraction, chunking
 # and every pre-training. A stage that imports them itself (tables: paper_numbers) keeps them.
-PARSE_TIME_IMPORTS = {"config": ("paper_numbers", "corpora")}
+PARSE_TIME_IMPORTS = {"config": ("paper_numbers", "corpora", "dataset_aliases")}
 
 
 def module_file(name: str) -> Path | None:

@@ -118,7 +118,7 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     errors.sort(key=lambda e: list(map(str, e.absolute_path)))
     messages = list(dict.fromkeys(_describe(e) for e in errors))
     if not messages:  # cross-checks assume the shapes the schema guarantees
-        messages = cross_check(config)
+        messages = _alias_mistakes(config) or cross_check(_resolved(config))
     if messages:
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
     for advice in advisories(config):
@@ -144,6 +144,23 @@ def advisories(config: dict[str, Any]) -> list[str]:
                 "job after them"
             )
     return messages
+
+
+def _alias_mistakes(config: dict[str, Any]) -> list[str]:
+    """Dataset aliases (`same_as`) that name no earlier entry (dataset_aliases.problems)."""
+    from . import dataset_aliases  # parse time only: code_deps.PARSE_TIME_IMPORTS
+
+    return dataset_aliases.problems(config["datasets"])
+
+
+def _resolved(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with each dataset alias as its source's entry under its own name (what the
+    rules read), and `dataset_aliases`: {alias: source} for the checks that must see through one."""
+    from . import dataset_aliases
+
+    datasets = config["datasets"]
+    return config | {"datasets": dataset_aliases.resolve(datasets),
+                     "dataset_aliases": dataset_aliases.sources(datasets)}
 
 
 def _names(entries: list[dict[str, Any]] | None) -> list[str]:
@@ -226,10 +243,14 @@ def cross_check(config: dict[str, Any]) -> list[str]:
                 f"config key '{key}.trained_on': '{entry['trained_on']}' is not fine-tuned on; "
                 f"finetune.datasets has: {', '.join(finetuned)}"
             )
-        if target in finetuned:
+        # An alias is its source's collection: a target fine-tuned on under another name is
+        # in-domain too.
+        aliases = config.get("dataset_aliases") or {}
+        if aliases.get(target, target) in {aliases.get(f, f) for f in finetuned}:
             messages.append(
-                f"config key '{key}.dataset': '{target}' is fine-tuned on, so its runs are "
-                "in-domain; a zero-shot target must not be in finetune.datasets"
+                f"config key '{key}.dataset': '{target}' is fine-tuned on (or is the data of "
+                "an entry that is: same_as), so its runs are in-domain; a zero-shot target must "
+                "not be in finetune.datasets"
             )
         if target not in evaluated:
             messages.append(
@@ -279,12 +300,13 @@ def _benchmark_mistakes(config: dict[str, Any]) -> list[str]:
     from . import paper_numbers  # parse time only: code_deps.PARSE_TIME_IMPORTS
 
     messages = []
+    aliases = config.get("dataset_aliases") or {}  # an alias's column is its source's benchmark
     for table in config["report"]["tables"]:
         for i, column in enumerate(table["columns"]):
             if "benchmark" not in column:
                 continue
-            why = paper_numbers.benchmark_mistake(column["benchmark"], column["dataset"],
-                                                  column["split"])
+            dataset = aliases.get(column["dataset"], column["dataset"])
+            why = paper_numbers.benchmark_mistake(column["benchmark"], dataset, column["split"])
             if why:
                 messages.append(f"config key 'report.tables[{table['name']}].columns.{i}"
                                 f".benchmark': {why}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import dataset_aliases
 from .config import STAGE, ConfigError
 
 
@@ -24,7 +25,9 @@ def _names(entries: list[dict[str, Any]] | None) -> list[str]:
 
 
 def check(config: dict[str, Any]) -> None:
-    """Raise ConfigError naming every stage reference nothing builds (config.validate first)."""
+    """Raise ConfigError naming every stage reference nothing builds (config.validate first).
+    A dataset alias (same_as) is read as its source's entry, whose splits it has."""
+    config = config | {"datasets": dataset_aliases.resolve(config["datasets"])}
     messages = split_mistakes(config) + stage1_init_mistakes(config) + mining_mistakes(config)
     messages = list(dict.fromkeys(messages + report_stage_mistakes(config)))
     if messages:
