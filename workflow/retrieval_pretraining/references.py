@@ -1,8 +1,9 @@
 """The config's references the rules resolve into files, checked when the workflow parses
 (rules/common.smk calls `check`, after config.validate): the splits that finetune, evaluate, bm25
 negatives and the t-SNE figure name, the report's stage suffixes, significance baselines, t-SNE
-stage and low-resource systems, and finetune's `stage1_init`; and each fine-tuned dataset's mining
-policy (`mining.overrides` applied: mining_policy, which the rules pass too).
+stage and low-resource systems, and finetune's `stage1_init`; each fine-tuned dataset's mining
+policy (`mining.overrides` applied: mining_policy, which the rules pass too); and the datasets
+`bm25.overrides` names.
 
 The rules build whatever a target names, so a misspelt split or stage stopped the dry run at a
 missing file or an input function's error that named no config key (or named the wrong one), and
@@ -29,6 +30,7 @@ def check(config: dict[str, Any]) -> None:
     A dataset alias (same_as) is read as its source's entry, whose splits it has."""
     config = config | {"datasets": dataset_aliases.resolve(config["datasets"])}
     messages = split_mistakes(config) + stage1_init_mistakes(config) + mining_mistakes(config)
+    messages += bm25_override_mistakes(config)
     messages = list(dict.fromkeys(messages + report_stage_mistakes(config)))
     if messages:
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
@@ -190,6 +192,26 @@ def mining_mistakes(config: dict[str, Any]) -> list[str]:
                  else f"mining.{name}" for name in ("rank_window", "depth")]
         where = f" on '{dataset}' (depth from {named[1]})" if own is not None else ""
         messages.append(f"config key '{named[0]}':{where} the window {why}")
+    return messages
+
+
+def bm25_override_mistakes(config: dict[str, Any]) -> list[str]:
+    """A bm25.overrides entry must name a datasets entry (an alias too: its `title` decides
+    whether its index is copied or built), once. The rules apply an entry to the dataset of its
+    name and to no other (rules/common.smk bm25_settings), so a misspelt one left that dataset's
+    BM25 on the section's k1, b and title without a word; two entries applied both, the later
+    keys winning."""
+    messages, seen = [], {}
+    datasets = _names(config["datasets"])
+    for i, entry in enumerate(config["bm25"].get("overrides") or []):
+        key, dataset = f"bm25.overrides.{i}.dataset", entry["dataset"]
+        if dataset not in datasets:
+            messages.append(f"config key '{key}': '{dataset}' is not a datasets entry, so these "
+                            f"settings would apply to no BM25 run; known: {', '.join(datasets)}")
+        elif dataset in seen:
+            messages.append(f"config key '{key}': '{dataset}' has an entry already "
+                            f"(bm25.overrides.{seen[dataset]}); give it one, with every key")
+        seen.setdefault(dataset, i)
     return messages
 
 
