@@ -196,7 +196,7 @@ def test_settings_refuse_unknown_keys_naming_them_and_the_known_ones():
     ("pooling", "max"), ("q_len", 0), ("p_len", "128"), ("title", "above"), ("dtype", "int8"),
     ("temperature", 0), ("group_size", 0), ("gather", "yes"), ("lr", -1.0), ("warmup_ratio", 1.5),
     ("max_grad_norm", 0), ("precision", "fp8"), ("train_queries", 0), ("train_sample", -1),
-    ("log_every_steps", 1.5),
+    ("log_every_steps", 1.5), ("lr_schedule", "step"), ("min_lr_ratio", 1.0), ("warmup_steps", -1),
 ])
 def test_settings_refuse_bad_values_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=key):
@@ -225,7 +225,9 @@ def test_settings_record_the_flat_knobs_the_manifest_always_held():
             "group_size", "batch_size", "sub_batches", "gather", "warmup_ratio", "weight_decay",
             "max_grad_norm", "epochs", "precision", "train_queries", "train_sample",
             "queries_without_negatives", "save_every_steps", "log_every_steps"} < set(record)
-    assert len(record) == 22 and record["projector"] is False
+    assert len(record) == 25 and record["projector"] is False
+    assert (record["lr_schedule"], record["min_lr_ratio"], record["warmup_steps"]) == (
+        "linear", 0.0, None)
     # How a corpus is encoded later is not a fine-tuning setting (the rules do not pass it).
     assert not {"encode_batch_size", "dtype"} & set(record)
 

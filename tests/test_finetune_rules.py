@@ -105,7 +105,9 @@ def test_bm25_negatives_of_another_split_than_the_training_one_are_refused(tmp_p
 
 # Knobs edited in one go: what each job's --config may change under them is asserted below.
 EDITS = {"shards": 2, "search_depth": 150, "encode_batch_size": 8, "dtype": "float32",
-         "epochs_mined": 3, "stage2_negatives": "union", "lr": 1e-4, "temperature": 0.1}
+         "epochs_mined": 3, "stage2_negatives": "union", "lr": 1e-4, "temperature": 0.1,
+         "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 5}
+SCHEDULE = {"lr_schedule", "min_lr_ratio", "warmup_steps"}  # the trainer's alone
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +119,8 @@ def edited_plan(tmp_path_factory) -> list[dict]:
 
 
 @pytest.mark.parametrize("rule, wildcards, changed", [
-    ("finetune_stage1", {"stage": "stage1"}, {"lr", "temperature"}),
-    ("finetune_stage2", {"stage": "stage2"}, {"lr", "temperature", "epochs"}),  # epochs_mined
+    ("finetune_stage1", {"stage": "stage1"}, {"lr", "temperature", *SCHEDULE}),
+    ("finetune_stage2", {"stage": "stage2"}, {"lr", "temperature", "epochs", *SCHEDULE}),  # mined
     # encode_batch_size travels as --runtime: only dtype of the two changes the vectors.
     ("encode_corpus_shard", {"stage": "stage1", "shard": "0000"}, {"dtype"}),
     ("mine_hard_negatives", {"stage": "stage1"}, {"dtype"}),

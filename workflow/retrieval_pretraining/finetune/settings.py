@@ -17,6 +17,7 @@ from ..retrieval_settings import (RetrievalSettings, check_bool, check_choice, c
                                   check_number, refuse_unknown, slice_keys)
 
 WITHOUT_NEGATIVES = ("pad", "drop")
+LR_SCHEDULES = ("linear", "cosine")  # the decay after the warm-up (finetune/schedule.py)
 # Slice keys the trainer does not read: which encoder and negatives a stage starts from and how
 # many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
 RULE_KEYS = ("rounds", "epochs_mined", "stage1", "stage1_init", "stage2_init", "stage2_negatives",
@@ -40,6 +41,10 @@ class FinetuneSettings:
     projector: bool = False
     lr: float = 5e-6
     warmup_ratio: float = 0.1
+    # The BoW authors' recipe: cosine to 0.1 x lr after 1000 warm-up steps (finetune/schedule.py).
+    lr_schedule: str = "linear"     # linear (COSTA, Tevatron) | cosine
+    min_lr_ratio: float = 0.0       # the decay ends at min_lr_ratio x lr; in [0, 1)
+    warmup_steps: int | None = None  # the warm-up in steps, instead of warmup_ratio; null = ratio
     weight_decay: float = 0.0
     max_grad_norm: float | None = None  # none; the COSTA scripts clip at 1.0 (paper.yaml)
     epochs: int = 3
@@ -63,6 +68,12 @@ class FinetuneSettings:
                               f"{self.retrieval.pooling!r}; use pooling cls")
         check_number("finetune.lr", self.lr, low=0, low_open=True)
         check_number("finetune.warmup_ratio", self.warmup_ratio, low=0, high=1)
+        check_choice("finetune.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        if self.min_lr_ratio == 1 and not isinstance(self.min_lr_ratio, bool):
+            raise ConfigError(f"finetune.min_lr_ratio {self.min_lr_ratio!r} must be a number >= 0 "
+                              f"and < 1: the lr decays to min_lr_ratio x lr, so 1 is no decay")
+        check_number("finetune.min_lr_ratio", self.min_lr_ratio, low=0, high=1)
+        check_int("finetune.warmup_steps", self.warmup_steps, 0, nullable=True)
         check_number("finetune.weight_decay", self.weight_decay, low=0)
         check_number("finetune.max_grad_norm", self.max_grad_norm, low=0, low_open=True,
                      nullable=True)

@@ -27,6 +27,7 @@ from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batch_i
                    micro_batches_of_rank, step_queries)
 from .model import load_bi_encoder, micro_batch_loss
 from .passages import PassageStore, write_passages
+from .schedule import build_schedule, warmup_steps
 from .settings import FinetuneSettings
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             "the encoder", env.device, **GPU_ADVICE)):
         model, tokenizer = load_bi_encoder(init, r, env.device, projector=s.projector, heads=heads)
     optimizer = training.build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay)
-    scheduler = training.linear_schedule(optimizer, total_steps=total_steps,
-                                         warmup_steps=math.ceil(s.warmup_ratio * total_steps))
+    scheduler = build_schedule(optimizer, s, total_steps)
+    if env.is_main and warmup_steps(s, total_steps) > total_steps:  # e.g. 1000 on a small set
+        log.warning("the warm-up (%d steps) outlasts the run's %d steps: the lr never reaches its "
+                    "peak (finetune.warmup_steps)", warmup_steps(s, total_steps), total_steps)
     # The init's weights file (its sha256 recorded), not its config.json: the config is the same
     # for every encoder of one architecture and so does not say which weights fine-tuning began at.
     inputs = {"init": init / "model.safetensors", "queries": queries, "qrels": qrels,
@@ -272,9 +275,16 @@ def adamw_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 RESULT_NEUTRAL = ("save_every_steps", "log_every_steps")
 
 
+# The schedule knobs added after resumable states existed, at their defaults (the schedule those
+# states were trained on): left out of the job, so that a state written before them still resumes.
+SCHEDULE_DEFAULTS = {"lr_schedule": "linear", "min_lr_ratio": 0.0, "warmup_steps": None}
+
+
 def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
-    """The settings a resumable state must match: all but RESULT_NEUTRAL."""
-    return {k: v for k, v in settings.record().items() if k not in RESULT_NEUTRAL}
+    """The settings a resumable state must match: all but RESULT_NEUTRAL (and SCHEDULE_DEFAULTS's
+    knobs while they hold their defaults)."""
+    return {k: v for k, v in settings.record().items() if k not in RESULT_NEUTRAL
+            and not (k in SCHEDULE_DEFAULTS and v == SCHEDULE_DEFAULTS[k])}
 
 
 def _identities(inputs: dict[str, Path]) -> dict[str, Any]:
