@@ -2,6 +2,8 @@
 valid, in sync with the paper.yaml entries it repeats (lists replace whole), and planned by a dry
 run to every one of its tables (the downloads are planned, never fetched)."""
 
+import json
+
 import pytest
 import yaml
 
@@ -24,7 +26,8 @@ def test_the_bow_overlay_is_valid_and_repeats_the_paper_entries_it_replaces():
     paper, overlay, config = _load("paper.yaml"), _load("bow.yaml"), merged()
     experiment_config.validate(config)
     assert config["experiment"] == "paper-bow"
-    for path in (("pretrain", "models"), ("datasets",), ("bm25", "negatives"), ("finetune", "datasets")):
+    for path in (("pretrain", "models"), ("datasets",), ("bm25", "negatives"), ("bm25", "overrides"),
+                 ("finetune", "datasets"), ("evaluate", "zero_shot")):
         ours, theirs = overlay, paper
         for key in path:
             ours, theirs = ours[key], theirs[key]
@@ -92,6 +95,67 @@ def test_the_qa_sets_restart_stage_2_from_the_pretrained_encoder_at_p_len_256(ta
     encode = job(tables_plan, "encode_corpus_shard", model="bow", dataset=dataset,
                  stage="stage2", shard="0000")["args"]
     assert stage_config(encode)["p_len"] == 256
+
+
+@pytest.mark.timeout(600)
+def test_the_qa_sets_train_and_mine_as_the_authors_qa_scripts(tables_plan):
+    """bowdpr's train_dpr_{nq,trivia}.sh: 16 passages a query, 1000 warm-up steps then a cosine
+    to 0.1 x lr; stage 2 on the mined AND the BM25 negatives; mined: every answer-free passage of
+    the top 100."""
+    from test_finetune_rules import job, stage_config, values
+
+    for dataset in ("nq", "trivia"):
+        stage2 = job(tables_plan, "finetune_stage2", model="bow", dataset=dataset,
+                     stage="stage2")["args"]
+        knobs = stage_config(stage2)
+        assert {k: knobs[k] for k in ("group_size", "lr_schedule", "min_lr_ratio", "warmup_steps",
+                                      "epochs")} == {
+            "group_size": 16, "lr_schedule": "cosine", "min_lr_ratio": 0.1,
+            "warmup_steps": 1000, "epochs": 20}, dataset
+        assert sorted(values(stage2, "--negatives")) == sorted([
+            f"results/finetune/bow/{dataset}/stage1/hard-negatives.parquet",
+            f"results/bm25/{dataset}/negatives.parquet"])
+        mine = job(tables_plan, "mine_hard_negatives", model="bow", dataset=dataset,
+                   stage="stage1")["args"]
+        policy = stage_config(mine)
+        assert (policy["depth"], policy["num_negatives"], policy["rank_window"]) == (100, None, None)
+
+
+@pytest.mark.timeout(600)
+def test_the_msmarco_tables_run_the_bow_authors_recipe_on_an_alias(tables_plan):
+    """The BoW tables' MS MARCO and SciFact columns read msmarco-passage-bow / scifact-bow,
+    paper.yaml's collections under second names (copies: nothing prepared or downloaded twice),
+    fine-tuned by bowdpr's train_dpr_msmarco.sh: 128 triples negatives, 16 passages of 144
+    tokens, lr 2e-5 on the cosine schedule, 3 + 3 epochs, stage 2 restarted from the pre-trained
+    encoder on ranks 3-200 of stage 1's search, 128 sampled."""
+    from test_finetune_rules import job, stage_config, values
+
+    prepared = {j["wildcards"].get("dataset") for j in tables_plan
+                if j["rule"] in ("prepare_dataset", "prepare_dataset_split",
+                                 "download_dataset_file")}
+    assert not prepared & {"msmarco-passage-bow", "scifact-bow"}, prepared
+    negatives = job(tables_plan, "bm25_negatives", dataset="msmarco-passage-bow")["args"]
+    assert json.loads(values(negatives, "--config")[0])["negatives"]["count"] == 128
+    assert values(negatives, "--triples") == [
+        "results/downloads/datasets/msmarco-passage/qidpidtriples.train.full.2.tsv.gz"]
+    recipe = {"lr": 2e-5, "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 1000,
+              "group_size": 16, "p_len": 144, "epochs": 3}
+    for stage in ("stage1", "stage2"):
+        args = job(tables_plan, f"finetune_{stage}", model="bow-marco",
+                   dataset="msmarco-passage-bow", stage=stage)["args"]
+        knobs = stage_config(args)
+        assert {k: knobs[k] for k in recipe} == recipe, stage
+    assert values(args, "--init") == ["results/pretrain/bow-marco/encoder"]
+    assert values(args, "--negatives") == [
+        "results/finetune/bow-marco/msmarco-passage-bow/stage1/hard-negatives.parquet"]
+    mine = job(tables_plan, "mine_hard_negatives", model="bow-marco",
+               dataset="msmarco-passage-bow", stage="stage1")["args"]
+    policy = stage_config(mine)
+    assert (policy["depth"], policy["rank_window"], policy["num_negatives"],
+            policy["sample"]) == (200, [3, None], 128, "random")
+    zero_shot = job(tables_plan, "dense_search", model="bow", dataset="scifact-bow",
+                    stage="stage2", split="test")["args"]
+    assert any("msmarco-passage-bow/stage2" in a for a in zero_shot), zero_shot
 
 
 @pytest.mark.timeout(600)
