@@ -84,6 +84,10 @@ def finetune_argument(wildcards):
     are left out, so that changing them reruns no fine-tuning job)."""
     knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
     knobs |= model_finetune_knobs(wildcards.model)
+    if parse_stage(wildcards.stage)[3] > 1 and knobs["stage2_negatives"] == "separate":
+        # Each negatives file its own examples (finetune/data.py); left out otherwise, so that
+        # the slice of every other job stays what it was.
+        knobs["negative_files"] = "separate"
     return experiment_config.stage_argument(only(knobs, trainer_keys()))
 
 
@@ -177,7 +181,7 @@ def get_finetune_inputs(wildcards):
     negatives = [
         f"results/finetune/{model}/{dataset}/{previous}/hard-negatives.parquet"
     ]
-    if knobs["stage2_negatives"] == "union":
+    if knobs["stage2_negatives"] in ("union", "separate"):
         negatives.append(bm25_negatives_path(dataset))
     return inputs | {
         "init": (

@@ -287,7 +287,7 @@ def stage_chain(model, dataset, stage):
     chain.append(f"results/datasets/{dataset}/corpus.parquet")
     knobs = finetune_knobs(dataset, stage)
     if (number == 1 and knobs["stage1"] == "bm25") or (
-        number > 1 and knobs["stage2_negatives"] == "union"
+        number > 1 and knobs["stage2_negatives"] in ("union", "separate")
     ):
         chain.append(f"results/bm25/{dataset}/negatives.parquet")
     if number == 1:

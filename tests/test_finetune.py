@@ -205,8 +205,9 @@ def test_settings_refuse_bad_values_naming_the_key(key, value):
 
 def test_every_knob_of_the_section_is_read_by_a_stage_or_by_the_rules():
     """The slice's keys come from the finetune schema; each is a settings field of fine-tuning or
-    retrieval, or named in RULE_KEYS (read by the rules' input functions, mining or search)."""
-    from retrieval_pretraining.finetune.settings import RULE_KEYS
+    retrieval, or named in RULE_KEYS (read by the rules' input functions, mining or search); the
+    trainer's STAGE_KEYS are the rules' to add, never the section's."""
+    from retrieval_pretraining.finetune.settings import RULE_KEYS, STAGE_KEYS
     from retrieval_pretraining.retrieval_settings import PREFIX_KEYS, RetrievalSettings, slice_keys
 
     def names(cls):
@@ -215,7 +216,7 @@ def test_every_knob_of_the_section_is_read_by_a_stage_or_by_the_rules():
     # The prefixes are a baseline encoder's (rules/baselines.smk adds them); never fine-tuning's.
     retrieval = names(RetrievalSettings) - set(PREFIX_KEYS)
     read = (names(FinetuneSettings) - {"retrieval"}) | retrieval | set(RULE_KEYS)
-    assert read == set(slice_keys())
+    assert read - set(STAGE_KEYS) == set(slice_keys()) and set(STAGE_KEYS) <= read
 
 
 def test_settings_record_the_flat_knobs_the_manifest_always_held():
@@ -225,7 +226,8 @@ def test_settings_record_the_flat_knobs_the_manifest_always_held():
             "group_size", "batch_size", "sub_batches", "gather", "warmup_ratio", "weight_decay",
             "max_grad_norm", "epochs", "precision", "train_queries", "train_sample",
             "queries_without_negatives", "save_every_steps", "log_every_steps"} < set(record)
-    assert len(record) == 25 and record["projector"] is False
+    assert len(record) == 26 and record["projector"] is False
+    assert record["negative_files"] == "union"  # the rules' stage2_negatives separate: separate
     assert (record["lr_schedule"], record["min_lr_ratio"], record["warmup_steps"]) == (
         "linear", 0.0, None)
     # How a corpus is encoded later is not a fine-tuning setting (the rules do not pass it).

@@ -166,6 +166,21 @@ def variant_plan(tmp_path_factory) -> list[dict]:
                         "results/runs/scifact-docs/bert-stage3/test.trec")
 
 
+def test_separate_negatives_hand_stage_2_both_files_each_its_own_examples(tmp_path):
+    """stage2_negatives separate (the Tevatron / BoW QA scripts' stage 2): stage 2 reads the mined
+    and the BM25 files as union does, and its slice alone tells the trainer to keep them apart
+    (negative_files); stage 1's slice is what it was."""
+    project = copy_project(tmp_path / "project", {"finetune": {
+        "models": ["bert"], "stage2_negatives": "separate"}})
+    jobs = planned_jobs(project, "results/runs/scifact/bert-stage2/test.trec")
+    stage2 = job(jobs, "finetune_stage2", dataset="scifact", stage="stage2")["args"]
+    assert values(stage2, "--negatives") == [f"{FT}/scifact/stage1/hard-negatives.parquet",
+                                             BM25.format(dataset="scifact")]
+    assert stage_config(stage2)["negative_files"] == "separate"
+    stage1 = job(jobs, "finetune_stage1", dataset="scifact", stage="stage1")["args"]
+    assert "negative_files" not in stage_config(stage1)
+
+
 def test_restart_and_union_read_the_pretrained_encoder_and_both_negative_sets(variant_plan):
     stage2 = job(variant_plan, "finetune_stage2", dataset="scifact", stage="stage2")["args"]
     assert values(stage2, "--init") == ["results/pretrain/bert/encoder"]

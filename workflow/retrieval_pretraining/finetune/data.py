@@ -16,6 +16,11 @@ scored against every passage of its *contrast set* (`contrast_plan`): batch_size
 queries' passages. Batches are a pure function of (seed, epoch, query id): the query order of an
 epoch comes from (seed, epoch), a query's positive and negatives from (seed, epoch, query id). So
 a resumed run, or one on a different number of GPUs, sees the same groups.
+
+Several negatives files (a later stage's mined + BM25) are unioned per query, one example a query;
+with negative_files: separate each file is its own set of examples (`separate_examples`), as in the
+Tevatron / BoW authors' stage 2: a query is then one example per file naming negatives for it, each
+drawing from that file's list alone, and the examples take the queries' place above.
 """
 
 from __future__ import annotations
@@ -202,6 +207,32 @@ def merged_negatives(paths: list[Path]) -> pl.DataFrame:
                         .list.unique(maintain_order=True).alias("negatives"))
 
 
+def separate_examples(frame: pl.DataFrame, negative_files: list[Path]
+                      ) -> tuple[pl.DataFrame, dict[str, int]]:
+    """(the examples, their counts) of `frame`'s training queries when each negatives file is its
+    own training set (negative_files: separate). The Tevatron / BoW authors' NQ and TriviaQA
+    stage 2 trains on a folder holding the mined file and a copy of the BM25 one, a line per query
+    in each: a query is two examples an epoch, each group's negatives from one file's list.
+
+    A query with negatives in file i is an example of file i, with id `query_id@i`; one with none
+    in any file (kept: queries_without_negatives pad) is one example `query_id@pad`, padded. The
+    id keys the example's draws and order as a query id does in a union (distinct ids: the part
+    after the last @ names the file); its text and positives are its query's. QUERY_SCHEMA's rows,
+    sorted by id; the counts say how many examples each file gave."""
+    queries = frame.select("query_id", "text", "positives")
+    parts, counts = [], {}
+    for i, path in enumerate(negative_files):
+        named = merged_negatives([path]).filter(pl.col("negatives").list.len() > 0)
+        part = queries.join(named, on="query_id", how="inner")
+        counts[f"examples_of_negatives{i}"] = len(part)
+        parts.append(part.with_columns(pl.col("query_id") + f"@{i}"))
+    padded = frame.filter(pl.col("negatives").list.len().fill_null(0) == 0)
+    parts.append(padded.with_columns(pl.col("query_id") + "@pad"))
+    examples = (pl.concat([part.select(list(QUERY_SCHEMA)).cast(QUERY_SCHEMA) for part in parts])
+                .sort("query_id"))
+    return examples, counts | {"train_examples": len(examples)}
+
+
 def corpus_rows(corpus: Path, doc_ids: pl.Series, columns: list[str]) -> pl.DataFrame:
     """`columns` of the corpus rows whose doc_id is in `doc_ids` (scanned, not loaded whole)."""
     wanted = doc_ids.cast(pl.String).implode()
@@ -267,6 +298,7 @@ class TrainingSet:
     padding: list[str]
     counts: dict[str, int]
     passages: PassageStore | None = None
+    query_count: int | None = None  # the queries, when examples (separate_examples) outnumber them
 
     def __post_init__(self):
         ids = self.queries["query_id"]
@@ -275,7 +307,13 @@ class TrainingSet:
 
     @property
     def query_ids(self) -> pl.Series:
+        """The examples' ids: the query ids, or separate_examples' ids."""
         return self.queries["query_id"]
+
+    @property
+    def num_queries(self) -> int:
+        """The training queries (each one example or more)."""
+        return len(self.queries) if self.query_count is None else self.query_count
 
     def needed_passages(self) -> pl.Series:
         """Every passage a group can draw: positives, negatives and the padding pool, once each."""
@@ -309,8 +347,13 @@ def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: 
     process attaches them (`with_passages`), so no process holds them in its own memory."""
     frame, counts = training_queries(queries, qrels, negative_files, settings, seed, corpus=corpus,
                                      sample_among=sample_among)
+    query_count = None
+    if settings.negative_files == "separate":
+        query_count = len(frame)
+        frame, examples = separate_examples(frame, negative_files)
+        counts |= examples
     # Left after a drop policy: none; after pad: their groups come from the padding pool.
     no_negatives = int(frame["negatives"].list.len().fill_null(0).eq(0).sum())
     counts["queries_without_negatives_padded"] = no_negatives
     fallback = padding_pool(corpus, seed) if no_negatives else []
-    return TrainingSet(queries=frame, padding=fallback, counts=counts)
+    return TrainingSet(queries=frame, padding=fallback, counts=counts, query_count=query_count)

@@ -18,10 +18,15 @@ from ..retrieval_settings import (RetrievalSettings, check_bool, check_choice, c
 
 WITHOUT_NEGATIVES = ("pad", "drop")
 LR_SCHEDULES = ("linear", "cosine")  # the decay after the warm-up (finetune/schedule.py)
+# How a stage reads several negatives files (finetune/data.py): each query's lists unioned into one
+# example, or each file its own examples (the rules set it: stage2_negatives separate).
+NEGATIVE_FILES = ("union", "separate")
 # Slice keys the trainer does not read: which encoder and negatives a stage starts from and how
 # many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
 RULE_KEYS = ("rounds", "epochs_mined", "stage1", "stage1_init", "stage2_init", "stage2_negatives",
              "shards", "search_depth", "exclude_self")
+# Trainer keys no config section holds: the rules add them to a stage's slice (finetune_argument).
+STAGE_KEYS = ("negative_files",)
 # The retrieval knobs the trainer reads (how texts are cut, joined and pooled); the others
 # (encode_batch_size, dtype) say how a corpus is encoded and stored later, not what is trained.
 TRAINED_RETRIEVAL_KEYS = ("pooling", "similarity", "q_len", "p_len", "title")
@@ -52,6 +57,7 @@ class FinetuneSettings:
     train_queries: int | None = None  # low-resource mode / demo: N sampled training queries
     train_sample: int = 0           # which of the K seeded samples of N queries
     queries_without_negatives: str = "pad"  # pad (random corpus documents, Tevatron) | drop
+    negative_files: str = "union"   # union | separate (NEGATIVE_FILES); set by the rules
     save_every_steps: int = 500
     log_every_steps: int = 10
 
@@ -82,14 +88,16 @@ class FinetuneSettings:
         check_int("finetune.train_sample", self.train_sample, 0)
         check_choice("finetune.queries_without_negatives", self.queries_without_negatives,
                      WITHOUT_NEGATIVES)
+        check_choice("finetune.negative_files", self.negative_files, NEGATIVE_FILES)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "FinetuneSettings":
         """From the slice the finetune rules pass (defaults for missing keys; unknown refused)."""
-        refuse_unknown(config, slice_keys(), "finetune")
+        refuse_unknown(config, slice_keys(*STAGE_KEYS), "finetune")
         own = {f.name: config[f.name] for f in dataclasses.fields(cls)
                if f.name != "retrieval" and f.name in config}
-        return cls(retrieval=RetrievalSettings.from_config(config, stage="finetune"), **own)
+        return cls(retrieval=RetrievalSettings.from_config(config, added=STAGE_KEYS,
+                                                           stage="finetune"), **own)
 
     def record(self) -> dict[str, Any]:
         """One flat dict, as the encoder's manifest and training.json record the settings (and a

@@ -52,7 +52,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     data = load_training_set(queries, qrels, corpus, list(negatives), s, seed, among)
     steps_per_epoch = len(data.query_ids) // s.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"{len(data.query_ids)} training queries are fewer than one batch of "
+        raise ValueError(f"{len(data.query_ids)} training examples are fewer than one batch of "
                          f"{s.batch_size}; lower finetune.batch_size")
     total_steps = steps_per_epoch * s.epochs
 
@@ -104,20 +104,24 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
         log.info("%d training queries, %d steps; plan %s on %d process(es); %d positives absent "
                  "from the corpus dropped, %d queries left without a positive skipped; queries "
                  "without negatives (%s): %d dropped, %d padded from the corpus",
-                 len(data.query_ids), total_steps, plan.record(), env.world_size,
+                 data.num_queries, total_steps, plan.record(), env.world_size,
                  counts["positives_absent_from_corpus"],
                  counts["queries_without_positive_in_corpus"], s.queries_without_negatives,
                  counts["queries_without_negatives_dropped"],
                  counts["queries_without_negatives_padded"])
+        if "train_examples" in counts:  # negative_files separate: a query per file naming it
+            log.info("each negatives file its own examples: %d an epoch, %s",
+                     counts["train_examples"], {k: v for k, v in counts.items()
+                                                if k.startswith("examples_of_")})
         if counts["queries_left_out_per_epoch"]:
             log.info("%d queries an epoch (whole batches); the other %d, different ones each "
                      "epoch, are not trained that epoch", trained,
                      counts["queries_left_out_per_epoch"])
         if "train_queries_sampled" in counts:  # drop may leave fewer than the sample's N
             log.info("low-resource sample %d of %d queries: %d of them trained", s.train_sample,
-                     counts["train_queries_sampled"], len(data.query_ids))
+                     counts["train_queries_sampled"], data.num_queries)
         metrics.write({"step": start, "event": "start", **plan.record(),
-                       "train_queries": len(data.query_ids), **counts,
+                       "train_queries": data.num_queries, **counts,
                        "world_size": env.world_size})
 
     def save(step: int) -> None:
@@ -183,7 +187,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
 
     if env.is_main:
         export(model.encoder, tokenizer, out, s, seed, plan, total_steps, inputs,
-               stats={"train_queries": len(data.query_ids), **counts},
+               stats={"train_queries": data.num_queries, **counts},
                final_metrics={"loss": loss_mean})  # the last step's loss
         training.plot_losses(metrics_path, metrics_path.with_name("loss.png"), "fine-tuning loss")
         # The encoder is complete: a rerun must start afresh, not resume a finished run.
@@ -278,13 +282,15 @@ RESULT_NEUTRAL = ("save_every_steps", "log_every_steps")
 # The schedule knobs added after resumable states existed, at their defaults (the schedule those
 # states were trained on): left out of the job, so that a state written before them still resumes.
 SCHEDULE_DEFAULTS = {"lr_schedule": "linear", "min_lr_ratio": 0.0, "warmup_steps": None}
+# Likewise the knobs added later, whatever their kind: negatives files unioned, as before.
+LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union"}
 
 
 def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
-    """The settings a resumable state must match: all but RESULT_NEUTRAL (and SCHEDULE_DEFAULTS's
+    """The settings a resumable state must match: all but RESULT_NEUTRAL (and LATER_DEFAULTS's
     knobs while they hold their defaults)."""
     return {k: v for k, v in settings.record().items() if k not in RESULT_NEUTRAL
-            and not (k in SCHEDULE_DEFAULTS and v == SCHEDULE_DEFAULTS[k])}
+            and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
 
 
 def _identities(inputs: dict[str, Path]) -> dict[str, Any]:
