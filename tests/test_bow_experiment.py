@@ -100,8 +100,9 @@ def test_the_qa_sets_restart_stage_2_from_the_pretrained_encoder_at_p_len_256(ta
 @pytest.mark.timeout(600)
 def test_the_qa_sets_train_and_mine_as_the_authors_qa_scripts(tables_plan):
     """bowdpr's train_dpr_{nq,trivia}.sh: 16 passages a query, 1000 warm-up steps then a cosine
-    to 0.1 x lr; stage 2 on the mined AND the BM25 negatives; mined: every answer-free passage of
-    the top 100."""
+    to 0.1 x lr; stage 2 (10 epochs) on the mined AND the BM25 negatives, each file its own
+    examples, as their train_hn folder holds both; mined: every answer-free passage of the top
+    100."""
     from test_finetune_rules import job, stage_config, values
 
     for dataset in ("nq", "trivia"):
@@ -111,10 +112,15 @@ def test_the_qa_sets_train_and_mine_as_the_authors_qa_scripts(tables_plan):
         assert {k: knobs[k] for k in ("group_size", "lr_schedule", "min_lr_ratio", "warmup_steps",
                                       "epochs")} == {
             "group_size": 16, "lr_schedule": "cosine", "min_lr_ratio": 0.1,
-            "warmup_steps": 1000, "epochs": 20}, dataset
+            "warmup_steps": 1000, "epochs": 10}, dataset
+        assert knobs["negative_files"] == "separate", dataset
         assert sorted(values(stage2, "--negatives")) == sorted([
             f"results/finetune/bow/{dataset}/stage1/hard-negatives.parquet",
             f"results/bm25/{dataset}/negatives.parquet"])
+        stage1 = job(tables_plan, "finetune_stage1", model="bow", dataset=dataset,
+                     stage="stage1")["args"]
+        assert stage_config(stage1)["epochs"] == 20 and "negative_files" not in stage_config(
+            stage1), dataset
         mine = job(tables_plan, "mine_hard_negatives", model="bow", dataset=dataset,
                    stage="stage1")["args"]
         policy = stage_config(mine)
