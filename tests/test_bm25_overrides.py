@@ -9,9 +9,9 @@ import copy
 
 import pytest
 import yaml
-
 from retrieval_pretraining import config as experiment_config
 from retrieval_pretraining import references
+from test_mining_overrides import refusal
 from workflow_harness import ROOT, merged_configs
 
 EXPERIMENTS = ROOT / "workflow" / "experiments"
@@ -23,14 +23,6 @@ def demo() -> dict:
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["datasets"].append({"name": "scifact-bow", "same_as": "scifact"})
     return config
-
-
-def refusal(config: dict) -> str:
-    """The parse-time refusal of `config` (config.validate, then references.check)."""
-    with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(config)
-        references.check(config)
-    return " ".join(str(error.value).split())
 
 
 @pytest.mark.parametrize("overrides, expected", [

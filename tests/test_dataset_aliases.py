@@ -15,14 +15,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from retrieval_pretraining import config as experiment_config
 from retrieval_pretraining import dataset_aliases, references
-from workflow_harness import (ROOT, copy_project, edit_config, merged_configs, planned_params,
-                              planned_rules, snakemake)
-
-DPR = "dpr-sample"
-DPR_FILES = ("psgs_w100.tsv", "nq-test.qa.csv")
+from test_dataset_reruns import DPR, _dpr_entry
+from workflow_harness import (
+    ROOT,
+    copy_project,
+    edit_config,
+    merged_configs,
+    planned_params,
+    planned_rules,
+    snakemake,
+)
 
 
 @pytest.fixture(scope="module")
@@ -109,18 +113,6 @@ def test_an_aliass_column_takes_its_sources_benchmark(demo):
     experiment_config.validate(config)
 
 
-def _dpr_entry(project: Path) -> dict:
-    """A dpr dataset whose files are downloads (file:// URLs into the project's sample)."""
-    folder = project / "data" / "dpr-sample"
-    return {
-        "name": DPR,
-        "format": "dpr",
-        "corpus": {"download": "psgs_w100.tsv"},
-        "splits": [{"name": "test", "questions": {"download": "nq-test.qa.csv"}}],
-        "title": "space",
-        "exclude_query_id": False,
-        "downloads": [{"file": f, "url": (folder / f).as_uri()} for f in DPR_FILES],
-    }
 
 
 def _add_aliases(project: Path) -> None:

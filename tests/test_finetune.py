@@ -1313,6 +1313,24 @@ def test_two_gloo_processes_fine_tune_as_one_process_with_dropout_on(tmp_path):
         assert (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=1e-5))
 
 
+def stop_flag_after(checks: int) -> type:
+    """A StopFlag that reports a stop request at its `checks`-th look (a SIGUSR1 mid-run)."""
+
+    class StopAfter(training.StopFlag):
+        seen = 0
+
+        @property
+        def requested(self):
+            StopAfter.seen += 1
+            return StopAfter.seen == checks
+
+        @requested.setter
+        def requested(self, value):
+            pass
+
+    return StopAfter
+
+
 @pytest.mark.slow
 def test_two_gloo_processes_gathering_fine_tune_as_one_process_across_a_stop(tmp_path):
     """gather: each contrast set is split over the processes, its passages all-gathered with
@@ -1363,6 +1381,7 @@ def test_two_gloo_processes_gathering_fine_tune_as_one_process_across_a_stop(tmp
     for step, loss in losses["one"].items():
         assert math.isclose(losses["two"][step], loss, rel_tol=1e-5)
 
+
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     """A stop signal after step 2 saves state and exits 75; the rerun ends where an uninterrupted run
     ends (same groups, same dropout stream, same optimiser state), with one metrics line per step."""
@@ -1381,20 +1400,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
     assert run("straight") == 0
     straight = tmp_path / "straight"
 
-    class StopAfterTwoSteps(training.StopFlag):
-        checks = 0
-
-        @property
-        def requested(self):
-            StopAfterTwoSteps.checks += 1
-            return StopAfterTwoSteps.checks == 2
-
-        @requested.setter
-        def requested(self, value):
-            pass
-
     with monkeypatch.context() as patch:
-        patch.setattr(training, "StopFlag", StopAfterTwoSteps)
+        patch.setattr(training, "StopFlag", stop_flag_after(2))
         assert run("resumed") == training.RESUME_EXIT_CODE
     assert not (tmp_path / "resumed" / "encoder").exists()
     assert (tmp_path / "resumed" / "state" / "latest.json").exists()

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from retrieval_pretraining import config as experiment_config
 from retrieval_pretraining import training
 from retrieval_pretraining.config import ConfigError

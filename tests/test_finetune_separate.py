@@ -14,14 +14,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
-
 from retrieval_pretraining import training
 from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.finetune import data as fdata
 from retrieval_pretraining.finetune.passages import PassageStore, write_passages
 from retrieval_pretraining.finetune.settings import FinetuneSettings
 from retrieval_pretraining.finetune.train import resume_settings
-from test_finetune import fine_tune, tiny_dataset, tiny_encoder
+from test_finetune import fine_tune, stop_flag_after, tiny_dataset, tiny_encoder
 
 torch.set_num_threads(1)
 
@@ -198,20 +197,8 @@ def test_separate_files_resume_mid_epoch_to_the_same_weights(tmp_path, monkeypat
 
     assert run("straight") == 0
 
-    class StopAfterTwoSteps(training.StopFlag):
-        checks = 0
-
-        @property
-        def requested(self):
-            StopAfterTwoSteps.checks += 1
-            return StopAfterTwoSteps.checks == 2
-
-        @requested.setter
-        def requested(self, value):
-            pass
-
     with monkeypatch.context() as patch:
-        patch.setattr(training, "StopFlag", StopAfterTwoSteps)
+        patch.setattr(training, "StopFlag", stop_flag_after(2))
         assert run("resumed") == training.RESUME_EXIT_CODE
     assert run("resumed") == 0
     records = [json.loads(l) for l in (tmp_path / "resumed" / "metrics.jsonl").read_text()

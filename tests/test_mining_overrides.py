@@ -12,7 +12,6 @@ import json
 
 import pytest
 import yaml
-
 from retrieval_pretraining import config as experiment_config
 from retrieval_pretraining import references
 from workflow_harness import ROOT, copy_project, edit_config, planned_params
