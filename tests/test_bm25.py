@@ -427,6 +427,33 @@ def test_a_full_disk_during_the_index_build_leaves_no_index_and_a_rerun_recovers
     lucene = [p.stat().st_size for p in out.iterdir() if p.name != "manifest.json"]
     assert max(lucene) < limit < (out / "manifest.json").stat().st_size  # what the test relies on
 
+
+def test_a_killed_build_s_temp_folder_is_removed_by_the_rerun(tmp_path, monkeypatch):
+    """A build killed outright (time limit, OOM killer) runs no clean-up: its temp folder (the
+    JSON collection and a partial index, tens of GB at MS MARCO) stayed beside the index, one
+    more each rerun. The rerun removes its own output's, never another output's."""
+    corpus = pa.table({"doc_id": ["d1", "d2"], "title": ["", ""], "text": ["alpha", "beta"]})
+    artifacts.write_parquet(tmp_path / "corpus.parquet", corpus, datasets.CORPUS_SCHEMA)
+    leftover = tmp_path / ".index.k991ce18.tmp"  # the random part as tempfile makes it
+    (leftover / "collection").mkdir(parents=True)
+    (leftover / "collection" / "docs-000.jsonl").write_text("{}\n")
+    other = tmp_path / ".index2.k991ce18.tmp"
+    other.mkdir()
+    made = []
+    real = bm25.tempfile.TemporaryDirectory
+
+    def recorded(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        made.append(Path(folder.name).name)
+        return folder
+
+    monkeypatch.setattr(bm25.tempfile, "TemporaryDirectory", recorded)
+    stats = bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
+    assert stats["indexed"] == 2
+    assert not leftover.exists() and other.exists()
+    # What a kill would leave is named as the leftover above, so it is what the next run removes.
+    assert [name[:-len("k991ce18.tmp")] + name[-4:] for name in made] == [".index..tmp"]
+
 def test_json_collection_is_written_from_a_batched_scan(tmp_path, monkeypatch):
     """Contiguous slices of the corpus, one file per indexing thread, whatever the read batch size."""
     corpus = pa.table(

@@ -644,3 +644,30 @@ def test_a_batch_of_long_articles_holds_tens_of_bytes_a_token(checkpoint, tmp_pa
 
     assert bytes_a_token(large) <= 90, grown
     assert bytes_a_token(grown[30, 1 << 40]) > 90, grown
+
+
+def test_a_killed_run_s_spill_folder_is_removed_by_the_rerun(default_run, articles, checkpoint,
+                                                             tmp_path, monkeypatch):
+    """A run killed outright (time limit, OOM killer) runs no clean-up: its spill folder (every
+    chunk row: tens of GB of Wikipedia) stayed beside the shards and each rerun added one. The
+    rerun removes its own run's spill, never another output's, and writes the same shards."""
+    leftover = tmp_path / ".shard-0000.parquet.spill.k991ce18.tmp"  # the random part: tempfile's
+    (leftover / "worker").mkdir(parents=True)
+    (leftover / "worker" / "rows").write_bytes(b"x" * 100)
+    other = tmp_path / ".other.parquet.spill.k991ce18.tmp"
+    other.mkdir()
+    made = []
+    real = chunk.tempfile.TemporaryDirectory
+
+    def recorded(*args, **kwargs):
+        spill = real(*args, **kwargs)
+        made.append(Path(spill.name))
+        return spill
+
+    monkeypatch.setattr(chunk.tempfile, "TemporaryDirectory", recorded)
+    outs, _ = run(articles, checkpoint, tmp_path)
+    assert not leftover.exists() and other.exists()
+    # What a kill would leave is named as the leftover above, so it is what the next run removes.
+    assert [p.name[:-len("k991ce18.tmp")] for p in made] == [".shard-0000.parquet.spill."]
+    assert made[0].name.endswith(".tmp") and made[0].parent == tmp_path
+    assert [p.read_bytes() for p in outs] == [p.read_bytes() for p in default_run[0]]

@@ -12,8 +12,10 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -28,6 +30,8 @@ _TRACKED_LIBRARIES = (
     "torch", "transformers", "tokenizers", "pyarrow", "polars", "numpy", "faiss-cpu",
     "pyserini", "ir_measures", "mwparserfromhell", "spacy", "snakemake",
 )
+
+log = logging.getLogger(__name__)
 
 
 def _fsync(path: Path) -> None:
@@ -66,12 +70,51 @@ def sync_folder(path: str | os.PathLike) -> None:
         pass
 
 
+def temp_prefix(path: Path, kind: str = "") -> str:
+    """The start of the names of `path`'s temps (`.<name>.`, or `.<name>.<kind>.` for a writer's
+    other temps, such as a spill folder); tempfile adds 8 random characters and ".tmp"."""
+    return f".{path.name}.{kind + '.' if kind else ''}"
+
+
+def remove_leftover_temps(path: Path, kind: str = "") -> None:
+    """Delete the temps an earlier attempt at `path` left behind: a job killed outright (a time
+    limit's SIGKILL, the OOM killer) runs no `finally`, so its temp (~27 GB for an MS MARCO dense
+    index) stayed beside the output, and every rerun left another. Only names of `path`'s own
+    scheme are matched: tempfile's random part holds no dot, so the temps of another output in
+    the folder (`X.a`'s are `.X.a.<8>.tmp`) are never taken, and Snakemake never runs two jobs
+    for one output at once. Call before making this attempt's temp."""
+    pattern = re.compile(re.escape(temp_prefix(path, kind)) + r"[a-z0-9_]{8}\.tmp")
+    if not path.parent.is_dir():
+        return
+    for entry in path.parent.iterdir():
+        if not pattern.fullmatch(entry.name):
+            continue
+        size = _size(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        log.info("removed %s (%s bytes), left by an earlier attempt at %s killed part-way",
+                 entry, f"{size:,}", path.name)
+
+
+def _size(path: Path) -> int:
+    """Bytes in a file or folder, for the log (0 for what cannot be read)."""
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return path.lstat().st_size
+        return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_dir() or p.is_symlink())
+    except OSError:
+        return 0
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_leftover_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -96,7 +139,8 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    remove_leftover_temps(path)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
     try:
         yield tmp
         tmp.chmod(0o755)  # mkdtemp creates 0700 folders; artifacts are meant to be shared

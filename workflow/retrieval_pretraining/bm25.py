@@ -182,7 +182,9 @@ def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, An
     cfg = _settings(config)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+    artifacts.remove_leftover_temps(out)  # a killed build's collection and index (tens of GB)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=artifacts.temp_prefix(out),
+                                     suffix=".tmp") as tmp:
         tmp = Path(tmp)
         counts = write_json_collection(
             corpus, tmp / "collection", cfg["title"], cfg["index_threads"]

@@ -273,7 +273,9 @@ def _staging(out_dir: Path) -> Iterator[Path]:
     a failed run never leaves a half folder there."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
+    artifacts.remove_leftover_temps(out_dir)  # a killed staging's folder
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=artifacts.temp_prefix(out_dir),
+                                     suffix=".tmp") as tmp:
         staged = Path(tmp) / "staged"
         yield staged
         if out_dir.exists():

@@ -305,7 +305,11 @@ def chunk_corpus(
                                                batch_size)
     stats: Counter = Counter()
     out_paths[0].parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_paths[0].parent, prefix=".chunk-spill.") as spill_dir:
+    # Named by the first shard, so a killed run's spill (every chunk row) is found by the rerun.
+    artifacts.remove_leftover_temps(out_paths[0], "spill")
+    with tempfile.TemporaryDirectory(dir=out_paths[0].parent, suffix=".tmp",
+                                     prefix=artifacts.temp_prefix(out_paths[0], "spill")
+                                     ) as spill_dir:
         spill_dir = Path(spill_dir)
         started = time.perf_counter()
         worker_args = (str(checkpoint_dir), cfg, str(spill_dir))
