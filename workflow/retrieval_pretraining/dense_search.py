@@ -20,7 +20,8 @@ import torch
 
 from . import artifacts, faiss_index
 from .config import stage_parser
-from .encode import embed, load_encoder, record_encoder_weights, recorded_weights
+from .encode import (embed, finite_vectors, load_encoder, record_encoder_weights,
+                     recorded_weights)
 from .errors import command, reading
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
                                  check_bool, check_choice, check_int, with_runtime)
@@ -63,6 +64,9 @@ def encode_queries(encoder: Path | tuple, queries: Path, knobs: RetrievalSetting
                     pooling=knobs.pooling, similarity=knobs.similarity,
                     batch_size=knobs.encode_batch_size, desc="encode queries",
                     prefix=knobs.query_prefix)
+    # Before any search: a NaN query gets no hit, which read as an index that found too few.
+    vectors = finite_vectors(vectors, "float32", frame["query_id"], str(queries), "query",
+                             encoder if loaded else "in memory")
     if loaded and next(model.parameters()).is_cuda:
         # torch's allocator keeps the encoder's memory cached; faiss-gpu, which mining and dense
         # search load an index into next, allocates on its own and cannot use it.

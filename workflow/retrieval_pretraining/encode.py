@@ -32,7 +32,7 @@ from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
-from .errors import command, reading
+from .errors import BadInput, command, reading
 from .model_folder import check_folder_vocabulary, load_model
 from .parallel import bounded_map
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
@@ -312,6 +312,40 @@ def encode_fitting(model, batch: dict[str, torch.Tensor], pooling: str, similari
     return encode_fitting(model, batch, pooling, similarity, fits)
 
 
+class NonFiniteVectors(BadInput, ValueError):
+    """An encoder's vectors hold NaN or inf. Written on, a NaN document was never retrieved by any
+    query and a NaN query retrieved nothing: runs that silently lost them, and tables scored
+    from those runs."""
+
+
+def finite_vectors(vectors: np.ndarray, dtype: str, ids: Sequence[str], where: str, what: str,
+                   encoder: Any) -> np.ndarray:
+    """`vectors` (float32, from `embed`) in `dtype`, refused where a row is not finite: the
+    encoder's own output (a diverged fine-tuning) or a component past float16's 65504, which
+    the cast turns into inf. The message names `where`, the rows and some of their `what` ids."""
+    with np.errstate(over="ignore"):  # an overflow is refused below, naming its rows
+        stored = vectors.astype(dtype, copy=False)
+    # A row's sum in float64 is finite exactly when its every component is (no float32 or float16
+    # components sum past float64's range): a value a row, not a mask the size of the shard.
+    bad = np.flatnonzero(~np.isfinite(np.add.reduce(stored, axis=1, dtype=np.float64)))
+    if not len(bad):
+        return stored
+    examples = ", ".join(str(ids[int(i)]) for i in bad[:3]) + (", ..." if len(bad) > 3 else "")
+    output = int((~np.isfinite(vectors[bad]).all(axis=1)).sum())
+    causes = []
+    if output:
+        causes.append(f"{output} come from the encoder {encoder} itself (NaN / inf: most likely "
+                      "its fine-tuning diverged; retrain it, from a checkpoint before the loss "
+                      "went non-finite or with a lower learning rate)")
+    if len(bad) > output:
+        causes.append(f"{len(bad) - output} overflow float16 (a component above 65504 becomes "
+                      "inf when stored): set finetune.dtype: float32")
+    raise NonFiniteVectors(f"{where}: {len(bad)} of {len(stored)} {what} vectors are not finite "
+                           f"(e.g. {what} ids {examples}); {'; '.join(causes)}. Nothing was "
+                           "written: a non-finite vector is never retrieved, or retrieves "
+                           "nothing")
+
+
 def shard_rows(num_rows: int, shard: int, shards: int) -> tuple[int, int]:
     """Contiguous row range [lo, hi) of `shard` out of `shards` (sizes differ by at most one)."""
     if not 0 <= shard < shards:
@@ -393,9 +427,11 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
                     pooling=knobs.pooling, similarity=knobs.similarity, title=knobs.title,
                     batch_size=knobs.encode_batch_size, desc=f"encode shard {shard}",
                     prefix=knobs.passage_prefix)
+    stored = finite_vectors(vectors, knobs.dtype, frame["doc_id"], f"{out_npy} (shard {shard} "
+                           f"of {shards}, corpus rows {lo}..{hi - 1})", "doc", encoder)
     with artifacts.atomic_path(out_npy) as tmp:
         with open(tmp, "wb") as handle:  # np.save on a path would append ".npy" to the temp name
-            np.save(handle, vectors.astype(knobs.dtype), allow_pickle=False)
+            np.save(handle, stored, allow_pickle=False)
         # Shape and dtype alone pass another shard's array of the same shape; hashed from the file
         # written (a second or two a shard, beside minutes of encoding).
         digest = artifacts.sha256_file(tmp)
