@@ -1,4 +1,5 @@
-"""Non-finite vectors are refused before they are written or searched.
+"""Non-finite vectors are refused before they are written or searched, and a search's shortfall
+is blamed on nprobe / efSearch only where the index is approximate.
 
 A NaN document vector is never retrieved, a NaN query retrieves nothing, and float16 storage
 turns a component above 65504 into inf: the runs written from them silently lost documents or
@@ -7,10 +8,12 @@ queries, and the tables were scored from those runs."""
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pytest
 from safetensors.torch import load_file, save_file
 
@@ -134,3 +137,59 @@ def test_mining_refuses_nan_queries_before_searching(tmp_path):
                           queries(tmp_path / "queries.parquet"), tmp_path / "qrels.parquet",
                           out, config, seed=0)
     assert not out.exists()
+
+
+def _dense_run(tmp_path, monkeypatch, index, depth: int) -> dict:
+    rows = index.ntotal
+    rng = np.random.default_rng(1)
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (
+        index, pa.array([f"d{i}" for i in range(rows)])))
+    monkeypatch.setattr(dense_search, "encode_queries", lambda encoder, queries, knobs: (
+        [f"q{i}" for i in range(5)], rng.standard_normal((5, index.d)).astype(np.float32)))
+    config = KNOBS | {"title": "space", "search_depth": depth, "exclude_self": True,
+                      "use_gpu": "never"}
+    return dense_search.dense_run(tmp_path / "index", tmp_path / "encoder",
+                                  tmp_path / "q.parquet", tmp_path / "run.trec", "x", config)
+
+
+def test_a_flat_index_smaller_than_the_depth_says_so_not_raise_nprobe(tmp_path, monkeypatch,
+                                                                      caplog):
+    index = faiss_index.build(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+    with caplog.at_level(logging.INFO, logger=dense_search.__name__):
+        stats = _dense_run(tmp_path, monkeypatch, index, depth=10)
+    assert stats["candidates_per_query_min"] == 4
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "nprobe" not in caplog.text
+    assert ("5 of 5 queries got fewer than the 10 candidates asked (min 4): the index holds only "
+            "4 documents") in caplog.text
+
+
+@pytest.mark.parametrize("knobs", [{"type": "ivf", "nlist": 100, "nprobe": 1},
+                                   {"type": "hnsw", "hnsw_m": 4, "ef_search": 1}])
+def test_an_approximate_index_that_finds_too_few_warns_to_raise_its_setting(knobs, tmp_path,
+                                                                            monkeypatch, caplog):
+    vectors = np.random.default_rng(0).standard_normal((4000, 8)).astype(np.float32)
+    index = faiss_index.build(vectors, knobs)
+    with caplog.at_level(logging.WARNING, logger=dense_search.__name__):
+        stats = _dense_run(tmp_path, monkeypatch, index, depth=200)
+    assert stats["candidates_per_query_min"] < 200
+    assert "raise nprobe or ef_search in mining.index" in caplog.text
+
+
+def test_mining_over_a_flat_index_smaller_than_the_depth_does_not_warn(tmp_path, monkeypatch,
+                                                                       caplog):
+    index = faiss_index.build(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+    docs = pa.array(DOCS)
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine, "encode_queries", lambda encoder, q, config: (
+        ["q0", "q1"], np.ones((2, 8), np.float32)))
+    pl.DataFrame({"query_id": ["q0", "q1"], "doc_id": ["d0", "d1"], "relevance": [1, 1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    config = {**KNOBS, "title": "space", "depth": 10, "num_negatives": 2, "use_gpu": "never"}
+    with caplog.at_level(logging.WARNING):
+        stats = mine.mine_to_file(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                                  tmp_path / "qrels.parquet", tmp_path / "neg.parquet", config,
+                                  seed=0)
+    assert stats["candidates_per_query_min"] == 4
+    assert "nprobe" not in caplog.text

@@ -105,19 +105,26 @@ def counting(rankings: Iterable[tuple], counts: list[int]) -> Iterable[tuple]:
         yield ranking
 
 
-def depth_reached(counts: list[int], depth: int, index) -> dict[str, Any]:
+def depth_reached(counts: list[int], depth: int, limits: dict[str, Any]) -> dict[str, Any]:
     """The candidates per query the search found, for the manifest; a warning naming the index's
-    settings where a query got fewer than `depth` (an IVF index's nprobe cells, or an HNSW
-    search's efSearch, can hold fewer), since a manifest that says `depth` would hide it."""
+    settings (`limits`: faiss_index.search_limits) where a query got fewer than `depth` from an
+    approximate index (an IVF index's nprobe cells, or an HNSW search's efSearch, can hold
+    fewer), since a manifest that says `depth` would hide it. An exact index finds fewer only in
+    a corpus smaller than the depth: that is said, with no setting to raise."""
     if not counts:
         return {"candidates_per_query_min": 0, "candidates_per_query_mean": 0.0}
     low = int(min(counts))
     if low < depth:
         short = sum(c < depth for c in counts)
-        log.warning("%d of %d queries got fewer than the %d candidates asked (min %d, mean %.1f) "
-                    "from the index %s; raise nprobe or ef_search in mining.index, or lower the "
-                    "depth", short, len(counts), depth, low, float(np.mean(counts)),
-                    faiss_index.search_knobs(index))
+        if limits["exact"]:
+            log.info("%d of %d queries got fewer than the %d candidates asked (min %d): the index "
+                     "holds only %d documents (a query's own id, where excluded, among them)",
+                     short, len(counts), depth, low, limits["ntotal"])
+        else:
+            log.warning("%d of %d queries got fewer than the %d candidates asked (min %d, mean "
+                        "%.1f) from the index %s; raise nprobe or ef_search in mining.index, or "
+                        "lower the depth", short, len(counts), depth, low, float(np.mean(counts)),
+                        limits)
     return {"candidates_per_query_min": low, "candidates_per_query_mean": float(np.mean(counts))}
 
 
@@ -147,13 +154,14 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
     query_ids, vectors = encode_queries(encoder, queries, knobs.retrieval)
     # Only now, the encoder gone from the GPU, is the index copied there: a copy made first held
     # the GPU memory the encoder loads into, and was wasted where the encoder failed to load.
+    limits = faiss_index.search_limits(index)  # as loaded: a GPU copy reports neither
     index = faiss_index.to_search_device(index, knobs.use_gpu,
                                          fetch_depth(knobs.search_depth, knobs.exclude_self))
     counts: list[int] = []
     lines = write_trec(out, counting(rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
                                           knobs.exclude_self), counts), tag)
     stats = {"queries": len(query_ids), "lines": lines,
-             **depth_reached(counts, knobs.search_depth, index)}
+             **depth_reached(counts, knobs.search_depth, limits)}
     manifest_file = out.with_name(out.name.split(".")[0] + ".manifest.json")
     manifest = artifacts.write_manifest(
         manifest_file, stage="dense_run",

@@ -343,6 +343,14 @@ def search_knobs(index: faiss.Index) -> dict[str, Any]:
     return knobs
 
 
+def search_limits(index: faiss.Index) -> dict[str, Any]:
+    """search_knobs, and whether a search of `index` is exact (flat: every vector is scored, so
+    a query gets min(k, ntotal) neighbours and fewer than asked means a smaller corpus, never
+    too few nprobe cells or too narrow an efSearch). Of the index as loaded: faiss names a GPU
+    copy's type otherwise and reports no nprobe for it."""
+    return {**search_knobs(index), "exact": isinstance(index, faiss.IndexFlat)}
+
+
 def index_shards(npy: list[Path], ids: list[Path], out: Path, config: dict[str, Any]) -> dict:
     """Build the index over encoded shards and save it in Pyserini's layout, with a manifest."""
     params = index_settings(config)  # a bad slice fails before the shards are read

@@ -159,6 +159,7 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
     # Only queries with a positive can be trained on; the others are counted, not mined.
     keep = [i for i, q in enumerate(query_ids) if q in positives]
     index, doc_ids = faiss_index.load(index_dir)
+    limits = faiss_index.search_limits(index)  # as loaded: a GPU copy reports neither
     index = faiss_index.to_search_device(index, config.get("use_gpu", "auto"),
                                          fetch_depth(knobs["depth"], knobs["exclude_query_id"]))
     first = set(positives[query_ids[keep[0]]]) if keep else set()
@@ -189,7 +190,7 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
              "queries_without_positives": len(query_ids) - len(keep), **tally,
              "negatives_per_query_mean": float(np.mean(negatives)) if negatives else 0.0,
              "queries_with_no_negative": int(sum(c == 0 for c in negatives)),
-             **depth_reached(candidates, knobs["depth"], index)}
+             **depth_reached(candidates, knobs["depth"], limits)}
     return {**knobs, "seed": seed, "stats": stats}
 
 
