@@ -2,6 +2,8 @@
 # statistics. Everything here is driven by the `report` config section; `report_targets()` lists
 # what to build. The analyses (`report.analysis`) have their rules in rules/analysis.smk.
 
+from types import SimpleNamespace
+
 from retrieval_pretraining import paper_numbers
 
 
@@ -137,6 +139,34 @@ def get_report_metrics():
     return metrics_paths(cells)
 
 
+def tables_qrels():
+    """{"<dataset>/<split>": qrels file} of each table column scored against qrels (score_run's
+    inputs: an Acc@k-only split has none). The provenance reads the manifest written beside each
+    (judged documents missing from the corpus): declared, so that a re-prepared qrels rebuilds
+    the tables, and passed in the params (`declared`), so that they read no other."""
+    found = {}
+    for t in config["report"]["tables"]:
+        for c in t["columns"]:
+            wildcards = SimpleNamespace(dataset=c["dataset"], split=c["split"])
+            if qrels := score_run_inputs(wildcards).get("qrels"):
+                found[f"{c['dataset']}/{c['split']}"] = qrels
+    return found
+
+
+def tabled_models():
+    """The models whose dense runs the tables show (their cells and the low-resource section's),
+    in pretrain.models order. The provenance reads each one's pre-trained encoder's
+    training.json (hardware): declared and passed as tables_qrels() are; not every configured
+    model, whose pre-training an overlay's tables may not need (bow.yaml's costa)."""
+    cells = [c for t in config["report"]["tables"] for c in report_systems(t)]
+    named = {
+        parsed[0]
+        for _, system, _ in cells + low_resource_systems()
+        if (parsed := dense_system(system))
+    }
+    return [m["name"] for m in config["pretrain"]["models"] if m["name"] in named]
+
+
 def report_params():
     """The tables' config slice: the report section (minus analyses), the model list, BM25's k1/b,
     and the whole resolved config (written beside the tables, its hash in the provenance block).
@@ -177,6 +207,8 @@ def report_params():
                 for e in config["evaluate"].get("zero_shot") or []
             },
             "baselines": baseline_report(),  # label, encoder, published numbers
+            # Which qrels manifests and pre-training records the tables read: make_tables' inputs.
+            "declared": {"qrels": list(tables_qrels()), "pretraining": tabled_models()},
         }
     )
 
@@ -346,6 +378,9 @@ def report_targets():
 rule make_tables:
     input:
         metrics=get_report_metrics(),
+        # What the provenance reads beside the metrics (report_params' `declared`).
+        qrels=list(tables_qrels().values()),
+        pretraining=expand("results/pretrain/{model}/encoder", model=tabled_models()),
         code=module_source("tables"),
     output:
         tables="results/tables.md",

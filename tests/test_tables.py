@@ -4,6 +4,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -606,7 +607,7 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
             f'include: "rules/{name}.smk"\n'
             for name in (
                 "common", "wikipedia", "corpus", "pretrain", "retrieval", "answers", "finetune",
-                "dense", "baselines", "report",
+                "dense", "baselines", "evaluate", "report",
             )
         )
         + 'report: "workflow/report/workflow.rst"\n'
@@ -615,6 +616,14 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
     stages = [s["suffix"] for s in config["report"]["stages"]]
     rng = np.random.default_rng(7)
     systems = ["bm25"] + [f"{m['name']}-{s}" for m in config["pretrain"]["models"] for s in stages]
+    # What the provenance reads beside the metrics (inputs too), older than the metrics: else the
+    # plan would rescore them.
+    for dataset in ("scifact", "scifact-full"):
+        qrels = project / "results" / "datasets" / dataset / "qrels-test.parquet"
+        qrels.parent.mkdir(parents=True)
+        qrels.touch()
+    for m in config["pretrain"]["models"]:
+        (project / "results" / "pretrain" / m["name"] / "encoder").mkdir(parents=True)
     for system in systems:
         v = rng.uniform(0, 1, len(QIDS))
         write_metrics(project / "results", "scifact", system, "test", {"nDCG@10": v, "R@100": v})
@@ -636,6 +645,15 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
     assert "sources: MTEB (SciFact, main score)" in text
     assert "Holm-Bonferroni-adjusted p ≤ 0.05" in text  # the demo's correction, in the legend
     assert planned_rules(project, "-s", "Snakefile.report", "results/tables.md") == {}
+    # The report walks the runs' whole DAG (scoring's rules are included): the training figures
+    # it files are there once a real run's tables are.
+    figures = [f"pretrain/{m['name']}/loss.png" for m in config["pretrain"]["models"]]
+    figures += [f"finetune/{m['name']}/scifact/{s}/loss.png"
+                for m in config["pretrain"]["models"] for s in stages if s != "stage0"]
+    figures += ["corpus/wikipedia/spans/costa/lengths.png"]
+    for figure in figures:
+        (project / "results" / figure).parent.mkdir(parents=True, exist_ok=True)
+        (project / "results" / figure).touch()
     snakemake(project, "-s", "Snakefile.report", "--report", "report.zip", "results/tables.md")
     import zipfile
 
@@ -1529,3 +1547,83 @@ def test_a_column_naming_its_measure_by_another_ir_measures_name_gets_its_publis
     assert "(0.679, Δ" in bm25_row and "(0.925*, Δ" in bm25_row, bm25_row
     anserini = next(line for line in lines if line.startswith("| BM25 k1=0.9 b=0.4 (Anserini"))
     assert anserini.endswith("| 0.679 | 0.925* |"), anserini
+
+
+def reads_under(root: Path, run) -> set[str]:
+    """The files under `root` that `run()` opens for reading, relative to root's parent (as a
+    job's inputs are written), seen through the interpreter's own `open` audit event: every
+    opening, however the code reaches it (open, Path.read_text, io, os.open)."""
+    import os
+    import sys
+
+    reads: set[str] = set()
+    recording = [True]
+
+    def hook(event, args):
+        if event != "open" or not recording or not isinstance(args[0], (str, os.PathLike)):
+            return
+        path, mode, flags = Path(args[0]), args[1], args[2]
+        writes = (any(c in mode for c in "wax+") if mode
+                  else flags & (os.O_WRONLY | os.O_RDWR))
+        if not writes and path.is_relative_to(root):
+            reads.add(str(path.relative_to(root.parent)))
+
+    sys.addaudithook(hook)  # a hook cannot be removed: emptied below, it records nothing more
+    try:
+        run()
+    finally:
+        recording.clear()
+    return reads
+
+
+def test_make_tables_declares_every_file_the_tables_read(tmp_path):
+    """The planned make_tables job lists what its provenance reads beside the metrics: each
+    column's qrels (the manifest beside it) and each tabled model's pre-trained encoder (its
+    training.json), so that a re-prepared qrels or a retrained encoder rebuilds the tables and a
+    cluster never starts the job before they exist. Run on that job's own params, with every
+    configured model's training.json and every scored split's qrels manifest there to be read,
+    the tables open nothing under results/ outside those inputs."""
+    from retrieval_pretraining import artifacts
+    from workflow_harness import copy_project, planned_params
+
+    # Two of the demo's five models fine-tuned and tabled: the others' records are decoys.
+    project = copy_project(tmp_path / "project", {"finetune": {"models": ["bert", "costa"]}})
+    jobs = planned_params(project, "results/tables.md")
+    job = next(j for (rule, _), j in jobs.items() if rule == "make_tables")
+    inputs = set(job["input"])
+    assert {"results/datasets/scifact/qrels-test.parquet",
+            "results/datasets/scifact-full/qrels-test.parquet",
+            "results/pretrain/bert/encoder", "results/pretrain/costa/encoder"} <= inputs, inputs
+    assert "results/pretrain/mlm/encoder" not in inputs  # not tabled: not pre-trained for this
+
+    config = yaml.safe_load((project / "config.yaml").read_text())
+    results = tmp_path / "run" / "results"
+    for path in inputs:
+        if match := re.fullmatch(r"results/metrics/([^/]+)/([^/]+)/([^/]+)\.json", path):
+            v = np.linspace(0.1, 0.9, len(QIDS))
+            write_metrics(results, *match.groups(), {"nDCG@10": v, "R@100": v})
+    for entry in config["evaluate"]["splits"]:
+        qrels = results / "datasets" / entry["dataset"] / f"qrels-{entry['split']}.parquet"
+        qrels.parent.mkdir(parents=True, exist_ok=True)
+        artifacts.manifest_path(qrels).write_text(
+            json.dumps({"stats": {"judged_documents_missing": 0}}))
+    for m in config["pretrain"]["models"]:
+        training = results / "pretrain" / m["name"] / "encoder" / "training.json"
+        training.parent.mkdir(parents=True)
+        training.write_text(json.dumps({"world_size": 1}))
+
+    tables = json.loads(eval(job["named"]["tables"]))
+    reads = reads_under(results, lambda: make_tables(
+        tables, results, tmp_path / "tables.md", tmp_path / "tables.json",
+        html_out=tmp_path / "tables.html"))
+
+    def declared(path: str) -> bool:
+        return any(path == p or path == str(artifacts.manifest_path(p))
+                   or path.startswith(p + "/") for p in inputs)
+
+    assert reads and all(map(declared, reads)), sorted(p for p in reads if not declared(p))
+    # Each kind was read (the hook sees them), and shown: the records are not left unread.
+    assert {"results/datasets/scifact/qrels-test.manifest.json",
+            "results/pretrain/costa/encoder/training.json"} <= reads, sorted(reads)
+    text = (tmp_path / "tables.md").read_text()
+    assert "pre-training `costa`" in text and "scifact/test 0" in text

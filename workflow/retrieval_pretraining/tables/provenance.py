@@ -69,9 +69,15 @@ def provenance(
         "`scored with` column)",
         f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
     ]
-    lines += [f"- {h}" for h in hardware(results, params["models"])]
+    # Only the records make_tables declares as inputs (report_params' `declared`): one read
+    # undeclared would not rebuild the tables when it changed.
+    declared = params.get("declared") or {}
+    trained = set(declared.get("pretraining") or ())
+    lines += [f"- {h}" for h in hardware(results, [m for m in params["models"]
+                                                   if m["name"] in trained])]
     lines += loss_reductions(params.get("losses") or {})
-    columns = [(c["dataset"], c["split"]) for spec, _ in tables for c in spec["columns"]]
+    columns = [(c["dataset"], c["split"]) for spec, _ in tables for c in spec["columns"]
+               if f"{c['dataset']}/{c['split']}" in (declared.get("qrels") or ())]
     lines += missing_judged_documents(results, columns)
     lines += [
         "",
