@@ -54,3 +54,10 @@ def test_a_lone_asterisk_before_a_space_closes_no_italics():
     body = markdown_to_html(legend, "t").split("<body>\n", 1)[1]
     assert body.splitlines()[0] == f"<p>{legend}</p>"
     assert markdown_to_html("*a b* and ( *c* )", "t").count("<i>") == 2
+
+
+def test_an_escaped_character_and_a_code_spans_content_are_not_markup():
+    """A label's own `*`, `_`, `<` and backtick come escaped (tables/render.py): shown as written,
+    as Markdown shows `\\*`; a code span's `*` is no emphasis either; markup beside them is."""
+    body = markdown_to_html("\\*x\\* \\<b> \\`c\\` a\\_b \\\\ `p*q*r` **1** *i*", "t")
+    assert "<p>*x* &lt;b&gt; `c` a_b \\ <code>p*q*r</code> <b>1</b> <i>i</i></p>" in body, body

@@ -1627,3 +1627,50 @@ def test_make_tables_declares_every_file_the_tables_read(tmp_path):
             "results/pretrain/costa/encoder/training.json"} <= reads, sorted(reads)
     text = (tmp_path / "tables.md").read_text()
     assert "pre-training `costa`" in text and "scifact/test 0" in text
+
+
+def test_labels_and_titles_are_shown_as_written_in_markdown_and_html(synthetic, tmp_path):
+    """Titles and labels are free text: a `*`, `_`, `<` or backtick in one was written into
+    tables.md as is, so Markdown viewers and the report's HTML rendered it as emphasis, code or
+    a tag (a label "MRR@10 <dev>" lost "<dev>"). Each is written backslash-escaped; the numbers'
+    bold and the legend's own markup are still markup."""
+    results, _ = synthetic
+    p = params()
+    p["report"]["significance"]["baselines"][0]["label"] = "BM25 <k1=0.9>"
+    table = p["report"]["tables"][0]
+    table["title"] = "SciFact <test> **beta**"
+    table["columns"][0]["label"] = "MRR@10 <dev>"
+    table["rows"] = [{"model": "costa", "label": "bow_mask15 *x* `y` a_b_c"}, {"model": "bert"}]
+    p["report"]["stages"][0]["label"] = "stage_1 *BM25*"
+    make_tables(p, results, tmp_path / "t.md", html_out=tmp_path / "t.html")
+    lines = (tmp_path / "t.md").read_text().splitlines()
+    assert "### SciFact \\<test> \\*\\*beta\\*\\*" in lines
+    assert "| system | MRR@10 \\<dev> | SciFact R@100 |" in lines
+    assert "| *stage\\_1 \\*BM25\\** | | |" in lines
+    row = next(line for line in lines if line.startswith("| bow"))
+    assert row.startswith("| bow\\_mask15 \\*x\\* \\`y\\` a\\_b\\_c | **0."), row
+    assert any("different from BM25 \\<k1=0.9>" in line for line in lines)
+    page = (tmp_path / "t.html").read_text()
+    assert "<h3>SciFact &lt;test&gt; **beta**</h3>" in page
+    assert "<th>MRR@10 &lt;dev&gt;</th>" in page
+    assert "<tr><td><i>stage_1 *BM25*</i></td><td></td><td></td></tr>" in page
+    assert "<tr><td>bow_mask15 *x* `y` a_b_c</td><td><b>0." in page
+    assert "different from BM25 &lt;k1=0.9&gt;" in page and "<b>" in page
+
+
+def test_the_low_resource_sections_title_and_model_labels_are_shown_as_written(tmp_path):
+    """The low-resource section's title and model labels ("BoW (bow_mask15)" where two models
+    share an objective) are escaped as the main tables' are."""
+    from retrieval_pretraining.tables.low_resource import low_resource
+    from retrieval_pretraining.tables.metrics import MetricsCache
+
+    results = tmp_path / "results"
+    write_lowres(results, {("bow_mask15", 10): 1, ("bow", 10): 1})
+    p = params()
+    p["models"] = [{"name": "bow_mask15", "objective": "bow"}, {"name": "bow", "objective": "bow"}]
+    spec = {**lowres_spec(1, sizes=(10,)), "models": ["bow_mask15", "bow"],
+            "title": "Low <resource> *N*"}
+    text, _ = low_resource(spec, p, MetricsCache(results), None)
+    lines = text.splitlines()
+    assert lines[0] == "### Low \\<resource> \\*N\\*", lines[0]
+    assert any(line.startswith("| BoW (bow\\_mask15) | ") for line in lines), text

@@ -10,14 +10,27 @@ import html
 import re
 
 
+# A backslash-escaped ASCII punctuation character (a label's own `*`, `_`, `<`: tables/render.py)
+# or a code span, whichever starts first: neither's content is markup.
+_LITERAL = re.compile(r"\\([!-/:-@\[-`{-~])|`([^`]+)`")
+
+
 def _inline(text: str) -> str:
-    """Bold, italics and code spans inside one line (after escaping the text)."""
-    text = html.escape(text, quote=False)
+    """Bold, italics and code spans inside one line (after escaping the text); a backslash-escaped
+    character is shown as itself, as Markdown shows it."""
+    literals: list[str] = []
+
+    def hold(match: re.Match) -> str:
+        literal = html.escape(match[1] if match[1] is not None else match[2], quote=False)
+        literals.append(literal if match[1] is not None else f"<code>{literal}</code>")
+        return f"\0{len(literals) - 1}\0"
+
+    text = html.escape(_LITERAL.sub(hold, text), quote=False)
     text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
     # Emphasis opens at a `*` before a non-space and closes at one after a non-space (as
     # Markdown's flanking rules): a legend's "(*: measured ...)" and "; * marks" are no pair.
     text = re.sub(r"(?<![*\w])\*([^*\s](?:[^*]*?[^*\s])?)\*(?![*\w])", r"<i>\1</i>", text)
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return re.sub("\0(\\d+)\0", lambda match: literals[int(match[1])], text)
 
 
 def markdown_to_html(markdown: str, title: str) -> str:

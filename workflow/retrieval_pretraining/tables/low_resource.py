@@ -11,6 +11,7 @@ import numpy as np
 from .. import artifacts
 from .layout import model_labels
 from .metrics import MetricsCache, measure_value
+from .render import escaped
 
 
 def low_resource(
@@ -40,7 +41,7 @@ def low_resource(
     over = (f"mean ± sd over {k} sampled training-query splits per size" if k > 1 else
             "one sampled training-query split per size, so a mean without sd")
     lines = [
-        f"### {spec.get('title') or 'Low-resource fine-tuning'}",
+        f"### {escaped(spec.get('title') or 'Low-resource fine-tuning')}",
         "",
         f"{spec['dataset']} {spec['split']} {spec['measure']}, {over}.",
         "",
@@ -50,7 +51,7 @@ def low_resource(
     # Every configured model has its row: one whose runs were all missing shows – throughout.
     for model in spec["models"]:
         cells = [render_cell(summary[model][n], k, decimals) for n in spec["sizes"]]
-        lines.append(f"| {labels.get(model, model)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {escaped(labels.get(model, model))} | " + " | ".join(cells) + " |")
     found = [c for per_n in summary.values() for c in per_n.values() if c is not None]
     if any(c["splits"] < k for c in found):
         lines += ["", legend(k, found)]

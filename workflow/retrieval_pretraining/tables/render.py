@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .layout import MEASURED_MARK, Cell, Group, column_label, shown
@@ -9,9 +10,14 @@ from .significance import (CORRECTIONS, TESTS, WORSE, baselines_for, family_size
                            tested_baselines)
 
 
+# Markdown's inline specials, and `|` (it would end a table cell): a label's own are shown, not
+# rendered as emphasis, code, a tag, an entity or a link (markdown_html.py reads the escapes back).
+SPECIALS = re.compile(r"([\\`*_<\[\]|~&])")
+
+
 def escaped(label: str) -> str:
-    """A free-text label as one Markdown table cell: a `|` in it would end the cell."""
-    return label.replace("|", "\\|")
+    """A free-text label (or title) as Markdown text: each special character backslash-escaped."""
+    return SPECIALS.sub(r"\\\1", label)
 
 
 def fmt(value: float | None, decimals: int) -> str:
@@ -44,7 +50,7 @@ def render_table(spec: dict[str, Any], groups: list[Group], params: dict[str, An
     decimals = params["report"].get("decimals", 3)
     cols = spec["columns"]
     lines = [
-        f"### {spec.get('title') or spec['name']}",
+        f"### {escaped(spec.get('title') or spec['name'])}",
         "",
         "| system | " + " | ".join(escaped(column_label(c)) for c in cols) + " |",
         "|---|" + "---:|" * len(cols),
@@ -87,7 +93,7 @@ def thresholds(spec: dict[str, Any], groups: list[Group]) -> str:
                          if r.cells[i].threshold is not None})
         if levels:
             grades = " or ".join(f"≥ {n}" for n in levels)
-            lines.append(f" {column_label(column)} counts grade {grades} as relevant.")
+            lines.append(f" {escaped(column_label(column))} counts grade {grades} as relevant.")
     return "".join(lines)
 
 
@@ -105,7 +111,7 @@ def legend(spec: dict[str, Any], groups: list[Group], params: dict[str, Any]) ->
             f"{b['model']} (same fine-tuning stage)" if "model" in b
             else f"the same model at {b['stage']}"
         )
-        parts.append(f"{b['mark']} significantly different from {who}")
+        parts.append(f"{b['mark']} significantly different from {escaped(who)}")
     text = (
         f"{'; '.join(parts)} ({method(spec, groups, params)}); a mark followed by {WORSE} means "
         "significantly worse, a bare mark significantly better. "
