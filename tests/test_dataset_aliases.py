@@ -91,22 +91,25 @@ def test_an_alias_of_a_later_entry_is_refused(demo):
     assert "datasets.0.same_as" in message and "move this alias after it" in message, message
 
 
-def test_a_zero_shot_target_that_is_the_fine_tuned_collection_is_refused(demo):
-    """scifact is fine-tuned on: its alias is the same collection, so runs there are in-domain."""
+def _evaluated_alias(demo: dict) -> dict:
+    """The demo with scifact-bow, an alias of scifact, scored on its test split."""
     config = _with(demo, {"name": "scifact-bow", "same_as": "scifact"})
     config["evaluate"]["splits"].append(
         {"dataset": "scifact-bow", "split": "test", "measures": ["nDCG@10"],
          "relevance_level": 1})
+    return config
+
+
+def test_a_zero_shot_target_that_is_the_fine_tuned_collection_is_refused(demo):
+    """scifact is fine-tuned on: its alias is the same collection, so runs there are in-domain."""
+    config = _evaluated_alias(demo)
     config["evaluate"]["zero_shot"] = [{"dataset": "scifact-bow", "trained_on": "scifact"}]
     message = _refusal(config)
     assert "evaluate.zero_shot.0.dataset" in message and "same_as" in message, message
 
 
 def test_an_aliass_column_takes_its_sources_benchmark(demo):
-    config = _with(demo, {"name": "scifact-bow", "same_as": "scifact"})
-    config["evaluate"]["splits"].append(
-        {"dataset": "scifact-bow", "split": "test", "measures": ["nDCG@10"],
-         "relevance_level": 1})
+    config = _evaluated_alias(demo)
     table = config["report"]["tables"][0]
     table["columns"] = [{"dataset": "scifact-bow", "split": "test", "measure": "nDCG@10",
                          "benchmark": "scifact-test"}]
