@@ -164,24 +164,16 @@ def window_mistake(window: list | None, depth: int) -> str | None:
 def mining_mistakes(config: dict[str, Any]) -> list[str]:
     """A mining.overrides entry must name a fine-tuned dataset, once; every fine-tuned dataset's
     policy (its entry merged into the section's) must have a rank_window within its depth."""
-    messages, seen, twice = [], {}, set()
-    datasets = _names(config["datasets"])
     finetuned = [entry["dataset"] for entry in config["finetune"]["datasets"]]
     overrides = config["mining"].get("overrides") or []
-    for i, entry in enumerate(overrides):
-        key, dataset = f"mining.overrides.{i}.dataset", entry["dataset"]
-        if dataset not in datasets:
-            messages.append(f"config key '{key}': '{dataset}' is not a datasets entry; known: "
-                            f"{', '.join(datasets)}")
-        elif dataset not in finetuned:
-            messages.append(f"config key '{key}': '{dataset}' is not fine-tuned on, so nothing "
-                            f"mines it and this policy would be ignored; finetune.datasets has: "
-                            f"{', '.join(finetuned)}")
-        elif dataset in seen:
-            messages.append(f"config key '{key}': '{dataset}' has an entry already "
-                            f"(mining.overrides.{seen[dataset]}); give it one, with every key")
-            twice.add(dataset)
-        seen.setdefault(dataset, i)
+
+    def unmined(dataset: str) -> str | None:
+        if dataset in finetuned:
+            return None
+        return (f"is not fine-tuned on, so nothing mines it and this policy would be ignored; "
+                f"finetune.datasets has: {', '.join(finetuned)}")
+
+    messages, seen, twice = _override_mistakes(config, "mining.overrides", "", unmined)
     for dataset in [d for d in dict.fromkeys(finetuned) if d not in twice]:
         policy = mining_policy(config, dataset)
         why = window_mistake(policy["rank_window"], policy["depth"])
@@ -201,18 +193,32 @@ def bm25_override_mistakes(config: dict[str, Any]) -> list[str]:
     name and to no other (rules/common.smk bm25_settings), so a misspelt one left that dataset's
     BM25 on the section's k1, b and title without a word; two entries applied both, the later
     keys winning."""
-    messages, seen = [], {}
+    return _override_mistakes(config, "bm25.overrides",
+                              ", so these settings would apply to no BM25 run")[0]
+
+
+def _override_mistakes(config: dict[str, Any], section: str, unknown_why: str,
+                       unused: Any = None) -> tuple[list[str], dict[str, int], set[str]]:
+    """(messages, {dataset: its first entry}, datasets with two entries) of a per-dataset
+    overrides list (`section`: "bm25.overrides", "mining.overrides"): an entry naming no datasets
+    entry (`unknown_why` says what it costs), one `unused(dataset)` explains away, a dataset
+    twice."""
+    messages, seen, twice = [], {}, set()
     datasets = _names(config["datasets"])
-    for i, entry in enumerate(config["bm25"].get("overrides") or []):
-        key, dataset = f"bm25.overrides.{i}.dataset", entry["dataset"]
+    head, key_name = section.split(".")
+    for i, entry in enumerate(config[head].get(key_name) or []):
+        key, dataset = f"{section}.{i}.dataset", entry["dataset"]
         if dataset not in datasets:
-            messages.append(f"config key '{key}': '{dataset}' is not a datasets entry, so these "
-                            f"settings would apply to no BM25 run; known: {', '.join(datasets)}")
+            messages.append(f"config key '{key}': '{dataset}' is not a datasets entry"
+                            f"{unknown_why}; known: {', '.join(datasets)}")
+        elif unused is not None and (why := unused(dataset)):
+            messages.append(f"config key '{key}': '{dataset}' {why}")
         elif dataset in seen:
             messages.append(f"config key '{key}': '{dataset}' has an entry already "
-                            f"(bm25.overrides.{seen[dataset]}); give it one, with every key")
+                            f"({section}.{seen[dataset]}); give it one, with every key")
+            twice.add(dataset)
         seen.setdefault(dataset, i)
-    return messages
+    return messages, seen, twice
 
 
 def finetune_models(config: dict[str, Any]) -> list[str]:
