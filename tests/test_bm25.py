@@ -439,20 +439,14 @@ def test_a_killed_build_s_temp_folder_is_removed_by_the_rerun(tmp_path, monkeypa
     (leftover / "collection" / "docs-000.jsonl").write_text("{}\n")
     other = tmp_path / ".index2.k991ce18.tmp"
     other.mkdir()
-    made = []
-    real = bm25.tempfile.TemporaryDirectory
+    from test_leftover_temps import recorded_temp_dirs
 
-    def recorded(*args, **kwargs):
-        folder = real(*args, **kwargs)
-        made.append(Path(folder.name).name)
-        return folder
-
-    monkeypatch.setattr(bm25.tempfile, "TemporaryDirectory", recorded)
+    made = recorded_temp_dirs(monkeypatch)
     stats = bm25.build_index(tmp_path / "corpus.parquet", tmp_path / "index", SETTINGS)
     assert stats["indexed"] == 2
     assert not leftover.exists() and other.exists()
     # What a kill would leave is named as the leftover above, so it is what the next run removes.
-    assert [name[:-len("k991ce18.tmp")] + name[-4:] for name in made] == [".index..tmp"]
+    assert [p.name[:-len("k991ce18.tmp")] + p.name[-4:] for p in made] == [".index..tmp"]
 
 def test_json_collection_is_written_from_a_batched_scan(tmp_path, monkeypatch):
     """Contiguous slices of the corpus, one file per indexing thread, whatever the read batch size."""

@@ -656,15 +656,9 @@ def test_a_killed_run_s_spill_folder_is_removed_by_the_rerun(default_run, articl
     (leftover / "worker" / "rows").write_bytes(b"x" * 100)
     other = tmp_path / ".other.parquet.spill.k991ce18.tmp"
     other.mkdir()
-    made = []
-    real = chunk.tempfile.TemporaryDirectory
+    from test_leftover_temps import recorded_temp_dirs
 
-    def recorded(*args, **kwargs):
-        spill = real(*args, **kwargs)
-        made.append(Path(spill.name))
-        return spill
-
-    monkeypatch.setattr(chunk.tempfile, "TemporaryDirectory", recorded)
+    made = recorded_temp_dirs(monkeypatch)
     outs, _ = run(articles, checkpoint, tmp_path)
     assert not leftover.exists() and other.exists()
     # What a kill would leave is named as the leftover above, so it is what the next run removes.

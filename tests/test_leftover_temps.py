@@ -22,6 +22,20 @@ SCHEMA = pa.schema([("doc_id", pa.string()), ("n", pa.int64())])
 TABLE = pa.table({"doc_id": ["a", "b"], "n": [1, 2]}, schema=SCHEMA)
 
 
+def recorded_temp_dirs(monkeypatch) -> list[Path]:
+    """The paths of the temporary folders made from now on (tempfile.TemporaryDirectory's)."""
+    made: list[Path] = []
+    real = artifacts.tempfile.TemporaryDirectory
+
+    def recorded(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        made.append(Path(folder.name))
+        return folder
+
+    monkeypatch.setattr(artifacts.tempfile, "TemporaryDirectory", recorded)
+    return made
+
+
 def killed_while_writing(writer, path: Path) -> None:
     """Run `writer(path)` (a context manager yielding a temp) in a child killed mid-write."""
     pid = os.fork()

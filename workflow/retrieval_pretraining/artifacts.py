@@ -98,6 +98,17 @@ def remove_leftover_temps(path: Path, kind: str = "") -> None:
                  entry, f"{size:,}", path.name)
 
 
+@contextlib.contextmanager
+def temp_dir(path: Path, kind: str = "") -> Iterator[Path]:
+    """A temporary folder beside `path`, named by its temp scheme (temp_prefix) after an earlier
+    attempt's leftovers are removed (remove_leftover_temps), deleted on exit: a writer's scratch
+    (a BM25 build's collection, a checkpoint's staging, chunking's spill with kind "spill")."""
+    remove_leftover_temps(path, kind)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=temp_prefix(path, kind),
+                                     suffix=".tmp") as tmp:
+        yield Path(tmp)
+
+
 def _size(path: Path) -> int:
     """Bytes in a file or folder, for the log (0 for what cannot be read)."""
     try:

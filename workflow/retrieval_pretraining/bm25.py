@@ -45,7 +45,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -182,10 +181,8 @@ def build_index(corpus: Path, out: Path, config: dict[str, Any]) -> dict[str, An
     cfg = _settings(config)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    artifacts.remove_leftover_temps(out)  # a killed build's collection and index (tens of GB)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=artifacts.temp_prefix(out),
-                                     suffix=".tmp") as tmp:
-        tmp = Path(tmp)
+    # A killed build's collection and index (tens of GB) are removed first.
+    with artifacts.temp_dir(out) as tmp:
         counts = write_json_collection(
             corpus, tmp / "collection", cfg["title"], cfg["index_threads"]
         )

@@ -27,7 +27,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -273,10 +272,8 @@ def _staging(out_dir: Path) -> Iterator[Path]:
     a failed run never leaves a half folder there."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    artifacts.remove_leftover_temps(out_dir)  # a killed staging's folder
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=artifacts.temp_prefix(out_dir),
-                                     suffix=".tmp") as tmp:
-        staged = Path(tmp) / "staged"
+    with artifacts.temp_dir(out_dir) as tmp:  # a killed staging's folder removed first
+        staged = tmp / "staged"
         yield staged
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures.process import BrokenProcessPool
@@ -306,11 +305,7 @@ def chunk_corpus(
     stats: Counter = Counter()
     out_paths[0].parent.mkdir(parents=True, exist_ok=True)
     # Named by the first shard, so a killed run's spill (every chunk row) is found by the rerun.
-    artifacts.remove_leftover_temps(out_paths[0], "spill")
-    with tempfile.TemporaryDirectory(dir=out_paths[0].parent, suffix=".tmp",
-                                     prefix=artifacts.temp_prefix(out_paths[0], "spill")
-                                     ) as spill_dir:
-        spill_dir = Path(spill_dir)
+    with artifacts.temp_dir(out_paths[0], "spill") as spill_dir:
         started = time.perf_counter()
         worker_args = (str(checkpoint_dir), cfg, str(spill_dir))
         if processes > 1:
