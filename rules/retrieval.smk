@@ -4,6 +4,7 @@
 
 import re
 
+from retrieval_pretraining.artifacts import manifest_path
 from retrieval_pretraining.bm25 import RUNTIME_KEYS as BM25_RUNTIME
 from retrieval_pretraining.download import check_fetched
 
@@ -261,12 +262,11 @@ rule alias_dataset_file:
 
 
 def copied_manifest(source, copy):
-    """`cp <source's manifest> <copy's> && ` (artifacts.manifest_path's name: `x.parquet` ->
+    """`cp <source's manifest> <copy's> && ` (artifacts.manifest_path: `x.parquet` ->
     `x.manifest.json`); "" for dataset.json, which has none."""
     if Path(source).name == "dataset.json":
         return ""
-    name = Path(source).name.split(".")[0] + ".manifest.json"
-    return f"cp {Path(source).with_name(name)} {Path(copy).with_name(name)} && "
+    return f"cp {manifest_path(source)} {manifest_path(copy)} && "
 
 
 # Speed and memory of the BM25 jobs: passed with `bm25 --runtime`, outside the params, so that
