@@ -62,6 +62,34 @@ def test_a_jsonl_of_texts_is_chunked_with_titles_as_the_entry_says(tmp_path, tit
     assert manifest["inputs"]["corpus"]["path"] == str(path)
 
 
+@pytest.mark.parametrize("own, first, dash", [
+    ({"title": "none"}, "snow is frozen water.", "sand is found on beaches."),
+    ({}, "snow snow is frozen water.", "- sand is found on beaches."),  # the dataset's sep
+])
+def test_a_dataset_corpus_keeps_or_drops_the_datasets_titles_as_its_corpus_entry_says(
+        tmp_path, own, first, dash):
+    """A `source: dataset` corpus of an MS MARCO collection with RocketQA-style titles ("-" for
+    none), resolved as the chunk rule resolves it: the corpus entry's `title` wins over the
+    dataset entry's (paper.yaml's in-domain MS MARCO corpus is `title: none` under a `sep`
+    dataset), and without one the dataset's mode applies."""
+    from retrieval_pretraining import corpora
+
+    (tmp_path / "collection.tsv").write_text(
+        "".join(f"{i}\t{d['text']}\n" for i, d in enumerate(DOCS)))
+    (tmp_path / "para.title.txt").write_text("0\tSnow\n1\t-\n2\tIce\n")
+    dataset = {"name": "marco", "format": "msmarco", "title": "sep", "splits": [],
+               "corpus": {"path": str(tmp_path / "collection.tsv")},
+               "titles": {"path": str(tmp_path / "para.title.txt")}}
+    section = entry(tmp_path, "dataset") | {
+        "corpora": [{"name": "marco", "source": "dataset", "dataset": "marco"} | own]}
+    spec = corpora.resolve(section, "marco", [dataset])
+    rows, _, outs = run(spec, tmp_path, tmp_path)
+    assert decoded(rows, 0).startswith(first) and decoded(rows, 1) == dash
+    manifest = artifacts.read_json(artifacts.manifest_path(outs[0]))
+    assert manifest["params"]["title"] == own.get("title", "sep")
+    assert "titles" in manifest["inputs"]  # read either way: the dataset entry names them
+
+
 @pytest.mark.parametrize("mode, joined", [
     ("space", ["Snow snow is frozen water.", "sand is found on beaches."]),
     ("sep", ["Snow\n\nsnow is frozen water.", "sand is found on beaches."]),  # its own paragraph
