@@ -441,8 +441,9 @@ def test_corpus_keys_are_validated(demo, edit, expected):
 
 def test_the_demo_chunks_its_one_wikipedia_corpus_and_paper_adds_the_bow_msmarco_corpus(demo):
     """The demo's single corpus is the shipped Wikipedia sample; the paper adds the BoW paper's
-    in-domain MS MARCO corpus (144 tokens) and a model continuing from the Wikipedia BoW model with
-    its hyper-parameters."""
+    in-domain MS MARCO corpus (144 tokens, passage text without the dataset's titles, as the
+    authors' collator reads only a record's `text`) and a model continuing from the Wikipedia BoW
+    model with its hyper-parameters."""
     from retrieval_pretraining import corpora
     from retrieval_pretraining.pretrain.settings import resolve_model
 
@@ -451,7 +452,10 @@ def test_the_demo_chunks_its_one_wikipedia_corpus_and_paper_adds_the_bow_msmarco
     paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
     marco = corpora.resolve(paper["corpus"], "msmarco-passage", paper["datasets"])
     assert marco["max_len"] == 144 and marco["dataset"]["name"] == "msmarco-passage"
-    assert corpora.resolve(paper["corpus"], "wikipedia", paper["datasets"])["max_len"] == 512
+    # The chunk job's title mode is the corpus entry's, not the dataset's `sep` (its encoders').
+    assert marco["title"] == "none" and marco["dataset"]["title"] == "sep"
+    wikipedia = corpora.resolve(paper["corpus"], "wikipedia", paper["datasets"])
+    assert wikipedia["max_len"] == 512 and "title" not in wikipedia
     bow = resolve_model(paper["pretrain"], "bow", seed=0)
     marco_bow = resolve_model(paper["pretrain"], "bow-marco", seed=0)
     assert marco_bow["init"] == "bow" and marco_bow["corpora"] == [
