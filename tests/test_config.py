@@ -83,6 +83,48 @@ def test_a_count_written_as_a_float_is_refused_at_parse_time(demo, section, key,
     experiment_config.validate(good)
 
 
+@pytest.mark.parametrize("where", ["seed", "datasets subset seed"])
+def test_a_seed_beyond_what_every_stage_accepts_is_refused_at_parse_time(demo, where):
+    """A seed of 2**64 passed the schema and stopped span sampling with numpy's OverflowError
+    (spans.chunk_keys: a uint64); t-SNE's random_state (sklearn) takes no more than 2**32 - 1.
+    The largest seed every consumer accepts is valid; one more is refused naming the key and
+    the bound."""
+
+    def with_seed(seed):
+        config = copy.deepcopy(demo)
+        if where == "seed":
+            config["seed"] = seed
+            return config, "'seed'"
+        index = next(i for i, d in enumerate(config["datasets"]) if "subset" in d)
+        config["datasets"][index]["subset"]["seed"] = seed
+        return config, f"'datasets.{index}.subset.seed'"
+
+    for seed in (2**64, 2**32, -1):
+        bad, key = with_seed(seed)
+        with pytest.raises(experiment_config.ConfigError) as error:
+            experiment_config.validate(bad)
+        message = str(error.value)
+        assert key in message and ("maximum is 4294967295" in message
+                                   or "minimum is 0" in message), message
+    for seed in (0, 2**32 - 1):
+        experiment_config.validate(with_seed(seed)[0])
+
+
+def test_the_largest_valid_seed_is_one_every_seeded_stage_accepts(demo):
+    import numpy as np
+    from sklearn.utils import check_random_state
+
+    from retrieval_pretraining import seeding, spans
+    from retrieval_pretraining.training import optim
+
+    top = experiment_config.load_schema()["properties"]["seed"]["maximum"]
+    spans.chunk_keys(top, np.arange(3))  # numpy uint64
+    check_random_state(top)  # t-SNE's random_state (sklearn): the narrowest
+    optim.seed_everything(top)  # random, numpy, torch.manual_seed
+    optim.seed_torch(top, 1, 2)
+    seeding.rng_for(top, "order", 0)
+
+
 def test_a_rank_window_without_its_first_rank_is_refused_at_parse_time(demo):
     """mining.rank_window is [lo, hi) with hi null for "up to the depth"; a null lo passed the
     schema and stopped the mining job with Python's "'<' not supported between NoneType and int"."""
