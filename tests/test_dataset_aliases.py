@@ -84,6 +84,22 @@ def test_a_bad_alias_is_refused_naming_the_key(demo, entry, words):
     assert all(w in message for w in words), message
 
 
+@pytest.mark.parametrize("entry, index", [
+    ({"name": "scifact-full", "same_as": "scifact"}, 1),  # the demo's full-corpus entry's name
+    ({"name": "scifact", "same_as": "scifact-full"}, 0),
+])
+def test_an_alias_under_another_entrys_name_is_refused_in_one_message(demo, entry, index):
+    """Aliases resolve by name: with two entries of one name the resolved config held the
+    alias's copy of scifact (a 1500-document sample) as 'scifact-full', and the cross-checks
+    went on to refuse scifact-full's published number as one for a sample, a mistake the
+    config does not make."""
+    message = _refusal(_with(demo, entry))
+    lines = message.splitlines()[1:]
+    assert len(lines) == 1, message
+    assert "datasets.2.name" in message and f"'{entry['name']}'" in message, message
+    assert f"datasets.{index}" in message and "a name of its own" in message, message
+
+
 def test_an_alias_of_a_later_entry_is_refused(demo):
     config = copy.deepcopy(demo)
     config["datasets"].insert(0, {"name": "first", "same_as": "scifact"})

@@ -24,14 +24,21 @@ def is_alias(entry: dict[str, Any]) -> bool:
 
 def problems(datasets: list[dict[str, Any]]) -> list[str]:
     """Why the aliases among `datasets` cannot be resolved: a source that is not an earlier
-    entry (unknown, later, the alias itself). Extra keys are the schema's to refuse."""
+    entry (unknown, later, the alias itself), or an alias under the name of another entry
+    (resolution is by name: the checks after it would read the alias's copy of its source as
+    that entry and refuse what the config does not say). Extra keys are the schema's to refuse."""
     messages, earlier = [], []
     for i, entry in enumerate(datasets):
         if is_alias(entry):
             source = entry["same_as"]
+            others = [j for j, e in enumerate(datasets) if e["name"] == entry["name"] and j != i]
             if source == entry["name"]:
                 messages.append(f"config key 'datasets.{i}.same_as': '{source}' is this entry "
                                 "itself; name the datasets entry whose data it shares")
+            elif others:
+                messages.append(
+                    f"config key 'datasets.{i}.name': the alias '{entry['name']}' has the name "
+                    f"of datasets.{others[0]}; give the alias a name of its own")
             elif source not in earlier:
                 later = any(e["name"] == source for e in datasets)
                 messages.append(
