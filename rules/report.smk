@@ -202,6 +202,13 @@ def report_params():
                 }
                 for e in config["evaluate"]["splits"]
             },
+            # An evaluated alias whose BM25 index is its source's, copied (alias_bm25_index):
+            # its BM25 row's provenance names the copy's log and the source's build.
+            "bm25_index_copies": {
+                alias: DATASET_ALIASES[alias]
+                for alias in copied_bm25_indexes()
+                if alias in {e["dataset"] for e in config["evaluate"]["splits"]}
+            },
             "trained_on": {
                 e["dataset"]: e["trained_on"]
                 for e in config["evaluate"].get("zero_shot") or []

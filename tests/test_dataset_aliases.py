@@ -249,3 +249,37 @@ def test_an_aliases_own_jobs_read_its_sources_downloads(tmp_path):
                        "results/downloads/datasets/scifact/t.tsv.gz"], fetched
     chunk = next(job for (rule, _), job in jobs.items() if rule == "chunk_articles")
     assert f"--downloads results/downloads/datasets/{DPR}" in chunk["named"]["texts"], chunk
+
+
+@pytest.mark.parametrize("title, expected", [
+    (None, ["alias_bm25_index/scifact-bow.log", "build_bm25_index/scifact.log"]),  # a copy
+    ("none", ["build_bm25_index/scifact-bow.log"]),  # another indexed text: its own build
+])
+def test_an_aliass_bm25_row_names_the_jobs_that_made_its_index(tmp_path, title, expected):
+    """The provenance of an alias's BM25 row named build_bm25_index/<alias>.log, a log no job
+    writes when the index is the source's, copied: it names the copy's log, then the source's
+    build, as the rules planned them (make_tables' params)."""
+    from retrieval_pretraining.tables.__main__ import check_config
+    from retrieval_pretraining.tables.layout import Group, Row
+    from retrieval_pretraining.tables.provenance import log_location
+
+    project = copy_project(tmp_path / "project")
+
+    def edit(config):
+        config.update(_evaluated_alias(config))
+        if title:
+            config["bm25"].setdefault("overrides", []).append(
+                {"dataset": "scifact-bow", "title": title})
+    edit_config(project, edit)
+    jobs = planned_params(project, "results/tables.md")
+    tables = next(job for (rule, _), job in jobs.items() if rule == "make_tables")
+    params = json.loads(eval(tables["named"]["tables"]))
+    check_config(params)  # the tables stage accepts the slice the rule hands it
+    bm25 = Row("BM25", "bm25", objective="bm25")
+    results = project / "results"
+    logs = log_location(results, bm25, "scifact-bow", Group("Sparse", [bm25]), "test", params)
+    assert logs.split(", ") == [f"`{results / 'logs' / p}`" for p in expected] + [
+        f"`{results / 'logs' / p / 'scifact-bow' / 'test.log'}`"
+        for p in ("bm25_search", "publish_bm25_run")], logs
+    source = log_location(results, bm25, "scifact", Group("Sparse", [bm25]), None, params)
+    assert source == f"`{results / 'logs' / 'build_bm25_index' / 'scifact.log'}`", source

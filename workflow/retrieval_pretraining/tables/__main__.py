@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 # What rules/report.smk `report_params` passes.
 SLICE_KEYS = ("experiment", "resolved_config", "report", "models", "losses", "encoders",
-              "dense_shards", "bm25", "bm25_by_dataset", "trained_on", "baselines", "declared")
+              "dense_shards", "bm25", "bm25_by_dataset", "bm25_index_copies", "trained_on",
+              "baselines", "declared")
 
 
 def check_config(params: dict) -> None:

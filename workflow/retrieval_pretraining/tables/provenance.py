@@ -277,7 +277,14 @@ def log_location(
     if row.model is None and row.system != "bm25":
         return "–"
     if row.model is None:
-        paths = [logs / "build_bm25_index" / f"{dataset}.log"]
+        # An alias's index copied from its source's (rules/retrieval.smk alias_bm25_index): the
+        # copy's log, then the source's build, where the index was made from the corpus (as a
+        # reused pre-training names its copy, then the training). build_bm25_index/<alias>.log
+        # is no job's log there.
+        source = ((params or {}).get("bm25_index_copies") or {}).get(dataset)
+        paths = ([logs / "alias_bm25_index" / f"{dataset}.log",
+                  logs / "build_bm25_index" / f"{source}.log"] if source
+                 else [logs / "build_bm25_index" / f"{dataset}.log"])
         if split:
             paths += [logs / "bm25_search" / dataset / f"{split}.log",
                       logs / "publish_bm25_run" / dataset / f"{split}.log"]
