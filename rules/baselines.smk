@@ -31,12 +31,25 @@ def baseline_encoder(name):
     return f"results/checkpoints/{source}"
 
 
+def baseline_dataset_knobs(dataset):
+    """finetune's knobs for the runs on `dataset`: the section's, with the overrides of the
+    fine-tuning entry whose encoders search it (finetune_overrides), as finetune_knobs gives our
+    encoders' runs there; so a table's baseline and fine-tuned rows on one dataset are searched
+    as deep and stored as precisely, in as many shards. The section's alone on a dataset
+    nothing is fine-tuned for."""
+    shared = {
+        k: v for k, v in config["finetune"].items() if k not in ("models", "datasets")
+    }
+    return shared | finetune_overrides(dataset)
+
+
 def baseline_knobs(name, dataset):
     """encode.py's and dense_search.py's slice for a baseline on a dataset: its own pooling,
-    similarity, lengths and prefixes; finetune's dtype and search depth; the dataset's title mode
-    and query-id rule (as our models get them). finetune's encode_batch_size travels as
-    `--runtime` (dense.smk `retrieval_runtime`)."""
-    entry, shared = baseline_entry(name), config["finetune"]
+    similarity, lengths and prefixes; the dataset's dtype and search depth (finetune's, its
+    overrides applied: baseline_dataset_knobs), title mode and query-id rule (as our models get
+    them). Its encode_batch_size travels as `--runtime` (dense.smk `retrieval_runtime`).
+    """
+    entry, shared = baseline_entry(name), baseline_dataset_knobs(dataset)
     knobs = {k: shared[k] for k in ("dtype", "search_depth")}
     own = ("pooling", "similarity", "q_len", "p_len", "query_prefix", "passage_prefix")
     knobs |= {k: entry[k] for k in own if k in entry}
@@ -63,7 +76,7 @@ def baseline_encode_argument(wildcards):
 
 def baseline_shards(wildcards):
     folder = f"{BASELINE_DIR}/{wildcards.baseline}/{wildcards.dataset}"
-    shards = range(config["finetune"]["shards"])
+    shards = range(baseline_dataset_knobs(wildcards.dataset)["shards"])
     return {
         "npy": [f"{folder}/shard-{s:04d}.npy" for s in shards],
         "ids": [f"{folder}/shard-{s:04d}.ids.parquet" for s in shards],
@@ -72,20 +85,27 @@ def baseline_shards(wildcards):
 
 def baseline_report():
     """What the tables need of each baseline a table lists: label, encoder, published numbers,
-    and the shard count of its corpus encoding (its logs)."""
-    listed = {
-        n for t in config["report"]["tables"] for n in t.get("baseline_rows") or []
-    }
+    and the shard count of its corpus encoding on each dataset of its columns (its logs).
+    """
+    columns = {}
+    for table in config["report"]["tables"]:
+        for name in table.get("baseline_rows") or []:
+            columns.setdefault(name, set()).update(
+                c["dataset"] for c in table["columns"]
+            )
     return {
         b["name"]: {
             "label": b.get("label") or b["name"],
             "encoder": baseline_encoder(b["name"]),
             "published": b.get("published") or [],
             # The tables' provenance names each encoded shard's log (encode_baseline_shard).
-            "shards": config["finetune"]["shards"],
+            "shards": {
+                dataset: baseline_dataset_knobs(dataset)["shards"]
+                for dataset in sorted(columns[b["name"]])
+            },
         }
         for b in baselines()
-        if b["name"] in listed
+        if b["name"] in columns
     }
 
 
@@ -126,10 +146,12 @@ rule encode_baseline_shard:
     threads: 2
     resources:
         gpu=1,
-        retrieval_runtime=lambda wc: retrieval_runtime(config["finetune"]),
+        retrieval_runtime=lambda wc: retrieval_runtime(
+            baseline_dataset_knobs(wc.dataset)
+        ),
     params:
         encode=baseline_encode_argument,
-        shards=config["finetune"]["shards"],
+        shards=lambda wc: baseline_dataset_knobs(wc.dataset)["shards"],
     shell:
         ENCODE_SHELL
 
@@ -173,7 +195,9 @@ rule baseline_search:
         conda_env("faiss")
     resources:
         gpu=1,
-        retrieval_runtime=lambda wc: retrieval_runtime(config["finetune"]),
+        retrieval_runtime=lambda wc: retrieval_runtime(
+            baseline_dataset_knobs(wc.dataset)
+        ),
     params:
         search=baseline_argument,
     shell:

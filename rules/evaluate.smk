@@ -36,22 +36,16 @@ def evaluate_entry(dataset, split):
 
 
 def run_depths(dataset):
-    """(config key, depth) of every run scored on `dataset`, overrides applied: BM25's, the dense
-    runs' (from the fine-tuning entry whose encoders search it) and the baselines' (shared
-    finetune.search_depth: rules/baselines.smk takes no override)."""
-    own = {}
-    for entry in config["finetune"]["datasets"]:
-        if entry["dataset"] == trained_on(dataset):
-            own = entry.get("overrides", {})
-    shared = config["finetune"]["search_depth"]
-    dense = own.get("search_depth", shared)
-    depths = [
+    """(config key, depth) of every run scored on `dataset`, overrides applied: BM25's, and the
+    dense runs' and baselines' (from the fine-tuning entry whose encoders search it, as
+    rules/baselines.smk `baseline_dataset_knobs` reads it)."""
+    dense = finetune_overrides(dataset).get(
+        "search_depth", config["finetune"]["search_depth"]
+    )
+    return [
         ("bm25.depth", bm25_settings(dataset)["depth"]),
         ("finetune.search_depth", dense),
     ]
-    if config["evaluate"].get("baselines") and dense != shared:
-        depths.append(("finetune.search_depth (baselines)", shared))
-    return depths
 
 
 def check_run_depths():

@@ -25,6 +25,15 @@ def finetune_entry(dataset):
     )
 
 
+def finetune_overrides(dataset):
+    """The overrides of the finetune.datasets entry whose encoders run on `dataset` (trained_on):
+    none on a dataset nothing is fine-tuned for (a baseline's column)."""
+    for entry in config["finetune"]["datasets"]:
+        if entry["dataset"] == trained_on(dataset):
+            return entry.get("overrides", {})
+    return {}
+
+
 def zero_shot_source(dataset):
     """The dataset whose fine-tuned encoders `dataset` is evaluated with zero-shot (None: in-domain)."""
     for entry in config["evaluate"].get("zero_shot") or []:

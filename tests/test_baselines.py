@@ -72,11 +72,13 @@ def test_the_demo_baseline_runs_the_stages_our_models_run_on_the_full_corpus(pla
 
 
 def test_the_tables_get_the_shard_count_that_names_the_baseline_s_encoding_logs(tmp_path):
-    """The provenance names one encode_baseline_shard log per shard (tables/provenance.py)."""
+    """The provenance names one encode_baseline_shard log per shard (tables/provenance.py), as
+    many on each dataset of its columns as its encoding there has."""
     project = copy_project(tmp_path / "project", {"finetune": {"shards": 3}})
     result = snakemake(project, "--dry-run", "--printshellcmds", "--forceall", "results/tables.md")
     [tables] = _commands(result.stdout + result.stderr, "tables")
-    assert json.loads(_option(tables, "--config"))["baselines"]["all-minilm-l6-v2"]["shards"] == 3
+    baseline = json.loads(_option(tables, "--config"))["baselines"]["all-minilm-l6-v2"]
+    assert baseline["shards"] == {"scifact-full": 3}, baseline
 
 
 def _slice(command):
@@ -118,3 +120,30 @@ def test_one_of_our_encoders_as_a_baseline_with_its_own_knobs(tmp_path):
     assert knobs["query_prefix"] == "query: " and knobs["passage_prefix"] == "passage: "
     assert (knobs["pooling"], knobs["p_len"], knobs["title"]) == ("cls", 200, "space")
     assert "rule pretrain_model:" in output and "rule finetune_stage1:" not in output
+
+
+def test_a_baseline_searches_a_dataset_as_our_fine_tuned_encoders_there_do(tmp_path):
+    """finetune.datasets[].overrides set a dataset's search depth, stored dtype, shards and
+    encoding batch for our encoders' runs on it; a baseline on the same dataset took finetune's
+    shared values, so one table's rows differed in depth and precision. Both now read the
+    dataset's: the baseline's encoding and search slices agree with our stage-2 encoder's there
+    (outside the baseline's own pooling, similarity, lengths and prefixes)."""
+    overrides = {"search_depth": 150, "dtype": "float32", "shards": 2, "encode_batch_size": 16}
+    finetune = {"datasets": [dict(DEMO["finetune"]["datasets"][0], overrides=overrides)]}
+    project = copy_project(tmp_path / "project", {"finetune": finetune})
+    result = snakemake(project, "--dry-run", "--printshellcmds",
+                       "results/metrics/scifact/all-minilm-l6-v2/test.json",
+                       "results/metrics/scifact/costa-stage2/test.json")
+    output = result.stdout + result.stderr
+    encodes = _commands(output, "encode")
+    searches = {_option(c, "--tag"): c for c in _commands(output, "dense_search")}
+    ours = [c for c in encodes if "/costa/scifact/stage2/" in _option(c, "--out-npy")]
+    staged = "results/checkpoints/all-minilm-l6-v2"
+    theirs = [c for c in encodes if _option(c, "--encoder") == staged]
+    assert len(ours) == len(theirs) == 2, (len(ours), len(theirs))
+    shared = ("dtype", "encode_batch_size", "title")
+    assert {k: _slice(theirs[0])[k] for k in shared} == {k: _slice(ours[0])[k] for k in shared}
+    searched = ("dtype", "search_depth", "exclude_self", "encode_batch_size")
+    baseline, model = _slice(searches["all-minilm-l6-v2"]), _slice(searches["costa-stage2"])
+    assert {k: baseline[k] for k in searched} == {k: model[k] for k in searched}
+    assert (baseline["search_depth"], baseline["dtype"]) == (150, "float32"), baseline

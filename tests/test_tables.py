@@ -818,6 +818,9 @@ def test_a_baseline_row_names_the_log_file_of_each_of_its_jobs(tmp_path):
     logs = log_location(tmp_path / "results", row, "scifact", Group("x", [row]), "test", p)
     assert [path.strip("`") for path in logs.split(", ")] == [
         str(tmp_path / path) for path in expected], logs
+    # The rules' count per dataset of its columns (a dataset's finetune overrides may set it).
+    p["baselines"]["minilm"]["shards"] = {"scifact": 2, "msmarco-passage": 8}
+    assert log_location(tmp_path / "results", row, "scifact", Group("x", [row]), "test", p) == logs
 
 
 def test_a_dense_row_names_the_logs_of_the_jobs_that_made_its_run(tmp_path):

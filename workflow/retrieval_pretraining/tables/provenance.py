@@ -312,8 +312,11 @@ def baseline_logs(
     logs: Path, baseline: str, dataset: str, split: str | None, params: dict[str, Any] | None
 ) -> list[Path]:
     """rules/baselines.smk's job logs behind a baseline's run: one per encoded corpus shard (the
-    rules pass the shard count as `baselines.<name>.shards`), its index's and its search's."""
+    rules pass the shard count per dataset as `baselines.<name>.shards`; older params, one count
+    for every dataset), its index's and its search's."""
     shards = ((params or {}).get("baselines") or {}).get(baseline, {}).get("shards")
+    if isinstance(shards, dict):
+        shards = shards.get(dataset)
     paths = shard_logs(logs / "encode_baseline_shard" / baseline / dataset, shards)
     paths.append(logs / "build_baseline_index" / baseline / f"{dataset}.log")
     if split:
