@@ -1,5 +1,6 @@
-"""Fine-tuning's learning-rate schedule (finetune/schedule.py): the BoW authors' cosine to a floor
-after a warm-up in steps, and the defaults' schedule bit for bit as it was (linear_schedule's)."""
+"""Fine-tuning's learning-rate schedule (finetune/schedule.py, on training.lr_factor): the BoW
+authors' cosine to a floor after a warm-up in steps, and the defaults' schedule bit for bit as it
+was (the old linear_schedule's, tests/test_lr_schedule.py)."""
 
 import copy
 import math
@@ -14,6 +15,7 @@ from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.finetune.schedule import build_schedule, warmup_steps
 from retrieval_pretraining.finetune.settings import FinetuneSettings, trainer_keys
 from retrieval_pretraining.retrieval_settings import retrieval_keys
+from test_lr_schedule import old_linear_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK = 1e-2
@@ -91,8 +93,8 @@ def test_warmup_steps_wins_over_warmup_ratio():
 def test_the_defaults_give_the_old_linear_schedule_bit_for_bit(total, ratio):
     """The schedule every existing run trained on: the same floats at every step."""
     _, old_optimizer = _optimizer()
-    old = training.linear_schedule(old_optimizer, total_steps=total,
-                                   warmup_steps=math.ceil(ratio * total))
+    old = old_linear_schedule(old_optimizer, total_steps=total,
+                              warmup_steps=math.ceil(ratio * total))
     _, optimizer = _optimizer()
     new = build_schedule(optimizer, _settings(warmup_ratio=ratio), total)
     assert _lrs(new, optimizer, total + 2) == _lrs(old, old_optimizer, total + 2)

@@ -881,6 +881,37 @@ def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tm
     _assert_same_weights(_weights(tmp_path / "part"), _weights(tmp_path / "whole"), atol=0.0)
 
 
+def test_a_resumed_cosine_schedule_continues_where_it_stopped(dropout_setup, tmp_path,
+                                                             monkeypatch, restore_stop_handlers):
+    """The BoW authors' schedule knobs reach the trainer (a head-warm-up hold, then warmup_steps,
+    then a cosine to min_lr_ratio x lr), and a run stopped part-way resumes it: each step's lr
+    and the final weights are the uninterrupted run's (LambdaLR's state is the step count)."""
+    from test_lr_schedule import _cosine
+
+    settings = fx.model_settings("mlm", max_steps=5, head_warmup_steps=1, lr_schedule="cosine",
+                                 min_lr_ratio=0.1, warmup_steps=2, warmup_ratio=0.5, log_every=1)
+    code, whole = _run(settings, dropout_setup, tmp_path / "whole")
+    assert code == 0 and [r["step"] for r in whole] == [1, 2, 3, 4, 5, 6]
+    peak = settings["trainer"]["lr"]
+    expected = [_cosine(s, 2, 6, 0.1, hold=1, peak=peak) for s in range(6)]
+    assert [r["lr"] for r in whole] == pytest.approx(expected, rel=1e-12)
+    assert whole[-1]["lr"] < peak and whole[1]["lr"] == pytest.approx(peak / 2)
+    calls = []
+
+    def signal_at_step_1(model, batch):
+        calls.append(1)
+        if len(calls) == 3:  # step 1's first micro-batch: it stops after step 2, as above
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    _wrap_forward(monkeypatch, before=signal_at_step_1)
+    code, records = _run(settings, dropout_setup, tmp_path / "part")
+    assert code == training.RESUME_EXIT_CODE and [r["step"] for r in records] == [1, 2, 3]
+    monkeypatch.undo()
+    code, records = _run(settings, dropout_setup, tmp_path / "part")
+    assert code == 0 and [r["lr"] for r in records] == [r["lr"] for r in whole]
+    _assert_same_weights(_weights(tmp_path / "part"), _weights(tmp_path / "whole"), atol=0.0)
+
+
 
 
 def test_a_state_is_not_resumed_over_a_rebuilt_checkpoint_or_heads(setup, tmp_path, monkeypatch,

@@ -17,7 +17,7 @@ from ..retrieval_settings import (RetrievalSettings, check_bool, check_choice, c
                                   check_number, refuse_unknown, slice_keys)
 
 WITHOUT_NEGATIVES = ("pad", "drop")
-LR_SCHEDULES = ("linear", "cosine")  # the decay after the warm-up (finetune/schedule.py)
+LR_SCHEDULES = ("linear", "cosine")  # training.LR_SCHEDULES (this module stays torch-free)
 # How a stage reads several negatives files (finetune/data.py): each query's lists unioned into one
 # example, or each file its own examples (the rules set it: stage2_negatives separate).
 NEGATIVE_FILES = ("union", "separate")

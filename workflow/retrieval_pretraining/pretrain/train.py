@@ -75,11 +75,18 @@ def raise_if_nonfinite(queued: QueuedStep) -> None:
     training.check_finite_step(read, queued.keys, step=queued.step, item_ids=queued.item_ids)
 
 
+# The schedule knobs added after resumable states existed, at their defaults (the schedule those
+# states were trained on): left out of the job, so that a state written before them still resumes.
+SCHEDULE_DEFAULTS = {"lr_schedule": "linear", "min_lr_ratio": 0.0, "warmup_steps": None}
+
+
 def resume_job(settings: dict[str, Any], checksums: dict[str, Any],
                models: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a resumable state must match (training.claim_state): same settings, same data, same
+    """What a resumable state must match (training.claim_state): same settings (less
+    RESULT_NEUTRAL, and SCHEDULE_DEFAULTS's knobs while they hold their defaults), same data, same
     starting weights (`models`: weights_identity of the checkpoint and of init_heads)."""
-    trainer = {k: v for k, v in settings.get("trainer", {}).items() if k not in RESULT_NEUTRAL}
+    trainer = {k: v for k, v in settings.get("trainer", {}).items() if k not in RESULT_NEUTRAL
+               and not (k in SCHEDULE_DEFAULTS and v == SCHEDULE_DEFAULTS[k])}
     return {"settings": settings | {"trainer": trainer}, "data": checksums, "models": models or {}}
 
 
@@ -188,6 +195,14 @@ def loader_options(cuda: bool) -> dict[str, Any]:
     }
 
 
+def lr_warmup_steps(trainer: dict[str, Any], schedule_steps: int) -> int:
+    """The lr warm-up in steps: `warmup_steps` when set (the BoW authors' 4000; it wins over
+    warmup_ratio, as in fine-tuning), otherwise round(warmup_ratio x schedule_steps), as before."""
+    if trainer["warmup_steps"] is not None:
+        return trainer["warmup_steps"]
+    return int(round(trainer["warmup_ratio"] * schedule_steps))
+
+
 def head_warmup_steps(setting: int | str, fresh_head: bool, lr_warmup: int) -> int:
     """Steps that train the heads alone before the schedule: `auto` = as many as the lr warm-up
     when the MLM head is freshly initialised (at least 1), none when the checkpoint brought it."""
@@ -261,7 +276,7 @@ def _train(
         proportions=mixed, **pdata.objective_inputs(settings),
     )
     schedule_steps = tr["max_steps"] or tr["epochs"] * dataset.steps_per_epoch
-    warmup = int(round(tr["warmup_ratio"] * schedule_steps))
+    warmup = lr_warmup_steps(tr, schedule_steps)
 
     bag_prior = dataset.mean_bag_size() / vocab.size if objective in ("cpdae", "cpdae_r") else None
     with training.oom_guard(tr["micro_batch_size"], fix=training.loading_out_of_memory_fix(
@@ -275,8 +290,12 @@ def _train(
         model, lr=tr["lr"], weight_decay=tr["weight_decay"], betas=(tr["adam_beta1"], tr["adam_beta2"]),
         eps=tr["adam_eps"],
     )
-    scheduler = training.linear_schedule(optimizer, warmup_steps=warmup, total_steps=total_steps,
-                                         hold_steps=head_warmup)
+    scheduler = training.lr_scheduler(optimizer, warmup_steps=warmup, total_steps=total_steps,
+                                      hold_steps=head_warmup, shape=tr["lr_schedule"],
+                                      min_ratio=tr["min_lr_ratio"])
+    if env.is_main and warmup > schedule_steps:
+        log.warning("the lr warm-up (%d steps) outlasts the schedule (%d): the lr never reaches "
+                    "its peak (pretrain trainer.warmup_steps)", warmup, schedule_steps)
     ckpt_dir = state_dir / "checkpoints"
     # Another job's state is moved to `<state_dir>.superseded-<time>/`, outside the folder a
     # finished run deletes.

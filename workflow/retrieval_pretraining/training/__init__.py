@@ -4,7 +4,7 @@ Both trainers (pretrain/train.py, finetune/train.py) are one loop of this shape,
 
     env = init_distributed(); seed_everything(seed)         # ranks, device; model init seeded
     ... data and model (the trainer's own) ...
-    optimizer = build_optimizer(...); scheduler = linear_schedule(...)
+    optimizer = build_optimizer(...); scheduler = lr_scheduler(...)
     claim_state(state, job, env)          # a state of other settings or inputs: moved aside
     resumed = load_state(state, ...)      # the same job resumes where it saved
     metrics = MetricsWriter(..., history=state / "metrics.jsonl"); stop = StopFlag()
@@ -23,8 +23,9 @@ Modules (the trainers import only this package, `training.X`):
                  check_same_start (every rank resumed at one step), from_main (rank 0's value),
                  host_read (a step's one reduction and read: means, tokens, stop flag), StepRead,
                  queue_read / QueuedRead (the same read, taken later)
-    optim        accumulation_steps, build_optimizer, linear_schedule, autocast, fp32_scores,
-                 upcast, seed_everything, seed_torch
+    optim        accumulation_steps, build_optimizer, lr_factor / lr_scheduler (the lr schedule
+                 of both trainers: warm-up, linear or cosine decay to a floor; linear_schedule,
+                 its defaults), autocast, fp32_scores, upcast, seed_everything, seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
     guards       check_finite_step, check_finite_grad_norm, step_if_finite,
                  NonFiniteLossError, NonFiniteGradientError, oom_guard,
@@ -82,7 +83,10 @@ from .optim import (
     autocast,
     build_optimizer,
     fp32_scores,
+    LR_SCHEDULES,
     linear_schedule,
+    lr_factor,
+    lr_scheduler,
     seed_everything,
     seed_torch,
     upcast,
@@ -93,7 +97,8 @@ __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
     "check_same_start", "data_parallel",
     "StepRead", "host_read", "QueuedRead", "queue_read",
-    "accumulation_steps", "build_optimizer", "linear_schedule", "autocast", "fp32_scores",
+    "accumulation_steps", "build_optimizer", "linear_schedule", "LR_SCHEDULES", "lr_factor",
+    "lr_scheduler", "autocast", "fp32_scores",
     "seed_everything", "seed_torch", "upcast",
     "save_state", "load_state", "claim_state",
     "check_finite_grad_norm", "check_finite_step", "step_if_finite",

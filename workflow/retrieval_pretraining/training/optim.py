@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 
 import numpy as np
@@ -47,22 +48,61 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
 
 
+# The decay after the warm-up: linear (COSTA, Tevatron; the default) or cosine (the BoW authors).
+LR_SCHEDULES = ("linear", "cosine")
+
+
+def lr_factor(step: int, *, warmup: int, total: int, shape: str = "linear",
+              min_ratio: float = 0.0, hold: int = 0) -> float:
+    """The peak lr's multiplier for optimiser step `step` (0-based); pre-training and fine-tuning
+    both read it.
+
+    The first `hold` steps (pre-training's head warm-up) run at the peak; the schedule proper
+    covers the steps after them, `warmup` steps of it a linear warm-up: (step + 1) / warmup (the
+    first step already learns; transformers' warm-up, the BoW authors', spends it at lr 0: one
+    step of their 1000 or 4000 apart). Then decay with progress p from 0 (step = warmup) to 1
+    (step = total): linear 1 - p, cosine (1 + cos(pi p)) / 2, mapped onto [min_ratio, 1]:
+    min_ratio + (1 - min_ratio) x decay, as the BoW authors' scheduler (caskcsg/ir,
+    bowdpr/src/bowdpr/scheduler.py) and transformers' cosine_with_min_lr do. Past `total`,
+    min_ratio. With the defaults (linear, 0) every step's factor is the float the linear schedule
+    computed before the other shapes existed (tests/test_lr_schedule.py).
+    """
+    if step < hold:
+        return 1.0
+    step, total = step - hold, total - hold
+    if step < warmup:
+        return (step + 1) / max(1, warmup)
+    if shape == "cosine":
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:  # the linear schedule's own expression, so that min_ratio 0 gives its very floats
+        decay = max(0.0, (total - step) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * decay
+
+
+def lr_scheduler(
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, hold_steps: int = 0,
+    shape: str = "linear", min_ratio: float = 0.0,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """`lr_factor` as a LambdaLR: its state is the step count alone, so a resumed job
+    (training.load_state) continues the schedule where it stopped."""
+    if shape not in LR_SCHEDULES:
+        raise ValueError(f"lr schedule {shape!r}: expected one of {', '.join(LR_SCHEDULES)}")
+
+    def factor(step: int) -> float:
+        return lr_factor(step, warmup=warmup_steps, total=total_steps, shape=shape,
+                         min_ratio=min_ratio, hold=hold_steps)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def linear_schedule(
     optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, hold_steps: int = 0
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up from 0 to the peak lr over `warmup_steps`, then linear decay to 0 at
-    `total_steps`. The first `hold_steps` (a head warm-up before it) run at the peak lr, and the
-    schedule proper covers the steps after them."""
-
-    def factor(step: int) -> float:
-        if step < hold_steps:
-            return 1.0
-        step, total = step - hold_steps, total_steps - hold_steps
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        return max(0.0, (total - step) / max(1, total - warmup_steps))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    `total_steps`, after `hold_steps` at the peak: `lr_scheduler`'s defaults."""
+    return lr_scheduler(optimizer, warmup_steps=warmup_steps, total_steps=total_steps,
+                        hold_steps=hold_steps)
 
 
 def autocast(device: torch.device, precision: str = "auto") -> contextlib.AbstractContextManager:
