@@ -202,3 +202,110 @@ def test_condenser_and_cocondenser_mask_whole_words_as_their_code_does(overlay):
     for name in ("condenser", "cocondenser"):
         assert resolve_model(section, name, seed=0)["mlm"] == {"mask_rate": 0.15,
                                                                "whole_word": True}, name
+
+
+# workflow/experiments/bow-recipe.yaml: the BoW authors' pre-training recipe as two more rows.
+AUTHORS = {"lr": 3e-4, "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 4000,
+           "global_batch_size": 2048}
+RECIPE_ROWS = ["bow-authors", "bow-marco-authors"]
+
+
+def test_the_recipe_overlay_is_valid_and_repeats_the_bow_lists_it_extends():
+    """A --configfile replaces lists whole: bow-recipe.yaml's pretrain.models are bow.yaml's, in
+    order and unchanged, then its two rows; its report.tables are bow.yaml's, the MS MARCO
+    table's rows ending with the two."""
+    bow, recipe = _load("bow.yaml"), _load("bow-recipe.yaml")
+    config = merged_configs(*(EXPERIMENTS / n for n in ("paper.yaml", "bow.yaml",
+                                                         "bow-recipe.yaml")))
+    experiment_config.validate(config)
+    assert set(recipe) == {"pretrain", "report"} and set(recipe["pretrain"]) == {"models"}
+    assert set(recipe["report"]) == {"tables"}
+    models = recipe["pretrain"]["models"]
+    assert models[:len(bow["pretrain"]["models"])] == bow["pretrain"]["models"]
+    assert [m["name"] for m in models[len(bow["pretrain"]["models"]):]] == RECIPE_ROWS
+    ours, theirs = recipe["report"]["tables"], bow["report"]["tables"]
+    assert [t["name"] for t in ours] == [t["name"] for t in theirs]
+    for mine, source in zip(ours, theirs):
+        if mine["name"] != "bow-msmarco":
+            assert mine == source, mine["name"]
+            continue
+        assert {k: v for k, v in mine.items() if k != "rows"} == {
+            k: v for k, v in source.items() if k != "rows"}
+        assert mine["rows"][:len(source["rows"])] == source["rows"]
+        assert [r["model"] for r in mine["rows"][len(source["rows"]):]] == RECIPE_ROWS
+
+
+def test_the_recipe_rows_differ_from_bow_s_by_the_authors_optimisation_alone():
+    """bow-authors is paper.yaml's bow but for the authors' lr, schedule and batch, and 140,000
+    steps; bow-marco-authors is bow-marco but for the same, 80,000 steps and its init."""
+    section = merged_configs(*(EXPERIMENTS / n for n in ("paper.yaml", "bow.yaml",
+                                                          "bow-recipe.yaml")))["pretrain"]
+    resolved = {n: resolve_model(section, n, seed=0) for n in
+                ("bow", "bow-marco", "bow-authors", "bow-marco-authors")}
+    for ours, theirs, steps in (("bow-authors", "bow", 140000),
+                                ("bow-marco-authors", "bow-marco", 80000)):
+        a, b = resolved[ours], resolved[theirs]
+        assert {k: a["trainer"][k] for k in AUTHORS} == AUTHORS, ours
+        assert a["trainer"]["max_steps"] == steps
+        assert a["trainer"] == b["trainer"] | AUTHORS | {"max_steps": steps}, ours
+        same = {k for k in a if k not in ("name", "trainer", "init")}
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}, ours
+    assert resolved["bow-marco-authors"]["init"] == "bow-authors"
+    assert resolved["bow-authors"]["mlm"] == {"mask_rate": 0.3, "whole_word": True}
+    assert resolved["bow-authors"]["bow"]["weight_end"] == 0.1
+
+
+@pytest.fixture(scope="module")
+def recipe_plan(tmp_path_factory) -> list[dict]:
+    """`snakemake -n --configfile paper.yaml bow.yaml bow-recipe.yaml -- results/tables.md`."""
+    from test_finetune_rules import planned_jobs
+    from workflow_harness import copy_project
+
+    project = copy_project(tmp_path_factory.mktemp("bow-recipe") / "project")
+    return planned_jobs(project, "--configfile", *(str(EXPERIMENTS / n) for n in (
+        "paper.yaml", "bow.yaml", "bow-recipe.yaml")), "--", "results/tables.md")
+
+
+@pytest.mark.timeout(600)
+def test_a_dry_run_plans_the_authors_recipe_rows(recipe_plan):
+    """Both rows pre-trained with the authors' trainer (the Wikipedia one from bert-base-uncased,
+    the MS MARCO one from its encoder), fine-tuned on msmarco-passage-bow by bow.yaml's BoW
+    recipe, and bow-marco-authors beside the BoW paper's published MS MARCO numbers."""
+    from retrieval_pretraining import paper_numbers
+    from test_finetune_rules import job, stage_config, values
+
+    planned = {}
+    for name in RECIPE_ROWS:
+        args = job(recipe_plan, "pretrain_model", model=name)["args"]
+        planned[name] = (stage_config(args), values(args, "--checkpoint"))
+    for name, steps in zip(RECIPE_ROWS, (140000, 80000)):
+        trainer = planned[name][0]["trainer"]
+        assert {k: trainer[k] for k in AUTHORS} == AUTHORS, name
+        assert (trainer["max_steps"], trainer["micro_batch_size"]) == (steps, 32), name
+    wiki, marco = planned["bow-authors"][0], planned["bow-marco-authors"][0]
+    assert wiki["corpora"] == [{"name": "wikipedia", "proportion": 1.0}]
+    assert "init" not in wiki and planned["bow-authors"][1] == [
+        "results/checkpoints/bert-base-uncased"]
+    assert marco["corpora"] == [{"name": "msmarco-passage", "proportion": 1.0}]
+    assert marco["init"] == "bow-authors" and planned["bow-marco-authors"][1] == [
+        "results/pretrain/bow-authors/encoder"]
+    recipe = {"lr": 2e-5, "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 1000,
+              "group_size": 16, "p_len": 144, "epochs": 3}
+    for name in RECIPE_ROWS:
+        for stage in ("stage1", "stage2"):
+            args = job(recipe_plan, f"finetune_{stage}", model=name,
+                       dataset="msmarco-passage-bow", stage=stage)["args"]
+            assert {k: stage_config(args)[k] for k in recipe} == recipe, (name, stage)
+        assert values(args, "--init") == [f"results/pretrain/{name}/encoder"]
+    scored = {j["wildcards"].get("system") for j in recipe_plan if j["rule"] == "score_run"
+              and j["wildcards"].get("dataset") == "msmarco-passage-bow"}
+    assert {f"{n}-{s}" for n in RECIPE_ROWS for s in ("stage1", "stage2")} <= scored
+    models = {m["name"]: m for m in stage_config(job(recipe_plan, "make_tables")["args"])["models"]}
+    for name, published in (("bow-authors", False), ("bow-marco-authors", True)):
+        model = models[name]
+        number = paper_numbers.paper_value(
+            "bow", "msmarco-passage-dev", "RR@10", "hard-negatives", final_group=True,
+            in_domain="msmarco-passage-bow" in model["pretrained_on"], base=model["base"])
+        assert (number is not None) == published, name
+        if published:
+            assert number.value == 0.401

@@ -109,7 +109,8 @@ def _cosine(step: int, warmup: int, total: int, floor: float, hold: int = 0,
 @pytest.mark.parametrize("hold", [0, 3])
 def test_pretraining_s_cosine_to_a_floor_after_warmup_steps(hold):
     """The authors' recipe at a small scale (4000 / 140000 -> 4 / 40): warmup_steps wins over the
-    ratio; the peak at the warm-up's end, the middle of the decay, the floor at the end and after."""
+    ratio; the peak at the warm-up's end, the middle of the decay, the floor at the end and
+    after."""
     steps, warmup, floor = 40, 4, 0.1
     trainer = _trainer(warmup_ratio=0.5, warmup_steps=warmup, lr_schedule="cosine",
                        min_lr_ratio=floor)
