@@ -64,7 +64,7 @@ def test_a_state_saved_on_one_device_resumes_on_another(saved_on, resumed_on, tm
         torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.LayerNorm(4)).to(device)
         optimizer = training.build_optimizer(model, lr=1e-2, weight_decay=0.01)
-        return model, optimizer, training.linear_schedule(optimizer, warmup_steps=2, total_steps=20)
+        return model, optimizer, training.lr_scheduler(optimizer, warmup_steps=2, total_steps=20)
 
     generator = torch.Generator().manual_seed(1)
     inputs = [torch.randn(8, 6, generator=generator) for _ in range(6)]

@@ -32,7 +32,7 @@ def test_accumulation_keeps_the_global_batch():
 def test_linear_schedule_warms_up_then_decays_to_zero():
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=1.0)
-    scheduler = training.linear_schedule(optimizer, warmup_steps=4, total_steps=10)
+    scheduler = training.lr_scheduler(optimizer, warmup_steps=4, total_steps=10)
     lrs = []
     for _ in range(10):
         lrs.append(scheduler.get_last_lr()[0])
@@ -91,7 +91,7 @@ def _fresh(seed=0):
     torch.manual_seed(seed)
     model = torch.nn.Linear(3, 2)
     optimizer = training.build_optimizer(model, lr=1e-2, weight_decay=0.01)
-    return model, optimizer, training.linear_schedule(optimizer, warmup_steps=2, total_steps=20)
+    return model, optimizer, training.lr_scheduler(optimizer, warmup_steps=2, total_steps=20)
 
 
 def test_saved_state_resumes_exactly_without_pickle(tmp_path):

@@ -24,8 +24,8 @@ Modules (the trainers import only this package, `training.X`):
                  host_read (a step's one reduction and read: means, tokens, stop flag), StepRead,
                  queue_read / QueuedRead (the same read, taken later)
     optim        accumulation_steps, build_optimizer, lr_factor / lr_scheduler (the lr schedule
-                 of both trainers: warm-up, linear or cosine decay to a floor; linear_schedule,
-                 its defaults), autocast, fp32_scores, upcast, seed_everything, seed_torch
+                 of both trainers: warm-up, linear or cosine decay to a floor), autocast,
+                 fp32_scores, upcast, seed_everything, seed_torch
     state        save_state, load_state (pickle-free), claim_state (which job a state belongs to)
     guards       check_finite_step, check_finite_grad_norm, step_if_finite,
                  NonFiniteLossError, NonFiniteGradientError, oom_guard,
@@ -84,7 +84,6 @@ from .optim import (
     build_optimizer,
     fp32_scores,
     LR_SCHEDULES,
-    linear_schedule,
     lr_factor,
     lr_scheduler,
     seed_everything,
@@ -97,7 +96,7 @@ __all__ = [
     "DistEnv", "init_distributed", "teardown_distributed", "barrier", "all_gather_with_grad",
     "check_same_start", "data_parallel",
     "StepRead", "host_read", "QueuedRead", "queue_read",
-    "accumulation_steps", "build_optimizer", "linear_schedule", "LR_SCHEDULES", "lr_factor",
+    "accumulation_steps", "build_optimizer", "LR_SCHEDULES", "lr_factor",
     "lr_scheduler", "autocast", "fp32_scores",
     "seed_everything", "seed_torch", "upcast",
     "save_state", "load_state", "claim_state",

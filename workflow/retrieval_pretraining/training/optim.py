@@ -96,15 +96,6 @@ def lr_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def linear_schedule(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, hold_steps: int = 0
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up from 0 to the peak lr over `warmup_steps`, then linear decay to 0 at
-    `total_steps`, after `hold_steps` at the peak: `lr_scheduler`'s defaults."""
-    return lr_scheduler(optimizer, warmup_steps=warmup_steps, total_steps=total_steps,
-                        hold_steps=hold_steps)
-
-
 def autocast(device: torch.device, precision: str = "auto") -> contextlib.AbstractContextManager:
     """bf16 autocast on CUDA ("auto" or "bf16"), plain fp32 otherwise (CPU bf16: slow and noisy)."""
     if device.type == "cuda" and precision in ("auto", "bf16"):
