@@ -329,7 +329,7 @@ def test_has_answer_agrees_with_a_naive_loop_on_answer_lists():
         edges = [" ".join(words[:rng.randint(1, 3)]), " ".join(words[-rng.randint(1, 3):])]
         for _ in range(6):
             answer_list = rng.sample(pool, rng.randint(1, 4)) + rng.sample(edges, rng.randint(0, 1))
-            assert answers.has_answer(passage, answer_list) == naive_has_answer(
+            assert answers.has_answer(passage, answer_list) == dpr_passage_has_answer(
                 passage, answer_list), (answer_list, passage[:80])
     assert not answers.has_answer("anything", [])
 
@@ -346,6 +346,15 @@ def naive_regex_has_answer(text, patterns):
         if compiled.search(unicodedata.normalize("NFD", text)):
             return True
     return False
+
+
+def dpr_passage_has_answer(text, answer_list, mode="string"):
+    """DPR's validation, restated: its loader (CsvCtxSrc) keeps psgs_w100's text column with '"'
+    stripped from both ends (after csv unquoting; the title is never matched), then has_answer."""
+    text = text.strip('"')
+    if mode == "regex":
+        return naive_regex_has_answer(text, answer_list)
+    return naive_has_answer(text, answer_list)
 
 
 @pytest.mark.parametrize("mode", answers.MATCH_MODES)
@@ -378,8 +387,8 @@ def test_matching_pairs_is_has_answer_on_every_pair(mode, tmp_path):
     pq.write_table(pa.table({"doc_id": docs, "title": docs, "text": [texts[d] for d in docs]}),
                    corpus)
     found = answers.matching_pairs(pairs, gold, corpus, mode)
-    rule = naive_regex_has_answer if mode == "regex" else naive_has_answer
-    expected = {q: {d for d in ds if rule(texts[d], gold.get(q, ()))} for q, ds in pairs.items()}
+    expected = {q: {d for d in ds if dpr_passage_has_answer(texts[d], gold.get(q, ()), mode)}
+                for q, ds in pairs.items()}
     assert found == expected
     assert expected["accented"] >= {"composed", "decomposed"} and expected["absent"] == set()
     hits, tried = sum(map(len, expected.values())), sum(map(len, pairs.values()))
@@ -493,6 +502,93 @@ def test_acc_at_k_ranks_a_run_out_of_score_order_by_score(tmp_path):
     assert result["per_query"]["Acc@1"] == {"q1": 1.0, "q2": 0.0}
     assert result["per_query"]["Acc@2"] == {"q1": 1.0, "q2": 1.0}
     assert result["aggregate"] == {"Acc@1": 0.5, "Acc@2": 1.0}
+
+
+@pytest.mark.parametrize("mode", answers.MATCH_MODES)
+def test_acc_at_k_matches_the_passage_text_as_dpr_loads_it(mode, tmp_path):
+    """DPR matches answers in `row[text].strip('"')`: a quote that opens or closes a passage is
+    no token of it, so an answer that begins or ends with a quote is not found at its edge."""
+    texts = {"opens": '"Weird Al" Yankovic is a singer', "closes": 'he sang "Amish Paradise"',
+             "inside": 'the hit "Eat It" was a parody'}
+    gold = {"q1": ['"Weird Al"'], "q2": ['"Amish Paradise"'], "q3": ['"Eat It"']}
+    if mode == "regex":
+        gold = {q: [re.escape(a) for a in a_list] for q, a_list in gold.items()}
+    write_corpus(tmp_path / "corpus.parquet", texts)
+    write_answers(tmp_path / "answers.parquet", gold)
+    (tmp_path / "run.trec").write_text(
+        "q1 Q0 opens 1 3 t\nq2 Q0 closes 1 3 t\nq3 Q0 inside 1 3 t\n")
+    result = evaluate.evaluate(tmp_path / "run.trec", None, None,
+                               {"measures": ["Acc@1"], "answer_match": mode},
+                               tmp_path / "answers.parquet", tmp_path / "corpus.parquet")
+    expected = {q: float(dpr_passage_has_answer(texts[d], gold[q], mode))
+                for q, d in (("q1", "opens"), ("q2", "closes"), ("q3", "inside"))}
+    assert expected == {"q1": 0.0, "q2": 0.0, "q3": 1.0}
+    assert result["per_query"]["Acc@1"] == expected
+    assert [answers.has_answer(texts[d], gold[q], mode) for q, d in
+            (("q1", "opens"), ("q2", "closes"), ("q3", "inside"))] == [False, False, True]
+
+
+FUZZ_WORDS = ["Paris", "paris", "PARIS", "café", "cafe\u0301", "Ahärôn", "Aha\u0308ro\u0302n",
+              "Zürich", "ZU\u0308RICH", "ß", "İstanbul", "1,000", "1000", "42", "4.2", "U.S.",
+              "u.s", "'s", "-", "(", ")", '"', "«", "»", "—", "½", "the", "of", "x"]
+
+
+def fuzz_text(rng, words=(1, 12)):
+    """Words of FUZZ_WORDS glued by a space, nothing, a tab or a no-break space; a quote opens or
+    closes it now and then."""
+    parts = rng.choices(FUZZ_WORDS, k=rng.randint(*words))
+    text = "".join(p + rng.choice([" ", " ", "", "\t", "\u00a0"]) for p in parts).rstrip()
+    return rng.choice(['"', "", "", ""]) + text + rng.choice(['"', '""', "", "", ""])
+
+
+def test_acc_at_k_fuzzed_against_dprs_definition(tmp_path):
+    """Random corpora from a small vocabulary (case, accents composed and decomposed, numbers,
+    punctuation, quotes at a passage's edges), answers cut from passages at any character
+    (partial tokens, edges) or drawn from the vocabulary (token-less ones included), titles that
+    hold the answers (never matched), runs out of score order with ties, questions missing from
+    the run, run queries that are no question and cutoffs beyond the run's depth: Acc@k is DPR's,
+    restated one question at a time (score descending, ties in file order; a missing question
+    scores 0; the mean over every question)."""
+    rng = random.Random(2020)
+    for trial in range(25):
+        folder = tmp_path / f"t{trial}"
+        folder.mkdir()
+        texts = {f"d{i}": fuzz_text(rng) for i in range(30)}
+        gold = {}
+        for q in range(20):
+            answer_list = []
+            for _ in range(rng.randint(1, 3)):
+                source = rng.choice(list(texts.values()))
+                start = rng.randrange(len(source))
+                answer_list.append(rng.choice([
+                    source[start:start + rng.randint(1, 12)], fuzz_text(rng, (1, 2)),
+                    rng.choice(FUZZ_WORDS), rng.choice(["", " ", "\t"])]))
+            gold[f"q{q}"] = answer_list
+        titles = {d: rng.choice(sum(gold.values(), [])) for d in texts}
+        pl.DataFrame({"doc_id": list(texts), "title": list(titles.values()),
+                      "text": list(texts.values())}).write_parquet(folder / "corpus.parquet")
+        write_answers(folder / "answers.parquet", gold)
+        run, lines = {}, []
+        for q in [*rng.sample(sorted(gold), 16), "not-a-question"]:
+            docs = rng.sample(sorted(texts), rng.randint(1, 8))
+            run[q] = [(d, float(rng.randint(0, 3))) for d in docs]  # ties common
+            lines += [f"{q} Q0 {d} {r} {s} t\n" for r, (d, s) in enumerate(run[q], 1)]
+        (folder / "run.trec").write_text("".join(lines))
+        cutoffs = [1, 2, 3, 5, 20]  # the run is at most 8 deep
+        result = evaluate.evaluate(folder / "run.trec", None, None,
+                                   {"measures": [f"Acc@{k}" for k in cutoffs]},
+                                   folder / "answers.parquet", folder / "corpus.parquet")
+        for k in cutoffs:
+            expected = {}
+            for q, answer_list in gold.items():
+                ranked = [d for d, _ in sorted(run.get(q, []), key=lambda hit: -hit[1])]
+                expected[q] = float(any(dpr_passage_has_answer(texts[d], answer_list)
+                                        for d in ranked[:k]))
+            assert result["per_query"][f"Acc@{k}"] == expected, (trial, k)
+            assert result["aggregate"][f"Acc@{k}"] == pytest.approx(sum(expected.values()) / 20)
+        assert result["questions_missing_from_run"] == 4
+    hits = [sum(dpr_passage_has_answer(t, a) for t in texts.values()) for a in gold.values()]
+    assert 0 < sum(map(bool, hits)) < len(hits)  # both outcomes occur
 
 
 # --- negatives filtered by answers ---------------------------------------------------------------

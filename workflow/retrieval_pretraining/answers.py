@@ -12,7 +12,10 @@ the facts are restated here, the code is ours):
 - string mode: the answer's token sequence occurs contiguously in the passage's tokens;
   regex mode (CuratedTREC): the NFD answer, compiled case-insensitively as a regular expression,
   is found anywhere in the NFD passage (a pattern that does not compile never matches).
-- Only the passage TEXT is matched, never its title (as both DPR and Pyserini do).
+- Only the passage TEXT is matched, never its title (as both DPR and Pyserini do), and as DPR's
+  loader (`dpr/data/retriever_data.py`, CsvCtxSrc) holds it: psgs_w100's text column with '"'
+  stripped from both ends (`passage_text`), so a quote that opens or closes a passage is no token
+  of it (an answer `"Weird Al"` is not found in a passage `"Weird Al" Yankovic is ...`).
 - An answer with no token would match every passage in DPR's loop; the dataset stage drops such
   answers (counted), so here an empty token sequence never matches.
 
@@ -113,8 +116,15 @@ def _regex_match(text: str, pattern: str) -> bool:
     return compiled is not None and compiled.search(text) is not None
 
 
+def passage_text(text: str | None) -> str:
+    """What DPR matches answers in: a passage's text with '"' stripped from both ends, as its
+    CsvCtxSrc loads psgs_w100 (after csv unquoting, which the corpus has already done)."""
+    return (text or "").strip('"')
+
+
 def has_answer(text: str, answers: Iterable[str], mode: str = "string") -> bool:
     """Whether passage `text` contains one of `answers` (DPR's rule, module docstring)."""
+    text = passage_text(text)
     if mode == "regex":
         text = unicodedata.normalize("NFD", text)
         return any(_regex_match(text, unicodedata.normalize("NFD", a)) for a in answers)
@@ -151,7 +161,7 @@ def matching_pairs(pairs: dict[str, set[str]], answers: dict[str, list[str]], co
             batch = batch.filter(pc.is_in(batch.column("doc_id"), value_set=value_set))
             for doc, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
                 found += 1
-                passage = _prepared_passage(text or "", mode)
+                passage = _prepared_passage(passage_text(text), mode)
                 for qid in wanted[doc]:
                     if qid not in prepared:
                         prepared[qid] = _prepared_answers(answers.get(qid, ()), mode)
