@@ -84,8 +84,11 @@ def _ce(model, hidden, label):
 def test_condenser_losses_match_the_per_example_loop(checkpoint, objective):
     """Condenser: head input = [last-layer CLS; early-layer tokens 1..n] of each example alone (no
     padding); the head's and the backbone's MLM cross-entropies, each a mean over the batch's
-    masked tokens, summed; coCondenser adds lambda x the span-pair loss on last-layer [CLS]."""
+    masked tokens, summed; coCondenser adds lambda x the span-pair loss on last-layer [CLS]
+    (lambda and temperature off their defaults of 1: a forward that dropped either would pass)."""
     settings = fx.model_settings(objective)
+    if objective == "cocondenser":
+        settings["cocondenser"] |= {"lambda": 0.3, "temperature": 0.5}
     model = Pretrainer(checkpoint, settings).eval()
     assert model.early_layer == 1  # half of the tiny checkpoint's 2 layers
     batch = _batch(2 if objective == "cocondenser" else 1)

@@ -98,7 +98,9 @@ def test_auto_regressive_decoder_matches_the_per_prefix_loop(checkpoint):
     """AR: position t of example b sees only [CLS; tokens 1..t] of the unmasked chunk and
     predicts token t + 1 ([SEP] last); loss = encoder MLM mean + weight x the mean next-token
     cross-entropy over the batch's n - 1 predictions per example."""
-    model = Pretrainer(checkpoint, fx.model_settings("ar_decoder")).eval()
+    settings = fx.model_settings("ar_decoder")
+    settings["ar_decoder"]["weight"] = 0.6
+    model = Pretrainer(checkpoint, settings).eval()
     batch = _batch()
     embeddings = model.encoder.embeddings
     with torch.no_grad():
@@ -117,7 +119,7 @@ def test_auto_regressive_decoder_matches_the_per_prefix_loop(checkpoint):
                 dec_terms.append(_ce(model, model.ar_decoder.norm(hidden[-1]), ids[t + 1]))
         assert len(dec_terms) == 7 + 5
         dec, mlm = torch.stack(dec_terms).mean(), torch.stack(mlm_terms).mean()
-    _check(out, {"loss_mlm": mlm, "loss_dec": dec, "loss": mlm + dec})
+    _check(out, {"loss_mlm": mlm, "loss_dec": dec, "loss": mlm + 0.6 * dec})
 
 
 def test_next_token_labels_shift_by_one_and_ignore_padding():
