@@ -153,6 +153,78 @@ def test_enhanced_decoding_matches_the_per_row_loop(checkpoint):
         torch.testing.assert_close(out[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
+def _layer_norm(x, norm):
+    centred = x - x.mean()
+    return centred / torch.sqrt((centred ** 2).mean() + norm.eps) * norm.weight + norm.bias
+
+
+def _bert_layer_row(layer, x, context):
+    """One BERT layer's output for the query row x [D] attending to the rows of `context` [K, D]
+    (the ones it may see): per head softmax(q . k / sqrt(d_head)) over them, the heads' values
+    joined and projected, then LayerNorm(x + that); LayerNorm(h + W2 GELU(W1 h)) on top. The
+    residual is the query stream's (RetroMAE: [CLS] + position), never the context's."""
+    heads = layer.heads
+    q = layer.query(x).view(heads, -1)
+    k = layer.key(context).view(len(context), heads, -1)
+    v = layer.value(context).view(len(context), heads, -1)
+    joined = torch.cat([torch.softmax(k[:, h] @ q[h] / q.shape[1] ** 0.5, dim=0) @ v[:, h]
+                        for h in range(heads)])
+    h = _layer_norm(x + layer.attention_out(joined), layer.attention_norm)
+    return _layer_norm(h + layer.output(F.gelu(layer.intermediate(h))), layer.output_norm)
+
+
+def test_a_head_layer_is_the_bert_layer_written_out_row_by_row():
+    """The layer of Condenser's head, the enhanced decoder and the AE decoder (heads.Layer, BERT's
+    post-LayerNorm layer with the query and key/value streams apart) against a per-row statement,
+    every weight random (LayerNorms too, so the two norms cannot stand in for each other); the
+    loops of the objectives' tests call the layer itself, so only this one checks its inside."""
+    from types import SimpleNamespace
+
+    from retrieval_pretraining.pretrain.heads import Layer
+
+    config = SimpleNamespace(hidden_size=8, num_attention_heads=2, intermediate_size=12,
+                             layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0, initializer_range=0.5)
+    torch.manual_seed(0)
+    layer = Layer(config).double().eval()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.5 + (parameter == 1) * 1.0)
+    query, context = torch.randn(2, 4, 8).double(), torch.randn(2, 5, 8).double()
+    visible = torch.rand(2, 4, 5) < 0.5
+    visible[:, :, 0] = True  # every row sees something
+    with torch.no_grad():
+        got = layer(query, context, visible.unsqueeze(1))
+        for b in range(2):
+            for i in range(4):
+                want = _bert_layer_row(layer, query[b, i], context[b, visible[b, i]])
+                torch.testing.assert_close(got[b, i], want, msg=f"row {b}, {i}")
+
+
+def test_heads_start_as_their_authors_initialise_them(checkpoint):
+    """BERT's init (the backbone's `_init_weights`, which Condenser's, RetroMAE's and the AE
+    decoder's code apply): weights normal(0, initializer_range), zero biases, unit LayerNorms;
+    the AR decoder's GPT-2 blocks draw each sublayer's output projection with std
+    initializer_range / sqrt(2 x layers) (GPT-2's scheme, as the BoW authors' code)."""
+    std = 0.5  # the fixture's initializer_range
+    for objective, attribute in [("condenser", "condenser"), ("retromae", "enhanced_decoder"),
+                                 ("ae_decoder", "ae_decoder"), ("ar_decoder", "ar_decoder")]:
+        settings = fx.model_settings(objective)
+        if objective == "ar_decoder":
+            settings["ar_decoder"]["layers"] = 2
+        head = getattr(Pretrainer(checkpoint, settings), attribute)
+        for name, module in head.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                scaled = (objective == "ar_decoder"
+                          and name.split(".")[-1] in ("attention_out", "output"))
+                want = std / 2 if scaled else std  # sqrt(2 x 2 layers) = 2
+                got = float(module.weight.detach().std())
+                assert abs(got - want) < 0.15 * want, (objective, name, got, want)
+                assert not module.bias.any(), (objective, name)
+            elif isinstance(module, torch.nn.LayerNorm):
+                assert (module.weight == 1).all() and not module.bias.any(), (objective, name)
+
+
 @pytest.mark.parametrize("objective", ["mlm", "bow", "condenser", "cocondenser", "retromae",
                                        "ae_decoder"])
 def test_a_micro_batch_that_predicts_nothing_adds_a_zero_mlm_term(checkpoint, objective):
