@@ -423,13 +423,45 @@ def test_low_resource_samples_are_seeded_subsets(tmp_path):
     assert set(ids0) <= set(every) and len(every) == 40 and ids0 == sorted(ids0)
 
 
+def test_a_low_resource_sample_is_the_n_least_keyed_hashes_whatever_numpy_draws(monkeypatch):
+    """The sample is the n queries of the pool whose blake2b-8 digest of "seed/train-queries/n/
+    k/query id" is least (big-endian; ties by query id): a function of (seed, n, k, ids) alone,
+    written out here without numpy, so a numpy whose Generator streams differ (it promises no
+    stream across versions) draws the same queries. Neither the pool's row order nor a query
+    outside the sample moves it; the rows come back in the pool's order."""
+    import hashlib
+
+    def key(q, seed, n, k):
+        text = f"{seed}/train-queries/{n}/{k}/{q}".encode()
+        return hashlib.blake2b(text, digest_size=8).digest(), q
+
+    def expected(ids, n, k, seed):
+        return sorted(sorted(ids, key=lambda q: key(q, seed, n, k))[:n])
+
+    def no_generator(*_):
+        raise AssertionError("the low-resource sample draws from a numpy Generator")
+
+    monkeypatch.setattr(fdata, "rng_for", no_generator)
+    monkeypatch.setattr(np.random, "default_rng", no_generator)
+    ids = [f"q{i:03d}" for i in range(200)]
+    frame = pl.DataFrame({"query_id": ids})
+    for seed, n, k in ((1, 5, 0), (1, 5, 1), (7, 50, 2), (0, 199, 0)):
+        got = fdata.low_resource_sample(frame, n, k, seed)["query_id"].to_list()
+        assert got == expected(ids, n, k, seed)
+    sample = fdata.low_resource_sample(frame, 20, 0, 3)["query_id"].to_list()
+    shuffled = frame.sample(fraction=1.0, shuffle=True, seed=4)
+    assert sorted(fdata.low_resource_sample(shuffled, 20, 0, 3)["query_id"]) == sample
+    smaller = frame.filter(~pl.col("query_id").is_in([q for q in ids if q not in sample][:50]))
+    assert fdata.low_resource_sample(smaller, 20, 0, 3)["query_id"].to_list() == sample
+
+
 def test_fine_tuning_draws_are_the_ones_existing_runs_were_made_with():
     """The low-resource sample, the groups (padded too) and the epoch order are pure functions of
     the seed: a refactor that changes a draw would change every low-resource point and run
     without a test failing (test_mine pins rng_for; these pin what the trainer draws with it)."""
     frame = pl.DataFrame({"query_id": [f"q{i:02d}" for i in range(20)]})
     assert fdata.low_resource_sample(frame, 5, 0, seed=1)["query_id"].to_list() == [
-        "q01", "q04", "q10", "q12", "q18"]
+        "q02", "q04", "q06", "q14", "q17"]  # keyed digests (was numpy choice)
     negatives, pool = [f"n{i}" for i in range(10)], [f"d{i}" for i in range(10)]
     assert fdata.sample_group("q1", ["p1", "p2"], negatives, [], 4, seed=7, epoch=1) == [
         "p1", "n3", "n7", "n2"]

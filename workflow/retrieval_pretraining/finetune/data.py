@@ -34,7 +34,7 @@ import polars as pl
 
 from .. import training
 from ..errors import InputFileError, reading
-from ..seeding import rng_for
+from ..seeding import keyed_digest, rng_for
 from .passages import PassageStore
 from .settings import FinetuneSettings
 
@@ -179,13 +179,19 @@ def eligible_queries(frame: pl.DataFrame, negative_files: list[Path]) -> pl.Data
 
 def low_resource_sample(frame: pl.DataFrame, n: int, k: int, seed: int) -> pl.DataFrame:
     """Sample k of n queries (rows of `frame`, sorted by query id: every query with a positive in
-    the corpus, or those of them stage 1 can train), seeded by (seed, n, k); all of them when there
-    are at most n. Drawn before the filter on the stage's own negatives, which differ by stage:
-    rows of a frame filtered by them would be other queries."""
+    the corpus, or those of them stage 1 can train): the n whose keyed digest of (seed,
+    "train-queries", n, k, query id) is least, ties by query id, in `frame`'s order; all of them
+    when there are at most n. A function of (seed, n, k) and the pool's ids alone, under any numpy
+    (a Generator's choice is not promised across versions) and whatever the pool's row order.
+    Samples of different n or k are independent draws, not nested. Drawn before the filter on the
+    stage's own negatives, which differ by stage: rows of a frame filtered by them would be other
+    queries."""
     if n >= len(frame):
         return frame
-    pick = rng_for(seed, "train-queries", n, k).choice(len(frame), size=n, replace=False)
-    return frame[np.sort(pick)]
+    ids = frame["query_id"].to_list()
+    order = sorted(range(len(ids)),
+                   key=lambda i: (keyed_digest(seed, "train-queries", n, k, ids[i]), ids[i]))
+    return frame[sorted(order[:n])]
 
 
 def merged_negatives(paths: list[Path]) -> pl.DataFrame:
