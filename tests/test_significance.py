@@ -276,3 +276,36 @@ def test_queries_scored_for_one_system_only_are_left_out_of_the_paired_test(tmp_
     assert test["n"] == 34 and test["p"] == pytest.approx(ref.pvalue, rel=1e-9)
     assert any("6 queries scored for only one system; testing the 34 common ones" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_marks_family_spans_the_table_s_row_groups(tmp_path):
+    """One family per mark and column across the stage groups (ARCHITECTURE, README's demo: 12
+    rows tested against BERT): with stage 1 and stage 2, BM25's family in the column holds all six
+    model rows, BERT's the four non-BERT ones, and each p is Holm-adjusted over that family, not
+    over its own group's rows alone."""
+    rng = np.random.default_rng(11)
+    results = tmp_path / "results"
+    base = rng.uniform(0.2, 0.6, len(QIDS))
+    write_metrics(results, "scifact", "bm25", "test", {"nDCG@10": base})
+    for stage, lift in (("stage1", 0.02), ("stage2", 0.04)):
+        for name, extra in (("bert", 0.0), ("costa", 0.01), ("bow", -0.01)):
+            scores = base + lift + extra + rng.normal(0, 0.06, len(QIDS))
+            write_metrics(results, "scifact", f"{name}-{stage}", "test", {"nDCG@10": scores})
+    column = {"dataset": "scifact", "split": "test", "measure": "nDCG@10"}
+    p = params(
+        stages=[{"suffix": "stage1", "label": "stage 1"}, {"suffix": "stage2", "label": "stage 2"}],
+        significance={"alpha": 0.05, "correction": "holm",
+                      "baselines": [{"system": "bm25", "mark": "†"},
+                                    {"model": "bert", "mark": "‡"}]},
+        tables=[{"name": "t", "columns": [column], "rows": None}],
+    )
+    summary = make_tables(p, results, tmp_path / "tables.md", tmp_path / "tables.json")
+    cells = {r["system"]: r["cells"][0] for g in summary["tables"]["t"] for r in g["rows"]}
+    for baseline, size in (("bm25", 6), ("bert", 4)):
+        tested = sorted(s for s, c in cells.items() if any(b.startswith(baseline)
+                                                            for b in c["tests"]))
+        tests = [next(t for b, t in cells[s]["tests"].items() if b.startswith(baseline))
+                 for s in tested]
+        assert len(tested) == size and {t["family"] for t in tests} == {size}
+        for test, adjusted in zip(tests, holm([t["p"] for t in tests])):
+            assert test["p_adjusted"] == pytest.approx(adjusted, rel=1e-12)
