@@ -260,6 +260,32 @@ def test_early_layer_is_half_the_depth_unless_set_and_must_exist():
         baselines.early_layer(12, 12)
 
 
+def test_enhanced_decoding_refuses_a_position_table_not_indexed_from_zero(tmp_path, checkpoint):
+    """The decoder's query for token i adds row i of the position table: right for BERT (accepted),
+    wrong for RoBERTa (positions from padding_idx + 1, row 1 the zero padding row) and impossible
+    for an encoder without a table; both refused when the heads are added, naming why."""
+    from types import SimpleNamespace
+
+    from transformers import RobertaConfig, RobertaModel
+
+    accepted = Pretrainer(checkpoint, fx.model_settings("retromae"))
+    assert accepted.encoder.embeddings.position_embeddings.padding_idx is None
+    torch.manual_seed(0)
+    roberta = tmp_path / "roberta"
+    RobertaModel(RobertaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=64, pad_token_id=1,
+                               max_position_embeddings=34)).save_pretrained(roberta)
+    with pytest.raises(baselines.HeadError) as refused:
+        Pretrainer(roberta, fx.model_settings("retromae"))
+    message = str(refused.value)
+    for part in (f"checkpoint {roberta}", "objective retromae", "padding_idx + 1 = 2",
+                 "row 1 is the padding row"):
+        assert part in message
+    Pretrainer(roberta, fx.model_settings("mlm"))  # the other objectives read no position rows
+    tableless = SimpleNamespace(embeddings=SimpleNamespace(), config=SimpleNamespace())
+    assert "no absolute position embedding table" in baselines.position_table_problem(tableless)
+
+
 def test_segment_pairs_are_disjoint_random_halves_of_the_chunk():
     ids = np.arange(100, 141)  # [CLS]=100 ... [SEP]=140: 39 inner tokens
     starts = np.arange(1, 40, 2)

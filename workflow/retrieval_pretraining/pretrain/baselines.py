@@ -47,13 +47,37 @@ def early_layer(setting: int | None, layers: int) -> int:
     return layer
 
 
-def add_heads(model: Any, config: Any) -> None:
-    """Give `model` (a Pretrainer) its objective's head."""
+def position_table_problem(encoder: Any) -> str | None:
+    """Why `decoded` cannot read the positions of tokens 0..L-1 as rows 0..L-1 of `encoder`'s
+    position table (None: it can, as in BERT)."""
+    table = getattr(getattr(encoder, "embeddings", None), "position_embeddings", None)
+    kind = getattr(encoder.config, "position_embedding_type", "absolute")
+    if not isinstance(table, torch.nn.Embedding):
+        return f"its encoder ({type(encoder).__name__}) has no absolute position embedding table"
+    if kind != "absolute":
+        return f"its position_embedding_type is {kind!r}: the table is not what its encoder adds"
+    if table.padding_idx is not None:
+        return (f"its position ids start at padding_idx + 1 = {table.padding_idx + 1} "
+                f"(RoBERTa-style; row {table.padding_idx} is the padding row), so rows 0..L-1 are "
+                "not the positions its encoder adds")
+    return None
+
+
+def add_heads(model: Any, config: Any, checkpoint: Any = None) -> None:
+    """Give `model` (a Pretrainer) its objective's head; HeadError if `checkpoint` (what its
+    encoder was loaded from, for the message) cannot have it."""
     if model.objective in ("condenser", "cocondenser"):
         opts = model.settings["condenser"]
         model.early_layer = early_layer(opts["early_layer"], config.num_hidden_layers)
         model.condenser = CondenserHead(config, opts["head_layers"])
     elif model.objective == "retromae":
+        problem = position_table_problem(model.encoder)
+        if problem is not None:
+            raise HeadError(
+                f"checkpoint {checkpoint}: objective retromae (enhanced decoding) adds row i of "
+                f"the encoder's position table to the decoder's query for token i, but {problem}; "
+                "pre-train a BERT-style checkpoint (absolute positions from 0) with it, or this "
+                "checkpoint with another objective")
         model.enhanced_decoder = EnhancedDecoder(config)
     else:
         mae_decoders.add_heads(model, config)

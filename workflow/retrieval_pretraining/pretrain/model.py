@@ -121,7 +121,7 @@ class Pretrainer(nn.Module):
                 # Start the sigmoid outputs at the data's word-set density instead of 0.5: otherwise
                 # the first thousands of steps only learn "most words are absent" via the bias.
                 nn.init.constant_(self.decoder[-1].bias, math.log(bag_prior / (1 - bag_prior)))
-        baselines.add_heads(self, config)  # Condenser's head, the enhanced decoder
+        baselines.add_heads(self, config, checkpoint)  # Condenser's head, the enhanced decoder
         if init_heads is not None:  # continued pre-training: the heads the init model trained
             loaded = load_heads(self, init_heads)
             self.fresh_head = self.fresh_head and not any(k.startswith("mlm_head.") for k in loaded)
