@@ -1,6 +1,7 @@
 """Reading a dataset's source files: a malformed line is named with its file and line."""
 
 import json
+import re
 from collections.abc import Iterator
 
 import polars as pl
@@ -123,6 +124,40 @@ def test_beir_query_ids_are_read_as_strings(tmp_path):
     path = tmp_path / "queries.jsonl"
     path.write_text('{"_id": 7, "text": "seven"}\n{"_id": "q8", "text": "eight"}\n')
     assert dataset_files.read_jsonl(path, ("_id", "text"))["_id"] == ["7", "q8"]
+
+
+@pytest.mark.parametrize("value, kind", [(["a"], "array"), ({"a": 1}, "object"), (None, "null"),
+                                         (True, "boolean"), (5.5, "number")])
+def test_a_beir_id_that_is_not_a_string_or_integer_is_refused_naming_the_line(
+        tmp_path, value, kind):
+    """str() made ['a'], {'a': 1}, None, True or 5.5 an id ("['a']", "None", ...) that no qrels
+    line names; refused with the file, line and value, in the corpus (with or without required
+    ids) and the queries alike."""
+    good = '{"_id": "1", "text": "one"}\n'
+    line = good + json.dumps({"_id": value, "text": "two"}) + "\n"
+    message = rf"\.jsonl, line 2: '_id' is a JSON {kind} \({re.escape(json.dumps(value))}\), not a"
+    corpus, queries = tmp_path / "corpus.jsonl", tmp_path / "queries.jsonl"
+    corpus.write_text(line)
+    queries.write_text(line)
+    for require_id in (True, False):
+        with pytest.raises(DatasetError, match=message):
+            list(dataset_files.read_jsonl_corpus_batches(corpus, require_id=require_id))
+    with pytest.raises(DatasetError, match=message):
+        dataset_files.read_jsonl(queries, ("_id", "text"))
+
+
+def test_integer_beir_ids_match_the_qrels_string_ids(tmp_path):
+    """BEIR's files write ids as strings; an integer id is read as its digits in the corpus and
+    the queries alike, so corpus id 5 and query id 7 join a qrels line `7 5 1`."""
+    corpus, queries, qrels = (tmp_path / n for n in ("corpus.jsonl", "queries.jsonl", "q.tsv"))
+    corpus.write_text('{"_id": 5, "text": "five"}\n{"_id": "d6", "text": "six"}\n')
+    queries.write_text('{"_id": 7, "text": "seven"}\n')
+    qrels.write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+    docs = pl.concat(dataset_files.read_jsonl_corpus_batches(corpus))
+    query_ids = dataset_files.read_jsonl(queries, ("_id", "text"))["_id"]
+    judged = dataset_files.read_qrels_file(qrels)
+    assert docs["doc_id"].to_list() == ["5", "d6"] and query_ids == ["7"]
+    assert judged.join(docs, on="doc_id")["query_id"].to_list() == query_ids
 
 
 def test_crlf_lines_read_as_lf_lines(tmp_path):

@@ -74,7 +74,8 @@ def json_lines(handle: Iterable[str], where: str) -> Iterator[tuple[int, Any]]:
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
-    names = {str: "string", list: "array", int: "number", float: "number", type(None): "null"}
+    names = {str: "string", list: "array", dict: "object", int: "number", float: "number",
+             type(None): "null"}
     return names.get(type(value), type(value).__name__)
 
 
@@ -100,6 +101,21 @@ def _text(record: dict, field: str, where: str, number: int) -> str | None:
                        "string; a title or text is a JSON string (or null)")
 
 
+def _record_id(value: Any, where: str, number: int) -> str:
+    """A BEIR `_id` as the string the qrels name it by: a JSON string as written, an integer as its
+    decimal digits (so a corpus id 5 matches a qrels id "5"). Anything else (null, a boolean, a
+    fraction, an array, an object) is refused, naming the line: str() made "None", "True" or
+    "['a']" an id no qrels line could name."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise DatasetError(f"{where}, line {number}: '_id' is a JSON {_json_type(value)} ({shown}), "
+                       "not a string; an id is a JSON string (or an integer)")
+
+
 def _no_records(path: Path) -> DatasetError:
     return DatasetError(f"{path}: no records (the file is empty); it holds one JSON object per "
                         "line: download the dataset again, or fix `path`")
@@ -108,7 +124,8 @@ def _no_records(path: Path) -> DatasetError:
 def read_jsonl(
     path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, list]:
-    """Columns `fields` (+ `optional`, default "") of a JSON-lines file; ids are read as strings."""
+    """Columns `fields` (+ `optional`, default "") of a JSON-lines file; ids are read as strings
+    (_record_id)."""
     columns: dict[str, list] = {f: [] for f in fields + optional}
     with open_text(path) as handle:
         for number, record in json_objects(handle, str(path), fields):
@@ -118,7 +135,8 @@ def read_jsonl(
                         f"{path}, line {number}: missing field {field!r}; BEIR files need "
                         f"{', '.join(fields)}"
                     )
-                columns[field].append(str(record[field]) if field == "_id"
+                columns[field].append(_record_id(record[field], str(path), number)
+                                      if field == "_id"
                                       else _text(record, field, str(path), number))
             for field in optional:
                 columns[field].append(_text(record, field, str(path), number) or "")
@@ -144,7 +162,8 @@ def read_jsonl_corpus_batches(
             if missing:
                 raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "
                                    f"line needs {', '.join(fields)} (title optional)")
-            columns["doc_id"].append(str(record.get("_id", position)))
+            columns["doc_id"].append(_record_id(record["_id"], str(path), number)
+                                     if "_id" in record else str(position))
             columns["title"].append(_text(record, "title", str(path), number) or "")
             columns["text"].append(_text(record, "text", str(path), number))
             position += 1
