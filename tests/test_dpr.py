@@ -908,6 +908,19 @@ def test_dpr_negatives_need_the_splits_biencoder_file(nq, tmp_path):
         dpr_negatives(nq, tmp_path / "n.parquet", TRAIN_JSON, dpr_lists=["positive_ctxs"])
 
 
+@pytest.mark.parametrize("question", [7, {"q": 1}, ["q"]])
+def test_dpr_negatives_refuse_a_non_string_question_naming_the_file_and_record(
+        nq, tmp_path, question):
+    """A mismatched biencoder file whose question is a number or an object raised a bare
+    TypeError (slicing it for the mismatch message); refused, naming the file and record."""
+    records = json.loads(TRAIN_JSON.read_text())
+    records[1]["question"] = question
+    (tmp_path / "other.json").write_text(json.dumps(records))
+    with pytest.raises(DatasetError, match=re.escape(
+            "other.json, question 1: the question must be a string, got ")):
+        dpr_negatives(nq, tmp_path / "n.parquet", tmp_path / "other.json")
+
+
 @pytest.mark.parametrize("negatives, expected", [
     ({"dataset": "scifact", "split": "test", "source": "dpr", "count": 30},
      r"bm25\.negatives\.1\.source.*'scifact' is format beir"),

@@ -383,7 +383,8 @@ def dpr_candidates(biencoder: Path, member: str | None, lists: list[str],
         if qid not in texts:
             continue
         # read_biencoder refused a non-string question when the split was built: a null one here
-        # is another file's, compared as "" (refused below unless the split's query is empty).
+        # is another file's, compared as "" (refused below unless the split's query is empty);
+        # read_biencoder_negatives refuses any other non-string, naming the file and question.
         question = question or ""
         if question != texts[qid]:
             raise ConfigError(

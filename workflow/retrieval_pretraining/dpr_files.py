@@ -258,7 +258,8 @@ def read_biencoder_negatives(path: Path, member: str | None = None,
                              ) -> Iterator[tuple[str, str, list[str]]]:
     """(query_id, question, negative passage ids) of a biencoder-*.json file, streamed: the
     contexts of `lists` (NEGATIVE_LISTS), list after list, each in the file's order. A list that
-    is absent or null is empty (DPR's own reader treats it so)."""
+    is absent or null is empty (DPR's own reader treats it so). A question is a string or null
+    (the caller compares it with the split's); another value is refused, naming the record."""
     unknown = [name for name in lists if name not in NEGATIVE_LISTS]
     if unknown or not lists:
         raise DatasetError(f"DPR negative lists {list(lists)}: choose among "
@@ -270,4 +271,4 @@ def read_biencoder_negatives(path: Path, member: str | None = None,
             if not isinstance(contexts, list):
                 raise DatasetError(f"{at}: `{name}` must be a list of contexts")
             ids += [_context_id(c, f"{at}, {name}", "negative") for c in contexts]
-        yield qid, record["question"], ids
+        yield qid, None if record["question"] is None else _question(record, at), ids
