@@ -222,6 +222,33 @@ def test_a_part_file_that_is_not_a_prefix_of_the_file_is_not_trusted(mirror, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
 
 
+@pytest.mark.parametrize("check", ["sha1", "size", "sha1, other bytes", "nothing"])
+def test_a_bare_416_to_a_complete_part_keeps_it_where_the_config_can_tell(mirror, tmp_path, check):
+    """A resume of a complete .part is answered 416 without Content-Range (allowed: nothing says
+    the file's length). With a checksum, or the configured size equal to the part's, the part is
+    verified and kept (no second GET); bytes the checksum refuses are fetched again from byte 0,
+    and with neither check nothing can tell, so the part is fetched again too."""
+    data = MULTISTREAM.read_bytes()
+    mirror.etags = True  # what lets a part be resumed without a checksum (_kept_part)
+    mirror.files["/ms.bz2"] = data
+    mirror.faults["/ms.bz2"] = [("status", 416)]  # no Content-Range
+    url, dest = mirror.url + "/ms.bz2", tmp_path / "ms.bz2"
+    part = dest.with_name(dest.name + ".part")
+    part.write_bytes(data[::-1] if check == "sha1, other bytes" else data)
+    part.with_name(part.name + ".meta.json").write_text(json.dumps(
+        {"url": url, "etag": f'"{sha1(data)}"', "last_modified": None, "total": len(data)}))
+    pins = {"size": {"size": len(data)}, "nothing": {}}.get(check, {"sha1": sha1(data)})
+    info = _fetch(url, dest, **pins)
+    assert dest.read_bytes() == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == [dest.name]
+    if check in ("sha1", "size"):
+        assert mirror.requests == [("/ms.bz2", f"bytes={len(data)}-")]
+        assert info["attempts"] == 1 and info["resumed_bytes"] == len(data)
+    else:
+        assert mirror.requests == [("/ms.bz2", f"bytes={len(data)}-"), ("/ms.bz2", None)]
+        assert info["resumed_bytes"] == 0
+
+
 def test_a_second_fetch_of_the_same_file_fails_at_once_naming_the_first(mirror, tmp_path):
     """A job fetching the file holds `<file>.part.lock` (here: this test, as another process
     would); a second fetch of it (the same rule run from another terminal after `--unlock`) must

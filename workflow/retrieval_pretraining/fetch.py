@@ -434,12 +434,22 @@ def _http_attempt(
     headers = {"Range": f"bytes={offset}-", **_if_range(meta)} if offset else {}
     with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
         if response.status_code == 416 and offset:
-            # Range not satisfiable: `part` is complete only if the server says the file has
-            # exactly its length (`Content-Range: bytes */N`), the length it had when the part
-            # was started. A longer part, or a reply that does not say, cannot be trusted
-            # without a checksum: start over from byte 0.
-            match = re.fullmatch(r"bytes \*/(\d+)", response.headers.get("Content-Range", ""))
-            if match and int(match.group(1)) == offset and meta.get("total") in (None, offset):
+            # Range not satisfiable: nothing is left to send if `part` is complete. It is when the
+            # server says the file has exactly its length (`Content-Range: bytes */N`), the
+            # length it had when the part was started. A 416 without Content-Range (servers may
+            # send none) leaves it to what the config knows: the configured `size` equal to the
+            # part's, or (no size configured) a checksum; the caller verifies both and starts over
+            # from byte 0 on a mismatch. A longer part, a Content-Range that says otherwise, or a
+            # bare 416 where nothing can tell, cannot be trusted: start over from byte 0.
+            stated = response.headers.get("Content-Range")
+            match = re.fullmatch(r"bytes \*/(\d+)", stated or "")
+            if match:
+                complete = int(match.group(1)) == offset
+            else:
+                complete = stated is None and (
+                    expected.size == offset
+                    or (expected.size is None and expected.algorithm is not None))
+            if complete and meta.get("total") in (None, offset):
                 return
             _discard(part)
             digests.reset()
