@@ -671,6 +671,35 @@ def test_local_jobs_without_a_scheduler_each_claim_their_own_gpus(tmp_path):
     assert "waiting for 1 of the 2 GPUs" in outputs["c"], outputs["c"]
 
 
+def test_a_dry_run_claims_no_gpus_and_says_which_it_would(tmp_path):
+    """--dry-run prints what it would run: on a machine whose GPUs other jobs hold it waited for
+    them (it claimed as a real launch does); now it claims none, holds no lock, and prints the
+    command the claimed GPUs would give."""
+    from retrieval_pretraining import gpu_claim
+
+    _fake_tool(tmp_path, "nvidia-smi", """\
+        echo "GPU 0: NVIDIA H100 (UUID: GPU-a)"
+        echo "GPU 1: NVIDIA H100 (UUID: GPU-b)"
+        echo "GPU 2: NVIDIA H100 (UUID: GPU-c)"
+    """)
+    locks = tmp_path / "locks"
+    held = gpu_claim.try_claim(locks, 3, 3)  # every GPU busy with another job
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "retrieval_pretraining.launch", "--module", MODULE,
+             "--gpus", "2", "--dry-run", "--", "--config", "{}"],
+            env=_env(tmp_path, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+                     RETRIEVAL_PRETRAINING_GPU_LOCKS=str(locks)),
+            capture_output=True, text=True, timeout=30)
+    finally:
+        for fd in held.values():
+            os.close(fd)
+    assert out.returncode == 0, out.stderr
+    assert _torchrun_args(json.loads(out.stdout)).nproc_per_node == "2"
+    assert "would claim the first 2 free of the 3 GPUs" in out.stderr
+    assert "waiting" not in out.stderr
+
+
 def test_a_claim_is_all_or_nothing_and_only_where_no_scheduler_chose(tmp_path):
     from retrieval_pretraining import gpu_claim
 

@@ -23,7 +23,8 @@ id removed. The launcher then *replaces itself* (exec, same PID) by one of:
 Outside Slurm with CUDA_VISIBLE_DEVICES unset (a local run: Snakemake's local executor names no
 GPUs), the launcher claims the min(N, visible) GPUs it uses with a lock each, held until the job
 ends, a crash included, and names them in CUDA_VISIBLE_DEVICES (gpu_claim): local jobs running
-side by side each get GPUs of their own, not all the first one.
+side by side each get GPUs of their own, not all the first one. `--dry-run` claims none: it prints
+the command the claimed GPUs would give, and which it would claim.
 
 Fewer GPUs visible than N: a warning. A Slurm job that asked for GPUs (N > 0, or any node of a
 multi-node job) and sees none stops with an error: broken GRES would otherwise pre-train on the
@@ -300,7 +301,7 @@ def main() -> None:
     # Set by the srun step of a multi-node job: this is one node's launcher, build its torchrun.
     parser.add_argument("--on-node", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the command as JSON, run nothing")
+                        help="print the command as JSON; run nothing, claim no GPUs")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the module's arguments")
     ns = parser.parse_args()
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -311,11 +312,18 @@ def main() -> None:
     known = installed_torchrun_options()
     visible = visible_gpus()
     if gpu_claim.needs_claim(ns.gpus, visible, os.environ):  # no scheduler chose our GPUs
-        devices = gpu_claim.claim(min(ns.gpus, visible), visible, os.environ)
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices
-        print(f"launch: CUDA_VISIBLE_DEVICES={devices} (claimed: no scheduler named this job's "
-              "GPUs)", file=sys.stderr, flush=True)
-        visible = visible_gpus()
+        count = min(ns.gpus, visible)
+        if ns.dry_run:  # claims nothing (a busy machine would keep it waiting): the same command
+            print(f"launch: dry run: would claim the first {count} free of the {visible} GPUs "
+                  f"(locks in {gpu_claim.lock_folder(os.environ)}); none claimed",
+                  file=sys.stderr, flush=True)
+            visible = count
+        else:
+            devices = gpu_claim.claim(count, visible, os.environ)
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices
+            print(f"launch: CUDA_VISIBLE_DEVICES={devices} (claimed: no scheduler named this "
+                  "job's GPUs)", file=sys.stderr, flush=True)
+            visible = visible_gpus()
     cmd = command(ns.module, ns.gpus, args, visible=visible, env=os.environ,
                   on_node=ns.on_node, port=ns.port, shutdown_timeout=ns.shutdown_timeout,
                   torchrun_options=known, nodes=ns.nodes)
