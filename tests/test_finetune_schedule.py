@@ -15,7 +15,7 @@ from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.finetune.schedule import build_schedule, warmup_steps
 from retrieval_pretraining.finetune.settings import FinetuneSettings, trainer_keys
 from retrieval_pretraining.retrieval_settings import retrieval_keys
-from test_lr_schedule import old_linear_schedule
+from test_lr_schedule import old_linear_schedule, read_lrs
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK = 1e-2
@@ -26,16 +26,6 @@ def _optimizer(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
     model = torch.nn.Linear(3, 2)
     return model, training.build_optimizer(model, lr=PEAK, weight_decay=0.0)
-
-
-def _lrs(scheduler, optimizer, steps: int) -> list[float]:
-    """The lr of optimiser steps 0 .. steps (the loop reads it, then steps the scheduler)."""
-    lrs = []
-    for _ in range(steps + 1):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    return lrs
 
 
 def _settings(**knobs) -> FinetuneSettings:
@@ -55,7 +45,7 @@ def test_cosine_follows_its_closed_form_from_the_warm_up_to_the_floor():
     _, optimizer = _optimizer()
     scheduler = build_schedule(optimizer, _settings(lr_schedule="cosine", min_lr_ratio=floor,
                                                     warmup_steps=warmup), total)
-    lrs = _lrs(scheduler, optimizer, total + 3)
+    lrs = read_lrs(scheduler, optimizer, total + 3)
     for step in (0, 1, warmup - 1, warmup, warmup + 1, 17, 24, total - 1, total):
         assert lrs[step] == pytest.approx(_naive_cosine(step, warmup, total, floor), rel=1e-12)
     assert lrs[warmup - 1] == lrs[warmup] == pytest.approx(PEAK)  # the peak, then the decay
@@ -69,7 +59,7 @@ def test_a_linear_decay_to_a_floor_ends_at_the_floor():
     total, warmup, floor = 30, 5, 0.25
     _, optimizer = _optimizer()
     scheduler = build_schedule(optimizer, _settings(min_lr_ratio=floor, warmup_steps=warmup), total)
-    lrs = _lrs(scheduler, optimizer, total)
+    lrs = read_lrs(scheduler, optimizer, total)
     step = 20
     linear = (total - step) / (total - warmup)
     assert lrs[step] == pytest.approx(PEAK * (floor + (1 - floor) * linear), rel=1e-12)
@@ -81,12 +71,12 @@ def test_warmup_steps_wins_over_warmup_ratio():
     assert warmup_steps(s, 100) == 3
     assert warmup_steps(_settings(warmup_ratio=0.5), 100) == 50  # null: the ratio, as before
     _, optimizer = _optimizer()
-    lrs = _lrs(build_schedule(optimizer, s, 100), optimizer, 4)
+    lrs = read_lrs(build_schedule(optimizer, s, 100), optimizer, 4)
     assert lrs[:3] == pytest.approx([PEAK / 3, 2 * PEAK / 3, PEAK])
     # 0 is no warm-up at all (not "use the ratio", as transformers reads 0).
     _, optimizer = _optimizer()
     no_warmup = build_schedule(optimizer, _settings(warmup_ratio=0.5, warmup_steps=0), 100)
-    assert _lrs(no_warmup, optimizer, 0) == [PEAK]
+    assert read_lrs(no_warmup, optimizer, 0) == [PEAK]
 
 
 @pytest.mark.parametrize("total,ratio", [(25, 0.1), (7, 0.1), (100, 0.0), (13, 0.37), (3, 1.0)])
@@ -97,25 +87,25 @@ def test_the_defaults_give_the_old_linear_schedule_bit_for_bit(total, ratio):
                               warmup_steps=math.ceil(ratio * total))
     _, optimizer = _optimizer()
     new = build_schedule(optimizer, _settings(warmup_ratio=ratio), total)
-    assert _lrs(new, optimizer, total + 2) == _lrs(old, old_optimizer, total + 2)
+    assert read_lrs(new, optimizer, total + 2) == read_lrs(old, old_optimizer, total + 2)
 
 
 def test_a_resumed_cosine_schedule_continues_where_it_stopped(tmp_path):
     settings = _settings(lr_schedule="cosine", min_lr_ratio=0.1, warmup_steps=4)
     model, optimizer = _optimizer()
     scheduler = build_schedule(optimizer, settings, 30)
-    straight = _lrs(scheduler, optimizer, 30)
+    straight = read_lrs(scheduler, optimizer, 30)
 
     model, optimizer = _optimizer()
     scheduler = build_schedule(optimizer, settings, 30)
-    before = _lrs(scheduler, optimizer, 10)  # steps 0..10 run: the state is at step 11
+    before = read_lrs(scheduler, optimizer, 10)  # steps 0..10 run: the state is at step 11
     training.save_state(tmp_path, step=11, model=model, optimizer=optimizer, scheduler=scheduler,
                         data_position={"step": 11})
     model, optimizer = _optimizer(seed=1)
     scheduler = build_schedule(optimizer, settings, 30)
     assert training.load_state(tmp_path, model=model, optimizer=optimizer,
                                scheduler=scheduler)["step"] == 11
-    assert before + _lrs(scheduler, optimizer, 19) == straight
+    assert before + read_lrs(scheduler, optimizer, 19) == straight
 
 
 @pytest.mark.parametrize("key,value,message", [

@@ -42,17 +42,20 @@ def _optimizer() -> torch.optim.Optimizer:
     return training.build_optimizer(torch.nn.Linear(3, 2), lr=PEAK, weight_decay=0.0)
 
 
-def lrs(make, steps: int) -> list[float]:
-    """The lr of optimiser steps 0 .. steps of the scheduler `make(optimizer)` builds (the loop
-    reads it, then steps the scheduler)."""
-    optimizer = _optimizer()
-    scheduler = make(optimizer)
+def read_lrs(scheduler, optimizer, steps: int) -> list[float]:
+    """The lr of optimiser steps 0 .. steps (the loop reads it, then steps the scheduler)."""
     out = []
     for _ in range(steps + 1):
         out.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
     return out
+
+
+def lrs(make, steps: int) -> list[float]:
+    """read_lrs of the scheduler `make(optimizer)` builds on a fresh optimiser."""
+    optimizer = _optimizer()
+    return read_lrs(make(optimizer), optimizer, steps)
 
 
 def _trainer(**knobs) -> dict:
