@@ -1181,6 +1181,78 @@ def run_module(module: str, *args: str, config: dict) -> None:
     assert result.returncode == 0, f"{module} failed:\n{result.stderr[-4000:]}"
 
 
+class _FirstStepGradient(Exception):
+    """Raised by the spy on the first gradient clip: the test needs the first step alone."""
+
+
+def _naive_group_loss(q: torch.Tensor, p: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Query i's -log softmax of its own positive, p[i * group_size], over all the rows of `p`,
+    one query at a time; the mean over the queries."""
+    terms = [torch.logsumexp(p @ qi, dim=0) - p[i * group_size] @ qi for i, qi in enumerate(q)]
+    return torch.stack(terms).mean()
+
+
+@pytest.mark.parametrize("sub_batches", [1, 2, 4])
+def test_a_step_s_gradient_is_the_mean_of_its_contrast_sets_separate_losses(tmp_path, monkeypatch,
+                                                                            sub_batches):
+    """One process, sub_batches contrast sets a step (the reference's 8 GPUs x 8 queries without
+    gathering, accumulated): the gradient the optimiser step reads is that of the mean, over the
+    step's sets, of each set's loss over its own passages alone ([CLS] of the last layer, dot
+    product, no temperature), as the 8 GPUs' DDP average makes it. Restated here from the
+    micro-batches the loop tokenised and a fresh copy of the encoder; both in float64 (in fp32
+    the rounding of this model's gradients reaches 6% of their largest entry)."""
+    from transformers import AutoModel
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps(
+        {**config, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    cfg = {"q_len": 16, "p_len": 32, "group_size": 3, "batch_size": 8,
+           "sub_batches": sub_batches, "epochs": 1, "precision": "fp32"}
+    seen, grads = [], []
+    loss = ftrain.micro_batch_loss
+
+    def spy(model, queries, passages, *args, **kwargs):
+        seen.append(({k: v.clone() for k, v in queries.items()},
+                     {k: v.clone() for k, v in passages.items()}))
+        return loss(model, queries, passages, *args, **kwargs)
+
+    def first_clip(parameters, *args, **kwargs):
+        grads.extend(p.grad.detach().clone() for p in parameters)
+        raise _FirstStepGradient
+
+    def in_float64(*args, **kwargs):  # the loop's arithmetic exact enough to compare closely
+        model, tokenizer = load_bi_encoder(*args, **kwargs)
+        return model.double(), tokenizer
+
+    load_bi_encoder = ftrain.load_bi_encoder
+    monkeypatch.setattr(ftrain, "load_bi_encoder", in_float64)
+    monkeypatch.setattr(ftrain, "micro_batch_loss", spy)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", first_clip)
+    with pytest.raises(_FirstStepGradient):
+        fine_tune(cfg, base, data, [data["bm25"]], seed=3, out=tmp_path / "encoder",
+                  state_dir=tmp_path / "state", metrics_path=tmp_path / "metrics.jsonl")
+    assert len(seen) == sub_batches  # the step's sets, each one micro-batch
+    assert all(len(q["input_ids"]) == 8 // sub_batches and len(p["input_ids"]) == 3 * len(
+        q["input_ids"]) for q, p in seen)
+
+    model = AutoModel.from_pretrained(base, local_files_only=True, add_pooling_layer=False)
+    model = model.double().train()
+
+    def cls(batch):
+        return model(**batch).last_hidden_state[:, 0]
+
+    expected = torch.stack([_naive_group_loss(cls(q), cls(p), 3) for q, p in seen]).mean()
+    expected.backward()
+    params = list(model.parameters())
+    assert len(params) == len(grads)
+    assert max(g.abs().max().item() for g in grads) > 1e-3  # a gradient worth comparing
+    for got, want in zip(grads, params):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want.grad, rtol=1e-7, atol=1e-12)
+
+
 def test_tiny_two_stage_pipeline(tmp_path):
     """BM25 negatives -> stage 1 (CLI) -> encode shards -> index -> mine -> stage 2 -> dense run."""
     from retrieval_pretraining import dense_search, encode, faiss_index, mine
