@@ -1253,6 +1253,28 @@ def test_a_step_s_gradient_is_the_mean_of_its_contrast_sets_separate_losses(tmp_
         torch.testing.assert_close(got, want.grad, rtol=1e-7, atol=1e-12)
 
 
+@pytest.mark.parametrize("max_grad_norm,clipped_at", [(None, math.inf), (0.5, 0.5)])
+def test_max_grad_norm_null_clips_nothing_and_a_number_clips_there(tmp_path, monkeypatch,
+                                                                   max_grad_norm, clipped_at):
+    """finetune.max_grad_norm null is no clipping (the norm is still taken, to catch an inf
+    gradient), a number the global L2 norm's bound (the Trainer's max_grad_norm)."""
+    bounds = []
+
+    def first_clip(parameters, max_norm, *args, **kwargs):
+        bounds.append(max_norm)
+        raise _FirstStepGradient
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", first_clip)
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+           "max_grad_norm": max_grad_norm}
+    with pytest.raises(_FirstStepGradient):
+        fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                  out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                  metrics_path=tmp_path / "metrics.jsonl")
+    assert bounds == [clipped_at]
+
+
 def test_tiny_two_stage_pipeline(tmp_path):
     """BM25 negatives -> stage 1 (CLI) -> encode shards -> index -> mine -> stage 2 -> dense run."""
     from retrieval_pretraining import dense_search, encode, faiss_index, mine
