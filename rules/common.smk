@@ -15,6 +15,9 @@ experiment_config.validate(config)
 # rule reads it as a full entry; DATASET_ALIASES ({alias: source}) says whose files it copies
 # (rules/retrieval.smk `alias_dataset_file`) and what sees through it (in-domain checks).
 DATASET_ALIASES = dataset_aliases.sources(config["datasets"])
+# A shared corpus (datasets[].corpus.same_as) is its source's corpus files from here on too;
+# CORPUS_SOURCES ({name: source}) says whose prepared corpus it copies (`share_dataset_corpus`).
+CORPUS_SOURCES = dataset_aliases.corpus_sources(config["datasets"])
 config["datasets"] = dataset_aliases.resolve(config["datasets"])
 # The splits and stages the sections name (a module no stage imports: no job's code input).
 config_references.check(config)

@@ -100,10 +100,9 @@ def corpus_arguments(corpus, texts):
         return "--articles " + " ".join(texts)
     options = data_root_option()
     if settings["source"] == "dataset":
-        # An alias's downloads are its source's (datasets[].same_as): fetched once, there.
-        dataset = dataset_aliases.collection(
-            settings["dataset"]["name"], DATASET_ALIASES
-        )
+        # An alias's downloads are its source's (datasets[].same_as), a shared corpus's files
+        # its source's (datasets[].corpus.same_as): fetched once, there.
+        dataset = corpus_holder(settings["dataset"]["name"])
         options += f" --downloads {DATASET_DOWNLOADS}/{dataset}"
     return options
 

@@ -202,12 +202,12 @@ def report_params():
                 }
                 for e in config["evaluate"]["splits"]
             },
-            # An evaluated alias whose BM25 index is its source's, copied (alias_bm25_index):
-            # its BM25 row's provenance names the copy's log and the source's build.
+            # An evaluated alias or shared corpus whose BM25 index is its source's, copied
+            # (alias_bm25_index): its BM25 row's provenance names the copy's log and the build.
             "bm25_index_copies": {
-                alias: DATASET_ALIASES[alias]
-                for alias in copied_bm25_indexes()
-                if alias in {e["dataset"] for e in config["evaluate"]["splits"]}
+                dataset: bm25_index_build(dataset)
+                for dataset in copied_bm25_indexes()
+                if dataset in {e["dataset"] for e in config["evaluate"]["splits"]}
             },
             "trained_on": {
                 e["dataset"]: e["trained_on"]

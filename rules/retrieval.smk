@@ -10,6 +10,12 @@ from retrieval_pretraining.download import check_fetched
 
 DATASETS_DIR = "results/datasets"
 DATASET_DOWNLOADS = "results/downloads/datasets"
+# The bm25 settings that shape an index (build_bm25_index's params): a dataset whose corpus is
+# another's and whose settings of these are the other's has its index copied (alias_bm25_index).
+BM25_INDEX_KEYS = ("title",)
+# The settings dataset.json holds (datasets.py writes them from the entry, then the corpus counts):
+# a shared corpus's are its own (share_dataset_corpus), its counts its source's.
+INFO_KEYS = ("name", "format", "title", "exclude_query_id")
 # The keys of a datasets entry each job reads: its params hold only these, so that an edit
 # elsewhere in the entry (a new split, a larger allowance, a pinned checksum) reruns neither the
 # corpus nor what is built on it (BM25 index, corpus encodings, fine-tuning).
@@ -67,12 +73,24 @@ def _check_fetched_download(dataset, download):
         raise ValueError(f"dataset '{dataset}': {error}") from None
 
 
-def _ref_path(entry, ref):
-    """The file a dataset config reference names (a project file or a download)."""
+def corpus_holder(dataset):
+    """The dataset whose downloads hold `dataset`'s corpus files: itself, or through aliases and
+    shared corpora (CORPUS_SOURCES) the entry that parses the corpus."""
+    return dataset_aliases.corpus_collection(dataset, DATASET_ALIASES, CORPUS_SOURCES)
+
+
+def copied_corpora():
+    """The datasets whose corpus.parquet is a copy: aliases and shared corpora."""
+    return [*DATASET_ALIASES, *CORPUS_SOURCES]
+
+
+def _ref_path(entry, ref, holder=None):
+    """The file a dataset config reference names (a project file or a download); `holder`: the
+    dataset whose downloads hold it (corpus_holder, for the corpus files)."""
     if "path" in ref:
         return str(config_path(ref["path"]))
     # An alias's downloads are its source's files, fetched once under the source's name.
-    dataset = dataset_aliases.collection(entry["name"], DATASET_ALIASES)
+    dataset = holder or dataset_aliases.collection(entry["name"], DATASET_ALIASES)
     # Fails early, naming the fix (an unknown download, a pin its fetched file contradicts).
     download = _dataset_download(dataset, ref["download"])
     _check_fetched_download(dataset, download)
@@ -92,7 +110,9 @@ def get_dataset_corpus_sources(wildcards):
             ]
         return sources
     refs = [entry["corpus"]] + ([entry["titles"]] if entry.get("titles") else [])
-    return sorted({_ref_path(entry, ref) for ref in refs})
+    # A shared corpus's files are its source's downloads (datasets[].corpus.same_as).
+    holder = corpus_holder(wildcards.dataset)
+    return sorted({_ref_path(entry, ref, holder) for ref in refs})
 
 
 def get_dataset_split_sources(wildcards):
@@ -208,7 +228,7 @@ rule prepare_dataset:
     log:
         "results/logs/prepare_dataset/{dataset}.log",
     wildcard_constraints:
-        dataset=prepared_pattern(),
+        dataset=prepared_pattern(copied_corpora()),
     conda:
         conda_env("torch")
     params:
@@ -261,6 +281,40 @@ rule alias_dataset_file:
         "({params.manifest}cp {input.file} {output.file}) &> {log}"
 
 
+# A shared corpus (datasets[].corpus.same_as, CORPUS_SOURCES): the source's prepared corpus,
+# copied with its manifest as alias_dataset_file copies (nothing downloaded or parsed), and
+# dataset.json, the source's corpus counts under this dataset's own settings (its title mode and
+# query-id rule: what prepare_dataset would have written from the same corpus).
+rule share_dataset_corpus:
+    input:
+        corpus=lambda wc: f"{DATASETS_DIR}/{CORPUS_SOURCES[wc.dataset]}/corpus.parquet",
+        info=lambda wc: f"{DATASETS_DIR}/{CORPUS_SOURCES[wc.dataset]}/dataset.json",
+        code=module_source("shared_corpus"),
+    output:
+        corpus=f"{DATASETS_DIR}/{{dataset}}/corpus.parquet",
+        info=f"{DATASETS_DIR}/{{dataset}}/dataset.json",
+    log:
+        "results/logs/share_dataset_corpus/{dataset}.log",
+    wildcard_constraints:
+        dataset=alias_pattern(CORPUS_SOURCES),
+    localrule: True
+    conda:
+        conda_env("torch")
+    params:
+        manifest=lambda wc, input, output: copied_manifest(input.corpus, output.corpus),
+        info=lambda wc: dataset_info_arguments(wc.dataset),
+    shell:
+        "({params.manifest}cp {input.corpus} {output.corpus} && "
+        "python -m retrieval_pretraining.shared_corpus --source {input.info} "
+        "--config '{params.info}' --out {output.info}) &> {log}"
+
+
+def dataset_info_arguments(dataset):
+    """The keys of dataset.json a dataset sets itself (INFO_KEYS), for a shared corpus."""
+    entry = dataset_entry(dataset)
+    return experiment_config.stage_argument({k: entry[k] for k in INFO_KEYS})
+
+
 def copied_manifest(source, copy):
     """`cp <source's manifest> <copy's> && ` (artifacts.manifest_path: `x.parquet` ->
     `x.manifest.json`); "" for dataset.json, which has none."""
@@ -289,14 +343,25 @@ def bm25_slice(dataset, keys):
 
 
 def copied_bm25_indexes():
-    """The aliases whose BM25 index is a copy of their source's: an index is its corpus (the
-    same bytes) and the indexed text (`title`) alone, so one whose bm25 settings index the same
-    text is the same index; another `title` (bm25.overrides) is built."""
-    return [
-        alias
-        for alias, source in DATASET_ALIASES.items()
-        if bm25_slice(alias, ("title",)) == bm25_slice(source, ("title",))
-    ]
+    """{dataset: source} for the datasets whose BM25 index is a copy of their source's: the
+    aliases and shared corpora (whose corpus.parquet is their source's, the same bytes) whose
+    bm25 settings that shape an index (BM25_INDEX_KEYS: the indexed text) are the source's. An
+    index is its corpus and those settings alone, so it is the same index; another `title`
+    (bm25.overrides) is built."""
+    return {
+        dataset: source
+        for dataset, source in (DATASET_ALIASES | CORPUS_SOURCES).items()
+        if bm25_slice(dataset, BM25_INDEX_KEYS) == bm25_slice(source, BM25_INDEX_KEYS)
+    }
+
+
+def bm25_index_build(dataset):
+    """The dataset whose build_bm25_index made `dataset`'s index (itself, or through the copies
+    the one copied last: an alias of a shared corpus copies a copy)."""
+    copies = copied_bm25_indexes()
+    while dataset in copies:
+        dataset = copies[dataset]
+    return dataset
 
 
 rule build_bm25_index:
@@ -315,18 +380,19 @@ rule build_bm25_index:
     resources:
         bm25_runtime=lambda wc: bm25_runtime(wc.dataset),
     params:
-        bm25=lambda wc: bm25_slice(wc.dataset, ("title",)),
+        bm25=lambda wc: bm25_slice(wc.dataset, BM25_INDEX_KEYS),
     shell:
         "python -m retrieval_pretraining.bm25 index --config '{params.bm25}' "
         "--runtime '{resources.bm25_runtime}' --corpus {input.corpus} "
         "--out {output.index} &> {log}"
 
 
-# An alias's BM25 index when it indexes the text its source's does: the source's, copied (an
-# 8.8M-passage MS MARCO index takes an hour of 8 cores to build, seconds to copy).
+# An alias's or a shared corpus's BM25 index when it indexes the text its source's does: the
+# source's, copied (an 8.8M-passage MS MARCO index takes an hour of 8 cores to build, seconds
+# to copy; DPR's 21M passages, hours).
 rule alias_bm25_index:
     input:
-        index=lambda wc: f"results/bm25/{DATASET_ALIASES[wc.dataset]}/index",
+        index=lambda wc: f"results/bm25/{copied_bm25_indexes()[wc.dataset]}/index",
     output:
         index=directory("results/bm25/{dataset}/index"),
     log:

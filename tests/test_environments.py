@@ -29,8 +29,9 @@ PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
 # Which stage modules each environment runs (entry points; their package imports are followed).
 ENV_MODULES = {
     "torch": [
-        "download", "extract", "checkpoints", "chunk", "spans", "span_audit", "datasets", "encode",
-        "finetune", "pretrain", "evaluate", "tables", "analysis", "audit", "launch", "claim_run",
+        "download", "extract", "checkpoints", "chunk", "spans", "span_audit", "datasets",
+        "shared_corpus", "encode", "finetune", "pretrain", "evaluate", "tables", "analysis", "audit",
+        "launch", "claim_run",
         "contracts",  # audit loads every type's audit module at run time (contracts/registry.py)
     ],
     "faiss": ["encode", "faiss_index", "mine", "dense_search", "claim_run"],

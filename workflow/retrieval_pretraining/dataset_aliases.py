@@ -7,8 +7,20 @@ fine-tuning recipe in the same results tree, without downloading and preparing i
 rules copy the source's prepared files (rules/retrieval.smk `alias_dataset_file`).
 
 S must be an EARLIER entry; an alias of an alias is resolved to the first entry of the chain (its
-collection), which is where the files are copied from. Read at parse time only (config.validate,
-rules/common.smk): no stage imports it, so it is no job's code input (code_deps.PARSE_TIME_IMPORTS).
+collection), which is where the files are copied from.
+
+A shared corpus is the same at the corpus level: a full entry with `corpus: {same_as: S}` has
+its own splits, settings and downloads, and S's corpus (DPR's NQ and TriviaQA both read the 21M
+passages of psgs_w100). Its corpus.parquet is a copy of S's (rules/retrieval.smk
+`share_dataset_corpus`), its BM25 index a copy of S's where the settings that shape an index are
+S's (`copied_bm25_indexes`), and resolve() gives it S's corpus file references (`corpus`,
+`titles`), so that everything reading its entry reads the corpus it read when it named the file
+itself. S must be an earlier entry of the same format (the format decides how a corpus is
+parsed); a chain (S's corpus shared in turn, or S an alias) is the first entry's corpus, as for
+aliases. The `titles` belong to the corpus: the sharing entry names none.
+
+Read at parse time only (config.validate, rules/common.smk): no stage imports it, so it is no
+job's code input (code_deps.PARSE_TIME_IMPORTS).
 """
 
 from __future__ import annotations
@@ -16,17 +28,25 @@ from __future__ import annotations
 from typing import Any
 
 ALIAS_KEYS = ("name", "same_as")
+# What a shared corpus takes from its source's entry: the files the corpus is read from.
+CORPUS_REFS = ("corpus", "titles")
 
 
 def is_alias(entry: dict[str, Any]) -> bool:
     return "same_as" in entry
 
 
+def shares_corpus(entry: dict[str, Any]) -> bool:
+    """Whether the entry's corpus is another's (`corpus: {same_as: S}`)."""
+    return isinstance(entry.get("corpus"), dict) and "same_as" in entry["corpus"]
+
+
 def problems(datasets: list[dict[str, Any]]) -> list[str]:
     """Why the aliases among `datasets` cannot be resolved: a source that is not an earlier
     entry (unknown, later, the alias itself), or an alias under the name of another entry
     (resolution is by name: the checks after it would read the alias's copy of its source as
-    that entry and refuse what the config does not say). Extra keys are the schema's to refuse."""
+    that entry and refuse what the config does not say); then corpus_problems(). Extra keys are
+    the schema's to refuse."""
     messages, earlier = [], []
     for i, entry in enumerate(datasets):
         if is_alias(entry):
@@ -47,6 +67,45 @@ def problems(datasets: list[dict[str, Any]]) -> list[str]:
                     + ("; move this alias after it" if later else "")
                     + f"; known before it: {', '.join(earlier) or 'none'}")
         earlier.append(entry["name"])
+    return messages or corpus_problems(datasets)
+
+
+def corpus_problems(datasets: list[dict[str, Any]]) -> list[str]:
+    """Why the shared corpora (`corpus: {same_as: S}`) among `datasets` cannot be: S not an
+    earlier entry, S of another format (a corpus is parsed by its format), a beir entry (which
+    reads its corpus from its folder), or `titles` on the sharing entry (they are the corpus's).
+    Assumes the aliases resolve (problems())."""
+    messages, full = [], {}
+    for i, entry in enumerate(datasets):
+        key = f"config key 'datasets.{i}"
+        if is_alias(entry):
+            entry = full[entry["same_as"]]  # its format is its source's
+        elif shares_corpus(entry):
+            name, source = entry["name"], entry["corpus"]["same_as"]
+            if source == name:
+                messages.append(f"{key}.corpus.same_as': '{source}' is this entry itself; name "
+                                "the datasets entry whose corpus it shares")
+            elif source not in full:
+                later = any(e["name"] == source for e in datasets)
+                messages.append(
+                    f"{key}.corpus.same_as': '{source}' is not a datasets entry listed before "
+                    f"'{name}'" + ("; move this entry after it" if later else "")
+                    + f"; known before it: {', '.join(full) or 'none'}")
+            elif entry["format"] == "beir" or full[source]["format"] != entry["format"]:
+                formats = {entry["format"], full[source]["format"]}
+                messages.append(
+                    f"{key}.corpus.same_as': '{name}' is format {entry['format']} and "
+                    f"'{source}' format {full[source]['format']}: "
+                    + ("a beir entry reads its corpus from its folder (`path`), not `corpus`; "
+                       "for BEIR data under a second name write an alias (same_as)"
+                       if "beir" in formats else
+                       "the format decides how a corpus is parsed, so only an entry of the "
+                       "same format can share it; give this entry a corpus of its own"))
+            elif "titles" in entry:
+                messages.append(
+                    f"{key}.titles': the titles belong to the corpus, which is that of '{source}' "
+                    "(corpus.same_as): remove the key; the corpus is read with its source's")
+        full[datasets[i]["name"]] = entry
     return messages
 
 
@@ -60,14 +119,35 @@ def sources(datasets: list[dict[str, Any]]) -> dict[str, str]:
     return found
 
 
+def corpus_sources(datasets: list[dict[str, Any]]) -> dict[str, str]:
+    """{name: S} for each entry whose corpus is S's (`corpus: {same_as: S}`, as written: S's
+    prepared corpus is what it copies, itself a copy where S shares one or is an alias)."""
+    return {e["name"]: e["corpus"]["same_as"] for e in datasets if shares_corpus(e)}
+
+
+def corpus_collection(name: str, aliases: dict[str, str], shared: dict[str, str]) -> str:
+    """The entry whose downloads hold `name`'s corpus files (the one that parses it): through
+    aliases (`aliases`: sources()) and shared corpora (`shared`: corpus_sources()) to the first."""
+    while True:
+        name = aliases.get(name, name)
+        if name not in shared:
+            return name
+        name = shared[name]
+
+
 def resolve(datasets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`datasets` with each alias replaced by its source's entry under the alias's own name (a
-    copy: editing one entry edits no other). Entries without an alias are returned as they are."""
+    """resolve_aliases(), and each entry that shares a corpus with its source's corpus file
+    references (CORPUS_REFS) in place of `corpus: {same_as}` (a copy): what the rules read.
+    Entries with neither are returned as they are."""
     full: dict[str, dict[str, Any]] = {}
     resolved = []
     for entry in datasets:
         if is_alias(entry):
             entry = dict(full[entry["same_as"]], name=entry["name"])
+        elif shares_corpus(entry):
+            source = full[entry["corpus"]["same_as"]]
+            entry = {k: v for k, v in entry.items() if k != "corpus"} | {
+                k: source[k] for k in CORPUS_REFS if k in source}
         full[entry["name"]] = entry
         resolved.append(entry)
     return resolved

@@ -1,0 +1,207 @@
+"""Shared corpora (`datasets: [{..., corpus: {same_as: S}}]`): a dataset with splits of its own
+and S's corpus (DPR's NQ and TriviaQA both read the 21M passages of psgs_w100).
+
+Nothing of the corpus is downloaded or parsed for the sharing entry: its corpus.parquet is a copy
+of S's (manifest and all), its BM25 index a copy where its bm25 settings index the same text, and
+its entry reads as S's corpus files to everything else, so what it builds is what it built when
+it downloaded and parsed the same file itself.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import dataset_aliases
+from test_dataset_reruns import DPR, _dpr_entry
+from workflow_harness import (
+    ROOT,
+    copy_project,
+    edit_config,
+    planned_params,
+    planned_rules,
+    snakemake,
+)
+
+OWN, SHARED = "dpr-own", "dpr-shared"  # the same splits: one parses the corpus, one shares it
+
+
+def _sharing(entry: dict, name: str = SHARED, source: str = DPR) -> dict:
+    """`entry` (a full dpr entry) under `name`, its corpus `source`'s, its downloads its own."""
+    shared = dict(entry, name=name, corpus={"same_as": source})
+    shared["downloads"] = [d for d in entry["downloads"] if d["file"] != "psgs_w100.tsv"]
+    return shared
+
+
+def _add_datasets(project: Path, own: bool = False) -> None:
+    """The DPR sample, the entry that shares its corpus and (own) one that parses it again."""
+    def edit(config):
+        source = _dpr_entry(project)
+        config["datasets"] += [source, _sharing(source)] + ([dict(source, name=OWN)] if own else [])
+    edit_config(project, edit)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+def _refusal(config: dict) -> str:
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(config)
+    return str(error.value)
+
+
+def _with_sharing(demo: dict, **changes) -> dict:
+    config = copy.deepcopy(demo)
+    source = _dpr_entry(ROOT)
+    config["datasets"] += [source, dict(_sharing(source), **changes)]
+    return config
+
+
+def test_a_shared_corpus_reads_as_its_sources_corpus_files(demo):
+    """The rules read the entry with its source's corpus references (what it named before);
+    a chain, or a source that is an alias, is the first entry's corpus."""
+    config = _with_sharing(demo)
+    config["datasets"] += [{"name": "dpr-alias", "same_as": DPR},
+                           _sharing(_dpr_entry(ROOT), "dpr-chain", SHARED),
+                           _sharing(_dpr_entry(ROOT), "dpr-of-alias", "dpr-alias")]
+    experiment_config.validate(config)
+    datasets = config["datasets"]
+    resolved = {e["name"]: e for e in dataset_aliases.resolve(datasets)}
+    for name in (SHARED, "dpr-chain", "dpr-of-alias"):
+        assert resolved[name]["corpus"] == {"download": "psgs_w100.tsv"}, name
+        assert resolved[name]["splits"] == resolved[DPR]["splits"], name
+    sources = dataset_aliases.corpus_sources(datasets)
+    assert sources == {SHARED: DPR, "dpr-chain": SHARED, "dpr-of-alias": "dpr-alias"}
+    aliases = dataset_aliases.sources(datasets)
+    for name in (SHARED, "dpr-chain", "dpr-of-alias", "dpr-alias", DPR):
+        assert dataset_aliases.corpus_collection(name, aliases, sources) == DPR, name
+    assert dataset_aliases.resolve(demo["datasets"]) == demo["datasets"]  # nothing shared
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"corpus": {"same_as": "wikipedia"}},  # not a datasets entry
+     ["datasets.3.corpus.same_as", "'wikipedia' is not a datasets entry", "known before it"]),
+    ({"corpus": {"same_as": SHARED}}, ["datasets.3.corpus.same_as", "this entry itself"]),
+    ({"corpus": {"same_as": "scifact"}},  # a BEIR folder, parsed otherwise
+     ["datasets.3.corpus.same_as", "format dpr", "format beir", "alias"]),
+    ({"titles": None}, ["datasets.3.titles", "belong to the corpus", f"'{DPR}'", "remove"]),
+])
+def test_a_bad_shared_corpus_is_refused_in_one_message(demo, changes, words):
+    message = _refusal(_with_sharing(demo, **changes))
+    assert len(message.splitlines()) == 2, message  # "invalid config:" and one line
+    assert all(w in message for w in words), message
+
+
+def test_a_shared_corpus_of_another_format_is_refused(demo):
+    """msmarco's TSV and DPR's CSV-quoted file are parsed differently: not one corpus."""
+    config = copy.deepcopy(demo)
+    source = _dpr_entry(ROOT)
+    msmarco = dict(source, name="marco", format="msmarco", corpus={"same_as": DPR},
+                   splits=[{"name": "dev", "queries": {"path": "q.tsv"},
+                            "qrels": {"path": "r.tsv"}}])
+    config["datasets"] += [source, msmarco]
+    message = _refusal(config)
+    assert len(message.splitlines()) == 2, message
+    assert "datasets.3.corpus.same_as" in message and "format msmarco" in message, message
+    assert "how a corpus is parsed" in message, message
+
+
+def test_a_shared_corpus_of_a_later_entry_is_refused(demo):
+    config = copy.deepcopy(demo)
+    source = _dpr_entry(ROOT)
+    config["datasets"] += [_sharing(source), source]
+    message = _refusal(config)
+    assert "datasets.2.corpus.same_as" in message and "move this entry after it" in message
+
+
+def test_a_dry_run_parses_and_indexes_the_corpus_once(tmp_path):
+    """The sharing entry downloads its own questions only; its corpus and index are copies."""
+    project = copy_project(tmp_path / "project")
+    _add_datasets(project)
+    plan = planned_rules(project, f"results/bm25/{SHARED}/runs/test.trec",
+                         f"results/datasets/{SHARED}/answers-test.parquet",
+                         f"results/bm25/{DPR}/index")
+    assert plan == {
+        "download_dataset_file": 2,  # psgs_w100 under the source, its own questions
+        "prepare_dataset": 1,  # the source's corpus
+        "share_dataset_corpus": 1,
+        "prepare_dataset_split": 1,  # the sharing entry's own split, answers
+        "prepare_dataset_answers": 1,
+        "build_bm25_index": 1,
+        "alias_bm25_index": 1,  # the source's index, copied
+        "bm25_search": 1,
+    }, plan
+
+
+def test_a_shared_corpus_with_another_indexed_text_builds_its_own_index(tmp_path):
+    project = copy_project(tmp_path / "project")
+    _add_datasets(project)
+    edit_config(project, lambda c: c["bm25"].setdefault("overrides", []).append(
+        {"dataset": SHARED, "title": "none"}))
+    plan = planned_rules(project, f"results/bm25/{SHARED}/index")
+    assert plan == {"download_dataset_file": 1, "prepare_dataset": 1,
+                    "share_dataset_corpus": 1, "build_bm25_index": 1}, plan
+
+
+def test_a_pre_training_corpus_of_a_shared_corpus_reads_the_sources_download(tmp_path):
+    """The chunk job reads the raw passages: the file fetched under the source's name."""
+    project = copy_project(tmp_path / "project")
+    _add_datasets(project)
+    edit_config(project, lambda c: c["corpus"]["corpora"].append(
+        {"name": "dpr-texts", "source": "dataset", "dataset": SHARED}))
+    jobs = planned_params(project, "results/corpus/dpr-texts/chunks/shard-0000.parquet")
+    fetched = sorted(out for rule, out in jobs if rule == "download_dataset_file")
+    assert fetched == [f"results/downloads/datasets/{DPR}/psgs_w100.tsv"], fetched
+    chunk = next(job for (rule, _), job in jobs.items() if rule == "chunk_articles")
+    assert f"--downloads results/downloads/datasets/{DPR}" in chunk["named"]["texts"], chunk
+
+
+def test_a_shared_corpus_is_the_corpus_its_own_parse_gave(tmp_path):
+    """Beside an entry that parses the same file itself (what the sharing one did before): the
+    same corpus (byte for byte the source's), dataset.json and BM25 run; nothing fetched."""
+    project = copy_project(tmp_path / "project")
+    _add_datasets(project, own=True)
+    files = ("corpus.parquet", "dataset.json", "queries-test.parquet", "answers-test.parquet")
+    targets = [f"results/{folder}/{name}/{file}" for name in (OWN, SHARED)
+               for folder, file in [("datasets", f) for f in files]
+               + [("bm25", "runs/test.trec")]]
+    snakemake(project, *targets)
+    results = project / "results"
+    shared, own, source = (results / "datasets" / n for n in (SHARED, OWN, DPR))
+    for name in ("corpus.parquet", "corpus.manifest.json"):
+        assert (shared / name).read_bytes() == (source / name).read_bytes(), name
+    assert (shared / "corpus.parquet").read_bytes() == (own / "corpus.parquet").read_bytes()
+    info = json.loads((own / "dataset.json").read_text()) | {"name": SHARED}
+    assert json.loads((shared / "dataset.json").read_text()) == info
+    for file in ("queries-test.parquet", "answers-test.parquet"):
+        assert (shared / file).read_bytes() == (own / file).read_bytes(), file
+    run = (results / "bm25" / SHARED / "runs" / "test.trec").read_text()
+    assert run and run == (results / "bm25" / OWN / "runs" / "test.trec").read_text()
+    assert not (results / "downloads" / "datasets" / SHARED / "psgs_w100.tsv").exists()
+    assert (results / "logs" / "alias_bm25_index" / f"{SHARED}.log").exists()  # a copy
+    copies = [shared / f for f in ("corpus.parquet", "dataset.json")]
+    copies.append(results / "bm25" / SHARED / "index")
+    audit = subprocess.run([sys.executable, "-m", "retrieval_pretraining.audit", *map(str, copies)],
+                           capture_output=True, text=True, cwd=project,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT / "workflow")))
+    assert audit.returncode == 0, audit.stdout + audit.stderr  # each copy reads as its artifact
+    assert planned_rules(project, *targets) == {}
+
+
+def test_a_shared_corpuss_bm25_row_names_the_source_s_index_build(tmp_path):
+    """The tables' provenance of its BM25 row: the copy's log, then the source's build (the one
+    decision, copied_bm25_indexes, that planned the copy)."""
+    project = copy_project(tmp_path / "project")
+    _add_datasets(project)
+    edit_config(project, lambda c: c["evaluate"]["splits"].append(
+        {"dataset": SHARED, "split": "test", "measures": ["Acc@5"]}))
+    jobs = planned_params(project, "results/tables.md")
+    tables = next(job for (rule, _), job in jobs.items() if rule == "make_tables")
+    assert json.loads(eval(tables["named"]["tables"]))["bm25_index_copies"] == {SHARED: DPR}
