@@ -309,3 +309,30 @@ def test_a_dry_run_plans_the_authors_recipe_rows(recipe_plan):
         assert (number is not None) == published, name
         if published:
             assert number.value == 0.401
+
+
+def test_nq_and_trivia_download_parse_and_index_dpr_s_passages_once(tmp_path):
+    """trivia's corpus is nq's (corpus: {same_as: nq}): psgs_w100 (4.7 GB, 21M passages) is
+    fetched, parsed and BM25-indexed once, under nq, and trivia's corpus and index are copies;
+    trivia's own questions and training file are its own."""
+    from test_finetune_rules import planned_jobs
+    from workflow_harness import copy_project
+
+    project = copy_project(tmp_path / "project")
+    jobs = planned_jobs(project, "--configfile", str(EXPERIMENTS / "paper.yaml"),
+                        str(EXPERIMENTS / "bow.yaml"), "--", "results/bm25/nq/index",
+                        "results/bm25/trivia/index", "results/bm25/trivia/negatives.parquet",
+                        "results/datasets/trivia/answers-test.parquet")
+    planned = sorted((j["rule"], j["wildcards"].get("dataset"), j["wildcards"].get("file"))
+                     for j in jobs if j["rule"] != "prepare_dataset_answers")
+    assert planned == [
+        ("alias_bm25_index", "trivia", None),
+        ("bm25_negatives", "trivia", None),
+        ("build_bm25_index", "nq", None),
+        ("download_dataset_file", "nq", "psgs_w100.tsv.gz"),
+        ("download_dataset_file", "trivia", "biencoder-trivia-train.json.gz"),
+        ("download_dataset_file", "trivia", "trivia-test.qa.csv.gz"),
+        ("prepare_dataset", "nq", None),
+        ("prepare_dataset_split", "trivia", None),
+        ("share_dataset_corpus", "trivia", None),
+    ], planned
