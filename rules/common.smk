@@ -11,13 +11,18 @@ from retrieval_pretraining import dataset_aliases  # noqa: E402
 from retrieval_pretraining import references as config_references  # noqa: E402
 
 experiment_config.validate(config)
-# A dataset alias ({name, same_as}) is its source's entry under its own name from here on, so every
+# A dataset alias ({name, same_as[, title]}) is its source's entry under its own name (and title
+# mode, where it sets one) from here on, so every
 # rule reads it as a full entry; DATASET_ALIASES ({alias: source}) says whose files it copies
 # (rules/retrieval.smk `alias_dataset_file`) and what sees through it (in-domain checks).
 DATASET_ALIASES = dataset_aliases.sources(config["datasets"])
 # A shared corpus (datasets[].corpus.same_as) is its source's corpus files from here on too;
 # CORPUS_SOURCES ({name: source}) says whose prepared corpus it copies (`share_dataset_corpus`).
 CORPUS_SOURCES = dataset_aliases.corpus_sources(config["datasets"])
+# An alias's own title mode where it differs from its collection's ({alias: {"title": mode}}):
+# its encoders read it from its resolved entry; its dataset.json is written with it
+# (rules/retrieval.smk `alias_dataset_info`) instead of copied.
+ALIAS_OWN_SETTINGS = dataset_aliases.own_settings(config["datasets"])
 config["datasets"] = dataset_aliases.resolve(config["datasets"])
 # The splits and stages the sections name (a module no stage imports: no job's code input).
 config_references.check(config)

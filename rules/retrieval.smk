@@ -281,6 +281,34 @@ rule alias_dataset_file:
         "({params.manifest}cp {input.file} {output.file}) &> {log}"
 
 
+# A dataset alias's dataset.json where the alias sets a title mode of its own
+# (ALIAS_OWN_SETTINGS): the source's, that title in place (shared_corpus writes it as it does a
+# shared corpus's), so the file records how the alias's encoders join title and text. Its
+# corpus is still a copy: title and text are stored apart, joined by each encoder.
+rule alias_dataset_info:
+    input:
+        info=lambda wc: f"{DATASETS_DIR}/{DATASET_ALIASES[wc.dataset]}/dataset.json",
+        code=module_source("shared_corpus"),
+    output:
+        info=f"{DATASETS_DIR}/{{dataset}}/dataset.json",
+    log:
+        "results/logs/alias_dataset_info/{dataset}.log",
+    wildcard_constraints:
+        dataset=alias_pattern(ALIAS_OWN_SETTINGS),
+    localrule: True
+    conda:
+        conda_env("torch")
+    params:
+        info=lambda wc: experiment_config.stage_argument(ALIAS_OWN_SETTINGS[wc.dataset]),
+    shell:
+        "python -m retrieval_pretraining.shared_corpus --source {input.info} "
+        "--config '{params.info}' --out {output.info} &> {log}"
+
+
+# Such an alias's dataset.json matches alias_dataset_file's patterns too: written, not copied.
+ruleorder: alias_dataset_info > alias_dataset_file
+
+
 # A shared corpus (datasets[].corpus.same_as, CORPUS_SOURCES): the source's prepared corpus,
 # copied with its manifest as alias_dataset_file copies (nothing downloaded or parsed), and
 # dataset.json, the source's corpus counts under this dataset's own settings (its title mode and

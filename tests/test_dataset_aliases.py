@@ -9,6 +9,7 @@ same collection?" (in-domain numbers, zero-shot targets, benchmarks) sees throug
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,27 @@ def test_an_alias_is_its_sources_entry_under_its_own_name(demo):
     assert resolved["scifact"] == source  # the source itself untouched
 
 
+def test_an_alias_may_set_its_own_title_mode_and_nothing_else(demo):
+    """bow.yaml's msmarco-passage-bow joins title + " " + text (the BoW authors' collators)
+    where its source joins title [SEP] text: the alias's `title` replaces its source's, an alias
+    of it inherits it, and the files it copies say where it differs (own_settings)."""
+    config = _with(demo, {"name": "scifact-sep", "same_as": "scifact", "title": "sep"},
+                   {"name": "scifact-sep-again", "same_as": "scifact-sep"},
+                   {"name": "scifact-space", "same_as": "scifact", "title": "space"})
+    experiment_config.validate(config)
+    resolved = {e["name"]: e for e in dataset_aliases.resolve(config["datasets"])}
+    source = resolved["scifact"]
+    assert source["title"] == "space"
+    assert resolved["scifact-sep"] == dict(source, name="scifact-sep", title="sep")
+    assert resolved["scifact-sep-again"] == dict(source, name="scifact-sep-again", title="sep")
+    assert resolved["scifact-space"] == dict(source, name="scifact-space")
+    # Its files are still scifact's (the chain's first entry); its title is its own where it
+    # differs from scifact's (scifact-space's does not: a plain copy).
+    assert dataset_aliases.sources(config["datasets"])["scifact-sep-again"] == "scifact"
+    assert dataset_aliases.own_settings(config["datasets"]) == {
+        "scifact-sep": {"title": "sep"}, "scifact-sep-again": {"title": "sep"}}
+
+
 def test_the_references_an_alias_takes_are_its_sources_splits(demo):
     """The checks of named splits read an alias (as written in the config) as its source."""
     config = _with(demo, {"name": "scifact-bow", "same_as": "scifact"})
@@ -76,8 +98,13 @@ def test_the_references_an_alias_takes_are_its_sources_splits(demo):
 @pytest.mark.parametrize("entry, words", [
     ({"name": "x", "same_as": "nowhere"}, ["datasets.2.same_as", "'nowhere'", "listed before"]),
     ({"name": "x", "same_as": "x"}, ["datasets.2.same_as", "this entry itself"]),
-    ({"name": "x", "same_as": "scifact", "title": "sep"},
-     ["datasets.2", "'title'", "name, same_as"]),
+    # Only the title mode is the alias's own: the query-id rule, the format and the files are
+    # the collection's under any name.
+    ({"name": "x", "same_as": "scifact", "exclude_query_id": False},
+     ["datasets.2", "'exclude_query_id'", "name, same_as, title"]),
+    ({"name": "x", "same_as": "scifact", "format": "beir"},
+     ["datasets.2", "'format'", "name, same_as, title"]),
+    ({"name": "x", "same_as": "scifact", "title": "[SEP]"}, ["datasets.2.title", "'[SEP]'"]),
 ])
 def test_a_bad_alias_is_refused_naming_the_key(demo, entry, words):
     message = _refusal(_with(demo, entry))
@@ -283,3 +310,88 @@ def test_an_aliass_bm25_row_names_the_jobs_that_made_its_index(tmp_path, title, 
         for p in ("bm25_search", "publish_bm25_run")], logs
     source = log_location(results, bm25, "scifact", Group("Sparse", [bm25]), None, params)
     assert source == f"`{results / 'logs' / 'build_bm25_index' / 'scifact.log'}`", source
+
+
+def _retitled(project: Path, title: str | None) -> None:
+    """The demo (bert alone) with scifact-bow, an alias of scifact (title: `title` where given),
+    fine-tuned with its own BM25 negatives and scored on its test split."""
+    def edit(config):
+        config["finetune"]["models"] = ["bert"]
+        config["datasets"].append({"name": "scifact-bow", "same_as": "scifact"}
+                                  | ({"title": title} if title else {}))
+        config["finetune"]["datasets"].append({"dataset": "scifact-bow", "split": "train"})
+        config["bm25"]["negatives"].append(
+            dict(config["bm25"]["negatives"][0], dataset="scifact-bow"))
+        config["evaluate"]["splits"].append(
+            {"dataset": "scifact-bow", "split": "test", "measures": ["nDCG@10"],
+             "relevance_level": 1})
+    edit_config(project, edit)
+
+
+# The jobs that join a passage's title and text with the dataset's title mode.
+ENCODING_RULES = ("finetune_stage1", "finetune_stage2", "mine_hard_negatives",
+                  "encode_corpus_shard", "dense_search")
+TITLE = re.compile(r'"title": ?"(\w+)"')
+
+
+def test_an_aliass_own_title_reaches_its_encoders_and_leaves_bm25_as_it_was(tmp_path):
+    """scifact-bow with title sep beside scifact's space: its fine-tuning, mining, encoding and
+    search jobs join title [SEP] text, every BM25 job (index copy, search, negatives) and every
+    other job is planned as for the alias without it, and its dataset.json is written with its
+    title where the alias without one copies scifact's."""
+    plans = {}
+    for title in (None, "sep"):
+        project = copy_project(tmp_path / str(title))
+        _retitled(project, title)
+        plans[title] = planned_params(project, "results/runs/scifact-bow/bert-stage2/test.trec",
+                                      "results/runs/scifact-bow/bm25/test.trec",
+                                      "results/datasets/scifact-bow/dataset.json")
+    before, after = plans[None], plans["sep"]
+    info = "results/datasets/scifact-bow/dataset.json"
+    assert ("alias_dataset_file", info) in before and ("alias_dataset_info", info) in after
+    assert set(before) - {("alias_dataset_file", info)} == set(after) - {
+        ("alias_dataset_info", info)}
+    assert json.loads(eval(after["alias_dataset_info", info]["named"]["info"])) == {
+        "title": "sep"}
+    encoders, bm25 = set(), set()
+    for key, job in after.items():
+        rule, outputs = key
+        if key not in before:
+            continue
+        if rule in ENCODING_RULES and "/scifact-bow/" in outputs:
+            encoders.add(rule)
+            titles = {t for v in job["named"].values() for t in TITLE.findall(v)}
+            assert titles == {"sep"}, (key, titles)
+            assert {t for v in before[key]["named"].values() for t in TITLE.findall(v)} == {
+                "space"}, key
+            swapped = [p.replace('"title":"sep"', '"title":"space"') for p in job["params"]]
+            assert swapped == before[key]["params"], key  # the title mode, nothing else
+        else:
+            assert (job["params"], job["input"]) == (before[key]["params"],
+                                                     before[key]["input"]), key
+            bm25 |= {rule} if "bm25" in rule and "/scifact-bow/" in outputs else set()
+    assert encoders == set(ENCODING_RULES), encoders
+    assert bm25 == {"alias_bm25_index", "bm25_search", "bm25_negatives", "publish_bm25_run"}, bm25
+
+
+def test_an_aliass_dataset_json_records_its_own_title_beside_its_copied_corpus(tmp_path):
+    """The corpus stores title and text apart (each encoder joins them), so the alias's corpus
+    stays a byte copy under another title mode; dataset.json, which records the mode, is its
+    source's with the alias's title, and reads as a dataset.json to the audit."""
+    project = copy_project(tmp_path / "project")
+    _retitled(project, "sep")
+    folder = project / "results" / "datasets"
+    targets = [f"results/datasets/scifact-bow/{n}" for n in ("corpus.parquet", "dataset.json")]
+    snakemake(project, *targets)
+    corpus = (folder / "scifact-bow" / "corpus.parquet").read_bytes()
+    assert corpus == (folder / "scifact" / "corpus.parquet").read_bytes()
+    source = json.loads((folder / "scifact" / "dataset.json").read_text())
+    assert source["title"] == "space"
+    assert json.loads((folder / "scifact-bow" / "dataset.json").read_text()) == dict(
+        source, title="sep")
+    audit = subprocess.run([sys.executable, "-m", "retrieval_pretraining.audit",
+                            *(str(project / t) for t in targets)],
+                           capture_output=True, text=True, cwd=project,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT / "workflow")))
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "title mode 'sep'" in audit.stdout, audit.stdout

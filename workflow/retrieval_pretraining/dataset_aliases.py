@@ -9,6 +9,14 @@ rules copy the source's prepared files (rules/retrieval.smk `alias_dataset_file`
 S must be an EARLIER entry; an alias of an alias is resolved to the first entry of the chain (its
 collection), which is where the files are copied from.
 
+An alias may set `title` (ALIAS_SETTINGS) and nothing else: how its encoders join a passage's
+title and text, which the corpus stores apart (corpus.parquet: title, text), so the copied corpus
+serves any mode; fine-tuning and encoding read it from the entry (rules/finetune.smk
+`finetune_knobs`), BM25 from the bm25 section (`bm25.overrides`), not from the entry. What else
+an entry says is its collection's (the query-id rule, the format, the files), the same under any
+name. Where its title differs from its collection's, its dataset.json (which records the title
+mode) is the source's with the alias's title in place (`own_settings`), not a copy.
+
 A shared corpus is the same at the corpus level: a full entry with `corpus: {same_as: S}` has
 its own splits, settings and downloads, and S's corpus (DPR's NQ and TriviaQA both read the 21M
 passages of psgs_w100). Its corpus.parquet is a copy of S's (rules/retrieval.smk
@@ -28,6 +36,8 @@ from __future__ import annotations
 from typing import Any
 
 ALIAS_KEYS = ("name", "same_as")
+# What an alias may set for itself beside ALIAS_KEYS: how its encoders join title and text.
+ALIAS_SETTINGS = ("title",)
 # What a shared corpus takes from its source's entry: the files the corpus is read from.
 CORPUS_REFS = ("corpus", "titles")
 
@@ -119,6 +129,21 @@ def sources(datasets: list[dict[str, Any]]) -> dict[str, str]:
     return found
 
 
+def own_settings(datasets: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{alias: {key: value}} of the ALIAS_SETTINGS in which an alias differs from the entry whose
+    files it copies (its collection: an alias of an alias inherits what its source sets), as
+    resolve() gives them; aliases that differ in none are left out. What its dataset.json holds
+    in place of the copied one's. Assumes problems() found none."""
+    resolved = {e["name"]: e for e in resolve(datasets)}
+    found = {}
+    for alias, source in sources(datasets).items():
+        settings = {k: resolved[alias][k] for k in ALIAS_SETTINGS
+                    if resolved[alias].get(k) != resolved[source].get(k)}
+        if settings:
+            found[alias] = settings
+    return found
+
+
 def corpus_sources(datasets: list[dict[str, Any]]) -> dict[str, str]:
     """{name: S} for each entry whose corpus is S's (`corpus: {same_as: S}`, as written: S's
     prepared corpus is what it copies, itself a copy where S shares one or is an alias)."""
@@ -136,14 +161,16 @@ def corpus_collection(name: str, aliases: dict[str, str], shared: dict[str, str]
 
 
 def resolve(datasets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """resolve_aliases(), and each entry that shares a corpus with its source's corpus file
-    references (CORPUS_REFS) in place of `corpus: {same_as}` (a copy): what the rules read.
+    """Each alias as its source's entry (resolved in turn) under its own name with the settings
+    it sets itself (ALIAS_SETTINGS), and each entry that shares a corpus with its source's corpus
+    file references (CORPUS_REFS) in place of `corpus: {same_as}` (a copy): what the rules read.
     Entries with neither are returned as they are."""
     full: dict[str, dict[str, Any]] = {}
     resolved = []
     for entry in datasets:
         if is_alias(entry):
-            entry = dict(full[entry["same_as"]], name=entry["name"])
+            own = {k: entry[k] for k in ALIAS_SETTINGS if k in entry}
+            entry = dict(full[entry["same_as"]], name=entry["name"]) | own
         elif shares_corpus(entry):
             source = full[entry["corpus"]["same_as"]]
             entry = {k: v for k, v in entry.items() if k != "corpus"} | {
