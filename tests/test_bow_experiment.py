@@ -84,8 +84,8 @@ def test_a_dry_run_plans_every_bow_table(tables_plan):
 def test_the_qa_sets_restart_stage_2_from_the_pretrained_encoder_at_p_len_256(tables_plan,
                                                                              dataset):
     """coCondenser's and the BoW authors' stage 2 restarts from the pre-trained encoder, and
-    passages are title [SEP] text at 256 tokens (Tevatron's coCondenser NQ example; 128 cut 76%
-    of the DPR sample's passages); the job planned for NQ / TriviaQA gets both."""
+    passages are cut at 256 tokens (Tevatron's coCondenser NQ example; 128 cut 76% of the DPR
+    sample's passages); the job planned for NQ / TriviaQA gets both."""
     from test_finetune_rules import job, stage_config, values
 
     stage2 = job(tables_plan, "finetune_stage2", model="bow", dataset=dataset,
@@ -162,6 +162,37 @@ def test_the_msmarco_tables_run_the_bow_authors_recipe_on_an_alias(tables_plan):
     zero_shot = job(tables_plan, "dense_search", model="bow", dataset="scifact-bow",
                     stage="stage2", split="test")["args"]
     assert any("msmarco-passage-bow/stage2" in a for a in zero_shot), zero_shot
+
+
+@pytest.mark.timeout(600)
+def test_the_bow_recipe_joins_title_and_text_with_a_space_and_bm25_indexes_as_before(
+        tables_plan):
+    """bowdpr's TrainCollator and EncodeCollator (finetune/data_utils.py: `self.separator = " "`)
+    feed title + " " + text: NQ, TriviaQA and the alias msmarco-passage-bow are `title: space` in
+    their fine-tuning and encoding, scifact-bow through scifact; BM25 indexes what it did before:
+    MS MARCO's text alone (bm25.overrides), the alias's index a copy of that one, DPR's passages
+    title + " " + text (bm25.title), trivia's a copy of nq's."""
+    from test_finetune_rules import job, stage_config
+
+    for model, dataset in (("bow", "nq"), ("bow", "trivia"),
+                           ("bow-marco", "msmarco-passage-bow"), ("bow", "scifact-bow")):
+        jobs = [j for j in tables_plan if j["wildcards"].get("dataset") == dataset
+                and j["wildcards"].get("model") == model
+                and j["rule"] in ("finetune_stage1", "finetune_stage2", "encode_corpus_shard",
+                                  "dense_search")]
+        rules = {j["rule"] for j in jobs}
+        assert rules >= {"encode_corpus_shard", "dense_search"}, (dataset, rules)
+        if dataset != "scifact-bow":  # zero-shot: encoded, not fine-tuned
+            assert rules >= {"finetune_stage1", "finetune_stage2"}, (dataset, rules)
+        for planned in jobs:
+            assert stage_config(planned["args"])["title"] == "space", (dataset, planned["rule"])
+    built = {j["wildcards"]["dataset"]: stage_config(j["args"])["title"]
+             for j in tables_plan if j["rule"] == "build_bm25_index"}
+    assert built == {"msmarco-passage": "none", "nq": "space", "scifact": "space"}, built
+    copied = {j["wildcards"]["dataset"] for j in tables_plan if j["rule"] == "alias_bm25_index"}
+    assert copied == {"msmarco-passage-bow", "trivia", "scifact-bow"}, copied
+    search = job(tables_plan, "bm25_search", dataset="msmarco-passage-bow", split="dev")
+    assert stage_config(search["args"])["title"] == "none"
 
 
 @pytest.mark.timeout(600)
