@@ -197,6 +197,7 @@ def test_settings_refuse_unknown_keys_naming_them_and_the_known_ones():
     ("temperature", 0), ("group_size", 0), ("gather", "yes"), ("lr", -1.0), ("warmup_ratio", 1.5),
     ("max_grad_norm", 0), ("precision", "fp8"), ("train_queries", 0), ("train_sample", -1),
     ("log_every_steps", 1.5), ("lr_schedule", "step"), ("min_lr_ratio", 1.0), ("warmup_steps", -1),
+    ("cache_chunk", 0), ("cache_chunk", 2.5),
 ])
 def test_settings_refuse_bad_values_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=key):
@@ -226,7 +227,8 @@ def test_settings_record_the_flat_knobs_the_manifest_always_held():
             "group_size", "batch_size", "sub_batches", "gather", "warmup_ratio", "weight_decay",
             "max_grad_norm", "epochs", "precision", "train_queries", "train_sample",
             "queries_without_negatives", "save_every_steps", "log_every_steps"} < set(record)
-    assert len(record) == 26 and record["projector"] is False
+    assert len(record) == 27 and record["projector"] is False
+    assert record["cache_chunk"] is None  # no gradient caching unless asked
     assert record["negative_files"] == "union"  # the rules' stage2_negatives separate: separate
     assert (record["lr_schedule"], record["min_lr_ratio"], record["warmup_steps"]) == (
         "linear", 0.0, None)
@@ -1018,7 +1020,7 @@ def test_a_fine_tuning_step_out_of_memory_names_the_key_that_lowers_the_micro_ba
     schema = ROOT / "workflow" / "retrieval_pretraining" / "schemas" / "finetune.schema.yaml"
     knobs = yaml.safe_load(schema.read_text())["$defs"]["knobs"]
     from retrieval_pretraining.finetune.settings import trainer_keys
-    assert _named_keys(message) == {"sub_batches", "group_size", "p_len", "gather"}
+    assert _named_keys(message) == {"sub_batches", "group_size", "p_len", "gather", "cache_chunk"}
     assert _named_keys(message) <= set(knobs) & trainer_keys()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -87,3 +89,63 @@ def micro_batch_loss(model: torch.nn.Module, queries: dict[str, torch.Tensor],
         return contrast_set_loss(q, p, group_size=settings.group_size,
                                  temperature=settings.temperature, gather=settings.gather,
                                  rank=rank)
+
+
+def rows(inputs: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
+    """Tokenised `inputs` cut into consecutive pieces of `size` rows (the last may be shorter)."""
+    total = len(next(iter(inputs.values())))
+    return [{k: v[start:start + size] for k, v in inputs.items()}
+            for start in range(0, total, size)]
+
+
+def cached_contrast_set(model: torch.nn.Module, encoder: torch.nn.Module,
+                        queries: dict[str, torch.Tensor], passages: dict[str, torch.Tensor],
+                        settings: FinetuneSettings, device: torch.device, rank: int, *,
+                        chunk: int, seed: Callable[[int], None], scale: float,
+                        sync: Callable[[bool], contextlib.AbstractContextManager]
+                        ) -> torch.Tensor:
+    """One micro-batch's loss and gradient, as micro_batch_loss then (loss x scale).backward(),
+    `chunk` queries (and their groups) a forward pass: gradient caching (Gao et al., "Scaling Deep
+    Contrastive Learning Batch Size under Memory Limited Setup", 2021), the method
+    pretrain/contrast_cache.py applies to pre-training's gathered contrast sets.
+
+    1. every chunk through `encoder` (the BiEncoder) without gradients, `seed(j)` before chunk j,
+       keeping only its query and passage vectors;
+    2. the contrast-set loss over all of them (gathered across processes as micro_batch_loss
+       gathers) and its gradient with respect to each vector;
+    3. every chunk again through `model` (DDP around the encoder, or it), with gradients, under
+       the same seed, so the same dropout: <vectors, cached gradient> backpropagated, inside
+       `sync(last)` (DDP's no_sync but for the micro-batch's last chunk when the step syncs).
+
+    Memory: one chunk's activations, not the micro-batch's; cost: one more forward pass. Returns
+    the loss's value (detached), the value micro_batch_loss would return."""
+    q_chunks, p_chunks = rows(queries, chunk), rows(passages, chunk * settings.group_size)
+    q_parts, p_parts = [], []
+    with torch.no_grad():
+        for j, (q_in, p_in) in enumerate(zip(q_chunks, p_chunks)):
+            seed(j)
+            with training.autocast(device, settings.precision):
+                q, p = encoder(q_in, p_in)
+            q_parts.append(q)
+            p_parts.append(p)
+    # fp32 leaves (float64 in tests): the loss scores in fp32 anyway (fp32_scores), and so does the
+    # cached gradient.
+    q = training.upcast(torch.cat(q_parts)).requires_grad_()
+    p = training.upcast(torch.cat(p_parts)).requires_grad_()
+    with training.autocast(device, settings.precision):
+        loss = contrast_set_loss(q, p, group_size=settings.group_size,
+                                 temperature=settings.temperature, gather=settings.gather,
+                                 rank=rank)
+    q_grads, p_grads = torch.autograd.grad(loss * scale, [q, p])
+    q_grads, p_grads = q_grads.split([len(x) for x in q_parts]), p_grads.split(
+        [len(x) for x in p_parts])
+    last = len(q_chunks) - 1
+    for j, (q_in, p_in) in enumerate(zip(q_chunks, p_chunks)):
+        seed(j)
+        with sync(j == last):
+            with training.autocast(device, settings.precision):
+                q, p = model(q_in, p_in)
+            surrogate = ((training.upcast(q) * q_grads[j]).sum()
+                         + (training.upcast(p) * p_grads[j]).sum())
+            surrogate.backward()
+    return loss.detach()

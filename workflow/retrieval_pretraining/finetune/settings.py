@@ -40,6 +40,9 @@ class FinetuneSettings:
     batch_size: int = 64            # queries per optimiser step, over all GPUs
     sub_batches: int = 1            # fixed contrast sets per batch (data.contrast_plan)
     gather: bool = False            # all-gather passages across GPUs within a contrast set
+    # Gradient caching (model.cached_contrast_set): a process's share of a contrast set is encoded
+    # this many queries (with their groups) a forward pass, twice; null = in one pass.
+    cache_chunk: int | None = None
     # Embed [CLS] through the model's pre-trained COSTA projector (COSTA Table 6, fine-tuning
     # phase); the exported folder then carries it (projector.py). Per model: a pretrain.models
     # entry's `finetune: {projector: true}`; the paper's main setting fine-tunes without it.
@@ -67,6 +70,7 @@ class FinetuneSettings:
                     "log_every_steps"):
             check_int(f"finetune.{key}", getattr(self, key), 1)
         check_bool("finetune.gather", self.gather)
+        check_int("finetune.cache_chunk", self.cache_chunk, 1, nullable=True)
         check_bool("finetune.projector", self.projector)
         if self.projector and self.retrieval.pooling != "cls":
             raise ConfigError(f"the model's finetune.projector (pretrain.models[].finetune) "

@@ -23,9 +23,9 @@ from .. import projector as text_projector
 from ..encode import (TOKENIZER_THREADS, encoder_state, projector_of, safe_threads,
                       tokenize)
 from ..parallel import bounded_map
-from .data import (ContrastPlan, contrast_plan, load_training_set, micro_batch_index,
-                   micro_batches_of_rank, step_queries)
-from .model import load_bi_encoder, micro_batch_loss
+from .data import (ContrastPlan, cached_chunk, contrast_plan, load_training_set,
+                   micro_batch_index, micro_batches_of_rank, step_queries)
+from .model import cached_contrast_set, load_bi_encoder, micro_batch_loss
 from .passages import PassageStore, write_passages
 from .schedule import build_schedule, warmup_steps
 from .settings import FinetuneSettings
@@ -48,6 +48,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     env = training.init_distributed()
     training.seed_everything(seed)  # draws outside the steps (dropout: per micro-batch, below)
     plan = contrast_plan(s, env.world_size)
+    per_pass = cached_chunk(s, plan)  # queries a forward pass when caching; None: not caching
     among = list(sample_among) if sample_among else None
     data = load_training_set(queries, qrels, corpus, list(negatives), s, seed, among)
     steps_per_epoch = len(data.query_ids) // s.batch_size
@@ -109,6 +110,12 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                  counts["queries_without_positive_in_corpus"], s.queries_without_negatives,
                  counts["queries_without_negatives_dropped"],
                  counts["queries_without_negatives_padded"])
+        if per_pass is not None:
+            log.info("gradient cache on (finetune.cache_chunk): each micro-batch of %d queries "
+                     "encoded %d queries (x %d passages) a forward pass, twice (without, then "
+                     "with gradients); the contrast set stays %d queries, %d negatives a query",
+                     plan.micro_batch, per_pass, s.group_size, plan.contrast_queries,
+                     plan.negatives_per_query)
         if "train_examples" in counts:  # negative_files separate: a query per file naming it
             log.info("each negatives file its own examples: %d an epoch, %s",
                      counts["train_examples"], {k: v for k, v in counts.items()
@@ -121,6 +128,7 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             log.info("low-resource sample %d of %d queries: %d of them trained", s.train_sample,
                      counts["train_queries_sampled"], data.num_queries)
         metrics.write({"step": start, "event": "start", **plan.record(),
+                       **({"cache_chunk": per_pass} if per_pass is not None else {}),
                        "train_queries": data.num_queries, **counts,
                        "world_size": env.world_size})
 
@@ -144,15 +152,26 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             tokens += int(qb["attention_mask"].sum() + pb["attention_mask"].sum())  # host tensors
             chunks.append(list(chunk))
             last = k == count - 1  # DDP averages gradients over ranks after it
-            sync = ddp.no_sync() if env.distributed and not last else contextlib.nullcontext()
+            def sync(syncs: bool) -> contextlib.AbstractContextManager:
+                return (ddp.no_sync() if env.distributed and not syncs
+                        else contextlib.nullcontext())
+
             # Dropout keyed by (seed, step, micro-batch), as in pre-training: a resumed job draws
             # the masks of the uninterrupted one on every rank (the state holds the main rank's
-            # RNG state alone), and any number of processes those of one.
-            training.seed_torch(seed, step, micro_batch_index(plan, s.gather, env.rank,
-                                                              env.world_size, k))
-            with sync, training.oom_guard(plan.micro_batch, "micro_batch", fix=oom_fix):
-                loss = micro_batch_loss(ddp, qb, pb, s, env.device, env.rank)
-                (loss / count).backward()
+            # RNG state alone), and any number of processes those of one. Cached: by (seed,
+            # step, micro-batch, chunk), the same in both passes.
+            index = micro_batch_index(plan, s.gather, env.rank, env.world_size, k)
+            if per_pass is None:
+                training.seed_torch(seed, step, index)
+                with sync(last), training.oom_guard(plan.micro_batch, "micro_batch", fix=oom_fix):
+                    loss = micro_batch_loss(ddp, qb, pb, s, env.device, env.rank)
+                    (loss / count).backward()
+            else:
+                with training.oom_guard(plan.micro_batch, "micro_batch", fix=oom_fix):
+                    loss = cached_contrast_set(
+                        ddp, model, qb, pb, s, env.device, env.rank, chunk=per_pass,
+                        seed=lambda j: training.seed_torch(seed, step, index, j),
+                        scale=1 / count, sync=lambda syncs: sync(last and syncs))
             losses.append(loss.detach().float().reshape(1))
         values = torch.stack(losses)  # [micro-batches, 1]
         # The norm even without clipping (max_norm inf scales by exactly 1): a finite loss can
@@ -243,7 +262,8 @@ def out_of_memory_fix(settings: FinetuneSettings, plan: ContrastPlan, world_size
     """What an out-of-memory error in a step tells the user (training.oom_guard's `fix`; with
     `adamw_bytes`, the error was in the optimiser step). No key lowers the micro-batch alone, as
     pre-training's micro_batch_size does: without gathering it is a whole contrast set, so a
-    smaller one contrasts each query with fewer negatives. Any setting changed starts afresh
+    smaller one contrasts each query with fewer negatives; cache_chunk shrinks a forward pass
+    instead, the contrast set kept (gradient caching). Any setting changed starts afresh
     (resume_settings): claim_state sets the old state aside."""
     s = settings
     split = f"batch_size {s.batch_size} / sub_batches {s.sub_batches}"
@@ -253,6 +273,12 @@ def out_of_memory_fix(settings: FinetuneSettings, plan: ContrastPlan, world_size
               "resumes: the GPU count is no setting)" if s.gather else
               "set 'finetune.gather' true and train on several GPUs: a contrast set is then split "
               "over them (a changed setting: step 0 too)")
+    chunk = cached_chunk(s, plan)
+    cache = ("set 'finetune.cache_chunk' below the micro-batch's queries (gradient caching: a "
+             "forward pass then holds that many queries' activations, for one more forward pass "
+             "a step; a changed setting: step 0 too)" if chunk is None else
+             f"lower 'finetune.cache_chunk' (now {chunk}: a forward pass holds that many "
+             "queries' activations; a changed setting: step 0 too)")
     where = "" if adamw_bytes is None else (
         f"in the optimiser step, whose first call allocates AdamW's state "
         f"({adamw_bytes / 2**30:.2f} GiB) beside the weights and their gradients, in the memory "
@@ -264,7 +290,7 @@ def out_of_memory_fix(settings: FinetuneSettings, plan: ContrastPlan, world_size
             f"in-batch negatives shrink with its contrast set (now {plan.negatives_per_query}), "
             "which changes what is trained; or lower 'finetune.group_size' or 'finetune.p_len'. "
             "Any of these restarts at step 0, the saved state moved aside, not deleted "
-            f"(training.claim_state). Or, keeping the negatives, {spread}")
+            f"(training.claim_state). Or, keeping the negatives, {spread}; or {cache}")
 
 
 def adamw_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -283,7 +309,7 @@ RESULT_NEUTRAL = ("save_every_steps", "log_every_steps")
 # states were trained on): left out of the job, so that a state written before them still resumes.
 SCHEDULE_DEFAULTS = {"lr_schedule": "linear", "min_lr_ratio": 0.0, "warmup_steps": None}
 # Likewise the knobs added later, whatever their kind: negatives files unioned, as before.
-LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union"}
+LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union", "cache_chunk": None}
 
 
 def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
