@@ -367,3 +367,27 @@ def test_nq_and_trivia_download_parse_and_index_dpr_s_passages_once(tmp_path):
         ("prepare_dataset_split", "trivia", None),
         ("share_dataset_corpus", "trivia", None),
     ], planned
+
+
+@pytest.mark.timeout(600)
+def test_the_bow_recipe_contrasts_the_whole_batch_through_the_gradient_cache(tables_plan):
+    """bowdpr's model gathers the whole batch: each query against 64 x 16 = 1,024 passages. bow.yaml
+    trains that set on one GPU: sub_batches 1 and cache_chunk 8 (8 queries x 16 passages a
+    forward pass), on both stages of msmarco-passage-bow, nq and trivia; paper.yaml's
+    msmarco-passage keeps COSTA's 8 sets of 8 queries, uncached."""
+    from retrieval_pretraining.finetune.data import cached_chunk, contrast_plan
+    from retrieval_pretraining.finetune.settings import FinetuneSettings
+    from test_finetune_rules import job, stage_config
+
+    for model, dataset in (("bow-marco", "msmarco-passage-bow"), ("bow", "nq"), ("bow", "trivia")):
+        for stage in ("stage1", "stage2"):
+            knobs = stage_config(job(tables_plan, f"finetune_{stage}", model=model,
+                                     dataset=dataset, stage=stage)["args"])
+            settings = FinetuneSettings.from_config(knobs)
+            plan = contrast_plan(settings, 1)
+            assert (knobs["sub_batches"], knobs["cache_chunk"], knobs["gather"]) == (
+                1, 8, False), (dataset, stage)
+            assert (plan.contrast_queries, plan.negatives_per_query) == (64, 1023), dataset
+            assert cached_chunk(settings, plan) == 8
+    paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
+    assert (paper["finetune"]["sub_batches"], paper["finetune"]["cache_chunk"]) == (8, None)
