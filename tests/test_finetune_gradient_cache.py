@@ -178,7 +178,8 @@ def test_two_gathering_processes_cache_to_the_gradient_of_one_graph_over_the_set
     query at a time (no_sync but for the last chunk); the averaged gradient must be the one-graph
     gradient of the set's loss with every chunk under its seed (dropout 0.3)."""
     knobs = {"q_len": 12, "p_len": 16, "group_size": 2, "batch_size": 4, "gather": True}
-    settings, plan, model, micro = _setup(base, tmp_path, dropout=0.3, **{**knobs, "sub_batches": 1})
+    settings, plan, model, micro = _setup(base, tmp_path, dropout=0.3,
+                                          **{**knobs, "sub_batches": 1})
     q_in, p_in = micro[0]
     q_in = rows(q_in, 4)[0]
     p_in = rows(p_in, 8)[0]

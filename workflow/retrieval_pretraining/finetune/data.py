@@ -80,9 +80,9 @@ def contrast_plan(settings: FinetuneSettings, world_size: int) -> ContrastPlan:
 
 def cached_chunk(settings: FinetuneSettings, plan: ContrastPlan) -> int | None:
     """The queries one forward pass encodes when a step caches gradients
-    (model.cached_contrast_set): `cache_chunk`, where it is smaller than a micro-batch (this process's share of a contrast set);
-    None (one pass a micro-batch) otherwise. The contrast set, and so negatives_per_query, is the
-    same either way."""
+    (model.cached_contrast_set): `cache_chunk`, where it is smaller than a micro-batch (this
+    process's share of a contrast set); None (one pass a micro-batch) otherwise. The contrast
+    set, and so negatives_per_query, is the same either way."""
     chunk = settings.cache_chunk
     return chunk if chunk is not None and chunk < plan.micro_batch else None
 

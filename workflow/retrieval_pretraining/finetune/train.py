@@ -170,8 +170,9 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                 with training.oom_guard(plan.micro_batch, "micro_batch", fix=oom_fix):
                     loss = cached_contrast_set(
                         ddp, model, qb, pb, s, env.device, env.rank, chunk=per_pass,
-                        seed=lambda j: training.seed_torch(seed, step, index, j),
-                        scale=1 / count, sync=lambda syncs: sync(last and syncs))
+                        seed=lambda j, step=step, index=index: training.seed_torch(
+                            seed, step, index, j),
+                        scale=1 / count, sync=lambda syncs, last=last: sync(last and syncs))
             losses.append(loss.detach().float().reshape(1))
         values = torch.stack(losses)  # [micro-batches, 1]
         # The norm even without clipping (max_norm inf scales by exactly 1): a finite loss can

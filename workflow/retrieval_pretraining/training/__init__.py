@@ -79,11 +79,11 @@ from .observe import (
     require_tensorboard,
 )
 from .optim import (
+    LR_SCHEDULES,
     accumulation_steps,
     autocast,
     build_optimizer,
     fp32_scores,
-    LR_SCHEDULES,
     lr_factor,
     lr_scheduler,
     seed_everything,
