@@ -92,6 +92,9 @@ def test_a_shared_corpus_reads_as_its_sources_corpus_files(demo):
     ({"corpus": {"same_as": "scifact"}},  # a BEIR folder, parsed otherwise
      ["datasets.3.corpus.same_as", "format dpr", "format beir", "alias"]),
     ({"titles": None}, ["datasets.3.titles", "belong to the corpus", f"'{DPR}'", "remove"]),
+    # The corpus is the source's copy, never sampled: a subset here was dropped without a word.
+    ({"subset": {"documents": 10, "seed": 0}},
+     ["datasets.3.subset", "copy of", f"'{DPR}'", "remove"]),
 ])
 def test_a_bad_shared_corpus_is_refused_in_one_message(demo, changes, words):
     message = _refusal(_with_sharing(demo, **changes))

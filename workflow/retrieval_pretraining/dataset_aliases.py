@@ -83,7 +83,8 @@ def problems(datasets: list[dict[str, Any]]) -> list[str]:
 def corpus_problems(datasets: list[dict[str, Any]]) -> list[str]:
     """Why the shared corpora (`corpus: {same_as: S}`) among `datasets` cannot be: S not an
     earlier entry, S of another format (a corpus is parsed by its format), a beir entry (which
-    reads its corpus from its folder), or `titles` on the sharing entry (they are the corpus's).
+    reads its corpus from its folder), or `titles` on the sharing entry (they are the corpus's), or
+    `subset` (its corpus is the source's copy, never sampled).
     Assumes the aliases resolve (problems())."""
     messages, full = [], {}
     for i, entry in enumerate(datasets):
@@ -115,6 +116,10 @@ def corpus_problems(datasets: list[dict[str, Any]]) -> list[str]:
                 messages.append(
                     f"{key}.titles': the titles belong to the corpus, which is that of '{source}' "
                     "(corpus.same_as): remove the key; the corpus is read with its source's")
+            elif "subset" in entry:
+                messages.append(
+                    f"{key}.subset': the corpus is a copy of '{source}''s (corpus.same_as), "
+                    "never sampled here: remove the key (a subset is a beir entry's own corpus)")
         full[datasets[i]["name"]] = entry
     return messages
 
