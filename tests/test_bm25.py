@@ -475,7 +475,7 @@ def test_json_collection_is_written_from_a_batched_scan(tmp_path, monkeypatch):
 def test_run_label_names_the_runs_own_k1_and_b():
     assert bm25.run_label(0.9, 0.4) == "BM25 (k1=0.9, b=0.4)"
     assert bm25.run_label(0.82, 0.68) == "BM25 (k1=0.82, b=0.68)"
-    assert bm25.run_label(1.0, 0.5) == "BM25 (k1=1, b=0.5)"  # as tables.bm25_label prints it
+    assert bm25.run_label(1.0, 0.5) == "BM25 (k1=1, b=0.5)"  # as tables.build.k1_b prints it
 
 
 def test_published_bm25_run_carries_its_manifest(tmp_path):

@@ -171,7 +171,7 @@ def test_marks_bold_and_legend_follow_the_tests(synthetic, tmp_path):
         assert not rows[f"bert-{stage}"]["cells"][0]["bold"]
     costa_value = np.mean(scores["costa-stage1"])
     assert f"**{costa_value:.3f}**†‡" in text
-    assert "BM25 (k1=0.9, b=0.4)" in text
+    assert "BM25 (k1=0.9, b=0.4, title + text)" in text
     assert "Legend:" in text and "two-tailed paired t-test" in text and "p ≤ 0.05" in text
     # Demo reference rows: the published anchors for SciFact.
     assert "0.679" in text and "0.645" in text and "Reference rows" in text
@@ -634,7 +634,8 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
                   {"nDCG@10": v, "R@100": v})
     snakemake(project, "-s", "Snakefile.report", "results/tables.md")
     text = (project / "results/tables.md").read_text()
-    assert "BM25 (k1=0.9, b=0.4)" in text and "| COSTA |" in text and "config hash" in text
+    assert "BM25 (k1=0.9, b=0.4, title + text)" in text
+    assert "| COSTA |" in text and "config hash" in text
     # The whole resolved config rides in the slice and is written: its hash is the one printed.
     resolved = json.loads((project / "results/report/tables.json").read_text())["resolved_config"]
     assert resolved["experiment"] == config["experiment"] and "pretrain" in resolved
@@ -746,15 +747,37 @@ def test_every_published_number_of_a_paper_is_the_one_in_the_reference_notes(pap
 
 def test_bm25_label_and_published_value_follow_each_datasets_own_k1_b():
     """bm25.overrides can give one dataset other k1/b: the label must say so, per dataset."""
-    p = params() | {"bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68},
-                                        "scifact": {"k1": 0.9, "b": 0.4}}}
+    p = params() | {"bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68, "title": "none"},
+                                        "scifact": {"k1": 0.9, "b": 0.4, "title": "none"}}}
     one = [{"dataset": "scifact"}]
-    assert bm25_row_label(p, one) == "BM25 (k1=0.9, b=0.4)"
+    assert bm25_row_label(p, one) == "BM25 (k1=0.9, b=0.4, text only)"
     both = [{"dataset": "msmarco-passage"}, {"dataset": "scifact"}]
     label = bm25_row_label(p, both)
-    assert label == "BM25 (msmarco-passage: k1=0.82, b=0.68; scifact: k1=0.9, b=0.4)", label
-    assert bm25_settings(p, "msmarco-passage") == {"k1": 0.82, "b": 0.68}
+    assert label == ("BM25 (text only; msmarco-passage: k1=0.82, b=0.68; "
+                     "scifact: k1=0.9, b=0.4)"), label
+    assert bm25_settings(p, "msmarco-passage") == {"k1": 0.82, "b": 0.68, "title": "none"}
     assert bm25_settings(p, "unlisted") == {"k1": 0.9, "b": 0.4, "title": "space"}  # shared
+
+
+def test_the_bm25_label_says_what_each_index_holds(synthetic, tmp_path):
+    """paper.yaml's BM25 indexes MS MARCO passage's text alone (bm25.overrides title: none) and
+    SciFact's title + text: one table of both must tell the two apart, not print one "BM25"."""
+    p = params() | {"bm25_by_dataset": {"msmarco-passage": {"k1": 0.9, "b": 0.4, "title": "none"},
+                                        "scifact": {"k1": 0.9, "b": 0.4, "title": "space"}}}
+    both = [{"dataset": "msmarco-passage"}, {"dataset": "scifact"}]
+    assert bm25_row_label(p, both) == (
+        "BM25 (k1=0.9, b=0.4; msmarco-passage: text only; scifact: title + text)")
+    assert bm25_row_label(p, both[:1]) == "BM25 (k1=0.9, b=0.4, text only)"
+    changed = p | {"bm25_by_dataset": {"msmarco-passage": {"k1": 0.82, "b": 0.68, "title": "none"},
+                                       "scifact": {"k1": 0.9, "b": 0.4, "title": "space"}}}
+    assert bm25_row_label(changed, both) == ("BM25 (msmarco-passage: k1=0.82, b=0.68, text only; "
+                                             "scifact: k1=0.9, b=0.4, title + text)")
+    # The table as written: the shared settings say title + text (SciFact, the demo's column).
+    results, _ = synthetic
+    make_tables(params(), results, tmp_path / "t.md")
+    assert "| BM25 (k1=0.9, b=0.4, title + text) |" in (tmp_path / "t.md").read_text()
+    assert bm25_row_label({"bm25": {"k1": 0.9, "b": 0.4}}, []) == (
+        "BM25 (k1=0.9, b=0.4, title not recorded)")
 
 
 def test_the_bm25_rows_published_number_is_the_one_for_its_datasets_own_k1_b(tmp_path):
@@ -770,7 +793,8 @@ def test_the_bm25_rows_published_number_is_the_one_for_its_datasets_own_k1_b(tmp
          "benchmark": "msmarco-passage-dev"}]}]
     summary = make_tables(p, results, tmp_path / "t.md")
     [bm25] = [r for g in summary["tables"]["passage"] for r in g["rows"]]
-    assert bm25["label"] == "BM25 (k1=0.82, b=0.68)" and bm25["cells"][0]["published"] == 0.1874
+    assert bm25["label"] == "BM25 (k1=0.82, b=0.68, text only)"
+    assert bm25["cells"][0]["published"] == 0.1874
 
 
 def test_zero_shot_provenance_names_the_encoder_it_used(tmp_path):

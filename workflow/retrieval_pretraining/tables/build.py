@@ -22,10 +22,17 @@ def _recorded(bm25: dict[str, Any] | None) -> bool:
     return bool(bm25) and bm25.get("k1") is not None and bm25.get("b") is not None
 
 
-def bm25_label(bm25: dict[str, Any] | None) -> str:
-    if _recorded(bm25):
-        return f"BM25 ({k1_b(bm25['k1'], bm25['b'])})"
-    return "BM25 (k1/b not recorded)"
+# What a BM25 index holds, by bm25.title (its own setting: the dataset entry's `title` is how the
+# encoders join title and text, so MS MARCO's encoders read titles its text-only index lacks).
+INDEXED = {"none": "text only", "space": "title + text"}
+
+
+def bm25_parts(bm25: dict[str, Any] | None) -> tuple[str, str]:
+    """(k1/b, indexed text) as a label prints them."""
+    bm25 = bm25 or {}
+    k1b = k1_b(bm25["k1"], bm25["b"]) if _recorded(bm25) else "k1/b not recorded"
+    title = bm25.get("title")
+    return k1b, INDEXED.get(title, f"title {title}") if title else "title not recorded"
 
 
 def bm25_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
@@ -35,15 +42,18 @@ def bm25_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
 
 
 def bm25_row_label(params: dict[str, Any], columns: list[dict[str, Any]]) -> str:
-    """One label when every column's BM25 used the same k1/b; otherwise each dataset's."""
-    per_dataset = {c["dataset"]: bm25_settings(params, c["dataset"]) for c in columns}
-    distinct = {(s.get("k1"), s.get("b")) for s in per_dataset.values()}
-    if len(distinct) <= 1:
-        return bm25_label(next(iter(per_dataset.values()), params.get("bm25")))
-    parts = [
-        f"{d}: {k1_b(s['k1'], s['b']) if _recorded(s) else 'k1/b not recorded'}"
-        for d, s in per_dataset.items()
-    ]
+    """The k1/b and the indexed text (title + text, or text only) every column's BM25 shares,
+    then each dataset's own where they differ: "BM25 (k1=0.9, b=0.4; msmarco-passage: text only;
+    scifact: title + text)". The title is always said: the papers' BM25 numbers differ by it."""
+    per_dataset = {c["dataset"]: bm25_parts(bm25_settings(params, c["dataset"])) for c in columns}
+    if not per_dataset:
+        return f"BM25 ({', '.join(bm25_parts(params.get('bm25')))})"
+    values = list(per_dataset.values())
+    shared = [i for i in range(2) if all(v[i] == values[0][i] for v in values)]
+    parts = [", ".join(values[0][i] for i in shared)] if shared else []
+    if len(shared) < 2:
+        parts += [f"{d}: {', '.join(v[i] for i in range(2) if i not in shared)}"
+                  for d, v in per_dataset.items()]
     return f"BM25 ({'; '.join(parts)})"
 
 
