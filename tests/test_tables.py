@@ -1702,3 +1702,29 @@ def test_the_low_resource_sections_title_and_model_labels_are_shown_as_written(t
     lines = text.splitlines()
     assert lines[0] == "### Low \\<resource> \\*N\\*", lines[0]
     assert any(line.startswith("| BoW (bow\\_mask15) | ") for line in lines), text
+
+
+@pytest.mark.parametrize("title", ["Table 3 #", "C# and F #", "###", "Table 3 ## "])
+def test_a_title_ending_in_hashes_keeps_them(synthetic, tmp_path, title):
+    """Markdown takes a heading's trailing run of `#` after a space for its closing sequence and
+    drops it: a title "Table 3 #" showed as "Table 3" (CommonMark, as markdown-it, a dependency
+    of rich, renders it). The run is written escaped, so tables.md and the report's HTML show the
+    title as written."""
+    from markdown_it import MarkdownIt
+
+    from retrieval_pretraining.tables.low_resource import low_resource
+    from retrieval_pretraining.tables.metrics import MetricsCache
+
+    results, _ = synthetic
+    p = params()
+    p["report"]["tables"][0]["title"] = title
+    make_tables(p, results, tmp_path / "t.md", html_out=tmp_path / "t.html")
+    shown = title.strip()
+    [line] = [line for line in (tmp_path / "t.md").read_text().splitlines()
+              if line.startswith("### ")]
+    assert MarkdownIt().render(line) == f"<h3>{shown}</h3>\n", line
+    assert f"<h3>{shown}</h3>" in (tmp_path / "t.html").read_text()
+    write_lowres(results, {("bow", 10): 1})
+    text, _ = low_resource({**lowres_spec(1, sizes=(10,)), "models": ["bow"], "title": title},
+                           p, MetricsCache(results), None)
+    assert MarkdownIt().render(text.splitlines()[0]) == f"<h3>{shown}</h3>\n", text

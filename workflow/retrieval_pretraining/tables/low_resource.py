@@ -11,7 +11,7 @@ import numpy as np
 from .. import artifacts
 from .layout import model_labels
 from .metrics import MetricsCache, measure_value
-from .render import escaped
+from .render import escaped, heading
 
 
 def low_resource(
@@ -41,7 +41,7 @@ def low_resource(
     over = (f"mean ± sd over {k} sampled training-query splits per size" if k > 1 else
             "one sampled training-query split per size, so a mean without sd")
     lines = [
-        f"### {escaped(spec.get('title') or 'Low-resource fine-tuning')}",
+        heading(spec.get("title") or "Low-resource fine-tuning"),
         "",
         f"{spec['dataset']} {spec['split']} {spec['measure']}, {over}.",
         "",

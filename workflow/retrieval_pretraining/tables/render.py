@@ -20,6 +20,13 @@ def escaped(label: str) -> str:
     return SPECIALS.sub(r"\\\1", label)
 
 
+def heading(title: str) -> str:
+    """A table's (or section's) title as a level-3 heading, shown as written: escaped, and a
+    trailing run of `#` escaped too, which Markdown would take for the heading's closing hashes
+    and drop ("Table 3 #" would show as "Table 3")."""
+    return "### " + re.sub(r"(#+\s*)$", r"\\\1", escaped(title))
+
+
 def fmt(value: float | None, decimals: int) -> str:
     return "–" if value is None else f"{value:.{decimals}f}"
 
@@ -50,7 +57,7 @@ def render_table(spec: dict[str, Any], groups: list[Group], params: dict[str, An
     decimals = params["report"].get("decimals", 3)
     cols = spec["columns"]
     lines = [
-        f"### {escaped(spec.get('title') or spec['name'])}",
+        heading(spec.get("title") or spec["name"]),
         "",
         "| system | " + " | ".join(escaped(column_label(c)) for c in cols) + " |",
         "|---|" + "---:|" * len(cols),
