@@ -1728,3 +1728,35 @@ def test_a_title_ending_in_hashes_keeps_them(synthetic, tmp_path, title):
     text, _ = low_resource({**lowres_spec(1, sizes=(10,)), "models": ["bow"], "title": title},
                            p, MetricsCache(results), None)
     assert MarkdownIt().render(text.splitlines()[0]) == f"<h3>{shown}</h3>\n", text
+
+
+def test_provenance_shows_system_and_dataset_names_as_written(tmp_path):
+    """Names are [A-Za-z0-9_.-] (the schemas): a `_` inside a word (msmarco_passage_bow) is no
+    emphasis, but one at a name's edge is: a dataset "_nq_" showed as an italic "nq" in the
+    provenance table and list (CommonMark with GitHub's tables, as markdown-it renders them).
+    They are escaped as the labels are; the report's HTML reads the escapes back."""
+    from markdown_it import MarkdownIt
+
+    from retrieval_pretraining import artifacts
+
+    results = tmp_path / "results"
+    path = artifacts.manifest_path(results / "datasets" / "_nq_" / "qrels-test.parquet")
+    path.parent.mkdir(parents=True)
+    artifacts.write_json(path, {"stats": {"judged_documents_missing": 0}, "params": {}})
+    p = params()
+    p["models"] = [{"name": "_x_", "objective": "costa"},
+                   {"name": "msmarco_passage_bow", "objective": "bow"}]
+    p["report"]["significance"]["baselines"] = []
+    p["report"]["tables"] = [{"name": "t", "columns": [
+        {"dataset": "_nq_", "split": "test", "measure": "nDCG@10"}], "rows": None}]
+    p["declared"] = {"qrels": ["_nq_/test"]}
+    make_tables(p, results, tmp_path / "t.md", allow_missing=True, html_out=tmp_path / "t.html")
+    text = (tmp_path / "t.md").read_text()
+    provenance = text[text.index("## Provenance"):]
+    page = MarkdownIt("commonmark").enable("table").render(provenance)
+    assert "<em>" not in page, page
+    for name in ("_x_-stage1", "msmarco_passage_bow-stage2", "_nq_/test"):
+        assert f"<td>{name}</td>" in page, name
+    assert "as the official evaluations do): _nq_/test 0</li>" in page, page
+    html = (tmp_path / "t.html").read_text()
+    assert "<td>_x_-stage1</td><td>_nq_/test</td>" in html and "): _nq_/test 0</li>" in html

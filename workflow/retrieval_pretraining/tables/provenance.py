@@ -14,6 +14,7 @@ from typing import Any
 from .. import artifacts
 from .layout import Group, Row
 from .metrics import Metrics, MetricsCache, metrics_path
+from .render import escaped
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -101,8 +102,10 @@ def provenance(
                         "| "
                         + " | ".join(
                             [
-                                row.system,
-                                f"{c['dataset']}/{c['split']}",
+                                # Names may hold `_` (the schemas' [A-Za-z0-9_.-]):
+                                # one at a name's edge ("_nq_") would open emphasis.
+                                escaped(row.system),
+                                escaped(f"{c['dataset']}/{c['split']}"),
                                 f"`{m.run}`" if m and m.run else "–",
                                 f"`{m.run_sha256[:16]}`" if m and m.run_sha256 else "–",
                                 f"`{metrics_path(results, c['dataset'], row.system, c['split'])}`",
@@ -150,7 +153,7 @@ def missing_judged_documents(results: Path, columns: list[tuple[str, str]]) -> l
             continue
         allowed = manifest.get("params", {}).get("max_missing_judged_documents", 0)
         note = f" (allowed: {allowed})" if missing else ""
-        counts.append(f"{dataset}/{split} {missing}{note}")
+        counts.append(f"{escaped(f'{dataset}/{split}')} {missing}{note}")
     if not counts:
         return []
     return [
