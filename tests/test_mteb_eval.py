@@ -224,3 +224,37 @@ def test_qrels_lines_end_at_newlines_only_as_the_workflow_reads_them(tmp_path):
     assert read == {"q\x1c1": {d: n % 3 for n, d in enumerate(ids)}}
     assert read == {"q\x1c1": dict(zip(workflow["doc_id"], workflow["relevance"]))}
     assert [q["id"] for q in queries] == ["q\x1c1"]
+
+
+@pytest.mark.parametrize("value, kind", [(["a"], "array"), ({"a": 1}, "object"), (None, "null"),
+                                         (True, "boolean"), (5.5, "number")])
+@pytest.mark.parametrize("name", ["corpus.jsonl", "queries.jsonl"])
+def test_a_beir_id_the_workflow_refuses_is_refused_here_too(tmp_path, name, value, kind):
+    """str() made ['a'], None, True or 5.5 an id ("['a']", "None", ...) that no qrels line names,
+    where the workflow's BEIR readers refuse it (dataset_files.record_id): MTEB scored a corpus
+    the workflow would not prepare. Both refuse it naming the file, line and value; an integer
+    id stays its digits in both, so the two read the same files the same way."""
+    import re
+
+    from retrieval_pretraining import dataset_files
+    from retrieval_pretraining.contracts.datasets import DatasetError
+
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+    good = {"corpus.jsonl": '{"_id": 5, "text": "t"}\n',
+            "queries.jsonl": '{"_id": 7, "text": "t"}\n'}
+    for file, line in good.items():
+        bad = json.dumps({"_id": value, "text": "t"}) + "\n" if file == name else ""
+        (tmp_path / file).write_text(line + bad)
+    message = rf"{name}, line 2: '_id' is a JSON {kind} \({re.escape(json.dumps(value))}\), not a"
+    with pytest.raises(DatasetError, match=message):
+        mteb_eval.read_beir(tmp_path, "test")
+    with pytest.raises(DatasetError, match=message):
+        if name == "corpus.jsonl":
+            list(dataset_files.read_jsonl_corpus_batches(tmp_path / name))
+        else:
+            dataset_files.read_jsonl(tmp_path / name, ("_id", "text"))
+    (tmp_path / name).write_text(good[name])  # the integer ids alone: read as the qrels name them
+    corpus, queries, qrels = mteb_eval.read_beir(tmp_path, "test")
+    assert [d["id"] for d in corpus] == ["5"] and [q["id"] for q in queries] == ["7"]
+    assert qrels == {"7": {"5": 1}}

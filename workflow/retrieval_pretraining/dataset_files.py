@@ -101,7 +101,7 @@ def _text(record: dict, field: str, where: str, number: int) -> str | None:
                        "string; a title or text is a JSON string (or null)")
 
 
-def _record_id(value: Any, where: str, number: int) -> str:
+def record_id(value: Any, where: str, number: int) -> str:
     """A BEIR `_id` as the string the qrels name it by: a JSON string as written, an integer as its
     decimal digits (so a corpus id 5 matches a qrels id "5"). Anything else (null, a boolean, a
     fraction, an array, an object) is refused, naming the line: str() made "None", "True" or
@@ -125,7 +125,7 @@ def read_jsonl(
     path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, list]:
     """Columns `fields` (+ `optional`, default "") of a JSON-lines file; ids are read as strings
-    (_record_id)."""
+    (record_id)."""
     columns: dict[str, list] = {f: [] for f in fields + optional}
     with open_text(path) as handle:
         for number, record in json_objects(handle, str(path), fields):
@@ -135,7 +135,7 @@ def read_jsonl(
                         f"{path}, line {number}: missing field {field!r}; BEIR files need "
                         f"{', '.join(fields)}"
                     )
-                columns[field].append(_record_id(record[field], str(path), number)
+                columns[field].append(record_id(record[field], str(path), number)
                                       if field == "_id"
                                       else _text(record, field, str(path), number))
             for field in optional:
@@ -162,7 +162,7 @@ def read_jsonl_corpus_batches(
             if missing:
                 raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "
                                    f"line needs {', '.join(fields)} (title optional)")
-            columns["doc_id"].append(_record_id(record["_id"], str(path), number)
+            columns["doc_id"].append(record_id(record["_id"], str(path), number)
                                      if "_id" in record else str(position))
             columns["title"].append(_text(record, "title", str(path), number) or "")
             columns["text"].append(_text(record, "text", str(path), number))

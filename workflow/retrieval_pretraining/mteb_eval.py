@@ -40,12 +40,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from .config import ConfigError, stage_parser
 from .contracts.models import PROJECTOR_FILE
+from .dataset_files import json_objects, open_text, record_id
 from .errors import InputFileError, command, reading
 from .retrieval_settings import PREFIX_KEYS, RetrievalSettings
 
@@ -93,19 +94,21 @@ def read_beir(folder: Path, split: str) -> tuple[list[dict], list[dict], dict[st
                 query, doc, grade = line.split("\t")[:3]
                 qrels.setdefault(query, {})[doc] = int(float(grade))
     with reading(folder / "queries.jsonl", "a BEIR queries JSONL"):
-        queries = [{"id": str(r["_id"]), "text": r["text"]}
-                   for r in _jsonl(folder / "queries.jsonl") if str(r["_id"]) in qrels]
+        queries = [{"id": i, "text": r["text"]}
+                   for i, r in _jsonl(folder / "queries.jsonl") if i in qrels]
     with reading(folder / "corpus.jsonl", "a BEIR corpus JSONL"):
-        corpus = [{"id": str(r["_id"]), "title": r.get("title") or "", "text": r.get("text") or ""}
-                  for r in _jsonl(folder / "corpus.jsonl")]
+        corpus = [{"id": i, "title": r.get("title") or "", "text": r.get("text") or ""}
+                  for i, r in _jsonl(folder / "corpus.jsonl")]
     return corpus, queries, qrels
 
 
-def _jsonl(path: Path):
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield json.loads(line)
+def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    """(id, record) of each line of a BEIR JSONL file, read as the workflow's readers read it
+    (dataset_files): an integer `_id` as its digits; null, a boolean, a fraction, an array or an
+    object refused naming the line, where str() made "None" or "['a']" an id no qrels line names."""
+    with open_text(path) as handle:
+        for number, record in json_objects(handle, str(path), ("_id", "text")):
+            yield record_id(record["_id"], str(path), number), record
 
 
 def local_task(name: str, folder: Path, split: str):
