@@ -317,7 +317,8 @@ def write_run(
 
 
 def run_label(k1: float, b: float) -> str:
-    """The table row label of a run: the k1/b THIS run used (per-dataset overrides included)."""
+    """The label a run's manifest records: the k1/b THIS run used (per-dataset overrides
+    included). A table's row label adds what the index holds (tables/build.py bm25_parts)."""
     return f"BM25 (k1={k1:g}, b={b:g})"
 
 

@@ -12,8 +12,8 @@ from .metrics import Metrics, MetricsCache, MetricsError, measure_name, measure_
 from .significance import mark_best, mark_significance
 
 
-# Same format as bm25.run_label, the label each BM25 run records (not imported: bm25.py belongs to
-# the Pyserini toolchain, which the tables' environment does not carry).
+# The k1/b part of bm25.run_label, the label each BM25 run records (not imported: bm25.py belongs
+# to the Pyserini toolchain, which the tables' environment does not carry).
 def k1_b(k1: float, b: float) -> str:
     return f"k1={k1:g}, b={b:g}"
 
