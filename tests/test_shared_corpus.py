@@ -208,3 +208,30 @@ def test_a_shared_corpuss_bm25_row_names_the_source_s_index_build(tmp_path):
     jobs = planned_params(project, "results/tables.md")
     tables = next(job for (rule, _), job in jobs.items() if rule == "make_tables")
     assert json.loads(eval(tables["named"]["tables"]))["bm25_index_copies"] == {SHARED: DPR}
+
+
+def test_a_split_missing_from_a_shared_corpus_names_the_corpus_it_read(tmp_path):
+    """The missing-documents refusal of the sharing entry's split named the corpus file under
+    its own download folder, where it never is (nothing of the corpus is fetched for it): it
+    names the copy the split was checked against, and whose corpus that is."""
+    project = copy_project(tmp_path / "project")
+    records = json.loads((project / "data" / DPR / "biencoder-nq-train.json").read_text())
+    records[0]["positive_ctxs"][0]["passage_id"] = "999999"  # no passage of the sample
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps(records))
+
+    def edit(config):
+        source = _dpr_entry(project)
+        shared = _sharing(source)
+        shared["splits"] = [{"name": "train", "biencoder": {"download": "train.json"}}]
+        shared["downloads"] = [{"file": "train.json", "url": train.as_uri()}]
+        config["datasets"] += [source, shared]
+    edit_config(project, edit)
+    result = snakemake(project, f"results/datasets/{SHARED}/queries-train.parquet", check=False)
+    assert result.returncode != 0
+    log = project / "results" / "logs" / "prepare_dataset_split" / SHARED / "train.log"
+    said = " ".join(log.read_text().split())
+    assert "'999999'" in said, said
+    assert f"downloads/datasets/{SHARED}/psgs_w100" not in said, said
+    assert f"results/datasets/{SHARED}/corpus.parquet" in said, said
+    assert f"a copy of '{DPR}'" in said, said

@@ -226,7 +226,7 @@ def prepare_split(
                            "queries_without_qrels": queries.height - stats["queries"]}
     allowed = entry.get("max_missing_judged_documents", 0)
     if stats["judged_documents_missing"] > allowed:
-        corpus = corpus_source(entry, data_root, downloads)
+        corpus = checked_corpus(entry, out_dir, data_root, downloads)
         raise DatasetError(
             missing_documents_message(entry, split, stats, allowed, qrels_input, corpus)
         )
@@ -282,6 +282,22 @@ def prepare_answers(
                              inputs=_small_inputs(inputs), stats=stats)
     log.info("%s/%s answers: %s", entry["name"], split, stats)
     return stats
+
+
+def checked_corpus(entry: dict[str, Any], out_dir: Path, data_root: str | None,
+                   downloads: Path | None) -> str:
+    """The corpus a split was checked against, as a message names it: the file the entry names,
+    or, where its corpus.parquet was prepared for another dataset (its manifest says whose: a
+    shared corpus, `corpus.same_as`, is a copy), the copy and whose it is. A copy's file is under
+    its source's downloads, not `downloads` (the entry's own), where a message would send a user
+    looking for a file that was never fetched."""
+    path = out_dir / "corpus.parquet"
+    manifest = artifacts.manifest_path(path)
+    params = (artifacts.read_json(manifest).get("params") or {}) if manifest.is_file() else {}
+    owner = params.get("name")
+    if owner is None or owner == entry["name"]:
+        return corpus_source(entry, data_root, downloads)
+    return f"{path} (a copy of {owner!r}'s corpus, corpus.same_as)"
 
 
 def missing_documents_message(
