@@ -14,12 +14,14 @@ def report_models():
     return [
         {k: m[k] for k in ("name", "objective", "reuse_pretraining") if k in m}
         | {
-            # An alias (datasets[].same_as) is its source's collection: in-domain too.
+            # An alias (datasets[].same_as) is its source's collection, and a shared corpus
+            # (datasets[].corpus.same_as) its source's passages: in-domain too.
             "pretrained_on": dataset_aliases.same_collection(
                 corpora_lib.pretraining_datasets(
                     config["pretrain"], config["corpus"], m["name"]
                 ),
                 DATASET_ALIASES,
+                CORPUS_SOURCES,
             ),
             "base": paper_numbers.pretraining_base(
                 config["pretrain"], config["checkpoints"], m["name"]

@@ -23,6 +23,7 @@ from workflow_harness import (
     ROOT,
     copy_project,
     edit_config,
+    merged_configs,
     planned_params,
     planned_rules,
     snakemake,
@@ -235,3 +236,26 @@ def test_a_split_missing_from_a_shared_corpus_names_the_corpus_it_read(tmp_path)
     assert f"downloads/datasets/{SHARED}/psgs_w100" not in said, said
     assert f"results/datasets/{SHARED}/corpus.parquet" in said, said
     assert f"a copy of '{DPR}'" in said, said
+
+
+def test_a_model_pre_trained_on_a_shared_corpus_is_in_domain_on_every_dataset_over_it(tmp_path):
+    """In-domain is about the passages pre-training read, which two datasets over one corpus
+    share: a model pre-trained on the source's corpus is in-domain on the sharing entry's columns
+    (and the other way round), as it is on an alias's; its questions play no part in it."""
+    project = copy_project(tmp_path / "project")
+    config = merged_configs(project / "config.yaml",
+                            ROOT / "workflow" / "experiments" / "small.yaml")
+    source = _dpr_entry(project)
+    config["datasets"] += [source, _sharing(source)]
+    config["corpus"]["corpora"] += [{"name": "dpr-texts", "source": "dataset", "dataset": DPR},
+                                    {"name": "shared-texts", "source": "dataset",
+                                     "dataset": SHARED}]
+    models = {m["name"]: m for m in config["pretrain"]["models"]}
+    models["mlm"]["corpus"], models["costa"]["corpus"] = "dpr-texts", "shared-texts"
+    (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    jobs = planned_params(project, "results/tables.md")
+    tables = next(job for (rule, _), job in jobs.items() if rule == "make_tables")
+    planned = {m["name"]: m for m in json.loads(eval(tables["named"]["tables"]))["models"]}
+    assert planned["mlm"]["pretrained_on"] == [DPR, SHARED], planned["mlm"]
+    assert planned["costa"]["pretrained_on"] == [DPR, SHARED], planned["costa"]
+    assert planned["bow"]["pretrained_on"] == ["scifact"], planned["bow"]  # unchanged

@@ -25,7 +25,8 @@ S's (`copied_bm25_indexes`), and resolve() gives it S's corpus file references (
 `titles`), so that everything reading its entry reads the corpus it read when it named the file
 itself. S must be an earlier entry of the same format (the format decides how a corpus is
 parsed); a chain (S's corpus shared in turn, or S an alias) is the first entry's corpus, as for
-aliases. The `titles` belong to the corpus: the sharing entry names none.
+aliases. The `titles` belong to the corpus: the sharing entry names none. In-domain checks
+(same_collection) see through it: they are about the passages pre-training read.
 
 Read at parse time only (config.validate, rules/common.smk): no stage imports it, so it is no
 job's code input (code_deps.PARSE_TIME_IMPORTS).
@@ -190,11 +191,15 @@ def collection(name: str, aliases: dict[str, str]) -> str:
     return aliases.get(name, name)
 
 
-def same_collection(names: list[str], aliases: dict[str, str]) -> list[str]:
-    """Every dataset name that is the same collection as one of `names` (the names, their
-    sources and every alias of either; `aliases`: sources()), sorted: what an in-domain check
-    compares a column's dataset with (a model pre-trained on msmarco-passage is in-domain on its
-    alias's columns too). Without aliases: `names`, sorted."""
-    wanted = {collection(n, aliases) for n in names}
-    every = set(names) | set(aliases) | set(aliases.values())
-    return sorted(n for n in every if collection(n, aliases) in wanted)
+def same_collection(names: list[str], aliases: dict[str, str],
+                    shared: dict[str, str]) -> list[str]:
+    """Every dataset name over the same corpus as one of `names` (the names, their sources, every
+    alias of either, and every entry that shares a corpus with them; `aliases`: sources(),
+    `shared`: corpus_sources()), sorted: what an in-domain check compares a column's dataset with.
+    In-domain is about the passages pre-training read, so a model pre-trained on msmarco-passage
+    is in-domain on its alias's columns too, and one pre-trained on NQ's corpus on TriviaQA's,
+    which is NQ's (the questions differ; pre-training never reads them). Without aliases or
+    shared corpora: `names`, sorted."""
+    wanted = {corpus_collection(n, aliases, shared) for n in names}
+    every = set(names) | set(aliases) | set(aliases.values()) | set(shared) | set(shared.values())
+    return sorted(n for n in every if corpus_collection(n, aliases, shared) in wanted)
