@@ -250,3 +250,38 @@ def test_the_loop_with_the_cache_logs_the_uncached_loss_and_says_caching_is_on(t
                                                            rel=1e-4)
     manifest = json.loads((tmp_path / "cached" / "manifest.json").read_text())
     assert manifest["params"]["cache_chunk"] == 2
+
+
+def test_a_chunk_that_covers_the_micro_batch_is_accepted_said_and_resumes_as_none(
+        tmp_path, caplog):
+    """cache_chunk 4 with contrast sets of 4 (batch 8, sub_batches 2) caches nothing: one pass
+    encodes each micro-batch, as without the key. It was accepted without a word, and a state
+    written without it (or with it) did not resume under the other though the steps are the same:
+    the log says caching is off and why, and a chunk no micro-batch on any GPU count exceeds (the
+    contrast set's queries or more) is the same resumable setting as none."""
+    import logging
+
+    from retrieval_pretraining.finetune.train import resume_settings
+
+    data = tiny_dataset(tmp_path / "data")
+    base = tiny_encoder(tmp_path / "base")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "sub_batches": 2,
+           "epochs": 1, "log_every_steps": 1, "cache_chunk": 4}
+    with caplog.at_level(logging.INFO, logger="retrieval_pretraining.finetune.train"):
+        assert fine_tune(cfg, base, data, [data["bm25"]], seed=1, out=tmp_path / "out",
+                         state_dir=tmp_path / "state", metrics_path=tmp_path / "m.jsonl") == 0
+    said = " ".join(caplog.text.split())
+    assert "gradient cache on" not in said
+    assert "finetune.cache_chunk 4 covers the micro-batch of 4 queries" in said, said
+    assert "no gradient cache" in said, said
+    start = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[0])
+    assert "cache_chunk" not in start
+    settings = FinetuneSettings.from_config
+    plain = resume_settings(settings({"batch_size": 8, "sub_batches": 2}))
+    for chunk in (4, 5, 64):  # never below a micro-batch: the uncached step
+        assert resume_settings(settings({"batch_size": 8, "sub_batches": 2,
+                                         "cache_chunk": chunk})) == plain, chunk
+    # Below the contrast set: caching on some GPU count (gather splits a set), so its own.
+    for gather in (False, True):
+        assert resume_settings(settings({"batch_size": 8, "sub_batches": 2, "gather": gather,
+                                         "cache_chunk": 3}))["cache_chunk"] == 3

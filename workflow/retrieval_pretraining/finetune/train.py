@@ -116,6 +116,11 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
                      "with gradients); the contrast set stays %d queries, %d negatives a query",
                      plan.micro_batch, per_pass, s.group_size, plan.contrast_queries,
                      plan.negatives_per_query)
+        elif s.cache_chunk is not None:  # accepted: the same key may cache at another GPU count
+            log.info("finetune.cache_chunk %d covers the micro-batch of %d queries (this "
+                     "process's share of a contrast set): each is encoded in one forward pass, "
+                     "no gradient cache; it caches below %d", s.cache_chunk, plan.micro_batch,
+                     plan.micro_batch)
         if "train_examples" in counts:  # negative_files separate: a query per file naming it
             log.info("each negatives file its own examples: %d an epoch, %s",
                      counts["train_examples"], {k: v for k, v in counts.items()
@@ -315,8 +320,14 @@ LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union", "cache_chunk":
 
 def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
     """The settings a resumable state must match: all but RESULT_NEUTRAL (and LATER_DEFAULTS's
-    knobs while they hold their defaults)."""
-    return {k: v for k, v in settings.record().items() if k not in RESULT_NEUTRAL
+    knobs while they hold their defaults). A cache_chunk of a contrast set's queries or more is
+    none: no micro-batch on any GPU count is larger (data.cached_chunk), so its steps are the
+    uncached ones and a state written with or without it resumes under the other."""
+    record = settings.record()
+    chunk = record.get("cache_chunk")
+    if chunk is not None and chunk >= settings.batch_size // settings.sub_batches:
+        record["cache_chunk"] = None
+    return {k: v for k, v in record.items() if k not in RESULT_NEUTRAL
             and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
 
 
