@@ -696,3 +696,28 @@ def test_a_split_listed_twice_in_evaluate_splits_fails_the_dry_run(demo, tmp_pat
     expected = (f"evaluate.splits.{len(splits) - 1} lists {splits[0]['dataset']} "
                 f"{splits[0]['split']} again (evaluate.splits.0)")
     assert expected in output, output
+
+
+@pytest.mark.parametrize("stage1_init", ["pretrained", "scifact-full/stage0"])
+def test_a_projector_model_s_untrained_stage1_on_the_pre_trained_encoder_is_refused(demo,
+                                                                                  stage1_init):
+    """stage1: init on the pre-trained encoder makes stage 1 that folder, which has no
+    projector.safetensors: a model fine-tuned through COSTA's projector would mine round 1 (and
+    score its stage-1 rows) on the raw [CLS], and train every later stage through the
+    projector. A fine-tuned stage as the init (its folder carries the projector) stays
+    accepted, and so does the same stage 1 for a model without the projector."""
+    config = copy.deepcopy(demo)
+    scifact = config["finetune"]["datasets"][0]
+    scifact["overrides"] = {"stage1": "init", "stage1_init": stage1_init}
+    if stage1_init != "pretrained":
+        config["finetune"]["datasets"].append({"dataset": "scifact-full", "split": "test"})
+    experiment_config.validate(config)
+    references.check(config)  # no model embeds through a projector
+    costa = next(m for m in config["pretrain"]["models"] if m["name"] == "costa")
+    costa["finetune"] = {"projector": True}
+    experiment_config.validate(config)
+    with pytest.raises(experiment_config.ConfigError,
+                       match=r"'finetune.stage1' on 'scifact': .*raw \[CLS\].*costa"):
+        references.check(config)
+    scifact["overrides"]["stage1"] = "bm25"
+    references.check(config)  # stage 1 is trained: it embeds through the projector

@@ -30,6 +30,7 @@ def check(config: dict[str, Any]) -> None:
     A dataset alias (same_as) is read as its source's entry, whose splits it has."""
     config = config | {"datasets": dataset_aliases.resolve(config["datasets"])}
     messages = split_mistakes(config) + stage1_init_mistakes(config) + mining_mistakes(config)
+    messages += projector_stage1_mistakes(config)
     messages += bm25_override_mistakes(config)
     messages = list(dict.fromkeys(messages + report_stage_mistakes(config)))
     if messages:
@@ -121,6 +122,53 @@ def stage1_init_mistakes(config: dict[str, Any]) -> list[str]:
             continue
         if mistake := _stage_mistake(key, stage, dataset, rounds):
             messages.append(mistake)
+    return messages
+
+
+def _untrained_stage1_source(config: dict[str, Any], dataset: str) -> str | None:
+    """The `stage1_init` source of `dataset`'s stage 1 when that stage is the pre-trained
+    encoder itself, untrained (rules/finetune.smk encoder_path: stage1: init on stage1_init
+    pretrained, a `<dataset>/stage0`, or another such stage 1), else None."""
+    entries = {entry["dataset"]: entry.get("overrides", {})
+               for entry in config["finetune"]["datasets"]}
+    seen = set()
+    while dataset in entries and dataset not in seen:
+        seen.add(dataset)
+        knobs = config["finetune"] | entries[dataset]
+        if knobs["stage1"] != "init":
+            return None
+        source = knobs["stage1_init"]
+        if source == "pretrained":
+            return source
+        dataset, stage = source.split("/")
+        match = STAGE.fullmatch(stage)
+        if not match or int(match["number"]) > 1:
+            return None  # a fine-tuned stage (or stage1_init_mistakes' to report)
+        if int(match["number"]) == 0:
+            return source
+    return None
+
+
+def projector_stage1_mistakes(config: dict[str, Any]) -> list[str]:
+    """A model fine-tuned through COSTA's projector (pretrain.models[].finetune.projector) cannot
+    have a stage 1 that is the pre-trained encoder itself (stage1: init on the pre-trained
+    encoder): that folder has no projector.safetensors, so the stage's corpus encoding, mining of
+    round 1 and runs would embed the raw [CLS], while every stage trained after it embeds through
+    the projector."""
+    projected = [model["name"] for model in config["pretrain"]["models"]
+                 if (model.get("finetune") or {}).get("projector")
+                 and model["name"] in finetune_models(config)]
+    messages = []
+    for entry in config["finetune"]["datasets"] if projected else []:
+        source = _untrained_stage1_source(config, entry["dataset"])
+        if source is None:
+            continue
+        messages.append(
+            f"config key 'finetune.stage1' on '{entry['dataset']}': stage 1 is the pre-trained "
+            f"encoder itself (stage1: init from '{source}'), which embeds the raw [CLS], but "
+            f"{', '.join(projected)} fine-tune through the pre-trained projector "
+            "(pretrain.models[].finetune.projector): round 1 would be mined with other vectors "
+            "than the model trains; set stage1: bm25, or stage1_init to a fine-tuned stage")
     return messages
 
 
