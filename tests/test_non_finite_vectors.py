@@ -193,3 +193,32 @@ def test_mining_over_a_flat_index_smaller_than_the_depth_does_not_warn(tmp_path,
                                   seed=0)
     assert stats["candidates_per_query_min"] == 4
     assert "nprobe" not in caplog.text
+
+
+@pytest.mark.parametrize("knobs", [{"type": "ivf", "nlist": 100, "nprobe": 64},
+                                   {"type": "hnsw", "hnsw_m": 32, "ef_search": 256}])
+def test_an_approximate_index_smaller_than_the_depth_says_so_not_raise_nprobe(knobs, tmp_path,
+                                                                             monkeypatch, caplog):
+    """An approximate index that searched the whole of a corpus smaller than the depth was told
+    to raise nprobe or ef_search: no setting finds more than the corpus holds."""
+    vectors = np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32)
+    index = faiss_index.build(vectors, knobs)
+    with caplog.at_level(logging.INFO, logger=dense_search.__name__):
+        stats = _dense_run(tmp_path, monkeypatch, index, depth=200)
+    assert stats["candidates_per_query_min"] == 100
+    searched = [r for r in caplog.records if r.name == dense_search.__name__]
+    assert not [r for r in searched if r.levelno >= logging.WARNING]
+    assert not [r for r in searched if "nprobe" in r.getMessage()]
+    assert ("5 of 5 queries got fewer than the 200 candidates asked (min 100): the index holds "
+            "only 100 documents") in caplog.text
+
+
+def test_an_ivf_index_smaller_than_the_depth_that_misses_some_still_warns(tmp_path, monkeypatch,
+                                                                          caplog):
+    """A corpus smaller than the depth does not hide an index that found less than all of it."""
+    vectors = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    index = faiss_index.build(vectors, {"type": "ivf", "nlist": 10, "nprobe": 1})
+    with caplog.at_level(logging.WARNING, logger=dense_search.__name__):
+        stats = _dense_run(tmp_path, monkeypatch, index, depth=1000)
+    assert stats["candidates_per_query_min"] < 399
+    assert "raise nprobe or ef_search in mining.index" in caplog.text

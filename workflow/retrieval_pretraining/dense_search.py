@@ -105,26 +105,31 @@ def counting(rankings: Iterable[tuple], counts: list[int]) -> Iterable[tuple]:
         yield ranking
 
 
-def depth_reached(counts: list[int], depth: int, limits: dict[str, Any]) -> dict[str, Any]:
+def depth_reached(counts: list[int], depth: int, limits: dict[str, Any],
+                  exclude_self: bool = False) -> dict[str, Any]:
     """The candidates per query the search found, for the manifest; a warning naming the index's
-    settings (`limits`: faiss_index.search_limits) where a query got fewer than `depth` from an
-    approximate index (an IVF index's nprobe cells, or an HNSW search's efSearch, can hold
-    fewer), since a manifest that says `depth` would hide it. An exact index finds fewer only in
-    a corpus smaller than the depth: that is said, with no setting to raise."""
+    settings (`limits`: faiss_index.search_limits) where a query got fewer than a complete search
+    finds from an approximate index (an IVF index's nprobe cells, or an HNSW search's efSearch,
+    can hold fewer), since a manifest that says `depth` would hide it. A complete search finds
+    `depth`, or the whole index in a corpus smaller than the depth (less the query's own id
+    where `exclude_self` drops it): fewer than the depth there is said, with no setting to
+    raise, whatever the index."""
     if not counts:
         return {"candidates_per_query_min": 0, "candidates_per_query_mean": 0.0}
     low = int(min(counts))
     if low < depth:
         short = sum(c < depth for c in counts)
-        if limits["exact"]:
+        complete = min(depth, limits["ntotal"] - (1 if exclude_self else 0))
+        missed = 0 if limits["exact"] else sum(c < complete for c in counts)
+        if missed:
+            log.warning("%d of %d queries got fewer than the %d candidates asked (min %d, mean "
+                        "%.1f) from the index %s; raise nprobe or ef_search in mining.index, or "
+                        "lower the depth", missed, len(counts), complete, low,
+                        float(np.mean(counts)), limits)
+        else:
             log.info("%d of %d queries got fewer than the %d candidates asked (min %d): the index "
                      "holds only %d documents (a query's own id, where excluded, among them)",
                      short, len(counts), depth, low, limits["ntotal"])
-        else:
-            log.warning("%d of %d queries got fewer than the %d candidates asked (min %d, mean "
-                        "%.1f) from the index %s; raise nprobe or ef_search in mining.index, or "
-                        "lower the depth", short, len(counts), depth, low, float(np.mean(counts)),
-                        limits)
     return {"candidates_per_query_min": low, "candidates_per_query_mean": float(np.mean(counts))}
 
 
@@ -161,7 +166,7 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
     lines = write_trec(out, counting(rank(index, doc_ids, query_ids, vectors, knobs.search_depth,
                                           knobs.exclude_self), counts), tag)
     stats = {"queries": len(query_ids), "lines": lines,
-             **depth_reached(counts, knobs.search_depth, limits)}
+             **depth_reached(counts, knobs.search_depth, limits, knobs.exclude_self)}
     manifest_file = out.with_name(out.name.split(".")[0] + ".manifest.json")
     manifest = artifacts.write_manifest(
         manifest_file, stage="dense_run",

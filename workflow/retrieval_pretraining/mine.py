@@ -190,7 +190,7 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
              "queries_without_positives": len(query_ids) - len(keep), **tally,
              "negatives_per_query_mean": float(np.mean(negatives)) if negatives else 0.0,
              "queries_with_no_negative": int(sum(c == 0 for c in negatives)),
-             **depth_reached(candidates, knobs["depth"], limits)}
+             **depth_reached(candidates, knobs["depth"], limits, knobs["exclude_query_id"])}
     return {**knobs, "seed": seed, "stats": stats}
 
 
