@@ -21,18 +21,21 @@ def negative_filter(dataset):
 
 
 def answer_match(dataset):
-    """How the dataset's answers match text: its evaluate.splits entries' answer_match (regex for
+    """How the dataset's answers match text: the answer_match of the evaluate.splits entries of
+    its collection (it, its alias source, their aliases: one set of answers; regex for
     CuratedTREC). The answers filter must match as Acc@k does, or the passages Acc@k counts as
-    answers become negatives."""
+    answers become negatives; an alias fine-tuned but not scored matched by plain string.
+    """
+    own = dataset_aliases.collection(dataset, DATASET_ALIASES)
     modes = {
         entry.get("answer_match", "string")
         for entry in config["evaluate"]["splits"]
-        if entry["dataset"] == dataset
+        if dataset_aliases.collection(entry["dataset"], DATASET_ALIASES) == own
     }
     if len(modes) > 1:
         raise ValueError(
-            f"dataset '{dataset}': its evaluate.splits entries disagree on answer_match "
-            f"({', '.join(sorted(modes))}); its answers are of one kind"
+            f"dataset '{dataset}': the evaluate.splits entries of its collection '{own}' "
+            f"disagree on answer_match ({', '.join(sorted(modes))}); its answers are of one kind"
         )
     return modes.pop() if modes else "string"
 

@@ -1025,6 +1025,29 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
     assert failed.returncode != 0 and "disagree on answer_match" in failed.stdout + failed.stderr
 
 
+def test_an_alias_fine_tuned_but_not_scored_matches_answers_as_its_collection_is_scored(
+        tmp_path):
+    """An alias (same_as) has its source's answers: fine-tuned but not evaluated itself, its
+    negatives were filtered by plain string match while its source's Acc@k matched by regex."""
+    from workflow_harness import snakemake
+
+    project = nq_project(tmp_path / "project", [
+        {"dataset": "nq-sample", "split": "test", "measures": ["Acc@20"],
+         "answer_match": "regex"}])
+    config = yaml.safe_load((project / "config.yaml").read_text())
+    config["datasets"].append({"name": "nq-alias", "same_as": "nq-sample"})
+    config["bm25"]["negatives"].append(config["bm25"]["negatives"][0] | {"dataset": "nq-alias"})
+    config["finetune"]["datasets"].append({"dataset": "nq-alias", "split": "train"})
+    (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    targets = ("results/bm25/nq-alias/negatives.parquet",
+               "results/finetune/bert/nq-alias/stage1/hard-negatives.parquet")
+    plan = snakemake(project, "--dry-run", "--printshellcmds", *targets)
+    commands = [line for line in (plan.stdout + plan.stderr).splitlines()
+                if "retrieval_pretraining.mine " in line or "bm25 negatives" in line]
+    assert len(commands) == 2 and all("nq-alias" in c for c in commands), commands
+    assert all('"answer_match":"regex"' in c for c in commands), commands
+
+
 def test_a_dataset_s_mining_override_sets_its_negative_filter_for_mining_and_bm25_alike(tmp_path):
     """mining.overrides may give one dataset another negative_filter (qrels on NQ, to measure
     the answers filter): its BM25 negatives and mining jobs both get it, and read no answers."""
