@@ -145,6 +145,10 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
     # call allocates AdamW's state.
     oom_fix = out_of_memory_fix(s, plan, env.world_size)
     step_oom_fix = out_of_memory_fix(s, plan, env.world_size, adamw_state_bytes(optimizer))
+    def sync(syncs: bool) -> contextlib.AbstractContextManager:
+        """DDP's gradient all-reduce on this backward (`syncs`), or no_sync() to accumulate."""
+        return ddp.no_sync() if env.distributed and not syncs else contextlib.nullcontext()
+
     model.train()  # dropout on (from_pretrained loads in eval mode)
     inputs_ahead = prefetched_micro_batches(data, plan, s, seed, tokenizer, env, start, total_steps)
     for step in range(start, total_steps):
@@ -157,10 +161,6 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
             tokens += int(qb["attention_mask"].sum() + pb["attention_mask"].sum())  # host tensors
             chunks.append(list(chunk))
             last = k == count - 1  # DDP averages gradients over ranks after it
-            def sync(syncs: bool) -> contextlib.AbstractContextManager:
-                return (ddp.no_sync() if env.distributed and not syncs
-                        else contextlib.nullcontext())
-
             # Dropout keyed by (seed, step, micro-batch), as in pre-training: a resumed job draws
             # the masks of the uninterrupted one on every rank (the state holds the main rank's
             # RNG state alone), and any number of processes those of one. Cached: by (seed,
