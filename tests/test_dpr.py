@@ -1001,6 +1001,16 @@ def test_a_dry_run_plans_dpr_negatives_from_the_splits_training_json(tmp_path):
     assert '"source":"dpr"' in commands[0] and '"negative_filter":"answers"' in commands[0]
 
 
+def negatives_commands(project, targets) -> list[str]:
+    """The planned shell commands of the jobs that filter negatives by answers (BM25 negatives
+    and mining) on the way to `targets`."""
+    from workflow_harness import snakemake
+
+    plan = snakemake(project, "--dry-run", "--printshellcmds", *targets)
+    return [line for line in (plan.stdout + plan.stderr).splitlines()
+            if "retrieval_pretraining.mine " in line or "bm25 negatives" in line]
+
+
 def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
     """A dataset scored with answer_match: regex (CuratedTREC) has its negatives filtered with
     regex matching too, by mining and BM25 alike; splits that disagree are refused."""
@@ -1011,9 +1021,7 @@ def test_negatives_jobs_match_answers_as_the_datasets_splits_score(tmp_path):
     project = nq_project(tmp_path / "project", splits)
     targets = ("results/bm25/nq-sample/negatives.parquet",
                "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
-    plan = snakemake(project, "--dry-run", "--printshellcmds", *targets)
-    commands = [line for line in (plan.stdout + plan.stderr).splitlines()
-                if "retrieval_pretraining.mine " in line or "bm25 negatives" in line]
+    commands = negatives_commands(project, targets)
     assert len(commands) == 2 and all('"answer_match":"regex"' in c for c in commands), commands
     splits.append(splits[0] | {"split": "dev", "answer_match": "string"})
     project = nq_project(tmp_path / "disagree", splits)
@@ -1029,8 +1037,6 @@ def test_an_alias_fine_tuned_but_not_scored_matches_answers_as_its_collection_is
         tmp_path):
     """An alias (same_as) has its source's answers: fine-tuned but not evaluated itself, its
     negatives were filtered by plain string match while its source's Acc@k matched by regex."""
-    from workflow_harness import snakemake
-
     project = nq_project(tmp_path / "project", [
         {"dataset": "nq-sample", "split": "test", "measures": ["Acc@20"],
          "answer_match": "regex"}])
@@ -1041,9 +1047,7 @@ def test_an_alias_fine_tuned_but_not_scored_matches_answers_as_its_collection_is
     (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     targets = ("results/bm25/nq-alias/negatives.parquet",
                "results/finetune/bert/nq-alias/stage1/hard-negatives.parquet")
-    plan = snakemake(project, "--dry-run", "--printshellcmds", *targets)
-    commands = [line for line in (plan.stdout + plan.stderr).splitlines()
-                if "retrieval_pretraining.mine " in line or "bm25 negatives" in line]
+    commands = negatives_commands(project, targets)
     assert len(commands) == 2 and all("nq-alias" in c for c in commands), commands
     assert all('"answer_match":"regex"' in c for c in commands), commands
 
