@@ -258,3 +258,34 @@ def test_a_beir_id_the_workflow_refuses_is_refused_here_too(tmp_path, name, valu
     corpus, queries, qrels = mteb_eval.read_beir(tmp_path, "test")
     assert [d["id"] for d in corpus] == ["5"] and [q["id"] for q in queries] == ["7"]
     assert qrels == {"7": {"5": 1}}
+
+
+@pytest.mark.parametrize("name, field", [("corpus.jsonl", "title"), ("corpus.jsonl", "text"),
+                                         ("queries.jsonl", "text")])
+@pytest.mark.parametrize("value, kind", [(5, "number"), (["a"], "array"), ({"a": 1}, "object")])
+def test_a_beir_text_the_workflow_refuses_is_refused_here_too(tmp_path, name, field, value, kind):
+    """read_beir took `r.get("title") or ""`: a number or a list reached MTEB as such (or failed
+    inside it naming no file), where the workflow's readers (dataset_files.record_text) refuse it
+    naming the file and line. Both now refuse it alike; null is an empty text in both."""
+    from retrieval_pretraining import dataset_files
+    from retrieval_pretraining.contracts.datasets import DatasetError
+
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+    records = {"corpus.jsonl": {"_id": "5", "title": "a", "text": "t"},
+               "queries.jsonl": {"_id": "7", "text": "q"}}
+    for file, record in records.items():
+        (tmp_path / file).write_text(json.dumps(record | {field: value} if file == name
+                                                else record) + "\n")
+    message = rf"{name}, line 1: '{field}' is a JSON {kind}, not a string"
+    with pytest.raises(DatasetError, match=message):
+        mteb_eval.read_beir(tmp_path, "test")
+    with pytest.raises(DatasetError, match=message):
+        if name == "corpus.jsonl":
+            list(dataset_files.read_jsonl_corpus_batches(tmp_path / name))
+        else:
+            dataset_files.read_jsonl(tmp_path / name, ("_id", "text"))
+    (tmp_path / name).write_text(json.dumps(records[name] | {field: None}) + "\n")
+    corpus, queries, _ = mteb_eval.read_beir(tmp_path, "test")
+    read = corpus[0] if name == "corpus.jsonl" else queries[0]
+    assert read[field] == ""

@@ -90,7 +90,7 @@ def json_objects(handle: Iterable[str], where: str, fields: tuple[str, ...]
         yield number, record
 
 
-def _text(record: dict, field: str, where: str, number: int) -> str | None:
+def record_text(record: dict, field: str, where: str, number: int) -> str | None:
     """`field` of a BEIR record as written: a string, or None (null, read as an empty text). A
     number or a list is refused, naming the line: it failed later with a TypeError naming no
     file, or was cast to a string as if it were text."""
@@ -137,9 +137,9 @@ def read_jsonl(
                     )
                 columns[field].append(record_id(record[field], str(path), number)
                                       if field == "_id"
-                                      else _text(record, field, str(path), number))
+                                      else record_text(record, field, str(path), number))
             for field in optional:
-                columns[field].append(_text(record, field, str(path), number) or "")
+                columns[field].append(record_text(record, field, str(path), number) or "")
     if not columns[fields[0]]:  # polars then failed on a join of a null-typed column
         raise _no_records(path)
     return columns
@@ -164,8 +164,8 @@ def read_jsonl_corpus_batches(
                                    f"line needs {', '.join(fields)} (title optional)")
             columns["doc_id"].append(record_id(record["_id"], str(path), number)
                                      if "_id" in record else str(position))
-            columns["title"].append(_text(record, "title", str(path), number) or "")
-            columns["text"].append(_text(record, "text", str(path), number))
+            columns["title"].append(record_text(record, "title", str(path), number) or "")
+            columns["text"].append(record_text(record, "text", str(path), number))
             position += 1
             size += len(columns["text"][-1] or "") + len(columns["title"][-1])
             if len(columns["doc_id"]) >= rows or size >= chars:

@@ -46,7 +46,7 @@ import numpy as np
 
 from .config import ConfigError, stage_parser
 from .contracts.models import PROJECTOR_FILE
-from .dataset_files import json_objects, open_text, record_id
+from .dataset_files import json_objects, open_text, record_id, record_text
 from .errors import InputFileError, command, reading
 from .retrieval_settings import PREFIX_KEYS, RetrievalSettings
 
@@ -94,21 +94,26 @@ def read_beir(folder: Path, split: str) -> tuple[list[dict], list[dict], dict[st
                 query, doc, grade = line.split("\t")[:3]
                 qrels.setdefault(query, {})[doc] = int(float(grade))
     with reading(folder / "queries.jsonl", "a BEIR queries JSONL"):
-        queries = [{"id": i, "text": r["text"]}
-                   for i, r in _jsonl(folder / "queries.jsonl") if i in qrels]
+        queries = [{"id": i, "text": text}
+                   for i, _, text in _jsonl(folder / "queries.jsonl") if i in qrels]
     with reading(folder / "corpus.jsonl", "a BEIR corpus JSONL"):
-        corpus = [{"id": i, "title": r.get("title") or "", "text": r.get("text") or ""}
-                  for i, r in _jsonl(folder / "corpus.jsonl")]
+        corpus = [{"id": i, "title": title, "text": text}
+                  for i, title, text in _jsonl(folder / "corpus.jsonl")]
     return corpus, queries, qrels
 
 
-def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
-    """(id, record) of each line of a BEIR JSONL file, read as the workflow's readers read it
+def _jsonl(path: Path) -> Iterator[tuple[str, str, str]]:
+    """(id, title, text) of each line of a BEIR JSONL file, read as the workflow's readers read it
     (dataset_files): an integer `_id` as its digits; null, a boolean, a fraction, an array or an
-    object refused naming the line, where str() made "None" or "['a']" an id no qrels line names."""
+    object refused naming the line, where str() made "None" or "['a']" an id no qrels line names;
+    a title or text that is not a string (or null, read as empty) refused naming the line, where
+    a number reached MTEB as a number and a list as a list."""
+    where = str(path)
     with open_text(path) as handle:
-        for number, record in json_objects(handle, str(path), ("_id", "text")):
-            yield record_id(record["_id"], str(path), number), record
+        for number, record in json_objects(handle, where, ("_id", "text")):
+            yield (record_id(record["_id"], where, number),
+                   record_text(record, "title", where, number) or "",
+                   record_text(record, "text", where, number) or "")
 
 
 def local_task(name: str, folder: Path, split: str):
