@@ -133,7 +133,7 @@ def test_the_msmarco_tables_run_the_bow_authors_recipe_on_an_alias(tables_plan):
     paper.yaml's collections under second names (copies: nothing prepared or downloaded twice),
     fine-tuned by bowdpr's train_dpr_msmarco.sh: 128 triples negatives, 16 passages of 144
     tokens, lr 2e-5 on the cosine schedule, 3 + 3 epochs, stage 2 restarted from the pre-trained
-    encoder on ranks 3-200 of stage 1's search, 128 sampled."""
+    encoder on places 3-200 of stage 1's search less the positives, 128 sampled."""
     from test_finetune_rules import job, stage_config, values
 
     prepared = {j["wildcards"].get("dataset") for j in tables_plan
@@ -159,6 +159,8 @@ def test_the_msmarco_tables_run_the_bow_authors_recipe_on_an_alias(tables_plan):
     policy = stage_config(mine)
     assert (policy["depth"], policy["rank_window"], policy["num_negatives"],
             policy["sample"]) == (200, [3, None], 128, "random")
+    # build_train_hn's negatives[2:200], sliced after the positives are removed.
+    assert policy["rank_window_counts"] == "candidates"
     zero_shot = job(tables_plan, "dense_search", model="bow", dataset="scifact-bow",
                     stage="stage2", split="test")["args"]
     assert any("msmarco-passage-bow/stage2" in a for a in zero_shot), zero_shot

@@ -185,6 +185,48 @@ def test_rank_window_keeps_ranks_lo_to_hi_exclusive():
     assert open_ended[1] == [9, 10]
 
 
+def test_a_window_counting_candidates_slices_the_list_left_after_removal():
+    """rank_window_counts candidates: bowdpr's build_train_hn drops the positives, then slices
+    negatives[2:200]: [3, null) skips the two best NON-positives wherever the positive ranks. By
+    search ranks (the default) a positive at rank 1 uses up one of the two skipped places, so
+    rank 3 stays; both agree where the positive ranks below the window's start."""
+    docs = [f"d{i}" for i in range(1, 11)]
+    knobs = {**POLICY, "rank_window": [3, None], "rank_window_counts": "candidates"}
+    negs, ranks, _ = mine.select_negatives("q", *ranked(docs), {"d1"}, knobs, 0)
+    assert negs == ["d4", "d5", "d6", "d7", "d8", "d9", "d10"] and ranks == [4, 5, 6, 7, 8, 9, 10]
+    by_rank = mine.select_negatives("q", *ranked(docs), {"d1"}, {**knobs, "rank_window_counts":
+                                                                 "ranks"}, 0)
+    assert by_rank[0] == ["d3", *negs]
+    low = mine.select_negatives("q", *ranked(docs), {"d6"}, knobs, 0)[0]
+    assert low == ["d3", "d4", "d5", "d7", "d8", "d9", "d10"]
+    # A closed window counts places too: [2, 4) is the 2nd and 3rd non-positive.
+    closed = mine.select_negatives("q", *ranked(docs), {"d2", "d3"},
+                                   {**knobs, "rank_window": [2, 4]}, 0)
+    assert closed[:2] == (["d4", "d5"], [4, 5])
+    assert mine.policy({"rank_window_counts": "candidates"})["rank_window_counts"] == "candidates"
+    assert mine.policy({})["rank_window_counts"] == "ranks"
+    with pytest.raises(ValueError, match="rank_window_counts"):
+        mine.policy({"rank_window_counts": "places"})
+
+
+def test_a_window_on_candidates_equals_bowdpr_s_slice_on_random_lists():
+    """Against a restatement of build_train_hn's load_ranking: remove the positives, slice
+    [lo - 1 : hi - 1] (hi null: to the end), then `top` keeps the head and `random` n of them."""
+    rng = np.random.default_rng(8)
+    for case in range(300):
+        depth = int(rng.integers(1, 60))
+        docs = [f"d{i}" for i in rng.permutation(100)[:depth]]
+        positives = {str(d) for d in rng.choice([*docs, "x"], size=int(rng.integers(0, 6)))}
+        lo = int(rng.integers(1, 6))
+        hi = [None, lo + int(rng.integers(1, 40))][int(rng.integers(2))]
+        knobs = {**POLICY, "rank_window": [lo, hi], "rank_window_counts": "candidates",
+                 "num_negatives": [None, 5][int(rng.integers(2))], "sample": "top"}
+        expected = [d for d in docs if d not in positives][lo - 1:None if hi is None else hi - 1]
+        negs = mine.select_negatives(f"q{case}", *ranked(docs), positives, knobs, 0)[0]
+        n = knobs["num_negatives"]
+        assert negs == (expected if n is None else expected[:n]), (case, knobs)
+
+
 def test_random_sampling_is_seeded_per_query_and_keeps_rank_order():
     docs = [f"d{i}" for i in range(200)]
     knobs = {**POLICY, "num_negatives": 30}

@@ -4,6 +4,11 @@ Recipes differ on every knob (the COSTA authors' scripts, Tevatron, coCondenser,
 code), so each is a named option recorded in the manifest:
   depth            how deep to search (COSTA: 200; Tevatron: 100)
   rank_window      [lo, hi) on 1-based search ranks (BoW authors skip the top 2: [3, null))
+  rank_window_counts  what the window counts: ranks (default) = the search's ranks, positives
+                   included | candidates = places in the list left once positives (and answer
+                   passages, and the query's own id) are removed: the BoW authors' build_train_hn,
+                   which slices its candidates [2:200] after dropping positives, so [3, null)
+                   skips the best two NON-positives wherever the positive ranks
   sample           random (COSTA: 30 at random from the top 200) | top (the best n)
   num_negatives    n per query; null keeps every candidate (Tevatron)
   negative_filter  qrels: only the query's qrels positives are removed | answers (NQ, TriviaQA:
@@ -64,8 +69,12 @@ POLICY_DEFAULTS: dict[str, Any] = {
     # rule passes it), so that what Acc@k counts as an answer passage is never a negative.
     "answer_match": "string",
     "positives_removed": "own",  # own | first_query (the BoW authors' miner's bug, on request)
+    "rank_window_counts": "ranks",  # ranks | candidates (RANK_WINDOW_COUNTS)
 }
 POSITIVES_REMOVED = ("own", "first_query")
+# What rank_window's [lo, hi) counts: search ranks (positives among them), or places among the
+# candidates left after removal (the BoW authors' build_train_hn: negatives[2:200]).
+RANK_WINDOW_COUNTS = ("ranks", "candidates")
 # The dataset's query-id rule arrives as `exclude_self` (finetune_knobs), as it does for dense runs.
 EXCLUDE_QUERY_ID_DEFAULT = True
 # The slice the mine_hard_negatives rule passes (mining_argument): a fine-tuning slice plus these.
@@ -79,6 +88,7 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
     knobs["exclude_query_id"] = bool(config.get("exclude_self", EXCLUDE_QUERY_ID_DEFAULT))
     check_choice("mining.negative_filter", knobs["negative_filter"], NEGATIVE_FILTERS)
     check_choice("mining.positives_removed", knobs["positives_removed"], POSITIVES_REMOVED)
+    check_choice("mining.rank_window_counts", knobs["rank_window_counts"], RANK_WINDOW_COUNTS)
     check_choice("answer_match", knobs["answer_match"], MATCH_MODES)
     if knobs["sample"] not in ("random", "top"):
         raise ConfigError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
@@ -115,13 +125,18 @@ def select_negatives(query_id: str, doc_ids: list[str], scores: np.ndarray, rank
     """Apply the policy to ONE query's ranked list (ranks 1-based, counted before this removal).
 
     A document whose id equals the query id is dropped only with `exclude_query_id` (`mine` already
-    searches without it then; this guards direct callers).
+    searches without it then; this guards direct callers). The window is on `ranks`, or with
+    rank_window_counts `candidates` on 1-based places in the list left after those removals (the
+    returned ranks stay the search's).
     """
     lo, hi = (knobs["rank_window"] or [1, None])
     hi = hi if hi is not None else np.inf
     own_id = query_id if knobs.get("exclude_query_id", EXCLUDE_QUERY_ID_DEFAULT) else None
-    candidates = [i for i, (d, r) in enumerate(zip(doc_ids, ranks))
-                  if lo <= r < hi and d not in positives and d != own_id]
+    kept = [i for i, d in enumerate(doc_ids) if d not in positives and d != own_id]
+    if knobs.get("rank_window_counts", "ranks") == "candidates":
+        candidates = [i for place, i in enumerate(kept, start=1) if lo <= place < hi]
+    else:
+        candidates = [i for i in kept if lo <= ranks[i] < hi]
     n = knobs["num_negatives"]
     if n is not None and len(candidates) > n:
         if knobs["sample"] == "top":
