@@ -391,5 +391,8 @@ def test_the_bow_recipe_contrasts_the_whole_batch_through_the_gradient_cache(tab
                 1, 8, False), (dataset, stage)
             assert (plan.contrast_queries, plan.negatives_per_query) == (64, 1023), dataset
             assert cached_chunk(settings, plan) == 8
+            # bowdpr's TrainDataset (Tevatron's): groups cycle through per-query orders.
+            assert settings.group_sampling == "cycle", (dataset, stage)
     paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
     assert (paper["finetune"]["sub_batches"], paper["finetune"]["cache_chunk"]) == (8, None)
+    assert "group_sampling" not in paper["finetune"]  # draw, as before

@@ -227,7 +227,8 @@ def test_settings_record_the_flat_knobs_the_manifest_always_held():
             "group_size", "batch_size", "sub_batches", "gather", "warmup_ratio", "weight_decay",
             "max_grad_norm", "epochs", "precision", "train_queries", "train_sample",
             "queries_without_negatives", "save_every_steps", "log_every_steps"} < set(record)
-    assert len(record) == 27 and record["projector"] is False
+    assert len(record) == 28 and record["projector"] is False
+    assert record["group_sampling"] == "draw"  # bow.yaml's BoW-recipe datasets: cycle
     assert record["cache_chunk"] is None  # no gradient caching unless asked
     assert record["negative_files"] == "union"  # the rules' stage2_negatives separate: separate
     assert (record["lr_schedule"], record["min_lr_ratio"], record["warmup_steps"]) == (
@@ -341,6 +342,70 @@ def test_a_query_with_exactly_the_negatives_its_group_needs_gets_each_once():
     for epoch in range(5):
         group = fdata.sample_group("q1", ["p1"], negatives, [], 8, seed=7, epoch=epoch)
         assert sorted(group[1:]) == negatives, group
+
+
+def _cycle(qid, positives, negatives, group_size, seed, epochs):
+    return [fdata.sample_group(qid, positives, negatives, [], group_size, seed=seed, epoch=e,
+                               sampling="cycle") for e in range(epochs)]
+
+
+def test_cycling_groups_visit_every_negative_once_before_any_twice():
+    """group_sampling cycle, Tevatron's TrainDataset (bowdpr keeps it): a query's negatives are
+    read epoch after epoch from one shuffled order, so any len(negatives) consecutive picks, across
+    epoch boundaries, hold each negative exactly once (the draw scheme repeats and misses some);
+    its positives come in turn, each once every len(positives) epochs."""
+    for count, group_size in ((30, 8), (21, 8), (7, 8), (100, 16)):
+        negatives = [f"n{i:03d}" for i in range(count)]
+        groups = _cycle("q1", ["p1", "p2", "p3"], negatives, group_size, 4, 3 * count)
+        picks = [d for group in groups for d in group[1:]]
+        for start in range(len(picks) - count):
+            assert sorted(picks[start:start + count]) == negatives, (count, start)
+        firsts = [group[0] for group in groups]
+        for epoch in range(len(firsts) - 3):
+            assert sorted(firsts[epoch:epoch + 3]) == ["p1", "p2", "p3"]
+    # The draw scheme fails this: 4 epochs x 7 of 30 picks repeat some while others wait.
+    negatives = [f"n{i:03d}" for i in range(30)]
+    drawn = [d for e in range(4) for d in fdata.sample_group("q1", ["p1"], negatives, [], 8, seed=4,
+                                                             epoch=e)[1:]]
+    assert len(set(drawn)) < len(drawn)
+
+
+def test_cycling_groups_are_a_function_of_seed_query_and_epoch_alone():
+    """The order and the start are the query's, from (seed, query id): the same call gives the same
+    group; another seed or query another order; a training set's micro-batches give each query
+    the group of sample_group(cycle) whatever the chunk around it (so any rank or worker split
+    of a batch trains the same groups); the draw scheme stays the default."""
+    negatives = [f"n{i:02d}" for i in range(40)]
+    groups = _cycle("q1", ["p1", "p2"], negatives, 8, 7, 6)
+    assert groups == _cycle("q1", ["p1", "p2"], negatives, 8, 7, 6)
+    assert groups != _cycle("q1", ["p1", "p2"], negatives, 8, 8, 6)
+    assert groups != _cycle("q2", ["p1", "p2"], negatives, 8, 7, 6)
+    # Too few negatives for a group: drawn with replacement, as Tevatron's random.choices.
+    short = _cycle("q1", ["p1"], ["n1", "n2"], 5, 7, 2)
+    assert all(len(g) == 5 and set(g[1:]) <= {"n1", "n2"} for g in short)
+    assert FinetuneSettings().group_sampling == "draw"
+    with pytest.raises(ConfigError, match="group_sampling"):
+        FinetuneSettings.from_config({"group_sampling": "shuffle"})
+
+
+def test_a_training_set_with_cycling_groups_builds_them_in_any_chunk(tmp_path):
+    from retrieval_pretraining.finetune.passages import PassageStore, write_passages
+
+    data = tiny_dataset(tmp_path, n_queries=12)
+    settings = FinetuneSettings.from_config({"group_size": 3, "group_sampling": "cycle"})
+    loaded = fdata.load_training_set(data["queries"], data["qrels"], data["corpus"],
+                                     [data["bm25"]], settings, seed=5)
+    write_passages(data["corpus"], loaded.needed_passages(), tmp_path / "passages.arrow")
+    loaded = loaded.with_passages(PassageStore(tmp_path / "passages.arrow"))
+    corpus = {d: (t or "", x) for d, t, x in pl.read_parquet(data["corpus"]).iter_rows()}
+    rows = {q: (p, n) for q, p, n in loaded.queries.select("query_id", "positives",
+                                                           "negatives").iter_rows()}
+    ids = loaded.query_ids.to_list()
+    for epoch in range(3):
+        expected = {q: fdata.sample_group(q, *rows[q], [], 3, 5, epoch, "cycle") for q in ids}
+        for chunk in (ids, ids[::-1][:5], [ids[4]]):
+            _, titles, texts = loaded.micro_batch(chunk, 3, seed=5, epoch=epoch)
+            assert list(zip(titles, texts)) == [corpus[d] for q in chunk for d in expected[q]]
 
 
 def test_padding_on_a_tiny_corpus_draws_from_the_pool_less_positives_or_says_why_not():

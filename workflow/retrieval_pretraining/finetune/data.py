@@ -15,7 +15,9 @@ Each training query brings a group of `group_size` passages (1 positive + n-1 ne
 scored against every passage of its *contrast set* (`contrast_plan`): batch_size / sub_batches
 queries' passages. Batches are a pure function of (seed, epoch, query id): the query order of an
 epoch comes from (seed, epoch), a query's positive and negatives from (seed, epoch, query id). So
-a resumed run, or one on a different number of GPUs, sees the same groups.
+a resumed run, or one on a different number of GPUs, sees the same groups. With group_sampling
+cycle (Tevatron's TrainDataset, which the BoW authors' bowdpr keeps) a query's groups instead walk
+fixed per-query orders, epoch by epoch (`sample_group`).
 
 Several negatives files (a later stage's mined + BM25) are unioned per query, one example a query;
 with negative_files: separate each file is its own set of examples (`separate_examples`), as in the
@@ -267,14 +269,29 @@ def padding_pool(corpus: Path, seed: int, size: int = PAD_POOL) -> list[str]:
 
 
 def sample_group(qid: str, positives: list[str], negatives: list[str], fallback: list[str],
-                 group_size: int, seed: int, epoch: int) -> list[str]:
+                 group_size: int, seed: int, epoch: int, sampling: str = "draw") -> list[str]:
     """[positive, n-1 negatives] for one query in one epoch, from (seed, epoch, query id) alone.
 
-    Too few negatives: sampled with replacement; none at all: random corpus documents (`fallback`,
-    positives excluded), as Tevatron pads groups.
+    draw: the positive and the negatives are drawn afresh each epoch. cycle (Tevatron's
+    TrainDataset, kept by bowdpr): the positive is the (start + epoch)-th of the query's positives
+    (cyclically, from a start drawn from (seed, query id)), and the negatives, at least n-1 of
+    them, a fixed per-query shuffle of the list read from place epoch x (n-1) on, cyclically, so
+    that every negative trains once before any trains twice. Too few negatives (either way):
+    sampled with replacement; none at all: random corpus documents (`fallback`, positives
+    excluded), as Tevatron pads groups.
     """
     rng = rng_for(seed, "group", epoch, qid)
-    group = [positives[rng.integers(len(positives))]]
+    need = group_size - 1
+    if sampling == "cycle":
+        start = int(rng_for(seed, "cycle-positive", qid).integers(len(positives)))
+        group = [positives[(start + epoch) % len(positives)]]
+        if len(negatives) >= need > 0:
+            order = rng_for(seed, "cycle-negatives", qid).permutation(len(negatives))
+            offset = epoch * need % len(negatives)
+            return group + [negatives[order[(offset + j) % len(negatives)]]
+                            for j in range(need)]
+    else:
+        group = [positives[rng.integers(len(positives))]]
     pool = negatives
     if not pool:
         excluded = set(positives)
@@ -286,7 +303,6 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
             raise ValueError(f"query {qid} has no negatives and the corpus holds only its "
                              f"positives to pad its group with; use finetune."
                              f"queries_without_negatives: drop, or a larger corpus")
-    need = group_size - 1
     if need:
         picks = rng.choice(len(pool), size=need, replace=len(pool) < need)
         group.extend(pool[i] for i in picks)
@@ -314,6 +330,7 @@ class TrainingSet:
     counts: dict[str, int]
     passages: PassageStore | None = None
     query_count: int | None = None  # the queries, when examples (separate_examples) outnumber them
+    sampling: str = "draw"          # finetune.group_sampling (sample_group)
 
     def __post_init__(self):
         ids = self.queries["query_id"]
@@ -347,7 +364,8 @@ class TrainingSet:
         found = batch["query_id"].to_list()
         if found != list(query_ids):
             raise KeyError(f"not training queries: {sorted(set(query_ids) - set(found))[:3]}")
-        groups = [sample_group(q, positives, negatives or [], self.padding, group_size, seed, epoch)
+        groups = [sample_group(q, positives, negatives or [], self.padding, group_size, seed, epoch,
+                               self.sampling)
                   for q, positives, negatives in zip(found, batch["positives"].to_list(),
                                                      batch["negatives"].to_list())]
         titles, texts = self.passages.lookup([d for group in groups for d in group])
@@ -371,4 +389,5 @@ def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: 
     no_negatives = int(frame["negatives"].list.len().fill_null(0).eq(0).sum())
     counts["queries_without_negatives_padded"] = no_negatives
     fallback = padding_pool(corpus, seed) if no_negatives else []
-    return TrainingSet(queries=frame, padding=fallback, counts=counts, query_count=query_count)
+    return TrainingSet(queries=frame, padding=fallback, counts=counts, query_count=query_count,
+                       sampling=settings.group_sampling)

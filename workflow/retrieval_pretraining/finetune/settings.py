@@ -21,6 +21,9 @@ LR_SCHEDULES = ("linear", "cosine")  # training.LR_SCHEDULES (this module stays 
 # How a stage reads several negatives files (finetune/data.py): each query's lists unioned into one
 # example, or each file its own examples (the rules set it: stage2_negatives separate).
 NEGATIVE_FILES = ("union", "separate")
+# How a query's group is chosen each epoch (finetune/data.py sample_group): drawn afresh, or
+# Tevatron's cycle through a per-query order (the BoW authors' bowdpr keeps it).
+GROUP_SAMPLING = ("draw", "cycle")
 # Slice keys the trainer does not read: which encoder and negatives a stage starts from and how
 # many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
 RULE_KEYS = ("rounds", "epochs_mined", "stage1", "stage1_init", "stage2_init", "stage2_negatives",
@@ -61,6 +64,7 @@ class FinetuneSettings:
     train_sample: int = 0           # which of the K seeded samples of N queries
     queries_without_negatives: str = "pad"  # pad (random corpus documents, Tevatron) | drop
     negative_files: str = "union"   # union | separate (NEGATIVE_FILES); set by the rules
+    group_sampling: str = "draw"    # draw | cycle (GROUP_SAMPLING)
     save_every_steps: int = 500
     log_every_steps: int = 10
 
@@ -93,6 +97,7 @@ class FinetuneSettings:
         check_choice("finetune.queries_without_negatives", self.queries_without_negatives,
                      WITHOUT_NEGATIVES)
         check_choice("finetune.negative_files", self.negative_files, NEGATIVE_FILES)
+        check_choice("finetune.group_sampling", self.group_sampling, GROUP_SAMPLING)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "FinetuneSettings":

@@ -315,7 +315,8 @@ RESULT_NEUTRAL = ("save_every_steps", "log_every_steps")
 # states were trained on): left out of the job, so that a state written before them still resumes.
 SCHEDULE_DEFAULTS = {"lr_schedule": "linear", "min_lr_ratio": 0.0, "warmup_steps": None}
 # Likewise the knobs added later, whatever their kind: negatives files unioned, as before.
-LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union", "cache_chunk": None}
+LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union", "cache_chunk": None,
+                  "group_sampling": "draw"}
 
 
 def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
