@@ -125,6 +125,9 @@ def test_the_qa_sets_train_and_mine_as_the_authors_qa_scripts(tables_plan):
                    stage="stage1")["args"]
         policy = stage_config(mine)
         assert (policy["depth"], policy["num_negatives"], policy["rank_window"]) == (100, None, None)
+        # annotate.py --build_hn: answer-bearing top-100 passages are the mined file's positives.
+        assert policy["answer_positives"] is True and policy["negative_filter"] == "answers"
+        assert knobs["example_positives"] == "file", dataset
 
 
 @pytest.mark.timeout(600)

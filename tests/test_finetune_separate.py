@@ -126,6 +126,36 @@ def test_each_negatives_file_is_its_own_examples_as_a_naive_restatement(tmp_path
     assert sorted(seen) == ids and set(seen.values()) == {1}
 
 
+def test_a_separate_example_adds_the_positives_its_file_lists_on_request(tmp_path):
+    """example_positives file (bow.yaml's NQ / TriviaQA): the BoW authors' mined QA file lists
+    every top-100 passage holding an answer as a positive (annotate.py --build_hn;
+    mining.answer_positives), so each of that file's examples trains on its query's positives,
+    then those its row adds that the corpus holds, in the row's order; the other file's examples,
+    and every example by default, on the query's alone."""
+    data, files = _two_files(tmp_path)
+    mined = pl.read_parquet(files[0])
+    corpus = sorted(pl.read_parquet(data["corpus"])["doc_id"].to_list())
+    qids = mined["query_id"].to_list()
+    extra = {qids[0]: [corpus[-1], "absent", corpus[-2]], qids[1]: [corpus[-3]]}
+    mined.with_columns(pl.Series("positive_ids", [p + extra.get(q, []) for q, p in zip(
+        qids, mined["positive_ids"].to_list())], dtype=pl.List(pl.String))).write_parquet(files[0])
+    before = _load(data, files, tmp_path, negative_files="separate")
+    after = _load(data, files, tmp_path, negative_files="separate", example_positives="file")
+    old = dict(before.queries.select("query_id", "positives").iter_rows())
+    new = dict(after.queries.select("query_id", "positives").iter_rows())
+    assert set(old) == set(new) and before.query_ids.to_list() == after.query_ids.to_list()
+    assert new[f"{qids[0]}@0"] == old[f"{qids[0]}@0"] + [corpus[-1], corpus[-2]]
+    assert new[f"{qids[1]}@0"] == old[f"{qids[1]}@0"] + [corpus[-3]]
+    assert {e: p for e, p in new.items() if e not in (f"{qids[0]}@0", f"{qids[1]}@0")} == {
+        e: p for e, p in old.items() if e not in (f"{qids[0]}@0", f"{qids[1]}@0")}
+    assert {corpus[-1], corpus[-2], corpus[-3]} <= set(after.needed_passages().to_list())
+    firsts = {after.micro_batch([f"{qids[0]}@0"], 4, seed=9, epoch=e)[2][0] for e in range(40)}
+    texts = dict(pl.read_parquet(data["corpus"]).select("doc_id", "text").iter_rows())
+    assert texts[corpus[-1]] in firsts and texts[corpus[-2]] in firsts
+    with pytest.raises(ConfigError, match="example_positives"):
+        FinetuneSettings.from_config({"example_positives": "mined"})
+
+
 def test_separate_files_drop_a_query_without_negatives_per_example(tmp_path):
     """queries_without_negatives: drop removes the query no file gives negatives, counted; a
     query missing from one file stays one example of the other."""

@@ -227,6 +227,30 @@ def test_a_window_on_candidates_equals_bowdpr_s_slice_on_random_lists():
         assert negs == (expected if n is None else expected[:n]), (case, knobs)
 
 
+def test_answer_passages_become_positives_only_on_request():
+    """answer_positives: the BoW authors' QA miner (annotate.py --build_hn) lists the query's
+    positives, then every candidate holding an answer, in rank order, as positives; by default
+    such a candidate is no negative and no positive. Negatives are the same either way."""
+    docs = ["a1", "g", "n1", "a2", "n2", "n3", "a3"]
+    ids, scores, ranks = ranked(docs)
+    positives = {"q": ["g", "z"]}
+    answered = {"q": {"a1", "a2", "a3", "g"}}
+    knobs = {**mine.policy({"negative_filter": "answers"}), "num_negatives": None}
+
+    def rows(**policy):
+        table = mine.mine_batch([("q", ids, scores, ranks)], positives, {"g", "z"}, answered,
+                                {**knobs, **policy}, 0, dict.fromkeys(
+                                    ("positives_removed", "answer_passages_removed",
+                                     "own_positives_kept"), 0))
+        return table["positive_ids"].to_pylist()[0], table["negative_ids"].to_pylist()[0]
+
+    assert rows() == (["g", "z"], ["n1", "n2", "n3"])
+    assert rows(answer_positives=True) == (["g", "z", "a1", "a2", "a3"], ["n1", "n2", "n3"])
+    assert mine.policy({})["answer_positives"] is False
+    with pytest.raises(mine.ConfigError, match="answer_positives.*negative_filter answers"):
+        mine.policy({"answer_positives": True, "negative_filter": "qrels"})
+
+
 def test_random_sampling_is_seeded_per_query_and_keeps_rank_order():
     docs = [f"d{i}" for i in range(200)]
     knobs = {**POLICY, "num_negatives": 30}

@@ -21,6 +21,11 @@ code), so each is a named option recorded in the manifest:
                    negatives (counted as own_positives_kept; the negatives contract allows it
                    only under this policy, and `audit` says so). Never a default: it is a bug,
                    offered so that its effect on their numbers can be measured.
+  answer_positives  false (default): a candidate holding an answer is no negative, and no
+                   positive either | true: it is also written among the row's positive_ids, after
+                   the qrels positives, in rank order: the BoW authors' QA miner (annotate.py
+                   --build_hn), whose mined file trains on them as positives (finetune's
+                   example_positives: file reads them)
 A document whose id equals the query id is removed only where the dataset says so
 (`exclude_query_id`, passed in as `exclude_self` like the dense runs: BEIR reuses ids; MS MARCO
 numbers queries and passages independently, so passage 123 is a real passage for query 123), the
@@ -53,8 +58,8 @@ from .contracts.negatives import MINED_SCHEMA as SCHEMA
 from .dense_search import depth_reached, encode_queries, fetch_depth, rank
 from .encode import record_encoder_weights, recorded_weights
 from .errors import command, reading
-from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, add_runtime_option, check_choice,
-                                 check_int, refuse_unknown, slice_keys, with_runtime)
+from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, add_runtime_option, check_bool,
+                                 check_choice, check_int, refuse_unknown, slice_keys, with_runtime)
 from .seeding import rng_for
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,7 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "answer_match": "string",
     "positives_removed": "own",  # own | first_query (the BoW authors' miner's bug, on request)
     "rank_window_counts": "ranks",  # ranks | candidates (RANK_WINDOW_COUNTS)
+    "answer_positives": False,  # answer-bearing candidates also written as positives
 }
 POSITIVES_REMOVED = ("own", "first_query")
 # What rank_window's [lo, hi) counts: search ranks (positives among them), or places among the
@@ -90,6 +96,11 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
     check_choice("mining.positives_removed", knobs["positives_removed"], POSITIVES_REMOVED)
     check_choice("mining.rank_window_counts", knobs["rank_window_counts"], RANK_WINDOW_COUNTS)
     check_choice("answer_match", knobs["answer_match"], MATCH_MODES)
+    check_bool("mining.answer_positives", knobs["answer_positives"])
+    if knobs["answer_positives"] and knobs["negative_filter"] != "answers":
+        raise ConfigError("mining.answer_positives writes the candidates holding an answer as "
+                          f"positives, but negative_filter is {knobs['negative_filter']!r}, which "
+                          "finds none; use negative_filter answers (auto: a format dpr dataset)")
     if knobs["sample"] not in ("random", "top"):
         raise ConfigError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
     check_int("mining.depth", knobs["depth"], 1)
@@ -213,7 +224,8 @@ def mine_batch(ranked: list[tuple], positives: dict[str, list[str]], first: set[
                answered: dict[str, set[str]], knobs: dict[str, Any], seed: int,
                tally: dict[str, int]) -> pa.Table:
     """The rows of a batch of ranked queries; the removals counted into `tally`. `first`: the
-    first mined query's positives (positives_removed: first_query)."""
+    first mined query's positives (positives_removed: first_query). With answer_positives the
+    candidates holding an answer follow the qrels positives in positive_ids, in rank order."""
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     for qid, ids, scores, ranks in ranked:
         own = set(positives[qid])
@@ -223,7 +235,11 @@ def mine_batch(ranked: list[tuple], positives: dict[str, list[str]], first: set[
         neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks,
                                                       pos | answered.get(qid, set()), knobs, seed)
         tally["own_positives_kept"] += sum(d in own for d in neg)
-        for name, value in zip(SCHEMA.names, (qid, positives[qid], neg, neg_ranks, neg_scores)):
+        listed = positives[qid]
+        if knobs.get("answer_positives"):
+            answers = answered.get(qid, set())
+            listed = listed + [d for d in ids if d in answers and d not in own]
+        for name, value in zip(SCHEMA.names, (qid, listed, neg, neg_ranks, neg_scores)):
             rows[name].append(value)
     return pa.table(rows, schema=SCHEMA)
 

@@ -22,7 +22,8 @@ fixed per-query orders, epoch by epoch (`sample_group`).
 Several negatives files (a later stage's mined + BM25) are unioned per query, one example a query;
 with negative_files: separate each file is its own set of examples (`separate_examples`), as in the
 Tevatron / BoW authors' stage 2: a query is then one example per file naming negatives for it, each
-drawing from that file's list alone, and the examples take the queries' place above.
+drawing from that file's list alone, and the examples take the queries' place above; with
+example_positives: file an example's positives add those its file's row lists (positive_ids).
 """
 
 from __future__ import annotations
@@ -182,6 +183,15 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
     return frame, counts
 
 
+def file_positive_ids(paths: list[Path]) -> pl.Series:
+    """Every doc id the files' rows list as a positive, once."""
+    ids = []
+    for path in paths:
+        with reading(path, "a negatives Parquet file"):
+            ids.append(pl.read_parquet(path, columns=["positive_ids"])["positive_ids"].explode())
+    return pl.concat(ids).drop_nulls().unique()
+
+
 def eligible_queries(frame: pl.DataFrame, negative_files: list[Path]) -> pl.DataFrame:
     """The rows of `frame` (order kept) whose query has a negative in `negative_files`."""
     named = merged_negatives(negative_files).filter(pl.col("negatives").list.len() > 0)
@@ -224,7 +234,8 @@ def merged_negatives(paths: list[Path]) -> pl.DataFrame:
                         .list.unique(maintain_order=True).alias("negatives"))
 
 
-def separate_examples(frame: pl.DataFrame, negative_files: list[Path]
+def separate_examples(frame: pl.DataFrame, negative_files: list[Path],
+                      file_positives: pl.Series | None = None
                       ) -> tuple[pl.DataFrame, dict[str, int]]:
     """(the examples, their counts) of `frame`'s training queries when each negatives file is its
     own training set (negative_files: separate). The Tevatron / BoW authors' NQ and TriviaQA
@@ -234,13 +245,19 @@ def separate_examples(frame: pl.DataFrame, negative_files: list[Path]
     A query with negatives in file i is an example of file i, with id `query_id@i`; one with none
     in any file (kept: queries_without_negatives pad) is one example `query_id@pad`, padded. The
     id keys the example's draws and order as a query id does in a union (distinct ids: the part
-    after the last @ names the file); its text and positives are its query's. QUERY_SCHEMA's rows,
-    sorted by id; the counts say how many examples each file gave."""
+    after the last @ names the file); its text and positives are its query's, and with
+    `file_positives` (the corpus's doc ids: example_positives file) also those of the file's
+    row(s) for it that the corpus holds, after the query's, in the file's order: the BoW authors'
+    mined QA file lists every top-100 passage holding an answer as a positive
+    (mining.answer_positives). QUERY_SCHEMA's rows, sorted by id; the counts say how many
+    examples each file gave."""
     queries = frame.select("query_id", "text", "positives")
     parts, counts = [], {}
     for i, path in enumerate(negative_files):
         named = merged_negatives([path]).filter(pl.col("negatives").list.len() > 0)
         part = queries.join(named, on="query_id", how="inner")
+        if file_positives is not None:
+            part = with_file_positives(part, path, file_positives)
         counts[f"examples_of_negatives{i}"] = len(part)
         parts.append(part.with_columns(pl.col("query_id") + f"@{i}"))
     padded = frame.filter(pl.col("negatives").list.len().fill_null(0) == 0)
@@ -248,6 +265,20 @@ def separate_examples(frame: pl.DataFrame, negative_files: list[Path]
     examples = (pl.concat([part.select(list(QUERY_SCHEMA)).cast(QUERY_SCHEMA) for part in parts])
                 .sort("query_id"))
     return examples, counts | {"train_examples": len(examples)}
+
+
+def with_file_positives(part: pl.DataFrame, path: Path, corpus_ids: pl.Series) -> pl.DataFrame:
+    """`part` (query_id, ..., positives) with each query's positives followed by those `path`'s
+    rows list for it (positive_ids) that are in `corpus_ids` and not yet among them."""
+    with reading(path, "a negatives Parquet file"):
+        listed = pl.read_parquet(path, columns=["query_id", "positive_ids"])
+    extra = (listed.explode("positive_ids").drop_nulls("positive_ids")
+             .filter(pl.col("positive_ids").is_in(corpus_ids.implode()))
+             .group_by("query_id", maintain_order=True).agg(pl.col("positive_ids")))
+    joined = part.join(extra, on="query_id", how="left")
+    return joined.with_columns(
+        pl.concat_list("positives", pl.col("positive_ids").fill_null([]))
+        .list.unique(maintain_order=True).alias("positives")).drop("positive_ids")
 
 
 def corpus_rows(corpus: Path, doc_ids: pl.Series, columns: list[str]) -> pl.DataFrame:
@@ -383,7 +414,10 @@ def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: 
     query_count = None
     if settings.negative_files == "separate":
         query_count = len(frame)
-        frame, examples = separate_examples(frame, negative_files)
+        listed = None
+        if settings.example_positives == "file":
+            listed = corpus_rows(corpus, file_positive_ids(negative_files), ["doc_id"])["doc_id"]
+        frame, examples = separate_examples(frame, negative_files, listed)
         counts |= examples
     # Left after a drop policy: none; after pad: their groups come from the padding pool.
     no_negatives = int(frame["negatives"].list.len().fill_null(0).eq(0).sum())

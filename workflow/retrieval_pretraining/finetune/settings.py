@@ -24,6 +24,9 @@ NEGATIVE_FILES = ("union", "separate")
 # How a query's group is chosen each epoch (finetune/data.py sample_group): drawn afresh, or
 # Tevatron's cycle through a per-query order (the BoW authors' bowdpr keeps it).
 GROUP_SAMPLING = ("draw", "cycle")
+# Whose positives a separate example trains on: its query's (qrels), or also those its negatives
+# file's row lists (the BoW authors' mined QA file: mining.answer_positives).
+EXAMPLE_POSITIVES = ("query", "file")
 # Slice keys the trainer does not read: which encoder and negatives a stage starts from and how
 # many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
 RULE_KEYS = ("rounds", "epochs_mined", "stage1", "stage1_init", "stage2_init", "stage2_negatives",
@@ -65,6 +68,7 @@ class FinetuneSettings:
     queries_without_negatives: str = "pad"  # pad (random corpus documents, Tevatron) | drop
     negative_files: str = "union"   # union | separate (NEGATIVE_FILES); set by the rules
     group_sampling: str = "draw"    # draw | cycle (GROUP_SAMPLING)
+    example_positives: str = "query"  # query | file (EXAMPLE_POSITIVES), separate examples
     save_every_steps: int = 500
     log_every_steps: int = 10
 
@@ -98,6 +102,7 @@ class FinetuneSettings:
                      WITHOUT_NEGATIVES)
         check_choice("finetune.negative_files", self.negative_files, NEGATIVE_FILES)
         check_choice("finetune.group_sampling", self.group_sampling, GROUP_SAMPLING)
+        check_choice("finetune.example_positives", self.example_positives, EXAMPLE_POSITIVES)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "FinetuneSettings":
