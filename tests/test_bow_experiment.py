@@ -127,6 +127,7 @@ def test_the_qa_sets_train_and_mine_as_the_authors_qa_scripts(tables_plan):
         assert (policy["depth"], policy["num_negatives"], policy["rank_window"]) == (100, None, None)
         # annotate.py --build_hn: answer-bearing top-100 passages are the mined file's positives.
         assert policy["answer_positives"] is True and policy["negative_filter"] == "answers"
+        assert policy["min_negatives"] == 4  # annotate.py's min_neg_size
         assert knobs["example_positives"] == "file", dataset
 
 

@@ -227,7 +227,7 @@ def test_a_window_on_candidates_equals_bowdpr_s_slice_on_random_lists():
         assert negs == (expected if n is None else expected[:n]), (case, knobs)
 
 
-def test_answer_passages_become_positives_only_on_request():
+def test_answer_passages_become_positives_and_short_lists_go_only_on_request():
     """answer_positives: the BoW authors' QA miner (annotate.py --build_hn) lists the query's
     positives, then every candidate holding an answer, in rank order, as positives; by default
     such a candidate is no negative and no positive. Negatives are the same either way."""
@@ -241,11 +241,17 @@ def test_answer_passages_become_positives_only_on_request():
         table = mine.mine_batch([("q", ids, scores, ranks)], positives, {"g", "z"}, answered,
                                 {**knobs, **policy}, 0, dict.fromkeys(
                                     ("positives_removed", "answer_passages_removed",
-                                     "own_positives_kept"), 0))
+                                     "own_positives_kept", "queries_below_min_negatives"), 0))
         return table["positive_ids"].to_pylist()[0], table["negative_ids"].to_pylist()[0]
 
     assert rows() == (["g", "z"], ["n1", "n2", "n3"])
     assert rows(answer_positives=True) == (["g", "z", "a1", "a2", "a3"], ["n1", "n2", "n3"])
+    # annotate.py's min_neg_size: a question left with fewer negatives is no mined example.
+    assert rows(min_negatives=3) == (["g", "z"], ["n1", "n2", "n3"])
+    assert rows(min_negatives=4, answer_positives=True) == (["g", "z", "a1", "a2", "a3"], [])
+    assert mine.policy({})["min_negatives"] is None
+    with pytest.raises(ValueError, match="min_negatives"):
+        mine.policy({"min_negatives": 0})
     assert mine.policy({})["answer_positives"] is False
     with pytest.raises(mine.ConfigError, match="answer_positives.*negative_filter answers"):
         mine.policy({"answer_positives": True, "negative_filter": "qrels"})

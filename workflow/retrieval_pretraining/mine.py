@@ -11,6 +11,9 @@ code), so each is a named option recorded in the manifest:
                    skips the best two NON-positives wherever the positive ranks
   sample           random (COSTA: 30 at random from the top 200) | top (the best n)
   num_negatives    n per query; null keeps every candidate (Tevatron)
+  min_negatives    a query left with fewer negatives gets none (its row lists no negative, so
+                   fine-tuning trains no example on this file for it); null (default) = keep
+                   any. The BoW authors' QA miner drops such questions (annotate.py: 4)
   negative_filter  qrels: only the query's qrels positives are removed | answers (NQ, TriviaQA:
                    DPR's and Tevatron's policy): also every candidate whose text contains one of
                    the query's answers (answers.py's DPR match, or regex where the dataset's
@@ -69,6 +72,7 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "rank_window": None,   # [lo, hi) 1-based ranks; hi null = up to depth
     "sample": "random",    # random | top
     "num_negatives": 30,   # null = keep all candidates
+    "min_negatives": None,  # fewer kept: none (the BoW authors' QA miner: 4); null = any
     "negative_filter": "qrels",  # qrels | answers (the rule resolves mining's `auto` per dataset)
     # How answers match text under the answers filter: the dataset's evaluate splits' mode (the
     # rule passes it), so that what Acc@k counts as an answer passage is never a negative.
@@ -105,6 +109,7 @@ def policy(config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"mining.sample '{knobs['sample']}' is unknown; use 'random' or 'top'")
     check_int("mining.depth", knobs["depth"], 1)
     check_int("mining.num_negatives", knobs["num_negatives"], 1, nullable=True)
+    check_int("mining.min_negatives", knobs["min_negatives"], 1, nullable=True)
     check_choice("mining.index.use_gpu", config.get("use_gpu", "auto"), ("auto", "never"))
     check_window(knobs["rank_window"], knobs["depth"])
     return knobs
@@ -193,6 +198,8 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
     # ~60k training queries, not MS MARCO's 503k).
     batch = QUERY_BATCH if knobs["negative_filter"] == "qrels" else max(len(keep), 1)
     tally = {"positives_removed": 0, "answer_passages_removed": 0, "own_positives_kept": 0}
+    if knobs["min_negatives"] is not None:
+        tally["queries_below_min_negatives"] = 0
     candidates: list[int] = []
     negatives: list[int] = []
     with artifacts.atomic_path(out) as tmp, \
@@ -234,6 +241,10 @@ def mine_batch(ranked: list[tuple], positives: dict[str, list[str]], first: set[
         tally["answer_passages_removed"] += len(answered.get(qid, set()) - pos)
         neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks,
                                                       pos | answered.get(qid, set()), knobs, seed)
+        least = knobs.get("min_negatives")
+        if least is not None and len(neg) < least:
+            tally["queries_below_min_negatives"] += 1
+            neg, neg_ranks, neg_scores = [], [], []
         tally["own_positives_kept"] += sum(d in own for d in neg)
         listed = positives[qid]
         if knobs.get("answer_positives"):
