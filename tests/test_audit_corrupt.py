@@ -449,16 +449,17 @@ def test_a_published_id_no_trec_line_can_hold_fails(results, capsys, name, bad):
     assert f"PASS  every doc_id {TREC_FIELD}" in out, out
 
 
-def write_answers(results, name, answers, without_answers):
-    """An answers file with the manifest datasets.py writes (which counts the questions it left
-    with no answer)."""
+def write_answers(results, name, answers, without_answers, without_tokens=0):
+    """An answers file with the manifest datasets.py writes (which counts the questions with no
+    answer and the answers with no token)."""
     path = results / f"datasets/qa/answers-{name}.parquet"
     ids = [f"q{i}" for i in range(len(answers))]
     table = pa.table({"query_id": ids, "answers": answers}, datasets.ANSWERS_SCHEMA)
     artifacts.write_parquet(path, table, datasets.ANSWERS_SCHEMA)
     artifacts.write_manifest(
         artifacts.manifest_path(path), stage="datasets.answers", params={},
-        stats={"questions_without_answers": without_answers, "questions": len(answers)},
+        stats={"questions_without_answers": without_answers, "questions": len(answers),
+               "answers_without_tokens": without_tokens},
     )
     return path
 
@@ -466,16 +467,19 @@ def write_answers(results, name, answers, without_answers):
 @pytest.mark.parametrize(
     "answers, counted, check",
     [
-        ([["Paris"], ["  "]], 0, "no answer blank"),
-        ([["Paris"], ["Rome", ""]], 0, "no answer blank"),
+        ([["Paris"], ["  "]], 0, "answers without a token: 0, as the manifest counts"),
+        ([["Paris"], ["Rome", ""]], 0, "answers without a token: 0, as the manifest counts"),
+        ([["Paris"], ["Rome", None]], 0, "no answer null"),
         ([["Paris"], []], 0, "questions without an answer: 0, as the manifest counts"),
     ],
 )
 def test_answers_a_writer_never_leaves_fail(results, answers, counted, check, capsys):
     fails(write_answers(results, "bad", answers, counted), check, capsys)
-    # A question left with no answer is kept and counted (Acc@k scores it 0).
-    kept = write_answers(results, "intact", [["Paris"], ["Rome", "Roma"], []], 1)
-    passes(kept, "no answer blank", capsys)
+    # A question left with no answer is kept and counted (Acc@k scores it 0); an answer with no
+    # token is kept and counted (DPR's rule finds it in every passage).
+    kept = write_answers(results, "intact", [["Paris"], ["Rome", "Roma", " "], []], 1, 1)
+    passes(kept, "no answer null", capsys)
+    passes(kept, "answers without a token: 1, as the manifest counts", capsys)
     passes(kept, "questions without an answer: 1, as the manifest counts", capsys)
     passes(kept, "row count equals the manifest's: 3 vs 3 (stats.questions)", capsys)
     pq.write_table(pq.read_table(kept).slice(0, 2), kept)  # a question lost, manifest unchanged

@@ -230,6 +230,24 @@ def test_the_sample_becomes_the_datasets_contract(nq):
     assert audit.audit(nq / "answers-test.parquet").kind == "answers"
 
 
+def test_answers_without_a_token_are_kept_and_counted(tmp_path):
+    """DPR's qa files are kept as they are: an answer with no token (found in every passage by
+    DPR's rule, so by Acc@k) stays in answers-{split}.parquet, counted in the manifest; a question
+    with no answer at all stays with an empty list (Acc@k scores it 0). The audit checks both
+    counts against the file."""
+    qa = tmp_path / "dev.qa.csv"
+    qa.write_text("q0\t['Paris', '']\nq1\t[' ']\nq2\t['Rome']\nq3\t[]\n")
+    entry = {**NQ_SAMPLE, "splits": [{"name": "dev", "questions": {"path": str(qa)}}]}
+    stats = datasets.prepare_answers(entry, "dev", tmp_path, data_root=str(tmp_path))
+    frame = pl.read_parquet(tmp_path / "answers-dev.parquet")
+    assert frame["answers"].to_list() == [["Paris", ""], [" "], ["Rome"], []]
+    assert stats["answers_without_tokens"] == 2
+    assert stats["questions_with_answers_without_tokens"] == 2
+    assert stats["questions_without_answers"] == 1 and stats["answers"] == 4
+    result = audit.audit(tmp_path / "answers-dev.parquet")
+    assert result.passed, result.checks
+
+
 def test_a_dpr_split_must_name_one_source(tmp_path):
     entry = {**NQ_SAMPLE, "splits": [{"name": "dev"}]}
     datasets.prepare_corpus(entry, tmp_path)
@@ -255,7 +273,8 @@ def test_a_dpr_split_must_name_one_source(tmp_path):
     ("it was surpassed by UTF-8, which", "utf-8", True),
     ("it was surpassed by UTF 8, which", "UTF-8", False),
     ("undesirable, unnecessary, and harmful.", "undesirable , unnecessary, and harmful", True),
-    ("anything at all", "", False),                                  # no token: never a match
+    ("anything at all", "", True),                # no token: found everywhere, as in DPR's loop
+    ("", " \t", True),                                               # even in an empty passage
     ("anything at all", "!!", False),
     ("1,000 people", "1,000", True),
     ("1000 people", "1,000", False),
@@ -291,12 +310,12 @@ def naive_tokens(text):
 
 
 def naive_has_answer(text, answer_list):
-    """DPR's loop: an answer's token list equal to a slice of the text's (a token-less answer
-    skipped, as answers.py documents)."""
+    """DPR's loop: an answer's token list equal to a slice of the text's, at each of the
+    len(text) - len(answer) + 1 positions (so a token-less answer equals the empty slice at 0)."""
     words = naive_tokens(text)
     for answer in answer_list:
         needle = naive_tokens(answer)
-        if needle and any(words[i:i + len(needle)] == needle for i in range(len(words))):
+        if any(words[i:i + len(needle)] == needle for i in range(len(words) - len(needle) + 1)):
             return True
     return False
 
@@ -407,6 +426,35 @@ def test_tokens_agree_with_pyserinis_dpr_tokenizer():
 
 
 # --- Acc@k ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["", " ", "\t\u200b"])
+def test_a_token_less_answer_is_found_in_every_passage_as_dpr_and_pyserini_find_it(answer,
+                                                                                    tmp_path):
+    """DPR's has_answer (and Pyserini's copy of it) slides an answer's token list over the
+    passage's at len(passage) - len(answer) + 1 positions: a token-less answer equals the empty
+    slice at position 0 of every passage, an empty one included. So its question counts as
+    answered by its first passage, and Acc@k counts it so (a question missing from the run still
+    scores 0). They were dropped at preparation, where Acc@k counted the question a miss."""
+    texts = {"d1": "Mobile", "d2": "", "d3": "Montgomery is the capital"}
+    gold = {"q1": ["Huntsville", answer], "q2": ["Huntsville"], "q3": [answer]}
+    write_corpus(tmp_path / "corpus.parquet", texts)
+    write_answers(tmp_path / "answers.parquet", gold)
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 3 t\nq1 Q0 d3 2 2 t\n"
+                                       "q2 Q0 d2 1 3 t\nq2 Q0 d1 2 2 t\n")
+    result = evaluate.evaluate(tmp_path / "run.trec", None, None, {"measures": ["Acc@1", "Acc@2"]},
+                               tmp_path / "answers.parquet", tmp_path / "corpus.parquet")
+    assert result["per_query"]["Acc@1"] == {"q1": 1.0, "q2": 0.0, "q3": 0.0}
+    assert result["per_query"]["Acc@2"] == {"q1": 1.0, "q2": 0.0, "q3": 0.0}
+    assert all(answers.has_answer(t, [answer]) for t in texts.values())
+    assert all(dpr_passage_has_answer(t, [answer]) for t in texts.values())
+    pyserini_eval = pytest.importorskip("pyserini.eval.evaluate_dpr_retrieval")
+    tokenizer = pyserini_eval.SimpleTokenizer()
+    for text in texts.values():
+        for answer_list in gold.values():
+            assert answers.has_answer(text, answer_list) == pyserini_eval.has_answers(
+                text, answer_list, tokenizer), (text, answer_list)
+
 
 
 def overlap_run(folder, path, depth=100):
@@ -707,6 +755,39 @@ def test_the_answers_filter_matches_as_the_split_scores(tmp_path, monkeypatch):
     with pytest.raises(answers.AnswerError, match="answer_match 'regexp' unknown"):
         answers.answer_exclusions({"1": ["d1"]}, "answers", files["answers"], files["corpus"],
                                   "regexp")
+
+
+@pytest.mark.parametrize("mode", answers.MATCH_MODES)
+def test_an_answer_found_in_every_passage_removes_no_negative(tmp_path, mode):
+    """An answer that DPR's rule finds in every passage (no token; in regex mode a pattern that
+    matches the empty text) says nothing about which passages answer the question: followed
+    literally it would remove every candidate and leave the question without negatives. The
+    filter ignores it and removes what the question's other answers match."""
+    texts = {"d1": "Montgomery is the capital", "d2": "a positive", "d3": "Mobile",
+             "d4": "Huntsville"}
+    everywhere = "" if mode == "string" else "(x)?"
+    pl.DataFrame({"query_id": ["1", "2"], "text": ["capital", "city"]}
+                 ).write_parquet(tmp_path / "q.parquet")
+    pl.DataFrame({"query_id": ["1", "2"], "doc_id": ["d2", "d2"], "relevance": [1, 1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    write_answers(tmp_path / "answers.parquet", {"1": ["Montgomery", everywhere],
+                                                 "2": [everywhere, "\t"]})
+    write_corpus(tmp_path / "corpus.parquet", texts)
+    assert all(answers.has_answer(t, [everywhere], mode) for t in texts.values())
+    triples = tmp_path / "triples.tsv.gz"
+    with gzip.open(triples, "wt") as handle:
+        handle.write("".join(f"{q}\td2\t{d}\n" for q in "12" for d in ("d1", "d3", "d4")))
+    config = {"negatives": {"source": "triples", "count": 30, "seed": 0,
+                            "negative_filter": "answers", "answer_match": mode}}
+    stats = bm25.mine_negatives(tmp_path / "q.parquet", tmp_path / "qrels.parquet",
+                                tmp_path / "n.parquet", config, triples=triples,
+                                answers=tmp_path / "answers.parquet",
+                                corpus=tmp_path / "corpus.parquet")
+    rows = {r["query_id"]: sorted(r["negative_ids"])
+            for r in pl.read_parquet(tmp_path / "n.parquet").iter_rows(named=True)}
+    assert rows == {"1": ["d3", "d4"], "2": ["d1", "d3", "d4"]}
+    assert stats["answer_passages_removed"] == 1
 
 
 # --- DPR's own negatives (bm25.negatives source: dpr) --------------------------------------------

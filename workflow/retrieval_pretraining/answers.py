@@ -16,8 +16,14 @@ the facts are restated here, the code is ours):
   loader (`dpr/data/retriever_data.py`, CsvCtxSrc) holds it: psgs_w100's text column with '"'
   stripped from both ends (`passage_text`), so a quote that opens or closes a passage is no token
   of it (an answer `"Weird Al"` is not found in a passage `"Weird Al" Yankovic is ...`).
-- An answer with no token would match every passage in DPR's loop; the dataset stage drops such
-  answers (counted), so here an empty token sequence never matches.
+- An answer with no token is found in every passage, an empty one included: DPR's loop (and
+  Pyserini's copy) compares the answer's tokens with the passage's at len(passage) - len(answer)
+  + 1 positions, and the empty list equals the empty slice at position 0. So its question is
+  answered by whatever passage comes first, for Acc@k as for DPR. The dataset stage keeps such
+  answers (counted). In regex mode a pattern that matches the empty text is found likewise.
+- The answers negative filter ignores an answer found in every passage (`answer_exclusions`):
+  it tells no passage from another, and followed literally it would leave its question no
+  negative.
 
 Top-k accuracy (`Acc@k`) is scored in answer_accuracy.py, apart from this rule: dataset
 preparation, BM25 negatives and mining run this file, so an edit here reruns every fine-tuning.
@@ -93,7 +99,7 @@ def tokens(text: str) -> list[str]:
 def _contains(haystack: list[str], needle: list[str]) -> bool:
     n = len(needle)
     if n == 0:
-        return False
+        return True  # DPR's loop: [] equals the empty slice at position 0 of any passage
     first, i = needle[0], -1
     try:
         while True:  # list.index finds each place the first token occurs, in C
@@ -180,8 +186,8 @@ def _prepared_passage(text: str, mode: str) -> list[str] | str:
 
 
 def _prepared_answers(answers: Iterable[str], mode: str) -> list:
-    """A question's answers as has_answer matches them: token lists (token-less ones dropped:
-    they never match) or compiled NFD patterns (ones that do not compile dropped: likewise).
+    """A question's answers as has_answer matches them: token lists (a token-less one matches
+    every passage) or compiled NFD patterns (ones that do not compile dropped: they never match).
     Done once per question, not once per retrieved passage: TriviaQA's questions carry many
     aliases, and 100 passages each."""
     if mode == "regex":
@@ -190,7 +196,7 @@ def _prepared_answers(answers: Iterable[str], mode: str) -> list:
     if mode != "string":
         raise AnswerError(
             f"answer match mode {mode!r} unknown; use one of {', '.join(MATCH_MODES)}")
-    return [needle for needle in map(tokens, answers) if needle]
+    return [tokens(a) for a in answers]
 
 
 def _passage_matches(passage: list[str] | str, answers: list, mode: str) -> bool:
@@ -202,14 +208,21 @@ def _passage_matches(passage: list[str] | str, answers: list, mode: str) -> bool
 NEGATIVE_FILTERS = ("qrels", "answers")
 
 
+def found_everywhere(answer: str, mode: str = "string") -> bool:
+    """Whether has_answer finds `answer` in every passage: exactly when it finds it in the empty
+    text (no token; in regex mode, a pattern that matches the empty text, e.g. "" or "x?")."""
+    return has_answer("", [answer], mode)
+
+
 def answer_exclusions(candidates: dict[str, list[str]], negative_filter: str,
                       answers_path: Path | None, corpus: Path | None,
                       mode: str = "string") -> dict[str, set[str]]:
     """Per query, the candidates that may not be negatives beyond its qrels positives: with
     `negative_filter: answers` (DPR's and Tevatron's policy for NQ/TriviaQA) every candidate whose
     text has one of the query's answers, matched as `mode` (the dataset's evaluate splits'
-    answer_match, so that no passage Acc@k counts as an answer becomes a negative); with `qrels`,
-    none."""
+    answer_match, so that no passage Acc@k counts as an answer becomes a negative), save the
+    answers found in every passage (`found_everywhere`: they would exclude every candidate);
+    with `qrels`, none."""
     if negative_filter not in NEGATIVE_FILTERS:
         raise AnswerError(f"negative_filter {negative_filter!r} unknown; use qrels or answers")
     if mode not in MATCH_MODES:
@@ -219,5 +232,6 @@ def answer_exclusions(candidates: dict[str, list[str]], negative_filter: str,
     if answers_path is None or corpus is None:
         raise AnswerError("negative_filter answers needs --answers (answers-<split>.parquet) and "
                           "--corpus (corpus.parquet): a format dpr dataset")
-    answers = read_answers(answers_path)
+    answers = {q: [a for a in found if not found_everywhere(a, mode)]
+               for q, found in read_answers(answers_path).items()}
     return matching_pairs({q: set(d) for q, d in candidates.items()}, answers, corpus, mode)

@@ -4,8 +4,10 @@ A split names ONE source: `questions` (a qa.csv / JSON-lines file: question + an
 `biencoder` (a DPR training JSON: question + answers + positive passages). It becomes
 - queries-{split}.parquet: every question (query_id = its 0-based position in the file), judged or
   not: open-domain QA scores a question by its answers, not by judgements;
-- answers-{split}.parquet: its answer strings. Answers with no token under DPR's normalisation
-  (answers.py) would match every passage in DPR's loop: they are dropped and counted;
+- answers-{split}.parquet: its answer strings, as the file lists them. An answer with no token
+  under DPR's normalisation (answers.py) is found in every passage by DPR's rule, and so by
+  Acc@k: it is kept and counted (answers_without_tokens, questions_with_answers_without_tokens);
+  a question with no answer at all keeps an empty list (questions_without_answers: Acc@k 0);
 - qrels-{split}.parquet: relevance 1 for each positive passage a biencoder file names (repeats
   counted and kept once); empty for a `questions` split (score it with Acc@k, not qrels measures).
 """
@@ -47,18 +49,20 @@ def load_split(entry: dict[str, Any], split: str, data_root: str | None,
     else:
         records = read_biencoder(path, member)
     ids, texts, answer_lists, judged_q, judged_d = [], [], [], [], []
-    counts = dict.fromkeys(("answers_without_tokens", "questions_without_answers",
-                            "repeated_positives", "questions_without_positives"), 0)
+    counts = dict.fromkeys(("answers_without_tokens", "questions_with_answers_without_tokens",
+                            "questions_without_answers", "repeated_positives",
+                            "questions_without_positives"), 0)
     for qid, question, answers, positives in records:
-        kept = [a for a in answers if tokens(a)]
-        counts["answers_without_tokens"] += len(answers) - len(kept)
-        counts["questions_without_answers"] += not kept
+        tokenless = sum(not tokens(a) for a in answers)
+        counts["answers_without_tokens"] += tokenless
+        counts["questions_with_answers_without_tokens"] += tokenless > 0
+        counts["questions_without_answers"] += not answers
         unique = list(dict.fromkeys(positives))
         counts["repeated_positives"] += len(positives) - len(unique)
         counts["questions_without_positives"] += source == "biencoder" and not unique
         ids.append(qid)
         texts.append(question)
-        answer_lists.append(kept)
+        answer_lists.append(list(answers))
         judged_q += [qid] * len(unique)
         judged_d += unique
     queries = pl.DataFrame({"query_id": ids, "text": texts},

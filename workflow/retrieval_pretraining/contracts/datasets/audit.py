@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ...answers import tokens
 from ..base import (
     RANK_JSON, RANK_PARQUET, Audit, describe_origin, json_kind, parquet_kind, read_manifest,
     render_table_rows, results_root, show_manifest, show_snakemake_record,
@@ -166,14 +167,20 @@ def render_queries(a: Audit, t: pa.Table, manifest, n: int) -> None:
 
 
 def render_answers(a: Audit, t: pa.Table, manifest, n: int) -> None:
-    """Answers as the writer leaves them (dpr_dataset.load_split): it drops every answer with no
-    token and counts the questions left with none, which it keeps (Acc@k scores them 0)."""
+    """Answers as the writer leaves them (dpr_dataset.load_split): every answer the source lists,
+    those with no token (found in every passage by DPR's rule) counted, and the questions with
+    none counted (kept with an empty list: Acc@k scores them 0)."""
     answers = t["answers"]
     flat = pc.list_flatten(answers)
-    blank = pc.sum(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(flat), ""), True)).as_py() or 0
-    a.check("no answer blank", not blank, f"{blank} blank answers" if blank else "")
+    nulls = flat.null_count
+    a.check("no answer null", not nulls, f"{nulls} null answers" if nulls else "")
+    stats = (manifest or {}).get("stats") or {}
+    tokenless = sum(not tokens(x) for x in flat.drop_null().to_pylist())
+    recorded = stats.get("answers_without_tokens", 0)
+    a.check(f"answers without a token: {recorded}, as the manifest counts", tokenless == recorded,
+            f"found {tokenless}" if tokenless != recorded else "")
     empty = pc.sum(pc.equal(pc.list_value_length(answers).fill_null(0), 0)).as_py() or 0
-    counted = ((manifest or {}).get("stats") or {}).get("questions_without_answers", 0)
+    counted = stats.get("questions_without_answers", 0)
     a.check(
         f"questions without an answer: {counted}, as the manifest counts",
         empty == counted,
