@@ -291,6 +291,48 @@ def test_regex_mode_is_curated_trecs():
         answers.has_answer("x", ["x"], mode="fuzzy")
 
 
+def dpr_regex_has_answer(text, patterns):
+    """DPR's regex mode as dpr/data/qa_validation.py runs it: the third-party `regex` module
+    (`import regex as re`), IGNORECASE + UNICODE + MULTILINE, NFD pattern and text."""
+    regex = pytest.importorskip("regex")
+    for pattern in patterns:
+        try:
+            compiled = regex.compile(unicodedata.normalize("NFD", pattern),
+                                     flags=regex.IGNORECASE + regex.UNICODE + regex.MULTILINE)
+        except BaseException:
+            continue
+        if compiled.search(unicodedata.normalize("NFD", text)) is not None:
+            return True
+    return False
+
+
+@pytest.mark.filterwarnings("ignore:Possible nested set:FutureWarning")
+def test_regex_mode_agrees_with_dprs_regex_module_on_the_usual_syntax():
+    """answers.py compiles CuratedTREC's patterns with the standard `re`, as Pyserini does; DPR
+    compiles them with `regex`. On the constructs such patterns are made of (words, alternation,
+    \\s, \\b, \\d{4}, optional groups, lazy .*?, case pairs that NFD and case folding meet)
+    the two agree on every sample passage; they part only on syntax `re` lacks or reads
+    otherwise, listed last (ARCHITECTURE.md, answer match)."""
+    rng = random.Random(5)
+    texts = [line.split("\t")[1] for line in
+             (ROOT / SAMPLE / "psgs_w100.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    texts += ["İstanbul STRASSE Straße ﬁne Kelvin \u212a 1809", "U.S. 1,024 bytes"]
+    words = sorted({w for t in texts for w in re.findall(r"\w+", t)})
+    pieces = [r"\s+", r"\.?", r"[0-9]+", r"\d{4}", r"\b", "(?:the )?", "s?", ",? ", r"\-",
+              "'s", "[a-z]+", "ß", "STRASSE", "İ", "ﬁ", "K", ".*?", r"1,?024", "(U\\.S\\.|US)"]
+    for _ in range(1500):
+        pattern = "".join(rng.choice([rng.choice(words), rng.choice(pieces)])
+                          for _ in range(rng.randint(1, 4)))
+        if rng.random() < 0.3:
+            pattern += "|" + rng.choice(words)
+        for text in rng.sample(texts, 4):
+            assert answers.has_answer(text, [pattern], "regex") == dpr_regex_has_answer(
+                text, [pattern]), (pattern, text[:60])
+    parted = {r"\p{Lu}": "Paris", "[[:alpha:]]+": "Paris", "x(?i)y": "xy"}  # re: none found
+    assert not any(answers.has_answer(t, [p], "regex") for p, t in parted.items())
+    assert all(dpr_regex_has_answer(t, [p]) for p, t in parted.items())
+
+
 def naive_tokens(text):
     """DPR's SimpleTokenizer as its documentation states it, one character at a time: NFD, a run
     of letters, digits and marks is one token, any other character that is no separator (Z*) or
