@@ -416,11 +416,13 @@ rule build_bm25_index:
 
 
 # An alias's or a shared corpus's BM25 index when it indexes the text its source's does: the
-# source's, copied (an 8.8M-passage MS MARCO index takes an hour of 8 cores to build, seconds
-# to copy; DPR's 21M passages, hours).
+# source's files, hard-linked where the file system allows, else copied (an 8.8M-passage MS MARCO
+# index takes an hour of 8 cores to build, seconds to copy; DPR's 21M passages, hours, and tens
+# of GB that a link does not duplicate). Why a link is safe: linked_copy.py, ARCHITECTURE.
 rule alias_bm25_index:
     input:
         index=lambda wc: f"results/bm25/{copied_bm25_indexes()[wc.dataset]}/index",
+        code=module_source("linked_copy"),
     output:
         index=directory("results/bm25/{dataset}/index"),
     log:
@@ -428,9 +430,11 @@ rule alias_bm25_index:
     wildcard_constraints:
         dataset=alias_pattern(copied_bm25_indexes()),
     localrule: True
+    conda:
+        conda_env("torch")
     shell:
-        "(rm -rf {output.index}.tmp && cp -r {input.index} {output.index}.tmp && "
-        "mv {output.index}.tmp {output.index}) &> {log}"
+        "python -m retrieval_pretraining.linked_copy --source {input.index} "
+        "--out {output.index} &> {log}"
 
 
 rule bm25_search:

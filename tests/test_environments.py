@@ -30,8 +30,8 @@ PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
 ENV_MODULES = {
     "torch": [
         "download", "extract", "checkpoints", "chunk", "spans", "span_audit", "datasets",
-        "shared_corpus", "encode", "finetune", "pretrain", "evaluate", "tables", "analysis",
-        "audit", "launch", "claim_run",
+        "shared_corpus", "linked_copy", "encode", "finetune", "pretrain", "evaluate", "tables",
+        "analysis", "audit", "launch", "claim_run",
         "contracts",  # audit loads every type's audit module at run time (contracts/registry.py)
     ],
     "faiss": ["encode", "faiss_index", "mine", "dense_search", "claim_run"],

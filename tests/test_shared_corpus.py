@@ -197,6 +197,29 @@ def test_a_shared_corpus_is_the_corpus_its_own_parse_gave(tmp_path):
                            env=dict(os.environ, PYTHONPATH=str(ROOT / "workflow")))
     assert audit.returncode == 0, audit.stdout + audit.stderr  # each copy reads as its artifact
     assert planned_rules(project, *targets) == {}
+    # The index is the source's files, hard-linked (one file system here), all but Snakemake's
+    # timestamp of the folder, the copy's own: linked, the copy's touch would move the source's
+    # time, and all that reads the source's index would rerun.
+    index, source_index = (results / "bm25" / n / "index" for n in (SHARED, DPR))
+    log = (results / "logs" / "alias_bm25_index" / f"{SHARED}.log").read_text()
+    assert "hard-linked" in log, log
+    files = sorted(p.name for p in index.iterdir() if p.name != ".snakemake_timestamp")
+    assert files and files == sorted(
+        p.name for p in source_index.iterdir() if p.name != ".snakemake_timestamp")
+    for name in files:
+        assert (index / name).stat().st_ino == (source_index / name).stat().st_ino, name
+    stamps = [i / ".snakemake_timestamp" for i in (index, source_index)]
+    assert stamps[0].stat().st_ino != stamps[1].stat().st_ino
+    # The source's index rebuilt: the copy keeps its files until its own rerun relinks them.
+    before = {name: (index / name).read_bytes() for name in files}
+    snakemake(project, f"results/bm25/{DPR}/index", "--forcerun", "build_bm25_index")
+    assert all((index / n).stat().st_ino != (source_index / n).stat().st_ino for n in files)
+    assert {name: (index / name).read_bytes() for name in files} == before
+    assert planned_rules(project, *targets).get("alias_bm25_index") == 1
+    snakemake(project, *targets)
+    assert all((index / n).stat().st_ino == (source_index / n).stat().st_ino for n in files
+               if (source_index / n).exists())
+    assert planned_rules(project, *targets) == {}
 
 
 def test_a_shared_corpuss_bm25_row_names_the_source_s_index_build(tmp_path):
