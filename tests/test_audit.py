@@ -608,3 +608,72 @@ def test_an_input_shared_by_many_artifacts_is_hashed_once_per_audit(results, mon
         shared.unlink()
         for copy in copies:
             shutil.rmtree(copy.parent)
+
+
+def _record(project, rel, rule):
+    """Snakemake's record of `rel` as an output of a job of `rule` (.snakemake/metadata)."""
+    import base64
+
+    meta = project / ".snakemake/metadata"
+    meta.mkdir(parents=True, exist_ok=True)
+    (meta / base64.urlsafe_b64encode(rel.encode()).decode()).write_text(json.dumps({"rule": rule}))
+
+
+def _copied_index(results, name, source):
+    """results/bm25/<name>/index as alias_bm25_index leaves it: <source>'s files, manifest and
+    all (it names <source>'s corpus, the one build_bm25_index read)."""
+    index = results / "bm25" / name / "index"
+    index.mkdir(parents=True)
+    (index / "segments_1").write_bytes(b"\x00" * 10)
+    artifacts.write_manifest(index / "manifest.json", stage="bm25.index", params={},
+                             inputs={"corpus": f"results/datasets/{source}/corpus.parquet"})
+    return index
+
+
+def test_a_copied_index_names_the_rule_that_copied_it(tmp_path, capsys):
+    """An alias's or a shared corpus's BM25 index is alias_bm25_index's copy: its files were
+    said to be written by build_bm25_index, which never ran for that dataset. From Snakemake's
+    record where there is one, else from the manifest (the source's corpus, not this one's)."""
+    results = tmp_path / "project" / "results"
+    index = _copied_index(results, "trivia", "nq")
+    status, out, _ = run_audit(index / "segments_1", capsys)
+    assert status == 0, out
+    assert "written by rule alias_bm25_index" in out and "build_bm25_index" not in out, out
+    status, out, _ = run_audit(index, capsys)
+    assert status == 0 and "a copy of nq's index (alias_bm25_index)" in out, out
+    # Its own build: the FILES table's rule, and no copy.
+    own = _copied_index(results, "nq", "nq")
+    status, out, _ = run_audit(own / "segments_1", capsys)
+    assert status == 0 and "written by rule build_bm25_index" in out, out
+    assert "a copy of" not in run_audit(own, capsys)[1]
+    # Snakemake's record of the folder output is the job that wrote it, whatever the manifest.
+    _record(tmp_path / "project", "results/bm25/nq/index", "alias_bm25_index")
+    status, out, _ = run_audit(own / "segments_1", capsys)
+    assert status == 0 and "written by rule alias_bm25_index" in out, out
+
+
+def test_a_copied_dataset_info_names_the_rule_that_wrote_it(tmp_path, capsys):
+    """A shared corpus's dataset.json is share_dataset_corpus's, an alias's copied or rewritten
+    with its own title; prepare_dataset wrote neither."""
+    results = tmp_path / "project" / "results"
+
+    def dataset(name, info_name, corpus_owner):
+        folder = results / "datasets" / name
+        folder.mkdir(parents=True)
+        info = {"name": info_name, "format": "dpr", "title": "space", "exclude_query_id": False,
+                "corpus": {}}
+        (folder / "dataset.json").write_text(json.dumps(info))
+        artifacts.write_manifest(folder / "corpus.manifest.json", stage="datasets.corpus",
+                                 params={"name": corpus_owner})
+        return folder / "dataset.json"
+
+    for name, info_name, owner, rule in [
+        ("nq", "nq", "nq", "rule prepare_dataset"),
+        ("trivia", "trivia", "nq", "rule share_dataset_corpus"),
+        ("nq-alias", "nq", "nq", "rule alias_dataset_file / alias_dataset_info"),
+    ]:
+        out = run_audit(dataset(name, info_name, owner), capsys)[1]  # no corpus.parquet: FAIL
+        assert f"written by {rule}\n" in out, (name, out)
+    _record(tmp_path / "project", "results/datasets/nq-alias/dataset.json", "alias_dataset_info")
+    out = run_audit(results / "datasets/nq-alias/dataset.json", capsys)[1]
+    assert "written by rule alias_dataset_info\n" in out, out

@@ -196,6 +196,9 @@ def test_a_shared_corpus_is_the_corpus_its_own_parse_gave(tmp_path):
                            capture_output=True, text=True, cwd=project,
                            env=dict(os.environ, PYTHONPATH=str(ROOT / "workflow")))
     assert audit.returncode == 0, audit.stdout + audit.stderr  # each copy reads as its artifact
+    # Each names the rule that wrote it, not the one that wrote the source's.
+    assert "quirks; written by rule share_dataset_corpus" in audit.stdout, audit.stdout
+    assert f"a copy of {DPR}'s index (alias_bm25_index)" in audit.stdout, audit.stdout
     assert planned_rules(project, *targets) == {}
     # The index is the source's files, hard-linked (one file system here), all but Snakemake's
     # timestamp of the folder, the copy's own: linked, the copy's touch would move the source's

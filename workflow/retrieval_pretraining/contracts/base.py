@@ -219,12 +219,16 @@ def known_file(path: Path) -> tuple[str, str] | None:
     return None
 
 
-def describe_origin(a: Audit, label: str, required: bool = True) -> None:
-    """Say what the file is and which rule writes it; refuse a file this workflow does not write
-    (unless not `required`: its contents already identify it)."""
+def describe_origin(a: Audit, label: str, required: bool = True, rule: str | None = None) -> None:
+    """Say what the file is and which rule wrote it; refuse a file this workflow does not write
+    (unless not `required`: its contents already identify it). The rule is Snakemake's record's
+    (the job that wrote the file or its folder), else `rule` (what the caller read in the
+    artifact), else the one FILES names: a copy of another dataset's file (an alias's, a shared
+    corpus's) is the copying rule's, not the rule that writes the original."""
     known = known_file(a.path)
     if known is not None:
-        who = known[1] if known[1].startswith("`") else f"rule {known[1]}"
+        rule = recorded_rule(a.path) or rule or known[1]
+        who = rule if rule.startswith("`") else f"rule {rule}"
         a.say(f"-- {known[0]}; written by {who}")
     elif required and snakemake_record(a.path) is None and read_manifest(a.path) is None:
         raise NotAnArtifact(
@@ -336,6 +340,15 @@ def snakemake_record(path: Path) -> tuple[str, dict[str, Any]] | None:
             return rel, json.loads(record.read_text())
         target = target.parent
     return None
+
+
+def recorded_rule(path: Path) -> str | None:
+    """The rule of the Snakemake job that wrote `path` (or the folder output holding it)."""
+    try:
+        record = snakemake_record(path)
+    except (OSError, ValueError):  # a record cut short reads as none: the FILES table's rule
+        return None
+    return None if record is None else record[1].get("rule")
 
 
 def show_snakemake_record(a: Audit, path: Path) -> None:

@@ -189,10 +189,26 @@ def render_answers(a: Audit, t: pa.Table, manifest, n: int) -> None:
     render_table_rows("query_id")(a, t, manifest, n)
 
 
+def info_writer(path: Path, data: dict) -> str | None:
+    """The rule that wrote a dataset.json that prepare_dataset did not, from what the folder
+    holds: one naming another dataset is an alias's (its source's, copied, or written with the
+    alias's own title: alias_dataset_file / alias_dataset_info); one under its own name beside a
+    corpus prepared for another dataset (the corpus manifest's `name`) is a shared corpus's
+    (share_dataset_corpus). None: prepare_dataset's, or nothing to tell."""
+    own = path.parent.name
+    if isinstance(data.get("name"), str) and data["name"] != own:
+        return "alias_dataset_file / alias_dataset_info"
+    corpus = read_manifest(path.parent / "corpus.parquet") or {}
+    owner = (corpus.get("params") or {}).get("name")
+    if isinstance(owner, str) and owner != own:
+        return "share_dataset_corpus"
+    return None
+
+
 def audit_dataset_info(a: Audit, n: int) -> None:
     data = json.loads(a.path.read_text())
     a.kind = "dataset info (dataset.json)"
-    describe_origin(a, "a dataset.json")
+    describe_origin(a, "a dataset.json", rule=info_writer(a.path, data))
     corpus = a.path.parent / "corpus.parquet"
     a.say(
         f"-- dataset {data.get('name')} ({data.get('format')}): title mode {data.get('title')!r}, "

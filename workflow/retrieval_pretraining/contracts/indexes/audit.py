@@ -109,6 +109,20 @@ def audit_faiss_folder(a: Audit, n: int) -> None:
     a.say("-- first docids: " + ", ".join(first_docids(a.path / "docid", n)))
 
 
+def copied_index(folder: Path) -> str | None:
+    """The dataset whose BM25 index `folder` (results/bm25/<dataset>/index) is a copy of
+    (alias_bm25_index), from its manifest: build_bm25_index records the corpus it indexed,
+    results/datasets/<source>/corpus.parquet, and the copy's manifest is the source's. None for
+    a folder that indexed its own dataset's corpus, or whose manifest says nothing of one."""
+    if folder.name != "index" or folder.parent.parent.name != "bm25":
+        return None
+    corpus = (((read_manifest(folder) or {}).get("inputs") or {}).get("corpus") or {}).get("path")
+    if not isinstance(corpus, str) or Path(corpus).name != "corpus.parquet":
+        return None
+    source = Path(corpus).parent.name
+    return source if source != folder.parent.name else None
+
+
 def audit_lucene(a: Audit, n: int) -> None:
     a.kind = "Lucene index folder"
     files = [p for p in a.path.iterdir() if p.is_file()]
@@ -116,6 +130,10 @@ def audit_lucene(a: Audit, n: int) -> None:
         f"-- {len(files)} files, {sum(p.stat().st_size for p in files) / 1e6:.1f} MB; "
         f"segments: {sorted(p.name for p in files if p.name.startswith('segments'))}"
     )
+    source = copied_index(a.path)
+    if source is not None:
+        a.say(f"-- a copy of {source}'s index (alias_bm25_index): its manifest's corpus is "
+              f"{source}'s")
     a.check("has a segments file", any(p.name.startswith("segments_") for p in files))
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
@@ -127,7 +145,9 @@ def audit_folder_member(a: Audit, n: int) -> None:
     inner = Audit(folder)
     (audit_lucene if any(folder.glob("segments_*")) else audit_faiss_folder)(inner, n)
     a.kind = f"file of a {inner.kind}"
-    describe_origin(a, "a file of an index folder", required=False)
+    copied = copied_index(folder) is not None
+    describe_origin(a, "a file of an index folder", required=False,
+                    rule="alias_bm25_index" if copied else None)
     a.say(f"-- {a.path.name}: {a.path.stat().st_size:,} bytes; the folder {folder}:")
     a.lines += inner.lines
     a.checks += inner.checks
