@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from retrieval_pretraining import artifacts, dataset_aliases, datasets
 from retrieval_pretraining import config as experiment_config
-from retrieval_pretraining import dataset_aliases
 from test_dataset_reruns import DPR, _dpr_entry
 from workflow_harness import (
     ROOT,
@@ -261,7 +261,25 @@ def test_a_split_missing_from_a_shared_corpus_names_the_corpus_it_read(tmp_path)
     assert "'999999'" in said, said
     assert f"downloads/datasets/{SHARED}/psgs_w100" not in said, said
     assert f"results/datasets/{SHARED}/corpus.parquet" in said, said
-    assert f"a copy of '{DPR}'" in said, said
+    assert f"corpus.parquet, copied from '{DPR}' by corpus.same_as (it holds 2;" in said, said
+    assert ") (" not in said, said  # one bracket after another read as a stutter
+
+
+def test_a_copied_corpus_is_named_in_a_refusal_with_one_parenthetical(tmp_path):
+    """The missing-documents refusal of a shared corpus's split: the copy and whose it is, then
+    the counts in brackets, not two bracketed remarks in a row."""
+    out = tmp_path / SHARED
+    out.mkdir()
+    artifacts.write_manifest(artifacts.manifest_path(out / "corpus.parquet"),
+                             stage="datasets.corpus", params={"name": DPR})
+    corpus = datasets.checked_corpus({"name": SHARED}, out, None, None)
+    stats = {"judged_documents": 2, "judged_documents_missing": 1,
+             "judged_documents_missing_examples": ["d9"]}
+    message = datasets.missing_documents_message(
+        {"name": SHARED}, "test", stats, 0, tmp_path / "qrels.tsv", corpus)
+    assert f"missing from the corpus {out / 'corpus.parquet'}, copied from '{DPR}' by " \
+        "corpus.same_as (it holds 1; missing e.g. 'd9')" in message, message
+    assert ") (" not in message, message
 
 
 def test_a_model_pre_trained_on_a_shared_corpus_is_in_domain_on_every_dataset_over_it(tmp_path):

@@ -290,14 +290,15 @@ def checked_corpus(entry: dict[str, Any], out_dir: Path, data_root: str | None,
     or, where its corpus.parquet was prepared for another dataset (its manifest says whose: a
     shared corpus, `corpus.same_as`, is a copy), the copy and whose it is. A copy's file is under
     its source's downloads, not `downloads` (the entry's own), where a message would send a user
-    looking for a file that was never fetched."""
+    looking for a file that was never fetched. Said without brackets: the refusal that names it
+    adds its own."""
     path = out_dir / "corpus.parquet"
     manifest = artifacts.manifest_path(path)
     params = (artifacts.read_json(manifest).get("params") or {}) if manifest.is_file() else {}
     owner = params.get("name")
     if owner is None or owner == entry["name"]:
         return corpus_source(entry, data_root, downloads)
-    return f"{path} (a copy of {owner!r}'s corpus, corpus.same_as)"
+    return f"{path}, copied from {owner!r} by corpus.same_as"
 
 
 def missing_documents_message(
