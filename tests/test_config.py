@@ -36,6 +36,20 @@ def test_unknown_key_is_rejected_with_the_known_keys(demo):
     assert "corpus" in message and "max_lenght" in message and "max_len" in message
 
 
+def test_a_typo_in_a_file_reference_is_one_line_naming_the_entry(demo):
+    """A split's file (a `path` or a `download`): each shape's complaint in one line, with the
+    dataset and split it is in, not the unexpected key and then each missing required one."""
+    bad = copy.deepcopy(demo)
+    entry = next(e for e in bad["datasets"] if e.get("format") == "beir")
+    entry["titles"] = {"pth": "titles.tsv"}
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    lines = str(error.value).splitlines()[1:]
+    i = bad["datasets"].index(entry)
+    assert lines == [f"  config key 'datasets.{i}.titles' (dataset '{entry['name']}'): unknown "
+                     "key 'pth'; known keys: download, member, path"], lines
+
+
 def test_enum_violation_names_the_key_and_allowed_values(demo):
     bad = copy.deepcopy(demo)
     bad["wikipedia"]["source"] = "torrent"

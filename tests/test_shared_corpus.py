@@ -96,6 +96,13 @@ def test_a_shared_corpus_reads_as_its_sources_corpus_files(demo):
     # The corpus is the source's copy, never sampled: a subset here was dropped without a word.
     ({"subset": {"documents": 10, "seed": 0}},
      ["datasets.3.subset", "copy of", f"'{DPR}'", "remove"]),
+    # A misspelt key inside `corpus` failed each shape (a file, another entry's) its own way:
+    # five lines of the schema's, none naming every key allowed.
+    ({"corpus": {"same_ass": DPR}},
+     ["datasets.3.corpus", f"(dataset '{SHARED}')", "unknown key 'same_ass'",
+      "known keys: download, member, path, same_as"]),
+    ({"corpus": {"same_as": DPR, "membr": "x"}},
+     ["datasets.3.corpus", f"(dataset '{SHARED}')", "unknown key 'membr'", "same_as"]),
 ])
 def test_a_bad_shared_corpus_is_refused_in_one_message(demo, changes, words):
     message = _refusal(_with_sharing(demo, **changes))

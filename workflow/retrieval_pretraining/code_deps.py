@@ -27,7 +27,7 @@ DYNAMIC_IMPORTS = {"contracts.registry": ("contracts",)}
 # number's benchmark, a corpus entry's keys, a dataset alias) changes no stage's result, so through config they are
 # no rule's code input. Correcting a published number would otherwise rerun extraction, chunking
 # and every pre-training. A stage that imports them itself (tables: paper_numbers) keeps them.
-PARSE_TIME_IMPORTS = {"config": ("paper_numbers", "corpora", "dataset_aliases")}
+PARSE_TIME_IMPORTS = {"config": ("paper_numbers", "corpora", "dataset_aliases", "schema_messages")}
 
 
 def module_file(name: str) -> Path | None:

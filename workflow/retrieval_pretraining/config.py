@@ -116,7 +116,15 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     validator = Validator(load_schema())
     errors = [leaf for e in validator.iter_errors(config) for leaf in _branch_errors(e)]
     errors.sort(key=lambda e: list(map(str, e.absolute_path)))
-    messages = list(dict.fromkeys(_describe(e) for e in errors))
+    from . import schema_messages  # parse time only: code_deps.PARSE_TIME_IMPORTS
+
+    unknown = schema_messages.unknown_keys(config, errors)
+    # Where a key is unknown to every shape, that one line stands for the shapes' complaints
+    # (a branch's, `parent` set: its unexpected and missing keys); the rest are still said.
+    messages = list(dict.fromkeys(
+        unknown[path] if path in unknown and (e.validator == "additionalProperties" or e.parent)
+        else _describe(e)
+        for e in errors for path in [tuple(e.absolute_path)]))
     if not messages:  # cross-checks assume the shapes the schema guarantees
         messages = _alias_mistakes(config) or cross_check(_resolved(config))
     if messages:

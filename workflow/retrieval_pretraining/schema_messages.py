@@ -1,0 +1,50 @@
+"""One line for a key no shape of a value knows (config.validate, at parse time only: no stage
+imports this, code_deps.PARSE_TIME_IMPORTS, so rewording a message reruns nothing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+
+
+def entry_names(config: Any, path: list[Any]) -> str:
+    """` (dataset 'nq', split 'dev')`: the named list entries on `path`, by their `name`."""
+    names, value, key = [], config, None
+    for part in path:
+        try:
+            value = value[part]
+        except (KeyError, IndexError, TypeError):
+            break
+        if isinstance(part, int) and isinstance(value, dict) and isinstance(value.get("name"), str):
+            names.append(f"{str(key).removesuffix('s')} {value['name']!r}")
+        key = part
+    return f" ({', '.join(names)})" if names else ""
+
+
+def unknown_keys(config: Any, errors: list[jsonschema.ValidationError]) -> dict[tuple, str]:
+    """{path: one message} for each object holding a key that no shape allowed there knows.
+
+    A value that may take one of several shapes (`corpus`: a file, `path` or `download`, or
+    another entry's, `same_as`) fails each branch its own way: a misspelt key came out as five
+    lines (each branch's unexpected key and its missing required ones), none naming every key
+    allowed. One line instead: the dataset, the key, every key of every shape."""
+    by_path: dict[tuple, list[jsonschema.ValidationError]] = {}
+    for error in errors:
+        by_path.setdefault(tuple(error.absolute_path), []).append(error)
+    found = {}
+    for path, group in by_path.items():
+        closed = [e.schema["properties"] for e in group if e.validator == "additionalProperties"
+                  and isinstance(e.schema, dict) and "properties" in e.schema]
+        if len(group) < 2 or not closed or not isinstance(group[0].instance, dict):
+            # One complaint: jsonschema's own line already names the key and the known ones.
+            continue
+        known = sorted({k for properties in closed for k in properties})
+        unknown = [k for k in group[0].instance if k not in known]
+        if unknown:
+            key = ".".join(map(str, path))
+            found[path] = (
+                f"config key '{key}'{entry_names(config, list(path))}: unknown key"
+                f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"known keys: {', '.join(known)}")
+    return found
