@@ -3,7 +3,7 @@ encoded a chunk of queries at a time, twice, must train as one pass over the who
 gradient is checked in float64 against one autograd graph over the set (dropout on: each chunk
 under the seed both passes use), against the plain uncached pass (dropout off), with sub_batches
 > 1, on 2 gloo processes with gather, and through the training loop (its logged loss the uncached
-run's)."""
+run's; its weights after two steps, float64 under SGD, the uncached run's)."""
 
 from __future__ import annotations
 
@@ -285,3 +285,82 @@ def test_a_chunk_that_covers_the_micro_batch_is_accepted_said_and_resumes_as_non
     for gather in (False, True):
         assert resume_settings(settings({"batch_size": 8, "sub_batches": 2, "gather": gather,
                                          "cache_chunk": 3}))["cache_chunk"] == 3
+
+
+@pytest.fixture(scope="module")
+def loop_inputs(tmp_path_factory):
+    """SciFact's tiny slice and the 1-layer encoder with dropout off: without dropout, the cached
+    and the uncached step see the same activations (their dropout seeds differ by design)."""
+    folder = tmp_path_factory.mktemp("gcache-loop")
+    data = tiny_dataset(folder / "data")
+    encoder = tiny_encoder(folder / "base")
+    config = json.loads((encoder / "config.json").read_text())
+    (encoder / "config.json").write_text(json.dumps(
+        {**config, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    return data, encoder
+
+
+def _trained_weights(loop_inputs, tmp_path: Path, monkeypatch, name: str, cfg: dict
+                     ) -> dict[str, torch.Tensor]:
+    """The encoder's weights after train() ran `cfg` in float64 under plain SGD (as exported)."""
+    from safetensors.torch import load_file
+
+    from retrieval_pretraining.finetune import train as ftrain
+
+    data, encoder = loop_inputs
+    load_bi_encoder = ftrain.load_bi_encoder
+
+    def in_float64(*args, **kwargs):
+        model, tokenizer = load_bi_encoder(*args, **kwargs)
+        return model.double(), tokenizer
+
+    class SGD(torch.optim.SGD):
+        def step(self, closure=None):  # step_if_finite sets found_inf, which only fused reads
+            assert self.__dict__.pop("found_inf").item() == 0
+            return super().step(closure)
+
+    def sgd(model, *, lr, weight_decay):
+        return SGD(model.parameters(), lr=lr)
+
+    monkeypatch.setattr(ftrain, "load_bi_encoder", in_float64)
+    monkeypatch.setattr(training, "build_optimizer", sgd)
+    assert fine_tune(cfg, encoder, data, [data["bm25"]], seed=5, out=tmp_path / name,
+                     state_dir=tmp_path / f"state-{name}",
+                     metrics_path=tmp_path / f"{name}.jsonl") == 0
+    return load_file(tmp_path / name / "model.safetensors")
+
+
+# (sub_batches, cache_chunk): batch 16, so contrast sets (micro-batches) of 16 and 8 queries, cut
+# into chunks that divide them (4) and that do not (3, 5: a shorter last chunk).
+@pytest.mark.parametrize("sub_batches,chunk", [(1, 3), (2, 4), (2, 5)])
+def test_the_loop_s_weights_after_two_cached_steps_are_the_uncached_loop_s(
+        loop_inputs, tmp_path, monkeypatch, sub_batches, chunk):
+    """train() itself, twice on the same data and seed, dropout off: with cache_chunk and without.
+    After its 2 steps the exported weights must agree, so the loop hands cached_contrast_set the
+    scale of its uncached micro-batches (1 / the step's micro-batches), whatever the chunks.
+
+    In float64 under SGD, not AdamW: AdamW's step divides the gradient by its own running norm
+    (m / sqrt(v)), so a gradient scaled by any constant moves the weights alike (but for eps) and
+    the weights would not show a wrong scale; SGD moves them by lr x the gradient. The tolerance
+    is float64's: the weights differ by summation order alone (the chunks' matrix products), seen
+    at most 2e-16 (a weight near 1 rounds at 1e-16), against updates up to 2.5e-3, which a wrong
+    scale (by the step's micro-batches or the chunks: 2x and more) changes by their own size."""
+    from safetensors.torch import load_file
+
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 16,
+           "sub_batches": sub_batches, "epochs": 1, "lr": 1.0, "warmup_steps": 0,
+           "precision": "fp32", "log_every_steps": 1}
+    plain = _trained_weights(loop_inputs, tmp_path, monkeypatch, "plain", cfg)
+    cached = _trained_weights(loop_inputs, tmp_path, monkeypatch, "cached",
+                              {**cfg, "cache_chunk": chunk})
+    steps = [json.loads(line) for line in (tmp_path / "cached.jsonl").read_text().splitlines()]
+    assert steps[0]["cache_chunk"] == chunk and [r["step"] for r in steps[1:]] == [1, 2]
+    start = load_file(loop_inputs[1] / "model.safetensors")
+    assert plain.keys() == cached.keys() == start.keys()
+    moved = {k: plain[k] - start[k].double() for k in start}
+    assert all(v.dtype == torch.float64 for v in plain.values())
+    largest = max(v.abs().max().item() for v in moved.values())
+    assert largest > 1e-3, largest  # the steps moved the weights measurably
+    for name in start:
+        torch.testing.assert_close(cached[name] - start[name].double(), moved[name],
+                                   rtol=1e-9, atol=1e-14, msg=name)
