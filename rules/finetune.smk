@@ -6,7 +6,7 @@
 # `finetune_knobs` builds that it reads (retrieval_pretraining/retrieval_settings.py says which),
 # so that no other knob is a rerun trigger of it. Resume state of a training job lives in
 # results/state/finetune/, outside the declared outputs.
-from retrieval_pretraining.finetune.settings import trainer_keys
+from retrieval_pretraining.finetune.settings import caching_chunk, trainer_keys
 
 # torchrun: what the launcher execs for several processes (run, not imported by launch.py).
 _FINETUNE_CODE = ("launch", "torchrun", "finetune")
@@ -90,13 +90,17 @@ def only(knobs, keys):
 
 def finetune_argument(wildcards):
     """The trainer's slice: the keys it reads (shards, search_depth, encode_batch_size, rounds...
-    are left out, so that changing them reruns no fine-tuning job)."""
+    are left out, so that changing them reruns no fine-tuning job). A cache_chunk that covers a
+    whole contrast set caches on no GPU count: null (caching_chunk), so that setting it reruns
+    nothing either."""
     knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
     knobs |= model_finetune_knobs(wildcards.model)
     if parse_stage(wildcards.stage)[3] > 1 and knobs["stage2_negatives"] == "separate":
         # Each negatives file its own examples (finetune/data.py); left out otherwise, so that
         # the slice of every other job stays what it was.
         knobs["negative_files"] = "separate"
+    if "cache_chunk" in knobs:
+        knobs["cache_chunk"] = caching_chunk(knobs)
     return experiment_config.stage_argument(only(knobs, trainer_keys()))
 
 

@@ -303,3 +303,21 @@ def test_encoding_still_receives_the_batch_size_kept_out_of_the_params(project, 
     with pytest.raises(SystemExit):  # a knob that decides the vectors belongs in the params
         encode.main(argv)
     assert "dtype" in capsys.readouterr().err
+
+
+def test_a_cache_chunk_that_covers_the_contrast_set_reruns_no_fine_tuning(project, base):
+    """finetune.cache_chunk at or above a contrast set's queries (the demo's batch 32 in one set)
+    caches on no GPU count: each step is null's, and a state resumes under either. Its params
+    changed all the same, and Snakemake reran every fine-tuning job from step 0 (hours at paper
+    scale); the rules hand such a key on as null. One below the set caches: it reruns them."""
+    def chunk(value):
+        return lambda config: config["finetune"].update(cache_chunk=value)
+
+    rules = ("finetune_stage1", "finetune_stage2")
+    for value in (32, 1000):
+        edited = edited_plan(project, chunk(value))
+        for rule in rules:
+            assert rerun_by_params(base, edited, rule) == [], (value, rule)
+    edited = edited_plan(project, chunk(16))
+    for rule in rules:
+        assert len(rerun_by_params(base, edited, rule)) == sum(key[0] == rule for key in base)

@@ -123,6 +123,19 @@ class FinetuneSettings:
         return {**retrieval, **own}
 
 
+def caching_chunk(knobs: Mapping[str, Any]) -> Any:
+    """The slice's `cache_chunk`, or None where it is at or above a contrast set's queries
+    (batch_size // sub_batches): no micro-batch on any GPU count is larger (a process's share of
+    a set, data.contrast_plan), so no step caches and every step is null's. The rules hand a job
+    this value (finetune_argument: Snakemake reruns a job whose params changed, so such a key,
+    a no-op, must not) and a resumable state matches on it (train.resume_settings). A value the
+    settings would refuse is passed on unchanged, for them to refuse."""
+    chunk, batch, subs = (knobs.get(k) for k in ("cache_chunk", "batch_size", "sub_batches"))
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                  for v in (chunk, batch, subs))
+    return None if numbers and chunk >= batch // subs else chunk
+
+
 def trainer_keys() -> frozenset[str]:
     """The slice keys the trainer reads: the slice rules/finetune.smk hands a fine-tuning job is cut
     to them, so that no other knob (shards, search_depth, encode_batch_size...) is a rerun trigger

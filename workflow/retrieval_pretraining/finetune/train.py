@@ -28,7 +28,7 @@ from .data import (ContrastPlan, cached_chunk, contrast_plan, load_training_set,
 from .model import cached_contrast_set, load_bi_encoder, micro_batch_loss
 from .passages import PassageStore, write_passages
 from .schedule import build_schedule, warmup_steps
-from .settings import FinetuneSettings
+from .settings import FinetuneSettings, caching_chunk
 
 log = logging.getLogger(__name__)
 
@@ -322,12 +322,10 @@ LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union", "cache_chunk":
 def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
     """The settings a resumable state must match: all but RESULT_NEUTRAL (and LATER_DEFAULTS's
     knobs while they hold their defaults). A cache_chunk of a contrast set's queries or more is
-    none: no micro-batch on any GPU count is larger (data.cached_chunk), so its steps are the
-    uncached ones and a state written with or without it resumes under the other."""
+    none (settings.caching_chunk): no micro-batch on any GPU count is larger, so its steps are
+    the uncached ones and a state written with or without it resumes under the other."""
     record = settings.record()
-    chunk = record.get("cache_chunk")
-    if chunk is not None and chunk >= settings.batch_size // settings.sub_batches:
-        record["cache_chunk"] = None
+    record["cache_chunk"] = caching_chunk(record)
     return {k: v for k, v in record.items() if k not in RESULT_NEUTRAL
             and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
 
