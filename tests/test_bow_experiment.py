@@ -137,7 +137,7 @@ def test_the_msmarco_tables_run_the_bow_authors_recipe_on_an_alias(tables_plan):
     paper.yaml's collections under second names (copies: nothing prepared or downloaded twice),
     fine-tuned by bowdpr's train_dpr_msmarco.sh: 128 triples negatives, 16 passages of 144
     tokens, lr 2e-5 on the cosine schedule, 3 + 3 epochs, stage 2 restarted from the pre-trained
-    encoder on places 3-200 of stage 1's search less the positives, 128 sampled."""
+    encoder on places 3-200 of stage 1's top 1000 less the positives, 128 sampled."""
     from test_finetune_rules import job, stage_config, values
 
     prepared = {j["wildcards"].get("dataset") for j in tables_plan
@@ -162,7 +162,7 @@ def test_the_msmarco_tables_run_the_bow_authors_recipe_on_an_alias(tables_plan):
                dataset="msmarco-passage-bow", stage="stage1")["args"]
     policy = stage_config(mine)
     assert (policy["depth"], policy["rank_window"], policy["num_negatives"],
-            policy["sample"]) == (200, [3, None], 128, "random")
+            policy["sample"]) == (1000, [3, 201], 128, "random")
     # build_train_hn's negatives[2:200], sliced after the positives are removed.
     assert policy["rank_window_counts"] == "candidates"
     zero_shot = job(tables_plan, "dense_search", model="bow", dataset="scifact-bow",
@@ -400,3 +400,28 @@ def test_the_bow_recipe_contrasts_the_whole_batch_through_the_gradient_cache(tab
     paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
     assert (paper["finetune"]["sub_batches"], paper["finetune"]["cache_chunk"]) == (8, None)
     assert paper["finetune"]["group_sampling"] == "cycle"  # the COSTA authors ran Tevatron too
+
+
+def test_the_msmarco_mining_pool_is_build_train_hns_on_the_authors_rank_file():
+    """bowdpr's train_dpr_msmarco.sh runs faiss_retriever without --depth (its default: 1000 a
+    query), then build_train_hn drops the positives and slices negatives[2:200]: places 3-200 of
+    the list left, which reach search rank 201 or beyond wherever a positive ranks in the top 200.
+    msmarco-passage-bow's policy must give that pool (before the 128 are drawn) on any ranking:
+    restated here from their two scripts, on random 1,000-deep lists with 1-3 positives."""
+    import numpy as np
+
+    from retrieval_pretraining import mine
+    from retrieval_pretraining.references import mining_policy
+
+    knobs = mine.policy({**mining_policy(merged(), "msmarco-passage-bow"),
+                         "negative_filter": "qrels", "exclude_self": False})
+    knobs["num_negatives"] = None  # the pool the 128 are drawn from
+    rng = np.random.default_rng(3)
+    for case in range(50):
+        ranking = [f"p{i}" for i in rng.permutation(5000)[:1000]]  # their rank file's 1000
+        positives = set(rng.choice(ranking[:300], size=int(rng.integers(1, 4)), replace=False))
+        theirs = [d for d in ranking if d not in positives][2:200]
+        searched = ranking[:knobs["depth"]]  # what our search returns
+        ours = mine.select_negatives(f"q{case}", searched, np.linspace(1, 0, len(searched)),
+                                     np.arange(1, len(searched) + 1), positives, knobs, 0)[0]
+        assert ours == theirs, (case, sorted(positives, key=ranking.index))

@@ -16,7 +16,7 @@ from retrieval_pretraining import config as experiment_config
 from retrieval_pretraining import references
 from workflow_harness import ROOT, copy_project, edit_config, planned_params
 
-# The BoW authors' build_train_hn on MS MARCO: ranks 3..200 of a depth-200 search, 128 at random.
+# A BoW-like override (bow.yaml counts places on a 1000-deep search): ranks 3..200, 128 at random.
 BOW = {"depth": 200, "rank_window": [3, None], "num_negatives": 128, "sample": "random"}
 TARGETS = ("results/runs/scifact/bert-stage2/test.trec",
            "results/runs/scifact-docs/bert-stage2/test.trec")
