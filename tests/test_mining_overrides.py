@@ -170,3 +170,28 @@ def test_the_parse_time_window_check_refuses_what_the_mining_job_refuses():
             refused = True
         assert (references.window_mistake([lo, hi], depth) is not None) == refused, (lo, hi, depth)
     assert references.window_mistake(None, 1) is None
+
+
+def test_answer_positives_without_the_answers_filter_is_refused_when_the_workflow_parses(demo):
+    """mine.policy refuses answer_positives where the negative filter is not answers (it finds no
+    answer passage to write); the rules resolve `auto` to qrels on a dataset that is not format
+    dpr, so the demo's datasets can never have it. Refused at parse time, naming the key, not by
+    the mining job after a whole corpus encoding and index build."""
+    from retrieval_pretraining import mine
+
+    for where in ("section", "override"):
+        bad = copy.deepcopy(demo)
+        if where == "section":
+            bad["mining"]["answer_positives"] = True
+            key = "mining.answer_positives"
+        else:
+            bad["mining"]["overrides"] = [{"dataset": "scifact-docs", "answer_positives": True}]
+            key = "mining.overrides.0.answer_positives"
+        message = refusal(bad)
+        assert f"config key '{key}'" in message and "negative_filter" in message, message
+    with pytest.raises(experiment_config.ConfigError, match="answer_positives"):
+        mine.policy({"answer_positives": True, "negative_filter": "qrels"})
+    good = copy.deepcopy(demo)
+    good["mining"]["answer_positives"] = False
+    experiment_config.validate(good)
+    references.check(good)

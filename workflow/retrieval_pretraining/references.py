@@ -232,6 +232,32 @@ def mining_mistakes(config: dict[str, Any]) -> list[str]:
                  else f"mining.{name}" for name in ("rank_window", "depth")]
         where = f" on '{dataset}' (depth from {named[1]})" if own is not None else ""
         messages.append(f"config key '{named[0]}':{where} the window {why}")
+    messages += answer_positives_mistakes(config, finetuned, overrides, seen, twice)
+    return messages
+
+
+def answer_positives_mistakes(config: dict[str, Any], finetuned: list[str], overrides: list,
+                              seen: dict[str, int], twice: set[str]) -> list[str]:
+    """answer_positives needs the answers filter (mine.policy refuses it otherwise, when the
+    job starts): a filter of `auto` is answers on a format dpr dataset alone (rules/answers.smk
+    negative_filter), so elsewhere it is refused here, naming the key that set it."""
+    formats = {entry["name"]: entry.get("format") for entry in config["datasets"]}
+    messages = []
+    for dataset in [d for d in dict.fromkeys(finetuned) if d not in twice]:
+        policy = mining_policy(config, dataset)
+        if not policy.get("answer_positives"):
+            continue
+        chosen = policy.get("negative_filter", "auto")
+        if chosen == "answers" or (chosen == "auto" and formats.get(dataset) == "dpr"):
+            continue
+        own = seen.get(dataset)
+        key = (f"mining.overrides.{own}.answer_positives"
+               if own is not None and "answer_positives" in overrides[own]
+               else "mining.answer_positives")
+        messages.append(
+            f"config key '{key}': on '{dataset}' it writes the candidates holding an answer as "
+            f"positives, but its negative_filter is {chosen!r}, which finds none there (answers: "
+            "a format dpr dataset, auto resolving to it); set it false for this dataset")
     return messages
 
 
