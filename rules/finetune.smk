@@ -99,6 +99,10 @@ def finetune_argument(wildcards):
         # Each negatives file its own examples (finetune/data.py); left out otherwise, so that
         # the slice of every other job stays what it was.
         knobs["negative_files"] = "separate"
+    else:
+        # Read by separate examples alone: a stage on one list never reads it, so it is no
+        # rerun trigger of one (bow.yaml sets it on NQ / TriviaQA, whose stage 1 is one list).
+        knobs.pop("example_positives", None)
     if "cache_chunk" in knobs:
         knobs["cache_chunk"] = caching_chunk(knobs)
     return experiment_config.stage_argument(only(knobs, trainer_keys()))

@@ -121,6 +121,8 @@ def test_the_qa_sets_train_and_mine_as_the_authors_qa_scripts(tables_plan):
                      stage="stage1")["args"]
         assert stage_config(stage1)["epochs"] == 20 and "negative_files" not in stage_config(
             stage1), dataset
+        # Read by separate examples alone: stage 1 (one list) is no job of it, nor reruns for it.
+        assert "example_positives" not in stage_config(stage1), dataset
         mine = job(tables_plan, "mine_hard_negatives", model="bow", dataset=dataset,
                    stage="stage1")["args"]
         policy = stage_config(mine)
