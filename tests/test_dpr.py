@@ -236,14 +236,14 @@ def test_answers_without_a_token_are_kept_and_counted(tmp_path):
     with no answer at all stays with an empty list (Acc@k scores it 0). The audit checks both
     counts against the file."""
     qa = tmp_path / "dev.qa.csv"
-    qa.write_text("q0\t['Paris', '']\nq1\t[' ']\nq2\t['Rome']\nq3\t[]\n")
+    qa.write_text("q0\t['Paris', '']\nq1\t[' ', '']\nq2\t['Rome']\nq3\t[]\n")
     entry = {**NQ_SAMPLE, "splits": [{"name": "dev", "questions": {"path": str(qa)}}]}
     stats = datasets.prepare_answers(entry, "dev", tmp_path, data_root=str(tmp_path))
     frame = pl.read_parquet(tmp_path / "answers-dev.parquet")
-    assert frame["answers"].to_list() == [["Paris", ""], [" "], ["Rome"], []]
-    assert stats["answers_without_tokens"] == 2
-    assert stats["questions_with_answers_without_tokens"] == 2
-    assert stats["questions_without_answers"] == 1 and stats["answers"] == 4
+    assert frame["answers"].to_list() == [["Paris", ""], [" ", ""], ["Rome"], []]
+    assert stats["answers_without_tokens"] == 3
+    assert stats["questions_with_answers_without_tokens"] == 2  # q1's two count it once
+    assert stats["questions_without_answers"] == 1 and stats["answers"] == 5
     result = audit.audit(tmp_path / "answers-dev.parquet")
     assert result.passed, result.checks
 

@@ -381,12 +381,31 @@ def test_cycling_groups_are_a_function_of_seed_query_and_epoch_alone():
     assert groups == _cycle("q1", ["p1", "p2"], negatives, 8, 7, 6)
     assert groups != _cycle("q1", ["p1", "p2"], negatives, 8, 8, 6)
     assert groups != _cycle("q2", ["p1", "p2"], negatives, 8, 7, 6)
+    # Each query starts its positives at its own place (Tevatron's hash(item + seed)), not all
+    # at the first.
+    starts = {fdata.sample_group(f"q{i}", ["p1", "p2", "p3"], negatives, [], 8, 7, 0, "cycle")[0]
+              for i in range(40)}
+    assert starts == {"p1", "p2", "p3"}
     # Too few negatives for a group: drawn with replacement, as Tevatron's random.choices.
     short = _cycle("q1", ["p1"], ["n1", "n2"], 5, 7, 2)
     assert all(len(g) == 5 and set(g[1:]) <= {"n1", "n2"} for g in short)
     assert FinetuneSettings().group_sampling == "draw"
     with pytest.raises(ConfigError, match="group_sampling"):
         FinetuneSettings.from_config({"group_sampling": "shuffle"})
+
+
+def test_a_state_from_before_group_sampling_and_example_positives_still_resumes():
+    """resume_settings leaves both knobs out while they hold their defaults (draw, query), so a
+    state written before they existed resumes; cycle or file makes it another job's."""
+    from retrieval_pretraining.finetune.train import resume_settings
+
+    plain = resume_settings(FinetuneSettings.from_config({}))
+    assert "group_sampling" not in plain and "example_positives" not in plain
+    assert resume_settings(FinetuneSettings.from_config(
+        {"group_sampling": "draw", "example_positives": "query"})) == plain
+    for knob, value in (("group_sampling", "cycle"), ("example_positives", "file")):
+        assert resume_settings(FinetuneSettings.from_config({knob: value})) == plain | {
+            knob: value}
 
 
 def test_a_training_set_with_cycling_groups_builds_them_in_any_chunk(tmp_path):

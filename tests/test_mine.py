@@ -246,6 +246,12 @@ def test_answer_passages_become_positives_and_short_lists_go_only_on_request():
 
     assert rows() == (["g", "z"], ["n1", "n2", "n3"])
     assert rows(answer_positives=True) == (["g", "z", "a1", "a2", "a3"], ["n1", "n2", "n3"])
+    # In rank order, not id order: the list reversed lists them reversed.
+    back = mine.mine_batch([("q", ids[::-1], scores, ranks)], positives, {"g", "z"}, answered,
+                           {**knobs, "answer_positives": True}, 0, dict.fromkeys(
+                               ("positives_removed", "answer_passages_removed",
+                                "own_positives_kept"), 0))
+    assert back["positive_ids"].to_pylist()[0] == ["g", "z", "a3", "a2", "a1"]
     # annotate.py's min_neg_size: a question left with fewer negatives is no mined example.
     assert rows(min_negatives=3) == (["g", "z"], ["n1", "n2", "n3"])
     assert rows(min_negatives=4, answer_positives=True) == (["g", "z", "a1", "a2", "a3"], [])
