@@ -195,3 +195,37 @@ def test_answer_positives_without_the_answers_filter_is_refused_when_the_workflo
     good["mining"]["answer_positives"] = False
     experiment_config.validate(good)
     references.check(good)
+
+
+def test_min_negatives_above_num_negatives_is_refused_when_the_workflow_parses(demo):
+    """A query keeps at most num_negatives (mine.select_negatives), and mine_batch then empties a
+    query left with fewer than min_negatives, so a minimum above the cut would leave every query
+    none: the mined set would train nothing, said only by its manifest's count."""
+    import numpy as np
+
+    from retrieval_pretraining import mine
+
+    bad = copy.deepcopy(demo)
+    bad["mining"]["overrides"] = [{"dataset": "scifact-docs", "min_negatives": 31}]
+    message = refusal(bad)
+    assert "config key 'mining.overrides.0.min_negatives': on 'scifact-docs' 31 is above " \
+        "num_negatives 30" in message, message
+    bad["mining"]["min_negatives"] = 40
+    bad["mining"]["overrides"] = [{"dataset": "scifact-docs", "num_negatives": 50}]
+    message = refusal(bad)
+    assert "config key 'mining.min_negatives': on 'scifact'" in message, message
+    assert "scifact-docs" not in message, message
+    for least, most in ((30, 30), (None, 30), (300, None)):
+        good = copy.deepcopy(demo)
+        good["mining"] |= {"min_negatives": least, "num_negatives": most}
+        experiment_config.validate(good)
+        references.check(good)
+    # What the refusal spares: the job would mine an empty list for every query.
+    docs = [f"d{i}" for i in range(100)]
+    knobs = {**mine.policy({"num_negatives": 30, "min_negatives": 31}), "sample": "top"}
+    table = mine.mine_batch([("q", docs, np.linspace(1, 0, 100), np.arange(1, 101))],
+                            {"q": ["x"]}, {"x"}, {}, knobs, 0,
+                            dict.fromkeys(("positives_removed", "answer_passages_removed",
+                                           "own_positives_kept", "queries_below_min_negatives"),
+                                          0))
+    assert table["negative_ids"].to_pylist() == [[]]

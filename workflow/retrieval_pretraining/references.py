@@ -233,7 +233,27 @@ def mining_mistakes(config: dict[str, Any]) -> list[str]:
         where = f" on '{dataset}' (depth from {named[1]})" if own is not None else ""
         messages.append(f"config key '{named[0]}':{where} the window {why}")
     messages += answer_positives_mistakes(config, finetuned, overrides, seen, twice)
+    for dataset in [d for d in dict.fromkeys(finetuned) if d not in twice]:
+        policy = mining_policy(config, dataset)
+        why = min_negatives_mistake(policy.get("min_negatives"), policy.get("num_negatives"))
+        if why is None:
+            continue
+        own = seen.get(dataset)
+        key = (f"mining.overrides.{own}.min_negatives"
+               if own is not None and "min_negatives" in overrides[own] else "mining.min_negatives")
+        messages.append(f"config key '{key}': on '{dataset}' {why}")
     return messages
+
+
+def min_negatives_mistake(least: int | None, most: int | None) -> str | None:
+    """Why min_negatives cannot work beside num_negatives, or None: mine.py cuts a query's
+    negatives to num_negatives before it empties those left with fewer than min_negatives, so a
+    minimum above the cut empties every query. Said here alone: a check in mine.py (a code input)
+    would rerun every mining job."""
+    if least is None or most is None or least <= most:
+        return None
+    return (f"{least} is above num_negatives {most}: a query keeps at most {most}, so every "
+            f"query would be left with none; lower it to {most} or less (or null)")
 
 
 def answer_positives_mistakes(config: dict[str, Any], finetuned: list[str], overrides: list,
