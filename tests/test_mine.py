@@ -176,6 +176,48 @@ def test_the_bow_authors_miner_is_replicated_only_on_request(tmp_path, monkeypat
         mine.policy({"positives_removed": "first"})
 
 
+def test_min_negatives_empties_short_queries_end_to_end_and_audit_checks_it(
+        tmp_path, monkeypatch, capsys):
+    """min_negatives through mine_to_file: q2 (3 negatives left of 5) gets none, counted; the
+    others keep theirs. `audit` checks the manifest's min_negatives against the rows: a row
+    holding some negatives, but fewer than it, fails (the writer never leaves one)."""
+    import faiss
+    import polars as pl
+
+    from retrieval_pretraining import audit
+
+    docs = ["a", "b", "c", "d", "e"]
+    index = faiss.IndexFlatIP(2)
+    index.add(np.array([[5, 0], [4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
+    monkeypatch.setattr(mine, "encode_queries", lambda encoder, queries, config: (
+        ["q1", "q2", "q3"], np.array([[1, 0]] * 3, np.float32)))
+    pl.DataFrame({"query_id": ["q1", "q2", "q2", "q3"], "doc_id": ["a", "b", "c", "a"],
+                  "relevance": [1, 1, 1, 1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    config = {**POLICY, "depth": 5, "use_gpu": "never", "min_negatives": 4}
+    out = tmp_path / "hard-negatives.parquet"
+    stats = mine.mine_to_file(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                              tmp_path / "qrels.parquet", out, config, seed=0)
+    negatives = dict(pl.read_parquet(out).select("query_id", "negative_ids").iter_rows())
+    assert negatives == {"q1": ["b", "c", "d", "e"], "q2": [], "q3": ["b", "c", "d", "e"]}
+    assert stats["queries_below_min_negatives"] == 1 and stats["queries_with_no_negative"] == 1
+    assert audit.main([str(out)]) == 0, capsys.readouterr().out
+    assert "min_negatives 4" in capsys.readouterr().out
+    table = pl.read_parquet(out).with_columns(
+        pl.when(pl.col("query_id") == "q1").then(pl.col("negative_ids").list.head(2))
+        .otherwise(pl.col("negative_ids")).alias("negative_ids"),
+        pl.when(pl.col("query_id") == "q1").then(pl.col("negative_ranks").list.head(2))
+        .otherwise(pl.col("negative_ranks")).alias("negative_ranks"),
+        pl.when(pl.col("query_id") == "q1").then(pl.col("negative_scores").list.head(2))
+        .otherwise(pl.col("negative_scores")).alias("negative_scores"))
+    pq.write_table(table.to_arrow().cast(pq.read_schema(out)), out)
+    assert audit.main([str(out)]) != 0
+    assert "FAIL  no query with 1 to 3 negatives (min_negatives 4)" in capsys.readouterr().out
+
+
 def test_rank_window_keeps_ranks_lo_to_hi_exclusive():
     docs = [f"d{i}" for i in range(1, 11)]
     knobs = {**POLICY, "rank_window": [3, 7]}

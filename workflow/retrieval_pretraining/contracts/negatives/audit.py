@@ -1,9 +1,10 @@
 """How `audit` shows and checks negatives: no positive among a query's negatives (unless mined with
 `positives_removed: first_query`, which the manifest records), a positive for every query, no
-negative twice, one rank (and score) per negative, ranks as the writers leave them (increasing
-search ranks from 1; -1 throughout from the unranked `triples` source), every negative a document of
-the corpus (where the manifest names the dataset), and a few queries shown with their positive and
-negatives as text.
+negative twice, no query with fewer negatives than a mined set's min_negatives but some, one rank
+(and score) per negative, ranks as the writers leave them (increasing search ranks from 1; -1
+throughout from the unranked `triples` source), every negative a document of the corpus (where
+the manifest names the dataset), and a few queries shown with their positive and negatives as
+text.
 The checks read the rows a batch at a time."""
 
 from __future__ import annotations
@@ -158,6 +159,10 @@ def render_negatives(a: Audit, t: pa.Table, manifest, n: int) -> None:
     if "corpus" in found:
         check_rows(a, t, "every negative is a document of the corpus", found["corpus"])
     counts = _lengths(t["negative_ids"])
+    least = policy.get("min_negatives")
+    if least:  # mine.py empties a query left with fewer: none keeps 1 to least - 1
+        check_rows(a, t, f"no query with 1 to {least - 1} negatives (min_negatives {least})",
+                   np.flatnonzero((counts > 0) & (counts < least)).tolist())
     a.say(
         f"-- {len(t)} queries, negatives per query min/mean/max "
         f"{counts.min(initial=0)}/{counts.mean() if len(counts) else 0:.1f}/{counts.max(initial=0)}"
