@@ -289,3 +289,31 @@ def test_a_beir_text_the_workflow_refuses_is_refused_here_too(tmp_path, name, fi
     corpus, queries, _ = mteb_eval.read_beir(tmp_path, "test")
     read = corpus[0] if name == "corpus.jsonl" else queries[0]
     assert read[field] == ""
+
+
+@pytest.mark.parametrize("name, field", [("corpus.jsonl", "_id"), ("corpus.jsonl", "text"),
+                                         ("queries.jsonl", "_id"), ("queries.jsonl", "text")])
+def test_a_beir_record_missing_a_field_the_workflow_requires_is_refused_here_too(tmp_path, name,
+                                                                                 field):
+    """The workflow's readers refuse a record without `_id` or `text`, naming the file and line
+    (dataset_files.read_jsonl, read_jsonl_corpus_batches); read_beir read a missing text as ""
+    (a query MTEB then scored as empty) and said of a missing `_id` only "KeyError: '_id'"."""
+    from retrieval_pretraining import dataset_files
+    from retrieval_pretraining.contracts.datasets import DatasetError
+
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+    records = {"corpus.jsonl": {"_id": "5", "title": "a", "text": "t"},
+               "queries.jsonl": {"_id": "7", "text": "q"}}
+    for file, record in records.items():
+        if file == name:
+            record = {k: v for k, v in record.items() if k != field}
+        (tmp_path / file).write_text(json.dumps(records[file]) + "\n" + json.dumps(record) + "\n")
+    message = rf"{name}, line 2: missing field '{field}'"
+    with pytest.raises(DatasetError, match=message):
+        mteb_eval.read_beir(tmp_path, "test")
+    with pytest.raises(DatasetError, match=message):
+        if name == "corpus.jsonl":
+            list(dataset_files.read_jsonl_corpus_batches(tmp_path / name))
+        else:
+            dataset_files.read_jsonl(tmp_path / name, ("_id", "text"))

@@ -45,6 +45,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .config import ConfigError, stage_parser
+from .contracts.datasets import DatasetError
 from .contracts.models import PROJECTOR_FILE
 from .dataset_files import json_objects, open_text, record_id, record_text
 from .errors import InputFileError, command, reading
@@ -107,10 +108,16 @@ def _jsonl(path: Path) -> Iterator[tuple[str, str, str]]:
     (dataset_files): an integer `_id` as its digits; null, a boolean, a fraction, an array or an
     object refused naming the line, where str() made "None" or "['a']" an id no qrels line names;
     a title or text that is not a string (or null, read as empty) refused naming the line, where
-    a number reached MTEB as a number and a list as a list."""
+    a number reached MTEB as a number and a list as a list; a record without `_id` or `text`
+    refused naming the line and field, as the workflow's readers refuse it (a missing text was
+    read as "", a query MTEB scored as empty)."""
     where = str(path)
     with open_text(path) as handle:
         for number, record in json_objects(handle, where, ("_id", "text")):
+            missing = [field for field in ("_id", "text") if field not in record]
+            if missing:
+                raise DatasetError(f"{where}, line {number}: missing field {missing[0]!r}; BEIR "
+                                   "files need _id, text (title optional)")
             yield (record_id(record["_id"], where, number),
                    record_text(record, "title", where, number) or "",
                    record_text(record, "text", where, number) or "")
