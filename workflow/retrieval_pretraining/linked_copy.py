@@ -3,7 +3,7 @@ copied (rules/retrieval.smk `alias_bm25_index`: an alias's or a shared corpus's 
 
 A hard link costs no bytes (DPR's psgs_w100 index is tens of GB) and is safe here for three
 reasons, each checked against the installed Snakemake and the writers (ARCHITECTURE, "copies of
-an index are hard links"): every writer of an index replaces its folder (bm25.build_index builds
+a BM25 index"): every writer of an index replaces its folder (bm25.build_index builds
 in a temp folder and renames it; Lucene's segment files are write-once), and Snakemake deletes a
 job's outputs before it reruns it, so a rerun of the source unlinks its names and leaves the
 copy's files (the old inodes) as they were; the folder's time, which Snakemake reads from its

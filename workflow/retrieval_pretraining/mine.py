@@ -3,7 +3,8 @@
 Recipes differ on every knob (the COSTA authors' scripts, Tevatron, coCondenser, the BoW authors'
 code), so each is a named option recorded in the manifest:
   depth            how deep to search (COSTA: 200; Tevatron: 100)
-  rank_window      [lo, hi) on 1-based search ranks (BoW authors skip the top 2: [3, null))
+  rank_window      [lo, hi) on 1-based places: search ranks, or non-positives' places under
+                   rank_window_counts: candidates (the BoW authors skip the best two: [3, null))
   rank_window_counts  what the window counts: ranks (default) = the search's ranks, positives
                    included | candidates = places in the list left once positives (and answer
                    passages, and the query's own id) are removed: the BoW authors' build_train_hn,
@@ -12,7 +13,8 @@ code), so each is a named option recorded in the manifest:
   sample           random (COSTA: 30 at random from the top 200) | top (the best n)
   num_negatives    n per query; null keeps every candidate (Tevatron)
   min_negatives    a query left with fewer negatives gets none (its row lists no negative, so
-                   fine-tuning trains no example on this file for it); null (default) = keep
+                   fine-tuning trains no example on this file for it, or pads it under
+                   stage2_negatives: mined with queries_without_negatives: pad); null = keep
                    any. The BoW authors' QA miner drops such questions (annotate.py: 4)
   negative_filter  qrels: only the query's qrels positives are removed | answers (NQ, TriviaQA:
                    DPR's and Tevatron's policy): also every candidate whose text contains one of
