@@ -50,6 +50,25 @@ def test_a_typo_in_a_file_reference_is_one_line_naming_the_entry(demo):
                      "key 'pth'; known keys: download, member, path"], lines
 
 
+@pytest.mark.parametrize("corpus,said", [
+    ({"member": "collection.tsv"}, "'path' is a required property"),
+    ({"path": "a.tsv", "download": "a.tsv"}, "is valid under each of"),
+    ({"path": 5}, "5 is not of type 'string'"),
+])
+def test_a_known_key_of_another_shape_is_never_called_unknown(demo, corpus, said):
+    """`corpus` is a file (path or download, member) or another entry's (same_as). A mistake that
+    misspells no key (member without its file, both path and download, a number for a path) was
+    said as 'unknown key member; known keys: same_as': the known keys only of the shape that
+    complained of extra keys, the file shape's own complaint dropped. Each shape's is said."""
+    bad = copy.deepcopy(demo)
+    entry = next(e for e in bad["datasets"] if e.get("format") == "beir")
+    entry["corpus"] = corpus
+    with pytest.raises(experiment_config.ConfigError) as error:
+        experiment_config.validate(bad)
+    message = str(error.value)
+    assert "unknown key" not in message and said in message, message
+
+
 def test_enum_violation_names_the_key_and_allowed_values(demo):
     bad = copy.deepcopy(demo)
     bad["wikipedia"]["source"] = "torrent"

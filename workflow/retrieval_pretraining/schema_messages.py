@@ -34,12 +34,11 @@ def unknown_keys(config: Any, errors: list[jsonschema.ValidationError]) -> dict[
         by_path.setdefault(tuple(error.absolute_path), []).append(error)
     found = {}
     for path, group in by_path.items():
-        closed = [e.schema["properties"] for e in group if e.validator == "additionalProperties"
-                  and isinstance(e.schema, dict) and "properties" in e.schema]
+        closed = any(e.validator == "additionalProperties" for e in group)
         if len(group) < 2 or not closed or not isinstance(group[0].instance, dict):
             # One complaint: jsonschema's own line already names the key and the known ones.
             continue
-        known = sorted({k for properties in closed for k in properties})
+        known = sorted(shape_keys(group, path))
         unknown = [k for k in group[0].instance if k not in known]
         if unknown:
             key = ".".join(map(str, path))
@@ -48,3 +47,22 @@ def unknown_keys(config: Any, errors: list[jsonschema.ValidationError]) -> dict[
                 f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                 f"known keys: {', '.join(known)}")
     return found
+
+
+def shape_keys(group: list[jsonschema.ValidationError], path: tuple) -> set[str]:
+    """The keys every shape allowed at `path` knows: the properties of each error's schema and of
+    the schemas above it there, and of every branch of a oneOf / anyOf there. Not only those of
+    the shapes that complained of an extra key: a file reference without its file (`member`
+    alone) fails the file shape on `required`, and its keys are known all the same."""
+    known: set[str] = set()
+    for error in group:
+        node = error
+        while node is not None and tuple(node.absolute_path) == path:
+            schemas = [node.schema]
+            if node.validator in ("oneOf", "anyOf") and isinstance(node.validator_value, list):
+                schemas += node.validator_value
+            for schema in schemas:
+                if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
+                    known |= set(schema["properties"])
+            node = node.parent
+    return known
