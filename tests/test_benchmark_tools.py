@@ -648,3 +648,91 @@ def test_every_recorded_benchmark_command_still_parses(monkeypatch):
     refused = [f"{where}: {name} {' '.join(words)} (exit {code})" for where, name, words in commands
                if (code := refusal(monkeypatch, name, words)) is not None]
     assert refused == [], "\n".join(refused)
+
+
+# benchmarks/gradient_cache.py: its --device plumbing on the CPU, and its GPU path (timing, peak
+# memory, a row out of memory, the table) against stand-ins for torch.cuda's calls, so that a lent
+# GPU's minutes do not find a typo in code only a GPU runs.
+import gradient_cache  # noqa: E402
+
+TINY = ["--arch", "minilm-l2", "--micro-batch", "4", "--group-size", "2", "--q-len", "8",
+        "--p-len", "16", "--steps", "1"]
+
+
+def test_gradient_cache_runs_on_the_cpu_with_its_device_and_chunks_options():
+    done = subprocess.run([sys.executable, "benchmarks/gradient_cache.py", "--device", "cpu",
+                           *TINY, "--chunks", "2"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "workflow")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("minilm-l2, micro-batch 4 queries x 2 passages, 8 / 16 tokens, CPU")
+    assert [line.split(" | ")[0] for line in lines[3:5]] == ["| null", "| 2"]
+    result = json.loads(lines[-1])
+    assert result["args"]["device"] == "cpu" and result["args"]["chunks"] == [2]
+    assert [row["cache_chunk"] for row in result["rows"]] == [None, 2]
+    assert all(row["peak_mb"] > 0 and row["cpu_s"] > 0 for row in result["rows"])
+
+
+class StandInEvent:
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+
+
+@pytest.mark.parametrize("out_of_memory", [None, 0, 2])
+def test_gradient_cache_gpu_path_times_measures_and_reports_a_row_out_of_memory(
+        monkeypatch, out_of_memory):
+    allocated = {"now": 1000 * 2**20, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: allocated.update(peak=allocated["now"]))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "stand-in GPU")
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    real_setup = gradient_cache.setup
+
+    def setup(args, device):
+        step, gradients_mb = real_setup(args, device)
+
+        def stand_in_step(number, chunk):  # a step's peak: 100 MB a query of the chunk
+            if chunk == out_of_memory and number == 1:  # after the warm-up
+                step.optimizer.zero_grad()  # as the optimizer's state would be: set
+                raise torch.cuda.OutOfMemoryError("stand-in")
+            step(number, chunk)
+            allocated["peak"] = max(allocated["peak"],
+                                    allocated["now"] + 100 * 2**20 * (chunk or 4))
+
+        stand_in_step.optimizer = step.optimizer
+        return stand_in_step, gradients_mb
+
+    monkeypatch.setattr(gradient_cache, "setup", setup)
+    args = argparse.Namespace(**{k.removeprefix("--").replace("-", "_"): v for k, v in zip(
+        TINY[::2], [TINY[1], *map(int, TINY[3::2])])})
+    measured = json.loads(json.dumps(gradient_cache.on_gpu(args, [0, 1, 2], torch.device("cpu"))))
+    report = gradient_cache.gpu_report(args, [0, 1, 2], measured)
+    assert report[0].endswith("stand-in GPU, bf16 autocast, median of 1 steps")
+    rows = {line.split(" | ")[0].removeprefix("| "): line.split(" | ") for line in report[3:6]}
+    assert measured["oom"] == ([] if out_of_memory is None else [out_of_memory])
+    for chunk, name in ((0, "null"), (1, "1"), (2, "2")):
+        if chunk == out_of_memory:
+            assert rows[name][1] == "out of memory"
+            continue
+        assert float(rows[name][1]) > 0
+        assert rows[name][3] == f"{100 * (chunk or 4)}"  # above what was allocated before
+        assert rows[name][5] == f"{1000 + 100 * (chunk or 4):,} |"
+        if out_of_memory == 0:  # no uncached row to compare with
+            assert rows[name][2] == "" and rows[name][4] == ""
+        else:
+            assert rows[name][4] == f"{(chunk or 4) / 4:.2f}"
+    assert report[-1].startswith("of which the gradients: ")

@@ -556,7 +556,7 @@ NOT_ON_THE_GPU_MACHINE = [
 # the trainer's processes run.
 GPU_CHECK_MODULES = [
     "test_gpu", "test_pretrain_train", "test_launch", "pretrain_step_time", "cpdae_js", "encode_and_search",
-    "trainer_throughput", "retrieval_pretraining.pretrain.__main__",
+    "trainer_throughput", "gradient_cache", "retrieval_pretraining.pretrain.__main__",
     "retrieval_pretraining.finetune.model",  # test_gpu's fine-tuning steps
 ]  # fmt: skip
 
