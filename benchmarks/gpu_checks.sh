@@ -59,6 +59,20 @@
 #             encode.gpu_tokenizer_threads(), never yet timed, and in turn), exact search over
 #             1M x 768 vectors (faiss-gpu where installed; torch GEMM + top-k) against the
 #             same-shape cuBLAS GEMM in fp32 and bf16.
+#   Not run yet, in `all` only (new since the second run; ask for it by name: `gcache`):
+#   gcache    [120; not run] benchmarks/gradient_cache.py --device cuda: fine-tuning's gradient
+#             cache on bert-base (random weights) under bf16 autocast (finetune.precision auto),
+#             32 / 256 tokens, 16 passages a query. First bow.yaml's NQ / TriviaQA shape, a
+#             contrast set of 64 queries (1,024 passages) with cache_chunk 8 (bow.yaml's) and 16:
+#             GPU time a step and peak GPU memory (max_memory_allocated); its uncached row is
+#             estimated at ~200 GiB (ARCHITECTURE.md), so "out of memory" is the expected answer
+#             there. Then 16 queries (256 passages), uncached beside cache_chunk 4 and 8 (8: the
+#             BoW chunk's own pass shape), where the uncached step fits: the time ratio (FLOP
+#             estimate 4/3) and memory ratio at the CPU table's fractions (RESULTS.md). Cap:
+#             ~55 s estimated (two processes, each ~20 s of imports, CUDA and a random bert-base,
+#             then 6 rounds of 2-3 steps of ~0.1-0.5 s and a memory step a row), 120 with room for
+#             a slower start; appended to step_time.txt (a lent machine sends back 8 files, and
+#             `all` already writes 8).
 #   Done in the second run, in `all` only:
 #   compiled  [120; 98] the `steps` benchmark under torch.compile for MLM and COSTA.
 #   js        [30; 11] benchmarks/cpdae_js.py: CPDAE's JS term (its own backward) against the
@@ -88,14 +102,14 @@ cd "$(dirname "$0")/.."
 # Each part's cap (s): what the header says it takes, with some room. A preset's caps must sum
 # to at most its call's budget, or its last parts are cut or never start (the first run's were).
 declare -A cap=([tests]=150 [compiled]=120 [steps]=90 [js]=30 [attn]=30 [trainer]=175
-    [unpadded]=40 [trainer_more]=210 [compiled_more]=200 [dense]=80 [gloo]=240)
+    [unpadded]=40 [trainer_more]=210 [compiled_more]=200 [dense]=80 [gcache]=120 [gloo]=240)
 # What the second run (2026-11-28) left open first: the fixes' GPU tests, the compiled trainer
 # and where the trainer's step loses time, the compiled objectives' ratios within one process;
 # then the eager steps re-timed with the profiles after them, the varlen kernel re-timed, and
 # encoding (broken on a GPU until e1ae105).
 first="tests trainer_more compiled_more gloo"
 second="steps attn dense"
-all="tests compiled steps js attn unpadded trainer dense compiled_more trainer_more gloo"
+all="tests compiled steps js attn gcache unpadded trainer dense compiled_more trainer_more gloo"
 out=${1:-${OUT:-results/gpu_checks}}
 parts=${*:2}
 case $parts in
@@ -215,6 +229,14 @@ for part in $parts; do
     attn)
         capped "${cap[attn]}" python3 benchmarks/attention_kernels.py --device cuda 2>&1 \
             | tee -a "$out/step_time.txt" ;;
+    gcache)
+        # bow.yaml's contrast set (its uncached step expected out of memory), then one small
+        # enough for the uncached step: the cache's time ratio. A failing shape: the next runs.
+        capped "${cap[gcache]}" bash -c 'code=0; for shape in "64 --chunks 8 16" "16"; do
+            # shellcheck disable=SC2086  # the options are words
+            python3 benchmarks/gradient_cache.py --device cuda --arch bert-base \
+                --group-size 16 --q-len 32 --p-len 256 --steps 5 --micro-batch $shape || code=1
+        done; exit $code' 2>&1 | tee -a "$out/step_time.txt" ;;
     trainer|trainer_more)
         # One variant a line: a failing variant is recorded and the next still runs.
         if [ "$part" = trainer ]; then

@@ -155,7 +155,7 @@ def test_step_time_profile_gives_the_host_s_time_to_queue_a_step(monkeypatch, ca
 # benchmarks/gpu_checks.sh, run against a stand-in `python3` and `nvidia-smi`: a lent GPU's 15
 # minutes must not go to a part that never starts (a benchmark refusing its arguments, a test file
 # renamed) or to a budget the script does not keep.
-ALL_PARTS = ["tests", "compiled", "steps", "js", "attn", "unpadded", "trainer", "dense",
+ALL_PARTS = ["tests", "compiled", "steps", "js", "attn", "gcache", "unpadded", "trainer", "dense",
              "compiled_more", "trainer_more"]  # `all`; gloo beside the tests
 FIRST_PARTS = ["tests", "trainer_more", "compiled_more"]  # the default; gloo beside
 SECOND_PARTS = ["steps", "attn", "dense"]
@@ -233,7 +233,14 @@ def test_gpu_checks_runs_every_part_in_order_with_arguments_its_scripts_accept(t
     scripts = [call for call in calls if call[0].startswith("benchmarks/")]
     assert {call[0] for call in scripts} == {
         f"benchmarks/{name}.py" for name in ("pretrain_step_time", "cpdae_js", "attention_kernels",
-                                             "trainer_throughput", "encode_and_search")}
+                                             "gradient_cache", "trainer_throughput",
+                                             "encode_and_search")}
+    # The gradient cache's part: bow.yaml's NQ fine-tuning shape on the GPU, then a contrast set
+    # whose uncached step fits beside its cached ones.
+    shape = ["--device", "cuda", "--arch", "bert-base", "--group-size", "16", "--q-len", "32",
+             "--p-len", "256", "--steps", "5", "--micro-batch"]
+    assert [args for script, *args in scripts if script == "benchmarks/gradient_cache.py"] == [
+        [*shape, "64", "--chunks", "8", "16"], [*shape, "16"]]
     for script, *args in scripts:
         assert (ROOT / script).exists()
         assert refusal(monkeypatch, Path(script).stem, args) is None, (script, args)
@@ -277,6 +284,21 @@ def test_gpu_checks_presets_start_every_part_within_their_call_s_budget(tmp_path
     ran = {part: code for part, code in part_status(machine).items() if "gloo" not in part}
     assert ran == {part: 0 for part in parts}
     assert len(list((tmp_path / "run/out").rglob("*"))) <= OUTPUT_FILES
+
+
+def test_gpu_checks_plan_counts_the_gradient_cache_part_s_cap_in_all_alone(tmp_path):
+    # `gcache` is new and not yet run: in `all` (no budget) and by name, never in the lent
+    # machine's first or second call, whose caps fill their budgets.
+    plans = {}
+    for preset in ("all", "first", "second", "gcache"):
+        done, _, calls, _ = run_gpu_checks(tmp_path / preset, preset, plan=True)
+        assert done.returncode == 0 and not calls, done.stderr
+        plans[preset] = dict(line.split() for line in done.stdout.splitlines())
+    assert plans["gcache"] == {"gcache": "120", "total": "120"}
+    assert plans["all"]["gcache"] == "120"
+    assert int(plans["all"]["total"]) == sum(int(v) for k, v in plans["all"].items()
+                                             if k != "total")
+    assert "gcache" not in plans["first"] and "gcache" not in plans["second"]
 
 
 def test_gpu_checks_stops_the_gloo_tests_when_the_gpu_tests_end(tmp_path):
