@@ -117,6 +117,19 @@ def test_mined_negatives_record_their_encoder_s_weights_from_its_manifest(tmp_pa
     assert manifest["inputs"]["encoder"] == {"path": str(encoder), "weights": weights}
 
 
+def five_ranked_docs(monkeypatch):
+    """A stand-in index of documents a..e that every query (q1, q2, q3) ranks a > b > ... > e."""
+    import faiss
+
+    index = faiss.IndexFlatIP(2)
+    index.add(np.array([[5, 0], [4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
+    docs = pa.array(["a", "b", "c", "d", "e"])
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
+    monkeypatch.setattr(mine, "encode_queries", lambda encoder, queries, config: (
+        ["q1", "q2", "q3"], np.array([[1, 0]] * 3, np.float32)))
+
+
 @pytest.mark.parametrize("removed", ["own", "first_query"])
 def test_the_bow_authors_miner_is_replicated_only_on_request(tmp_path, monkeypatch, capsys,
                                                              removed):
@@ -124,18 +137,11 @@ def test_the_bow_authors_miner_is_replicated_only_on_request(tmp_path, monkeypat
     (the BoW authors' miner): later queries keep their own gold passages as negatives, counted in
     the manifest, and `audit` reports them as that policy's effect. The default removes each
     query's own, and `audit` fails a file where one leaked."""
-    import faiss
     import polars as pl
 
     from retrieval_pretraining import audit
 
-    docs = ["a", "b", "c", "d", "e"]
-    index = faiss.IndexFlatIP(2)
-    index.add(np.array([[5, 0], [4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries", lambda encoder, queries, config: (
-        ["q1", "q2", "q3"], np.array([[1, 0]] * 3, np.float32)))
+    five_ranked_docs(monkeypatch)
     pl.DataFrame({"query_id": ["q1", "q2", "q2", "q3"], "doc_id": ["a", "b", "c", "a"],
                   "relevance": [1, 1, 2, 1]},
                  schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
@@ -181,18 +187,11 @@ def test_min_negatives_empties_short_queries_end_to_end_and_audit_checks_it(
     """min_negatives through mine_to_file: q2 (3 negatives left of 5) gets none, counted; the
     others keep theirs. `audit` checks the manifest's min_negatives against the rows: a row
     holding some negatives, but fewer than it, fails (the writer never leaves one)."""
-    import faiss
     import polars as pl
 
     from retrieval_pretraining import audit
 
-    docs = ["a", "b", "c", "d", "e"]
-    index = faiss.IndexFlatIP(2)
-    index.add(np.array([[5, 0], [4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries", lambda encoder, queries, config: (
-        ["q1", "q2", "q3"], np.array([[1, 0]] * 3, np.float32)))
+    five_ranked_docs(monkeypatch)
     pl.DataFrame({"query_id": ["q1", "q2", "q2", "q3"], "doc_id": ["a", "b", "c", "a"],
                   "relevance": [1, 1, 1, 1]},
                  schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
@@ -223,7 +222,8 @@ def test_rank_window_keeps_ranks_lo_to_hi_exclusive():
     knobs = {**POLICY, "rank_window": [3, 7]}
     negs, ranks, _ = mine.select_negatives("q", *ranked(docs), {"d4"}, knobs, 0)
     assert ranks == [3, 5, 6] and negs == ["d3", "d5", "d6"]
-    open_ended = mine.select_negatives("q", *ranked(docs), set(), {**POLICY, "rank_window": [9, None]}, 0)
+    open_ended = mine.select_negatives("q", *ranked(docs), set(),
+                                       {**POLICY, "rank_window": [9, None]}, 0)
     assert open_ended[1] == [9, 10]
 
 
@@ -421,7 +421,8 @@ def test_seeds_depend_on_seed_and_keys_only():
 
 def test_seeded_draws_are_those_mined_files_were_made_with():
     """rng_for moved to seeding.py: its draws (negatives sampled, groups, epoch orders) must stay
-    the ones every existing mined file and fine-tuning run was made with (values of the old mine.py)."""
+    the ones every existing mined file and fine-tuning run was made with (values of the old
+    mine.py)."""
     from retrieval_pretraining.seeding import rng_for
 
     assert rng_for(3, "mine", "q1").integers(1 << 30, size=4).tolist() == [

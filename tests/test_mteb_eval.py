@@ -226,6 +226,26 @@ def test_qrels_lines_end_at_newlines_only_as_the_workflow_reads_them(tmp_path):
     assert [q["id"] for q in queries] == ["q\x1c1"]
 
 
+def write_qrels(folder):
+    """One judged pair, query 7 and document 5, as the refusal tests' BEIR folders hold."""
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+
+
+def both_refuse(folder, name, message):
+    """read_beir and the workflow's own reader of `name` both refuse it with `message`."""
+    from retrieval_pretraining import dataset_files
+    from retrieval_pretraining.contracts.datasets import DatasetError
+
+    with pytest.raises(DatasetError, match=message):
+        mteb_eval.read_beir(folder, "test")
+    with pytest.raises(DatasetError, match=message):
+        if name == "corpus.jsonl":
+            list(dataset_files.read_jsonl_corpus_batches(folder / name))
+        else:
+            dataset_files.read_jsonl(folder / name, ("_id", "text"))
+
+
 @pytest.mark.parametrize("value, kind", [(["a"], "array"), ({"a": 1}, "object"), (None, "null"),
                                          (True, "boolean"), (5.5, "number")])
 @pytest.mark.parametrize("name", ["corpus.jsonl", "queries.jsonl"])
@@ -236,24 +256,14 @@ def test_a_beir_id_the_workflow_refuses_is_refused_here_too(tmp_path, name, valu
     id stays its digits in both, so the two read the same files the same way."""
     import re
 
-    from retrieval_pretraining import dataset_files
-    from retrieval_pretraining.contracts.datasets import DatasetError
-
-    (tmp_path / "qrels").mkdir()
-    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+    write_qrels(tmp_path)
     good = {"corpus.jsonl": '{"_id": 5, "text": "t"}\n',
             "queries.jsonl": '{"_id": 7, "text": "t"}\n'}
     for file, line in good.items():
         bad = json.dumps({"_id": value, "text": "t"}) + "\n" if file == name else ""
         (tmp_path / file).write_text(line + bad)
     message = rf"{name}, line 2: '_id' is a JSON {kind} \({re.escape(json.dumps(value))}\), not a"
-    with pytest.raises(DatasetError, match=message):
-        mteb_eval.read_beir(tmp_path, "test")
-    with pytest.raises(DatasetError, match=message):
-        if name == "corpus.jsonl":
-            list(dataset_files.read_jsonl_corpus_batches(tmp_path / name))
-        else:
-            dataset_files.read_jsonl(tmp_path / name, ("_id", "text"))
+    both_refuse(tmp_path, name, message)
     (tmp_path / name).write_text(good[name])  # the integer ids alone: read as the qrels name them
     corpus, queries, qrels = mteb_eval.read_beir(tmp_path, "test")
     assert [d["id"] for d in corpus] == ["5"] and [q["id"] for q in queries] == ["7"]
@@ -267,24 +277,14 @@ def test_a_beir_text_the_workflow_refuses_is_refused_here_too(tmp_path, name, fi
     """read_beir took `r.get("title") or ""`: a number or a list reached MTEB as such (or failed
     inside it naming no file), where the workflow's readers (dataset_files.record_text) refuse it
     naming the file and line. Both now refuse it alike; null is an empty text in both."""
-    from retrieval_pretraining import dataset_files
-    from retrieval_pretraining.contracts.datasets import DatasetError
-
-    (tmp_path / "qrels").mkdir()
-    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+    write_qrels(tmp_path)
     records = {"corpus.jsonl": {"_id": "5", "title": "a", "text": "t"},
                "queries.jsonl": {"_id": "7", "text": "q"}}
     for file, record in records.items():
         (tmp_path / file).write_text(json.dumps(record | {field: value} if file == name
                                                 else record) + "\n")
     message = rf"{name}, line 1: '{field}' is a JSON {kind}, not a string"
-    with pytest.raises(DatasetError, match=message):
-        mteb_eval.read_beir(tmp_path, "test")
-    with pytest.raises(DatasetError, match=message):
-        if name == "corpus.jsonl":
-            list(dataset_files.read_jsonl_corpus_batches(tmp_path / name))
-        else:
-            dataset_files.read_jsonl(tmp_path / name, ("_id", "text"))
+    both_refuse(tmp_path, name, message)
     (tmp_path / name).write_text(json.dumps(records[name] | {field: None}) + "\n")
     corpus, queries, _ = mteb_eval.read_beir(tmp_path, "test")
     read = corpus[0] if name == "corpus.jsonl" else queries[0]
@@ -298,11 +298,7 @@ def test_a_beir_record_missing_a_field_the_workflow_requires_is_refused_here_too
     """The workflow's readers refuse a record without `_id` or `text`, naming the file and line
     (dataset_files.read_jsonl, read_jsonl_corpus_batches); read_beir read a missing text as ""
     (a query MTEB then scored as empty) and said of a missing `_id` only "KeyError: '_id'"."""
-    from retrieval_pretraining import dataset_files
-    from retrieval_pretraining.contracts.datasets import DatasetError
-
-    (tmp_path / "qrels").mkdir()
-    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n7\t5\t1\n")
+    write_qrels(tmp_path)
     records = {"corpus.jsonl": {"_id": "5", "title": "a", "text": "t"},
                "queries.jsonl": {"_id": "7", "text": "q"}}
     for file, record in records.items():
@@ -310,10 +306,4 @@ def test_a_beir_record_missing_a_field_the_workflow_requires_is_refused_here_too
             record = {k: v for k, v in record.items() if k != field}
         (tmp_path / file).write_text(json.dumps(records[file]) + "\n" + json.dumps(record) + "\n")
     message = rf"{name}, line 2: missing field '{field}'"
-    with pytest.raises(DatasetError, match=message):
-        mteb_eval.read_beir(tmp_path, "test")
-    with pytest.raises(DatasetError, match=message):
-        if name == "corpus.jsonl":
-            list(dataset_files.read_jsonl_corpus_batches(tmp_path / name))
-        else:
-            dataset_files.read_jsonl(tmp_path / name, ("_id", "text"))
+    both_refuse(tmp_path, name, message)
