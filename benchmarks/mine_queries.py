@@ -2,10 +2,15 @@
 
 Each count runs in a fresh process: a flat index over --docs random unit 384-d vectors, that many
 random queries (the encoder replaced: mining's cost after encoding does not depend on it), each
-with one positive, mined with the shipped policy (depth 200, 30 at random). Prints one JSON line
-per count: wall seconds of `mine_to_file` and the peak RSS it added (VmHWM after - RSS before).
+with one positive, mined with the shipped policy (depth 200, 30 at random) or with --policy bow
+bow.yaml's MS MARCO override (places [3, 201) of the candidates, 128 at random), at --depth.
+Prints one JSON line per count: wall seconds of `mine_to_file`, the peak RSS it added (VmHWM
+after - RSS before, the peak reset once the inputs are built: the index and query vectors
+excluded) and the process's peak from there (VmHWM).
 
     PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 10000 40000
+    PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 8192 --docs 1000000 \
+        --policy bow --depth 1000
 """
 
 from __future__ import annotations
@@ -28,7 +33,19 @@ def status_kb(field: str) -> int:
     raise KeyError(field)
 
 
-def one(queries: int, docs: int) -> dict:
+# bow.yaml's msmarco-passage-bow mining override, less its depth (--depth).
+BOW = {"rank_window": [3, 201], "rank_window_counts": "candidates", "num_negatives": 128,
+       "sample": "random"}
+
+
+def policy(name: str, depth: int) -> dict:
+    if name == "shipped":
+        return {"depth": depth, "sample": "random", "num_negatives": 30}
+    # A search of 200 or less takes the window to its end ([3, null)): bow.yaml before a3961ed.
+    return BOW | {"depth": depth, "rank_window": BOW["rank_window"] if depth > 200 else [3, None]}
+
+
+def one(queries: int, docs: int, depth: int, name: str) -> dict:
     import numpy as np
     import polars as pl
     import pyarrow as pa
@@ -50,27 +67,36 @@ def one(queries: int, docs: int) -> dict:
     work = Path(tempfile.mkdtemp())
     pl.DataFrame({"query_id": qids, "doc_id": [f"d{i % docs}" for i in range(queries)],
                   "relevance": [1] * queries}).write_parquet(work / "qrels.parquet")
-    config = {"depth": 200, "sample": "random", "num_negatives": 30, "use_gpu": "never"}
+    config = policy(name, depth) | {"use_gpu": "never"}
+    # The peak so far is building the inputs' (a temporary copy of the random vectors): reset it,
+    # or a large --docs hides mining's peak under it (Linux: clear_refs 5 resets VmHWM).
+    Path("/proc/self/clear_refs").write_text("5")
     before = status_kb("VmRSS")
     start = time.perf_counter()
     mine.mine_to_file(work / "index", work / "encoder", work / "q.parquet",
                       work / "qrels.parquet", work / "negatives.parquet", config, seed=0)
-    return {"queries": queries, "docs": docs, "wall_s": round(time.perf_counter() - start, 1),
-            "peak_added_mb": round((status_kb("VmHWM") - before) / 1024)}
+    return {"queries": queries, "docs": docs, "depth": depth, "policy": name,
+            "batch": mine.QUERY_BATCH, "wall_s": round(time.perf_counter() - start, 1),
+            "peak_added_mb": round((status_kb("VmHWM") - before) / 1024),
+            "peak_mb": round(status_kb("VmHWM") / 1024)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, nargs="+", default=[10_000, 40_000])
     parser.add_argument("--docs", type=int, default=20_000)
+    parser.add_argument("--depth", type=int, default=200, help="mining.depth")
+    parser.add_argument("--policy", choices=["shipped", "bow"], default="shipped",
+                        help="shipped: 30 at random; bow: bow.yaml's MS MARCO override")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.queries[0], args.docs)))
+        print(json.dumps(one(args.queries[0], args.docs, args.depth, args.policy)))
         return
     for n in args.queries:  # a fresh process each, so one count's peak is not another's
         subprocess.run([sys.executable, __file__, "--one", "--queries", str(n),
-                        "--docs", str(args.docs)], check=True)
+                        "--docs", str(args.docs), "--depth", str(args.depth),
+                        "--policy", args.policy], check=True)
 
 
 if __name__ == "__main__":
