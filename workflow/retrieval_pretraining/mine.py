@@ -175,8 +175,9 @@ def positives_by_query(qrels: Path) -> dict[str, list[str]]:
 
 
 # Queries searched and mined at a time, their rows written before the next: a query's candidates
-# (200 ids, scores, ranks) are ~19 KB of Python objects, ~9.5 GB for MS MARCO's 503k if all were
-# held at once; a batch holds ~150 MB.
+# (ids, scores, ranks, FAISS's arrays) are ~28 KB at depth 200 and ~90 KB at bow.yaml's 1000,
+# ~14 / ~45 GB for MS MARCO's 503k if all were held at once; a batch adds ~0.25 / ~0.74 GB
+# (benchmarks/RESULTS.md, "Mining's memory by depth").
 QUERY_BATCH = 8192
 
 
