@@ -211,7 +211,8 @@ def window_mistake(window: list | None, depth: int) -> str | None:
 
 def mining_mistakes(config: dict[str, Any]) -> list[str]:
     """A mining.overrides entry must name a fine-tuned dataset, once; every fine-tuned dataset's
-    policy (its entry merged into the section's) must have a rank_window within its depth."""
+    policy (its entry merged into the section's) must have a rank_window within its depth, no
+    answer_positives without the answers filter and no min_negatives above num_negatives."""
     finetuned = [entry["dataset"] for entry in config["finetune"]["datasets"]]
     overrides = config["mining"].get("overrides") or []
 
@@ -222,27 +223,31 @@ def mining_mistakes(config: dict[str, Any]) -> list[str]:
                 f"finetune.datasets has: {', '.join(finetuned)}")
 
     messages, seen, twice = _override_mistakes(config, "mining.overrides", "", unmined)
+    formats = {entry["name"]: entry.get("format") for entry in config["datasets"]}
+
+    def key(dataset: str, name: str) -> str:
+        """The key that set `name` for `dataset`: its override entry's, else the section's."""
+        own = seen.get(dataset)
+        if own is not None and name in overrides[own]:
+            return f"mining.overrides.{own}.{name}"
+        return f"mining.{name}"
+
+    windows, answer_positives, minimums = [], [], []
     for dataset in [d for d in dict.fromkeys(finetuned) if d not in twice]:
         policy = mining_policy(config, dataset)
         why = window_mistake(policy["rank_window"], policy["depth"])
-        if why is None:
-            continue
-        own = seen.get(dataset)
-        named = [f"mining.overrides.{own}.{name}" if own is not None and name in overrides[own]
-                 else f"mining.{name}" for name in ("rank_window", "depth")]
-        where = f" on '{dataset}' (depth from {named[1]})" if own is not None else ""
-        messages.append(f"config key '{named[0]}':{where} the window {why}")
-    messages += answer_positives_mistakes(config, finetuned, overrides, seen, twice)
-    for dataset in [d for d in dict.fromkeys(finetuned) if d not in twice]:
-        policy = mining_policy(config, dataset)
+        if why is not None:
+            where = (f" on '{dataset}' (depth from {key(dataset, 'depth')})"
+                     if dataset in seen else "")
+            windows.append(f"config key '{key(dataset, 'rank_window')}':{where} the window {why}")
+        why = answer_positives_mistake(policy, formats.get(dataset))
+        if why is not None:
+            answer_positives.append(
+                f"config key '{key(dataset, 'answer_positives')}': on '{dataset}' {why}")
         why = min_negatives_mistake(policy.get("min_negatives"), policy.get("num_negatives"))
-        if why is None:
-            continue
-        own = seen.get(dataset)
-        key = (f"mining.overrides.{own}.min_negatives"
-               if own is not None and "min_negatives" in overrides[own] else "mining.min_negatives")
-        messages.append(f"config key '{key}': on '{dataset}' {why}")
-    return messages
+        if why is not None:
+            minimums.append(f"config key '{key(dataset, 'min_negatives')}': on '{dataset}' {why}")
+    return messages + windows + answer_positives + minimums
 
 
 def min_negatives_mistake(least: int | None, most: int | None) -> str | None:
@@ -256,29 +261,18 @@ def min_negatives_mistake(least: int | None, most: int | None) -> str | None:
             f"query would be left with none; lower it to {most} or less (or null)")
 
 
-def answer_positives_mistakes(config: dict[str, Any], finetuned: list[str], overrides: list,
-                              seen: dict[str, int], twice: set[str]) -> list[str]:
-    """answer_positives needs the answers filter (mine.policy refuses it otherwise, when the
-    job starts): a filter of `auto` is answers on a format dpr dataset alone (rules/answers.smk
-    negative_filter), so elsewhere it is refused here, naming the key that set it."""
-    formats = {entry["name"]: entry.get("format") for entry in config["datasets"]}
-    messages = []
-    for dataset in [d for d in dict.fromkeys(finetuned) if d not in twice]:
-        policy = mining_policy(config, dataset)
-        if not policy.get("answer_positives"):
-            continue
-        chosen = policy.get("negative_filter", "auto")
-        if chosen == "answers" or (chosen == "auto" and formats.get(dataset) == "dpr"):
-            continue
-        own = seen.get(dataset)
-        key = (f"mining.overrides.{own}.answer_positives"
-               if own is not None and "answer_positives" in overrides[own]
-               else "mining.answer_positives")
-        messages.append(
-            f"config key '{key}': on '{dataset}' it writes the candidates holding an answer as "
-            f"positives, but its negative_filter is {chosen!r}, which finds none there (answers: "
-            "a format dpr dataset, auto resolving to it); set it false for this dataset")
-    return messages
+def answer_positives_mistake(policy: dict[str, Any], dataset_format: str | None) -> str | None:
+    """Why answer_positives cannot work in `policy`, or None: it needs the answers filter
+    (mine.policy refuses it otherwise, when the job starts), and a filter of `auto` is answers on
+    a format dpr dataset alone (rules/answers.smk negative_filter)."""
+    if not policy.get("answer_positives"):
+        return None
+    chosen = policy.get("negative_filter", "auto")
+    if chosen == "answers" or (chosen == "auto" and dataset_format == "dpr"):
+        return None
+    return ("it writes the candidates holding an answer as positives, but its negative_filter "
+            f"is {chosen!r}, which finds none there (answers: a format dpr dataset, auto "
+            "resolving to it); set it false for this dataset")
 
 
 def bm25_override_mistakes(config: dict[str, Any]) -> list[str]:
