@@ -51,7 +51,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -59,33 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCIFACT = ROOT / "data/beir/scifact"
 sys.path.insert(0, str(ROOT / "workflow"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
 
-
-def anon_kb() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    raise RuntimeError("no RssAnon in /proc/self/status")
-
-
-def peak_added_kb(call) -> int:
-    """The most RssAnon `call()` added above the level before it, sampled every 2 ms."""
-    start, peak, done = anon_kb(), [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak.append(anon_kb() - start)
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=sample, daemon=True)
-    watcher.start()
-    try:
-        call()
-        peak.append(anon_kb() - start)
-    finally:
-        done.set()
-        watcher.join()
-    return max(peak)
+from memory_probe import peak_anon_kb  # noqa: E402
 
 
 def texts(n_queries: int, group_size: int) -> tuple[list[str], list[str], list[str]]:
@@ -163,7 +138,7 @@ def memory(args: argparse.Namespace, chunk: int) -> dict:
     step, gradients_mb = setup(args)
     step(0, chunk)
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # free heap pages given back
-    return {"peak_mb": peak_added_kb(lambda: step(1, chunk)) / 1024,
+    return {"peak_mb": peak_anon_kb(lambda: step(1, chunk))[0] / 1024,
             "gradients_mb": gradients_mb}
 
 

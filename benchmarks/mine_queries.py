@@ -23,14 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from memory_probe import status_kb  # noqa: E402
+
 DIM = 384
-
-
-def status_kb(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
 
 
 # bow.yaml's msmarco-passage-bow mining override, less its depth (--depth).

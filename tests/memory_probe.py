@@ -1,10 +1,10 @@
 """Anonymous memory of a fresh Python process running a measurement script (Linux /proc).
 
-A test's script starts with PRELUDE: the package on sys.path (argv[1]), `status_kb(field)`, a
-field of this process's /proc status in kB, `anon_kb()`, its RssAnon, and `peak_anon_kb(call)`,
-the most anonymous memory `call()` added at any moment (sampled every 2 ms); the test's own arguments
-follow from argv[2]. The script prints one JSON line last, which `run` returns. A fresh process,
-so nothing the test process already holds counts.
+A test's script starts with PRELUDE: the package on sys.path (argv[1]) and this file's
+`status_kb(field)`, a field of this process's /proc status in kB, `anon_kb()`, its RssAnon, and
+`peak_anon_kb(call)`, the most anonymous memory `call()` added at any moment (sampled every 2 ms);
+the test's own arguments follow from argv[2]. The script prints one JSON line last, which `run`
+returns. A fresh process, so nothing the test process already holds counts.
 """
 
 from __future__ import annotations
@@ -17,26 +17,31 @@ from pathlib import Path
 
 WORKFLOW = Path(__file__).resolve().parents[1] / "workflow"
 
-PRELUDE = """
-import json, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
 
-def status_kb(field):  # VmRSS, VmHWM (peak RSS), RssAnon, ...
+def status_kb(field: str) -> int:
+    """A field of this process's /proc status in kB: VmRSS, VmHWM (peak RSS), RssAnon, ..."""
     for line in open("/proc/self/status"):
         if line.startswith(field + ":"):
             return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
-def anon_kb():
+
+def anon_kb() -> int:
     return status_kb("RssAnon")
 
-def peak_anon_kb(call):  # (the most RssAnon call() added while it ran, in kB; what it returned)
-    import threading, time
+
+def peak_anon_kb(call):
+    """(the most RssAnon `call()` added while it ran, sampled every 2 ms, in kB; its result)"""
+    import threading
+    import time
+
     peak, done = [anon_kb()], threading.Event()
+
     def sample():
         while not done.is_set():
             peak.append(anon_kb())
             time.sleep(0.002)
+
     watcher = threading.Thread(target=sample, daemon=True)
     watcher.start()
     try:
@@ -46,6 +51,15 @@ def peak_anon_kb(call):  # (the most RssAnon call() added while it ran, in kB; w
         done.set()
         watcher.join()
     return max(peak) - peak[0], result
+
+
+# A measurement script's first lines: the package on sys.path, and the functions above (imported
+# from this file, which imports nothing beyond the standard library; also benchmarks' own probes).
+PRELUDE = f"""
+import json, sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], {str(Path(__file__).resolve().parent)!r}]
+from memory_probe import anon_kb, peak_anon_kb, status_kb
 """
 
 
