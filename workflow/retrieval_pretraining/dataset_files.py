@@ -79,14 +79,22 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def json_objects(handle: Iterable[str], where: str, fields: tuple[str, ...]
+def json_objects(handle: Iterable[str], where: str, fields: tuple[str, ...],
+                 optional: tuple[str, ...] = (), required: bool = False
                  ) -> Iterator[tuple[int, dict]]:
     """json_lines whose every value must be an object (one with `fields`, the message says): a
-    JSON string would pass `field in record` as a substring test, and fail later unnamed."""
+    JSON string would pass `field in record` as a substring test, and fail later unnamed. With
+    `required`, an object without one of `fields` is refused too, naming the line and field (the
+    `optional` ones named as such)."""
+    needs = ", ".join(fields) + (f" ({', '.join(optional)} optional)" if optional else "")
     for number, record in json_lines(handle, where):
         if not isinstance(record, dict):
             raise DatasetError(f"{where}, line {number}: a JSON {_json_type(record)}, not an "
                                f"object; each line is one object with {', '.join(fields)}")
+        missing = [field for field in fields if field not in record] if required else []
+        if missing:
+            raise DatasetError(f"{where}, line {number}: missing field {missing[0]!r}; each "
+                               f"line needs {needs}")
         yield number, record
 
 
@@ -128,13 +136,8 @@ def read_jsonl(
     (record_id)."""
     columns: dict[str, list] = {f: [] for f in fields + optional}
     with open_text(path) as handle:
-        for number, record in json_objects(handle, str(path), fields):
+        for number, record in json_objects(handle, str(path), fields, optional, required=True):
             for field in fields:
-                if field not in record:
-                    raise DatasetError(
-                        f"{path}, line {number}: missing field {field!r}; BEIR files need "
-                        f"{', '.join(fields)}"
-                    )
                 columns[field].append(record_id(record[field], str(path), number)
                                       if field == "_id"
                                       else record_text(record, field, str(path), number))
@@ -157,11 +160,7 @@ def read_jsonl_corpus_batches(
     columns: dict[str, list[str]] = {"doc_id": [], "title": [], "text": []}
     size = position = 0
     with open_text(path) as handle:
-        for number, record in json_objects(handle, str(path), fields):
-            missing = [f for f in fields if f not in record]
-            if missing:
-                raise DatasetError(f"{path}, line {number}: missing field {missing[0]!r}; each "
-                                   f"line needs {', '.join(fields)} (title optional)")
+        for number, record in json_objects(handle, str(path), fields, ("title",), required=True):
             columns["doc_id"].append(record_id(record["_id"], str(path), number)
                                      if "_id" in record else str(position))
             columns["title"].append(record_text(record, "title", str(path), number) or "")

@@ -45,7 +45,6 @@ from typing import Any, Iterator
 import numpy as np
 
 from .config import ConfigError, stage_parser
-from .contracts.datasets import DatasetError
 from .contracts.models import PROJECTOR_FILE
 from .dataset_files import json_objects, open_text, record_id, record_text
 from .errors import InputFileError, command, reading
@@ -113,11 +112,8 @@ def _jsonl(path: Path) -> Iterator[tuple[str, str, str]]:
     read as "", a query MTEB scored as empty)."""
     where = str(path)
     with open_text(path) as handle:
-        for number, record in json_objects(handle, where, ("_id", "text")):
-            missing = [field for field in ("_id", "text") if field not in record]
-            if missing:
-                raise DatasetError(f"{where}, line {number}: missing field {missing[0]!r}; BEIR "
-                                   "files need _id, text (title optional)")
+        for number, record in json_objects(handle, where, ("_id", "text"), ("title",),
+                                           required=True):
             yield (record_id(record["_id"], where, number),
                    record_text(record, "title", where, number) or "",
                    record_text(record, "text", where, number) or "")
