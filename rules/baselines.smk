@@ -187,7 +187,7 @@ rule baseline_search:
     log:
         "results/logs/baseline_search/{dataset}/{baseline}/{split}.log",
     wildcard_constraints:
-        # Only configured names; config.cross_check refuses bm25 and <model>-stage<k>.
+        # Only configured names; config_checks.cross_check refuses bm25 and <model>-stage<k>.
         baseline=_baseline_names(),
         dataset="[A-Za-z0-9_.-]+",
         split="[A-Za-z0-9_.-]+",

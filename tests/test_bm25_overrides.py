@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import yaml
-from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining import references
 from test_mining_overrides import refusal
 from workflow_harness import ROOT, merged_configs
@@ -47,7 +47,7 @@ def test_an_override_of_each_dataset_and_alias_once_is_valid(demo):
     demo["bm25"]["overrides"] = [{"dataset": "scifact", "k1": 0.82, "b": 0.68},
                                  {"dataset": "scifact-bow", "title": "none"},
                                  {"dataset": "scifact-full", "title": "space"}]
-    experiment_config.validate(demo)
+    config_checks.validate(demo)
     references.check(demo)
 
 
@@ -58,7 +58,7 @@ def test_an_override_of_each_dataset_and_alias_once_is_valid(demo):
 def test_the_shipped_configs_pass_the_parse_time_checks(files):
     """Each config a documented command line builds (config.yaml, then each --configfile)."""
     config = merged_configs(ROOT / "config.yaml", *(EXPERIMENTS / name for name in files))
-    experiment_config.validate(config)
+    config_checks.validate(config)
     references.check(config)
     if "paper.yaml" in files:  # the override the BM25 row's text depends on is still there
         assert {"dataset": "msmarco-passage", "title": "none"} in config["bm25"]["overrides"]

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining.pretrain.settings import resolve_model
 from workflow_harness import ROOT, merged_configs
 
@@ -24,7 +24,7 @@ def merged() -> dict:
 
 def test_the_bow_overlay_is_valid_and_repeats_the_paper_entries_it_replaces():
     paper, overlay, config = _load("paper.yaml"), _load("bow.yaml"), merged()
-    experiment_config.validate(config)
+    config_checks.validate(config)
     assert config["experiment"] == "paper-bow"
     for path in (("pretrain", "models"), ("datasets",), ("bm25", "negatives"), ("bm25", "overrides"),
                  ("finetune", "datasets"), ("evaluate", "zero_shot")):
@@ -256,7 +256,7 @@ def test_the_recipe_overlay_is_valid_and_repeats_the_bow_lists_it_extends():
     bow, recipe = _load("bow.yaml"), _load("bow-recipe.yaml")
     config = merged_configs(*(EXPERIMENTS / n for n in ("paper.yaml", "bow.yaml",
                                                          "bow-recipe.yaml")))
-    experiment_config.validate(config)
+    config_checks.validate(config)
     assert set(recipe) == {"pretrain", "report"} and set(recipe["pretrain"]) == {"models"}
     assert set(recipe["report"]) == {"tables"}
     models = recipe["pretrain"]["models"]

@@ -176,14 +176,31 @@ def test_fine_tuning_does_not_run_the_mining_code():
 @pytest.mark.parametrize("stage", ["extract", "chunk", "pretrain", "finetune", "encode", "download",
                                    "checkpoints"])
 def test_a_published_number_is_no_code_input_of_a_stage_that_only_validates_with_it(stage):
-    """config.py checks a table column's benchmark against paper_numbers at parse time only:
-    correcting a published number must rerun the tables, not extraction or pre-training."""
+    """config_checks.py checks a table column's benchmark against paper_numbers at parse time
+    only: correcting a published number must rerun the tables, not extraction or pre-training."""
     files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(stage)}
     assert "config.py" in files and "paper_numbers.py" not in files
-    assert "schema_messages.py" not in files  # config.validate's wording, parse time only too
+    assert "schema_messages.py" not in files  # config_checks.validate's wording, parse time too
     assert "paper_numbers.py" in {Path(f).relative_to(PACKAGE).as_posix()
                                   for f in code_deps.source_files("tables")}
 
+
+
+def test_the_whole_config_checks_are_no_rule_code_input():
+    """config.py is every rule's code input (module_source adds it): the parse-time validation
+    (schema, cross-checks, advisories) lives in a module no stage runs, so correcting a check or
+    its message reruns no job. Every rule's declared code is checked."""
+    checks = {file for function in ("validate", "cross_check", "advisories", "load_schema")
+              for file in _defining(function)}
+    assert checks == {"config_checks.py"}
+    calls = [call for smk in (PACKAGE.parents[1] / "rules").glob("*.smk")
+             for call in re.findall(r"module_source\((\"[^)]*)\)", smk.read_text())]
+    calls.append(",".join(map(repr, ("launch", "torchrun", "finetune"))))  # finetune.smk's tuple
+    assert len(calls) > 20  # every rule file's code inputs were found (literal entries)
+    for call in calls:
+        files = {Path(f).relative_to(PACKAGE).as_posix()
+                 for f in code_deps.source_files(*ast.literal_eval(f"({call},)"), "config")}
+        assert "config.py" in files and not checks & files, call
 
 def _defining(function: str) -> set[str]:
     """The package files that define a top-level function `function`."""

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining import references
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,11 +20,11 @@ def demo():
 
 
 def test_shipped_demo_config_is_valid(demo):
-    experiment_config.validate(demo)
+    config_checks.validate(demo)
 
 
 def test_every_section_has_a_schema_fragment(demo):
-    schema = experiment_config.load_schema()
+    schema = config_checks.load_schema()
     assert set(demo) == set(schema["properties"]), "config sections and schema fragments disagree"
 
 
@@ -31,7 +32,7 @@ def test_unknown_key_is_rejected_with_the_known_keys(demo):
     bad = copy.deepcopy(demo)
     bad["corpus"]["max_lenght"] = 128
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     message = str(error.value)
     assert "corpus" in message and "max_lenght" in message and "max_len" in message
 
@@ -43,7 +44,7 @@ def test_a_typo_in_a_file_reference_is_one_line_naming_the_entry(demo):
     entry = next(e for e in bad["datasets"] if e.get("format") == "beir")
     entry["titles"] = {"pth": "titles.tsv"}
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     lines = str(error.value).splitlines()[1:]
     i = bad["datasets"].index(entry)
     assert lines == [f"  config key 'datasets.{i}.titles' (dataset '{entry['name']}'): unknown "
@@ -64,7 +65,7 @@ def test_a_known_key_of_another_shape_is_never_called_unknown(demo, corpus, said
     entry = next(e for e in bad["datasets"] if e.get("format") == "beir")
     entry["corpus"] = corpus
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     message = str(error.value)
     assert "unknown key" not in message and said in message, message
 
@@ -73,7 +74,7 @@ def test_enum_violation_names_the_key_and_allowed_values(demo):
     bad = copy.deepcopy(demo)
     bad["wikipedia"]["source"] = "torrent"
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     assert "wikipedia.source" in str(error.value)
     assert "local" in str(error.value) and "dumps" in str(error.value)
 
@@ -82,7 +83,7 @@ def test_range_violation_names_the_bound(demo):
     bad = copy.deepcopy(demo)
     bad["corpus"]["shards"] = 0
     with pytest.raises(experiment_config.ConfigError, match=r"corpus\.shards.*minimum is 1"):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
 
 
 def test_a_split_name_with_a_dot_is_refused_saying_why(demo):
@@ -92,7 +93,7 @@ def test_a_split_name_with_a_dot_is_refused_saying_why(demo):
     bad = copy.deepcopy(demo)
     bad["datasets"][0]["splits"].append({"name": "test.small"})
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     message = str(error.value)
     assert "datasets.0.splits" in message and "'test.small' does not match" in message, message
     assert "no dots" in message and "test and test.small would share one" in message, message
@@ -109,11 +110,11 @@ def test_a_count_written_as_a_float_is_refused_at_parse_time(demo, section, key,
     bad = copy.deepcopy(demo)
     bad[section][key] = value
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     assert f"'{section}.{key}'" in str(error.value) and "whole number" in str(error.value)
     good = copy.deepcopy(demo)
     good[section][key] = int(value)
-    experiment_config.validate(good)
+    config_checks.validate(good)
 
 
 @pytest.mark.parametrize("where", ["seed", "datasets subset seed"])
@@ -135,12 +136,12 @@ def test_a_seed_beyond_what_every_stage_accepts_is_refused_at_parse_time(demo, w
     for seed in (2**64, 2**32, -1):
         bad, key = with_seed(seed)
         with pytest.raises(experiment_config.ConfigError) as error:
-            experiment_config.validate(bad)
+            config_checks.validate(bad)
         message = str(error.value)
         assert key in message and ("maximum is 4294967295" in message
                                    or "minimum is 0" in message), message
     for seed in (0, 2**32 - 1):
-        experiment_config.validate(with_seed(seed)[0])
+        config_checks.validate(with_seed(seed)[0])
 
 
 def test_the_largest_valid_seed_is_one_every_seeded_stage_accepts(demo):
@@ -150,7 +151,7 @@ def test_the_largest_valid_seed_is_one_every_seeded_stage_accepts(demo):
     from retrieval_pretraining import seeding, spans
     from retrieval_pretraining.training import optim
 
-    top = experiment_config.load_schema()["properties"]["seed"]["maximum"]
+    top = config_checks.load_schema()["properties"]["seed"]["maximum"]
     spans.chunk_keys(top, np.arange(3))  # numpy uint64
     check_random_state(top)  # t-SNE's random_state (sklearn): the narrowest
     optim.seed_everything(top)  # random, numpy, torch.manual_seed
@@ -164,19 +165,19 @@ def test_a_rank_window_without_its_first_rank_is_refused_at_parse_time(demo):
     bad = copy.deepcopy(demo)
     bad["mining"]["rank_window"] = [None, 100]
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     assert "mining.rank_window" in str(error.value), str(error.value)
     for window in ([3, None], [1, 100], None):
         good = copy.deepcopy(demo)
         good["mining"]["rank_window"] = window
-        experiment_config.validate(good)
+        config_checks.validate(good)
 
 
 def test_a_typo_inside_a_block_that_may_be_null_names_the_key(demo):
     bad = copy.deepcopy(demo)
     bad["report"]["analysis"]["tsne"]["querry"] = None
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     message = str(error.value)
     assert "report.analysis.tsne" in message and "'querry' was unexpected" in message, message
     assert "known keys:" in message and "query" in message
@@ -187,7 +188,7 @@ def test_missing_section_is_reported(demo):
     bad = copy.deepcopy(demo)
     del bad["extract"]
     with pytest.raises(experiment_config.ConfigError, match="extract"):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
 
 
 @pytest.mark.parametrize(
@@ -303,7 +304,7 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
     bad = copy.deepcopy(demo)
     edit(bad)
     with pytest.raises(experiment_config.ConfigError, match=expected):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
 
 
 @pytest.mark.parametrize(
@@ -388,7 +389,7 @@ def test_a_split_or_stage_nothing_builds_is_refused_naming_the_key(demo, edit, e
     one), and a stage past `rounds` trained mining rounds no config key asked for."""
     bad = copy.deepcopy(demo)
     edit(bad)
-    experiment_config.validate(bad)  # a stage reference is no schema or cross-check matter
+    config_checks.validate(bad)  # a stage reference is no schema or cross-check matter
     with pytest.raises(experiment_config.ConfigError, match=expected):
         references.check(bad)
 
@@ -511,7 +512,7 @@ def test_corpus_keys_are_validated(demo, edit, expected):
     bad = copy.deepcopy(demo)
     edit(bad)
     with pytest.raises(experiment_config.ConfigError, match=expected):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
 
 
 def test_the_demo_chunks_its_one_wikipedia_corpus_and_paper_adds_the_bow_msmarco_corpus(demo):
@@ -572,7 +573,7 @@ def test_paper_config_is_valid_and_sets_every_key_the_demo_sets(demo):
     """`--configfile paper.yaml` deep-merges over config.yaml: any demo key the paper file omits
     would silently leak demo settings (tiny batches, 2 layers) into a paper-scale run."""
     paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
-    experiment_config.validate(paper)
+    config_checks.validate(paper)
     missing = _scalar_keys(demo) - _scalar_keys(paper)
     assert not missing, f"paper.yaml must set these demo keys explicitly: {sorted(missing)}"
     assert paper["experiment"] == "paper"
@@ -590,7 +591,7 @@ def test_the_ablation_overlay_on_the_paper_config_is_valid():
                 base[key] = value
 
     merge(paper, overlay)
-    experiment_config.validate(paper)
+    config_checks.validate(paper)
     names = [m["name"] for m in paper["pretrain"]["models"]]
     assert len(names) == len(set(names)) and len(names) > 5
 
@@ -684,8 +685,8 @@ def test_an_unpinned_hub_checkpoint_warns_where_its_commit_is_recorded(demo):
     """revision null on a Hub entry is `main`, which moves: allowed, but the parse says where the
     staged commit is recorded and how to pin it (a package source is fixed by its install)."""
     paper = yaml.safe_load((ROOT / "workflow" / "experiments" / "paper.yaml").read_text())
-    with pytest.warns(experiment_config.ConfigWarning) as caught:
-        experiment_config.validate(paper)
+    with pytest.warns(config_checks.ConfigWarning) as caught:
+        config_checks.validate(paper)
     text = "\n".join(str(w.message) for w in caught)
     assert "'bert-base-uncased'" in text and "'bge-base-en-v1.5'" in text
     assert "all-minilm-l6-v2" not in text
@@ -696,7 +697,7 @@ def test_an_unpinned_hub_checkpoint_warns_where_its_commit_is_recorded(demo):
     pinned = copy.deepcopy(paper)
     for entry in pinned["checkpoints"]:
         entry["revision"] = "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a"
-    assert not experiment_config.advisories(pinned)
+    assert not config_checks.advisories(pinned)
 
 
 def test_a_measure_no_provider_computes_fails_the_dry_run(demo, tmp_path):
@@ -744,11 +745,11 @@ def test_a_projector_model_s_untrained_stage1_on_the_pre_trained_encoder_is_refu
     scifact["overrides"] = {"stage1": "init", "stage1_init": stage1_init}
     if stage1_init != "pretrained":
         config["finetune"]["datasets"].append({"dataset": "scifact-full", "split": "test"})
-    experiment_config.validate(config)
+    config_checks.validate(config)
     references.check(config)  # no model embeds through a projector
     costa = next(m for m in config["pretrain"]["models"] if m["name"] == "costa")
     costa["finetune"] = {"projector": True}
-    experiment_config.validate(config)
+    config_checks.validate(config)
     with pytest.raises(experiment_config.ConfigError,
                        match=r"'finetune.stage1' on 'scifact': .*raw \[CLS\].*costa"):
         references.check(config)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining import dataset_aliases, references
 from test_dataset_reruns import DPR, _dpr_entry
 from workflow_harness import (
@@ -43,14 +44,14 @@ def _with(config: dict, *entries: dict) -> dict:
 
 def _refusal(config: dict) -> str:
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(config)
+        config_checks.validate(config)
     return str(error.value)
 
 
 def test_an_alias_is_its_sources_entry_under_its_own_name(demo):
     config = _with(demo, {"name": "scifact-bow", "same_as": "scifact"},
                    {"name": "scifact-again", "same_as": "scifact-bow"})
-    experiment_config.validate(config)
+    config_checks.validate(config)
     resolved = {e["name"]: e for e in dataset_aliases.resolve(config["datasets"])}
     source = next(e for e in demo["datasets"] if e["name"] == "scifact")
     # An alias of an alias is resolved to the first entry of the chain.
@@ -68,7 +69,7 @@ def test_an_alias_may_set_its_own_title_mode_and_nothing_else(demo):
     config = _with(demo, {"name": "scifact-sep", "same_as": "scifact", "title": "sep"},
                    {"name": "scifact-sep-again", "same_as": "scifact-sep"},
                    {"name": "scifact-space", "same_as": "scifact", "title": "space"})
-    experiment_config.validate(config)
+    config_checks.validate(config)
     resolved = {e["name"]: e for e in dataset_aliases.resolve(config["datasets"])}
     source = resolved["scifact"]
     assert source["title"] == "space"
@@ -156,7 +157,7 @@ def test_an_aliass_column_takes_its_sources_benchmark(demo):
     table = config["report"]["tables"][0]
     table["columns"] = [{"dataset": "scifact-bow", "split": "test", "measure": "nDCG@10",
                          "benchmark": "scifact-test"}]
-    experiment_config.validate(config)
+    config_checks.validate(config)
 
 
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining import audit, dataset_files, datasets
 from retrieval_pretraining.contracts import datasets as contract
 from retrieval_pretraining.contracts.datasets import DatasetError
@@ -293,15 +294,15 @@ def test_msmarco_document_layout_is_streamed_in_batches(tmp_path, monkeypatch, c
 
 def test_config_sections_validate_and_reject_unknown_title_modes():
     demo = yaml.safe_load((ROOT / "config.yaml").read_text())
-    experiment_config.validate(demo)
+    config_checks.validate(demo)
     bad = copy.deepcopy(demo)
     bad["datasets"][0]["title"] = "colon"
     with pytest.raises(experiment_config.ConfigError, match="datasets.0.title"):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     bad = copy.deepcopy(demo)
     bad["bm25"]["negatives"][0]["source"] = "random"
     with pytest.raises(experiment_config.ConfigError, match="bm25.negatives.0.source"):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
 
 
 def test_a_subset_keeps_every_judged_document_and_a_hashed_sample_of_the_rest(tmp_path):

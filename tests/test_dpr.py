@@ -1055,16 +1055,17 @@ def test_dpr_negatives_refuse_a_non_string_question_naming_the_file_and_record(
 ])
 def test_source_dpr_is_refused_where_no_dpr_training_file_lists_negatives(negatives, expected):
     from retrieval_pretraining import config as experiment_config
+    from retrieval_pretraining import config_checks
     import yaml
 
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["datasets"].append(NQ_SAMPLE)
     config["bm25"]["negatives"].append(negatives)
     with pytest.raises(experiment_config.ConfigError, match=expected):
-        experiment_config.validate(config)
+        config_checks.validate(config)
     config["bm25"]["negatives"][-1] = {"dataset": "nq-sample", "split": "train", "source": "dpr",
                                        "count": 30, "dpr_lists": ["hard_negative_ctxs"]}
-    experiment_config.validate(config)
+    config_checks.validate(config)
 
 
 # --- the workflow: an NQ-format dataset evaluated with Acc@20 (planned jobs only) ----------------

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining import training
 from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.finetune.schedule import build_schedule, warmup_steps
@@ -119,12 +119,12 @@ def test_settings_and_schema_refuse_bad_schedule_knobs(key, value, message):
     bad = copy.deepcopy(config)
     bad["finetune"][key] = value
     with pytest.raises(ConfigError, match=f"finetune.{key}"):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     # A dataset's overrides are checked alike.
     bad = copy.deepcopy(config)
     bad["finetune"]["datasets"][0]["overrides"] = {key: value}
     with pytest.raises(ConfigError, match=key):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
 
 
 def test_the_schedule_knobs_are_the_trainer_s_alone():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining import training
 from retrieval_pretraining.config import ConfigError
 from retrieval_pretraining.pretrain.train import lr_warmup_steps, resume_job
@@ -148,15 +148,15 @@ def test_a_shape_the_factor_does_not_know_is_refused():
 ])
 def test_the_schema_refuses_bad_schedule_knobs_in_the_section_and_a_model_entry(key, value):
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    experiment_config.validate(copy.deepcopy(config))
+    config_checks.validate(copy.deepcopy(config))
     bad = copy.deepcopy(config)
     bad["pretrain"]["trainer"][key] = value
     with pytest.raises(ConfigError, match=key):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
     bad = copy.deepcopy(config)
     bad["pretrain"]["models"][1].setdefault("trainer", {})[key] = value
     with pytest.raises(ConfigError, match=key):
-        experiment_config.validate(bad)
+        config_checks.validate(bad)
 
 
 def test_a_model_entry_sets_the_knobs_for_itself_alone():
@@ -168,7 +168,7 @@ def test_a_model_entry_sets_the_knobs_for_itself_alone():
     knobs = {"lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 4}
     section["models"][1]["trainer"] = knobs
     config["pretrain"] = section
-    experiment_config.validate(config)
+    config_checks.validate(config)
     others = [m["name"] for m in section["models"] if m["name"] != name
               and m["objective"] != "none"]
     assert {k: resolve_model(section, name, 0)["trainer"][k] for k in KNOBS} == knobs

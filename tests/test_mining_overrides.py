@@ -13,6 +13,7 @@ import json
 import pytest
 import yaml
 from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining import references
 from workflow_harness import ROOT, copy_project, edit_config, planned_params
 
@@ -104,9 +105,9 @@ def demo() -> dict:
 
 
 def refusal(config: dict) -> str:
-    """The parse-time refusal of `config` (config.validate, then references.check)."""
+    """The parse-time refusal of `config` (config_checks.validate, then references.check)."""
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(config)
+        config_checks.validate(config)
         references.check(config)
     return " ".join(str(error.value).split())
 
@@ -144,7 +145,7 @@ def test_an_override_nothing_could_mine_with_is_refused_naming_the_key(demo, ove
     assert expected in refusal(bad)
     good = copy.deepcopy(demo)
     good["mining"]["overrides"] = [{"dataset": "scifact-docs", **BOW}]
-    experiment_config.validate(good)
+    config_checks.validate(good)
     references.check(good)
 
 
@@ -193,7 +194,7 @@ def test_answer_positives_without_the_answers_filter_is_refused_when_the_workflo
         mine.policy({"answer_positives": True, "negative_filter": "qrels"})
     good = copy.deepcopy(demo)
     good["mining"]["answer_positives"] = False
-    experiment_config.validate(good)
+    config_checks.validate(good)
     references.check(good)
 
 
@@ -218,7 +219,7 @@ def test_min_negatives_above_num_negatives_is_refused_when_the_workflow_parses(d
     for least, most in ((30, 30), (None, 30), (300, None)):
         good = copy.deepcopy(demo)
         good["mining"] |= {"min_negatives": least, "num_negatives": most}
-        experiment_config.validate(good)
+        config_checks.validate(good)
         references.check(good)
     # What the refusal spares: the job would mine an empty list for every query.
     docs = [f"d{i}" for i in range(100)]

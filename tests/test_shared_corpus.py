@@ -18,6 +18,7 @@ import pytest
 import yaml
 from retrieval_pretraining import artifacts, dataset_aliases, datasets
 from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from test_dataset_reruns import DPR, _dpr_entry
 from workflow_harness import (
     ROOT,
@@ -54,7 +55,7 @@ def demo():
 
 def _refusal(config: dict) -> str:
     with pytest.raises(experiment_config.ConfigError) as error:
-        experiment_config.validate(config)
+        config_checks.validate(config)
     return str(error.value)
 
 
@@ -72,7 +73,7 @@ def test_a_shared_corpus_reads_as_its_sources_corpus_files(demo):
     config["datasets"] += [{"name": "dpr-alias", "same_as": DPR},
                            _sharing(_dpr_entry(ROOT), "dpr-chain", SHARED),
                            _sharing(_dpr_entry(ROOT), "dpr-of-alias", "dpr-alias")]
-    experiment_config.validate(config)
+    config_checks.validate(config)
     datasets = config["datasets"]
     resolved = {e["name"]: e for e in dataset_aliases.resolve(datasets)}
     for name in (SHARED, "dpr-chain", "dpr-of-alias"):

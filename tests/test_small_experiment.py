@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from workflow_harness import ROOT, merged_configs
 
 SMALL = ROOT / "workflow" / "experiments" / "small.yaml"
@@ -35,7 +35,7 @@ def _page_ids(path) -> list[int]:
 
 def test_small_is_valid_and_reads_every_shipped_wikipedia_sample_but_two():
     config = merged()
-    experiment_config.validate(config)
+    config_checks.validate(config)
     assert config["experiment"] == "small"
     parts = config["wikipedia"]["parts"]
     used = set()

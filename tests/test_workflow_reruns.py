@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from retrieval_pretraining import config as experiment_config
+from retrieval_pretraining import config_checks
 
 from workflow_harness import copy_project, edit_config, planned_rules, snakemake
 
@@ -149,7 +149,7 @@ def test_pinning_the_staged_commit_as_the_config_warning_says_reruns_nothing(fin
     cleanup it restages them and reruns every job after them. Fails if a Snakemake upgrade keeps
     old params through --cleanup-metadata, or a later rule puts the revision in its own params."""
     unpinned = {"name": "minilm-l1", "source": "hub", "location": "x/y", "revision": None}
-    [advice] = experiment_config.advisories({"checkpoints": [unpinned]})
+    [advice] = config_checks.advisories({"checkpoints": [unpinned]})
     [command] = re.findall(r"`snakemake (--cleanup-metadata [^`]*)`", advice)
     # Not a copy of the project (its results would be copied too): the fixture's own metadata,
     # put back afterwards for the tests that need its recorded params.

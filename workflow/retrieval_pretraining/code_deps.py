@@ -22,12 +22,6 @@ PACKAGE = PACKAGE_DIR.name
 # modules). contracts/registry.py imports every contracts/<type>/audit.py it finds, so a rule that
 # runs the registry (stage_statistics, through audit) must rerun when any contract changes.
 DYNAMIC_IMPORTS = {"contracts.registry": ("contracts",)}
-# Imports that serve only to validate a whole experiment config, which the Snakefile does at parse
-# time and no stage does at run time (config.validate -> cross_check): what they check (a published
-# number's benchmark, a corpus entry's keys, a dataset alias) changes no stage's result, so through config they are
-# no rule's code input. Correcting a published number would otherwise rerun extraction, chunking
-# and every pre-training. A stage that imports them itself (tables: paper_numbers) keeps them.
-PARSE_TIME_IMPORTS = {"config": ("paper_numbers", "corpora", "dataset_aliases", "schema_messages")}
 
 
 def module_file(name: str) -> Path | None:
@@ -113,7 +107,7 @@ def closure(entry: str) -> tuple[tuple[Path, ...], frozenset[str]]:
         if "." in name:  # importing pretrain.model runs pretrain/__init__.py first
             todo.append(name.rpartition(".")[0])
         inside, outside = _imports(path, name)
-        todo += [module for module in inside if module not in PARSE_TIME_IMPORTS.get(name, ())]
+        todo += inside
         todo += [module for target in DYNAMIC_IMPORTS.get(name, ()) for module in
                  _with_submodules(target)]
         third_party |= outside

@@ -28,8 +28,8 @@ parsed); a chain (S's corpus shared in turn, or S an alias) is the first entry's
 aliases. The `titles` belong to the corpus: the sharing entry names none. In-domain checks
 (same_collection) see through it: they are about the passages pre-training read.
 
-Read at parse time only (config.validate, rules/common.smk): no stage imports it, so it is no
-job's code input (code_deps.PARSE_TIME_IMPORTS).
+Read at parse time only (config_checks.validate, rules/common.smk): no stage imports it, so it
+is no job's code input.
 """
 
 from __future__ import annotations

@@ -148,9 +148,9 @@ PAPER: tuple[Published, ...] = (
 )
 
 # The dataset and split (as the configs name them) each benchmark is. A column's `benchmark` must be
-# one of these and match the column's own dataset and split (config.cross_check): a misspelt one
-# would silently drop every published number of the column, and another dataset's would print that
-# benchmark's number, with a delta, beside our scores of this one.
+# one of these and match the column's own dataset and split (config_checks.cross_check): a misspelt
+# one would silently drop every published number of the column, and another dataset's would print
+# that benchmark's number, with a delta, beside our scores of this one.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "msmarco-passage-dev": ("msmarco-passage", "dev"),
     "dl19-passage": ("msmarco-passage", "dl19"),

@@ -1,6 +1,6 @@
 """The config's references the rules resolve into files, checked when the workflow parses
-(rules/common.smk calls `check`, after config.validate): the splits that finetune, evaluate, bm25
-negatives and the t-SNE figure name, the report's stage suffixes, significance baselines, t-SNE
+(rules/common.smk calls `check`, after config_checks.validate): the splits that finetune, evaluate,
+bm25 negatives and the t-SNE figure name, the report's stage suffixes, significance baselines, t-SNE
 stage and low-resource systems, and finetune's `stage1_init`; each fine-tuned dataset's mining
 policy (`mining.overrides` applied: mining_policy, which the rules pass too); and the datasets
 `bm25.overrides` names.
@@ -26,8 +26,8 @@ def _names(entries: list[dict[str, Any]] | None) -> list[str]:
 
 
 def check(config: dict[str, Any]) -> None:
-    """Raise ConfigError naming every stage reference nothing builds (config.validate first).
-    A dataset alias (same_as) is read as its source's entry, whose splits it has."""
+    """Raise ConfigError naming every stage reference nothing builds (config_checks.validate
+    first). A dataset alias (same_as) is read as its source's entry, whose splits it has."""
     config = config | {"datasets": dataset_aliases.resolve(config["datasets"])}
     messages = split_mistakes(config) + stage1_init_mistakes(config) + mining_mistakes(config)
     messages += projector_stage1_mistakes(config)
@@ -39,7 +39,8 @@ def check(config: dict[str, Any]) -> None:
 
 def split_mistakes(config: dict[str, Any]) -> list[str]:
     """Each split a section names must be one its dataset lists (a dataset no entry names is
-    config.validate's to report; a dpr negatives split is config._negatives_mistakes')."""
+    config_checks.validate's to report; a dpr negatives split is
+    config_checks._negatives_mistakes')."""
     splits = {entry["name"]: [s["name"] for s in entry["splits"]] for entry in config["datasets"]}
     named = [(f"finetune.datasets.{i}.split", e["dataset"], e["split"])
              for i, e in enumerate(config["finetune"]["datasets"])]

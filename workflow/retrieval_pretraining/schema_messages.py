@@ -1,5 +1,5 @@
-"""One line for a key no shape of a value knows (config.validate, at parse time only: no stage
-imports this, code_deps.PARSE_TIME_IMPORTS, so rewording a message reruns nothing)."""
+"""One line for a key no shape of a value knows (config_checks.validate, at parse time only: no
+stage imports this, so rewording a message reruns nothing)."""
 
 from __future__ import annotations
 
