@@ -68,9 +68,10 @@ def _cfg(name: str, **changes) -> list[str]:
     return ["--config", json.dumps(SLICES[name] | changes)]
 
 
-# Every module with a main() except `launch` (it execs the stage it launches, on GPUs when there
-# are some: the stage's own main reports its bad input) and `pyserini_setup` (it runs another
-# module under Pyserini's fixes). Each case: (module, argv, the bad input the message must name).
+# Every module with a main() except `launch`, `claim_run` and `torchrun` (they exec the stage they
+# start, on GPUs when there are some: the stage's own main reports its bad input),
+# `pyserini_setup` (it runs another module under Pyserini's fixes) and `mteb_eval` (its own bad
+# input: tests/test_mteb_eval.py). Each case: (module, argv, the bad input the message must name).
 # Inputs: `bad` = a file that is not what it claims (text in a .parquet, .npy or .trec), `none/` =
 # a missing folder; outputs go under `out/`, which must stay empty.
 def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
@@ -145,6 +146,11 @@ def cases(t: Path, bad: Path, out: Path) -> dict[str, tuple[str, list, Path]]:
         "tables": ("tables.__main__", [*_cfg("tables"), "--results", none,
                                        "--out", out / "t.md"], none),
         "publish": ("publish", ["--folder", none, "--repo-id", "me/encoder", "--dry-run"], none),
+        # The copies of an alias or a shared corpus: a source missing, or not its JSON.
+        "linked_copy": ("linked_copy", ["--config", "{}", "--source", none,
+                                        "--out", out / "index"], none),
+        "shared_corpus": ("shared_corpus", ["--config", json.dumps({"title": "space"}),
+                                            "--source", bad, "--out", out / "dataset.json"], bad),
         # audit's documented statuses: 0 passed, 1 a check failed, 2 not an artifact.
         "audit": ("audit", [none / "x.parquet"], none / "x.parquet"),
     }

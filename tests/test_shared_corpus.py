@@ -311,3 +311,20 @@ def test_a_model_pre_trained_on_a_shared_corpus_is_in_domain_on_every_dataset_ov
     assert planned["mlm"]["pretrained_on"] == [DPR, SHARED], planned["mlm"]
     assert planned["costa"]["pretrained_on"] == [DPR, SHARED], planned["costa"]
     assert planned["bow"]["pretrained_on"] == ["scifact"], planned["bow"]  # unchanged
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"dataset"', "null"])
+def test_a_source_dataset_json_that_is_not_an_object_is_one_error_line(tmp_path, capsys, text):
+    """The source's dataset.json valid JSON but no object: one line naming it, exit 1, nothing
+    written (`list | dict` was a TypeError's traceback naming no file)."""
+    from retrieval_pretraining import shared_corpus
+
+    source, out = tmp_path / "dataset.json", tmp_path / "out" / "dataset.json"
+    source.write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        shared_corpus.main(["--config", json.dumps({"title": "space"}), "--source", str(source),
+                            "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {source}: not a JSON object"), err
+    assert not out.exists()
