@@ -1761,3 +1761,31 @@ def test_provenance_shows_system_and_dataset_names_as_written(tmp_path):
     assert "as the official evaluations do): _nq_/test 0</li>" in page, page
     html = (tmp_path / "t.html").read_text()
     assert "<td>_x_-stage1</td><td>_nq_/test</td>" in html and "): _nq_/test 0</li>" in html
+
+
+@pytest.mark.parametrize("record", ["metrics", "training.json", "qrels manifest"])
+@pytest.mark.parametrize("content", [b"{\"aggregate\": {", b"[1, 2]", b"\xff\xfe not UTF-8"])
+def test_a_damaged_record_the_tables_read_is_one_error_line_naming_it(synthetic, tmp_path, capsys,
+                                                                      record, content):
+    """A metrics file, a tabled model's training.json or a column's qrels manifest cut short, of
+    another JSON kind or not text: `tables` reports it in one line naming the file, exit 1,
+    nothing written (it was a JSONDecodeError, AttributeError or UnicodeDecodeError traceback:
+    ARCHITECTURE's bad-input row)."""
+    from retrieval_pretraining.tables.__main__ import main
+
+    results, _ = synthetic
+    path = {
+        "metrics": results / "metrics" / "scifact" / "costa-stage1" / "test.json",
+        "training.json": results / "pretrain" / "costa" / "encoder" / "training.json",
+        "qrels manifest": results / "datasets" / "scifact" / "qrels-test.manifest.json",
+    }[record]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    config = params() | {"declared": {"pretraining": ["costa"], "qrels": ["scifact/test"]}}
+    out = tmp_path / "out" / "t.md"
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", json.dumps(config), "--results", str(results), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith(f"error: {path}"), err
+    assert not out.exists()

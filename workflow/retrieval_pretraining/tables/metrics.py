@@ -82,8 +82,11 @@ def load_metrics(path: Path) -> Metrics:
         )
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise MetricsError(f"{path}: not JSON ({error}); delete it and rerun score_run") from error
+    if not isinstance(data, dict):
+        raise MetricsError(f"{path}: not a JSON object (scores contract: aggregate, per_query, "
+                           "run, qrels, measures); delete it and rerun score_run")
     for key in ("aggregate", "per_query"):
         if not isinstance(data.get(key), dict):
             raise MetricsError(
