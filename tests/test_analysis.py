@@ -227,6 +227,24 @@ def test_loss_curves_summarise_every_run(tmp_path):
         loss_curves.loss_curves({"bad": tmp_path / "bad.jsonl"}, tmp_path / "x.png")
 
 
+@pytest.mark.parametrize("content", [b'{"step": 1}\n[1, 2]\n', b'{"step": 1}\n"loss"\n',
+                                     b'{"step": 1}\n\xff\xfe\n'])
+def test_a_metrics_line_that_is_no_record_is_one_error_line_naming_it(tmp_path, capsys, content):
+    """A metrics.jsonl line of another JSON kind, or a byte that is not UTF-8: the loss-curves
+    command names the file (and the line) in one error line, exit 1, no figure (it was an
+    AttributeError or UnicodeDecodeError traceback naming no file)."""
+    from retrieval_pretraining.analysis.__main__ import main
+
+    (tmp_path / "m.jsonl").write_bytes(content)
+    out = tmp_path / "out" / "loss.png"
+    with pytest.raises(SystemExit) as stop:
+        main(["loss-curves", "--model", f"m={tmp_path / 'm.jsonl'}", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'm.jsonl'}"), err
+    assert not out.exists()
+
+
 def test_loss_curves_plot_real_metrics_against_tokens_seen(tmp_path):
     """Records shaped as pretrain/train.py writes them: a step-0 record of probes only (written
     without tokens_seen before it carried it), then training steps that log tokens_seen. The

@@ -21,15 +21,24 @@ from .common import pyplot, save_figure, write_manifest
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     records = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as error:
+        raise InputFileError(f"{path}: not UTF-8 text ({error}); rerun the pre-training rule "
+                             "that wrote it") from error
+    for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise InputFileError(
                     f"{path}:{number}: not a JSON line ({error}); rerun the "
                     "pre-training rule that wrote it"
                 ) from error
+            if not isinstance(record, dict):
+                raise InputFileError(f"{path}:{number}: not a JSON object, as a metrics record "
+                                     "is; rerun the pre-training rule that wrote it")
+            records.append(record)
     return records
 
 
