@@ -7,6 +7,8 @@ import logging
 import os
 import shutil
 
+import pytest
+
 from retrieval_pretraining import artifacts, linked_copy
 
 
@@ -71,6 +73,16 @@ def test_another_link_error_is_not_taken_for_a_refusal(tmp_path, monkeypatch):
         raise AssertionError("a full disk was copied around")
     assert not (tmp_path / "copy" / "index").exists()  # nothing that looks whole
 
+
+
+def test_a_file_given_as_the_source_is_called_no_folder_not_missing(tmp_path):
+    source = tmp_path / "index"
+    source.write_text("a file where the index folder should be")
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        linked_copy.linked_folder(source, tmp_path / "copy" / "index")
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        linked_copy.linked_folder(tmp_path / "absent", tmp_path / "copy" / "index")
+    assert not (tmp_path / "copy" / "index").exists()
 
 def test_rerunning_the_source_leaves_the_copy_as_it_was(tmp_path):
     """A rerun of build_bm25_index: Snakemake removes the job's folder output first

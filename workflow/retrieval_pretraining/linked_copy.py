@@ -51,6 +51,8 @@ def link_or_copy(source: Path, target: Path) -> OSError | None:
 def linked_folder(source: Path, out: Path) -> dict[str, int]:
     """`out`: `source`'s files (subfolders too) linked or copied, atomically; the counts. Once one
     link is refused the rest are copied (the same file system refuses them all)."""
+    if source.exists() and not source.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(source))
     if not source.is_dir():
         raise FileNotFoundError(errno.ENOENT, "no such folder", str(source))
     counts, refusal = {"linked": 0, "copied": 0}, None
