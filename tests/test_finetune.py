@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import socket
@@ -645,7 +646,8 @@ def test_absent_positives_and_queries_without_negatives_are_dropped_and_counted(
 
     ids, positives, negatives, counts = load("pad")
     assert counts == {"positives_absent_from_corpus": 2, "queries_without_positive_in_corpus": 1,
-                      "queries_without_negatives_dropped": 0}
+                      "queries_without_negatives_dropped": 0,
+                      "positives_among_negatives_removed": 0}
     assert second not in ids and "gone-1" not in positives[first] and positives[first]
     assert len(ids) == 11 and set(no_negs) <= set(ids)
     ids, _, negatives, counts = load("drop")
@@ -844,29 +846,40 @@ def test_padding_draws_from_a_seeded_pool_not_the_whole_corpus(tmp_path):
     assert pool != fdata.padding_pool(data["corpus"], seed=2, size=50)
 
 
-def test_training_skips_absent_positives_and_records_the_counts(tmp_path):
+def test_training_skips_absent_positives_and_records_the_counts(tmp_path, caplog):
     """A qrel naming a document missing from the corpus no longer aborts fine-tuning."""
     data = tiny_dataset(tmp_path / "data", n_queries=16)
     qrels = pl.read_parquet(data["qrels"])
     qid = qrels["query_id"][0]
     pl.concat([qrels, pl.DataFrame({"query_id": [qid], "doc_id": ["gone"], "relevance": [1]},
                                    schema=qrels.schema)]).write_parquet(data["qrels"])
-    # One query without negatives: padded from the corpus (pad), as Tevatron does.
-    pl.read_parquet(data["bm25"]).filter(pl.col("query_id") != qid).write_parquet(data["bm25"])
+    # One query without negatives: padded from the corpus (pad), as Tevatron does; one whose
+    # list holds its positive: removed, counted and named.
+    bm25 = pl.read_parquet(data["bm25"]).filter(pl.col("query_id") != qid)
+    leak_q, leak_doc = qrels.filter(pl.col("query_id") != qid).row(0)[:2]
+    bm25.with_columns(pl.when(pl.col("query_id") == leak_q)
+                      .then(pl.concat_list(pl.lit([leak_doc]), "negative_ids"))
+                      .otherwise("negative_ids").alias("negative_ids")
+                      ).write_parquet(data["bm25"])
     base = tiny_encoder(tmp_path / "base")
     cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 6, "epochs": 1,
            "log_every_steps": 1, "queries_without_negatives": "pad"}
     out = tmp_path / "encoder"
-    fine_tune(cfg, base, data, [data["bm25"]], seed=1, out=out, state_dir=tmp_path / "state",
-              metrics_path=tmp_path / "metrics.jsonl")
+    with caplog.at_level(logging.WARNING, logger="retrieval_pretraining.finetune.train"):
+        fine_tune(cfg, base, data, [data["bm25"]], seed=1, out=out, state_dir=tmp_path / "state",
+                  metrics_path=tmp_path / "metrics.jsonl")
+    assert (f"1 negatives were their query's own positives and were removed from its list (e.g. "
+            f"query {leak_q}, doc {leak_doc} in {data['bm25']})") in caplog.text
     stats = json.loads((out / "manifest.json").read_text())["stats"]
     assert stats["positives_absent_from_corpus"] == 1 and stats["train_queries"] == 16
+    assert stats["positives_among_negatives_removed"] == 1
     assert stats["queries_without_negatives_padded"] == 1
     assert stats["queries_without_negatives_dropped"] == 0
     # Two whole batches of 6 an epoch: 4 queries of each epoch's order do not train in it.
     assert stats["queries_per_epoch"] == 12 and stats["queries_left_out_per_epoch"] == 4
     start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["positives_absent_from_corpus"] == 1
+    assert start["positives_among_negatives_removed"] == 1
     assert start["queries_left_out_per_epoch"] == 4
 
 

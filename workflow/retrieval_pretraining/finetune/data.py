@@ -24,6 +24,15 @@ with negative_files: separate each file is its own set of examples (`separate_ex
 Tevatron / BoW authors' stage 2: a query is then one example per file naming negatives for it, each
 drawing from that file's list alone, and the examples take the queries' place above; with
 example_positives: file an example's positives add those its file's row lists (positive_ids).
+
+A negatives file (a user's, the official triples, a mined one) may list a query's positive among
+its negatives (the workflow's own writers remove them: bm25.py, mine.py): it would train as both.
+Loading removes such an entry from the file's list for that query (`drop_positives`; its
+positives: the qrels' in the corpus, and with example_positives: file its file row's too), counts
+it (`positives_among_negatives_removed`) and names the first (`TrainingSet.removed_example`,
+which the trainer logs); a query left without negatives is dropped or padded as above. A file
+mined with positives_removed: first_query (its manifest says so) keeps them: the BoW authors'
+miner, replicated on request, trains on them.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from .. import training
+from .. import artifacts, training
 from ..errors import InputFileError, reading
 from ..seeding import keyed_digest, rng_for
 from .passages import PassageStore
@@ -132,21 +141,31 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
                      settings: FinetuneSettings, seed: int, corpus: Path | None = None,
                      sample_among: list[Path] | None = None
                      ) -> tuple[pl.DataFrame, dict[str, int]]:
-    """(the training queries, counts): one row per query sorted by query_id (QUERY_SCHEMA: its
-    text, its positives sorted, its negatives; null when it has none), in Arrow buffers, not Python
-    objects: at MS MARCO scale (503k queries x 30 negatives) a dict of lists of strings cost GBs
-    per process (benchmarks/RESULTS.md, issue 17).
+    """(the training queries, counts): `query_set`'s, less the example of a removal."""
+    frame, counts, _ = query_set(queries, qrels, negative_files, settings, seed, corpus,
+                                 sample_among)
+    return frame, counts
 
-    Negatives of several files (e.g. mined + BM25) are unioned in file order, duplicates dropped.
-    With `corpus`, positives absent from it are dropped and queries left without one skipped,
-    before the low-resource sample is drawn. With `sample_among` (the negatives files of the
-    chain's stage 1: the rules pass them at every stage under queries_without_negatives=drop), the
-    sample is drawn among the queries with a negative in them: stage 1 drops none of it, and the
-    sample depends on the qrels, corpus and those files alone, so every stage of a chain trains the
-    same N queries. Drawn among all queries, ~20% of an MS MARCO sample (judged queries without
-    BM25 negatives) was dropped after it: a point labelled N trained ~0.8 N. Queries without
-    negatives are then skipped (drop) from the sample; `train_queries_sampled`, the dropped count
-    and `queries_outside_sample_pool` say how many.
+
+def query_set(queries: Path, qrels: Path, negative_files: list[Path],
+              settings: FinetuneSettings, seed: int, corpus: Path | None = None,
+              sample_among: list[Path] | None = None
+              ) -> tuple[pl.DataFrame, dict[str, int], Removed]:
+    """(the training queries, counts, the negatives removed as positives): one row per query
+    sorted by query_id (QUERY_SCHEMA: its text, its positives sorted, its negatives; null when it
+    has none), in Arrow buffers, not Python objects: at MS MARCO scale (503k queries x 30
+    negatives) a dict of lists of strings cost GBs per process (benchmarks/RESULTS.md, issue 17).
+
+    Negatives of several files (e.g. mined + BM25) are unioned in file order, duplicates dropped,
+    each file's list less the query's positives (`drop_positives`). With `corpus`, positives absent
+    from it are dropped and queries left without one skipped, before the low-resource sample is
+    drawn. With `sample_among` (the negatives files of the chain's stage 1: the rules pass them at
+    every stage under queries_without_negatives=drop), the sample is drawn among the queries with a
+    negative in them: stage 1 drops none of it, and the sample depends on the qrels, corpus and
+    those files alone, so every stage of a chain trains the same N queries. Drawn among all queries,
+    ~20% of an MS MARCO sample (judged queries without BM25 negatives) was dropped after it: a point
+    labelled N trained ~0.8 N. Queries without negatives are then skipped (drop) from the sample;
+    `train_queries_sampled`, the dropped count and `queries_outside_sample_pool` say how many.
     """
     with reading(queries, "a queries Parquet file"):
         texts = pl.read_parquet(queries, columns=["query_id", "text"])
@@ -167,9 +186,11 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
         counts["queries_without_positive_in_corpus"] = (pairs["query_id"].n_unique()
                                                         - present["query_id"].n_unique())
         pairs = present
-    frame = (pairs.group_by("query_id").agg(pl.col("doc_id").sort().alias("positives"))
-             .join(texts, on="query_id", how="left")
-             .join(merged_negatives(negative_files), on="query_id", how="left")
+    positives = pairs.group_by("query_id").agg(pl.col("doc_id").sort().alias("positives"))
+    negatives, removed = merged_negatives(negative_files, positives)
+    counts["positives_among_negatives_removed"] = removed.count
+    frame = (positives.join(texts, on="query_id", how="left")
+             .join(negatives, on="query_id", how="left")
              .sort("query_id").select(list(QUERY_SCHEMA)))
     if settings.train_queries is not None:
         pool = frame if sample_among is None else eligible_queries(frame, sample_among)
@@ -180,7 +201,7 @@ def training_queries(queries: Path, qrels: Path, negative_files: list[Path],
         kept = frame.filter(pl.col("negatives").list.len().fill_null(0) > 0)
         counts["queries_without_negatives_dropped"] = len(frame) - len(kept)
         frame = kept
-    return frame, counts
+    return frame, counts, removed
 
 
 def file_positive_ids(paths: list[Path]) -> pl.Series:
@@ -193,8 +214,10 @@ def file_positive_ids(paths: list[Path]) -> pl.Series:
 
 
 def eligible_queries(frame: pl.DataFrame, negative_files: list[Path]) -> pl.DataFrame:
-    """The rows of `frame` (order kept) whose query has a negative in `negative_files`."""
-    named = merged_negatives(negative_files).filter(pl.col("negatives").list.len() > 0)
+    """The rows of `frame` (order kept) whose query has a negative in `negative_files` that is
+    not one of its positives (`frame`'s)."""
+    named, _ = merged_negatives(negative_files, frame.select("query_id", "positives"))
+    named = named.filter(pl.col("negatives").list.len() > 0)
     return frame.filter(pl.col("query_id").is_in(named["query_id"].implode()))
 
 
@@ -215,15 +238,76 @@ def low_resource_sample(frame: pl.DataFrame, n: int, k: int, seed: int) -> pl.Da
     return frame[sorted(order[:n])]
 
 
-def merged_negatives(paths: list[Path]) -> pl.DataFrame:
+@dataclasses.dataclass(frozen=True)
+class Removed:
+    """Negatives removed as their query's positives (`drop_positives`): how many list entries,
+    and the first: (query id, doc id, file)."""
+
+    count: int = 0
+    example: tuple[str, str, str] | None = None
+
+    def __add__(self, other: Removed) -> Removed:
+        return Removed(self.count + other.count, self.example or other.example)
+
+
+def keeps_own_positives(path: Path) -> bool:
+    """Whether `path`'s manifest says it was mined with positives_removed: first_query (the BoW
+    authors' miner, replicated on request: each query's own positives stay among its negatives,
+    and training on them is what it replicates)."""
+    manifest = artifacts.manifest_path(path)
+    if not manifest.is_file():
+        return False
+    params = artifacts.read_json(manifest).get("params") or {}
+    return (params.get("policy") or {}).get("positives_removed") == "first_query"
+
+
+def drop_positives(frame: pl.DataFrame, positives: pl.DataFrame, path: Path
+                   ) -> tuple[pl.DataFrame, Removed]:
+    """`frame` (query_id, negatives, ...; rows from `path`) with each row's negatives less its
+    query's positives (`positives`: query_id, positives), and what was removed (the example:
+    the least query id's first). A frame without such a negative (every file the workflow
+    writes) comes back as it is."""
+    # The positives lined up with the rows, the lists themselves not copied (GBs at MS MARCO).
+    aligned = frame.select("query_id").join(positives.select("query_id", "positives"),
+                                            on="query_id", how="left", maintain_order="left")
+    lists = frame.select("query_id", "negatives").with_columns(aligned["positives"])
+    hits = lists.select(pl.col("negatives").list.set_intersection("positives").list.len()
+                        .fill_null(0) > 0).to_series()
+    if not hits.any():
+        return frame, Removed()
+    rows = hits.arg_true()
+    cleaned, count, example = [], 0, None
+    for qid, negatives, own in lists[rows].iter_rows():
+        own = set(own)
+        kept = [d for d in negatives if d not in own]
+        cleaned.append(kept)
+        count += len(negatives) - len(kept)
+        if example is None or qid < example[0]:
+            example = (qid, next(d for d in negatives if d in own), str(path))
+    update = pl.DataFrame({"_row": rows.cast(pl.UInt32), "negatives": cleaned},
+                          schema={"_row": pl.UInt32, "negatives": pl.List(pl.String)})
+    out = frame.with_row_index("_row").update(update, on="_row").drop("_row")
+    return out, Removed(count, example)
+
+
+def merged_negatives(paths: list[Path], positives: pl.DataFrame | None = None
+                     ) -> tuple[pl.DataFrame, Removed]:
     """(query_id, negatives): each query's negatives of every file, in file order and then list
-    order, each doc id once (its first place)."""
-    frames = []
+    order, each doc id once (its first place); with `positives` (query_id, positives), each
+    file's lists less them (`drop_positives`, but for a file mined to keep them), and what was
+    removed."""
+    frames, removed = [], Removed()
     for path in paths:
         with reading(path, "a negatives Parquet file"):
-            frames.append(pl.read_parquet(path, columns=["query_id", "negative_ids"]))
+            frame = pl.read_parquet(path, columns=["query_id", "negative_ids"]).rename(
+                {"negative_ids": "negatives"})
+        if positives is not None and not keeps_own_positives(path):
+            frame, dropped = drop_positives(frame, positives, path)
+            removed += dropped
+        frames.append(frame.rename({"negatives": "negative_ids"}))
     if not frames:
-        return pl.DataFrame(schema={"query_id": pl.String, "negatives": pl.List(pl.String)})
+        return (pl.DataFrame(schema={"query_id": pl.String, "negatives": pl.List(pl.String)}),
+                removed)
     frame = pl.concat(frames)
     if frame["query_id"].n_unique() < len(frame):  # several files (or rows) name a query
         frame = frame.group_by("query_id", maintain_order=True).agg(
@@ -231,40 +315,53 @@ def merged_negatives(paths: list[Path]) -> pl.DataFrame:
     # Deduplicated list by list: a frame-wide unique over (query, doc) pairs held ~200 bytes a
     # pair in hash tables (129 MB at 600k pairs; GBs at MS MARCO).
     return frame.select("query_id", pl.col("negative_ids").list.drop_nulls()
-                        .list.unique(maintain_order=True).alias("negatives"))
+                        .list.unique(maintain_order=True).alias("negatives")), removed
 
 
 def separate_examples(frame: pl.DataFrame, negative_files: list[Path],
-                      file_positives: pl.Series | None = None
-                      ) -> tuple[pl.DataFrame, dict[str, int]]:
+                      file_positives: pl.Series | None = None, drop: bool = False
+                      ) -> tuple[pl.DataFrame, dict[str, int], Removed]:
     """(the examples, their counts) of `frame`'s training queries when each negatives file is its
     own training set (negative_files: separate). The Tevatron / BoW authors' NQ and TriviaQA
     stage 2 trains on a folder holding the mined file and a copy of the BM25 one, a line per query
     in each: a query is two examples an epoch, each group's negatives from one file's list.
 
-    A query with negatives in file i is an example of file i, with id `query_id@i`; one with none
-    in any file (kept: queries_without_negatives pad) is one example `query_id@pad`, padded. The
+    A query with negatives in file i (its positives removed: `drop_positives`) is an example of
+    file i, with id `query_id@i`; one with none in any file is one example `query_id@pad`,
+    padded, or under `drop` (queries_without_negatives: drop) none, counted. The
     id keys the example's draws and order as a query id does in a union (distinct ids: the part
     after the last @ names the file); its text and positives are its query's, and with
     `file_positives` (the corpus's doc ids: example_positives file) also those of the file's
     row(s) for it that the corpus holds, after the query's, in the file's order: the BoW authors'
     mined QA file lists every top-100 passage holding an answer as a positive
     (mining.answer_positives). QUERY_SCHEMA's rows, sorted by id; the counts say how many
-    examples each file gave."""
+    examples each file gave (and how many queries `drop` left out), the Removed what the files'
+    lists lost (the example's positives, those its file lists among them)."""
     queries = frame.select("query_id", "text", "positives")
-    parts, counts = [], {}
+    parts, counts, removed, named_ids = [], {}, Removed(), []
     for i, path in enumerate(negative_files):
-        named = merged_negatives([path]).filter(pl.col("negatives").list.len() > 0)
+        named, _ = merged_negatives([path])
         part = queries.join(named, on="query_id", how="inner")
         if file_positives is not None:
             part = with_file_positives(part, path, file_positives)
+        if not keeps_own_positives(path):
+            part, dropped = drop_positives(part, part, path)
+            removed += dropped
+        part = part.filter(pl.col("negatives").list.len() > 0)
         counts[f"examples_of_negatives{i}"] = len(part)
+        named_ids.append(part["query_id"])
         parts.append(part.with_columns(pl.col("query_id") + f"@{i}"))
-    padded = frame.filter(pl.col("negatives").list.len().fill_null(0) == 0)
-    parts.append(padded.with_columns(pl.col("query_id") + "@pad"))
+    # Named by no file: without negatives in the frame, or (example_positives: file) left none.
+    named = pl.concat([pl.Series("query_id", [], pl.String), *named_ids]).unique()
+    padded = frame.filter(~pl.col("query_id").is_in(named.implode()))
+    if drop:
+        counts["queries_without_negatives_dropped"] = len(padded)
+        padded = padded.clear()
+    parts.append(padded.with_columns(pl.col("query_id") + "@pad",
+                                     pl.lit(None, dtype=pl.List(pl.String)).alias("negatives")))
     examples = (pl.concat([part.select(list(QUERY_SCHEMA)).cast(QUERY_SCHEMA) for part in parts])
                 .sort("query_id"))
-    return examples, counts | {"train_examples": len(examples)}
+    return examples, counts | {"train_examples": len(examples)}, removed
 
 
 def with_file_positives(part: pl.DataFrame, path: Path, corpus_ids: pl.Series) -> pl.DataFrame:
@@ -362,6 +459,8 @@ class TrainingSet:
     passages: PassageStore | None = None
     query_count: int | None = None  # the queries, when examples (separate_examples) outnumber them
     sampling: str = "draw"          # finetune.group_sampling (sample_group)
+    # The first negative removed as its query's positive (query id, doc id, file); None: none.
+    removed_example: tuple[str, str, str] | None = None
 
     def __post_init__(self):
         ids = self.queries["query_id"]
@@ -409,19 +508,25 @@ def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: 
     """The training set of one stage, without passage texts: the main process writes the ones
     training can use with `passages.write_passages(corpus, set.needed_passages(), file)` and every
     process attaches them (`with_passages`), so no process holds them in its own memory."""
-    frame, counts = training_queries(queries, qrels, negative_files, settings, seed, corpus=corpus,
-                                     sample_among=sample_among)
+    frame, counts, removed = query_set(queries, qrels, negative_files, settings, seed,
+                                       corpus=corpus, sample_among=sample_among)
     query_count = None
     if settings.negative_files == "separate":
-        query_count = len(frame)
         listed = None
         if settings.example_positives == "file":
             listed = corpus_rows(corpus, file_positive_ids(negative_files), ["doc_id"])["doc_id"]
-        frame, examples = separate_examples(frame, negative_files, listed)
+        drop = settings.queries_without_negatives == "drop"
+        frame_queries = len(frame)
+        frame, examples, removed = separate_examples(frame, negative_files, listed, drop)
+        # The examples' lists are what trains: their removals are the ones counted.
+        counts["positives_among_negatives_removed"] = removed.count
+        left_out = examples.pop("queries_without_negatives_dropped", 0)
+        counts["queries_without_negatives_dropped"] += left_out
+        query_count = frame_queries - left_out
         counts |= examples
     # Left after a drop policy: none; after pad: their groups come from the padding pool.
     no_negatives = int(frame["negatives"].list.len().fill_null(0).eq(0).sum())
     counts["queries_without_negatives_padded"] = no_negatives
     fallback = padding_pool(corpus, seed) if no_negatives else []
     return TrainingSet(queries=frame, padding=fallback, counts=counts, query_count=query_count,
-                       sampling=settings.group_sampling)
+                       sampling=settings.group_sampling, removed_example=removed.example)

@@ -103,13 +103,20 @@ def train(settings: FinetuneSettings, *, init: Path, queries: Path, qrels: Path,
               "queries_left_out_per_epoch": len(data.query_ids) - trained}
     if env.is_main:
         log.info("%d training queries, %d steps; plan %s on %d process(es); %d positives absent "
-                 "from the corpus dropped, %d queries left without a positive skipped; queries "
-                 "without negatives (%s): %d dropped, %d padded from the corpus",
+                 "from the corpus dropped, %d queries left without a positive skipped; %d "
+                 "negatives that were their query's positives removed; queries without "
+                 "negatives (%s): %d dropped, %d padded from the corpus",
                  data.num_queries, total_steps, plan.record(), env.world_size,
                  counts["positives_absent_from_corpus"],
-                 counts["queries_without_positive_in_corpus"], s.queries_without_negatives,
+                 counts["queries_without_positive_in_corpus"],
+                 counts["positives_among_negatives_removed"], s.queries_without_negatives,
                  counts["queries_without_negatives_dropped"],
                  counts["queries_without_negatives_padded"])
+        if data.removed_example is not None:  # data.drop_positives
+            qid, doc, path = data.removed_example
+            log.warning("%d negatives were their query's own positives and were removed from its "
+                        "list (e.g. query %s, doc %s in %s); a passage must not train as both",
+                        counts["positives_among_negatives_removed"], qid, doc, path)
         if per_pass is not None:
             log.info("gradient cache on (finetune.cache_chunk): each micro-batch of %d queries "
                      "encoded %d queries (x %d passages) a forward pass, twice (without, then "
