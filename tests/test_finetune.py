@@ -440,6 +440,35 @@ def test_padding_on_a_tiny_corpus_draws_from_the_pool_less_positives_or_says_why
         fdata.sample_group("q1", ["p1"], [], ["p1"], 3, seed=7, epoch=0)
 
 
+def test_title_sep_fine_tuning_refuses_an_encoder_whose_tokenizer_splits_special_tokens(tmp_path):
+    """An encoder folder whose tokenizer_config.json sets split_special_tokens would tokenise the
+    [SEP] joining a passage's title and text as text: fine-tuning on a title-sep dataset refuses
+    it when it loads the encoder, before any passage is written, and a micro-batch would too;
+    a dataset joining with a space trains on it."""
+    from retrieval_pretraining.finetune.model import load_bi_encoder
+    from retrieval_pretraining.model_folder import ModelFolderError
+    from transformers import AutoTokenizer
+
+    folder = tiny_encoder(tmp_path / "base")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config,
+                                                              "split_special_tokens": True}))
+    sep = FinetuneSettings.from_config({"title": "sep", "q_len": 8, "p_len": 16})
+    with pytest.raises(ModelFolderError, match="split_special_tokens"):
+        load_bi_encoder(folder, sep.retrieval, torch.device("cpu"))
+    space = FinetuneSettings.from_config({"title": "space", "q_len": 8, "p_len": 16})
+    _, tok = load_bi_encoder(folder, space.retrieval, torch.device("cpu"))
+    assert tok.split_special_tokens
+
+    class Batch:
+        def micro_batch(self, chunk, group_size, seed, epoch):
+            return ["cats"], ["Cats"], ["They purr."]
+
+    with pytest.raises(ModelFolderError, match="split_special_tokens"):
+        ftrain.micro_batch_inputs(Batch(), sep, 0, AutoTokenizer.from_pretrained(folder), 0,
+                                  ["q1"])
+
+
 def test_a_passage_is_title_sep_body_cut_at_p_len_as_the_reference_tokenises_it():
     """A micro-batch's inputs restated from the tokenizer's own word pieces: the COSTA authors'
     (Tevatron's) passage is title + the tokenizer's [SEP] + body as ONE segment: the separator is

@@ -33,7 +33,7 @@ from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
 from .errors import BadInput, command, reading
-from .model_folder import check_folder_vocabulary, load_model
+from .model_folder import ModelFolderError, check_folder_vocabulary, load_model
 from .parallel import bounded_map
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
                                  with_runtime)
@@ -120,6 +120,7 @@ def tokenize(tokenizer, texts: Sequence[str], max_len: int, titles: Sequence[str
     it (none / sep = title [SEP] text / space = title + " " + text), `prefix` put before each
     (a baseline's "query: " / "passage: "), truncated to max_len."""
     if titles is not None:
+        check_title_separator(tokenizer, title)
         texts = [join_title(t, x, title, tokenizer.sep_token) for t, x in zip(titles, texts)]
     if prefix:
         texts = [prefix + text for text in texts]
@@ -141,6 +142,19 @@ def tokenize(tokenizer, texts: Sequence[str], max_len: int, titles: Sequence[str
         encodings = backend.encode_batch_fast(cut)
     return {key: torch.from_numpy(np.array([getattr(e, field) for e in encodings], dtype=np.int64))
             for key, field in _FIELDS.items() if key in tokenizer.model_input_names}
+
+
+def check_title_separator(tokenizer, title: str) -> None:
+    """Refuse title mode sep with a tokenizer that splits special tokens (transformers'
+    `split_special_tokens`, which a folder's tokenizer_config.json can set): `sep` writes the
+    tokenizer's [SEP] into the one string a passage is, so such a tokenizer would tokenise the
+    separator as the pieces of "[SEP]", text, not the separator id. The other modes join no
+    special token."""
+    if title == "sep" and getattr(tokenizer, "split_special_tokens", False):
+        raise ModelFolderError(
+            f"title mode 'sep' joins title and text with {tokenizer.sep_token!r}, which this "
+            "tokenizer (split_special_tokens=True) would split into text pieces; set "
+            "\"split_special_tokens\": false in the encoder folder's tokenizer_config.json")
 
 
 # Texts longer than this many characters per token of max_len are cut before tokenising: a long

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from .. import projector as text_projector
 from .. import training
-from ..encode import attach_projector, encode_batch, load_encoder, projector_of
+from ..encode import (attach_projector, check_title_separator, encode_batch, load_encoder,
+                      projector_of)
 from ..retrieval_settings import RetrievalSettings
 from .settings import FinetuneSettings
 
@@ -37,8 +38,11 @@ def load_bi_encoder(folder: Path, retrieval: RetrievalSettings, device: torch.de
 
     With `projector`, [CLS] is embedded through COSTA's text projector: the folder's own (a stage
     fine-tuned with it) or else the one pre-training left in `heads`. Without it, a folder that
-    embeds through a projector is refused: the stage would silently change what a vector is."""
+    embeds through a projector is refused: the stage would silently change what a vector is. So
+    is a tokenizer that would split title mode sep's [SEP] (encode.check_title_separator), here,
+    before the job writes its passages, not at its first micro-batch."""
     encoder, tokenizer = load_encoder(folder, device)  # refuses ids past the embeddings
+    check_title_separator(tokenizer, retrieval.title)
     if projector and projector_of(encoder) is None:
         if heads is None:
             raise text_projector.ProjectorError(
