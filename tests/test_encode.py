@@ -794,6 +794,19 @@ def test_title_sep_refuses_a_tokenizer_that_splits_special_tokens():
         theirs = _reference(splitting, texts, 32, titles if title else None, title or "space")
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
+def test_title_sep_refuses_a_tokenizer_without_a_separator_token():
+    """A tokenizer with no sep_token (GPT-style) would have title and text joined by the text
+    "None" in mode sep: refused, naming the other modes; space still tokenises."""
+    from pretrain_fixtures import tokenizer as load_tokenizer
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    tokenizer = load_tokenizer()
+    tokenizer.sep_token = None
+    with pytest.raises(ModelFolderError, match="has none; use title mode space or none"):
+        encode.tokenize(tokenizer, ["They purr."], 16, ["Cats"], "sep")
+    assert encode.tokenize(tokenizer, ["They purr."], 16, ["Cats"], "space")["input_ids"].numel()
+
+
 
 def test_long_texts_are_cut_before_tokenising_to_the_same_ids():
     """Long documents are cut at a space after 8 characters per token of max_len before the

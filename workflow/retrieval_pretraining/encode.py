@@ -149,7 +149,12 @@ def check_title_separator(tokenizer, title: str) -> None:
     `split_special_tokens`, which a folder's tokenizer_config.json can set): `sep` writes the
     tokenizer's [SEP] into the one string a passage is, so such a tokenizer would tokenise the
     separator as the pieces of "[SEP]", text, not the separator id. The other modes join no
-    special token."""
+    special token. A tokenizer without a separator token is refused too: the join would write
+    the text "None" between title and text."""
+    if title == "sep" and tokenizer.sep_token is None:
+        raise ModelFolderError(
+            "title mode 'sep' joins title and text with the tokenizer's separator token, and this "
+            "tokenizer has none; use title mode space or none, or an encoder with a [SEP] token")
     if title == "sep" and getattr(tokenizer, "split_special_tokens", False):
         raise ModelFolderError(
             f"title mode 'sep' joins title and text with {tokenizer.sep_token!r}, which this "
