@@ -203,6 +203,7 @@ def test_min_negatives_above_num_negatives_is_refused_when_the_workflow_parses(d
     query left with fewer than min_negatives, so a minimum above the cut would leave every query
     none: the mined set would train nothing, said only by its manifest's count."""
     import numpy as np
+    import pyarrow as pa
 
     from retrieval_pretraining import mine
 
@@ -224,8 +225,9 @@ def test_min_negatives_above_num_negatives_is_refused_when_the_workflow_parses(d
     # What the refusal spares: the job would mine an empty list for every query.
     docs = [f"d{i}" for i in range(100)]
     knobs = {**mine.policy({"num_negatives": 30, "min_negatives": 31}), "sample": "top"}
-    table = mine.mine_batch([("q", docs, np.linspace(1, 0, 100), np.arange(1, 101))],
-                            {"q": ["x"]}, {"x"}, {}, knobs, 0,
+    ids = pa.array(docs)
+    table = mine.mine_batch([("q", np.arange(100), np.linspace(1, 0, 100, dtype=np.float32))],
+                            ids, mine.rows_of(ids, ["x"]), {"q": ["x"]}, {"x"}, {}, knobs, 0,
                             dict.fromkeys(("positives_removed", "answer_passages_removed",
                                            "own_positives_kept", "queries_below_min_negatives"),
                                           0))

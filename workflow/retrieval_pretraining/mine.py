@@ -60,7 +60,7 @@ from . import artifacts, faiss_index
 from .answers import MATCH_MODES, NEGATIVE_FILTERS, answer_exclusions
 from .config import ConfigError, stage_parser
 from .contracts.negatives import MINED_SCHEMA as SCHEMA
-from .dense_search import depth_reached, encode_queries, fetch_depth, rank
+from .dense_search import depth_reached, encode_queries, fetch_depth
 from .encode import record_encoder_weights, recorded_weights
 from .errors import command, reading
 from .retrieval_settings import (SEARCH_KEYS, RetrievalSettings, add_runtime_option, check_bool,
@@ -147,23 +147,33 @@ def select_negatives(query_id: str, doc_ids: list[str], scores: np.ndarray, rank
     rank_window_counts `candidates` on 1-based places in the list left after those removals (the
     returned ranks stay the search's).
     """
-    lo, hi = (knobs["rank_window"] or [1, None])
-    hi = hi if hi is not None else np.inf
     own_id = query_id if knobs.get("exclude_query_id", EXCLUDE_QUERY_ID_DEFAULT) else None
-    kept = [i for i, d in enumerate(doc_ids) if d not in positives and d != own_id]
+    removed = np.array([d in positives or d == own_id for d in doc_ids], dtype=bool)
+    places = kept_places(query_id, removed, ranks, knobs, seed)
+    return ([doc_ids[i] for i in places], [int(ranks[i]) for i in places],
+            [float(scores[i]) for i in places])
+
+
+def kept_places(query_id: str, removed: np.ndarray, ranks: np.ndarray, knobs: dict[str, Any],
+                seed: int) -> np.ndarray:
+    """The places (0-based, in rank order) of one query's ranked list that the policy keeps as
+    negatives, `removed` marking those that may not be (positives, answer passages, its own id):
+    the window on `ranks` or on the places left, then num_negatives at random or the best."""
+    lo, hi = (knobs["rank_window"] or [1, None])
+    kept = np.flatnonzero(~removed)
     if knobs.get("rank_window_counts", "ranks") == "candidates":
-        candidates = [i for place, i in enumerate(kept, start=1) if lo <= place < hi]
+        candidates = kept[lo - 1:None if hi is None else hi - 1]
     else:
-        candidates = [i for i in kept if lo <= ranks[i] < hi]
+        at = ranks[kept]
+        candidates = kept[(at >= lo) & (at < (np.inf if hi is None else hi))]
     n = knobs["num_negatives"]
     if n is not None and len(candidates) > n:
         if knobs["sample"] == "top":
             candidates = candidates[:n]
         else:
             picked = rng_for(seed, "mine", query_id).choice(len(candidates), size=n, replace=False)
-            candidates = [candidates[i] for i in np.sort(picked)]  # keep rank order
-    return ([doc_ids[i] for i in candidates], [int(ranks[i]) for i in candidates],
-            [float(scores[i]) for i in candidates])
+            candidates = candidates[np.sort(picked)]  # keep rank order
+    return candidates
 
 
 def positives_by_query(qrels: Path) -> dict[str, list[str]]:
@@ -174,10 +184,10 @@ def positives_by_query(qrels: Path) -> dict[str, list[str]]:
     return dict(zip(frame["query_id"].to_list(), frame["doc_id"].to_list()))
 
 
-# Queries searched and mined at a time, their rows written before the next: a query's candidates
-# (ids, scores, ranks, FAISS's arrays) are ~28 KB at depth 200 and ~90 KB at bow.yaml's 1000,
-# ~14 / ~45 GB for MS MARCO's 503k if all were held at once; a batch adds ~0.25 / ~0.74 GB
-# (benchmarks/RESULTS.md, "Mining's memory by depth").
+# Queries searched and mined at a time, their rows written before the next. A batch holds its
+# candidates as FAISS's rows and scores (12 B a candidate: ~24 MB at depth 200, ~98 MB at bow.yaml's
+# 1000) and makes doc ids of the negatives kept alone; as Python strings, every candidate's id made
+# a batch ~0.25 / ~0.74 GB (benchmarks/RESULTS.md, "Mining's memory by depth").
 QUERY_BATCH = 8192
 
 
@@ -209,17 +219,21 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
             pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
         for start in range(0, len(keep), batch):
             part = keep[start:start + batch]
+            part_ids = [query_ids[i] for i in part]
+            # The index rows of the ids the batch removes by id: its positives (and the first
+            # query's), and its own query ids where the dataset excludes them.
+            found = rows_of(doc_ids, [*first, *(d for q in part_ids for d in positives[q]),
+                                      *(part_ids if knobs["exclude_query_id"] else ())])
             # With the dataset's exclude_query_id, the query's own id is dropped by the search
             # and ranks are counted without it (as in the runs); without it (MS MARCO) a
             # same-numbered passage stays.
-            ranked = list(rank(index, doc_ids, [query_ids[i] for i in part], vectors[part],
-                               knobs["depth"], exclude_self=knobs["exclude_query_id"]))
-            answered = answer_exclusions({q: ids for q, ids, _, _ in ranked},
-                                         knobs["negative_filter"], answers, corpus,
-                                         knobs["answer_match"])
-            table = mine_batch(ranked, positives, first, answered, knobs, seed, tally)
+            ranked = ranked_rows(index, part_ids, vectors[part], knobs["depth"],
+                                 knobs["exclude_query_id"], found)
+            answered = answer_places(ranked, doc_ids, knobs, answers, corpus)
+            table = mine_batch(ranked, doc_ids, found, positives, first, answered, knobs, seed,
+                               tally)
             writer.write_table(table)
-            candidates.extend(len(ids) for _, ids, _, _ in ranked)
+            candidates.extend(len(rows) for _, rows, _ in ranked)
             negatives.extend(pc.list_value_length(table["negative_ids"]).to_pylist())
             del ranked, answered, table  # before the next batch is searched: one held at a time
     stats = {"queries": len(query_ids), "queries_mined": len(keep),
@@ -230,32 +244,97 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
     return {**knobs, "seed": seed, "stats": stats}
 
 
-def mine_batch(ranked: list[tuple], positives: dict[str, list[str]], first: set[str],
-               answered: dict[str, set[str]], knobs: dict[str, Any], seed: int,
-               tally: dict[str, int]) -> pa.Table:
-    """The rows of a batch of ranked queries; the removals counted into `tally`. `first`: the
-    first mined query's positives (positives_removed: first_query). With answer_positives the
-    candidates holding an answer follow the qrels positives in positive_ids, in rank order."""
-    rows: dict[str, list] = {name: [] for name in SCHEMA.names}
-    for qid, ids, scores, ranks in ranked:
-        own = set(positives[qid])
-        pos = own if knobs["positives_removed"] == "own" else first
-        tally["positives_removed"] += sum(d in pos for d in ids)
-        tally["answer_passages_removed"] += len(answered.get(qid, set()) - pos)
-        neg, neg_ranks, neg_scores = select_negatives(qid, ids, scores, ranks,
-                                                      pos | answered.get(qid, set()), knobs, seed)
+def rows_of(doc_ids: pa.Array, names: list[str]) -> dict[str, np.ndarray]:
+    """The index rows whose doc id is each of `names` (an id the index lacks is left out; more
+    than one row where the index repeats an id), found in one pass over the index's ids."""
+    wanted = pa.array(sorted(set(names)), doc_ids.type)
+    codes = pc.fill_null(pc.index_in(doc_ids, value_set=wanted), -1).to_numpy()
+    rows = np.flatnonzero(codes >= 0)
+    found: dict[str, list[int]] = {}
+    for row, code in zip(rows.tolist(), codes[rows].tolist()):
+        found.setdefault(wanted[code].as_py(), []).append(row)
+    return {name: np.array(at, dtype=np.int64) for name, at in found.items()}
+
+
+NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def ranked_rows(index, query_ids: list[str], query_vectors: np.ndarray, depth: int,
+                exclude_self: bool, found: dict[str, np.ndarray]
+                ) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """`dense_search.rank` on the index's rows, no doc id made: per query (query id, rows best
+    first, their scores; ranks are places + 1), with `exclude_self` the rows of its own id
+    (`found`: rows_of) dropped, then cut to `depth`. Views of FAISS's arrays where nothing is
+    dropped."""
+    scores, rows = faiss_index.search(index, query_vectors, fetch_depth(depth, exclude_self))
+    ranked = []
+    for qid, qscores, qrows in zip(query_ids, scores, rows):
+        drop = qrows < 0
+        if exclude_self and qid in found:
+            drop |= np.isin(qrows, found[qid])
+        if drop.any():
+            qrows, qscores = qrows[~drop], qscores[~drop]
+        ranked.append((qid, qrows[:depth], qscores[:depth]))
+    return ranked
+
+
+def answer_places(ranked: list[tuple], doc_ids: pa.Array, knobs: dict[str, Any],
+                  answers: Path | None, corpus: Path | None) -> dict[str, np.ndarray]:
+    """Per query, which of its candidates hold one of its answers (a mask in rank order) under
+    `negative_filter: answers`; none under qrels. The one place every candidate's doc id is made:
+    matching reads their texts."""
+    if knobs["negative_filter"] == "qrels":
+        return {}
+    ids = {qid: doc_ids.take(rows).to_pylist() for qid, rows, _ in ranked}
+    hits = answer_exclusions(ids, knobs["negative_filter"], answers, corpus,
+                             knobs["answer_match"])
+    return {qid: np.array([d in hits.get(qid, ()) for d in docs], dtype=bool)
+            for qid, docs in ids.items()}
+
+
+def mine_batch(ranked: list[tuple], doc_ids: pa.Array, found: dict[str, np.ndarray],
+               positives: dict[str, list[str]], first: set[str], answered: dict[str, np.ndarray],
+               knobs: dict[str, Any], seed: int, tally: dict[str, int]) -> pa.Table:
+    """The rows of a batch of ranked queries (`ranked_rows`: index rows and scores); the removals
+    counted into `tally`. `found`: the rows of the positives' ids (`rows_of`); `first`: the first
+    mined query's positives (positives_removed: first_query); `answered`: `answer_places`. Doc
+    ids are made for the negatives kept alone (and, with answer_positives, for the candidates
+    holding an answer, which follow the qrels positives in positive_ids, in rank order)."""
+    def rows(ids) -> np.ndarray:
+        return np.concatenate([NO_ROWS, *(found.get(d, NO_ROWS) for d in ids)])
+
+    first_rows = rows(sorted(first))
+    listed: list[list[str]] = []
+    kept_rows, kept_ranks, kept_scores = [NO_ROWS], [], []
+    for qid, qrows, qscores in ranked:
+        own = rows(positives[qid])
+        in_pos = np.isin(qrows, own if knobs["positives_removed"] == "own" else first_rows)
+        holds = answered.get(qid, np.zeros(len(qrows), dtype=bool))
+        tally["positives_removed"] += int(in_pos.sum())
+        tally["answer_passages_removed"] += int((holds & ~in_pos).sum())
+        places = kept_places(qid, in_pos | holds, np.arange(1, len(qrows) + 1), knobs, seed)
         least = knobs.get("min_negatives")
-        if least is not None and len(neg) < least:
+        if least is not None and len(places) < least:
             tally["queries_below_min_negatives"] += 1
-            neg, neg_ranks, neg_scores = [], [], []
-        tally["own_positives_kept"] += sum(d in own for d in neg)
-        listed = positives[qid]
+            places = places[:0]
+        tally["own_positives_kept"] += int(np.isin(qrows[places], own).sum())
+        extra = []
         if knobs.get("answer_positives"):
-            answers = answered.get(qid, set())
-            listed = listed + [d for d in ids if d in answers and d not in own]
-        for name, value in zip(SCHEMA.names, (qid, listed, neg, neg_ranks, neg_scores)):
-            rows[name].append(value)
-    return pa.table(rows, schema=SCHEMA)
+            extra = doc_ids.take(qrows[holds & ~np.isin(qrows, own)]).to_pylist()
+        listed.append(positives[qid] + extra)
+        kept_rows.append(qrows[places])
+        kept_ranks.append((places + 1).astype(np.int32))
+        kept_scores.append(qscores[places])
+    offsets = pa.array(np.cumsum([0, *map(len, kept_ranks)]), pa.int32())
+    columns = [pa.array([qid for qid, _, _ in ranked], pa.string()),
+               pa.array(listed, pa.list_(pa.string())),
+               pa.ListArray.from_arrays(offsets, doc_ids.take(np.concatenate(kept_rows))
+                                        .cast(pa.string())),
+               pa.ListArray.from_arrays(offsets, np.concatenate([np.empty(0, np.int32),
+                                                                 *kept_ranks])),
+               pa.ListArray.from_arrays(offsets, np.concatenate([np.empty(0, np.float32),
+                                                                 *kept_scores]))]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
 def mine_to_file(index_dir: Path, encoder: Path, queries: Path, qrels: Path, out: Path,
