@@ -149,6 +149,30 @@ def test_exact_search_is_numpy_s_matmul_and_argsort(batch_size):
         np.testing.assert_allclose(scores, ranked[:, :top], rtol=1e-5, atol=1e-5)
 
 
+def test_the_search_writes_its_batches_into_the_arrays_it_returns():
+    """Mining searches 8,192 queries 1,000 deep a batch (bow.yaml): the results (12 B a query
+    and neighbour, 98 MB) are what the search must hold. Each batch of `batch_size` queries got
+    arrays of its own, copied in, with two batches' worth alive at once (another 98 MB); written
+    in place, the search allocates little beyond its results (Python's and numpy's peak, by
+    tracemalloc; FAISS's own buffers are not counted)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(6)
+    index = faiss_index.build(rng.standard_normal((1100, 8)).astype(np.float32))
+    queries = rng.standard_normal((1024, 8)).astype(np.float32)
+    expected = faiss_index.search(index, queries, 1000, batch_size=1024)
+    tracemalloc.start()
+    try:
+        scores, rows = faiss_index.search(index, queries, 1000, batch_size=256)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(rows, expected[1])
+    np.testing.assert_array_equal(scores, expected[0])
+    results = scores.nbytes + rows.nbytes
+    assert peak < 1.2 * results, f"peak {peak / 1e6:.1f} MB for {results / 1e6:.1f} MB of results"
+
+
 def test_tied_documents_rank_as_numpy_s_scores_each_once():
     """Duplicate passages (MS MARCO has many) score alike: whichever of them faiss puts first,
     the scores by rank are numpy's sorted scores and no row comes twice."""

@@ -518,7 +518,7 @@ def test_a_batch_holds_index_rows_not_doc_ids_until_the_cut(tmp_path, monkeypatc
     string of every candidate's doc id (~85 B a candidate with its list's pointer, beside FAISS's
     12 B of score and row) held ~0.74 GB a batch of 8,192. Its candidates stay FAISS rows until
     the cut; ids are made for the negatives kept alone. Python's (and numpy's) peak allocation per
-    candidate searched: FAISS's arrays and the search's own copy of them (~24 B), not ~85."""
+    candidate searched: FAISS's arrays and little more (~16 B), not ~85."""
     import tracemalloc
 
     import polars as pl

@@ -319,15 +319,17 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
            batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """Top-`depth` (scores, rows) per query, best first. `depth` is clipped to the index's size;
     rows are -1 where an approximate index found fewer neighbours than that (IVF / IVF-PQ see
-    only the vectors of their `nprobe` cells), which `dense_search.rank` drops."""
+    only the vectors of their `nprobe` cells), which `dense_search.rank` drops. Each batch's
+    results are written into the returned arrays (D= and I=): a batch's own arrays, copied in,
+    were 12 B a query and neighbour more, two batches' worth alive at once."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     depth = min(depth, index.ntotal)
     scores = np.empty((len(queries), depth), dtype=np.float32)
     rows = np.empty((len(queries), depth), dtype=np.int64)
     for start in tqdm(range(0, len(queries), batch_size), desc="search", mininterval=10,
                       disable=len(queries) <= batch_size):
-        s, r = index.search(queries[start:start + batch_size], depth)
-        scores[start:start + batch_size], rows[start:start + batch_size] = s, r
+        end = start + batch_size
+        index.search(queries[start:end], depth, D=scores[start:end], I=rows[start:end])
     return scores, rows
 
 

@@ -185,9 +185,10 @@ def positives_by_query(qrels: Path) -> dict[str, list[str]]:
 
 
 # Queries searched and mined at a time, their rows written before the next. A batch holds its
-# candidates as FAISS's rows and scores (12 B a candidate: ~24 MB at depth 200, ~98 MB at bow.yaml's
-# 1000) and makes doc ids of the negatives kept alone; as Python strings, every candidate's id made
-# a batch ~0.25 / ~0.74 GB (benchmarks/RESULTS.md, "Mining's memory by depth").
+# candidates as FAISS's rows and scores (12 B a candidate: ~20 MB at depth 200, ~98 MB at bow.yaml's
+# 1000) and makes doc ids of the negatives kept alone: it adds ~0.13 / ~0.26 GB, search included;
+# as Python strings, every candidate's id made it ~0.25 / ~0.74 GB (benchmarks/RESULTS.md,
+# "Mining's memory by depth").
 QUERY_BATCH = 8192
 
 
