@@ -4,11 +4,11 @@ Recipes differ on every knob (the COSTA authors' scripts, Tevatron, coCondenser,
 code), so each is a named option recorded in the manifest:
   depth            how deep to search (COSTA: 200; Tevatron: 100)
   rank_window      [lo, hi) on 1-based places: search ranks, or non-positives' places under
-                   rank_window_counts: candidates (the BoW authors skip the best two: [3, null))
+                   rank_window_counts: candidates (the BoW authors skip the best two: [3, 201))
   rank_window_counts  what the window counts: ranks (default) = the search's ranks, positives
                    included | candidates = places in the list left once positives (and answer
                    passages, and the query's own id) are removed: the BoW authors' build_train_hn,
-                   which slices its candidates [2:200] after dropping positives, so [3, null)
+                   which slices its candidates [2:200] after dropping positives, so [3, 201)
                    skips the best two NON-positives wherever the positive ranks
   sample           random (COSTA: 30 at random from the top 200) | top (the best n)
   num_negatives    n per query; null keeps every candidate (Tevatron)
