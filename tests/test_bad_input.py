@@ -314,6 +314,101 @@ def test_every_encoder_loader_refuses_a_tokenizer_with_ids_past_the_embeddings(l
     _loaders(fx.add_tokens(padded, "zzqword"), tmp_path)[loader]()
 
 
+# ---------------------------------------------------------------- damaged JSON -----------------
+# A config.json or manifest cut short (a full disk, a copy stopped), not UTF-8, or another JSON
+# value than the object its reader indexes: one error naming the file, not a JSONDecodeError,
+# UnicodeDecodeError, AttributeError or TypeError traceback.
+DAMAGED_JSON = {"cut short": b'{"vocab_size": 30', "not UTF-8": b'{"model_type": "\xff"}',
+                "a list": b"[1, 2]", "null": b"null"}
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    import pretrain_fixtures as fx
+
+    return fx.tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "bert")
+
+
+def _damaged_copy(folder: Path, to: Path, name: str, damage: str) -> Path:
+    import shutil
+
+    shutil.copytree(folder, to)
+    (to / name).write_bytes(DAMAGED_JSON[damage])
+    return to
+
+
+@pytest.mark.parametrize("damage", ["cut short", "a list"])
+@pytest.mark.parametrize("loader", [*VOCABULARY_LOADERS, "pre-training init", "analysis coverage"])
+def test_every_encoder_loader_names_a_damaged_config_json(loader, damage, tiny_bert, tmp_path):
+    """transformers' AutoTokenizer read it first (an OSError or TypeError naming no fix), then
+    the package's own reads (a JSONDecodeError or AttributeError naming no file)."""
+    import polars as pl
+
+    from retrieval_pretraining.errors import InputFileError
+
+    pl.DataFrame({"query_id": ["q"], "text": ["a b"]}).write_parquet(tmp_path / "queries.parquet")
+    folder = _damaged_copy(tiny_bert, tmp_path / "enc", "config.json", damage)
+    with pytest.raises(InputFileError) as refused:
+        _loaders(folder, tmp_path)[loader]()
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'config.json'}: ") and "\n" not in message, message
+    assert ("not a JSON object but an array, as a model folder's config.json is" in message
+            if damage == "a list" else "cannot read it as a model folder's config.json" in message)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+def json_cases(t: Path, out: Path) -> dict[str, tuple[str, list, Path, str, str]]:
+    """(module, argv, the damaged file, its damage: a DAMAGED_JSON key or the text, what the line
+    says of it). Inputs under `t`: a one-row corpus.parquet, a chunks.parquet that is not Parquet
+    (the manifest beside it is read first) and `staged/`, a staged tiny BERT."""
+    corpus, chunks, staged = t / "corpus.parquet", t / "chunks.parquet", t / "staged"
+    encode = ["--corpus", corpus, "--encoder", staged, "--shard", 0, "--shards", 1,
+              "--out-npy", out / "e.npy", "--out-ids", out / "e.ids.parquet"]
+    spans = ["sample", *_cfg("spans"), "--chunks", chunks, "--checkpoint", PACKAGE_MODEL,
+             "--out", out / "s.parquet"]
+    chunk_manifest = t / "chunks.manifest.json"
+    return {
+        "encode: a staged checkpoint's config.json cut short": (
+            "encode", encode, staged / "config.json", "cut short", "cannot read it as"),
+        "encode: a staged checkpoint's config.json not UTF-8": (
+            "encode", encode, staged / "config.json", "not UTF-8", "UnicodeDecodeError"),
+        "encode: an encoder's manifest that is a list": (
+            "encode", encode, staged / "manifest.json", "a list", "not a JSON object but an array"),
+        "spans: a chunk manifest cut short": (
+            "spans", spans, chunk_manifest, "cut short", "cannot read it as a chunk shard's"),
+        "spans: a chunk manifest that is null": (
+            "spans", spans, chunk_manifest, "null", "not a JSON object but null"),
+        "spans: a chunk manifest without the tokenizer": (
+            "spans", spans, chunk_manifest, '{"stats": {}}', "records no stats.tokenizer"),
+    }
+
+
+@pytest.mark.parametrize("name", list(json_cases(Path("t"), Path("o"))))
+def test_a_damaged_json_input_gives_one_line_naming_it(name, tiny_bert, tmp_path, capsys):
+    import shutil
+
+    import polars as pl
+
+    from retrieval_pretraining import artifacts
+
+    out = tmp_path / "out"
+    module, argv, damaged, damage, said = json_cases(tmp_path, out)[name]
+    pl.DataFrame({"doc_id": ["d"], "title": [""], "text": ["a b"]}).write_parquet(
+        tmp_path / "corpus.parquet")
+    (tmp_path / "chunks.parquet").write_text("not Parquet\n")
+    shutil.copytree(tiny_bert, tmp_path / "staged")
+    artifacts.write_manifest(tmp_path / "staged" / "manifest.json", stage="stage_checkpoint",
+                             params={"name": "tiny"})
+    damaged.write_bytes(DAMAGED_JSON.get(damage, damage.encode()))
+    status = run_main(module, argv)
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {damaged}: ") and said in last, last
+    left = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert not left, left
+
+
 # ---------------------------------------------------------------- unknown config keys ----------
 def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
     value = copy.deepcopy(SLICES[slice_name])

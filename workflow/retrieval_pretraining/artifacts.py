@@ -25,6 +25,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import expect_object, reading
+
 # Libraries whose versions matter for reproducing an artifact; missing ones are skipped.
 _TRACKED_LIBRARIES = (
     "torch", "transformers", "tokenizers", "pyarrow", "polars", "numpy", "faiss-cpu",
@@ -169,8 +171,19 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    return json.loads(Path(path).read_text())
+def read_json(path: str | os.PathLike, what: str = "a JSON file") -> Any:
+    """The JSON value in `path`. A file cut short, not UTF-8 or not JSON is InputFileError (a
+    ValueError) naming `path` as `what` ("a chunk shard's manifest") and the fix; a missing one
+    is FileNotFoundError, as before: callers that read a damaged or missing file as absent catch
+    (OSError, ValueError)."""
+    with reading(path, what):
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """read_json of a file that holds an object (a manifest, a config.json): any other JSON
+    value is InputFileError naming `path` too."""
+    return expect_object(read_json(path, what), path, what)
 
 
 def write_parquet(path: str | os.PathLike, table: pa.Table, schema: pa.Schema) -> None:

@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .model_folder import ModelFolderError
+from .errors import reading
+from .model_folder import ModelFolderError, read_config
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -72,7 +73,7 @@ class Config:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Config:
-        return cls(json.loads((Path(folder) / "config.json").read_text()))
+        return cls(read_config(folder))
 
 
 def unsupported(config: Config) -> str | None:
@@ -354,7 +355,9 @@ def weight_files(folder: Path) -> list[Path]:
     if (folder / WEIGHTS).is_file():
         return [folder / WEIGHTS]
     if (folder / WEIGHTS_INDEX).is_file():
-        shards = json.loads((folder / WEIGHTS_INDEX).read_text())["weight_map"].values()
+        with reading(folder / WEIGHTS_INDEX, "a sharded model's weight index"):
+            shards = json.loads((folder / WEIGHTS_INDEX).read_text(encoding="utf-8"))
+            shards = list(shards["weight_map"].values())
         return [folder / name for name in sorted(set(shards))]
     return []
 

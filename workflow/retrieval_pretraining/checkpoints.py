@@ -33,7 +33,7 @@ from typing import Any, Iterator
 from . import artifacts
 from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
 from .errors import command
-from .model_folder import check_folder_vocabulary, load_model
+from .model_folder import auto_tokenizer, check_folder_vocabulary, load_model
 from .wordpiece import position_limit
 
 log = logging.getLogger(__name__)
@@ -287,8 +287,6 @@ def check_entry(entry: dict[str, Any]) -> None:
 
 def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
-    from transformers import AutoTokenizer
-
     check_entry(entry)
     with _staging(out_dir) as staged:
         folder = source_folder(entry, data_root)
@@ -297,7 +295,7 @@ def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) ->
         # old tensor names), the staged folder is transformers' own BertModel files.
         embedding = sentence_transformers_files(folder)
         refuse_unencodable(folder, embedding)
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+        tokenizer = auto_tokenizer(folder, use_fast=True)
         # Before anything is written: ids past the embeddings would fail every stage after this.
         check_folder_vocabulary(folder, tokenizer)
         model = load_model(folder, native=False)
@@ -333,13 +331,11 @@ def stage_tokenizer(
     entry: dict[str, Any], out_dir: Path, data_root: str | None = None
 ) -> dict[str, Any]:
     """Write only the tokenizer of the checkpoint named by `entry` to `out_dir` (atomically)."""
-    from transformers import AutoTokenizer
-
     check_entry(entry)
     entry = {key: entry[key] for key in TOKENIZER_KEYS if key in entry}
     with _staging(out_dir) as staged:
         folder = source_folder(entry, data_root, patterns=("*.json", "*.txt"))
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+        tokenizer = auto_tokenizer(folder, use_fast=True)
         if (folder / "config.json").is_file():  # the earliest check: the corpus is chunked with it
             check_folder_vocabulary(folder, tokenizer)
         tokenizer.save_pretrained(staged)

@@ -80,7 +80,8 @@ def dataset_dir(root: str | os.PathLike, dataset: str) -> Path:
 
 def read_info(folder: str | os.PathLike) -> dict[str, Any]:
     """dataset.json of a prepared dataset: title mode, exclude_query_id, corpus quirks."""
-    return artifacts.read_json(Path(folder) / "dataset.json")
+    return artifacts.read_json_object(Path(folder) / "dataset.json",
+                                      "a prepared dataset's dataset.json")
 
 
 def read_qrels(path: str | os.PathLike, min_relevance: int = 1) -> dict[str, set[str]]:
@@ -294,7 +295,8 @@ def checked_corpus(entry: dict[str, Any], out_dir: Path, data_root: str | None,
     adds its own."""
     path = out_dir / "corpus.parquet"
     manifest = artifacts.manifest_path(path)
-    params = (artifacts.read_json(manifest).get("params") or {}) if manifest.is_file() else {}
+    params = (artifacts.read_json_object(manifest, "a corpus.parquet's manifest").get("params")
+              or {}) if manifest.is_file() else {}
     owner = params.get("name")
     if owner is None or owner == entry["name"]:
         return corpus_source(entry, data_root, downloads)

@@ -13,7 +13,6 @@ Output of one shard: `shard-XXXX.npy` (float16 or float32, rows in corpus order)
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import weakref
@@ -33,7 +32,8 @@ from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
 from .errors import BadInput, command, reading
-from .model_folder import ModelFolderError, check_folder_vocabulary, load_model
+from .model_folder import (ModelFolderError, auto_tokenizer, check_folder_vocabulary, load_model,
+                           read_config)
 from .parallel import bounded_map
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
                                  with_runtime)
@@ -66,11 +66,9 @@ def load_encoder(folder: str | Path, dev: torch.device | None = None):
     with its projector attached as `model.text_projector`: every consumer embeds through it. A
     tokenizer with ids past the model's word embeddings is refused here, before any text: the
     first one holding such an id would fail mid-corpus (a device-side assert on CUDA)."""
-    from transformers import AutoTokenizer
-
     model = load_model(folder, add_pooling_layer=False)  # safetensors only: a pickle is refused
     attach_projector(model, text_projector.load(Path(folder)))
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+    tokenizer = auto_tokenizer(folder, use_fast=True)
     check_folder_vocabulary(folder, tokenizer)
     return model.to(dev or device()), tokenizer
 
@@ -380,10 +378,10 @@ def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
     manifest = Path(encoder) / "manifest.json"
     if not manifest.is_file():
         return []
-    staged = artifacts.read_json(manifest)
+    staged = artifacts.read_json_object(manifest, "an encoder's manifest")
     if staged.get("stage") != "stage_checkpoint":
         return []
-    limit = json.loads((Path(encoder) / "config.json").read_text()).get("max_position_embeddings")
+    limit = read_config(encoder).get("max_position_embeddings")
     lengths = {"q_len": knobs.q_len, "p_len": knobs.p_len}
     messages = [f"{name} {value} is above the model's position limit {limit}"
                 for name, value in lengths.items() if limit and value > limit]

@@ -8,7 +8,9 @@ shows the traceback instead. Anything else is a bug and keeps its traceback.
 
 A missing, unreadable or misplaced file (FileNotFoundError, IsADirectoryError, NotADirectoryError,
 PermissionError) is bad input too: its message names the path. A file that exists but cannot be
-parsed is named by the stage that reads it (`reading`).
+parsed is named by the stage that reads it (`reading`); a JSON file that parses to another kind
+of value than the object its reader indexes (a manifest, a config.json) is named by
+`expect_object`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,28 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
             f"{path}: cannot read it as {what} ({type(error).__name__}: {one_line(error)}); "
             "rebuild it with the stage that writes it, or fix the path"
         ) from error
+
+
+def expect_object(value: Any, path: str | Path, what: str) -> dict[str, Any]:
+    """`value` (read from `path` as `what`) if it is a JSON object: a list, string, number or
+    null there failed later as an AttributeError or TypeError naming neither the file nor the
+    fix."""
+    if isinstance(value, dict):
+        return value
+    raise InputFileError(
+        f"{path}: not a JSON object but {_json_kind(value)}, as {what} is; rebuild it with the "
+        "stage that writes it, or fix the path"
+    )
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a string" if isinstance(value, str) else "an array"
 
 
 def one_line(error: BaseException) -> str:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
+from .errors import BadInput, expect_object, reading
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -71,11 +71,36 @@ def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
             f"{top + 1} rows (transformers: resize_token_embeddings) and save the model")
 
 
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """A model folder's config.json; one cut short, not UTF-8, not JSON or not an object is
+    InputFileError naming it and the fix (every loader and stage reads it through this)."""
+    path = Path(folder) / "config.json"
+    with reading(path, CONFIG):
+        config = json.loads(path.read_text(encoding="utf-8"))
+    return expect_object(config, path, CONFIG)
+
+
+CONFIG = "a model folder's config.json"
+
+
+def auto_tokenizer(folder: str | Path, **kwargs: Any):
+    """transformers' AutoTokenizer of a local folder (never downloads). transformers reads the
+    folder's config.json for the tokenizer's class: one cut short failed there as an OSError
+    naming no fix, a list as a TypeError; both, and a tokenizer file it cannot read, are
+    InputFileError naming the file (config.json) or the folder."""
+    from transformers import AutoTokenizer
+
+    if (Path(folder) / "config.json").is_file():
+        read_config(folder)
+    with reading(folder, "a model folder's tokenizer"):
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+
+
 def check_folder_vocabulary(folder: str | Path, tokenizer: Any) -> None:
     """check_vocabulary of `folder`'s tokenizer against the table its config.json declares (the
     rows every loader builds: a weight of another shape fails to load). A config without a
     vocab_size (no architecture this package loads) has nothing to check against."""
-    rows = json.loads((Path(folder) / "config.json").read_text()).get("vocab_size")
+    rows = read_config(folder).get("vocab_size")
     if isinstance(rows, int):
         check_vocabulary(tokenizer, rows, folder)
 

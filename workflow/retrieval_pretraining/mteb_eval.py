@@ -35,7 +35,6 @@ The scores (every measure MTEB computes, its main score first) are printed and w
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -48,6 +47,7 @@ from .config import ConfigError, stage_parser
 from .contracts.models import PROJECTOR_FILE
 from .dataset_files import json_objects, open_text, record_id, record_text
 from .errors import InputFileError, command, reading
+from .model_folder import read_config
 from .retrieval_settings import PREFIX_KEYS, RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def stated_use(encoder: Path) -> tuple[dict[str, Any], str]:
     stated = {"pooling": recorded["pooling"], "similarity": recorded["similarity"]}
     if recorded["max_seq_length"]:
         # The model's own length for queries and passages alike, within its position limit.
-        config = json.loads((encoder / "config.json").read_text())
+        config = read_config(encoder)
         limit = min(512, int(config.get("max_position_embeddings", 512)))
         stated["q_len"] = stated["p_len"] = min(int(recorded["max_seq_length"]), limit)
     return stated, origin

@@ -14,16 +14,12 @@ from typing import Any
 
 from . import artifacts
 from .config import stage_parser
-from .errors import InputFileError, command, reading
+from .errors import command
 
 
 def shared_info(settings: dict[str, Any], source: Path, out: Path) -> dict[str, Any]:
     """Write `out`: the source's dataset.json with `settings` (the dataset's own keys) in place."""
-    with reading(source, "a dataset.json"):
-        info = artifacts.read_json(source)
-    if not isinstance(info, dict):
-        raise InputFileError(f"{source}: not a JSON object, as a dataset.json is; rebuild it "
-                             "with the stage that writes it")
+    info = artifacts.read_json_object(source, "a dataset.json")
     info |= settings
     artifacts.write_json(out, info)
     return info

@@ -297,12 +297,15 @@ def sample_batch(
 # --- the stage ------------------------------------------------------------------------------------
 
 
+CHUNK_MANIFEST = "a chunk shard's manifest"
+
+
 def _chunk_corpus(chunks_path: Path) -> dict[str, Any] | None:
     """The corpus name and source the chunk shard's manifest records (None without one)."""
     manifest = artifacts.manifest_path(chunks_path)
     if not manifest.is_file():
         return None
-    params = artifacts.read_json(manifest).get("params", {})
+    params = artifacts.read_json_object(manifest, CHUNK_MANIFEST).get("params", {})
     corpus = {k: v for k, v in params.items() if k in ("name", "source", "dataset", "path")}
     return corpus or None
 
@@ -318,7 +321,12 @@ def sample_shard(
     words = WordTable(checkpoint_dir)
     chunk_manifest = artifacts.manifest_path(chunks_path)
     if chunk_manifest.is_file():
-        expected = artifacts.read_json(chunk_manifest)["stats"]["tokenizer"]["vocab_sha256"]
+        recorded = artifacts.read_json_object(chunk_manifest, CHUNK_MANIFEST)
+        expected = ((recorded.get("stats") or {}).get("tokenizer") or {}).get("vocab_sha256")
+        if expected is None:
+            raise InputFileError(
+                f"{chunk_manifest}: records no stats.tokenizer.vocab_sha256, as {CHUNK_MANIFEST} "
+                "does; re-run chunk_articles to rebuild the shard and its manifest")
         if expected != words.vocab_sha256:
             raise InputFileError(
                 f"{chunks_path} was tokenised with another vocabulary than {checkpoint_dir}; "

@@ -105,7 +105,7 @@ def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, A
                          "the sentence-transformers files must embed as the folder does")
     if projector is not None and retrieval.pooling != "cls":
         raise ValueError("a text projector embeds [CLS]; use pooling 'cls'")
-    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    hidden = artifacts.read_json_object(folder / "config.json", CONFIG)["hidden_size"]
     entries = modules(retrieval.similarity, projector is not None)
     for entry in entries[1:]:
         (folder / entry["path"]).mkdir(exist_ok=True)
@@ -129,6 +129,9 @@ def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, A
         tmp.write_text(render_card(card, retrieval, kind))
 
 
+STAGED, CONFIG = "a staged checkpoint's manifest", "a model folder's config.json"
+
+
 def sentence_transformers_use(record: Mapping[str, Any]) -> dict[str, Any]:
     """How a sentence-transformers base embeds, from what staging recorded of its files
     (checkpoints.sentence_transformers_files): pooling (cls, mean, or None for a mode we do not
@@ -146,7 +149,8 @@ def recorded_use(checkpoint: Path) -> dict[str, Any] | None:
     manifest = checkpoint / "manifest.json"
     if not manifest.is_file():
         return None
-    record = (json.loads(manifest.read_text()).get("stats") or {}).get("sentence_transformers")
+    record = (artifacts.read_json_object(manifest, STAGED).get("stats") or {}).get(
+        "sentence_transformers")
     return sentence_transformers_use(record) if record else None
 
 
@@ -155,7 +159,7 @@ def pretrained_use(checkpoint: str | Path, objective: str) -> RetrievalSettings:
     export of a sentence-transformers checkpoint, the base's own settings (recorded at staging),
     else [CLS] + dot product at the position limit (at most 512 tokens)."""
     checkpoint = Path(checkpoint)
-    config = json.loads((checkpoint / "config.json").read_text())
+    config = artifacts.read_json_object(checkpoint / "config.json", CONFIG)
     limit = min(512, int(config.get("max_position_embeddings", 512)))
     use = recorded_use(checkpoint) if objective == "none" else None
     if use is None:
@@ -183,7 +187,7 @@ def base_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
     manifest = Path(checkpoint) / "manifest.json"
     if not manifest.is_file():
         return {"path": str(checkpoint)}
-    params = json.loads(manifest.read_text()).get("params", {})
+    params = artifacts.read_json_object(manifest, STAGED).get("params", {})
     keep = ("name", "source", "location", "revision", "num_layers")
     return {k: params[k] for k in keep if params.get(k) is not None}
 

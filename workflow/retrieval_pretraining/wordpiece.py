@@ -16,6 +16,7 @@ from typing import Any
 
 from . import artifacts
 from .config import ConfigError
+from .errors import reading
 
 def load_tokenizer(checkpoint_dir: str | os.PathLike):
     """The checkpoint's fast tokenizer, without the truncation/padding a saved one may carry."""
@@ -33,6 +34,9 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike):
     return tokenizer
 
 
+# What a checkpoint or tokenizer folder's manifest.json is, as errors name it.
+MANIFEST = "a staged model folder's manifest"
+
 # BertModel's default (transformers' BertConfig, bert.DEFAULTS) when config.json leaves it out.
 DEFAULT_POSITIONS = 512
 
@@ -43,11 +47,13 @@ def position_limit(folder: str | os.PathLike) -> int | None:
     None when neither says (a tokenizer staged before it was recorded)."""
     folder = Path(folder)
     if (folder / "config.json").is_file():
-        config = json.loads((folder / "config.json").read_text())
+        # artifacts, not model_folder.read_config: that would add model_folder.py and bert.py to
+        # the code of every chunk and span job
+        config = artifacts.read_json_object(folder / "config.json", "a model folder's config.json")
         return int(config.get("max_position_embeddings", DEFAULT_POSITIONS))
     if (folder / "manifest.json").is_file():
-        limit = artifacts.read_json(folder / "manifest.json").get("stats", {}).get(
-            "max_position_embeddings")
+        manifest = artifacts.read_json_object(folder / "manifest.json", MANIFEST)
+        limit = manifest.get("stats", {}).get("max_position_embeddings")
         return None if limit is None else int(limit)
     return None
 
@@ -80,20 +86,23 @@ def vocab_sha256(tokens: list[str]) -> str:
 def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
     """Special token ids, the vocabulary in id order, its hash, and a name for manifests."""
     checkpoint_dir = Path(checkpoint_dir)
-    spec = json.loads((checkpoint_dir / "tokenizer.json").read_text())
-    if spec["model"]["type"] != "WordPiece":
+    with reading(checkpoint_dir / "tokenizer.json", "a tokenizer.json"):
+        model = json.loads((checkpoint_dir / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+        kind, prefix = model["type"], model.get("continuing_subword_prefix")
+    if kind != "WordPiece":
         raise ConfigError(
-            f"{checkpoint_dir}/tokenizer.json is a {spec['model']['type']} tokenizer; chunking "
+            f"{checkpoint_dir}/tokenizer.json is a {kind} tokenizer; chunking "
             "needs a "
             "WordPiece (BERT) tokenizer to find word boundaries"
         )
     config_path = checkpoint_dir / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    tok_config = (artifacts.read_json_object(config_path, "a tokenizer_config.json")
+                  if config_path.is_file() else {})
     tokenizer = load_tokenizer(checkpoint_dir)
     tokens = tokens_by_id(tokenizer.get_vocab(with_added_tokens=True))
     source, staged = {}, {}
     if (checkpoint_dir / "manifest.json").is_file():
-        manifest = artifacts.read_json(checkpoint_dir / "manifest.json")
+        manifest = artifacts.read_json_object(checkpoint_dir / "manifest.json", MANIFEST)
         source, staged = manifest.get("params", {}), manifest.get("stats", {})
     special = {
         name: tokenizer.token_to_id(tok_config.get(f"{name}_token") or default)
@@ -115,7 +124,7 @@ def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
         "revision": staged.get("resolved_revision"),
         "vocab_size": len(tokens),
         "vocab_sha256": vocab_sha256(tokens),
-        "continuation_prefix": spec["model"].get("continuing_subword_prefix") or "##",
+        "continuation_prefix": prefix or "##",
         "special_ids": special,
         "tokens": tokens,
     }

@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import artifacts
 from ..errors import InputFileError, reading
-from ..model_folder import check_folder_vocabulary, check_safetensors, load_model
+from ..model_folder import (auto_tokenizer, check_folder_vocabulary, check_safetensors,
+                            load_model)
 from .common import (
     encoder_weights,
     excluded_ids,
@@ -181,12 +182,11 @@ def coverage(
     out_json: Path,
 ) -> dict[str, Any]:
     import torch
-    from transformers import AutoTokenizer
 
     for encoder_dir in models.values():  # fail before any work on a missing or pickled encoder,
         check_safetensors(encoder_dir)   # or one whose tokenizer has ids past its embeddings
         check_folder_vocabulary(
-            encoder_dir, AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True))
+            encoder_dir, auto_tokenizer(encoder_dir))
     # The figure draws each model's line through the ks in this order: increasing and distinct,
     # whatever the config's order, or a line doubles back on the log axis.
     ks = sorted({int(k) for k in ks})
@@ -204,7 +204,7 @@ def coverage(
     result: dict[str, Any] = {"chunks": [str(c) for c in shards], "samples": len(input_ids),
                               "held_out": unseen, "sample": sample, "models": {}}
     for name, encoder_dir in models.items():
-        tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
+        tokenizer = auto_tokenizer(encoder_dir)
         encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
         heads = load_heads(Path(encoder_dir).parent / "heads.safetensors")
         projector, kind = vocabulary_projector(

@@ -7,7 +7,8 @@ from typing import Sequence
 
 from .. import artifacts
 from ..markdown_html import markdown_to_html
-from ..model_folder import check_folder_vocabulary, check_safetensors, load_model
+from ..model_folder import (auto_tokenizer, check_folder_vocabulary, check_safetensors,
+                            load_model)
 from .common import encoder_weights, excluded_ids, load_heads, write_manifest
 
 
@@ -15,7 +16,6 @@ def cpdae_top_words(
     encoder_dir: Path, texts: Sequence[str], top: int, out_md: Path, out_html: Path | None = None
 ) -> str:
     import torch
-    from transformers import AutoTokenizer
 
     check_safetensors(encoder_dir)  # before any output: a pickled encoder is refused
     heads_path = Path(encoder_dir).parent / "heads.safetensors"
@@ -32,7 +32,7 @@ def cpdae_top_words(
     else:
         from ..pretrain.model import cpdae_decoder
 
-        tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
+        tokenizer = auto_tokenizer(encoder_dir)
         check_folder_vocabulary(encoder_dir, tokenizer)  # an id past the embeddings fails them
         encoder = load_model(encoder_dir, add_pooling_layer=False).eval()
         decoder = cpdae_decoder(

@@ -97,7 +97,8 @@ def check_spans(chunk_ids: pa.ChunkedArray, lengths: np.ndarray, spans: pa.Table
     manifest = artifacts.manifest_path(span_path)
     if manifest.exists():
         recorded = [
-            entry.get("sha256") for entry in artifacts.read_json(manifest).get("inputs", {}).values()
+            entry.get("sha256") for entry in artifacts.read_json_object(
+                manifest, "a span index's manifest").get("inputs", {}).values()
             if Path(entry.get("path", "")).name == chunk_path.name and entry.get("sha256")
         ]
         actual = artifacts.sha256_once(chunk_path)

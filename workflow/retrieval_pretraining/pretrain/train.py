@@ -18,11 +18,10 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import AutoTokenizer
 
 from .. import artifacts, st_export, training
 from ..checkpoints import _TOKENIZER_FILES
-from ..model_folder import check_folder_vocabulary, check_safetensors
+from ..model_folder import auto_tokenizer, check_folder_vocabulary, check_safetensors
 from ..retrieval_settings import RetrievalSettings
 from . import data as pdata
 from . import contrast_cache, mixture, probes
@@ -161,7 +160,7 @@ def export_base(settings: dict[str, Any], checkpoint: Path, out_dir: Path, metri
     pooling when it is a sentence-transformers model)."""
     check_safetensors(checkpoint)  # copied as it is: a pickle must not pass through
     # Nor a tokenizer with ids past the embeddings: every encoding of the copy would fail on them.
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    tokenizer = auto_tokenizer(checkpoint)
     check_folder_vocabulary(checkpoint, tokenizer)
     with artifacts.atomic_dir(out_dir) as tmp:
         for file in Path(checkpoint).iterdir():
@@ -249,7 +248,7 @@ def _train(
     mixed = mixture.proportions(settings, groups, span_groups)
     chunks = [path for group in groups for path in group]
     spans = [path for group in span_groups for path in group] if span_groups else None
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    tokenizer = auto_tokenizer(checkpoint)
     # Before the data store and the model: masking draws random ids from the tokenizer's.
     check_folder_vocabulary(checkpoint, tokenizer)
     vocab = pdata.Vocab.from_tokenizer(tokenizer)

@@ -71,7 +71,7 @@ def _recorded_job(marker: Path) -> tuple[Any, str | None]:
     if not marker.exists():
         return None, None
     try:
-        return artifacts.read_json(marker), None
+        return _parsed(marker), None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
         return None, f"its job.json cannot be read ({type(error).__name__}: {one_line(error)})"
 
@@ -188,7 +188,8 @@ def save_state(
     name = f"step-{step:08d}"
     final = state_dir / name
     latest = state_dir / "latest.json"
-    if final.is_dir() and latest.exists() and artifacts.read_json(latest).get("checkpoint") == name:
+    if (final.is_dir() and latest.exists() and artifacts.read_json_object(
+            latest, "a resumable state's latest.json").get("checkpoint") == name):
         # Saved already (the periodic save, then a stop signal in the same step). Replacing it
         # would delete the only complete state before its copy is in place: a kill in between
         # would leave latest.json naming nothing.
@@ -269,7 +270,7 @@ def load_state(
     if not latest.exists():
         return None
     name = _read(latest, state_dir, lambda path: _state_name(
-        _keys(artifacts.read_json(path), checkpoint=str)))
+        _keys(_parsed(path), checkpoint=str)))
     folder = Path(state_dir) / name["checkpoint"]
     if not folder.is_dir():
         raise FileNotFoundError(
@@ -278,7 +279,7 @@ def load_state(
     model.load_state_dict(_read(folder / "model.safetensors", state_dir, load_file))
     tensors = _read(folder / "state.safetensors", state_dir, load_file)
     meta = _read(folder / "state.json", state_dir, lambda path: _restored(_step_count(_keys(
-        artifacts.read_json(path), "step", "data_position", "extra", "optimizer", "scheduler",
+        _parsed(path), "step", "data_position", "extra", "optimizer", "scheduler",
         "rng"), folder.name), tensors))
     optimizer.load_state_dict(meta["optimizer"])
     sched = meta["scheduler"]
@@ -288,6 +289,12 @@ def load_state(
     set_rng_state(meta["rng"])
     log.info("resumed from %s (step %d)", folder, meta["step"])
     return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
+
+
+def _parsed(path: Path) -> Any:
+    """The JSON in `path`, its errors raw (not artifacts.read_json's InputFileError): the callers
+    name the file as resume state themselves, with their own fix (_read, _recorded_job)."""
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _read(path: Path, state_dir: str | os.PathLike, read: Any) -> Any:
