@@ -357,6 +357,35 @@ def test_every_encoder_loader_names_a_damaged_config_json(loader, damage, tiny_b
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 
 
+@pytest.mark.parametrize("name, damage", [
+    ("modules.json", "cut short"), ("modules.json", '["0_Transformer"]'),
+    ("1_Pooling/config.json", "a list"), ("sentence_bert_config.json", "not UTF-8")])
+def test_staging_names_a_damaged_sentence_transformers_file(name, damage, tiny_bert, tmp_path):
+    """checkpoints.sentence_transformers_files reads a source's modules.json, its Pooling config
+    and sentence_bert_config.json before anything is staged."""
+    import shutil
+
+    from retrieval_pretraining.errors import InputFileError
+
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}]
+    (tmp_path / "files" / "1_Pooling").mkdir(parents=True)
+    (tmp_path / "files" / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "files" / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": 1}')
+    (tmp_path / "files" / "sentence_bert_config.json").write_text('{"max_seq_length": 64}')
+    (tmp_path / "files" / name).write_bytes(DAMAGED_JSON.get(damage, damage.encode()))
+    folder = tmp_path / "source"
+    shutil.copytree(tiny_bert, folder)
+    shutil.copytree(tmp_path / "files", folder, dirs_exist_ok=True)
+    with pytest.raises(InputFileError) as refused:
+        _loaders(folder, tmp_path)["checkpoints (staging)"]()
+    message = str(refused.value)
+    assert message.startswith(f"{folder / name}: ") and "\n" not in message, message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
 def json_cases(t: Path, out: Path) -> dict[str, tuple[str, list, Path, str, str]]:
     """(module, argv, the damaged file, its damage: a DAMAGED_JSON key or the text, what the line
     says of it). Inputs under `t`: a one-row corpus.parquet, a chunks.parquet that is not Parquet

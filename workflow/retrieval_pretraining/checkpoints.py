@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -32,7 +31,7 @@ from typing import Any, Iterator
 
 from . import artifacts
 from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
-from .errors import command
+from .errors import InputFileError, command
 from .model_folder import auto_tokenizer, check_folder_vocabulary, load_model
 from .wordpiece import position_limit
 
@@ -232,15 +231,19 @@ def sentence_transformers_files(folder: Path) -> dict[str, Any] | None:
     listing = Path(folder) / "modules.json"
     if not listing.is_file():
         return None
-    modules = json.loads(listing.read_text())
+    modules = artifacts.read_json(listing, "a sentence-transformers modules.json")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise InputFileError(f"{listing}: not a JSON array of objects, as a sentence-transformers "
+                             "modules.json is; fetch the model again, or fix the path")
     pooling = [Path(folder) / m.get("path", "") / "config.json" for m in modules
                if str(m.get("type", "")).endswith(".Pooling")]
     if not pooling or not pooling[0].is_file():
         return None
     settings = Path(folder) / "sentence_bert_config.json"
-    length = json.loads(settings.read_text()).get("max_seq_length") if settings.is_file() else None
-    return {"modules": [m.get("type") for m in modules],
-            "pooling": json.loads(pooling[0].read_text()), "max_seq_length": length}
+    length = (artifacts.read_json_object(settings, "a sentence_bert_config.json").get(
+        "max_seq_length") if settings.is_file() else None)
+    return {"modules": [m.get("type") for m in modules], "max_seq_length": length,
+            "pooling": artifacts.read_json_object(pooling[0], "a Pooling module's config.json")}
 
 
 # sentence-transformers' Pooling flags our encoder reproduces (contracts.models.POOLING_FLAGS: not
