@@ -71,6 +71,9 @@ def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
             f"{top + 1} rows (transformers: resize_token_embeddings) and save the model")
 
 
+CONFIG = "a model folder's config.json"
+
+
 def read_config(folder: str | Path) -> dict[str, Any]:
     """A model folder's config.json; one cut short, not UTF-8, not JSON or not an object is
     InputFileError naming it and the fix (every loader and stage reads it through this)."""
@@ -78,9 +81,6 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     with reading(path, CONFIG):
         config = json.loads(path.read_text(encoding="utf-8"))
     return expect_object(config, path, CONFIG)
-
-
-CONFIG = "a model folder's config.json"
 
 
 def auto_tokenizer(folder: str | Path, **kwargs: Any):
