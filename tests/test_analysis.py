@@ -77,6 +77,19 @@ def write_chunks(path: Path, tokenizer) -> list[list[int]]:
     return ids
 
 
+
+@pytest.mark.parametrize("body", [b'{"settings": ', b"[]", b"null"])
+def test_coverage_names_a_damaged_training_json(tmp_path, body):
+    """An encoder's training.json (read for its objective, corpora and held-out chunks) cut
+    short or of another JSON kind is one error naming it, not a JSONDecodeError or an
+    AttributeError from .get; an encoder without one reads as {} (a base checkpoint)."""
+    from retrieval_pretraining.errors import InputFileError
+
+    assert coverage.bow_form(tmp_path) is None
+    (tmp_path / "training.json").write_bytes(body)
+    with pytest.raises(InputFileError, match="training.json"):
+        coverage.bow_form(tmp_path)
+
 def test_coverage_is_one_when_the_head_favours_the_input_and_zero_otherwise(
     encoder_dir, tokenizer, tmp_path
 ):

@@ -687,6 +687,18 @@ def test_unpaired_or_unknown_files_are_errors(capture):
         dumpstatus.parse_dump_parts(status, "https://dumps.wikimedia.org")
 
 
+
+@pytest.mark.parametrize("body", [b'{"jobs": {', b"[]", b"\xff\xfe"])
+def test_a_damaged_saved_dumpstatus_is_one_error_naming_it(tmp_path, body):
+    """The workflow reads the saved dumpstatus.json when it plans the parts: a file cut short,
+    of another JSON kind or not UTF-8 is one error naming it, not a traceback from json or .get."""
+    from retrieval_pretraining.errors import InputFileError
+
+    path = tmp_path / "dumpstatus.json"
+    path.write_bytes(body)
+    with pytest.raises(InputFileError, match="dumpstatus.json"):
+        dumpstatus.dump_parts_from_file(path, "https://dumps.wikimedia.org")
+
 def _publish_run(mirror: Mirror, date: str, status: str = "done") -> list[bytes]:
     """Serve a two-part multistream run of `testwiki` made of the real samples; return the bodies."""
     bodies = [

@@ -12,7 +12,6 @@ h_CLS . E^T with the tied word embeddings, and says which projection it used in 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -54,8 +53,9 @@ def coverage_at_k(
 
 
 def training_info(encoder_dir: Path) -> dict[str, Any]:
+    """The encoder's training.json ({} without one); a damaged one is one error naming it."""
     path = Path(encoder_dir) / "training.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return artifacts.read_json_object(path, "an encoder's training.json") if path.is_file() else {}
 
 
 def bow_form(encoder_dir: Path) -> str | None:
