@@ -158,3 +158,16 @@ def test_a_file_mined_with_positives_removed_first_query_keeps_them(tmp_path):
     artifacts.write_json(artifacts.manifest_path(leaky), {
         "stage": "mine_hard_negatives", "params": {"policy": {"positives_removed": "own"}}})
     assert _load(data, [leaky]).counts[KEY] == 1
+
+
+def test_a_negatives_file_s_manifest_that_is_no_object_is_one_error_line(tmp_path):
+    """Loading reads a negatives file's manifest for its mining policy: one that parses to another
+    JSON value than an object is an InputFileError naming it (it was an AttributeError)."""
+    from retrieval_pretraining.errors import InputFileError
+
+    data = tiny_dataset(tmp_path, n_queries=12)
+    negatives = tmp_path / "hard-negatives.parquet"
+    _leaky(data, negatives, {})
+    artifacts.manifest_path(negatives).write_text("[]\n")
+    with pytest.raises(InputFileError, match="hard-negatives.manifest.json: not a JSON object"):
+        _load(data, [negatives])
