@@ -42,25 +42,27 @@ def _load(data, files, **config):
 
 @pytest.mark.parametrize("policy", ["pad", "drop"])
 def test_a_positive_listed_as_a_negative_is_removed_counted_and_named(tmp_path, policy):
-    """q0 lists its positive first among its negatives, in both of two unioned files; q1 lists
-    only its positives, in both: q0 keeps its other negatives, q1 is left with none, so padded or dropped
-    (counted) as a query the files name no negative for. Every removed entry is counted (q0's in
-    each file); the first is named with its file."""
+    """q0 lists its positive first (twice) among its negatives, in both of two unioned files; q1
+    lists only its positives, in both: q0 keeps its other negatives, q1 is left with none, so
+    padded or dropped (counted) as a query the files name no negative for. Every removed entry is
+    counted (q0's in each file, each time listed); the first is named with its file: the least
+    query id's, though the first file lists q1's row before q0's."""
     data = tiny_dataset(tmp_path, n_queries=12)
     positives = _positives(data)
     bm25 = pl.read_parquet(data["bm25"])
     q0, q1 = sorted(bm25["query_id"].to_list())[:2]
     own = dict(zip(bm25["query_id"], bm25["negative_ids"].to_list()))
-    lists = {q0: [positives[q0][0], *own[q0]], q1: list(positives[q1])}
+    lists = {q0: [positives[q0][0], positives[q0][0], *own[q0]], q1: list(positives[q1])}
     files = [tmp_path / "first.parquet", tmp_path / "second.parquet"]
     _leaky(data, files[0], lists)
+    pl.read_parquet(files[0]).sort("query_id", descending=True).write_parquet(files[0])
     _leaky(data, files[1], {q0: [*own[q0][:2], positives[q0][0]], q1: list(positives[q1])})
     loaded = _load(data, files, queries_without_negatives=policy)
     frame = dict(zip(loaded.query_ids.to_list(), loaded.queries["negatives"].to_list()))
     assert frame[q0] == own[q0]  # the union, each id at its first place, the positive gone
     for qid, negatives in frame.items():
         assert not set(negatives or []) & set(positives[qid])
-    assert loaded.counts[KEY] == 2 + 2 * len(positives[q1])
+    assert loaded.counts[KEY] == 3 + 2 * len(positives[q1])
     assert loaded.removed_example == (q0, positives[q0][0], str(files[0]))
     if policy == "pad":
         assert not frame[q1] and loaded.counts["queries_without_negatives_padded"] == 1
