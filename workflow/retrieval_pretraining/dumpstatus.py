@@ -23,10 +23,10 @@ import logging
 import os
 import re
 import time
-from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, expect_object, reading
+from . import artifacts
+from .errors import BadInput
 from .fetch import DownloadError, NotFound, read_url
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,4 @@ def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, An
 def dump_parts_from_file(path: str | os.PathLike, mirror: str) -> list[DumpPart]:
     """The parts listed in a saved dumpstatus.json (what the Snakemake checkpoint wrote); one cut
     short, not JSON or not an object is one error naming it (read when the workflow plans)."""
-    what = "a saved dumpstatus.json"
-    with reading(path, what):
-        status = json.loads(Path(path).read_text(encoding="utf-8"))
-    return parse_dump_parts(expect_object(status, path, what), mirror)
+    return parse_dump_parts(artifacts.read_json_object(path, "a saved dumpstatus.json"), mirror)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import artifacts
-from ..errors import InputFileError, reading
 from .layout import Group, Row
 from .metrics import Metrics, MetricsCache, metrics_path
 from .render import escaped
@@ -43,7 +42,7 @@ def hardware(results: Path, models: list[dict[str, Any]]) -> list[str]:
     for m in models:
         training = results / "pretrain" / m["name"] / "encoder" / "training.json"
         if training.is_file():
-            info = _record(training, "a training.json")
+            info = artifacts.read_json_object(training, "a training.json")
             hw = {
                 k: v
                 for k, v in info.items()
@@ -139,17 +138,6 @@ def scored_with(m: Metrics | None) -> str:
     return f"`{version.get('git', '?')}` (package `{version.get('package_sha256', '?')[:12]}`)"
 
 
-def _record(path: Path, what: str) -> dict[str, Any]:
-    """A JSON record the provenance reads (a training.json, a manifest), or one error line naming
-    it: cut short, not text, or not an object."""
-    with reading(path, what):
-        record = json.loads(path.read_text())
-    if not isinstance(record, dict):
-        raise InputFileError(f"{path}: not a JSON object, as {what} is; rebuild it with the "
-                             "stage that writes it")
-    return record
-
-
 def missing_judged_documents(results: Path, columns: list[tuple[str, str]]) -> list[str]:
     """How many documents each scored split's qrels judge that its corpus lacks (from the qrels
     manifest datasets.py wrote; `max_missing_judged_documents` allows them): their judgements stay,
@@ -159,7 +147,7 @@ def missing_judged_documents(results: Path, columns: list[tuple[str, str]]) -> l
         path = artifacts.manifest_path(results / "datasets" / dataset / f"qrels-{split}.parquet")
         if not path.is_file():
             continue
-        manifest = _record(path, "a manifest")
+        manifest = artifacts.read_json_object(path, "a manifest")
         missing = manifest.get("stats", {}).get("judged_documents_missing")
         if missing is None:  # written before the count existed
             continue
