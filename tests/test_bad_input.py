@@ -438,6 +438,77 @@ def test_a_damaged_json_input_gives_one_line_naming_it(name, tiny_bert, tmp_path
     assert not left, left
 
 
+def manifest_readers(t: Path) -> dict[str, tuple[Path, object]]:
+    """Every stage's read of a manifest's `stats` or `params`: (the manifest it reads, the read).
+    `t/model` is a copy of a tiny BERT (its config.json, tokenizer), `t/bare` an empty folder."""
+    import types
+
+    from retrieval_pretraining import datasets, download, encode, spans, st_export, wordpiece
+    from retrieval_pretraining.finetune import data as finetune_data
+    from retrieval_pretraining.pretrain import data as pretrain_data
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+    from retrieval_pretraining.tables import provenance
+
+    model, bare, chunks = t / "model", t / "bare", t / "chunks.parquet"
+    vocab = types.SimpleNamespace(get_vocab=lambda: {"a": 0})
+    return {
+        "report: judged documents missing": (
+            t / "datasets/d/qrels-test.manifest.json",
+            lambda: provenance.missing_judged_documents(t, [("d", "test")])),
+        "chunk: position limit": (bare / "manifest.json", lambda: wordpiece.position_limit(bare)),
+        "chunk: tokenizer info": (model / "manifest.json", lambda: wordpiece.tokenizer_info(model)),
+        "datasets: checked corpus": (
+            t / "corpus.manifest.json",
+            lambda: datasets.checked_corpus(SLICES["dataset"], t, None, t)),
+        "spans: chunk corpus": (t / "chunks.manifest.json", lambda: spans._chunk_corpus(chunks)),
+        "finetune: own positives kept": (
+            t / "chunks.manifest.json", lambda: finetune_data.keeps_own_positives(chunks)),
+        "export: recorded use": (model / "manifest.json", lambda: st_export.recorded_use(model)),
+        "export: base checkpoint": (
+            model / "manifest.json", lambda: st_export.base_checkpoint(model)),
+        "encode: use mismatches": (
+            model / "manifest.json", lambda: encode.use_mismatches(model, RetrievalSettings())),
+        "pretrain: chunk tokenizer": (
+            t / "chunks.manifest.json",
+            lambda: pretrain_data.check_tokenizer([chunks], vocab, bare)),
+        "pretrain: chunk positions": (
+            t / "chunks.manifest.json", lambda: pretrain_data.check_positions([chunks], model)),
+        "pretrain: staged commit": (
+            model / "manifest.json", lambda: pretrain_data.check_tokenizer([chunks], vocab, model)),
+        "download: fetched pins": (
+            t / "chunks.parquet.manifest.json", lambda: download.check_fetched(chunks, {})),
+    }
+
+
+@pytest.mark.parametrize("section, value, kind", [("stats", [1], "an array"),
+                                                  ("params", "x", "a string")])
+@pytest.mark.parametrize("reader", list(manifest_readers(Path("t"))))
+def test_a_manifest_whose_stats_or_params_is_not_an_object_is_named(reader, section, value, kind,
+                                                                    tiny_bert, tmp_path):
+    """Each read `.get`s into the section: a list or string there was an AttributeError naming
+    neither the file nor the fix (artifacts.read_manifest). A null one reads as empty."""
+    import shutil
+
+    from retrieval_pretraining.errors import InputFileError
+
+    shutil.copytree(tiny_bert, tmp_path / "model")
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "chunks.parquet").write_text("not read\n")
+    recorded = {"stage": "stage_checkpoint", "params": {}, "stats": {"tokenizer": {}}}
+    (tmp_path / "chunks.manifest.json").write_text(json.dumps(recorded))  # read before the model's
+    manifest, read = manifest_readers(tmp_path)[reader]
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps(recorded | {section: None}))
+    read()  # null: as if absent
+    manifest.write_text(json.dumps(recorded | {section: value}))
+    with pytest.raises(InputFileError) as refused:
+        read()
+    message = str(refused.value)
+    assert message.startswith(f"{manifest}: {section} is not a JSON object but {kind} (read as "), \
+        message
+    assert "\n" not in message and "rebuild it" in message, message
+
+
 # ---------------------------------------------------------------- unknown config keys ----------
 def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
     value = copy.deepcopy(SLICES[slice_name])

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import expect_object, reading
+from .errors import expect_manifest, expect_object, reading
 
 # Libraries whose versions matter for reproducing an artifact; missing ones are skipped.
 _TRACKED_LIBRARIES = (
@@ -184,6 +184,12 @@ def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """read_json of a file that holds an object (a manifest, a config.json): any other JSON
     value is InputFileError naming `path` too."""
     return expect_object(read_json(path, what), path, what)
+
+
+def read_manifest(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """read_json_object of a manifest (write_manifest's): its `params` and `stats` are objects
+    ({} where absent or null); any other value there is InputFileError naming `path`."""
+    return expect_manifest(read_json(path, what), path, what)
 
 
 def write_parquet(path: str | os.PathLike, table: pa.Table, schema: pa.Schema) -> None:

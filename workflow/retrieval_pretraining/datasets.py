@@ -295,8 +295,8 @@ def checked_corpus(entry: dict[str, Any], out_dir: Path, data_root: str | None,
     adds its own."""
     path = out_dir / "corpus.parquet"
     manifest = artifacts.manifest_path(path)
-    params = (artifacts.read_json_object(manifest, "a corpus.parquet's manifest").get("params")
-              or {}) if manifest.is_file() else {}
+    params = (artifacts.read_manifest(manifest, "a corpus.parquet's manifest")["params"]
+              if manifest.is_file() else {})
     owner = params.get("name")
     if owner is None or owner == entry["name"]:
         return corpus_source(entry, data_root, downloads)

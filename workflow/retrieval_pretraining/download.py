@@ -60,7 +60,7 @@ def check_fetched(path: str | os.PathLike, pins: dict) -> None:
     manifest = manifest_for(path)
     if not path.exists() or not manifest.is_file():
         return
-    stats = artifacts.read_json_object(manifest, "a fetched file's manifest").get("stats", {})
+    stats = artifacts.read_manifest(manifest, "a fetched file's manifest")["stats"]
     verified = stats.get("verified") or {}
     recorded = {"sha256": stats.get("sha256"), "md5": stats.get("md5"), "size": stats.get("bytes")}
     if verified.get("check") == "md5":

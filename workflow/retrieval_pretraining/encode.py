@@ -378,14 +378,14 @@ def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
     manifest = Path(encoder) / "manifest.json"
     if not manifest.is_file():
         return []
-    staged = artifacts.read_json_object(manifest, "an encoder's manifest")
+    staged = artifacts.read_manifest(manifest, "an encoder's manifest")
     if staged.get("stage") != "stage_checkpoint":
         return []
     limit = read_config(encoder).get("max_position_embeddings")
     lengths = {"q_len": knobs.q_len, "p_len": knobs.p_len}
     messages = [f"{name} {value} is above the model's position limit {limit}"
                 for name, value in lengths.items() if limit and value > limit]
-    record = (staged.get("stats") or {}).get("sentence_transformers")
+    record = staged["stats"].get("sentence_transformers")
     if not record:
         return messages
     flags = record.get("pooling") or {}
@@ -406,10 +406,11 @@ def recorded_weights(encoder: Path) -> dict[str, str] | None:
     artifacts.weights_checksums at export: pre-trained and fine-tuned encoders), read, not
     rehashed; None where it records none (a staged checkpoint) or has no readable manifest."""
     try:
-        manifest = artifacts.read_json(artifacts.manifest_path(encoder))
+        manifest = artifacts.read_manifest(artifacts.manifest_path(encoder),
+                                           "an encoder's manifest")
     except (OSError, ValueError):
         return None
-    weights = (manifest.get("stats") or {}).get("weights") if isinstance(manifest, dict) else None
+    weights = manifest["stats"].get("weights")
     return weights if isinstance(weights, dict) and weights else None
 
 

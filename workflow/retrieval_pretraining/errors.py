@@ -10,7 +10,7 @@ A missing, unreadable or misplaced file (FileNotFoundError, IsADirectoryError, N
 PermissionError) is bad input too: its message names the path. A file that exists but cannot be
 parsed is named by the stage that reads it (`reading`); a JSON file that parses to another kind
 of value than the object its reader indexes (a manifest, a config.json) is named by
-`expect_object`.
+`expect_object`, and a manifest whose `stats` or `params` is not an object by `expect_manifest`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,27 @@ def expect_object(value: Any, path: str | Path, what: str) -> dict[str, Any]:
         f"{path}: not a JSON object but {_json_kind(value)}, as {what} is; rebuild it with the "
         "stage that writes it, or fix the path"
     )
+
+
+# The members of a manifest (artifacts.write_manifest) that its readers index as objects.
+MANIFEST_SECTIONS = ("params", "stats")
+
+
+def expect_manifest(value: Any, path: str | Path, what: str) -> dict[str, Any]:
+    """`value` (read from `path` as `what`, a manifest) if it is a JSON object whose `params` and
+    `stats` are objects too: a copy in which either, absent or null, is {} (so a reader's
+    `.get("stats", {})` holds), while any other value there failed later as an AttributeError
+    naming neither the file nor the fix."""
+    manifest = dict(expect_object(value, path, what))
+    for key in MANIFEST_SECTIONS:
+        section = manifest.get(key)
+        if section is not None and not isinstance(section, dict):
+            raise InputFileError(
+                f"{path}: {key} is not a JSON object but {_json_kind(section)} (read as {what}); "
+                "rebuild it with the stage that writes it, or fix the path"
+            )
+        manifest[key] = section or {}
+    return manifest
 
 
 def _json_kind(value: Any) -> str:

@@ -305,7 +305,7 @@ def _chunk_corpus(chunks_path: Path) -> dict[str, Any] | None:
     manifest = artifacts.manifest_path(chunks_path)
     if not manifest.is_file():
         return None
-    params = artifacts.read_json_object(manifest, CHUNK_MANIFEST).get("params", {})
+    params = artifacts.read_manifest(manifest, CHUNK_MANIFEST)["params"]
     corpus = {k: v for k, v in params.items() if k in ("name", "source", "dataset", "path")}
     return corpus or None
 
@@ -321,8 +321,8 @@ def sample_shard(
     words = WordTable(checkpoint_dir)
     chunk_manifest = artifacts.manifest_path(chunks_path)
     if chunk_manifest.is_file():
-        recorded = artifacts.read_json_object(chunk_manifest, CHUNK_MANIFEST)
-        expected = ((recorded.get("stats") or {}).get("tokenizer") or {}).get("vocab_sha256")
+        recorded = artifacts.read_manifest(chunk_manifest, CHUNK_MANIFEST)
+        expected = (recorded["stats"].get("tokenizer") or {}).get("vocab_sha256")
         if expected is None:
             raise InputFileError(
                 f"{chunk_manifest}: records no stats.tokenizer.vocab_sha256, as {CHUNK_MANIFEST} "

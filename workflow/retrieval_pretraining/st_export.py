@@ -149,8 +149,7 @@ def recorded_use(checkpoint: Path) -> dict[str, Any] | None:
     manifest = checkpoint / "manifest.json"
     if not manifest.is_file():
         return None
-    record = (artifacts.read_json_object(manifest, STAGED).get("stats") or {}).get(
-        "sentence_transformers")
+    record = artifacts.read_manifest(manifest, STAGED)["stats"].get("sentence_transformers")
     return sentence_transformers_use(record) if record else None
 
 
@@ -187,7 +186,7 @@ def base_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
     manifest = Path(checkpoint) / "manifest.json"
     if not manifest.is_file():
         return {"path": str(checkpoint)}
-    params = artifacts.read_json_object(manifest, STAGED).get("params", {})
+    params = artifacts.read_manifest(manifest, STAGED)["params"]
     keep = ("name", "source", "location", "revision", "num_layers")
     return {k: params[k] for k in keep if params.get(k) is not None}
 

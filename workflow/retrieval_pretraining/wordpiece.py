@@ -52,7 +52,7 @@ def position_limit(folder: str | os.PathLike) -> int | None:
         config = artifacts.read_json_object(folder / "config.json", "a model folder's config.json")
         return int(config.get("max_position_embeddings", DEFAULT_POSITIONS))
     if (folder / "manifest.json").is_file():
-        manifest = artifacts.read_json_object(folder / "manifest.json", MANIFEST)
+        manifest = artifacts.read_manifest(folder / "manifest.json", MANIFEST)
         limit = manifest.get("stats", {}).get("max_position_embeddings")
         return None if limit is None else int(limit)
     return None
@@ -102,7 +102,7 @@ def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
     tokens = tokens_by_id(tokenizer.get_vocab(with_added_tokens=True))
     source, staged = {}, {}
     if (checkpoint_dir / "manifest.json").is_file():
-        manifest = artifacts.read_json_object(checkpoint_dir / "manifest.json", MANIFEST)
+        manifest = artifacts.read_manifest(checkpoint_dir / "manifest.json", MANIFEST)
         source, staged = manifest.get("params", {}), manifest.get("stats", {})
     special = {
         name: tokenizer.token_to_id(tok_config.get(f"{name}_token") or default)

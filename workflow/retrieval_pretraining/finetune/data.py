@@ -257,7 +257,7 @@ def keeps_own_positives(path: Path) -> bool:
     manifest = artifacts.manifest_path(path)
     if not manifest.is_file():
         return False
-    params = artifacts.read_json_object(manifest, "a negatives file's manifest").get("params") or {}
+    params = artifacts.read_manifest(manifest, "a negatives file's manifest")["params"]
     return (params.get("policy") or {}).get("positives_removed") == "first_query"
 
 

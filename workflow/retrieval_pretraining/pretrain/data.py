@@ -49,8 +49,7 @@ def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoin
         manifest = artifacts.manifest_path(path)
         if not manifest.exists():
             continue
-        recorded = artifacts.read_json_object(manifest, CHUNK_MANIFEST).get("stats", {}).get(
-            "tokenizer", {})
+        recorded = artifacts.read_manifest(manifest, CHUNK_MANIFEST)["stats"].get("tokenizer", {})
         _check_commit(path, recorded, checkpoint)
         if recorded.get("vocab_sha256") not in (None, ours):
             raise DataError(
@@ -72,8 +71,7 @@ def check_positions(chunk_paths: Sequence[str | Path], checkpoint: Path) -> None
         manifest = artifacts.manifest_path(path)
         if limit is None or not manifest.exists():
             continue
-        max_len = artifacts.read_json_object(manifest, CHUNK_MANIFEST).get("params", {}).get(
-            "max_len")
+        max_len = artifacts.read_manifest(manifest, CHUNK_MANIFEST)["params"].get("max_len")
         if max_len is not None and max_len > limit:
             raise DataError(
                 f"{path} holds chunks of up to {max_len} tokens, but the model {checkpoint} has "
@@ -89,9 +87,9 @@ def _check_commit(path: Path, recorded: dict[str, Any], checkpoint: Path) -> Non
     manifest = Path(checkpoint) / "manifest.json"
     if not manifest.is_file():
         return
-    staged = artifacts.read_json_object(manifest, "a staged checkpoint's manifest")
-    location = staged.get("params", {}).get("location")
-    commit = staged.get("stats", {}).get("resolved_revision")
+    staged = artifacts.read_manifest(manifest, "a staged checkpoint's manifest")
+    location = staged["params"].get("location")
+    commit = staged["stats"].get("resolved_revision")
     theirs = recorded.get("revision")
     if recorded.get("source") == location and None not in (commit, theirs) and commit != theirs:
         raise DataError(

@@ -147,7 +147,7 @@ def missing_judged_documents(results: Path, columns: list[tuple[str, str]]) -> l
         path = artifacts.manifest_path(results / "datasets" / dataset / f"qrels-{split}.parquet")
         if not path.is_file():
             continue
-        manifest = artifacts.read_json_object(path, "a manifest")
+        manifest = artifacts.read_manifest(path, "a manifest")
         missing = manifest.get("stats", {}).get("judged_documents_missing")
         if missing is None:  # written before the count existed
             continue
