@@ -509,6 +509,33 @@ def test_a_manifest_whose_stats_or_params_is_not_an_object_is_named(reader, sect
     assert "\n" not in message and "rebuild it" in message, message
 
 
+@pytest.mark.parametrize("read, config, said", [
+    ("write", {"model_type": "bert"}, "has no hidden_size, which a model folder's config.json "
+                                      "states"),
+    ("write", {"hidden_size": "32"}, 'hidden_size is "32", not a positive integer'),
+    ("pretrained_use", {"max_position_embeddings": "many"},
+     'max_position_embeddings is "many", not a positive integer'),
+    ("pretrained_use", {"max_position_embeddings": [512]},
+     "max_position_embeddings is [512], not a positive integer")])
+def test_export_names_a_config_json_without_a_usable_size(read, config, said, tmp_path):
+    """st_export reads the exported folder's hidden_size (a bare KeyError without it) and the
+    base's max_position_embeddings (int() of it: a TypeError or ValueError), neither naming the
+    file; a base checkpoint staged from a local folder carries its config.json through."""
+    from retrieval_pretraining import st_export
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    calls = {"write": lambda: st_export.write(tmp_path, RetrievalSettings(), {}),
+             "pretrained_use": lambda: st_export.pretrained_use(tmp_path, "mlm")}
+    with pytest.raises(InputFileError) as refused:
+        calls[read]()
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'config.json'}: {said}") and "\n" not in message, \
+        message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
 # ---------------------------------------------------------------- unknown config keys ----------
 def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
     value = copy.deepcopy(SLICES[slice_name])

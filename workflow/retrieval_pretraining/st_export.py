@@ -51,6 +51,7 @@ from . import artifacts
 from .contracts.models import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, NORMALIZE, POOLING_DIR,
                                POOLING_FLAGS, PROJECTOR_FILE, SIMILARITY_FN, dense_config,
                                module_dir, module_entries)
+from .errors import InputFileError
 from .retrieval_settings import RetrievalSettings
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, A
                          "the sentence-transformers files must embed as the folder does")
     if projector is not None and retrieval.pooling != "cls":
         raise ValueError("a text projector embeds [CLS]; use pooling 'cls'")
-    hidden = artifacts.read_json_object(folder / "config.json", CONFIG)["hidden_size"]
+    config = artifacts.read_json_object(folder / "config.json", CONFIG)
+    hidden = config_size(config, "hidden_size", folder / "config.json")
     entries = modules(retrieval.similarity, projector is not None)
     for entry in entries[1:]:
         (folder / entry["path"]).mkdir(exist_ok=True)
@@ -130,6 +132,22 @@ def write(folder: str | Path, retrieval: RetrievalSettings, card: Mapping[str, A
 
 
 STAGED, CONFIG = "a staged checkpoint's manifest", "a model folder's config.json"
+
+
+def config_size(config: Mapping[str, Any], key: str, path: Path,
+                default: int | None = None) -> int:
+    """config.json's `key` (a width, a position limit), read from `path`, as a positive integer
+    (`default` where it has none): a config.json without hidden_size was a bare KeyError, and a
+    limit that is no number a TypeError or ValueError, neither naming the file."""
+    value = config.get(key, default)
+    if value is None:
+        raise InputFileError(f"{path}: has no {key}, which {CONFIG} states; add it, or rebuild "
+                             "the folder with the stage that writes it")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputFileError(f"{path}: {key} is {json.dumps(value)}, not a positive integer as "
+                             f"in {CONFIG}; fix it, or rebuild the folder with the stage that "
+                             "writes it")
+    return value
 
 
 def sentence_transformers_use(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,7 +177,8 @@ def pretrained_use(checkpoint: str | Path, objective: str) -> RetrievalSettings:
     else [CLS] + dot product at the position limit (at most 512 tokens)."""
     checkpoint = Path(checkpoint)
     config = artifacts.read_json_object(checkpoint / "config.json", CONFIG)
-    limit = min(512, int(config.get("max_position_embeddings", 512)))
+    limit = min(512, config_size(config, "max_position_embeddings", checkpoint / "config.json",
+                                 default=512))
     use = recorded_use(checkpoint) if objective == "none" else None
     if use is None:
         return RetrievalSettings(pooling="cls", similarity="dot", p_len=limit)
