@@ -64,9 +64,10 @@ def rows_outside(column: pa.Array, ids: pa.Array) -> np.ndarray:
 
 def rows_misranked(ranks: pa.Array, unranked: bool) -> np.ndarray:
     """The rows of a list column of ranks unlike what the writers leave: each sampler keeps its
-    negatives in rank order (bm25.sample_negatives, mine.select_negatives; DPR's positions and a
-    search's ranks count from 1), so a row's ranks rise from 1 at least; the `triples` source's
-    file is unranked, so its ranks are all -1 (msmarco_triples.triples_candidates)."""
+    negatives in rank order (bm25.sample_negatives, mine.mine_batch through mine.kept_places;
+    DPR's positions and a search's ranks count from 1), so a row's ranks rise from 1 at least; the
+    `triples` source's file is unranked, so its ranks are all -1
+    (msmarco_triples.triples_candidates)."""
     flat = pc.fill_null(pc.list_flatten(ranks), 0).to_numpy()
     parents = pc.list_parent_indices(ranks).to_numpy()
     if unranked:
