@@ -352,6 +352,26 @@ def test_a_manifest_cut_short_fails_its_check_in_one_line(results, tmp_path, cap
     assert "(unreadable manifest)" in page.read_text()
 
 
+@pytest.mark.parametrize("section, value", [("stats", [1]), ("params", "x")])
+def test_a_manifest_whose_stats_or_params_is_not_an_object_fails_its_check(results, tmp_path,
+                                                                          capsys, section, value):
+    """The kinds' audits read into stats and params (`.get` on a list or a string): that was
+    "could not be audited (AttributeError ...)", exit 3, naming neither section nor fix."""
+    shard = results / f"corpus/damaged-{section}/chunks/shard-0000.parquet"
+    shard.parent.mkdir(parents=True)
+    source = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    shutil.copy(source, shard)
+    manifest = json.loads(artifacts.manifest_path(source).read_text())
+    artifacts.manifest_path(shard).write_text(json.dumps(manifest | {section: value}))
+    status, out, err = run_audit(shard, capsys)
+    assert status == 1 and err == "", out + err
+    assert (f"FAIL  manifest readable: {artifacts.manifest_path(shard)}: its {section} is a JSON "
+            f"{type(value).__name__}, not an object; rerun the rule" in out), out
+    page = tmp_path / "stats.html"
+    assert audit.main(["--stage-stats", str(page), str(shard)]) == 0
+    assert "(unreadable manifest)" in page.read_text()
+
+
 def test_figures_say_what_made_them_and_their_size(results, capsys):
     status, out, _ = run_audit(results / "analysis/loss-curves.png", capsys)
     assert status == 0, out

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import artifacts
-from ..errors import BadInput
+from ..errors import MANIFEST_SECTIONS, BadInput
 from .downloads import download_manifest_path
 
 # Kind.rank bands (first match wins; ranks are unique across the contracts).
@@ -243,15 +243,21 @@ UNREADABLE = "unreadable"
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
-    """The manifest at `path`. One cut short or damaged (not JSON, not an object) comes back as
-    {UNREADABLE: why}: read elsewhere it is a manifest with nothing in it, and show_manifest fails
-    its check, so the audit goes on, names the file and exits 1 instead of a traceback."""
+    """The manifest at `path`. One cut short or damaged (not JSON, not an object, or its stats or
+    params not an object: the kinds' audits read into both) comes back as {UNREADABLE: why}: read
+    elsewhere it is a manifest with nothing in it, and show_manifest fails its check, so the audit
+    goes on, names the file and exits 1 instead of a traceback."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return {UNREADABLE: f"{path}: {error}"}
     if not isinstance(data, dict):
         return {UNREADABLE: f"{path}: a JSON {type(data).__name__}, not an object"}
+    for key in MANIFEST_SECTIONS:
+        section = data.get(key)
+        if section is not None and not isinstance(section, dict):
+            return {UNREADABLE: f"{path}: its {key} is a JSON {type(section).__name__}, not an "
+                                "object"}
     return data
 
 
