@@ -25,7 +25,9 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import expect_manifest, expect_object, reading
+# read_json and read_json_object live in errors.py, which imports no pyarrow, for the readers
+# that must not (model_folder); the stages read them from here.
+from .errors import expect_manifest, read_json, read_json_object  # noqa: F401
 
 # Libraries whose versions matter for reproducing an artifact; missing ones are skipped.
 _TRACKED_LIBRARIES = (
@@ -169,21 +171,6 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def read_json(path: str | os.PathLike, what: str = "a JSON file") -> Any:
-    """The JSON value in `path`. A file cut short, not UTF-8 or not JSON is InputFileError (a
-    ValueError) naming `path` as `what` ("a chunk shard's manifest") and the fix; a missing one
-    is FileNotFoundError, as before: callers that read a damaged or missing file as absent catch
-    (OSError, ValueError)."""
-    with reading(path, what):
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    """read_json of a file that holds an object (a manifest, a config.json): any other JSON
-    value is InputFileError naming `path` too."""
-    return expect_object(read_json(path, what), path, what)
 
 
 def read_manifest(path: str | os.PathLike, what: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -63,6 +64,22 @@ def expect_object(value: Any, path: str | Path, what: str) -> dict[str, Any]:
         f"{path}: not a JSON object but {_json_kind(value)}, as {what} is; rebuild it with the "
         "stage that writes it, or fix the path"
     )
+
+
+def read_json(path: str | Path, what: str = "a JSON file") -> Any:
+    """The JSON value in `path`. A file cut short, not UTF-8 or not JSON is InputFileError (a
+    ValueError) naming `path` as `what` ("a chunk shard's manifest") and the fix; a missing one
+    is FileNotFoundError, as before: callers that read a damaged or missing file as absent catch
+    (OSError, ValueError). (Here, not in artifacts.py, for readers that must not import pyarrow:
+    model_folder.read_config; the stages call it as artifacts.read_json.)"""
+    with reading(path, what):
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    """read_json of a file that holds an object (a manifest, a config.json): any other JSON
+    value is InputFileError naming `path` too."""
+    return expect_object(read_json(path, what), path, what)
 
 
 # The members of a manifest (artifacts.write_manifest) that its readers index as objects.

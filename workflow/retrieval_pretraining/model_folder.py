@@ -12,11 +12,10 @@ base encoder (pretrain/train.export_base) call it, as does pre-training at start
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, expect_object, reading
+from .errors import BadInput, read_json_object, reading
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -77,10 +76,7 @@ CONFIG = "a model folder's config.json"
 def read_config(folder: str | Path) -> dict[str, Any]:
     """A model folder's config.json; one cut short, not UTF-8, not JSON or not an object is
     InputFileError naming it and the fix (every loader and stage reads it through this)."""
-    path = Path(folder) / "config.json"
-    with reading(path, CONFIG):
-        config = json.loads(path.read_text(encoding="utf-8"))
-    return expect_object(config, path, CONFIG)
+    return read_json_object(Path(folder) / "config.json", CONFIG)
 
 
 def auto_tokenizer(folder: str | Path, **kwargs: Any):
