@@ -409,6 +409,13 @@ def json_cases(t: Path, out: Path) -> dict[str, tuple[str, list, Path, str, str]
             "spans", spans, chunk_manifest, "null", "not a JSON object but null"),
         "spans: a chunk manifest without the tokenizer": (
             "spans", spans, chunk_manifest, '{"stats": {}}', "records no stats.tokenizer"),
+        "spans: a chunk manifest whose tokenizer is a list": (
+            "spans", spans, chunk_manifest, '{"stats": {"tokenizer": [1]}}',
+            "stats.tokenizer is not a JSON object but an array"),
+        "encode: an encoder's manifest whose sentence-transformers record is a string": (
+            "encode", encode, staged / "manifest.json",
+            '{"stage": "stage_checkpoint", "stats": {"sentence_transformers": "mean"}}',
+            "stats.sentence_transformers is not a JSON object but a string"),
     }
 
 
@@ -505,6 +512,52 @@ def test_a_manifest_whose_stats_or_params_is_not_an_object_is_named(reader, sect
         read()
     message = str(refused.value)
     assert message.startswith(f"{manifest}: {section} is not a JSON object but {kind} (read as "), \
+        message
+    assert "\n" not in message and "rebuild it" in message, message
+
+
+# Reads one level deeper into a manifest's stats or params: (manifest_readers' reader, the key).
+NESTED = [("pretrain: chunk tokenizer", "stats.tokenizer"),
+          ("export: recorded use", "stats.sentence_transformers"),
+          ("export: recorded use", "stats.sentence_transformers.pooling"),
+          ("encode: use mismatches", "stats.sentence_transformers"),
+          ("encode: use mismatches", "stats.sentence_transformers.pooling"),
+          ("download: fetched pins", "stats.verified"),
+          ("finetune: own positives kept", "params.policy")]
+
+
+@pytest.mark.parametrize("reader, key", NESTED)
+def test_a_manifest_whose_nested_section_is_not_an_object_is_named(reader, key, tiny_bert,
+                                                                   tmp_path):
+    """Each read `.get`s into the member (errors.expect_section): a list there was an
+    AttributeError or TypeError naming neither the file nor the key. A null one reads as empty."""
+    import shutil
+
+    from retrieval_pretraining.errors import InputFileError
+
+    shutil.copytree(tiny_bert, tmp_path / "model")
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "chunks.parquet").write_text("not read\n")
+    recorded = {"stage": "stage_checkpoint", "params": {}, "stats": {"tokenizer": {}}}
+    (tmp_path / "chunks.manifest.json").write_text(json.dumps(recorded))
+    manifest, read = manifest_readers(tmp_path)[reader]
+
+    def damaged(value) -> str:
+        damaged = copy.deepcopy(recorded)
+        *outer, last = key.split(".")
+        member = damaged
+        for name in outer:
+            member = member.setdefault(name, {})
+        member[last] = value
+        return json.dumps(damaged)
+
+    manifest.write_text(damaged(None))
+    read()  # null: as if absent
+    manifest.write_text(damaged([1]))
+    with pytest.raises(InputFileError) as refused:
+        read()
+    message = str(refused.value)
+    assert message.startswith(f"{manifest}: {key} is not a JSON object but an array (read as "), \
         message
     assert "\n" not in message and "rebuild it" in message, message
 

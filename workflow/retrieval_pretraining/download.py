@@ -37,7 +37,7 @@ from pathlib import Path
 from . import artifacts
 from .config import ConfigError, refuse_unknown, stage_parser
 from .dumpstatus import MULTISTREAM_JOB, fetch_dumpstatus, sha1sums_url, status_url
-from .errors import add_debug_option, command
+from .errors import add_debug_option, command, expect_section
 from .fetch import CHECKSUMS, fetch, mirrored_url
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,9 @@ def check_fetched(path: str | os.PathLike, pins: dict) -> None:
     manifest = manifest_for(path)
     if not path.exists() or not manifest.is_file():
         return
-    stats = artifacts.read_manifest(manifest, "a fetched file's manifest")["stats"]
-    verified = stats.get("verified") or {}
+    what = "a fetched file's manifest"
+    read = artifacts.read_manifest(manifest, what)
+    stats, verified = read["stats"], expect_section(read, "stats.verified", manifest, what)
     recorded = {"sha256": stats.get("sha256"), "md5": stats.get("md5"), "size": stats.get("bytes")}
     if verified.get("check") == "md5":
         recorded["md5"] = verified.get("actual")

@@ -31,7 +31,7 @@ from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
-from .errors import BadInput, command, reading
+from .errors import BadInput, command, expect_section, reading
 from .model_folder import (ModelFolderError, auto_tokenizer, check_folder_vocabulary, load_model,
                            read_config)
 from .parallel import bounded_map
@@ -378,17 +378,18 @@ def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
     manifest = Path(encoder) / "manifest.json"
     if not manifest.is_file():
         return []
-    staged = artifacts.read_manifest(manifest, "an encoder's manifest")
+    what = "an encoder's manifest"
+    staged = artifacts.read_manifest(manifest, what)
     if staged.get("stage") != "stage_checkpoint":
         return []
     limit = read_config(encoder).get("max_position_embeddings")
     lengths = {"q_len": knobs.q_len, "p_len": knobs.p_len}
     messages = [f"{name} {value} is above the model's position limit {limit}"
                 for name, value in lengths.items() if limit and value > limit]
-    record = staged["stats"].get("sentence_transformers")
+    record = expect_section(staged, "stats.sentence_transformers", manifest, what)
     if not record:
         return messages
-    flags = record.get("pooling") or {}
+    flags = expect_section(staged, "stats.sentence_transformers.pooling", manifest, what)
     pooling = next((name for name, flag in POOLING_FLAGS.items() if flags.get(flag)), None)
     similarity = "cosine" if NORMALIZE in (record.get("modules") or []) else "dot"
     if pooling is not None and knobs.pooling != pooling:

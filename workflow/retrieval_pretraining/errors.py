@@ -10,7 +10,8 @@ A missing, unreadable or misplaced file (FileNotFoundError, IsADirectoryError, N
 PermissionError) is bad input too: its message names the path. A file that exists but cannot be
 parsed is named by the stage that reads it (`reading`); a JSON file that parses to another kind
 of value than the object its reader indexes (a manifest, a config.json) is named by
-`expect_object`, and a manifest whose `stats` or `params` is not an object by `expect_manifest`.
+`expect_object`, a manifest whose `stats` or `params` is not an object by `expect_manifest`, and
+one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`.
 """
 
 from __future__ import annotations
@@ -93,14 +94,29 @@ def expect_manifest(value: Any, path: str | Path, what: str) -> dict[str, Any]:
     naming neither the file nor the fix."""
     manifest = dict(expect_object(value, path, what))
     for key in MANIFEST_SECTIONS:
-        section = manifest.get(key)
-        if section is not None and not isinstance(section, dict):
-            raise InputFileError(
-                f"{path}: {key} is not a JSON object but {_json_kind(section)} (read as {what}); "
-                "rebuild it with the stage that writes it, or fix the path"
-            )
-        manifest[key] = section or {}
+        manifest[key] = expect_section(manifest, key, path, what)
     return manifest
+
+
+def expect_section(value: dict[str, Any], key: str, path: str | Path, what: str
+                   ) -> dict[str, Any]:
+    """The object at `key` in `value` (read from `path` as `what`), a dotted path into nested
+    objects ("stats.tokenizer"): {} where it, or an object on the way to it, is absent or null;
+    any other value on the way is InputFileError naming `path` and the key, where a reader's
+    `.get` on it failed as an AttributeError naming neither the file nor the fix."""
+    names = key.split(".")
+    section: Any = value
+    for depth, name in enumerate(names, start=1):
+        section = section.get(name)
+        if section is None:
+            return {}
+        if not isinstance(section, dict):
+            raise InputFileError(
+                f"{path}: {'.'.join(names[:depth])} is not a JSON object but "
+                f"{_json_kind(section)} (read as {what}); rebuild it with the stage that writes "
+                "it, or fix the path"
+            )
+    return section
 
 
 def _json_kind(value: Any) -> str:

@@ -45,7 +45,7 @@ from .config import ConfigError, refuse_unknown, section_schema, stage_parser
 from .contracts.chunks import word_extents
 from .contracts.columns import flat
 from .contracts.spans import GRANULARITIES, SCHEMA, validate_spans
-from .errors import InputFileError, command, reading
+from .errors import InputFileError, command, expect_section, reading
 from .wordpiece import load_tokenizer, tokenizer_info
 
 log = logging.getLogger(__name__)
@@ -322,7 +322,8 @@ def sample_shard(
     chunk_manifest = artifacts.manifest_path(chunks_path)
     if chunk_manifest.is_file():
         recorded = artifacts.read_manifest(chunk_manifest, CHUNK_MANIFEST)
-        expected = (recorded["stats"].get("tokenizer") or {}).get("vocab_sha256")
+        tokenizer = expect_section(recorded, "stats.tokenizer", chunk_manifest, CHUNK_MANIFEST)
+        expected = tokenizer.get("vocab_sha256")
         if expected is None:
             raise InputFileError(
                 f"{chunk_manifest}: records no stats.tokenizer.vocab_sha256, as {CHUNK_MANIFEST} "

@@ -51,7 +51,7 @@ from . import artifacts
 from .contracts.models import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, NORMALIZE, POOLING_DIR,
                                POOLING_FLAGS, PROJECTOR_FILE, SIMILARITY_FN, dense_config,
                                module_dir, module_entries)
-from .errors import InputFileError
+from .errors import InputFileError, expect_section
 from .retrieval_settings import RetrievalSettings
 
 if TYPE_CHECKING:
@@ -167,7 +167,9 @@ def recorded_use(checkpoint: Path) -> dict[str, Any] | None:
     manifest = checkpoint / "manifest.json"
     if not manifest.is_file():
         return None
-    record = artifacts.read_manifest(manifest, STAGED)["stats"].get("sentence_transformers")
+    staged = artifacts.read_manifest(manifest, STAGED)
+    record = expect_section(staged, "stats.sentence_transformers", manifest, STAGED)
+    expect_section(staged, "stats.sentence_transformers.pooling", manifest, STAGED)
     return sentence_transformers_use(record) if record else None
 
 

@@ -45,7 +45,7 @@ import numpy as np
 import polars as pl
 
 from .. import artifacts, training
-from ..errors import InputFileError, reading
+from ..errors import InputFileError, expect_section, reading
 from ..seeding import keyed_digest, rng_for
 from .passages import PassageStore
 from .settings import FinetuneSettings
@@ -257,8 +257,10 @@ def keeps_own_positives(path: Path) -> bool:
     manifest = artifacts.manifest_path(path)
     if not manifest.is_file():
         return False
-    params = artifacts.read_manifest(manifest, "a negatives file's manifest")["params"]
-    return (params.get("policy") or {}).get("positives_removed") == "first_query"
+    what = "a negatives file's manifest"
+    read = artifacts.read_manifest(manifest, what)
+    policy = expect_section(read, "params.policy", manifest, what)
+    return policy.get("positives_removed") == "first_query"
 
 
 def drop_positives(frame: pl.DataFrame, positives: pl.DataFrame, path: Path

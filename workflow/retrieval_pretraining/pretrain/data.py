@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .. import artifacts
+from ..errors import expect_section
 from ..wordpiece import position_limit, tokens_by_id, vocab_sha256
 from . import views as cuts
 from .masking import Vocab, bag_of_ids, mask_tokens, with_positions  # noqa: F401 (also data.Vocab etc.)
@@ -49,7 +50,8 @@ def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoin
         manifest = artifacts.manifest_path(path)
         if not manifest.exists():
             continue
-        recorded = artifacts.read_manifest(manifest, CHUNK_MANIFEST)["stats"].get("tokenizer", {})
+        recorded = expect_section(artifacts.read_manifest(manifest, CHUNK_MANIFEST),
+                                  "stats.tokenizer", manifest, CHUNK_MANIFEST)
         _check_commit(path, recorded, checkpoint)
         if recorded.get("vocab_sha256") not in (None, ours):
             raise DataError(
