@@ -589,6 +589,44 @@ def test_export_names_a_config_json_without_a_usable_size(read, config, said, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
 
 
+@pytest.mark.parametrize("length", ["many", [256], 0, True])
+@pytest.mark.parametrize("reader", ["export", "encode"])
+def test_a_staged_max_seq_length_that_is_no_length_is_named(reader, length, tiny_bert, tmp_path):
+    """The `none` export of a sentence-transformers base takes its length from the staging
+    manifest (int() of it) and encode compares the baseline's lengths with it: a ValueError or
+    TypeError naming neither the file nor the key."""
+    import shutil
+
+    from retrieval_pretraining import encode, st_export
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    manifest = model / "manifest.json"
+    read = {"export": lambda: st_export.pretrained_use(model, "none").p_len,
+            "encode": lambda: encode.use_mismatches(model, RetrievalSettings(p_len=64))}[reader]
+    record = {"modules": [], "pooling": {"pooling_mode_mean_tokens": True}}
+
+    def staged(max_seq_length) -> str:
+        recorded = record | {"max_seq_length": max_seq_length}
+        return json.dumps({"stage": "stage_checkpoint",
+                           "stats": {"sentence_transformers": recorded}})
+
+    limit = st_export.pretrained_use(model, "mlm").p_len  # [CLS] at the limit
+    for fine, p_len in ((None, limit), (16, min(16, limit))):
+        manifest.write_text(staged(fine))
+        said = read()
+        assert said == p_len if reader == "export" else isinstance(said, list), said
+    manifest.write_text(staged(length))
+    with pytest.raises(InputFileError) as refused:
+        read()
+    message = str(refused.value)
+    assert message.startswith(f"{manifest}: stats.sentence_transformers.max_seq_length is "
+                              f"{json.dumps(length)}, not a positive integer"), message
+    assert "\n" not in message, message
+
+
 # ---------------------------------------------------------------- unknown config keys ----------
 def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
     value = copy.deepcopy(SLICES[slice_name])

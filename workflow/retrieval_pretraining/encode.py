@@ -31,7 +31,7 @@ from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
-from .errors import BadInput, command, expect_section, reading
+from .errors import BadInput, command, expect_positive_int, expect_section, reading
 from .model_folder import (ModelFolderError, auto_tokenizer, check_folder_vocabulary, load_model,
                            read_config)
 from .parallel import bounded_map
@@ -396,7 +396,8 @@ def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
         messages.append(f"pooling {knobs.pooling}, but the source pools with {pooling}")
     if knobs.similarity != similarity:
         messages.append(f"similarity {knobs.similarity}, but the source's is {similarity}")
-    longest = record.get("max_seq_length")
+    longest = expect_positive_int(record.get("max_seq_length"),
+                                  "stats.sentence_transformers.max_seq_length", manifest, what)
     messages += [f"{name} {value} is above the source's max_seq_length {longest}"
                  for name, value in lengths.items() if longest and value > longest]
     return messages
