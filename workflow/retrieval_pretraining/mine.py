@@ -142,10 +142,12 @@ def select_negatives(query_id: str, doc_ids: list[str], scores: np.ndarray, rank
                      ) -> tuple[list[str], list[int], list[float]]:
     """Apply the policy to ONE query's ranked list (ranks 1-based, counted before this removal).
 
-    A document whose id equals the query id is dropped only with `exclude_query_id` (`mine` already
-    searches without it then; this guards direct callers). The window is on `ranks`, or with
-    rank_window_counts `candidates` on 1-based places in the list left after those removals (the
-    returned ranks stay the search's).
+    The policy stated for one query, for the tests: `mine` does not call it, but applies the
+    same `kept_places` to a batch of queries in `mine_batch`, where the search already dropped
+    the query's own id under `exclude_query_id`. Here a document whose id equals the query id is
+    dropped only with `exclude_query_id`. The window is on `ranks`, or with rank_window_counts
+    `candidates` on 1-based places in the list left after those removals (the returned ranks
+    stay the search's).
     """
     own_id = query_id if knobs.get("exclude_query_id", EXCLUDE_QUERY_ID_DEFAULT) else None
     removed = np.array([d in positives or d == own_id for d in doc_ids], dtype=bool)
