@@ -627,6 +627,48 @@ def test_a_staged_max_seq_length_that_is_no_length_is_named(reader, length, tiny
     assert "\n" not in message, message
 
 
+@pytest.mark.parametrize("value", ["many", [512], 0])
+@pytest.mark.parametrize("read", ["config.json", "tokenizer manifest", "chunk max_len"])
+def test_a_recorded_length_that_is_no_length_is_named(read, value, tiny_bert, tmp_path):
+    """The position limit a chunk and pre-training job reads (wordpiece.position_limit: from a
+    model's config.json, else a staged tokenizer's manifest) and the chunk length pre-training
+    compares with it: int() of them, or `>`, was a bare ValueError or TypeError naming neither
+    the file nor the key (0 read as a limit of 0, or as no length)."""
+    import shutil
+
+    from retrieval_pretraining import wordpiece
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.pretrain import data as pretrain_data
+
+    model, tokenizer, chunks = tmp_path / "model", tmp_path / "tokenizer", tmp_path / "c.parquet"
+    shutil.copytree(tiny_bert, model)
+    tokenizer.mkdir()
+    config = json.loads((model / "config.json").read_text())
+    files = {"config.json": (model / "config.json", "max_position_embeddings", config),
+             "tokenizer manifest": (tokenizer / "manifest.json", "stats.max_position_embeddings",
+                                    {"stats": {}}),
+             "chunk max_len": (tmp_path / "c.manifest.json", "params.max_len", {"params": {}})}
+    damaged, key, recorded = files[read]
+    calls = {"config.json": lambda: wordpiece.position_limit(model),
+             "tokenizer manifest": lambda: wordpiece.position_limit(tokenizer),
+             "chunk max_len": lambda: pretrain_data.check_positions([chunks], model)}
+
+    def write(length) -> None:
+        whole = copy.deepcopy(recorded)
+        (whole[key.split(".")[0]] if "." in key else whole)[key.split(".")[-1]] = length
+        damaged.write_text(json.dumps(whole))
+
+    write(16)
+    calls[read]()
+    write(value)
+    with pytest.raises(InputFileError) as refused:
+        calls[read]()
+    message = str(refused.value)
+    assert message.startswith(f"{damaged}: {key} is {json.dumps(value)}, not a positive "
+                              "integer"), message
+    assert "\n" not in message, message
+
+
 # ---------------------------------------------------------------- unknown config keys ----------
 def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
     value = copy.deepcopy(SLICES[slice_name])

@@ -11,7 +11,8 @@ PermissionError) is bad input too: its message names the path. A file that exist
 parsed is named by the stage that reads it (`reading`); a JSON file that parses to another kind
 of value than the object its reader indexes (a manifest, a config.json) is named by
 `expect_object`, a manifest whose `stats` or `params` is not an object by `expect_manifest`, and
-one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`.
+one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`; a
+recorded length or limit that is no positive integer by `expect_positive_int`.
 """
 
 from __future__ import annotations

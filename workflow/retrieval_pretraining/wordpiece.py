@@ -16,7 +16,7 @@ from typing import Any
 
 from . import artifacts
 from .config import ConfigError
-from .errors import reading
+from .errors import expect_positive_int, reading
 
 def load_tokenizer(checkpoint_dir: str | os.PathLike):
     """The checkpoint's fast tokenizer, without the truncation/padding a saved one may carry."""
@@ -44,17 +44,22 @@ DEFAULT_POSITIONS = 512
 def position_limit(folder: str | os.PathLike) -> int | None:
     """How many tokens the folder's model can encode (`max_position_embeddings`): from its
     config.json (a checkpoint), else from its manifest (a staged tokenizer records its source's);
-    None when neither says (a tokenizer staged before it was recorded)."""
+    None when neither says (a tokenizer staged before it was recorded). One that is no positive
+    integer is InputFileError naming the file (errors.expect_positive_int)."""
     folder = Path(folder)
     if (folder / "config.json").is_file():
         # artifacts, not model_folder.read_config: that would add model_folder.py and bert.py to
         # the code of every chunk and span job
-        config = artifacts.read_json_object(folder / "config.json", "a model folder's config.json")
-        return int(config.get("max_position_embeddings", DEFAULT_POSITIONS))
+        what = "a model folder's config.json"
+        config = artifacts.read_json_object(folder / "config.json", what)
+        limit = config.get("max_position_embeddings")
+        return expect_positive_int(DEFAULT_POSITIONS if limit is None else limit,
+                                   "max_position_embeddings", folder / "config.json", what)
     if (folder / "manifest.json").is_file():
         manifest = artifacts.read_manifest(folder / "manifest.json", MANIFEST)
-        limit = manifest.get("stats", {}).get("max_position_embeddings")
-        return None if limit is None else int(limit)
+        return expect_positive_int(manifest["stats"].get("max_position_embeddings"),
+                                   "stats.max_position_embeddings", folder / "manifest.json",
+                                   MANIFEST)
     return None
 
 

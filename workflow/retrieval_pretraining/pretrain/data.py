@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import artifacts
-from ..errors import expect_section
+from ..errors import expect_positive_int, expect_section
 from ..wordpiece import position_limit, tokens_by_id, vocab_sha256
 from . import views as cuts
 from .masking import Vocab, bag_of_ids, mask_tokens, with_positions  # noqa: F401 (also data.Vocab etc.)
@@ -73,7 +73,9 @@ def check_positions(chunk_paths: Sequence[str | Path], checkpoint: Path) -> None
         manifest = artifacts.manifest_path(path)
         if limit is None or not manifest.exists():
             continue
-        max_len = artifacts.read_manifest(manifest, CHUNK_MANIFEST)["params"].get("max_len")
+        max_len = expect_positive_int(
+            artifacts.read_manifest(manifest, CHUNK_MANIFEST)["params"].get("max_len"),
+            "params.max_len", manifest, CHUNK_MANIFEST)
         if max_len is not None and max_len > limit:
             raise DataError(
                 f"{path} holds chunks of up to {max_len} tokens, but the model {checkpoint} has "
