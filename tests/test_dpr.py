@@ -681,6 +681,18 @@ def test_acc_at_k_fuzzed_against_dprs_definition(tmp_path):
     assert 0 < sum(map(bool, hits)) < len(hits)  # both outcomes occur
 
 
+def test_acc_at_k_fails_on_a_single_retrieved_passage_the_corpus_lacks(tmp_path):
+    """One retrieved passage of three missing from the corpus is an error naming the count, not a
+    question scored as if that passage held no answer (Acc@k would then read low, silently)."""
+    write_corpus(tmp_path / "corpus.parquet", {"d1": "Montgomery", "d2": "Mobile"})
+    write_answers(tmp_path / "answers.parquet", {"q1": ["Montgomery"], "q2": ["Huntsville"]})
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 t\nq2 Q0 d2 1 2.0 t\n"
+                                       "q2 Q0 d9 2 1.0 t\n")
+    with pytest.raises(answers.AnswerError, match="1 of the 3 passages to match are not in"):
+        evaluate.evaluate(tmp_path / "run.trec", None, None, {"measures": ["Acc@2"]},
+                          tmp_path / "answers.parquet", tmp_path / "corpus.parquet")
+
+
 # --- negatives filtered by answers ---------------------------------------------------------------
 
 
