@@ -485,6 +485,16 @@ def test_a_measures_cutoff_is_the_rank_it_reads_down_to(name, cutoff):
     assert evaluate.measure_cutoff(name) == cutoff
 
 
+def test_acc_at_zero_is_no_measure_and_is_refused_before_scoring():
+    """Acc@k needs k >= 1: Acc@0 (or Acc@05, a cutoff mistyped) would score every question 0 and
+    show a column of 0.000; it is refused by name, as a measure nothing computes."""
+    assert evaluate.answer_recall.acc_cutoffs(["Acc@0", "Acc@05", "Acc@1", "Acc@100"]) == {
+        "Acc@1": 1, "Acc@100": 100}
+    for name in ("Acc@0", "Acc@05"):
+        with pytest.raises(evaluate.EvaluationError, match=f"measure '{name}' is not"):
+            evaluate.check_computable([name])
+
+
 def test_every_measure_with_a_relevance_threshold_takes_the_splits_level():
     """At relevance level 2, each measure ir_measures gives a `rel` parameter counts grade 2 up
     (Bpref and the Set family too, not only R/RR/AP/P), while graded ones keep their gains."""
