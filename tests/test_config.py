@@ -362,6 +362,15 @@ def test_cross_field_mistakes_fail_at_parse_time(demo, edit, expected):
             r"report\.low_resource\.system': '\{model\}-stage1' gives 'costa-stage1' for model "
             r"costa, size 100, split 0",
         ),
+        # Each split of a size must read its own sample's run: a pattern that fixes the sample
+        # would average one run K times and show its sd as 0.
+        (
+            lambda c: c["report"].update(low_resource={
+                "dataset": "scifact", "split": "test", "measure": "nDCG@10", "sizes": [100],
+                "splits": 2, "models": ["costa"], "system": "{model}-n{size}s0-stage1"}),
+            r"report\.low_resource\.system': '\{model\}-n\{size\}s0-stage1' gives "
+            r"'costa-n100s0-stage1' for model costa, size 100, split 1",
+        ),
         # Each sample's stage is checked, not the first one's alone: stage{split} reads
         # n100s3-stage3, mining round 2 of a one-round dataset.
         (
