@@ -20,7 +20,7 @@ from retrieval_pretraining.tables.make import make_tables
 from retrieval_pretraining.tables.metrics import MetricsError
 from retrieval_pretraining.tables.provenance import log_location, model_location
 from retrieval_pretraining.tables.significance import WORSE, paired_t_test
-from retrieval_pretraining.paper_numbers import BERT_BASE, paper_value
+from retrieval_pretraining.paper_numbers import BERT_BASE, benchmark_mistake, paper_value
 
 ROOT = Path(__file__).resolve().parents[1]
 QIDS = [f"q{i}" for i in range(40)]
@@ -661,6 +661,16 @@ def test_make_tables_rule_builds_once_and_the_report_holds_it(tmp_path):
 
     names = zipfile.ZipFile(project / "report.zip").namelist()
     assert any(n.endswith("tables.html") for n in names), names[:20]
+
+
+def test_a_benchmark_of_the_columns_dataset_but_another_split_is_refused():
+    """MS MARCO passage dev and TREC DL19 are one dataset's two splits: a dev column naming
+    dl19-passage would print DL19's nDCG@10 (COSTA's 0.635) beside our dev scores."""
+    assert benchmark_mistake("msmarco-passage-dev", "msmarco-passage", "dev") is None
+    assert benchmark_mistake("dl19-passage", "msmarco-passage", "dev") == (
+        "'dl19-passage' is msmarco-passage/dl19, but the column scores msmarco-passage/dev; "
+        "name the benchmark of the column's own data, or none")
+    assert "is msmarco-doc/dev, but" in benchmark_mistake("msmarco-doc-dev", "msmarco-doc", "dl19")
 
 
 def test_published_lookup_by_fine_tuning_setting():
