@@ -565,6 +565,7 @@ def test_acc_cli_writes_per_question_hits_and_misses_count_zero(nq, tmp_path, ca
     metrics = json.loads(out.read_text())
     per = metrics["per_query"]["Acc@20"]
     assert len(per) == 12 and per["3"] == 0.0 and metrics["questions_missing_from_run"] == 1
+    assert metrics["questions"] == 12  # every question of the answers file, the missed one too
     assert metrics["questions_missing_from_run_examples"] == ["3"]
     assert metrics["run_queries_without_answers"] == 1
     assert metrics["run_queries_without_answers_examples"] == ["not-a-question"]
