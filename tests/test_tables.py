@@ -1202,6 +1202,8 @@ def test_a_number_whose_setting_is_not_stated_sits_beside_the_final_group_only(t
     published = {r["system"]: r["cells"][0]["published"]
                  for g in summary["tables"]["passage"] for r in g["rows"]}
     assert published == {"bm25": None, "cpdae-stage1": None, "cpdae-stage2": 0.355}
+    # The legend says what is not known about the number beside the row.
+    assert "sources: CPDAE (CIKM 2022) [setting not stated]." in (tmp_path / "t.md").read_text()
 
 
 def test_what_a_cell_shows_agrees_with_itself():
