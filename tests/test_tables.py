@@ -356,6 +356,16 @@ def write_lowres(results: Path, runs: dict[tuple[str, int], int], seed: int = 7)
     return means
 
 
+def test_the_low_resource_figure_draws_no_line_for_a_model_none_of_whose_runs_was_scored():
+    """Partial tables: a size without a value has no point and a model without any has no line
+    (nor a legend entry naming a model the figure shows nothing of)."""
+    from retrieval_pretraining.tables.low_resource import points
+
+    cell = {"mean": 0.5, "std": 0.1, "splits": 3}
+    summary = {"costa": {10: cell, 100: None}, "bow": {10: None, 100: None}}
+    assert points(summary) == {"costa": {10: cell}}
+
+
 def test_a_low_resource_cell_over_fewer_splits_says_so_and_one_split_has_no_sd(tmp_path):
     """With one split's metrics the cell printed "± 0.000", zero spread, where the sd of one value
     is undefined; a cell over 2 of 3 splits looked like one over all 3."""
