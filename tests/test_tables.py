@@ -801,6 +801,34 @@ def test_the_bm25_label_says_what_each_index_holds(synthetic, tmp_path):
         "BM25 (k1=0.9, b=0.4, title not recorded)")
 
 
+def test_each_cell_reads_its_own_columns_dataset_and_split(tmp_path):
+    """Columns of two datasets that share a split name (and a second split of one): every cell,
+    BM25's included, shows the aggregate of its own (dataset, system, split) metrics file, and its
+    significance test pairs that file's per-query scores with the baseline's of the same column."""
+    results = tmp_path / "results"
+    rng = np.random.default_rng(3)
+    columns = [("scifact", "test"), ("nfcorpus", "test"), ("scifact", "dev")]
+    scores = {}
+    for i, (dataset, split) in enumerate(columns):
+        for j, system in enumerate(["bm25", "bert-stage1", "costa-stage1"]):
+            scores[system, i] = rng.uniform(0.1, 0.3, len(QIDS)) + 0.2 * i + 0.05 * j
+            write_metrics(results, dataset, system, split, {"nDCG@10": scores[system, i]})
+    p = params(stages=REPORT["stages"][:1])
+    p["models"] = p["models"][:2]
+    p["report"]["tables"] = [{"name": "t", "columns": [
+        {"dataset": d, "split": s, "measure": "nDCG@10"} for d, s in columns]}]
+    summary = make_tables(p, results, tmp_path / "t.md")
+    rows = {r["system"]: r["cells"] for g in summary["tables"]["t"] for r in g["rows"]}
+    assert {(system, i): cell["value"] for system, cells in rows.items()
+            for i, cell in enumerate(cells)} == pytest.approx(
+        {key: float(np.mean(v)) for key, v in scores.items()}, abs=1e-12)
+    for i, cell in enumerate(rows["costa-stage1"]):
+        for base in ("bm25", "bert-stage1"):
+            t, p_value = paired_t_test(scores["costa-stage1", i], scores[base, i])
+            assert cell["tests"][base]["t"] == pytest.approx(t, rel=1e-9), (i, base)
+            assert cell["tests"][base]["p"] == pytest.approx(p_value, rel=1e-9), (i, base)
+
+
 def test_the_bm25_rows_published_number_is_the_one_for_its_datasets_own_k1_b(tmp_path):
     """MS MARCO searched with tuned BM25 (k1 0.82, b 0.68) while the shared values are Anserini's
     flat 0.9 / 0.4: the number beside the row is the tuned run's 0.1874, not the flat 0.184."""
