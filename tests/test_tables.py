@@ -803,19 +803,21 @@ def test_the_bm25_label_says_what_each_index_holds(synthetic, tmp_path):
 
 def test_each_cell_reads_its_own_columns_dataset_and_split(tmp_path):
     """Columns of two datasets that share a split name (and a second split of one): every cell,
-    BM25's included, shows the aggregate of its own (dataset, system, split) metrics file, and its
-    significance test pairs that file's per-query scores with the baseline's of the same column."""
+    BM25's and a baseline encoder's included, shows the aggregate of its own (dataset, system,
+    split) metrics file, its significance test pairs that file's per-query scores with the
+    baseline's of the same column, and its provenance row names that file and its run."""
     results = tmp_path / "results"
     rng = np.random.default_rng(3)
     columns = [("scifact", "test"), ("nfcorpus", "test"), ("scifact", "dev")]
     scores = {}
     for i, (dataset, split) in enumerate(columns):
-        for j, system in enumerate(["bm25", "bert-stage1", "costa-stage1"]):
+        for j, system in enumerate(["bm25", "bert-stage1", "costa-stage1", "minilm"]):
             scores[system, i] = rng.uniform(0.1, 0.3, len(QIDS)) + 0.2 * i + 0.05 * j
             write_metrics(results, dataset, system, split, {"nDCG@10": scores[system, i]})
     p = params(stages=REPORT["stages"][:1])
     p["models"] = p["models"][:2]
-    p["report"]["tables"] = [{"name": "t", "columns": [
+    p["baselines"] = {"minilm": {"label": "MiniLM"}}
+    p["report"]["tables"] = [{"name": "t", "baseline_rows": ["minilm"], "columns": [
         {"dataset": d, "split": s, "measure": "nDCG@10"} for d, s in columns]}]
     summary = make_tables(p, results, tmp_path / "t.md")
     rows = {r["system"]: r["cells"] for g in summary["tables"]["t"] for r in g["rows"]}
@@ -827,6 +829,12 @@ def test_each_cell_reads_its_own_columns_dataset_and_split(tmp_path):
             t, p_value = paired_t_test(scores["costa-stage1", i], scores[base, i])
             assert cell["tests"][base]["t"] == pytest.approx(t, rel=1e-9), (i, base)
             assert cell["tests"][base]["p"] == pytest.approx(p_value, rel=1e-9), (i, base)
+    provenance = (tmp_path / "t.md").read_text().split("## Provenance")[1]
+    for system in rows:
+        for dataset, split in columns:
+            where = f"{dataset}/{system}/{split}"
+            assert (f"| {system} | {dataset}/{split} | `results/runs/{where}.trec` | – | "
+                    f"`{results}/metrics/{where}.json` |") in provenance, where
 
 
 def test_the_bm25_rows_published_number_is_the_one_for_its_datasets_own_k1_b(tmp_path):
