@@ -420,6 +420,12 @@ def test_the_check_and_the_rules_read_one_list_of_a_table_s_systems(demo):
     ]
     assert references.report_systems(config, table) == [
         ("scifact", system, "test") for _ in table["columns"] for _, system, _ in systems]
+    # A column of another dataset and split: its cells are that dataset's and split's runs.
+    table["columns"].append({"dataset": "nfcorpus", "split": "dev", "measure": "nDCG@10"})
+    cells = references.report_systems(config, table)
+    assert cells[-len(systems):] == [("nfcorpus", system, "dev") for _, system, _ in systems]
+    assert {(d, s) for d, _, s in cells[:-len(systems)]} == {("scifact", "test")}
+    table["columns"].pop()
     table["rows"] = []  # no model rows: no model baselines either
     assert references.table_systems(config, table) == systems[:1] + systems[4:5]
 
