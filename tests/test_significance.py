@@ -102,6 +102,24 @@ def test_a_tie_that_differs_from_the_observed_mean_only_by_rounding_still_counts
     assert permutation_test(np.array([0.5, 0.0]), np.array([0.0, 0.5]), 999) == (0.0, 1.0)
 
 
+def test_a_row_significantly_worse_by_either_test_is_marked_worse(tmp_path):
+    """The permutation test's statistic is the signed mean difference (ours - baseline), as the
+    t-test's t is signed: a row below BM25 on every query gets † followed by ↓ from both."""
+    rng = np.random.default_rng(5)
+    base = rng.uniform(0.2, 0.6, len(QIDS))
+    results = tmp_path / "results"
+    write_metrics(results, "scifact", "bm25", "test",
+                  {"nDCG@10": base + 0.1 + rng.normal(0, 0.02, len(QIDS))})
+    write_metrics(results, "scifact", "costa-stage1", "test", {"nDCG@10": base})
+    for test, key in (("t-test", "t"), ("permutation", "mean_difference")):
+        cells, _ = _build(tmp_path, results, {"test": test, "permutations": 999},
+                          rows=[{"model": "costa"}])
+        assert cells["costa-stage1"]["tests"]["bm25"][key] < 0, test
+        assert cells["costa-stage1"]["marks"] == "†↓", test
+    mean, p = permutation_test(base, base + 0.1, 999)
+    assert mean == pytest.approx(-0.1) and p == 1 / 1000
+
+
 def test_permutation_and_t_test_agree_on_a_large_sample():
     rng = np.random.default_rng(2)
     a = rng.uniform(0, 1, 300)
