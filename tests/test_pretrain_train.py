@@ -607,16 +607,26 @@ def _hand_batch(views: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("variant", ["mlm", "costa", "costa-unmasked", "cpdae", "cpdae-mean",
-                                     "cpdae_r", "bow", "bow-paper"])
+@pytest.mark.parametrize("variant", ["mlm", "costa", "costa-unmasked", "costa-knobs", "cpdae",
+                                     "cpdae-mean", "cpdae-knobs", "cpdae_r", "cpdae_r-knobs", "bow",
+                                     "bow-knobs", "bow-paper"])
 def test_pretrainer_forward_combines_the_terms(wide_checkpoint, variant):
     """Each total = the objective's formula over terms computed here from the encoder's outputs,
     with the settings' choices (CPDAE's reconstruction reduction; BoW's paper recipe: h_CLS . E^T,
-    summed over the bag, a constant weight)."""
+    summed over the bag, a constant weight). The -knobs variants set the loss knobs away from the
+    shipped defaults (COSTA's temperature 1 and lambda of its ablations, explicit CPDAE
+    temperatures, another end of BoW's cosine weight): each must reach the loss, not only the
+    default that a hard-coded value would also give."""
     objective = variant.split("-")[0]
     settings = fx.model_settings(objective)
     if variant == "costa-unmasked":
         settings["costa"]["span_pass"] = "unmasked"
+    if variant == "costa-knobs":
+        settings["costa"].update(temperature=1.0, **{"lambda": 0.3})
+    if variant in ("cpdae-knobs", "cpdae_r-knobs"):
+        settings["cpdae"].update(temperature=0.5, **{"lambda": 0.4})
+    if variant == "bow-knobs":
+        settings["bow"].update(weight=2.0, weight_end=0.5)
     if variant == "cpdae-mean":
         settings["cpdae"]["reconstruction"] = "mean"
     if variant == "bow-paper":
@@ -633,7 +643,7 @@ def test_pretrainer_forward_combines_the_terms(wide_checkpoint, variant):
         cls = hidden[:, 0]
         if objective == "costa":
             opts = settings["costa"]
-            source = hidden if variant == "costa" else model.encoder(
+            source = hidden if opts["span_pass"] == "masked" else model.encoder(
                 input_ids=batch["original_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
             spans = torch.stack([torch.stack([source[b, s:e].mean(0) for s, e in zip(
                 batch["span_start"][b].tolist(), batch["span_end"][b].tolist())]) for b in range(2)])
@@ -643,18 +653,23 @@ def test_pretrainer_forward_combines_the_terms(wide_checkpoint, variant):
                         "contrast_pool": torch.tensor(2 - 1 + batch["span_mask"].sum().item())}
         elif objective.startswith("cpdae"):
             opts = settings["cpdae"]
-            assert opts["temperature"] is None  # the shipped default: per-variant temperature
+            # None, the shipped default: the per-variant temperature (1 for -JS, 0.1 for cosine)
+            assert (opts["temperature"] is None) == (variant in ("cpdae", "cpdae-mean", "cpdae_r"))
+            tau = opts["temperature"]
             logits = model.decoder(cls)
             target = torch.zeros(2, model.vocab_size)
             for b in range(2):
                 target[b, batch["bag_ids"][b][batch["bag_mask"][b]]] = 1
             rec = obj.reconstruction_loss(logits, torch.cat([target, target]), opts["reconstruction"])
-            cl = obj.cpdae_contrastive(logits, 1.0) if objective == "cpdae" else obj.dense_contrastive(cls, 0.1)
+            if objective == "cpdae":
+                cl = obj.cpdae_contrastive(logits, 1.0 if tau is None else tau)
+            else:
+                cl = obj.dense_contrastive(cls, 0.1 if tau is None else tau)
             expected = {"loss_mlm": mlm, "loss_rec": rec, "loss_cl": cl, "loss": rec + mlm + opts["lambda"] * cl,
                         "contrast_pool": torch.tensor(2 * 2 - 1)}  # 2 texts x 2 views, minus itself
         elif objective == "bow":
             opts = settings["bow"]
-            if variant == "bow":  # the code recipe: MLM head, mean over the bag, cosine weight
+            if variant != "bow-paper":  # the code recipe: MLM head, mean over the bag, cosine
                 bow = obj.bow_loss(model.mlm_head(cls), batch["bag_ids"], batch["bag_mask"], "mean")
                 weight = opts["weight_end"] + (opts["weight"] - opts["weight_end"]) * 0.5 * (
                     1 + math.cos(math.pi * 0.25))
