@@ -357,6 +357,41 @@ def test_every_encoder_loader_names_a_damaged_config_json(loader, damage, tiny_b
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 
 
+@pytest.mark.parametrize("key, value", [("max_position_embeddings", "512"),
+                                        ("hidden_size", "32"), ("vocab_size", [30522]),
+                                        ("max_position_embeddings", None)])
+@pytest.mark.parametrize("loader", [*VOCABULARY_LOADERS, "pre-training init", "analysis coverage",
+                                    "encode use_mismatches"])
+def test_every_encoder_loader_names_a_config_json_size_that_is_no_number(loader, key, value,
+                                                                        tiny_bert, tmp_path):
+    """A size in config.json as a string, a list or null was a bare TypeError where a loader
+    built a layer of it or compared a length with it (encode.use_mismatches, before the load),
+    naming neither the file nor the key."""
+    import shutil
+
+    import polars as pl
+
+    from retrieval_pretraining import encode
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    pl.DataFrame({"query_id": ["q"], "text": ["a b"]}).write_parquet(tmp_path / "queries.parquet")
+    folder = tmp_path / "enc"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "manifest.json").write_text(json.dumps({"stage": "stage_checkpoint"}))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {key: value}))
+    loaders = _loaders(folder, tmp_path) | {
+        "encode use_mismatches": lambda: encode.use_mismatches(folder, RetrievalSettings())}
+    with pytest.raises(InputFileError) as refused:
+        loaders[loader]()
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'config.json'}: {key} is {json.dumps(value)}, not a "
+                              "positive integer"), message
+    assert "\n" not in message, message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
 @pytest.mark.parametrize("name, damage", [
     ("modules.json", "cut short"), ("modules.json", '["0_Transformer"]'),
     ("1_Pooling/config.json", "a list"), ("sentence_bert_config.json", "not UTF-8")])

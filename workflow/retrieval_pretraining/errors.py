@@ -120,11 +120,13 @@ def expect_section(value: dict[str, Any], key: str, path: str | Path, what: str
     return section
 
 
-def expect_positive_int(value: Any, key: str, path: str | Path, what: str) -> int | None:
-    """`value`, read at `key` in `path` (as `what`), if it is null (None) or a positive integer: a
-    string or list there was a bare ValueError or TypeError where a reader took int() of it or
-    compared it, naming neither the file nor the key."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+def expect_positive_int(value: Any, key: str, path: str | Path, what: str,
+                        null: bool = True) -> int | None:
+    """`value`, read at `key` in `path` (as `what`), if it is a positive integer, or null (None)
+    where `null` allows it: a string or list there was a bare ValueError or TypeError where a
+    reader took int() of it or compared it, naming neither the file nor the key."""
+    if ((value is None and null)
+            or (isinstance(value, int) and not isinstance(value, bool) and value > 0)):
         return value
     raise InputFileError(
         f"{path}: {key} is {json.dumps(value)}, not a positive integer (read as {what}); rebuild "

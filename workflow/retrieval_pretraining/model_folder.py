@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, read_json_object, reading
+from .errors import BadInput, expect_positive_int, read_json_object, reading
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -71,12 +71,23 @@ def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
 
 
 CONFIG = "a model folder's config.json"
+# The sizes in config.json the loaders build layers of or compare lengths with: absent (a default
+# applies) or a positive integer (null was a TypeError in bert.py, refused by transformers).
+SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "intermediate_size", "max_position_embeddings")
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
     """A model folder's config.json; one cut short, not UTF-8, not JSON or not an object is
-    InputFileError naming it and the fix (every loader and stage reads it through this)."""
-    return read_json_object(Path(folder) / "config.json", CONFIG)
+    InputFileError naming it and the fix (every loader and stage reads it through this), as is a
+    size (SIZES) that is no positive integer: a string or list there was a bare TypeError where a
+    loader built a layer of it or compared a length with it, naming neither file nor key."""
+    path = Path(folder) / "config.json"
+    config = read_json_object(path, CONFIG)
+    for key in SIZES:
+        if key in config:
+            expect_positive_int(config[key], key, path, CONFIG, null=False)
+    return config
 
 
 def auto_tokenizer(folder: str | Path, **kwargs: Any):
