@@ -421,6 +421,48 @@ def test_staging_names_a_damaged_sentence_transformers_file(name, damage, tiny_b
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 
 
+@pytest.mark.parametrize("damaged, key, value", [
+    ("sentence_bert_config.json", "max_seq_length", "many"),
+    ("sentence_bert_config.json", "max_seq_length", [256]),
+    ("sentence_bert_config.json", "max_seq_length", 0),
+    ("config.json", "max_position_embeddings", "many")])
+@pytest.mark.parametrize("reader", ["mteb stated_use", "checkpoints (staging)"])
+def test_a_sentence_transformers_length_that_is_no_length_is_named(reader, damaged, key, value,
+                                                                  tiny_bert, tmp_path):
+    """A never-staged sentence-transformers folder (mteb_eval reads its files as staging does):
+    its max_seq_length and its config.json's position limit went through int() unchecked (a
+    ValueError or TypeError naming neither file nor key), and staging recorded a max_seq_length
+    as it found it, for the `none` export to trip over later."""
+    import shutil
+
+    from retrieval_pretraining import mteb_eval
+    from retrieval_pretraining.errors import InputFileError
+
+    folder = tmp_path / "source"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "manifest.json").unlink()  # not staged
+    (folder / "1_Pooling").mkdir()
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 64}')
+    assert mteb_eval.stated_use(folder)[0] == {"pooling": "mean", "similarity": "dot",
+                                               "q_len": 64, "p_len": 64}
+    recorded = json.loads((folder / damaged).read_text())
+    (folder / damaged).write_text(json.dumps(recorded | {key: value}))
+    read = {"mteb stated_use": lambda: mteb_eval.stated_use(folder),
+            "checkpoints (staging)": _loaders(folder, tmp_path)["checkpoints (staging)"]}[reader]
+    with pytest.raises(InputFileError) as refused:
+        read()
+    message = str(refused.value)
+    assert message.startswith(f"{folder / damaged}: {key} is {json.dumps(value)}, not a "
+                              "positive integer"), message
+    assert "\n" not in message, message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
 def json_cases(t: Path, out: Path) -> dict[str, tuple[str, list, Path, str, str]]:
     """(module, argv, the damaged file, its damage: a DAMAGED_JSON key or the text, what the line
     says of it). Inputs under `t`: a one-row corpus.parquet, a chunks.parquet that is not Parquet

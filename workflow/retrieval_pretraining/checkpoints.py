@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from . import artifacts
 from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
-from .errors import InputFileError, command
+from .errors import InputFileError, command, expect_positive_int
 from .model_folder import auto_tokenizer, check_folder_vocabulary, load_model
 from .wordpiece import position_limit
 
@@ -225,8 +225,9 @@ def sentence_transformers_files(folder: Path) -> dict[str, Any] | None:
     """What a sentence-transformers source's files say about how it embeds: its module types,
     its Pooling module's config and its max_seq_length (None: not a sentence-transformers model).
 
-    Recorded as the files state it; st_export.pretrained_use interprets it. Importing st_export
-    here would make every edit of the model card rerun stage_tokenizer, and the corpus after it.
+    Recorded as the files state it (a max_seq_length that is no positive integer is refused);
+    st_export.pretrained_use interprets it. Importing st_export here would make every edit of
+    the model card rerun stage_tokenizer, and the corpus after it.
     """
     listing = Path(folder) / "modules.json"
     if not listing.is_file():
@@ -239,9 +240,10 @@ def sentence_transformers_files(folder: Path) -> dict[str, Any] | None:
                if str(m.get("type", "")).endswith(".Pooling")]
     if not pooling or not pooling[0].is_file():
         return None
-    settings = Path(folder) / "sentence_bert_config.json"
-    length = (artifacts.read_json_object(settings, "a sentence_bert_config.json").get(
-        "max_seq_length") if settings.is_file() else None)
+    settings, what = Path(folder) / "sentence_bert_config.json", "a sentence_bert_config.json"
+    # Checked here, where the file is read: recorded as it was, it failed later (int() of it).
+    length = (expect_positive_int(artifacts.read_json_object(settings, what).get(
+        "max_seq_length"), "max_seq_length", settings, what) if settings.is_file() else None)
     return {"modules": [m.get("type") for m in modules], "max_seq_length": length,
             "pooling": artifacts.read_json_object(pooling[0], "a Pooling module's config.json")}
 

@@ -212,9 +212,10 @@ def stated_use(encoder: Path) -> tuple[dict[str, Any], str]:
     stated = {"pooling": recorded["pooling"], "similarity": recorded["similarity"]}
     if recorded["max_seq_length"]:
         # The model's own length for queries and passages alike, within its position limit.
-        config = read_config(encoder)
-        limit = min(512, int(config.get("max_position_embeddings", 512)))
-        stated["q_len"] = stated["p_len"] = min(int(recorded["max_seq_length"]), limit)
+        # Both positive integers: recorded_use and sentence_transformers_files check the length,
+        # read_config the limit.
+        limit = min(512, read_config(encoder).get("max_position_embeddings", 512))
+        stated["q_len"] = stated["p_len"] = min(recorded["max_seq_length"], limit)
     return stated, origin
 
 
