@@ -704,6 +704,47 @@ def test_a_staged_max_seq_length_that_is_no_length_is_named(reader, length, tiny
     assert "\n" not in message, message
 
 
+@pytest.mark.parametrize("modules", [3, "sentence_transformers.models.Normalize",
+                                     {"sentence_transformers.models.Normalize": 1}])
+@pytest.mark.parametrize("reader", ["export", "encode"])
+def test_a_staged_module_list_that_is_no_list_is_named(reader, modules, tiny_bert, tmp_path):
+    """The `none` export and encode take the similarity from whether the recorded module types
+    hold Normalize: a number there was a bare TypeError, and a string (a substring match) or an
+    object (its keys) a silent answer, cosine or dot, read from no module list at all."""
+    import shutil
+
+    from retrieval_pretraining import encode, st_export
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    manifest = model / "manifest.json"
+    read = {"export": lambda: st_export.pretrained_use(model, "none").similarity,
+            "encode": lambda: encode.use_mismatches(
+                model, RetrievalSettings(pooling="mean", similarity="dot"))}[reader]
+
+    def staged(recorded) -> str:
+        record = {"modules": recorded, "pooling": {"pooling_mode_mean_tokens": True},
+                  "max_seq_length": 128}
+        return json.dumps({"stage": "stage_checkpoint",
+                           "stats": {"sentence_transformers": record}})
+
+    for fine, similarity in (([encode.NORMALIZE], "cosine"), ([], "dot"), (None, "dot")):
+        manifest.write_text(staged(fine))
+        said = read()
+        assert said == similarity if reader == "export" else \
+            (said != []) == (similarity == "cosine"), (fine, said)
+    manifest.write_text(staged(modules))
+    with pytest.raises(InputFileError) as refused:
+        read()
+    message = str(refused.value)
+    kind = {int: "a number", str: "a string", dict: "an object"}[type(modules)]
+    assert message.startswith(f"{manifest}: stats.sentence_transformers.modules is not a JSON "
+                              f"array but {kind} (read as "), message
+    assert "\n" not in message, message
+
+
 @pytest.mark.parametrize("value", ["many", [512], 0])
 @pytest.mark.parametrize("read", ["config.json", "tokenizer manifest", "chunk max_len"])
 def test_a_recorded_length_that_is_no_length_is_named(read, value, tiny_bert, tmp_path):

@@ -31,7 +31,8 @@ from .config import ConfigError, stage_parser
 from .contracts.embeddings import IDS_SCHEMA
 from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
-from .errors import BadInput, command, expect_positive_int, expect_section, reading
+from .errors import (BadInput, command, expect_list, expect_positive_int, expect_section,
+                     reading)
 from .model_folder import (ModelFolderError, auto_tokenizer, check_folder_vocabulary, load_model,
                            read_config)
 from .parallel import bounded_map
@@ -391,7 +392,9 @@ def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
         return messages
     flags = expect_section(staged, "stats.sentence_transformers.pooling", manifest, what)
     pooling = next((name for name, flag in POOLING_FLAGS.items() if flags.get(flag)), None)
-    similarity = "cosine" if NORMALIZE in (record.get("modules") or []) else "dot"
+    modules = expect_list(record.get("modules"), "stats.sentence_transformers.modules", manifest,
+                          what)
+    similarity = "cosine" if NORMALIZE in modules else "dot"
     if pooling is not None and knobs.pooling != pooling:
         messages.append(f"pooling {knobs.pooling}, but the source pools with {pooling}")
     if knobs.similarity != similarity:

@@ -11,8 +11,9 @@ PermissionError) is bad input too: its message names the path. A file that exist
 parsed is named by the stage that reads it (`reading`); a JSON file that parses to another kind
 of value than the object its reader indexes (a manifest, a config.json) is named by
 `expect_object`, a manifest whose `stats` or `params` is not an object by `expect_manifest`, and
-one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`; a
-recorded length or limit that is no positive integer by `expect_positive_int`.
+one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`, a
+member it reads as a list (`stats.sentence_transformers.modules`) by `expect_list`; a recorded
+length or limit that is no positive integer by `expect_positive_int`.
 """
 
 from __future__ import annotations
@@ -120,6 +121,20 @@ def expect_section(value: dict[str, Any], key: str, path: str | Path, what: str
     return section
 
 
+def expect_list(value: Any, key: str, path: str | Path, what: str) -> list[Any]:
+    """`value`, read at `key` in `path` (as `what`), if it is a JSON array ([] where it is null):
+    a reader's `x in value` on a number was a bare TypeError, and on a string (a substring) or an
+    object (its keys) an answer read from no list at all."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    raise InputFileError(
+        f"{path}: {key} is not a JSON array but {_json_kind(value)} (read as {what}); rebuild it "
+        "with the stage that writes it, or fix the path"
+    )
+
+
 def expect_positive_int(value: Any, key: str, path: str | Path, what: str,
                         null: bool = True) -> int | None:
     """`value`, read at `key` in `path` (as `what`), if it is a positive integer, or null (None)
@@ -141,6 +156,8 @@ def _json_kind(value: Any) -> str:
         return "a boolean"
     if isinstance(value, (int, float)):
         return "a number"
+    if isinstance(value, dict):
+        return "an object"
     return "a string" if isinstance(value, str) else "an array"
 
 

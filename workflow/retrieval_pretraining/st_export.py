@@ -51,7 +51,7 @@ from . import artifacts
 from .contracts.models import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, NORMALIZE, POOLING_DIR,
                                POOLING_FLAGS, PROJECTOR_FILE, SIMILARITY_FN, dense_config,
                                module_dir, module_entries)
-from .errors import InputFileError, expect_positive_int, expect_section
+from .errors import InputFileError, expect_list, expect_positive_int, expect_section
 from .retrieval_settings import RetrievalSettings
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def recorded_use(checkpoint: Path) -> dict[str, Any] | None:
     """The base's sentence-transformers settings as its staging manifest records them (None: not
     a sentence-transformers model, or a folder staging did not write). A max_seq_length there
     that is no positive integer is InputFileError naming the manifest: its readers' int() of it
-    was a bare ValueError or TypeError."""
+    was a bare ValueError or TypeError; so is a module list that is no list."""
     manifest = checkpoint / "manifest.json"
     if not manifest.is_file():
         return None
@@ -176,6 +176,7 @@ def recorded_use(checkpoint: Path) -> dict[str, Any] | None:
         return None
     expect_positive_int(record.get("max_seq_length"), "stats.sentence_transformers.max_seq_length",
                         manifest, STAGED)
+    expect_list(record.get("modules"), "stats.sentence_transformers.modules", manifest, STAGED)
     return sentence_transformers_use(record)
 
 
