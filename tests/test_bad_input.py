@@ -639,6 +639,36 @@ def test_a_manifest_whose_nested_section_is_not_an_object_is_named(reader, key, 
     assert "\n" not in message and "rebuild it" in message, message
 
 
+@pytest.mark.parametrize("fingerprint", [5, ["0123456789abcdef"], {"sha256": "0123"}])
+def test_a_chunk_vocabulary_fingerprint_that_is_no_string_is_named(fingerprint, tmp_path):
+    """Pre-training compares the chunks' recorded vocabulary fingerprint with the model's: one
+    that is no string was a TypeError from the refusal's own message (a number's [:12]), or a
+    refusal quoting a list as a vocabulary."""
+    import types
+
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.pretrain import data as pretrain_data
+    from retrieval_pretraining.wordpiece import vocab_sha256
+
+    chunks, manifest = tmp_path / "chunks.parquet", tmp_path / "chunks.manifest.json"
+    vocab = types.SimpleNamespace(get_vocab=lambda: {"a": 0})
+    ours = vocab_sha256(["a"])
+
+    def recorded(value) -> None:
+        manifest.write_text(json.dumps({"stats": {"tokenizer": {"vocab_sha256": value}}}))
+
+    for fine in (ours, None):
+        recorded(fine)
+        pretrain_data.check_tokenizer([chunks], vocab, tmp_path)
+    recorded(fingerprint)
+    with pytest.raises(InputFileError) as refused:
+        pretrain_data.check_tokenizer([chunks], vocab, tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{manifest}: stats.tokenizer.vocab_sha256 is "
+                              f"{json.dumps(fingerprint)}, not a vocabulary fingerprint"), message
+    assert "\n" not in message and "rebuild it" in message, message
+
+
 @pytest.mark.parametrize("read, config, said", [
     ("write", {"model_type": "bert"}, "has no hidden_size, which a model folder's config.json "
                                       "states"),

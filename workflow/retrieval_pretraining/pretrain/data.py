@@ -17,6 +17,7 @@ dynamically padded micro-batches.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from .. import artifacts
-from ..errors import expect_positive_int, expect_section
+from ..errors import InputFileError, expect_positive_int, expect_section
 from ..wordpiece import position_limit, tokens_by_id, vocab_sha256
 from . import views as cuts
 from .masking import Vocab, bag_of_ids, mask_tokens, with_positions  # noqa: F401 (also data.Vocab etc.)
@@ -53,10 +54,16 @@ def check_tokenizer(chunk_paths: Sequence[str | Path], tokenizer: Any, checkpoin
         recorded = expect_section(artifacts.read_manifest(manifest, CHUNK_MANIFEST),
                                   "stats.tokenizer", manifest, CHUNK_MANIFEST)
         _check_commit(path, recorded, checkpoint)
-        if recorded.get("vocab_sha256") not in (None, ours):
+        theirs = recorded.get("vocab_sha256")
+        if theirs is not None and not isinstance(theirs, str):  # its [:12] below: a TypeError
+            raise InputFileError(
+                f"{manifest}: stats.tokenizer.vocab_sha256 is {json.dumps(theirs)}, not a "
+                f"vocabulary fingerprint (a hex string, read as {CHUNK_MANIFEST}); rebuild it "
+                "with the stage that writes it, or fix the path")
+        if theirs not in (None, ours):
             raise DataError(
                 f"{path} was tokenised with {recorded.get('name')} (vocabulary "
-                f"{recorded['vocab_sha256'][:12]}...), but the model {checkpoint} has vocabulary "
+                f"{theirs[:12]}...), but the model {checkpoint} has vocabulary "
                 f"{ours[:12]}...: set corpus.checkpoint and pretrain.checkpoint to checkpoints "
                 "with the same tokenizer"
             )
