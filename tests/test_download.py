@@ -699,6 +699,34 @@ def test_a_damaged_saved_dumpstatus_is_one_error_naming_it(tmp_path, body):
     with pytest.raises(InputFileError, match="dumpstatus.json"):
         dumpstatus.dump_parts_from_file(path, "https://dumps.wikimedia.org")
 
+@pytest.mark.parametrize("member, value, said", [
+    ("job", [1], "jobs.articlesmultistreamdump is not a JSON object but an array"),
+    ("files", "none", "jobs.articlesmultistreamdump.files is not a JSON object but a string"),
+    ("a file", 5, "jobs.articlesmultistreamdump.files"
+                  "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'] is 5, not "
+                  "a JSON object")])
+def test_a_saved_dumpstatus_whose_job_or_files_are_no_objects_is_named(capture, tmp_path,
+                                                                       member, value, said):
+    """A job, its files or one file's entry that is no object was an AttributeError from .get
+    (or .items) naming neither the file nor the member."""
+    from retrieval_pretraining.errors import InputFileError
+
+    status = copy.deepcopy(capture)
+    job = status["jobs"]["articlesmultistreamdump"]
+    if member == "job":
+        status["jobs"]["articlesmultistreamdump"] = value
+    elif member == "files":
+        job["files"] = value
+    else:
+        job["files"]["enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2"] = value
+    path = tmp_path / "dumpstatus.json"
+    path.write_text(json.dumps(status))
+    with pytest.raises(InputFileError) as refused:
+        dumpstatus.dump_parts_from_file(path, "https://dumps.wikimedia.org")
+    message = str(refused.value)
+    assert message.startswith(f"{path}: {said}") and "\n" not in message, message
+
+
 def _publish_run(mirror: Mirror, date: str, status: str = "done") -> list[bytes]:
     """Serve a two-part multistream run of `testwiki` made of the real samples; return the bodies."""
     bodies = [

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from . import artifacts
-from .errors import BadInput
+from .errors import BadInput, InputFileError, expect_object, expect_section
 from .fetch import DownloadError, NotFound, read_url
 
 log = logging.getLogger(__name__)
@@ -74,14 +74,19 @@ def _part_name(match: re.Match) -> str:
 
 
 def parse_dump_parts(
-    status: dict[str, Any], mirror: str, job: str = MULTISTREAM_JOB
+    status: dict[str, Any], mirror: str, job: str = MULTISTREAM_JOB,
+    source: str | os.PathLike = "dumpstatus.json",
 ) -> list[DumpPart]:
-    """The parts of `job` in a parsed dumpstatus.json, each paired with its index, in part order."""
+    """The parts of `job` in a parsed dumpstatus.json, each paired with its index, in part order.
+    `source` (the saved file, or its URL) is named where the job, its files or a file's entry
+    is no object (an AttributeError from .get naming neither it nor the member)."""
+    what = "a dumpstatus.json"
+    status = expect_object(status, source, what)
     jobs = status.get("jobs")
     if not isinstance(jobs, dict) or job not in jobs:
         known = ", ".join(sorted(jobs)) if isinstance(jobs, dict) else "none"
         raise DumpStatusError(f"dumpstatus.json has no job '{job}' (jobs: {known})")
-    entry = jobs[job]
+    entry = expect_section(status, f"jobs.{job}", source, what)
     if entry.get("status") != "done":
         raise DumpStatusError(
             f"job '{job}' is '{entry.get('status')}' (last updated "
@@ -91,7 +96,13 @@ def parse_dump_parts(
         )
     data: dict[tuple, tuple[re.Match, dict]] = {}
     index: dict[tuple, tuple[re.Match, dict]] = {}
-    for file_name, meta in sorted((entry.get("files") or {}).items()):
+    for file_name, meta in sorted(expect_section(status, f"jobs.{job}.files", source,
+                                                 what).items()):
+        if not isinstance(meta, dict):
+            raise InputFileError(
+                f"{source}: jobs.{job}.files['{file_name}'] is {json.dumps(meta)[:40]}, not a "
+                f"JSON object (read as {what}); fetch it again with `download dumpstatus`, or "
+                "fix the path")
         for pattern, found in ((_PART_FILE, data), (_INDEX_FILE, index)):
             match = pattern.match(file_name)
             if match:
@@ -196,7 +207,8 @@ def fetch_dumpstatus(
     The document's missing sha1s are filled from the run's sha1sums.txt (module doc)."""
     date, status = _resolve(mirror, wiki, dump_date, retries, sleep)
     _add_published_sha1sums(status, mirror, wiki, date, retries, sleep)
-    return date, status, parse_dump_parts(status, mirror)
+    return date, status, parse_dump_parts(status, mirror,
+                                          source=status_url(mirror, wiki, date))
 
 
 def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, Any]]:
@@ -205,7 +217,8 @@ def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, An
         status = json.loads(
             read_url(status_url(mirror, wiki, dump_date), retries=retries, sleep=sleep)
         )
-        parse_dump_parts(status, mirror)  # raises unless the job is done
+        # raises unless the job is done
+        parse_dump_parts(status, mirror, source=status_url(mirror, wiki, dump_date))
         return dump_date, status
     listing = read_url(f"{mirror.rstrip('/')}/{wiki}/", retries=retries, sleep=sleep).decode(
         "utf-8", "replace"
@@ -233,7 +246,7 @@ def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, An
             ) from error
         try:
             status = json.loads(document)
-            parts = parse_dump_parts(status, mirror)
+            parts = parse_dump_parts(status, mirror, source=status_url(mirror, wiki, date))
         except (DumpStatusError, ValueError) as error:
             reasons.append(f"{date}: {error}")
             log.warning("dump_date latest: passing over %s (%s)", date, error)
@@ -248,5 +261,7 @@ def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, An
 
 def dump_parts_from_file(path: str | os.PathLike, mirror: str) -> list[DumpPart]:
     """The parts listed in a saved dumpstatus.json (what the Snakemake checkpoint wrote); one cut
-    short, not JSON or not an object is one error naming it (read when the workflow plans)."""
-    return parse_dump_parts(artifacts.read_json_object(path, "a saved dumpstatus.json"), mirror)
+    short, not JSON or not an object, or whose job, files or a file's entry is no object, is one
+    error naming it (read when the workflow plans)."""
+    return parse_dump_parts(artifacts.read_json_object(path, "a saved dumpstatus.json"), mirror,
+                            source=path)
