@@ -236,6 +236,25 @@ def test_qrels_judging_a_pair_twice_fail_naming_the_line_or_row(files, tmp_path)
     assert len(evaluate.read_qrels(qrels)) == 2
 
 
+@pytest.mark.parametrize("relevance, said", [
+    ([1, None], "row 2: document d3 of query q1 has no relevance (null)"),
+    (["1", "high"], "row 2: relevance 'high' of query q1, document d3 is not an integer")])
+def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files, tmp_path,
+                                                                        relevance, said):
+    """int() of a null relevance was a bare TypeError in scoring (of a word, a ValueError),
+    naming neither the file nor the row: one line naming both, and the query and document."""
+    import polars as pl
+
+    run, _ = files
+    parquet = tmp_path / "qrels.parquet"
+    pl.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["d1", "d3"],
+                  "relevance": relevance}).write_parquet(parquet)
+    with pytest.raises(evaluate.EvaluationError) as refused:
+        evaluate.evaluate(run, parquet, None, {"measures": ["RR@10"]})
+    message = str(refused.value)
+    assert message.startswith(f"{parquet}, {said}") and "\n" not in message, message
+
+
 def test_the_run_depth_is_the_deepest_querys_wherever_it_stands(files, tmp_path):
     """rules/evaluate.smk and the shallow-run warning read `run_depth`: the most hits of any
     query, not of the last one read (q4's 11 hits come first here)."""

@@ -175,7 +175,7 @@ def read_qrels(path: str | Path) -> list[Qrel]:
                 f"{path}: missing columns {sorted(missing)}; expected the canonical qrels"
             )
         numbered = [
-            (row, Qrel(str(q), str(d), int(r)))
+            (row, Qrel(str(q), str(d), _grade(path, row, q, d, r)))
             for row, (q, d, r) in enumerate(
                 frame.select("query_id", "doc_id", "relevance").iter_rows(), 1)
         ]
@@ -200,6 +200,19 @@ def read_qrels(path: str | Path) -> list[Qrel]:
     if not numbered:
         raise EvaluationError(f"qrels file {path} is empty")
     return _judged_once(path, numbered, unit)
+
+
+def _grade(path: Path, row: int, query_id: Any, doc_id: Any, relevance: Any) -> int:
+    """A Parquet qrels row's relevance as an integer: int() of a null was a bare TypeError (of
+    a word, a ValueError) in scoring, naming neither the file nor the row."""
+    if relevance is None:
+        raise EvaluationError(f"{path}, row {row}: document {doc_id} of query {query_id} has no "
+                              "relevance (null); give every judged pair an integer grade")
+    try:
+        return int(relevance)
+    except (TypeError, ValueError):
+        raise EvaluationError(f"{path}, row {row}: relevance {relevance!r} of query {query_id}, "
+                              f"document {doc_id} is not an integer") from None
 
 
 def _judged_once(path: Path, numbered: list[tuple[int, Qrel]], unit: str) -> list[Qrel]:
