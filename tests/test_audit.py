@@ -372,6 +372,44 @@ def test_a_manifest_whose_stats_or_params_is_not_an_object_fails_its_check(resul
     assert "(unreadable manifest)" in page.read_text()
 
 
+@pytest.mark.parametrize("artifact, member, value, said", [
+    ("download", "stats.verified", [1], "its stats.verified is a JSON list, not an object"),
+    ("download", "stats.verified", "sha1", "its stats.verified is a JSON str, not an object"),
+    ("chunks", "stats.shard", [1], "its stats.shard is a JSON list, not an object"),
+    ("chunks", "inputs", [1], "its inputs is a JSON list, not an object"),
+    ("chunks", "inputs.articles", 5, "its inputs.articles is a JSON int, not an object"),
+    ("chunks", "params.max_len", "128", "its params.max_len is \"128\", not a positive integer")])
+def test_a_manifest_whose_nested_member_is_damaged_fails_its_check(results, capsys, artifact,
+                                                                   member, value, said):
+    """Members the kinds' audits read one level deeper (`.get` on a download's stats.verified, a
+    chunk shard's stats.shard and its inputs' entries; a chunk length compared with params.max_len):
+    damaged, that was "could not be audited (AttributeError / TypeError ...)", exit 3, naming
+    neither the member nor the fix, or (stats.shard) the shard's checks silently skipped."""
+    from retrieval_pretraining.contracts import downloads
+
+    name = f"damaged-{member}-{type(value).__name__}"
+    if artifact == "download":
+        source = results / "downloads/datasets/toy/queries.tsv"
+        path = results / f"downloads/datasets/{name}/queries.tsv"
+        manifest_of = downloads.download_manifest_path
+    else:
+        source = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+        path = results / f"corpus/{name}/chunks/shard-0000.parquet"
+        manifest_of = artifacts.manifest_path
+    path.parent.mkdir(parents=True)
+    shutil.copy(source, path)
+    manifest = json.loads(manifest_of(source).read_text())
+    *outer, last = member.split(".")
+    member_of = manifest
+    for key in outer:
+        member_of = member_of.setdefault(key, {})
+    member_of[last] = value
+    manifest_of(path).write_text(json.dumps(manifest))
+    status, out, err = run_audit(path, capsys)
+    assert status == 1 and err == "", out + err
+    assert f"FAIL  manifest readable: {manifest_of(path)}: {said}; rerun the rule" in out, out
+
+
 def test_figures_say_what_made_them_and_their_size(results, capsys):
     status, out, _ = run_audit(results / "analysis/loss-curves.png", capsys)
     assert status == 0, out

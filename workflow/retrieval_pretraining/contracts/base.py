@@ -126,14 +126,16 @@ def json_kind(name: str, rank: int, test: Callable[[Probe], bool], audit) -> Kin
 def parquet_kind(
     name: str, rank: int, schema: pa.Schema, recognise: Callable[[set[str]], bool], render,
     shown_as: str | None = None, columns: list[str] | None = None,
-    counted_by: tuple[str, ...] = ("rows",),
+    counted_by: tuple[str, ...] = ("rows",), manifest_objects: tuple[str, ...] = (),
+    manifest_counts: tuple[str, ...] = (),
 ) -> Kind:
     """A Parquet artifact, recognised by its column names: the manifest, the rule, the schema
     (checked against `schema`), the row count against the manifest's (its stats at the keys
     `counted_by`: each writer names its count), then `render(audit, table, manifest, rows)` for
     the rows and the kind's own checks. `table` holds the `columns` its checks read in full (all
     when None): a corpus's texts are most of its size, and checking its doc_ids needs none of them
-    (the rows shown are read by `head`)."""
+    (the rows shown are read by `head`). `manifest_objects` and `manifest_counts`: the members of
+    the manifest `render` reads deeper (load_manifest)."""
 
     def audit(a: Audit, n: int) -> None:
         try:
@@ -141,7 +143,7 @@ def parquet_kind(
         except Exception as error:  # pyarrow raises several types for a damaged file
             raise NotAnArtifact(f"{a.path} is not a readable Parquet file: {error}") from error
         a.kind = shown_as or name
-        manifest = read_manifest(a.path)
+        manifest = read_manifest(a.path, manifest_objects, manifest_counts)
         show_manifest(a, manifest)
         show_snakemake_record(a, a.path)
         schema_summary(a, pf)
@@ -242,30 +244,56 @@ def describe_origin(a: Audit, label: str, required: bool = True, rule: str | Non
 UNREADABLE = "unreadable"
 
 
-def load_manifest(path: Path) -> dict[str, Any]:
-    """The manifest at `path`. One cut short or damaged (not JSON, not an object, or its stats or
-    params not an object: the kinds' audits read into both) comes back as {UNREADABLE: why}: read
-    elsewhere it is a manifest with nothing in it, and show_manifest fails its check, so the audit
-    goes on, names the file and exits 1 instead of a traceback."""
+def load_manifest(path: Path, objects: tuple[str, ...] = (), counts: tuple[str, ...] = ()
+                  ) -> dict[str, Any]:
+    """The manifest at `path`. One cut short or damaged (not JSON, not an object, its stats or
+    params not an object: the kinds' audits read into both; its inputs or an input's entry not an
+    object: show_manifest reads them) comes back as {UNREADABLE: why}: read elsewhere it is a
+    manifest with nothing in it, and show_manifest fails its check, so the audit goes on, names
+    the file and exits 1 instead of a traceback. So does one whose member a kind reads deeper is
+    damaged: `objects` (dotted keys, "stats.verified") that are no object, `counts`
+    ("params.max_len") that are no positive integer, where present."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return {UNREADABLE: f"{path}: {error}"}
     if not isinstance(data, dict):
         return {UNREADABLE: f"{path}: a JSON {type(data).__name__}, not an object"}
-    for key in MANIFEST_SECTIONS:
-        section = data.get(key)
-        if section is not None and not isinstance(section, dict):
-            return {UNREADABLE: f"{path}: its {key} is a JSON {type(section).__name__}, not an "
+    inputs = data.get("inputs")
+    entries = [f"inputs.{name}" for name in inputs] if isinstance(inputs, dict) else []
+    for key in (*MANIFEST_SECTIONS, "inputs", *entries, *objects):
+        member = _member(data, key)
+        if member is not None and not isinstance(member, dict):
+            return {UNREADABLE: f"{path}: its {key} is a JSON {type(member).__name__}, not an "
                                 "object"}
+    for key in counts:
+        member = _member(data, key)
+        if member is not None and (isinstance(member, bool) or not isinstance(member, int)
+                                   or member < 1):
+            return {UNREADABLE: f"{path}: its {key} is {json.dumps(member)}, not a positive "
+                                "integer"}
     return data
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest beside `path` (load_manifest's), or None when there is none."""
+def _member(data: dict[str, Any], key: str) -> Any:
+    """`data` at the dotted `key` ("stats.verified"; an input's name may hold dots); None where it,
+    or an object on the way, is absent (one on the way that is no object is checked first)."""
+    head, _, rest = key.partition(".")
+    value = data.get(head)
+    if not rest:
+        return value
+    if head == "inputs":
+        return value.get(rest) if isinstance(value, dict) else None
+    return _member(value, rest) if isinstance(value, dict) else None
+
+
+def read_manifest(path: Path, objects: tuple[str, ...] = (), counts: tuple[str, ...] = ()
+                  ) -> dict[str, Any] | None:
+    """The manifest beside `path` (load_manifest's, with its members checked), or None when there
+    is none."""
     for candidate in (artifacts.manifest_path(path), download_manifest_path(path)):
         if candidate.is_file() and candidate.resolve() != path.resolve():
-            return load_manifest(candidate)
+            return load_manifest(candidate, objects, counts)
     return None
 
 

@@ -199,6 +199,7 @@ def render_chunks(a: Audit, t: pa.Table, manifest, n: int) -> None:
 KINDS = [
     parquet_kind(
         "chunks", RANK_PARQUET + 1, SCHEMA, lambda c: {"input_ids", "word_starts"} <= c,
-        render_chunks, counted_by=("shard", "chunks"),
+        render_chunks, counted_by=("shard", "chunks"), manifest_objects=("stats.shard",),
+        manifest_counts=("params.max_len",),
     ),
 ]

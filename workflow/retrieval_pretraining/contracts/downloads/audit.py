@@ -31,7 +31,7 @@ def check_download(a: Audit) -> dict[str, Any] | None:
     path = download_manifest_path(a.path)
     if not path.is_file():
         return None
-    manifest = load_manifest(path)
+    manifest = load_manifest(path, objects=("stats.verified",))
     show_manifest(a, manifest)
     stats = manifest.get("stats") or {}
     size = a.path.stat().st_size
