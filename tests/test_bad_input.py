@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from retrieval_pretraining import checkpoints, config, config_checks, corpora
+from retrieval_pretraining import checkpoints, config_checks, corpora
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = config_checks.load()  # the demo config: each stage's slice is cut from it as the rules cut it
