@@ -271,6 +271,32 @@ def test_load_model_uses_transformers_for_what_this_module_does_not_reproduce(ti
     assert type(model).__name__ == "BertModel" and not isinstance(model, bert.BertModel)
 
 
+def test_another_architectures_null_size_is_its_config_class_s_to_read(tmp_path):
+    """GPT-Neo's config.json keeps `intermediate_size: null` (transformers builds 4 x hidden_size
+    of it): load_model's AutoModel path loads it as before model_folder.read_config checked the
+    sizes. A null is refused for BERT alone (bert.py and transformers' BertModel build a layer of
+    each size) and for the position limit the stages read as a length."""
+    from transformers import GPTNeoConfig, GPTNeoModel
+
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.model_folder import read_config
+
+    torch.manual_seed(0)
+    GPTNeoModel(GPTNeoConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
+                             attention_types=[[["global"], 2]], max_position_embeddings=40,
+                             bos_token_id=0, eos_token_id=0)
+                ).save_pretrained(tmp_path, safe_serialization=True)
+    assert json.loads((tmp_path / "config.json").read_text())["intermediate_size"] is None
+    model = load_model(tmp_path)
+    assert type(model).__name__ == "GPTNeoModel" and model.config.hidden_size == 32
+    config = json.loads((tmp_path / "config.json").read_text())
+    for changes in ({"max_position_embeddings": None}, {"model_type": "bert"},
+                    {"intermediate_size": "4x"}):
+        (tmp_path / "config.json").write_text(json.dumps(config | changes))
+        with pytest.raises(InputFileError, match="not a positive integer"):
+            read_config(tmp_path)
+
+
 def _half_folder(source, folder, half, key):
     """`source` re-saved as a half-precision checkpoint: its tensors and its config's `key`."""
     shutil.copytree(source, folder)

@@ -72,7 +72,9 @@ def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
 
 CONFIG = "a model folder's config.json"
 # The sizes in config.json the loaders build layers of or compare lengths with: absent (a default
-# applies) or a positive integer (null was a TypeError in bert.py, refused by transformers).
+# applies) or a positive integer. Null is refused for BERT (a TypeError in bert.py and in
+# transformers' BertModel) and for the position limit the stages read as a length; another
+# architecture's null is its config class's to read (GPT-Neo's intermediate_size: 4 x hidden_size).
 SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
          "intermediate_size", "max_position_embeddings")
 
@@ -86,7 +88,8 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     config = read_json_object(path, CONFIG)
     for key in SIZES:
         if key in config:
-            expect_positive_int(config[key], key, path, CONFIG, null=False)
+            null = config.get("model_type") != "bert" and key != "max_position_embeddings"
+            expect_positive_int(config[key], key, path, CONFIG, null=null)
     return config
 
 
