@@ -856,6 +856,24 @@ def test_latest_does_not_pass_over_a_run_the_mirror_failed_to_answer_for(mirror)
     assert date == "20260101"
 
 
+def test_a_served_dumpstatus_that_is_no_object_is_named_and_latest_passes_it_over(mirror):
+    """A run's dumpstatus.json that parses to a list was an AttributeError from .get, naming
+    neither the URL nor the fix; `latest` crashed on it rather than passing over the run, as it
+    passes over another unusable status."""
+    from retrieval_pretraining.errors import InputFileError
+
+    _publish_run(mirror, "20260101")
+    mirror.files["/testwiki/20260120/dumpstatus.json"] = b"[1]"
+    with pytest.raises(InputFileError) as refused:
+        dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "20260120", sleep=lambda s: None)
+    message = str(refused.value)
+    assert message.startswith(f"{mirror.url}/testwiki/20260120/dumpstatus.json: ") and \
+        "not a JSON object but an array" in message and "\n" not in message, message
+    date, _, _ = dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "latest",
+                                             sleep=lambda s: None)
+    assert date == "20260101"
+
+
 def test_file_mirror_works_like_a_web_mirror(tmp_path):
     # A pre-downloaded dump folder laid out like dumps.wikimedia.org, used as a file:// mirror.
     run = tmp_path / "testwiki" / "20260101"
