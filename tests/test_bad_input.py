@@ -676,7 +676,9 @@ def test_a_chunk_vocabulary_fingerprint_that_is_no_string_is_named(fingerprint, 
     ("pretrained_use", {"max_position_embeddings": "many"},
      'max_position_embeddings is "many", not a positive integer'),
     ("pretrained_use", {"max_position_embeddings": [512]},
-     "max_position_embeddings is [512], not a positive integer")])
+     "max_position_embeddings is [512], not a positive integer"),
+    ("pretrained_use", {"max_position_embeddings": None},
+     "max_position_embeddings is null, not a positive integer")])
 def test_export_names_a_config_json_without_a_usable_size(read, config, said, tmp_path):
     """st_export reads the exported folder's hidden_size (a bare KeyError without it) and the
     base's max_position_embeddings (int() of it: a TypeError or ValueError), neither naming the

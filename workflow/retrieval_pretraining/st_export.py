@@ -139,10 +139,10 @@ def config_size(config: Mapping[str, Any], key: str, path: Path,
     """config.json's `key` (a width, a position limit), read from `path`, as a positive integer
     (`default` where it has none): a config.json without hidden_size was a bare KeyError, and a
     limit that is no number a TypeError or ValueError, neither naming the file."""
-    value = config.get(key, default)
-    if value is None:
+    if key not in config and default is None:
         raise InputFileError(f"{path}: has no {key}, which {CONFIG} states; add it, or rebuild "
                              "the folder with the stage that writes it")
+    value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputFileError(f"{path}: {key} is {json.dumps(value)}, not a positive integer as "
                              f"in {CONFIG}; fix it, or rebuild the folder with the stage that "
