@@ -253,6 +253,7 @@ def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files,
         evaluate.evaluate(run, parquet, None, {"measures": ["RR@10"]})
     message = str(refused.value)
     assert message.startswith(f"{parquet}, {said}") and "\n" not in message, message
+    assert message.endswith("; give every judged pair an integer grade"), message
 
 
 def test_the_run_depth_is_the_deepest_querys_wherever_it_stands(files, tmp_path):

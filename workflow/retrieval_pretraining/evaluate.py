@@ -212,7 +212,8 @@ def _grade(path: Path, row: int, query_id: Any, doc_id: Any, relevance: Any) -> 
         return int(relevance)
     except (TypeError, ValueError):
         raise EvaluationError(f"{path}, row {row}: relevance {relevance!r} of query {query_id}, "
-                              f"document {doc_id} is not an integer") from None
+                              f"document {doc_id} is not an integer; give every judged pair an "
+                              "integer grade") from None
 
 
 def _judged_once(path: Path, numbered: list[tuple[int, Qrel]], unit: str) -> list[Qrel]:
