@@ -293,7 +293,7 @@ def ranked_rows(index, query_ids: list[str], query_vectors: np.ndarray, depth: i
                 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """`dense_search.rank` on the index's rows, no doc id made: per query (query id, rows best
     first, their scores; ranks are places + 1), with `exclude_self` the rows of its own id
-    (`found`: rows_of) dropped, then cut to `depth`. Views of FAISS's arrays where nothing is
+    (`found`: IdRows.of) dropped, then cut to `depth`. Views of FAISS's arrays where nothing is
     dropped."""
     scores, rows = faiss_index.search(index, query_vectors, fetch_depth(depth, exclude_self))
     ranked = []
@@ -325,7 +325,7 @@ def mine_batch(ranked: list[tuple], doc_ids: pa.Array, found: dict[str, np.ndarr
                positives: dict[str, list[str]], first: set[str], answered: dict[str, np.ndarray],
                knobs: dict[str, Any], seed: int, tally: dict[str, int]) -> pa.Table:
     """The rows of a batch of ranked queries (`ranked_rows`: index rows and scores); the removals
-    counted into `tally`. `found`: the rows of the positives' ids (`rows_of`); `first`: the first
+    counted into `tally`. `found`: the rows of the positives' ids (`IdRows.of`); `first`: the first
     mined query's positives (positives_removed: first_query); `answered`: `answer_places`. Doc
     ids are made for the negatives kept alone (and, with answer_positives, for the candidates
     holding an answer, which follow the qrels positives in positive_ids, in rank order)."""
