@@ -673,6 +673,9 @@ def test_a_chunk_vocabulary_fingerprint_that_is_no_string_is_named(fingerprint, 
     ("write", {"model_type": "bert"}, "has no hidden_size, which a model folder's config.json "
                                       "states"),
     ("write", {"hidden_size": "32"}, 'hidden_size is "32", not a positive integer'),
+    ("write", {"hidden_size": True}, "hidden_size is true, not a positive integer"),
+    ("pretrained_use", {"max_position_embeddings": 0},
+     "max_position_embeddings is 0, not a positive integer"),
     ("pretrained_use", {"max_position_embeddings": "many"},
      'max_position_embeddings is "many", not a positive integer'),
     ("pretrained_use", {"max_position_embeddings": [512]},
@@ -682,7 +685,8 @@ def test_a_chunk_vocabulary_fingerprint_that_is_no_string_is_named(fingerprint, 
 def test_export_names_a_config_json_without_a_usable_size(read, config, said, tmp_path):
     """st_export reads the exported folder's hidden_size (a bare KeyError without it) and the
     base's max_position_embeddings (int() of it: a TypeError or ValueError), neither naming the
-    file; a base checkpoint staged from a local folder carries its config.json through."""
+    file; a base checkpoint staged from a local folder carries its config.json through. A
+    boolean is no size (true is an int in Python: a width of 1), nor is 0 (an empty Pooling)."""
     from retrieval_pretraining import st_export
     from retrieval_pretraining.errors import InputFileError
     from retrieval_pretraining.retrieval_settings import RetrievalSettings

@@ -297,6 +297,36 @@ def test_another_architectures_null_size_is_its_config_class_s_to_read(tmp_path)
             read_config(tmp_path)
 
 
+def test_a_config_json_may_leave_out_sizes_it_names_otherwise_or_leaves_to_defaults(tmp_path):
+    """model_folder.read_config checks the sizes (SIZES) a config.json states, never that it
+    states them: DistilBERT's names its own (dim, hidden_dim, n_layers, n_heads; no hidden_size
+    or num_hidden_layers), and a BERT config.json may leave max_position_embeddings to its
+    default (bert.DEFAULTS, transformers' BertConfig: 512). Both load as before the check."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    from retrieval_pretraining.model_folder import SIZES, read_config
+
+    torch.manual_seed(0)
+    distil = tmp_path / "distilbert"
+    DistilBertModel(DistilBertConfig(vocab_size=97, dim=32, hidden_dim=48, n_layers=2, n_heads=4,
+                                     max_position_embeddings=40)
+                    ).save_pretrained(distil, safe_serialization=True)
+    config = json.loads((distil / "config.json").read_text())
+    assert {"dim", "n_layers"} <= set(config), config
+    assert set(SIZES) & set(config) == {"vocab_size", "max_position_embeddings"}, config
+    assert read_config(distil) == config
+    assert type(load_model(distil)).__name__ == "DistilBertModel"
+    plain = tmp_path / "bert"
+    HFBertModel(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1,
+                           num_attention_heads=4, intermediate_size=48)
+                ).save_pretrained(plain, safe_serialization=True)
+    config = json.loads((plain / "config.json").read_text())
+    del config["max_position_embeddings"]
+    (plain / "config.json").write_text(json.dumps(config))
+    assert read_config(plain) == config
+    assert isinstance(load_model(plain), bert.BertModel)
+
+
 def _half_folder(source, folder, half, key):
     """`source` re-saved as a half-precision checkpoint: its tensors and its config's `key`."""
     shutil.copytree(source, folder)
