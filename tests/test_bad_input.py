@@ -823,6 +823,39 @@ def test_a_recorded_length_that_is_no_length_is_named(read, value, tiny_bert, tm
     assert "\n" not in message, message
 
 
+@pytest.mark.parametrize("limit", ["absent", None])
+def test_the_position_limit_reads_config_json_as_read_config_does(limit, tiny_bert, tmp_path):
+    """wordpiece.position_limit (chunking's and pre-training's limit) read a null
+    max_position_embeddings as BertModel's default, 512, while model_folder.read_config (every
+    loader) refuses it: a chunk job passed what the first load then refused. Both refuse null;
+    both read a config.json without it (the default applies)."""
+    import shutil
+
+    from retrieval_pretraining import wordpiece
+    from retrieval_pretraining.errors import InputFileError
+    from retrieval_pretraining.model_folder import read_config
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    config = json.loads((model / "config.json").read_text())
+    del config["max_position_embeddings"]
+    if limit is None:
+        config["max_position_embeddings"] = None
+    (model / "config.json").write_text(json.dumps(config))
+    if limit == "absent":
+        assert wordpiece.position_limit(model) == wordpiece.DEFAULT_POSITIONS
+        assert read_config(model) == config
+        return
+    said = []
+    for read in (wordpiece.position_limit, read_config):
+        with pytest.raises(InputFileError) as refused:
+            read(model)
+        said.append(str(refused.value))
+    assert said[0] == said[1], said
+    assert said[0].startswith(f"{model / 'config.json'}: max_position_embeddings is null, not a "
+                              "positive integer"), said
+
+
 # ---------------------------------------------------------------- unknown config keys ----------
 def _nested(slice_name: str, path: tuple[str, ...], key: str) -> dict:
     value = copy.deepcopy(SLICES[slice_name])

@@ -45,16 +45,20 @@ def position_limit(folder: str | os.PathLike) -> int | None:
     """How many tokens the folder's model can encode (`max_position_embeddings`): from its
     config.json (a checkpoint), else from its manifest (a staged tokenizer records its source's);
     None when neither says (a tokenizer staged before it was recorded). One that is no positive
-    integer is InputFileError naming the file (errors.expect_positive_int)."""
+    integer is InputFileError naming the file (errors.expect_positive_int); in config.json a
+    null too, as model_folder.read_config refuses it (which every loader reads the folder
+    through: a null read here as 512 passed chunking, then failed at the first load), while one
+    left out is BertModel's default there as here."""
     folder = Path(folder)
     if (folder / "config.json").is_file():
         # artifacts, not model_folder.read_config: that would add model_folder.py and bert.py to
         # the code of every chunk and span job
         what = "a model folder's config.json"
         config = artifacts.read_json_object(folder / "config.json", what)
-        limit = config.get("max_position_embeddings")
-        return expect_positive_int(DEFAULT_POSITIONS if limit is None else limit,
-                                   "max_position_embeddings", folder / "config.json", what)
+        if "max_position_embeddings" not in config:
+            return DEFAULT_POSITIONS
+        return expect_positive_int(config["max_position_embeddings"], "max_position_embeddings",
+                                   folder / "config.json", what, null=False)
     if (folder / "manifest.json").is_file():
         manifest = artifacts.read_manifest(folder / "manifest.json", MANIFEST)
         return expect_positive_int(manifest["stats"].get("max_position_embeddings"),
