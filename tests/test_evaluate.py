@@ -238,11 +238,16 @@ def test_qrels_judging_a_pair_twice_fail_naming_the_line_or_row(files, tmp_path)
 
 @pytest.mark.parametrize("relevance, said", [
     ([1, None], "row 2: document d3 of query q1 has no relevance (null)"),
-    (["1", "high"], "row 2: relevance 'high' of query q1, document d3 is not an integer")])
+    (["1", "high"], "row 2: relevance 'high' of query q1, document d3 is not an integer"),
+    ([1.0, 0.5], "row 2: relevance 0.5 of query q1, document d3 is not an integer"),
+    ([1.0, float("inf")], "row 2: relevance inf of query q1, document d3 is not an integer")])
 def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files, tmp_path,
                                                                         relevance, said):
     """int() of a null relevance was a bare TypeError in scoring (of a word, a ValueError),
-    naming neither the file nor the row: one line naming both, and the query and document."""
+    naming neither the file nor the row: one line naming both, and the query and document. A
+    fractional grade was truncated silently (0.5 judged not relevant), where the TREC text
+    reader refuses it; an infinite one was a bare OverflowError. A float column's whole grades
+    (1.0) are grades."""
     import polars as pl
 
     run, _ = files
@@ -254,6 +259,10 @@ def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files,
     message = str(refused.value)
     assert message.startswith(f"{parquet}, {said}") and "\n" not in message, message
     assert message.endswith("; give every judged pair an integer grade"), message
+    if isinstance(relevance[0], float):
+        pl.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["d1", "d3"],
+                      "relevance": [1.0, 2.0]}).write_parquet(parquet)
+        assert [q.relevance for q in evaluate.read_qrels(parquet)] == [1, 2]
 
 
 def test_the_run_depth_is_the_deepest_querys_wherever_it_stands(files, tmp_path):

@@ -204,16 +204,21 @@ def read_qrels(path: str | Path) -> list[Qrel]:
 
 def _grade(path: Path, row: int, query_id: Any, doc_id: Any, relevance: Any) -> int:
     """A Parquet qrels row's relevance as an integer: int() of a null was a bare TypeError (of
-    a word, a ValueError) in scoring, naming neither the file nor the row."""
+    a word, a ValueError, of an infinity an OverflowError) in scoring, naming neither the file
+    nor the row, and of a fraction (0.5) its integer part, silently, where the TREC text reader
+    refuses it. A float column's whole grades (1.0: a column that once held a NaN) are kept."""
     if relevance is None:
         raise EvaluationError(f"{path}, row {row}: document {doc_id} of query {query_id} has no "
                               "relevance (null); give every judged pair an integer grade")
     try:
-        return int(relevance)
-    except (TypeError, ValueError):
+        grade = int(relevance)
+    except (TypeError, ValueError, OverflowError):
+        grade = None
+    if grade is None or (not isinstance(relevance, str) and grade != relevance):
         raise EvaluationError(f"{path}, row {row}: relevance {relevance!r} of query {query_id}, "
                               f"document {doc_id} is not an integer; give every judged pair an "
-                              "integer grade") from None
+                              "integer grade")
+    return grade
 
 
 def _judged_once(path: Path, numbered: list[tuple[int, Qrel]], unit: str) -> list[Qrel]:
