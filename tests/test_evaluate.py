@@ -265,6 +265,25 @@ def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files,
         assert [q.relevance for q in evaluate.read_qrels(parquet)] == [1, 2]
 
 
+@pytest.mark.parametrize("column", ["query_id", "doc_id"])
+def test_a_parquet_qrels_row_with_a_null_id_fails_naming_it(files, tmp_path, column):
+    """str() of a null id was the id 'None': a judged query no run answers (scored 0 in every
+    mean) or a relevant document no run retrieves (lost recall), silently. One line naming the
+    file, the row and the column."""
+    import polars as pl
+
+    run, _ = files
+    parquet = tmp_path / "qrels.parquet"
+    ids = {"query_id": ["q1", "q1"], "doc_id": ["d1", "d3"]}
+    ids[column][1] = None
+    pl.DataFrame(ids | {"relevance": [1, 1]}).write_parquet(parquet)
+    with pytest.raises(evaluate.EvaluationError) as refused:
+        evaluate.evaluate(run, parquet, None, {"measures": ["RR@10"]})
+    message = str(refused.value)
+    assert message.startswith(f"{parquet}, row 2: {column} is null; ") and "\n" not in message, \
+        message
+
+
 def test_the_run_depth_is_the_deepest_querys_wherever_it_stands(files, tmp_path):
     """rules/evaluate.smk and the shallow-run warning read `run_depth`: the most hits of any
     query, not of the last one read (q4's 11 hits come first here)."""

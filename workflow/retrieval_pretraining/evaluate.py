@@ -175,7 +175,8 @@ def read_qrels(path: str | Path) -> list[Qrel]:
                 f"{path}: missing columns {sorted(missing)}; expected the canonical qrels"
             )
         numbered = [
-            (row, Qrel(str(q), str(d), _grade(path, row, q, d, r)))
+            (row, Qrel(_id(path, row, "query_id", q), _id(path, row, "doc_id", d),
+                       _grade(path, row, q, d, r)))
             for row, (q, d, r) in enumerate(
                 frame.select("query_id", "doc_id", "relevance").iter_rows(), 1)
         ]
@@ -200,6 +201,15 @@ def read_qrels(path: str | Path) -> list[Qrel]:
     if not numbered:
         raise EvaluationError(f"qrels file {path} is empty")
     return _judged_once(path, numbered, unit)
+
+
+def _id(path: Path, row: int, column: str, value: Any) -> str:
+    """A Parquet qrels row's query or document id: str() of a null was the id 'None', a judged
+    query no run answers (0 in every mean) or a relevant document no run retrieves, silently."""
+    if value is None:
+        raise EvaluationError(f"{path}, row {row}: {column} is null; give every judged pair its "
+                              "query and document ids")
+    return str(value)
 
 
 def _grade(path: Path, row: int, query_id: Any, doc_id: Any, relevance: Any) -> int:
