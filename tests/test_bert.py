@@ -404,3 +404,34 @@ def test_a_layer_projects_queries_keys_and_values_in_one_matrix_product(tiny, un
     layers = len(model.encoder.layer)
     # eager attention: two batched products a layer (scores, then the weighted values)
     assert len(products.ops) == layers * (4 + 2)
+
+
+def test_a_bert_config_json_may_leave_sizes_to_bertconfig_defaults(tmp_path):
+    """transformers' BertConfig fills every size a config.json leaves out (intermediate_size
+    3072, num_attention_heads 12, ...); bert.py's loader failed there with an AttributeError
+    naming neither config.json nor the key. It now uses the same defaults (bert.DEFAULTS), and
+    weights of other sizes, or a hidden_size the default heads do not divide, are one line
+    naming the folder's config.json."""
+    torch.manual_seed(0)
+    folder = tmp_path / "bert"
+    HFBertModel(BertConfig(vocab_size=97, hidden_size=48, num_hidden_layers=1)
+                ).save_pretrained(folder, safe_serialization=True)
+    config = json.loads((folder / "config.json").read_text())
+    for key in ("intermediate_size", "num_attention_heads"):
+        del config[key]
+    (folder / "config.json").write_text(json.dumps(config))
+    ours = load_model(folder)
+    theirs = load_model(folder, native=False)
+    assert isinstance(ours, bert.BertModel)
+    ids = torch.tensor([[2, 5, 7, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).last_hidden_state, theirs(ids).last_hidden_state)
+    for changes, said in (({"hidden_size": 48, "num_attention_heads": 5}, "not a multiple"),
+                          ({"hidden_size": 48, "intermediate_size": 64}, "do not have the sizes"),
+                          ({"hidden_size": 40}, "not a multiple")):
+        (folder / "config.json").write_text(json.dumps(config | changes))
+        with pytest.raises(ModelFolderError) as refused:
+            load_model(folder)
+        message = str(refused.value)
+        assert str(folder / "config.json") in message and said in message, message
+        assert "\n" not in message, message

@@ -54,8 +54,12 @@ IMPLEMENTATIONS = ("sdpa", "sdpa_cudnn", "eager")
 CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash attention computes in these alone
-# BertModel's defaults (transformers' BertConfig) for keys a config.json may leave out.
+# BertModel's defaults (transformers' BertConfig) for keys a config.json may leave out: the sizes
+# too (BertConfig fills them: a config.json without intermediate_size was an AttributeError naming
+# neither file nor key here, while transformers built 3072); weights of other sizes are refused.
 DEFAULTS = {
+    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072,
     "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
     "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02,
     "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute",
@@ -385,6 +389,11 @@ def load(folder: str | Path, add_pooling_layer: bool = True,
     own generator; any other missing tensor is an error."""
     folder = Path(folder)
     config = Config.from_folder(folder)
+    if config.hidden_size % config.num_attention_heads:  # transformers: a ValueError at build
+        raise ModelFolderError(
+            f"{folder / 'config.json'}: hidden_size {config.hidden_size} is not a multiple of "
+            f"num_attention_heads {config.num_attention_heads} (BertConfig's default 12 where "
+            "it leaves it out); state the checkpoint's num_attention_heads")
     with torch.random.fork_rng(devices=[]):  # the initial values are overwritten below
         model = BertModel(config, add_pooling_layer, attn_implementation)
     wanted = model.state_dict()
@@ -402,6 +411,15 @@ def load(folder: str | Path, add_pooling_layer: bool = True,
             0.0, config.initializer_range, generator=generator)
         tensors["pooler.dense.bias"] = torch.zeros(shape[0])
         missing = []
+    wrong = [f"{name} is {list(tensors[name].shape)}, not {list(wanted[name].shape)}"
+             for name in wanted if name in tensors and tensors[name].shape != wanted[name].shape]
+    if wrong:  # load_state_dict: a RuntimeError naming neither the folder nor config.json
+        raise ModelFolderError(
+            f"model folder {folder}: its weights do not have the sizes {folder / 'config.json'} "
+            f"states or leaves to BertConfig's defaults ({'; '.join(wrong[:3])}"
+            f"{' ...' if len(wrong) > 3 else ''}); fix its sizes (hidden_size, "
+            "intermediate_size, num_attention_heads, ...) or rebuild it with the stage that "
+            "writes it")
     if missing:
         raise ModelFolderError(f"model folder {folder}: its weights lack {', '.join(missing[:5])}"
                                f"{' ...' if len(missing) > 5 else ''}; rebuild it with the stage "
