@@ -378,13 +378,17 @@ def test_a_manifest_whose_stats_or_params_is_not_an_object_fails_its_check(resul
     ("chunks", "stats.shard", [1], "its stats.shard is a JSON list, not an object"),
     ("chunks", "inputs", [1], "its inputs is a JSON list, not an object"),
     ("chunks", "inputs.articles", 5, "its inputs.articles is a JSON int, not an object"),
-    ("chunks", "params.max_len", "128", "its params.max_len is \"128\", not a positive integer")])
+    ("chunks", "params.max_len", "128", "its params.max_len is \"128\", not a positive integer"),
+    ("chunks", "inputs.articles.path", 5, "its inputs.articles.path is 5, not a string"),
+    ("index", "inputs.corpus.path", [1], "its inputs.corpus.path is [1], not a string")])
 def test_a_manifest_whose_nested_member_is_damaged_fails_its_check(results, capsys, artifact,
                                                                    member, value, said):
     """Members the kinds' audits read one level deeper (`.get` on a download's stats.verified, a
     chunk shard's stats.shard and its inputs' entries; a chunk length compared with params.max_len):
     damaged, that was "could not be audited (AttributeError / TypeError ...)", exit 3, naming
-    neither the member nor the fix, or (stats.shard) the shard's checks silently skipped."""
+    neither the member nor the fix, or (stats.shard) the shard's checks silently skipped. An
+    input's `path` that is no string was a TypeError in show_manifest (every kind) and in the
+    kinds that follow it (an index's corpus, embeddings', negatives' and spans' inputs)."""
     from retrieval_pretraining.contracts import downloads
 
     name = f"damaged-{member}-{type(value).__name__}"
@@ -392,13 +396,19 @@ def test_a_manifest_whose_nested_member_is_damaged_fails_its_check(results, caps
         source = results / "downloads/datasets/toy/queries.tsv"
         path = results / f"downloads/datasets/{name}/queries.tsv"
         manifest_of = downloads.download_manifest_path
+    elif artifact == "index":
+        source, path = results / "bm25/toy/index", results / f"bm25/{name}/index"
+        shutil.copytree(source, path)
+        manifest_of = artifacts.manifest_path
     else:
         source = results / "corpus/wikipedia/chunks/shard-0000.parquet"
         path = results / f"corpus/{name}/chunks/shard-0000.parquet"
         manifest_of = artifacts.manifest_path
-    path.parent.mkdir(parents=True)
-    shutil.copy(source, path)
-    manifest = json.loads(manifest_of(source).read_text())
+    if not path.exists():
+        path.parent.mkdir(parents=True)
+        shutil.copy(source, path)
+    manifest = (json.loads(manifest_of(source).read_text()) if artifact != "index" else
+                {"stage": "bm25.index", "inputs": {"corpus": {"path": "corpus.parquet"}}})
     *outer, last = member.split(".")
     member_of = manifest
     for key in outer:

@@ -252,7 +252,8 @@ def load_manifest(path: Path, objects: tuple[str, ...] = (), counts: tuple[str, 
     manifest with nothing in it, and show_manifest fails its check, so the audit goes on, names
     the file and exits 1 instead of a traceback. So does one whose member a kind reads deeper is
     damaged: `objects` (dotted keys, "stats.verified") that are no object, `counts`
-    ("params.max_len") that are no positive integer, where present."""
+    ("params.max_len") that are no positive integer, where present; and an input's `path` that
+    is no string (show_manifest and the kinds resolve it as a path)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -266,6 +267,11 @@ def load_manifest(path: Path, objects: tuple[str, ...] = (), counts: tuple[str, 
         if member is not None and not isinstance(member, dict):
             return {UNREADABLE: f"{path}: its {key} is a JSON {type(member).__name__}, not an "
                                 "object"}
+    for name, entry in (inputs.items() if isinstance(inputs, dict) else ()):
+        member = (entry or {}).get("path")  # show_manifest and the kinds take Path() of it
+        if member is not None and not isinstance(member, str):
+            return {UNREADABLE: f"{path}: its inputs.{name}.path is {json.dumps(member)}, not "
+                                "a string"}
     for key in counts:
         member = _member(data, key)
         if member is not None and (isinstance(member, bool) or not isinstance(member, int)
