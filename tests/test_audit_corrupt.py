@@ -764,3 +764,15 @@ def test_a_chunk_id_unlike_its_page_and_index_fails_naming_the_row(results, caps
     out = fails(path, "chunk_id == (page_id << 16) + chunk_index", capsys)
     assert (f"chunk_index: 1 rows, first row 1: chunk_id {ids[1] + 1}, page_id {page}, "
             f"chunk_index {index}") in out
+
+
+@pytest.mark.parametrize("name, row_range", [("text", "1..3"), ("short", [1]), ("word", [1, "3"]),
+                                             ("reversed", [3, 1]), ("null", None)])
+def test_embeddings_whose_manifest_row_range_is_no_range_fail(results, capsys, name, row_range):
+    """stats.row_range was unpacked and sliced as it stood: a string, a short list or a word in
+    it ended the audit as "could not be audited" (ValueError / TypeError, exit 3)."""
+    recorded = {"rows": 2, "row_range": row_range, "dim": 4, "dtype": "float16"}
+    shard = write_shard(results, f"range-{name}", np.ones((2, 4), np.float16),
+                        ["d2", "d3"], recorded)
+    out = fails(shard, "the manifest's stats.row_range is [first, end] corpus rows", capsys)
+    assert json.dumps(row_range) in out, out

@@ -4,6 +4,7 @@ corpus's doc ids over the shard's row range in order (vector i is corpus row lo 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,14 @@ def check_against_manifest(a: Audit, x: np.ndarray, manifest: dict | None) -> No
     corpus = input_path(recorded_corpus, a.path)
     if "row_range" not in stats or not ids.is_file() or not corpus.is_file():
         return
-    lo, hi = stats["row_range"]
+    row_range = stats["row_range"]  # unpacked and sliced: a string or a short list was exit 3
+    ok = (isinstance(row_range, list) and len(row_range) == 2
+          and all(isinstance(r, int) and not isinstance(r, bool) for r in row_range)
+          and 0 <= row_range[0] <= row_range[1])
+    if not a.check("the manifest's stats.row_range is [first, end] corpus rows", ok, "" if ok
+                   else f"{json.dumps(row_range)}; rerun the job that encoded {a.path.name}"):
+        return
+    lo, hi = row_range
     found = pq.read_table(ids, columns=["doc_id"]).column("doc_id").to_pylist()
     detail = first_difference(found, corpus_ids(corpus, lo, hi))
     a.check(f"ids are {corpus.name}'s doc_id rows {lo}..{hi}, in order", not detail, detail)
