@@ -745,3 +745,21 @@ def test_a_copied_dataset_info_names_the_rule_that_wrote_it(tmp_path, capsys):
     _record(tmp_path / "project", "results/datasets/nq-alias/dataset.json", "alias_dataset_info")
     out = run_audit(results / "datasets/nq-alias/dataset.json", capsys)[1]
     assert "written by rule alias_dataset_info\n" in out, out
+
+
+@pytest.mark.parametrize("jobs, said", [
+    ([1], "jobs is an object of jobs: a JSON list"),
+    ({"articlesmultistreamdump": "done", "sitestats": {"status": "done"}},
+     "every job and its files is an object: articlesmultistreamdump is a JSON str"),
+    ({"articlesmultistreamdump": {"status": "done", "files": 5}},
+     "every job and its files is an object: articlesmultistreamdump.files is a JSON int")])
+def test_a_dumpstatus_whose_jobs_are_no_objects_fails_its_check(results, capsys, jobs, said):
+    """audit_dumpstatus read data["jobs"].items(), each job's .get and len() of its files: a list
+    there, a job that is a string or files that are a number ended the file's audit as "could not
+    be audited" (AttributeError / TypeError, exit 3)."""
+    path = results / "wikipedia/damaged/dumpstatus.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"jobs": jobs, "version": "0.8"}))
+    status, out, err = run_audit(path, capsys)
+    assert status == 1 and err == "", out + err
+    assert f"FAIL  {said}" in out, out

@@ -127,7 +127,18 @@ def is_download(p) -> bool:
 def audit_dumpstatus(a: Audit, n: int) -> None:
     data = json.loads(a.path.read_text())
     a.kind = "Wikipedia dumpstatus.json"
-    for job, info in list(data["jobs"].items())[: n * 4]:
+    jobs = data["jobs"]  # damaged (a list, a job that is a string): exit 3 from .items / .get
+    if not a.check("jobs is an object of jobs", isinstance(jobs, dict),
+                   "" if isinstance(jobs, dict) else f"a JSON {type(jobs).__name__}; fetch it "
+                   "again with `download dumpstatus`"):
+        return
+    bad = {job: f"{job} is a JSON {type(info).__name__}" for job, info in jobs.items()
+           if not isinstance(info, dict)}
+    bad |= {job: f"{job}.files is a JSON {type(info['files']).__name__}"
+            for job, info in jobs.items() if job not in bad
+            and not isinstance(info.get("files") or {}, dict)}
+    a.check("every job and its files is an object", not bad, "; ".join(list(bad.values())[:5]))
+    for job, info in [(job, info) for job, info in jobs.items() if job not in bad][: n * 4]:
         a.say(f"  {job}: {info.get('status')} ({len(info.get('files') or {})} files)")
 
 
