@@ -704,11 +704,15 @@ def test_a_damaged_saved_dumpstatus_is_one_error_naming_it(tmp_path, body):
     ("files", "none", "jobs.articlesmultistreamdump.files is not a JSON object but a string"),
     ("a file", 5, "jobs.articlesmultistreamdump.files"
                   "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'] is 5, not "
-                  "a JSON object")])
+                  "a JSON object"),
+    ("url", ["/x"], "jobs.articlesmultistreamdump.files"
+                    "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'].url is "
+                    '["/x"], not a string')])
 def test_a_saved_dumpstatus_whose_job_or_files_are_no_objects_is_named(capture, tmp_path,
                                                                        member, value, said):
     """A job, its files or one file's entry that is no object was an AttributeError from .get
-    (or .items) naming neither the file nor the member."""
+    (or .items) naming neither the file nor the member; so was an entry's url that is no string
+    (.lstrip of it)."""
     from retrieval_pretraining.errors import InputFileError
 
     status = copy.deepcopy(capture)
@@ -717,6 +721,8 @@ def test_a_saved_dumpstatus_whose_job_or_files_are_no_objects_is_named(capture, 
         status["jobs"]["articlesmultistreamdump"] = value
     elif member == "files":
         job["files"] = value
+    elif member == "url":
+        job["files"]["enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2"]["url"] = value
     else:
         job["files"]["enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2"] = value
     path = tmp_path / "dumpstatus.json"

@@ -103,6 +103,11 @@ def parse_dump_parts(
                 f"{source}: jobs.{job}.files['{file_name}'] is {json.dumps(meta)[:40]}, not a "
                 f"JSON object (read as {what}); fetch it again with `download dumpstatus`, or "
                 "fix the path")
+        if meta.get("url") is not None and not isinstance(meta["url"], str):  # remote(): .lstrip
+            raise InputFileError(
+                f"{source}: jobs.{job}.files['{file_name}'].url is "
+                f"{json.dumps(meta['url'])[:40]}, not a string (read as {what}); fetch it again "
+                "with `download dumpstatus`, or fix the path")
         for pattern, found in ((_PART_FILE, data), (_INDEX_FILE, index)):
             match = pattern.match(file_name)
             if match:
