@@ -763,3 +763,16 @@ def test_a_dumpstatus_whose_jobs_are_no_objects_fails_its_check(results, capsys,
     status, out, err = run_audit(path, capsys)
     assert status == 1 and err == "", out + err
     assert f"FAIL  {said}" in out, out
+
+
+def test_a_dataset_info_whose_corpus_is_no_object_fails_its_check(results, capsys):
+    """audit_dataset_info read data["corpus"].get("documents"): a string there ended the file's
+    audit as "could not be audited" (AttributeError, exit 3)."""
+    folder = results / "datasets/damaged-info"
+    shutil.copytree(results / "datasets/toy", folder)
+    info = json.loads((folder / "dataset.json").read_text())
+    (folder / "dataset.json").write_text(json.dumps(info | {"corpus": "quirks"}))
+    status, out, err = run_audit(folder / "dataset.json", capsys)
+    assert status == 1 and err == "", out + err
+    assert ("FAIL  document count equals corpus.parquet's rows: its corpus is a JSON str, not an "
+            "object" in out), out

@@ -229,11 +229,13 @@ def audit_dataset_info(a: Audit, n: int) -> None:
     a.check(f"title mode is {modes}", data.get("title") in TITLE_MODES)
     if a.check("corpus.parquet beside it", corpus.is_file(), str(corpus)):
         rows = pq.ParquetFile(corpus).metadata.num_rows
-        documents = (data.get("corpus") or {}).get("documents")
+        quirks = data.get("corpus") or {}  # a string here was .get: exit 3
+        documents = quirks.get("documents") if isinstance(quirks, dict) else None
         a.check(
             "document count equals corpus.parquet's rows",
             rows == documents,
-            f"{documents} vs {rows} rows",
+            f"{documents} vs {rows} rows" if isinstance(quirks, dict) else
+            f"its corpus is a JSON {type(quirks).__name__}, not an object; rerun prepare_dataset",
         )
 
 
