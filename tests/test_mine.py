@@ -281,7 +281,7 @@ def test_answer_passages_become_positives_and_short_lists_go_only_on_request():
         ids = pa.array(docs)  # the index's rows, ranked in this order
         answered = {"q": np.array([d in {"a1", "a2", "a3", "g"} for d in docs])}
         table = mine.mine_batch([("q", np.arange(len(docs)), ranked(docs)[1])], ids,
-                                mine.rows_of(ids, ["g", "z"]), positives, {"g", "z"}, answered,
+                                mine.IdRows(ids, ["g", "z"]).of(["g", "z"]), positives, {"g", "z"}, answered,
                                 {**knobs, **policy}, 0, dict.fromkeys(
                                     ("positives_removed", "answer_passages_removed",
                                      "own_positives_kept", "queries_below_min_negatives"), 0))

@@ -227,7 +227,7 @@ def test_min_negatives_above_num_negatives_is_refused_when_the_workflow_parses(d
     knobs = {**mine.policy({"num_negatives": 30, "min_negatives": 31}), "sample": "top"}
     ids = pa.array(docs)
     table = mine.mine_batch([("q", np.arange(100), np.linspace(1, 0, 100, dtype=np.float32))],
-                            ids, mine.rows_of(ids, ["x"]), {"q": ["x"]}, {"x"}, {}, knobs, 0,
+                            ids, mine.IdRows(ids, ["x"]).of(["x"]), {"q": ["x"]}, {"x"}, {}, knobs, 0,
                             dict.fromkeys(("positives_removed", "answer_passages_removed",
                                            "own_positives_kept", "queries_below_min_negatives"),
                                           0))

@@ -279,12 +279,6 @@ class IdRows:
         return found
 
 
-def rows_of(doc_ids: pa.Array, names: list[str]) -> dict[str, np.ndarray]:
-    """The index rows whose doc id is each of `names` (IdRows.of), in one pass over the index's
-    ids: for one batch (mine builds its IdRows once for the whole job)."""
-    return IdRows(doc_ids, names).of(names)
-
-
 NO_ROWS = np.empty(0, dtype=np.int64)
 
 

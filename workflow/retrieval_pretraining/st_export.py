@@ -40,7 +40,6 @@ a projector's Dense module).
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -142,12 +141,7 @@ def config_size(config: Mapping[str, Any], key: str, path: Path,
     if key not in config and default is None:
         raise InputFileError(f"{path}: has no {key}, which {CONFIG} states; add it, or rebuild "
                              "the folder with the stage that writes it")
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputFileError(f"{path}: {key} is {json.dumps(value)}, not a positive integer as "
-                             f"in {CONFIG}; fix it, or rebuild the folder with the stage that "
-                             "writes it")
-    return value
+    return expect_positive_int(config.get(key, default), key, path, CONFIG, null=False)
 
 
 def sentence_transformers_use(record: Mapping[str, Any]) -> dict[str, Any]:
