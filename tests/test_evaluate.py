@@ -238,7 +238,9 @@ def test_qrels_judging_a_pair_twice_fail_naming_the_line_or_row(files, tmp_path)
 
 @pytest.mark.parametrize("relevance, said", [
     ([1, None], "row 2: document d3 of query q1 has no relevance (null)"),
-    (["1", "high"], "row 2: relevance 'high' of query q1, document d3 is not an integer"),
+    (["high", "1"], "row 1: relevance 'high' of query q1, document d1 is not an integer"),
+    (["1", "2"], "row 1: relevance '1' of query q1, document d1 is not an integer"),
+    ([True, False], "row 1: relevance True of query q1, document d1 is not an integer"),
     ([1.0, 0.5], "row 2: relevance 0.5 of query q1, document d3 is not an integer"),
     ([1.0, float("inf")], "row 2: relevance inf of query q1, document d3 is not an integer")])
 def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files, tmp_path,
@@ -246,8 +248,10 @@ def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files,
     """int() of a null relevance was a bare TypeError in scoring (of a word, a ValueError),
     naming neither the file nor the row: one line naming both, and the query and document. A
     fractional grade was truncated silently (0.5 judged not relevant), where the TREC text
-    reader refuses it; an infinite one was a bare OverflowError. A float column's whole grades
-    (1.0) are grades."""
+    reader refuses it; an infinite one was a bare OverflowError. A grade stored as a string
+    ("1") or a boolean was taken as its int(): a column of another type than the prepare
+    stage's integers, so a qrels file this workflow did not write. A float column's whole
+    grades (1.0) are grades."""
     import polars as pl
 
     run, _ = files
@@ -263,6 +267,21 @@ def test_a_parquet_qrels_row_without_an_integer_relevance_fails_naming_it(files,
         pl.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["d1", "d3"],
                       "relevance": [1.0, 2.0]}).write_parquet(parquet)
         assert [q.relevance for q in evaluate.read_qrels(parquet)] == [1, 2]
+
+
+@pytest.mark.parametrize("dtype", ["Int8", "Int32", "Int64", "UInt8", "UInt64"])
+def test_a_parquet_qrels_integer_column_of_any_width_is_read_as_its_grades(tmp_path, dtype):
+    """The prepare stage writes int32 grades (`dataset_files.read_qrels_file`, `dpr_dataset`);
+    a qrels file written by another tool may hold int64 or another integer width: all are
+    grades, while a string or boolean column is refused (above)."""
+    import polars as pl
+
+    parquet = tmp_path / "qrels.parquet"
+    pl.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["d1", "d3", "d2"],
+                  "relevance": [1, 0, 2]},
+                 schema_overrides={"relevance": getattr(pl, dtype)}).write_parquet(parquet)
+    grades = [q.relevance for q in evaluate.read_qrels(parquet)]
+    assert grades == [1, 0, 2] and all(type(grade) is int for grade in grades)
 
 
 @pytest.mark.parametrize("column", ["query_id", "doc_id"])

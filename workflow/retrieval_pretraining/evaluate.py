@@ -216,15 +216,19 @@ def _grade(path: Path, row: int, query_id: Any, doc_id: Any, relevance: Any) -> 
     """A Parquet qrels row's relevance as an integer: int() of a null was a bare TypeError (of
     a word, a ValueError, of an infinity an OverflowError) in scoring, naming neither the file
     nor the row, and of a fraction (0.5) its integer part, silently, where the TREC text reader
-    refuses it. A float column's whole grades (1.0: a column that once held a NaN) are kept."""
+    refuses it; of a string ("1") or a boolean, a grade from a column of another type than the
+    prepare stage's integers. A float column's whole grades (1.0: a column that once held a NaN)
+    are kept."""
     if relevance is None:
         raise EvaluationError(f"{path}, row {row}: document {doc_id} of query {query_id} has no "
                               "relevance (null); give every judged pair an integer grade")
-    try:
-        grade = int(relevance)
-    except (TypeError, ValueError, OverflowError):
-        grade = None
-    if grade is None or (not isinstance(relevance, str) and grade != relevance):
+    grade = None
+    if isinstance(relevance, (int, float)) and not isinstance(relevance, bool):
+        try:
+            grade = int(relevance)
+        except (ValueError, OverflowError):  # NaN, an infinity
+            pass
+    if grade is None or grade != relevance:
         raise EvaluationError(f"{path}, row {row}: relevance {relevance!r} of query {query_id}, "
                               f"document {doc_id} is not an integer; give every judged pair an "
                               "integer grade")
