@@ -341,6 +341,73 @@ def test_audit_fails_a_dense_module_that_is_not_the_projector(folders, tmp_path,
     assert "FAIL  sentence-transformers files agree" in out and named in out, out
 
 
+def _merged(change):
+    return lambda text: json.dumps(change(json.loads(text)))
+
+
+@pytest.mark.parametrize("target, rel, damage, check, said", [
+    ("", "config.json", '{"hidden_size": 3', "config.json readable",
+     "config.json: cannot read it as a model folder's config.json (JSONDecodeError"),
+    ("", "config.json", "[1]", "config.json readable",
+     "config.json: not a JSON object but an array"),
+    ("", "config.json", _merged(lambda c: c | {"max_position_embeddings": "512"}),
+     "config.json readable", 'config.json: max_position_embeddings is "512", not a positive'),
+    ("2_Dense", "config.json", '"x"', "config.json readable",
+     "config.json: not a JSON object but a string"),
+    ("", "modules.json", "[{", "modules.json readable", "modules.json: cannot read it as"),
+    ("", "modules.json", '{"0": {}}', "modules.json readable",
+     "modules.json: the file is not a JSON array but an object"),
+    ("", "modules.json", _merged(lambda m: m[:1] + [5] + m[1:]), "modules.json readable",
+     "modules.json, entry 1: not a JSON object but a number"),
+    ("2_Dense", "modules.json", _merged(lambda m: m[:1] + [5] + m[1:]), "modules.json readable",
+     "modules.json, entry 1: not a JSON object but a number"),
+    ("", "modules.json", _merged(lambda m: [e | {"path": 2} if e["path"] == "2_Dense" else e
+                                            for e in m]), "modules.json readable",
+     "modules.json, entry 2: path is 2, not a string"),
+    ("", "config_sentence_transformers.json", "[]", "config_sentence_transformers.json readable",
+     "config_sentence_transformers.json: not a JSON object but an array"),
+    ("", "1_Pooling/config.json", '"cls"', "1_Pooling/config.json readable",
+     "1_Pooling/config.json: not a JSON object but a string"),
+    ("", "sentence_bert_config.json", "{", "sentence_bert_config.json readable",
+     "sentence_bert_config.json: cannot read it as"),
+    ("", "2_Dense/config.json", "{", "sentence-transformers files agree",
+     "2_Dense/config.json: cannot read it as"),
+    ("2_Dense", "2_Dense/config.json", "{", "the Dense module is the encoder's",
+     "2_Dense/config.json: cannot read it as"),
+    ("", "training.json", "[1]", "training.json readable",
+     "training.json: not a JSON object but an array"),
+    ("", "training.json", _merged(lambda t: t | {"data": [1]}), "training.json readable",
+     "training.json: data is not a JSON object but an array"),
+    ("", "training.json", _merged(lambda t: t | {"data": {"results/x.parquet": "abc"}}),
+     "training.json readable", "training.json: not a JSON object but a string, as its entry "
+     "data['results/x.parquet'] is"),
+    ("", "README.md", "---\nretrieval_pretraining: x\n---\n", "README.md readable",
+     "README.md: retrieval_pretraining is not a JSON object but a string"),
+    ("", "README.md", "---\nretrieval_pretraining: [\n---\n", "README.md readable",
+     "README.md: cannot read it as a model card's front matter"),
+    ("", "tokenizer.json", '{"model": 1', "tokenizer.json loads", "tokenizer.json: "),
+])
+def test_audit_fails_a_damaged_folder_file_naming_it(folders, tmp_path, capsys, target, rel,
+                                                     damage, check, said):
+    """The audit of an encoder folder (or of its Dense module) read config.json, modules.json,
+    the Pooling and Dense configs, sentence_bert_config.json, config_sentence_transformers.json,
+    training.json, the card and tokenizer.json without checks: a file cut short, another JSON
+    value than the one read, or a member of another type was "could not be audited" (exit 3) or
+    passed unchecked (training.json's data as a list). Each fails a check naming the file and the
+    member, and the folder's other checks still run."""
+    folder, _ = folders[PROJECTED[0]]  # nonlinear, cls + dot: every file, 2_Dense included
+    broken = shutil.copytree(folder, tmp_path / "results/finetune/costa/scifact/broken/encoder")
+    path = broken / rel
+    path.write_text(damage(path.read_text()) if callable(damage) else damage)
+    status = audit.main([str(broken / target)])
+    out, err = capsys.readouterr()
+    assert status == 1 and err == "", out + err
+    line = next((line for line in out.splitlines() if line.startswith(f"  FAIL  {check}")), "")
+    assert str(path) in line and said in line, out
+    other = "weights stored as safetensors" if not target else "named in its model folder's"
+    assert "\n" not in line and f"PASS  {other}" in out, out  # the other checks still ran
+
+
 def test_a_pre_trained_folder_states_a_convention_not_the_fine_tuning_config(tmp_path):
     """Without --retrieval (what the rules pass: nothing, so that a change of finetune.pooling
     never reruns pre-training): a trained encoder is [CLS] + dot at its position limit; the

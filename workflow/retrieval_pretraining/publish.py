@@ -33,6 +33,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
+from .contracts.base import Audit
 from .contracts.models import CARD_BLOCK, ST_FILES
 from .contracts.models.audit import sentence_transformers_view, weights_mismatches
 from .contracts.tensors.audit import tensors_not_finite
@@ -124,10 +125,12 @@ def check_folder(folder: str | Path) -> list[str]:
     if not isinstance(card.get(CARD_BLOCK), dict) or card.get("library_name") is None:
         raise PublishError(f"{folder}/README.md has no model card front matter (YAML with "
                            f"library_name and {CARD_BLOCK}); {REEXPORT}")
+    record = Audit(folder)  # a file the view cannot read fails its check `<file> readable`
     try:
-        _, problems = sentence_transformers_view(folder, config)
+        found = sentence_transformers_view(record, folder, config)
     except (AttributeError, KeyError, TypeError, ValueError) as error:  # a file of the wrong shape
-        problems = [f"its sentence-transformers files cannot be read ({error!r})"]
+        found = ("", [f"its sentence-transformers files cannot be read ({error!r})"])
+    problems = [detail for _, ok, detail in record.checks if not ok] + (found or ("", []))[1]
     if problems:
         raise PublishError(f"{folder} fails audit's sentence-transformers check: "
                            f"{'; '.join(problems)}; {REEXPORT}")

@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
 from ... import artifacts
+from ...errors import (
+    BadInput, InputFileError, expect_list, expect_object, expect_section, one_line, read_json,
+    read_json_object, reading,
+)
+from ...model_folder import read_config
 from ..base import (
     RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, input_path, json_kind,
     read_manifest, results_relative, short, show_manifest, show_snakemake_record,
@@ -39,6 +45,57 @@ MODEL_FOLDER_JSON = {
     "config_sentence_transformers.json",
 }
 SAMPLE = "Dense retrieval pre-training from Wikipedia."  # what a tokenizer is shown splitting
+# What the folder's JSON files are read as (the errors name them so).
+MODULES = "a sentence-transformers module list"
+TRAINING = "an encoder's training.json"
+CARD = "a model card's front matter"
+T = TypeVar("T")
+
+
+def readable(a: Audit, name: str, read: Callable[[], T]) -> T | None:
+    """read() of the folder's file `name`, or None after a failed check `<name> readable` naming
+    the file, the member and what is wrong: a file cut short, another JSON value than the one
+    read, or a member of another type was "could not be audited" (exit 3), naming neither."""
+    try:
+        value = read()
+    except (BadInput, OSError) as error:
+        a.check(f"{name} readable", False, one_line(error))
+        return None
+    return value
+
+
+def read_modules(path: Path) -> list[dict[str, Any]]:
+    """modules.json: a list of objects, each with a string `path` and `type` (what module_dir
+    and the comparison with module_entries read)."""
+    listed = expect_list(read_json(path, MODULES), "the file", path, MODULES)
+    for number, entry in enumerate(listed):
+        where = f"{path}, entry {number}"
+        expect_object(entry, where, "a modules.json entry")
+        for key in ("path", "type"):
+            if not isinstance(entry.get(key), str):
+                raise InputFileError(
+                    f"{where}: {key} is {json.dumps(entry.get(key))}, not a string (read as "
+                    f"{MODULES}); rebuild it with the stage that writes it, or fix the path")
+    return listed
+
+
+def read_training(path: Path) -> dict[str, Any]:
+    """training.json, with its `data` (trained-on file -> {sha256}) an object of objects."""
+    info = read_json_object(path, TRAINING)
+    for name, entry in expect_section(info, "data", path, TRAINING).items():
+        if entry is not None:
+            expect_object(entry, path, f"its entry data[{name!r}]")
+    return info
+
+
+def card_use(folder: Path) -> dict[str, Any]:
+    """The `use` block of the model card's front matter ({} where there is none)."""
+    from ...st_export import read_card
+
+    path = folder / "README.md"
+    with reading(path, CARD):
+        card = read_card(folder)
+    return expect_section(card, f"{CARD_BLOCK}.use", path, CARD)
 
 
 def is_model_folder(folder: Path) -> bool:
@@ -90,10 +147,14 @@ def dense_view(folder: Path, listed: list, hidden) -> tuple[str | None, list[str
         return kind, [f"{PROJECTOR_FILE} ({kind}) but no Dense module: sentence-transformers "
                       "would embed the raw [CLS], not through the projector"]
     problems = []
-    config_path = folder / dense / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else None
-    if config != dense_config(kind, hidden):
-        problems.append(f"{dense}/config.json {config} (expected {dense_config(kind, hidden)})")
+    path, expected = folder / dense / "config.json", dense_config(kind, hidden)
+    try:
+        config = read_json(path, "a Dense module's config") if path.is_file() else None
+    except BadInput as error:  # cut short, not JSON: named, as a config of other keys is
+        problems.append(one_line(error))
+    else:
+        if config != expected:
+            problems.append(f"{dense}/config.json {config} (expected {expected})")
     weights = folder / dense / DENSE_WEIGHTS
     if not weights.is_file():
         return kind, problems + [f"{dense}/{DENSE_WEIGHTS} missing"]
@@ -121,19 +182,25 @@ def is_encoder_folder(folder: Path) -> bool:
     return (folder / "modules.json").is_file() or rel.startswith(("pretrain/", "finetune/"))
 
 
-def sentence_transformers_view(folder: Path, cfg: dict) -> tuple[str, list[str]]:
+def sentence_transformers_view(a: Audit, folder: Path, cfg: dict
+                               ) -> tuple[str, list[str]] | None:
     """(how sentence-transformers embeds with this folder, what disagrees): modules.json exactly
     Transformer, Pooling, Dense when the folder holds projector.safetensors (dense_view), and
     Normalize when the similarity is cosine, numbered in that order; the one pooling mode and its
     width, max_seq_length within the position embeddings, and the card's `use` block saying the
-    same."""
-    from ...st_export import read_card
-
+    same. None when one of the files is unreadable (its check `<file> readable` failed)."""
+    listed = readable(a, "modules.json", lambda: read_modules(folder / "modules.json"))
+    settings, pooling, bert_config = (
+        readable(a, name, lambda name=name: read_json_object(folder / name, what))
+        for name, what in (("config_sentence_transformers.json", "a sentence-transformers config"),
+                           (f"{POOLING_DIR}/config.json", "a Pooling module's config"),
+                           ("sentence_bert_config.json", "a sentence-transformers config")))
+    use = readable(a, "README.md", lambda: card_use(folder))
+    if any(value is None for value in (listed, settings, pooling, bert_config, use)):
+        return None
     problems = []
-    listed = json.loads((folder / "modules.json").read_text())
-    modules = [str(m.get("type", "?")).rsplit(".", 1)[-1] for m in listed]
-    similarity = json.loads((folder / "config_sentence_transformers.json").read_text()).get(
-        "similarity_fn_name")
+    modules = [m["type"].rsplit(".", 1)[-1] for m in listed]
+    similarity = settings.get("similarity_fn_name")
     projected = (folder / PROJECTOR_FILE).is_file()
     expected = module_entries(similarity, projected)
     if listed != expected:
@@ -143,7 +210,6 @@ def sentence_transformers_view(folder: Path, cfg: dict) -> tuple[str, list[str]]
             f"{similarity}, {'with' if projected else 'without'} {PROJECTOR_FILE})")
     kind, dense_problems = dense_view(folder, listed, cfg.get("hidden_size"))
     problems += dense_problems
-    pooling = json.loads((folder / POOLING_DIR / "config.json").read_text())
     modes = [m for m, flag in POOLING_FLAGS.items() if pooling.get(flag)]
     others = [f for f in ALL_POOLING_FLAGS if pooling.get(f) and f not in POOLING_FLAGS.values()]
     if len(modes) != 1 or others:
@@ -153,11 +219,11 @@ def sentence_transformers_view(folder: Path, cfg: dict) -> tuple[str, list[str]]
                         f"{cfg.get('hidden_size')}")
     if kind and modes != ["cls"]:
         problems.append(f"a projector ({kind}) with pooling {modes}: it embeds [CLS]")
-    length = json.loads((folder / "sentence_bert_config.json").read_text()).get("max_seq_length")
-    if not isinstance(length, int) or length > cfg.get("max_position_embeddings", length):
+    length = bert_config.get("max_seq_length")
+    if (isinstance(length, bool) or not isinstance(length, int)
+            or length > cfg.get("max_position_embeddings", length)):
         problems.append(f"max_seq_length {length} (position embeddings: "
                         f"{cfg.get('max_position_embeddings')})")
-    use = (read_card(folder).get(CARD_BLOCK) or {}).get("use") or {}
     stated = {"pooling": modes[0] if len(modes) == 1 else None, "similarity": similarity,
               "p_len": length, "projector": kind}
     if any(use.get(k) != v for k, v in stated.items()):
@@ -220,11 +286,12 @@ def check_training_data(a: Audit, data) -> None:
 
 def audit_model(a: Audit, n: int) -> None:
     a.kind = "model folder (Hugging Face)"
-    cfg = json.loads((a.path / "config.json").read_text())
+    cfg = readable(a, "config.json", lambda: read_config(a.path))
     a.say(
         f"-- {cfg.get('model_type')} {cfg.get('architectures')}: "
         f"{cfg.get('num_hidden_layers')} layers, hidden {cfg.get('hidden_size')}, "
-        f"vocab {cfg.get('vocab_size')}"
+        f"vocab {cfg.get('vocab_size')}" if cfg is not None else
+        "-- config.json unreadable (see its check)"
     )
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
@@ -252,21 +319,31 @@ def audit_model(a: Audit, n: int) -> None:
     if is_encoder_folder(a.path):
         missing = [f for f in ST_FILES if not (a.path / f).is_file()]
         if a.check("sentence-transformers files present", not missing, ", ".join(missing)):
-            view, problems = sentence_transformers_view(a.path, cfg)
-            a.say(view)
-            a.check("sentence-transformers files agree", not problems, "; ".join(problems))
+            found = sentence_transformers_view(a, a.path, cfg) if cfg is not None else None
+            if found is not None:
+                view, problems = found
+                a.say(view)
+                a.check("sentence-transformers files agree", not problems, "; ".join(problems))
     training = a.path / "training.json"
-    if training.is_file():
-        info = json.loads(training.read_text())
+    info = readable(a, "training.json", lambda: read_training(training)) if training.is_file() \
+        else None
+    if info is not None:
         a.say(f"-- training.json keys: {sorted(info)}")
         for key in ("objective", "steps", "tokens_seen", "world_size", "device"):
             if key in info:
                 a.say(f"  {key}: {short(json.dumps(info[key]), 200)}")
         check_training_data(a, info.get("data"))
-    if (a.path / "tokenizer.json").is_file():
+    tokenizer = a.path / "tokenizer.json"
+    if tokenizer.is_file():
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(a.path / "tokenizer.json"))
+        try:
+            with reading(tokenizer, "a tokenizer.json"):
+                tok = Tokenizer.from_file(str(tokenizer))
+        except BadInput as error:
+            a.check("tokenizer.json loads", False, one_line(error))
+            return
+        a.check("tokenizer.json loads", True)
         tok.no_padding()
         tokens = tok.encode(SAMPLE).tokens
         a.say(f"-- tokenizer: {tok.get_vocab_size()} entries; {SAMPLE!r} -> {tokens}")
@@ -279,11 +356,14 @@ def audit_module_folder(a: Audit, n: int) -> None:
     describe_origin(a, "a model folder file")
     a.check("named in its model folder's modules.json", is_module_folder(a.path))
     for item in sorted(a.path.iterdir()):
-        shown = item.read_text()[:300] if item.suffix == ".json" else f"{item.stat().st_size:,} bytes"
+        shown = (item.read_text(errors="replace")[:300] if item.suffix == ".json"
+                 else f"{item.stat().st_size:,} bytes")
         a.say(f"  {item.name}: {shown}")
-    listed = json.loads((a.path.parent / "modules.json").read_text())
-    if module_dir(listed, DENSE) == a.path.name:
-        cfg = json.loads((a.path.parent / "config.json").read_text())
+    listed = readable(a, "modules.json", lambda: read_modules(a.path.parent / "modules.json"))
+    if listed is not None and module_dir(listed, DENSE) == a.path.name:
+        cfg = readable(a, "config.json", lambda: read_config(a.path.parent))
+        if cfg is None:
+            return
         kind, problems = dense_view(a.path.parent, listed, cfg.get("hidden_size"))
         a.check(f"the Dense module is the encoder's {PROJECTOR_FILE} ({kind})", not problems,
                 "; ".join(problems))
