@@ -314,6 +314,33 @@ def test_every_encoder_loader_refuses_a_tokenizer_with_ids_past_the_embeddings(l
     _loaders(fx.add_tokens(padded, "zzqword"), tmp_path)[loader]()
 
 
+def test_a_bert_config_json_without_vocab_size_is_checked_against_bertconfig_s_default(
+        tmp_path):
+    """A BERT config.json that leaves out vocab_size is loaded with BertConfig's default table,
+    30522 rows (bert.DEFAULTS; transformers' BertConfig): the vocabulary check was skipped
+    there, so a tokenizer with ids past those rows loaded, and failed at the first text holding
+    one. Checked against the default, naming it; a tokenizer within it still loads."""
+    import pretrain_fixtures as fx
+
+    from retrieval_pretraining import encode
+    from retrieval_pretraining.model_folder import ModelFolderError
+
+    def without_vocab_size(folder: Path) -> Path:
+        config = json.loads((folder / "config.json").read_text())
+        del config["vocab_size"]
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    folder = without_vocab_size(fx.add_tokens(fx.tiny_checkpoint(tmp_path / "short"), "zzqword"))
+    with pytest.raises(ModelFolderError) as refused:
+        encode.load_encoder(folder)
+    message = str(refused.value)
+    assert str(folder) in message and "\n" not in message, message
+    assert ("has 30523 tokens (ids up to 30522), but its model's word embeddings have 30522 rows "
+            "(BertConfig's default vocab_size: config.json gives none)" in message), message
+    encode.load_encoder(without_vocab_size(fx.tiny_checkpoint(tmp_path / "fits")))
+
+
 # ---------------------------------------------------------------- damaged JSON -----------------
 # A config.json or manifest cut short (a full disk, a copy stopped), not UTF-8, or another JSON
 # value than the object its reader indexes: one error naming the file, not a JSONDecodeError,

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import reading
-from .model_folder import ModelFolderError, read_config
+from .model_folder import BERT_VOCAB_SIZE, ModelFolderError, read_config
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -58,8 +58,8 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash attention computes in th
 # too (BertConfig fills them: a config.json without intermediate_size was an AttributeError naming
 # neither file nor key here, while transformers built 3072); weights of other sizes are refused.
 DEFAULTS = {
-    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-    "intermediate_size": 3072,
+    "vocab_size": BERT_VOCAB_SIZE, "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "intermediate_size": 3072,
     "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
     "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02,
     "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute",

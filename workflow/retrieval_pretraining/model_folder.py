@@ -50,13 +50,15 @@ def check_safetensors(folder: str | Path) -> Path:
     )
 
 
-def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
+def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path,
+                     rows_from: str = "config.json vocab_size") -> None:
     """Raise ModelFolderError, before any work, if `tokenizer` has ids the model's word embeddings
     have no row for (`rows`: the table's, config.json's vocab_size): tokens added to the tokenizer
     and not to the table. The first text holding one, or a masked position replaced by one at
     random, would fail the embedding lookup (IndexError on the CPU, a device-side assert on CUDA)
     hours into a run. A table with more rows than the tokenizer has ids (padded to a multiple of
-    64 or 128, common) is fine: the rows no id names are never looked up."""
+    64 or 128, common) is fine: the rows no id names are never looked up. `rows_from` says where
+    `rows` comes from."""
     vocab = tokenizer.get_vocab()  # added tokens included
     top = max(vocab.values())
     if top >= rows:
@@ -64,13 +66,16 @@ def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path) -> None:
         named = ", ".join(repr(token) for _, token in beyond[:5])
         raise ModelFolderError(
             f"the tokenizer of {checkpoint} has {len(vocab)} tokens (ids up to {top}), but its "
-            f"model's word embeddings have {rows} rows (config.json vocab_size): {len(beyond)} "
+            f"model's word embeddings have {rows} rows ({rows_from}): {len(beyond)} "
             f"token(s) have no embedding ({named}{', ...' if len(beyond) > 5 else ''}); use the "
             "tokenizer the checkpoint was trained with, or resize the embeddings to at least "
             f"{top + 1} rows (transformers: resize_token_embeddings) and save the model")
 
 
 CONFIG = "a model folder's config.json"
+# The word-embedding rows transformers' BertConfig (and bert.DEFAULTS) gives a BERT config.json
+# that leaves out vocab_size: the table every BERT loader builds then.
+BERT_VOCAB_SIZE = 30522
 # The sizes in config.json the loaders build layers of or compare lengths with: absent (a default
 # applies) or a positive integer. Null is refused for BERT (a TypeError in bert.py and in
 # transformers' BertModel) and for the position limit the stages read as a length; another
@@ -108,11 +113,16 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
 
 def check_folder_vocabulary(folder: str | Path, tokenizer: Any) -> None:
     """check_vocabulary of `folder`'s tokenizer against the table its config.json declares (the
-    rows every loader builds: a weight of another shape fails to load). A config without a
-    vocab_size (no architecture this package loads) has nothing to check against."""
-    rows = read_config(folder).get("vocab_size")
+    rows every loader builds: a weight of another shape fails to load). A BERT config without a
+    vocab_size is checked against BertConfig's default (BERT_VOCAB_SIZE), the table its loaders
+    build then (skipped, a tokenizer past it loaded and failed at the first text holding such an
+    id); another architecture's default is its config class's, not checked here."""
+    config = read_config(folder)
+    rows, rows_from = config.get("vocab_size"), "config.json vocab_size"
+    if rows is None and config.get("model_type") == "bert":
+        rows, rows_from = BERT_VOCAB_SIZE, "BertConfig's default vocab_size: config.json gives none"
     if isinstance(rows, int):
-        check_vocabulary(tokenizer, rows, folder)
+        check_vocabulary(tokenizer, rows, folder, rows_from)
 
 
 def load_model(folder: str | Path, *, native: bool = True, **kwargs: Any):
