@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -339,6 +340,77 @@ def test_a_bert_config_json_without_vocab_size_is_checked_against_bertconfig_s_d
     assert ("has 30523 tokens (ids up to 30522), but its model's word embeddings have 30522 rows "
             "(BertConfig's default vocab_size: config.json gives none)" in message), message
     encode.load_encoder(without_vocab_size(fx.tiny_checkpoint(tmp_path / "fits")))
+
+
+def _cut_tokenizer_json(folder: Path) -> str:
+    text = (folder / "tokenizer.json").read_text()
+    (folder / "tokenizer.json").write_text(text[:100])
+    return "tokenizer.json: cannot read it as a tokenizer.json (JSONDecodeError"
+
+
+def _edit_json(name: str, change) -> Any:
+    def damage(folder: Path) -> None:
+        path = folder / name
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return damage
+
+
+TOKENIZER_DAMAGE = {
+    "tokenizer.json cut short": _cut_tokenizer_json,
+    "tokenizer.json a list": lambda f: ((f / "tokenizer.json").write_text("[1]"),
+                                        "tokenizer.json: not a JSON object but an array")[1],
+    "tokenizer.json's model a list": lambda f: (
+        _edit_json("tokenizer.json", lambda t: t | {"model": [1]})(f),
+        "tokenizer.json: model is not a JSON object but an array")[1],
+    "tokenizer_config.json a list": lambda f: ((f / "tokenizer_config.json").write_text("[1]"),
+                                               "tokenizer_config.json: not a JSON object")[1],
+    "vocab.txt not UTF-8, no tokenizer.json": lambda f: (
+        (f / "tokenizer.json").unlink(), (f / "vocab.txt").write_bytes(b"\xff\xfe\n"),
+        "cannot read it as a model folder's tokenizer (Exception: Error while initializing "
+        "WordPiece")[-1],
+    "no tokenizer file, no config.json": lambda f: (
+        [p.unlink() for p in f.iterdir() if p.suffix in (".json", ".txt")],
+        "cannot read it as a model folder's tokenizer (ValueError")[-1],
+}
+
+
+@pytest.mark.parametrize("damage", list(TOKENIZER_DAMAGE))
+def test_a_damaged_or_missing_tokenizer_file_is_one_line_naming_it(tiny_bert, tmp_path, damage):
+    """What transformers raises for a tokenizer file it cannot read (a JSONDecodeError, a
+    UnicodeDecodeError, an OSError, the tokenizers library's bare Exception, a ValueError where
+    no file makes a tokenizer) is one line naming the file or the folder; a file of another
+    shape (a list, a member of another kind), where transformers raised a TypeError or an
+    AttributeError, is named before transformers reads it."""
+    import shutil
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    said = TOKENIZER_DAMAGE[damage](folder)
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(str(folder)) and said in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),
+                                   AttributeError("a bug")])
+def test_a_library_error_loading_a_tokenizer_keeps_its_traceback(tiny_bert, monkeypatch, error):
+    """auto_tokenizer turned ANY exception from transformers into a line blaming the folder's
+    files, so a bug in the library (or ours under it) showed no traceback unless --debug: only
+    the exceptions that mean a file it cannot read are bad input."""
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", broken)
+    with pytest.raises(type(error)) as raised:
+        auto_tokenizer(tiny_bert)
+    assert raised.value is error
 
 
 # ---------------------------------------------------------------- damaged JSON -----------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, expect_positive_int, read_json_object, reading
+from .errors import BadInput, expect_positive_int, expect_section, read_json_object, reading
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -98,17 +98,40 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return config
 
 
+# What transformers raises for a tokenizer file it cannot read: OSError (a file it cannot open),
+# ValueError (JSONDecodeError, UnicodeDecodeError; no file it can build a tokenizer from), KeyError
+# (a tokenizer.json lacking a member). The tokenizers library raises a bare Exception for a file
+# it cannot parse (a vocab.txt that is not UTF-8): `type(error) is Exception`, never a subclass.
+TOKENIZER_FILE_ERRORS = (OSError, ValueError, KeyError)
+# The tokenizer files read before transformers does, as the objects it indexes (tokenizer.json's
+# `model` too): a list there was a TypeError or AttributeError inside transformers.
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json")
+
+
 def auto_tokenizer(folder: str | Path, **kwargs: Any):
     """transformers' AutoTokenizer of a local folder (never downloads). transformers reads the
     folder's config.json for the tokenizer's class: one cut short failed there as an OSError
-    naming no fix, a list as a TypeError; both, and a tokenizer file it cannot read, are
-    InputFileError naming the file (config.json) or the folder."""
+    naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
+    another shape, and a tokenizer file it cannot read are InputFileError naming the file or
+    the folder. Any other error from transformers (a RuntimeError, a TypeError) is a bug, and
+    keeps its traceback."""
     from transformers import AutoTokenizer
 
     if (Path(folder) / "config.json").is_file():
         read_config(folder)
-    with reading(folder, "a model folder's tokenizer"):
+    for name in TOKENIZER_JSON:
+        path = Path(folder) / name
+        if path.is_file():
+            read = read_json_object(path, f"a {name}")
+            if name == "tokenizer.json":
+                expect_section(read, "model", path, "a tokenizer.json")
+    try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+    except Exception as error:
+        if not isinstance(error, TOKENIZER_FILE_ERRORS) and type(error) is not Exception:
+            raise
+        with reading(folder, "a model folder's tokenizer"):  # names it (a FILE_ERRORS as it is)
+            raise
 
 
 def check_folder_vocabulary(folder: str | Path, tokenizer: Any) -> None:
