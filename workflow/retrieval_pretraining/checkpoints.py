@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from . import artifacts
 from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
-from .errors import InputFileError, command, expect_positive_int
+from .errors import InputFileError, command, expect_positive_int, fixed_by
 from .model_folder import auto_tokenizer, check_folder_vocabulary, load_model
 from .wordpiece import position_limit
 
@@ -171,6 +171,18 @@ def _hub_cache() -> str:
     return os.environ.get("HF_HUB_CACHE") or str(constants.HF_HUB_CACHE)
 
 
+def _source_fix(entry: dict[str, Any]) -> contextlib.AbstractContextManager:
+    """The fix a Hub checkpoint's file this stage cannot read gets (errors.fixed_by): no stage of
+    ours writes the Hub's config.json (staging writes our copy), so "rebuild it with the stage
+    that writes it" named none that could."""
+    if entry["source"] != "hub":
+        return contextlib.nullcontext()
+    return fixed_by(
+        f"the Hub checkpoint {entry['location']} (revision {entry.get('revision') or 'main'}) "
+        "holds it so: pin another revision, or use another checkpoint (a download damaged in "
+        f"the Hugging Face cache, {_hub_cache()}: delete its snapshot there and stage again)")
+
+
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
@@ -293,7 +305,7 @@ def check_entry(entry: dict[str, Any]) -> None:
 def stage(entry: dict[str, Any], out_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Write the checkpoint named by `entry` to `out_dir` (atomically: a temp folder, then rename)."""
     check_entry(entry)
-    with _staging(out_dir) as staged:
+    with _staging(out_dir) as staged, _source_fix(entry):
         folder = source_folder(entry, data_root)
         # Safetensors only: a folder holding only pytorch_model.bin (a pickle) is refused. Read by
         # transformers itself (native=False): whatever the source's layout (a task model's prefix,
@@ -338,7 +350,7 @@ def stage_tokenizer(
     """Write only the tokenizer of the checkpoint named by `entry` to `out_dir` (atomically)."""
     check_entry(entry)
     entry = {key: entry[key] for key in TOKENIZER_KEYS if key in entry}
-    with _staging(out_dir) as staged:
+    with _staging(out_dir) as staged, _source_fix(entry):
         folder = source_folder(entry, data_root, patterns=("*.json", "*.txt"))
         tokenizer = auto_tokenizer(folder, use_fast=True)
         if (folder / "config.json").is_file():  # the earliest check: the corpus is chunked with it

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from . import artifacts
-from .errors import BadInput, InputFileError, expect_object, expect_section
+from .errors import BadInput, InputFileError, expect_object, expect_section, fixed_by, reading
 from .fetch import DownloadError, NotFound, read_url
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 MULTISTREAM_JOB = "articlesmultistreamdump"
 # How many dump runs `dump_date: latest` looks back through for one whose job is done.
 LATEST_LOOKBACK = 5
+
+
+# The fix for a dumpstatus.json of another shape: the saved copy (`download dumpstatus` wrote it),
+# or the one a mirror serves (no stage of ours writes it).
+SAVED_FIX = "fetch it again with `download dumpstatus`, or fix the path"
+MIRROR_FIX = ("the mirror serves it so: try again later, another wikipedia.mirror, or pin "
+              "wikipedia.dump_date to another run")
 
 
 class DumpStatusError(BadInput, ValueError):
@@ -75,11 +82,18 @@ def _part_name(match: re.Match) -> str:
 
 def parse_dump_parts(
     status: dict[str, Any], mirror: str, job: str = MULTISTREAM_JOB,
-    source: str | os.PathLike = "dumpstatus.json",
+    source: str | os.PathLike = "dumpstatus.json", fix: str = SAVED_FIX,
 ) -> list[DumpPart]:
     """The parts of `job` in a parsed dumpstatus.json, each paired with its index, in part order.
     `source` (the saved file, or its URL) is named where the job, its files or a file's entry
-    is no object (an AttributeError from .get naming neither it nor the member)."""
+    is no object (an AttributeError from .get naming neither it nor the member), with `fix`
+    (MIRROR_FIX for a URL's)."""
+    with fixed_by(fix):
+        return _parse_dump_parts(status, mirror, job, source, fix)
+
+
+def _parse_dump_parts(status: Any, mirror: str, job: str, source: str | os.PathLike, fix: str
+                      ) -> list[DumpPart]:
     what = "a dumpstatus.json"
     status = expect_object(status, source, what)
     jobs = status.get("jobs")
@@ -101,13 +115,11 @@ def parse_dump_parts(
         if not isinstance(meta, dict):
             raise InputFileError(
                 f"{source}: jobs.{job}.files['{file_name}'] is {json.dumps(meta)[:40]}, not a "
-                f"JSON object (read as {what}); fetch it again with `download dumpstatus`, or "
-                "fix the path")
+                f"JSON object (read as {what}); {fix}")
         if meta.get("url") is not None and not isinstance(meta["url"], str):  # remote(): .lstrip
             raise InputFileError(
                 f"{source}: jobs.{job}.files['{file_name}'].url is "
-                f"{json.dumps(meta['url'])[:40]}, not a string (read as {what}); fetch it again "
-                "with `download dumpstatus`, or fix the path")
+                f"{json.dumps(meta['url'])[:40]}, not a string (read as {what}); {fix}")
         for pattern, found in ((_PART_FILE, data), (_INDEX_FILE, index)):
             match = pattern.match(file_name)
             if match:
@@ -212,18 +224,19 @@ def fetch_dumpstatus(
     The document's missing sha1s are filled from the run's sha1sums.txt (module doc)."""
     date, status = _resolve(mirror, wiki, dump_date, retries, sleep)
     _add_published_sha1sums(status, mirror, wiki, date, retries, sleep)
-    return date, status, parse_dump_parts(status, mirror,
-                                          source=status_url(mirror, wiki, date))
+    return date, status, parse_dump_parts(status, mirror, source=status_url(mirror, wiki, date),
+                                          fix=MIRROR_FIX)
 
 
 def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, Any]]:
     """(date, status) of the run `dump_date` names, its job checked done."""
     if dump_date != "latest":
-        status = json.loads(
-            read_url(status_url(mirror, wiki, dump_date), retries=retries, sleep=sleep)
-        )
+        url = status_url(mirror, wiki, dump_date)
+        document = read_url(url, retries=retries, sleep=sleep)
+        with fixed_by(MIRROR_FIX), reading(url, "a dumpstatus.json"):  # an HTML page, cut short
+            status = json.loads(document)
         # raises unless the job is done
-        parse_dump_parts(status, mirror, source=status_url(mirror, wiki, dump_date))
+        parse_dump_parts(status, mirror, source=url, fix=MIRROR_FIX)
         return dump_date, status
     listing = read_url(f"{mirror.rstrip('/')}/{wiki}/", retries=retries, sleep=sleep).decode(
         "utf-8", "replace"
@@ -251,7 +264,8 @@ def _resolve(mirror, wiki, dump_date, retries, sleep) -> tuple[str, dict[str, An
             ) from error
         try:
             status = json.loads(document)
-            parts = parse_dump_parts(status, mirror, source=status_url(mirror, wiki, date))
+            parts = parse_dump_parts(status, mirror, source=status_url(mirror, wiki, date),
+                                     fix=MIRROR_FIX)
         except (DumpStatusError, ValueError) as error:
             reasons.append(f"{date}: {error}")
             log.warning("dump_date latest: passing over %s (%s)", date, error)
@@ -268,5 +282,6 @@ def dump_parts_from_file(path: str | os.PathLike, mirror: str) -> list[DumpPart]
     """The parts listed in a saved dumpstatus.json (what the Snakemake checkpoint wrote); one cut
     short, not JSON or not an object, or whose job, files or a file's entry is no object, is one
     error naming it (read when the workflow plans)."""
-    return parse_dump_parts(artifacts.read_json_object(path, "a saved dumpstatus.json"), mirror,
-                            source=path)
+    with fixed_by(SAVED_FIX):
+        status = artifacts.read_json_object(path, "a saved dumpstatus.json")
+    return parse_dump_parts(status, mirror, source=path)

@@ -13,7 +13,10 @@ of value than the object its reader indexes (a manifest, a config.json) is named
 `expect_object`, a manifest whose `stats` or `params` is not an object by `expect_manifest`, and
 one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`, a
 member it reads as a list (`stats.sentence_transformers.modules`) by `expect_list`; a recorded
-length or limit that is no positive integer by `expect_positive_int`.
+length or limit that is no positive integer by `expect_positive_int`. Each says to rebuild the
+file with the stage that writes it (`REBUILD`); where no stage of ours writes it (a Hub
+checkpoint's config.json, a mirror's dumpstatus.json), the reader wraps the read in `fixed_by`
+with the fix there is.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ class InputFileError(BadInput, ValueError):
     """An input file exists but is not what the stage reads (not Parquet, cut short, ...)."""
 
 
+# The fix every reader here gives for a file it cannot use: one of the stages writes it (a Hub
+# checkpoint's files and a mirror's dumpstatus.json say their own, through `fixed_by`).
+REBUILD = "rebuild it with the stage that writes it, or fix the path"
+
 # Errors that name a path the user gave (or a stage before wrote): bad input, not a bug.
 FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 _FILE_KINDS = {FileNotFoundError: "no such file or directory", IsADirectoryError: "is a directory",
@@ -53,8 +60,22 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
     except Exception as error:  # pyarrow, polars, json, numpy, faiss: each has its own classes
         raise InputFileError(
             f"{path}: cannot read it as {what} ({type(error).__name__}: {one_line(error)}); "
-            "rebuild it with the stage that writes it, or fix the path"
+            f"{REBUILD}"
         ) from error
+
+
+@contextlib.contextmanager
+def fixed_by(fix: str) -> Iterator[None]:
+    """For a file no stage of this workflow writes (a Hub checkpoint's config.json, a mirror's
+    dumpstatus.json), read inside: an InputFileError whose fix is the readers' REBUILD says
+    `fix` instead (no stage rebuilds such a file). Its class and traceback are kept."""
+    try:
+        yield
+    except InputFileError as error:
+        text = str(error)
+        if text.endswith(REBUILD):
+            error.args = (text[: -len(REBUILD)] + fix,)
+        raise
 
 
 def expect_object(value: Any, path: str | Path, what: str) -> dict[str, Any]:
@@ -64,8 +85,7 @@ def expect_object(value: Any, path: str | Path, what: str) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
     raise InputFileError(
-        f"{path}: not a JSON object but {_json_kind(value)}, as {what} is; rebuild it with the "
-        "stage that writes it, or fix the path"
+        f"{path}: not a JSON object but {_json_kind(value)}, as {what} is; {REBUILD}"
     )
 
 
@@ -115,8 +135,7 @@ def expect_section(value: dict[str, Any], key: str, path: str | Path, what: str
         if not isinstance(section, dict):
             raise InputFileError(
                 f"{path}: {'.'.join(names[:depth])} is not a JSON object but "
-                f"{_json_kind(section)} (read as {what}); rebuild it with the stage that writes "
-                "it, or fix the path"
+                f"{_json_kind(section)} (read as {what}); {REBUILD}"
             )
     return section
 
@@ -130,8 +149,7 @@ def expect_list(value: Any, key: str, path: str | Path, what: str) -> list[Any]:
     if isinstance(value, list):
         return value
     raise InputFileError(
-        f"{path}: {key} is not a JSON array but {_json_kind(value)} (read as {what}); rebuild it "
-        "with the stage that writes it, or fix the path"
+        f"{path}: {key} is not a JSON array but {_json_kind(value)} (read as {what}); {REBUILD}"
     )
 
 
@@ -144,8 +162,8 @@ def expect_positive_int(value: Any, key: str, path: str | Path, what: str,
             or (isinstance(value, int) and not isinstance(value, bool) and value > 0)):
         return value
     raise InputFileError(
-        f"{path}: {key} is {json.dumps(value)}, not a positive integer (read as {what}); rebuild "
-        "it with the stage that writes it, or fix the path"
+        f"{path}: {key} is {json.dumps(value)}, not a positive integer (read as {what}); "
+        f"{REBUILD}"
     )
 
 

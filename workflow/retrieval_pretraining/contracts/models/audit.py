@@ -13,8 +13,8 @@ import numpy as np
 
 from ... import artifacts
 from ...errors import (
-    BadInput, InputFileError, expect_list, expect_object, expect_section, one_line, read_json,
-    read_json_object, reading,
+    REBUILD, BadInput, InputFileError, expect_list, expect_object, expect_section, one_line,
+    read_json, read_json_object, reading,
 )
 from ...model_folder import read_config
 from ..base import (
@@ -75,7 +75,7 @@ def read_modules(path: Path) -> list[dict[str, Any]]:
             if not isinstance(entry.get(key), str):
                 raise InputFileError(
                     f"{where}: {key} is {json.dumps(entry.get(key))}, not a string (read as "
-                    f"{MODULES}); rebuild it with the stage that writes it, or fix the path")
+                    f"{MODULES}); {REBUILD}")
     return listed
 
 
