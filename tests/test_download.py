@@ -707,12 +707,29 @@ def test_a_damaged_saved_dumpstatus_is_one_error_naming_it(tmp_path, body):
                   "a JSON object"),
     ("url", ["/x"], "jobs.articlesmultistreamdump.files"
                     "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'].url is "
-                    '["/x"], not a string')])
+                    '["/x"], not a string'),
+    ("size", "1024", "jobs.articlesmultistreamdump.files"
+                     "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'].size is "
+                     '"1024", not a positive integer'),
+    ("size", True, "jobs.articlesmultistreamdump.files"
+                   "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'].size is "
+                   "true, not a positive integer"),
+    ("sha1", 5, "jobs.articlesmultistreamdump.files"
+                "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'].sha1 is 5, not "
+                "a sha1 (40 hexadecimal digits)"),
+    ("sha1", "abc", "jobs.articlesmultistreamdump.files"
+                    "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'].sha1 is "
+                    '"abc", not a sha1 (40 hexadecimal digits)'),
+    ("md5", ["x"], "jobs.articlesmultistreamdump.files"
+                   "['enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2'].md5 is "
+                   '["x"], not an md5 (32 hexadecimal digits)')])
 def test_a_saved_dumpstatus_whose_job_or_files_are_no_objects_is_named(capture, tmp_path,
                                                                        member, value, said):
     """A job, its files or one file's entry that is no object was an AttributeError from .get
     (or .items) naming neither the file nor the member; so was an entry's url that is no string
-    (.lstrip of it)."""
+    (.lstrip of it). An entry's size or checksum of another type went unchecked: a size that is
+    a string failed the manifest's byte sum (a TypeError), a sha1 that is a number failed
+    add_sha1sums' .lower(), and either reached the download of a 20 GB part as its check."""
     from retrieval_pretraining.errors import InputFileError
 
     status = copy.deepcopy(capture)
@@ -721,8 +738,8 @@ def test_a_saved_dumpstatus_whose_job_or_files_are_no_objects_is_named(capture, 
         status["jobs"]["articlesmultistreamdump"] = value
     elif member == "files":
         job["files"] = value
-    elif member == "url":
-        job["files"]["enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2"]["url"] = value
+    elif member in ("url", "size", "sha1", "md5"):
+        job["files"]["enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2"][member] = value
     else:
         job["files"]["enwiki-20230301-pages-articles-multistream1.xml-p1p41242.bz2"] = value
     path = tmp_path / "dumpstatus.json"
@@ -906,6 +923,28 @@ def test_a_served_dumpstatus_of_another_shape_says_what_to_do_with_the_mirror(mi
     assert message.startswith(f"{url}: ") and said in message and "\n" not in message, message
     assert message.endswith(f"; {dumpstatus.MIRROR_FIX}"), message
     assert "stage that writes it" not in message and "download dumpstatus" not in message
+
+
+@pytest.mark.parametrize("member, value", [("sha1", 5), ("size", "1024")])
+def test_a_served_dumpstatus_entry_of_another_type_is_named_before_its_sha1s_are_added(
+        mirror, member, value):
+    """add_sha1sums compared a listed sha1 through .lower(): a number there was an
+    AttributeError naming neither the URL nor the entry; a size that is a string was summed
+    into the manifest's bytes later. Refused with the URL, the entry and the member."""
+    from retrieval_pretraining.errors import InputFileError
+
+    _publish_sizes_only(mirror, "20260120")
+    path = "/testwiki/20260120/dumpstatus.json"
+    status = json.loads(mirror.files[path])
+    name = "testwiki-20260120-pages-articles-multistream1.xml-p1p2583.bz2"
+    status["jobs"]["articlesmultistreamdump"]["files"][name][member] = value
+    mirror.files[path] = json.dumps(status).encode()
+    with pytest.raises(InputFileError) as refused:
+        dumpstatus.fetch_dumpstatus(mirror.url, "testwiki", "20260120", sleep=lambda s: None)
+    message = str(refused.value)
+    assert message.startswith(f"{mirror.url}{path}: jobs.articlesmultistreamdump.files['{name}']"
+                              f".{member} is {json.dumps(value)}, not a"), message
+    assert message.endswith(f"; {dumpstatus.MIRROR_FIX}") and "\n" not in message, message
 
 
 def test_file_mirror_works_like_a_web_mirror(tmp_path):

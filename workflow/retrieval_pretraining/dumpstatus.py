@@ -26,7 +26,9 @@ import time
 from typing import Any
 
 from . import artifacts
-from .errors import BadInput, InputFileError, expect_object, expect_section, fixed_by, reading
+from .errors import (
+    BadInput, InputFileError, expect_object, expect_positive_int, expect_section, fixed_by, reading,
+)
 from .fetch import DownloadError, NotFound, read_url
 
 log = logging.getLogger(__name__)
@@ -116,10 +118,7 @@ def _parse_dump_parts(status: Any, mirror: str, job: str, source: str | os.PathL
             raise InputFileError(
                 f"{source}: jobs.{job}.files['{file_name}'] is {json.dumps(meta)[:40]}, not a "
                 f"JSON object (read as {what}); {fix}")
-        if meta.get("url") is not None and not isinstance(meta["url"], str):  # remote(): .lstrip
-            raise InputFileError(
-                f"{source}: jobs.{job}.files['{file_name}'].url is "
-                f"{json.dumps(meta['url'])[:40]}, not a string (read as {what}); {fix}")
+        _check_entry(meta, f"jobs.{job}.files['{file_name}']", source, what, fix)
         for pattern, found in ((_PART_FILE, data), (_INDEX_FILE, index)):
             match = pattern.match(file_name)
             if match:
@@ -155,6 +154,30 @@ def _parse_dump_parts(status: Any, mirror: str, job: str, source: str | os.PathL
         DumpPart(name=_part_name(data[key][0]), data=remote(*data[key]), index=remote(*index[key]))
         for key in sorted(data, key=order)
     ]
+
+
+# A file entry's checksums: how each is named and its hex digits (add_sha1sums compares them
+# lowered; the download verifies the file against them).
+_DIGESTS = {"sha1": ("a sha1", 40), "md5": ("an md5", 32)}
+
+
+def _check_entry(meta: dict[str, Any], key: str, source: str | os.PathLike, what: str,
+                 fix: str) -> None:
+    """A file entry's url (remote(): .lstrip of it), size (summed into the manifest, compared
+    with the download's bytes) and checksums (.lower() in add_sha1sums) as the readers use them,
+    absent or null where not given: of another type, each failed later, naming no entry."""
+    url = meta.get("url")
+    if url is not None and not isinstance(url, str):
+        raise InputFileError(f"{source}: {key}.url is {json.dumps(url)[:40]}, not a string "
+                             f"(read as {what}); {fix}")
+    expect_positive_int(meta.get("size"), f"{key}.size", source, what)
+    for name, (called, digits) in _DIGESTS.items():
+        digest = meta.get(name)
+        if digest not in (None, "") and not (
+                isinstance(digest, str) and re.fullmatch(f"[0-9a-fA-F]{{{digits}}}", digest)):
+            raise InputFileError(
+                f"{source}: {key}.{name} is {json.dumps(digest)[:60]}, not {called} ({digits} "
+                f"hexadecimal digits) (read as {what}); {fix}")
 
 
 def sha1sums_url(mirror: str, wiki: str, date: str) -> str:
