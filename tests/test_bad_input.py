@@ -368,6 +368,13 @@ TOKENIZER_DAMAGE = {
         (f / "tokenizer.json").unlink(), (f / "vocab.txt").write_bytes(b"\xff\xfe\n"),
         "cannot read it as a model folder's tokenizer (Exception: Error while initializing "
         "WordPiece")[-1],
+    "no tokenizer file, a tokenizer_config.json": lambda f: (
+        (f / "tokenizer.json").unlink(),
+        "no tokenizer file (tokenizer.json or vocab.txt): transformers built a BertTokenizer of "
+        "5 tokens")[-1],
+    "no tokenizer file, no tokenizer_config.json": lambda f: (
+        (f / "tokenizer.json").unlink(), (f / "tokenizer_config.json").unlink(),
+        "no tokenizer file (tokenizer.json or vocab.txt)")[-1],
     "no tokenizer file, no config.json": lambda f: (
         [p.unlink() for p in f.iterdir() if p.suffix in (".json", ".txt")],
         "cannot read it as a model folder's tokenizer (ValueError")[-1],

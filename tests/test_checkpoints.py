@@ -192,6 +192,12 @@ def _tiny_bert(folder, safe_serialization, config=None):
         torch.save(model.state_dict(), folder / "pytorch_model.bin")
 
 
+def _tiny_tokenizer(folder: Path) -> None:
+    """A 64-word tokenizer (tokenizer.json, tokenizer_config.json) saved into `folder`."""
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+    BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)}).save_pretrained(folder)
+
+
 def test_a_local_checkpoint_outside_the_project_and_data_root_is_refused(tmp_path):
     from retrieval_pretraining.config import ConfigError
 
@@ -205,6 +211,7 @@ def test_a_local_checkpoint_outside_the_project_and_data_root_is_refused(tmp_pat
 def test_a_pickled_checkpoint_is_never_loaded(tmp_path):
     """pytorch_model.bin is a pickle: loading it would run code from data, so it is refused."""
     _tiny_bert(tmp_path / "source", safe_serialization=False)
+    _tiny_tokenizer(tmp_path / "source")  # (a folder without one is refused for that first)
     assert (tmp_path / "source" / "pytorch_model.bin").exists()
     entry = {"name": "tiny", "source": "local", "location": str(tmp_path / "source")}
     with pytest.raises(ModelFolderError, match="only as a pickle.*convert it to safetensors"):
@@ -229,6 +236,43 @@ def test_a_tokenizer_with_ids_past_the_embeddings_is_refused_before_anything_is_
         with pytest.raises(ModelFolderError, match=r"have 64 rows.*'\[NEW\]'.*resize"):
             stage(entry, tmp_path / out, data_root=str(tmp_path))
     assert [path.name for path in tmp_path.iterdir()] == ["source"]
+
+
+@pytest.mark.parametrize("removed", [("tokenizer.json",),
+                                     ("tokenizer.json", "tokenizer_config.json")])
+def test_a_local_source_without_tokenizer_files_is_refused(tmp_path, removed):
+    """transformers 5 loads a BERT folder with no tokenizer.json and no vocab.txt as a
+    BertTokenizer of its 5 special tokens, without a word: staged, it chunked the corpus into
+    [UNK]s, and the vocabulary check passes it (5 ids fit any table). Both staging commands
+    refuse it in one line naming the folder and the files it lacks, and stage nothing."""
+    from retrieval_pretraining.errors import BadInput
+
+    source = tmp_path / "source"
+    _tiny_bert(source, safe_serialization=True)
+    _tiny_tokenizer(source)
+    for name in removed:
+        (source / name).unlink()
+    entry = {"name": "tiny", "source": "local", "location": str(source)}
+    for stage, out in ((checkpoints.stage, "staged"), (checkpoints.stage_tokenizer, "tok")):
+        with pytest.raises(BadInput) as refused:
+            stage(entry, tmp_path / out, data_root=str(tmp_path))
+        message = str(refused.value)
+        assert message.startswith(f"{source}: no tokenizer file (tokenizer.json or vocab.txt)")
+        assert "\n" not in message, message
+    assert [path.name for path in tmp_path.iterdir()] == ["source"]
+
+
+def test_a_local_source_with_vocab_txt_alone_stages_its_vocabulary(tmp_path):
+    """A BERT folder whose tokenizer is vocab.txt alone (no tokenizer.json, as older checkpoints
+    ship) is a tokenizer file transformers reads: staged with every word of it."""
+    source = tmp_path / "source"
+    _tiny_bert(source, safe_serialization=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+    (source / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    entry = {"name": "tiny", "source": "local", "location": str(source)}
+    stats = checkpoints.stage_tokenizer(entry, tmp_path / "tok", data_root=str(tmp_path))
+    assert stats["vocab_size"] == 64
+    assert AutoTokenizer.from_pretrained(tmp_path / "tok").tokenize("w7 w12") == ["w7", "w12"]
 
 
 COMMIT = "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a"

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, expect_positive_int, expect_section, read_json_object, reading
+from .errors import (REBUILD, BadInput, InputFileError, expect_positive_int, expect_section,
+                     read_json_object, reading)
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -113,8 +114,9 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     folder's config.json for the tokenizer's class: one cut short failed there as an OSError
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
     another shape, and a tokenizer file it cannot read are InputFileError naming the file or
-    the folder. Any other error from transformers (a RuntimeError, a TypeError) is a bug, and
-    keeps its traceback."""
+    the folder, as is a folder with none of the tokenizer's files (check_tokenizer_files). Any
+    other error from transformers (a RuntimeError, a TypeError) is a bug, and keeps its
+    traceback."""
     from transformers import AutoTokenizer
 
     if (Path(folder) / "config.json").is_file():
@@ -126,12 +128,34 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
             if name == "tokenizer.json":
                 expect_section(read, "model", path, "a tokenizer.json")
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
     except Exception as error:
         if not isinstance(error, TOKENIZER_FILE_ERRORS) and type(error) is not Exception:
             raise
         with reading(folder, "a model folder's tokenizer"):  # names it (a FILE_ERRORS as it is)
             raise
+    check_tokenizer_files(folder, tokenizer)
+    return tokenizer
+
+
+def check_tokenizer_files(folder: str | Path, tokenizer: Any) -> None:
+    """Refuse a tokenizer transformers built from none of its class's files (`vocab_files_names`:
+    tokenizer.json, or a vocabulary such as BERT's vocab.txt): a BERT folder with no tokenizer
+    file loaded silently as a BertTokenizer of its 5 special tokens, which reads every word as
+    [UNK], and no vocabulary check catches it (5 ids fit any embedding table)."""
+    files = getattr(type(tokenizer), "vocab_files_names", None)
+    if not isinstance(files, dict) or not files:
+        return
+    names = sorted(set(files.values()), key=lambda name: (name != "tokenizer.json", name))
+    if any((Path(folder) / name).is_file() for name in names):
+        return
+    rest = " and ".join(name for name in names if name != "tokenizer.json")
+    expected = " or ".join(part for part in ("tokenizer.json" if "tokenizer.json" in names
+                                             else "", rest) if part)
+    raise InputFileError(
+        f"{folder}: no tokenizer file ({expected}): transformers built a "
+        f"{type(tokenizer).__name__} of {len(tokenizer)} tokens from the special tokens alone, "
+        f"which reads every word as unknown; {REBUILD}")
 
 
 def check_folder_vocabulary(folder: str | Path, tokenizer: Any) -> None:
