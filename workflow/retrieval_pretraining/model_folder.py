@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import (REBUILD, BadInput, InputFileError, expect_positive_int, expect_section,
-                     read_json_object, reading)
+                     expect_token, read_json_object, reading)
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -107,13 +107,18 @@ TOKENIZER_FILE_ERRORS = (OSError, ValueError, KeyError)
 # The tokenizer files read before transformers does, as the objects it indexes (tokenizer.json's
 # `model` too): a list there was a TypeError or AttributeError inside transformers.
 TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json")
+# The special tokens of tokenizer_config.json that transformers takes as a string or an AddedToken
+# (its SPECIAL_TOKENS_ATTRIBUTES), raising a TypeError for any other value.
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                  "mask_token")
 
 
 def auto_tokenizer(folder: str | Path, **kwargs: Any):
     """transformers' AutoTokenizer of a local folder (never downloads). transformers reads the
     folder's config.json for the tokenizer's class: one cut short failed there as an OSError
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
-    another shape, and a tokenizer file it cannot read are InputFileError naming the file or
+    another shape (a special token neither a string nor an AddedToken object: errors.expect_token),
+    and a tokenizer file it cannot read are InputFileError naming the file or
     the folder, as is a folder with none of the tokenizer's files (check_tokenizer_files). Any
     other error from transformers (a RuntimeError, a TypeError) is a bug, and keeps its
     traceback."""
@@ -127,6 +132,9 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
             read = read_json_object(path, f"a {name}")
             if name == "tokenizer.json":
                 expect_section(read, "model", path, "a tokenizer.json")
+            else:
+                for key in SPECIAL_TOKENS:
+                    expect_token(read.get(key), key, path, f"a {name}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
     except Exception as error:

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import artifacts
 from .config import ConfigError
-from .errors import expect_positive_int, reading
+from .errors import expect_positive_int, expect_token, reading
 
 def load_tokenizer(checkpoint_dir: str | os.PathLike):
     """The checkpoint's fast tokenizer, without the truncation/padding a saved one may carry."""
@@ -113,8 +113,10 @@ def tokenizer_info(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
     if (checkpoint_dir / "manifest.json").is_file():
         manifest = artifacts.read_manifest(checkpoint_dir / "manifest.json", MANIFEST)
         source, staged = manifest.get("params", {}), manifest.get("stats", {})
-    special = {
-        name: tokenizer.token_to_id(tok_config.get(f"{name}_token") or default)
+    special = {  # a token stored as an AddedToken object is read as transformers reads it
+        name: tokenizer.token_to_id(expect_token(tok_config.get(f"{name}_token"), f"{name}_token",
+                                                 config_path, "a tokenizer_config.json")
+                                    or default)
         for name, default in (
             ("cls", "[CLS]"),
             ("sep", "[SEP]"),

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ...errors import BadInput, one_line
 from ..base import RANK_PARQUET, Audit, input_path, parquet_kind, results_root, short
 from ..columns import flat
 from . import CHUNK_INDEX_BITS, MIN_LENGTH, SCHEMA, validate_chunks
@@ -69,15 +70,14 @@ def writer_check(tokenizer_file: Path | None, max_len: int | None):
     """chunk.py's own check of a batch (validate_chunks: [CLS] text [SEP], no special token
     inside the text, word_starts exactly the word-starting tokens) as `check(batch, where)`, with
     the tokenizer's tables; None (and why) where the tokenizer cannot give them."""
-    from ...config import ConfigError
     from ...wordpiece import tokenizer_info
 
     if tokenizer_file is None:
         return None, "no tokenizer found"
     try:
         info = tokenizer_info(tokenizer_file.parent)
-    except ConfigError as error:
-        return None, str(error)
+    except BadInput as error:  # not WordPiece (ConfigError), a file it cannot read
+        return None, one_line(error)
     prefix = info["continuation_prefix"]
     continues_word = np.array([t.startswith(prefix) for t in info["tokens"]], dtype=bool)
     special = (info["special_ids"]["cls"], info["special_ids"]["sep"])
