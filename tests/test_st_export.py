@@ -341,6 +341,11 @@ def test_audit_fails_a_dense_module_that_is_not_the_projector(folders, tmp_path,
     assert "FAIL  sentence-transformers files agree" in out and named in out, out
 
 
+def _cut(data: bytes) -> bytes:
+    """A file cut short (a copy stopped, a full disk)."""
+    return data[: len(data) // 2]
+
+
 def _merged(change):
     return lambda text: json.dumps(change(json.loads(text)))
 
@@ -386,6 +391,16 @@ def _merged(change):
     ("", "README.md", "---\nretrieval_pretraining: [\n---\n", "README.md readable",
      "README.md: cannot read it as a model card's front matter"),
     ("", "tokenizer.json", '{"model": 1', "tokenizer.json loads", "tokenizer.json: "),
+    ("", "model.safetensors", _cut, "model.safetensors readable",
+     "model.safetensors: not a safetensors file (Error while deserializing header"),
+    ("", "model.safetensors", b"not weights", "model.safetensors readable",
+     "model.safetensors: not a safetensors file"),
+    ("", "projector.safetensors", _cut, "projector.safetensors readable",
+     "projector.safetensors: not a safetensors file"),
+    ("", "projector.safetensors", _cut, "sentence-transformers files agree",
+     "projector.safetensors: not a safetensors file"),
+    ("2_Dense", "projector.safetensors", _cut, "the Dense module is the encoder's",
+     "projector.safetensors: not a safetensors file"),
 ])
 def test_audit_fails_a_damaged_folder_file_naming_it(folders, tmp_path, capsys, target, rel,
                                                      damage, check, said):
@@ -393,12 +408,16 @@ def test_audit_fails_a_damaged_folder_file_naming_it(folders, tmp_path, capsys, 
     the Pooling and Dense configs, sentence_bert_config.json, config_sentence_transformers.json,
     training.json, the card and tokenizer.json without checks: a file cut short, another JSON
     value than the one read, or a member of another type was "could not be audited" (exit 3) or
-    passed unchecked (training.json's data as a list). Each fails a check naming the file and the
-    member, and the folder's other checks still run."""
+    passed unchecked (training.json's data as a list), and a weights file cut short or
+    overwritten made the whole folder "not an artifact" (exit 2). Each fails a check naming the
+    file and the member, and the folder's other checks still run."""
     folder, _ = folders[PROJECTED[0]]  # nonlinear, cls + dot: every file, 2_Dense included
     broken = shutil.copytree(folder, tmp_path / "results/finetune/costa/scifact/broken/encoder")
     path = broken / rel
-    path.write_text(damage(path.read_text()) if callable(damage) else damage)
+    if rel.endswith(".safetensors"):
+        path.write_bytes(damage(path.read_bytes()) if callable(damage) else damage)
+    else:
+        path.write_text(damage(path.read_text()) if callable(damage) else damage)
     status = audit.main([str(broken / target)])
     out, err = capsys.readouterr()
     assert status == 1 and err == "", out + err

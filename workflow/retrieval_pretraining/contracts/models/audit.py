@@ -139,7 +139,10 @@ def dense_view(folder: Path, listed: list, hidden) -> tuple[str | None, list[str
     dense = module_dir(listed, DENSE)
     if not (folder / PROJECTOR_FILE).is_file():
         return None, [f"a Dense module ({dense}) but no {PROJECTOR_FILE}"] if dense else []
-    _, metadata = safetensors_tensors(folder / PROJECTOR_FILE)
+    try:
+        _, metadata = safetensors_tensors(folder / PROJECTOR_FILE)
+    except NotAnArtifact as error:  # cut short or overwritten: a problem named, as below
+        return None, [one_line(error)]
     kind = metadata.get("kind")
     if kind not in DENSE_ACTIVATION:
         return kind, [f"{PROJECTOR_FILE} has kind {kind!r} (expected {sorted(DENSE_ACTIVATION)})"]
@@ -296,8 +299,14 @@ def audit_model(a: Audit, n: int) -> None:
     show_manifest(a, read_manifest(a.path))
     show_snakemake_record(a, a.path)
     weights = sorted(a.path.glob("*.safetensors"))
+    readable_weights = []
     for w in weights:
-        header, _ = safetensors_tensors(w)
+        try:  # a file cut short or overwritten: its check, not "not an artifact" for the folder
+            header, _ = safetensors_tensors(w)
+        except NotAnArtifact as error:
+            a.check(f"{w.name} readable", False, one_line(error))
+            continue
+        readable_weights.append(w)
         params = sum(int(np.prod(v["shape"])) for v in header.values())
         dtypes = sorted({v["dtype"] for v in header.values()})
         a.say(f"  {w.name}: {len(header)} tensors, {params:,} parameters, {dtypes}")
@@ -306,7 +315,7 @@ def audit_model(a: Audit, n: int) -> None:
             a.say(f"    heads: {heads[:8]}")
     a.check("weights stored as safetensors", bool(weights))
     # A run that diverged exports such weights, and they load without complaint.
-    bad = [f"{w.name}: {name}" for w in weights for name in tensors_not_finite(w)]
+    bad = [f"{w.name}: {name}" for w in readable_weights for name in tensors_not_finite(w)]
     detail = f"{len(bad)} tensors, e.g. {bad[:3]}" if bad else ""
     a.check("every weight finite (no nan, inf)", not bad, detail)
     mismatches = weights_mismatches(a.path)
