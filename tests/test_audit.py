@@ -392,9 +392,10 @@ def test_a_manifest_cut_short_fails_its_check_in_one_line(results, tmp_path, cap
     assert "(unreadable manifest)" in page.read_text()
 
 
-@pytest.mark.parametrize("section, value", [("stats", [1]), ("params", "x")])
-def test_a_manifest_whose_stats_or_params_is_not_an_object_fails_its_check(results, tmp_path,
-                                                                          capsys, section, value):
+@pytest.mark.parametrize("section, value, kind", [("stats", [1], "an array"),
+                                                 ("params", "x", "a string")])
+def test_a_manifest_whose_stats_or_params_is_not_an_object_fails_its_check(
+        results, tmp_path, capsys, section, value, kind):
     """The kinds' audits read into stats and params (`.get` on a list or a string): that was
     "could not be audited (AttributeError ...)", exit 3, naming neither section nor fix."""
     shard = results / f"corpus/damaged-{section}/chunks/shard-0000.parquet"
@@ -405,19 +406,19 @@ def test_a_manifest_whose_stats_or_params_is_not_an_object_fails_its_check(resul
     artifacts.manifest_path(shard).write_text(json.dumps(manifest | {section: value}))
     status, out, err = run_audit(shard, capsys)
     assert status == 1 and err == "", out + err
-    assert (f"FAIL  manifest readable: {artifacts.manifest_path(shard)}: its {section} is a JSON "
-            f"{type(value).__name__}, not an object; rerun the rule" in out), out
+    assert (f"FAIL  manifest readable: {artifacts.manifest_path(shard)}: its {section} is not a "
+            f"JSON object but {kind}; rerun the rule" in out), out
     page = tmp_path / "stats.html"
     assert audit.main(["--stage-stats", str(page), str(shard)]) == 0
     assert "(unreadable manifest)" in page.read_text()
 
 
 @pytest.mark.parametrize("artifact, member, value, said", [
-    ("download", "stats.verified", [1], "its stats.verified is a JSON list, not an object"),
-    ("download", "stats.verified", "sha1", "its stats.verified is a JSON str, not an object"),
-    ("chunks", "stats.shard", [1], "its stats.shard is a JSON list, not an object"),
-    ("chunks", "inputs", [1], "its inputs is a JSON list, not an object"),
-    ("chunks", "inputs.articles", 5, "its inputs.articles is a JSON int, not an object"),
+    ("download", "stats.verified", [1], "its stats.verified is not a JSON object but an array"),
+    ("download", "stats.verified", "sha1", "its stats.verified is not a JSON object but a string"),
+    ("chunks", "stats.shard", [1], "its stats.shard is not a JSON object but an array"),
+    ("chunks", "inputs", [1], "its inputs is not a JSON object but an array"),
+    ("chunks", "inputs.articles", 5, "its inputs.articles is not a JSON object but a number"),
     ("chunks", "params.max_len", "128", "its params.max_len is \"128\", not a positive integer"),
     ("chunks", "inputs.articles.path", 5, "its inputs.articles.path is 5, not a string"),
     ("index", "inputs.corpus.path", [1], "its inputs.corpus.path is [1], not a string")])
@@ -788,11 +789,11 @@ def test_a_copied_dataset_info_names_the_rule_that_wrote_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("jobs, said", [
-    ([1], "jobs is an object of jobs: a JSON list"),
+    ([1], "jobs is an object of jobs: not a JSON object but an array"),
     ({"articlesmultistreamdump": "done", "sitestats": {"status": "done"}},
-     "every job and its files is an object: articlesmultistreamdump is a JSON str"),
+     "every job and its files is an object: articlesmultistreamdump is a string"),
     ({"articlesmultistreamdump": {"status": "done", "files": 5}},
-     "every job and its files is an object: articlesmultistreamdump.files is a JSON int")])
+     "every job and its files is an object: articlesmultistreamdump.files is a number")])
 def test_a_dumpstatus_whose_jobs_are_no_objects_fails_its_check(results, capsys, jobs, said):
     """audit_dumpstatus read data["jobs"].items(), each job's .get and len() of its files: a list
     there, a job that is a string or files that are a number ended the file's audit as "could not
@@ -814,5 +815,5 @@ def test_a_dataset_info_whose_corpus_is_no_object_fails_its_check(results, capsy
     (folder / "dataset.json").write_text(json.dumps(info | {"corpus": "quirks"}))
     status, out, err = run_audit(folder / "dataset.json", capsys)
     assert status == 1 and err == "", out + err
-    assert ("FAIL  document count equals corpus.parquet's rows: its corpus is a JSON str, not an "
-            "object" in out), out
+    assert ("FAIL  document count equals corpus.parquet's rows: its corpus is not a JSON object "
+            "but a string" in out), out

@@ -126,8 +126,8 @@ def test_beir_query_ids_are_read_as_strings(tmp_path):
     assert dataset_files.read_jsonl(path, ("_id", "text"))["_id"] == ["7", "q8"]
 
 
-@pytest.mark.parametrize("value, kind", [(["a"], "array"), ({"a": 1}, "object"), (None, "null"),
-                                         (True, "boolean"), (5.5, "number")])
+@pytest.mark.parametrize("value, kind", [(["a"], "an array"), ({"a": 1}, "an object"),
+                                         (None, "null"), (True, "a boolean"), (5.5, "a number")])
 def test_a_beir_id_that_is_not_a_string_or_integer_is_refused_naming_the_line(
         tmp_path, value, kind):
     """str() made ['a'], {'a': 1}, None, True or 5.5 an id ("['a']", "None", ...) that no qrels
@@ -135,7 +135,8 @@ def test_a_beir_id_that_is_not_a_string_or_integer_is_refused_naming_the_line(
     ids) and the queries alike."""
     good = '{"_id": "1", "text": "one"}\n'
     line = good + json.dumps({"_id": value, "text": "two"}) + "\n"
-    message = rf"\.jsonl, line 2: '_id' is a JSON {kind} \({re.escape(json.dumps(value))}\), not a"
+    message = (rf"\.jsonl, line 2: '_id' is not a JSON string but {kind} "
+               rf"\({re.escape(json.dumps(value))}\)")
     corpus, queries = tmp_path / "corpus.jsonl", tmp_path / "queries.jsonl"
     corpus.write_text(line)
     queries.write_text(line)
@@ -176,12 +177,12 @@ def test_a_jsonl_line_that_is_not_an_object_is_refused_naming_it(tmp_path, line)
     membership) and then failed on `record["_id"]` with a bare traceback naming no file."""
     path = tmp_path / "queries.jsonl"
     path.write_text(f'{{"_id": "q1", "text": "one"}}\n{line}\n')
-    with pytest.raises(DatasetError, match=r"queries\.jsonl, line 2: a JSON (string|array|number"
-                                           r"|null), not an object"):
+    with pytest.raises(DatasetError, match=r"queries\.jsonl, line 2: not a JSON object but "
+                                           r"(a string|an array|a number|null);"):
         dataset_files.read_jsonl(path, ("_id", "text"))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(f'{{"_id": "d1", "text": "one"}}\n{line}\n')
-    with pytest.raises(DatasetError, match=r"corpus\.jsonl, line 2: a JSON .*, not an object"):
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl, line 2: not a JSON object but "):
         list(dataset_files.read_jsonl_corpus_batches(corpus))
 
 
@@ -198,15 +199,16 @@ def test_an_empty_beir_file_is_refused_naming_it(tmp_path, name):
             list(dataset_files.read_jsonl_corpus_batches(path))
 
 
-@pytest.mark.parametrize("field, value, kind", [("text", 7, "number"), ("text", ["a"], "array"),
-                                                ("title", 3, "number"), ("title", [], "array")])
+@pytest.mark.parametrize("field, value, kind", [
+    ("text", 7, "a number"), ("text", ["a"], "an array"), ("title", 3, "a number"),
+    ("title", [], "an array")])
 def test_a_beir_title_or_text_that_is_not_a_string_is_refused_naming_the_line(
         tmp_path, field, value, kind):
     """A number or list as a text or title failed as a TypeError naming no file (or a query's
     number was cast to a string as if it were its text); null stays an empty text."""
     good = '{"_id": "1", "text": "one", "title": null}\n'
     record = {"_id": "2", "text": "two", "title": "", field: value}
-    message = rf"\.jsonl, line 2: '{field}' is a JSON {kind}, not a string"
+    message = rf"\.jsonl, line 2: '{field}' is not a JSON string but {kind};"
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(good + json.dumps(record) + "\n")
     with pytest.raises(DatasetError, match=message):

@@ -172,8 +172,8 @@ def test_a_null_json_lines_question_id_is_its_line_as_an_absent_one(tmp_path):
 
 
 @pytest.mark.parametrize("line,message", [
-    ('["q1", ["A"]]', "line 2: a JSON array, not an object"),
-    ('"q1"', "line 2: a JSON string, not an object"),
+    ('["q1", ["A"]]', "line 2: not a JSON object but an array"),
+    ('"q1"', "line 2: not a JSON object but a string"),
     ('{"question": 7, "answers": ["A"]}', "line 2: the question must be a string, got 7"),
     ('{"question": null, "answers": ["A"]}', "line 2: the question must be a string, got None"),
 ])

@@ -246,8 +246,8 @@ def both_refuse(folder, name, message):
             dataset_files.read_jsonl(folder / name, ("_id", "text"))
 
 
-@pytest.mark.parametrize("value, kind", [(["a"], "array"), ({"a": 1}, "object"), (None, "null"),
-                                         (True, "boolean"), (5.5, "number")])
+@pytest.mark.parametrize("value, kind", [(["a"], "an array"), ({"a": 1}, "an object"),
+                                         (None, "null"), (True, "a boolean"), (5.5, "a number")])
 @pytest.mark.parametrize("name", ["corpus.jsonl", "queries.jsonl"])
 def test_a_beir_id_the_workflow_refuses_is_refused_here_too(tmp_path, name, value, kind):
     """str() made ['a'], None, True or 5.5 an id ("['a']", "None", ...) that no qrels line names,
@@ -262,7 +262,8 @@ def test_a_beir_id_the_workflow_refuses_is_refused_here_too(tmp_path, name, valu
     for file, line in good.items():
         bad = json.dumps({"_id": value, "text": "t"}) + "\n" if file == name else ""
         (tmp_path / file).write_text(line + bad)
-    message = rf"{name}, line 2: '_id' is a JSON {kind} \({re.escape(json.dumps(value))}\), not a"
+    message = (rf"{name}, line 2: '_id' is not a JSON string but {kind} "
+               rf"\({re.escape(json.dumps(value))}\)")
     both_refuse(tmp_path, name, message)
     (tmp_path / name).write_text(good[name])  # the integer ids alone: read as the qrels name them
     corpus, queries, qrels = mteb_eval.read_beir(tmp_path, "test")
@@ -272,7 +273,8 @@ def test_a_beir_id_the_workflow_refuses_is_refused_here_too(tmp_path, name, valu
 
 @pytest.mark.parametrize("name, field", [("corpus.jsonl", "title"), ("corpus.jsonl", "text"),
                                          ("queries.jsonl", "text")])
-@pytest.mark.parametrize("value, kind", [(5, "number"), (["a"], "array"), ({"a": 1}, "object")])
+@pytest.mark.parametrize("value, kind", [(5, "a number"), (["a"], "an array"),
+                                         ({"a": 1}, "an object")])
 def test_a_beir_text_the_workflow_refuses_is_refused_here_too(tmp_path, name, field, value, kind):
     """read_beir took `r.get("title") or ""`: a number or a list reached MTEB as such (or failed
     inside it naming no file), where the workflow's readers (dataset_files.record_text) refuse it
@@ -283,7 +285,7 @@ def test_a_beir_text_the_workflow_refuses_is_refused_here_too(tmp_path, name, fi
     for file, record in records.items():
         (tmp_path / file).write_text(json.dumps(record | {field: value} if file == name
                                                 else record) + "\n")
-    message = rf"{name}, line 1: '{field}' is a JSON {kind}, not a string"
+    message = rf"{name}, line 1: '{field}' is not a JSON string but {kind};"
     both_refuse(tmp_path, name, message)
     (tmp_path / name).write_text(json.dumps(records[name] | {field: None}) + "\n")
     corpus, queries, _ = mteb_eval.read_beir(tmp_path, "test")

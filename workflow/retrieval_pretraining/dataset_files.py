@@ -22,6 +22,7 @@ import polars as pl
 from .config import resolve_path
 from .contracts.datasets import DatasetError
 from .contracts.runs import trec_fields
+from .errors import json_value_kind
 
 DOWNLOAD_DIR = "results/downloads/datasets"
 # A corpus batch ends at this many documents or characters (MS MARCO documents average ~7k).
@@ -71,14 +72,6 @@ def json_lines(handle: Iterable[str], where: str) -> Iterator[tuple[int, Any]]:
             raise DatasetError(f"{where}, line {number}: not valid JSON ({error})") from None
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    names = {str: "string", list: "array", dict: "object", int: "number", float: "number",
-             type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
 def json_objects(handle: Iterable[str], where: str, fields: tuple[str, ...],
                  optional: tuple[str, ...] = (), required: bool = False
                  ) -> Iterator[tuple[int, dict]]:
@@ -89,8 +82,9 @@ def json_objects(handle: Iterable[str], where: str, fields: tuple[str, ...],
     needs = ", ".join(fields) + (f" ({', '.join(optional)} optional)" if optional else "")
     for number, record in json_lines(handle, where):
         if not isinstance(record, dict):
-            raise DatasetError(f"{where}, line {number}: a JSON {_json_type(record)}, not an "
-                               f"object; each line is one object with {', '.join(fields)}")
+            raise DatasetError(f"{where}, line {number}: not a JSON object but "
+                               f"{json_value_kind(record)}; each line is one object with "
+                               f"{', '.join(fields)}")
         missing = [field for field in fields if field not in record] if required else []
         if missing:
             raise DatasetError(f"{where}, line {number}: missing field {missing[0]!r}; each "
@@ -105,8 +99,8 @@ def record_text(record: dict, field: str, where: str, number: int) -> str | None
     value = record.get(field)
     if value is None or isinstance(value, str):
         return value
-    raise DatasetError(f"{where}, line {number}: {field!r} is a JSON {_json_type(value)}, not a "
-                       "string; a title or text is a JSON string (or null)")
+    raise DatasetError(f"{where}, line {number}: {field!r} is not a JSON string but "
+                       f"{json_value_kind(value)}; a title or text is a JSON string (or null)")
 
 
 def record_id(value: Any, where: str, number: int) -> str:
@@ -120,8 +114,9 @@ def record_id(value: Any, where: str, number: int) -> str:
         return str(value)
     shown = json.dumps(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise DatasetError(f"{where}, line {number}: '_id' is a JSON {_json_type(value)} ({shown}), "
-                       "not a string; an id is a JSON string (or an integer)")
+    raise DatasetError(f"{where}, line {number}: '_id' is not a JSON string but "
+                       f"{json_value_kind(value)} ({shown}); an id is a JSON string (or an "
+                       "integer)")
 
 
 def _no_records(path: Path) -> DatasetError:

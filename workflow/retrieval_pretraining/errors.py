@@ -86,7 +86,7 @@ def expect_object(value: Any, path: str | Path, what: str) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
     raise InputFileError(
-        f"{path}: not a JSON object but {_json_kind(value)}, as {what} is; {REBUILD}"
+        f"{path}: not a JSON object but {json_value_kind(value)}, as {what} is; {REBUILD}"
     )
 
 
@@ -136,7 +136,7 @@ def expect_section(value: dict[str, Any], key: str, path: str | Path, what: str
         if not isinstance(section, dict):
             raise InputFileError(
                 f"{path}: {'.'.join(names[:depth])} is not a JSON object but "
-                f"{_json_kind(section)} (read as {what}); {REBUILD}"
+                f"{json_value_kind(section)} (read as {what}); {REBUILD}"
             )
     return section
 
@@ -150,7 +150,8 @@ def expect_list(value: Any, key: str, path: str | Path, what: str) -> list[Any]:
     if isinstance(value, list):
         return value
     raise InputFileError(
-        f"{path}: {key} is not a JSON array but {_json_kind(value)} (read as {what}); {REBUILD}"
+        f"{path}: {key} is not a JSON array but {json_value_kind(value)} (read as {what}); "
+        f"{REBUILD}"
     )
 
 
@@ -188,7 +189,9 @@ def expect_token(value: Any, key: str, path: str | Path, what: str) -> str | Non
     )
 
 
-def _json_kind(value: Any) -> str:
+def json_value_kind(value: Any) -> str:
+    """The JSON kind of a parsed value as the readers' messages name it: "an object", "an
+    array", "a string", "a number", "a boolean", "null"."""
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import artifacts
-from ..errors import MANIFEST_SECTIONS, BadInput
+from ..errors import MANIFEST_SECTIONS, BadInput, json_value_kind
 from .downloads import download_manifest_path
 
 # Kind.rank bands (first match wins; ranks are unique across the contracts).
@@ -259,14 +259,14 @@ def load_manifest(path: Path, objects: tuple[str, ...] = (), counts: tuple[str, 
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return {UNREADABLE: f"{path}: {error}"}
     if not isinstance(data, dict):
-        return {UNREADABLE: f"{path}: a JSON {type(data).__name__}, not an object"}
+        return {UNREADABLE: f"{path}: not a JSON object but {json_value_kind(data)}"}
     inputs = data.get("inputs")
     entries = [f"inputs.{name}" for name in inputs] if isinstance(inputs, dict) else []
     for key in (*MANIFEST_SECTIONS, "inputs", *entries, *objects):
         member = _member(data, key)
         if member is not None and not isinstance(member, dict):
-            return {UNREADABLE: f"{path}: its {key} is a JSON {type(member).__name__}, not an "
-                                "object"}
+            return {UNREADABLE: f"{path}: its {key} is not a JSON object but "
+                                f"{json_value_kind(member)}"}
     for name, entry in (inputs.items() if isinstance(inputs, dict) else ()):
         member = (entry or {}).get("path")  # show_manifest and the kinds take Path() of it
         if member is not None and not isinstance(member, str):

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...answers import tokens
+from ...errors import json_value_kind
 from ..base import (
     RANK_JSON, RANK_PARQUET, Audit, describe_origin, json_kind, parquet_kind, read_manifest,
     render_table_rows, results_root, show_manifest, show_snakemake_record,
@@ -235,7 +236,7 @@ def audit_dataset_info(a: Audit, n: int) -> None:
             "document count equals corpus.parquet's rows",
             rows == documents,
             f"{documents} vs {rows} rows" if isinstance(quirks, dict) else
-            f"its corpus is a JSON {type(quirks).__name__}, not an object; rerun prepare_dataset",
+            f"its corpus is not a JSON object but {json_value_kind(quirks)}; rerun prepare_dataset",
         )
 
 

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from ... import artifacts
+from ...errors import json_value_kind
 from ..base import (
     RANK_DOWNLOAD, RANK_JSON, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin, json_kind,
     load_manifest, read_manifest, short, show_manifest, show_snakemake_record,
@@ -129,12 +130,13 @@ def audit_dumpstatus(a: Audit, n: int) -> None:
     a.kind = "Wikipedia dumpstatus.json"
     jobs = data["jobs"]  # damaged (a list, a job that is a string): exit 3 from .items / .get
     if not a.check("jobs is an object of jobs", isinstance(jobs, dict),
-                   "" if isinstance(jobs, dict) else f"a JSON {type(jobs).__name__}; fetch it "
+                   "" if isinstance(jobs, dict) else
+                   f"not a JSON object but {json_value_kind(jobs)}; fetch it "
                    "again with `download dumpstatus`"):
         return
-    bad = {job: f"{job} is a JSON {type(info).__name__}" for job, info in jobs.items()
+    bad = {job: f"{job} is {json_value_kind(info)}" for job, info in jobs.items()
            if not isinstance(info, dict)}
-    bad |= {job: f"{job}.files is a JSON {type(info['files']).__name__}"
+    bad |= {job: f"{job}.files is {json_value_kind(info['files'])}"
             for job, info in jobs.items() if job not in bad
             and not isinstance(info.get("files") or {}, dict)}
     a.check("every job and its files is an object", not bad, "; ".join(list(bad.values())[:5]))
