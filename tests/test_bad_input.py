@@ -315,6 +315,30 @@ def test_every_encoder_loader_refuses_a_tokenizer_with_ids_past_the_embeddings(l
     _loaders(fx.add_tokens(padded, "zzqword"), tmp_path)[loader]()
 
 
+@pytest.mark.parametrize("damage", ["cut short", "not safetensors"])
+@pytest.mark.parametrize("loader", list(_loaders(Path("f"), Path("t"))))
+def test_every_loader_names_a_damaged_safetensors_file(loader, damage, tiny_bert, tmp_path):
+    """model.safetensors cut short (a copy stopped, a full disk) or overwritten failed every
+    loader with the safetensors library's bare SafetensorError, a traceback naming no file."""
+    import shutil
+
+    import polars as pl
+
+    from retrieval_pretraining.errors import InputFileError
+
+    pl.DataFrame({"query_id": ["q"], "text": ["a b"]}).write_parquet(tmp_path / "queries.parquet")
+    folder = shutil.copytree(tiny_bert, tmp_path / "enc")
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "cut short" else b"not weights")
+    with pytest.raises(InputFileError) as refused:
+        _loaders(folder, tmp_path)[loader]()
+    message = str(refused.value)
+    assert message.startswith(f"{weights}: cannot read it as a safetensors file (SafetensorError")
+    assert "\n" not in message, message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
 def test_a_bert_config_json_without_vocab_size_is_checked_against_bertconfig_s_default(
         tmp_path):
     """A BERT config.json that leaves out vocab_size is loaded with BertConfig's default table,

