@@ -46,6 +46,12 @@ ENWIKI = (
             "Such as ''[[Ben-Hur: A Tale of the Christ|Ben-Hur]]'', [[CSI: Miami]] and [[Air: X]].",
             "Such as Ben-Hur, CSI: Miami and Air: X.",
         ),
+        # A lowercase code-like prefix is no interlanguage link when a space follows its colon
+        # (MediaWiki reads the first letter of a title case-free: the articles "Ice: ...").
+        (
+            "See [[ice: the movie|the film]] and [[war: a history]].",
+            "See the film and war: a history.",
+        ),
         (
             "See [[:Category:Things|the category]] and [[wikt:word|word]].",
             "See the category and word.",
