@@ -567,3 +567,40 @@ def test_a_dead_worker_fails_with_the_fix_and_writes_nothing(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match=r"worker process died.*Lower --processes"):
         run(tmp_path, dump, {"processes": 2}, index=index)
     assert_no_output(tmp_path)
+
+
+def test_a_text_of_exactly_min_chars_is_kept_and_the_latest_revision_is_read():
+    """min_chars is the shortest text kept: 6 characters pass min_chars 6, 5 do not. Of a
+    full-history export's revisions the last (the latest) is the article."""
+    options = ex.Options(min_chars=6)
+    assert ex.parse_page(0, page_xml(1, "Six", "Sixch."), "t", options) == (
+        "kept", (1, "Six", "Sixch.", 10))
+    assert ex.parse_page(0, page_xml(2, "Five", "Five."), "t", options) == ("empty", 2)
+    revision = ('<revision><id>{}</id><model>wikitext</model>'
+                '<text xml:space="preserve">{}</text></revision>')
+    history = ("<page><title>History</title><ns>0</ns><id>3</id>"
+               + revision.format(30, "Old prose.") + revision.format(31, "New prose.")
+               + "</page>")
+    assert ex.parse_page(0, history.encode(), "t", options) == (
+        "kept", (3, "History", "New prose.", 31))
+
+
+def test_redirect_tags_and_namespace_names_from_the_siteinfo():
+    """A page with a <redirect> tag is a redirect whatever its text says. Without <ns> (old
+    exports), a title that starts with any namespace's name other than the main one's, the
+    negative ones (Media, Special) included, is no article; the Media namespace's name is a
+    file link prefix too."""
+    assert ex.parse_page(0, page_xml(1, "Moved", "Some prose.", redirect="Target"), "t",
+                         ex.Options()) == ("redirect", 1)
+    header = (b'<mediawiki><siteinfo><namespaces><namespace key="-2">Medium</namespace>'
+              b'<namespace key="-1">Spezial</namespace><namespace key="0" />'
+              b'<namespace key="6">Datei</namespace></namespaces></siteinfo>')
+    options = ex.site_options(header, "t", ex.Options())
+    assert {"medium", "datei"} <= options.cleaner.file_prefixes
+
+    def without_ns(title):
+        return page_xml(7, title, "Some prose.").replace(b"<ns>0</ns>", b"")
+
+    for title in ("Datei:X.png", "Spezial:Export", "Medium:Y.ogg"):
+        assert ex.parse_page(0, without_ns(title), "t", options) == ("other_namespace", 7), title
+    assert ex.parse_page(0, without_ns("Plain"), "t", options)[0] == "kept"
