@@ -92,3 +92,30 @@ def test_an_index_past_the_end_blames_the_index_unless_the_dump_was_cut(tmp_path
     with pytest.raises(dump_reader.ExtractError, match=rf"cut\.xml\.bz2: the file is {size} bytes"
                        r".*truncated, re-download it"):
         dump_reader.read_index(big_index, size, cut)
+
+
+def test_an_xml_dump_with_a_byte_order_mark_or_leading_space_is_xml(tmp_path):
+    for prefix in (b"\xef\xbb\xbf", b"\n  ", b"\xef\xbb\xbf\n"):
+        path = tmp_path / "d.xml"
+        path.write_bytes(prefix + HEADER + b"</mediawiki>\n")
+        assert dump_reader.detect_format(path) == "xml", prefix
+
+
+def test_content_between_pages_is_malformed_xml_named_by_its_offset():
+    """Named by where the gap after the first page's </page> begins."""
+    data = HEADER + page(1) + b"<junk/>\n" + page(2) + b"</mediawiki>\n"
+    gap = len(HEADER) + len(page(1)) - 1  # page() ends in a newline
+    with pytest.raises(dump_reader.ExtractError,
+                       match=rf"'<junk/>' between pages at decompressed byte {gap};"):
+        list(dump_reader.split_pages(iter([data]), "d.xml"))
+
+
+def test_content_after_the_last_page_of_a_stream_is_a_cut_page():
+    """A multistream stream holds pages only (the final one may be followed by </mediawiki>):
+    anything else after its last page is a page cut by the stream's end."""
+    stream = page(1) + page(2)
+    assert len(list(dump_reader.split_pages(iter([stream + b"</mediawiki>\n"]), "s",
+                                            header=False, footer=False))) == 2
+    with pytest.raises(dump_reader.CutPage, match="after the last page"):
+        list(dump_reader.split_pages(iter([stream + b"<junk/>"]), "s", header=False,
+                                     footer=False))
