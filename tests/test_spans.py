@@ -161,6 +161,76 @@ def test_each_eligible_word_is_drawn_equally_often(tokenizer, words):
     assert st.chisquare(counts[[2, 4, 6]]).pvalue > 0.001, counts
 
 
+def test_a_word_whose_first_piece_is_a_stop_word_is_eligible_and_unk_never(words, tokenizer):
+    """The stop-word filter reads whole words: "inbound" (in ##bound) and "upregulated" (up ##re
+    ##gul ##ated) begin with a stop word's piece and are words of their own; "hereupon" (here
+    ##up ##on) is a stop word of several pieces. [UNK] is a special token, never a word span,
+    though its text has letters (filtering a one-piece stop word by its first piece alone, or
+    [UNK] by its letters, would each pass the tests above)."""
+    text = "inbound upregulated hereupon glaciers"
+    ids = tokenizer.encode(text, add_special_tokens=False).ids + [tokenizer.token_to_id("[UNK]")]
+    ids = np.array(ids)
+    tokens = [tokenizer.id_to_token(i) for i in ids]
+    assert tokens[:2] == ["in", "##bound"] and tokens[2:4] == ["up", "##re"]
+    starts = np.flatnonzero([not t.startswith("##") for t in tokens])
+    lengths = np.diff(np.append(starts, len(ids)))
+    eligible = words.eligible(ids, starts, lengths)
+    kept = ["".join(tokens[s:s + n]).replace("##", "") for s, n, e in
+            zip(starts, lengths, eligible) if e]
+    assert kept == ["inbound", "upregulated", "glaciers"], kept
+
+
+def test_a_chunk_without_an_eligible_word_gets_no_word_span(tokenizer, words):
+    """A chunk of stop words only, between two chunks with words: no word span of its own (a
+    span drawn among the next chunk's words would lie outside it), counted in the statistics;
+    its neighbours keep all of theirs."""
+    cls, sep, the, cell = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "the", "cell"))
+    texts = [[the, cell, the], [the, the, the], [cell, the, cell]]
+    batch = pa.RecordBatch.from_pydict({
+        "chunk_id": pa.array([1000, 1001, 1002], pa.int64()),
+        "input_ids": pa.array([[cls, *t, sep] for t in texts], pa.list_(pa.int32())),
+        "word_starts": pa.array([[1, 2, 3]] * 3, pa.list_(pa.int32())),
+    })
+    stats = {}
+    out = spans.sample_batch(batch, span_config(only("word")), words, stats)
+    got = spans_of(out, 0)
+    assert sorted({row for row, _, _ in got}) == [0, 2] and len(got) == 10
+    assert all(texts[row][s - 1] == cell and e == s + 1 for row, s, e in got)
+    assert stats["word"]["chunks_without_eligible_word"] == 1
+    assert stats["word"]["skipped"] == 5 and stats["word"]["spans"] == 10
+
+
+@pytest.mark.parametrize("rule", ["skip", "resample", "clip"])
+def test_a_length_equal_to_the_chunk_s_text_fits(rule, tokenizer, words):
+    """A drawn length of exactly n (the chunk's text tokens) fits: the span is the whole text,
+    kept as drawn by every rule, and counted as neither skipped, resampled nor clipped. Chunks
+    of n = lmax = 16 tokens: P(length 16) is about 0.016 (test_rounding_reaches_both_ends)."""
+    cfg = span_config(only("phrase", 4, 16), short_chunk=rule, spans_per_granularity=5)
+    stats = {}
+    out = spans.sample_batch(synthetic_chunks(tokenizer, [16] * 2000), cfg, words, stats)
+    lengths = np.array([e - s for _, s, e in spans_of(out, 1)])
+    assert len(lengths) == 10_000 and (lengths == 16).sum() > 100  # ~160, sd ~13
+    counts = stats["phrase"]
+    assert counts["skipped"] == counts["resampled"] == counts["clipped"] == 0, counts
+
+
+def test_the_short_chunk_counts_agree_across_rules(tokenizer, words):
+    """The three rules see the same draws (the same seed and chunk ids): the lengths that do not
+    fit a chunk are clipped by `clip`, skipped by `skip`, and by `resample` resampled where lmin
+    fits, skipped where it does not. So resampled = skipped(skip) - skipped(resample) and
+    clipped = skipped(skip)."""
+    n = [3, 10, 40, 100, 200]
+    counts = {}
+    for rule in ("clip", "skip", "resample"):
+        stats = {}
+        cfg = span_config(only("paragraph", 64, 128), short_chunk=rule, spans_per_granularity=20)
+        spans.sample_batch(synthetic_chunks(tokenizer, n), cfg, words, stats)
+        counts[rule] = stats["paragraph"]
+    assert counts["resample"]["skipped"] == 60  # the chunks of 3, 10 and 40 tokens
+    assert counts["clip"]["clipped"] == counts["skip"]["skipped"] > 60
+    assert counts["resample"]["resampled"] == counts["skip"]["skipped"] - 60
+
+
 @pytest.fixture(scope="module")
 def scifact_chunks(checkpoint, tmp_path_factory):
     docs = [json.loads(line) for line in SCIFACT.open()][:300]
@@ -282,6 +352,44 @@ def test_a_full_disk_during_the_shard_write_leaves_no_shard_and_a_rerun_recovers
     assert files_under(out.parent) == []
     spans.sample_shard(scifact_chunks[1][0], checkpoint, out, cfg)
     assert out.read_bytes() == clean.read_bytes()
+
+def test_the_stage_validates_each_batch_before_writing(scifact_chunks, checkpoint, tmp_path,
+                                                       monkeypatch):
+    """A sampler that put a span on [CLS] is stopped by the contract's validator in the stage
+    itself: sample_shard raises and writes no shard and no manifest."""
+    sample = spans.sample_batch
+
+    def onto_cls(batch, cfg, words, stats):
+        out = sample(batch, cfg, words, stats)
+        starts = out.column("span_start").to_pylist()
+        starts[0][0] = 0
+        field = out.schema.field("span_start")
+        return out.set_column(1, field, pa.array(starts, field.type))
+
+    monkeypatch.setattr(spans, "sample_batch", onto_cls)
+    out = tmp_path / "spans" / "shard-0000.parquet"
+    with pytest.raises(ValueError, match="not inside the text tokens"):
+        spans.sample_shard(scifact_chunks[1][0], checkpoint, out, span_config())
+    assert not out.exists() and not artifacts.manifest_path(out).exists()
+
+
+def test_chunks_of_another_vocabulary_are_refused(scifact_chunks, checkpoint, tmp_path):
+    """The chunk manifest's vocabulary fingerprint must be the tokenizer's: chunks tokenised
+    with another vocabulary hold other ids, and their word spans would be meaningless."""
+    chunks = tmp_path / "chunks.parquet"
+    shutil.copy(scifact_chunks[1][0], chunks)
+    manifest = artifacts.read_json(artifacts.manifest_path(scifact_chunks[1][0]))
+    manifest["stats"]["tokenizer"]["vocab_sha256"] = "0" * 64
+    artifacts.manifest_path(chunks).write_text(json.dumps(manifest))
+    out = tmp_path / "spans.parquet"
+    with pytest.raises(spans.InputFileError, match="another vocabulary"):
+        spans.sample_shard(chunks, checkpoint, out, span_config())
+    del manifest["stats"]["tokenizer"]["vocab_sha256"]
+    artifacts.manifest_path(chunks).write_text(json.dumps(manifest))
+    with pytest.raises(spans.InputFileError, match="records no stats.tokenizer.vocab_sha256"):
+        spans.sample_shard(chunks, checkpoint, out, span_config())
+    assert not out.exists()
+
 
 @pytest.mark.parametrize("rule", ["clip", "skip", "resample"])
 def test_short_chunk_rules(rule, tokenizer, words):
