@@ -353,6 +353,24 @@ def test_whole_word_masking_masks_whole_words():
             assert selected[s:e].all() or not selected[s:e].any(), f"word [{s},{e}) partly masked"
 
 
+def test_token_masking_selects_pieces_not_words():
+    """whole_word=False selects single pieces whatever the word starts say: exactly the budget
+    (20 of 130 tokens) though every word has 3 pieces (whole words would stop at 18), and words
+    end up partly masked. (Every test above gives one-piece words, or whole_word=True, where the
+    two paths agree.)"""
+    ids = np.arange(200, 330)
+    ids[0], ids[-1] = 101, 102
+    starts = np.arange(1, 129, 3)
+    ends = np.append(starts[1:], len(ids) - 1)
+    partly = 0
+    for seed in range(50):
+        _, labels = pdata.mask_tokens(ids, starts, np.random.default_rng(seed), VOCAB, 0.15, False)
+        selected = labels != -100
+        assert selected.sum() == 20, seed
+        partly += sum(0 < selected[s:e].sum() < e - s for s, e in zip(starts, ends))
+    assert partly > 100
+
+
 def _actions(masked, ids, positions):
     """What each selected position became: 0 [MASK] (id 103), 1 a random id, 2 itself."""
     kept = masked[positions] == ids[positions]
