@@ -310,6 +310,38 @@ def test_segment_pairs_are_disjoint_random_halves_of_the_chunk():
     assert views.segment_length(39, 100) == 19
 
 
+def test_segment_pairs_split_the_free_tokens_into_any_three_gaps():
+    """10 inner tokens, segments of 4: 2 free tokens go before, between and after the segments,
+    every split alike ((a, b) sorted from two uniform draws of 0..2: 6 splits), so either segment
+    may start right after [CLS] or end right before [SEP]."""
+    ids = np.arange(100, 112)  # [CLS]=100, inner 101..110, [SEP]=111
+    starts = np.arange(1, 11)
+    seen = set()
+    for seed in range(300):
+        pair = views.segment_pair(ids, starts, np.random.default_rng(seed), span_tokens=4)
+        first, second = sorted(int(segment[1]) - 100 for segment, _ in pair)
+        seen.add((first - 1, second - first - 4, 10 - (second + 3)))  # before, between, after
+    assert seen == {(0, 0, 2), (0, 1, 1), (0, 2, 0), (1, 0, 1), (1, 1, 0), (2, 0, 0)}
+
+
+def test_a_chunk_of_one_inner_token_gives_itself_twice():
+    """Fewer than 2 inner tokens make no two disjoint segments: both views are the chunk."""
+    ids, starts = np.array([100, 7, 101]), np.array([1])
+    pair = views.segment_pair(ids, starts, np.random.default_rng(0), span_tokens=None)
+    assert [s.tolist() for s, _ in pair] == [[100, 7, 101]] * 2
+    assert [w.tolist() for _, w in pair] == [[1], [1]]
+
+
+def test_each_decoder_row_draws_its_own_hidden_tokens_without_whole_words():
+    """Per row, not once for all rows: two rows' hidden sets (their own tokens aside) differ."""
+    length = 102
+    visible = views.decoder_visibility(length, np.arange(1, 101), np.random.default_rng(1), 0.3,
+                                       whole_word=False)
+    hidden = ~visible[1:-1, 1:-1]
+    hidden[np.eye(len(hidden), dtype=bool)] = False
+    assert len({row.tobytes() for row in hidden}) == len(hidden)
+
+
 def test_decoder_rows_never_see_themselves_always_see_cls_and_hide_the_rate():
     length = 202
     starts = np.concatenate([[1], np.arange(3, 201, 3)])
@@ -357,6 +389,8 @@ def test_collated_segments_and_decoder_inputs(tmp_path):
             chunk = pairs.store.get("input_ids", row).tolist()
             body = restored[v * 4 + k, 1:11].tolist()
             assert any(chunk[s:s + 10] == body for s in range(1, len(chunk) - 10))
+    for k in range(len(rows)):  # view 1 is the chunk's other segment, not view 0's again
+        assert restored[k, 1:11].tolist() != restored[4 + k, 1:11].tolist(), k
     assert torch.equal(pairs.collate(rows, epoch=0)["input_ids"], batch["input_ids"])  # deterministic
     decoder = pdata.MicroBatches(store, need_original=True, decoder_mask_rate=0.5, **common)
     batch = decoder.collate(rows, epoch=0)
