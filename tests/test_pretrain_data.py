@@ -471,6 +471,40 @@ def test_every_step_takes_a_full_global_batch_of_chunks_not_held_out(corpus, tmp
         assert len(set(rows.tolist())) == len(rows) and not np.isin(rows, ds.holdout_rows).any()
 
 
+def test_the_probes_hold_out_exactly_probe_chunks_whatever_the_row_order(corpus, tmp_path,
+                                                                         vocab):
+    """trainer.probe_chunks = k sets aside k chunks, no more: the probe batches hold exactly
+    those, and which chunks they are depends on the chunk ids, not on their rows' order (a
+    count one off leaves steps_per_epoch unchanged in the test above)."""
+    for holdout in (1, 5):
+        ds = _dataset(corpus, tmp_path / str(holdout), vocab, 0, 1, 8, holdout=holdout)
+        held = ds.store.chunk_ids(ds.holdout_rows)
+        assert len(ds.holdout_rows) == holdout
+        probed = np.concatenate([b["chunk_ids"].numpy() for b in ds.probe_batches()])
+        assert sorted(probed.tolist()) == sorted(held.tolist())
+    ids = ds.store.all_chunk_ids()
+    backwards = ids[::-1].copy()
+    assert sorted(backwards[pdata.held_out_rows(backwards, 5, 3)].tolist()) == sorted(held.tolist())
+
+
+def test_a_row_s_generator_keys_on_the_whole_chunk_id_the_corpus_and_the_stream(corpus, tmp_path,
+                                                                                 vocab):
+    """Wikipedia's chunk ids pass 2**32 (page ids of ~70M, shifted by 16 bits): two chunks equal
+    in their low 32 bits draw different masks, as do equal chunk ids of two corpora of a mixture,
+    two epochs and two streams (views). The corpus fixture's ids are all below 2**32, so the
+    batches above cannot tell."""
+    ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8)
+
+    def draw(epoch, chunk_id, corpus, stream):
+        return ds._rng((epoch, chunk_id, corpus), stream).random(4).tolist()
+
+    p = 0x2A0003
+    base = draw(0, p, 0, 1)
+    assert base == draw(0, p, 0, 1)
+    others = [draw(0, (1 << 32) | p, 0, 1), draw(0, p, 1, 1), draw(1, p, 0, 1), draw(0, p, 0, 0)]
+    assert all(other != base for other in others)
+
+
 def test_order_is_a_function_of_seed_and_epoch(corpus, tmp_path, vocab):
     ds = _dataset(corpus, tmp_path, vocab, 0, 1, 8)
     spe = ds.steps_per_epoch
