@@ -288,6 +288,66 @@ def test_the_slack_window_is_the_windows_final_tokens(start, first_cut, kind):
     assert stats == {f"cuts_at_{kind}": 1}
 
 
+def test_plan_bounds_a_full_window_and_a_tail_of_min_tail_len_are_kept():
+    """The bounds of the rules, on plan_chunks itself (every token a word, no sentence or
+    paragraph start): an article of exactly max_len - 2 tokens is one chunk, not two; a tail of
+    exactly min_tail_len tokens is no short tail ("fewer than min_tail_len") and is kept as cut;
+    a rebalancing cut may leave the tail a whole window (max_len 12: 10 text tokens)."""
+    cfg = chunker.ChunkConfig(checkpoint="unused", max_len=12, min_tail_len=4,
+                              short_tail="drop")
+    none = np.zeros(0, np.int64)
+
+    def plan(hi, words):
+        return chunker.plan_chunks(0, hi, np.asarray(words), none, none, cfg, Counter())
+
+    assert plan(10, np.arange(10)) == [(0, 10)]
+    assert plan(14, np.arange(14)) == [(0, 10), (10, 14)]
+    # 13 tokens, words at 0, 3 and 10: the window ends at 10, leaving a tail of 3; the only word
+    # start that gives the tail 4 is 3, making it 10 tokens long: the whole window, allowed.
+    rebalance = chunker.ChunkConfig(checkpoint="unused", max_len=12, min_tail_len=4,
+                                    short_tail="rebalance")
+    stats = Counter()
+    assert chunker.plan_chunks(0, 13, np.array([0, 3, 10]), none, none, rebalance,
+                               stats) == [(0, 3), (3, 13)]
+    assert stats["short_tails_rebalanced"] == 1
+    # The rebalancing cut may leave the previous chunk a single word.
+    assert chunker.plan_chunks(0, 11, np.array([0, 1, 10]), none, none, rebalance,
+                               Counter()) == [(0, 1), (1, 11)]
+
+
+def test_plan_drops_exactly_the_overlong_word():
+    """A word of 12 tokens (8..19) cannot fit a 10-token window: it alone is dropped and
+    counted, token by token; the next chunk starts at the next word (20), not inside it."""
+    cfg = chunker.ChunkConfig(checkpoint="unused", max_len=12, min_tail_len=0)
+    none = np.zeros(0, np.int64)
+    stats = Counter()
+    words = np.array([0, 5, 8, 20, 21, 22, 23, 24])
+    assert chunker.plan_chunks(0, 25, words, none, none, cfg, stats) == [(0, 8), (20, 25)]
+    assert stats["overlong_words_dropped"] == 1 and stats["overlong_tokens_dropped"] == 12
+
+
+def test_sentence_and_paragraph_marks(checkpoint, tokenizer):
+    """A sentence ends at ".", "!" or "?" (the docstring's three); paragraphs are split at blank
+    lines, a line of spaces or tabs included; min_tail_len may not pass the window."""
+    cfg = chunker.ChunkConfig(checkpoint="unused", max_len=16)
+    table = chunker.Chunker(checkpoint, cfg).sentence_final
+    assert [bool(table[tokenizer.token_to_id(t)]) for t in (".", "!", "?", ",", ";")] == [
+        True, True, True, False, False]
+    assert chunker.PARAGRAPH_SPLIT.split("a\n\nb\n \t\nc\nd") == ["a", "b", "c\nd"]
+    with pytest.raises(ConfigError, match="min_tail_len"):
+        chunker.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 16, "min_tail_len": 15})
+    assert chunker.ChunkConfig.from_dict({"checkpoint": "x", "max_len": 16, "min_tail_len": 14})
+
+
+def test_a_heading_is_a_short_paragraph_of_at_most_heading_tokens():
+    """HEADING_TOKENS (16) tokens without a sentence end read as a heading, 17 do not; a
+    sentence end inside makes any short paragraph prose."""
+    assert chunker.HEADING_TOKENS == 16
+    assert chunker._heading_ends(np.array([0, 16, 40]), np.zeros(0, np.int64)).tolist() == [16]
+    assert chunker._heading_ends(np.array([0, 17, 40]), np.zeros(0, np.int64)).tolist() == []
+    assert chunker._heading_ends(np.array([0, 16, 40]), np.array([15])).tolist() == []
+
+
 @pytest.mark.parametrize("headings", [["Snow albedo"], ["Climate", "Snow albedo"]])
 def test_a_heading_stays_with_its_body(headings, checkpoint, tokenizer, tmp_path):
     """A heading is its own paragraph (wikitext.py), so its start and its body's are both paragraph
