@@ -394,6 +394,20 @@ def test_bad_config_and_inputs_fail_with_the_fix(articles, checkpoint, tmp_path)
         run([duplicate], checkpoint, tmp_path / "out2", shards=1)
 
 
+def test_a_page_id_that_cannot_form_a_chunk_id_is_refused(checkpoint, tmp_path):
+    """chunk_id = page_id << 16 + chunk_index must fit an int64: page ids in [0, 2**47). The
+    largest is chunked; 2**47 (whose chunk_id would wrap to a negative number) and -1 are
+    refused, naming the file."""
+    top = (1 << 47) - 1
+    outs, _ = run([write_articles(tmp_path / "top.parquet", [(top, "cell cell")])], checkpoint,
+                  tmp_path / "out", shards=1)
+    assert [r["chunk_id"] for r in read_all(outs)] == [top << 16]
+    for page_id in (1 << 47, -1):
+        bad = write_articles(tmp_path / f"bad{page_id}.parquet", [(page_id, "cell cell")])
+        with pytest.raises(chunk.InputFileError, match=rf"bad{page_id}.parquet: page_id outside"):
+            run([bad], checkpoint, tmp_path / f"out{page_id}", shards=1)
+
+
 @pytest.mark.parametrize(
     "corrupt, message",
     [
