@@ -495,6 +495,56 @@ class OutOfMemoryInBackward(torch.autograd.Function):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated, backward)")
 
 
+def test_each_step_clips_every_weight_s_gradient_at_max_grad_norm(setup, tmp_path, monkeypatch):
+    """trainer.max_grad_norm bounds the global L2 norm of every weight's gradient, the
+    heads' too (BERT's 1.0, ARCHITECTURE.md): the losses and weights of a run are blind to the
+    bound where the norms stay under it, so the bound and what it covers are read here."""
+    clips, original = [], torch.nn.utils.clip_grad_norm_
+
+    def spy(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        norm = original(parameters, max_norm, *args, **kwargs)
+        after = torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(p.grad) for p in parameters if p.grad is not None]))
+        clips.append((max_norm, len(parameters), float(norm), float(after)))
+        return norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    models = []
+    _wrap_forward(monkeypatch, before=lambda model, batch: models.append(model))
+    code, records = _run(fx.model_settings("mlm", max_steps=2, max_grad_norm=0.01), setup,
+                         tmp_path)
+    assert code == 0 and len(clips) == 2
+    trained = len(list(models[0].parameters()))  # every one, the heads' too
+    for (bound, tensors, norm, after), record in zip(clips, records):
+        assert (bound, tensors) == (0.01, trained)
+        assert norm > 0.01 and after == pytest.approx(0.01, rel=1e-3)  # it did clip
+        assert record["grad_norm"] == pytest.approx(norm)  # the norm logged is before clipping
+
+
+def test_every_micro_batch_gets_the_progress_of_its_step(setup, tmp_path, monkeypatch):
+    """`progress` (what the BoW weight's cosine and the like read) is step / total_steps, 0 at the
+    first step, for each of a step's micro-batches."""
+    seen, forward = [], Pretrainer.forward
+
+    def spy(self, batch, progress=0.0, **kwargs):
+        seen.append(float(progress))
+        return forward(self, batch, progress, **kwargs)
+
+    monkeypatch.setattr(Pretrainer, "forward", spy)
+    assert _run(fx.model_settings("mlm", max_steps=4), setup, tmp_path)[0] == 0
+    assert seen == [0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 0.75, 0.75]  # 2 micro-batches a step
+
+
+def test_with_max_steps_null_a_run_is_its_epochs_of_whole_global_batches(setup, tmp_path):
+    """max_steps null: epochs x steps_per_epoch steps (config.yaml), an epoch the training
+    chunks' whole global batches."""
+    code, records = _run(fx.model_settings("mlm", max_steps=None, epochs=2), setup, tmp_path)
+    info = json.loads((tmp_path / "encoder" / "training.json").read_text())
+    assert code == 0 and info["steps_per_epoch"] == info["chunks"] // 8 > 0
+    assert info["steps"] == 2 * info["steps_per_epoch"] == records[-1]["step"]
+
+
 def test_logged_values_are_the_micro_batch_means(setup, tmp_path, monkeypatch):
     seen, tokens = [], []
 
@@ -878,7 +928,8 @@ def test_every_objective_s_step_traces_to_one_graph(objective, unpad, setup, tmp
 def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tmp_path, monkeypatch,
                                                                restore_stop_handlers, objective):
     settings = fx.model_settings(objective, max_steps=5)
-    assert _run(settings, dropout_setup, tmp_path / "whole")[0] == 0
+    code, whole = _run(settings, dropout_setup, tmp_path / "whole")
+    assert code == 0
     calls = []
 
     def signal_at_step_1(model, batch):
@@ -894,6 +945,10 @@ def test_stop_and_resume_with_dropout_equals_uninterrupted_run(dropout_setup, tm
     assert code == 0 and [r["step"] for r in records] == [1, 2, 3, 4, 5]
     # Dropout masks are keyed by (seed, step, micro-batch), so resuming draws the same ones.
     _assert_same_weights(_weights(tmp_path / "part"), _weights(tmp_path / "whole"), atol=0.0)
+    # ... and the records after the resume are the whole run's: its lr, and the tokens seen
+    # counted on from the saved state's (a count restarted at 0 shifts the loss curves' axis).
+    for key in ("loss", "lr", "grad_norm", "tokens_seen"):
+        assert [r[key] for r in records] == [r[key] for r in whole], key
 
 
 def test_a_resumed_cosine_schedule_continues_where_it_stopped(dropout_setup, tmp_path,
@@ -1340,6 +1395,15 @@ def test_two_gloo_processes_equal_one_process(dropout_setup, tmp_path):
     info = json.loads((tmp_path / "two" / "encoder" / "training.json").read_text())
     assert info["world_size"] == 2 and info["accumulation"] == 1
     _assert_same_weights(_weights(tmp_path / "two"), _weights(tmp_path / "one"), atol=1e-5)
+    # The step's gradient itself, not only the weights: AdamW is nearly blind to a constant
+    # factor on the gradient and clipping at 1.0 evens out larger ones, so a loss left undivided
+    # by the accumulation (or divided by the process count as well) trains weights within atol
+    # of these, while the logged norm, and what max_grad_norm clips at, is 2x off.
+    records = {n: [json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text()
+                   .splitlines()] for n in ("one", "two")}
+    for key in ("loss", "grad_norm"):
+        torch.testing.assert_close([r[key] for r in records["two"]],
+                                   [r[key] for r in records["one"]], rtol=1e-4, atol=1e-6)
 
 
 COMPILED_TRAINER = """\
