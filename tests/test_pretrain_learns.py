@@ -192,7 +192,7 @@ def test_head_warm_up_alone_keeps_the_encoder_bit_identical(setup, tmp_path, mon
 
     monkeypatch.setattr(training, "save_state", keep)
     checkpoint = setup[0]
-    _train(fx.model_settings("mlm", max_steps=2, head_warmup_steps=3, checkpoint_every=3),
+    _train(fx.model_settings("mlm", max_steps=2, head_warmup_steps=3, checkpoint_every=1),
            setup, tmp_path)
     base = load_file(checkpoint / "model.safetensors")
     after_warmup = saved[3]
@@ -200,6 +200,9 @@ def test_head_warm_up_alone_keeps_the_encoder_bit_identical(setup, tmp_path, mon
     assert len(compared) > 10  # the encoder's weights, under the names the checkpoint has
     for key in compared:
         assert torch.equal(after_warmup[f"encoder.{key}"], base[key]), key
+    # ... and the first step after the warm-up (step 3, 0-based) trains the encoder: a warm-up
+    # one step longer than asked for (`step <= head_warmup`) would leave it frozen too.
+    assert any(not torch.equal(saved[4][f"encoder.{key}"], base[key]) for key in compared)
     assert not torch.equal(after_warmup["mlm_head.bias"], torch.zeros_like(after_warmup["mlm_head.bias"]))
 
 
