@@ -621,6 +621,28 @@ def test_the_stop_signal_handler_only_sets_the_flag(caplog):
             signal.signal(sig, handler)
 
 
+@pytest.mark.parametrize("rank,local_rank", [(0, 0), (8, 0), (9, 1)])
+def test_each_node_s_first_worker_marks_the_stop_after_the_main_rank_s_save(tmp_path, monkeypatch,
+                                                                          rank, local_rank):
+    """The torchrun of every node turns its workers' 75 into its own only when the marker is
+    there (retrieval_pretraining.torchrun): each node's LOCAL_RANK 0 writes it (a marker from
+    global rank 0 alone left a multi-node job's other nodes exiting 1), and only past the
+    barrier that follows the main rank's save (before it, the save may still fail)."""
+    from retrieval_pretraining.training import lifecycle
+
+    marker, events = tmp_path / "stopped", []
+    monkeypatch.setenv(lifecycle.STOP_MARKER_ENV, str(marker))
+    monkeypatch.setattr(lifecycle.dist, "barrier", lambda: events.append(
+        ("barrier", marker.exists())))
+    env = training.DistEnv(rank=rank, local_rank=local_rank, world_size=16,
+                           device=torch.device("cpu"))
+    assert not training.run_or_resume_exit(False, env, lambda: events.append("save"))
+    assert events == [] and not marker.exists()
+    assert training.run_or_resume_exit(True, env, lambda: events.append("save"))
+    assert events == (["save"] if rank == 0 else []) + [("barrier", False)]
+    assert marker.exists() == (local_rank == 0)
+
+
 def test_each_worker_on_a_node_of_several_gpus_joins_nccl_on_the_gpu_of_its_local_rank(
         monkeypatch):
     """torchrun's worker of global rank 5 of 8, the second on its node (LOCAL_RANK 1), with CUDA
@@ -766,6 +788,8 @@ def test_changing_a_knob_that_cannot_change_the_weights_resumes_the_state(tmp_pa
     assert training.load_state(state, model=model, optimizer=optimizer,
                                scheduler=scheduler)["step"] == 5
     assert resume_job(model_settings("mlm", lr=5e-4), {"a": "1"}) != job
+    # micro_batch_size is: it changes which items share a dropout seed (ARCHITECTURE.md).
+    assert resume_job(model_settings("mlm", micro_batch_size=2), {"a": "1"}) != job
 
     plain = FinetuneSettings.from_config({})
     logged = FinetuneSettings.from_config({"save_every_steps": 7, "log_every_steps": 3})
@@ -774,3 +798,9 @@ def test_changing_a_knob_that_cannot_change_the_weights_resumes_the_state(tmp_pa
     encoding = FinetuneSettings.from_config({"encode_batch_size": 8, "dtype": "float32"})
     assert resume_settings(plain) == resume_settings(encoding)
     assert resume_settings(plain) != resume_settings(FinetuneSettings.from_config({"lr": 1e-5}))
+    # Every other knob is the job, clipping included: a state clipped at another max_grad_norm
+    # trained other weights.
+    from retrieval_pretraining.finetune.train import LATER_DEFAULTS, RESULT_NEUTRAL
+    assert set(resume_settings(plain)) == set(plain.record()) - {*RESULT_NEUTRAL, *LATER_DEFAULTS}
+    assert resume_settings(plain) != resume_settings(
+        FinetuneSettings.from_config({"max_grad_norm": 1.0}))
