@@ -293,6 +293,10 @@ def test_each_node_runs_one_torchrun_meeting_at_the_first_host(tmp_path, monkeyp
     # --gpus N still caps the workers per node.
     capped = launch.command(MODULE, 4, [], visible=8, env=env, on_node=True)
     assert _torchrun_args(capped).nproc_per_node == "4"
+    # ... and a node that shows fewer than asked for runs one per visible GPU: a worker past
+    # them would have no GPU of its LOCAL_RANK (training.init_distributed).
+    short = launch.command(MODULE, 8, [], visible=4, env=env, on_node=True)
+    assert _torchrun_args(short).nproc_per_node == "4"
 
 
 def _port(job, **ports):
