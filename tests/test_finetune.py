@@ -979,7 +979,9 @@ def test_a_fine_tuning_step_reads_its_values_on_the_host_once(tmp_path, monkeypa
 
 
 def test_the_logged_lr_is_the_one_the_step_used(tmp_path, monkeypatch):
-    """Each record's lr is the optimiser's at that step's update, not the next step's."""
+    """Each record's lr is the optimiser's at that step's update, not the next step's, and that
+    lr is the schedule's for its step over the whole run (both epochs): a scheduler stepped twice
+    a step, or one spanning a single epoch, logs what it used just as faithfully."""
     step_if_finite, used = training.step_if_finite, []
 
     def spy(optimizer, *values, **kwargs):
@@ -988,15 +990,18 @@ def test_the_logged_lr_is_the_one_the_step_used(tmp_path, monkeypatch):
 
     monkeypatch.setattr(training, "step_if_finite", spy)
     data = tiny_dataset(tmp_path / "data")
-    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
-           "log_every_steps": 1, "warmup_ratio": 0.5}
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 2,
+           "log_every_steps": 1, "warmup_ratio": 0.25}
     assert fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
                      out=tmp_path / "encoder", state_dir=tmp_path / "state",
                      metrics_path=tmp_path / "metrics.jsonl") == 0
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     logged = [r["lr"] for r in records if "lr" in r]
-    assert len(used) == 4 and len(set(used)) > 1  # the schedule moves from step to step
+    assert len(used) == 8 and len(set(used)) > 1  # the schedule moves from step to step
     assert logged == used
+    peak = FinetuneSettings.from_config(cfg).lr  # 2 warm-up steps (ceil(0.25 x 8)), 8 in all
+    assert used == pytest.approx([peak * training.lr_factor(k, warmup=2, total=8)
+                                  for k in range(8)], rel=1e-12)
 
 
 def test_a_fine_tuning_step_makes_every_tensor_on_the_device_of_its_inputs(tmp_path, monkeypatch):
@@ -1045,11 +1050,12 @@ def test_a_nonfinite_fine_tuning_gradient_stops_at_its_step_and_saves_no_broken_
     never holds non-finite weights (a rerun would resume into the same failure)."""
     from safetensors.torch import load_file
 
-    loss, calls = ftrain.micro_batch_loss, []
+    loss, calls, models = ftrain.micro_batch_loss, [], []
 
     def infinite_slope_at_step_1(model, *args, **kwargs):
         value = loss(model, *args, **kwargs)
         calls.append(1)
+        models.append(model)
         if len(calls) == 2:  # step 1's micro-batch: the value is unchanged (sqrt(0)), the slope inf
             weight = [p for n, p in model.named_parameters() if n.endswith("LayerNorm.weight")][-1]
             value = value + (weight[0] - weight[0].detach()).sqrt()
@@ -1070,6 +1076,13 @@ def test_a_nonfinite_fine_tuning_gradient_stops_at_its_step_and_saves_no_broken_
     for folder in saved:
         weights = load_file(folder / "model.safetensors")
         assert all(torch.isfinite(w).all() for w in weights.values()), folder.name
+    # The step was skipped, not only reported: the weights in memory are still step 1's start
+    # (the state saved after step 0), none of them NaN from the inf gradient.
+    assert [folder.name for folder in saved] == ["step-00000001"]
+    start = load_file(saved[0] / "model.safetensors")
+    now = models[-1].state_dict()
+    assert start.keys() == now.keys()
+    assert all(torch.equal(now[k], start[k]) for k in start)
 
 
 class _OutOfMemoryInBackward(torch.autograd.Function):
@@ -1402,6 +1415,36 @@ def test_max_grad_norm_null_clips_nothing_and_a_number_clips_there(tmp_path, mon
                   out=tmp_path / "encoder", state_dir=tmp_path / "state",
                   metrics_path=tmp_path / "metrics.jsonl")
     assert bounds == [clipped_at]
+
+
+def test_fine_tuning_s_adamw_takes_the_settings_weight_decay_lr_and_transformers_defaults(
+        tmp_path, monkeypatch):
+    """finetune.weight_decay and lr reach the optimiser (decay on the matrices, none on biases and
+    LayerNorm), with the Trainer's AdamW betas and eps (the COSTA scripts' Tevatron): nothing in
+    a short run's losses tells a weight decay dropped on the way."""
+    groups, build = [], training.build_optimizer
+
+    def spy(model, **kwargs):
+        optimizer = build(model, **kwargs)
+        groups.extend(optimizer.param_groups)
+        return optimizer
+
+    def first_clip(parameters, max_norm, *args, **kwargs):
+        raise _FirstStepGradient
+
+    monkeypatch.setattr(training, "build_optimizer", spy)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", first_clip)
+    data = tiny_dataset(tmp_path / "data")
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "epochs": 1,
+           "weight_decay": 0.05, "lr": 3e-5}
+    with pytest.raises(_FirstStepGradient):
+        fine_tune(cfg, tiny_encoder(tmp_path / "base"), data, [data["bm25"]], seed=1,
+                  out=tmp_path / "encoder", state_dir=tmp_path / "state",
+                  metrics_path=tmp_path / "metrics.jsonl")
+    assert [(g["weight_decay"], g["initial_lr"], g["betas"], g["eps"]) for g in groups] == [
+        (0.05, 3e-5, (0.9, 0.999), 1e-8), (0.0, 3e-5, (0.9, 0.999), 1e-8)]
+    assert {p.ndim >= 2 for p in groups[0]["params"]} == {True}
+    assert {p.ndim < 2 for p in groups[1]["params"]} == {True}
 
 
 def test_tiny_two_stage_pipeline(tmp_path):
