@@ -1200,3 +1200,51 @@ def test_a_baselines_knobs_unlike_its_staged_source_are_warned_and_recorded(tmp_
     assert "pooling cls, but the source pools with mean" in caplog.text
     manifest = artifacts.read_json(artifacts.manifest_path(out))
     assert manifest["stats"]["use_mismatches"] == ["pooling cls, but the source pools with mean"]
+
+
+def test_corpus_and_queries_are_encoded_with_the_slice_s_own_knobs(tmp_path, monkeypatch):
+    """Passages at p_len, joined with their titles in the dataset's title mode, after the passage
+    prefix; queries at q_len after the query prefix, without titles; both pooled and compared as
+    the slice says (what fine-tuning trained). Passages cut at q_len, a `sep` dataset joined with
+    a space, a baseline's "passage: " dropped, or queries at p_len with its passage prefix and
+    left unnormalised under cosine, all encode another model than the one trained, and no test
+    of the stages named it (the model is stubbed: what `embed` is asked is the contract)."""
+    import polars as pl
+
+    from retrieval_pretraining.retrieval_settings import PREFIX_KEYS, RetrievalSettings
+
+    calls = []
+
+    def embed(model, tokenizer, texts, **kwargs):
+        calls.append({"texts": list(texts), **kwargs})
+        return np.ones((len(texts), 4), np.float32)
+
+    monkeypatch.setattr(encode, "embed", embed)
+    monkeypatch.setattr(dense_search, "embed", embed)
+    monkeypatch.setattr(encode, "load_encoder", lambda folder: (None, None))
+    knobs = {"pooling": "mean", "similarity": "cosine", "q_len": 12, "p_len": 40, "title": "sep",
+             "query_prefix": "query: ", "passage_prefix": "passage: "}
+    corpus, queries = tmp_path / "corpus.parquet", tmp_path / "queries.parquet"
+    pl.DataFrame({"doc_id": ["a"], "title": ["T"], "text": ["one"]}).write_parquet(corpus)
+    pl.DataFrame({"query_id": ["q"], "text": ["what"]}).write_parquet(queries)
+    encode.encode_corpus_shard(corpus, tmp_path / "encoder", 0, 1, tmp_path / "shard.npy",
+                               tmp_path / "ids.parquet", knobs)
+    dense_search.encode_queries((None, None), queries,
+                                RetrievalSettings.from_config(knobs, added=PREFIX_KEYS))
+    passages, asked = calls
+    assert {k: passages.get(k) for k in ("texts", "titles", "max_len", "title", "prefix")} == {
+        "texts": ["one"], "titles": ["T"], "max_len": 40, "title": "sep", "prefix": "passage: "}
+    assert {k: asked.get(k) for k in ("texts", "titles", "max_len", "prefix")} == {
+        "texts": ["what"], "titles": None, "max_len": 12, "prefix": "query: "}
+    assert {(c["pooling"], c["similarity"]) for c in calls} == {("mean", "cosine")}
+
+
+def test_an_index_over_shards_that_repeat_a_doc_id_is_refused(tmp_path):
+    """A doc id in two shards (a corpus encoded twice, or shards of two corpora) would be two rows
+    of one id: a run could list one document twice for a query, at two ranks. Refused before the
+    index is built, naming the id files."""
+    npy, ids = _write_shards(tmp_path, [3, 2], 4)
+    artifacts.write_parquet(ids[1], pa.table({"doc_id": ["d4", "d0"]}), IDS_SCHEMA)
+    with pytest.raises(InputFileError, match="duplicate doc ids"):
+        faiss_index.index_shards(npy, ids, tmp_path / "faiss", {"type": "flat"})
+    assert not (tmp_path / "faiss").exists()
