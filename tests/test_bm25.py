@@ -785,3 +785,27 @@ def test_bm25_negatives_memory_does_not_grow_with_the_queries_at_10x(tmp_path):
     assert held >= 5000 * 400 * 64 // 1024, (held, grown)  # >= 64 bytes a held hit
     # The old code grows by more than the control; the stream by ~20 MB.
     assert grown[10] - grown[1] <= held / 5, (held, grown)
+
+
+def test_a_pool_one_longer_than_count_is_sampled_down_to_count():
+    """`count` negatives a query whenever more are left: a pool of count + 1 candidates (and one
+    of count exactly, kept whole) is the boundary where an off-by-one would keep every candidate
+    and hand fine-tuning one negative more than the policy (and its manifest) says."""
+    candidates = [(f"d{i}", i) for i in range(1, 7)]
+    negatives, ranks = bm25.sample_negatives("q1", candidates, {"d1"}, count=4, seed=0)
+    assert len(negatives) == 4 and "d1" not in negatives and ranks == sorted(ranks)
+    assert bm25.sample_negatives("q1", candidates, {"d1"}, count=5, seed=0)[0] == [
+        "d2", "d3", "d4", "d5", "d6"]
+
+
+def test_answer_passages_are_removed_beside_the_query_s_positives_not_instead():
+    """`negative_filter: answers` (NQ, TriviaQA) removes the candidates holding an answer AND the
+    query's qrels positives: a gold passage that holds no answer string (DPR's positives need
+    not) must not come back as a negative because answer matching found other passages."""
+    candidates = [("q1", [("gold", 1), ("has-answer", 2), ("c", 3), ("d", 4)]),
+                  ("q2", [("gold2", 1), ("e", 2)])]
+    table, counts = bm25._negative_rows(candidates, {"q1": {"gold"}, "q2": {"gold2"}},
+                                        {"q1": {"has-answer"}}, count=10, seed=0)
+    assert table.column("negative_ids").to_pylist() == [["c", "d"], ["e"]]
+    assert table.column("negative_ranks").to_pylist() == [[3, 4], [2]]
+    assert counts["positives_removed"] == 2
