@@ -747,3 +747,29 @@ def test_a_gpu_encoder_is_released_before_the_index_goes_to_the_gpu(tmp_path, mo
               {**POLICY, "depth": 2, "pooling": "cls", "similarity": "dot", "q_len": 8,
                "p_len": 8}, seed=0)
     assert events == ["cache emptied, encoder released", "index to the GPU"]
+
+
+def test_every_row_of_a_positive_the_index_repeats_is_removed(tmp_path, monkeypatch):
+    """An index folder made by hand (faiss_index.load does not refuse repeats) may hold one doc id
+    in several rows: IdRows gives every row of a positive's id, and each is removed; a miner that
+    looked up one row would keep the other copy of the gold passage as a negative."""
+    import faiss
+    import polars as pl
+
+    docs = ["a", "b", "a", "c"]
+    index = faiss.IndexFlatIP(2)
+    index.add(np.array([[4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
+    monkeypatch.setattr(mine, "encode_queries",
+                        lambda encoder, queries, config: (["q1"], np.array([[1, 0]], np.float32)))
+    pl.DataFrame({"query_id": ["q1"], "doc_id": ["a"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    out = tmp_path / "hard-negatives.parquet"
+    stats = mine.mine_to_file(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                              tmp_path / "qrels.parquet", out,
+                              {**POLICY, "depth": 4, "use_gpu": "never"}, seed=0)
+    row = pl.read_parquet(out).row(0, named=True)
+    assert (row["negative_ids"], row["negative_ranks"]) == (["b", "c"], [2, 4])
+    assert stats["positives_removed"] == 2
