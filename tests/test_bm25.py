@@ -809,3 +809,28 @@ def test_answer_passages_are_removed_beside_the_query_s_positives_not_instead():
     assert table.column("negative_ids").to_pylist() == [["c", "d"], ["e"]]
     assert table.column("negative_ranks").to_pylist() == [[3, 4], [2]]
     assert counts["positives_removed"] == 2
+
+
+def test_an_entry_without_depth_samples_from_the_top_200(tmp_path, monkeypatch):
+    """`depth` is optional in a bm25.negatives entry (only `count` is required); the schema and
+    REFERENCE.md say 200 (COSTA's). The search is stubbed: the depth it is asked for, and the one
+    the manifest records, are the contract."""
+    asked = []
+
+    def batch_search(search, queries, depth, threads, exclude_query_id, batch_size):
+        asked.append(depth)
+        for qid in queries["query_id"].to_list():
+            yield qid, [(f"d{i}", 1.0) for i in range(depth)]
+
+    monkeypatch.setattr(bm25, "searcher", lambda index, k1, b: None)
+    monkeypatch.setattr(bm25, "batch_search", batch_search)
+    pl.DataFrame({"query_id": ["q1"], "text": ["x"]}).write_parquet(tmp_path / "queries.parquet")
+    pl.DataFrame({"query_id": ["q1"], "doc_id": ["d0"], "relevance": [1]},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    out = tmp_path / "negatives.parquet"
+    bm25.mine_negatives(tmp_path / "queries.parquet", tmp_path / "qrels.parquet", out,
+                        {"negatives": {"count": 30}}, index=tmp_path / "index")
+    assert asked == [200]
+    assert artifacts.read_json(artifacts.manifest_path(out))["params"]["depth"] == 200
+    assert max(pl.read_parquet(out)["negative_ranks"][0]) <= 200
