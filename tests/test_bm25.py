@@ -834,3 +834,16 @@ def test_an_entry_without_depth_samples_from_the_top_200(tmp_path, monkeypatch):
     assert asked == [200]
     assert artifacts.read_json(artifacts.manifest_path(out))["params"]["depth"] == 200
     assert max(pl.read_parquet(out)["negative_ranks"][0]) <= 200
+
+
+def test_a_listed_positive_never_takes_a_place_in_the_triples_sample(tmp_path):
+    """The triples file may list a query's positive as its negative (queries with several
+    positives): it is dropped BEFORE the bottom-k sample, so the query still gets `count`
+    negatives. Dropped after, a positive with a small key took one of the `count` places and was
+    then removed, leaving count - 1: the test above lists one among 40 and keeps 5, where seed 7
+    never samples it; here it is one of 4 and 3 are kept, for ten seeds."""
+    lines = [("1", "p1", d) for d in ("n0", "p1", "n1", "n2")]
+    path = _write_triples(tmp_path / "t.tsv.gz", lines)
+    for seed in range(10):
+        table, listed = msmarco_triples.triples_candidates(path, None, {"1": {"p1"}}, 3, seed)
+        assert table == {"1": [("n0", -1), ("n1", -1), ("n2", -1)]} and listed == 1, seed
