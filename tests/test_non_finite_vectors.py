@@ -222,3 +222,39 @@ def test_an_ivf_index_smaller_than_the_depth_that_misses_some_still_warns(tmp_pa
         stats = _dense_run(tmp_path, monkeypatch, index, depth=1000)
     assert stats["candidates_per_query_min"] < 399
     assert "raise nprobe or ef_search in mining.index" in caplog.text
+
+
+@pytest.mark.parametrize("stage", ["dense_run", "mine"])
+def test_a_search_of_the_whole_corpus_but_the_query_s_own_id_does_not_warn(stage, tmp_path,
+                                                                           monkeypatch, caplog):
+    """Under exclude_self, a query named like a document of a corpus smaller than the depth gets
+    every document but that one: a complete search, even from an approximate index. Both stages
+    must tell depth_reached that its own id was dropped; else the query's 99 of 100 read as an
+    index that missed one and the log told the user to raise nprobe, which finds nothing more."""
+    vectors = np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32)
+    index = faiss_index.build(vectors, {"type": "ivf", "nlist": 100, "nprobe": 64})
+    docs = pa.array([f"d{i}" for i in range(100)])
+    qids = ["d3", "q1"]
+    encoded = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    for module in (dense_search, mine):
+        monkeypatch.setattr(module, "encode_queries", lambda encoder, q, knobs: (qids, encoded))
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, docs))
+    with caplog.at_level(logging.INFO, logger=dense_search.__name__):
+        if stage == "dense_run":
+            stats = dense_search.dense_run(
+                tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                tmp_path / "run.trec", "x", KNOBS | {"title": "space", "search_depth": 200,
+                                                     "exclude_self": True, "use_gpu": "never"})
+        else:
+            pl.DataFrame({"query_id": qids, "doc_id": ["d0", "d1"], "relevance": [1, 1]},
+                         schema={"query_id": pl.String, "doc_id": pl.String,
+                                 "relevance": pl.Int32}).write_parquet(tmp_path / "qrels.parquet")
+            stats = mine.mine_to_file(
+                tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                tmp_path / "qrels.parquet", tmp_path / "neg.parquet",
+                {**KNOBS, "title": "space", "depth": 200, "num_negatives": 2,
+                 "exclude_self": True, "use_gpu": "never"}, seed=0)
+    assert stats["candidates_per_query_min"] == 99
+    searched = [r for r in caplog.records if r.name == dense_search.__name__]
+    assert not [r for r in searched if r.levelno >= logging.WARNING], caplog.text
+    assert "the index holds only 100 documents" in caplog.text
