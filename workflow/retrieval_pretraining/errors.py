@@ -68,11 +68,12 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
 @contextlib.contextmanager
 def fixed_by(fix: str) -> Iterator[None]:
     """For a file no stage of this workflow writes (a Hub checkpoint's config.json, a mirror's
-    dumpstatus.json), read inside: an InputFileError whose fix is the readers' REBUILD says
+    dumpstatus.json), read inside: an InputFileError (or other BadInput: model_folder's
+    ModelFolderError for a folder without safetensors) whose fix is the readers' REBUILD says
     `fix` instead (no stage rebuilds such a file). Its class and traceback are kept."""
     try:
         yield
-    except InputFileError as error:
+    except BadInput as error:
         text = str(error)
         if text.endswith(REBUILD):
             error.args = (text[: -len(REBUILD)] + fix,)

@@ -53,10 +53,9 @@ def check_safetensors(folder: str | Path) -> Path:
             f"model folder {folder} holds its weights only as a pickle ({', '.join(pickles)}), "
             f"which is never loaded (unpickling runs code from the file); {CONVERT}"
         )
-    raise ModelFolderError(
-        f"model folder {folder} has no *.safetensors weights; rebuild it with the stage that "
-        "writes it (from the Hub: a revision that has safetensors)"
-    )
+    # REBUILD: a source staging reads says its own fix (checkpoints._source_fix: for the Hub,
+    # another revision), which errors.fixed_by puts in its place.
+    raise ModelFolderError(f"model folder {folder} has no *.safetensors weights; {REBUILD}")
 
 
 def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path,
