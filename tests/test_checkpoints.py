@@ -82,12 +82,14 @@ def _stage_tiny(tmp_path, model) -> Path:
     return the staged folder."""
     source = tmp_path / "source"
     model.save_pretrained(source, safe_serialization=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
+    _tiny_tokenizer(source)
     out = tmp_path / "staged"
     entry = {"name": "tiny", "source": "local", "location": str(source)}
-    checkpoints.stage(entry, out, data_root=str(tmp_path))
+    stats = checkpoints.stage(entry, out, data_root=str(tmp_path))
+    # Every word staged: a vocab_file= tokenizer was 5 special tokens under transformers 5.
+    staged = AutoTokenizer.from_pretrained(out)
+    assert stats["vocab_size"] == len(staged) == 64
+    assert staged.tokenize("w7 w12") == ["w7", "w12"]
     return out
 
 
