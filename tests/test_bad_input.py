@@ -474,6 +474,48 @@ def test_a_special_token_of_another_shape_is_one_line_naming_the_file_and_key(
         assert "neither a string nor an AddedToken object" in message and "\n" not in message
 
 
+@pytest.mark.parametrize("key", ["extra_special_tokens", "additional_special_tokens"])
+@pytest.mark.parametrize("tokens, named", [
+    ([101], "[0] is 101"), (["[CLS]", None], "[1] is null"), ([["[CLS]"]], '[0] is ["[CLS]"]'),
+    ([{"content": "[CLS]"}], '[0] is {"content": "[CLS]"}'),
+    ({"image_token": 7}, ".image_token is 7"),
+    ("[CLS]", ' is a string, neither an array'), (3, " is a number, neither an array")])
+def test_an_extra_special_token_of_another_shape_is_one_line_naming_the_file_and_key(
+        tiny_bert, tmp_path, key, tokens, named):
+    """tokenizer_config.json's lists of further special tokens (extra_special_tokens, and
+    additional_special_tokens, the older name transformers reads in its place) hold strings or
+    AddedToken objects (transformers 5: or an object of named tokens); anything else was a
+    TypeError traceback inside transformers: one line naming the file and the entry."""
+    import shutil
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    _edit_json("tokenizer_config.json", lambda c: c | {key: tokens})(folder)
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'tokenizer_config.json'}: {key}{named}"), message
+    assert "\n" not in message, message
+
+
+@pytest.mark.parametrize("tokens", [
+    {"extra_special_tokens": ["[CLS]", {"__type": "AddedToken", "content": "[SEP]"} | ADDED_TOKEN]},
+    {"extra_special_tokens": {"image_token": "[CLS]"}},
+    {"additional_special_tokens": ["[CLS]"], "extra_special_tokens": None},
+    # transformers reads the older list only where extra_special_tokens has no entries
+    {"extra_special_tokens": ["[CLS]"], "additional_special_tokens": [101]}])
+def test_extra_special_tokens_transformers_reads_are_read(tiny_bert, tmp_path, tokens):
+    import shutil
+
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    _edit_json("tokenizer_config.json", lambda c: c | tokens)(folder)
+    assert auto_tokenizer(folder).tokenize("hello") == ["hello"]
+
+
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),
                                    AttributeError("a bug")])
 def test_a_library_error_loading_a_tokenizer_keeps_its_traceback(tiny_bert, monkeypatch, error):

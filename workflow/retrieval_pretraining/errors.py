@@ -170,14 +170,16 @@ def expect_positive_int(value: Any, key: str, path: str | Path, what: str,
     )
 
 
-def expect_token(value: Any, key: str, path: str | Path, what: str) -> str | None:
+def expect_token(value: Any, key: str, path: str | Path, what: str,
+                 null: bool = True) -> str | None:
     """The text of a special token read at `key` ("cls_token") in `path` (as `what`, a
     tokenizer_config.json): a string, null (None), or the AddedToken object transformers writes
     and reads back ({"__type": "AddedToken", "content": "[CLS]", "lstrip": false, ...}: its
     content). Any other value (an object without that type, which transformers refuses with a
     TypeError; a number, an array) is InputFileError naming the file and the key, where a
-    reader's lookup of it was a bare TypeError naming neither."""
-    if value is None or isinstance(value, str):
+    reader's lookup of it was a bare TypeError naming neither. Null is refused unless `null`
+    allows it (an entry of extra_special_tokens)."""
+    if (value is None and null) or isinstance(value, str):
         return value
     if (isinstance(value, dict) and value.get("__type") == "AddedToken"
             and isinstance(value.get("content"), str)):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import (REBUILD, BadInput, InputFileError, expect_positive_int, expect_section,
-                     expect_token, read_json_object, reading)
+                     expect_token, json_value_kind, read_json_object, reading)
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -118,13 +118,39 @@ TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json")
 # (its SPECIAL_TOKENS_ATTRIBUTES), raising a TypeError for any other value.
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                   "mask_token")
+# Its lists of further special tokens: null, an array, or (transformers 5) an object of named
+# tokens, each entry a string or an AddedToken object; any other was a TypeError in transformers.
+# additional_special_tokens, the older name, is read in place of an extra_special_tokens that is
+# no array with entries.
+EXTRA_TOKENS = ("extra_special_tokens", "additional_special_tokens")
+
+
+def expect_extra_tokens(config: dict[str, Any], path: Path, what: str) -> None:
+    """Refuse an EXTRA_TOKENS list of `config` (tokenizer_config.json) transformers cannot read,
+    naming the file and the entry (errors.expect_token)."""
+    for key in EXTRA_TOKENS:
+        extra = config.get("extra_special_tokens")
+        if key == "additional_special_tokens" and isinstance(extra, list) and extra:
+            continue  # transformers ignores it
+        value = config.get(key)
+        if isinstance(value, dict):
+            for name, token in value.items():
+                expect_token(token, f"{key}.{name}", path, what, null=False)
+        elif isinstance(value, list):
+            for i, token in enumerate(value):
+                expect_token(token, f"{key}[{i}]", path, what, null=False)
+        elif value is not None:
+            raise InputFileError(
+                f"{path}: {key} is {json_value_kind(value)}, neither an array of special tokens "
+                f"nor an object of named ones (read as {what}); {REBUILD}")
 
 
 def auto_tokenizer(folder: str | Path, **kwargs: Any):
     """transformers' AutoTokenizer of a local folder (never downloads). transformers reads the
     folder's config.json for the tokenizer's class: one cut short failed there as an OSError
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
-    another shape (a special token neither a string nor an AddedToken object: errors.expect_token),
+    another shape (a special token neither a string nor an AddedToken object, named or in its
+    EXTRA_TOKENS lists: errors.expect_token),
     and a tokenizer file it cannot read are InputFileError naming the file or
     the folder, as is a folder with none of the tokenizer's files (check_tokenizer_files). Any
     other error from transformers (a RuntimeError, a TypeError) is a bug, and keeps its
@@ -142,6 +168,7 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
             else:
                 for key in SPECIAL_TOKENS:
                     expect_token(read.get(key), key, path, f"a {name}")
+                expect_extra_tokens(read, path, f"a {name}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
     except Exception as error:
