@@ -191,7 +191,9 @@ rule pretrain_model:
 rule export_base_encoder:
     input:
         checkpoint=lambda wc: f"results/checkpoints/{pretrain_settings(wc.model)['checkpoint']}",
-        code=PRETRAIN_CODE,
+        # pretrain alone: the command runs no launcher, so an edit to launch, torchrun or
+        # gpu_claim must not re-export the base encoder (and rerun every stage after it).
+        code=module_source("pretrain"),
     output:
         encoder=directory("results/pretrain/{model}/encoder"),
         metrics="results/pretrain/{model}/metrics.jsonl",

@@ -321,3 +321,42 @@ def test_a_cache_chunk_that_covers_the_contrast_set_reruns_no_fine_tuning(projec
     edited = edited_plan(project, chunk(16))
     for rule in rules:
         assert len(rerun_by_params(base, edited, rule)) == sum(key[0] == rule for key in base)
+
+
+# The rules that declare no code: a fetched file is the bytes its checksum names, whichever code
+# fetched it, and `dump_date: latest` is resolved once (ARCHITECTURE.md, decisions table).
+FETCH_RULES = ("download_dataset_file", "download_dump_part", "download_dump_index",
+               "fetch_dumpstatus")
+
+
+def test_every_job_declares_the_code_its_command_runs_and_no_other(base):
+    """A job's `code` inputs are the package files of the modules its command runs (`python -m`
+    and the launchers' `--module`; launch execs retrieval_pretraining.torchrun for several
+    processes) and config.py, read here from the command as written, not from the rule's
+    `module_source` call: an entry left out there (dense_search declared as claim_run alone) and
+    an edit to the search code reruns no search; an extra one (the miner beside the encoder) and
+    an edit to mining re-encodes every corpus."""
+    import re
+
+    from retrieval_pretraining import code_deps
+
+    root = code_deps.PACKAGE_DIR.parents[1]
+    package = str(code_deps.PACKAGE_DIR.relative_to(root)) + "/"
+    module = re.compile(r"(?:python -m|--module) retrieval_pretraining\.([\w.]+)")
+    checked, wrong = set(), {}
+    for (rule, _), job in base.items():
+        entries = set(module.findall(job["code"] or ""))
+        if not entries or rule in FETCH_RULES:
+            continue
+        if "launch" in entries:
+            entries.add("torchrun")
+        expected = {str(Path(path).relative_to(root))
+                    for path in code_deps.source_files(*entries, "config")}
+        declared = {p for p in job["input"] if p.startswith(package) and p.endswith(".py")}
+        if declared != expected:
+            wrong[rule] = {"undeclared": sorted(expected - declared),
+                           "not run": sorted(declared - expected)}
+        checked.add(rule)
+    assert not wrong, wrong
+    assert {"encode_corpus_shard", "dense_search", "mine_hard_negatives", "finetune_stage1",
+            "pretrain_model", "score_run", "make_tables", "stage_statistics"} <= checked
