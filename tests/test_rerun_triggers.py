@@ -329,13 +329,9 @@ FETCH_RULES = ("download_dataset_file", "download_dump_part", "download_dump_ind
                "fetch_dumpstatus")
 
 
-def test_every_job_declares_the_code_its_command_runs_and_no_other(base):
-    """A job's `code` inputs are the package files of the modules its command runs (`python -m`
-    and the launchers' `--module`; launch execs retrieval_pretraining.torchrun for several
-    processes) and config.py, read here from the command as written, not from the rule's
-    `module_source` call: an entry left out there (dense_search declared as claim_run alone) and
-    an edit to the search code reruns no search; an extra one (the miner beside the encoder) and
-    an edit to mining re-encodes every corpus."""
+def declared_code_mistakes(plan: dict) -> tuple[dict, set]:
+    """({rule: {"undeclared": files, "not run": files}}, the rules checked) over a planned_params
+    plan: a job's `code` inputs against the package files of the modules its command runs."""
     import re
 
     from retrieval_pretraining import code_deps
@@ -344,7 +340,7 @@ def test_every_job_declares_the_code_its_command_runs_and_no_other(base):
     package = str(code_deps.PACKAGE_DIR.relative_to(root)) + "/"
     module = re.compile(r"(?:python -m|--module) retrieval_pretraining\.([\w.]+)")
     checked, wrong = set(), {}
-    for (rule, _), job in base.items():
+    for (rule, _), job in plan.items():
         entries = set(module.findall(job["code"] or ""))
         if not entries or rule in FETCH_RULES:
             continue
@@ -357,6 +353,37 @@ def test_every_job_declares_the_code_its_command_runs_and_no_other(base):
             wrong[rule] = {"undeclared": sorted(expected - declared),
                            "not run": sorted(declared - expected)}
         checked.add(rule)
+    return wrong, checked
+
+
+def test_every_job_declares_the_code_its_command_runs_and_no_other(base):
+    """A job's `code` inputs are the package files of the modules its command runs (`python -m`
+    and the launchers' `--module`; launch execs retrieval_pretraining.torchrun for several
+    processes) and config.py, read here from the command as written, not from the rule's
+    `module_source` call: an entry left out there (dense_search declared as claim_run alone) and
+    an edit to the search code reruns no search; an extra one (the miner beside the encoder) and
+    an edit to mining re-encodes every corpus."""
+    wrong, checked = declared_code_mistakes(base)
     assert not wrong, wrong
     assert {"encode_corpus_shard", "dense_search", "mine_hard_negatives", "finetune_stage1",
             "pretrain_model", "score_run", "make_tables", "stage_statistics"} <= checked
+
+
+def test_the_dataset_copies_declare_the_code_their_commands_run(tmp_path):
+    """As above, for the rules the demo's `all` never plans: a shared corpus
+    (share_dataset_corpus, its index hard-linked by alias_bm25_index), a DPR split's answers, and
+    an alias with a title mode of its own (alias_dataset_info)."""
+    from test_shared_corpus import SHARED, _add_datasets
+
+    project = copy_project(tmp_path / "project")
+    _add_datasets(project)
+    alias = "scifact-none"
+    edit_config(project, lambda config: config["datasets"].append(
+        {"name": alias, "same_as": "scifact", "title": "none"}))
+    plan = planned_params(project, f"results/bm25/{SHARED}/runs/test.trec",
+                          f"results/datasets/{SHARED}/answers-test.parquet",
+                          f"results/datasets/{alias}/dataset.json")
+    wrong, checked = declared_code_mistakes(plan)
+    assert not wrong, wrong
+    assert {"share_dataset_corpus", "alias_bm25_index", "prepare_dataset_answers",
+            "alias_dataset_info"} <= checked, checked
