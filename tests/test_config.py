@@ -770,3 +770,38 @@ def test_a_projector_model_s_untrained_stage1_on_the_pre_trained_encoder_is_refu
         references.check(config)
     scifact["overrides"]["stage1"] = "bm25"
     references.check(config)  # stage 1 is trained: it embeds through the projector
+
+
+def _twice(key, *path):
+    """An edit listing the first entry of the list at `path` again, with `key` changed."""
+    def edit(config):
+        entries = config
+        for name in path:
+            entries = entries[name]
+        entries.append(dict(entries[0], **key))
+    return edit
+
+
+def _zero_shot_twice(config):
+    config["evaluate"]["zero_shot"] = [{"dataset": "scifact-full", "trained_on": "scifact"}] * 2
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (_twice({"overrides": {"lr": 1e-3}}, "finetune", "datasets"),
+     r"finetune\.datasets\.1\.dataset': 'scifact' has an entry already \(finetune\.datasets\.0\)"),
+    (_twice({"count": 3}, "bm25", "negatives"),
+     r"bm25\.negatives\.1\.dataset': 'scifact' has an entry already \(bm25\.negatives\.0\)"),
+    (_zero_shot_twice,
+     r"evaluate\.zero_shot\.1\.dataset': 'scifact-full' has an entry already"),
+    (lambda c: c["datasets"][0]["splits"].append({"name": "train"}),
+     r"datasets\.0\.splits': the split 'train' is listed twice"),
+])
+def test_a_second_entry_the_rules_would_never_read_is_refused(demo, edit, expected):
+    """finetune_entry, bm25_negatives_entry and zero_shot_source read the first entry naming a
+    dataset (and a split's jobs the first split of its name): a second entry, with other
+    overrides, another negatives count or another trained_on, was accepted and ignored, so the
+    run trained with settings the config did not say."""
+    bad = copy.deepcopy(demo)
+    edit(bad)
+    with pytest.raises(experiment_config.ConfigError, match=expected):
+        config_checks.validate(bad)

@@ -152,6 +152,23 @@ def cross_check(config: dict[str, Any]) -> list[str]:
     models = _names(config["pretrain"]["models"])
     for name in sorted({n for n in models if models.count(n) > 1}):
         messages.append(f"config key 'pretrain.models': the name '{name}' is used twice")
+    # One entry per dataset where the rules read the first entry naming it (finetune_entry,
+    # bm25_negatives_entry, zero_shot_source): a second one's settings would be ignored unsaid.
+    for key, entries in (("finetune.datasets", config["finetune"]["datasets"]),
+                         ("bm25.negatives", config["bm25"].get("negatives") or []),
+                         ("evaluate.zero_shot", config["evaluate"].get("zero_shot") or [])):
+        first: dict[str, int] = {}
+        for i, entry in enumerate(entries):
+            dataset = entry["dataset"]
+            if dataset in first:
+                messages.append(
+                    f"config key '{key}.{i}.dataset': '{dataset}' has an entry already "
+                    f"({key}.{first[dataset]}), the one the rules read; merge the two")
+            first.setdefault(dataset, i)
+    for i, entry in enumerate(config["datasets"]):
+        splits = _names(entry.get("splits"))
+        for name in sorted({n for n in splits if splits.count(n) > 1}):
+            messages.append(f"config key 'datasets.{i}.splits': the split '{name}' is listed twice")
 
     for i, entry in enumerate(config["datasets"]):
         if entry.get("titles") and entry["format"] != "msmarco":
