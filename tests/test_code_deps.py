@@ -163,6 +163,8 @@ def test_third_party_imports_are_top_level_names():
     names = code_deps.third_party_imports("chunk")
     assert {"numpy", "pyarrow"} <= names
     assert not {n for n in names if "." in n} and "retrieval_pretraining" not in names
+    # The standard library is no environment's to provide (chunk imports pathlib, at least).
+    assert not names & sys.stdlib_module_names, sorted(names & sys.stdlib_module_names)
 
 
 def test_fine_tuning_does_not_run_the_mining_code():
