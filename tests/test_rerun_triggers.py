@@ -387,3 +387,27 @@ def test_the_dataset_copies_declare_the_code_their_commands_run(tmp_path):
     assert not wrong, wrong
     assert {"share_dataset_corpus", "alias_bm25_index", "prepare_dataset_answers",
             "alias_dataset_info"} <= checked, checked
+
+
+def _dicts_reversed(node):
+    """`node` with the keys of every mapping in it in reverse order (lists kept in order)."""
+    if isinstance(node, dict):
+        return {key: _dicts_reversed(node[key]) for key in reversed(list(node))}
+    if isinstance(node, list):
+        return [_dicts_reversed(value) for value in node]
+    return node
+
+
+def test_reordering_the_keys_of_the_config_reruns_nothing(project, base):
+    """The order of a mapping's keys is no setting: every job's slice is written with sorted keys
+    (config.stage_argument), so moving a key within config.yaml, or an overlay that lists a
+    block's keys in another order, reruns no job (unsorted, every slice built from the section,
+    a fine-tuning's or an encoding's, changed with it)."""
+    def edit(config):
+        reordered = _dicts_reversed(config)
+        config.clear()
+        config.update(reordered)
+
+    edited = edited_plan(project, edit)
+    assert edited.keys() == base.keys()
+    assert sorted(key for key in base if base[key]["params"] != edited[key]["params"]) == []
