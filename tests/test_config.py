@@ -572,6 +572,13 @@ def test_paths_inside_a_configured_data_root_resolve(tmp_path):
     assert experiment_config.resolve_path(target, data_root=tmp_path) == target.resolve()
 
 
+def test_the_data_root_itself_and_the_project_itself_resolve(tmp_path):
+    """A BEIR dataset's `path` may be the data root (data_root: /data/scifact, path: the same):
+    the root is inside itself, as the project is, not refused as lying outside."""
+    assert experiment_config.resolve_path(tmp_path, data_root=tmp_path) == tmp_path.resolve()
+    assert experiment_config.resolve_path(".") == experiment_config.PROJECT_ROOT
+
+
 def _scalar_keys(node, prefix=""):
     """Dotted paths of every mapping key (lists are replaced whole by --configfile, so not descended)."""
     if not isinstance(node, dict):
@@ -805,3 +812,26 @@ def test_a_second_entry_the_rules_would_never_read_is_refused(demo, edit, expect
     edit(bad)
     with pytest.raises(experiment_config.ConfigError, match=expected):
         config_checks.validate(bad)
+
+
+_ENTRY = experiment_config.closed(["name"])
+_SLICE = experiment_config.closed(
+    [], entries={"type": "array", "items": _ENTRY},
+    block={"oneOf": [{"type": "null"}, _ENTRY]}, open={"type": "object", "properties": {}})
+
+
+@pytest.mark.parametrize("value, named", [
+    ({"entries": [{"name": "a"}, {"nmae": "b"}]}, "'entries.1.nmae'"),  # a list's entry
+    ({"block": {"nmae": "b"}}, "'block.nmae'"),  # a block that may be null (oneOf)
+    ({"entries": [], "nmae": 1}, "'nmae'"),
+])
+def test_a_stage_refuses_an_unknown_key_at_any_depth_of_its_slice(value, named):
+    """refuse_unknown, each stage's own check of its --config slice: a key inside a list's entry
+    or inside a nullable block is refused by name, as at the top level."""
+    with pytest.raises(experiment_config.ConfigError, match=named):
+        experiment_config.refuse_unknown(value, _SLICE, "stage")
+
+
+def test_a_stage_accepts_any_key_of_an_open_block():
+    """A block whose schema does not close it (no additionalProperties: false) takes any key."""
+    experiment_config.refuse_unknown({"open": {"anything": 1}, "block": None}, _SLICE, "stage")
