@@ -104,7 +104,8 @@ def test_a_split_name_with_a_dot_is_refused_saying_why(demo):
 
 
 @pytest.mark.parametrize("section, key, value", [("corpus", "shards", 2.0), ("corpus", "max_len", 128.0),
-                                                ("finetune", "batch_size", 32.0)])
+                                                ("finetune", "batch_size", 32.0),
+                                                ("corpus", "shards", True)])  # a bool is an int
 def test_a_count_written_as_a_float_is_refused_at_parse_time(demo, section, key, value):
     # JSON Schema's `integer` admits 2.0; the stage would then fail on range(2.0) without the key.
     bad = copy.deepcopy(demo)
@@ -191,6 +192,12 @@ def test_missing_section_is_reported(demo):
         config_checks.validate(bad)
 
 
+def _zero_shot_unscored(config):
+    """A zero-shot target (a second copy of scifact-full) no evaluate.splits entry scores."""
+    config["datasets"].append(dict(config["datasets"][1], name="sf2"))
+    config["evaluate"]["zero_shot"] = [{"dataset": "sf2", "trained_on": "scifact"}]
+
+
 @pytest.mark.parametrize(
     "edit, expected",
     [
@@ -209,6 +216,30 @@ def test_missing_section_is_reported(demo):
             r"qrels/train\.tsv of its folder",
         ),
         (lambda c: c["corpus"].update(checkpoint="bert-large"), r"corpus\.checkpoint.*'bert-large'"),
+        (lambda c: c["pretrain"].update(checkpoint="bert-large"),
+         r"pretrain\.checkpoint.*'bert-large'"),
+        (lambda c: c["finetune"]["datasets"][0].update(dataset="nfcorpus"),
+         r"finetune\.datasets\.0\.dataset': 'nfcorpus' is not a datasets entry"),
+        (lambda c: c["bm25"]["negatives"][0].update(dataset="nfcorpus"),
+         r"bm25\.negatives\.0\.dataset': 'nfcorpus' is not a datasets entry"),
+        (lambda c: c["evaluate"].update(
+            zero_shot=[{"dataset": "scifact-full", "trained_on": "scifact-full"}]),
+         r"evaluate\.zero_shot\.0\.trained_on': 'scifact-full' is not fine-tuned on"),
+        (_zero_shot_unscored,
+         r"evaluate\.zero_shot\.0\.dataset': add an evaluate\.splits entry for 'sf2'"),
+        (lambda c: c["bm25"]["negatives"][0].update(dpr_lists=["hard_negative_ctxs"]),
+         r"bm25\.negatives\.0\.dpr_lists': read only by source dpr"),
+        (lambda c: c["bm25"]["negatives"][0].update(source="dpr"),
+         r"bm25\.negatives\.0\.source': dpr reads the negatives DPR's biencoder JSON lists, "
+         r"and 'scifact' is format beir"),
+        (  # one token past the bound: a phrase of 9 to 8 tokens
+            lambda c: c["spans"][0]["granularities"]["phrase"].update(min_len=9, max_len=8),
+            r"spans\.0\.granularities\.phrase.*min_len 9 > max_len 8",
+        ),
+        (
+            lambda c: c["datasets"][0]["splits"][0].update(queries={"path": "data/q.jsonl"}),
+            r"datasets\.0\.splits\.0\.queries': a beir split reads queries\.jsonl",
+        ),
         (
             lambda c: c["pretrain"]["models"][2].update(spans="costa-typo"),
             r"pretrain\.models\.2\.spans.*'costa-typo'.*known: costa",
@@ -835,3 +866,47 @@ def test_a_stage_refuses_an_unknown_key_at_any_depth_of_its_slice(value, named):
 def test_a_stage_accepts_any_key_of_an_open_block():
     """A block whose schema does not close it (no additionalProperties: false) takes any key."""
     experiment_config.refuse_unknown({"open": {"anything": 1}, "block": None}, _SLICE, "stage")
+
+
+@pytest.mark.parametrize("section", ["checkpoints", "spans", "datasets"])
+def test_a_name_used_twice_in_a_section_is_refused(demo, section):
+    """The rules find an entry by its name (`named`), the first one: a second entry of that name,
+    whatever it sets, would be ignored without a word."""
+    bad = copy.deepcopy(demo)
+    bad[section].append(copy.deepcopy(bad[section][0]))
+    name = bad[section][0]["name"]
+    with pytest.raises(experiment_config.ConfigError,
+                       match=rf"'{section}': the name '{name}' is used twice"):
+        config_checks.validate(bad)
+
+
+def test_a_titles_file_on_a_dpr_corpus_is_refused(demo):
+    """Only an MS MARCO collection is joined with a titles file; a DPR corpus (psgs_w100) carries
+    its titles, so the file would be ignored."""
+    from test_dataset_reruns import _dpr_entry
+
+    bad = copy.deepcopy(demo)
+    bad["datasets"].append(_dpr_entry(ROOT) | {"titles": {"path": "data/titles.tsv"}})
+    with pytest.raises(experiment_config.ConfigError,
+                       match=r"titles': a titles file is joined onto MS MARCO collections only"):
+        config_checks.validate(bad)
+
+
+def test_dpr_negatives_of_a_split_without_its_biencoder_json_are_refused(demo):
+    """source dpr reads the lists of the biencoder JSON a split was built from: a qa.csv split
+    (`questions`) has none, and the negatives would be built from nothing."""
+    from test_dataset_reruns import DPR, _dpr_entry
+
+    bad = copy.deepcopy(demo)
+    bad["datasets"].append(_dpr_entry(ROOT))
+    bad["bm25"]["negatives"].append(
+        {"dataset": DPR, "split": "test", "source": "dpr", "count": 30})
+    with pytest.raises(experiment_config.ConfigError, match=r"bm25\.negatives\.1\.split': "
+                       r"source dpr reads the split's biencoder JSON"):
+        config_checks.validate(bad)
+
+
+def test_a_span_granularity_of_one_length_is_valid(demo):
+    good = copy.deepcopy(demo)
+    good["spans"][0]["granularities"]["phrase"].update(min_len=8, max_len=8)
+    config_checks.validate(good)
