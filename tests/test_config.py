@@ -287,6 +287,36 @@ def _zero_shot_unscored(config):
             r"evaluate\.baselines\.0\.name.*'costa-stage1' is the name of one of our systems",
         ),
         (
+            lambda c: c["evaluate"]["baselines"][0].update(name="bm25"),
+            r"evaluate\.baselines\.0\.name.*'bm25' is the name of one of our systems",
+        ),
+        (
+            lambda c: c["evaluate"]["baselines"].append(
+                copy.deepcopy(c["evaluate"]["baselines"][0])),
+            r"'evaluate\.baselines': the name '[^']+' is used twice",
+        ),
+        (
+            lambda c: c["pretrain"]["models"][1].update(
+                corpus=[{"name": "wikipedia", "proportion": 1}] * 2),
+            r"pretrain\.models\.1\.corpus': 'wikipedia' is listed twice",
+        ),
+        (
+            lambda c: c["corpus"]["corpora"][0].update(checkpoint="bert-large"),
+            r"corpus\.corpora\.0\.checkpoint': 'bert-large' is not a checkpoints entry",
+        ),
+        (
+            lambda c: c["corpus"]["corpora"].append(copy.deepcopy(c["corpus"]["corpora"][0])),
+            r"'corpus\.corpora': the name 'wikipedia' is used twice",
+        ),
+        (  # a model initialised from itself
+            lambda c: c["pretrain"]["models"][1].update(init="mlm"),
+            r"pretrain\.models\.1\.init': 'mlm' is not a pre-training model listed before 'mlm'",
+        ),
+        (  # bert, objective none: a corpus trains nothing
+            lambda c: c["pretrain"]["models"][0].update(corpus="wikipedia"),
+            r"pretrain\.models\.0': objective none trains nothing",
+        ),
+        (
             lambda c: c["evaluate"]["baselines"][0].update(checkpoint="minilm-l12"),
             r"evaluate\.baselines\.0\.checkpoint.*'minilm-l12' is not a checkpoints entry",
         ),
