@@ -411,3 +411,72 @@ def test_reordering_the_keys_of_the_config_reruns_nothing(project, base):
     edited = edited_plan(project, edit)
     assert edited.keys() == base.keys()
     assert sorted(key for key in base if base[key]["params"] != edited[key]["params"]) == []
+
+
+def _rerun_rules(base: dict, edited: dict) -> set[str]:
+    """The rules with a job whose params differ between the two plans."""
+    return {rule for (rule, output), job in base.items()
+            if job["params"] != edited[rule, output]["params"]}
+
+
+def _exclude_query_ids(value):
+    return lambda config: [entry.update(exclude_query_id=value) for entry in config["datasets"]]
+
+
+@pytest.mark.parametrize("edit, rules", [
+    # Dropping the query-id rule: what searches, mines or prepares with it.
+    (_exclude_query_ids(False), {"prepare_dataset", "bm25_search", "bm25_negatives",
+                                 "mine_hard_negatives", "dense_search", "baseline_search"}),
+    # A BEIR corpus sample's size: the sampled corpus.
+    (lambda config: config["datasets"][0]["subset"].update(documents=1400), {"prepare_dataset"}),
+    # The seed: every seeded draw (spans, negatives, mining, training; the analyses' samples).
+    (lambda config: config.update(seed=7), {"sample_spans", "bm25_negatives",
+                                            "mine_hard_negatives", "finetune_stage1",
+                                            "pretrain_model"}),
+])
+def test_a_setting_a_job_reads_reruns_it(project, base, edit, rules):
+    """The other direction of the triggers: a setting that changes a job's output must change its
+    params, or the edit reruns nothing and the results tree mixes old and new settings without a
+    word (a rule that stopped passing exclude_query_id, or the seed, to one of these)."""
+    edited = edited_plan(project, edit)
+    assert rules <= _rerun_rules(base, edited), rules - _rerun_rules(base, edited)
+
+
+def test_pinning_another_hub_revision_restages_the_checkpoint_and_its_tokenizer(project):
+    """A Hub checkpoint's revision decides its weights and its tokenizer: another pin restages
+    both (and so re-chunks the corpus with the tokenizer of that commit)."""
+    def hub(revision):
+        def edit(config):
+            config["checkpoints"][0] |= {"source": "hub", "revision": revision,
+                                         "location": "sentence-transformers/all-MiniLM-L6-v2"}
+        return edit
+
+    before = edited_plan(project, hub("a" * 40))
+    after = edited_plan(project, hub("b" * 40))
+    assert {"stage_checkpoint", "stage_tokenizer"} <= _rerun_rules(before, after)
+
+
+def test_a_titles_file_joined_onto_a_collection_reprepares_its_corpus(project):
+    """An MS MARCO collection's titles file is joined into its corpus.parquet: adding one must
+    change the corpus job's slice (it is the slice that hands the file to the stage)."""
+    folder = project / "data" / "marco-sample"
+    folder.mkdir(exist_ok=True)
+    (folder / "collection.tsv").write_text("0\tsnow is cold\n")
+    (folder / "para.title.txt").write_text("0\tSnow\n")
+    marco = {"name": "marco", "format": "msmarco", "title": "sep", "exclude_query_id": False,
+             "corpus": {"path": "data/marco-sample/collection.tsv"},
+             "splits": [{"name": "dev", "queries": {"path": "data/marco-sample/collection.tsv"},
+                         "qrels": {"path": "data/marco-sample/collection.tsv"}}]}
+
+    def with_marco(**extra):
+        return lambda config: config["datasets"].append(marco | extra)
+
+    target = "results/datasets/marco/corpus.parquet"
+    plans = []
+    for edit in (with_marco(), with_marco(titles={"path": "data/marco-sample/para.title.txt"})):
+        original = edit_config(project, edit)
+        try:
+            plans.append(planned_params(project, target))
+        finally:
+            (project / "config.yaml").write_text(original)
+    assert "prepare_dataset" in _rerun_rules(*plans)
