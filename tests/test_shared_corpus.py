@@ -328,3 +328,18 @@ def test_a_source_dataset_json_that_is_not_an_object_is_one_error_line(tmp_path,
     assert stop.value.code == 1 and "Traceback" not in err, err
     assert err.startswith(f"error: {source}: not a JSON object"), err
     assert not out.exists()
+
+
+def test_a_shared_corpus_takes_its_source_s_titles_file_too():
+    """An MS MARCO collection is read with its titles file: an entry sharing it reads both, as its
+    source does (a pre-training corpus over the sharing entry, chunked from its resolved entry,
+    would otherwise chunk the passages without their titles)."""
+    source = {"name": "marco", "format": "msmarco", "corpus": {"download": "collection.tsv"},
+              "titles": {"download": "para.title.txt"}, "splits": [], "title": "space",
+              "exclude_query_id": False}
+    shared = {k: v for k, v in source.items() if k != "titles"} | {
+        "name": "marco-2", "corpus": {"same_as": "marco"}}
+    assert dataset_aliases.corpus_problems([source, shared]) == []
+    resolved = {entry["name"]: entry for entry in dataset_aliases.resolve([source, shared])}
+    assert resolved["marco-2"]["corpus"] == source["corpus"]
+    assert resolved["marco-2"]["titles"] == source["titles"]
