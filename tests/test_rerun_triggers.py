@@ -429,6 +429,11 @@ def _exclude_query_ids(value):
                                  "mine_hard_negatives", "dense_search", "baseline_search"}),
     # A BEIR corpus sample's size: the sampled corpus.
     (lambda config: config["datasets"][0]["subset"].update(documents=1400), {"prepare_dataset"}),
+    # BM25's indexed text, and a dataset's own k1 (bm25.overrides): its index, runs, negatives.
+    (lambda config: config["bm25"].update(title="none"),
+     {"build_bm25_index", "bm25_search", "bm25_negatives"}),
+    (lambda config: config["bm25"].update(overrides=[{"dataset": "scifact", "k1": 1.2}]),
+     {"bm25_search", "bm25_negatives"}),
     # The seed: every seeded draw (spans, negatives, mining, training; the analyses' samples).
     (lambda config: config.update(seed=7), {"sample_spans", "bm25_negatives",
                                             "mine_hard_negatives", "finetune_stage1",
@@ -480,3 +485,22 @@ def test_a_titles_file_joined_onto_a_collection_reprepares_its_corpus(project):
         finally:
             (project / "config.yaml").write_text(original)
     assert "prepare_dataset" in _rerun_rules(*plans)
+
+
+def test_a_shared_corpus_s_own_query_id_rule_rewrites_its_dataset_json(tmp_path):
+    """A shared corpus's dataset.json holds its own settings (INFO_KEYS), not its source's: its
+    query-id rule changed must rewrite it (share_dataset_corpus's params)."""
+    from test_shared_corpus import SHARED, _add_datasets
+
+    project = copy_project(tmp_path / "project")
+    _add_datasets(project)
+    target = f"results/datasets/{SHARED}/dataset.json"
+    plans = []
+    for value in (False, True):
+        original = edit_config(project, lambda config: next(
+            e for e in config["datasets"] if e["name"] == SHARED).update(exclude_query_id=value))
+        try:
+            plans.append(planned_params(project, target))
+        finally:
+            (project / "config.yaml").write_text(original)
+    assert "share_dataset_corpus" in _rerun_rules(*plans)
