@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -940,3 +941,64 @@ def test_a_span_granularity_of_one_length_is_valid(demo):
     good = copy.deepcopy(demo)
     good["spans"][0]["granularities"]["phrase"].update(min_len=8, max_len=8)
     config_checks.validate(good)
+
+
+def _setter(path, value):
+    """An edit setting the key at dotted `path` (list indexes as numbers) to `value`; DELETE
+    removes it."""
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+
+    def edit(config):
+        node = config
+        for key in parents:
+            node = node[key]
+        if value is DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return edit
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("path, bad, good", [
+    ("finetune.q_len", 3, 4),  # the stage's own floor (retrieval_settings: q_len >= 4)
+    ("bm25.b", 1.01, 1),
+    ("finetune.temperature", 0, 0.01),  # scores are divided by it
+    ("spans.0.beta_alpha", 0, 0.5),  # Beta(0, .) is no distribution
+    ("bm25.negatives.0.count", 0, 1),
+    ("mining.num_negatives", 0, 1),
+    ("finetune.min_lr_ratio", 1, 0.5),  # the decay would end at lr itself: no decay
+    ("finetune.datasets", [], None),
+    ("finetune.dtype", DELETE, None),  # required: the encoding slice would fall back unsaid
+])
+def test_a_value_past_its_schema_bound_is_refused_before_any_job_runs(demo, path, bad, good):
+    """Each bound of the schema, one step past it: refused when the workflow parses, naming the
+    key (a stage would refuse it hours in, or run with it); the bound itself is accepted."""
+    config = copy.deepcopy(demo)
+    _setter(path, bad)(config)
+    with pytest.raises(experiment_config.ConfigError, match=re.escape(f"'{path}")
+                       if bad is not DELETE else "dtype"):
+        config_checks.validate(config)
+    if good is not None:
+        config = copy.deepcopy(demo)
+        _setter(path, good)(config)
+        config_checks.validate(config)
+
+
+@pytest.mark.parametrize("entry, key", [
+    ({"name": "scifact-2", "same_as": "scifact", "exclude_query_id": False}, "exclude_query_id"),
+])
+def test_an_alias_setting_what_is_its_collection_s_is_refused(demo, entry, key):
+    config = copy.deepcopy(demo)
+    config["datasets"].append(entry)
+    with pytest.raises(experiment_config.ConfigError, match=key):
+        config_checks.validate(config)
+
+
+def test_a_misspelt_fine_tuning_override_is_refused_at_parse_time(demo):
+    config = copy.deepcopy(demo)
+    config["finetune"]["datasets"][0]["overrides"] = {"q_lenn": 64}
+    with pytest.raises(experiment_config.ConfigError, match="q_lenn"):
+        config_checks.validate(config)
