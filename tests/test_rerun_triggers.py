@@ -434,6 +434,12 @@ def _exclude_query_ids(value):
      {"build_bm25_index", "bm25_search", "bm25_negatives"}),
     (lambda config: config["bm25"].update(overrides=[{"dataset": "scifact", "k1": 1.2}]),
      {"bm25_search", "bm25_negatives"}),
+    # A split's allowance: that split's job (which reads it) alone.
+    (lambda config: config["datasets"][0].update(max_unknown_judged_queries=5),
+     {"prepare_dataset_split"}),
+    # A model's own fine-tuning knob (pretrain.models[].finetune): its fine-tuning.
+    (lambda config: next(m for m in config["pretrain"]["models"] if m["name"] == "costa").update(
+        finetune={"projector": True}), {"finetune_stage1"}),
     # The seed: every seeded draw (spans, negatives, mining, training; the analyses' samples).
     (lambda config: config.update(seed=7), {"sample_spans", "bm25_negatives",
                                             "mine_hard_negatives", "finetune_stage1",
