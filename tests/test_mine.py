@@ -16,6 +16,14 @@ from retrieval_pretraining import mine
 POLICY = {"depth": 200, "rank_window": None, "sample": "random", "num_negatives": None}
 
 
+def _stub_search(monkeypatch, index, docs, qids, vectors):
+    """mine.mine_to_file searches `index` (its rows' doc ids `docs`) on the CPU with `vectors` as
+    the queries `qids`: no index folder and no encoder needed."""
+    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
+    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
+    monkeypatch.setattr(mine, "encode_queries", lambda encoder, queries, config: (qids, vectors))
+
+
 def ranked(ids):
     return ids, np.linspace(10, 1, len(ids)).astype(np.float32), np.arange(1, len(ids) + 1)
 
@@ -102,10 +110,7 @@ def test_mined_negatives_record_their_encoder_s_weights_from_its_manifest(tmp_pa
                              stats={"weights": weights})
     index = faiss.IndexFlatIP(2)
     index.add(np.array([[2, 0], [1, 0]], dtype=np.float32))
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(["a", "b"])))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries",
-                        lambda encoder, queries, config: (["q1"], np.array([[1, 0]], np.float32)))
+    _stub_search(monkeypatch, index, pa.array(["a", "b"]), ["q1"], np.array([[1, 0]], np.float32))
     pl.DataFrame({"query_id": ["q1"], "doc_id": ["a"], "relevance": [1]},
                  schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
                  ).write_parquet(tmp_path / "qrels.parquet")
@@ -124,10 +129,7 @@ def five_ranked_docs(monkeypatch):
     index = faiss.IndexFlatIP(2)
     index.add(np.array([[5, 0], [4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
     docs = pa.array(["a", "b", "c", "d", "e"])
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries", lambda encoder, queries, config: (
-        ["q1", "q2", "q3"], np.array([[1, 0]] * 3, np.float32)))
+    _stub_search(monkeypatch, index, docs, ["q1", "q2", "q3"], np.array([[1, 0]] * 3, np.float32))
 
 
 @pytest.mark.parametrize("removed", ["own", "first_query"])
@@ -281,7 +283,8 @@ def test_answer_passages_become_positives_and_short_lists_go_only_on_request():
         ids = pa.array(docs)  # the index's rows, ranked in this order
         answered = {"q": np.array([d in {"a1", "a2", "a3", "g"} for d in docs])}
         table = mine.mine_batch([("q", np.arange(len(docs)), ranked(docs)[1])], ids,
-                                mine.IdRows(ids, ["g", "z"]).of(["g", "z"]), positives, {"g", "z"}, answered,
+                                mine.IdRows(ids, ["g", "z"]).of(["g", "z"]), positives,
+                                {"g", "z"}, answered,
                                 {**knobs, **policy}, 0, dict.fromkeys(
                                     ("positives_removed", "answer_passages_removed",
                                      "own_positives_kept", "queries_below_min_negatives"), 0))
@@ -439,10 +442,8 @@ def _mine_random(tmp_path, monkeypatch, index_config, depth, queries=30, rows=40
     index = faiss_index.build(vectors, index_config)
     docs = pa.array([f"d{i}" for i in range(rows)])
     qids = [f"q{i}" for i in range(queries)]
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries", lambda encoder, q, config: (
-        qids, rng.standard_normal((queries, 16)).astype(np.float32)))
+    _stub_search(monkeypatch, index, docs, qids,
+                 rng.standard_normal((queries, 16)).astype(np.float32))
     pl.DataFrame({"query_id": qids, "doc_id": ["d0"] * queries, "relevance": [1] * queries},
                  schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
                  ).write_parquet(tmp_path / "qrels.parquet")
@@ -548,9 +549,7 @@ def test_a_batch_holds_index_rows_not_doc_ids_until_the_cut(tmp_path, monkeypatc
     docs = pa.array([f"doc-{i}" for i in range(rows)], pa.large_string())
     qids = [f"q{i}" for i in range(queries)]
     vectors = rng.standard_normal((queries, 16)).astype(np.float32)
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, docs))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries", lambda encoder, q, config: (qids, vectors))
+    _stub_search(monkeypatch, index, docs, qids, vectors)
     pl.DataFrame({"query_id": qids, "doc_id": [f"doc-{i}" for i in range(queries)],
                   "relevance": [1] * queries}).write_parquet(tmp_path / "qrels.parquet")
     config = {"depth": depth, "rank_window": [3, 201], "rank_window_counts": "candidates",
@@ -666,10 +665,7 @@ def test_the_mined_file_equals_a_naive_restatement_on_random_policies(tmp_path, 
                  ).write_parquet(tmp_path / "corpus.parquet")
     pl.DataFrame({"query_id": qids, "answers": [answers[q] for q in qids]}
                  ).write_parquet(tmp_path / "answers.parquet")
-    monkeypatch.setattr(mine.faiss_index, "load",
-                        lambda folder: (index, pa.array(docs, pa.large_string())))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries", lambda encoder, q, config: (qids, vectors))
+    _stub_search(monkeypatch, index, pa.array(docs, pa.large_string()), qids, vectors)
     monkeypatch.setattr(mine, "QUERY_BATCH", 7)
     for case in range(60):
         depth = int(rng.choice([10, 30, 80]))
@@ -759,10 +755,7 @@ def test_every_row_of_a_positive_the_index_repeats_is_removed(tmp_path, monkeypa
     docs = ["a", "b", "a", "c"]
     index = faiss.IndexFlatIP(2)
     index.add(np.array([[4, 0], [3, 0], [2, 0], [1, 0]], dtype=np.float32))
-    monkeypatch.setattr(mine.faiss_index, "load", lambda folder: (index, pa.array(docs)))
-    monkeypatch.setattr(mine.faiss_index, "to_search_device", lambda index, use_gpu, k: index)
-    monkeypatch.setattr(mine, "encode_queries",
-                        lambda encoder, queries, config: (["q1"], np.array([[1, 0]], np.float32)))
+    _stub_search(monkeypatch, index, pa.array(docs), ["q1"], np.array([[1, 0]], np.float32))
     pl.DataFrame({"query_id": ["q1"], "doc_id": ["a"], "relevance": [1]},
                  schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
                  ).write_parquet(tmp_path / "qrels.parquet")
