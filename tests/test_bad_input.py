@@ -425,6 +425,41 @@ def test_a_damaged_or_missing_tokenizer_file_is_one_line_naming_it(tiny_bert, tm
     assert message.startswith(str(folder)) and said in message and "\n" not in message, message
 
 
+def _saved_gpt2(to: Path):
+    from transformers import GPT2Tokenizer
+
+    tokenizer = GPT2Tokenizer(vocab={"<|endoftext|>": 0, "a": 1, "b": 2, "\u0120": 3, "ab": 4},
+                              merges=[("a", "b")])
+    tokenizer.save_pretrained(to)
+    return tokenizer
+
+
+def _saved_bert(to: Path):
+    from transformers import BertTokenizer
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s"]
+    tokenizer = BertTokenizer(vocab=dict(zip(words, range(len(words)))))
+    tokenizer.save_pretrained(to)
+    return tokenizer
+
+
+@pytest.mark.parametrize("save", [_saved_gpt2, _saved_bert], ids=["gpt2", "bert"])
+def test_a_tokenizer_transformers_saves_loads_as_it_was_saved(tmp_path, save):
+    """A folder save_pretrained writes (transformers 5: tokenizer.json and tokenizer_config.json
+    only) loads with the ids it was saved with: GPT2Tokenizer's vocab_files_names list only its
+    slow files (vocab.json, merges.txt), and such a folder was refused as holding no tokenizer
+    file."""
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    saved = save(tmp_path / "tokenizer")
+    assert sorted(p.name for p in (tmp_path / "tokenizer").iterdir()) == [
+        "tokenizer.json", "tokenizer_config.json"]
+    loaded = auto_tokenizer(tmp_path / "tokenizer")
+    assert loaded.get_vocab() == saved.get_vocab() and len(loaded.get_vocab()) > 4
+    text = "ab a b" if save is _saved_gpt2 else "the cats"
+    assert loaded(text)["input_ids"] == saved(text)["input_ids"]
+
+
 ADDED_TOKEN = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                "special": True}
 

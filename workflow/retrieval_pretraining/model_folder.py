@@ -184,11 +184,15 @@ def check_tokenizer_files(folder: str | Path, tokenizer: Any) -> None:
     """Refuse a tokenizer transformers built from none of its class's files (`vocab_files_names`:
     tokenizer.json, or a vocabulary such as BERT's vocab.txt): a BERT folder with no tokenizer
     file loaded silently as a BertTokenizer of its 5 special tokens, which reads every word as
-    [UNK], and no vocabulary check catches it (5 ids fit any embedding table)."""
+    [UNK], and no vocabulary check catches it (5 ids fit any embedding table). A fast tokenizer
+    is built from tokenizer.json whatever its class names: transformers 5's GPT2Tokenizer (and
+    Funnel's, Luke's, ...) lists only its slow files (vocab.json, merges.txt), and saves only
+    tokenizer.json."""
     files = getattr(type(tokenizer), "vocab_files_names", None)
     if not isinstance(files, dict) or not files:
         return
-    names = sorted(set(files.values()), key=lambda name: (name != "tokenizer.json", name))
+    fast = {"tokenizer.json"} if getattr(tokenizer, "is_fast", False) else set()
+    names = sorted(set(files.values()) | fast, key=lambda name: (name != "tokenizer.json", name))
     if any((Path(folder) / name).is_file() for name in names):
         return
     rest = " and ".join(name for name in names if name != "tokenizer.json")
