@@ -284,6 +284,28 @@ def test_a_parquet_qrels_integer_column_of_any_width_is_read_as_its_grades(tmp_p
     assert grades == [1, 0, 2] and all(type(grade) is int for grade in grades)
 
 
+def test_a_parquet_qrels_decimal_column_s_whole_grades_are_grades(tmp_path):
+    """A DECIMAL column (a database's export) holds Decimals: whole ones are grades, as int()
+    took them before strings and booleans were refused; a fraction is refused as a float's."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "qrels.parquet"
+    for scale in (0, 2):
+        grades = pa.array([Decimal(1), Decimal(0), Decimal(2)], pa.decimal128(5, scale))
+        pq.write_table(pa.table({"query_id": ["q1", "q1", "q2"], "doc_id": ["d1", "d3", "d2"],
+                                 "relevance": grades}), parquet)
+        read = [q.relevance for q in evaluate.read_qrels(parquet)]
+        assert read == [1, 0, 2] and all(type(grade) is int for grade in read)
+    pq.write_table(pa.table({"query_id": ["q1"], "doc_id": ["d1"],
+                             "relevance": pa.array([Decimal("0.50")], pa.decimal128(5, 2))}),
+                   parquet)
+    with pytest.raises(evaluate.EvaluationError, match=r"row 1: relevance Decimal\('0\.50'\) of"):
+        evaluate.read_qrels(parquet)
+
+
 @pytest.mark.parametrize("column", ["query_id", "doc_id"])
 def test_a_parquet_qrels_row_with_a_null_id_fails_naming_it(files, tmp_path, column):
     """str() of a null id was the id 'None': a judged query no run answers (scored 0 in every

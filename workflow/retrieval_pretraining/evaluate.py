@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from decimal import Decimal
 from functools import cache
 from itertools import chain
 from pathlib import Path
@@ -223,7 +224,8 @@ def _grade(path: Path, row: int, query_id: Any, doc_id: Any, relevance: Any) -> 
         raise EvaluationError(f"{path}, row {row}: document {doc_id} of query {query_id} has no "
                               "relevance (null); give every judged pair an integer grade")
     grade = None
-    if isinstance(relevance, (int, float)) and not isinstance(relevance, bool):
+    # A decimal column's values (a database's DECIMAL export) are Decimals: whole ones are grades.
+    if isinstance(relevance, (int, float, Decimal)) and not isinstance(relevance, bool):
         try:
             grade = int(relevance)
         except (ValueError, OverflowError):  # NaN, an infinity
