@@ -510,3 +510,49 @@ def test_a_shared_corpus_s_own_query_id_rule_rewrites_its_dataset_json(tmp_path)
         finally:
             (project / "config.yaml").write_text(original)
     assert "share_dataset_corpus" in _rerun_rules(*plans)
+
+
+def test_an_answer_match_rule_reruns_what_scores_or_filters_by_answers(tmp_path):
+    """answer_match decides which passages count as answers: Acc@k's (score_run) and the answers
+    filter's of the negatives (BM25's and mining's). Changed, each must rerun, or the tables mix
+    string- and regex-matched scores without a word (the demo plans no split scored by Acc@k)."""
+    from test_dpr import nq_project
+
+    project = nq_project(tmp_path / "project", [
+        {"dataset": "nq-sample", "split": "test", "measures": ["Acc@20"],
+         "answer_match": "string"}])
+    targets = ("results/metrics/nq-sample/bm25/test.json",
+               "results/bm25/nq-sample/negatives.parquet",
+               "results/finetune/bert/nq-sample/stage1/hard-negatives.parquet")
+    before = planned_params(project, *targets)
+    edit_config(project, lambda config: config["evaluate"]["splits"][0].update(
+        answer_match="regex"))
+    after = planned_params(project, *targets)
+    assert {"score_run", "bm25_negatives", "mine_hard_negatives"} <= _rerun_rules(before, after)
+
+
+def test_a_zero_shot_target_reruns_with_its_source_s_fine_tuning_overrides(tmp_path):
+    """A zero-shot target is encoded and searched with the encoder fine-tuned on its source
+    (trained_on): the passage length, pooling... that encoder was trained with, the source's
+    overrides, are the target's too. Changed, its encoding and search must rerun with them."""
+    from test_zero_shot import TARGET, _overrides
+
+    project = copy_project(tmp_path / "project", _overrides())
+
+    def p_len(value):
+        return lambda config: next(e for e in config["finetune"]["datasets"]
+                                   if e["dataset"] == "scifact").update(overrides={"p_len": value})
+
+    plans = []
+    for value in (64, 96):
+        original = edit_config(project, p_len(value))
+        try:
+            plans.append(planned_params(project, "results/tables.md"))
+        finally:
+            (project / "config.yaml").write_text(original)
+    before, after = plans
+    for rule in ("encode_corpus_shard", "dense_search"):
+        target = [out for key, out in before if key == rule and f"/{TARGET}/" in out]
+        assert target, f"no {rule} job on the zero-shot target"
+        assert set(target) <= set(rerun_by_params(before, after, rule)), target
+        assert any('"p_len":64' in value for value in before[rule, target[0]]["params"])
