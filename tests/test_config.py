@@ -1002,3 +1002,38 @@ def test_a_misspelt_fine_tuning_override_is_refused_at_parse_time(demo):
     config["finetune"]["datasets"][0]["overrides"] = {"q_lenn": 64}
     with pytest.raises(experiment_config.ConfigError, match="q_lenn"):
         config_checks.validate(config)
+
+
+@pytest.mark.parametrize("key, past, bound", [
+    ("q_len", 3, 4), ("p_len", 7, 8), ("encode_batch_size", 0, 1),
+    ("pooling", "max", "mean"), ("similarity", "l2", "cosine"), ("dtype", "bfloat16", "float32"),
+])
+def test_the_retrieval_knobs_are_checked_by_their_stage_as_the_schema_checks_them(key, past, bound):
+    """Each stage builds its RetrievalSettings from the slice on its command line, which no
+    parse-time check saw when the stage is run by hand: one step past the schema's bound is
+    refused there too, naming the knob (a dtype of bfloat16 stored vectors numpy cannot read
+    back), and the schema's bound is accepted."""
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    schema = experiment_config.section_schema("finetune")["$defs"]["knobs"][key]
+    assert (schema["minimum"] == bound if "minimum" in schema
+            else bound in schema["enum"] and past not in schema["enum"])
+    with pytest.raises(experiment_config.ConfigError, match=f"finetune.{key} {past!r}"):
+        RetrievalSettings(**{key: past})
+    assert getattr(RetrievalSettings(**{key: bound}), key) == bound
+
+
+def test_the_retrieval_defaults_are_the_reference_s_the_schema_states():
+    """RetrievalSettings' defaults are what a slice without the knob gets, and what the card of
+    a not-yet-fine-tuned export and mteb_eval (a folder stating none) use: the reference's
+    (REFERENCE.md), as the schema's descriptions state them."""
+    from retrieval_pretraining.retrieval_settings import RetrievalSettings
+
+    knobs = experiment_config.section_schema("finetune")["$defs"]["knobs"]
+    defaults = RetrievalSettings()
+    for key in ("q_len", "p_len"):
+        stated = re.search(r"reference (\d+)", knobs[key]["description"])
+        assert getattr(defaults, key) == int(stated[1]), key
+    assert (defaults.pooling, defaults.similarity) == ("cls", "dot")
+    assert "[CLS] (reference)" in knobs["pooling"]["description"]
+    assert "dot product (reference)" in knobs["similarity"]["description"]

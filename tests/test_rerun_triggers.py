@@ -556,3 +556,20 @@ def test_a_zero_shot_target_reruns_with_its_source_s_fine_tuning_overrides(tmp_p
         assert target, f"no {rule} job on the zero-shot target"
         assert set(target) <= set(rerun_by_params(before, after, rule)), target
         assert any('"p_len":64' in value for value in before[rule, target[0]]["params"])
+
+
+@pytest.mark.parametrize("knob, value, rules", [
+    ("p_len", 96, {"encode_corpus_shard", "mine_hard_negatives", "dense_search"}),
+    ("pooling", "cls", {"encode_corpus_shard", "mine_hard_negatives", "dense_search"}),
+    ("similarity", "dot", {"encode_corpus_shard", "mine_hard_negatives", "dense_search"}),
+    ("q_len", 48, {"mine_hard_negatives", "dense_search"}),
+])
+def test_a_knob_that_decides_the_vectors_reruns_what_encodes_or_searches_with_them(
+        project, base, knob, value, rules):
+    """retrieval_keys: the knobs that decide a vector are the params of every job that encodes a
+    corpus or its queries, for every such job (a knob left out, and the index holds vectors of
+    the old passage length while the fine-tuned encoder reads the new one). The demo's pooling
+    and similarity are mean and cosine."""
+    edited = edited_plan(project, lambda config: config["finetune"].update({knob: value}))
+    for rule in rules:
+        assert len(rerun_by_params(base, edited, rule)) == sum(key[0] == rule for key in base), rule
