@@ -24,11 +24,11 @@ def base(project) -> dict:
     return planned_params(project, "all")
 
 
-def edited_plan(project: Path, edit) -> dict:
-    """The plan of `all` with `edit` (a function of the config dict) applied, then undone."""
+def edited_plan(project: Path, edit, target: str = "all") -> dict:
+    """The plan of `target` with `edit` (a function of the config dict) applied, then undone."""
     original = edit_config(project, edit)
     try:
-        return planned_params(project, "all")
+        return planned_params(project, target)
     finally:
         (project / "config.yaml").write_text(original)
 
@@ -483,13 +483,8 @@ def test_a_titles_file_joined_onto_a_collection_reprepares_its_corpus(project):
         return lambda config: config["datasets"].append(marco | extra)
 
     target = "results/datasets/marco/corpus.parquet"
-    plans = []
-    for edit in (with_marco(), with_marco(titles={"path": "data/marco-sample/para.title.txt"})):
-        original = edit_config(project, edit)
-        try:
-            plans.append(planned_params(project, target))
-        finally:
-            (project / "config.yaml").write_text(original)
+    plans = [edited_plan(project, edit, target) for edit in (
+        with_marco(), with_marco(titles={"path": "data/marco-sample/para.title.txt"}))]
     assert "prepare_dataset" in _rerun_rules(*plans)
 
 
@@ -501,14 +496,9 @@ def test_a_shared_corpus_s_own_query_id_rule_rewrites_its_dataset_json(tmp_path)
     project = copy_project(tmp_path / "project")
     _add_datasets(project)
     target = f"results/datasets/{SHARED}/dataset.json"
-    plans = []
-    for value in (False, True):
-        original = edit_config(project, lambda config: next(
-            e for e in config["datasets"] if e["name"] == SHARED).update(exclude_query_id=value))
-        try:
-            plans.append(planned_params(project, target))
-        finally:
-            (project / "config.yaml").write_text(original)
+    plans = [edited_plan(project, lambda config: next(
+        e for e in config["datasets"] if e["name"] == SHARED).update(exclude_query_id=value),
+        target) for value in (False, True)]
     assert "share_dataset_corpus" in _rerun_rules(*plans)
 
 
@@ -543,14 +533,7 @@ def test_a_zero_shot_target_reruns_with_its_source_s_fine_tuning_overrides(tmp_p
         return lambda config: next(e for e in config["finetune"]["datasets"]
                                    if e["dataset"] == "scifact").update(overrides={"p_len": value})
 
-    plans = []
-    for value in (64, 96):
-        original = edit_config(project, p_len(value))
-        try:
-            plans.append(planned_params(project, "results/tables.md"))
-        finally:
-            (project / "config.yaml").write_text(original)
-    before, after = plans
+    before, after = (edited_plan(project, p_len(value), "results/tables.md") for value in (64, 96))
     for rule in ("encode_corpus_shard", "dense_search"):
         target = [out for key, out in before if key == rule and f"/{TARGET}/" in out]
         assert target, f"no {rule} job on the zero-shot target"
