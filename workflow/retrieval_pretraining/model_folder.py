@@ -128,8 +128,8 @@ EXTRA_TOKENS = ("extra_special_tokens", "additional_special_tokens")
 def expect_extra_tokens(config: dict[str, Any], path: Path, what: str) -> None:
     """Refuse an EXTRA_TOKENS list of `config` (tokenizer_config.json) transformers cannot read,
     naming the file and the entry (errors.expect_token)."""
+    extra = config.get("extra_special_tokens")
     for key in EXTRA_TOKENS:
-        extra = config.get("extra_special_tokens")
         if key == "additional_special_tokens" and isinstance(extra, list) and extra:
             continue  # transformers ignores it
         value = config.get(key)
@@ -150,11 +150,10 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     folder's config.json for the tokenizer's class: one cut short failed there as an OSError
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
     another shape (a special token neither a string nor an AddedToken object, named or in its
-    EXTRA_TOKENS lists: errors.expect_token),
-    and a tokenizer file it cannot read are InputFileError naming the file or
-    the folder, as is a folder with none of the tokenizer's files (check_tokenizer_files). Any
-    other error from transformers (a RuntimeError, a TypeError) is a bug, and keeps its
-    traceback."""
+    EXTRA_TOKENS lists: errors.expect_token), and a tokenizer file it cannot read are
+    InputFileError naming the file or the folder, as is a folder with none of the tokenizer's
+    files (check_tokenizer_files). Any other error from transformers (a RuntimeError, a
+    TypeError) is a bug, and keeps its traceback."""
     from transformers import AutoTokenizer
 
     if (Path(folder) / "config.json").is_file():
