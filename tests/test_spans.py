@@ -169,15 +169,45 @@ def test_a_word_whose_first_piece_is_a_stop_word_is_eligible_and_unk_never(words
     [UNK] by its letters, would each pass the tests above)."""
     text = "inbound upregulated hereupon glaciers"
     ids = tokenizer.encode(text, add_special_tokens=False).ids + [tokenizer.token_to_id("[UNK]")]
-    ids = np.array(ids)
     tokens = [tokenizer.id_to_token(i) for i in ids]
     assert tokens[:2] == ["in", "##bound"] and tokens[2:4] == ["up", "##re"]
+    kept = eligible_words(words, tokens, ids)
+    assert kept == ["inbound", "upregulated", "glaciers"], kept
+
+
+def eligible_words(words, tokens, ids):
+    """The words of `ids` (a word: a piece and the "##" pieces after it) that `words` lets be a
+    word span, as text."""
+    ids = np.array(ids)
     starts = np.flatnonzero([not t.startswith("##") for t in tokens])
     lengths = np.diff(np.append(starts, len(ids)))
     eligible = words.eligible(ids, starts, lengths)
-    kept = ["".join(tokens[s:s + n]).replace("##", "") for s, n, e in
+    return ["".join(tokens[s:s + n]).replace("##", "") for s, n, e in
             zip(starts, lengths, eligible) if e]
-    assert kept == ["inbound", "upregulated", "glaciers"], kept
+
+
+def test_a_cased_vocabulary_filters_stop_words_in_any_case(tmp_path):
+    """Every shipped checkpoint is uncased; a cased one (bert-base-cased) keeps "The" and "THE" as
+    pieces of their own, and splits "Hereupon" into pieces other than "hereupon"'s. A stop word
+    is a stop word in lower, title and upper case, of one piece or several; a word that is no
+    stop word ("Cell", "CELL", and "Inbound", whose first piece "In" is one) stays eligible."""
+    from transformers import BertTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "The", "THE", "here", "Here",
+             "HERE", "##up", "##UP", "##on", "##ON", "In", "##bound", "cell", "Cell", "CELL"]
+    BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=False
+                      ).save_pretrained(tmp_path)
+    tokenizer, words = wordpiece.load_tokenizer(tmp_path), spans.WordTable(tmp_path)
+
+    def kept(text):
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        assert vocab.index("[UNK]") not in encoding.ids, encoding.tokens  # the vocabulary is cased
+        return eligible_words(words, encoding.tokens, encoding.ids)
+
+    assert tokenizer.encode("HEREUPON", add_special_tokens=False).tokens == ["HERE", "##UP", "##ON"]
+    assert kept("the The THE") == []
+    assert kept("hereupon Hereupon HEREUPON") == []
+    assert kept("cell Cell CELL Inbound") == ["cell", "Cell", "CELL", "Inbound"]
 
 
 def test_a_chunk_without_an_eligible_word_gets_no_word_span(tokenizer, words):
