@@ -570,8 +570,10 @@ def _write_triples(path: Path, lines: list[tuple[str, str, str]]) -> Path:
 
 
 def test_triples_sample_depends_on_seed_query_and_pid_only(tmp_path, monkeypatch):
-    """Bottom-k keys: the same sample whatever the file's order, repeats and block boundaries; the
-    positives never sampled; the kept negatives listed in order of first appearance."""
+    """Bottom-k keys: the same sample whatever the file's order, repeats and block boundaries; a
+    positive listed as a negative counted (`listed`); the kept negatives listed in order of first
+    appearance. Seed 7 would not draw p1 even were it kept: that a listed positive never takes a
+    place in the sample is test_a_listed_positive_never_takes_a_place_in_the_triples_sample's."""
     lines = [(q, f"p{q}", f"n{i}") for q in ("1", "2", "3") for i in range(40)]
     lines += [("1", "p1", "p1"), ("9", "p9", "n0")]  # a listed positive; an unwanted query
     positives = {"1": {"p1"}, "2": {"p2"}, "3": {"p3"}}
