@@ -315,6 +315,32 @@ def test_every_encoder_loader_refuses_a_tokenizer_with_ids_past_the_embeddings(l
     _loaders(fx.add_tokens(padded, "zzqword"), tmp_path)[loader]()
 
 
+@pytest.mark.parametrize("check", ["check_safetensors", "check_folder_vocabulary"])
+def test_a_model_folder_without_config_json_is_refused_with_the_readers_fix(
+        tiny_bert, tmp_path, check):
+    """A folder without config.json was "build its rule first" (check_safetensors), which no
+    errors.fixed_by could replace for a source no rule builds, or a bare FileNotFoundError
+    (check_folder_vocabulary, which staging calls first). Both say the readers' REBUILD, which a
+    source's fixed_by replaces with its own fix."""
+    import shutil
+
+    from retrieval_pretraining import model_folder
+    from retrieval_pretraining.errors import REBUILD, fixed_by
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    tokenizer = model_folder.auto_tokenizer(folder)
+    (folder / "config.json").unlink()
+    run = {"check_safetensors": lambda: model_folder.check_safetensors(folder),
+           "check_folder_vocabulary": lambda: model_folder.check_folder_vocabulary(
+               folder, tokenizer)}[check]
+    with pytest.raises(model_folder.ModelFolderError) as refused:
+        run()
+    assert str(refused.value) == f"model folder {folder} has no config.json; {REBUILD}"
+    with pytest.raises(model_folder.ModelFolderError) as refused, fixed_by("copy it there"):
+        run()
+    assert str(refused.value) == f"model folder {folder} has no config.json; copy it there"
+
+
 @pytest.mark.parametrize("damage", ["cut short", "not safetensors"])
 @pytest.mark.parametrize("loader", list(_loaders(Path("f"), Path("t"))))
 def test_every_loader_names_a_damaged_safetensors_file(loader, damage, tiny_bert, tmp_path):

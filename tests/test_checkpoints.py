@@ -500,6 +500,30 @@ def test_a_local_or_package_source_without_safetensors_says_what_to_do_with_its_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("source", ["hub", "local", "package"])
+def test_a_source_without_config_json_says_what_to_do_with_its_source(
+        monkeypatch, tmp_path, source):
+    """A source folder without config.json failed staging as a bare FileNotFoundError, "check the
+    path, or run the stage that writes it first": no stage writes the user's folder, a package or
+    a Hub repository. One line naming the folder, the file and the source's own fix."""
+    import huggingface_hub
+
+    folder, entry = _own_source(monkeypatch, tmp_path, source if source != "hub" else "local")
+    if source == "hub":
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(folder))
+        entry = HUB_ENTRY
+    (folder / "config.json").unlink()
+    with pytest.raises(ModelFolderError) as refused:
+        checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
+    message = str(refused.value)
+    assert message.startswith(f"model folder {folder} has no config.json; "), message
+    fix = HUB_FIX.format(cache=tmp_path / "hf-cache") if source == "hub" else OWN_SOURCE_FIX[
+        source].format(location=entry["location"])
+    assert message.endswith(fix) and "\n" not in message, message
+    assert "stage that writes it" not in message and not (tmp_path / "out").exists()
+
+
 def _tokenizer_only_cache(cache: Path, listed: bool) -> None:
     """The Hugging Face cache as stage_tokenizer leaves it online: `sentence-transformers/x` at
     main = COMMIT, its *.json and *.txt files only; `listed`: with the repository's file listing

@@ -37,8 +37,7 @@ def check_safetensors(folder: str | Path) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
-    if not (folder / "config.json").is_file():
-        raise ModelFolderError(f"model folder {folder} has no config.json; build its rule first")
+    expect_config(folder)
     weights = sorted(folder.glob("*.safetensors"))
     if weights:
         from safetensors import safe_open
@@ -56,6 +55,15 @@ def check_safetensors(folder: str | Path) -> Path:
     # REBUILD: a source staging reads says its own fix (checkpoints._source_fix: for the Hub,
     # another revision), which errors.fixed_by puts in its place.
     raise ModelFolderError(f"model folder {folder} has no *.safetensors weights; {REBUILD}")
+
+
+def expect_config(folder: Path) -> None:
+    """Refuse a model folder without config.json (ModelFolderError naming it): every loader reads
+    it first. REBUILD, as for no *.safetensors: a source staging reads says its own fix
+    (checkpoints._source_fix), which errors.fixed_by puts in its place; the folder's "build its
+    rule first" named no rule there is for the user's folder, a package or the Hub."""
+    if not (folder / "config.json").is_file():
+        raise ModelFolderError(f"model folder {folder} has no config.json; {REBUILD}")
 
 
 def check_vocabulary(tokenizer: Any, rows: int, checkpoint: str | Path,
@@ -208,7 +216,10 @@ def check_folder_vocabulary(folder: str | Path, tokenizer: Any) -> None:
     rows every loader builds: a weight of another shape fails to load). A BERT config without a
     vocab_size is checked against BertConfig's default (BERT_VOCAB_SIZE), the table its loaders
     build then (skipped, a tokenizer past it loaded and failed at the first text holding such an
-    id); another architecture's default is its config class's, not checked here."""
+    id); another architecture's default is its config class's, not checked here. A folder
+    without config.json is refused by expect_config (staging calls this first: it was a bare
+    FileNotFoundError saying to run "the stage that writes it", which no stage is for a source)."""
+    expect_config(Path(folder))
     config = read_config(folder)
     rows, rows_from = config.get("vocab_size"), "config.json vocab_size"
     if rows is None and config.get("model_type") == "bert":
