@@ -59,9 +59,9 @@ def check_safetensors(folder: str | Path) -> Path:
 
 def expect_config(folder: Path) -> None:
     """Refuse a model folder without config.json (ModelFolderError naming it): every loader reads
-    it first. REBUILD, as for no *.safetensors: a source staging reads says its own fix
-    (checkpoints._source_fix), which errors.fixed_by puts in its place; the folder's "build its
-    rule first" named no rule there is for the user's folder, a package or the Hub."""
+    it first. The fix is REBUILD, as for no *.safetensors, so that staging can put a source's
+    own fix in its place (checkpoints._source_fix through errors.fixed_by): no rule writes the
+    user's folder, a package's or the Hub's."""
     if not (folder / "config.json").is_file():
         raise ModelFolderError(f"model folder {folder} has no config.json; {REBUILD}")
 
