@@ -414,10 +414,12 @@ TOKENIZER_DAMAGE = {
         "tokenizer.json: model is not a JSON object but an array")[1],
     "tokenizer_config.json a list": lambda f: ((f / "tokenizer_config.json").write_text("[1]"),
                                                "tokenizer_config.json: not a JSON object")[1],
+    "tokenizer.json's model of no type the tokenizers library knows": lambda f: (
+        _edit_json("tokenizer.json", lambda t: t | {"model": {"type": "NoSuchModel"}})(f),
+        "tokenizer.json: cannot read it as a tokenizer.json (Exception: ")[-1],
     "vocab.txt not UTF-8, no tokenizer.json": lambda f: (
         (f / "tokenizer.json").unlink(), (f / "vocab.txt").write_bytes(b"\xff\xfe\n"),
-        "cannot read it as a model folder's tokenizer (Exception: Error while initializing "
-        "WordPiece")[-1],
+        "vocab.txt: cannot read it as a vocab.txt (Exception: ")[-1],
     "no tokenizer file, a tokenizer_config.json": lambda f: (
         (f / "tokenizer.json").unlink(),
         "no tokenizer file (tokenizer.json or vocab.txt): transformers built a BertTokenizer of "
@@ -437,7 +439,8 @@ def test_a_damaged_or_missing_tokenizer_file_is_one_line_naming_it(tiny_bert, tm
     UnicodeDecodeError, an OSError, the tokenizers library's bare Exception, a ValueError where
     no file makes a tokenizer) is one line naming the file or the folder; a file of another
     shape (a list, a member of another kind), where transformers raised a TypeError or an
-    AttributeError, is named before transformers reads it."""
+    AttributeError, is named before transformers reads it. A file the tokenizers library cannot
+    parse (its bare Exception) was named by its folder: it is named, whatever the library says."""
     import shutil
 
     from retrieval_pretraining.errors import BadInput

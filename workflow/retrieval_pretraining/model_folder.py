@@ -119,6 +119,10 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 # (a tokenizer.json lacking a member). The tokenizers library raises a bare Exception for a file
 # it cannot parse (a vocab.txt that is not UTF-8): `type(error) is Exception`, never a subclass.
 TOKENIZER_FILE_ERRORS = (OSError, ValueError, KeyError)
+# The files that the tokenizers library parses, in the order transformers prefers them: the fast
+# tokenizer's tokenizer.json (a WordPiece vocabulary is then taken from it, never from vocab.txt),
+# else the vocab.txt a BERT tokenizer builds its WordPiece model from.
+PARSED_FILES = ("tokenizer.json", "vocab.txt")
 # The tokenizer files read before transformers does, as the objects it indexes (tokenizer.json's
 # `model` too): a list there was a TypeError or AttributeError inside transformers.
 TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json")
@@ -159,9 +163,10 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
     another shape (a special token neither a string nor an AddedToken object, named or in its
     EXTRA_TOKENS lists: errors.expect_token), and a tokenizer file it cannot read are
-    InputFileError naming the file or the folder, as is a folder with none of the tokenizer's
-    files (check_tokenizer_files). Any other error from transformers (a RuntimeError, a
-    TypeError) is a bug, and keeps its traceback."""
+    InputFileError naming the file (one the tokenizers library cannot parse: PARSED_FILES) or
+    the folder, as is a folder with none of the tokenizer's files (check_tokenizer_files). Any
+    other error from transformers (a RuntimeError, a TypeError) is a bug, and keeps its
+    traceback."""
     from transformers import AutoTokenizer
 
     if (Path(folder) / "config.json").is_file():
@@ -181,7 +186,11 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     except Exception as error:
         if not isinstance(error, TOKENIZER_FILE_ERRORS) and type(error) is not Exception:
             raise
-        with reading(folder, "a model folder's tokenizer"):  # names it (a FILE_ERRORS as it is)
+        path, what = Path(folder), "a model folder's tokenizer"
+        parsed = [path / name for name in PARSED_FILES if (path / name).is_file()]
+        if type(error) is Exception and parsed:  # the tokenizers library's: the file it parsed
+            path, what = parsed[0], f"a {parsed[0].name}"
+        with reading(path, what):  # names it (a FILE_ERRORS as it is)
             raise
     check_tokenizer_files(folder, tokenizer)
     return tokenizer
