@@ -580,6 +580,88 @@ def test_extra_special_tokens_transformers_reads_are_read(tiny_bert, tmp_path, t
     assert auto_tokenizer(folder).tokenize("hello") == ["hello"]
 
 
+def _with_special_tokens_map(folder: Path, to: Path, tokens: Any, config: Any = None) -> Path:
+    """A copy of `folder` with a special_tokens_map.json of `tokens` (bytes: as they are), and
+    `config` merged into its tokenizer_config.json."""
+    import shutil
+
+    shutil.copytree(folder, to)
+    path = to / "special_tokens_map.json"
+    path.write_bytes(tokens) if isinstance(tokens, bytes) else path.write_text(json.dumps(tokens))
+    _edit_json("tokenizer_config.json", lambda c: c | (config or {}))(to)
+    return to
+
+
+@pytest.mark.parametrize("tokens, config, named", [
+    ({"extra_special_tokens": [101]}, None, ": extra_special_tokens[0] is 101"),
+    ({"extra_special_tokens": ["[CLS]", None]}, None, ": extra_special_tokens[1] is null"),
+    ({"extra_special_tokens": [{"content": "[CLS]", "special": True}]}, None,
+     ': extra_special_tokens[0] is {"content": "[CLS]", "special": true}'),
+    ({"extra_special_tokens": {"image_token": 7}}, None, ": extra_special_tokens.image_token is 7"),
+    ({"extra_special_tokens": "[CLS]"}, None, ": extra_special_tokens is a string, neither"),
+    # an older transformers' AddedToken, an object without "__type"
+    ({"additional_special_tokens": [{"content": "[CLS]"}]}, None,
+     ': additional_special_tokens[0] is {"content": "[CLS]"}'),
+    ({"additional_special_tokens": {"image_token": "[CLS]"}}, None,
+     ": additional_special_tokens is an object, neither an array"),
+    # tokenizer_config.json's named tokens leave no list in place of this one
+    ({"additional_special_tokens": [101]}, {"extra_special_tokens": {"image_token": "[CLS]"}},
+     ": additional_special_tokens[0] is 101"),
+    (["[CLS]"], None, ": not a JSON object but an array"),
+    (b'{"extra_special', None, ": cannot read it as a special_tokens_map.json (JSONDecodeError")])
+def test_a_special_tokens_map_json_transformers_cannot_read_is_one_line_naming_it(
+        tiny_bert, tmp_path, tokens, config, named):
+    """special_tokens_map.json (an older transformers' file, which transformers 5 reads where
+    tokenizer_config.json has no added_tokens_decoder) may list further special tokens too: an
+    entry transformers cannot read was a TypeError traceback inside it (a file cut short: a
+    JSONDecodeError naming the folder), where tokenizer_config.json's are one line naming the
+    file and the entry. transformers fails on each of these."""
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = _with_special_tokens_map(tiny_bert, tmp_path / "bert", tokens, config)
+    with pytest.raises(Exception):
+        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'special_tokens_map.json'}{named}"), message
+    assert "\n" not in message, message
+
+
+DECODED = {"0": {"content": "[PAD]", "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": True}}
+
+
+@pytest.mark.parametrize("tokens, config", [
+    # an entry of its extra_special_tokens array is the fields of an AddedToken ("__type" ignored)
+    ({"extra_special_tokens": ["[CLS]", {"content": "[SEP]", "lstrip": False}]}, None),
+    ({"extra_special_tokens": [{"__type": "AddedToken", "content": "[SEP]"}]}, None),
+    ({"additional_special_tokens": [{"__type": "AddedToken", "content": "[SEP]",
+                                     "special": True}]}, None),
+    # additional_special_tokens is not read where either file leaves extra_special_tokens
+    ({"extra_special_tokens": [], "additional_special_tokens": [101]}, None),
+    ({"extra_special_tokens": None, "additional_special_tokens": [101]}, None),
+    ({"additional_special_tokens": [101]}, {"extra_special_tokens": ["[SEP]"]}),
+    ({"additional_special_tokens": [101]}, {"additional_special_tokens": None}),
+    # nor the file at all where tokenizer_config.json has an added_tokens_decoder
+    ({"extra_special_tokens": [101]}, {"added_tokens_decoder": DECODED}),
+    (b'{"extra_special', {"added_tokens_decoder": DECODED})])
+def test_a_special_tokens_map_json_transformers_reads_is_read(tiny_bert, tmp_path, tokens,
+                                                               config):
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = _with_special_tokens_map(tiny_bert, tmp_path / "bert", tokens, config)
+    read = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    ours = auto_tokenizer(folder)
+    assert ours.tokenize("hello") == ["hello"]
+    assert ours.extra_special_tokens == read.extra_special_tokens
+
+
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),
                                    AttributeError("a bug")])
 def test_a_library_error_loading_a_tokenizer_keeps_its_traceback(tiny_bert, monkeypatch, error):

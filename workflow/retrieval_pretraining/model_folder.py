@@ -12,6 +12,7 @@ base encoder (pretrain/train.export_base) call it, as does pre-training at start
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -144,17 +145,66 @@ def expect_extra_tokens(config: dict[str, Any], path: Path, what: str) -> None:
     for key in EXTRA_TOKENS:
         if key == "additional_special_tokens" and isinstance(extra, list) and extra:
             continue  # transformers ignores it
-        value = config.get(key)
-        if isinstance(value, dict):
-            for name, token in value.items():
-                expect_token(token, f"{key}.{name}", path, what, null=False)
-        elif isinstance(value, list):
-            for i, token in enumerate(value):
+        expect_token_list(config.get(key), key, path, what)
+
+
+def expect_token_list(value: Any, key: str, path: Path, what: str, named: bool = True,
+                      fields: bool = False) -> None:
+    """Refuse an EXTRA_TOKENS list (`value`, at `key` in `path`) transformers cannot read: null,
+    an array of special tokens (errors.expect_token; with `fields`, an object entry is the
+    fields of an AddedToken: expect_token_fields) or, where `named`, an object of named ones."""
+    if isinstance(value, dict) and named:
+        for name, token in value.items():
+            expect_token(token, f"{key}.{name}", path, what, null=False)
+    elif isinstance(value, list):
+        for i, token in enumerate(value):
+            if fields and isinstance(token, dict):
+                expect_token_fields(token, f"{key}[{i}]", path, what)
+            else:
                 expect_token(token, f"{key}[{i}]", path, what, null=False)
-        elif value is not None:
-            raise InputFileError(
-                f"{path}: {key} is {json_value_kind(value)}, neither an array of special tokens "
-                f"nor an object of named ones (read as {what}); {REBUILD}")
+    elif value is not None:
+        raise InputFileError(
+            f"{path}: {key} is {json_value_kind(value)}, neither an array of special tokens"
+            f"{' nor an object of named ones' if named else ''} (read as {what}); {REBUILD}")
+
+
+def expect_token_fields(token: dict[str, Any], key: str, path: Path, what: str) -> None:
+    """Refuse an object entry of special_tokens_map.json's extra_special_tokens array that
+    transformers cannot read as the fields of an AddedToken (`AddedToken(**token, special=True)`:
+    a "__type" is ignored, a "special" is a TypeError) or whose content is no string."""
+    if isinstance(token.get("content"), str) and "special" not in token:
+        return
+    shown = json.dumps(token)
+    raise InputFileError(
+        f"{path}: {key} is {shown if len(shown) <= 80 else shown[:77] + '...'}, neither a string "
+        f'nor the fields of an AddedToken ({{"content": "...", "lstrip": false, ...}}, without '
+        f'"special") (read as {what}); {REBUILD}')
+
+
+def check_special_tokens_map(folder: str | Path, tokenizer_config: dict[str, Any]) -> None:
+    """Refuse a special_tokens_map.json (an older transformers' file: transformers 5 writes none)
+    whose EXTRA_TOKENS lists transformers cannot read, naming the file and the entry, as for
+    tokenizer_config.json's (expect_extra_tokens): a TypeError inside transformers, and a file cut
+    short or of another JSON value a JSONDecodeError naming the folder or an AttributeError.
+    transformers reads it only where tokenizer_config.json has no added_tokens_decoder, and not as
+    it reads tokenizer_config.json: an object entry of its extra_special_tokens array is the
+    fields of an AddedToken (expect_token_fields); its additional_special_tokens, an array alone,
+    is read only where neither file leaves an extra_special_tokens that is not an object."""
+    path = Path(folder) / "special_tokens_map.json"
+    if "added_tokens_decoder" in tokenizer_config or not path.is_file():
+        return
+    what = "a special_tokens_map.json"
+    tokens = read_json_object(path, what)
+    extra = tokens.get("extra_special_tokens")
+    expect_token_list(extra, "extra_special_tokens", path, what, fields=True)
+    # The extra_special_tokens each file leaves (tokenizer_config.json's additional_special_tokens
+    # stands in for one with no entries); an object of named tokens is taken out of the list.
+    config_key = ("additional_special_tokens" if "additional_special_tokens" in tokenizer_config
+                  and not tokenizer_config.get("extra_special_tokens") else "extra_special_tokens")
+    left = ((tokenizer_config, config_key), (tokens, "extra_special_tokens"))
+    if not any(key in read and not isinstance(read[key], dict) for read, key in left):
+        expect_token_list(tokens.get("additional_special_tokens"), "additional_special_tokens",
+                          path, what, named=False)
 
 
 def auto_tokenizer(folder: str | Path, **kwargs: Any):
@@ -162,7 +212,8 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     folder's config.json for the tokenizer's class: one cut short failed there as an OSError
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
     another shape (a special token neither a string nor an AddedToken object, named or in its
-    EXTRA_TOKENS lists: errors.expect_token), and a tokenizer file it cannot read are
+    EXTRA_TOKENS lists: errors.expect_token), a special_tokens_map.json whose lists it cannot
+    read (check_special_tokens_map), and a tokenizer file it cannot read are
     InputFileError naming the file (one the tokenizers library cannot parse: PARSED_FILES) or
     the folder, as is a folder with none of the tokenizer's files (check_tokenizer_files). Any
     other error from transformers (a RuntimeError, a TypeError) is a bug, and keeps its
@@ -171,6 +222,7 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
 
     if (Path(folder) / "config.json").is_file():
         read_config(folder)
+    tokenizer_config: dict[str, Any] = {}
     for name in TOKENIZER_JSON:
         path = Path(folder) / name
         if path.is_file():
@@ -181,6 +233,8 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
                 for key in SPECIAL_TOKENS:
                     expect_token(read.get(key), key, path, f"a {name}")
                 expect_extra_tokens(read, path, f"a {name}")
+                tokenizer_config = read
+    check_special_tokens_map(folder, tokenizer_config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
     except Exception as error:
