@@ -5,7 +5,7 @@
 # runs on its columns. The system is the baseline's name: results/runs/{dataset}/{baseline}/.
 import re as _re
 
-from retrieval_pretraining.retrieval_settings import PREFIX_KEYS
+from retrieval_pretraining.retrieval_settings import corpus_keys
 
 BASELINE_DIR = "results/baselines"
 
@@ -66,11 +66,12 @@ def baseline_argument(wildcards):
 
 
 def baseline_encode_argument(wildcards):
-    """encode.py's slice: the retrieval knobs and prefixes alone, so that a search knob
-    (search_depth, exclude_self, use_gpu) re-encodes no corpus."""
+    """encode.py's slice: the passage-side retrieval knobs (corpus_keys) and passage_prefix
+    alone, so that a search knob (search_depth, exclude_self, use_gpu) or a query-side one
+    (q_len, query_prefix) re-encodes no corpus."""
     knobs = baseline_knobs(wildcards.baseline, wildcards.dataset)
     return experiment_config.stage_argument(
-        only(knobs, retrieval_keys() | set(PREFIX_KEYS))
+        only(knobs, corpus_keys() | {"passage_prefix"})
     )
 
 

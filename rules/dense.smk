@@ -7,7 +7,7 @@
 import re as _re
 
 from retrieval_pretraining.retrieval_settings import RUNTIME_KEYS as RETRIEVAL_RUNTIME
-from retrieval_pretraining.retrieval_settings import retrieval_keys
+from retrieval_pretraining.retrieval_settings import corpus_keys, retrieval_keys
 
 _STAGE_RE = experiment_config.STAGE_PATTERN  # a wildcard constraint: no named groups
 
@@ -86,8 +86,11 @@ def mining_argument(wildcards):
 
 
 def encode_argument(wildcards):
-    """encode.py's slice: the retrieval knobs."""
-    return experiment_config.stage_argument(retrieval_knobs(wildcards))
+    """encode.py's slice: the retrieval knobs a corpus encoding reads (corpus_keys): no q_len,
+    which only queries read, so that a new one re-encodes no corpus (nor rebuilds its index).
+    """
+    knobs = finetune_knobs(wildcards.dataset, wildcards.stage)
+    return experiment_config.stage_argument(only(knobs, corpus_keys()))
 
 
 def search_argument(wildcards):

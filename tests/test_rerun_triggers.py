@@ -272,6 +272,32 @@ def test_a_vector_dtype_reencodes_every_corpus(project, base):
         assert len(rerun_by_params(base, edited, rule)) == sum(key[0] == rule for key in base)
 
 
+def test_a_query_length_reencodes_no_corpus_but_reruns_what_encodes_queries(project, base):
+    """A corpus encoding reads passages only: q_len in its params re-encoded every corpus (hours
+    of GPU at MS MARCO scale) and so rebuilt every index, for the same vectors. Mining and the
+    searches encode queries at q_len: they rerun. Likewise a baseline's own q_len and query
+    prefix; its passage prefix does re-encode its corpus."""
+    def count(rule):
+        return sum(key[0] == rule for key in base)
+
+    def baseline(**values):
+        return lambda config: config["evaluate"]["baselines"][0].update(values)
+
+    edited = edited_plan(project, lambda config: config["finetune"].update(q_len=48))
+    for rule in ("encode_corpus_shard", "build_dense_index"):
+        assert rerun_by_params(base, edited, rule) == [], rule
+    for rule in ("mine_hard_negatives", "dense_search"):
+        assert len(rerun_by_params(base, edited, rule)) == count(rule), rule
+    for edit in (baseline(q_len=128), baseline(query_prefix="query: ")):
+        edited = edited_plan(project, edit)
+        for rule in ("encode_baseline_shard", "build_baseline_index"):
+            assert rerun_by_params(base, edited, rule) == [], rule
+        assert len(rerun_by_params(base, edited, "baseline_search")) == count("baseline_search")
+    edited = edited_plan(project, baseline(passage_prefix="passage: "))
+    assert len(rerun_by_params(base, edited, "encode_baseline_shard")) == count(
+        "encode_baseline_shard")
+
+
 def test_encoding_still_receives_the_batch_size_kept_out_of_the_params(project, monkeypatch,
                                                                       capsys):
     """encode_corpus_shard passes it with --runtime; encode.py merges it into its slice, and

@@ -21,7 +21,7 @@ import torch
 from . import artifacts, faiss_index
 from .config import stage_parser
 from .encode import (embed, finite_vectors, load_encoder, record_encoder_weights,
-                     recorded_weights)
+                     recorded_weights, use_mismatches)
 from .errors import command, reading
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
                                  check_bool, check_choice, check_int, with_runtime)
@@ -155,6 +155,11 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
     knobs = SearchSettings.from_config(config)
     # The index mapped, not read: a bad index folder fails before the queries are encoded.
     index, doc_ids = faiss_index.load(index_dir)
+    # A baseline's q_len against its staged source is checked here, where queries are encoded
+    # (its corpus encoding, handed no q_len, checks p_len; both check pooling and similarity).
+    mismatches = use_mismatches(encoder, knobs.retrieval, lengths=("q_len",))
+    for message in mismatches:
+        log.warning("%s: %s (the baseline's knobs in evaluate.baselines)", encoder, message)
     weights = recorded_weights(encoder)
     query_ids, vectors = encode_queries(encoder, queries, knobs.retrieval)
     # Only now, the encoder gone from the GPU, is the index copied there: a copy made first held
@@ -167,6 +172,8 @@ def dense_run(index_dir: Path, encoder: Path, queries: Path, out: Path, tag: str
                                           knobs.exclude_self), counts), tag)
     stats = {"queries": len(query_ids), "lines": lines,
              **depth_reached(counts, knobs.search_depth, limits, knobs.exclude_self)}
+    if mismatches:  # kept where the run is, as the corpus encoding keeps its own
+        stats["use_mismatches"] = mismatches
     manifest_file = out.with_name(out.name.split(".")[0] + ".manifest.json")
     manifest = artifacts.write_manifest(
         manifest_file, stage="dense_run",

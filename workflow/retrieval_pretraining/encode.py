@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 
 
 def settings(config: dict[str, Any]) -> RetrievalSettings:
-    """The retrieval knobs of the slice the encode_corpus_shard rule passes (search_argument), or
-    a baseline's (rules/baselines.smk, which adds its query / passage prefixes)."""
+    """The retrieval knobs of the slice the encode_corpus_shard rule passes (encode_argument), or
+    a baseline's (rules/baselines.smk, which adds its passage prefix). A corpus encoding reads the
+    passage side only: its slice holds no q_len or query prefix (QUERY_KEYS), and the defaults
+    standing in for them are neither read nor recorded (`corpus_record`)."""
     return RetrievalSettings.from_config(config, added=SEARCH_KEYS + PREFIX_KEYS, stage="encode")
 
 
@@ -371,11 +373,13 @@ def shard_rows(num_rows: int, shard: int, shards: int) -> tuple[int, int]:
     return num_rows * shard // shards, num_rows * (shard + 1) // shards
 
 
-def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
+def use_mismatches(encoder: Path, knobs: RetrievalSettings,
+                   lengths: Sequence[str] = ("q_len", "p_len")) -> list[str]:
     """How `knobs` differ from what a staged checkpoint (a baseline's encoder) states: its source's
     sentence-transformers pooling, normalisation and max_seq_length (stats.sentence_transformers),
     and its position limit. A baseline's knobs are config values nothing else checks: cls on a
-    mean-pooled model encodes another model, silently."""
+    mean-pooled model encodes another model, silently. `lengths`: the length knobs the caller
+    encodes with (a corpus encoding p_len, a search q_len; each is checked where it is read)."""
     manifest = Path(encoder) / "manifest.json"
     if not manifest.is_file():
         return []
@@ -384,7 +388,7 @@ def use_mismatches(encoder: Path, knobs: RetrievalSettings) -> list[str]:
     if staged.get("stage") != "stage_checkpoint":
         return []
     limit = read_config(encoder).get("max_position_embeddings")
-    lengths = {"q_len": knobs.q_len, "p_len": knobs.p_len}
+    lengths = {name: getattr(knobs, name) for name in lengths}
     messages = [f"{name} {value} is above the model's position limit {limit}"
                 for name, value in lengths.items() if limit and value > limit]
     record = expect_section(staged, "stats.sentence_transformers", manifest, what)
@@ -440,7 +444,7 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
         lo, hi = shard_rows(num_rows, shard, shards)
         frame = (pl.scan_parquet(corpus).slice(lo, hi - lo)
                  .select("doc_id", "title", "text").collect())
-    mismatches = use_mismatches(encoder, knobs)
+    mismatches = use_mismatches(encoder, knobs, lengths=("p_len",))
     for message in mismatches:
         log.warning("%s: %s (the baseline's knobs in evaluate.baselines)", encoder, message)
     weights = recorded_weights(encoder)
@@ -464,7 +468,7 @@ def encode_corpus_shard(corpus: Path, encoder: Path, shard: int, shards: int, ou
     if mismatches:  # kept where the vectors are, so a table's number can be traced to them
         stats["use_mismatches"] = mismatches
     manifest = artifacts.write_manifest(
-        artifacts.manifest_path(out_npy), stage="encode_corpus", params=knobs.record(),
+        artifacts.manifest_path(out_npy), stage="encode_corpus", params=knobs.corpus_record(),
         inputs={"corpus": corpus, "encoder": encoder}, stats=stats)
     record_encoder_weights(artifacts.manifest_path(out_npy), manifest, weights)
     return stats

@@ -9,12 +9,12 @@ The slice: rules/finetune.smk builds one per dataset and stage (`finetune_knobs`
 section's knobs (schemas/finetune.schema.yaml) with the dataset's overrides, plus the dataset's
 title mode (`title`) and query-id rule (`exclude_self`). Each job is handed only the part it reads,
 since Snakemake reruns a job whose params changed: fine-tuning its own knobs
-(finetune/settings.trainer_keys), corpus encoding the retrieval knobs (`retrieval_keys`), dense
-search those, its depth, `exclude_self` and `use_gpu`, mining those less the depth plus its policy
-keys. The batch size of encoding (RUNTIME_KEYS) reaches those three with `--runtime` instead. Each
-stage accepts the rest of the slice too (and ignores it); a key outside it is refused, naming it and
-the known keys, since a misspelt knob would otherwise fall back to its default without a word.
-Torch-free.
+(finetune/settings.trainer_keys), corpus encoding the retrieval knobs less the query-side ones
+(`corpus_keys`: it reads passages only), dense search the retrieval knobs (`retrieval_keys`), its
+depth, `exclude_self` and `use_gpu`, mining those less the depth plus its policy keys. The batch
+size of encoding (RUNTIME_KEYS) reaches those three with `--runtime` instead. Each stage accepts
+the rest of the slice too (and ignores it); a key outside it is refused, naming it and the known
+keys, since a misspelt knob would otherwise fall back to its default without a word. Torch-free.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ SEARCH_KEYS = ("use_gpu",)
 # authors put before every query / passage (E5's "query: ", "passage: "). Fine-tuning never
 # receives them, so they stay "" there and in every slice of our own encoders.
 PREFIX_KEYS = ("query_prefix", "passage_prefix")
+# What only the encoding of queries reads (dense search and mining; q_len fine-tuning too): a
+# corpus encoding is never handed them (`corpus_keys`) nor records them, so a new query length
+# re-encodes no corpus (hours of GPU at MS MARCO scale, then its index and all after it).
+QUERY_KEYS = ("q_len", "query_prefix")
 # Speed and memory only: texts per forward pass (encode.py halves it itself after an out-of-memory
 # error; the vectors differ by rounding at most). The rules pass it with `--runtime`, outside their
 # params: lowering it must re-encode no corpus, and so re-mine and retrain nothing after it.
@@ -134,13 +138,24 @@ class RetrievalSettings:
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if not (k in PREFIX_KEYS and v == "")}
 
+    def corpus_record(self) -> dict[str, Any]:
+        """`record` less the QUERY_KEYS: what a corpus encoding read (it was handed no q_len, and
+        the default standing in for it decided nothing)."""
+        return {k: v for k, v in self.record().items() if k not in QUERY_KEYS}
+
 
 def retrieval_keys() -> frozenset[str]:
-    """The retrieval knobs of a fine-tuning slice that the encoding, search and mining jobs get as
-    params (their rerun trigger): all but the prefixes (a baseline's, never in that slice) and the
-    RUNTIME_KEYS (sent with `--runtime`)."""
+    """The retrieval knobs of a fine-tuning slice that the search and mining jobs get as params
+    (their rerun trigger; a corpus encoding gets `corpus_keys`): all but the prefixes (a
+    baseline's, never in that slice) and the RUNTIME_KEYS (sent with `--runtime`)."""
     fields = frozenset(f.name for f in dataclasses.fields(RetrievalSettings))
     return fields - set(PREFIX_KEYS) - set(RUNTIME_KEYS)
+
+
+def corpus_keys() -> frozenset[str]:
+    """The retrieval knobs a corpus encoding gets as params: `retrieval_keys` less the QUERY_KEYS
+    (a baseline's slice adds its passage_prefix, rules/baselines.smk)."""
+    return retrieval_keys() - set(QUERY_KEYS)
 
 
 def add_runtime_option(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
