@@ -228,7 +228,8 @@ def pickled_bert(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("pickled")
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "##d"]
     (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    # (vocab=, not vocab_file=: transformers 5 builds a vocab file's tokenizer with 5 tokens.)
+    BertTokenizerFast(vocab={word: i for i, word in enumerate(words)}).save_pretrained(folder)
     bert = BertConfig(vocab_size=len(words), hidden_size=8, num_hidden_layers=1,
                       num_attention_heads=2, intermediate_size=16, max_position_embeddings=16)
     # The legacy pickle layout: transformers 5 writes safetensors even with safe_serialization=False.
@@ -452,6 +453,53 @@ def test_a_damaged_or_missing_tokenizer_file_is_one_line_naming_it(tiny_bert, tm
         auto_tokenizer(folder)
     message = str(refused.value)
     assert message.startswith(str(folder)) and said in message and "\n" not in message, message
+
+
+def _special_tokens_alone(folder: Path) -> None:
+    path = folder / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["model"]["vocab"] = {token: i for token, i in tokenizer["model"]["vocab"].items()
+                                   if token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
+    path.write_text(json.dumps(tokenizer))
+
+
+WORDLESS = {  # the file each leaves the tokenizer built from
+    "vocab.txt empty": ("vocab.txt", lambda f: (
+        (f / "tokenizer.json").unlink(), (f / "vocab.txt").write_text(""))),
+    "vocab.txt of empty lines": ("vocab.txt", lambda f: (
+        (f / "tokenizer.json").unlink(), (f / "vocab.txt").write_text("\n\n"))),
+    "vocab.txt of [UNK] alone": ("vocab.txt", lambda f: (
+        (f / "tokenizer.json").unlink(), (f / "vocab.txt").write_text("[UNK]\n"))),
+    "tokenizer.json of the special tokens alone": ("tokenizer.json", _special_tokens_alone),
+}
+
+
+@pytest.mark.parametrize("damage", list(WORDLESS))
+def test_a_tokenizer_file_holding_no_word_is_one_line_naming_it(tiny_bert, tmp_path, damage):
+    """transformers 5 builds a BertTokenizer of the 5 special tokens from an empty vocab.txt (or
+    one of [UNK] alone, a tokenizer.json of the special tokens alone), silently, as from a folder
+    with no tokenizer file (check_tokenizer_files): it reads every word as [UNK] or fails at the
+    first, and 5 ids fit any table. Refused in one line naming the file; the MiniLM package's
+    tokenizer (the offline checkpoint's) and the tiny ones of the tests load."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    name, damaged = WORDLESS[damage]
+    damaged(folder)
+    read = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # loads, silently
+    assert set(read.get_vocab()) - set(read.all_special_tokens) <= {""}
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / name}: no token but the special ones ([UNK], "), message
+    assert "transformers built a BertTokenizer of " in message and "\n" not in message, message
+    for fine in (PACKAGE_MODEL, tiny_bert):
+        assert auto_tokenizer(fine).tokenize("the cats") == ["the", "cats"]
 
 
 def _saved_gpt2(to: Path):

@@ -150,8 +150,8 @@ def test_a_head_with_legacy_layernorm_names_loads_after_staging(tmp_path):
     source = tmp_path / "source"
     _tiny_bert(source, safe_serialization=True, config=config)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(source)
+    # (vocab=, not vocab_file=: transformers 5 builds a vocab file's tokenizer with 5 tokens.)
+    BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)}).save_pretrained(source)
     original = _legacy_layernorm_names(source)
 
     out = tmp_path / "staged"

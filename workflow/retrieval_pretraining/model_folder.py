@@ -215,9 +215,9 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     EXTRA_TOKENS lists: errors.expect_token), a special_tokens_map.json whose lists it cannot
     read (check_special_tokens_map), and a tokenizer file it cannot read are
     InputFileError naming the file (one the tokenizers library cannot parse: PARSED_FILES) or
-    the folder, as is a folder with none of the tokenizer's files (check_tokenizer_files). Any
-    other error from transformers (a RuntimeError, a TypeError) is a bug, and keeps its
-    traceback."""
+    the folder, as is a folder with none of the tokenizer's files, or whose file holds no word
+    (check_tokenizer_files). Any other error from transformers (a RuntimeError, a TypeError) is
+    a bug, and keeps its traceback."""
     from transformers import AutoTokenizer
 
     if (Path(folder) / "config.json").is_file():
@@ -257,13 +257,16 @@ def check_tokenizer_files(folder: str | Path, tokenizer: Any) -> None:
     [UNK], and no vocabulary check catches it (5 ids fit any embedding table). A fast tokenizer
     is built from tokenizer.json whatever its class names: transformers 5's GPT2Tokenizer (and
     Funnel's, Luke's, ...) lists only its slow files (vocab.json, merges.txt), and saves only
-    tokenizer.json."""
+    tokenizer.json. A tokenizer built from one of them that holds no word is refused naming it
+    (expect_words)."""
     files = getattr(type(tokenizer), "vocab_files_names", None)
     if not isinstance(files, dict) or not files:
         return
     fast = {"tokenizer.json"} if getattr(tokenizer, "is_fast", False) else set()
     names = sorted(set(files.values()) | fast, key=lambda name: (name != "tokenizer.json", name))
-    if any((Path(folder) / name).is_file() for name in names):
+    present = [Path(folder) / name for name in names if (Path(folder) / name).is_file()]
+    if present:
+        expect_words(present[0], tokenizer)
         return
     rest = " and ".join(name for name in names if name != "tokenizer.json")
     expected = " or ".join(part for part in ("tokenizer.json" if "tokenizer.json" in names
@@ -272,6 +275,22 @@ def check_tokenizer_files(folder: str | Path, tokenizer: Any) -> None:
         f"{folder}: no tokenizer file ({expected}): transformers built a "
         f"{type(tokenizer).__name__} of {len(tokenizer)} tokens from the special tokens alone, "
         f"which reads every word as unknown; {REBUILD}")
+
+
+def expect_words(path: Path, tokenizer: Any) -> None:
+    """Refuse a tokenizer built from `path` (its tokenizer.json, else its vocabulary file) whose
+    vocabulary holds no token but its special ones (and blank ones: an empty line of vocab.txt):
+    an empty vocab.txt, or one of [UNK] alone, loaded silently as a BertTokenizer of its 5
+    special tokens, as check_tokenizer_files's folder without one did, which reads every word as
+    [UNK] or fails at the first (WordPiece's bare "Missing [UNK] token" Exception)."""
+    special = tokenizer.all_special_tokens
+    if any(token.strip() and token not in special for token in tokenizer.get_vocab()):
+        return
+    shown = ", ".join(special[:5]) + (", ..." if len(special) > 5 else "")
+    raise InputFileError(
+        f"{path}: no token but the special ones ({shown}): transformers built a "
+        f"{type(tokenizer).__name__} of {len(tokenizer)} tokens from it, which reads no word; "
+        f"{REBUILD}")
 
 
 def check_folder_vocabulary(folder: str | Path, tokenizer: Any) -> None:
