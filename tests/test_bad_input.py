@@ -710,6 +710,54 @@ def test_a_special_tokens_map_json_transformers_reads_is_read(tiny_bert, tmp_pat
     assert ours.extra_special_tokens == read.extra_special_tokens
 
 
+@pytest.mark.parametrize("decoder, named", [
+    (None, " is not a JSON object but null"),
+    ([DECODED["0"]], " is not a JSON object but an array"),
+    ("[PAD]", " is not a JSON object but a string"),
+    ({"x": DECODED["0"]}, ' has the key "x", not a token id'),
+    ({"0": "[PAD]"}, ".0 is not a JSON object but a string"),
+    ({"0": None}, ".0 is not a JSON object but null")])
+def test_an_added_tokens_decoder_transformers_cannot_read_is_one_line_naming_it(
+        tiny_bert, tmp_path, decoder, named):
+    """tokenizer_config.json's added_tokens_decoder is read, where present, as an object of
+    AddedToken fields by id: any other value (null included) was an AttributeError traceback
+    inside transformers, an entry that is no object a TypeError, an id that is no integer a
+    ValueError naming the folder. One line naming the file and the key; transformers fails on
+    each of these."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    _edit_json("tokenizer_config.json", lambda c: c | {"added_tokens_decoder": decoder})(folder)
+    with pytest.raises(Exception):
+        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(
+        f"{folder / 'tokenizer_config.json'}: added_tokens_decoder{named}"), message
+    assert "\n" not in message, message
+
+
+@pytest.mark.parametrize("decoder", [{}, DECODED, {"0": DECODED["0"] | {"__type": "AddedToken"}},
+                                     {" 0": DECODED["0"]}])
+def test_an_added_tokens_decoder_transformers_reads_is_read(tiny_bert, tmp_path, decoder):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    _edit_json("tokenizer_config.json", lambda c: c | {"added_tokens_decoder": decoder})(folder)
+    read = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert auto_tokenizer(folder).get_vocab() == read.get_vocab()
+
+
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),
                                    AttributeError("a bug")])
 def test_a_library_error_loading_a_tokenizer_keeps_its_traceback(tiny_bert, monkeypatch, error):

@@ -148,6 +148,33 @@ def expect_extra_tokens(config: dict[str, Any], path: Path, what: str) -> None:
         expect_token_list(config.get(key), key, path, what)
 
 
+def expect_added_tokens(config: dict[str, Any], path: Path, what: str) -> None:
+    """Refuse an added_tokens_decoder of `config` (tokenizer_config.json) transformers cannot
+    read, naming the file and the key: it takes it, where present, as an object of added tokens
+    by id (`int(id)`), each the fields of an AddedToken. Any other value (null included) was an
+    AttributeError traceback inside transformers, an entry that is no object a TypeError, an id
+    that is no integer a ValueError naming the folder."""
+    if "added_tokens_decoder" not in config:
+        return
+    decoder = config["added_tokens_decoder"]
+    if not isinstance(decoder, dict):
+        raise InputFileError(
+            f"{path}: added_tokens_decoder is not a JSON object but {json_value_kind(decoder)} "
+            f"(read as {what}); {REBUILD}")
+    for key, token in decoder.items():
+        try:
+            int(key)
+        except ValueError:
+            raise InputFileError(
+                f"{path}: added_tokens_decoder has the key {json.dumps(key)}, not a token id "
+                f"(read as {what}); {REBUILD}") from None
+        if not isinstance(token, dict):
+            raise InputFileError(
+                f"{path}: added_tokens_decoder.{key} is not a JSON object but "
+                f"{json_value_kind(token)}, as an AddedToken's fields are (read as {what}); "
+                f"{REBUILD}")
+
+
 def expect_token_list(value: Any, key: str, path: Path, what: str, named: bool = True,
                       fields: bool = False) -> None:
     """Refuse an EXTRA_TOKENS list (`value`, at `key` in `path`) transformers cannot read: null,
@@ -212,7 +239,8 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     folder's config.json for the tokenizer's class: one cut short failed there as an OSError
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
     another shape (a special token neither a string nor an AddedToken object, named or in its
-    EXTRA_TOKENS lists: errors.expect_token), a special_tokens_map.json whose lists it cannot
+    EXTRA_TOKENS lists: errors.expect_token; an added_tokens_decoder that is no object of
+    AddedToken fields by id: expect_added_tokens), a special_tokens_map.json whose lists it cannot
     read (check_special_tokens_map), and a tokenizer file it cannot read are
     InputFileError naming the file (one the tokenizers library cannot parse: PARSED_FILES) or
     the folder, as is a folder with none of the tokenizer's files, or whose file holds no word
@@ -233,6 +261,7 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
                 for key in SPECIAL_TOKENS:
                     expect_token(read.get(key), key, path, f"a {name}")
                 expect_extra_tokens(read, path, f"a {name}")
+                expect_added_tokens(read, path, f"a {name}")
                 tokenizer_config = read
     check_special_tokens_map(folder, tokenizer_config)
     try:
