@@ -744,7 +744,7 @@ def test_an_added_tokens_decoder_transformers_cannot_read_is_one_line_naming_it(
 
 
 @pytest.mark.parametrize("decoder", [{}, DECODED, {"0": DECODED["0"] | {"__type": "AddedToken"}},
-                                     {" 0": DECODED["0"]}])
+                                     {" 0": DECODED["0"]}, {"0": DECODED["0"] | {"content": None}}])
 def test_an_added_tokens_decoder_transformers_reads_is_read(tiny_bert, tmp_path, decoder):
     import shutil
 
@@ -756,6 +756,54 @@ def test_an_added_tokens_decoder_transformers_reads_is_read(tiny_bert, tmp_path,
     _edit_json("tokenizer_config.json", lambda c: c | {"added_tokens_decoder": decoder})(folder)
     read = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert auto_tokenizer(folder).get_vocab() == read.get_vocab()
+
+
+AT_CLS = {"__type": "AddedToken", "content": "[CLS]"} | ADDED_TOKEN
+TC, STM = "tokenizer_config.json", "special_tokens_map.json"
+
+
+@pytest.mark.parametrize("name, tokens, named", [
+    (TC, {"cls_token": AT_CLS | {"lstrip": "yes"}}, 'cls_token.lstrip is "yes"'),
+    (TC, {"cls_token": AT_CLS | {"special": None}}, "cls_token.special is null"),
+    (TC, {"cls_token": AT_CLS | {"normalized": 1}}, "cls_token.normalized is 1"),
+    (TC, {"extra_special_tokens": [AT_CLS | {"single_word": "no"}]},
+     'extra_special_tokens[0].single_word is "no"'),
+    (TC, {"extra_special_tokens": {"image_token": AT_CLS | {"rstrip": []}}},
+     "extra_special_tokens.image_token.rstrip is []"),
+    (TC, {"added_tokens_decoder": {"0": DECODED["0"] | {"lstrip": "yes"}}},
+     'added_tokens_decoder.0.lstrip is "yes"'),
+    (TC, {"added_tokens_decoder": {"0": DECODED["0"] | {"content": 0}}},
+     "added_tokens_decoder.0.content is a number, not a string"),
+    (STM, {"extra_special_tokens": [{"content": "[CLS]", "lstrip": "yes"}]},
+     'extra_special_tokens[0].lstrip is "yes"'),
+    (STM, {"additional_special_tokens": [AT_CLS | {"rstrip": None}]},
+     "additional_special_tokens[0].rstrip is null")])
+def test_an_added_token_of_a_field_transformers_cannot_read_is_one_line_naming_it(
+        tiny_bert, tmp_path, name, tokens, named):
+    """An AddedToken's flags (lstrip, special, ...) are booleans and its content a string: any
+    other value, in an AddedToken object of tokenizer_config.json or special_tokens_map.json or
+    an entry of added_tokens_decoder, was a TypeError traceback from the tokenizers library
+    inside transformers ("'str' object is not an instance of 'bool'"). One line naming the file
+    and the key; transformers fails on each of these."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    if name == TC:
+        folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+        _edit_json(TC, lambda c: c | tokens)(folder)
+    else:
+        folder = _with_special_tokens_map(tiny_bert, tmp_path / "bert", tokens)
+    with pytest.raises(TypeError):
+        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / name}: {named}"), message
+    assert "\n" not in message, message
 
 
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),

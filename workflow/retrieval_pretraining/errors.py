@@ -14,7 +14,8 @@ of value than the object its reader indexes (a manifest, a config.json) is named
 one whose member a reader indexes one level deeper (`stats.tokenizer`) by `expect_section`, a
 member it reads as a list (`stats.sentence_transformers.modules`) by `expect_list`; a recorded
 length or limit that is no positive integer by `expect_positive_int`, a tokenizer_config.json
-special token neither a string nor an AddedToken object by `expect_token`. Each says to rebuild the
+special token neither a string nor an AddedToken object (or one of a flag that is no boolean:
+`expect_flags`) by `expect_token`. Each says to rebuild the
 file with the stage that writes it (`REBUILD`); where no stage of ours writes it (a Hub
 checkpoint's config.json, a mirror's dumpstatus.json), the reader wraps the read in `fixed_by`
 with the fix there is.
@@ -177,12 +178,14 @@ def expect_token(value: Any, key: str, path: str | Path, what: str,
     and reads back ({"__type": "AddedToken", "content": "[CLS]", "lstrip": false, ...}: its
     content). Any other value (an object without that type, which transformers refuses with a
     TypeError; a number, an array) is InputFileError naming the file and the key, where a
-    reader's lookup of it was a bare TypeError naming neither. Null is refused unless `null`
-    allows it (an entry of extra_special_tokens)."""
+    reader's lookup of it was a bare TypeError naming neither, as is such an object with a flag
+    that is no boolean (expect_flags). Null is refused unless `null` allows it (an entry of
+    extra_special_tokens)."""
     if (value is None and null) or isinstance(value, str):
         return value
     if (isinstance(value, dict) and value.get("__type") == "AddedToken"
             and isinstance(value.get("content"), str)):
+        expect_flags(value, key, path, what)
         return value["content"]
     shown = json.dumps(value)
     raise InputFileError(
@@ -190,6 +193,23 @@ def expect_token(value: Any, key: str, path: str | Path, what: str,
         f'string nor an AddedToken object ({{"__type": "AddedToken", "content": "..."}}) (read '
         f"as {what}); {REBUILD}"
     )
+
+
+# The flags of an AddedToken (the tokenizers library's), which it takes as booleans alone.
+ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def expect_flags(token: dict[str, Any], key: str, path: str | Path, what: str) -> None:
+    """Refuse a flag (ADDED_TOKEN_FLAGS) of the AddedToken object or fields `token`, read at
+    `key` in `path` (as `what`), that is no boolean (null included): transformers builds the
+    tokenizers library's AddedToken of it, whose TypeError ("'str' object is not an instance of
+    'bool'") named neither the file nor the key."""
+    for flag in ADDED_TOKEN_FLAGS:
+        if flag in token and not isinstance(token[flag], bool):
+            shown = json.dumps(token[flag])
+            raise InputFileError(
+                f"{path}: {key}.{flag} is {shown if len(shown) <= 80 else shown[:77] + '...'}, "
+                f"not a boolean, as an AddedToken's flags are (read as {what}); {REBUILD}")
 
 
 def json_value_kind(value: Any) -> str:

@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import (REBUILD, BadInput, InputFileError, expect_positive_int, expect_section,
-                     expect_token, json_value_kind, read_json_object, reading)
+from .errors import (REBUILD, BadInput, InputFileError, expect_flags, expect_positive_int,
+                     expect_section, expect_token, json_value_kind, read_json_object, reading)
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 CONVERT = (
@@ -151,9 +151,10 @@ def expect_extra_tokens(config: dict[str, Any], path: Path, what: str) -> None:
 def expect_added_tokens(config: dict[str, Any], path: Path, what: str) -> None:
     """Refuse an added_tokens_decoder of `config` (tokenizer_config.json) transformers cannot
     read, naming the file and the key: it takes it, where present, as an object of added tokens
-    by id (`int(id)`), each the fields of an AddedToken. Any other value (null included) was an
-    AttributeError traceback inside transformers, an entry that is no object a TypeError, an id
-    that is no integer a ValueError naming the folder."""
+    by id (`int(id)`), each the fields of an AddedToken (`AddedToken(**entry)`). Any other value
+    (null included) was an AttributeError traceback inside transformers, an entry that is no
+    object, or whose content is neither a string nor null or whose flags are no booleans
+    (expect_flags), a TypeError, an id that is no integer a ValueError naming the folder."""
     if "added_tokens_decoder" not in config:
         return
     decoder = config["added_tokens_decoder"]
@@ -173,6 +174,12 @@ def expect_added_tokens(config: dict[str, Any], path: Path, what: str) -> None:
                 f"{path}: added_tokens_decoder.{key} is not a JSON object but "
                 f"{json_value_kind(token)}, as an AddedToken's fields are (read as {what}); "
                 f"{REBUILD}")
+        content = token.get("content")
+        if content is not None and not isinstance(content, str):
+            raise InputFileError(
+                f"{path}: added_tokens_decoder.{key}.content is {json_value_kind(content)}, not "
+                f"a string (read as {what}); {REBUILD}")
+        expect_flags(token, f"added_tokens_decoder.{key}", path, what)
 
 
 def expect_token_list(value: Any, key: str, path: Path, what: str, named: bool = True,
@@ -198,8 +205,10 @@ def expect_token_list(value: Any, key: str, path: Path, what: str, named: bool =
 def expect_token_fields(token: dict[str, Any], key: str, path: Path, what: str) -> None:
     """Refuse an object entry of special_tokens_map.json's extra_special_tokens array that
     transformers cannot read as the fields of an AddedToken (`AddedToken(**token, special=True)`:
-    a "__type" is ignored, a "special" is a TypeError) or whose content is no string."""
+    a "__type" is ignored, a "special" is a TypeError, as is a flag that is no boolean:
+    expect_flags) or whose content is no string."""
     if isinstance(token.get("content"), str) and "special" not in token:
+        expect_flags(token, key, path, what)
         return
     shown = json.dumps(token)
     raise InputFileError(
