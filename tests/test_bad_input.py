@@ -656,14 +656,24 @@ def _with_special_tokens_map(folder: Path, to: Path, tokens: Any, config: Any = 
     ({"additional_special_tokens": [101]}, {"extra_special_tokens": {"image_token": "[CLS]"}},
      ": additional_special_tokens[0] is 101"),
     (["[CLS]"], None, ": not a JSON object but an array"),
-    (b'{"extra_special', None, ": cannot read it as a special_tokens_map.json (JSONDecodeError")])
+    (b'{"extra_special', None, ": cannot read it as a special_tokens_map.json (JSONDecodeError"),
+    # a named special token: a string, null or the fields of an AddedToken ("special" dropped)
+    ({"cls_token": 7}, None, ": cls_token is 7, neither a string nor the fields of an AddedToken"),
+    ({"pad_token": ["[PAD]"]}, None, ': pad_token is ["[PAD]"], neither a string'),
+    ({"unk_token": True}, None, ": unk_token is true, neither a string"),
+    ({"cls_token": {"content": 5}}, None, ": cls_token.content is a number, not a string"),
+    ({"mask_token": {"content": "[MASK]", "lstrip": "yes"}}, None,
+     ': mask_token.lstrip is "yes", not a boolean'),
+    ({"image_token": {"content": "[CLS]", "rstrip": None}}, None,
+     ": image_token.rstrip is null, not a boolean")])
 def test_a_special_tokens_map_json_transformers_cannot_read_is_one_line_naming_it(
         tiny_bert, tmp_path, tokens, config, named):
     """special_tokens_map.json (an older transformers' file, which transformers 5 reads where
     tokenizer_config.json has no added_tokens_decoder) may list further special tokens too: an
     entry transformers cannot read was a TypeError traceback inside it (a file cut short: a
     JSONDecodeError naming the folder), where tokenizer_config.json's are one line naming the
-    file and the entry. transformers fails on each of these."""
+    file and the entry; so was a named special token (cls_token, ...) that is neither a string,
+    null nor the fields of an AddedToken. transformers fails on each of these."""
     from transformers import AutoTokenizer
 
     from retrieval_pretraining.errors import BadInput
@@ -696,7 +706,11 @@ DECODED = {"0": {"content": "[PAD]", "lstrip": False, "normalized": False, "rstr
     ({"additional_special_tokens": [101]}, {"additional_special_tokens": None}),
     # nor the file at all where tokenizer_config.json has an added_tokens_decoder
     ({"extra_special_tokens": [101]}, {"added_tokens_decoder": DECODED}),
-    (b'{"extra_special', {"added_tokens_decoder": DECODED})])
+    (b'{"extra_special', {"added_tokens_decoder": DECODED}),
+    ({"cls_token": 7}, {"added_tokens_decoder": DECODED}),
+    # a named token's "special" is dropped, "__type" ignored; its other keys are passed on
+    ({"cls_token": {"__type": "AddedToken", "content": "[CLS]", "special": "yes"}}, None),
+    ({"cls_token": None, "sep_token": "[SEP]", "foo_token": 7, "image_token": 7}, None)])
 def test_a_special_tokens_map_json_transformers_reads_is_read(tiny_bert, tmp_path, tokens,
                                                                config):
     from transformers import AutoTokenizer

@@ -217,11 +217,37 @@ def expect_token_fields(token: dict[str, Any], key: str, path: Path, what: str) 
         f'"special") (read as {what}); {REBUILD}')
 
 
+def expect_named_tokens(tokens: dict[str, Any], path: Path, what: str) -> None:
+    """Refuse a token of special_tokens_map.json (`tokens`, read from `path`) outside its
+    EXTRA_TOKENS lists that transformers cannot read: it builds `AddedToken(**entry,
+    special=True)` of an object there, its "special" dropped (a content neither a string nor
+    null, a flag that is no boolean: expect_flags), and takes a named special token
+    (SPECIAL_TOKENS) as a string, null or such an object; anything else was a TypeError
+    traceback inside transformers. Its other keys it passes on as they are."""
+    for key, value in tokens.items():
+        if key in EXTRA_TOKENS:
+            continue
+        if isinstance(value, dict):
+            content = value.get("content")
+            if content is not None and not isinstance(content, str):
+                raise InputFileError(
+                    f"{path}: {key}.content is {json_value_kind(content)}, not a string (read as "
+                    f"{what}); {REBUILD}")
+            expect_flags({k: v for k, v in value.items() if k != "special"}, key, path, what)
+        elif key in SPECIAL_TOKENS and value is not None and not isinstance(value, str):
+            shown = json.dumps(value)
+            raise InputFileError(
+                f"{path}: {key} is {shown if len(shown) <= 80 else shown[:77] + '...'}, neither "
+                f'a string nor the fields of an AddedToken ({{"content": "...", "lstrip": false, '
+                f"...}}) (read as {what}); {REBUILD}")
+
+
 def check_special_tokens_map(folder: str | Path, tokenizer_config: dict[str, Any]) -> None:
     """Refuse a special_tokens_map.json (an older transformers' file: transformers 5 writes none)
     whose EXTRA_TOKENS lists transformers cannot read, naming the file and the entry, as for
-    tokenizer_config.json's (expect_extra_tokens): a TypeError inside transformers, and a file cut
-    short or of another JSON value a JSONDecodeError naming the folder or an AttributeError.
+    tokenizer_config.json's (expect_extra_tokens), or whose named special tokens it cannot read
+    (expect_named_tokens): a TypeError inside transformers, and a file cut short or of another
+    JSON value a JSONDecodeError naming the folder or an AttributeError.
     transformers reads it only where tokenizer_config.json has no added_tokens_decoder, and not as
     it reads tokenizer_config.json: an object entry of its extra_special_tokens array is the
     fields of an AddedToken (expect_token_fields); its additional_special_tokens, an array alone,
@@ -231,6 +257,7 @@ def check_special_tokens_map(folder: str | Path, tokenizer_config: dict[str, Any
         return
     what = "a special_tokens_map.json"
     tokens = read_json_object(path, what)
+    expect_named_tokens(tokens, path, what)
     extra = tokens.get("extra_special_tokens")
     expect_token_list(extra, "extra_special_tokens", path, what, fields=True)
     # The extra_special_tokens each file leaves (tokenizer_config.json's additional_special_tokens
@@ -249,8 +276,8 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
     another shape (a special token neither a string nor an AddedToken object, named or in its
     EXTRA_TOKENS lists: errors.expect_token; an added_tokens_decoder that is no object of
-    AddedToken fields by id: expect_added_tokens), a special_tokens_map.json whose lists it cannot
-    read (check_special_tokens_map), and a tokenizer file it cannot read are
+    AddedToken fields by id: expect_added_tokens), a special_tokens_map.json whose tokens it
+    cannot read (check_special_tokens_map), and a tokenizer file it cannot read are
     InputFileError naming the file (one the tokenizers library cannot parse: PARSED_FILES) or
     the folder, as is a folder with none of the tokenizer's files, or whose file holds no word
     (check_tokenizer_files). Any other error from transformers (a RuntimeError, a TypeError) is
