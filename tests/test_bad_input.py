@@ -820,6 +820,46 @@ def test_an_added_token_of_a_field_transformers_cannot_read_is_one_line_naming_i
     assert "\n" not in message, message
 
 
+def _added_token(change) -> Any:
+    def edit(tokenizer: dict) -> dict:
+        tokenizer["added_tokens"][0] = change(tokenizer["added_tokens"][0])
+        return tokenizer
+    return edit
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda t: t | {"added_tokens": None}, "added_tokens is not a JSON array but null"),
+    (_added_token(lambda token: "[PAD]"), "added_tokens[0] is not a JSON object but a string"),
+    (_added_token(lambda token: token | {"lstrip": "yes"}),
+     'added_tokens[0].lstrip is "yes", not a boolean'),
+    (_added_token(lambda token: token | {"content": 5}),
+     "added_tokens[0].content is a number, not a string")],
+    ids=["null", "an entry a string", "a flag a string", "a content a number"])
+def test_a_tokenizer_json_added_token_transformers_cannot_read_is_one_line_naming_it(
+        tiny_bert, tmp_path, change, named):
+    """Where tokenizer_config.json has no added_tokens_decoder (the tiny tokenizer's has none),
+    transformers builds an AddedToken of each entry of tokenizer.json's added_tokens: null there,
+    an entry that is no object, a flag that is no boolean or a content that is no string was a
+    TypeError or AttributeError traceback inside it. One line naming the file and the key;
+    transformers fails on each of these."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.model_folder import auto_tokenizer
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "bert")
+    _edit_json("tokenizer.json", change)(folder)
+    with pytest.raises((TypeError, AttributeError)):
+        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'tokenizer.json'}: {named}"), message
+    assert "\n" not in message, message
+
+
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),
                                    AttributeError("a bug")])
 def test_a_library_error_loading_a_tokenizer_keeps_its_traceback(tiny_bert, monkeypatch, error):

@@ -174,12 +174,23 @@ def expect_added_tokens(config: dict[str, Any], path: Path, what: str) -> None:
                 f"{path}: added_tokens_decoder.{key} is not a JSON object but "
                 f"{json_value_kind(token)}, as an AddedToken's fields are (read as {what}); "
                 f"{REBUILD}")
-        content = token.get("content")
-        if content is not None and not isinstance(content, str):
-            raise InputFileError(
-                f"{path}: added_tokens_decoder.{key}.content is {json_value_kind(content)}, not "
-                f"a string (read as {what}); {REBUILD}")
-        expect_flags(token, f"added_tokens_decoder.{key}", path, what)
+        expect_token_object(token, f"added_tokens_decoder.{key}", path, what)
+
+
+def expect_token_object(token: dict[str, Any], key: str, path: Path, what: str,
+                        special: bool = True) -> None:
+    """Refuse an object (read at `key` in `path`) that transformers builds the tokenizers
+    library's AddedToken of as its fields (`AddedToken(**token)`, unknown fields ignored) where
+    that is a TypeError traceback: a content neither a string nor null, or a flag that is no
+    boolean (expect_flags; its "special" left unchecked unless `special`: special_tokens_map.json
+    drops it)."""
+    content = token.get("content")
+    if content is not None and not isinstance(content, str):
+        raise InputFileError(
+            f"{path}: {key}.content is {json_value_kind(content)}, not a string (read as "
+            f"{what}); {REBUILD}")
+    expect_flags(token if special else {k: v for k, v in token.items() if k != "special"}, key,
+                 path, what)
 
 
 def expect_token_list(value: Any, key: str, path: Path, what: str, named: bool = True,
@@ -228,18 +239,35 @@ def expect_named_tokens(tokens: dict[str, Any], path: Path, what: str) -> None:
         if key in EXTRA_TOKENS:
             continue
         if isinstance(value, dict):
-            content = value.get("content")
-            if content is not None and not isinstance(content, str):
-                raise InputFileError(
-                    f"{path}: {key}.content is {json_value_kind(content)}, not a string (read as "
-                    f"{what}); {REBUILD}")
-            expect_flags({k: v for k, v in value.items() if k != "special"}, key, path, what)
+            expect_token_object(value, key, path, what, special=False)
         elif key in SPECIAL_TOKENS and value is not None and not isinstance(value, str):
             shown = json.dumps(value)
             raise InputFileError(
                 f"{path}: {key} is {shown if len(shown) <= 80 else shown[:77] + '...'}, neither "
                 f'a string nor the fields of an AddedToken ({{"content": "...", "lstrip": false, '
                 f"...}}) (read as {what}); {REBUILD}")
+
+
+def expect_tokenizer_added_tokens(tokenizer: dict[str, Any], path: Path) -> None:
+    """Refuse tokenizer.json's added_tokens (`tokenizer`, read from `path`) where transformers
+    cannot read them: where tokenizer_config.json has no added_tokens_decoder, it builds an
+    AddedToken of each entry's fields (its "id" taken out) before the tokenizers library reads
+    the file. An entry's content neither a string nor null or a flag that is no boolean
+    (expect_token_object), null there or an entry that is no object, was a TypeError or
+    AttributeError traceback inside transformers. (A tokenizer.json without added_tokens, or an
+    entry without its id, is a KeyError, one line naming the folder.)"""
+    what = "a tokenizer.json"
+    tokens = tokenizer.get("added_tokens", [])
+    if not isinstance(tokens, list):
+        raise InputFileError(
+            f"{path}: added_tokens is not a JSON array but {json_value_kind(tokens)} (read as "
+            f"{what}); {REBUILD}")
+    for i, token in enumerate(tokens):
+        if not isinstance(token, dict):
+            raise InputFileError(
+                f"{path}: added_tokens[{i}] is not a JSON object but {json_value_kind(token)}, "
+                f"as an AddedToken's fields are (read as {what}); {REBUILD}")
+        expect_token_object(token, f"added_tokens[{i}]", path, what)
 
 
 def check_special_tokens_map(folder: str | Path, tokenizer_config: dict[str, Any]) -> None:
@@ -276,7 +304,8 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
     naming no fix, a list as a TypeError; both, a tokenizer.json or tokenizer_config.json of
     another shape (a special token neither a string nor an AddedToken object, named or in its
     EXTRA_TOKENS lists: errors.expect_token; an added_tokens_decoder that is no object of
-    AddedToken fields by id: expect_added_tokens), a special_tokens_map.json whose tokens it
+    AddedToken fields by id: expect_added_tokens; tokenizer.json's added_tokens that are no
+    array of them: expect_tokenizer_added_tokens), a special_tokens_map.json whose tokens it
     cannot read (check_special_tokens_map), and a tokenizer file it cannot read are
     InputFileError naming the file (one the tokenizers library cannot parse: PARSED_FILES) or
     the folder, as is a folder with none of the tokenizer's files, or whose file holds no word
@@ -286,6 +315,7 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
 
     if (Path(folder) / "config.json").is_file():
         read_config(folder)
+    tokenizer_json: dict[str, Any] = {}
     tokenizer_config: dict[str, Any] = {}
     for name in TOKENIZER_JSON:
         path = Path(folder) / name
@@ -293,12 +323,15 @@ def auto_tokenizer(folder: str | Path, **kwargs: Any):
             read = read_json_object(path, f"a {name}")
             if name == "tokenizer.json":
                 expect_section(read, "model", path, "a tokenizer.json")
+                tokenizer_json = read
             else:
                 for key in SPECIAL_TOKENS:
                     expect_token(read.get(key), key, path, f"a {name}")
                 expect_extra_tokens(read, path, f"a {name}")
                 expect_added_tokens(read, path, f"a {name}")
                 tokenizer_config = read
+    if "added_tokens_decoder" not in tokenizer_config:
+        expect_tokenizer_added_tokens(tokenizer_json, Path(folder) / "tokenizer.json")
     check_special_tokens_map(folder, tokenizer_config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
