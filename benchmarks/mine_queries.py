@@ -6,17 +6,27 @@ with one positive, mined with the shipped policy (depth 200, 30 at random) or wi
 bow.yaml's MS MARCO override (places [3, 201) of the candidates, 128 at random), at --depth.
 Prints one JSON line per count: wall seconds of `mine_to_file`, the peak RSS it added (VmHWM
 after - RSS before, the peak reset once the inputs are built: the index and query vectors
-excluded) and the process's peak from there (VmHWM).
+excluded), the process's peak from there (VmHWM) and the negatives file's sha256 (its first 16
+digits). Two knobs tell where the peak comes from: --search-batch, faiss_index.search's queries a
+FAISS call (shipped: 4,096; FAISS's k-selection holds 2 x depth candidates, 12 B each, for every
+query of a call), and --release, which returns the allocators' free memory to the system before
+each search (glibc's malloc_trim and Arrow's pool): what it takes off the peak was held by them,
+not by mining.
 
     PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 10000 40000
     PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 8192 --docs 1000000 \
         --policy bow --depth 1000
+    PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 8192 32768 \
+        --policy bow --depth 1000 --release  # or --search-batch 512
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,7 +51,23 @@ def policy(name: str, depth: int) -> dict:
     return BOW | {"depth": depth, "rank_window": BOW["rank_window"] if depth > 200 else [3, None]}
 
 
-def one(queries: int, docs: int, depth: int, name: str) -> dict:
+def released(search, chunk: int | None, release: bool):
+    """faiss_index.search with `chunk` queries a FAISS call (None: as shipped), and with `release`
+    the allocators' free memory returned to the system before it runs."""
+    import pyarrow as pa
+
+    libc = ctypes.CDLL("libc.so.6")
+
+    def wrapped(index, queries, depth, **kwargs):
+        if release:
+            libc.malloc_trim(0)
+            pa.default_memory_pool().release_unused()
+        return search(index, queries, depth, **kwargs, **({"batch_size": chunk} if chunk else {}))
+    return wrapped
+
+
+def one(queries: int, docs: int, depth: int, name: str, chunk: int | None = None,
+        release: bool = False) -> dict:
     import numpy as np
     import polars as pl
     import pyarrow as pa
@@ -60,6 +86,7 @@ def one(queries: int, docs: int, depth: int, name: str) -> dict:
     vectors = unit(queries)
     mine.faiss_index.load = lambda folder: (index, ids)
     mine.encode_queries = lambda encoder, path, knobs: (qids, vectors)
+    mine.faiss_index.search = released(faiss_index.search, chunk, release)
     work = Path(tempfile.mkdtemp())
     pl.DataFrame({"query_id": qids, "doc_id": [f"d{i % docs}" for i in range(queries)],
                   "relevance": [1] * queries}).write_parquet(work / "qrels.parquet")
@@ -69,12 +96,18 @@ def one(queries: int, docs: int, depth: int, name: str) -> dict:
     Path("/proc/self/clear_refs").write_text("5")
     before = status_kb("VmRSS")
     start = time.perf_counter()
-    mine.mine_to_file(work / "index", work / "encoder", work / "q.parquet",
-                      work / "qrels.parquet", work / "negatives.parquet", config, seed=0)
+    try:
+        mine.mine_to_file(work / "index", work / "encoder", work / "q.parquet",
+                          work / "qrels.parquet", work / "negatives.parquet", config, seed=0)
+        wall = time.perf_counter() - start
+        digest = hashlib.sha256((work / "negatives.parquet").read_bytes()).hexdigest()
+    finally:
+        shutil.rmtree(work)
     return {"queries": queries, "docs": docs, "depth": depth, "policy": name,
-            "batch": mine.QUERY_BATCH, "wall_s": round(time.perf_counter() - start, 1),
+            "batch": mine.QUERY_BATCH, "wall_s": round(wall, 1),
             "peak_added_mb": round((status_kb("VmHWM") - before) / 1024),
-            "peak_mb": round(status_kb("VmHWM") / 1024)}
+            "peak_mb": round(status_kb("VmHWM") / 1024), "search_batch": chunk or "shipped",
+            "release": release, "sha256": digest[:16]}
 
 
 def main() -> None:
@@ -84,15 +117,21 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=200, help="mining.depth")
     parser.add_argument("--policy", choices=["shipped", "bow"], default="shipped",
                         help="shipped: 30 at random; bow: bow.yaml's MS MARCO override")
+    parser.add_argument("--search-batch", type=int, help="queries a FAISS call (shipped: 4096)")
+    parser.add_argument("--release", action="store_true",
+                        help="malloc_trim and Arrow's release_unused before each search")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.queries[0], args.docs, args.depth, args.policy)))
+        print(json.dumps(one(args.queries[0], args.docs, args.depth, args.policy,
+                             args.search_batch, args.release)))
         return
+    knobs = ([f"--search-batch={args.search_batch}"] if args.search_batch else []) + (
+        ["--release"] if args.release else [])
     for n in args.queries:  # a fresh process each, so one count's peak is not another's
         subprocess.run([sys.executable, __file__, "--one", "--queries", str(n),
                         "--docs", str(args.docs), "--depth", str(args.depth),
-                        "--policy", args.policy], check=True)
+                        "--policy", args.policy, *knobs], check=True)
 
 
 if __name__ == "__main__":

@@ -321,7 +321,11 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
     rows are -1 where an approximate index found fewer neighbours than that (IVF / IVF-PQ see
     only the vectors of their `nprobe` cells), which `dense_search.rank` drops. Each batch's
     results are written into the returned arrays (D= and I=): a batch's own arrays, copied in,
-    were 12 B a query and neighbour more, two batches' worth alive at once."""
+    were 12 B a query and neighbour more, two batches' worth alive at once. `batch_size` is part
+    of the results: a flat search's scores round differently with the queries in a FAISS call
+    (one BLAS product; and with its threads), so another size, or a `mine.QUERY_BATCH` that is
+    not a multiple of it, moves near ties and changes the mined files, though a smaller call
+    holds less (benchmarks/RESULTS.md, "Where depth 1000's peak comes from")."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     depth = min(depth, index.ntotal)
     scores = np.empty((len(queries), depth), dtype=np.float32)
