@@ -121,16 +121,21 @@ def test_indexes_rank_by_inner_product_when_norms_differ(kind):
     assert np.all(np.diff(scores, axis=1) <= 1e-6)
 
 
-@pytest.mark.parametrize("batch_size", [4096, 7])
+@pytest.mark.parametrize("batch_size", [4096, 1000])
 def test_exact_search_is_numpy_s_matmul_and_argsort(batch_size):
     """The flat index's top k is numpy's: queries x documents, sorted descending, row for row.
-    45 queries take faiss's BLAS path (20 or more a call; the round trip above takes the other);
-    batch_size 7 splits them into batches with a short last one; a k above the corpus size gives
-    the whole corpus, ranked. Only two documents whose scores differ by less than float32's
-    rounding may come in either order (their scores then agree all the same)."""
+    faiss 1.15 multiplies a call's queries by the documents with BLAS where they hold 128,000
+    floats or more (mining's 4,096 x 384) and scores them one by one below that: batch_size 4096
+    sends 4,096 queries of 32 floats the first way and the last 4 the second; 1000 sends every
+    batch the second way, the last one short. A k above the corpus size gives the whole corpus,
+    ranked. Only two documents whose scores differ by less than float32's rounding may come in
+    either order (their scores then agree all the same)."""
+    import faiss
+
+    assert 4 * 32 < faiss.cvar.distance_compute_blas_threshold <= 4096 * 32  # both paths taken
     rng = np.random.default_rng(3)
-    docs = rng.standard_normal((300, 24)).astype(np.float32)
-    queries = rng.standard_normal((45, 24)).astype(np.float32)
+    docs = rng.standard_normal((300, 32)).astype(np.float32)
+    queries = rng.standard_normal((4100, 32)).astype(np.float32)
     brute = queries.astype(np.float64) @ docs.T.astype(np.float64)
     order = np.argsort(-brute, axis=1)
     ranked = np.take_along_axis(brute, order, axis=1)
