@@ -327,9 +327,10 @@ def test_a_model_folder_without_config_json_is_refused_with_the_readers_fix(
 
     from retrieval_pretraining import model_folder
     from retrieval_pretraining.errors import REBUILD, fixed_by
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
-    tokenizer = model_folder.auto_tokenizer(folder)
+    tokenizer = auto_tokenizer(folder)
     (folder / "config.json").unlink()
     run = {"check_safetensors": lambda: model_folder.check_safetensors(folder),
            "check_folder_vocabulary": lambda: model_folder.check_folder_vocabulary(
@@ -445,7 +446,7 @@ def test_a_damaged_or_missing_tokenizer_file_is_one_line_naming_it(tiny_bert, tm
     import shutil
 
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     said = TOKENIZER_DAMAGE[damage](folder)
@@ -486,7 +487,7 @@ def test_a_tokenizer_file_holding_no_word_is_one_line_naming_it(tiny_bert, tmp_p
     from transformers import AutoTokenizer
 
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     name, damaged = WORDLESS[damage]
@@ -526,7 +527,7 @@ def test_a_tokenizer_transformers_saves_loads_as_it_was_saved(tmp_path, save):
     only) loads with the ids it was saved with: GPT2Tokenizer's vocab_files_names list only its
     slow files (vocab.json, merges.txt), and such a folder was refused as holding no tokenizer
     file."""
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     saved = save(tmp_path / "tokenizer")
     assert sorted(p.name for p in (tmp_path / "tokenizer").iterdir()) == [
@@ -555,7 +556,7 @@ def test_a_special_token_stored_as_an_added_token_object_is_read_as_transformers
     writes and reads ({"__type": "AddedToken", "content": ...}): wordpiece.tokenizer_info (what
     chunking, spans and the audits read) took it for the token's text, a TypeError; it reads
     its content, as transformers does."""
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
     from retrieval_pretraining.wordpiece import tokenizer_info
 
     plain = tokenizer_info(tiny_bert)["special_ids"]
@@ -574,7 +575,7 @@ def test_a_special_token_of_another_shape_is_one_line_naming_the_file_and_key(
     "__type", which transformers refuses with a TypeError; a number, a list) was a TypeError in
     tokenizer_info and in transformers: one line naming tokenizer_config.json and the key."""
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
     from retrieval_pretraining.wordpiece import tokenizer_info
 
     folder = _with_cls_token(tiny_bert, tmp_path / "bert", token)
@@ -601,7 +602,7 @@ def test_an_extra_special_token_of_another_shape_is_one_line_naming_the_file_and
     import shutil
 
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     _edit_json("tokenizer_config.json", lambda c: c | {key: tokens})(folder)
@@ -621,7 +622,7 @@ def test_an_extra_special_token_of_another_shape_is_one_line_naming_the_file_and
 def test_extra_special_tokens_transformers_reads_are_read(tiny_bert, tmp_path, tokens):
     import shutil
 
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     _edit_json("tokenizer_config.json", lambda c: c | tokens)(folder)
@@ -677,7 +678,7 @@ def test_a_special_tokens_map_json_transformers_cannot_read_is_one_line_naming_i
     from transformers import AutoTokenizer
 
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = _with_special_tokens_map(tiny_bert, tmp_path / "bert", tokens, config)
     with pytest.raises(Exception):
@@ -715,7 +716,7 @@ def test_a_special_tokens_map_json_transformers_reads_is_read(tiny_bert, tmp_pat
                                                                config):
     from transformers import AutoTokenizer
 
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = _with_special_tokens_map(tiny_bert, tmp_path / "bert", tokens, config)
     read = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -743,7 +744,7 @@ def test_an_added_tokens_decoder_transformers_cannot_read_is_one_line_naming_it(
     from transformers import AutoTokenizer
 
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     _edit_json("tokenizer_config.json", lambda c: c | {"added_tokens_decoder": decoder})(folder)
@@ -764,7 +765,7 @@ def test_an_added_tokens_decoder_transformers_reads_is_read(tiny_bert, tmp_path,
 
     from transformers import AutoTokenizer
 
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     _edit_json("tokenizer_config.json", lambda c: c | {"added_tokens_decoder": decoder})(folder)
@@ -804,7 +805,7 @@ def test_an_added_token_of_a_field_transformers_cannot_read_is_one_line_naming_i
     from transformers import AutoTokenizer
 
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     if name == TC:
         folder = shutil.copytree(tiny_bert, tmp_path / "bert")
@@ -847,7 +848,7 @@ def test_a_tokenizer_json_added_token_transformers_cannot_read_is_one_line_namin
     from transformers import AutoTokenizer
 
     from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     _edit_json("tokenizer.json", change)(folder)
@@ -868,7 +869,7 @@ def test_a_library_error_loading_a_tokenizer_keeps_its_traceback(tiny_bert, monk
     the exceptions that mean a file it cannot read are bad input."""
     from transformers import AutoTokenizer
 
-    from retrieval_pretraining.model_folder import auto_tokenizer
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
 
     def broken(*args, **kwargs):
         raise error

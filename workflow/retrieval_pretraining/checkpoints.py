@@ -32,7 +32,8 @@ from typing import Any, Iterator
 from . import artifacts
 from .config import ConfigError, refuse_unknown, resolve_path, section_schema, stage_parser
 from .errors import REBUILD, InputFileError, command, expect_positive_int, fixed_by
-from .model_folder import auto_tokenizer, check_folder_vocabulary, load_model
+from .model_folder import check_folder_vocabulary, load_model
+from .tokenizer_files import auto_tokenizer
 from .wordpiece import position_limit
 
 log = logging.getLogger(__name__)

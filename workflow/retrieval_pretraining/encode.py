@@ -33,11 +33,11 @@ from .contracts.datasets import join_title
 from .contracts.models import NORMALIZE, POOLING_FLAGS
 from .errors import (BadInput, command, expect_list, expect_positive_int, expect_section,
                      reading)
-from .model_folder import (ModelFolderError, auto_tokenizer, check_folder_vocabulary, load_model,
-                           read_config)
+from .model_folder import ModelFolderError, check_folder_vocabulary, load_model, read_config
 from .parallel import bounded_map
 from .retrieval_settings import (PREFIX_KEYS, SEARCH_KEYS, RetrievalSettings, add_runtime_option,
                                  with_runtime)
+from .tokenizer_files import auto_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from .. import artifacts
 from ..errors import InputFileError, reading
-from ..model_folder import (auto_tokenizer, check_folder_vocabulary, check_safetensors,
-                            load_model)
+from ..model_folder import check_folder_vocabulary, check_safetensors, load_model
+from ..tokenizer_files import auto_tokenizer
 from .common import (
     encoder_weights,
     excluded_ids,

@@ -7,8 +7,8 @@ from typing import Sequence
 
 from .. import artifacts
 from ..markdown_html import markdown_to_html
-from ..model_folder import (auto_tokenizer, check_folder_vocabulary, check_safetensors,
-                            load_model)
+from ..model_folder import check_folder_vocabulary, check_safetensors, load_model
+from ..tokenizer_files import auto_tokenizer
 from .common import encoder_weights, excluded_ids, load_heads, write_manifest
 
 

@@ -21,8 +21,9 @@ from safetensors.torch import save_file
 
 from .. import artifacts, st_export, training
 from ..checkpoints import _TOKENIZER_FILES
-from ..model_folder import auto_tokenizer, check_folder_vocabulary, check_safetensors
+from ..model_folder import check_folder_vocabulary, check_safetensors
 from ..retrieval_settings import RetrievalSettings
+from ..tokenizer_files import auto_tokenizer
 from . import data as pdata
 from . import contrast_cache, mixture, probes
 from . import store as pstore
