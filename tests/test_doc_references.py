@@ -1,0 +1,438 @@
+"""The documents name code that exists. ARCHITECTURE.md promises that a newcomer finds any
+stage's code in one hop; a name left behind by a rename, a move or a deletion breaks that.
+
+Read without importing the package: `ast` on the .py files, `^rule NAME:` in the Snakefile and
+rules/*.smk, the Makefile's targets by a regex. In README.md, ARCHITECTURE.md,
+benchmarks/RESULTS.md, benchmarks/gpu_runs/*/README.md and data/**/README.md:
+
+1. a path that starts with a top-level folder (`rules/dense.smk`, `profiles/local`) exists, and so
+   does a code file named by its end (`chunk.py`, `pretrain/train.py`); `{a,b}` stands for each
+   of its names, `{x}`, `<x>`, `*` and `...` for any; what a run writes is not checked (SKIPPED);
+2. a test id `tests/x.py::test_y` (and `::test_z` after it on its line) names a test function
+   of that file, and a test named without its file (`test_y`) is one of some test file;
+3. a backticked `module.name` whose first part is a package module's name (`faiss_index.search`,
+   `pretrain/settings.check_entries`, `masking.Vocab.excluded`), and `retrieval_pretraining.x`
+   anywhere, names a module of the package and a function, class, constant or method in it;
+   a config key (`evaluate.zero_shot`, by the schemas) is none;
+4. the rules of ARCHITECTURE.md's stage table (its second column) and "rule `x`" / "`x` rule"
+   are rules;
+5. `make X` is a Makefile target.
+Where a few mentions are not ours, the extraction says why (`peers_cited`, "(now `new`)").
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import fnmatch
+import itertools
+import re
+from functools import cache
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "workflow" / "retrieval_pretraining"
+DOCS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "benchmarks" / "RESULTS.md",
+        *sorted((ROOT / "benchmarks" / "gpu_runs").glob("*/README.md")),
+        *sorted((ROOT / "data").glob("**/README.md"))]
+
+# What a run writes (gitignored): named in the documents, never in a fresh checkout.
+SKIPPED = ("results/", "data/downloads/")
+# Never searched for a named file: git's, environments, caches, outputs.
+NOT_SEARCHED = {".git", ".venv", ".snakemake", ".pytest_cache", ".ruff_cache", "results",
+                "__pycache__"}
+CODE_SUFFIXES = ("py", "smk", "sh")
+
+
+@cache
+def repo_files() -> tuple[frozenset[str], frozenset[str]]:
+    """Every file and folder of the checkout (relative, posix), outside NOT_SEARCHED."""
+    files, folders = set(), set()
+
+    def walk(folder: Path) -> None:
+        for entry in folder.iterdir():
+            rel = entry.relative_to(ROOT).as_posix()
+            if entry.name in NOT_SEARCHED or entry.name.startswith(".gpu-carry") or any(
+                    (rel + "/").startswith(skipped) for skipped in SKIPPED):
+                continue
+            if entry.is_dir():
+                folders.add(rel)
+                walk(entry)
+            else:
+                files.add(rel)
+
+    walk(ROOT)
+    return frozenset(files), frozenset(folders)
+
+
+class Line(NamedTuple):
+    doc: str  # relative to ROOT
+    number: int
+    text: str
+    code: bool  # in a fenced or an indented code block
+    section: str  # the "## " heading above it
+
+    @property
+    def at(self) -> str:
+        return f"{self.doc}:{self.number}"
+
+
+@cache
+def doc_lines() -> tuple[Line, ...]:
+    out = []
+    for path in DOCS:
+        doc = path.relative_to(ROOT).as_posix()
+        fenced, indented, previous, section = False, False, "", ""
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            if text.lstrip().startswith("```"):
+                fenced = not fenced
+            elif not fenced:
+                if text.startswith("## "):
+                    section = text[3:].strip()
+                # an indented block starts after a blank line (a list's own lines follow it)
+                indented = text.startswith("    ") and (indented or not previous.strip())
+                out.append(Line(doc, number, text, indented, section))
+            else:
+                out.append(Line(doc, number, text, True, section))
+            previous = text
+    return tuple(out)
+
+
+@cache
+def code_spans() -> tuple[tuple[Line, str, str], ...]:
+    """(line, span, the text after it on its line) for every `span` of the prose; a span may go on
+    to the next line of its paragraph (it is given with the line it starts on)."""
+    out = []
+    paragraph: list[Line] = []
+    for line in [*doc_lines(), None]:
+        if paragraph and (line is None or line.code or not line.text.strip()
+                          or line.doc != paragraph[-1].doc):
+            text = "\n".join(item.text for item in paragraph)
+            starts = list(itertools.accumulate(len(item.text) + 1 for item in paragraph))
+            for match in re.finditer(r"`([^`]+)`", text):
+                index = bisect.bisect_right(starts, match.start())
+                after = text[match.end():].split("\n")[0]
+                out.append((paragraph[index], " ".join(match.group(1).split()), after))
+            paragraph = []
+        if line is not None and not line.code and line.text.strip():
+            paragraph.append(line)
+    return tuple(out)
+
+
+# -- 1. paths ------------------------------------------------------------------------------------
+
+@cache
+def top_level() -> frozenset[str]:
+    _, folders = repo_files()
+    return frozenset({folder.split("/")[0] for folder in folders} | {"results"})
+
+
+def path_mentions() -> list[tuple[Line, str]]:
+    """(line, path) for every path that starts with a top-level folder, and every code file named
+    alone (`chunk.py`) or under a folder of the repository (`pretrain/train.py`); the latter not
+    in ARCHITECTURE.md's "Decisions the papers left open", which cites the papers' code by its own
+    names (`create_pretraining_data.py`)."""
+    roots = "|".join(re.escape(name) for name in sorted(top_level()))
+    rooted = re.compile(rf"(?<![\w./$~-])((?:{roots})/"  # `{a,b}` whole, else not a brace
+                        rf"(?:\{{[^}}\s]*\}}|[^\s`'\"()\[\]{{}};:|,!?])*)")
+    alone = re.compile(rf"(?<![\w./$~-])((?:[\w-]+/)*[\w-]+\.(?:{'|'.join(CODE_SUFFIXES)}))"
+                       r"(?![\w/-])")
+    ours = {Path(folder).name for folder in repo_files()[1]}
+    found = []
+    for line in doc_lines():
+        text = re.sub(r"https?://\S+", " ", line.text)
+        for match in rooted.finditer(text):
+            found.append((line, match.group(1).rstrip(".")))  # (a sentence's full stop)
+        if peers_cited(line):
+            continue
+        for match in alone.finditer(rooted.sub(" ", text)):
+            path = match.group(1)
+            if "/" not in path or path.split("/")[0] in ours:  # not `torch/distributed/run.py`
+                found.append((line, path))
+    return found
+
+
+def peers_cited(line: Line) -> bool:
+    return line.doc == "ARCHITECTURE.md" and line.section == "Decisions the papers left open"
+
+
+def exists(path: str) -> bool:
+    """Whether `path` (from the root, or the end of one) is a file or folder of the checkout;
+    `{a,b}` for each of a and b, `{x}`, `<x>`, `*` and `...` for any name."""
+    files, folders = repo_files()
+    path = path.rstrip("/")
+    choice = re.search(r"\{([^{}]*,[^{}]*)\}", path)  # `envs/{torch,faiss}.yaml`: each one
+    if choice:
+        return all(exists(path[:choice.start()] + one + path[choice.end():])
+                   for one in choice.group(1).split(","))
+    pattern = re.sub(r"\{[^}]*\}|<[^>]*>|\.\.\.|…", "*", path)
+    if path.split("/")[0] not in top_level():
+        pattern = "*/" + pattern
+    elif "*" not in pattern:
+        return path in files or path in folders
+    return any(fnmatch.fnmatchcase(name, pattern) for name in files | folders)
+
+
+def test_every_path_a_document_names_exists():
+    mentions = path_mentions()
+    assert len(mentions) > 200  # the extraction still finds them
+    missing = [f"{line.at}: {path}" for line, path in mentions
+               if not path.startswith(SKIPPED) and not exists(path)]
+    assert not missing, "named but not in the repository:\n" + "\n".join(missing)
+
+
+# -- 2. test ids ---------------------------------------------------------------------------------
+
+@cache
+def functions_by_test_file() -> dict[str, frozenset[str]]:
+    """tests/x.py -> the names of its test functions (and methods)."""
+    out = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        out[path.relative_to(ROOT).as_posix()] = frozenset(
+            node.name for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name.startswith("test"))
+    return out
+
+
+def named_test_ids() -> list[tuple[Line, str, str]]:
+    """(line, file, test) for `tests/x.py::test_y`, and `::test_z` after it on the same line."""
+    found = []
+    for line in doc_lines():
+        current = None
+        for match in re.finditer(r"(tests/[\w/]+\.py)?::(\w+)", line.text):
+            current = match.group(1) or current
+            if current is not None:
+                found.append((line, current, match.group(2)))
+    return found
+
+
+def test_every_test_id_names_a_test_function():
+    tests = functions_by_test_file()
+    ids = named_test_ids()
+    assert len(ids) > 20  # the extraction still finds them
+    missing = [f"{line.at}: {file}::{name}" for line, file, name in ids
+               if name not in tests.get(file, ())]
+    assert not missing, "no such test:\n" + "\n".join(missing)
+
+
+def test_every_test_named_without_its_file_exists():
+    known = set().union(*functions_by_test_file().values())
+    known |= {Path(file).stem for file in functions_by_test_file()}
+    missing = [f"{line.at}: {match.group(1)}" for line in doc_lines()
+               for match in re.finditer(r"(?<![\w/:.])(test_\w+)(?![\w./-])", line.text)
+               if match.group(1) not in known]
+    assert not missing, "no such test:\n" + "\n".join(missing)
+
+
+# -- 3. module.name ------------------------------------------------------------------------------
+
+@cache
+def package_modules() -> dict[str, Path]:
+    """Dotted name within the package ("pretrain.data", "chunk", "pretrain") -> its file."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            out[".".join(parts)] = path
+    return out
+
+
+@cache
+def defined(path: Path) -> dict[str, frozenset[str]]:
+    """A module's names (functions, classes, constants, also in top-level if/try blocks, and what
+    it imports: `artifacts.read_json`) -> what each class defines (methods, attributes, fields)."""
+    names: dict[str, frozenset[str]] = {}
+
+    def assigned(node) -> list[str]:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+    def visit(body) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names[node.name] = frozenset()
+            elif isinstance(node, ast.ClassDef):
+                names[node.name] = frozenset(itertools.chain.from_iterable(
+                    [item.name] if hasattr(item, "name") else assigned(item) for item in node.body
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+                                  | ast.Assign | ast.AnnAssign)))
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                names.update(dict.fromkeys(assigned(node), frozenset()))
+            elif isinstance(node, ast.ImportFrom):
+                names.update({a.asname or a.name: frozenset() for a in node.names
+                              if (a.asname or a.name) not in names})
+            elif isinstance(node, ast.If | ast.Try):
+                visit(node.body + node.orelse + getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text()).body)
+    return names
+
+
+@cache
+def config_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """(section names and properties, properties) of the config schemas, at any depth."""
+    sections, properties = set(), set()
+
+    def collect(node) -> None:
+        if isinstance(node, dict):
+            properties.update(node.get("properties", {}) if isinstance(node.get("properties"),
+                                                                        dict) else {})
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    for schema in (PACKAGE / "schemas").glob("*.schema.yaml"):
+        sections.add(schema.name.split(".")[0])
+        collect(yaml.safe_load(schema.read_text()))
+    return frozenset(sections | properties), frozenset(properties)
+
+
+def config_key(name: str) -> bool:
+    """`evaluate.zero_shot`, `bm25.overrides`: a config key, though its first part is a module."""
+    sections, properties = config_keys()
+    first, *rest = name.split(".")
+    return "/" not in name and first in sections and all(part in properties for part in rest)
+
+
+# `model.safetensors`, `training.json`: files, though their first part is a module's name.
+FILE_SUFFIXES = {"py", "smk", "sh", "yaml", "json", "jsonl", "md", "txt", "tsv", "csv", "parquet",
+                 "safetensors", "png", "bin", "trec", "cpp", "html", "npy"}
+
+
+def qualified_names() -> list[tuple[Line, str]]:
+    """(line, name) for every backticked `module.name` whose first part is a package module's name
+    (`faiss_index.search`, `pretrain/settings.check_entries`, `masking.Vocab.excluded`), the name
+    after a backticked module file (`finetune/model.py` `cached_contrast_set`), and every
+    `retrieval_pretraining.module` (also in code blocks). Not `old` (now `new`): history."""
+    short = {name.split(".")[-1] for name in package_modules()} | {"retrieval_pretraining"}
+    dotted = re.compile(r"(?<![\w./-])((?:\w+/)*\w+(?:\.\w+)+)(?![\w/-])")
+    found = []
+    for line, span, after in code_spans():
+        if after.startswith(" (now `"):
+            continue
+        for match in dotted.finditer(span):
+            name = match.group(1)
+            if re.split(r"[./]", name)[0] in short and name.split(".")[-1] not in FILE_SUFFIXES:
+                found.append((line, name))
+    for line in doc_lines():
+        if line.code:
+            found += [(line, name) for name in re.findall(r"\bretrieval_pretraining(?:\.\w+)+",
+                                                           line.text)]
+        else:
+            for match in re.finditer(r"`((?:\w+/)*\w+)\.py`\s+`(\w+)`", line.text):
+                if match.group(1).split("/")[0] in short:
+                    found.append((line, f"{match.group(1)}.{match.group(2)}"))
+    return found
+
+
+def resolves(name: str) -> bool | None:
+    """Whether `name` names a package module, or a name (or a class's member) in one; None where
+    no package module has its module part. The module may be named by its last parts (`masking`,
+    `pretrain/data`, `contracts/datasets/checks`) or in full after the package's name
+    (`retrieval_pretraining.pretrain.train`). A method may be named after its class or after its
+    module alone (`data.probe_batches`: a class of that module defines it)."""
+    full = name.startswith("retrieval_pretraining.")
+    parts = re.split(r"[./]", name.removeprefix("retrieval_pretraining."))
+    folders = len(name.split(".")[0].split("/"))  # `pretrain/data.x`: the module is pretrain/data
+    module_found = False
+    for split in range(len(parts), folders - 1, -1):
+        module, rest = parts[:split], parts[split:]
+        for dotted, path in package_modules().items():
+            components = dotted.split(".")
+            if components != module if full else components[-len(module):] != module:
+                continue
+            module_found = True
+            names = defined(path)
+            if (not rest or (len(rest) == 1 and rest[0] in set(names).union(*names.values()))
+                    or (len(rest) == 2 and rest[1] in names.get(rest[0], ()))):
+                return True
+    return False if module_found else None
+
+
+def test_every_module_qualified_name_exists():
+    names = qualified_names()
+    assert len(names) > 100  # the extraction still finds them
+    missing = []
+    for line, name in names:
+        found = config_key(name) or resolves(name)
+        if found is None and peers_cited(line):
+            continue  # a peer's module: bowdpr's `finetune/data_utils.TrainDataset`
+        if not found:
+            missing.append(f"{line.at}: {name}")
+    assert not missing, "no such module, or no such name in it:\n" + "\n".join(missing)
+
+
+# -- 4. rules ------------------------------------------------------------------------------------
+
+@cache
+def rules() -> frozenset[str]:
+    text = "\n".join(path.read_text() for path in [ROOT / "Snakefile",
+                                                    *sorted((ROOT / "rules").glob("*.smk"))])
+    return frozenset(re.findall(r"^(?:rule|checkpoint) (\w+):", text, re.M))
+
+
+def rule_column() -> list[tuple[Line, str]]:
+    """(line, name) for the rules in the second column of ARCHITECTURE.md's first table (stage ->
+    rule -> module -> artifact): in a cell that starts with a backticked name, the backticked
+    names outside parentheses before the cell's first `;`. The rest of the cell explains (files,
+    config keys, constants, `f()` input functions), as do cells that start otherwise ("every
+    stage's `main`", "`rules/common.smk` (...)", "(command)")."""
+    found = []
+    table = [line for line in doc_lines() if line.doc == "ARCHITECTURE.md"
+             and line.section.startswith("Stage") and line.text.startswith("|")]
+    for line in table:
+        cell = re.split(r"(?<!\\)\|", line.text)[2].strip()
+        if not re.match(r"`\w+`", cell):
+            continue
+        depth, names = 0, []
+        for part in re.split(r"(`[^`]*`)", cell):
+            if part.startswith("`"):
+                names += [part[1:-1]] if depth == 0 else []
+                continue
+            for char in part:
+                if depth == 0 and char == ";":
+                    break
+                depth += {"(": 1, ")": -1}.get(char, 0)
+            else:
+                continue
+            break
+        found += [(line, name) for name in names if re.fullmatch(r"\w+", name)]
+    return found
+
+
+def rule_mentions() -> list[tuple[Line, str]]:
+    """(line, name) for "rule `x`" and "`x` rule" in the prose."""
+    return [(line, match.group(1) or match.group(2)) for line in doc_lines() if not line.code
+            for match in re.finditer(r"\brule `(\w+)`|`(\w+)` rule\b", line.text)]
+
+
+def test_every_rule_the_documents_name_exists():
+    named = rule_column()
+    assert len(named) > 40  # the extraction still finds the table's rules
+    missing = [f"{line.at}: {name}" for line, name in named + rule_mentions()
+               if name not in rules()]
+    assert not missing, "no such rule in the Snakefile or rules/*.smk:\n" + "\n".join(missing)
+
+
+# -- 5. make targets -----------------------------------------------------------------------------
+
+def test_every_make_target_the_documents_name_exists():
+    targets = set(re.findall(r"^([\w.-]+):", (ROOT / "Makefile").read_text(), re.M))
+    named = [(line, match.group(1)) for line, span, _ in code_spans()
+             for match in [re.match(r"make ([\w-]+)", span)] if match]
+    named += [(line, target) for line in doc_lines() if line.code
+              for target in re.findall(r"(?:^|&&|;|#|=)\s*make ([\w-]+)", line.text.strip())]
+    assert len(named) > 20  # the extraction still finds `make demo`
+    missing = [f"{line.at}: make {target}" for line, target in named if target not in targets]
+    assert not missing, "no such Makefile target:\n" + "\n".join(missing)
