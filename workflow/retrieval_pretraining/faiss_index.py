@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -315,6 +316,20 @@ def read_doc_ids(path: Path) -> pa.LargeStringArray:
     return ids
 
 
+# The CPU index types whose search multiplies queries by vectors with BLAS (flat; IVF's coarse
+# quantizer is a flat index), which `search` runs a FAISS call at a time on one OpenMP thread (and
+# so one BLAS thread: faiss-cpu's bundled OpenBLAS is its OpenMP build), calls side by side. HNSW
+# scores a query at a time (OpenMP over queries: the thread count changes nothing) and GPU indexes
+# (and their IndexReplicas) are none of these: they are searched as before, a call after another.
+ONE_THREAD_TYPES = (faiss.IndexFlat, faiss.IndexIVF)
+
+
+def _one_openmp_thread() -> None:
+    """A pool thread's own OpenMP thread count (libgomp keeps one per thread: the caller's is
+    left as it is)."""
+    faiss.omp_set_num_threads(1)
+
+
 def search(index: faiss.Index, queries: np.ndarray, depth: int,
            batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """Top-`depth` (scores, rows) per query, best first. `depth` is clipped to the index's size;
@@ -323,17 +338,36 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
     results are written into the returned arrays (D= and I=): a batch's own arrays, copied in,
     were 12 B a query and neighbour more, two batches' worth alive at once. `batch_size` is part
     of the results: a flat search's scores round differently with the queries in a FAISS call
-    (one BLAS product; and with its threads), so another size, or a `mine.QUERY_BATCH` that is
-    not a multiple of it, moves near ties and changes the mined files, though a smaller call
-    holds less (benchmarks/RESULTS.md, "Where depth 1000's peak comes from")."""
+    (one BLAS product), so another size, or a `mine.QUERY_BATCH` that is not a multiple of it,
+    moves near ties and changes the mined files, though a smaller call holds less
+    (benchmarks/RESULTS.md, "Where depth 1000's peak comes from").
+
+    The thread count is not: on the CPU each FAISS call runs on one OpenMP / BLAS thread (a
+    product split over threads rounds otherwise), and the calling thread's OpenMP count
+    (OMP_NUM_THREADS: the job's threads) of them run side by side, FAISS releasing the GIL. A
+    search at any thread count writes what a one-thread search writes; each call running holds
+    its own k-selection (2 x depth candidates a query for depth >= 100, 12 B each) and BLAS
+    block (17 MB)."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     depth = min(depth, index.ntotal)
     scores = np.empty((len(queries), depth), dtype=np.float32)
     rows = np.empty((len(queries), depth), dtype=np.int64)
-    for start in tqdm(range(0, len(queries), batch_size), desc="search", mininterval=10,
-                      disable=len(queries) <= batch_size):
+    starts = range(0, len(queries), batch_size)
+
+    def call(start: int) -> None:
         end = start + batch_size
         index.search(queries[start:end], depth, D=scores[start:end], I=rows[start:end])
+
+    progress = dict(total=len(starts), desc="search", mininterval=10,
+                    disable=len(queries) <= batch_size)
+    if not isinstance(index, ONE_THREAD_TYPES):
+        for start in tqdm(starts, **progress):
+            call(start)
+        return scores, rows
+    workers = max(1, min(faiss.omp_get_max_threads(), len(starts)))
+    with ThreadPoolExecutor(workers, initializer=_one_openmp_thread) as pool:
+        for _ in tqdm(pool.map(call, starts), **progress):
+            pass
     return scores, rows
 
 
