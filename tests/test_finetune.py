@@ -228,7 +228,8 @@ def test_settings_record_the_flat_knobs_the_manifest_always_held():
             "group_size", "batch_size", "sub_batches", "gather", "warmup_ratio", "weight_decay",
             "max_grad_norm", "epochs", "precision", "train_queries", "train_sample",
             "queries_without_negatives", "save_every_steps", "log_every_steps"} < set(record)
-    assert len(record) == 29 and record["projector"] is False
+    assert len(record) == 30 and record["projector"] is False
+    assert record["exclude_self"] is False  # the dataset's exclude_query_id (padding skips its id)
     assert record["group_sampling"] == "draw"  # bow.yaml's BoW-recipe datasets: cycle
     assert record["example_positives"] == "query"  # bow.yaml's NQ / TriviaQA: file
     assert record["cache_chunk"] is None  # no gradient caching unless asked

@@ -79,8 +79,9 @@ def test_stage2_continues_from_stage1_on_its_mined_negatives(costa_plan):
     mine = job(costa_plan, "mine_hard_negatives", stage="stage1")["args"]
     assert values(mine, "--encoder") == [f"{FT}/scifact/stage1/encoder"]
     assert values(mine, "--index") == ["results/index/bert/scifact/stage1/faiss"]
-    # SciFact (BEIR) excludes the query's own id when mining, as its runs do.
+    # SciFact (BEIR) excludes the query's own id when mining, as its runs do, and when padding.
     assert stage_config(mine)["exclude_self"] is True
+    assert stage_config(stage1)["exclude_self"] is stage_config(stage2)["exclude_self"] is True
     assert stage_config(stage2)["epochs"] == demo_config()["finetune"]["epochs_mined"]
 
 

@@ -450,9 +450,10 @@ def _exclude_query_ids(value):
 
 
 @pytest.mark.parametrize("edit, rules", [
-    # Dropping the query-id rule: what searches, mines or prepares with it.
+    # Dropping the query-id rule: what searches, mines, pads (fine-tuning) or prepares with it.
     (_exclude_query_ids(False), {"prepare_dataset", "bm25_search", "bm25_negatives",
-                                 "mine_hard_negatives", "dense_search", "baseline_search"}),
+                                 "mine_hard_negatives", "dense_search", "baseline_search",
+                                 "finetune_stage1", "finetune_stage2"}),
     # A BEIR corpus sample's size: the sampled corpus.
     (lambda config: config["datasets"][0]["subset"].update(documents=1400), {"prepare_dataset"}),
     # BM25's indexed text, and a dataset's own k1 (bm25.overrides): its index, runs, negatives.

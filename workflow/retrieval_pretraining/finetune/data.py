@@ -7,9 +7,10 @@ skipped; both are counted (log, metrics `start` event, encoder manifest). A low-
 (`train_queries`) is drawn from the queries left (under drop: those with a negative in stage 1's
 file, `sample_among`). A query without negatives (MS MARCO's triples do not cover every judged
 query) is then dropped or padded with random corpus documents (`queries_without_negatives`: drop |
-pad, Tevatron's padding), counted too. Padding draws
-from a seeded pool of at most PAD_POOL documents (the whole corpus when smaller), so no process
-holds the whole corpus in memory.
+pad, Tevatron's padding), counted too. Padding never draws the query's positives, nor its own id
+under the dataset's exclude_query_id (`exclude_self`: mining's rule). It draws from a seeded pool
+of at most PAD_POOL documents (the whole corpus when smaller), so no process holds the whole corpus
+in memory.
 
 Each training query brings a group of `group_size` passages (1 positive + n-1 negatives) and is
 scored against every passage of its *contrast set* (`contrast_plan`): batch_size / sub_batches
@@ -399,7 +400,8 @@ def padding_pool(corpus: Path, seed: int, size: int = PAD_POOL) -> list[str]:
 
 
 def sample_group(qid: str, positives: list[str], negatives: list[str], fallback: list[str],
-                 group_size: int, seed: int, epoch: int, sampling: str = "draw") -> list[str]:
+                 group_size: int, seed: int, epoch: int, sampling: str = "draw",
+                 own_id: str | None = None) -> list[str]:
     """[positive, n-1 negatives] for one query in one epoch, from (seed, epoch, query id) alone.
 
     draw: the positive and the negatives are drawn afresh each epoch. cycle (Tevatron's
@@ -408,7 +410,8 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
     them, a fixed per-query shuffle of the list read from place epoch x (n-1) on, cyclically, so
     that every negative trains once before any trains twice. Too few negatives (either way):
     sampled with replacement; none at all: random corpus documents (`fallback`, positives
-    excluded), as Tevatron pads groups.
+    excluded, and `own_id`: the query's own id where the dataset's exclude_query_id makes it its
+    document, as mining excludes it), as Tevatron pads groups.
     """
     rng = rng_for(seed, "group", epoch, qid)
     need = group_size - 1
@@ -424,14 +427,14 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
         group = [positives[rng.integers(len(positives))]]
     pool = negatives
     if not pool:
-        excluded = set(positives)
+        excluded = {*positives, *([] if own_id is None else [own_id])}
         pool = [d for d in (fallback[i] for i in rng.choice(len(fallback), 4 * group_size))
                 if d not in excluded]
         if not pool:  # the draw hit positives only (a tiny corpus): the whole pool less them
             pool = [d for d in fallback if d not in excluded]
         if not pool and group_size > 1:
             raise ValueError(f"query {qid} has no negatives and the corpus holds only its "
-                             f"positives to pad its group with; use finetune."
+                             f"positives (or own id) to pad its group with; use finetune."
                              f"queries_without_negatives: drop, or a larger corpus")
     if need:
         picks = rng.choice(len(pool), size=need, replace=len(pool) < need)
@@ -461,6 +464,7 @@ class TrainingSet:
     passages: PassageStore | None = None
     query_count: int | None = None  # the queries, when examples (separate_examples) outnumber them
     sampling: str = "draw"          # finetune.group_sampling (sample_group)
+    exclude_self: bool = False      # the dataset's query-id rule: padding skips the query's own id
     # The first negative removed as its query's positive (query id, doc id, file); None: none.
     removed_example: tuple[str, str, str] | None = None
 
@@ -484,6 +488,13 @@ class TrainingSet:
         return pl.concat([self.queries["positives"].explode(), self.queries["negatives"].explode(),
                           pl.Series(self.padding, dtype=pl.String)]).drop_nulls().unique()
 
+    def own_id(self, example_id: str) -> str | None:
+        """The query id padding must not draw (exclude_self), else None: a separate example's
+        (`separate_examples`: query_id@file) is its query's."""
+        if not self.exclude_self:
+            return None
+        return example_id if self.query_count is None else example_id.rsplit("@", 1)[0]
+
     def with_passages(self, store: PassageStore) -> TrainingSet:
         return dataclasses.replace(self, passages=store)
 
@@ -497,7 +508,7 @@ class TrainingSet:
         if found != list(query_ids):
             raise KeyError(f"not training queries: {sorted(set(query_ids) - set(found))[:3]}")
         groups = [sample_group(q, positives, negatives or [], self.padding, group_size, seed, epoch,
-                               self.sampling)
+                               self.sampling, self.own_id(q))
                   for q, positives, negatives in zip(found, batch["positives"].to_list(),
                                                      batch["negatives"].to_list())]
         titles, texts = self.passages.lookup([d for group in groups for d in group])
@@ -531,4 +542,5 @@ def load_training_set(queries: Path, qrels: Path, corpus: Path, negative_files: 
     counts["queries_without_negatives_padded"] = no_negatives
     fallback = padding_pool(corpus, seed) if no_negatives else []
     return TrainingSet(queries=frame, padding=fallback, counts=counts, query_count=query_count,
-                       sampling=settings.group_sampling, removed_example=removed.example)
+                       sampling=settings.group_sampling, removed_example=removed.example,
+                       exclude_self=settings.exclude_self)

@@ -28,9 +28,9 @@ GROUP_SAMPLING = ("draw", "cycle")
 # file's row lists (the BoW authors' mined QA file: mining.answer_positives).
 EXAMPLE_POSITIVES = ("query", "file")
 # Slice keys the trainer does not read: which encoder and negatives a stage starts from and how
-# many stages there are (the rules' input functions), encoding jobs, run depth, the query-id rule.
+# many stages there are (the rules' input functions), encoding jobs, run depth.
 RULE_KEYS = ("rounds", "epochs_mined", "stage1", "stage1_init", "stage2_init", "stage2_negatives",
-             "shards", "search_depth", "exclude_self")
+             "shards", "search_depth")
 # Trainer keys no config section holds: the rules add them to a stage's slice (finetune_argument).
 STAGE_KEYS = ("negative_files",)
 # The retrieval knobs the trainer reads (how texts are cut, joined and pooled); the others
@@ -66,6 +66,9 @@ class FinetuneSettings:
     train_queries: int | None = None  # low-resource mode / demo: N sampled training queries
     train_sample: int = 0           # which of the K seeded samples of N queries
     queries_without_negatives: str = "pad"  # pad (random corpus documents, Tevatron) | drop
+    # The dataset's query-id rule (exclude_query_id: a query is the document of its id): padding
+    # then never draws that document, as mining never keeps it (data.sample_group).
+    exclude_self: bool = False
     negative_files: str = "union"   # union | separate (NEGATIVE_FILES); set by the rules
     group_sampling: str = "draw"    # draw | cycle (GROUP_SAMPLING)
     example_positives: str = "query"  # query | file (EXAMPLE_POSITIVES), separate examples
@@ -100,6 +103,7 @@ class FinetuneSettings:
         check_int("finetune.train_sample", self.train_sample, 0)
         check_choice("finetune.queries_without_negatives", self.queries_without_negatives,
                      WITHOUT_NEGATIVES)
+        check_bool("exclude_self", self.exclude_self)
         check_choice("finetune.negative_files", self.negative_files, NEGATIVE_FILES)
         check_choice("finetune.group_sampling", self.group_sampling, GROUP_SAMPLING)
         check_choice("finetune.example_positives", self.example_positives, EXAMPLE_POSITIVES)

@@ -323,7 +323,7 @@ RESULT_NEUTRAL = ("save_every_steps", "log_every_steps")
 SCHEDULE_DEFAULTS = {"lr_schedule": "linear", "min_lr_ratio": 0.0, "warmup_steps": None}
 # Likewise the knobs added later, whatever their kind: negatives files unioned, as before.
 LATER_DEFAULTS = {**SCHEDULE_DEFAULTS, "negative_files": "union", "cache_chunk": None,
-                  "group_sampling": "draw", "example_positives": "query"}
+                  "group_sampling": "draw", "example_positives": "query", "exclude_self": False}
 
 
 def resume_settings(settings: FinetuneSettings) -> dict[str, Any]:
