@@ -584,7 +584,7 @@ def test_fine_tuning_draws_are_the_ones_existing_runs_were_made_with():
     assert fdata.sample_group("q1", ["p1", "p2"], negatives, [], 4, seed=7, epoch=1) == [
         "p1", "n3", "n7", "n2"]
     assert fdata.sample_group("q1", ["p1"], [], pool, 4, seed=7, epoch=1) == [
-        "p1", "d8", "d2", "d9"]
+        "p1", "d3", "d8", "d5"]  # padding's draws each once (was d8, d2, d9 from repeats)
     assert fdata.epoch_order(10, 7, 1).tolist() == [0, 6, 5, 3, 2, 8, 9, 1, 7, 4]
 
 

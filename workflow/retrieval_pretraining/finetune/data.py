@@ -409,9 +409,9 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
     (cyclically, from a start drawn from (seed, query id)), and the negatives, at least n-1 of
     them, a fixed per-query shuffle of the list read from place epoch x (n-1) on, cyclically, so
     that every negative trains once before any trains twice. Too few negatives (either way):
-    sampled with replacement; none at all: random corpus documents (`fallback`, positives
-    excluded, and `own_id`: the query's own id where the dataset's exclude_query_id makes it its
-    document, as mining excludes it), as Tevatron pads groups.
+    sampled with replacement; none at all: distinct random corpus documents (`fallback`,
+    positives excluded, and `own_id`: the query's own id where the dataset's exclude_query_id
+    makes it its document, as mining excludes it), as Tevatron pads groups.
     """
     rng = rng_for(seed, "group", epoch, qid)
     need = group_size - 1
@@ -428,8 +428,9 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
     pool = negatives
     if not pool:
         excluded = {*positives, *([] if own_id is None else [own_id])}
-        pool = [d for d in (fallback[i] for i in rng.choice(len(fallback), 4 * group_size))
-                if d not in excluded]
+        drawn = (fallback[i] for i in rng.choice(len(fallback), 4 * group_size))
+        # Each once: the draws are with replacement, and a group's negatives should be distinct.
+        pool = list(dict.fromkeys(d for d in drawn if d not in excluded))
         if not pool:  # the draw hit positives only (a tiny corpus): the whole pool less them
             pool = [d for d in fallback if d not in excluded]
         if not pool and group_size > 1:
