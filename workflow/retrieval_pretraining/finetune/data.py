@@ -7,10 +7,10 @@ skipped; both are counted (log, metrics `start` event, encoder manifest). A low-
 (`train_queries`) is drawn from the queries left (under drop: those with a negative in stage 1's
 file, `sample_among`). A query without negatives (MS MARCO's triples do not cover every judged
 query) is then dropped or padded with random corpus documents (`queries_without_negatives`: drop |
-pad, Tevatron's padding), counted too. Padding never draws the query's positives, nor its own id
-under the dataset's exclude_query_id (`exclude_self`: mining's rule). It draws from a seeded pool
-of at most PAD_POOL documents (the whole corpus when smaller), so no process holds the whole corpus
-in memory.
+pad; Tevatron has no padding: its TrainDataset fails on an empty list), counted too. Padding never
+draws the query's positives, nor its own id under the dataset's exclude_query_id (`exclude_self`:
+mining's rule). It draws from a seeded pool of at most PAD_POOL documents (the whole corpus when
+smaller), so no process holds the whole corpus in memory.
 
 Each training query brings a group of `group_size` passages (1 positive + n-1 negatives) and is
 scored against every passage of its *contrast set* (`contrast_plan`): batch_size / sub_batches
@@ -411,7 +411,8 @@ def sample_group(qid: str, positives: list[str], negatives: list[str], fallback:
     that every negative trains once before any trains twice. Too few negatives (either way):
     sampled with replacement; none at all: distinct random corpus documents (`fallback`,
     positives excluded, and `own_id`: the query's own id where the dataset's exclude_query_id
-    makes it its document, as mining excludes it), as Tevatron pads groups.
+    makes it its document, as mining excludes it). Tevatron's TrainDataset fills a short list
+    from its own negatives with replacement, as here, and has no padding.
     """
     rng = rng_for(seed, "group", epoch, qid)
     need = group_size - 1

@@ -65,7 +65,7 @@ class FinetuneSettings:
     precision: str = "auto"         # auto (bf16 on CUDA) | fp32
     train_queries: int | None = None  # low-resource mode / demo: N sampled training queries
     train_sample: int = 0           # which of the K seeded samples of N queries
-    queries_without_negatives: str = "pad"  # pad (random corpus documents, Tevatron) | drop
+    queries_without_negatives: str = "pad"  # pad (random corpus documents; not Tevatron's) | drop
     # The dataset's query-id rule (exclude_query_id: a query is the document of its id): padding
     # then never draws that document, as mining never keeps it (data.sample_group).
     exclude_self: bool = False
