@@ -6,12 +6,14 @@ with one positive, mined with the shipped policy (depth 200, 30 at random) or wi
 bow.yaml's MS MARCO override (places [3, 201) of the candidates, 128 at random), at --depth.
 Prints one JSON line per count: wall seconds of `mine_to_file`, the peak RSS it added (VmHWM
 after - RSS before, the peak reset once the inputs are built: the index and query vectors
-excluded), the process's peak from there (VmHWM) and the negatives file's sha256 (its first 16
-digits). Two knobs tell where the peak comes from: --search-batch, faiss_index.search's queries a
-FAISS call (shipped: 4,096; FAISS's k-selection holds 2 x depth candidates, 12 B each, for every
-query of a call), and --release, which returns the allocators' free memory to the system before
-each search (glibc's malloc_trim and Arrow's pool): what it takes off the peak was held by them,
-not by mining.
+excluded), the process's peak from there (VmHWM), the negatives file's sha256 (its first 16
+digits), the OpenMP threads (OMP_NUM_THREADS) and the queries a search at them (`searched`:
+`mine.batches_a_search`, one FAISS call a thread). Two knobs tell where the peak comes from:
+--search-batch, faiss_index.search's queries a FAISS call (faiss_index.SEARCH_BATCH, shipped:
+4,096; FAISS's k-selection holds 2 x depth candidates, 12 B each, for every query of a call, and
+mining sizes its searches by it), and --release, which returns the allocators' free memory to
+the system before each search (glibc's malloc_trim and Arrow's pool): what it takes off the peak
+was held by them, not by mining.
 
     PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 10000 40000
     PYTHONPATH=workflow .venv/bin/python benchmarks/mine_queries.py --queries 8192 --docs 1000000 \
@@ -51,9 +53,9 @@ def policy(name: str, depth: int) -> dict:
     return BOW | {"depth": depth, "rank_window": BOW["rank_window"] if depth > 200 else [3, None]}
 
 
-def released(search, chunk: int | None, release: bool):
-    """faiss_index.search with `chunk` queries a FAISS call (None: as shipped), and with `release`
-    the allocators' free memory returned to the system before it runs."""
+def released(search, release: bool):
+    """faiss_index.search with `release` the allocators' free memory returned to the system
+    before it runs."""
     import pyarrow as pa
 
     libc = ctypes.CDLL("libc.so.6")
@@ -62,12 +64,13 @@ def released(search, chunk: int | None, release: bool):
         if release:
             libc.malloc_trim(0)
             pa.default_memory_pool().release_unused()
-        return search(index, queries, depth, **kwargs, **({"batch_size": chunk} if chunk else {}))
+        return search(index, queries, depth, **kwargs)
     return wrapped
 
 
 def one(queries: int, docs: int, depth: int, name: str, chunk: int | None = None,
         release: bool = False) -> dict:
+    import faiss
     import numpy as np
     import polars as pl
     import pyarrow as pa
@@ -86,7 +89,9 @@ def one(queries: int, docs: int, depth: int, name: str, chunk: int | None = None
     vectors = unit(queries)
     mine.faiss_index.load = lambda folder: (index, ids)
     mine.encode_queries = lambda encoder, path, knobs: (qids, vectors)
-    mine.faiss_index.search = released(faiss_index.search, chunk, release)
+    mine.faiss_index.search = released(faiss_index.search, release)
+    if chunk:  # mine passes it to each search, and sizes its searches by it
+        faiss_index.SEARCH_BATCH = chunk
     work = Path(tempfile.mkdtemp())
     pl.DataFrame({"query_id": qids, "doc_id": [f"d{i % docs}" for i in range(queries)],
                   "relevance": [1] * queries}).write_parquet(work / "qrels.parquet")
@@ -104,7 +109,9 @@ def one(queries: int, docs: int, depth: int, name: str, chunk: int | None = None
     finally:
         shutil.rmtree(work)
     return {"queries": queries, "docs": docs, "depth": depth, "policy": name,
-            "batch": mine.QUERY_BATCH, "wall_s": round(wall, 1),
+            "batch": mine.QUERY_BATCH, "threads": faiss.omp_get_max_threads(),
+            "searched": mine.QUERY_BATCH * mine.batches_a_search(index, mine.QUERY_BATCH),
+            "wall_s": round(wall, 1),
             "peak_added_mb": round((status_kb("VmHWM") - before) / 1024),
             "peak_mb": round(status_kb("VmHWM") / 1024), "search_batch": chunk or "shipped",
             "release": release, "sha256": digest[:16]}

@@ -514,6 +514,54 @@ def test_the_mined_file_does_not_depend_on_the_query_batch(tmp_path, monkeypatch
     assert batched["stats"] == whole["stats"]
 
 
+def test_mining_writes_the_same_bytes_at_any_thread_count_searching_more_at_once(tmp_path,
+                                                                                 monkeypatch):
+    """faiss_index.search runs a FAISS call a thread, so a search of one batch (2 calls at the
+    shipped 8,192 and 4,096) used 2 of a job's threads: at 4 threads a search takes 2 batches (4
+    calls), and the negatives file is byte for byte the one-thread file, a row group a batch. Here
+    1,024 queries a call (dim 128: FAISS's BLAS path, whose rounding depends on a call's queries and
+    threads) and batches of 2,048; the last search is short, its call below the BLAS path."""
+    import faiss
+    import polars as pl
+
+    from retrieval_pretraining import faiss_index
+
+    rng = np.random.default_rng(7)
+    index = faiss_index.build(rng.standard_normal((5000, 128)).astype(np.float32))
+    docs = pa.array([f"d{i}" for i in range(5000)])
+    qids = [f"q{i}" for i in range(5000)]
+    _stub_search(monkeypatch, index, docs, qids,
+                 rng.standard_normal((5000, 128)).astype(np.float32))
+    pl.DataFrame({"query_id": qids, "doc_id": ["d0"] * 5000, "relevance": [1] * 5000},
+                 schema={"query_id": pl.String, "doc_id": pl.String, "relevance": pl.Int32}
+                 ).write_parquet(tmp_path / "qrels.parquet")
+    monkeypatch.setattr(faiss_index, "SEARCH_BATCH", 1024)
+    monkeypatch.setattr(mine, "QUERY_BATCH", 2048)
+    searched = []
+    search = faiss_index.search
+    monkeypatch.setattr(faiss_index, "search", lambda index, queries, depth, batch_size: (
+        searched.append((len(queries), batch_size)) or search(index, queries, depth, batch_size)))
+    config = {**POLICY, "depth": 50, "num_negatives": None, "use_gpu": "never"}  # all scores
+    files = {}
+    before = faiss.omp_get_max_threads()
+    try:
+        for threads in (1, 4):
+            faiss.omp_set_num_threads(threads)
+            searched.clear()
+            out = tmp_path / f"negatives-{threads}.parquet"
+            mine.mine_to_file(tmp_path / "index", tmp_path / "encoder", tmp_path / "q.parquet",
+                              tmp_path / "qrels.parquet", out, config, seed=0)
+            files[threads] = out.read_bytes()
+            assert searched == ([(2048, 1024)] * 2 + [(904, 1024)] if threads == 1 else
+                                [(4096, 1024), (904, 1024)]), (threads, searched)
+            written = pq.ParquetFile(out).metadata
+            assert [written.row_group(g).num_rows for g in range(written.num_row_groups)] == [
+                2048, 2048, 904]
+    finally:
+        faiss.omp_set_num_threads(before)
+    assert files[4] == files[1]
+
+
 def test_the_index_ids_are_scanned_once_a_job_not_once_a_batch(tmp_path, monkeypatch):
     """Finding the index rows of the ids mining removes by id reads every id of the index (8.8M
     at MS MARCO, ~0.3 s a pass): once for the job, not once for each batch (62 at MS MARCO). The

@@ -330,8 +330,18 @@ def _one_openmp_thread() -> None:
     faiss.omp_set_num_threads(1)
 
 
+# Queries a FAISS call in `search` (part of what a flat search writes: see its docstring).
+SEARCH_BATCH = 4096
+
+
+def calls_at_once(index: faiss.Index) -> int:
+    """The FAISS calls `search` runs side by side on `index`: the calling thread's OpenMP count
+    on the CPU types it runs one thread a call (ONE_THREAD_TYPES), one otherwise."""
+    return max(1, faiss.omp_get_max_threads()) if isinstance(index, ONE_THREAD_TYPES) else 1
+
+
 def search(index: faiss.Index, queries: np.ndarray, depth: int,
-           batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+           batch_size: int = SEARCH_BATCH) -> tuple[np.ndarray, np.ndarray]:
     """Top-`depth` (scores, rows) per query, best first. `depth` is clipped to the index's size;
     rows are -1 where an approximate index found fewer neighbours than that (IVF / IVF-PQ see
     only the vectors of their `nprobe` cells), which `dense_search.rank` drops. Each batch's
@@ -364,7 +374,7 @@ def search(index: faiss.Index, queries: np.ndarray, depth: int,
         for start in tqdm(starts, **progress):
             call(start)
         return scores, rows
-    workers = max(1, min(faiss.omp_get_max_threads(), len(starts)))
+    workers = max(1, min(calls_at_once(index), len(starts)))
     with ThreadPoolExecutor(workers, initializer=_one_openmp_thread) as pool:
         for _ in tqdm(pool.map(call, starts), **progress):
             pass

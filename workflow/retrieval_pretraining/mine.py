@@ -186,12 +186,23 @@ def positives_by_query(qrels: Path) -> dict[str, list[str]]:
     return dict(zip(frame["query_id"].to_list(), frame["doc_id"].to_list()))
 
 
-# Queries searched and mined at a time, their rows written before the next. A batch holds its
+# Queries mined at a time, their rows written (a row group) before the next. A batch holds its
 # candidates as FAISS's rows and scores (12 B a candidate: ~20 MB at depth 200, ~98 MB at bow.yaml's
 # 1000) and makes doc ids of the negatives kept alone: it adds ~0.13 / ~0.26 GB, search included;
 # as Python strings, every candidate's id made it ~0.25 / ~0.74 GB (benchmarks/RESULTS.md,
-# "Mining's memory by depth").
+# "Mining's memory by depth"). A multiple of faiss_index.SEARCH_BATCH: see `batches_a_search`.
 QUERY_BATCH = 8192
+
+
+def batches_a_search(index, batch: int) -> int:
+    """How many batches of `batch` queries one search takes: enough for each of the FAISS calls
+    `faiss_index.search` runs side by side (on the CPU, one a thread: `calls_at_once`) to have
+    one, where one batch of 8,192 is 2 calls (2 of a job's 8 threads). Its calls still start at
+    multiples of SEARCH_BATCH from the first query while `batch` is a multiple of it, so the
+    search writes the same bytes at any thread count; its candidates are held for all its batches
+    (12 B a candidate: ~98 MB a batch at depth 1000), and as many calls' k-selections at once."""
+    calls = -(-batch // faiss_index.SEARCH_BATCH)
+    return -(-faiss_index.calls_at_once(index) // calls)
 
 
 def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out: Path,
@@ -213,6 +224,7 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
     # The answers filter reads the whole corpus once per call: one batch (NQ and TriviaQA have
     # ~60k training queries, not MS MARCO's 503k).
     batch = QUERY_BATCH if knobs["negative_filter"] == "qrels" else max(len(keep), 1)
+    searched = batch * batches_a_search(index, batch)
     tally = {"positives_removed": 0, "answer_passages_removed": 0, "own_positives_kept": 0}
     if knobs["min_negatives"] is not None:
         tally["queries_below_min_negatives"] = 0
@@ -230,8 +242,8 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
     id_rows = IdRows(doc_ids, removed_by_id([query_ids[i] for i in keep]))
     with artifacts.atomic_path(out) as tmp, \
             pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
-        for start in range(0, len(keep), batch):
-            part = keep[start:start + batch]
+        for start in range(0, len(keep), searched):
+            part = keep[start:start + searched]
             part_ids = [query_ids[i] for i in part]
             found = id_rows.of(removed_by_id(part_ids))
             # With the dataset's exclude_query_id, the query's own id is dropped by the search
@@ -240,12 +252,14 @@ def mine(index_dir: Path, encoder: Path | tuple, queries: Path, qrels: Path, out
             ranked = ranked_rows(index, part_ids, vectors[part], knobs["depth"],
                                  knobs["exclude_query_id"], found)
             answered = answer_places(ranked, doc_ids, knobs, answers, corpus)
-            table = mine_batch(ranked, doc_ids, found, positives, first, answered, knobs, seed,
-                               tally)
-            writer.write_table(table)
+            for at in range(0, len(ranked), batch):  # each batch its row group, as searched alone
+                table = mine_batch(ranked[at:at + batch], doc_ids, found, positives, first,
+                                   answered, knobs, seed, tally)
+                writer.write_table(table)
+                negatives.extend(pc.list_value_length(table["negative_ids"]).to_pylist())
+                del table
             candidates.extend(len(rows) for _, rows, _ in ranked)
-            negatives.extend(pc.list_value_length(table["negative_ids"]).to_pylist())
-            del ranked, answered, table  # before the next batch is searched: one held at a time
+            del ranked, answered  # before the next search: one search's batches held at a time
     stats = {"queries": len(query_ids), "queries_mined": len(keep),
              "queries_without_positives": len(query_ids) - len(keep), **tally,
              "negatives_per_query_mean": float(np.mean(negatives)) if negatives else 0.0,
@@ -289,7 +303,8 @@ def ranked_rows(index, query_ids: list[str], query_vectors: np.ndarray, depth: i
     first, their scores; ranks are places + 1), with `exclude_self` the rows of its own id
     (`found`: IdRows.of) dropped, then cut to `depth`. Views of FAISS's arrays where nothing is
     dropped."""
-    scores, rows = faiss_index.search(index, query_vectors, fetch_depth(depth, exclude_self))
+    scores, rows = faiss_index.search(index, query_vectors, fetch_depth(depth, exclude_self),
+                                      batch_size=faiss_index.SEARCH_BATCH)
     ranked = []
     for qid, qscores, qrows in zip(query_ids, scores, rows):
         drop = qrows < 0
