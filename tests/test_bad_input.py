@@ -629,6 +629,24 @@ def test_extra_special_tokens_transformers_reads_are_read(tiny_bert, tmp_path, t
     assert auto_tokenizer(folder).tokenize("hello") == ["hello"]
 
 
+def _refused_by_both(folder: Path, prefix: str, library_errors: Any = Exception) -> None:
+    """transformers fails to load `folder` (with `library_errors`), and auto_tokenizer refuses it
+    in one line starting with `prefix` (the file and the key): a check of ours refuses nothing
+    transformers reads."""
+    from transformers import AutoTokenizer
+
+    from retrieval_pretraining.errors import BadInput
+    from retrieval_pretraining.tokenizer_files import auto_tokenizer
+
+    with pytest.raises(library_errors):
+        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with pytest.raises(BadInput) as refused:
+        auto_tokenizer(folder)
+    message = str(refused.value)
+    assert message.startswith(prefix), message
+    assert "\n" not in message, message
+
+
 def _with_special_tokens_map(folder: Path, to: Path, tokens: Any, config: Any = None) -> Path:
     """A copy of `folder` with a special_tokens_map.json of `tokens` (bytes: as they are), and
     `config` merged into its tokenizer_config.json."""
@@ -675,19 +693,8 @@ def test_a_special_tokens_map_json_transformers_cannot_read_is_one_line_naming_i
     JSONDecodeError naming the folder), where tokenizer_config.json's are one line naming the
     file and the entry; so was a named special token (cls_token, ...) that is neither a string,
     null nor the fields of an AddedToken. transformers fails on each of these."""
-    from transformers import AutoTokenizer
-
-    from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.tokenizer_files import auto_tokenizer
-
     folder = _with_special_tokens_map(tiny_bert, tmp_path / "bert", tokens, config)
-    with pytest.raises(Exception):
-        AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    with pytest.raises(BadInput) as refused:
-        auto_tokenizer(folder)
-    message = str(refused.value)
-    assert message.startswith(f"{folder / 'special_tokens_map.json'}{named}"), message
-    assert "\n" not in message, message
+    _refused_by_both(folder, f"{folder / 'special_tokens_map.json'}{named}")
 
 
 DECODED = {"0": {"content": "[PAD]", "lstrip": False, "normalized": False, "rstrip": False,
@@ -741,21 +748,9 @@ def test_an_added_tokens_decoder_transformers_cannot_read_is_one_line_naming_it(
     each of these."""
     import shutil
 
-    from transformers import AutoTokenizer
-
-    from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.tokenizer_files import auto_tokenizer
-
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     _edit_json("tokenizer_config.json", lambda c: c | {"added_tokens_decoder": decoder})(folder)
-    with pytest.raises(Exception):
-        AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    with pytest.raises(BadInput) as refused:
-        auto_tokenizer(folder)
-    message = str(refused.value)
-    assert message.startswith(
-        f"{folder / 'tokenizer_config.json'}: added_tokens_decoder{named}"), message
-    assert "\n" not in message, message
+    _refused_by_both(folder, f"{folder / 'tokenizer_config.json'}: added_tokens_decoder{named}")
 
 
 @pytest.mark.parametrize("decoder", [{}, DECODED, {"0": DECODED["0"] | {"__type": "AddedToken"}},
@@ -802,23 +797,12 @@ def test_an_added_token_of_a_field_transformers_cannot_read_is_one_line_naming_i
     and the key; transformers fails on each of these."""
     import shutil
 
-    from transformers import AutoTokenizer
-
-    from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.tokenizer_files import auto_tokenizer
-
     if name == TC:
         folder = shutil.copytree(tiny_bert, tmp_path / "bert")
         _edit_json(TC, lambda c: c | tokens)(folder)
     else:
         folder = _with_special_tokens_map(tiny_bert, tmp_path / "bert", tokens)
-    with pytest.raises(TypeError):
-        AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    with pytest.raises(BadInput) as refused:
-        auto_tokenizer(folder)
-    message = str(refused.value)
-    assert message.startswith(f"{folder / name}: {named}"), message
-    assert "\n" not in message, message
+    _refused_by_both(folder, f"{folder / name}: {named}", TypeError)
 
 
 def _added_token(change) -> Any:
@@ -845,20 +829,9 @@ def test_a_tokenizer_json_added_token_transformers_cannot_read_is_one_line_namin
     transformers fails on each of these."""
     import shutil
 
-    from transformers import AutoTokenizer
-
-    from retrieval_pretraining.errors import BadInput
-    from retrieval_pretraining.tokenizer_files import auto_tokenizer
-
     folder = shutil.copytree(tiny_bert, tmp_path / "bert")
     _edit_json("tokenizer.json", change)(folder)
-    with pytest.raises((TypeError, AttributeError)):
-        AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    with pytest.raises(BadInput) as refused:
-        auto_tokenizer(folder)
-    message = str(refused.value)
-    assert message.startswith(f"{folder / 'tokenizer.json'}: {named}"), message
-    assert "\n" not in message, message
+    _refused_by_both(folder, f"{folder / 'tokenizer.json'}: {named}", (TypeError, AttributeError))
 
 
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), TypeError("a bug"),
