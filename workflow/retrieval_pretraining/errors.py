@@ -187,9 +187,8 @@ def expect_token(value: Any, key: str, path: str | Path, what: str,
             and isinstance(value.get("content"), str)):
         expect_flags(value, key, path, what)
         return value["content"]
-    shown = json.dumps(value)
     raise InputFileError(
-        f"{path}: {key} is {shown if len(shown) <= 80 else shown[:77] + '...'}, neither a "
+        f"{path}: {key} is {json_shown(value)}, neither a "
         f'string nor an AddedToken object ({{"__type": "AddedToken", "content": "..."}}) (read '
         f"as {what}); {REBUILD}"
     )
@@ -206,10 +205,16 @@ def expect_flags(token: dict[str, Any], key: str, path: str | Path, what: str) -
     'bool'") named neither the file nor the key."""
     for flag in ADDED_TOKEN_FLAGS:
         if flag in token and not isinstance(token[flag], bool):
-            shown = json.dumps(token[flag])
             raise InputFileError(
-                f"{path}: {key}.{flag} is {shown if len(shown) <= 80 else shown[:77] + '...'}, "
+                f"{path}: {key}.{flag} is {json_shown(token[flag])}, "
                 f"not a boolean, as an AddedToken's flags are (read as {what}); {REBUILD}")
+
+
+def json_shown(value: Any) -> str:
+    """`value` as JSON for a one-line message: at most 80 characters, a longer one cut with
+    "..."."""
+    shown = json.dumps(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def json_value_kind(value: Any) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import (REBUILD, InputFileError, expect_flags, expect_section, expect_token,
-                     json_value_kind, read_json_object, reading)
+                     json_shown, json_value_kind, read_json_object, reading)
 from .model_folder import read_config
 
 # What transformers raises for a tokenizer file it cannot read: OSError (a file it cannot open),
@@ -79,21 +79,20 @@ def expect_added_tokens(config: dict[str, Any], path: Path, what: str) -> None:
             raise InputFileError(
                 f"{path}: added_tokens_decoder has the key {json.dumps(key)}, not a token id "
                 f"(read as {what}); {REBUILD}") from None
-        if not isinstance(token, dict):
-            raise InputFileError(
-                f"{path}: added_tokens_decoder.{key} is not a JSON object but "
-                f"{json_value_kind(token)}, as an AddedToken's fields are (read as {what}); "
-                f"{REBUILD}")
         expect_token_object(token, f"added_tokens_decoder.{key}", path, what)
 
 
-def expect_token_object(token: dict[str, Any], key: str, path: Path, what: str,
+def expect_token_object(token: Any, key: str, path: Path, what: str,
                         special: bool = True) -> None:
     """Refuse an object (read at `key` in `path`) that transformers builds the tokenizers
     library's AddedToken of as its fields (`AddedToken(**token)`, unknown fields ignored) where
-    that is a TypeError traceback: a content neither a string nor null, or a flag that is no
-    boolean (expect_flags; its "special" left unchecked unless `special`: special_tokens_map.json
-    drops it)."""
+    that is a TypeError traceback: no object at all, a content neither a string nor null, or a
+    flag that is no boolean (expect_flags; its "special" left unchecked unless `special`:
+    special_tokens_map.json drops it)."""
+    if not isinstance(token, dict):
+        raise InputFileError(
+            f"{path}: {key} is not a JSON object but {json_value_kind(token)}, as an "
+            f"AddedToken's fields are (read as {what}); {REBUILD}")
     content = token.get("content")
     if content is not None and not isinstance(content, str):
         raise InputFileError(
@@ -131,9 +130,8 @@ def expect_token_fields(token: dict[str, Any], key: str, path: Path, what: str) 
     if isinstance(token.get("content"), str) and "special" not in token:
         expect_flags(token, key, path, what)
         return
-    shown = json.dumps(token)
     raise InputFileError(
-        f"{path}: {key} is {shown if len(shown) <= 80 else shown[:77] + '...'}, neither a string "
+        f"{path}: {key} is {json_shown(token)}, neither a string "
         f'nor the fields of an AddedToken ({{"content": "...", "lstrip": false, ...}}, without '
         f'"special") (read as {what}); {REBUILD}')
 
@@ -151,9 +149,8 @@ def expect_named_tokens(tokens: dict[str, Any], path: Path, what: str) -> None:
         if isinstance(value, dict):
             expect_token_object(value, key, path, what, special=False)
         elif key in SPECIAL_TOKENS and value is not None and not isinstance(value, str):
-            shown = json.dumps(value)
             raise InputFileError(
-                f"{path}: {key} is {shown if len(shown) <= 80 else shown[:77] + '...'}, neither "
+                f"{path}: {key} is {json_shown(value)}, neither "
                 f'a string nor the fields of an AddedToken ({{"content": "...", "lstrip": false, '
                 f"...}}) (read as {what}); {REBUILD}")
 
@@ -173,10 +170,6 @@ def expect_tokenizer_added_tokens(tokenizer: dict[str, Any], path: Path) -> None
             f"{path}: added_tokens is not a JSON array but {json_value_kind(tokens)} (read as "
             f"{what}); {REBUILD}")
     for i, token in enumerate(tokens):
-        if not isinstance(token, dict):
-            raise InputFileError(
-                f"{path}: added_tokens[{i}] is not a JSON object but {json_value_kind(token)}, "
-                f"as an AddedToken's fields are (read as {what}); {REBUILD}")
         expect_token_object(token, f"added_tokens[{i}]", path, what)
 
 
