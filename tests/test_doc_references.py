@@ -16,8 +16,14 @@ benchmarks/RESULTS.md, benchmarks/gpu_runs/*/README.md and data/**/README.md:
    a config key (`evaluate.zero_shot`, by the schemas) is none;
 4. the rules of ARCHITECTURE.md's stage table (its second column) and "rule `x`" / "`x` rule"
    are rules;
-5. `make X` is a Makefile target.
-Where a few mentions are not ours, the extraction says why (`peers_cited`, "(now `new`)").
+5. `make X` is a Makefile target;
+6. a flag (`--x`, `-x`) of a documented command of ours (`python -m retrieval_pretraining.x`,
+   `python benchmarks/y.py`, `python -m benchmarks.y`; inline or in a code block, continued with
+   `\\` over lines) is declared by an `add_argument` of the module, or of a function of the
+   package it calls to build its parser (`config.stage_parser`); another program's flags
+   (snakemake, torchrun, pip) are not checked.
+Where a few mentions are not ours, the extraction says why (`peers_cited`, "(now `new`)",
+`PASSED_ON`).
 """
 
 from __future__ import annotations
@@ -436,3 +442,182 @@ def test_every_make_target_the_documents_name_exists():
     assert len(named) > 20  # the extraction still finds `make demo`
     missing = [f"{line.at}: make {target}" for line, target in named if target not in targets]
     assert not missing, "no such Makefile target:\n" + "\n".join(missing)
+
+
+# -- 6. command-line flags -----------------------------------------------------------------------
+
+# Modules that hand their whole command line to another program: its flags are that program's.
+PASSED_ON = {"pyserini_setup": "pyserini's entry points", "torchrun": "torchrun's own main"}
+
+
+@cache
+def syntax_tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+def imported_from(path: Path, node: ast.ImportFrom, name: str) -> tuple[Path, str | None] | None:
+    """(file, name in it; None for a module) that `from ... import name` in `path` binds, where
+    it is the package's (relative, or `retrieval_pretraining.x`) or a script's beside `path`
+    (`from pretrain_step_time import make_checkpoint`); None for any other library."""
+    module = node.module.split(".") if node.module else []
+    if node.level:
+        base, parts = path.parents[node.level - 1], module
+    elif module[0] == "retrieval_pretraining":
+        base, parts = PACKAGE, module[1:]
+    else:
+        base, parts = path.parent, module
+    folder = base.joinpath(*parts)
+    for file in (folder / f"{name}.py", folder / name / "__init__.py"):
+        if file.is_file():
+            return file, None
+    for file in (folder.with_suffix(".py"), folder / "__init__.py"):
+        if file.is_file():
+            return file, name
+    return None
+
+
+@cache
+def bindings(path: Path) -> dict[str, tuple[Path, str | None]]:
+    """What the `from ... import name`s of `path` (anywhere in it) bind: name -> imported_from."""
+    return {(alias.asname or alias.name): target for node in ast.walk(syntax_tree(path))
+            if isinstance(node, ast.ImportFrom) for alias in node.names
+            for target in [imported_from(path, node, alias.name)] if target}
+
+
+def constant_strings(path: Path, name: str) -> tuple[str, ...]:
+    """The strings of a top-level tuple or list constant `name` of `path`, or of the module it
+    imports it from (`fetch.CHECKSUMS`); () where it is none."""
+    for node in syntax_tree(path).body:
+        if isinstance(node, ast.Assign) and any(isinstance(target, ast.Name) and target.id == name
+                                                for target in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return ()
+            return tuple(value) if isinstance(value, tuple | list) and all(
+                isinstance(item, str) for item in value) else ()
+    file, imported = bindings(path).get(name, (None, None))
+    return constant_strings(file, imported) if file and imported else ()
+
+
+def spellings(arg: ast.expr, loop: dict[str, tuple[str, ...]]) -> list[str]:
+    """The strings `arg` is: a literal, or an f-string over the names of enclosing `for name in
+    CONSTANT:` loops (`f"--{name}"` for each of fetch.CHECKSUMS)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if not isinstance(arg, ast.JoinedStr):
+        return []
+    parts = []
+    for value in arg.values:
+        if isinstance(value, ast.Constant):
+            parts.append([str(value.value)])
+        elif isinstance(value.value, ast.Name) and value.value.id in loop:
+            parts.append(list(loop[value.value.id]))
+        else:
+            return []
+    return ["".join(choice) for choice in itertools.product(*parts)]
+
+
+@cache
+def builds_parsers(path: Path) -> bool:
+    return "add_argument" in path.read_text()
+
+
+@cache
+def declared_flags(path: Path) -> frozenset[str]:
+    """The option strings (`--config`, `-x`) of the `add_argument` calls in the script or module
+    `path`, and in the functions it calls, and those call, to build its parser (of a file that
+    has an `add_argument` call: config.stage_parser, errors.add_debug_option,
+    retrieval_settings.add_runtime_option), whatever the subcommand."""
+    flags: set[str] = set()
+    seen: set[tuple[Path, str | None]] = set()
+    todo: list[tuple[Path, str | None]] = [(path, None)]
+    while todo:
+        file, function = todo.pop()
+        if (file, function) in seen or not builds_parsers(file):
+            continue
+        seen.add((file, function))
+        tree = syntax_tree(file)
+        scope = tree if function is None else next(
+            (node for node in tree.body if isinstance(node, ast.FunctionDef)
+             and node.name == function), None)
+        if scope is None:
+            continue
+        bound, loops = bindings(file), {}
+        for loop in ast.walk(scope):
+            if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name) \
+                    and isinstance(loop.iter, ast.Name):
+                values = constant_strings(file, loop.iter.id)
+                for inner in ast.walk(loop):
+                    loops.setdefault(id(inner), {})[loop.target.id] = values
+        local = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        for node in ast.walk(scope):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func
+            if isinstance(called, ast.Attribute) and called.attr == "add_argument":
+                flags.update(flag for arg in node.args
+                             for flag in spellings(arg, loops.get(id(node), {}))
+                             if flag.startswith("-"))
+            elif isinstance(called, ast.Name) and bound.get(called.id, (None, None))[1]:
+                todo.append(bound[called.id])
+            elif isinstance(called, ast.Name) and function is not None and called.id in local:
+                todo.append((file, called.id))
+            elif isinstance(called, ast.Attribute) and isinstance(called.value, ast.Name) \
+                    and called.value.id in bound and bound[called.value.id][1] is None:
+                todo.append((bound[called.value.id][0], called.attr))
+    return frozenset(flags)
+
+
+def command_texts() -> list[tuple[Line, str]]:
+    """(line, text) for every backticked span of the prose and every command of a code block, a
+    command continued with `\\` over lines given whole with the line it starts on."""
+    found = [(line, span) for line, span, _ in code_spans()]
+    pending: list[Line] = []
+    for line in [*doc_lines(), None]:
+        if pending and (line is None or not line.code or line.doc != pending[-1].doc
+                        or not pending[-1].text.rstrip().endswith("\\")):
+            found.append((pending[0], " ".join(item.text.rstrip().removesuffix("\\")
+                                               for item in pending)))
+            pending = []
+        if line is not None and line.code:
+            pending.append(line)
+    return found
+
+
+def documented_flags() -> list[tuple[Line, str, Path | None, str]]:
+    """(line, program, its file or None, flag) for each flag of a documented command of ours:
+    `python -m retrieval_pretraining.x ...` (also after torchrun), `python benchmarks/y.py ...`,
+    `python -m benchmarks.y ...`. A command ends at `&&`, `||`, `;`, `|`, ` #` (a comment) or a
+    lone `--` (what follows is another program's); quoted text (a `--config` JSON) is a value.
+    Not a module named by a placeholder (`retrieval_pretraining.<stage>`), not PASSED_ON."""
+    start = re.compile(r"(?<!\S)-m\s+(retrieval_pretraining(?:\.\w+)+|benchmarks(?:\.\w+)+)"
+                       r"(?![\w.<])|(?<![\w.-])python3?\s+((?:\./)?benchmarks/\w+\.py)\b")
+    found = []
+    for line, text in command_texts():
+        text = re.sub(r"'[^']*'|\"[^\"]*\"", "''", text)
+        for match in start.finditer(text):
+            program = match.group(1) or match.group(2).removeprefix("./")
+            rest = re.split(r"&&|\|\||;|\||\s#|(?<!\S)--(?!\S)", text[match.end():])[0]
+            if program.startswith("benchmarks"):
+                path = ROOT / (program if program.endswith(".py")
+                               else program.replace(".", "/") + ".py")
+            else:
+                name = program.removeprefix("retrieval_pretraining.")
+                if name in PASSED_ON:
+                    continue
+                path = package_modules().get(name)
+                if path is not None and path.name == "__init__.py":
+                    path = path.with_name("__main__.py")
+            found += [(line, program, path if path and path.is_file() else None, flag)
+                      for flag in re.findall(r"(?<![^\s\[(])(--?[A-Za-z][\w-]*)", rest)]
+    return found
+
+
+def test_every_flag_a_documented_command_passes_is_declared():
+    named = documented_flags()
+    assert len(named) > 100  # the extraction still finds `--config`, `--scales`, `--encoder`
+    missing = [f"{line.at}: {program} {flag}" + ("" if path else " (no such file)")
+               for line, program, path, flag in named
+               if path is None or flag.split("=")[0] not in declared_flags(path)]
+    assert not missing, "no such option in the command's parser:\n" + "\n".join(missing)
