@@ -225,3 +225,20 @@ def test_editing_acc_at_k_scoring_reruns_no_negatives_and_no_fine_tuning(entries
         assert scoring <= files
     files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(*entries)}
     assert not scoring & files
+
+
+@pytest.mark.parametrize("entry", ["audit", "publish"])
+def test_editing_the_tokenizer_checks_reruns_no_audit_and_no_publishing(entry):
+    """The tokenizer-file checks (auto_tokenizer, check_tokenizer_files) left model_folder.py for
+    a module of their own so that the stages that read a model folder's weights and config.json
+    but load no tokenizer (audit, publish) do not take them as code: an edit to a tokenizer check
+    must rerun what loads a tokenizer (encoding, staging), not every audit. The checks are found
+    by what they define, so moving them back into model_folder.py fails here too."""
+    checks = _defining("auto_tokenizer") | _defining("check_tokenizer_files")
+    assert checks
+    for loader in ("encode", "checkpoints"):
+        files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(loader)}
+        assert checks <= files
+    files = {Path(f).relative_to(PACKAGE).as_posix() for f in code_deps.source_files(entry)}
+    assert "model_folder.py" in files  # it reads model folders, so it could take them
+    assert not checks & files, sorted(checks & files)
