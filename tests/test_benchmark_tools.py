@@ -3,7 +3,9 @@ with (the GPU's busy time of a profiled step, benchmarks/pretrain_step_time.py),
 benchmarks/gpu_checks.sh itself (its parts, their arguments, its budget, the gloo tests beside)."""
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -670,6 +673,103 @@ def test_every_recorded_benchmark_command_still_parses(monkeypatch):
     refused = [f"{where}: {name} {' '.join(words)} (exit {code})" for where, name, words in commands
                if (code := refusal(monkeypatch, name, words)) is not None]
     assert refused == [], "\n".join(refused)
+
+
+# What the benchmarks take from this repository's own modules (the package, tests/'s helpers)
+# still exists under that name: parsing a command (above) imports a benchmark, not the names it
+# reaches after parse_args, inside its functions or in the code it hands a child process (a
+# `python -c` string). When answers.top_k_accuracy moved to answer_accuracy.py (93bdea0), only
+# a run of answer_matching.py would have found it still calling answers.top_k_accuracy.
+PLACEHOLDER = re.compile(r"\{\w+(?:![rsa])?\}")  # a str.format field of a child's code
+
+
+def repository_module(name: str) -> bool:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return bool(spec and spec.origin and Path(spec.origin).is_relative_to(ROOT))
+
+
+def benchmark_code(path: Path):
+    """The benchmark's syntax tree, then those of the Python strings it holds that parse."""
+    tree = ast.parse(path.read_text())
+    yield tree
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(
+                r"^\s*(from \S+ )?import ", node.value, re.M):
+            try:
+                yield ast.parse(PLACEHOLDER.sub("None", node.value))
+            except SyntaxError:  # prose: a docstring that mentions imports
+                pass
+
+
+def missing_names(path: Path) -> list[str]:
+    """`file:line: what` for each name the benchmark imports from, or reads or sets on, one of
+    the repository's modules (and classes reached through them) that is not there."""
+    missing = []
+    for tree in benchmark_code(path):
+        names = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and repository_module(
+                    node.module):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if hasattr(module, alias.name):
+                        names[alias.asname or alias.name] = getattr(module, alias.name)
+                    elif repository_module(f"{node.module}.{alias.name}"):
+                        names[alias.asname or alias.name] = importlib.import_module(
+                            f"{node.module}.{alias.name}")
+                    else:
+                        missing.append(f"{path.name}:{node.lineno}: from {node.module} import "
+                                       f"{alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if repository_module(alias.name):
+                        bound = alias.name if alias.asname else alias.name.partition(".")[0]
+                        importlib.import_module(alias.name)
+                        names[alias.asname or bound] = importlib.import_module(bound)
+
+        def resolve(node):
+            if isinstance(node, ast.Name):
+                return names.get(node.id)
+            if isinstance(node, ast.Attribute):
+                owner = resolve(node.value)
+                if isinstance(owner, types.ModuleType | type):
+                    if hasattr(owner, node.attr):
+                        return getattr(owner, node.attr)
+                    missing.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+            return None
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                resolve(node)
+    return sorted(set(missing))
+
+
+BENCHMARKS = sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+def test_the_benchmarks_reach_only_names_the_repository_still_has():
+    assert len(BENCHMARKS) > 20
+    missing = [name for path in BENCHMARKS for name in missing_names(path)]
+    assert missing == [], "\n".join(missing)
+
+
+def test_a_moved_name_is_found_after_parse_args_and_in_a_childs_code(tmp_path):
+    # answer_matching.py before 93bdea0 (answers.top_k_accuracy, read after parse_args), and
+    # bert_native.py's child process code with a name the package never had.
+    old = (ROOT / "benchmarks/answer_matching.py").read_text().replace(
+        "answer_accuracy.top_k_accuracy(", "answers.top_k_accuracy(")
+    child = (ROOT / "benchmarks/bert_native.py").read_text().replace(
+        "encode.load_encoder(", "encode.load_encoders(")
+    assert old.count("answers.top_k_accuracy(") == 1 and child.count("load_encoders(") == 1
+    (tmp_path / "answer_matching.py").write_text(old)
+    (tmp_path / "bert_native.py").write_text(child)
+    assert [line.split(": ", 1)[1] for line in missing_names(tmp_path / "answer_matching.py")] == [
+        "answers.top_k_accuracy"]
+    assert [line.split(": ", 1)[1] for line in missing_names(tmp_path / "bert_native.py")] == [
+        "encode.load_encoders"]
 
 
 # benchmarks/gradient_cache.py: its --device plumbing on the CPU, and its GPU path (timing, peak
