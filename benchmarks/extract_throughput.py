@@ -241,6 +241,8 @@ def main() -> None:
         "--quality-only", action="store_true", help="only the leftover-markup and cleaner tables"
     )
     args = parser.parse_args()
+    if args.scale < 2:  # the per-MB figures divide by the Nx - 1x difference
+        parser.error(f"--scale must be at least 2 (got {args.scale})")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.quality_only:
