@@ -1065,6 +1065,21 @@ def test_local_parts_are_read_from_the_project_when_run_in_another_directory(tmp
     assert not (project / "results").exists()
 
 
+def test_another_directory_without_a_config_yaml_takes_the_projects_under_an_overlay(tmp_path):
+    """Under `--directory <elsewhere>` holding no config.yaml, the project's is the base of a
+    `--configfile` overlay: Snakemake skips a missing `configfile:` without a word when the
+    command line names one, so the overlay alone was validated and refused ("'seed' is a
+    required property", one line per missing section)."""
+    project = copy_project(tmp_path / "project", multistream_local_config(tmp_path / "project"))
+    work = tmp_path / "work"
+    work.mkdir()
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump({"experiment": "elsewhere"}))
+    result = snakemake(project, "--directory", str(work), "--configfile", str(overlay),
+                       "--dry-run", "download_dump")
+    assert "download_dump_part" in result.stdout and "required property" not in result.stderr
+
+
 def test_local_part_outside_the_project_is_refused(tmp_path):
     outside = tmp_path / "elsewhere.xml.bz2"
     outside.write_bytes(b"x")
