@@ -569,6 +569,14 @@ def declared_flags(path: Path) -> frozenset[str]:
     return frozenset(flags)
 
 
+def module_file(name: str) -> Path | None:
+    """The file `python -m retrieval_pretraining.<name>` runs (a package's __main__.py), or None
+    where the package has no such module."""
+    path = package_modules().get(name)
+    return path.with_name("__main__.py") if path is not None and path.name == "__init__.py" \
+        else path
+
+
 def command_texts() -> list[tuple[Line, str]]:
     """(line, text) for every backticked span of the prose and every command of a code block, a
     command continued with `\\` over lines given whole with the line it starts on."""
@@ -606,9 +614,7 @@ def documented_flags() -> list[tuple[Line, str, Path | None, str]]:
                 name = program.removeprefix("retrieval_pretraining.")
                 if name in PASSED_ON:
                     continue
-                path = package_modules().get(name)
-                if path is not None and path.name == "__init__.py":
-                    path = path.with_name("__main__.py")
+                path = module_file(name)
             found += [(line, program, path if path and path.is_file() else None, flag)
                       for flag in re.findall(r"(?<![^\s\[(])(--?[A-Za-z][\w-]*)", rest)]
     return found

@@ -30,7 +30,7 @@ def planned_jobs(project: Path, *targets: str) -> list[dict]:
     result = snakemake(project, "--dry-run", "--printshellcmds", *targets)
     jobs: list[dict] = []
     for line in (result.stdout + result.stderr).splitlines():
-        if match := re.match(r"^(?:local)?rule (\w+):$", line):
+        if match := re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):$", line):
             jobs.append({"rule": match.group(1), "wildcards": {}, "args": []})
         elif jobs and (match := re.match(r"^\s+wildcards: (.*)$", line)):
             jobs[-1]["wildcards"] = dict(pair.split("=", 1) for pair in match.group(1).split(", "))
