@@ -544,6 +544,37 @@ def test_logs_and_snakemake_markers_are_not_artifacts(results, capsys):
     assert status == 2 and "timestamp marker of the folder output" in err
 
 
+def test_a_folder_that_is_no_artifact_names_the_artifacts_it_holds(results, capsys,
+                                                                    monkeypatch):
+    """A stage's folder (results/pretrain/<model>, a dataset's, a corpus's) was refused with only
+    the folder kinds it is not: the refusal (still exit 2, nothing audited) lists what in it audit
+    accepts, shallowest first: a folder artifact whole (not its files), no manifest beside its
+    artifact, no file audit refuses, no job log; capped, with how many more."""
+    stage = results / "pretrain/costa"
+    status, out, err = run_audit(stage, capsys)
+    first, *rest = err.splitlines()
+    assert status == 2 and out == "" and first.startswith(f"audit: {stage} is a folder but not "), err
+    assert rest == ["  it holds 4 artifact(s) to audit instead (3 levels down at most):"] + [
+        f"    {stage / name}"
+        for name in ("encoder", "heads.safetensors", "loss.png", "metrics.jsonl")], err
+    corpus = results / "corpus/wikipedia"
+    (corpus / "notes.txt").write_text("not an artifact")
+    try:
+        status, _, err = run_audit(corpus, capsys)
+    finally:
+        (corpus / "notes.txt").unlink()
+    listed = [line.strip() for line in err.splitlines()[2:]]
+    assert status == 2 and str(corpus / "chunks/shard-0000.parquet") in listed, err
+    assert str(corpus / "spans/costa/shard-0000.parquet") in listed, err
+    assert not [line for line in listed if "manifest" in line or "notes.txt" in line], err
+    monkeypatch.setattr(audit, "HELD_SHOWN", 2)
+    status, _, err = run_audit(stage, capsys)
+    assert status == 2 and err.splitlines()[2:] == [
+        f"    {stage / 'encoder'}", f"    {stage / 'heads.safetensors'}", "    and 2 more"], err
+    status, _, err = run_audit(results / "logs", capsys)
+    assert status == 2 and "it holds no artifact either (3 levels down at most)" in err, err
+
+
 def test_stage_statistics_read_a_metrics_file_itself(results, tmp_path):
     out = tmp_path / "stats.html"
     assert audit.main(["--stage-stats", str(out), str(results / "metrics/toy/bm25/test.json")]) == 0

@@ -15,8 +15,10 @@ This module only dispatches: each artifact type's contract is one folder of `con
 how it is recognised, summarised and checked), and `detect` tries their kinds in rank order. A file inside a folder
 artifact (a model, Lucene or FAISS folder) is audited as part of that folder. Not artifacts (exit 2,
 saying what they are instead): Snakemake's job logs (results/logs/), benchmarks
-(results/benchmarks/) and `.snakemake_timestamp` markers, and any file this workflow does not
-write.
+(results/benchmarks/) and `.snakemake_timestamp` markers, any file this workflow does not
+write, and a folder no folder kind recognises (a stage's folder: results/datasets/<name>,
+results/finetune/<model>/<dataset>/stage2), whose refusal lists the artifacts it holds to audit
+instead (HELD_LEVELS down at most, the first HELD_SHOWN, then how many more).
 
 `--stage-stats` writes instead one page of every given artifact's manifest statistics (rule
 stage_statistics).
@@ -37,6 +39,7 @@ from .contracts.base import (
     UNREADABLE, Audit, Kind, NotAnArtifact, Probe, load_manifest, read_manifest, results_relative,
     show_manifest, show_snakemake_record, snakemake_metadata, snakemake_record,
 )
+from .contracts.downloads import download_manifest_path
 from .contracts.metrics.audit import metrics_as_manifest
 from .errors import add_debug_option, command, one_line
 
@@ -82,7 +85,8 @@ def refusal(probe: Probe, kinds: list[Kind]) -> NotAnArtifact:
     names = {form: [k.name for k in kinds if k.form == form] for form in FORMS}
     path = probe.path
     if probe.is_dir:
-        return NotAnArtifact(f"{path} is a folder but not {_listing(names['folder'], 'nor')}")
+        return NotAnArtifact(f"{path} is a folder but not {_listing(names['folder'], 'nor')}"
+                             f"\n{what_it_holds(path)}")
     if probe.name.endswith(".parquet"):
         return NotAnArtifact(
             f"Parquet columns {sorted(probe.columns)} match no artifact contract of this workflow "
@@ -96,6 +100,62 @@ def refusal(probe: Probe, kinds: list[Kind]) -> NotAnArtifact:
         f"{path}: no artifact of this workflow has this kind of name (Parquet, .json, "
         f"{', '.join(names['file'])}, or a folder: {_listing(names['folder'])})"
     )
+
+
+HELD_LEVELS, HELD_SHOWN = 3, 20  # how deep, and how many, a folder's refusal lists what it holds
+
+
+def accepted(path: Path) -> bool:
+    """Whether `audit` would audit `path` (a kind recognises it, or it is a file the workflow
+    wrote that no longer reads as its artifact), not refuse it as no artifact."""
+    try:
+        detect(path)
+    except NotAnArtifact:
+        return written_by_the_workflow(path)
+    except Exception:  # damage no check foresaw: audit says so (exit 3), not this listing
+        return False
+    return True
+
+
+def held_artifacts(folder: Path, levels: int = HELD_LEVELS) -> list[Path]:
+    """The paths `audit` accepts below a folder that is no artifact itself (a stage's folder such
+    as results/datasets/<name>), shallowest first, `levels` down at most. A folder artifact's own
+    files are audited with it, and a manifest with the artifact beside it, so neither is listed;
+    job logs and benchmarks (results/logs/, results/benchmarks/) and hidden names are skipped."""
+    found: list[Path] = []
+    level = [folder]
+    for _ in range(levels):
+        below = []
+        for parent in level:
+            try:
+                entries = sorted(parent.iterdir())
+            except OSError:
+                continue
+            for path in entries:
+                if path.name.startswith(".") or Probe(path).section in ("logs", "benchmarks"):
+                    continue
+                if accepted(path):
+                    found.append(path)
+                elif path.is_dir():
+                    below.append(path)
+        level = below
+    beside = {m for p in found for m in (artifacts.manifest_path(p), download_manifest_path(p))
+              if m != p}
+    return [p for p in found if p not in beside]
+
+
+def what_it_holds(folder: Path) -> str:
+    """The refusal's advice for a folder: the artifacts in it to audit instead (HELD_SHOWN of
+    them, then how many more), or that it holds none."""
+    held = held_artifacts(folder)
+    depth = f"{HELD_LEVELS} levels down at most"
+    if not held:
+        return f"  it holds no artifact either ({depth})"
+    more = len(held) - HELD_SHOWN
+    lines = [f"  it holds {len(held)} artifact(s) to audit instead ({depth}):"]
+    lines += [f"    {p}" for p in held[:HELD_SHOWN]]
+    lines += [f"    and {more} more"] if more > 0 else []
+    return "\n".join(lines)
 
 
 def known_kinds() -> str:
