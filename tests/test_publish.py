@@ -131,6 +131,17 @@ def test_offline_mode_is_named_before_any_request(encoder, monkeypatch, capsys):
     assert "HF_HUB_OFFLINE is set" in _refused(["--folder", encoder, "--repo-id", "me/enc"], capsys)
 
 
+def test_a_stage_folder_is_told_to_give_its_encoder_folder(encoder, tmp_path, capsys):
+    """A stage's folder (results/finetune/<model>/<dataset>/stage2) given for its encoder/ was
+    told "has no config.json; rebuild it with the stage that writes it": rerun a stage whose
+    output is fine. It is told the folder to give."""
+    stage = tmp_path / "stage2"
+    shutil.copytree(encoder, stage / "encoder")
+    line = _refused(["--folder", stage, "--repo-id", "me/enc", "--dry-run"], capsys)
+    assert line.endswith(f"holds one: give --folder {stage / 'encoder'}"), line
+    assert "rebuild" not in line, line
+
+
 @pytest.mark.parametrize("damage, named", [
     (lambda f: (f / "modules.json").unlink(), "missing modules.json"),
     (lambda f: shutil.rmtree(f / "2_Normalize"), "missing 2_Normalize"),

@@ -3,7 +3,8 @@
     python -m retrieval_pretraining.publish --folder results/finetune/costa/scifact/stage2/encoder \
         --repo-id you/costa-scifact [--private] [--dry-run]
 
-The folder is checked first, and nothing is sent when a check fails: Hugging Face weights as
+The folder is checked first, and nothing is sent when a check fails (a stage's folder given for
+the encoder folder in it is refused naming that one): Hugging Face weights as
 safetensors and no pickle anywhere in it, its records (training.json, manifest.json), the
 sentence-transformers files st_export.py writes (modules.json and every module folder it names,
 1_Pooling, sentence_bert_config.json) agreeing with each other, config.json and the card as
@@ -103,6 +104,12 @@ def _card(folder: Path) -> dict:
 def check_folder(folder: str | Path) -> list[str]:
     """The files to upload, once the folder is a complete encoder export that `audit` would pass
     as a sentence-transformers model; else PublishError."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file() and (folder / "encoder").is_dir():
+        # A stage's folder (results/finetune/<model>/<dataset>/stage2) given for its encoder/:
+        # "rebuild it" would send the user to rerun a stage whose output is fine.
+        raise PublishError(f"{folder} is not an encoder folder (no config.json) but holds one: "
+                           f"give --folder {folder / 'encoder'}")
     folder = check_safetensors(folder)  # config.json + safetensors; a pickle-only folder refused
     pickles = sorted({p.relative_to(folder).as_posix() for pattern in PICKLE_PATTERNS
                       for p in folder.rglob(pattern)})
