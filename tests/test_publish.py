@@ -126,9 +126,18 @@ def _refused(argv, capsys) -> str:
 
 
 def test_offline_mode_is_named_before_any_request(encoder, monkeypatch, capsys):
+    """Refused before the plan is printed: "uploading 12 files ..." came first, then the refusal,
+    a list of files said to be uploading that were never sent."""
     monkeypatch.setattr(publish, "HfApi", NoNetwork)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "HF_HUB_OFFLINE is set" in _refused(["--folder", encoder, "--repo-id", "me/enc"], capsys)
+    with pytest.raises(SystemExit) as stop:
+        publish.main(["--folder", str(encoder), "--repo-id", "me/enc"])
+    captured = capsys.readouterr()
+    assert stop.value.code == 1 and "HF_HUB_OFFLINE is set" in captured.err, captured.err
+    assert captured.out == "", captured.out
+    # A dry run never touches the network, so offline mode does not stop it.
+    assert publish.main(["--folder", str(encoder), "--repo-id", "me/enc", "--dry-run"]) == 0
+    assert "would upload" in capsys.readouterr().out
 
 
 def test_a_stage_folder_is_told_to_give_its_encoder_folder(encoder, tmp_path, capsys):

@@ -17,7 +17,8 @@ visibility asked for (`--private` or not); its files are replaced by the folder'
 folder lacks is deleted from it). Records or a card that name absolute local paths (a `source:
 local` corpus location, an `init` folder: where this machine keeps files, user names included)
 are refused unless `--allow-local-paths` says to publish them as they are. A real upload needs a
-token (`hf auth login`, or HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs).
+token (`hf auth login`, or HF_TOKEN) and HF_HUB_OFFLINE unset (the Makefile sets it for runs;
+checked after the folder, before the list of files is printed).
 """
 
 from __future__ import annotations
@@ -204,6 +205,14 @@ def check_visibility(repo_id: str, is_private: bool, private: bool) -> None:
                        "visibility on the Hub (Settings) or the flag, then rerun; nothing was sent")
 
 
+def check_online() -> None:
+    """PublishError when HF_HUB_OFFLINE is set: huggingface_hub would refuse every request."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise PublishError("HF_HUB_OFFLINE is set (the Makefile sets it for runs); unset it for "
+                           "the upload: `HF_HUB_OFFLINE=0 python -m "
+                           "retrieval_pretraining.publish ...`")
+
+
 def upload(folder: Path, files: list[str], repo_id: str, private: bool, message: str) -> str:
     """Create the repository if needed and upload the files in one commit; the commit's URL.
 
@@ -211,9 +220,7 @@ def upload(folder: Path, files: list[str], repo_id: str, private: bool, message:
     compared with the request first. The commit replaces the repository's files: a file of an
     earlier upload that this folder no longer has (a projector.safetensors, which this project's
     loaders would attach) is deleted, not left beside the new ones."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise PublishError("HF_HUB_OFFLINE is set (the Makefile sets it for runs); unset it for "
-                           "the upload: `HF_HUB_OFFLINE=0 python -m retrieval_pretraining.publish ...`")
+    check_online()
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
@@ -249,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                            f"({error}); write owner/name") from error
     files = check_folder(args.folder)
     check_local_paths(args.folder, args.allow_local_paths)
+    if not args.dry_run:
+        check_online()  # before "uploading ...": a list of files that are then not sent misleads
     print(("would upload " if args.dry_run else "uploading ")
           + plan(args.folder, files, args.repo_id, args.private), flush=True)
     if args.dry_run:
