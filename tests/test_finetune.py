@@ -1259,6 +1259,50 @@ def test_a_full_disk_during_the_export_leaves_no_encoder_folder_and_a_rerun_reco
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())
     assert (out / "model.safetensors").read_bytes() == (clean / "model.safetensors").read_bytes()
 
+
+@pytest.mark.parametrize("native", [True, False], ids=["bert.py", "transformers"])
+def test_the_exported_encoder_carries_its_init_s_pooler_and_loads_with_no_missing_weight(
+        tmp_path, native):
+    """Fine-tuning loads its encoder without the pooler (nothing pools through it); the export
+    carries the init's unchanged, so transformers loads the folder with no weight missing (it drew
+    a random pooler and printed a MISSING report), and stage 2, whose init is stage 1's folder,
+    carries the same one. An init without a pooler exports none, as before."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel, AutoTokenizer
+
+    import pretrain_fixtures as fx
+    from retrieval_pretraining.model_folder import load_model
+
+    base = fx.tiny_checkpoint(tmp_path / "base")
+    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    settings = FinetuneSettings.from_config({})
+    plan = fdata.contrast_plan(settings, 1)
+
+    def fine_tuned(init: Path, out: Path) -> dict[str, torch.Tensor]:
+        """`init` exported as train() exports it, untrained (so every weight is the init's)."""
+        encoder = load_model(init, native=native, add_pooling_layer=False)
+        ftrain.export(encoder, tokenizer, out, settings, 1, plan, 4,
+                      {"init": init / "model.safetensors"}, stats={})
+        return load_file(out / "model.safetensors")
+
+    initial = load_file(base / "model.safetensors")
+    assert {"pooler.dense.weight", "pooler.dense.bias"} <= initial.keys()
+    stage1 = tmp_path / "stage1" / "encoder"
+    stage2 = tmp_path / "stage2" / "encoder"
+    for init, out in ((base, stage1), (stage1, stage2)):
+        exported = fine_tuned(init, out)
+        assert exported.keys() == initial.keys()
+        assert all(torch.equal(exported[k], initial[k]) for k in initial)
+        _, info = AutoModel.from_pretrained(out, local_files_only=True, output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+    bare = shutil.copytree(base, tmp_path / "bare")
+    save_file({k: v for k, v in initial.items() if not k.startswith("pooler.")},
+              bare / "model.safetensors", metadata={"format": "pt"})
+    assert not any(k.startswith("pooler.") for k in fine_tuned(bare, tmp_path / "bare-ft"))
+
 # ---------------------------------------------------------------- tiny end to end ---------------
 def tiny_dataset(folder: Path, n_queries: int = 32, n_docs: int = 300) -> dict[str, Path]:
     """A contract-shaped slice of SciFact train: its first queries, their positives + other docs."""
@@ -1734,7 +1778,9 @@ def test_an_init_stored_in_half_precision_fine_tunes_as_its_float32_copy(tmp_pat
     base = tiny_encoder(tmp_path / "base")
     stored = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        model = AutoModel.from_pretrained(base, local_files_only=True, dtype=torch.float32)
+        # No pooler, as `base` has none: a freshly drawn one would differ between the copies.
+        model = AutoModel.from_pretrained(base, local_files_only=True, dtype=torch.float32,
+                                          add_pooling_layer=False)
         model = model.to(torch.bfloat16).to(dtype)  # fp32: the exact values of the bf16 copy
         model.save_pretrained(tmp_path / name, safe_serialization=True)
         AutoTokenizer.from_pretrained(base, local_files_only=True).save_pretrained(tmp_path / name)

@@ -66,7 +66,9 @@ def folders(tmp_path_factory) -> dict[str, tuple[Path, RetrievalSettings]]:
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     out, results = {}, tmp / "results"  # where audit knows the files
     pretrained, none = results / "pretrain/costa/encoder", results / "pretrain/base/encoder"
-    export_encoder(encoder, checkpoint, pretrained, PRETRAIN_INFO, CLS_DOT)
+    # Pre-training exports its encoder pooler included (frozen), which fine-tuning carries over.
+    export_encoder(AutoModel.from_pretrained(checkpoint, local_files_only=True), checkpoint,
+                   pretrained, PRETRAIN_INFO, CLS_DOT)
     out["pre-trained, cls + dot"] = (pretrained, CLS_DOT)
     export_base({"name": "base", "objective": "none", "seed": 1, "checkpoint": "x"}, checkpoint,
                 none, tmp / "none.jsonl", tmp / "none.png", MEAN_COSINE)

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
+from safetensors import safe_open
 
 from .. import artifacts, st_export, training
 from .. import projector as text_projector
+from ..bert import weight_files
 from ..encode import (TOKENIZER_THREADS, encoder_state, projector_of, safe_threads,
                       tokenize)
 from ..parallel import bounded_map
@@ -359,17 +361,38 @@ def export(encoder, tokenizer, out: Path, settings: FinetuneSettings, seed: int,
                   "inputs": {k: str(v) for k, v in inputs.items()},
                   "final_metrics": final_metrics or {}}
     init = Path(inputs["init"])  # the init folder's model.safetensors (train) or the folder
+    init = init if init.is_dir() else init.parent
+    state = encoder_state(encoder)
+    state.update(init_pooler(init, state, next(encoder.parameters()).dtype))
     with artifacts.atomic_dir(out) as tmp:
         # An attached projector is not part of the Hugging Face model: it travels as its own file.
-        encoder.save_pretrained(tmp, state_dict=encoder_state(encoder), safe_serialization=True)
+        encoder.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         projector = projector_of(encoder)
         if projector is not None:
             text_projector.save(tmp, projector)
         tokenizer.save_pretrained(tmp)
         artifacts.write_json(tmp / "training.json", provenance)
         # ... and in the sentence-transformers files as a Dense module, so they embed through it.
-        st_export.write(tmp, settings.retrieval, st_export.finetuned_card(
-            provenance, init if init.is_dir() else init.parent, stats), projector=projector)
+        st_export.write(tmp, settings.retrieval, st_export.finetuned_card(provenance, init, stats),
+                        projector=projector)
         artifacts.write_manifest(tmp / "manifest.json", stage="finetune", params=config,
                                  inputs=inputs, stats={**stats, **plan.record(), "steps": steps,
                                                        "weights": artifacts.weights_checksums(tmp)})
+
+
+def init_pooler(init: Path, state: dict[str, torch.Tensor], dtype: torch.dtype
+                ) -> dict[str, torch.Tensor]:
+    """The init folder's pooler tensors (`pooler.*`) that `state` lacks, as `dtype` (the
+    exported weights' float32: exact for a half-precision init). Fine-tuning loads the encoder
+    without its pooler (encode.load_encoder: nothing pools through it), so the export would have
+    none, and transformers and sentence-transformers would load the folder with a freshly drawn
+    pooler and a MISSING report; the init's is carried over unchanged, as Tevatron's whole-model
+    save keeps it (pre-training freezes it too). An init without one gives none: nothing to keep.
+    Stage 2 starts from stage 1's folder and so carries the same pooler."""
+    pooler: dict[str, torch.Tensor] = {}
+    for file in weight_files(init):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith("pooler.") and key not in state:
+                    pooler[key] = handle.get_tensor(key).to(dtype)
+    return pooler
