@@ -20,7 +20,10 @@ benchmarks/RESULTS.md, benchmarks/gpu_runs/*/README.md and data/**/README.md:
 6. a flag (`--x`, `-x`) of a documented command of ours (`python -m retrieval_pretraining.x`,
    `python benchmarks/y.py`, `python -m benchmarks.y`; inline or in a code block, continued with
    `\\` over lines) is declared by an `add_argument` of the module, or of a function of the
-   package it calls to build its parser (`config.stage_parser`); another program's flags
+   package it calls to build its parser (`config.stage_parser`); of a parser with subcommands
+   (`download fetch`, `trainer_throughput.py run`), the first word that is not a flag names one,
+   and the flags are that subcommand's parser's or the parent's (`rejected`, which
+   tests/test_rule_flags.py reads the rules' commands with too); another program's flags
    (snakemake, torchrun, pip) are not checked.
 Where a few mentions are not ours, the extraction says why (`peers_cited`, "(now `new`)",
 `PASSED_ON`).
@@ -523,15 +526,45 @@ def builds_parsers(path: Path) -> bool:
     return "add_argument" in path.read_text()
 
 
-@cache
-def declared_flags(path: Path) -> frozenset[str]:
-    """The option strings (`--config`, `-x`) of the `add_argument` calls in the script or module
-    `path`, and in the functions it calls, and those call, to build its parser (of a file that
-    has an `add_argument` call: config.stage_parser, errors.add_debug_option,
-    retrieval_settings.add_runtime_option), whatever the subcommand."""
+def followed(file: Path, node: ast.Call, local: bool) -> tuple[Path, str] | None:
+    """(file, function) that `node`, a call in `file`, runs where it is the package's or a
+    script's (`stage_parser(...)`, `errors.add_debug_option(...)`; with `local`, a function of
+    `file` itself), or None."""
+    called, bound = node.func, bindings(file)
+    if isinstance(called, ast.Name) and bound.get(called.id, (None, None))[1]:
+        return bound[called.id]
+    if isinstance(called, ast.Name) and local and called.id in {
+            item.name for item in syntax_tree(file).body if isinstance(item, ast.FunctionDef)}:
+        return file, called.id
+    if isinstance(called, ast.Attribute) and isinstance(called.value, ast.Name) \
+            and called.value.id in bound and bound[called.value.id][1] is None:
+        return bound[called.value.id][0], called.attr
+    return None
+
+
+def loop_names(file: Path, scope: ast.AST) -> dict[int, dict[str, tuple[str, ...]]]:
+    """{id(node): {name: its strings}} for the nodes inside `for name in CONSTANT:` loops."""
+    loops: dict[int, dict[str, tuple[str, ...]]] = {}
+    for loop in ast.walk(scope):
+        if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name) \
+                and isinstance(loop.iter, ast.Name):
+            values = constant_strings(file, loop.iter.id)
+            for inner in ast.walk(loop):
+                loops.setdefault(id(inner), {})[loop.target.id] = values
+    return loops
+
+
+def option_strings(node: ast.Call, loops: dict[int, dict[str, tuple[str, ...]]]) -> set[str]:
+    """The option strings of an `add_argument` call (none of a positional argument)."""
+    return {flag for arg in node.args for flag in spellings(arg, loops.get(id(node), {}))
+            if flag.startswith("-")}
+
+
+def flags_from(todo: list[tuple[Path, str | None]]) -> frozenset[str]:
+    """The option strings of the `add_argument` calls in each (file, function; None: the whole
+    file) of `todo`, and in the functions of the package those call, and those call."""
     flags: set[str] = set()
     seen: set[tuple[Path, str | None]] = set()
-    todo: list[tuple[Path, str | None]] = [(path, None)]
     while todo:
         file, function = todo.pop()
         if (file, function) in seen or not builds_parsers(file):
@@ -543,30 +576,111 @@ def declared_flags(path: Path) -> frozenset[str]:
              and node.name == function), None)
         if scope is None:
             continue
-        bound, loops = bindings(file), {}
-        for loop in ast.walk(scope):
-            if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name) \
-                    and isinstance(loop.iter, ast.Name):
-                values = constant_strings(file, loop.iter.id)
-                for inner in ast.walk(loop):
-                    loops.setdefault(id(inner), {})[loop.target.id] = values
-        local = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        loops = loop_names(file, scope)
         for node in ast.walk(scope):
-            if not isinstance(node, ast.Call):
-                continue
-            called = node.func
-            if isinstance(called, ast.Attribute) and called.attr == "add_argument":
-                flags.update(flag for arg in node.args
-                             for flag in spellings(arg, loops.get(id(node), {}))
-                             if flag.startswith("-"))
-            elif isinstance(called, ast.Name) and bound.get(called.id, (None, None))[1]:
-                todo.append(bound[called.id])
-            elif isinstance(called, ast.Name) and function is not None and called.id in local:
-                todo.append((file, called.id))
-            elif isinstance(called, ast.Attribute) and isinstance(called.value, ast.Name) \
-                    and called.value.id in bound and bound[called.value.id][1] is None:
-                todo.append((bound[called.value.id][0], called.attr))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "add_argument":
+                flags.update(option_strings(node, loops))
+            elif isinstance(node, ast.Call) and (
+                    target := followed(file, node, function is not None)):
+                todo.append(target)
     return frozenset(flags)
+
+
+@cache
+def declared_flags(path: Path) -> frozenset[str]:
+    """The option strings (`--config`, `-x`) of the `add_argument` calls in the script or module
+    `path`, and in the functions it calls, and those call, to build its parser (of a file that
+    has an `add_argument` call: config.stage_parser, errors.add_debug_option,
+    retrieval_settings.add_runtime_option), whatever the subcommand (subcommand_flags: one's)."""
+    return flags_from([(path, None)])
+
+
+PARENT = ""  # subcommand_flags: the parent parser's, not a subcommand's
+
+
+def is_add_parser(node: ast.Call) -> bool:
+    """`SUBPARSERS.add_parser("name", ...)`: a subcommand, named by a literal."""
+    return isinstance(node.func, ast.Attribute) and node.func.attr == "add_parser" \
+        and bool(node.args) and isinstance(node.args[0], ast.Constant) \
+        and isinstance(node.args[0].value, str)
+
+
+@cache
+def subcommand_flags(path: Path) -> dict[str, frozenset[str]]:
+    """{name: the option strings `path NAME ...` takes} for a script or module whose parser has
+    subcommands (`SUBPARSERS.add_parser("name", ...)` in its own file), {} for one without.
+
+    A parser is a variable, up to the next assignment to it, or a call chained on add_parser
+    (`add_parser("x").add_argument(...)`): the one add_parser returns (a subcommand's), and the
+    one `add_subparsers` is called on (the parent). Each takes the `add_argument` calls on it, and
+    the flags of the functions called with it (`add_debug_option(fetch_cmd)`) or in its
+    constructor's arguments (`parents=[stage_parser("")]`), as declared_flags follows them. A
+    subcommand takes its own and the parent's (argparse takes the parent's before the subcommand
+    only: not checked)."""
+    if "add_parser" not in path.read_text():
+        return {}
+    tree = syntax_tree(path)
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    names = {node.args[0].value for node in calls if is_add_parser(node)}
+    if not names:
+        return {}
+    parents = {node.func.value.id for node in calls if isinstance(node.func, ast.Attribute)
+               and node.func.attr == "add_subparsers" and isinstance(node.func.value, ast.Name)}
+    # (line, column, variable, whose parser it is: a subcommand, PARENT or None) of each assignment.
+    assigned = sorted(
+        (node.lineno, node.col_offset, target.id,
+         node.value.args[0].value if isinstance(node.value, ast.Call)
+         and is_add_parser(node.value) else PARENT if target.id in parents else None)
+        for node in ast.walk(tree) if isinstance(node, ast.Assign)
+        for target in node.targets if isinstance(target, ast.Name))
+
+    def whose(parser: ast.expr, at: ast.AST) -> str | None:
+        """The subcommand (or PARENT) whose parser `parser` is where `at` is, or None."""
+        if isinstance(parser, ast.Call) and is_add_parser(parser):
+            return parser.args[0].value
+        if not isinstance(parser, ast.Name):
+            return None
+        latest = [name for line, column, variable, name in assigned
+                  if variable == parser.id and (line, column) < (at.lineno, at.col_offset)]
+        return latest[-1] if latest else PARENT if parser.id in parents else None
+
+    own: dict[str, set[str]] = {name: set() for name in [*names, PARENT]}
+    todo: dict[str, list[tuple[Path, str | None]]] = {name: [] for name in own}
+    loops = loop_names(path, tree)
+    for node in calls:
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument" and (
+                name := whose(node.func.value, node)):
+            own[name].update(option_strings(node, loops))
+        elif given := [name for arg in node.args if (name := whose(arg, node))]:
+            todo[given[0]] += [target for target in [followed(path, node, True)] if target]
+    for node in ast.walk(tree):  # what a parser's constructor calls: `parents=[stage_parser()]`
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (
+                name := whose(node.targets[0], node.value)):
+            todo[name] += [target for inner in ast.walk(node.value) if inner is not node.value
+                           and isinstance(inner, ast.Call)
+                           for target in [followed(path, inner, True)] if target]
+    parent = own[PARENT] | flags_from(todo[PARENT])
+    return {name: frozenset(own[name] | flags_from(todo[name]) | parent) for name in names}
+
+
+FLAG = re.compile(r"--?[A-Za-z][\w-]*")
+
+
+def rejected(path: Path, words: list[str]) -> list[str]:
+    """What of a command's words after the script or module `path` its parser does not take: a
+    flag (`--x`, `--x=1`, `-x`) none of its `add_argument` calls declares (declared_flags); and,
+    where the parser has subcommands, a first positional word (one not starting with `-`) that
+    names none of them, or the flags the named one does not take (subcommand_flags)."""
+    flags = [word.split("=")[0] for word in words if FLAG.fullmatch(word.split("=")[0])]
+    subcommands = subcommand_flags(path)
+    if not subcommands:
+        return [flag for flag in flags if flag not in declared_flags(path)]
+    name = next((word for word in words if not word.startswith("-")), None)
+    if name not in subcommands:
+        return [f"{name or '(no subcommand)'}: not a subcommand (one of "
+                f"{', '.join(sorted(subcommands))})"]
+    return [f"{name} {flag}" for flag in flags if flag not in subcommands[name]]
 
 
 def module_file(name: str) -> Path | None:
@@ -593,8 +707,10 @@ def command_texts() -> list[tuple[Line, str]]:
     return found
 
 
-def documented_flags() -> list[tuple[Line, str, Path | None, str]]:
-    """(line, program, its file or None, flag) for each flag of a documented command of ours:
+def documented_commands() -> list[tuple[Line, str, Path | None, list[str]]]:
+    """(line, program, its file or None, words) for each documented command of ours, its words
+    the first that is no flag (a subcommand's place; not one starting with `-`, `[` or `(`), if
+    any, then its flags:
     `python -m retrieval_pretraining.x ...` (also after torchrun), `python benchmarks/y.py ...`,
     `python -m benchmarks.y ...`. A command ends at `&&`, `||`, `;`, `|`, ` #` (a comment) or a
     lone `--` (what follows is another program's); quoted text (a `--config` JSON) is a value.
@@ -615,15 +731,19 @@ def documented_flags() -> list[tuple[Line, str, Path | None, str]]:
                 if name in PASSED_ON:
                     continue
                 path = module_file(name)
-            found += [(line, program, path if path and path.is_file() else None, flag)
-                      for flag in re.findall(r"(?<![^\s\[(])(--?[A-Za-z][\w-]*)", rest)]
+            first = next((word for word in rest.split() if word[0] not in "-[("), None)
+            found.append((line, program, path if path and path.is_file() else None,
+                          [first] * bool(first)
+                          + re.findall(r"(?<![^\s\[(])(--?[A-Za-z][\w-]*)", rest)))
     return found
 
 
 def test_every_flag_a_documented_command_passes_is_declared():
-    named = documented_flags()
-    assert len(named) > 100  # the extraction still finds `--config`, `--scales`, `--encoder`
-    missing = [f"{line.at}: {program} {flag}" + ("" if path else " (no such file)")
-               for line, program, path, flag in named
-               if path is None or flag.split("=")[0] not in declared_flags(path)]
-    assert not missing, "no such option in the command's parser:\n" + "\n".join(missing)
+    named = documented_commands()
+    # The extraction still finds `--config`, `--scales`, `--encoder`, and `download fetch`.
+    assert sum(word.startswith("-") for *_, words in named for word in words) > 100
+    assert sum(bool(subcommand_flags(path)) for _, _, path, _ in named if path) >= 4
+    missing = [f"{line.at}: {program} {problem}" for line, program, path, words in named
+               for problem in (rejected(path, words) if path else ["(no such file)"])]
+    assert not missing, "no such option or subcommand in the command's parser:\n" + "\n".join(
+        missing)

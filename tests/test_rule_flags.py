@@ -10,9 +10,11 @@ planned too, and FEWER_SHARDS (a shard count multiplies jobs, never flags); the 
 is planned alone. In each job's command as Snakemake formats it, every
 `python -m retrieval_pretraining.X` (for `launch` and `claim_run`: their own flags, then the
 `--module` they start with the arguments after their `--`) names a module that exists, and every
-flag it passes is an `add_argument` option of that module, read by `ast`
-(test_doc_references.declared_flags, the reading the documented commands get). Another
-program's flags (cp, torchrun's own) are not checked.
+flag it passes is an `add_argument` option of that module, read by `ast`; of a module with
+subcommands (`download fetch`, `download dumpstatus`), the first word that is not a flag names
+one, and the flags are that subcommand's parser's or the parent's
+(test_doc_references.rejected, the reading the documented commands get). Another program's
+flags (cp, torchrun's own) are not checked.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_doc_references import PASSED_ON, declared_flags, module_file
+from test_doc_references import PASSED_ON, module_file, rejected
 from test_finetune_rules import planned_jobs
 from workflow_harness import ROOT, copy_project, local_dump
 
@@ -43,7 +45,6 @@ FEWER_SHARDS = {"corpus": {"shards": 2}, "finetune": {"shards": 2}}
 # Modules that start another module of ours: `--module retrieval_pretraining.Y ... -- <Y's args>`.
 LAUNCHERS = ("launch", "claim_run")
 PACKAGE_MODULE = re.compile(r"retrieval_pretraining\.(\w+(?:\.\w+)*)")
-FLAG = re.compile(r"--?[A-Za-z][\w-]*")
 # A shell token that ends a command: a control operator or a redirection (`&> log`, `) &> log`).
 COMMAND_END = re.compile(r"^(?:&&|\|\||[;|&)]|[0-9]*>|&>)")
 
@@ -68,7 +69,8 @@ def commands(args: list[str]) -> list[tuple[str, list[str]]]:
 
 def mismatches(module: str, rest: list[str]) -> list[str]:
     """What in one command no parser of ours accepts: a module that does not exist, a flag its
-    parser does not declare; a launcher's own flags and then its `--module`'s."""
+    parser does not declare, a subcommand it does not have (test_doc_references.rejected); a
+    launcher's own flags and then its `--module`'s."""
     match = PACKAGE_MODULE.fullmatch(module)
     path = module_file(match.group(1)) if match else None
     if path is None or not path.is_file():
@@ -83,9 +85,7 @@ def mismatches(module: str, rest: list[str]) -> list[str]:
         started = own[own.index("--module") + 1] if "--module" in own[:-1] else None
         if started is None:
             return [f"{module}: no --module"]
-    flags = declared_flags(path)
-    problems = [f"{module} {flag}" for flag in (arg.split("=")[0] for arg in own)
-                if FLAG.fullmatch(flag) and flag not in flags]
+    problems = [f"{module} {problem}" for problem in rejected(path, own)]
     if name in LAUNCHERS:
         problems += mismatches(started, passed)
     return problems
