@@ -410,6 +410,33 @@ def test_a_state_from_before_group_sampling_and_example_positives_still_resumes(
             knob: value}
 
 
+# A value other than the default for every knob of the section (each a valid setting alone).
+CHANGED_KNOBS = {
+    "pooling": "mean", "similarity": "cosine", "q_len": 16, "p_len": 64, "title": "none",
+    "temperature": 0.05, "group_size": 4, "batch_size": 32, "sub_batches": 2, "gather": True,
+    "cache_chunk": 2, "projector": True, "lr": 1e-5, "warmup_ratio": 0.2, "lr_schedule": "cosine",
+    "min_lr_ratio": 0.1, "warmup_steps": 5, "weight_decay": 0.01, "max_grad_norm": 1.0,
+    "epochs": 2, "precision": "fp32", "train_queries": 10, "train_sample": 1,
+    "queries_without_negatives": "drop", "exclude_self": True, "negative_files": "separate",
+    "group_sampling": "cycle", "example_positives": "file",
+    "save_every_steps": 7, "log_every_steps": 3}
+
+
+def test_a_state_resumes_only_under_the_settings_it_was_trained_with():
+    """A saved state is resumed (training.claim_state) only where resume_settings match: any knob
+    that changes the trained weights (temperature, lr, the groups, ...) makes another job, so a
+    changed setting never continues the old run; when to save and to log do not."""
+    from retrieval_pretraining.finetune.train import resume_settings
+
+    plain = resume_settings(FinetuneSettings.from_config({}))
+    # A knob added to the section is added here too.
+    assert set(CHANGED_KNOBS) == set(FinetuneSettings.from_config({}).record())
+    for knob, value in CHANGED_KNOBS.items():
+        changed = resume_settings(FinetuneSettings.from_config({knob: value}))
+        neutral = knob in ("save_every_steps", "log_every_steps")
+        assert (changed == plain) == neutral, knob
+
+
 def test_a_training_set_with_cycling_groups_builds_them_in_any_chunk(tmp_path):
     from retrieval_pretraining.finetune.passages import PassageStore, write_passages
 
