@@ -1929,6 +1929,32 @@ def test_an_exported_projector_folder_encodes_as_the_model_embedded_while_traini
         load_bi_encoder(out, settings.retrieval, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_the_bi_encoder_embeds_both_sides_as_retrieval_does_under_cosine(tmp_path, pooling):
+    """Training's query and passage vectors are the ones retrieval computes (encode.embed, which
+    corpus encoding and dense search run), and under cosine both are unit vectors: a side scored
+    unnormalised would train another similarity than the one the encoder is evaluated with."""
+    from retrieval_pretraining.encode import embed, load_encoder, tokenize
+    from retrieval_pretraining.finetune.model import load_bi_encoder
+
+    base = tiny_encoder(tmp_path / "base")
+    knobs = {"pooling": pooling, "similarity": "cosine"}
+    settings = FinetuneSettings.from_config({"q_len": 16, "p_len": 24, "title": "none", **knobs})
+    model, tokenizer = load_bi_encoder(base, settings.retrieval, torch.device("cpu"))
+    titles = [""] * len(PASSAGES)
+    with torch.no_grad():
+        q, p = model.eval()(tokenize(tokenizer, QUERIES, 16),
+                            tokenize(tokenizer, PASSAGES, 24, titles, "none"))
+    for vectors in (q, p):
+        np.testing.assert_allclose(vectors.norm(dim=1).numpy(), 1.0, rtol=1e-5)
+    encoder, encoder_tokenizer = load_encoder(base, torch.device("cpu"))
+    np.testing.assert_allclose(q.numpy(), embed(encoder, encoder_tokenizer, QUERIES, max_len=16,
+                                                **knobs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p.numpy(), embed(encoder, encoder_tokenizer, PASSAGES, max_len=24,
+                                                titles=titles, title="none", **knobs),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_an_encoder_whose_tokenizer_has_ids_past_its_embeddings_is_refused(tmp_path):
     """A token added to the tokenizer and not to the encoder would fail the embedding lookup at
     the first text holding it (a device-side assert on CUDA): refused as the encoder loads,
