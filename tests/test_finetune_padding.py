@@ -18,10 +18,10 @@ class IdStore:
         return list(ids), list(ids)
 
 
-def _dataset(tmp_path, n=6):
-    """Queries q0..q(n-1) with positive d<i>, the first half of them the document of its own id
-    too; the negatives files name q0 alone (the rest are padded)."""
-    queries = [f"q{i}" for i in range(n)]
+def _dataset(tmp_path, n=6, prefix=""):
+    """Queries q0..q(n-1) (each id after `prefix`) with positive d<i>, the first half of them the
+    document of its own id too; the negatives files name q0 alone (the rest are padded)."""
+    queries = [f"{prefix}q{i}" for i in range(n)]
     docs = [*queries[:n // 2], *(f"d{i}" for i in range(n))]
     pl.DataFrame({"doc_id": docs, "title": [""] * len(docs), "text": docs}).write_parquet(
         tmp_path / "corpus.parquet")
@@ -31,15 +31,16 @@ def _dataset(tmp_path, n=6):
     files = []
     for name in ("bm25", "mined"):
         files.append(tmp_path / f"{name}.parquet")
-        pl.DataFrame({"query_id": ["q0"], "negative_ids": [["d1", "d2"]], "positive_ids": [["d0"]]},
+        pl.DataFrame({"query_id": [queries[0]], "negative_ids": [["d1", "d2"]],
+                      "positive_ids": [["d0"]]},
                      schema={"query_id": pl.String, "negative_ids": pl.List(pl.String),
                              "positive_ids": pl.List(pl.String)}).write_parquet(files[-1])
     return (tmp_path / "queries.parquet", tmp_path / "qrels.parquet", tmp_path / "corpus.parquet",
             files)
 
 
-def _groups(tmp_path, exclude_self, negative_files, epochs=40, group_size=6):
-    queries, qrels, corpus, files = _dataset(tmp_path)
+def _groups(tmp_path, exclude_self, negative_files, epochs=40, group_size=6, prefix=""):
+    queries, qrels, corpus, files = _dataset(tmp_path, prefix=prefix)
     settings = FinetuneSettings.from_config({"group_size": group_size, "exclude_self": exclude_self,
                                              "negative_files": negative_files})
     loaded = fdata.load_training_set(queries, qrels, corpus,
@@ -72,6 +73,17 @@ def test_padding_never_draws_the_querys_own_document_under_exclude_self(tmp_path
     for (example, group), (_, old) in zip(groups, kept):
         if example.split("@")[0] in ("q3", "q4", "q5"):
             assert group == old, example
+
+
+def test_a_query_id_holding_an_at_sign_never_pads_with_its_own_document(tmp_path):
+    """A separate example's id is `query_id@file`, its query all before the LAST @: a query id
+    with an @ of its own (a user's dataset: `t@q1`) still keeps its own document out of its
+    padded groups under exclude_self (read up to the first @ instead, it was `t`, no document)."""
+    loaded, groups = _groups(tmp_path, True, "separate", prefix="t@")
+    assert loaded.counts["queries_without_negatives_padded"] == 5
+    for example, group in groups:
+        query = "t@" + example.split("@")[1]  # t@q<i>@<file>: the query t@q<i>
+        assert group[0] == f"d{query[3:]}" and query not in group[1:], (example, group)
 
 
 def test_padding_says_why_when_the_corpus_holds_only_the_querys_positives_and_own_id():
