@@ -364,3 +364,29 @@ def test_the_loop_s_weights_after_two_cached_steps_are_the_uncached_loop_s(
     for name in start:
         torch.testing.assert_close(cached[name] - start[name].double(), moved[name],
                                    rtol=1e-9, atol=1e-14, msg=name)
+
+
+def test_the_loop_keys_each_chunk_s_dropout_by_its_step_micro_batch_and_chunk(
+        loop_inputs, tmp_path, monkeypatch):
+    """The loop seeds dropout before each chunk's two passes by (seed, step, micro-batch, chunk):
+    within a step each micro-batch's chunks draw their own masks, the same in both passes (the
+    cached gradient is the one of the vectors it was computed from), and no key repeats across
+    steps. Keyed without the micro-batch, the step's micro-batches reused one another's masks."""
+    from collections import Counter
+
+    data, encoder = loop_inputs
+    keys = []
+    seed_torch = training.seed_torch
+    monkeypatch.setattr(training, "seed_torch", lambda *key: keys.append(key) or seed_torch(*key))
+    cfg = {"q_len": 16, "p_len": 16, "group_size": 2, "batch_size": 8, "sub_batches": 2,
+           "cache_chunk": 2, "epochs": 1, "log_every_steps": 1}
+    assert fine_tune(cfg, encoder, data, [data["bm25"]], seed=5, out=tmp_path / "out",
+                     state_dir=tmp_path / "state", metrics_path=tmp_path / "m.jsonl") == 0
+    records = (tmp_path / "m.jsonl").read_text().splitlines()
+    steps = sum("loss" in json.loads(line) for line in records)
+    per_step = 2 * 2  # 2 micro-batches (contrast sets of 4) x 2 chunks of 2 queries
+    assert len(keys) == steps * per_step * 2  # each chunk seeded before both of its passes
+    for step in range(steps):
+        drawn = Counter(keys[step * per_step * 2:(step + 1) * per_step * 2])
+        assert len(drawn) == per_step and set(drawn.values()) == {2}, (step, drawn)
+    assert len(set(keys)) == steps * per_step
