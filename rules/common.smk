@@ -11,7 +11,7 @@ from retrieval_pretraining import config_checks  # noqa: E402
 from retrieval_pretraining import dataset_aliases  # noqa: E402
 from retrieval_pretraining import references as config_references  # noqa: E402
 
-config_checks.validate(config)
+config_checks.validate(config, workflow.overwrite_configfiles)
 # A dataset alias ({name, same_as[, title]}) is its source's entry under its own name (and title
 # mode, where it sets one) from here on, so every
 # rule reads it as a full entry; DATASET_ALIASES ({alias: source}) says whose files it copies

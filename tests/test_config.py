@@ -1,6 +1,7 @@
 """The experiment config: the shipped configs validate, bad values fail naming the key, paths stay inside."""
 
 import copy
+import itertools
 import json
 import re
 from pathlib import Path
@@ -678,6 +679,85 @@ def test_the_ablation_overlay_on_the_paper_config_is_valid():
     config_checks.validate(paper)
     names = [m["name"] for m in paper["pretrain"]["models"]]
     assert len(names) == len(set(names)) and len(names) > 5
+
+
+EXPERIMENTS = ROOT / "workflow" / "experiments"
+
+
+def _documented_bases(overlay: Path) -> tuple[str, ...]:
+    """The files the header comment's `snakemake --configfile ...` names before `overlay`."""
+    header = []
+    for line in overlay.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.lstrip("#").strip())
+    words = [w for w in " ".join(header).split() if w != "\\"]  # continuation lines joined
+    files = list(itertools.takewhile(lambda w: w.endswith(".yaml"),
+                                     words[words.index("--configfile") + 1:]))
+    assert files[-1] == f"workflow/experiments/{overlay.name}", files
+    return tuple(f.removeprefix("workflow/experiments/") for f in files[:-1])
+
+
+def test_the_overlays_config_checks_knows_are_those_their_header_comments_document():
+    """config_checks.OVERLAYS (the hint's source) and each file's documented command agree
+    (every experiment file's header names its `--configfile` command)."""
+    documented = {path.name: bases for path in sorted(EXPERIMENTS.glob("*.yaml"))
+                  if (bases := _documented_bases(path))}
+    assert documented == config_checks.OVERLAYS
+
+
+def test_an_overlay_hint_needs_its_bases_before_it_in_order_and_the_project_s_own_file(tmp_path):
+    hints = config_checks.overlay_hints
+    paper, bow, recipe = (EXPERIMENTS / n for n in ("paper.yaml", "bow.yaml", "bow-recipe.yaml"))
+    assert not hints([paper, bow]) and not hints([paper, tmp_path / "x.yaml", bow, recipe])
+    assert hints([bow, paper]) and hints([paper, recipe]) and hints([bow, paper, recipe])
+    copy = tmp_path / "bow.yaml"  # a user's own file of that name: maybe a whole config
+    copy.write_text(bow.read_text())
+    assert not hints([copy])
+
+
+def test_a_valid_config_given_by_an_overlay_alone_gets_no_hint(demo):
+    """The hint comes with a failure only: an overlay that validates alone is the user's call."""
+    config_checks.validate(copy.deepcopy(demo), [EXPERIMENTS / "bow.yaml"])
+
+
+@pytest.fixture(scope="module")
+def overlay_project(tmp_path_factory):
+    from workflow_harness import copy_project
+
+    return copy_project(tmp_path_factory.mktemp("overlays") / "project")
+
+
+def _dry_run(project, *names):
+    from workflow_harness import snakemake
+
+    files = (str(project / "workflow" / "experiments" / n) for n in names)
+    return snakemake(project, "--dry-run", "--configfile", *files, "--", "results/tables.md",
+                     check=False)
+
+
+@pytest.mark.parametrize("given, hint", [
+    (["bow.yaml"], "workflow/experiments/bow.yaml is an overlay on paper.yaml: pass --configfile "
+     "workflow/experiments/paper.yaml workflow/experiments/bow.yaml"),
+    (["paper.yaml", "bow-recipe.yaml"],
+     "workflow/experiments/bow-recipe.yaml is an overlay on paper.yaml and bow.yaml: pass "
+     "--configfile workflow/experiments/paper.yaml workflow/experiments/bow.yaml "
+     "workflow/experiments/bow-recipe.yaml"),
+])
+def test_an_overlay_without_the_files_before_it_fails_naming_the_command(overlay_project, given,
+                                                                          hint):
+    """Given alone, an overlay failed on keys only paper.yaml defines ("'t3' is not a spans
+    entry"), naming no missing file: the error's last line now says which to pass first."""
+    result = _dry_run(overlay_project, *given)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "invalid config:" in output, output
+    assert "\n  " + hint + "\n" in output, output
+
+
+def test_an_overlay_after_the_files_it_needs_plans(overlay_project):
+    result = _dry_run(overlay_project, "paper.yaml", "bow.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "is an overlay on" not in result.stdout + result.stderr
 
 
 def test_every_published_number_names_a_benchmark_a_column_can_name():

@@ -12,8 +12,10 @@ config.py, every rule's code input.
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,18 @@ import jsonschema
 
 from . import corpora, dataset_aliases, paper_numbers, schema_messages
 from .config import PROJECT_ROOT, SCHEMA_DIR, STAGE_PATTERN, ConfigError, _read_yaml
+
+
+# The shipped overlays (workflow/experiments/) and the files each is passed after, in order, as its
+# header comment's command names them (tests/test_config.py keeps the two equal). Given without
+# them, an overlay fails validation on keys only they define ("'t3' is not a spans entry"): the
+# error then names the command (overlay_hints).
+EXPERIMENTS = PROJECT_ROOT / "workflow" / "experiments"
+OVERLAYS = {
+    "ablations.yaml": ("paper.yaml",),
+    "bow.yaml": ("paper.yaml",),
+    "bow-recipe.yaml": ("paper.yaml", "bow.yaml"),
+}
 
 
 class ConfigWarning(UserWarning):
@@ -81,8 +95,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"config key '{key}': {error.message}{allowed}"
 
 
-def validate(config: dict[str, Any]) -> dict[str, Any]:
-    """Raise ConfigError listing every violation; return the config unchanged when valid."""
+def validate(config: dict[str, Any], configfiles: Iterable[str | Path] = ()) -> dict[str, Any]:
+    """Raise ConfigError listing every violation; return the config unchanged when valid.
+    `configfiles`: the command line's --configfile files, in order (overlay_hints)."""
     validator = Validator(load_schema())
     errors = [leaf for e in validator.iter_errors(config) for leaf in _branch_errors(e)]
     errors.sort(key=lambda e: list(map(str, e.absolute_path)))
@@ -96,10 +111,36 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if not messages:  # cross-checks assume the shapes the schema guarantees
         messages = _alias_mistakes(config) or cross_check(_resolved(config))
     if messages:
+        messages += overlay_hints(configfiles)
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
     for advice in advisories(config):
         warnings.warn(advice, ConfigWarning, stacklevel=2)
     return config
+
+
+def overlay_hints(configfiles: Iterable[str | Path]) -> list[str]:
+    """One line for each shipped overlay among `configfiles` given without the files it is passed
+    after (OVERLAYS), in that order before it: the command to use. Only this project's files
+    (by resolved path); a copy elsewhere may be a whole config."""
+    given = [Path(f).resolve() for f in configfiles]
+    hints = []
+    for position, path in enumerate(given):
+        if path.parent != EXPERIMENTS or path.name not in OVERLAYS:
+            continue
+        needed = iter(given[:position])
+        if all(EXPERIMENTS / name in needed for name in OVERLAYS[path.name]):
+            continue  # each needed file before it, in order (`in` consumes the iterator)
+        names = OVERLAYS[path.name]
+        command = " ".join(_shown(EXPERIMENTS / name) for name in (*names, path.name))
+        hints.append(f"{_shown(path)} is an overlay on {' and '.join(names)}: pass "
+                     f"--configfile {command}")
+    return hints
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it, else absolute."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 def advisories(config: dict[str, Any]) -> list[str]:
