@@ -70,6 +70,22 @@ def test_a_file_with_a_contract_schema_is_recognised_as_that_contract(kind, tmp_
     ]
 
 
+@pytest.mark.parametrize("kind", PARQUET_KINDS, ids=lambda k: k.name)
+def test_a_column_of_another_type_fails_its_schema_check(kind, tmp_path):
+    """Recognition reads column names alone: a column written with another type (an id as
+    large_string, a count as a string) is recognised, and its type check is what fails it."""
+    field = kind.schema.field(0)
+    other = pa.large_string() if field.type == pa.string() else pa.string()
+    schema = kind.schema.set(0, field.with_type(other))
+    path = tmp_path / "artifact.parquet"
+    pq.write_table(schema.empty_table(), path)
+    assert audit.detect(path) is kind
+    checks = {name: ok for name, ok, _ in audit.audit(path).checks}
+    assert checks[f"column {field.name} is {field.type}"] is False
+    assert all(ok for name, ok in checks.items() if name.startswith("column ")
+               and not name.startswith(f"column {field.name} is "))
+
+
 def test_known_file_patterns_name_a_rule():
     """Each pattern audit knows names the rules (" / " between several) that write it, as
     rules/*.smk defines them; the report's is the `snakemake --report` command."""
