@@ -660,6 +660,60 @@ def test_a_chunk_without_text_fails_without_the_tokenizer(results, capsys, monke
     assert shortest > 3 and f"{check}: shortest {shortest}" in audited(good, capsys)[1]
 
 
+def test_a_chunk_twice_in_a_row_fails(results, capsys):
+    """A chunk repeated right after itself: sorted, yet not unique (the row count and the
+    per-row checks pass it where no manifest counts the shard)."""
+    table = pq.read_table(results / "corpus/wikipedia/chunks/shard-0000.parquet")
+    last = len(table) - 1
+    path = results / "corpus/wikipedia/adjacent/shard-0000.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.concat_tables([table, table.slice(last)]), path)
+    chunk_id = table["chunk_id"][last].as_py()
+    out = fails(path, "chunk_id sorted and unique", capsys)
+    assert f"1 rows, first row {last + 1}: chunk_id {chunk_id} after {chunk_id}" in out, out
+
+
+@pytest.mark.parametrize("where", ["again", "at [SEP]"])
+def test_word_starts_repeated_or_at_sep_fail_without_the_tokenizer(
+    results, capsys, monkeypatch, where
+):
+    """Without the tokenizer chunk.py's check is not run: the range and order check of
+    word_starts is all that sees a start named twice or one on the closing [SEP]."""
+    from retrieval_pretraining.contracts.chunks import audit as chunks_audit
+
+    monkeypatch.setattr(chunks_audit, "manifest_tokenizer", lambda *_: (None, None))
+    good = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    table = pq.read_table(good)
+    starts = table["word_starts"][1].as_py()
+    extra = starts[-1] if where == "again" else len(table["input_ids"][1]) - 1
+    bad = chunks_with(results, f"starts-{where.replace(' ', '-')}", "word_starts", 1,
+                      starts + [extra])
+    check = "word_starts sorted, inside the text tokens"
+    assert "first bad row [1]" in fails(bad, check, capsys)
+    passes(good, check, capsys)
+
+
+def test_a_chunk_one_token_over_max_len_fails(results, capsys):
+    good = results / "corpus/wikipedia/chunks/shard-0000.parquet"
+    ids = pq.read_table(good)["input_ids"][0].as_py()
+    longer = ids[:-1] + [ids[1]] * (129 - len(ids)) + [ids[-1]]  # the manifest's max_len: 128
+    bad = chunks_with(results, "over-max-len", "input_ids", 0, longer)
+    assert "longest 129" in fails(bad, "every chunk <= max_len 128", capsys)
+    passes(good, "every chunk <= max_len 128", capsys)
+
+
+def test_spans_of_other_chunks_in_as_many_rows_fail(results, capsys):
+    """Row i's spans are read against chunk i: a spans shard with its rows in another order
+    (as many as the chunks) reads each chunk's spans against another chunk."""
+    good = results / "corpus/wikipedia/spans/costa/shard-0000.parquet"
+    table = pq.read_table(good)
+    path = results / "corpus/wikipedia/spans/reordered/shard-0000.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(table.take(pa.array(range(len(table) - 1, -1, -1))), path)
+    fails(path, "row i describes chunk i (chunk_id equal row by row)", capsys)
+    passes(good, "row i describes chunk i (chunk_id equal row by row)", capsys)
+
+
 def snakemake_output(project, rel, rule):
     """Snakemake's record of `rel` as an output of a job of `rule` (.snakemake/metadata)."""
     import base64
