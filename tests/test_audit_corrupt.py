@@ -295,7 +295,7 @@ def test_negatives_a_writer_never_leaves_fail(
     passes(intact, check, capsys)
 
 
-@pytest.mark.parametrize("ranks", [[5, 0], [3, 2], [2, 2], [-1, -1]])
+@pytest.mark.parametrize("ranks", [[5, 0], [3, 2], [2, 2], [-1, -1], [0, 1]])
 def test_negatives_out_of_rank_order_fail(results, monkeypatch, ranks, capsys):
     """bm25.py and mine.py keep the sampled negatives in rank order, ranks counted from 1."""
     misranked = row(["d1"], ["d2", "d3"]) | {"negative_ranks": ranks}
@@ -314,6 +314,44 @@ def test_negatives_of_the_unranked_triples_source_have_ranks_minus_one(
            "ranks all -1 (triples: unranked)", capsys)
     bad = write_negatives(results, monkeypatch, "triples-ranked", [row(["d1"], ["d2"])], triples)
     fails(bad, "ranks all -1 (triples: unranked)", capsys)
+
+
+def test_negatives_past_the_first_batch_are_checked_against_the_corpus(
+    results, monkeypatch, capsys
+):
+    """The rows are checked a batch at a time: a document the corpus lacks in a later batch
+    fails as one in the first does."""
+    from retrieval_pretraining.contracts.negatives import audit as negatives_audit
+
+    monkeypatch.setattr(negatives_audit, "ROWS_PER_BATCH", 1)
+    rows = [row(["d1"], ["d2", "d3"]), row(["d1"], ["d2", "d9"]) | {"query_id": "q2"}]
+    bad = write_negatives(results, monkeypatch, "later-batch", rows)
+    out = fails(bad, "every negative is a document of the corpus", capsys)
+    assert "1 queries, e.g. ['q2']" in out, out
+
+
+def write_mined(results, name, negative_ids, scores, policy):
+    """Mined negatives of one query, with mine.py's policy in their manifest."""
+    path = results / f"finetune/bert/toy/{name}/hard-negatives.parquet"
+    rows = [row(["d1"], negative_ids) | {"negative_scores": scores}]
+    artifacts.write_parquet(path, pa.Table.from_pylist(rows, negatives.MINED_SCHEMA),
+                            negatives.MINED_SCHEMA)
+    artifacts.write_manifest(artifacts.manifest_path(path), stage="mine", params={"policy": policy},
+                             stats={"queries_mined": 1})
+    return path
+
+
+def test_mined_negatives_a_miner_never_leaves_fail(results, capsys):
+    """mine.py empties a query left with fewer than min_negatives (so none keeps 1 to
+    min_negatives - 1, the bound included) and scores each negative it keeps."""
+    check = "no query with 1 to 2 negatives (min_negatives 3)"
+    short_row = write_mined(results, "two-of-three", ["d2", "d3"], [0.5, 0.4],
+                            {"min_negatives": 3})
+    assert "e.g. ['q1']" in fails(short_row, check, capsys)
+    passes(write_mined(results, "two-of-two", ["d2", "d3"], [0.5, 0.4], {"min_negatives": 2}),
+           "no query with 1 to 1 negatives (min_negatives 2)", capsys)
+    unscored = write_mined(results, "unscored", ["d2", "d3"], [0.5], {})
+    assert "e.g. ['q1']" in fails(unscored, "one score per negative", capsys)
 
 
 @pytest.mark.parametrize(
