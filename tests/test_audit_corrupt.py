@@ -463,6 +463,27 @@ def test_a_split_unlike_its_queries_corpus_or_manifest_fails(results, capsys):
     fails(bad / "queries-test.parquet", "rows equal the manifest's queries count", capsys)
 
 
+def test_qrels_with_fewer_missing_documents_or_other_level_counts_fail(results, capsys):
+    """The manifest's counts are compared for equality: judgements of documents the corpus
+    lacks replaced by ones it holds, or the same relevance levels counted otherwise, fail."""
+    import polars as pl
+
+    from retrieval_pretraining.contracts.datasets.checks import check_split
+
+    queries = [{"query_id": "q1", "text": "snow"}, {"query_id": "q2", "text": "ice"}]
+    qrels = [{"query_id": "q1", "doc_id": "d1", "relevance": 1},
+             {"query_id": "q2", "doc_id": "d9", "relevance": 2}]  # d9: not in the corpus
+    corpus_ids = pl.read_parquet(results / "datasets/toy/corpus.parquet", columns=["doc_id"])
+    _, _, stats = check_split(pl.DataFrame(queries), pl.DataFrame(qrels), corpus_ids, "toy")
+    edited = [qrels[0], {"query_id": "q1", "doc_id": "d2", "relevance": 1},
+              {"query_id": "q2", "doc_id": "d3", "relevance": 2}]  # levels {1: 2, 2: 1}
+    bad = write_split(results, "split-recounted", queries, edited, stats) / "qrels-test.parquet"
+    out = fails(bad, "judged documents missing from corpus.parquet: 1, as the manifest counts",
+                capsys)
+    assert "found 0" in out, out
+    fails(bad, "relevance levels and their counts are the manifest's", capsys)
+
+
 TREC_FIELD = "one TREC field (not empty, no space, tab, \\n, \\v, \\f or \\r)"
 
 
