@@ -124,6 +124,29 @@ def test_embeddings_unlike_their_manifest_or_corpus_fail(results, capsys):
     assert "first difference at row 0: 'd3' vs 'd2'" in out, out
 
 
+def test_embeddings_with_a_nan_in_a_read_s_last_row_fail(results, capsys, monkeypatch):
+    """The rows are read a slice at a time: a nan in the last row of a slice fails too."""
+    from retrieval_pretraining.contracts.embeddings import audit as embeddings_audit
+
+    monkeypatch.setattr(embeddings_audit, "ROWS_PER_READ", 2)
+    vectors = np.ones((3, 4), np.float16)
+    vectors[1, 0] = np.nan
+    shard = results / "index/bert/toy/nan-slice-end/shard-0000.npy"
+    shard.parent.mkdir(parents=True)
+    np.save(shard, vectors)
+    assert "1 rows, first 1" in fails(shard, "finite values (every row)", capsys)
+
+
+def test_embeddings_of_another_dimension_in_the_recorded_dtype_fail(results, capsys):
+    """Shape and dtype are compared together: a shape unlike the manifest's fails even where
+    the dtype is the recorded one."""
+    recorded = {"rows": 3, "dim": 8, "dtype": "float16"}
+    wrong = write_shard(results, "narrower", np.ones((3, 4), np.float16), ["d1", "d2", "d3"],
+                        recorded)
+    out = fails(wrong, "shape and dtype are the manifest's (rows, dim, dtype)", capsys)
+    assert "(3, 4) float16 vs (3, 8) float16" in out, out
+
+
 def test_embeddings_replaced_by_another_shard_s_array_fail(results, capsys):
     """An array of the same shape and dtype (another shard's, its ids file untouched) passed
     every check: encode.py records the .npy file's sha256, and audit compares it. A manifest
@@ -554,6 +577,19 @@ def with_null(results, rel, column, name):
     pq.write_table(table.set_column(table.schema.get_field_index(column), column,
                                     pa.array(values, table.schema.field(column).type)), path)
     return path
+
+
+def test_metrics_a_little_off_or_below_zero_fail(results, capsys):
+    """An aggregate 0.01 from the mean of its per-query scores, and a per-query score below 0,
+    fail: the tolerance is rounding's (1e-4), and the bound is [0, 1] on both sides."""
+    _, metrics = scored(results, "off")
+    check = "nDCG@10 aggregate = mean of per-query scores"
+    passes(metrics, check, capsys)
+    edit_metrics(metrics, lambda d: d["aggregate"].update({"nDCG@10": d["aggregate"]["nDCG@10"]
+                                                           + 0.01}))
+    fails(metrics, check, capsys)
+    edit_metrics(metrics, lambda d: d["per_query"]["R@100"].update(q1=-0.5))
+    assert "('q1', -0.5)" in fails(metrics, "R@100: every per-query score in [0, 1]", capsys)
 
 
 @pytest.mark.parametrize(
