@@ -592,6 +592,44 @@ def test_metrics_a_little_off_or_below_zero_fail(results, capsys):
     assert "('q1', -0.5)" in fails(metrics, "R@100: every per-query score in [0, 1]", capsys)
 
 
+def test_a_model_folder_with_a_pickled_bin_fails(results, capsys):
+    """pytorch_model.bin is a pickle: loading it runs code."""
+    folder = results / "pretrain/pickled/encoder"
+    shutil.copytree(results / "pretrain/costa/encoder", folder)
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
+    assert "pytorch_model.bin" in fails(folder, "no pickled files", capsys)
+
+
+def test_heads_of_another_objective_than_their_encoder_fail(results, capsys):
+    folder = results / "pretrain/other-objective"
+    shutil.copytree(results / "pretrain/costa/encoder", folder / "encoder")
+    heads = {"projector.0.weight": np.zeros((4, 4), np.float32)}
+    save_file(heads, str(folder / "heads.safetensors"), metadata={"objective": "cpdae"})
+    assert "cpdae vs costa" in fails(folder / "heads.safetensors",
+                                     "objective equals the encoder's training.json", capsys)
+
+
+def test_articles_with_one_empty_text_fail(results, capsys):
+    good = results / "wikipedia/articles/p1.parquet"
+    table = pq.read_table(good)
+    texts = table["text"].to_pylist()
+    texts[-1] = ""
+    path = good.with_name("one-empty.parquet")
+    index = table.schema.get_field_index("text")
+    pq.write_table(table.set_column(index, table.schema.field(index), pa.array(
+        texts, table.schema.field(index).type)), path)
+    assert "1 empty" in fails(path, "no empty text", capsys)
+    passes(good, "no empty text", capsys)
+
+
+def test_a_training_log_with_a_step_logged_twice_fails(results, capsys):
+    log = results / "pretrain/twice/metrics.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2, 2, 3)))
+    fails(log, "steps increase", capsys)
+    passes(results / "pretrain/costa/metrics.jsonl", "steps increase", capsys)
+
+
 @pytest.mark.parametrize(
     "rel", ["wikipedia/articles/p1.parquet", "corpus/wikipedia/chunks/shard-0000.parquet"]
 )
