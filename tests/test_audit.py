@@ -648,6 +648,26 @@ def test_a_faiss_folder_is_checked_against_its_manifest(results, capsys):
     assert "PASS  input 'shard0' still has the recorded checksum" in out
 
 
+def test_a_faiss_folder_s_docid_lines_and_dimension_are_compared(results, capsys):
+    """One docid line per vector, a last line without its newline counted (as
+    faiss_index.read_doc_ids reads it), and the dimension the manifest records."""
+    check = "one docid line per vector (Pyserini FaissSearcher layout)"
+    unterminated = faiss_folder_with_manifest(results, "unterminated", 3)
+    (unterminated / "docid").write_text("d1\nd2\nd3")
+    status, out, _ = run_audit(unterminated, capsys)
+    assert status == 0 and f"PASS  {check}" in out, out
+    extra = faiss_folder_with_manifest(results, "extra-docid", 3)
+    (extra / "docid").write_text("d1\nd2\nd3\nd4\n")
+    status, out, _ = run_audit(extra, capsys)
+    assert status == 1 and f"FAIL  {check}: 4 vs 3" in out, out
+    wider = faiss_folder_with_manifest(results, "wider", 3)
+    manifest = json.loads((wider / "manifest.json").read_text())
+    manifest["stats"]["dim"] = 8
+    (wider / "manifest.json").write_text(json.dumps(manifest))
+    status, out, _ = run_audit(wider, capsys)
+    assert status == 1 and "FAIL  dimension equals the manifest's: 4 vs 8" in out, out
+
+
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory):
     """A dataset whose corpus holds 200,000 passages of 400 characters (80 MB of text read), in
