@@ -537,6 +537,28 @@ def test_a_download_is_compared_with_its_manifest(results, capsys):
     assert status == 1 and "FAIL  sha256 equals the recorded download's" in out
 
 
+def test_a_download_grown_since_or_without_its_manifest_fails(results, capsys):
+    """The size is compared for equality (a file larger or smaller than recorded fails on its
+    size, not only on its sha256, which a download over HASH_LIMIT_BYTES skips), and a file below
+    results/downloads/ without its manifest fails."""
+    from retrieval_pretraining.contracts import downloads
+
+    good = results / "downloads/datasets/toy/queries.tsv"
+    grown = good.with_name("grown.tsv")
+    grown.write_bytes(good.read_bytes() + b"q9\tmore\n")
+    manifest = downloads.download_manifest_path(good)
+    shutil.copy(manifest, downloads.download_manifest_path(grown))
+    status, out, _ = run_audit(grown, capsys)
+    assert status == 1 and "FAIL  size equals the recorded download's" in out, out
+    grown.write_bytes(good.read_bytes()[:-1])  # cut short
+    status, out, _ = run_audit(grown, capsys)
+    assert status == 1 and "FAIL  size equals the recorded download's" in out, out
+    stray = good.with_name("stray.tsv")
+    shutil.copy(good, stray)
+    status, out, _ = run_audit(stray, capsys)
+    assert status == 1 and "FAIL  download manifest beside it (NAME.manifest.json)" in out, out
+
+
 def test_logs_and_snakemake_markers_are_not_artifacts(results, capsys):
     status, _, err = run_audit(results / "logs/score_run/toy/bm25/test.log", capsys)
     assert status == 2 and "a Snakemake job log of rule score_run, not an artifact" in err
