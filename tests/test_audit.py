@@ -523,6 +523,43 @@ def test_dataset_info_and_tables_json_are_checked(results, capsys):
     assert status == 0 and "BM25 [bm25]: nDCG@10 0.7500" in out, out
 
 
+def edited(path, text, audit_it, capsys):
+    """`path` audited with `text` in it, then restored."""
+    original = path.read_text()
+    path.write_text(text)
+    try:
+        return run_audit(audit_it, capsys)
+    finally:
+        path.write_text(original)
+
+
+def test_a_page_cut_short_and_tables_json_with_gaps_fail(results, capsys):
+    """An HTML page without its end, tables.json naming a metrics file it missed, and a system
+    row (the last) with an empty cell."""
+    page = results / "report/tables.html"
+    status, out, _ = edited(page, page.read_text()[:-40], page, capsys)
+    assert status == 1 and "FAIL  complete HTML document (ends with </html>)" in out, out
+    tables = results / "report/tables.json"
+    data = json.loads(tables.read_text())
+    missing = data | {"missing": ["results/metrics/toy/dense/test.json"]}
+    status, out, _ = edited(tables, json.dumps(missing), tables, capsys)
+    assert status == 1 and "FAIL  no metrics file missing: results/metrics/toy/dense" in out, out
+    gap = json.loads(tables.read_text())
+    rows = gap["tables"]["main"][0]["rows"]
+    rows.append({"label": "Dense", "system": "dense",
+                 "cells": [rows[0]["cells"][0] | {"value": None}]})
+    status, out, _ = edited(tables, json.dumps(gap), tables, capsys)
+    assert status == 1 and ("FAIL  every system row has a value in every column: main: Dense"
+                            in out), out
+
+
+def test_an_analysis_s_numbers_with_a_nan_fail(results, capsys):
+    numbers = results / "analysis/loss-curves.json"
+    data = json.loads(numbers.read_text()) | {"extra": [1.0, float("nan")]}
+    status, out, _ = edited(numbers, json.dumps(data), numbers, capsys)
+    assert status == 1 and "FAIL  every number finite" in out, out
+
+
 def test_a_download_is_compared_with_its_manifest(results, capsys):
     path = results / "downloads/datasets/toy/queries.tsv"
     status, out, _ = run_audit(path, capsys)
