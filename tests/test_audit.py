@@ -560,6 +560,19 @@ def test_an_analysis_s_numbers_with_a_nan_fail(results, capsys):
     assert status == 1 and "FAIL  every number finite" in out, out
 
 
+def test_a_manifest_audited_on_its_own_compares_its_inputs(results, capsys):
+    folder = faiss_folder_with_manifest(results, "manifest-alone", 3)
+    manifest = folder / "manifest.json"
+    status, out, _ = run_audit(manifest, capsys)
+    assert status == 0 and "[manifest]" in out, out
+    assert "PASS  input 'shard0' still has the recorded checksum" in out, out
+    data = json.loads(manifest.read_text())
+    data["inputs"]["shard0"]["sha256"] = "0" * 64
+    manifest.write_text(json.dumps(data))
+    status, out, _ = run_audit(manifest, capsys)
+    assert status == 1 and "FAIL  input 'shard0' still has the recorded checksum" in out, out
+
+
 def test_a_download_is_compared_with_its_manifest(results, capsys):
     path = results / "downloads/datasets/toy/queries.tsv"
     status, out, _ = run_audit(path, capsys)
