@@ -420,6 +420,7 @@ def test_a_manifest_whose_stats_or_params_is_not_an_object_fails_its_check(
     ("chunks", "inputs", [1], "its inputs is not a JSON object but an array"),
     ("chunks", "inputs.articles", 5, "its inputs.articles is not a JSON object but a number"),
     ("chunks", "params.max_len", "128", "its params.max_len is \"128\", not a positive integer"),
+    ("chunks", "params.max_len", 0, "its params.max_len is 0, not a positive integer"),
     ("chunks", "inputs.articles.path", 5, "its inputs.articles.path is 5, not a string"),
     ("index", "inputs.corpus.path", [1], "its inputs.corpus.path is [1], not a string")])
 def test_a_manifest_whose_nested_member_is_damaged_fails_its_check(results, capsys, artifact,
