@@ -222,6 +222,44 @@ def test_a_model_folder_whose_weights_are_not_the_recorded_ones_fails(results, c
            f"manifest.json records {recorded}" in out, out
 
 
+def test_a_model_folder_with_a_weight_file_unrecorded_or_missing_fails(results, capsys):
+    """manifest.json names every weight file: one added since, or one recorded and gone, is not
+    the model its records describe."""
+    check = "weights match the sha256 manifest.json records"
+    folder = results / "pretrain/unrecorded/encoder"
+    shutil.copytree(results / "pretrain/costa/encoder", folder)
+    artifacts.write_manifest(folder / "manifest.json", stage="pretrain", params={},
+                             stats={"weights": artifacts.weights_checksums(folder)})
+    save_file({"w": np.zeros((4, 4), np.float32)}, str(folder / "projector.safetensors"))
+    assert "projector.safetensors: not recorded in manifest.json" in fails(folder, check, capsys)
+    artifacts.write_manifest(folder / "manifest.json", stage="pretrain", params={},
+                             stats={"weights": artifacts.weights_checksums(folder)})
+    (folder / "projector.safetensors").unlink()
+    assert ("projector.safetensors: recorded in manifest.json, missing from the folder"
+            in fails(folder, check, capsys))
+
+
+def test_heads_with_a_second_dimension_unlike_the_encoder_s_fail(results, capsys):
+    bad = results / "pretrain/narrow/heads.safetensors"
+    (bad.parent / "encoder").mkdir(parents=True)
+    shutil.copy(results / "pretrain/costa/encoder/config.json", bad.parent / "encoder")
+    save_file({"projector.0.weight": np.zeros((4, 7), np.float32)}, str(bad))
+    assert "projector.0.weight" in fails(bad, "every dimension is the encoder's hidden or "
+                                         "vocabulary size", capsys)
+
+
+def test_a_tokenizer_without_mask_fails(results, capsys):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordPiece
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "snow", "##s"])}
+    path = results / "checkpoints/nomask/tokenizer.json"
+    path.parent.mkdir(parents=True)
+    Tokenizer(WordPiece(vocab, unk_token="[UNK]")).save(str(path))
+    assert "missing ['[MASK]']" in fails(path, "has BERT's special tokens", capsys)
+    passes(results / "checkpoints/minilm/tokenizer.json", "has BERT's special tokens", capsys)
+
+
 def test_an_encoder_whose_training_data_changed_since_fails(results, capsys):
     """training.json records the sha256 of the shards the encoder trained on (`data`, paths as
     the stage was given them: relative to the project); the audit checked only the checkpoint's
