@@ -315,6 +315,9 @@ def test_a_run_whose_encoder_was_retrained_since_fails(results, capsys):
     assert status == 0 and check not in out, out
     assert f"input encoder: {folder} (a folder; its weights' sha256 not recorded" in out
     artifacts.write_json(artifacts.manifest_path(run), recorded)
+    # Exported again by code that records no weights: not the recorded ones either.
+    artifacts.write_manifest(folder / "manifest.json", stage="pretrain", params={})
+    assert "records no weights" in fails(run, check, capsys)
     shutil.rmtree(folder)
     status, out = audited(run, capsys)
     assert status == 0 and check not in out and f"input encoder: {folder} not found now" in out
