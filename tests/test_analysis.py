@@ -892,3 +892,32 @@ def test_coverage_calls_chunks_training_chunks_only_where_a_model_trained_on_the
                                    tmp_path / "c.json")
         assert result["held_out"] is unseen, case
         assert ("training (!)" in titles[-1]) is not unseen, (case, titles[-1])
+
+
+def test_the_coverage_figure_names_each_model_s_projection_and_the_chunks_it_drew(
+    encoder_dir, base_with_mlm_head, tokenizer, tmp_path, monkeypatch
+):
+    """The legend says which projection each line was read through (a base checkpoint's MLM
+    head, a headless encoder's E^T), the title how many chunks were drawn: those the shard held
+    (2), not the configured sample size (10); each line's points are its coverage at each k (at
+    k = 30000 every ordinary word ranks: 1.0, well above the top 1's)."""
+    write_chunks(tmp_path / "shard-0000.parquet", tokenizer)
+    shown = []
+    real = coverage.save_figure
+
+    def keep(fig, path):
+        ax = fig.axes[0]
+        shown.append((ax.get_title(), [t.get_text() for t in ax.get_legend().get_texts()],
+                      [line.get_ydata().tolist() for line in ax.get_lines()]))
+        real(fig, path)
+
+    monkeypatch.setattr(coverage, "save_figure", keep)
+    result = coverage.coverage({"bert": base_with_mlm_head, "plain": encoder_dir},
+                               [tmp_path / "shard-0000.parquet"], [1, 30000], 10,
+                               tmp_path / "c.png", tmp_path / "c.json")
+    [(title, labels, ys)] = shown
+    assert labels == ["bert (MLM head)", "plain (E^T)"]
+    assert title == "2 held-out chunks"
+    assert ys == [[result["models"][m]["coverage"][k] for k in (1, 30000)]
+                  for m in ("bert", "plain")]
+    assert all(line[1] == 1.0 > line[0] for line in ys)
