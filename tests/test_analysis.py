@@ -921,3 +921,37 @@ def test_the_coverage_figure_names_each_model_s_projection_and_the_chunks_it_dre
     assert ys == [[result["models"][m]["coverage"][k] for k in (1, 30000)]
                   for m in ("bert", "plain")]
     assert all(line[1] == 1.0 > line[0] for line in ys)
+
+
+def test_cpdae_top_words_are_the_decoder_read_on_cls(encoder_dir, tokenizer, tmp_path):
+    """A decoder whose only favourites are the special and [unused] ids: the words and
+    probabilities shown are those of sigmoid(decoder(h_CLS)) for the text, those ids left out,
+    computed here through transformers' own BERT (a decoder read on another position shows other
+    words)."""
+    from transformers import BertModel
+
+    from retrieval_pretraining.pretrain.model import cpdae_decoder
+
+    torch.manual_seed(3)
+    decoder = cpdae_decoder(32, 30522, 1e-12).eval()
+    excluded = coverage.excluded_ids(tokenizer)
+    with torch.no_grad():
+        decoder[-1].bias[excluded] += 50.0
+    folder = tmp_path / "cpdae"
+    folder.mkdir()
+    (folder / "encoder").symlink_to(encoder_dir, target_is_directory=True)
+    save_file({f"decoder.{k}": v.contiguous() for k, v in decoder.state_dict().items()},
+              str(folder / "heads.safetensors"))
+    text = cpdae_words.cpdae_top_words(folder / "encoder", [TEXTS[1]], 5, tmp_path / "words.md")
+    shown = text.split("**Top words:** ")[1].splitlines()[0]
+    model = BertModel.from_pretrained(encoder_dir, add_pooling_layer=False).eval()
+    ids = tokenizer(TEXTS[1])["input_ids"]
+    with torch.no_grad():
+        cls = model(input_ids=torch.tensor([ids])).last_hidden_state[:, 0]
+        probs = torch.sigmoid(decoder(cls))[0]
+    probs[excluded] = -1.0
+    values, top = torch.topk(probs, 5)
+    expected = [f"{tokenizer.convert_ids_to_tokens(int(i))} "
+                f"({v:.2f}{', in text' if int(i) in ids else ''})"
+                for v, i in zip(values.tolist(), top.tolist())]
+    assert shown.split(" · ") == expected
