@@ -955,3 +955,36 @@ def test_cpdae_top_words_are_the_decoder_read_on_cls(encoder_dir, tokenizer, tmp
                 f"({v:.2f}{', in text' if int(i) in ids else ''})"
                 for v, i in zip(values.tolist(), top.tolist())]
     assert shown.split(" · ") == expected
+
+
+def test_the_tsne_panels_place_the_query_first_and_mark_each_relevant_rank(
+    encoder_dir, tmp_path, monkeypatch
+):
+    """Each panel's t-SNE takes the query's vector, then its candidates' in run order (the
+    relevant mask and the rank labels index them so), under the cosine distance the docstring
+    names; each relevant candidate is labelled with its 1-based rank in that panel's run."""
+    import sklearn.manifold
+
+    from retrieval_pretraining import encode
+
+    embedded, placed, metrics, figures = [], [], [], []
+    embed, points, real_tsne = encode.embed, tsne.tsne_points, sklearn.manifold.TSNE
+    monkeypatch.setattr(encode, "embed", lambda *a, **kw: embedded.append(embed(*a, **kw))
+                        or embedded[-1])
+    monkeypatch.setattr(tsne, "tsne_points", lambda vectors, seed: placed.append(
+        (vectors, points(vectors, seed))) or placed[-1][1])
+    monkeypatch.setattr(sklearn.manifold, "TSNE", lambda **kw: metrics.append(kw["metric"])
+                        or real_tsne(**kw))
+    save = tsne.save_figure
+    monkeypatch.setattr(tsne, "save_figure", lambda fig, path: (figures.append(fig),
+                                                                  save(fig, path)))
+    toy_tsne(encoder_dir, tmp_path, [1, 1, 0], {"depth": 10})
+    assert metrics == ["cosine", "cosine"]
+    (fig,) = figures
+    ranks = {"a": [3, 6], "b": [7, 10]}
+    for panel, ax in enumerate(fig.axes):
+        query, docs = embedded[2 * panel: 2 * panel + 2]
+        vectors, xy = placed[panel]
+        np.testing.assert_array_equal(vectors, np.vstack([query, docs]))
+        labels = {t.get_text(): tuple(t.xy) for t in ax.texts}
+        assert labels == {str(r): tuple(xy[r]) for r in ranks[ax.get_title()]}, ax.get_title()
