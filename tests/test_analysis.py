@@ -988,3 +988,23 @@ def test_the_tsne_panels_place_the_query_first_and_mark_each_relevant_rank(
         np.testing.assert_array_equal(vectors, np.vstack([query, docs]))
         labels = {t.get_text(): tuple(t.xy) for t in ax.texts}
         assert labels == {str(r): tuple(xy[r]) for r in ranks[ax.get_title()]}, ax.get_title()
+
+
+def test_trailing_mean_averages_the_points_it_has_at_the_start():
+    """The first window - 1 points average what precedes them, not a window's worth of them."""
+    assert loss_curves.trailing_mean([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert loss_curves.trailing_mean([2.0, 4.0, 6.0], 5) == [2.0, 3.0, 4.0]
+
+
+def test_loss_curves_report_the_last_logged_step_and_draw_loss_terms_only(
+    tmp_path, monkeypatch
+):
+    """A run logging every 10th step: the summary's `steps` is the last step (50), not the
+    number of records (5); `lr`, logged beside the losses, has no panel."""
+    (tmp_path / "mlm.jsonl").write_text("".join(
+        json.dumps({"step": s, "loss": 3.0 / s, "loss_mlm": 1.0 / s, "lr": 1e-4}) + "\n"
+        for s in range(10, 51, 10)))
+    figures = drawn_figure(monkeypatch)
+    summary = loss_curves.loss_curves({"mlm": tmp_path / "mlm.jsonl"}, tmp_path / "loss.png")
+    assert summary["mlm"]["loss"]["steps"] == 50 and set(summary["mlm"]) == {"loss", "loss_mlm"}
+    assert [ax.get_title() for ax in figures[0].axes if ax.get_visible()] == ["loss", "loss_mlm"]
