@@ -1868,3 +1868,36 @@ def test_a_damaged_record_the_tables_read_is_one_error_line_naming_it(synthetic,
     assert stop.value.code == 1 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1].startswith(f"error: {path}"), err
     assert not out.exists()
+
+
+def test_the_low_resource_figure_draws_each_model_s_means_at_their_sizes(tmp_path, monkeypatch):
+    """The figure a user reads beside the table: one line per model, labelled as the table's rows
+    are, through the means of its own sizes in increasing N, each size's tick named for it, an
+    error bar of ± sd where splits differ and none on a point over one split."""
+    import matplotlib.pyplot as plt
+
+    from retrieval_pretraining.tables.low_resource import low_resource
+    from retrieval_pretraining.tables.metrics import MetricsCache
+
+    results = tmp_path / "results"
+    means = write_lowres(results, {("bert", 10): 3, ("bert", 20): 2, ("costa", 10): 1,
+                                   ("costa", 20): 3})
+    p = params()
+    closed = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+    low_resource(lowres_spec(3), p, MetricsCache(results, True), tmp_path / "low-resource.png")
+    [fig] = closed
+    [ax] = fig.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["BERT", "COSTA"]
+    assert list(ax.get_xticks()) == [10, 20]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["10", "20"]
+    for model, bars in zip(("bert", "costa"), ax.containers):
+        line, _, (spans,) = bars.lines
+        assert list(line.get_xdata()) == [10, 20], model
+        assert list(line.get_ydata()) == pytest.approx([np.mean(means[model, n])
+                                                        for n in (10, 20)]), model
+        drawn = {int(seg[0][0]): seg[1][1] - seg[0][1] for seg in spans.get_segments()
+                 if len(seg)}
+        assert drawn == pytest.approx({n: 2 * np.std(means[model, n], ddof=1)
+                                       for n in (10, 20) if len(means[model, n]) > 1}), model
