@@ -576,3 +576,45 @@ def test_the_audit_reads_only_the_rows_it_shows(checkpoint, tmp_path):
     assert manifest["stats"]["chunks_read"] == 500
     assert manifest["stats"]["spans_plotted"]["phrase"] == 500 * spans_per_chunk
     assert (tmp_path / "sample.md").read_text().count("## chunk") == 3
+
+
+def test_the_audit_draws_and_lists_each_span_as_the_index_holds_it(checkpoint, tokenizer,
+                                                                   tmp_path, monkeypatch):
+    """Phrase spans of lengths 4 and 6 in two span shards of 3 chunks each, max_chunks 4: the
+    histogram puts half the density on 4 and half on 6, the curve is the Beta(alpha, beta)
+    density scaled to [lmin, lmax], the manifest counts the first 4 chunks' spans across both
+    shards, and sample.md lists each span's [start, end), its length and its own tokens."""
+    import matplotlib.pyplot as plt
+
+    words = [tokenizer.token_to_id(w) for w in "snow ice cold white river stone field".split()]
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    ids = [cls, *words, sep]
+    chunk_ids = pa.array(np.arange(6, dtype=np.int64))
+    pq.write_table(pa.table({"chunk_id": chunk_ids, "page_id": chunk_ids,
+                             "chunk_index": pa.array(np.zeros(6, np.int32)),
+                             "input_ids": pa.array([ids] * 6, pa.list_(pa.int32()))}),
+                   tmp_path / "chunks.parquet")
+    span_paths = [tmp_path / f"spans-{i}.parquet" for i in range(2)]
+    for i, path in enumerate(span_paths):
+        columns = [chunk_ids[3 * i:3 * i + 3], pa.array([[1, 2]] * 3, pa.list_(pa.int32())),
+                   pa.array([[5, 8]] * 3, pa.list_(pa.int32())),
+                   pa.array([[1, 1]] * 3, pa.list_(pa.int8()))]
+        pq.write_table(pa.table(columns, schema=contract.SCHEMA), path)
+    closed = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+    cfg = span_config(only("phrase", 4, 16))
+    span_audit.audit_spans([tmp_path / "chunks.parquet"], span_paths, checkpoint, cfg,
+                           tmp_path / "lengths.png", tmp_path / "sample.md", max_chunks=4)
+    [ax] = closed[0].axes
+    bars = {round(b.get_x() + b.get_width() / 2): b.get_height() for b in ax.patches
+            if b.get_height() > 0}
+    assert bars == pytest.approx({4: 0.5, 6: 0.5})
+    [curve] = ax.get_lines()
+    x = curve.get_xdata()
+    assert curve.get_ydata() == pytest.approx(st.beta.pdf((x - 4) / 12, 4.0, 2.0) / 12)
+    manifest = json.loads(artifacts.manifest_path(tmp_path / "sample.md").read_text())
+    assert manifest["stats"] == {"chunks_read": 4, "spans_plotted": {"phrase": 8}}
+    sample = (tmp_path / "sample.md").read_text()
+    for s, e in ((1, 5), (2, 8)):
+        assert f"| phrase | [{s}, {e}) | {e - s} | {tokenizer.decode(ids[s:e])} |" in sample
