@@ -1008,3 +1008,39 @@ def test_loss_curves_report_the_last_logged_step_and_draw_loss_terms_only(
     summary = loss_curves.loss_curves({"mlm": tmp_path / "mlm.jsonl"}, tmp_path / "loss.png")
     assert summary["mlm"]["loss"]["steps"] == 50 and set(summary["mlm"]) == {"loss", "loss_mlm"}
     assert [ax.get_title() for ax in figures[0].axes if ax.get_visible()] == ["loss", "loss_mlm"]
+
+
+def test_the_analysis_rules_give_each_model_its_own_files(tmp_path):
+    """Each figure's `--model name=...` zips the configured names with the rule's inputs: under
+    config.yaml (several models a figure, where the t-SNE encoder cases above have one) every
+    name must get its own encoder, metrics or run, or a figure draws one model's line or panel
+    under another's name."""
+    import ast
+
+    import yaml
+
+    from workflow_harness import ROOT, copy_project, planned_params
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    block = config["report"]["analysis"]["tsne"]
+    tsne_png = f"results/analysis/tsne/{block['dataset']}/{block['split']}.png"
+    plan = planned_params(copy_project(tmp_path / "project", {}), "results/analysis/coverage.png",
+                          "results/analysis/loss-curves.png", tsne_png)
+
+    def pairs(rule: str) -> dict[str, str]:
+        models = ast.literal_eval(the_job(plan, rule)["named"]["models"])
+        return dict(arg.strip().split("=", 1) for arg in models.split("--model ")[1:])
+
+    coverage_models = pairs("token_coverage")
+    assert list(coverage_models) == config["report"]["analysis"]["coverage"]["models"]
+    assert coverage_models == {m: f"results/pretrain/{m}/encoder" for m in coverage_models}
+    curves = pairs("loss_curves")
+    assert len(curves) > 1
+    assert curves == {m: f"results/pretrain/{m}/metrics.jsonl" for m in curves}
+    panels = pairs("tsne_candidates")
+    assert list(panels) == block["models"] and len(panels) > 1
+    for model, files in panels.items():
+        run = f"results/runs/{block['dataset']}/{model}-{block['stage']}/{block['split']}.trec"
+        [encoder] = [p for p in the_job(plan, "dense_search", run)["input"]
+                     if p.endswith("/encoder")]
+        assert files == f"{encoder},{run}", model
