@@ -1892,6 +1892,10 @@ def test_the_low_resource_figure_draws_each_model_s_means_at_their_sizes(tmp_pat
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["BERT", "COSTA"]
     assert list(ax.get_xticks()) == [10, 20]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["10", "20"]
+    # ... and nothing else: the log axis's minor ticks ("2x10^1" ... "9x10^1" here; "6x10^2"
+    # over paper.yaml's "500") are left unlabelled.
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()] == []
     for model, bars in zip(("bert", "costa"), ax.containers):
         line, _, (spans,) = bars.lines
         assert list(line.get_xdata()) == [10, 20], model

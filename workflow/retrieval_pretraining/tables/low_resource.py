@@ -116,6 +116,7 @@ def plot_low_resource(summary, spec, labels, figure: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for model, per_n in summary.items():
@@ -131,6 +132,8 @@ def plot_low_resource(summary, spec, labels, figure: Path) -> None:
         )
     ax.set_xscale("log")
     ax.set_xticks(spec["sizes"], [str(n) for n in spec["sizes"]])
+    # A log axis also labels its minor ticks ("6x10^2" over "500"): the sizes alone are named.
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("training queries (N)")
     ax.set_ylabel(spec["measure"])
     ax.set_title(f"{spec['dataset']} {spec['split']}")
