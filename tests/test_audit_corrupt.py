@@ -941,6 +941,32 @@ def test_a_damaged_file_the_workflow_wrote_fails_rather_than_is_refused(
         assert "not an artifact" in capsys.readouterr().err
 
 
+def test_a_lucene_index_without_its_segments_fails_rather_than_is_refused(results, capsys):
+    """A BM25 index folder whose segments_N is gone (a copy cut short, a file deleted) still
+    holds the manifest.json build_bm25_index wrote in it: it is audited as a Lucene index and
+    fails "has a segments file" (exit 1), and so does a file in it, not refused as no artifact
+    (exit 2; segments were its only mark, so that check could never fail). A folder holding
+    another stage's manifest is not claimed."""
+    index = results / "bm25/no-segments/index"
+    shutil.copytree(results / "bm25/toy/index", index)
+    artifacts.write_manifest(index / "manifest.json", stage="bm25.index", params={},
+                             inputs={"corpus": "results/datasets/no-segments/corpus.parquet"})
+    (index / "_0.cfs").write_bytes(b"\x00" * 10)
+    passes(index, "has a segments file", capsys)
+    (index / "segments_1").unlink()
+    out = fails(index, "has a segments file", capsys)
+    assert "[Lucene index folder]" in out, out
+    assert "[file of a Lucene index folder]" in fails(index / "_0.cfs", "has a segments file",
+                                                      capsys)
+    other = results / "bm25/other-stage/index"
+    other.mkdir(parents=True)
+    artifacts.write_manifest(other / "manifest.json", stage="bm25.search", params={})
+    (other / "_0.cfs").write_bytes(b"\x00" * 10)
+    for path in (other, other / "_0.cfs"):
+        assert audit.main([str(path)]) == 2, path
+        assert f"audit: {path}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "rel, column",
     [

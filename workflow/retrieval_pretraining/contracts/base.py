@@ -103,7 +103,7 @@ class Probe:
 class Kind:
     """One kind of artifact: how `audit` recognises it and how it audits it."""
 
-    name: str  # how a refusal lists it: "chunks", ".trec", "a Lucene index (segments_*)"
+    name: str  # how a refusal lists it: "chunks", ".trec", "a Lucene index (segments_* ...)"
     rank: int  # the order kinds are tried in (bands above)
     form: str  # "folder" (tried on folders only), or "Parquet", "JSON", "file" (on files)
     matches: Callable[[Probe], bool]
@@ -291,6 +291,15 @@ def _member(data: dict[str, Any], key: str) -> Any:
     if head == "inputs":
         return value.get(rest) if isinstance(value, dict) else None
     return _member(value, rest) if isinstance(value, dict) else None
+
+
+def folder_stage(folder: Path) -> str | None:
+    """The stage the folder's own manifest.json names (the writer that made the folder), or None:
+    none there, or one that does not read. A folder kind recognised by its files alone could not
+    fail the check that a defining file is there: the folder missing it was refused as no
+    artifact (exit 2) rather than failed (exit 1)."""
+    stage = load_manifest(folder / "manifest.json").get("stage")
+    return stage if isinstance(stage, str) else None
 
 
 def read_manifest(path: Path, objects: tuple[str, ...] = (), counts: tuple[str, ...] = ()

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..base import (
     RANK_FOLDER, RANK_MEMBER, RANK_NAME, Audit, Kind, NotAnArtifact, describe_origin,
-    load_manifest, read_manifest, show_manifest, show_snakemake_record,
+    folder_stage, load_manifest, read_manifest, show_manifest, show_snakemake_record,
 )
 
 FILES = [
@@ -123,6 +123,18 @@ def copied_index(folder: Path) -> str | None:
     return source if source != folder.parent.name else None
 
 
+# The stage build_bm25_index records in its index folder's manifest.json (bm25.build_index).
+LUCENE_STAGE = "bm25.index"
+
+
+def is_lucene_folder(folder: Path) -> bool:
+    """A Lucene index folder: segments_* files, or the manifest.json build_bm25_index writes in it.
+    One that lost its segments is this workflow's index all the same: audited, it fails "has a
+    segments file" (exit 1) instead of being refused as no artifact (exit 2). A folder holding
+    another stage's manifest is not claimed."""
+    return any(folder.glob("segments_*")) or folder_stage(folder) == LUCENE_STAGE
+
+
 def audit_lucene(a: Audit, n: int) -> None:
     a.kind = "Lucene index folder"
     files = [p for p in a.path.iterdir() if p.is_file()]
@@ -143,7 +155,7 @@ def audit_folder_member(a: Audit, n: int) -> None:
     """A file inside a Lucene or FAISS folder: what it is, then the folder's own audit."""
     folder = a.path.parent
     inner = Audit(folder)
-    (audit_lucene if any(folder.glob("segments_*")) else audit_faiss_folder)(inner, n)
+    (audit_lucene if is_lucene_folder(folder) else audit_faiss_folder)(inner, n)
     a.kind = f"file of a {inner.kind}"
     copied = copied_index(folder) is not None
     describe_origin(a, "a file of an index folder", required=False,
@@ -155,12 +167,12 @@ def audit_folder_member(a: Audit, n: int) -> None:
 
 def is_folder_member(p) -> bool:
     parent = p.path.parent
-    return any(parent.glob("segments_*")) or (p.name == "docid" and (parent / "index").is_file())
+    return is_lucene_folder(parent) or (p.name == "docid" and (parent / "index").is_file())
 
 
 KINDS = [
-    Kind("a Lucene index (segments_*)", RANK_FOLDER + 1, "folder",
-         lambda p: any(e.startswith("segments_") for e in p.entries), audit_lucene),
+    Kind(f"a Lucene index (segments_*, or a {LUCENE_STAGE} manifest.json)", RANK_FOLDER + 1,
+         "folder", lambda p: is_lucene_folder(p.path), audit_lucene),
     Kind("a FAISS folder (index + docid)", RANK_FOLDER + 2, "folder",
          lambda p: {"index", "docid"} <= p.entries, audit_faiss_folder),
     Kind(".faiss", RANK_NAME + 3, "file",
