@@ -967,6 +967,36 @@ def test_a_lucene_index_without_its_segments_fails_rather_than_is_refused(result
         assert f"audit: {path}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("damage", ["no index", "no docid", "index cut short"])
+def test_a_faiss_folder_missing_or_with_a_damaged_index_fails_rather_than_is_refused(
+    results, damage, capsys
+):
+    """A dense index folder holding the manifest.json build_dense_index wrote in it, whose
+    `index` or `docid` is gone or whose `index` no longer reads: a failed check (exit 1), not
+    'not an artifact' (exit 2), for the folder and for the file. The same bytes with no manifest
+    are still refused as what they are."""
+    good = results / "index/bert/toy/stage1"
+    folder = results / f"index/bert/{damage.replace(' ', '-')}/faiss"
+    folder.mkdir(parents=True)
+    for file in ("index", "docid"):
+        shutil.copy(good / file, folder)
+    passes(folder, "one docid line per vector (Pyserini FaissSearcher layout)", capsys)
+    if damage == "index cut short":
+        (folder / "index").write_bytes((good / "index").read_bytes()[:20])
+        assert audit.main([str(folder)]) == 2 and audit.main([str(folder / "index")]) == 2
+        capsys.readouterr()
+    else:
+        (folder / damage.split()[1]).unlink()
+    artifacts.write_manifest(folder / "manifest.json", stage="build_dense_index", params={},
+                             stats={"documents": 3, "dim": 4})
+    check = ("index reads as a FAISS index" if damage == "index cut short"
+             else "has index and docid (Pyserini layout)")
+    out = fails(folder, check, capsys)
+    assert "[FAISS folder (Pyserini layout: index + docid)]" in out and "build_dense_index" in out
+    left = folder / ("docid" if damage == "no index" else "index")
+    fails(left, check, capsys)
+
+
 @pytest.mark.parametrize(
     "rel, column",
     [

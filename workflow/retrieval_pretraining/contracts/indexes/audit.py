@@ -41,6 +41,10 @@ def first_docids(path: Path, n: int) -> list[str]:
         return [line.rstrip("\n") for line, _ in zip(f, range(n))]
 
 
+# The stage build_dense_index records in its folder's manifest.json (faiss_index.build).
+DENSE_INDEX_STAGE = "build_dense_index"
+
+
 def index_manifest(path: Path) -> dict[str, Any] | None:
     """The manifest of a FAISS index: build_dense_index writes it as its folder's manifest.json
     (an `index.manifest.json` beside `index` it never writes)."""
@@ -74,9 +78,14 @@ def audit_faiss(a: Audit, n: int) -> None:
         # and the audit looks at its header only.
         index = faiss.read_index(str(a.path), faiss.IO_FLAG_MMAP_IFC)
     except RuntimeError as error:
-        raise NotAnArtifact(
-            f"{a.path}: not a FAISS index ({str(error).splitlines()[-1]})"
-        ) from error
+        why = f"{a.path}: not a FAISS index ({str(error).splitlines()[-1]})"
+        manifest = index_manifest(a.path)
+        if manifest is None:  # nothing says the workflow wrote it: refused as what it is
+            raise NotAnArtifact(why) from error
+        show_manifest(a, manifest)
+        show_snakemake_record(a, a.path)
+        a.check("index reads as a FAISS index", False, f"{why}; rerun the rule that wrote it")
+        return
     metric = {faiss.METRIC_INNER_PRODUCT: "inner product", faiss.METRIC_L2: "L2"}.get(
         index.metric_type
     )
@@ -98,14 +107,26 @@ def audit_faiss(a: Audit, n: int) -> None:
         )
 
 
+def is_faiss_folder(folder: Path) -> bool:
+    """A FAISS folder: `index` and `docid`, or the manifest.json build_dense_index writes in it
+    (one that lost either file, audited, fails "has index and docid" instead of being refused as
+    no artifact)."""
+    return ((folder / "index").is_file() and (folder / "docid").is_file()
+            or folder_stage(folder) == DENSE_INDEX_STAGE)
+
+
 def audit_faiss_folder(a: Audit, n: int) -> None:
+    a.kind = "FAISS folder (Pyserini layout: index + docid)"
+    missing = [name for name in ("index", "docid") if not (a.path / name).is_file()]
+    if missing:  # recognised by build_dense_index's manifest alone
+        show_manifest(a, read_manifest(a.path))
+        show_snakemake_record(a, a.path)
+        a.check("has index and docid (Pyserini layout)", False,
+                f"missing {' and '.join(missing)}; rerun the rule that wrote it")
+        return
     inner = Audit(a.path / "index")
     audit_faiss(inner, n)
-    a.kind, a.lines, a.checks = (
-        "FAISS folder (Pyserini layout: index + docid)",
-        inner.lines,
-        inner.checks,
-    )
+    a.lines, a.checks = inner.lines, inner.checks
     a.say("-- first docids: " + ", ".join(first_docids(a.path / "docid", n)))
 
 
@@ -167,14 +188,15 @@ def audit_folder_member(a: Audit, n: int) -> None:
 
 def is_folder_member(p) -> bool:
     parent = p.path.parent
-    return is_lucene_folder(parent) or (p.name == "docid" and (parent / "index").is_file())
+    # (`index` beside its docid is a .faiss file first; here, one whose docid is gone)
+    return is_lucene_folder(parent) or (p.name in ("docid", "index") and is_faiss_folder(parent))
 
 
 KINDS = [
     Kind(f"a Lucene index (segments_*, or a {LUCENE_STAGE} manifest.json)", RANK_FOLDER + 1,
          "folder", lambda p: is_lucene_folder(p.path), audit_lucene),
-    Kind("a FAISS folder (index + docid)", RANK_FOLDER + 2, "folder",
-         lambda p: {"index", "docid"} <= p.entries, audit_faiss_folder),
+    Kind(f"a FAISS folder (index + docid, or a {DENSE_INDEX_STAGE} manifest.json)",
+         RANK_FOLDER + 2, "folder", lambda p: is_faiss_folder(p.path), audit_faiss_folder),
     Kind(".faiss", RANK_NAME + 3, "file",
          lambda p: p.name.endswith(".faiss") or (
              p.name == "index" and (p.path.parent / "docid").exists()),
