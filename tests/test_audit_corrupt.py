@@ -641,6 +641,25 @@ def test_a_model_folder_with_a_pickled_bin_fails(results, capsys):
     assert "pytorch_model.bin" in fails(folder, "no pickled files", capsys)
 
 
+@pytest.mark.parametrize("lost", [["config.json"], ["model.safetensors", "mlm_head.safetensors"]])
+def test_a_model_folder_missing_its_config_or_weights_fails_rather_than_is_refused(
+    results, lost, capsys
+):
+    """A staged checkpoint whose config.json or weights are gone still holds the manifest.json
+    stage_checkpoint wrote in it: audited as a model folder, it fails the check on what is
+    missing (exit 1), not refused as no artifact (exit 2; config.json and safetensors were its
+    only mark). The same folder without that manifest is still refused."""
+    folder = results / f"checkpoints/lost-{lost[0]}"
+    shutil.copytree(results / "checkpoints/minilm", folder)
+    for name in lost:
+        (folder / name).unlink()
+    assert audit.main([str(folder)]) == 2
+    capsys.readouterr()
+    artifacts.write_manifest(folder / "manifest.json", stage="stage_checkpoint", params={})
+    check = "config.json readable" if lost == ["config.json"] else "weights stored as safetensors"
+    assert "[model folder (Hugging Face)]" in fails(folder, check, capsys)
+
+
 def test_heads_of_another_objective_than_their_encoder_fail(results, capsys):
     folder = results / "pretrain/other-objective"
     shutil.copytree(results / "pretrain/costa/encoder", folder / "encoder")

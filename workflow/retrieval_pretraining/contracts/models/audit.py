@@ -18,8 +18,8 @@ from ...errors import (
 )
 from ...model_folder import read_config
 from ..base import (
-    RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, input_path, json_kind,
-    read_manifest, results_relative, short, show_manifest, show_snakemake_record,
+    RANK_FOLDER, RANK_JSON, Audit, Kind, NotAnArtifact, describe_origin, folder_stage, input_path,
+    json_kind, read_manifest, results_relative, short, show_manifest, show_snakemake_record,
 )
 from ..tensors.audit import safetensors_tensors, tensors_not_finite
 from . import (ALL_POOLING_FLAGS, CARD_BLOCK, DENSE, DENSE_ACTIVATION, DENSE_KEYS, DENSE_WEIGHTS,
@@ -481,13 +481,22 @@ def audit_tokenizer_folder(a: Audit, n: int) -> None:
           "chunk manifests record as stats.tokenizer.vocab_sha256)")
 
 
+# The stages that write a model folder's own manifest.json (checkpoints.stage_checkpoint,
+# pretrain/train.py, finetune/train.py).
+MODEL_STAGES = ("stage_checkpoint", "pretrain", "finetune")
+
+
+def is_model(p) -> bool:
+    """A model folder: config.json and safetensors, or the manifest.json a model's writer puts
+    in it (one that lost either, audited, fails "config.json readable" or "weights stored as
+    safetensors" instead of being refused as no artifact); never a module folder of one."""
+    files = "config.json" in p.entries and any(e.endswith(".safetensors") for e in p.entries)
+    return (files or folder_stage(p.path) in MODEL_STAGES) and not is_module_folder(p.path)
+
+
 KINDS = [
-    Kind(
-        "a model (config.json + safetensors)", RANK_FOLDER + 0, "folder",
-        lambda p: "config.json" in p.entries and any(e.endswith(".safetensors") for e in p.entries)
-        and not is_module_folder(p.path),
-        audit_model,
-    ),
+    Kind("a model (config.json + safetensors, or its writer's manifest.json)", RANK_FOLDER + 0,
+         "folder", is_model, audit_model),
     Kind("a sentence-transformers module folder (1_Pooling, 2_Dense, ... of an encoder)",
          RANK_FOLDER + 3, "folder", lambda p: is_module_folder(p.path), audit_module_folder),
     Kind("a tokenizer folder (tokenizer.json, no weights)", RANK_FOLDER + 4, "folder",
