@@ -660,6 +660,20 @@ def test_a_model_folder_missing_its_config_or_weights_fails_rather_than_is_refus
     assert "[model folder (Hugging Face)]" in fails(folder, check, capsys)
 
 
+def test_a_tokenizer_folder_missing_its_tokenizer_json_fails_rather_than_is_refused(
+    results, capsys
+):
+    """A staged tokenizer folder whose tokenizer.json is gone still holds stage_tokenizer's
+    manifest.json: audited, it fails "tokenizer.json loads" (exit 1), not refused (exit 2)."""
+    folder = results / "tokenizers/lost"
+    shutil.copytree(results / "tokenizers/minilm", folder)
+    (folder / "tokenizer.json").unlink()
+    out = fails(folder, "tokenizer.json loads", capsys)
+    assert "[tokenizer folder (staged tokenizer)]" in out, out
+    (folder / "manifest.json").unlink()
+    assert audit.main([str(folder)]) == 2
+
+
 def test_heads_of_another_objective_than_their_encoder_fail(results, capsys):
     folder = results / "pretrain/other-objective"
     shutil.copytree(results / "pretrain/costa/encoder", folder / "encoder")

@@ -410,10 +410,13 @@ SPECIAL_TOKENS = ("cls", "sep", "pad", "unk", "mask")
 
 
 def is_tokenizer_folder(p) -> bool:
-    """A staged tokenizer (results/tokenizers/<name>/, what the corpus stages read): tokenizer.json
-    and no model (neither config.json nor weights: a model folder missing its weights is refused
-    as a model, not audited as a tokenizer)."""
-    return ("tokenizer.json" in p.entries and "config.json" not in p.entries
+    """A staged tokenizer (results/tokenizers/<name>/, what the corpus stages read): tokenizer.json,
+    or stage_tokenizer's manifest.json (one that lost tokenizer.json, audited, fails "tokenizer.json
+    loads" instead of being refused as no artifact), and no model (neither config.json nor
+    weights: a model folder missing its weights is refused as a model, not audited as a
+    tokenizer)."""
+    return (("tokenizer.json" in p.entries or folder_stage(p.path) == TOKENIZER_STAGE)
+            and "config.json" not in p.entries
             and not any(e.endswith(".safetensors") for e in p.entries))
 
 
