@@ -1293,7 +1293,8 @@ def test_the_exported_encoder_carries_its_init_s_pooler_and_loads_with_no_missin
     """Fine-tuning loads its encoder without the pooler (nothing pools through it); the export
     carries the init's unchanged, so transformers loads the folder with no weight missing (it drew
     a random pooler and printed a MISSING report), and stage 2, whose init is stage 1's folder,
-    carries the same one. An init without a pooler exports none, as before."""
+    carries the same one. An init without a pooler exports none, as before; a half-precision
+    init's is written as float32, as every exported weight."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -1329,6 +1330,15 @@ def test_the_exported_encoder_carries_its_init_s_pooler_and_loads_with_no_missin
     save_file({k: v for k, v in initial.items() if not k.startswith("pooler.")},
               bare / "model.safetensors", metadata={"format": "pt"})
     assert not any(k.startswith("pooler.") for k in fine_tuned(bare, tmp_path / "bare-ft"))
+
+    # A half-precision init's pooler is written as the exported weights' float32, its values exact.
+    half = shutil.copytree(base, tmp_path / "half")
+    save_file({k: v.to(torch.bfloat16) for k, v in initial.items()}, half / "model.safetensors",
+              metadata={"format": "pt"})
+    exported = fine_tuned(half, tmp_path / "half-ft")
+    for key in ("pooler.dense.weight", "pooler.dense.bias"):
+        assert exported[key].dtype == torch.float32, key
+        assert torch.equal(exported[key], initial[key].to(torch.bfloat16).float()), key
 
 # ---------------------------------------------------------------- tiny end to end ---------------
 def tiny_dataset(folder: Path, n_queries: int = 32, n_docs: int = 300) -> dict[str, Path]:
