@@ -80,13 +80,14 @@ def _listing(names: list[str], last: str = "or") -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-def refusal(probe: Probe, kinds: list[Kind]) -> NotAnArtifact:
-    """What no kind recognised, with the kinds it could have been (from the contracts)."""
+def refusal(probe: Probe, kinds: list[Kind], listing: bool = True) -> NotAnArtifact:
+    """What no kind recognised, with the kinds it could have been (from the contracts); for a
+    folder, what it holds to audit instead (`listing`: not while that listing is being made)."""
     names = {form: [k.name for k in kinds if k.form == form] for form in FORMS}
     path = probe.path
     if probe.is_dir:
-        return NotAnArtifact(f"{path} is a folder but not {_listing(names['folder'], 'nor')}"
-                             f"\n{what_it_holds(path)}")
+        held = f"\n{what_it_holds(path)}" if listing else ""
+        return NotAnArtifact(f"{path} is a folder but not {_listing(names['folder'], 'nor')}{held}")
     if probe.name.endswith(".parquet"):
         return NotAnArtifact(
             f"Parquet columns {sorted(probe.columns)} match no artifact contract of this workflow "
@@ -109,7 +110,9 @@ def accepted(path: Path) -> bool:
     """Whether `audit` would audit `path` (a kind recognises it, or it is a file the workflow
     wrote that no longer reads as its artifact), not refuse it as no artifact."""
     try:
-        detect(path)
+        # A subfolder's own listing is not made: each one's would walk HELD_LEVELS further down,
+        # and so on, the whole tree below, a path probed once for each way down to it.
+        detect(path, listing=False)
     except NotAnArtifact:
         return written_by_the_workflow(path)
     except Exception:  # damage no check foresaw: audit says so (exit 3), not this listing
@@ -168,8 +171,9 @@ def known_kinds() -> str:
     return f"Artifacts it recognises (contracts/): {listed}."
 
 
-def detect(path: Path) -> Kind:
-    """The kind of artifact at `path` (the first, in rank order, that recognises it)."""
+def detect(path: Path, listing: bool = True) -> Kind:
+    """The kind of artifact at `path` (the first, in rank order, that recognises it); else
+    NotAnArtifact, a folder's listing what it holds unless `listing` is False (refusal)."""
     if not path.exists():
         raise NotAnArtifact(f"{path} does not exist")
     if path.name == ".snakemake_timestamp":
@@ -184,7 +188,7 @@ def detect(path: Path) -> Kind:
     for kind in kinds:
         if (kind.form == "folder") == probe.is_dir and kind.matches(probe):
             return kind
-    raise refusal(probe, kinds)
+    raise refusal(probe, kinds, listing)
 
 
 def written_by_the_workflow(path: Path) -> bool:
