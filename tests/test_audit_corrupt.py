@@ -660,6 +660,50 @@ def test_a_model_folder_missing_its_config_or_weights_fails_rather_than_is_refus
     assert "[model folder (Hugging Face)]" in fails(folder, check, capsys)
 
 
+def test_a_model_folder_without_the_model_s_own_weights_fails_whatever_else_it_holds(
+    results, capsys
+):
+    """A staged checkpoint that lost model.safetensors but kept mlm_head.safetensors passed
+    "weights stored as safetensors" (any *.safetensors would do), and stage_checkpoint's manifest
+    records no sha256 to catch it (exit 0). The model's weights are model.safetensors, or every
+    shard model.safetensors.index.json names (the files bert.weight_files loads); a pre-trained
+    or fine-tuned folder, with projector.safetensors beside them, still passes."""
+    from retrieval_pretraining.bert import weight_files
+
+    check = "weights stored as safetensors"
+    staged = results / "checkpoints/minilm"
+    passes(staged, check, capsys)
+    head_only = shutil.copytree(staged, results / "checkpoints/head-only")
+    artifacts.write_manifest(head_only / "manifest.json", stage="stage_checkpoint", params={})
+    (head_only / "model.safetensors").unlink()
+    assert "(only mlm_head.safetensors" in fails(head_only, check, capsys)
+
+    sharded = shutil.copytree(staged, results / "checkpoints/sharded")
+    artifacts.write_manifest(sharded / "manifest.json", stage="stage_checkpoint", params={})
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    (sharded / "model.safetensors").rename(sharded / shards[0])
+    save_file({"pooler.dense.bias": np.zeros(4, np.float32)}, str(sharded / shards[1]))
+    weight_map = {"embeddings.word_embeddings.weight": shards[0], "pooler.dense.bias": shards[1]}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": weight_map}))
+    assert weight_files(sharded) == [sharded / name for name in shards]
+    status, out = audited(sharded, capsys)
+    assert status == 0 and f"PASS  {check}" in out, out
+    (sharded / shards[1]).unlink()
+    assert f"missing: {shards[1]}" in fails(sharded, check, capsys)
+
+    for stage, rel in (("pretrain", "pretrain/own/encoder"),
+                       ("finetune", "finetune/own/toy/stage1/encoder")):
+        folder = shutil.copytree(results / "pretrain/costa/encoder", results / rel)
+        save_file({"weight": np.zeros((4, 4), np.float32)}, str(folder / "projector.safetensors"))
+        artifacts.write_manifest(folder / "manifest.json", stage=stage, params={},
+                                 stats={"weights": artifacts.weights_checksums(folder)})
+        _, out = audited(folder, capsys)  # no exit 0: no sentence-transformers files
+        assert f"PASS  {check}" in out and "PASS  weights match the sha256" in out, out
+        (folder / "model.safetensors").unlink()
+        assert "(only projector.safetensors" in fails(folder, check, capsys)
+
+
 def test_a_tokenizer_folder_missing_its_tokenizer_json_fails_rather_than_is_refused(
     results, capsys
 ):

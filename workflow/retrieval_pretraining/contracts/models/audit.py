@@ -98,6 +98,39 @@ def card_use(folder: Path) -> dict[str, Any]:
     return expect_section(card, f"{CARD_BLOCK}.use", path, CARD)
 
 
+# The files transformers reads a model's weights from, as bert.weight_files names them (not
+# imported: bert.py imports torch, and the contract modules stay light).
+MODEL_WEIGHTS = "model.safetensors"
+MODEL_WEIGHTS_INDEX = "model.safetensors.index.json"
+WEIGHTS_INDEX = "a sharded model's weight index"
+
+
+def missing_model_weights(folder: Path) -> str:
+    """What is missing of the folder's own weights ("" when nothing is): model.safetensors, or
+    model.safetensors.index.json and every shard its weight_map names. Another safetensors file
+    (a staged checkpoint's mlm_head.safetensors, an encoder's projector.safetensors) holds no
+    encoder weights, and stage_checkpoint's manifest records no sha256 that would catch
+    model.safetensors gone."""
+    if (folder / MODEL_WEIGHTS).is_file():
+        return ""
+    index = folder / MODEL_WEIGHTS_INDEX
+    if not index.is_file():
+        others = sorted(p.name for p in folder.glob("*.safetensors"))
+        return (f"no {MODEL_WEIGHTS} nor {MODEL_WEIGHTS_INDEX}"
+                + (f" (only {', '.join(others)}, not the model's weights)" if others else ""))
+    try:
+        weight_map = expect_section(read_json_object(index, WEIGHTS_INDEX), "weight_map", index,
+                                    WEIGHTS_INDEX)
+    except BadInput as error:
+        return one_line(error)
+    if not weight_map or not all(isinstance(name, str) for name in weight_map.values()):
+        return f"{index}: weight_map is empty or names a shard that is no file name; {REBUILD}"
+    shards = set(weight_map.values())
+    missing = sorted(name for name in shards if not (folder / name).is_file())
+    return (f"{MODEL_WEIGHTS_INDEX} names {len(shards)} shards, missing: {', '.join(missing)}"
+            if missing else "")
+
+
 def is_model_folder(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
@@ -313,7 +346,10 @@ def audit_model(a: Audit, n: int) -> None:
         heads = [k for k in header if k.startswith(("cls.", "lm_head", "projector", "decoder"))]
         if heads:
             a.say(f"    heads: {heads[:8]}")
-    a.check("weights stored as safetensors", bool(weights))
+    # The model's own weights: any other safetensors file passed for them (a staged checkpoint
+    # that lost model.safetensors but kept mlm_head.safetensors).
+    absent = missing_model_weights(a.path)
+    a.check("weights stored as safetensors", not absent, absent)
     # A run that diverged exports such weights, and they load without complaint.
     bad = [f"{w.name}: {name}" for w in readable_weights for name in tensors_not_finite(w)]
     detail = f"{len(bad)} tensors, e.g. {bad[:3]}" if bad else ""
