@@ -151,6 +151,42 @@ def test_a_stage_folder_is_told_to_give_its_encoder_folder(encoder, tmp_path, ca
     assert "rebuild" not in line, line
 
 
+@pytest.mark.parametrize("files", [
+    {"notes.txt": "x"},  # any folder
+    {"corpus.parquet": "x", "manifest.json": '{"stage": "prepare_dataset"}'},  # a dataset's
+    {"manifest.json": "not json"},
+])
+def test_a_folder_that_is_no_encoder_is_told_what_to_give(files, tmp_path, capsys):
+    """A folder that is no model folder at all (results/datasets/scifact) was told "has no
+    config.json; rebuild it with the stage that writes it": rerunning that stage would not make
+    it an encoder. It is told it is none, and which folder to give."""
+    folder = tmp_path / "scifact"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    line = _refused(["--folder", folder, "--repo-id", "me/enc", "--dry-run"], capsys)
+    assert line.endswith(f"{folder} is not an encoder folder (no config.json); give an encoder "
+                         "folder, such as results/finetune/<model>/<dataset>/stage<k>/encoder"
+                         ), line
+    assert "rebuild" not in line and "rerun" not in line, line
+
+
+@pytest.mark.parametrize("keep, sign", [
+    ("manifest.json", "its manifest.json is stage pretrain's"),
+    ("model.safetensors", "it holds model.safetensors"),
+])
+def test_an_encoder_that_lost_its_config_is_told_to_rebuild(encoder, tmp_path, capsys, keep,
+                                                              sign):
+    """A folder the workflow wrote (its manifest.json's stage, or safetensors weights) that lost
+    config.json is still told to rebuild it, saying why the folder is taken for a model."""
+    folder = tmp_path / "encoder"
+    folder.mkdir()
+    shutil.copy(encoder / keep, folder / keep)
+    line = _refused(["--folder", folder, "--repo-id", "me/enc", "--dry-run"], capsys)
+    assert line.endswith(f"{folder} is a model folder ({sign}) that lost its config.json; delete "
+                         "it and rerun the rule that wrote it"), line
+
+
 @pytest.mark.parametrize("damage, named", [
     (lambda f: (f / "modules.json").unlink(), "missing modules.json"),
     (lambda f: shutil.rmtree(f / "2_Normalize"), "missing 2_Normalize"),

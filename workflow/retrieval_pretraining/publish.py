@@ -106,11 +106,8 @@ def check_folder(folder: str | Path) -> list[str]:
     """The files to upload, once the folder is a complete encoder export that `audit` would pass
     as a sentence-transformers model; else PublishError."""
     folder = Path(folder)
-    if not (folder / "config.json").is_file() and (folder / "encoder").is_dir():
-        # A stage's folder (results/finetune/<model>/<dataset>/stage2) given for its encoder/:
-        # "rebuild it" would send the user to rerun a stage whose output is fine.
-        raise PublishError(f"{folder} is not an encoder folder (no config.json) but holds one: "
-                           f"give --folder {folder / 'encoder'}")
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise PublishError(_no_config(folder))
     folder = check_safetensors(folder)  # config.json + safetensors; a pickle-only folder refused
     pickles = sorted({p.relative_to(folder).as_posix() for pattern in PICKLE_PATTERNS
                       for p in folder.rglob(pattern)})
@@ -143,6 +140,33 @@ def check_folder(folder: str | Path) -> list[str]:
         raise PublishError(f"{folder} fails audit's sentence-transformers check: "
                            f"{'; '.join(problems)}; {REEXPORT}")
     return folder_files(folder)
+
+
+# The stages whose manifest.json sits in a model folder the workflow wrote (checkpoints.py,
+# pretrain/train.py, finetune/train.py).
+MODEL_STAGES = ("pretrain", "finetune", "stage_checkpoint")
+
+
+def _no_config(folder: Path) -> str:
+    """What to say of a folder without config.json: "rebuild it" only for a model folder the
+    workflow wrote that lost it; any other folder (a dataset's, a stage's) is no encoder at all,
+    and rerunning the stage that wrote it would not make it one."""
+    if (folder / "encoder").is_dir():  # a stage's folder (results/finetune/<m>/<d>/stage2)
+        return (f"{folder} is not an encoder folder (no config.json) but holds one: "
+                f"give --folder {folder / 'encoder'}")
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, or not JSON: no sign of a folder we wrote
+        manifest = None
+    stage = manifest.get("stage") if isinstance(manifest, dict) else None
+    weights = sorted(p.name for p in folder.glob("*.safetensors"))
+    if stage in MODEL_STAGES or weights:
+        sign = (f"its manifest.json is stage {stage}'s" if stage in MODEL_STAGES
+                else f"it holds {', '.join(weights[:3])}")
+        return (f"{folder} is a model folder ({sign}) that lost its config.json; delete it and "
+                "rerun the rule that wrote it")
+    return (f"{folder} is not an encoder folder (no config.json); give an encoder folder, such "
+            "as results/finetune/<model>/<dataset>/stage<k>/encoder")
 
 
 def check_weights(folder: Path) -> None:
