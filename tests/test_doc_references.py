@@ -15,7 +15,9 @@ benchmarks/RESULTS.md, benchmarks/gpu_runs/*/README.md and data/**/README.md:
    anywhere, names a module of the package and a function, class, constant or method in it;
    a config key (`evaluate.zero_shot`, by the schemas) is none;
 4. the rules of ARCHITECTURE.md's stage table (its second column) and "rule `x`" / "`x` rule"
-   are rules;
+   are rules, and so is a rule-shaped target of a documented `snakemake ...` command
+   (`snakemake --cores 1 download_dump`) and a name after its `--until`, `-R`, `--forcerun` or
+   `--omit-from`;
 5. `make X` is a Makefile target;
 6. a flag (`--x`, `-x`) of a documented command of ours (`python -m retrieval_pretraining.x`,
    `python benchmarks/y.py`, `python -m benchmarks.y`; inline or in a code block, continued with
@@ -431,6 +433,54 @@ def test_every_rule_the_documents_name_exists():
     assert len(named) > 40  # the extraction still finds the table's rules
     missing = [f"{line.at}: {name}" for line, name in named + rule_mentions()
                if name not in rules()]
+    assert not missing, "no such rule in the Snakefile or rules/*.smk:\n" + "\n".join(missing)
+
+
+# snakemake's options that take values: a rule-shaped word after one is its value (`--profile
+# slurm`), not a target. A flag in neither list is taken to take one value (so a new flag's value
+# is never mistaken for a target); one in RULE_LISTS names rules up to the next flag.
+ONE_VALUE = {"--cores", "-c", "--jobs", "-j", "--local-cores", "--profile", "--workflow-profile",
+             "--report", "--directory", "-d", "--snakefile", "-s", "--latency-wait",
+             "--executor", "-e"}
+MANY_VALUES = {"--configfile", "--configfiles", "--config", "-C", "--software-deployment-method",
+               "--sdm", "--rerun-triggers", "--resources", "--set-threads", "--set-resources",
+               "--default-resources", "--cleanup-metadata", "--cm"}
+NO_VALUE = {"-n", "--dry-run", "--dryrun", "-p", "--printshellcmds", "--touch", "-t", "--lint",
+            "--rerun-incomplete", "--ri", "--keep-going", "-k", "--use-conda", "--forceall", "-F",
+            "--conda-create-envs-only", "--list", "--summary", "--dag", "--quiet", "-q"}
+RULE_LISTS = {"--until", "-U", "--forcerun", "-R", "--omit-from", "-O"}
+
+
+def snakemake_targets() -> list[tuple[Line, str]]:
+    """(line, word) for each rule-shaped word (no `/`, no `.`, no placeholder) that a documented
+    `snakemake ...` command gives as a target (after the options, or after a lone `--`) or after
+    `--until`, `-R`, `--forcerun` or `--omit-from`. A command ends as in documented_commands;
+    quoted text is a value."""
+    found = []
+    for line, text in command_texts():
+        text = re.sub(r"'[^']*'|\"[^\"]*\"", "''", text)
+        for match in re.finditer(r"(?<![\w/.-])snakemake(?![\w.-])", text):
+            rest = re.split(r"&&|\|\||;|\||\s#", text[match.end():])[0]
+            skip, rule_list, targets_only = 0, False, False
+            for word in rest.split():
+                if word == "--":
+                    skip, rule_list, targets_only = 0, False, True
+                elif word.startswith("-") and not targets_only:
+                    flag = word.split("=")[0]
+                    rule_list = flag in RULE_LISTS and "=" not in word
+                    skip = (0 if "=" in word or flag in NO_VALUE or rule_list
+                            else -1 if flag in MANY_VALUES else 1)
+                elif skip:  # an option's value (skip -1: values up to the next flag)
+                    skip -= skip > 0
+                elif re.fullmatch(r"[A-Za-z_]\w*", word):
+                    found.append((line, word))
+    return found
+
+
+def test_every_rule_a_documented_snakemake_command_targets_exists():
+    named = snakemake_targets()
+    assert len(named) > 5  # the extraction still finds `all`, `-R chunk_articles`, `--until`
+    missing = [f"{line.at}: snakemake ... {name}" for line, name in named if name not in rules()]
     assert not missing, "no such rule in the Snakefile or rules/*.smk:\n" + "\n".join(missing)
 
 
