@@ -35,9 +35,9 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from .contracts.base import Audit
+from .contracts.base import Audit, folder_stage
 from .contracts.models import CARD_BLOCK, ST_FILES
-from .contracts.models.audit import sentence_transformers_view, weights_mismatches
+from .contracts.models.audit import MODEL_STAGES, sentence_transformers_view, weights_mismatches
 from .contracts.tensors.audit import tensors_not_finite
 from .errors import BadInput, add_debug_option, command
 from .model_folder import PICKLE_PATTERNS, check_safetensors
@@ -142,11 +142,6 @@ def check_folder(folder: str | Path) -> list[str]:
     return folder_files(folder)
 
 
-# The stages whose manifest.json sits in a model folder the workflow wrote (checkpoints.py,
-# pretrain/train.py, finetune/train.py).
-MODEL_STAGES = ("pretrain", "finetune", "stage_checkpoint")
-
-
 def _no_config(folder: Path) -> str:
     """What to say of a folder without config.json: "rebuild it" only for a model folder the
     workflow wrote that lost it; any other folder (a dataset's, a stage's) is no encoder at all,
@@ -154,11 +149,7 @@ def _no_config(folder: Path) -> str:
     if (folder / "encoder").is_dir():  # a stage's folder (results/finetune/<m>/<d>/stage2)
         return (f"{folder} is not an encoder folder (no config.json) but holds one: "
                 f"give --folder {folder / 'encoder'}")
-    try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none, or not JSON: no sign of a folder we wrote
-        manifest = None
-    stage = manifest.get("stage") if isinstance(manifest, dict) else None
+    stage = folder_stage(folder)  # None: no manifest.json, or one that does not read
     weights = sorted(p.name for p in folder.glob("*.safetensors"))
     if stage in MODEL_STAGES or weights:
         sign = (f"its manifest.json is stage {stage}'s" if stage in MODEL_STAGES
